@@ -1,0 +1,5 @@
+"""The builder's one error type for problems the user can fix (bad input, bad target)."""
+
+
+class BuildError(Exception):
+    pass

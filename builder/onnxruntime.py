@@ -1,0 +1,47 @@
+"""The ONNX Runtime backend: lower plugin ops to contrib ops and save an optimised model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgeomni.builder.errors import BuildError
+from edgeomni.export.family import BuildArgs
+
+PROVIDERS = {"cpu": ["CPUExecutionProvider"]}
+
+
+def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> None:
+    """raw ONNX (edgeomni ops) -> lowered -> ORT-optimised model at out_path (+ .data if large).
+
+    The optimisation runs once here, at EXTENDED level (the CPU provider's fusions; ENABLE_ALL
+    would add layout changes that tie the file to this machine's CPU), so the runtime starts fast.
+    """
+    import onnx
+    import onnxruntime as ort
+
+    from edgeomni.plugins import lower_model
+
+    if args.device not in PROVIDERS:
+        raise BuildError(f"device {args.device!r} is not supported by this build of edge-build")
+    model = onnx.load(str(raw), load_external_data=False)
+    lower_model(model, "onnxruntime")
+    lowered = raw.with_name(raw.stem + ".lowered.onnx")
+    onnx.save(model, str(lowered))  # external tensors keep pointing at raw's data file
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(out_path)
+    if external:
+        so.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", out_path.name + ".data"
+        )
+        so.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+        )
+    try:
+        ort.InferenceSession(str(lowered), so, providers=PROVIDERS[args.device])
+    except Exception as e:  # ORT raises its own exception types
+        raise BuildError(f"ONNX Runtime could not build {out_path.name}: {e}") from None
+    if not out_path.is_file():
+        raise BuildError(f"ONNX Runtime wrote no optimised model to {out_path}")

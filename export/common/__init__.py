@@ -1,0 +1,1 @@
+"""Pieces every family shares: checkpoint reading, decoder blocks, the ONNX export helper."""

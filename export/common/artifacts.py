@@ -1,0 +1,68 @@
+"""Files the runtime reads beside an engine, written the same way by every family."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+ENGINE_CONFIG = "config.json"
+FORMAT = "edgeomni.engine/1"
+
+
+def write_tokenizer(ckpt: Checkpoint, out_dir: Path) -> None:
+    """Copy the fast tokenizer and write chat_template.jinja (the runtime reads only these)."""
+    if not (ckpt.path / "tokenizer.json").is_file():
+        raise CheckpointError(
+            f"{ckpt.path}: no tokenizer.json; edge-infer needs a fast (tokenizers) tokenizer"
+        )
+    for name in TOKENIZER_FILES:
+        if (ckpt.path / name).is_file():
+            shutil.copyfile(ckpt.path / name, out_dir / name)
+    template = None
+    if (ckpt.path / "chat_template.jinja").is_file():
+        template = (ckpt.path / "chat_template.jinja").read_text()
+    elif (ckpt.path / "tokenizer_config.json").is_file():
+        tok_cfg = json.loads((ckpt.path / "tokenizer_config.json").read_text())
+        template = tok_cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+    if template:
+        (out_dir / "chat_template.jinja").write_text(template)
+
+
+def write_embedding(table: Any, out_dir: Path, name: str = "embedding.safetensors") -> None:
+    """The token embedding table, float32 [V, H], which the runtime memory-maps."""
+    from safetensors.torch import save_file
+
+    save_file({"embedding": table.float().contiguous()}, str(out_dir / name))
+
+
+def eos_token_ids(ckpt: Checkpoint, *configs: dict[str, Any]) -> list[int]:
+    """Union of eos_token_id from the given configs and generation_config.json."""
+    ids: list[int] = []
+    for cfg in (*configs, ckpt.generation_config):
+        value = cfg.get("eos_token_id")
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and v not in ids:
+                ids.append(v)
+    return ids
+
+
+def generation_defaults(ckpt: Checkpoint) -> dict[str, Any]:
+    """Sampling defaults the checkpoint ships (generation_config.json), in our key names."""
+    gen = ckpt.generation_config
+    if gen.get("do_sample") is False:
+        return {"top_k": 1}
+    keys = ("temperature", "top_k", "top_p", "repetition_penalty")
+    return {k: gen[k] for k in keys if isinstance(gen.get(k), (int, float))}
+
+
+def write_engine_config(out_dir: Path, config: dict[str, Any]) -> None:
+    body = {"format": FORMAT, **config}
+    (out_dir / ENGINE_CONFIG).write_text(json.dumps(body, indent=2) + "\n")

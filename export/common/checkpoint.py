@@ -1,0 +1,97 @@
+"""Read a Hugging Face checkpoint directory from disk (never from a hub)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class CheckpointError(ValueError):
+    """The checkpoint directory is missing, malformed or unsupported."""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+@dataclass
+class Checkpoint:
+    """config.json, generation_config.json and lazily opened safetensors shards."""
+
+    path: Path
+    config: dict[str, Any]
+    generation_config: dict[str, Any]
+    weight_files: dict[str, Path]  # tensor name -> shard
+    _handles: dict[Path, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config.get("model_type", ""))
+
+    def has(self, name: str) -> bool:
+        return name in self.weight_files
+
+    def tensor(self, name: str) -> Any:
+        """One tensor as a torch tensor (loaded on demand, shard files kept open)."""
+        from safetensors import safe_open
+
+        shard = self.weight_files.get(name)
+        if shard is None:
+            raise CheckpointError(f"{self.path}: weight {name!r} is missing from the checkpoint")
+        if shard not in self._handles:
+            self._handles[shard] = safe_open(str(shard), framework="pt")
+        return self._handles[shard].get_tensor(name)
+
+    def names(self, prefix: str = "") -> Iterable[str]:
+        return (n for n in self.weight_files if n.startswith(prefix))
+
+
+def open_checkpoint(model_dir: str | Path) -> Checkpoint:
+    """Open ``model_dir``; every problem is a CheckpointError that says what is wrong."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{path}: no config.json (is this a Hugging Face checkpoint?)")
+    config = _read_json(cfg_path)
+    if not config.get("model_type"):
+        raise CheckpointError(f"{cfg_path}: no model_type")
+    gen_path = path / "generation_config.json"
+    generation = _read_json(gen_path) if gen_path.is_file() else {}
+    return Checkpoint(path, config, generation, _weight_files(path))
+
+
+def _weight_files(path: Path) -> dict[str, Path]:
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no weight_map")
+        files = {name: path / shard for name, shard in weight_map.items()}
+        missing = sorted({str(f) for f in files.values() if not f.is_file()})
+        if missing:
+            raise CheckpointError(f"{index}: shards missing on disk: {', '.join(missing)}")
+        return files
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise CheckpointError(f"{path}: no *.safetensors weights (other formats are not read)")
+    files: dict[str, Path] = {}
+    for shard in shards:
+        try:
+            with safe_open(str(shard), framework="pt") as f:
+                files.update((name, shard) for name in f.keys())  # noqa: SIM118
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{shard}: unreadable safetensors file ({e})") from None
+    return files

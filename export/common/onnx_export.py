@@ -1,0 +1,95 @@
+"""Export a torch module to ONNX with the plugin ops, as the builder needs it."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# Above this many parameter bytes the model goes to ONNX external data (protobuf stops at 2 GB).
+EXTERNAL_DATA_BYTES = 1 << 30
+
+
+def param_bytes(module: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def export_onnx(
+    module: Any,
+    args: tuple[Any, ...],
+    path: Path,
+    *,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    dynamic_shapes: Any,
+    opset: int = 21,
+) -> Path:
+    """torch.onnx.export (dynamo) with the plugin translations; returns the model path.
+
+    The exporter's own chatter goes to the debug log; errors propagate.
+    """
+    import torch
+
+    from edgeomni.plugins import attention
+
+    external = param_bytes(module) > EXTERNAL_DATA_BYTES
+    path.parent.mkdir(parents=True, exist_ok=True)
+    chatter = io.StringIO()
+    with torch.no_grad(), contextlib.redirect_stdout(chatter):
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            dynamo=True,
+            input_names=list(input_names),
+            output_names=list(output_names),
+            dynamic_shapes=dynamic_shapes,
+            custom_translation_table=attention.onnx_translation(),
+            opset_version=opset,
+            external_data=external,
+        )
+    logging.getLogger(__name__).debug("torch.onnx.export said:\n%s", chatter.getvalue())
+    return path
+
+
+def export_causal_lm(module: Any, path: Path) -> Path:
+    """Export a decoder.CausalLM with dynamic batch, sequence and cache capacity.
+
+    Example sizes are at least 2 on every dynamic axis: torch.export specialises axes of size 1.
+    """
+    import torch
+    from torch.export import Dim
+
+    cfg = module.cfg
+    b, s, c = 2, 3, 8
+    args = (
+        torch.zeros(b, s, cfg.hidden_size),
+        torch.arange(s).repeat(b, 1),
+        torch.zeros(b, dtype=torch.int32),
+        torch.full((b,), s, dtype=torch.int32),
+        torch.full((b,), s - 1, dtype=torch.int64),
+    )
+    cache = tuple(
+        torch.zeros(b, cfg.num_kv_heads, c, cfg.head_dim) for _ in range(2 * cfg.num_layers)
+    )
+    batch, seq, capacity = Dim("batch"), Dim("seq"), Dim("capacity")
+    shapes = (
+        {0: batch, 1: seq},
+        {0: batch, 1: seq},
+        {0: batch},
+        {0: batch},
+        {0: batch},
+        tuple({0: batch, 2: capacity} for _ in cache),
+    )
+    inputs, outputs = module.io_names()
+    return export_onnx(
+        module,
+        (*args, *cache),
+        path,
+        input_names=inputs,
+        output_names=outputs,
+        dynamic_shapes=shapes,
+    )

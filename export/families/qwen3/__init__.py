@@ -1,0 +1,10 @@
+"""Qwen3 causal LMs (model_type "qwen3"): one component, the llm, as a one-stage graph."""
+
+from edgeomni.export.families.qwen3.build import (
+    components,
+    export_component,
+    write_artifacts,
+)
+from edgeomni.export.families.qwen3.topology import multistage_topology
+
+__all__ = ["components", "export_component", "write_artifacts", "multistage_topology"]

@@ -1,0 +1,67 @@
+"""Qwen3's one component: the llm backbone, exported with its KV cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from edgeomni.export.common import artifacts
+from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
+from edgeomni.export.common.decoder import CausalLM
+from edgeomni.export.common.onnx_export import export_causal_lm
+from edgeomni.export.families.qwen3.config import decoder_config
+from edgeomni.export.families.qwen3.weights import EMBEDDING, load_weights
+from edgeomni.export.family import BuildArgs, Component
+
+LLM = Component(name="llm", subdir=".", engine="llm.onnx", runner="llm.backbone")
+_DTYPES = {"float32": torch.float32}
+
+
+def components(ckpt: Checkpoint) -> tuple[Component, ...]:
+    return (LLM,)
+
+
+def export_component(ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs) -> Path:
+    if args.dtype not in _DTYPES:
+        raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3 on this path yet")
+    module = CausalLM(decoder_config(ckpt.config)).eval()
+    load_weights(module, ckpt, _DTYPES[args.dtype])
+    return export_causal_lm(module, work_dir / component.engine)
+
+
+def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:
+    cfg = ckpt.config
+    dec = decoder_config(cfg)
+    if args.max_input_len > args.max_kv_cache_capacity:
+        raise CheckpointError(
+            f"--max-input-len {args.max_input_len} exceeds --max-kv-cache-capacity "
+            f"{args.max_kv_cache_capacity}"
+        )
+    artifacts.write_embedding(ckpt.tensor(EMBEDDING), out_dir)
+    artifacts.write_tokenizer(ckpt, out_dir)
+    artifacts.write_engine_config(
+        out_dir,
+        {
+            "component": component.name,
+            "model_type": ckpt.model_type,
+            "engine": component.engine,
+            "backend": args.backend,
+            "device": args.device,
+            "dtype": args.dtype,
+            "hidden_size": dec.hidden_size,
+            "num_hidden_layers": dec.num_layers,
+            "num_attention_heads": dec.num_heads,
+            "num_key_value_heads": dec.num_kv_heads,
+            "head_dim": dec.head_dim,
+            "vocab_size": dec.vocab_size,
+            "eos_token_id": artifacts.eos_token_ids(ckpt, cfg),
+            "pad_token_id": cfg.get("pad_token_id"),
+            "generation_defaults": artifacts.generation_defaults(ckpt),
+            "builder_config": {
+                "max_batch_size": args.max_batch_size,
+                "max_input_len": args.max_input_len,
+                "max_kv_cache_capacity": args.max_kv_cache_capacity,
+            },
+        },
+    )

@@ -1,0 +1,55 @@
+"""What a model family provides to the builder: its components, their export, the graph."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from edgeomni.export.common.checkpoint import Checkpoint
+
+
+@dataclass(frozen=True)
+class Component:
+    """One engine of a family: where it lives in the engine dir and which runner serves it."""
+
+    name: str
+    subdir: str  # relative to the engine dir; "." for the root
+    engine: str  # engine file name inside subdir
+    runner: str
+
+
+@dataclass(frozen=True)
+class BuildArgs:
+    """The limits and target of one build (None under --graph-only)."""
+
+    max_batch_size: int
+    max_input_len: int
+    max_kv_cache_capacity: int
+    backend: str = "onnxruntime"
+    device: str = "cpu"
+    dtype: str = "float32"
+
+
+class FamilyHooks(Protocol):
+    """The module a registry entry points at implements these functions."""
+
+    def components(self, ckpt: Checkpoint) -> tuple[Component, ...]:
+        """Every component this checkpoint can build, in build order."""
+
+    def export_component(
+        self, ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs
+    ) -> Path:
+        """Export one component to ONNX (plugin ops not yet lowered); returns the model path."""
+
+    def write_artifacts(
+        self, ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs
+    ) -> None:
+        """Write what the runtime needs beside the engine: config.json, tables, tokenizer."""
+
+    def multistage_topology(
+        self, bundle: Checkpoint, components: Mapping[str, str], args: BuildArgs | None
+    ) -> Any:
+        """The graph (a graph_schema.Graph) for the built components (name -> artifact dir),
+        or None when these components cannot run as a graph."""

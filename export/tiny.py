@@ -1,0 +1,107 @@
+"""Tiny random checkpoints with a small local tokenizer, for tests, demos and benchmarks.
+
+No hub: the model comes from transformers' config classes (``save_pretrained``) and the tokenizer
+is a byte-level BPE trained here on a few sentences.
+
+    python -m edgeomni.export.tiny qwen3 OUT_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+CORPUS = [
+    "Hello! How are you today? I am fine, thank you.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Edge devices run small, fast models with predictable memory.",
+    "Speech models turn text into audio, and audio into text.",
+    "What is the capital of France? Paris is the capital of France.",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000.",
+    "user assistant system: please answer briefly.",
+]
+
+
+def make_tokenizer(out_dir: Path, vocab_size: int = 320) -> Any:
+    """Train a byte-level BPE and save it with a ChatML chat template; returns the HF tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    hf.chat_template = CHAT_TEMPLATE
+    hf.save_pretrained(out_dir)
+    return hf
+
+
+def make_qwen3(out_dir: Path, *, seed: int = 0, **overrides: Any) -> Path:
+    """A 2-layer Qwen3 (hidden 64) with the tiny tokenizer; overrides go to Qwen3Config."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = make_tokenizer(out_dir)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    pad = tok.convert_tokens_to_ids("<|endoftext|>")
+    settings: dict[str, Any] = dict(
+        vocab_size=384,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        bos_token_id=None,
+        initializer_range=0.2,  # spread-out logits: greedy parity should not hinge on near-ties
+    )
+    settings.update(overrides)
+    config = Qwen3Config(**settings)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    model.save_pretrained(out_dir)
+    GenerationConfig(eos_token_id=eos, pad_token_id=pad, do_sample=False).save_pretrained(out_dir)
+    return out_dir
+
+
+MAKERS = {"qwen3": make_qwen3}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m edgeomni.export.tiny", description=__doc__)
+    p.add_argument("family", choices=sorted(MAKERS))
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    MAKERS[args.family](args.out_dir, seed=args.seed)
+    print(f"wrote a tiny random {args.family} checkpoint to {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

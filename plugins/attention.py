@@ -1,0 +1,258 @@
+"""edgeomni::Attention: causal (or windowed) attention over a fixed-capacity, in-place KV cache.
+
+Defined once here; every decoder the exporter writes calls it once per layer.
+
+Inputs (positional):
+  0 ``q``          float [B, S, Hq*D]   rotary already applied (MRoPE stays outside the op)
+  1 ``k``          float [B, S, Hkv*D]  rotary already applied
+  2 ``v``          float [B, S, Hkv*D]
+  3 ``past_key``   float [B, Hkv, C, D] the cache; the op writes the new keys into it in place
+  4 ``past_value`` float [B, Hkv, C, D]
+  5 ``past_lens``  int32 [B]            tokens already in each row's cache
+  6 ``query_lens`` int32 [B]            valid new tokens per row; rows are right-padded to S
+Outputs:
+  0 ``out``           float [B, S, Hq*D] (positions past a row's query_len are undefined)
+  1 ``present_key``   the same buffer as ``past_key`` when bound in place
+  2 ``present_value`` the same buffer as ``past_value``
+Attributes: ``num_heads``, ``kv_num_heads``, ``scale`` (0 means 1/sqrt(D)), ``window`` (0 means
+none; otherwise each query sees its last ``window`` keys, itself included).
+
+Token ``i`` of row ``b`` sits at position ``past_lens[b] + i``: prefill, decode and chunked prefill
+are one call with different lengths, and rows of a batch have their own lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+DOMAIN = "edgeomni"
+OP_TYPE = "Attention"
+VERSION = 1
+INPUTS = ("q", "k", "v", "past_key", "past_value", "past_lens", "query_lens")
+OUTPUTS = ("out", "present_key", "present_value")
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy reference
+# ---------------------------------------------------------------------------------------------
+def reference(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    past_key: np.ndarray,
+    past_value: np.ndarray,
+    past_lens: np.ndarray,
+    query_lens: np.ndarray,
+    *,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float = 0.0,
+    window: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The op's meaning, spelled out row by row; returns (out, present_key, present_value)."""
+    b_size, s_len, _ = q.shape
+    head_dim = past_key.shape[-1]
+    capacity = past_key.shape[2]
+    scale = scale or 1.0 / math.sqrt(head_dim)
+    group = num_heads // kv_num_heads
+    present_key = past_key.copy()
+    present_value = past_value.copy()
+    out = np.zeros_like(q)
+    qh = q.reshape(b_size, s_len, num_heads, head_dim)
+    kh = k.reshape(b_size, s_len, kv_num_heads, head_dim)
+    vh = v.reshape(b_size, s_len, kv_num_heads, head_dim)
+    for b in range(b_size):
+        past, new = int(past_lens[b]), int(query_lens[b])
+        if past + new > capacity:
+            raise ValueError(f"row {b}: {past} + {new} tokens exceed the cache capacity {capacity}")
+        present_key[b, :, past : past + new] = kh[b, :new].transpose(1, 0, 2)
+        present_value[b, :, past : past + new] = vh[b, :new].transpose(1, 0, 2)
+        for i in range(new):
+            pos = past + i
+            lo = max(0, pos + 1 - window) if window else 0
+            for h in range(num_heads):
+                keys = present_key[b, h // group, lo : pos + 1].astype(np.float64)
+                vals = present_value[b, h // group, lo : pos + 1].astype(np.float64)
+                scores = keys @ qh[b, i, h].astype(np.float64) * scale
+                p = np.exp(scores - scores.max())
+                p /= p.sum()
+                out[b, i, h * head_dim : (h + 1) * head_dim] = p @ vals
+    return out, present_key, present_value
+
+
+# ---------------------------------------------------------------------------------------------
+# ONNX schema (so onnx and onnxscript accept the op) and torch custom op (what the exporter sees)
+# ---------------------------------------------------------------------------------------------
+_registered: dict[str, Any] = {}
+
+
+def register_onnx_schema() -> None:
+    """Declare edgeomni::Attention to onnx once per process."""
+    if "schema" in _registered:
+        return
+    import onnx
+    from onnx import helper
+    from onnx.defs import OpSchema
+
+    fp = OpSchema.FormalParameter
+    tc = [("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "activations")]
+    ic = [("I", ["tensor(int32)"], "lengths")]
+    inputs = [fp(n, "T") for n in INPUTS[:5]] + [fp(n, "I") for n in INPUTS[5:]]
+    outputs = [fp(n, "T") for n in OUTPUTS]
+    schema = OpSchema(
+        OP_TYPE,
+        DOMAIN,
+        VERSION,
+        inputs=inputs,
+        outputs=outputs,
+        type_constraints=tc + ic,
+        attributes=[
+            OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "query heads"),
+            OpSchema.Attribute("kv_num_heads", OpSchema.AttrType.INT, "key/value heads"),
+            OpSchema.Attribute(
+                "scale", helper.make_attribute("scale", 0.0), "softmax scale; 0: 1/sqrt(head_dim)"
+            ),
+            OpSchema.Attribute(
+                "window", helper.make_attribute("window", 0), "sliding window in keys; 0: none"
+            ),
+        ],
+        doc=__doc__,
+    )
+    if not onnx.defs.has(OP_TYPE, DOMAIN):
+        onnx.defs.register_schema(schema)
+    _registered["schema"] = schema
+
+
+def torch_op() -> Any:
+    """The torch custom op ``edgeomni::attention``; eager calls run a torch version of the
+    reference so an exported module can still be checked against torch."""
+    if "torch_op" in _registered:
+        return _registered["torch_op"]
+    import torch
+
+    schema = (
+        "(Tensor q, Tensor k, Tensor v, Tensor past_key, Tensor past_value, Tensor past_lens, "
+        "Tensor query_lens, int num_heads, int kv_num_heads, float scale, int window) "
+        "-> (Tensor, Tensor, Tensor)"
+    )
+
+    @torch.library.custom_op("edgeomni::attention", mutates_args=(), schema=schema)
+    def attention(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        past_key: torch.Tensor,
+        past_value: torch.Tensor,
+        past_lens: torch.Tensor,
+        query_lens: torch.Tensor,
+        num_heads: int,
+        kv_num_heads: int,
+        scale: float,
+        window: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out, pk, pv = reference(
+            q.detach().float().numpy(),
+            k.detach().float().numpy(),
+            v.detach().float().numpy(),
+            past_key.detach().float().numpy(),
+            past_value.detach().float().numpy(),
+            past_lens.numpy(),
+            query_lens.numpy(),
+            num_heads=num_heads,
+            kv_num_heads=kv_num_heads,
+            scale=scale,
+            window=window,
+        )
+        return (
+            torch.from_numpy(out).to(q.dtype),
+            torch.from_numpy(pk).to(q.dtype),
+            torch.from_numpy(pv).to(q.dtype),
+        )
+
+    @attention.register_fake
+    def _(q, k, v, past_key, past_value, past_lens, query_lens, num_heads, kv_num_heads, scale, window):  # noqa: ANN001
+        return torch.empty_like(q), torch.empty_like(past_key), torch.empty_like(past_value)
+
+    _registered["torch_op"] = attention
+    return attention
+
+
+def onnx_translation() -> dict[Any, Any]:
+    """custom_translation_table entry for torch.onnx.export(dynamo=True)."""
+    import onnxscript
+    import torch
+
+    register_onnx_schema()
+    torch_op()
+    opset = onnxscript.values.Opset(DOMAIN, VERSION)
+
+    def translate(q, k, v, past_key, past_value, past_lens, query_lens, num_heads, kv_num_heads, scale, window):  # noqa: ANN001
+        return opset.Attention(
+            q,
+            k,
+            v,
+            past_key,
+            past_value,
+            past_lens,
+            query_lens,
+            num_heads=num_heads,
+            kv_num_heads=kv_num_heads,
+            scale=scale,
+            window=window,
+            _outputs=3,
+        )
+
+    return {torch.ops.edgeomni.attention.default: translate}
+
+
+# ---------------------------------------------------------------------------------------------
+# Lowering: ONNX Runtime
+# ---------------------------------------------------------------------------------------------
+def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
+    """Rewrite into com.microsoft::GroupQueryAttention.
+
+    past and present stay one buffer (the runtime binds the same OrtValue to both), so the cache
+    is updated in place. GQA wants ``seqlens_k`` = total length - 1 and the batch's maximum total
+    length; both are computed once per graph from past_lens and query_lens.
+    """
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    q, k, v, pk, pv, past_lens, query_lens = node.input
+    key = ("gqa_lens", past_lens, query_lens)
+    if key not in ctx.cache:
+        total = ctx.fresh("attn_total_lens")
+        seqlens_k = ctx.fresh("attn_seqlens_k")
+        max_total = ctx.fresh("attn_max_total")
+        one = ctx.constant("attn_one_i32", np.array(1, dtype=np.int32))
+        ctx.emit(helper.make_node("Add", [past_lens, query_lens], [total]))
+        ctx.emit(helper.make_node("Sub", [total, one], [seqlens_k]))
+        ctx.emit(helper.make_node("ReduceMax", [total], [max_total], keepdims=0))
+        ctx.cache[key] = (seqlens_k, max_total)
+    seqlens_k, max_total = ctx.cache[key]
+    gqa_inputs = [q, k, v, pk, pv, seqlens_k, max_total] + [""] * 9 + [query_lens]
+    kwargs: dict[str, Any] = {
+        "num_heads": int(attrs["num_heads"]),
+        "kv_num_heads": int(attrs["kv_num_heads"]),
+        "do_rotary": 0,
+    }
+    if attrs.get("scale"):
+        kwargs["scale"] = float(attrs["scale"])
+    if attrs.get("window"):
+        kwargs["local_window_size"] = int(attrs["window"])
+    return [
+        helper.make_node(
+            "GroupQueryAttention",
+            gqa_inputs,
+            list(node.output),
+            name=node.name or None,
+            domain="com.microsoft",
+            **kwargs,
+        )
+    ]
+
+
+LOWERINGS = {"onnxruntime": lower_onnxruntime}

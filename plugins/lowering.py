@@ -1,0 +1,99 @@
+"""Rewrite the edgeomni plugin ops of an exported model into what one backend runs."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeomni.plugins import attention
+
+# op_type -> {backend -> lowering(node, ctx) -> replacement nodes}
+PLUGINS: dict[str, dict[str, Callable[[Any, LoweringContext], list[Any]]]] = {
+    attention.OP_TYPE: attention.LOWERINGS,
+}
+BACKENDS = ("onnxruntime",)
+DOMAIN = attention.DOMAIN
+# Opsets the lowerings may use, added to the model's imports as needed.
+_EXTRA_OPSETS = {"com.microsoft": 1}
+
+
+@dataclass
+class LoweringContext:
+    """What a lowering may add to the graph: fresh names, shared constants, helper nodes."""
+
+    taken: set[str]
+    cache: dict[Any, Any] = field(default_factory=dict)
+    prelude: list[Any] = field(default_factory=list)
+    initializers: list[Any] = field(default_factory=list)
+    _counter: itertools.count = field(default_factory=itertools.count)
+
+    def fresh(self, stem: str) -> str:
+        while True:
+            name = f"{stem}_{next(self._counter)}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+
+    def emit(self, node: Any) -> None:
+        self.prelude.append(node)
+
+    def constant(self, stem: str, value: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        key = ("const", stem)
+        if key not in self.cache:
+            name = self.fresh(stem)
+            self.initializers.append(numpy_helper.from_array(value, name))
+            self.cache[key] = name
+        return self.cache[key]
+
+
+def lower_model(model: Any, backend: str) -> Any:
+    """Lower every edgeomni op in ``model`` (an onnx.ModelProto, changed in place and returned)."""
+    from onnx import helper
+
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"no plugin lowering for backend {backend!r}; lowerings exist for {', '.join(BACKENDS)}"
+        )
+    graph = model.graph
+    taken = {n for node in graph.node for n in (*node.input, *node.output)}
+    taken |= {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    ctx = LoweringContext(taken=taken)
+    lowered = []
+    replaced = 0
+    for node in graph.node:
+        if node.domain != DOMAIN:
+            lowered.append(node)
+            continue
+        by_backend = PLUGINS.get(node.op_type)
+        if by_backend is None:
+            raise ValueError(f"unknown plugin op {DOMAIN}::{node.op_type} in node {node.name!r}")
+        if backend not in by_backend:
+            raise ValueError(f"plugin op {node.op_type} has no lowering for {backend}")
+        new_nodes = by_backend[backend](node, ctx)
+        # helper nodes go right before their first user, so the graph stays topologically sorted
+        lowered.extend(ctx.prelude)
+        ctx.prelude.clear()
+        lowered.extend(new_nodes)
+        replaced += 1
+    del graph.node[:]
+    graph.node.extend(lowered)
+    graph.initializer.extend(ctx.initializers)
+    # function bodies the exporter may have attached for the custom domain are no longer used
+    keep = [f for f in model.functions if f.domain != DOMAIN]
+    del model.functions[:]
+    model.functions.extend(keep)
+    imports = {o.domain: o for o in model.opset_import}
+    for domain, version in _EXTRA_OPSETS.items():
+        if domain not in imports:
+            model.opset_import.append(helper.make_opsetid(domain, version))
+    if DOMAIN in imports:
+        model.opset_import.remove(imports[DOMAIN])
+    model.metadata_props.add(key="edgeomni.lowered_for", value=backend)
+    model.metadata_props.add(key="edgeomni.plugin_nodes", value=str(replaced))
+    return model

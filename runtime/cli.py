@@ -1,0 +1,149 @@
+"""edge-infer: run requests through a built engine dir's multi-stage graph."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_INTERNAL, EXIT_BAD_CONFIG, EXIT_REQUESTS_FAILED = 0, 1, 2, 3
+
+EPILOG = """\
+exit status:
+  0  every request succeeded (or --validate-config found the graph valid)
+  2  bad usage, bad graph or engine dir, or a malformed request file
+  3  the run finished but one or more requests failed (see predictions: ok, error)
+  1  an unexpected internal error
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="edge-infer",
+        description="Run requests through the multi-stage graph of a built engine dir.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config", required=True, type=Path, help="engine dir, or its multistage_config.json"
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="one user message; the reply goes to stdout")
+    src.add_argument("--input-file", type=Path, help="request file (llm_inference format)")
+    p.add_argument("--output-file", type=Path, help="predictions.json to write (atomically)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        help="requests per cohort, also capped by the build's max_batch (default: the request "
+        "file's batch_size, else 1)",
+    )
+    p.add_argument(
+        "--sampling",
+        default="{}",
+        help='default sampling as JSON, e.g. \'{"temperature":0.7,"top_k":20}\'; request-file '
+        "keys override it. Greedy: top_k 1 or temperature 0",
+    )
+    p.add_argument(
+        "--max-generate-length", type=int, help="tokens to generate for --prompt (default 256)"
+    )
+    p.add_argument(
+        "--no-chat-template",
+        action="store_true",
+        help="send --prompt to the model as raw text instead of through the chat template",
+    )
+    p.add_argument(
+        "--validate-config",
+        action="store_true",
+        help="check the graph's structure and runners, load no engine, and exit",
+    )
+    p.add_argument(
+        "--dump-profile",
+        action="store_true",
+        help="print per-stage times, peak memory and wall clock to stderr",
+    )
+    p.add_argument("--threads", type=int, help="CPU threads per engine (default: all cores)")
+    return p
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"edge-infer: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from edgeomni.graph_schema import GraphError
+    from edgeomni.runtime.pipeline import Pipeline, load_graph
+    from edgeomni.runtime.requests import (
+        load_request_file,
+        parse_request_file,
+        parse_sampling,
+        write_predictions,
+    )
+
+    if args.validate_config:
+        try:
+            _, graph = load_graph(args.config)
+        except GraphError as e:
+            return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
+        print(f"{args.config}: valid ({len(graph.stages)} stages, terminals {', '.join(graph.terminals)})")
+        return EXIT_OK
+    if args.prompt is None and args.input_file is None:
+        return _fail("give --prompt TEXT or --input-file FILE (or --validate-config)", EXIT_BAD_CONFIG)
+    if args.batch_size is not None and args.batch_size < 1:
+        return _fail("--batch-size must be at least 1", EXIT_BAD_CONFIG)
+
+    try:
+        sampling, extra = parse_sampling(json.loads(args.sampling))
+    except (ValueError, TypeError) as e:
+        return _fail(f"--sampling: {e}", EXIT_BAD_CONFIG)
+    try:
+        if args.input_file is not None:
+            requests, settings = load_request_file(args.input_file, sampling, extra)
+        else:
+            body: dict = {
+                "apply_chat_template": not args.no_chat_template,
+                "requests": [{"messages": [{"role": "user", "content": args.prompt}]}],
+            }
+            if args.max_generate_length is not None:
+                body["max_generate_length"] = args.max_generate_length
+            requests, settings = parse_request_file(body, sampling, extra)
+    except ValueError as e:
+        return _fail(str(e), EXIT_BAD_CONFIG)
+
+    try:
+        pipeline = Pipeline(args.config, threads=args.threads)
+    except GraphError as e:
+        return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
+    except (OSError, RuntimeError) as e:
+        return _fail(str(e), EXIT_BAD_CONFIG)
+    batch_size = args.batch_size or settings.get("batch_size") or 1
+    entries = pipeline.run(
+        requests, batch_size=batch_size, requested=pipeline.text_terminals() or None
+    )
+
+    if args.output_file is not None:
+        write_predictions(args.output_file, entries)
+    if args.prompt is not None:
+        entry = entries[0]
+        if entry["ok"]:
+            print(entry.get("output_text", ""))
+        else:
+            print(f"edge-infer: request failed: {entry['error']}", file=sys.stderr)
+    else:
+        bad = [e for e in entries if not e["ok"]]
+        print(
+            f"edge-infer: {len(entries) - len(bad)} of {len(entries)} requests succeeded"
+            + (f"; wrote {args.output_file}" if args.output_file else ""),
+            file=sys.stderr,
+        )
+        for e in bad:
+            print(f"  request {e['request_idx']}: {e['error']}", file=sys.stderr)
+    if args.dump_profile:
+        print(json.dumps(pipeline.profile.as_dict(), indent=2), file=sys.stderr)
+    return EXIT_OK if all(e["ok"] for e in entries) else EXIT_REQUESTS_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Engines: named tensors in and out, with buffers bound in place.
+
+An engine is opened from a stage's artifact folder by what its config.json says (backend,
+device, engine file). The interface is the one TensorRT needs too: named inputs and outputs,
+caller-owned buffers bound by name (the KV cache bound as both input and output), one run call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class EngineError(RuntimeError):
+    """An engine cannot be opened or run as its config says."""
+
+
+class Binding(Protocol):
+    def bind_in_place(self, input_name: str, output_name: str, array: np.ndarray) -> None: ...
+    def bind_output(self, name: str, array: np.ndarray) -> None: ...
+    def run(self, feeds: Mapping[str, np.ndarray]) -> None: ...
+
+
+class Engine(Protocol):
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+    def binding(self) -> Binding: ...
+
+
+_ORT_TYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 10, np.dtype(np.int64): 7}
+
+
+class OrtBinding:
+    """One IOBinding: caches and outputs bound once, small inputs re-bound each run."""
+
+    def __init__(self, session: Any) -> None:
+        import onnxruntime as ort
+
+        self._ort = ort
+        self._session = session
+        self._io = session.io_binding()
+        self._keep: list[Any] = []  # OrtValues must outlive the binding
+
+    def bind_in_place(self, input_name: str, output_name: str, array: np.ndarray) -> None:
+        if not array.flags.c_contiguous:
+            raise EngineError(f"{input_name}: an in-place buffer must be contiguous")
+        value = self._ort.OrtValue.ortvalue_from_numpy(array)
+        self._keep.append(value)
+        self._io.bind_ortvalue_input(input_name, value)
+        self._io.bind_ortvalue_output(output_name, value)
+
+    def bind_output(self, name: str, array: np.ndarray) -> None:
+        value = self._ort.OrtValue.ortvalue_from_numpy(array)
+        self._keep.append(value)
+        self._io.bind_ortvalue_output(name, value)
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> None:
+        for name, array in feeds.items():
+            self._io.bind_cpu_input(name, np.ascontiguousarray(array))
+        self._session.run_with_iobinding(self._io)
+
+
+class OrtEngine:
+    """An ONNX Runtime session on the CPU provider (the build already optimised the model)."""
+
+    def __init__(self, path: Path, *, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        if not path.is_file():
+            raise EngineError(f"engine file {path} is missing")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        if threads:
+            so.intra_op_num_threads = threads
+        try:
+            self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        except Exception as e:  # ORT raises its own exception types
+            raise EngineError(f"ONNX Runtime could not load {path}: {e}") from None
+        self.input_names = tuple(i.name for i in self.session.get_inputs())
+        self.output_names = tuple(o.name for o in self.session.get_outputs())
+
+    def binding(self) -> OrtBinding:
+        return OrtBinding(self.session)
+
+
+def open_engine(folder: Path, config: Mapping[str, Any], *, threads: int | None = None) -> Engine:
+    """The engine a stage's config.json describes."""
+    backend, device = config.get("backend"), config.get("device", "cpu")
+    engine_file = folder / str(config.get("engine", ""))
+    if backend == "onnxruntime" and device == "cpu":
+        return OrtEngine(engine_file, threads=threads)
+    raise EngineError(
+        f"{folder}: engines for backend {backend!r} on device {device!r} are not supported by "
+        "this runtime (it runs onnxruntime engines on the CPU)"
+    )

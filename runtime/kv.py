@@ -1,0 +1,41 @@
+"""The KV cache: one fixed-capacity buffer per layer and kind, updated in place by the engine."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeomni.runtime.engine import Binding
+
+
+class KVCache:
+    """[max_batch, kv_heads, capacity, head_dim] per layer for keys and values.
+
+    Allocated once (np.zeros maps pages lazily, so untouched capacity costs no memory); a cohort
+    of n rows binds the first n rows, which are contiguous.
+    """
+
+    def __init__(
+        self,
+        layers: int,
+        max_batch: int,
+        kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        dtype: np.dtype = np.dtype(np.float32),
+    ) -> None:
+        shape = (max_batch, kv_heads, capacity, head_dim)
+        self.capacity = capacity
+        self.max_batch = max_batch
+        self.keys = [np.zeros(shape, dtype) for _ in range(layers)]
+        self.values = [np.zeros(shape, dtype) for _ in range(layers)]
+
+    def bind(self, binding: Binding, rows: int) -> None:
+        if rows > self.max_batch:
+            raise ValueError(f"{rows} rows exceed the cache's {self.max_batch}")
+        for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            binding.bind_in_place(f"past_key_{i}", f"present_key_{i}", k[:rows])
+            binding.bind_in_place(f"past_value_{i}", f"present_value_{i}", v[:rows])
+
+    def nbytes_per_token(self) -> int:
+        k = self.keys[0]
+        return 2 * len(self.keys) * k.shape[1] * k.shape[3] * k.itemsize

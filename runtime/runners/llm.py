@@ -1,0 +1,189 @@
+"""llm.backbone: messages in, text out, through one decoder engine with an in-place KV cache."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeomni.runtime import safetensors_np
+from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.kv import KVCache
+from edgeomni.runtime.runners import RequestError, RequestState
+from edgeomni.runtime.sampling import sample
+from edgeomni.runtime.tokenizer import TextTokenizer
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    content = message.get("content", "")
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise RequestError(f"this stage reads text only; got a {part.get('type')!r} part")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+class LLMBackbone:
+    """Prefill the cohort as one right-padded batch, then decode it one token per step."""
+
+    kind = "autoregressive"
+
+    def __init__(self, stage: Any, folder: Path, *, threads: int | None = None) -> None:
+        self.stage = stage
+        self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
+        cfg = self.config
+        self.engine = open_engine(folder, cfg, threads=threads)
+        self.embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
+        self.tokenizer = TextTokenizer(folder)
+        limits = cfg["builder_config"]
+        self.max_batch = int(limits["max_batch_size"])
+        self.max_input_len = int(limits["max_input_len"])
+        self.capacity = int(limits["max_kv_cache_capacity"])
+        self.vocab_size = int(cfg["vocab_size"])
+        self.eos = frozenset(cfg.get("eos_token_id") or ())
+        self.kv = KVCache(
+            cfg["num_hidden_layers"],
+            self.max_batch,
+            cfg["num_key_value_heads"],
+            self.capacity,
+            cfg["head_dim"],
+        )
+
+    # -- per request -------------------------------------------------------------------------
+    def prompt_ids(self, request: Any) -> list[int]:
+        if request.apply_chat_template and self.tokenizer.has_chat_template:
+            messages = [
+                {"role": m["role"], "content": message_text(m)} for m in request.messages
+            ]
+            text = self.tokenizer.apply_chat_template(
+                messages,
+                add_generation_prompt=request.add_generation_prompt,
+                enable_thinking=request.enable_thinking,
+            )
+        elif request.apply_chat_template:
+            raise RequestError("this engine has no chat template; set apply_chat_template false")
+        else:
+            text = "".join(message_text(m) for m in request.messages)
+        return self.tokenizer.encode(text)
+
+    def prepare(self, state: RequestState) -> list[int]:
+        """Tokenize and check the request against the build's limits, before any cohort runs."""
+        ids = self.prompt_ids(state.request)
+        if not ids:
+            raise RequestError("the prompt is empty")
+        if len(ids) > self.max_input_len:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens; the engine was built for at most "
+                f"{self.max_input_len} (--max-input-len)"
+            )
+        need = len(ids) + state.request.max_generate_length
+        if need > self.capacity:
+            raise RequestError(
+                f"the prompt ({len(ids)} tokens) plus max_generate_length "
+                f"({state.request.max_generate_length}) needs {need} cache slots; the engine was "
+                f"built with {self.capacity} (--max-kv-cache-capacity)"
+            )
+        return ids
+
+    # -- per cohort --------------------------------------------------------------------------
+    def run(self, cohort: Sequence[RequestState]) -> None:
+        n = len(cohort)
+        prompts = [state.prepared[self.stage.id] for state in cohort]
+        limits = [state.request.max_generate_length for state in cohort]
+        params = cohort[0].request.sampling  # batch-wide: the scheduler groups equal settings
+        rng = np.random.default_rng(params.seed)
+        penalise = params.repetition_penalty != 1.0
+
+        binding = self.engine.binding()
+        self.kv.bind(binding, n)
+        logits = np.empty((n, self.vocab_size), np.float32)
+        binding.bind_output("logits", logits)
+
+        lens = np.array([len(p) for p in prompts], np.int32)
+        width = int(lens.max())
+        ids = np.zeros((n, width), np.int64)
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = prompt
+        start = time.perf_counter()
+        binding.run(
+            {
+                "inputs_embeds": self.embedding[ids],
+                "position_ids": np.broadcast_to(np.arange(width, dtype=np.int64), (n, width)),
+                "past_lens": np.zeros(n, np.int32),
+                "query_lens": lens,
+                "last_indices": (lens - 1).astype(np.int64),
+            }
+        )
+        prefill_s = time.perf_counter() - start
+
+        generated: list[list[int]] = [[] for _ in range(n)]
+        finish: list[str | None] = [None] * n
+        seen = [np.asarray(p, np.int64) for p in prompts]
+        past = lens.copy()
+        steps = 0
+        start = time.perf_counter()
+        while True:
+            tokens = sample(logits, params, rng, seen if penalise else None)
+            for row in range(n):
+                if finish[row] is not None:
+                    continue
+                token = int(tokens[row])
+                generated[row].append(token)
+                if penalise:
+                    seen[row] = np.append(seen[row], token)
+                finish[row] = self._finished(cohort[row].request, generated[row], limits[row])
+            active = np.array([f is None for f in finish])
+            if not active.any():
+                break
+            binding.run(
+                {
+                    "inputs_embeds": self.embedding[tokens][:, None, :],
+                    "position_ids": past[:, None].astype(np.int64),
+                    "past_lens": past,
+                    "query_lens": active.astype(np.int32),
+                    "last_indices": np.zeros(n, np.int64),
+                }
+            )
+            past = past + active.astype(np.int32)
+            steps += 1
+        decode_s = time.perf_counter() - start
+
+        for row, state in enumerate(cohort):
+            out = generated[row]
+            text_ids = out[:-1] if finish[row] == "eos" else out
+            text = self.tokenizer.decode(text_ids)
+            if finish[row] == "stop":
+                text = _cut_at_stop(text, state.request.stop)
+            state.outputs[f"{self.stage.id}:text"] = text
+            state.details[self.stage.id] = {
+                "prompt_tokens": len(prompts[row]),
+                "output_tokens": out,
+                "generated_tokens": len(out),
+                "finish_reason": finish[row],
+                "prefill_ms": round(prefill_s * 1e3, 3),
+                "decode_ms": round(decode_s * 1e3, 3),
+                "decode_steps": steps,
+                "decode_tokens_per_s": round(steps * n / decode_s, 2) if decode_s > 0 else None,
+                "cohort_size": n,
+            }
+
+    def _finished(self, request: Any, out: list[int], limit: int) -> str | None:
+        if out[-1] in self.eos:
+            return "eos"
+        if request.stop and any(s in self.tokenizer.decode(out) for s in request.stop):
+            return "stop"
+        if len(out) >= limit:
+            return "length"
+        return None
+
+
+def _cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    cut = min((text.find(s) for s in stops if s in text), default=len(text))
+    return text[:cut]

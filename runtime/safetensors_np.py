@@ -1,0 +1,48 @@
+"""Read safetensors files as memory-mapped numpy arrays.
+
+The format is an 8-byte header length, a JSON header and raw little-endian data. Mapping the file
+means a large embedding table costs memory only for the rows a request touches.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+_DTYPES = {
+    "F32": np.float32,
+    "F16": np.float16,
+    "F64": np.float64,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+def load(path: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of the file, as read-only memory-mapped arrays."""
+    path = Path(path)
+    with path.open("rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
+    base = 8 + header_len
+    out: dict[str, np.ndarray] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ValueError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
+        start, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        count = int(np.prod(shape)) if shape else 1
+        if end - start != count * np.dtype(dtype).itemsize:
+            raise ValueError(f"{path}: tensor {name} has inconsistent offsets")
+        out[name] = np.memmap(path, dtype=dtype, mode="r", offset=base + start, shape=shape)
+    return out

@@ -1,0 +1,253 @@
+"""Token sampling as plain numpy functions.
+
+The semantics follow Hugging Face's logits processors (repetition penalty, then temperature,
+top-k and top-p), so a request sampled here draws from the same token set as the reference
+``generate()`` it is compared against. Only the standard library and numpy are used: this runs
+on the embedded board next to ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_SAMPLING",
+    "SAMPLING_KEYS",
+    "SamplingParams",
+    "apply_repetition_penalty",
+    "candidate_distribution",
+    "sample",
+    "sampling_from_dict",
+]
+
+# Accepted key names; "sampling_seed" is llm_inference's spelling of "seed".
+SAMPLING_KEYS: tuple[str, ...] = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "seed",
+    "sampling_seed",
+)
+_SEED_ALIASES = ("seed", "sampling_seed")
+
+# Top-p without top-k grows its candidate set from this many tokens instead of sorting the vocab.
+_TOP_P_FIRST_GUESS = 256
+
+
+def _check(name: str, key: str, value: Any) -> Any:
+    """Validate one sampling value; ``key`` is the name the user wrote (used in messages)."""
+    if name == "temperature":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key} must be a number, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
+        return float(value)
+    if name == "top_k":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{key} must be an integer (0 turns top-k off), got {value!r}")
+        if value < 0:
+            raise ValueError(f"{key} must be >= 0 (0 turns top-k off), got {value!r}")
+        return int(value)
+    if name == "top_p":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key} must be a number, got {value!r}")
+        if not (0.0 < value <= 1.0):
+            raise ValueError(f"{key} must be in (0, 1], got {value!r}")
+        return float(value)
+    if name == "repetition_penalty":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key} must be a number, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{key} must be a finite number > 0, got {value!r}")
+        return float(value)
+    if name == "seed":
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{key} must be an integer >= 0 or null, got {value!r}")
+        return int(value)
+    raise ValueError(f"unknown sampling key {key!r}; accepted: {', '.join(SAMPLING_KEYS)}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings of one request; defaults are llm_inference's.
+
+    Frozen and hashable, so cohorts can group requests by equal settings.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 50  # 0 = off
+    top_p: float = 0.8
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        # Catch bad values at construction too, not only when read from a file.
+        for name in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
+            object.__setattr__(self, name, _check(name, name, getattr(self, name)))
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling reduces to argmax (temperature 0 or top-k 1)."""
+        return self.temperature == 0 or self.top_k == 1
+
+
+DEFAULT_SAMPLING = SamplingParams()
+
+
+def sampling_from_dict(
+    d: Mapping[str, Any], base: SamplingParams = DEFAULT_SAMPLING, *, prefix: str = ""
+) -> SamplingParams:
+    """Override ``base`` with the keys ``prefix + name`` present in ``d``.
+
+    Other keys are ignored here; the request parser decides which keys are unknown. The
+    prefix lets the talker's settings (``talker_temperature``...) share this code.
+    """
+    values: dict[str, Any] = {}
+    for name in ("temperature", "top_k", "top_p", "repetition_penalty"):
+        key = prefix + name
+        if key in d:
+            values[name] = _check(name, key, d[key])
+    seeds = {prefix + a: d[prefix + a] for a in _SEED_ALIASES if prefix + a in d}
+    if seeds:
+        checked = {k: _check("seed", k, v) for k, v in seeds.items()}
+        if len(set(checked.values())) > 1:
+            raise ValueError(f"{' and '.join(checked)} disagree: {checked}")
+        values["seed"] = next(iter(checked.values()))
+    if not values:
+        return base
+    return replace(base, **values)
+
+
+def apply_repetition_penalty(
+    logits: np.ndarray, seen: Sequence[np.ndarray], penalty: float
+) -> None:
+    """Penalise, in place, every token already seen in each row (HF's repetition penalty).
+
+    A logit below 0 is multiplied by ``penalty``, any other is divided, once per distinct id;
+    ids at or beyond the vocabulary size are skipped, as Hugging Face does.
+    """
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be [batch, vocab], got shape {logits.shape}")
+    if len(seen) != logits.shape[0]:
+        raise ValueError(f"seen has {len(seen)} rows, logits has {logits.shape[0]}")
+    if penalty == 1.0:
+        return
+    vocab = logits.shape[1]
+    for b, ids in enumerate(seen):
+        ids = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1))
+        if ids.size and ids[0] < 0:
+            raise ValueError(f"seen[{b}] holds a negative token id {int(ids[0])}")
+        ids = ids[ids < vocab]
+        if not ids.size:
+            continue
+        row = logits[b]
+        vals = row[ids]
+        row[ids] = np.where(vals < 0, vals * penalty, vals / penalty)
+
+
+def _softmax_over(z: np.ndarray, temperature: float) -> np.ndarray:
+    """Unnormalised exp((z - max) / T) in float64, for numerical headroom."""
+    z = z.astype(np.float64) / temperature
+    z -= z.max()
+    return np.exp(z)
+
+
+def _top_p_filter(
+    ids: np.ndarray, probs: np.ndarray, rest: float, top_p: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """HF TopPLogitsWarper on candidates: drop tokens whose ascending cumulative mass <= 1-p.
+
+    ``rest`` is the probability mass outside the candidates, all of it smaller than any
+    candidate; it starts the cumulative sum so the result equals the full-vocabulary rule.
+    """
+    order = np.argsort(probs, kind="stable")
+    cum = rest + np.cumsum(probs[order])
+    remove = cum <= 1.0 - top_p
+    remove[-1] = False  # min_tokens_to_keep = 1
+    keep = order[~remove]
+    return ids[keep], probs[keep]
+
+
+def candidate_distribution(
+    logits: np.ndarray, params: SamplingParams
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids a draw can return for one row of logits [V], and their probabilities.
+
+    Applies temperature, top-k (ties with the k-th logit stay, as in HF) and top-p. The
+    repetition penalty is the caller's (``sample`` applies it first). Top-k selects with
+    ``argpartition``, so only the k candidates are sorted, never the whole vocabulary; top-p
+    alone grows a partitioned candidate set until the mass outside it is already dropped.
+    Probabilities are float64, renormalised over the returned ids.
+    """
+    x = np.asarray(logits)
+    if x.ndim != 1:
+        raise ValueError(f"expected one row of logits [vocab], got shape {x.shape}")
+    vocab = x.shape[0]
+    if params.greedy:
+        return np.array([int(np.argmax(x))], dtype=np.int64), np.ones(1)
+    k = params.top_k
+    if 0 < k < vocab:
+        top = np.argpartition(x, vocab - k)[vocab - k :]
+        ids = np.flatnonzero(x >= x[top].min()).astype(np.int64)
+        probs = _softmax_over(x[ids], params.temperature)
+        probs /= probs.sum()
+        rest = 0.0
+    else:
+        weights = _softmax_over(x, params.temperature)
+        total = weights.sum()
+        if params.top_p >= 1.0:
+            return np.arange(vocab, dtype=np.int64), weights / total
+        m = min(vocab, _TOP_P_FIRST_GUESS)
+        while True:
+            if m >= vocab:
+                ids = np.arange(vocab, dtype=np.int64)
+                rest = 0.0
+                break
+            ids = np.argpartition(weights, vocab - m)[vocab - m :].astype(np.int64)
+            inside = weights[ids].sum()
+            rest = max(0.0, (total - inside) / total)
+            # Everything outside has cumulative mass <= rest; if that is dropped, stop.
+            if rest <= 1.0 - params.top_p:
+                break
+            m *= 4
+        probs = weights[ids] / total
+    if params.top_p < 1.0:
+        ids, probs = _top_p_filter(ids, probs, rest, params.top_p)
+    return ids, probs / probs.sum()
+
+
+def sample(
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    seen: Sequence[np.ndarray] | None = None,
+) -> np.ndarray:
+    """Pick one token per row: logits [B, V] -> int64 ids [B].
+
+    ``seen[b]`` is row b's prompt plus generated ids, for the repetition penalty (which also
+    applies to greedy decoding, as in HF). The caller's logits are never modified. Each
+    sampled row consumes exactly one ``rng.random()`` so a seed reproduces a whole run.
+    """
+    x = np.asarray(logits)
+    if x.ndim != 2:
+        raise ValueError(f"logits must be [batch, vocab], got shape {x.shape}")
+    if seen is not None and params.repetition_penalty != 1.0:
+        x = np.array(x, copy=True)
+        apply_repetition_penalty(x, seen, params.repetition_penalty)
+    if params.greedy:
+        return np.argmax(x, axis=-1).astype(np.int64)
+    out = np.empty(x.shape[0], dtype=np.int64)
+    for b in range(x.shape[0]):
+        ids, probs = candidate_distribution(x[b], params)
+        cdf = np.cumsum(probs)
+        j = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+        out[b] = ids[min(j, ids.size - 1)]
+    return out

@@ -1,0 +1,26 @@
+"""Shared fixtures: tiny random checkpoints and engines built from them (once per session)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def qwen3_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edgeomni.export.tiny import make_qwen3
+
+    return make_qwen3(tmp_path_factory.mktemp("qwen3") / "ckpt")
+
+
+@pytest.fixture(scope="session")
+def qwen3_engine(qwen3_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+
+    engine_dir = tmp_path_factory.mktemp("qwen3-engine") / "eng"
+    args = BuildArgs(max_batch_size=3, max_input_len=64, max_kv_cache_capacity=128)
+    graph = build(qwen3_ckpt, engine_dir, args)
+    assert graph is not None and graph.is_file()
+    return engine_dir

@@ -1,0 +1,255 @@
+"""runtime/requests.py: request files in, predictions out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from edgeomni.runtime.requests import (
+    BadRequest,
+    Request,
+    load_request_file,
+    parse_request_file,
+    parse_sampling,
+    write_json_atomic,
+    write_predictions,
+)
+from edgeomni.runtime.sampling import SamplingParams
+
+GOOD: dict[str, Any] = {
+    "batch_size": 2,
+    "temperature": 0.6,
+    "top_k": 20,
+    "sampling_seed": 11,
+    "max_generate_length": 64,
+    "enable_thinking": True,
+    "talker_temperature": 0.8,
+    "requests": [
+        {"messages": [{"role": "user", "content": "Hi"}]},
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "audio", "audio": "q.wav"},
+                        {"type": "text", "text": "Answer this."},
+                    ],
+                },
+            ],
+            "max_generate_length": 8,
+            "sampling": {"top_k": 5, "seed": 3, "talker_temperature": 0.5, "cp_top_k": 10},
+            "voice": "Ethan",
+            "stop": ["\n\n"],
+        },
+        {"prompt": "Describe", "speaker": "Chelsie"},
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": "a.png"}]}]},
+    ],
+}
+
+
+def _only_request(obj: dict[str, Any]) -> Request | BadRequest:
+    entries, _ = parse_request_file(obj)
+    assert len(entries) == 1
+    return entries[0]
+
+
+def test_good_file_precedence_cli_file_request() -> None:
+    cli = SamplingParams(temperature=0.9, top_p=0.7, repetition_penalty=1.1)
+    entries, settings = parse_request_file(
+        GOOD, cli, {"talker_temperature": 0.1, "talker_top_k": 4}
+    )
+    assert all(isinstance(e, Request) for e in entries)
+    r0, r1, r2, r3 = entries
+    assert isinstance(r0, Request) and isinstance(r1, Request)
+    assert isinstance(r2, Request) and isinstance(r3, Request)
+    assert [e.index for e in entries] == [0, 1, 2, 3]
+    # CLI < file: the file overrides temperature/top_k/seed, the CLI's top_p and penalty stay.
+    assert r0.sampling == SamplingParams(
+        temperature=0.6, top_k=20, top_p=0.7, repetition_penalty=1.1, seed=11
+    )
+    # file < request.
+    assert r1.sampling == SamplingParams(
+        temperature=0.6, top_k=5, top_p=0.7, repetition_penalty=1.1, seed=3
+    )
+    assert dict(r0.extra_sampling) == {"talker_temperature": 0.8, "talker_top_k": 4}
+    assert dict(r1.extra_sampling) == {
+        "talker_temperature": 0.5,
+        "talker_top_k": 4,
+        "cp_top_k": 10,
+    }
+    assert (r0.max_generate_length, r1.max_generate_length) == (64, 8)
+    assert r0.enable_thinking and r0.apply_chat_template and r0.add_generation_prompt
+    assert r1.stop == ("\n\n",) and r0.stop == ()
+    assert r1.voice == "Ethan" and r2.voice == "Chelsie" and r0.voice is None
+    assert r0.fields == {"messages"}
+    assert r1.fields == {"messages", "audio", "voice"}
+    assert r2.fields == {"messages", "voice"}
+    assert r3.fields == {"messages", "image"}
+    assert r2.messages == ({"role": "user", "content": "Describe"},)
+    assert r1.messages[1]["content"][0] == {"type": "audio", "audio": "q.wav"}
+    assert settings["batch_size"] == 2
+    assert r0.batch_settings != r1.batch_settings
+    hash(r0.batch_settings)  # usable in a cohort key
+
+
+def test_defaults_without_overrides() -> None:
+    r = _only_request({"requests": [{"prompt": "x"}]})
+    assert isinstance(r, Request)
+    assert r.sampling == SamplingParams()
+    assert r.max_generate_length == 256
+    assert (r.apply_chat_template, r.add_generation_prompt, r.enable_thinking) == (
+        True,
+        True,
+        False,
+    )
+    assert dict(r.extra_sampling) == {}
+
+
+def test_parsed_messages_are_copies() -> None:
+    obj = {
+        "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}]
+    }
+    r = _only_request(obj)
+    obj["requests"][0]["messages"][0]["content"][0]["text"] = "changed"
+    assert isinstance(r, Request)
+    assert r.messages[0]["content"][0]["text"] == "a"
+
+
+BAD_REQUESTS: list[tuple[Any, str]] = [
+    ({}, "no messages"),
+    ({"messages": "hello"}, "messages must be a list"),
+    ({"messages": []}, "empty"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "role must be one of"),
+    ({"messages": [{"role": "user"}]}, "no content"),
+    ({"messages": [{"role": "user", "content": 5}]}, "content must be a string or a list"),
+    ({"messages": [{"role": "user", "content": [{"type": "video", "video": "v"}]}]}, "type must"),
+    ({"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, "audio must be"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, "text must be"),
+    ({"messages": [{"role": "user", "content": "x", "name": "n"}]}, "unknown keys"),
+    ({"prompt": "x", "sampling": {"temprature": 0.5}}, "temperature, top_k"),
+    ({"prompt": "x", "sampling": {"top_p": 0}}, "top_p"),
+    ({"prompt": "x", "sampling": {"talker_top_k": -2}}, "talker_top_k"),
+    ({"prompt": "x", "sampling": {"talker_x": "a"}}, "talker_x must be a number"),
+    ({"prompt": "x", "sampling": 0.5}, "sampling must be an object"),
+    ({"prompt": "x", "max_generate_length": 0}, "max_generate_length"),
+    ({"prompt": "x", "stop": [1]}, "stop"),
+    ({"prompt": "x", "voice": ""}, "voice"),
+    ({"prompt": "x", "voice": "a", "speaker": "b"}, "disagree"),
+    ({"prompt": "x", "lora_name": "l"}, "unknown request keys"),
+    ({"prompt": "x", "temperature": 0.5}, "go in the 'sampling' object"),
+    ({"prompt": "x", "messages": []}, "not both"),
+    ({"prompt": ["x"]}, "prompt must be a string"),
+    ("just text", "must be an object"),
+]
+
+
+@pytest.mark.parametrize(("bad", "message"), BAD_REQUESTS)
+def test_bad_request_is_isolated(bad: Any, message: str) -> None:
+    good = {"prompt": "fine"}
+    entries, _ = parse_request_file({"requests": [good, bad, good]})
+    assert isinstance(entries[0], Request) and isinstance(entries[2], Request)
+    assert entries[2].index == 2
+    bad_entry = entries[1]
+    assert isinstance(bad_entry, BadRequest)
+    assert bad_entry.index == 1
+    assert message in bad_entry.error
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        ([], "must be a JSON object"),
+        ({}, "'requests' list"),
+        ({"requests": {"a": 1}}, "'requests' list"),
+        ({"requests": [], "temperature": -1}, "temperature"),
+        ({"requests": [], "batch_size": 0}, "batch_size"),
+        ({"requests": [], "apply_chat_template": "yes"}, "apply_chat_template"),
+        ({"requests": [], "talker_top_p": 3}, "talker_top_p"),
+        ({"requests": [], "num_logprobs": 2}, "unknown top-level keys"),
+    ],
+)
+def test_bad_file_raises(obj: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_request_file(obj)
+
+
+def test_bad_cli_extra_defaults_raise() -> None:
+    with pytest.raises(ValueError, match="sampling defaults: talker_temperature"):
+        parse_request_file({"requests": []}, extra_defaults={"talker_temperature": -1})
+
+
+def test_parse_sampling_for_cli() -> None:
+    params, extra = parse_sampling({"temperature": 0.7, "talker_temperature": 0.9})
+    assert params.temperature == 0.7 and extra == {"talker_temperature": 0.9}
+    with pytest.raises(ValueError, match="accepted"):
+        parse_sampling({"temp": 1})
+
+
+def test_load_request_file(tmp_path: Path) -> None:
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(GOOD), encoding="utf-8")
+    entries, settings = load_request_file(path)
+    assert len(entries) == 4 and settings["batch_size"] == 2
+    path.write_text('{"requests": [\n  {"prompt": "a"},\n  oops\n]}', encoding="utf-8")
+    with pytest.raises(ValueError, match="line 3 column 3"):
+        load_request_file(path)
+    path.write_text('{"requests": 1}', encoding="utf-8")
+    with pytest.raises(ValueError, match="req.json"):
+        load_request_file(path)
+
+
+def test_write_json_atomic_replaces_and_cleans_up(tmp_path: Path) -> None:
+    path = tmp_path / "predictions.json"
+    write_json_atomic(path, {"a": 1})
+    write_json_atomic(path, {"a": 2, "text": "héllo"})
+    assert json.loads(path.read_text(encoding="utf-8")) == {"a": 2, "text": "héllo"}
+    assert os.listdir(tmp_path) == ["predictions.json"]
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_write_json_atomic_failure_keeps_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "predictions.json"
+    write_json_atomic(path, {"responses": [{"request_idx": 0}]})
+    before = path.read_bytes()
+    # Serialisation fails part-way: a large valid prefix is written before the bad object.
+    obj = {"responses": [{"request_idx": i, "text": "x" * 100} for i in range(500)] + [object()]}
+    with pytest.raises(TypeError):
+        write_json_atomic(path, obj)
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["predictions.json"]
+    with pytest.raises(TypeError):
+        write_json_atomic(tmp_path / "new.json", {"x": {1, 2}})
+    assert os.listdir(tmp_path) == ["predictions.json"]
+
+
+def test_write_predictions(tmp_path: Path) -> None:
+    path = tmp_path / "out.json"
+    entries = [
+        {"request_idx": 0, "ok": True, "error": None, "output_text": "hi"},
+        {"request_idx": 1, "ok": False, "error": "bad role"},
+    ]
+    write_predictions(path, entries)
+    assert json.loads(path.read_text(encoding="utf-8")) == {"responses": entries}
+    with pytest.raises(ValueError, match="lacks ok"):
+        write_predictions(path, [{"request_idx": 0, "error": None}])
+    with pytest.raises(ValueError, match="input order"):
+        write_predictions(path, list(reversed(entries)))
+    assert json.loads(path.read_text(encoding="utf-8")) == {"responses": entries}
+
+
+def test_runtime_modules_import_only_stdlib_and_numpy() -> None:
+    # The board has no torch: importing these modules must not pull it in.
+    code = (
+        "import sys; import edgeomni.runtime.requests, edgeomni.runtime.scheduler; "
+        "bad = sorted(m for m in ('torch', 'transformers') if m in sys.modules); "
+        "assert not bad, bad"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
