@@ -62,7 +62,9 @@ def check_engine_dir(path: Path) -> None:
         )
 
 
-def select_components(available: Sequence[Component], wanted: Sequence[str] | None) -> list[Component]:
+def select_components(
+    available: Sequence[Component], wanted: Sequence[str] | None
+) -> list[Component]:
     if not wanted or list(wanted) == ["all"]:
         return list(available)
     if "all" in wanted:
@@ -71,8 +73,7 @@ def select_components(available: Sequence[Component], wanted: Sequence[str] | No
     unknown = [w for w in wanted if w not in by_name]
     if unknown:
         raise BuildError(
-            f"--components: unknown {', '.join(unknown)}; this checkpoint has "
-            f"{', '.join(by_name)}"
+            f"--components: unknown {', '.join(unknown)}; this checkpoint has {', '.join(by_name)}"
         )
     return [c for c in available if c.name in wanted]
 
@@ -103,6 +104,7 @@ def build(
     ckpt = open_checkpoint(model_dir)
     family = family_for(ckpt.model_type)
     hooks = family.hooks()
+    ckpt.weight_files  # noqa: B018 - fail on missing or unreadable weights before building
     selected = select_components(hooks.components(ckpt), components)
     engine_dir = engine_dir.resolve()
     check_engine_dir(engine_dir)
@@ -130,7 +132,9 @@ def build(
     return engine_dir / GRAPH_FILE if graph_path else None
 
 
-def write_graph(hooks: Any, ckpt: Any, engine_dir: Path, built: Sequence[Component], args: BuildArgs | None) -> Path | None:
+def write_graph(
+    hooks: Any, ckpt: Any, engine_dir: Path, built: Sequence[Component], args: BuildArgs | None
+) -> Path | None:
     """Ask the family for its topology, stamp each stage's limits, validate, and save."""
     from edgeomni import graph_schema
 

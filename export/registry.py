@@ -23,9 +23,7 @@ class Family:
         return importlib.import_module(self.module)  # type: ignore[return-value]
 
 
-FAMILIES: tuple[Family, ...] = (
-    Family("qwen3", ("qwen3",), "edgeomni.export.families.qwen3"),
-)
+FAMILIES: tuple[Family, ...] = (Family("qwen3", ("qwen3",), "edgeomni.export.families.qwen3"),)
 
 
 class UnknownModelType(ValueError):

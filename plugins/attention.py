@@ -173,7 +173,9 @@ def torch_op() -> Any:
         )
 
     @attention.register_fake
-    def _(q, k, v, past_key, past_value, past_lens, query_lens, num_heads, kv_num_heads, scale, window):  # noqa: ANN001
+    def _(
+        q, k, v, past_key, past_value, past_lens, query_lens, num_heads, kv_num_heads, scale, window
+    ):  # noqa: ANN001
         return torch.empty_like(q), torch.empty_like(past_key), torch.empty_like(past_value)
 
     _registered["torch_op"] = attention
@@ -189,7 +191,9 @@ def onnx_translation() -> dict[Any, Any]:
     torch_op()
     opset = onnxscript.values.Opset(DOMAIN, VERSION)
 
-    def translate(q, k, v, past_key, past_value, past_lens, query_lens, num_heads, kv_num_heads, scale, window):  # noqa: ANN001
+    def translate(
+        q, k, v, past_key, past_value, past_lens, query_lens, num_heads, kv_num_heads, scale, window
+    ):  # noqa: ANN001
         return opset.Attention(
             q,
             k,

@@ -87,10 +87,14 @@ def main(argv: list[str] | None = None) -> int:
             _, graph = load_graph(args.config)
         except GraphError as e:
             return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
-        print(f"{args.config}: valid ({len(graph.stages)} stages, terminals {', '.join(graph.terminals)})")
+        print(
+            f"{args.config}: valid ({len(graph.stages)} stages, terminals {', '.join(graph.terminals)})"
+        )
         return EXIT_OK
     if args.prompt is None and args.input_file is None:
-        return _fail("give --prompt TEXT or --input-file FILE (or --validate-config)", EXIT_BAD_CONFIG)
+        return _fail(
+            "give --prompt TEXT or --input-file FILE (or --validate-config)", EXIT_BAD_CONFIG
+        )
     if args.batch_size is not None and args.batch_size < 1:
         return _fail("--batch-size must be at least 1", EXIT_BAD_CONFIG)
 

@@ -21,7 +21,7 @@ class KVCache:
         kv_heads: int,
         capacity: int,
         head_dim: int,
-        dtype: np.dtype = np.dtype(np.float32),
+        dtype: type[np.generic] = np.float32,
     ) -> None:
         shape = (max_batch, kv_heads, capacity, head_dim)
         self.capacity = capacity

@@ -147,7 +147,9 @@ class Pipeline:
         entries = []
         for pos in range(count):
             if pos in failed:
-                entries.append({"request_idx": pos, "ok": False, "error": failed[pos], "stages": {}})
+                entries.append(
+                    {"request_idx": pos, "ok": False, "error": failed[pos], "stages": {}}
+                )
                 continue
             state = by_pos[pos]
             entry: dict[str, Any] = {"request_idx": pos}

@@ -42,7 +42,9 @@ def run_file(engine: Path, tmp_path: Path, body: dict, *extra: str) -> tuple[int
     req = tmp_path / "requests.json"
     req.write_text(json.dumps(body))
     pred = tmp_path / "predictions.json"
-    code = cli.main(["--config", str(engine), "--input-file", str(req), "--output-file", str(pred), *extra])
+    code = cli.main(
+        ["--config", str(engine), "--input-file", str(req), "--output-file", str(pred), *extra]
+    )
     return code, json.loads(pred.read_text())["responses"]
 
 

@@ -30,8 +30,15 @@ class Checkpoint:
     path: Path
     config: dict[str, Any]
     generation_config: dict[str, Any]
-    weight_files: dict[str, Path]  # tensor name -> shard
+    _weight_files: dict[str, Path] | None = field(default=None, repr=False)
     _handles: dict[Path, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def weight_files(self) -> dict[str, Path]:
+        """Tensor name -> shard; read on first use, so a config problem is reported first."""
+        if self._weight_files is None:
+            self._weight_files = _weight_files(self.path)
+        return self._weight_files
 
     @property
     def model_type(self) -> str:
@@ -68,7 +75,7 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
         raise CheckpointError(f"{cfg_path}: no model_type")
     gen_path = path / "generation_config.json"
     generation = _read_json(gen_path) if gen_path.is_file() else {}
-    return Checkpoint(path, config, generation, _weight_files(path))
+    return Checkpoint(path, config, generation)
 
 
 def _weight_files(path: Path) -> dict[str, Path]:

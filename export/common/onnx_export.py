@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,10 @@ def export_onnx(
     external = param_bytes(module) > EXTERNAL_DATA_BYTES
     path.parent.mkdir(parents=True, exist_ok=True)
     chatter = io.StringIO()
-    with torch.no_grad(), contextlib.redirect_stdout(chatter):
+    for name in ("torch.onnx", "onnx_ir", "onnxscript"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    with torch.no_grad(), contextlib.redirect_stdout(chatter), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         torch.onnx.export(
             module,
             args,

@@ -41,6 +41,8 @@ class RequestState:
 
 RUNNERS: dict[str, RunnerDecl] = {
     decl.name: decl
-    for decl in (RunnerDecl("llm.backbone", "autoregressive", "edgeomni.runtime.runners.llm:LLMBackbone"),)
+    for decl in (
+        RunnerDecl("llm.backbone", "autoregressive", "edgeomni.runtime.runners.llm:LLMBackbone"),
+    )
 }
 RUNNER_KINDS: dict[str, str] = {name: decl.kind for name, decl in RUNNERS.items()}

@@ -59,9 +59,7 @@ class LLMBackbone:
     # -- per request -------------------------------------------------------------------------
     def prompt_ids(self, request: Any) -> list[int]:
         if request.apply_chat_template and self.tokenizer.has_chat_template:
-            messages = [
-                {"role": m["role"], "content": message_text(m)} for m in request.messages
-            ]
+            messages = [{"role": m["role"], "content": message_text(m)} for m in request.messages]
             text = self.tokenizer.apply_chat_template(
                 messages,
                 add_generation_prompt=request.add_generation_prompt,

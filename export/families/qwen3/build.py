@@ -22,7 +22,9 @@ def components(ckpt: Checkpoint) -> tuple[Component, ...]:
     return (LLM,)
 
 
-def export_component(ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs) -> Path:
+def export_component(
+    ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs
+) -> Path:
     if args.dtype not in _DTYPES:
         raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3 on this path yet")
     module = CausalLM(decoder_config(ckpt.config)).eval()

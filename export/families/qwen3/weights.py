@@ -23,10 +23,8 @@ def load_weights(module: torch.nn.Module, ckpt: Checkpoint, dtype: torch.dtype) 
     """Fill every parameter of a CausalLM from the checkpoint, checking shapes."""
     state: dict[str, Any] = {}
     for name, param in module.state_dict().items():
-        if name == "lm_head_t":
-            tensor = ckpt.tensor(lm_head_name(ckpt)).t()
-        else:
-            tensor = ckpt.tensor(name)
+        is_head = name == "lm_head_t"  # stored [H, V]: the checkpoint's head, transposed
+        tensor = ckpt.tensor(lm_head_name(ckpt)).t() if is_head else ckpt.tensor(name)
         if tuple(tensor.shape) != tuple(param.shape):
             raise CheckpointError(
                 f"{ckpt.path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"

@@ -1,0 +1,125 @@
+"""edgeomni::Attention: the ONNX Runtime lowering equals the numpy reference, in place."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from edgeomni.plugins import attention, lower_model
+
+B, HQ, HKV, D, C = 3, 4, 2, 16, 32
+
+# (query length S, per-row query_lens): ragged prefill from empty, decode, chunked prefill with
+# an idle row, decode with a finished row, and a full chunk.
+SCHEDULE = [
+    (5, [5, 3, 1]),
+    (1, [1, 1, 1]),
+    (1, [1, 1, 1]),
+    (3, [3, 2, 0]),
+    (1, [1, 0, 1]),
+    (4, [4, 4, 4]),
+]
+
+
+def attention_model(window: int) -> bytes:
+    attention.register_onnx_schema()
+    f = TensorProto.FLOAT
+    vi = helper.make_tensor_value_info
+    inputs = [
+        vi("q", f, [None, None, HQ * D]),
+        vi("k", f, [None, None, HKV * D]),
+        vi("v", f, [None, None, HKV * D]),
+        vi("past_key", f, [None, HKV, None, D]),
+        vi("past_value", f, [None, HKV, None, D]),
+        vi("past_lens", TensorProto.INT32, [None]),
+        vi("query_lens", TensorProto.INT32, [None]),
+    ]
+    outputs = [
+        vi("out", f, [None, None, HQ * D]),
+        vi("present_key", f, [None, HKV, None, D]),
+        vi("present_value", f, [None, HKV, None, D]),
+    ]
+    node = helper.make_node(
+        "Attention",
+        [i.name for i in inputs],
+        [o.name for o in outputs],
+        domain=attention.DOMAIN,
+        num_heads=HQ,
+        kv_num_heads=HKV,
+        window=window,
+    )
+    model = helper.make_model(
+        helper.make_graph([node], "attn", inputs, outputs),
+        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(attention.DOMAIN, 1)],
+    )
+    lower_model(model, "onnxruntime")
+    assert [n.op_type for n in model.graph.node][-1] == "GroupQueryAttention"
+    assert all(n.domain != attention.DOMAIN for n in model.graph.node)
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("window", [0, 4])
+def test_lowering_matches_reference_in_place(window: int) -> None:
+    sess = ort.InferenceSession(attention_model(window), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    key_cache = np.zeros((B, HKV, C, D), np.float32)
+    value_cache = np.zeros_like(key_cache)
+    ref_k, ref_v = key_cache.copy(), value_cache.copy()
+    key_ov = ort.OrtValue.ortvalue_from_numpy(key_cache)
+    value_ov = ort.OrtValue.ortvalue_from_numpy(value_cache)
+    past = np.zeros(B, np.int32)
+    for s_len, lens in SCHEDULE:
+        query_lens = np.array(lens, np.int32)
+        q = rng.standard_normal((B, s_len, HQ * D), dtype=np.float32)
+        k = rng.standard_normal((B, s_len, HKV * D), dtype=np.float32)
+        v = rng.standard_normal((B, s_len, HKV * D), dtype=np.float32)
+        before = key_cache.copy()
+        ref_out, ref_k, ref_v = attention.reference(
+            q, k, v, ref_k, ref_v, past, query_lens, num_heads=HQ, kv_num_heads=HKV, window=window
+        )
+        io = sess.io_binding()
+        for name, arr in (
+            ("q", q),
+            ("k", k),
+            ("v", v),
+            ("past_lens", past),
+            ("query_lens", query_lens),
+        ):
+            io.bind_cpu_input(name, arr)
+        io.bind_ortvalue_input("past_key", key_ov)
+        io.bind_ortvalue_input("past_value", value_ov)
+        io.bind_output("out")
+        io.bind_ortvalue_output("present_key", key_ov)
+        io.bind_ortvalue_output("present_value", value_ov)
+        sess.run_with_iobinding(io)
+        out = io.get_outputs()[0].numpy()
+        for b in range(B):
+            n = query_lens[b]
+            np.testing.assert_allclose(out[b, :n], ref_out[b, :n], atol=2e-6)
+        # the caller's own buffers hold the update: written in place, and only at the new rows
+        np.testing.assert_array_equal(key_cache, ref_k)
+        np.testing.assert_array_equal(value_cache, ref_v)
+        changed = np.argwhere((key_cache != before).any(axis=(1, 3)))
+        for b, pos in changed:
+            assert past[b] <= pos < past[b] + query_lens[b]
+        past = past + query_lens
+
+
+def test_reference_rejects_overflow() -> None:
+    q = np.zeros((1, 2, HQ * D), np.float32)
+    kv = np.zeros((1, 2, HKV * D), np.float32)
+    cache = np.zeros((1, HKV, 4, D), np.float32)
+    with pytest.raises(ValueError, match="capacity"):
+        attention.reference(
+            q, kv, kv, cache, cache, np.array([3], np.int32), np.array([2], np.int32),
+            num_heads=HQ, kv_num_heads=HKV,
+        )  # fmt: skip
+
+
+def test_unknown_backend_is_refused() -> None:
+    from onnx import ModelProto
+
+    with pytest.raises(ValueError, match="tensorrt"):
+        lower_model(ModelProto(), "tensorrt")
