@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import edgeomni.graph_schema as gs
 import pytest
+
+import edgeomni.graph_schema as gs
 from edgeomni.graph_schema import Emit, GraphError, Input, json_schema, parse
 from edgeomni.graph_schema.model import EMIT_KEYS, GRAPH_KEYS, INPUT_KEYS, STAGE_KEYS, Keys
 from edgeomni.graph_schema.validate import FIELD, NAME

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from edgeomni.graph_schema import Graph, GraphError, parse, plan, topological_order
 
 

@@ -86,6 +86,11 @@ def test_batched_file_matches_transformers(qwen3_engine: Path, hf, tmp_path: Pat
     assert [e["stages"]["llm"]["cohort_size"] for e in entries] == [3, 3, 3, 1]
     lengths = {e["stages"]["llm"]["prompt_tokens"] for e in entries}
     assert len(lengths) == len(PROMPTS)  # genuinely ragged batch
+    # a wider --batch-size is still capped by the build's max_batch (3)
+    code, entries = run_file(qwen3_engine, tmp_path, body, "--batch-size", "8")
+    assert code == cli.EXIT_OK
+    assert [e["stages"]["llm"]["cohort_size"] for e in entries] == [3, 3, 3, 1]
+    assert [e["stages"]["llm"]["output_tokens"] for e in entries] == expected
 
 
 def test_bad_requests_fail_alone(qwen3_engine: Path, tmp_path: Path) -> None:

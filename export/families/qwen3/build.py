@@ -60,6 +60,12 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
             "eos_token_id": artifacts.eos_token_ids(ckpt, cfg),
             "pad_token_id": cfg.get("pad_token_id"),
             "generation_defaults": artifacts.generation_defaults(ckpt),
+            # the shapes each phase binds; a TensorRT build turns these into optimisation profiles
+            "profiles": {
+                "prefill": {"batch": [1, args.max_batch_size], "seq": [1, args.max_input_len]},
+                "decode": {"batch": [1, args.max_batch_size], "seq": [1, 1]},
+                "kv_capacity": args.max_kv_cache_capacity,
+            },
             "builder_config": {
                 "max_batch_size": args.max_batch_size,
                 "max_input_len": args.max_input_len,
