@@ -1,7 +1,8 @@
 """A Qwen3-style decoder whose attention is the edgeomni::Attention plugin op.
 
-Module and parameter names follow Hugging Face's (``model.layers.N.self_attn.q_proj.weight``) so a
-family maps checkpoint weights by name. The module takes input embeddings, not token ids: the
+Module and parameter names follow Hugging Face's (``model.layers.N.self_attn.o_proj.weight``) so a
+family maps checkpoint weights by name; the packed projections (``qkv_proj``, ``gate_up_proj``)
+are listed in ``PACKED`` with the checkpoint tensors they concatenate. The module takes input embeddings, not token ids: the
 runtime looks rows up in the embedding table itself, which lets multimodal families splice encoder
 outputs in, and keeps the table out of the engine.
 """
@@ -14,6 +15,22 @@ import torch
 from torch import nn
 
 from edgeomni.plugins import attention as attention_plugin
+
+
+# packed parameter suffix -> the checkpoint suffixes concatenated (along the output dim) into it
+PACKED: dict[str, tuple[str, ...]] = {
+    "self_attn.qkv_proj.weight": (
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+    ),
+    "self_attn.qkv_proj.bias": (
+        "self_attn.q_proj.bias",
+        "self_attn.k_proj.bias",
+        "self_attn.v_proj.bias",
+    ),
+    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
 
 
 @dataclass(frozen=True)
@@ -34,7 +51,8 @@ class DecoderConfig:
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32, as transformers' Qwen3RMSNorm does."""
+    """RMSNorm; exports as one ONNX RMSNormalization node (opset 23), which computes in float32
+    as transformers' Qwen3RMSNorm does, instead of seven elementwise nodes per norm."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -42,10 +60,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -74,9 +89,11 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         h, d = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
+        # q, k and v packed in one matrix (one GEMV per step instead of three); the family's
+        # weight table concatenates the checkpoint's q_proj, k_proj and v_proj into it
+        self.qkv_proj = nn.Linear(
+            h, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, bias=cfg.attention_bias
+        )
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=cfg.attention_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -94,9 +111,10 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim)
-        v = self.v_proj(x)
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        q, k, v = self.qkv_proj(x).split((q_size, kv_size, kv_size), dim=-1)
+        q = q.reshape(b, s, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(b, s, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + rotate_half(q) * sin
@@ -120,12 +138,14 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        # gate and up packed in one matrix, concatenated from the checkpoint's two
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).split((self.intermediate, self.intermediate), dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

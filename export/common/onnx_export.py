@@ -26,7 +26,7 @@ def export_onnx(
     input_names: Sequence[str],
     output_names: Sequence[str],
     dynamic_shapes: Any,
-    opset: int = 21,
+    opset: int = 23,
 ) -> Path:
     """torch.onnx.export (dynamo) with the plugin translations; returns the model path.
 

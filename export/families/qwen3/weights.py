@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
+from edgeomni.export.common.decoder import PACKED
 
 EMBEDDING = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
@@ -19,12 +20,22 @@ def lm_head_name(ckpt: Checkpoint) -> str:
     return EMBEDDING
 
 
+def checkpoint_tensor(ckpt: Checkpoint, name: str) -> torch.Tensor:
+    """The checkpoint tensor(s) behind one parameter of our CausalLM."""
+    if name == "lm_head_t":  # stored [H, V]: the checkpoint's head, transposed
+        return ckpt.tensor(lm_head_name(ckpt)).t()
+    for packed, parts in PACKED.items():
+        if name.endswith(packed):
+            prefix = name[: -len(packed)]
+            return torch.cat([ckpt.tensor(prefix + part) for part in parts], dim=0)
+    return ckpt.tensor(name)
+
+
 def load_weights(module: torch.nn.Module, ckpt: Checkpoint, dtype: torch.dtype) -> None:
     """Fill every parameter of a CausalLM from the checkpoint, checking shapes."""
     state: dict[str, Any] = {}
     for name, param in module.state_dict().items():
-        is_head = name == "lm_head_t"  # stored [H, V]: the checkpoint's head, transposed
-        tensor = ckpt.tensor(lm_head_name(ckpt)).t() if is_head else ckpt.tensor(name)
+        tensor = checkpoint_tensor(ckpt, name)
         if tuple(tensor.shape) != tuple(param.shape):
             raise CheckpointError(
                 f"{ckpt.path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
