@@ -2,20 +2,23 @@
 
 Module and parameter names follow Hugging Face's (``model.layers.N.self_attn.o_proj.weight``) so a
 family maps checkpoint weights by name; the packed projections (``qkv_proj``, ``gate_up_proj``)
-are listed in ``PACKED`` with the checkpoint tensors they concatenate. The module takes input embeddings, not token ids: the
-runtime looks rows up in the embedding table itself, which lets multimodal families splice encoder
-outputs in, and keeps the table out of the engine.
+are listed in ``PACKED`` with the checkpoint tensors they concatenate. The module takes input
+embeddings, not token ids: the runtime looks rows up in the embedding table itself, which lets
+multimodal families splice encoder outputs in, and keeps the table out of the engine.
+
+Families vary it through ``DecoderConfig`` (3-axis MRoPE, extra hidden-state outputs, DeepStack
+inputs) and an ``mlp`` factory (dense or mixture-of-experts per layer), not by subclassing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from edgeomni.plugins import attention as attention_plugin
-
 
 # packed parameter suffix -> the checkpoint suffixes concatenated (along the output dim) into it
 PACKED: dict[str, tuple[str, ...]] = {
@@ -48,6 +51,14 @@ class DecoderConfig:
     rope_theta: float
     qk_norm: bool = True
     attention_bias: bool = False
+    # interleaved 3-axis MRoPE (Qwen3-Omni): position_ids become [3, B, S] (t, h, w)
+    mrope_section: tuple[int, ...] | None = None
+    # also output HF's hidden_states[k] (0 = the input embeddings) at every position
+    hidden_output_layer: int | None = None
+    # also output the final-norm hidden state at each row's last_indices position
+    last_hidden_output: bool = False
+    # dense DeepStack inputs [K, B, S, H] added after layers 0..K-1 (zeros off visual positions)
+    deepstack_layers: int = 0
 
 
 class RMSNorm(nn.Module):
@@ -69,17 +80,28 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin for 1-D positions, computed in the graph from position_ids."""
+    """cos/sin computed in the graph from position_ids: [B, S] for 1-D RoPE, or [3, B, S] for
+    interleaved MRoPE, where frequency j takes the h axis when j % 3 == 1 (j < 3*section[1]),
+    the w axis when j % 3 == 2 (j < 3*section[2]), else t (transformers' recomposition)."""
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, mrope_section: tuple[int, ...] | None) -> None:
         super().__init__()
         inv_freq = 1.0 / (
             theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
         )
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.mrope = mrope_section is not None
+        if mrope_section is not None:
+            axis = torch.zeros(head_dim // 2, dtype=torch.int64)
+            for dim, offset in ((1, 1), (2, 2)):
+                axis[offset : mrope_section[dim] * 3 : 3] = dim
+            onehot = nn.functional.one_hot(axis, 3).T.float()  # [3, D/2]
+            self.register_buffer("axis_onehot", onehot[:, None, None, :], persistent=False)
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids.float()[..., None] * self.inv_freq  # [B, S, D/2]
+        freqs = position_ids.float()[..., None] * self.inv_freq  # [(3,) B, S, D/2]
+        if self.mrope:  # pick each frequency's axis; multiplying by 0/1 and summing is exact
+            freqs = (freqs * self.axis_onehot).sum(0)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos()[:, :, None, :], emb.sin()[:, :, None, :]  # [B, S, 1, D]
 
@@ -149,12 +171,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: DecoderConfig, mlp: nn.Module) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = mlp
 
     def forward(self, h, cos, sin, past_key, past_value, past_lens, query_lens):  # noqa: ANN001, ANN201
         attn, pk, pv = self.self_attn(
@@ -165,28 +187,37 @@ class DecoderLayer(nn.Module):
         return h, pk, pv
 
 
+MlpFactory = Callable[[int], nn.Module]
+
+
+def dense_mlp(cfg: DecoderConfig) -> MlpFactory:
+    return lambda layer: MLP(cfg.hidden_size, cfg.intermediate_size)
+
+
 class DecoderBody(nn.Module):
     """``model.*`` of an HF causal LM, without the embedding table."""
 
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: DecoderConfig, mlp: MlpFactory) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, mlp(i)) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
 
 
 class CausalLM(nn.Module):
-    """The llm.backbone engine: embeddings in, last-token logits and the updated cache out.
+    """A decoder engine: embeddings in, last-token logits and the updated cache out.
 
-    Inputs: inputs_embeds [B,S,H], position_ids int64 [B,S], past_lens/query_lens int32 [B],
-    last_indices int64 [B] (which position's logits each row wants), then past_key_i/past_value_i
-    [B,Hkv,C,D] per layer. Outputs: logits [B,V], then present_key_i/present_value_i.
+    Inputs: inputs_embeds [B,S,H], position_ids int64 [B,S] (or [3,B,S] with MRoPE),
+    past_lens/query_lens int32 [B], last_indices int64 [B] (which position's logits each row
+    wants), deepstack_embeds [K,B,S,H] when configured, then past_key_i/past_value_i [B,Hkv,C,D]
+    per layer. Outputs: logits [B,V], hidden_states [B,S,H] and last_hidden [B,H] when configured,
+    then present_key_i/present_value_i.
     """
 
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: DecoderConfig, mlp: MlpFactory | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.model = DecoderBody(cfg)
+        self.model = DecoderBody(cfg, mlp or dense_mlp(cfg))
         # stored [H, V] so the graph holds a plain MatMul weight (no transpose folded at load)
         self.lm_head_t = nn.Parameter(torch.zeros(cfg.hidden_size, cfg.vocab_size))
 
@@ -197,23 +228,42 @@ class CausalLM(nn.Module):
         past_lens: torch.Tensor,
         query_lens: torch.Tensor,
         last_indices: torch.Tensor,
-        *cache: torch.Tensor,
+        *rest: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
+        cfg = self.cfg
+        deepstack, cache = (rest[0], rest[1:]) if cfg.deepstack_layers else (None, rest)
         cos, sin = self.model.rotary(position_ids)
         h = inputs_embeds
+        extra: list[torch.Tensor] = []
+        if cfg.hidden_output_layer == 0:
+            extra.append(h)
         presents: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
             h, pk, pv = layer(h, cos, sin, cache[2 * i], cache[2 * i + 1], past_lens, query_lens)
             presents += [pk, pv]
+            if cfg.hidden_output_layer == i + 1:  # HF records a layer's output before DeepStack
+                extra.append(h)
+            if deepstack is not None and i < cfg.deepstack_layers:
+                h = h + deepstack[i]
         h = self.model.norm(h)
         b, _, hidden = h.shape
         idx = last_indices.view(b, 1, 1).expand(b, 1, hidden)
         last = torch.gather(h, 1, idx).squeeze(1)
-        return (last @ self.lm_head_t, *presents)
+        if cfg.last_hidden_output:
+            extra.append(last)
+        return (last @ self.lm_head_t, *extra, *presents)
 
     def io_names(self) -> tuple[list[str], list[str]]:
-        n = self.cfg.num_layers
+        cfg = self.cfg
+        n = cfg.num_layers
         kv_in = [f"past_{kind}_{i}" for i in range(n) for kind in ("key", "value")]
         kv_out = [f"present_{kind}_{i}" for i in range(n) for kind in ("key", "value")]
         inputs = ["inputs_embeds", "position_ids", "past_lens", "query_lens", "last_indices"]
-        return inputs + kv_in, ["logits", *kv_out]
+        if cfg.deepstack_layers:
+            inputs.append("deepstack_embeds")
+        outputs = ["logits"]
+        if cfg.hidden_output_layer is not None:
+            outputs.append("hidden_states")
+        if cfg.last_hidden_output:
+            outputs.append("last_hidden")
+        return inputs + kv_in, outputs + kv_out

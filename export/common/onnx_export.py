@@ -34,7 +34,7 @@ def export_onnx(
     """
     import torch
 
-    from edgeomni.plugins import attention
+    from edgeomni.plugins import attention, moe
 
     external = param_bytes(module) > EXTERNAL_DATA_BYTES
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -51,7 +51,7 @@ def export_onnx(
             input_names=list(input_names),
             output_names=list(output_names),
             dynamic_shapes=dynamic_shapes,
-            custom_translation_table=attention.onnx_translation(),
+            custom_translation_table={**attention.onnx_translation(), **moe.onnx_translation()},
             opset_version=opset,
             external_data=external,
         )
@@ -69,29 +69,37 @@ def export_causal_lm(module: Any, path: Path) -> Path:
 
     cfg = module.cfg
     b, s, c = 2, 3, 8
+    positions = torch.arange(s).repeat(b, 1)
+    if cfg.mrope_section is not None:
+        positions = positions[None].repeat(3, 1, 1)
     args = (
         torch.zeros(b, s, cfg.hidden_size),
-        torch.arange(s).repeat(b, 1),
+        positions,
         torch.zeros(b, dtype=torch.int32),
         torch.full((b,), s, dtype=torch.int32),
         torch.full((b,), s - 1, dtype=torch.int64),
     )
-    cache = tuple(
+    rest: tuple[Any, ...] = tuple(
         torch.zeros(b, cfg.num_kv_heads, c, cfg.head_dim) for _ in range(2 * cfg.num_layers)
     )
     batch, seq, capacity = Dim("batch"), Dim("seq"), Dim("capacity")
+    rest_shapes: tuple[Any, ...] = tuple({0: batch, 2: capacity} for _ in rest)
+    if cfg.deepstack_layers:
+        rest = (torch.zeros(cfg.deepstack_layers, b, s, cfg.hidden_size), *rest)
+        rest_shapes = ({1: batch, 2: seq}, *rest_shapes)
+    position_shape = {1: batch, 2: seq} if cfg.mrope_section is not None else {0: batch, 1: seq}
     shapes = (
         {0: batch, 1: seq},
-        {0: batch, 1: seq},
+        position_shape,
         {0: batch},
         {0: batch},
         {0: batch},
-        tuple({0: batch, 2: capacity} for _ in cache),
+        rest_shapes,
     )
     inputs, outputs = module.io_names()
     return export_onnx(
         module,
-        (*args, *cache),
+        (*args, *rest),
         path,
         input_names=inputs,
         output_names=outputs,

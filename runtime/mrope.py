@@ -1,0 +1,119 @@
+"""3-axis MRoPE positions for Qwen3-Omni prompts, computed on the host in numpy.
+
+A port of transformers' ``get_rope_index`` for text, audio and image inputs: text and audio
+tokens advance all three axes together; an image's merged patches take (t, h, w) grid positions
+offset from the text before it, and the text after it resumes at the largest position + 1.
+Without an image, positions are plain 0..S-1 on all three axes (transformers takes the same
+shortcut even when audio is present).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class MropeIds:
+    """The token ids and settings the position rules depend on (from the thinker's config)."""
+
+    image_token_id: int
+    video_token_id: int
+    audio_token_id: int
+    vision_start_token_id: int
+    audio_start_token_id: int
+    spatial_merge_size: int = 2
+    position_id_per_seconds: int = 25
+    audio_n_window: int = 50
+
+
+def audio_output_length(mel_frames: int, n_window: int = 50) -> int:
+    """Audio tokens the encoder yields for `mel_frames` mel frames (13 per 100-frame chunk)."""
+    chunk = n_window * 2
+    leave = mel_frames % chunk
+    feat = (leave - 1) // 2 + 1
+    return ((feat - 1) // 2 + 1 - 1) // 2 + 1 + (mel_frames // chunk) * 13
+
+
+def rope_index(
+    input_ids: Sequence[int],
+    ids: MropeIds,
+    *,
+    image_grids: Sequence[tuple[int, int, int]] = (),
+    audio_mel_frames: Sequence[int] = (),
+) -> tuple[np.ndarray, int]:
+    """Positions [3, S] (int64) for one prompt, and the delta decode positions add to past_len."""
+    tokens = list(input_ids)
+    if not image_grids:
+        if ids.video_token_id in tokens:
+            raise ValueError("video inputs are not supported")
+        pos = np.broadcast_to(np.arange(len(tokens), dtype=np.int64), (3, len(tokens))).copy()
+        return pos, 0
+    if ids.video_token_id in tokens:
+        raise ValueError("video inputs are not supported")
+    pieces: list[np.ndarray] = []
+    st = 0
+    image_idx = audio_idx = 0
+    n_images = sum(
+        1
+        for i, t in enumerate(tokens[:-1])
+        if t == ids.vision_start_token_id and tokens[i + 1] == ids.image_token_id
+    )
+    n_audios = tokens.count(ids.audio_start_token_id)
+    remain_images, remain_audios = n_images, n_audios
+
+    def next_start() -> int:
+        return int(pieces[-1].max()) + 1 if pieces else 0
+
+    def span(length: int, start: int) -> np.ndarray:
+        return np.broadcast_to(np.arange(length, dtype=np.int64) + start, (3, length))
+
+    for _ in range(n_images + n_audios):
+        st_idx = next_start()
+        big = len(tokens) + 1
+        ed_vision = (
+            tokens.index(ids.vision_start_token_id, st)
+            if ids.image_token_id in tokens and remain_images > 0
+            else big
+        )
+        ed_audio = (
+            tokens.index(ids.audio_start_token_id, st)
+            if ids.audio_token_id in tokens and remain_audios > 0
+            else big
+        )
+        min_ed = min(ed_vision, ed_audio)
+        text_len = min_ed - st
+        if text_len:
+            pieces.append(span(text_len, st_idx))
+            st_idx += text_len
+        pieces.append(span(1, st_idx))  # the start token
+        st_idx += 1
+        if min_ed == ed_audio:
+            length = audio_output_length(audio_mel_frames[audio_idx], ids.audio_n_window)
+            pieces.append(span(length, st_idx))
+            audio_idx += 1
+            remain_audios -= 1
+        else:
+            t, h, w = image_grids[image_idx]
+            m = ids.spatial_merge_size
+            gh, gw = h // m, w // m
+            t_index = np.repeat(np.arange(t, dtype=np.int64) * ids.position_id_per_seconds, gh * gw)
+            h_index = np.tile(np.repeat(np.arange(gh, dtype=np.int64), gw), t)
+            w_index = np.tile(np.arange(gw, dtype=np.int64), t * gh)
+            pieces.append(np.stack([t_index, h_index, w_index]) + st_idx)
+            length = t * h * w // (m * m)
+            image_idx += 1
+            remain_images -= 1
+        st += text_len + 1 + length + 1
+        pieces.append(span(1, next_start()))  # the end token
+    if st < len(tokens):
+        pieces.append(span(len(tokens) - st, next_start()))
+    pos = np.concatenate(pieces, axis=1)
+    if pos.shape[1] != len(tokens):
+        raise ValueError(
+            f"placeholder tokens do not match the media: {pos.shape[1]} positions for "
+            f"{len(tokens)} tokens"
+        )
+    return pos, int(pos.max()) + 1 - len(tokens)
