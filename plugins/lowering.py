@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.plugins import attention
+from edgeomni.plugins import attention, moe
 
 # op_type -> {backend -> lowering(node, ctx) -> replacement nodes}
 PLUGINS: dict[str, dict[str, Callable[[Any, LoweringContext], list[Any]]]] = {
     attention.OP_TYPE: attention.LOWERINGS,
+    moe.OP_TYPE: moe.LOWERINGS,
 }
 BACKENDS = ("onnxruntime",)
 DOMAIN = attention.DOMAIN

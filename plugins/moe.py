@@ -1,0 +1,206 @@
+"""edgeomni::MoE: a routed SwiGLU mixture-of-experts layer (Qwen3-MoE style), defined once.
+
+The exporter writes one node per sparse MoE block; each backend rewrites it into its own fused
+kernel, so no exported graph gathers expert weights per token (that route's memory grows with
+prompt length x experts).
+
+Inputs (positional):
+  0 ``x``             float [T, H]      tokens; callers flatten batch and sequence
+  1 ``router_logits`` float [T, E]      raw router logits (the op applies the softmax)
+  2 ``fc1``           float [E, 2I, H]  gate and up rows INTERLEAVED: g0, u0, g1, u1, ...
+  3 ``fc2``           float [E, H, I]   down projections
+Output:
+  0 ``y``             float [T, H]      sum over the chosen experts e of w_e * fc2_e(silu(g) * u)
+Attributes: ``top_k`` (experts per token), ``normalize_routing`` (1: the k chosen softmax weights
+are renormalised to sum to 1, as the Qwen3-Omni thinker does; 0: they are used as they are, as the
+talker does).
+
+Routing is softmax over all E experts, then top-k of those probabilities.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+DOMAIN = "edgeomni"
+OP_TYPE = "MoE"
+VERSION = 1
+INPUTS = ("x", "router_logits", "fc1", "fc2")
+OUTPUTS = ("y",)
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy reference
+# ---------------------------------------------------------------------------------------------
+def routing(
+    router_logits: np.ndarray, *, top_k: int, normalize_routing: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(expert ids [T, k], weights [T, k]) in float64: softmax over all experts, then top-k."""
+    logits = router_logits.astype(np.float64)
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    ids = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
+    weights = np.take_along_axis(probs, ids, axis=-1)
+    if normalize_routing:
+        weights /= weights.sum(axis=-1, keepdims=True)
+    return ids, weights
+
+
+def reference(
+    x: np.ndarray,
+    router_logits: np.ndarray,
+    fc1: np.ndarray,
+    fc2: np.ndarray,
+    *,
+    top_k: int,
+    normalize_routing: int,
+) -> np.ndarray:
+    """The op's meaning, expert by expert in float64; returns y [T, H] in x's dtype."""
+    ids, weights = routing(router_logits, top_k=top_k, normalize_routing=normalize_routing)
+    xd = x.astype(np.float64)
+    y = np.zeros_like(xd)
+    for e in range(fc1.shape[0]):
+        tok, slot = np.nonzero(ids == e)
+        if tok.size == 0:
+            continue
+        h = xd[tok] @ fc1[e].astype(np.float64).T  # [n, 2I], columns g0, u0, g1, u1, ...
+        gate, up = h[:, 0::2], h[:, 1::2]
+        act = gate / (1.0 + np.exp(-gate)) * up
+        np.add.at(y, tok, (act @ fc2[e].astype(np.float64).T) * weights[tok, slot, None])
+    return y.astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# ONNX schema (so onnx and onnxscript accept the op) and torch custom op (what the exporter sees)
+# ---------------------------------------------------------------------------------------------
+_registered: dict[str, Any] = {}
+
+
+def register_onnx_schema() -> None:
+    """Declare edgeomni::MoE to onnx once per process."""
+    if "schema" in _registered:
+        return
+    import onnx
+    from onnx.defs import OpSchema
+
+    fp = OpSchema.FormalParameter
+    tc = [("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "activations, weights")]
+    schema = OpSchema(
+        OP_TYPE,
+        DOMAIN,
+        VERSION,
+        inputs=[fp(n, "T") for n in INPUTS],
+        outputs=[fp(n, "T") for n in OUTPUTS],
+        type_constraints=tc,
+        attributes=[
+            OpSchema.Attribute("top_k", OpSchema.AttrType.INT, "experts per token"),
+            OpSchema.Attribute(
+                "normalize_routing",
+                OpSchema.AttrType.INT,
+                "1: renormalise the top-k weights to sum to 1; 0: keep the softmax values",
+            ),
+        ],
+        doc=__doc__,
+    )
+    if not onnx.defs.has(OP_TYPE, DOMAIN):
+        onnx.defs.register_schema(schema)
+    _registered["schema"] = schema
+
+
+def torch_op() -> Any:
+    """The torch custom op ``edgeomni::moe``. Eager calls compute the op in torch expert by expert
+    on the routed tokens only, so memory stays O(T*k + T*I), never T x E x weights."""
+    if "torch_op" in _registered:
+        return _registered["torch_op"]
+    import torch
+
+    schema = (
+        "(Tensor x, Tensor router_logits, Tensor fc1, Tensor fc2, int top_k, "
+        "int normalize_routing) -> Tensor"
+    )
+
+    @torch.library.custom_op("edgeomni::moe", mutates_args=(), schema=schema)
+    def moe(
+        x: torch.Tensor,
+        router_logits: torch.Tensor,
+        fc1: torch.Tensor,
+        fc2: torch.Tensor,
+        top_k: int,
+        normalize_routing: int,
+    ) -> torch.Tensor:
+        probs = torch.softmax(router_logits.float(), dim=-1)
+        weights, ids = torch.topk(probs, top_k, dim=-1)
+        if normalize_routing:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        linear = torch.nn.functional.linear
+        y = torch.zeros_like(x)
+        for e in torch.unique(ids).tolist():
+            tok, slot = torch.where(ids == e)
+            h = linear(x.index_select(0, tok), fc1[e])  # columns g0, u0, g1, u1, ...
+            act = torch.nn.functional.silu(h[:, 0::2]) * h[:, 1::2]
+            y.index_add_(0, tok, linear(act, fc2[e]) * weights[tok, slot, None])
+        return y
+
+    @moe.register_fake
+    def _(x, router_logits, fc1, fc2, top_k, normalize_routing):  # noqa: ANN001
+        return torch.empty_like(x)
+
+    _registered["torch_op"] = moe
+    return moe
+
+
+def onnx_translation() -> dict[Any, Any]:
+    """custom_translation_table entry for torch.onnx.export(dynamo=True); merge it with the
+    other plugins' tables (``{**attention.onnx_translation(), **moe.onnx_translation()}``)."""
+    import onnxscript
+    import torch
+
+    register_onnx_schema()
+    torch_op()
+    opset = onnxscript.values.Opset(DOMAIN, VERSION)
+
+    def translate(x, router_logits, fc1, fc2, top_k, normalize_routing):  # noqa: ANN001
+        return opset.MoE(
+            x, router_logits, fc1, fc2, top_k=top_k, normalize_routing=normalize_routing
+        )
+
+    return {torch.ops.edgeomni.moe.default: translate}
+
+
+# ---------------------------------------------------------------------------------------------
+# Lowering: ONNX Runtime
+# ---------------------------------------------------------------------------------------------
+def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
+    """Rewrite into com.microsoft::MoE(x, router_logits, fc1, "", fc2).
+
+    On CPU (ORT 1.32) interleaved SwiGLU (``swiglu_fusion=1``) is the only accepted fc1 layout,
+    which is why the op's fc1 is interleaved. alpha 1 and beta 0 make the activation
+    silu(g) * u; they are the defaults but are written out so a changed default cannot bite.
+    """
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if len(node.input) != len(INPUTS):
+        raise ValueError(f"{DOMAIN}::{OP_TYPE} node {node.name!r} has {len(node.input)} inputs")
+    x, router_logits, fc1, fc2 = node.input
+    return [
+        helper.make_node(
+            "MoE",
+            [x, router_logits, fc1, "", fc2],
+            list(node.output),
+            name=node.name or None,
+            domain="com.microsoft",
+            k=int(attrs["top_k"]),
+            activation_type="swiglu",
+            swiglu_fusion=1,
+            activation_alpha=1.0,
+            activation_beta=0.0,
+            normalize_routing_weights=int(attrs["normalize_routing"]),
+        )
+    ]
+
+
+LOWERINGS = {"onnxruntime": lower_onnxruntime}
