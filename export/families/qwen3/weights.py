@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
-from edgeomni.export.common.decoder import PACKED
+from edgeomni.export.common.checkpoint import Checkpoint
+from edgeomni.export.common.decoder import CausalLM
+from edgeomni.export.common.decoder_weights import load_decoder
 
 EMBEDDING = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
@@ -20,25 +19,12 @@ def lm_head_name(ckpt: Checkpoint) -> str:
     return EMBEDDING
 
 
-def checkpoint_tensor(ckpt: Checkpoint, name: str) -> torch.Tensor:
-    """The checkpoint tensor(s) behind one parameter of our CausalLM."""
-    if name == "lm_head_t":  # stored [H, V]: the checkpoint's head, transposed
-        return ckpt.tensor(lm_head_name(ckpt)).t()
-    for packed, parts in PACKED.items():
-        if name.endswith(packed):
-            prefix = name[: -len(packed)]
-            return torch.cat([ckpt.tensor(prefix + part) for part in parts], dim=0)
-    return ckpt.tensor(name)
-
-
-def load_weights(module: torch.nn.Module, ckpt: Checkpoint, dtype: torch.dtype) -> None:
-    """Fill every parameter of a CausalLM from the checkpoint, checking shapes."""
-    state: dict[str, Any] = {}
-    for name, param in module.state_dict().items():
-        tensor = checkpoint_tensor(ckpt, name)
-        if tuple(tensor.shape) != tuple(param.shape):
-            raise CheckpointError(
-                f"{ckpt.path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
-            )
-        state[name] = tensor.to(dtype).contiguous()
-    module.load_state_dict(state, strict=True)
+def load_weights(module: CausalLM, ckpt: Checkpoint, dtype: torch.dtype) -> None:
+    load_decoder(
+        module,
+        ckpt.tensor,
+        prefix="",
+        lm_head=lm_head_name(ckpt),
+        dtype=dtype,
+        where=str(ckpt.path),
+    )

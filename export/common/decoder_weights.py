@@ -1,0 +1,62 @@
+"""Fill a decoder.CausalLM from checkpoint tensors by name, for every family that uses it.
+
+Our parameter ``model.X`` reads the checkpoint's ``<prefix>model.X``; packed projections
+concatenate their parts (decoder.PACKED); mixture-of-experts blocks load through
+moe.moe_checkpoint_tensors; ``lm_head_t`` is the named head, transposed to [H, V].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from edgeomni.export.common.checkpoint import CheckpointError
+from edgeomni.export.common.decoder import PACKED, CausalLM
+from edgeomni.export.common.moe import ThinkerSparseMoE, moe_checkpoint_tensors
+
+GetTensor = Callable[[str], torch.Tensor]
+
+
+def decoder_tensors(
+    module: CausalLM, get: GetTensor, *, prefix: str, lm_head: str
+) -> dict[str, torch.Tensor]:
+    """Our parameter name -> the checkpoint tensor behind it."""
+    out: dict[str, torch.Tensor] = {}
+    moe_layers: dict[str, ThinkerSparseMoE] = {
+        f"model.layers.{i}.mlp.": layer.mlp
+        for i, layer in enumerate(module.model.layers)
+        if isinstance(layer.mlp, ThinkerSparseMoE)
+    }
+    for ours, block in moe_layers.items():
+        for name, tensor in moe_checkpoint_tensors(block, get, prefix + ours).items():
+            out[ours + name] = tensor
+    for name in module.state_dict():
+        if name in out:
+            continue
+        if name == "lm_head_t":
+            out[name] = get(lm_head).t()
+            continue
+        for packed, parts in PACKED.items():
+            if name.endswith(packed):
+                stem = prefix + name[: -len(packed)]
+                out[name] = torch.cat([get(stem + part) for part in parts], dim=0)
+                break
+        else:
+            out[name] = get(prefix + name)
+    return out
+
+
+def load_decoder(
+    module: CausalLM, get: GetTensor, *, prefix: str, lm_head: str, dtype: torch.dtype, where: str
+) -> None:
+    """Load every parameter, checking shapes; ``where`` names the checkpoint in errors."""
+    own = module.state_dict()
+    state = {}
+    for name, tensor in decoder_tensors(module, get, prefix=prefix, lm_head=lm_head).items():
+        if tuple(tensor.shape) != tuple(own[name].shape):
+            raise CheckpointError(
+                f"{where}: {name} has shape {tuple(tensor.shape)}, expected {tuple(own[name].shape)}"
+            )
+        state[name] = tensor.to(dtype).contiguous()
+    module.load_state_dict(state, strict=True)

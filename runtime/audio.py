@@ -1,0 +1,330 @@
+"""Qwen3-Omni's audio input path (read, resample, log-mel) and WAV output in numpy + soundfile.
+
+The embedded board has no torch, so the Whisper-style features that transformers'
+``WhisperFeatureExtractor(feature_size=128)`` computes for Qwen3-Omni are rebuilt here from its
+numpy path (``_np_extract_fbank_features``), step for step and in the same dtypes, so the audio
+encoder sees the numbers it was exported against.
+
+What ``Qwen3OmniMoeProcessor`` (transformers 5.24) does with audio: it calls the feature
+extractor with ``sampling_rate=16000, padding=True, truncation=False,
+return_attention_mask=True``. ``padding=True`` is the "longest" strategy, so ONE audio is never
+padded (not to 30 s, not to anything) and ``truncation=False`` never cuts it. For ``L`` samples
+the STFT gives ``1 + L // 160`` centred frames and the last one is dropped, so
+``input_features`` is ``[1, 128, L // 160]`` and ``feature_attention_mask`` is ``L // 160`` ones.
+The number of ``<|audio_pad|>`` tokens the text gets is :func:`audio_token_count` of that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+__all__ = [
+    "QWEN3_OMNI_HOP_LENGTH",
+    "QWEN3_OMNI_N_FFT",
+    "QWEN3_OMNI_N_MELS",
+    "QWEN3_OMNI_N_WINDOW",
+    "QWEN3_OMNI_SAMPLING_RATE",
+    "audio_features",
+    "audio_token_count",
+    "log_mel",
+    "mel_filter_bank",
+    "read_wav",
+    "resample",
+    "write_wav",
+]
+
+# Qwen3-Omni's preprocessor_config: WhisperFeatureExtractor with 128 mel bins at 16 kHz.
+QWEN3_OMNI_SAMPLING_RATE = 16000
+QWEN3_OMNI_N_MELS = 128
+QWEN3_OMNI_N_FFT = 400
+QWEN3_OMNI_HOP_LENGTH = 160
+# Qwen3OmniMoeProcessor.n_window: the audio encoder's window (2 * n_window frames per chunk).
+QWEN3_OMNI_N_WINDOW = 50
+
+# WhisperFeatureExtractor hard-codes the mel range to [0, 8000] Hz whatever the sampling rate.
+_MEL_F_MIN = 0.0
+_MEL_F_MAX = 8000.0
+# Frames per STFT block: bounds the float64 frame matrix (~3 MB) for arbitrarily long audio.
+_STFT_BLOCK_FRAMES = 1024
+
+# Resampler design. A Kaiser-windowed sinc with beta 8.6 has ~86 dB stopband and ~1e-4 ripple;
+# 32 zero crossings each side make the transition ~17% of the target Nyquist wide, and the
+# cutoff at 0.92 * Nyquist puts the stopband edge just above the new Nyquist, so downsampling
+# aliases nothing above ~-80 dB while the band up to ~0.83 * Nyquist stays flat.
+_KAISER_BETA = 8.6
+_ZERO_CROSSINGS = 32
+_ROLLOFF = 0.92
+# Output samples per polyphase block: bounds the gathered [block, taps] matrix.
+_RESAMPLE_BLOCK = 4096
+
+
+# --------------------------------------------------------------------------------------------
+# WAV input / output
+# --------------------------------------------------------------------------------------------
+
+
+def read_wav(path: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
+    """Read any file libsndfile decodes (WAV, FLAC, ...) as mono float32 in [-1, 1] plus its rate.
+
+    Channels are averaged (the usual mono mix-down); float files with samples outside [-1, 1]
+    are clipped so every caller sees the same range as from a PCM file. A missing path raises
+    ``FileNotFoundError``; a file that cannot be decoded or holds no samples raises
+    ``ValueError`` naming the path, so a bad request fails with a message rather than a
+    libsndfile code.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"audio file not found: {p}")
+    try:
+        data, rate = sf.read(str(p), dtype="float32", always_2d=True)
+    except (sf.SoundFileError, RuntimeError, TypeError) as exc:
+        raise ValueError(f"cannot read audio file {p}: {exc}") from exc
+    if data.shape[0] == 0 or data.shape[1] == 0:
+        raise ValueError(f"audio file {p} holds no samples")
+    mono = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1, dtype=np.float64)
+    mono = np.clip(mono, -1.0, 1.0).astype(np.float32, copy=False)
+    return np.ascontiguousarray(mono), int(rate)
+
+
+def write_wav(path: str | os.PathLike[str], audio: np.ndarray, rate: int) -> None:
+    """Write mono 16-bit PCM WAV, clipping to [-1, 1], atomically.
+
+    The data goes to a temp file in the destination's directory and is ``os.replace``-d onto
+    ``path``, so a reader (or a crash) never sees a half-written file. NaNs are written as 0
+    (PCM has no NaN). The file gets mode 0644.
+    """
+    if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate <= 0:
+        raise ValueError(f"rate must be a positive integer, got {rate!r}")
+    x = np.asarray(audio)
+    if x.ndim == 2 and 1 in x.shape:
+        x = x.reshape(-1)
+    if x.ndim != 1:
+        raise ValueError(f"write_wav takes mono audio (1-D), got shape {x.shape}")
+    x = np.clip(np.nan_to_num(x.astype(np.float64), nan=0.0), -1.0, 1.0)
+    dest = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            sf.write(f, x, int(rate), format="WAV", subtype="PCM_16")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# Resampling
+# --------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=16)
+def _polyphase_filter(up: int, down: int) -> tuple[np.ndarray, int]:
+    """Kaiser-windowed sinc low-pass for an ``up``/``down`` change, split into ``up`` phases.
+
+    Returns ``(phases [up, taps], half_len)``; ``phases[p, i] = h[p + i * up]`` with ``h`` the
+    zero-phase filter of length ``2 * half_len + 1`` (gain ``up`` so upsampling keeps level).
+    """
+    m = max(up, down)
+    half_len = _ZERO_CROSSINGS * m
+    n = np.arange(-half_len, half_len + 1, dtype=np.float64)
+    cutoff = _ROLLOFF / m  # in units of the upsampled Nyquist
+    h = cutoff * np.sinc(cutoff * n) * np.kaiser(2 * half_len + 1, _KAISER_BETA)
+    h *= up / h.sum()  # unity DC gain, times up for the zeros upsampling inserts
+    taps = -(-h.size // up)
+    padded = np.zeros(taps * up, dtype=np.float64)
+    padded[: h.size] = h
+    phases = np.ascontiguousarray(padded.reshape(taps, up).T)
+    phases.flags.writeable = False
+    return phases, half_len
+
+
+def resample(x: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
+    """Band-limited resampling of a 1-D signal from ``src_rate`` to ``dst_rate`` Hz (float32 out).
+
+    Polyphase windowed-sinc (Kaiser, beta 8.6, 32 zero crossings per side at the lower rate)
+    with rational factors ``up/down = dst/src`` reduced by their gcd; the cutoff sits at 0.92 of
+    the lower of the two Nyquists, so when downsampling everything above the new Nyquist is
+    removed (stopband > ~80 dB) instead of aliasing. Outside the signal is zero (as in
+    ``scipy.signal.resample_poly``), so the first/last ~32 output samples see the edge.
+
+    Output length rule: ``floor(len(x) * dst_rate / src_rate + 1/2)`` (round half up, exact
+    integer arithmetic). Output sample ``m`` is the band-limited signal at input time
+    ``m * src_rate / dst_rate``. Equal rates return a float32 copy of ``x`` unchanged.
+    """
+    for name, rate in (("src_rate", src_rate), ("dst_rate", dst_rate)):
+        if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {rate!r}")
+    x = np.asarray(x)
+    if x.ndim != 1:
+        raise ValueError(f"resample takes a 1-D signal, got shape {x.shape}")
+    if src_rate == dst_rate:
+        return x.astype(np.float32, copy=True)
+    g = math.gcd(int(src_rate), int(dst_rate))
+    up, down = int(dst_rate) // g, int(src_rate) // g
+    n_in = x.shape[0]
+    n_out = (2 * n_in * up + down) // (2 * down)
+    if n_out == 0:
+        return np.zeros(0, dtype=np.float32)
+
+    phases, half_len = _polyphase_filter(up, down)
+    taps = phases.shape[1]
+    # y[m] = sum_k x[k] h[m*down - k*up + half_len]. With t = m*down + half_len the terms are
+    # k = t//up - i, tap index (t % up) + i*up, for i in [0, taps). Pad x with zeros on both sides
+    # so every gathered index is valid.
+    lead = taps
+    last_k = ((n_out - 1) * down + half_len) // up
+    trail = max(0, last_k - n_in + 1)
+    xp = np.concatenate([np.zeros(lead), x.astype(np.float64, copy=False), np.zeros(trail)])
+    out = np.empty(n_out, dtype=np.float32)
+    i = np.arange(taps, dtype=np.int64)
+    for start in range(0, n_out, _RESAMPLE_BLOCK):
+        m = np.arange(start, min(start + _RESAMPLE_BLOCK, n_out), dtype=np.int64)
+        t = m * down + half_len
+        k = (t // up)[:, None] - i[None, :] + lead
+        out[start : start + m.size] = np.einsum("ij,ij->i", xp[k], phases[t % up])
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Log-mel features (WhisperFeatureExtractor, numpy path)
+# --------------------------------------------------------------------------------------------
+
+
+def _hz_to_mel_slaney(freq: np.ndarray) -> np.ndarray:
+    """Slaney mel scale: linear below 1 kHz, logarithmic above (as transformers' hertz_to_mel)."""
+    freq = np.asarray(freq, dtype=np.float64)
+    mels = 3.0 * freq / 200.0
+    log_region = freq >= 1000.0
+    logstep = 27.0 / np.log(6.4)
+    return np.where(log_region, 15.0 + np.log(np.maximum(freq, 1e-300) / 1000.0) * logstep, mels)
+
+
+def _mel_to_hz_slaney(mels: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`_hz_to_mel_slaney` (as transformers' mel_to_hertz)."""
+    mels = np.asarray(mels, dtype=np.float64)
+    freq = 200.0 * mels / 3.0
+    logstep = np.log(6.4) / 27.0
+    return np.where(mels >= 15.0, 1000.0 * np.exp(logstep * (mels - 15.0)), freq)
+
+
+@functools.lru_cache(maxsize=8)
+def mel_filter_bank(n_mels: int, sampling_rate: int, n_fft: int) -> np.ndarray:
+    """Slaney-scale, slaney-normalised triangular filters ``[n_fft // 2 + 1, n_mels]`` (float64).
+
+    Same construction as transformers' ``mel_filter_bank(norm="slaney", mel_scale="slaney",
+    min_frequency=0, max_frequency=8000)``; built once per configuration and cached read-only.
+    """
+    n_freqs = 1 + n_fft // 2
+    mel_pts = np.linspace(
+        _hz_to_mel_slaney(np.float64(_MEL_F_MIN)),
+        _hz_to_mel_slaney(np.float64(_MEL_F_MAX)),
+        n_mels + 2,
+    )
+    filter_freqs = _mel_to_hz_slaney(mel_pts)
+    fft_freqs = np.linspace(0, sampling_rate // 2, n_freqs)
+    filter_diff = np.diff(filter_freqs)
+    slopes = filter_freqs[None, :] - fft_freqs[:, None]
+    down_slopes = -slopes[:, :-2] / filter_diff[:-1]
+    up_slopes = slopes[:, 2:] / filter_diff[1:]
+    fb = np.maximum(np.zeros(1), np.minimum(down_slopes, up_slopes))
+    fb *= (2.0 / (filter_freqs[2 : n_mels + 2] - filter_freqs[:n_mels]))[None, :]
+    fb.flags.writeable = False
+    return fb
+
+
+@functools.lru_cache(maxsize=8)
+def _hann_periodic(n_fft: int) -> np.ndarray:
+    """Periodic Hann window of length ``n_fft`` (``np.hanning(n_fft + 1)[:-1]``), float64."""
+    w = np.hanning(n_fft + 1)[:-1]
+    w.flags.writeable = False
+    return w
+
+
+def log_mel(
+    x: np.ndarray,
+    *,
+    n_mels: int = QWEN3_OMNI_N_MELS,
+    sampling_rate: int = QWEN3_OMNI_SAMPLING_RATE,
+    n_fft: int = QWEN3_OMNI_N_FFT,
+    hop_length: int = QWEN3_OMNI_HOP_LENGTH,
+) -> np.ndarray:
+    """Whisper log-mel spectrogram ``[n_mels, len(x) // hop_length]`` float32 of one waveform.
+
+    Exactly ``WhisperFeatureExtractor._np_extract_fbank_features`` (dither 0): waveform taken as
+    float32, reflect-padded by ``n_fft // 2``, periodic-Hann frames every ``hop_length``, float64
+    rFFT stored as complex64, power ``|X|^2``, slaney mel filters, ``log10(max(., 1e-10))`` cast
+    to float32, last frame dropped, floor at ``max - 8``, then ``(v + 4) / 4``. The floor uses the
+    maximum of this whole clip, so features depend on the clip as a unit. Raises ``ValueError``
+    when ``x`` is shorter than one hop (no frame would remain).
+    """
+    w = np.asarray(x)
+    if w.ndim != 1:
+        raise ValueError(f"log_mel takes a 1-D waveform, got shape {w.shape}")
+    n_frames = w.shape[0] // hop_length
+    if n_frames < 1:
+        raise ValueError(
+            f"audio of {w.shape[0]} samples is shorter than one hop ({hop_length}): no frames"
+        )
+    # The extractor hands the spectrogram float32 samples; promote to float64 after that cast.
+    w = w.astype(np.float32, copy=False)
+    pad = n_fft // 2
+    padded = np.pad(w, (pad, pad), mode="reflect").astype(np.float64)
+    window = _hann_periodic(n_fft)
+    filters_t = mel_filter_bank(n_mels, sampling_rate, n_fft).T
+    frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop_length]
+    # 1 + len // hop frames exist; the extractor drops the last one, so never compute it.
+    frames = frames[:n_frames]
+    out = np.empty((n_mels, n_frames), dtype=np.float32)
+    for s in range(0, n_frames, _STFT_BLOCK_FRAMES):
+        block = frames[s : s + _STFT_BLOCK_FRAMES] * window
+        spec = np.fft.rfft(block, axis=-1).astype(np.complex64)
+        power = np.abs(spec, dtype=np.float64) ** 2.0
+        mel = np.maximum(1e-10, filters_t @ power.T)
+        out[:, s : s + block.shape[0]] = np.log10(mel)
+    out = np.maximum(out, out.max() - np.float32(8.0))
+    return (out + np.float32(4.0)) / np.float32(4.0)
+
+
+def audio_features(x16k: np.ndarray) -> tuple[np.ndarray, int]:
+    """What ``Qwen3OmniMoeProcessor`` gives the audio encoder for ONE 16 kHz clip.
+
+    Returns ``(input_features [128, n_frames] float32, n_frames)`` with
+    ``n_frames = len(x16k) // 160`` = ``feature_attention_mask.sum()``. The processor pads with
+    ``padding=True`` (longest in the batch: a single clip is not padded, in particular not to
+    30 s) and ``truncation=False``, so the features cover exactly the clip. Resample to 16 kHz
+    first (:func:`resample`); the extractor would reject any other rate.
+    """
+    feats = log_mel(
+        x16k,
+        n_mels=QWEN3_OMNI_N_MELS,
+        sampling_rate=QWEN3_OMNI_SAMPLING_RATE,
+        n_fft=QWEN3_OMNI_N_FFT,
+        hop_length=QWEN3_OMNI_HOP_LENGTH,
+    )
+    return feats, int(feats.shape[1])
+
+
+def audio_token_count(n_frames: int, n_window: int = QWEN3_OMNI_N_WINDOW) -> int:
+    """Audio placeholder tokens for ``n_frames`` mel frames (processor's feat-extract lengths).
+
+    Same as transformers' ``_get_feat_extract_output_lengths``: the encoder works in chunks of
+    ``2 * n_window`` frames (13 tokens each after three stride-2 convolutions, with n_window 50)
+    and a remainder of ``r > 0`` frames gives ``ceil(ceil(ceil(r / 2) / 2) / 2)`` tokens. The
+    prompt must carry exactly this many ``<|audio_pad|>`` tokens for the clip.
+    """
+    chunk = 2 * n_window
+    rem = n_frames % chunk
+    feat = (rem - 1) // 2 + 1
+    return int(((feat - 1) // 2 + 1 - 1) // 2 + 1 + (n_frames // chunk) * 13)
