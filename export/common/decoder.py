@@ -59,6 +59,9 @@ class DecoderConfig:
     last_hidden_output: bool = False
     # dense DeepStack inputs [K, B, S, H] added after layers 0..K-1 (zeros off visual positions)
     deepstack_layers: int = 0
+    # several LM heads [N, H, V], one chosen per call by the int64 input lm_head_index [1]
+    # (Qwen3-Omni's code predictor: one graph serves all 15 residual-code steps)
+    lm_heads: int = 1
 
 
 class RMSNorm(nn.Module):
@@ -209,7 +212,7 @@ class CausalLM(nn.Module):
 
     Inputs: inputs_embeds [B,S,H], position_ids int64 [B,S] (or [3,B,S] with MRoPE),
     past_lens/query_lens int32 [B], last_indices int64 [B] (which position's logits each row
-    wants), deepstack_embeds [K,B,S,H] when configured, then past_key_i/past_value_i [B,Hkv,C,D]
+    wants), lm_head_index int64 [1] and deepstack_embeds [K,B,S,H] when configured, then past_key_i/past_value_i [B,Hkv,C,D]
     per layer. Outputs: logits [B,V], hidden_states [B,S,H] and last_hidden [B,H] when configured,
     then present_key_i/present_value_i.
     """
@@ -219,7 +222,10 @@ class CausalLM(nn.Module):
         self.cfg = cfg
         self.model = DecoderBody(cfg, mlp or dense_mlp(cfg))
         # stored [H, V] so the graph holds a plain MatMul weight (no transpose folded at load)
-        self.lm_head_t = nn.Parameter(torch.zeros(cfg.hidden_size, cfg.vocab_size))
+        shape = (cfg.hidden_size, cfg.vocab_size)
+        self.lm_head_t = nn.Parameter(
+            torch.zeros(*((cfg.lm_heads,) if cfg.lm_heads > 1 else ()), *shape)
+        )
 
     def forward(
         self,
@@ -231,6 +237,7 @@ class CausalLM(nn.Module):
         *rest: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         cfg = self.cfg
+        head_index, rest = (rest[0], rest[1:]) if cfg.lm_heads > 1 else (None, rest)
         deepstack, cache = (rest[0], rest[1:]) if cfg.deepstack_layers else (None, rest)
         cos, sin = self.model.rotary(position_ids)
         h = inputs_embeds
@@ -251,7 +258,10 @@ class CausalLM(nn.Module):
         last = torch.gather(h, 1, idx).squeeze(1)
         if cfg.last_hidden_output:
             extra.append(last)
-        return (last @ self.lm_head_t, *extra, *presents)
+        head = (
+            self.lm_head_t if head_index is None else self.lm_head_t.index_select(0, head_index)[0]
+        )
+        return (last @ head, *extra, *presents)
 
     def io_names(self) -> tuple[list[str], list[str]]:
         cfg = self.cfg
@@ -259,6 +269,8 @@ class CausalLM(nn.Module):
         kv_in = [f"past_{kind}_{i}" for i in range(n) for kind in ("key", "value")]
         kv_out = [f"present_{kind}_{i}" for i in range(n) for kind in ("key", "value")]
         inputs = ["inputs_embeds", "position_ids", "past_lens", "query_lens", "last_indices"]
+        if cfg.lm_heads > 1:
+            inputs.append("lm_head_index")
         if cfg.deepstack_layers:
             inputs.append("deepstack_embeds")
         outputs = ["logits"]

@@ -2,7 +2,8 @@
 
 Our parameter ``model.X`` reads the checkpoint's ``<prefix>model.X``; packed projections
 concatenate their parts (decoder.PACKED); mixture-of-experts blocks load through
-moe.moe_checkpoint_tensors; ``lm_head_t`` is the named head, transposed to [H, V].
+moe.moe_checkpoint_tensors; ``lm_head_t`` is the named head, transposed to [H, V] (with several heads, ``lm_head`` is a format
+string such as ``"lm_head.{}.weight"`` and the heads stack to [N, H, V]).
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ def decoder_tensors(
         if name in out:
             continue
         if name == "lm_head_t":
-            out[name] = get(lm_head).t()
+            heads = (
+                [lm_head]
+                if module.cfg.lm_heads == 1
+                else [lm_head.format(i) for i in range(module.cfg.lm_heads)]
+            )
+            out[name] = (
+                torch.stack([get(h).t() for h in heads]) if len(heads) > 1 else get(heads[0]).t()
+            )
             continue
         for packed, parts in PACKED.items():
             if name.endswith(packed):

@@ -48,6 +48,15 @@ def _cfg(cfg: Mapping[str, Any] | Any, name: str, default: Any = None) -> Any:
     return value
 
 
+def _num_experts(cfg: Mapping[str, Any] | Any) -> int:
+    """The talker's config.json names it num_local_experts (num_experts is null there)."""
+    get = cfg.get if isinstance(cfg, Mapping) else lambda k: getattr(cfg, k, None)
+    value = get("num_experts") or get("num_local_experts")
+    if not value:
+        raise ValueError("MoE config has neither num_experts nor num_local_experts")
+    return int(value)
+
+
 def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """[E, I, H] gate and up -> [E, 2I, H] with rows g0, u0, g1, u1, ... (the only fc1 layout
     ONNX Runtime's CPU MoE kernel accepts)."""
@@ -84,7 +93,7 @@ class ThinkerSparseMoE(nn.Module):
         return cls(
             _cfg(cfg, "hidden_size"),
             _cfg(cfg, "moe_intermediate_size"),
-            _cfg(cfg, "num_experts"),
+            _num_experts(cfg),
             _cfg(cfg, "num_experts_per_tok"),
             bool(_cfg(cfg, "norm_topk_prob", True)),
         )
@@ -124,7 +133,7 @@ class TalkerSparseMoE(ThinkerSparseMoE):
         return cls(
             _cfg(cfg, "hidden_size"),
             _cfg(cfg, "moe_intermediate_size"),
-            _cfg(cfg, "num_experts"),
+            _num_experts(cfg),
             _cfg(cfg, "num_experts_per_tok"),
             bool(_cfg(cfg, "norm_topk_prob", False)),
             _cfg(cfg, "shared_expert_intermediate_size"),

@@ -87,6 +87,9 @@ def export_causal_lm(module: Any, path: Path) -> Path:
     if cfg.deepstack_layers:
         rest = (torch.zeros(cfg.deepstack_layers, b, s, cfg.hidden_size), *rest)
         rest_shapes = ({1: batch, 2: seq}, *rest_shapes)
+    if cfg.lm_heads > 1:
+        rest = (torch.zeros(1, dtype=torch.int64), *rest)
+        rest_shapes = (None, *rest_shapes)
     position_shape = {1: batch, 2: seq} if cfg.mrope_section is not None else {0: batch, 1: seq}
     shapes = (
         {0: batch, 1: seq},
