@@ -108,7 +108,10 @@ class Pipeline:
             if not plan.ok:
                 failed[pos] = plan.error or "the graph cannot serve this request"
                 continue
-            state = RequestState(index=pos, request=item, plan=plan)
+            wanted = {
+                inp.source for sid in plan.stages for inp in self.graph.stage(sid).inputs
+            } | set(plan.terminals)
+            state = RequestState(index=pos, request=item, plan=plan, wanted=frozenset(wanted))
             try:
                 for stage_id in plan.stages:
                     prepare = getattr(self.runner(stage_id), "prepare", None)

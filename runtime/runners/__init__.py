@@ -36,6 +36,7 @@ class RequestState:
     outputs: dict[str, Any] = field(default_factory=dict)  # "stage:port" -> value
     details: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage id -> report
     prepared: dict[str, Any] = field(default_factory=dict)  # stage id -> runner's own input
+    wanted: frozenset[str] = frozenset()  # ports some planned stage reads or the request asked for
     error: str | None = None
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime import safetensors_np
+from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.runners import RequestError, RequestState
@@ -48,6 +49,10 @@ class LLMBackbone:
         self.capacity = int(limits["max_kv_cache_capacity"])
         self.vocab_size = int(cfg["vocab_size"])
         self.eos = frozenset(cfg.get("eos_token_id") or ())
+        self.hidden_size = int(cfg["hidden_size"])
+        self.mrope = bool(cfg.get("mrope_section"))
+        self.deepstack = int(cfg.get("deepstack_layers") or 0)
+        self.hidden_layer = cfg.get("hidden_output_layer")
         self.kv = KVCache(
             cfg["num_hidden_layers"],
             self.max_batch,
@@ -98,37 +103,46 @@ class LLMBackbone:
         params = cohort[0].request.sampling  # batch-wide: the scheduler groups equal settings
         rng = np.random.default_rng(params.seed)
         penalise = params.repetition_penalty != 1.0
+        hidden_port = f"{self.stage.id}:accept_hidden"
+        keep_hidden = self.hidden_layer is not None and any(hidden_port in s.wanted for s in cohort)
 
-        binding = self.engine.binding()
-        self.kv.bind(binding, n)
-        logits = np.empty((n, self.vocab_size), np.float32)
-        binding.bind_output("logits", logits)
+        outputs = {"logits": (self.vocab_size,)}
+        if self.hidden_layer is not None:
+            outputs["hidden_states"] = (self.hidden_size,)
+        session = DecoderSession(self.engine, self.kv, n, outputs, per_position=("hidden_states",))
+        extra = {}
 
         lens = np.array([len(p) for p in prompts], np.int32)
-        width = int(lens.max())
-        ids = np.zeros((n, width), np.int64)
-        for row, prompt in enumerate(prompts):
-            ids[row, : len(prompt)] = prompt
+        ids = right_pad([np.asarray(p, np.int64) for p in prompts])
+        width = ids.shape[1]
+        embeds = self.embedding[ids]
+        if self.deepstack:
+            extra["deepstack_embeds"] = np.zeros(
+                (self.deepstack, n, width, self.hidden_size), np.float32
+            )
+        zeros = np.zeros(n, np.int32)
         start = time.perf_counter()
-        binding.run(
-            {
-                "inputs_embeds": self.embedding[ids],
-                "position_ids": np.broadcast_to(np.arange(width, dtype=np.int64), (n, width)),
-                "past_lens": np.zeros(n, np.int32),
-                "query_lens": lens,
-                "last_indices": (lens - 1).astype(np.int64),
-            }
+        out = session.run(
+            embeds, text_positions(zeros, width, self.mrope), zeros, lens, lens - 1, **extra
         )
         prefill_s = time.perf_counter() - start
+        fed_hidden = (
+            [[out["hidden_states"][r, : lens[r]].copy()] for r in range(n)] if keep_hidden else None
+        )
+        fed_embeds = [[embeds[r, : lens[r]]] for r in range(n)] if keep_hidden else None
 
         generated: list[list[int]] = [[] for _ in range(n)]
         finish: list[str | None] = [None] * n
         seen = [np.asarray(p, np.int64) for p in prompts]
         past = lens.copy()
         steps = 0
+        if self.deepstack:
+            extra["deepstack_embeds"] = np.zeros(
+                (self.deepstack, n, 1, self.hidden_size), np.float32
+            )
         start = time.perf_counter()
         while True:
-            tokens = sample(logits, params, rng, seen if penalise else None)
+            tokens = sample(out["logits"], params, rng, seen if penalise else None)
             for row in range(n):
                 if finish[row] is not None:
                     continue
@@ -140,30 +154,44 @@ class LLMBackbone:
             active = np.array([f is None for f in finish])
             if not active.any():
                 break
-            binding.run(
-                {
-                    "inputs_embeds": self.embedding[tokens][:, None, :],
-                    "position_ids": past[:, None].astype(np.int64),
-                    "past_lens": past,
-                    "query_lens": active.astype(np.int32),
-                    "last_indices": np.zeros(n, np.int64),
-                }
+            step_embeds = self.embedding[tokens][:, None, :]
+            out = session.run(
+                step_embeds,
+                text_positions(past, 1, self.mrope),
+                past,
+                active.astype(np.int32),
+                np.zeros(n, np.int64),
+                **extra,
             )
+            if keep_hidden:
+                for row in np.flatnonzero(active):
+                    fed_hidden[row].append(out["hidden_states"][row, :1].copy())
+                    fed_embeds[row].append(step_embeds[row])
             past = past + active.astype(np.int32)
             steps += 1
         decode_s = time.perf_counter() - start
 
         for row, state in enumerate(cohort):
-            out = generated[row]
-            text_ids = out[:-1] if finish[row] == "eos" else out
+            out_ids = generated[row]
+            text_ids = out_ids[:-1] if finish[row] == "eos" else out_ids
             text = self.tokenizer.decode(text_ids)
             if finish[row] == "stop":
                 text = _cut_at_stop(text, state.request.stop)
             state.outputs[f"{self.stage.id}:text"] = text
+            if keep_hidden:
+                # what the talker reads: every token fed to the thinker (the prompt and all
+                # generated tokens but the last), its input embedding and accept-layer state
+                state.outputs[hidden_port] = {
+                    "ids": np.asarray(list(prompts[row]) + out_ids, np.int64),
+                    "prompt_len": len(prompts[row]),
+                    "hidden": np.concatenate(fed_hidden[row]),
+                    "embeds": np.concatenate(fed_embeds[row]).astype(np.float32),
+                    "finished_by_eos": finish[row] == "eos",
+                }
             state.details[self.stage.id] = {
                 "prompt_tokens": len(prompts[row]),
-                "output_tokens": out,
-                "generated_tokens": len(out),
+                "output_tokens": out_ids,
+                "generated_tokens": len(out_ids),
                 "finish_reason": finish[row],
                 "prefill_ms": round(prefill_s * 1e3, 3),
                 "decode_ms": round(decode_s * 1e3, 3),

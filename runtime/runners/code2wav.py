@@ -1,0 +1,139 @@
+"""qwen3_omni.code2wav: codec frames in, 24 kHz audio out, through the code2wav engine.
+
+Each request is vocoded on its own (frame counts differ, and a window is one engine call), in
+gap-free windows by default (runtime.vocoder), or in one call for the whole utterance when the
+stage config or the runner option ``whole_utterance`` asks for it and the utterance fits the
+engine's ``max_frames``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeomni.runtime.engine import Engine, open_engine
+from edgeomni.runtime.runners import RequestError, RequestState
+from edgeomni.runtime.vocoder import WindowedVocoder
+
+CODES_INPUT = "codes"
+AUDIO_PORT = "audio"
+
+
+class Code2Wav:
+    """Vocode each request's codes [frames, Q] (int64) into float32 samples."""
+
+    kind = "iterative"
+
+    def __init__(
+        self,
+        stage: Any,
+        folder: Path,
+        *,
+        threads: int | None = None,
+        whole_utterance: bool | None = None,
+    ) -> None:
+        self.stage = stage
+        self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
+        cfg = self.config
+        self.engine: Engine = open_engine(folder, cfg, threads=threads)
+        self.num_quantizers = int(cfg["num_quantizers"])
+        self.codebook_size = int(cfg["codebook_size"])
+        self.samples_per_frame = int(cfg["samples_per_frame"])
+        self.trim = int(cfg["trim"])
+        self.sample_rate = int(cfg["sample_rate"])
+        self.max_frames = int(cfg["max_frames"])
+        opts = stage.config  # the graph may override the build's defaults per stage
+        self.window = int(opts.get("window_frames", cfg["window_frames"]))
+        self.left_context = int(opts.get("left_context_frames", cfg["left_context_frames"]))
+        # an explicit runner option wins over the stage config
+        self.whole = bool(
+            opts.get("whole_utterance", False) if whole_utterance is None else whole_utterance
+        )
+        if self.window + self.left_context > self.max_frames:
+            raise ValueError(
+                f"{stage.id}: window {self.window} + left context {self.left_context} frames "
+                f"exceed the engine's max_frames {self.max_frames}"
+            )
+        self.vocoder()  # checks window and left context now, not at the first request
+        source = next((i.source for i in stage.inputs if i.name == CODES_INPUT), None)
+        if source is None:
+            raise ValueError(f"{stage.id}: the stage has no {CODES_INPUT!r} input")
+        self.source = source
+
+    # -- engine ------------------------------------------------------------------------------
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """One engine call: codes int64 [1, Q, n] -> samples float32 [n*S - trim]."""
+        n = codes.shape[-1]
+        out = np.empty((1, 1, n * self.samples_per_frame - self.trim), np.float32)
+        binding = self.engine.binding()
+        binding.bind_output("waveform", out)
+        binding.run({"codes": codes})
+        return out.reshape(-1)
+
+    def vocoder(self) -> WindowedVocoder:
+        """A fresh windowed vocoder over this engine (also what a streaming caller pushes into)."""
+        return WindowedVocoder(
+            self.decode,
+            window=self.window,
+            left_context=self.left_context,
+            samples_per_frame=self.samples_per_frame,
+            trim=self.trim,
+        )
+
+    # -- per request -------------------------------------------------------------------------
+    def codes_of(self, state: RequestState) -> np.ndarray:
+        if self.source not in state.outputs:
+            raise RequestError(f"{self.stage.id}: no codes from {self.source}")
+        codes = np.asarray(state.outputs[self.source])
+        if codes.ndim != 2 or codes.shape[1] != self.num_quantizers:
+            raise RequestError(
+                f"{self.stage.id}: codes must be [frames, {self.num_quantizers}], "
+                f"got shape {codes.shape}"
+            )
+        if not np.issubdtype(codes.dtype, np.integer):
+            raise RequestError(f"{self.stage.id}: codes must be integers, got {codes.dtype}")
+        if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
+            raise RequestError(
+                f"{self.stage.id}: codes must lie in [0, {self.codebook_size}), "
+                f"got [{codes.min()}, {codes.max()}]"
+            )
+        return codes.astype(np.int64, copy=False)
+
+    def vocode(self, codes: np.ndarray) -> tuple[np.ndarray, int, str]:
+        """(samples, engine calls, mode): whole utterance when asked for and it fits the engine's
+        max_frames, windows otherwise."""
+        voc = self.vocoder()
+        if self.whole and len(codes) <= self.max_frames:
+            return voc.decode_whole(codes), voc.windows, "whole"
+        audio = np.concatenate([voc.push(codes), voc.flush()])
+        return audio, voc.windows, "windowed" if not self.whole else "windowed (over max_frames)"
+
+    # -- per cohort --------------------------------------------------------------------------
+    def run(self, cohort: Sequence[RequestState]) -> None:
+        for state in cohort:
+            try:
+                codes = self.codes_of(state)
+            except RequestError as e:
+                state.error = state.error or str(e)
+                state.details[self.stage.id] = {"error": str(e)}
+                continue
+            start = time.perf_counter()
+            audio, calls, mode = self.vocode(codes)
+            seconds = time.perf_counter() - start
+            state.outputs[f"{self.stage.id}:{AUDIO_PORT}"] = audio
+            state.details[self.stage.id] = {
+                "frames": len(codes),
+                "samples": int(audio.size),
+                "sample_rate": self.sample_rate,
+                "duration_ms": round(audio.size / self.sample_rate * 1e3, 3),
+                "vocode_ms": round(seconds * 1e3, 3),
+                "windows": calls,
+                "mode": mode,
+                "window_frames": self.window,
+                "left_context_frames": self.left_context,
+            }

@@ -1,0 +1,129 @@
+"""Windowed vocoding of codec frames, gap-free: the pure windowing rule, apart from any engine.
+
+A vocoder like Qwen3-Omni's code2wav turns n frames into n*S - trim samples (S samples per frame;
+trim = 555 for code2wav): the last ``trim`` samples of a window need the next frame. It is causal,
+so a window's samples equal the whole-utterance decode's once the window starts early enough.
+
+HF's ``chunked_decode`` keeps each window's samples from ``context*S`` on, so the ``trim`` samples
+before every join are never produced (2 x 555 missing at 60 frames in chunks of 20). Here a window
+of new frames [s, e) decodes frames [s-k, e), k = min(left_context, s), and keeps window samples
+[k*S - trim, (e-s+k)*S - trim): exactly the whole decode's samples [s*S - trim, e*S - trim).
+
+- First window (s = 0, no left context): keeps [0, e*S - trim); exact, by causality.
+- Later windows emit (e-s)*S samples each; exact once left_context covers the vocoder's receptive
+  field (code2wav: layers x (sliding_window-1) frames plus a few of convs), approximate below it.
+- Last (partial) window, at ``flush``: the frames left over, e = the utterance end.
+Concatenated, the pieces are n*S - trim samples long, the whole decode's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+Decode = Callable[
+    [np.ndarray], np.ndarray
+]  # codes int64 [1, Q, n] -> samples (any shape, n*S-trim)
+
+
+class WindowedVocoder:
+    """Feed frames as they are generated; get back the audio that became final.
+
+    A window is decoded once ``window`` new frames are in, so pushing frame by frame or in chunks
+    gives the same windows and the same samples; audio lags generation by at most one window.
+    """
+
+    def __init__(
+        self,
+        decode: Decode,
+        *,
+        window: int,
+        left_context: int,
+        samples_per_frame: int = 1920,
+        trim: int = 555,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1 frame, got {window}")
+        if trim > 0 and left_context * samples_per_frame < trim:
+            # the trim samples before a join come from the context frames' decode
+            raise ValueError(
+                f"left_context {left_context} frames is too short to produce the {trim} samples "
+                f"before each join; use at least {-(-trim // samples_per_frame)}"
+            )
+        self.decode = decode
+        self.window = window
+        self.left_context = left_context
+        self.samples_per_frame = samples_per_frame
+        self.trim = trim
+        self._frames: list[np.ndarray] = []  # [k, Q] chunks kept (older ones are dropped)
+        self._base = 0  # index of the first kept frame
+        self._count = 0  # frames received
+        self._done = 0  # frames whose audio has been emitted (the next window's start)
+        self.windows = 0  # decode calls so far
+
+    @property
+    def frames(self) -> int:
+        return self._count
+
+    def push(self, frames: np.ndarray) -> np.ndarray:
+        """Add frames [k, Q]; returns the samples of every window now complete (maybe none)."""
+        frames = np.asarray(frames, dtype=np.int64)
+        if frames.ndim == 1:
+            frames = frames[None, :]
+        if frames.ndim != 2:
+            raise ValueError(f"frames must be [k, num_quantizers], got shape {frames.shape}")
+        if len(frames):
+            self._frames.append(frames)
+            self._count += len(frames)
+        pieces = []
+        while self._count - self._done >= self.window:
+            pieces.append(self._decode_window(self._done + self.window))
+        return _concat(pieces)
+
+    def flush(self) -> np.ndarray:
+        """The samples of the last, partial window (empty when nothing is pending)."""
+        if self._count == self._done:
+            return np.zeros(0, np.float32)
+        return self._decode_window(self._count)
+
+    def decode_whole(self, codes: np.ndarray) -> np.ndarray:
+        """All of ``codes`` [n, Q] in one decode call: the reference the windows reproduce."""
+        codes = np.asarray(codes, dtype=np.int64)
+        if len(codes) == 0:
+            return np.zeros(0, np.float32)
+        return self._call(codes)
+
+    # ---------------------------------------------------------------------------------------
+    def _decode_window(self, end: int) -> np.ndarray:
+        start = self._done
+        k = min(self.left_context, start)
+        kept = np.concatenate(self._frames) if len(self._frames) > 1 else self._frames[0]
+        samples = self._call(kept[start - k - self._base : end - self._base])
+        s, trim = self.samples_per_frame, self.trim
+        lo = k * s - trim if start > 0 else 0
+        hi = (end - start + k) * s - trim
+        self._done = end
+        # keep only what later windows read: their left context and the frames not yet decoded
+        first = max(self._base, end - self.left_context)
+        self._frames = [kept[first - self._base :]]
+        self._base = first
+        return samples[lo:hi]
+
+    def _call(self, codes: np.ndarray) -> np.ndarray:
+        """One decode of frames [n, Q]; checks the vocoder's sample rule."""
+        n = len(codes)
+        samples = np.asarray(self.decode(np.ascontiguousarray(codes.T[None])), np.float32).ravel()
+        self.windows += 1
+        expected = n * self.samples_per_frame - self.trim
+        if samples.size != expected:
+            raise ValueError(
+                f"the vocoder returned {samples.size} samples for {n} frames; expected {expected}"
+            )
+        return samples
+
+
+def _concat(pieces: list[np.ndarray]) -> np.ndarray:
+    if not pieces:
+        return np.zeros(0, np.float32)
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)

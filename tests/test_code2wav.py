@@ -1,0 +1,271 @@
+"""Qwen3-Omni code2wav: ONNX engine == transformers, gap-free windows == whole decode, runner.
+
+One tiny random vocoder (H32, 2 layers, sliding_window 8, decoder_dim 64, 1920 samples per frame)
+is exported and built once per session.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from edgeomni.export.common import artifacts
+from edgeomni.export.families.qwen3_omni import code2wav as c2w
+from edgeomni.graph_schema import Emit, Input, Stage
+from edgeomni.runtime.engine import OrtEngine
+from edgeomni.runtime.runners import RequestState
+from edgeomni.runtime.runners.code2wav import Code2Wav
+from edgeomni.runtime.vocoder import WindowedVocoder
+
+Q, CODEBOOK, SPF, TRIM = 16, 64, 1920, 555
+PARITY_TOL = 2e-5  # ORT vs torch; output peak ~0.5, HF float32 vs float64 alone is ~8e-6
+
+
+def tiny_model() -> Any:
+    """Random weights that make the audio depend on the codes (HF init would not): matrices at
+    std 1/sqrt(fan_in), SnakeBeta log-alpha/beta near 0, layer scales small as in training,
+    the output conv scaled down so the waveform stays inside the +-1 clamp (peak ~0.5)."""
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+        Qwen3OmniMoeCode2WavConfig,
+    )
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+    cfg = Qwen3OmniMoeCode2WavConfig(
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        sliding_window=8,
+        decoder_dim=64,
+        codebook_size=CODEBOOK,
+        num_quantizers=Q,
+    )
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = Qwen3OmniMoeCode2Wav(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                fan_in = 1 if name == "code_embedding.weight" else p[0].numel()
+                p.normal_(0, 1 / math.sqrt(fan_in))
+            elif name.endswith(("alpha", "beta")):
+                p.normal_(0, 0.1)
+            elif name.endswith(("scale", "gamma")):
+                p.uniform_(0.05, 0.15)
+            elif name.endswith("weight"):  # norm gains
+                p.normal_(1, 0.1)
+            else:  # biases
+                p.normal_(0, 0.1)
+        model.decoder[-1].conv.weight.mul_(0.005)
+    return model
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from edgeomni.builder.onnxruntime import build_engine
+    from edgeomni.export.family import BuildArgs
+
+    model = tiny_model()
+    root = tmp_path_factory.mktemp("code2wav")
+    raw = c2w.export_code2wav(model, root / "raw" / c2w.ENGINE)
+    folder = root / "code2wav"
+    folder.mkdir()
+    build_engine(raw, folder / c2w.ENGINE, BuildArgs(1, 1, 1))
+    artifacts.write_engine_config(folder, c2w.code2wav_engine_config(model.config))
+    engine = OrtEngine(folder / c2w.ENGINE, threads=2)
+    return {"model": model, "raw": raw, "folder": folder, "engine": engine}
+
+
+def ort_decode(engine: OrtEngine) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda codes: engine.session.run(None, {"codes": codes})[0]
+
+
+def hf(model: Any, codes: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(codes)).numpy()
+
+
+def random_codes(frames: int, seed: int) -> np.ndarray:
+    """[frames, Q], the talker's layout."""
+    return np.random.default_rng(seed).integers(0, CODEBOOK, (frames, Q), dtype=np.int64)
+
+
+# -- export --------------------------------------------------------------------------------------
+def test_attention_goes_through_the_plugin_op(built: dict[str, Any]) -> None:
+    raw = onnx.load(str(built["raw"]), load_external_data=False)
+    plugin = [n for n in raw.graph.node if n.domain == "edgeomni" and n.op_type == "Attention"]
+    assert len(plugin) == 2
+    assert all({a.name: a.i for a in n.attribute}["window"] == 8 for n in plugin)
+    lowered = onnx.load(str(built["folder"] / c2w.ENGINE))
+    gqa = [n for n in lowered.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2
+    assert not [n for n in lowered.graph.node if n.op_type in ("Softmax", "Where")]
+
+
+def test_engine_config(built: dict[str, Any]) -> None:
+    cfg = c2w.code2wav_engine_config(built["model"].config)
+    assert (cfg["samples_per_frame"], cfg["trim"], cfg["sample_rate"]) == (SPF, TRIM, 24000)
+    assert (cfg["window_frames"], cfg["left_context_frames"]) == (300, 25)
+    assert cfg["receptive_field_frames"] == 25  # 2 x (8-1) attention + convs
+    real = c2w.code2wav_engine_config({"code2wav_config": {}})  # the class defaults = real model
+    assert (real["samples_per_frame"], real["trim"], real["num_quantizers"]) == (SPF, TRIM, 16)
+    assert real["receptive_field_frames"] > 568
+
+
+@pytest.mark.parametrize(("batch", "frames"), [(1, 1), (1, 7), (2, 7), (1, 60), (2, 60)])
+def test_engine_matches_transformers(built: dict[str, Any], batch: int, frames: int) -> None:
+    codes = np.random.default_rng(frames).integers(0, CODEBOOK, (batch, Q, frames))
+    out = ort_decode(built["engine"])(codes)
+    ref = hf(built["model"], codes)
+    assert out.shape == ref.shape == (batch, 1, frames * SPF - TRIM)
+    assert np.abs(out - ref).max() < PARITY_TOL
+
+
+def test_load_code2wav_by_checkpoint_names(built: dict[str, Any]) -> None:
+    model = built["model"]
+    tensors = {f"code2wav.{k}": v.clone() for k, v in model.state_dict().items()}
+    loaded = c2w.load_code2wav(tensors.__getitem__, {"code2wav_config": model.config.to_dict()})
+    for name, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    codes = random_codes(9, 1).T[None]
+    # loaded runs sdpa (the config default), the fixture model eager
+    assert np.abs(hf(loaded, codes) - hf(model, codes)).max() < 1e-5
+
+
+def test_audio_depends_on_codes(built: dict[str, Any]) -> None:
+    decode = ort_decode(built["engine"])
+    a, b = decode(random_codes(20, 2).T[None]), decode(random_codes(20, 3).T[None])
+    assert 0.1 < np.abs(a).max() < 1.0  # audible, not clamped
+    assert np.std(a - b) > 0.3 * np.std(a)
+
+
+# -- windowed vocoding ---------------------------------------------------------------------------
+def windowed(decode: Callable, codes: np.ndarray, left_context: int, chunks: list[int]) -> Any:
+    voc = WindowedVocoder(decode, window=20, left_context=left_context)
+    pieces, at = [], 0
+    for n in chunks:
+        pieces.append(voc.push(codes[at : at + n]))
+        at += n
+    pieces.append(voc.flush())
+    return voc, pieces
+
+
+@pytest.mark.parametrize("frames", [60, 47])  # whole windows; a partial last window
+def test_windows_equal_whole_decode_with_enough_context(built: dict[str, Any], frames: int) -> None:
+    decode = ort_decode(built["engine"])
+    codes = random_codes(frames, frames)
+    voc, pieces = windowed(decode, codes, 25, [frames])
+    whole = voc.decode_whole(codes)
+    audio = np.concatenate(pieces)
+    assert audio.size == whole.size == frames * SPF - TRIM  # no 555-sample gaps at the joins
+    assert np.abs(audio - whole).max() < 1e-5
+    assert voc.windows - 1 == math.ceil(frames / 20)  # minus the whole decode
+
+
+# measured with this model (torch): context 4 -> 0.18, 16 -> 0.025, 20 -> 2.4e-4, 24 -> 8e-6
+@pytest.mark.parametrize(("context", "low", "high"), [(4, 0.05, 0.3), (16, 1e-3, 0.05)])
+def test_small_context_is_bounded_and_first_window_exact(
+    built: dict[str, Any], context: int, low: float, high: float
+) -> None:
+    decode = ort_decode(built["engine"])
+    codes = random_codes(60, 5)
+    voc, pieces = windowed(decode, codes, context, [60])
+    whole = voc.decode_whole(codes)
+    audio = np.concatenate(pieces)
+    assert audio.size == whole.size
+    first = 20 * SPF - TRIM
+    assert np.abs(audio[:first] - whole[:first]).max() < 1e-5  # causal: no context needed
+    diff = np.abs(audio - whole).max()
+    print(f"left context {context}: max abs diff {diff:.3g} (peak {np.abs(whole).max():.2f})")
+    assert low < diff < high
+
+
+def test_push_frame_by_frame_equals_chunks(built: dict[str, Any]) -> None:
+    decode = ort_decode(built["engine"])
+    codes = random_codes(53, 6)
+    _, one = windowed(decode, codes, 25, [1] * 53)
+    _, chunked = windowed(decode, codes, 25, [7, 13, 0, 1, 32])
+    np.testing.assert_array_equal(np.concatenate(one), np.concatenate(chunked))
+    # audio comes out as windows complete: the first 20 frames give 20*1920-555 samples
+    assert [p.size for p in one[:21] if p.size] == [20 * SPF - TRIM]
+
+
+def test_hf_chunked_decode_drops_samples_at_joins(built: dict[str, Any]) -> None:
+    """Why the gap-free rule: HF's chunked_decode loses 555 samples per join."""
+    codes = torch.from_numpy(random_codes(60, 7).T[None].copy())
+    with torch.no_grad():
+        chunked = built["model"].chunked_decode(codes, chunk_size=20, left_context_size=25)
+    assert chunked.shape[-1] == 60 * SPF - TRIM - 2 * TRIM
+
+
+# -- runner --------------------------------------------------------------------------------------
+def stage(**config: Any) -> Stage:
+    return Stage(
+        id="code2wav",
+        runner="qwen3_omni.code2wav",
+        artifact="code2wav",
+        kind="iterative",
+        inputs=(Input("codes", "talker:codes"),),
+        emits=(Emit("audio", "audio", terminal=True),),
+        config=config,
+    )
+
+
+def run_runner(runner: Code2Wav, *codes: np.ndarray) -> list[RequestState]:
+    states = [
+        RequestState(index=i, request=None, plan=None, outputs={"talker:codes": c})
+        for i, c in enumerate(codes)
+    ]
+    runner.run(states)
+    return states
+
+
+def test_runner_windows_equal_whole_decode(built: dict[str, Any]) -> None:
+    runner = Code2Wav(stage(window_frames=20), built["folder"], threads=2)
+    codes = [random_codes(60, 8), random_codes(5, 9)]
+    states = run_runner(runner, *codes)
+    for state, c in zip(states, codes, strict=True):
+        audio = state.outputs["code2wav:audio"]
+        whole = hf(built["model"], c.T[None].copy()).ravel()
+        assert audio.dtype == np.float32 and audio.shape == whole.shape
+        assert np.abs(audio - whole).max() < PARITY_TOL
+    details = states[0].details["code2wav"]
+    assert details["frames"] == 60 and details["samples"] == 60 * SPF - TRIM
+    assert details["windows"] == 3 and details["mode"] == "windowed"
+    assert details["duration_ms"] == pytest.approx((60 * SPF - TRIM) / 24)
+
+
+def test_runner_whole_utterance_and_fallback(built: dict[str, Any], tmp_path: Path) -> None:
+    codes = random_codes(40, 10)
+    whole = run_runner(Code2Wav(stage(whole_utterance=True), built["folder"]), codes)[0]
+    assert whole.details["code2wav"]["windows"] == 1
+    option = run_runner(Code2Wav(stage(), built["folder"], whole_utterance=True), codes)[0]
+    np.testing.assert_array_equal(option.outputs["code2wav:audio"], whole.outputs["code2wav:audio"])
+    # an engine built for at most 30 frames: the 40-frame utterance falls back to windows
+    small = tmp_path / "code2wav"
+    shutil.copytree(built["folder"], small)
+    cfg = c2w.code2wav_engine_config(built["model"].config, max_frames=30)
+    artifacts.write_engine_config(small, cfg)
+    runner = Code2Wav(stage(window_frames=5), small, whole_utterance=True)
+    fallback = run_runner(runner, codes)[0]
+    assert fallback.details["code2wav"]["windows"] == 8
+    diff = np.abs(fallback.outputs["code2wav:audio"] - whole.outputs["code2wav:audio"]).max()
+    assert diff < 1e-5
+
+
+def test_runner_reports_missing_or_bad_codes(built: dict[str, Any]) -> None:
+    runner = Code2Wav(stage(), built["folder"])
+    missing = RequestState(index=0, request=None, plan=None)
+    bad = RequestState(index=1, request=None, plan=None, outputs={"talker:codes": np.zeros((3, 4))})
+    runner.run([missing, bad])
+    assert "no codes from talker:codes" in (missing.error or "")
+    assert "[frames, 16]" in (bad.error or "")
