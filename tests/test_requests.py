@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from edgeomni.runtime.requests import (
     BadRequest,
     Request,

@@ -5,6 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
 from edgeomni.runtime.sampling import (
     SAMPLING_KEYS,
     SamplingParams,
@@ -12,12 +19,6 @@ from edgeomni.runtime.sampling import (
     candidate_distribution,
     sample,
     sampling_from_dict,
-)
-from transformers.generation.logits_process import (
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
 )
 
 

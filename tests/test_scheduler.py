@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 import pytest
+
 from edgeomni.runtime.scheduler import make_cohorts
 
 
