@@ -75,7 +75,8 @@ def time_edgeomni(engine: Path, new_tokens: int, repeats: int) -> dict:
     runner.eos = frozenset()  # measure a fixed number of steps, as min_new_tokens does for HF
     steps_ms, prefill_ms, tokens = [], [], None
     for _ in range(repeats + 1):  # first run warms up
-        (entry,) = pipe.run(requests, batch_size=1)
+        (outcome,) = pipe.run(requests, batch_size=1)
+        entry = outcome.entry
         d = entry["stages"]["llm"]
         steps_ms.append(d["decode_ms"] / d["decode_steps"])
         prefill_ms.append(d["prefill_ms"])

@@ -23,7 +23,10 @@ class Family:
         return importlib.import_module(self.module)  # type: ignore[return-value]
 
 
-FAMILIES: tuple[Family, ...] = (Family("qwen3", ("qwen3",), "edgeomni.export.families.qwen3"),)
+FAMILIES: tuple[Family, ...] = (
+    Family("qwen3", ("qwen3",), "edgeomni.export.families.qwen3"),
+    Family("qwen3_omni", ("qwen3_omni_moe",), "edgeomni.export.families.qwen3_omni"),
+)
 
 
 class UnknownModelType(ValueError):

@@ -90,6 +90,7 @@ def make_qwen3(out_dir: Path, *, seed: int = 0, **overrides: Any) -> Path:
 
 
 MAKERS = {"qwen3": make_qwen3}
+MAKERS["qwen3_omni_moe"] = lambda out_dir, *, seed=0: __import__("edgeomni.export.tiny_omni", fromlist=["_"]).make_qwen3_omni(out_dir, seed=seed)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_CONFIG, EXIT_REQUESTS_FAILED = 0, 1, 2, 3
 
@@ -62,6 +63,24 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print per-stage times, peak memory and wall clock to stderr",
     )
+    p.add_argument(
+        "--out-audio",
+        type=Path,
+        help="with --prompt: run the speech stages too and write the reply's audio (WAV) here",
+    )
+    p.add_argument(
+        "--output-audio-dir",
+        type=Path,
+        help="with --input-file: run the speech stages too and write audio_req<i>.wav and the "
+        "codec codes rvq_req<i>.safetensors here",
+    )
+    p.add_argument("--voice", help="speaker for --prompt (an unknown voice lists the known ones)")
+    p.add_argument(
+        "--whole-utterance",
+        action="store_true",
+        help="vocode each utterance in one pass after the talker finishes, when it fits the "
+        "vocoder engine (default: in windows with left context)",
+    )
     p.add_argument("--threads", type=int, help="CPU threads per engine (default: all cores)")
     return p
 
@@ -112,20 +131,34 @@ def main(argv: list[str] | None = None) -> int:
             }
             if args.max_generate_length is not None:
                 body["max_generate_length"] = args.max_generate_length
+            if args.voice is not None:
+                body["requests"][0]["voice"] = args.voice
             requests, settings = parse_request_file(body, sampling, extra)
     except ValueError as e:
         return _fail(str(e), EXIT_BAD_CONFIG)
 
+    if args.out_audio is not None and args.prompt is None:
+        return _fail(
+            "--out-audio goes with --prompt (use --output-audio-dir for a file)", EXIT_BAD_CONFIG
+        )
+    if args.output_audio_dir is not None and args.input_file is None:
+        return _fail("--output-audio-dir goes with --input-file", EXIT_BAD_CONFIG)
+    want_audio = args.out_audio is not None or args.output_audio_dir is not None
     try:
-        pipeline = Pipeline(args.config, threads=args.threads)
+        pipeline = Pipeline(args.config, threads=args.threads, whole_utterance=args.whole_utterance)
     except GraphError as e:
         return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
     except (OSError, RuntimeError) as e:
         return _fail(str(e), EXIT_BAD_CONFIG)
+    if want_audio and not pipeline.audio_terminals():
+        return _fail("this graph has no audio output", EXIT_BAD_CONFIG)
     batch_size = args.batch_size or settings.get("batch_size") or 1
-    entries = pipeline.run(
-        requests, batch_size=batch_size, requested=pipeline.text_terminals() or None
-    )
+    # text stages only, unless audio was asked for (a graph without text always speaks)
+    requested = None if want_audio else (pipeline.text_terminals() or None)
+    outcomes = pipeline.run(requests, batch_size=batch_size, requested=requested)
+    for outcome in outcomes:
+        write_audio(outcome, args)
+    entries = [o.entry for o in outcomes]
 
     if args.output_file is not None:
         write_predictions(args.output_file, entries)
@@ -147,6 +180,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.dump_profile:
         print(json.dumps(pipeline.profile.as_dict(), indent=2), file=sys.stderr)
     return EXIT_OK if all(e["ok"] for e in entries) else EXIT_REQUESTS_FAILED
+
+
+def write_audio(outcome: Any, args: argparse.Namespace) -> None:
+    """Write the request's audio (and codes) where the flags say; add the audio fields."""
+    from edgeomni.runtime.audio import write_wav
+    from edgeomni.runtime.safetensors_np import save
+
+    entry = outcome.entry
+    if outcome.audio is None or not entry["ok"]:
+        return
+    i = entry["request_idx"]
+    if args.out_audio is not None:
+        wav = args.out_audio
+    elif args.output_audio_dir is not None:
+        args.output_audio_dir.mkdir(parents=True, exist_ok=True)
+        wav = args.output_audio_dir / f"audio_req{i}.wav"
+        if outcome.codes is not None:
+            rvq = args.output_audio_dir / f"rvq_req{i}.safetensors"
+            save(rvq, {"codes": outcome.codes})
+            entry["rvq_file"] = str(rvq)
+    else:
+        return
+    write_wav(wav, outcome.audio, outcome.sample_rate)
+    entry.update(
+        audio_file=str(wav),
+        audio_samples=int(len(outcome.audio)),
+        audio_sample_rate=outcome.sample_rate,
+        audio_duration_ms=round(1e3 * len(outcome.audio) / outcome.sample_rate, 3),
+    )
 
 
 if __name__ == "__main__":

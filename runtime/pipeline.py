@@ -5,6 +5,7 @@ Scheduling (plans and cohorts) is pure Python; stage runners own their engine ca
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import time
 from collections.abc import Collection, Sequence
@@ -63,9 +64,35 @@ class Profile:
         }
 
 
+@dataclass
+class Outcome:
+    """One request's result: its predictions entry, and the arrays the CLI writes to files."""
+
+    entry: dict[str, Any]
+    audio: Any = None  # float32 samples of the audio terminal, if one was produced
+    sample_rate: int | None = None
+    codes: Any = None  # int64 [frames, groups] from the codec port, if one was produced
+
+
 class Pipeline:
-    def __init__(self, config: str | Path, *, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        config: str | Path,
+        *,
+        threads: int | None = None,
+        whole_utterance: bool = False,
+    ) -> None:
         self.engine_dir, self.graph = load_graph(config)
+        if whole_utterance:  # the stages that make audio vocode after the talker, in one pass
+            self.graph = dataclasses.replace(
+                self.graph,
+                stages=tuple(
+                    dataclasses.replace(s, config={**s.config, "whole_utterance": True})
+                    if any(e.kind == "audio" for e in s.emits)
+                    else s
+                    for s in self.graph.stages
+                ),
+            )
         self.threads = threads
         self._runners: dict[str, Any] = {}
         self.profile = Profile()
@@ -81,13 +108,19 @@ class Pipeline:
             self.profile.load_seconds += time.perf_counter() - start
         return self._runners[stage_id]
 
-    def text_terminals(self) -> tuple[str, ...]:
+    def terminals_of_kind(self, kind: str) -> tuple[str, ...]:
         return tuple(
             stage.port(e.id)
             for stage in self.graph.stages
             for e in stage.emits
-            if e.terminal and e.kind == "text"
+            if e.terminal and e.kind == kind
         )
+
+    def text_terminals(self) -> tuple[str, ...]:
+        return self.terminals_of_kind("text")
+
+    def audio_terminals(self) -> tuple[str, ...]:
+        return self.terminals_of_kind("audio")
 
     def run(
         self,
@@ -95,8 +128,8 @@ class Pipeline:
         *,
         batch_size: int,
         requested: Collection[str] | None = None,
-    ) -> list[dict[str, Any]]:
-        """Run every request; returns one predictions entry per request, in input order."""
+    ) -> list[Outcome]:
+        """Run every request; returns one outcome per request, in input order."""
         start = time.perf_counter()
         states: list[RequestState] = []
         failed: dict[int, str] = {}
@@ -133,8 +166,9 @@ class Pipeline:
         for stage_id in cohort[0].plan.stages:
             runner = self.runner(stage_id)
             width = min(batch_size, getattr(runner, "max_batch", batch_size))
-            for lo in range(0, len(cohort), width):  # a cohort never exceeds the build's max_batch
-                part = cohort[lo : lo + width]
+            alive = [s for s in cohort if s.error is None]  # a failed request leaves its cohort
+            for lo in range(0, len(alive), width):  # a cohort never exceeds the build's max_batch
+                part = alive[lo : lo + width]
                 t = time.perf_counter()
                 runner.run(part)
                 prof = self.profile.stages.setdefault(stage_id, StageProfile())
@@ -144,15 +178,15 @@ class Pipeline:
 
     def _entries(
         self, count: int, states: list[RequestState], failed: dict[int, str]
-    ) -> list[dict[str, Any]]:
+    ) -> list[Outcome]:
         by_pos = {s.index: s for s in states}
         text_ports = self.text_terminals()
-        entries = []
+        kinds = {stage.port(e.id): e.kind for stage in self.graph.stages for e in stage.emits}
+        outcomes = []
         for pos in range(count):
             if pos in failed:
-                entries.append(
-                    {"request_idx": pos, "ok": False, "error": failed[pos], "stages": {}}
-                )
+                entry = {"request_idx": pos, "ok": False, "error": failed[pos], "stages": {}}
+                outcomes.append(Outcome(entry))
                 continue
             state = by_pos[pos]
             entry: dict[str, Any] = {"request_idx": pos}
@@ -160,5 +194,12 @@ class Pipeline:
                 if port in state.outputs:
                     entry.setdefault("output_text", state.outputs[port])
             entry.update(ok=state.error is None, error=state.error, stages=state.details)
-            entries.append(entry)
-        return entries
+            outcome = Outcome(entry)
+            for port, value in state.outputs.items():
+                if kinds.get(port) == "audio":
+                    outcome.audio = value
+                    outcome.sample_rate = state.details[port.split(":")[0]].get("sample_rate")
+                elif kinds.get(port) == "codec":
+                    outcome.codes = value
+            outcomes.append(outcome)
+        return outcomes

@@ -46,3 +46,43 @@ def load(path: str | Path) -> dict[str, np.ndarray]:
             raise ValueError(f"{path}: tensor {name} has inconsistent offsets")
         out[name] = np.memmap(path, dtype=dtype, mode="r", offset=base + start, shape=shape)
     return out
+
+
+_CODES = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+
+def save(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
+    """Write tensors in the safetensors format, atomically (temp file, then rename)."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    header: dict[str, object] = {}
+    offset = 0
+    arrays = []
+    for name, value in tensors.items():
+        arr = np.ascontiguousarray(value)
+        code = _CODES.get(arr.dtype)
+        if code is None:
+            raise ValueError(f"tensor {name}: dtype {arr.dtype} cannot be saved")
+        header[name] = {
+            "dtype": code,
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + arr.nbytes],
+        }
+        offset += arr.nbytes
+        arrays.append(arr)
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # keep the data 8-byte aligned
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(blob)))
+            f.write(blob)
+            for arr in arrays:
+                f.write(arr.tobytes())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -44,6 +44,10 @@ RUNNERS: dict[str, RunnerDecl] = {
     decl.name: decl
     for decl in (
         RunnerDecl("llm.backbone", "autoregressive", "edgeomni.runtime.runners.llm:LLMBackbone"),
+        RunnerDecl("qwen3_omni.talker", "autoregressive", "edgeomni.runtime.runners.talker:Talker"),
+        RunnerDecl(
+            "qwen3_omni.code2wav", "iterative", "edgeomni.runtime.runners.code2wav:Code2Wav"
+        ),
     )
 }
 RUNNER_KINDS: dict[str, str] = {name: decl.kind for name, decl in RUNNERS.items()}

@@ -1,0 +1,132 @@
+"""Qwen3-Omni's components: what each exports and what the runtime needs beside each engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from edgeomni.export.common import artifacts
+from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
+from edgeomni.export.families.qwen3_omni import code2wav, talker, thinker
+from edgeomni.export.families.qwen3_omni.config import section
+from edgeomni.export.family import BuildArgs, Component
+
+LLM = Component("llm", ".", "llm.onnx", "llm.backbone")
+TALKER = Component("talker", "talker", "llm.onnx", "qwen3_omni.talker")
+CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", "qwen3_omni.talker")
+CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, "qwen3_omni.code2wav")
+SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV)
+
+
+def components(ckpt: Checkpoint) -> tuple[Component, ...]:
+    """The thinker always; the speech components when the checkpoint carries them."""
+    has_speech = ckpt.config.get("enable_audio_output", True) and any(ckpt.names("talker."))
+    return (LLM, *SPEECH) if has_speech else (LLM,)
+
+
+def export_component(
+    ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs
+) -> Path:
+    if args.dtype != "float32":
+        raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3_omni_moe yet")
+    path = work_dir / component.engine
+    if component is LLM:
+        return thinker.export(ckpt, path)
+    if component is TALKER:
+        return talker.export_talker(ckpt, path)
+    if component is CODE_PREDICTOR:
+        return talker.export_predictor(ckpt, path)
+    model = code2wav.load_code2wav(ckpt.tensor, ckpt.config)
+    return code2wav.export_code2wav(model, path)
+
+
+def _limits(args: BuildArgs) -> dict[str, Any]:
+    return {
+        "max_batch_size": args.max_batch_size,
+        "max_input_len": args.max_input_len,
+        "max_kv_cache_capacity": args.max_kv_cache_capacity,
+    }
+
+
+def _decoder_fields(cfg: Any) -> dict[str, Any]:
+    return {
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+    }
+
+
+def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:
+    from safetensors.torch import save_file
+
+    base = {"component": component.name, "model_type": ckpt.model_type, "engine": component.engine,
+            "backend": args.backend, "device": args.device, "dtype": args.dtype}  # fmt: skip
+    if component is LLM:
+        artifacts.write_embedding(ckpt.tensor(thinker.EMBEDDING), out_dir)
+        artifacts.write_tokenizer(ckpt, out_dir)
+        artifacts.write_engine_config(out_dir, thinker.engine_config(ckpt, component.engine, args))
+    elif component is TALKER:
+        artifacts.write_embedding(ckpt.tensor(talker.CODEC_EMBEDDING), out_dir)
+        tables = talker.projection_tensors(ckpt)
+        special = [ckpt.config[f"tts_{k}_token_id"] for k in ("bos", "eos", "pad")]
+        tables["tts_special"] = ckpt.tensor(thinker.EMBEDDING)[special].float().contiguous()
+        save_file(tables, str(out_dir / "projections.safetensors"))
+        artifacts.write_engine_config(
+            out_dir, {**base, **talker_fields(ckpt), "builder_config": _limits(args)}
+        )
+    elif component is CODE_PREDICTOR:
+        cfg = talker.predictor_decoder_config(ckpt.config)
+        save_file(
+            talker.predictor_embeddings(ckpt, cfg.lm_heads + 1),
+            str(out_dir / "embedding.safetensors"),
+        )
+        artifacts.write_engine_config(
+            out_dir, {**base, **_decoder_fields(cfg), "num_code_groups": cfg.lm_heads + 1}
+        )
+    else:
+        artifacts.write_engine_config(
+            out_dir,
+            code2wav.code2wav_engine_config(ckpt.config, backend=args.backend, device=args.device),
+        )
+
+
+def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:
+    """What the talker runner needs: dimensions, the token and codec ids, the speakers."""
+    cfg = ckpt.config
+    tk = section(cfg, "talker_config")
+    th = section(cfg, "thinker_config")
+    speakers = {str(k).lower(): int(v) for k, v in (tk.get("speaker_id") or {}).items()}
+    if not speakers:
+        raise CheckpointError("config.json: talker_config.speaker_id lists no speakers")
+    dec = talker.talker_decoder_config(cfg)
+
+    def need(where: dict[str, Any], key: str) -> int:
+        if not isinstance(where.get(key), int):
+            raise CheckpointError(f"config.json: {key} is missing")
+        return int(where[key])
+
+    return {
+        **_decoder_fields(dec),
+        "mrope_section": list(dec.mrope_section or ()),
+        "num_code_groups": need(tk, "num_code_groups"),
+        "code_predictor": "../code_predictor",
+        "ids": {
+            "im_start": need(cfg, "im_start_token_id"),
+            "user": need(cfg, "user_token_id"),
+            "assistant": need(cfg, "assistant_token_id"),
+            "audio": need(th, "audio_token_id"),
+            "image": need(th, "image_token_id"),
+            "video": need(th, "video_token_id"),
+            "codec_nothink": need(tk, "codec_nothink_id"),
+            "codec_think_bos": need(tk, "codec_think_bos_id"),
+            "codec_think_eos": need(tk, "codec_think_eos_id"),
+            "codec_pad": need(tk, "codec_pad_id"),
+            "codec_bos": need(tk, "codec_bos_id"),
+            "codec_eos": need(tk, "codec_eos_token_id"),
+        },
+        "speakers": speakers,
+        "default_speaker": "ethan" if "ethan" in speakers else sorted(speakers)[0],
+    }

@@ -1,0 +1,58 @@
+"""Qwen3-Omni's graph: the thinker writes text; the talker speaks it; code2wav makes audio."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from edgeomni.export.common.checkpoint import Checkpoint
+from edgeomni.export.family import BuildArgs
+from edgeomni.graph_schema import SCHEMA_VERSION, Emit, Graph, Input, Stage
+
+SPEECH = ("talker", "code_predictor", "code2wav")
+
+
+def multistage_topology(
+    bundle: Checkpoint, components: Mapping[str, str], args: BuildArgs | None
+) -> Graph | None:
+    """None without the thinker (the spec: no graph for a qwen3_omni_moe build without its llm);
+    the thinker alone when any speech component is missing."""
+    if "llm" not in components:
+        return None
+    thinker = Stage(
+        id="thinker",
+        runner="llm.backbone",
+        artifact=components["llm"],
+        kind="autoregressive",
+        inputs=(
+            Input("prompt", "request:messages", "fail"),
+            Input("audio", "request:audio", "skip"),
+            Input("image", "request:image", "skip"),
+        ),
+        emits=(
+            Emit("text", "text", "chunk_stream", terminal=True),
+            Emit("accept_hidden", "hidden", "chunk_stream"),
+        ),
+    )
+    if not all(c in components for c in SPEECH):
+        return Graph(SCHEMA_VERSION, ("thinker:text",), (thinker,))
+    talker = Stage(
+        id="talker",
+        runner="qwen3_omni.talker",
+        artifact=components["talker"],
+        kind="autoregressive",
+        inputs=(
+            Input("hidden", "thinker:accept_hidden", "fail"),
+            Input("text_ids", "thinker:text", "fail"),
+            Input("voice", "request:voice", "skip"),
+        ),
+        emits=(Emit("codes", "codec", "chunk_stream"),),
+    )
+    vocoder = Stage(
+        id="code2wav",
+        runner="qwen3_omni.code2wav",
+        artifact=components["code2wav"],
+        kind="iterative",
+        inputs=(Input("codes", "talker:codes", "fail"),),
+        emits=(Emit("audio", "audio", "chunk_stream", terminal=True),),
+    )
+    return Graph(SCHEMA_VERSION, ("thinker:text", "code2wav:audio"), (thinker, talker, vocoder))

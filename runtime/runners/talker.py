@@ -1,0 +1,304 @@
+"""qwen3_omni.talker: the thinker's reply in, codec frames [frames, 16] out.
+
+The talker and its code predictor step the cohort together, one codec frame at a time: the talker
+gives each row's first code, the code predictor completes the frame's residual codes (one head
+per group), and the sum of the frame's code embeddings plus the next text row is the talker's
+next input. The prefill is assembled here as transformers' Qwen3-Omni ``generate`` does: the user
+turns (text rows through text_projection, audio/image rows through hidden_projection of the
+thinker's accept-layer state), then the assistant prefix with the speaker's codec rows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeomni.runtime import safetensors_np
+from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
+from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.kv import KVCache
+from edgeomni.runtime.runners import RequestError, RequestState
+from edgeomni.runtime.sampling import SamplingParams, sample
+
+DEFAULT_MAX_FRAMES = 4096  # transformers' talker_max_new_tokens
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+@dataclass(frozen=True)
+class Projection:
+    """transformers' ResizeMLP: fc2(silu(fc1(x)))."""
+
+    w1: np.ndarray
+    b1: np.ndarray
+    w2: np.ndarray
+    b2: np.ndarray
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return (silu(x @ self.w1.T + self.b1) @ self.w2.T + self.b2).astype(np.float32)
+
+
+def _projection(tables: dict[str, np.ndarray], name: str) -> Projection:
+    t = {k: np.asarray(v, np.float32) for k, v in tables.items() if k.startswith(name + ".")}
+    return Projection(
+        t[f"{name}.linear_fc1.weight"],
+        t[f"{name}.linear_fc1.bias"],
+        t[f"{name}.linear_fc2.weight"],
+        t[f"{name}.linear_fc2.bias"],
+    )
+
+
+def _decoder_cache(cfg: dict[str, Any], rows: int, capacity: int) -> KVCache:
+    return KVCache(
+        cfg["num_hidden_layers"], rows, cfg["num_key_value_heads"], capacity, cfg["head_dim"]
+    )
+
+
+@dataclass
+class _Prefill:
+    embeds: np.ndarray  # [L, H]
+    trailing: np.ndarray  # [T, H] text rows fed one per step, then tts_pad
+
+
+class Talker:
+    kind = "autoregressive"
+
+    def __init__(self, stage: Any, folder: Path, *, threads: int | None = None) -> None:
+        self.stage = stage
+        cfg = self.config = json.loads((folder / "config.json").read_text())
+        self.engine = open_engine(folder, cfg, threads=threads)
+        cp_folder = (folder / cfg["code_predictor"]).resolve()
+        self.cp_config = json.loads((cp_folder / "config.json").read_text())
+        self.cp_engine = open_engine(cp_folder, self.cp_config, threads=threads)
+        self.codec_embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
+        cp_tables = safetensors_np.load(cp_folder / "embedding.safetensors")
+        self.groups = int(cfg["num_code_groups"])
+        self.cp_embeddings = [cp_tables[f"embedding_{i}"] for i in range(self.groups - 1)]
+        tables = safetensors_np.load(folder / "projections.safetensors")
+        self.text_projection = _projection(tables, "text_projection")
+        self.hidden_projection = _projection(tables, "hidden_projection")
+        bos, eos, pad = self.text_projection(np.asarray(tables["tts_special"], np.float32))
+        self.tts_bos, self.tts_eos, self.tts_pad = bos, eos, pad
+        self.ids: dict[str, int] = cfg["ids"]
+        self.speakers: dict[str, int] = cfg["speakers"]
+        self.default_speaker: str = cfg["default_speaker"]
+        self.vocab_size = int(cfg["vocab_size"])
+        self.hidden_size = int(cfg["hidden_size"])
+        limits = cfg["builder_config"]
+        self.max_batch = int(limits["max_batch_size"])
+        self.capacity = int(limits["max_kv_cache_capacity"])
+        self.kv = _decoder_cache(cfg, self.max_batch, self.capacity)
+        self.cp_kv = _decoder_cache(self.cp_config, self.max_batch, self.groups)
+        # the talker may not emit the codec's control band, except the end of speech
+        band = np.arange(self.vocab_size - 1024, self.vocab_size)
+        self.suppressed = band[band != self.ids["codec_eos"]]
+        self.hidden_source = self._source("hidden")
+
+    def _source(self, name: str) -> str:
+        for inp in self.stage.inputs:
+            if inp.name == name:
+                return inp.source
+        raise ValueError(f"{self.stage.id}: the stage has no {name!r} input")
+
+    # -- per request -------------------------------------------------------------------------
+    def prepare(self, state: RequestState) -> str:
+        """The speaker this request speaks with (checked before any cohort runs)."""
+        voice = (state.request.voice or self.default_speaker).lower()
+        if voice not in self.speakers:
+            raise RequestError(
+                f"unknown voice {state.request.voice!r}; this model's voices are "
+                f"{', '.join(sorted(self.speakers))}"
+            )
+        return voice
+
+    def _prefill(self, state: RequestState) -> _Prefill:
+        th = state.outputs[self.hidden_source]
+        ids, hidden, embeds, prompt_len = th["ids"], th["hidden"], th["embeds"], th["prompt_len"]
+        fed = len(hidden)  # every token the thinker was fed: the prompt and the reply but its last
+        prompt = ids[:prompt_len]
+        ids_ = self.ids
+        # user turns: a position belongs to the turn opened by the latest <|im_start|> before it
+        starts = np.where(prompt == ids_["im_start"], np.arange(prompt_len), -1)
+        latest = np.maximum.accumulate(starts).clip(min=0)
+        roles = prompt[np.minimum(latest + 1, prompt_len - 1)]
+        user = np.flatnonzero(roles == ids_["user"])
+        media = np.isin(prompt[user], [ids_["audio"], ids_["image"], ids_["video"]])
+        user_rows = np.empty((len(user), self.hidden_size), np.float32)
+        if media.any():
+            user_rows[media] = self.hidden_projection(hidden[user[media]])
+        user_rows[~media] = self.text_projection(embeds[user[~media]])
+        # the assistant turn: from the last "<|im_start|>assistant" on
+        starts = np.flatnonzero(
+            (prompt[:-1] == ids_["im_start"]) & (prompt[1:] == ids_["assistant"])
+        )
+        if not len(starts):
+            raise RequestError("the prompt has no assistant turn for the talker to speak")
+        reply = self.text_projection(embeds[starts[-1] : fed])
+        if len(reply) < 4:
+            raise RequestError("the thinker wrote no text for the talker to speak")
+        speaker = self.speakers[state.prepared[self.stage.id]]
+        text_track = np.stack([*reply[:3], *[self.tts_pad] * 4, self.tts_bos, reply[3]])
+        codec_ids = [ids_[k] for k in ("codec_nothink", "codec_think_bos", "codec_think_eos")]
+        codec_ids += [speaker, ids_["codec_pad"], ids_["codec_bos"]]
+        codec_track = np.concatenate(
+            [np.zeros((3, self.hidden_size), np.float32), self.codec_embedding[codec_ids]]
+        )
+        trailing = np.concatenate([reply[4:], self.tts_eos[None]])
+        return _Prefill(np.concatenate([user_rows, text_track + codec_track]), trailing)
+
+    # -- per cohort --------------------------------------------------------------------------
+    def run(self, cohort: Sequence[RequestState]) -> None:
+        prefills = []
+        for state in cohort:
+            try:
+                prefills.append(self._prefill(state))
+            except RequestError as e:
+                state.error = f"{self.stage.id}: {e}"
+        cohort = [s for s in cohort if s.error is None]
+        if not cohort:
+            return
+        n = len(cohort)
+        talker_params, cp_params, max_frames = self._sampling(cohort[0].request)
+        rng = np.random.default_rng(talker_params.seed)
+        lens = np.array([len(p.embeds) for p in prefills], np.int32)
+        if int(lens.max()) + max_frames > self.capacity:
+            max_frames = self.capacity - int(lens.max())
+        session = DecoderSession(
+            self.engine,
+            self.kv,
+            n,
+            {"logits": (self.vocab_size,), "last_hidden": (self.hidden_size,)},
+        )
+        cp_session = DecoderSession(
+            self.cp_engine, self.cp_kv, n, {"logits": (int(self.cp_config["vocab_size"]),)}
+        )
+        embeds = right_pad([p.embeds for p in prefills])
+        zeros = np.zeros(n, np.int32)
+        start = time.perf_counter()
+        out = session.run(
+            embeds, text_positions(zeros, embeds.shape[1], True), zeros, lens, lens - 1
+        )
+        first: list[list[int]] = [[] for _ in range(n)]  # each row's sampled first codes
+        frames: list[list[np.ndarray]] = [[] for _ in range(n)]
+        finish: list[str | None] = [None] * n
+        past = lens.copy()
+        step = 0
+        cp_ms = 0.0
+        while True:
+            logits = out["logits"].copy()
+            logits[:, self.suppressed] = -np.inf
+            seen = [np.asarray(f, np.int64) for f in first]
+            code0 = sample(logits, talker_params, rng, seen)
+            for row in range(n):
+                if finish[row] is None:
+                    first[row].append(int(code0[row]))
+                    if code0[row] == self.ids["codec_eos"]:
+                        finish[row] = "eos"
+                    elif len(first[row]) >= max_frames:
+                        finish[row] = "length"
+            active = np.array([f is None for f in finish])
+            if not active.any():
+                break
+            t = time.perf_counter()
+            codes, frame_embed = self._complete_frames(
+                cp_session, out["last_hidden"], code0, active, cp_params, rng
+            )
+            cp_ms += (time.perf_counter() - t) * 1e3
+            nxt = frame_embed.copy()
+            for row in range(n):
+                trailing = prefills[row].trailing
+                nxt[row] += trailing[step] if step < len(trailing) else self.tts_pad
+                if active[row]:
+                    frames[row].append(codes[row])
+            out = session.run(
+                nxt[:, None, :],
+                text_positions(past, 1, True),
+                past,
+                active.astype(np.int32),
+                np.zeros(n, np.int64),
+            )
+            past = past + active.astype(np.int32)
+            step += 1
+        total_ms = (time.perf_counter() - start) * 1e3
+        for row, state in enumerate(cohort):
+            codes = np.array(frames[row], np.int64).reshape(-1, self.groups)
+            state.outputs[f"{self.stage.id}:codes"] = codes
+            state.details[self.stage.id] = {
+                "frames": len(codes),
+                "finish_reason": finish[row],
+                "voice": state.prepared[self.stage.id],
+                "talker_ms": round(total_ms - cp_ms, 3),
+                "code_predictor_ms": round(cp_ms, 3),
+                "cohort_size": n,
+            }
+
+    def _complete_frames(
+        self,
+        cp: DecoderSession,
+        last_hidden: np.ndarray,
+        code0: np.ndarray,
+        active: np.ndarray,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The code predictor's loop for one frame of every active row: prefill [hidden, E(c0)],
+        then one step per residual group; returns codes [n, G] and the frame's summed embedding."""
+        n = len(code0)
+        e0 = self.codec_embedding[code0]
+        q = active.astype(np.int32)
+        codes = np.zeros((n, self.groups), np.int64)
+        codes[:, 0] = code0
+        total = e0.astype(np.float32).copy()
+        x = np.stack([last_hidden, e0], axis=1)
+        past = np.zeros(n, np.int32)
+        for group in range(1, self.groups):
+            width = x.shape[1]
+            out = cp.run(
+                x,
+                text_positions(past, width, False),
+                past,
+                q * width,
+                np.full(n, width - 1, np.int64),
+                lm_head_index=np.array([group - 1], np.int64),
+            )
+            codes[:, group] = sample(out["logits"], params, rng)
+            emb = self.cp_embeddings[group - 1][codes[:, group]]
+            total += emb
+            past = past + width
+            x = emb[:, None, :]
+        return codes, total
+
+    def _sampling(self, request: Any) -> tuple[SamplingParams, SamplingParams, int]:
+        """talker_* keys for the first code, cp_* (or subtalker_*) keys for the residual codes.
+
+        The residual codes follow the talker: greedy when it is greedy, otherwise transformers'
+        top_k 50 / top_p 0.8 unless cp_* keys say otherwise."""
+        extra = dict(request.extra_sampling)
+        talker = SamplingParams(
+            temperature=float(extra.get("talker_temperature", 0.9)),
+            top_k=int(extra.get("talker_top_k", 50)),
+            top_p=float(extra.get("talker_top_p", 1.0)),
+            repetition_penalty=float(extra.get("talker_repetition_penalty", 1.05)),
+            seed=request.sampling.seed,
+        )
+
+        def cp(key: str, default: float) -> float:
+            return extra.get(f"cp_{key}", extra.get(f"subtalker_{key}", default))
+
+        if talker.greedy and not any(k.startswith(("cp_", "subtalker_")) for k in extra):
+            residual = SamplingParams(temperature=0.0, top_k=1, top_p=1.0)
+        else:
+            residual = SamplingParams(
+                temperature=float(cp("temperature", 1.0)),
+                top_k=int(cp("top_k", 50)),
+                top_p=float(cp("top_p", 0.8)),
+            )
+        return talker, residual, int(extra.get("talker_max_new_tokens", DEFAULT_MAX_FRAMES))
