@@ -232,8 +232,13 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
         seqlens_k = ctx.fresh("attn_seqlens_k")
         max_total = ctx.fresh("attn_max_total")
         one = ctx.constant("attn_one_i32", np.array(1, dtype=np.int32))
+        zero = ctx.constant("attn_zero_i32", np.array(0, dtype=np.int32))
+        last = ctx.fresh("attn_last_index")
         ctx.emit(helper.make_node("Add", [past_lens, query_lens], [total]))
-        ctx.emit(helper.make_node("Sub", [total, one], [seqlens_k]))
+        ctx.emit(helper.make_node("Sub", [total, one], [last]))
+        # a row with nothing cached and nothing new (an idle row) would be -1, which GQA rejects;
+        # with query_seqlens 0 it writes nothing either way
+        ctx.emit(helper.make_node("Max", [last, zero], [seqlens_k]))
         ctx.emit(helper.make_node("ReduceMax", [total], [max_total], keepdims=0))
         ctx.cache[key] = (seqlens_k, max_total)
     seqlens_k, max_total = ctx.cache[key]

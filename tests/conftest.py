@@ -24,3 +24,21 @@ def qwen3_engine(qwen3_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     graph = build(qwen3_ckpt, engine_dir, args)
     assert graph is not None and graph.is_file()
     return engine_dir
+
+
+@pytest.fixture(scope="session")
+def omni_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edgeomni.export.tiny_omni import make_qwen3_omni
+
+    return make_qwen3_omni(tmp_path_factory.mktemp("omni") / "ckpt")
+
+
+@pytest.fixture(scope="session")
+def omni_engine(omni_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+
+    engine_dir = tmp_path_factory.mktemp("omni-engine") / "eng"
+    args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
+    assert build(omni_ckpt, engine_dir, args) is not None
+    return engine_dir

@@ -14,7 +14,7 @@ B, HQ, HKV, D, C = 3, 4, 2, 16, 32
 # (query length S, per-row query_lens): ragged prefill from empty, decode, chunked prefill with
 # an idle row, decode with a finished row, and a full chunk.
 SCHEDULE = [
-    (5, [5, 3, 1]),
+    (5, [5, 3, 0]),
     (1, [1, 1, 1]),
     (1, [1, 1, 1]),
     (3, [3, 2, 0]),

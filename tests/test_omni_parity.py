@@ -1,0 +1,143 @@
+"""Qwen3-Omni through edge-infer reproduces transformers on a tiny random checkpoint: thinker
+tokens and all 16 code groups identical (greedy), audio within 1e-4 of transformers' waveform."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeomni.runtime import cli
+from edgeomni.runtime.audio import read_wav
+from edgeomni.runtime.safetensors_np import load
+
+sys.path.insert(0, str(Path(__file__).parent))
+import omni_reference as ref  # noqa: E402
+
+# the tiny talker runs the first prompt to the frame cap and stops the second with codec EOS
+PROMPTS = ["Hello! How are you today?", "The quick brown fox.", "What is the capital of France?"]
+MAX_NEW, MAX_FRAMES = 16, 30
+GREEDY = {"top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": MAX_FRAMES + 1}
+# ORT and torch differ by ~1e-5 on code2wav (float32 rounding); audio peaks near 0.5
+AUDIO_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def references(omni_ckpt: Path) -> list[ref.OmniReference]:
+    bundle = ref.load_bundle(omni_ckpt)
+    return [
+        ref.reference_text(bundle, p, max_new_tokens=MAX_NEW, max_frames=MAX_FRAMES)
+        for p in PROMPTS
+    ]
+
+
+def run(
+    engine: Path, tmp: Path, requests: list[dict], *flags: str, sampling=GREEDY
+) -> tuple[int, list[dict]]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "r.json").write_text(json.dumps({"max_generate_length": MAX_NEW, "requests": requests}))
+    code = cli.main(
+        ["--config", str(engine), "--input-file", str(tmp / "r.json"),
+         "--output-file", str(tmp / "p.json"), "--sampling", json.dumps(sampling), *flags]
+    )  # fmt: skip
+    return code, json.loads((tmp / "p.json").read_text())["responses"]
+
+
+def requests_for(prompts: list[str], **extra) -> list[dict]:
+    return [{"messages": ref.messages_for(p), **extra} for p in prompts]
+
+
+def test_text_to_speech_matches_transformers(omni_engine, references, tmp_path) -> None:
+    code, entries = run(
+        omni_engine, tmp_path, requests_for(PROMPTS), "--output-audio-dir", str(tmp_path / "a")
+    )
+    assert code == cli.EXIT_OK
+    for entry, expected in zip(entries, references, strict=True):
+        assert entry["stages"]["thinker"]["output_tokens"] == expected.thinker_tokens
+        assert entry["output_text"] == expected.text
+        codes = np.asarray(load(entry["rvq_file"])["codes"])
+        assert codes.shape == expected.codes.shape and codes.shape[1] == 16
+        np.testing.assert_array_equal(codes, expected.codes)
+        audio, rate = read_wav(entry["audio_file"])
+        assert rate == entry["audio_sample_rate"] == 24000
+        assert entry["audio_samples"] == len(expected.wav)
+        # the WAV is 16-bit: compare the float audio through the codes' own decode instead
+        assert np.abs(audio - expected.wav).max() < 2 / 32768 + AUDIO_ATOL
+    finishes = {e["stages"]["talker"]["finish_reason"] for e in entries}
+    assert finishes == {"eos", "length"}  # both ways a talker stops are exercised
+
+
+def test_cohort_equals_requests_alone(omni_engine, references, tmp_path) -> None:
+    """Three prompts of different lengths in one cohort give each request's solo codes."""
+    code, entries = run(
+        omni_engine, tmp_path, requests_for(PROMPTS), "--batch-size", "3",
+        "--output-audio-dir", str(tmp_path / "a"),
+    )  # fmt: skip
+    assert code == cli.EXIT_OK
+    assert {e["stages"]["talker"]["cohort_size"] for e in entries} == {3}
+    for entry, expected in zip(entries, references, strict=True):
+        assert entry["stages"]["thinker"]["output_tokens"] == expected.thinker_tokens
+        np.testing.assert_array_equal(np.asarray(load(entry["rvq_file"])["codes"]), expected.codes)
+
+
+def test_text_only_request_runs_no_speech_stage(omni_engine, references, tmp_path) -> None:
+    code, entries = run(omni_engine, tmp_path, requests_for(PROMPTS[:1]))
+    assert code == cli.EXIT_OK
+    assert set(entries[0]["stages"]) == {"thinker"}
+    assert "audio_file" not in entries[0]
+    assert entries[0]["stages"]["thinker"]["output_tokens"] == references[0].thinker_tokens
+
+
+def test_windowed_audio_equals_whole_utterance(omni_engine, references, tmp_path) -> None:
+    """With windows of 8 frames (several per utterance), the joined audio equals one pass."""
+    eng = tmp_path / "eng"
+    shutil.copytree(omni_engine, eng)
+    graph = json.loads((eng / "multistage_config.json").read_text())
+    vocoder = next(s for s in graph["stages"] if s["id"] == "code2wav")
+    vocoder["config"] = {"window_frames": 8, "left_context_frames": 25}
+    (eng / "multistage_config.json").write_text(json.dumps(graph))
+    long_prompt = PROMPTS[0]  # the one that runs to the frame cap
+    _, windowed = run(
+        eng, tmp_path / "w", requests_for([long_prompt]), "--output-audio-dir", str(tmp_path / "w")
+    )
+    _, whole = run(
+        eng, tmp_path / "u", requests_for([long_prompt]), "--output-audio-dir", str(tmp_path / "u"),
+        "--whole-utterance",
+    )  # fmt: skip
+    w, u = windowed[0]["stages"]["code2wav"], whole[0]["stages"]["code2wav"]
+    assert (w["mode"], u["mode"]) == ("windowed", "whole")
+    assert w["windows"] >= 3 and u["windows"] == 1
+    a, _ = read_wav(windowed[0]["audio_file"])
+    b, _ = read_wav(whole[0]["audio_file"])
+    assert len(a) == len(b) == len(references[0].wav)
+    assert np.abs(a - b).max() <= 2 / 32768
+
+
+def test_unknown_voice_lists_the_voices(omni_engine, tmp_path) -> None:
+    reqs = requests_for(PROMPTS[:1], voice="nobody") + requests_for(PROMPTS[:1], voice="Chelsie")
+    code, entries = run(omni_engine, tmp_path, reqs, "--output-audio-dir", str(tmp_path / "a"))
+    assert code == cli.EXIT_REQUESTS_FAILED
+    assert not entries[0]["ok"] and "chelsie, ethan" in entries[0]["error"]
+    assert entries[1]["ok"] and entries[1]["stages"]["talker"]["voice"] == "chelsie"
+
+
+def test_missing_required_input_fails_only_those_requests(omni_engine, tmp_path) -> None:
+    """A graph whose talker requires a voice: requests without one fail alone, and text-only
+    requests (which do not need the talker) still succeed."""
+    eng = tmp_path / "eng"
+    shutil.copytree(omni_engine, eng)
+    graph = json.loads((eng / "multistage_config.json").read_text())
+    talker = next(s for s in graph["stages"] if s["id"] == "talker")
+    next(i for i in talker["inputs"] if i["name"] == "voice")["on_missing"] = "fail"
+    (eng / "multistage_config.json").write_text(json.dumps(graph))
+    reqs = requests_for(PROMPTS[:1]) + requests_for(PROMPTS[:1], voice="ethan")
+    code, entries = run(eng, tmp_path, reqs, "--output-audio-dir", str(tmp_path / "a"))
+    assert code == cli.EXIT_REQUESTS_FAILED
+    assert not entries[0]["ok"] and "voice" in entries[0]["error"]
+    assert entries[1]["ok"] and "audio_file" in entries[1]
+    code, entries = run(eng, tmp_path / "t", requests_for(PROMPTS[:1]))  # text only: no talker
+    assert code == cli.EXIT_OK and entries[0]["ok"]
