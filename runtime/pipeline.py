@@ -163,18 +163,46 @@ class Pipeline:
         return self._entries(len(requests), states, failed)
 
     def _run_cohort(self, cohort: list[RequestState], batch_size: int) -> None:
-        for stage_id in cohort[0].plan.stages:
+        started = time.perf_counter()
+        for state in cohort:
+            state.started = started
+        stages = cohort[0].plan.stages
+        for pos, stage_id in enumerate(stages):
             runner = self.runner(stage_id)
             width = min(batch_size, getattr(runner, "max_batch", batch_size))
             alive = [s for s in cohort if s.error is None]  # a failed request leaves its cohort
             for lo in range(0, len(alive), width):  # a cohort never exceeds the build's max_batch
                 part = alive[lo : lo + width]
                 t = time.perf_counter()
-                runner.run(part)
+                sinks = self._stream_sinks(stage_id, stages[pos + 1 :], part)
+                if sinks:
+                    runner.run(part, sinks=sinks)
+                else:
+                    runner.run(part)
                 prof = self.profile.stages.setdefault(stage_id, StageProfile())
                 prof.calls += 1
                 prof.requests += len(part)
                 prof.seconds += time.perf_counter() - t
+
+    def _stream_sinks(
+        self, stage_id: str, later: Sequence[str], part: list[RequestState]
+    ) -> dict[int, Any]:
+        """Downstream stages that consume this stage's ports as they are made (the vocoder
+        reading the talker's frames): request index -> the callable to feed."""
+        sinks: dict[int, Any] = {}
+        for consumer in later:
+            if not any(
+                i.source.startswith(stage_id + ":") for i in self.graph.stage(consumer).inputs
+            ):
+                continue
+            make = getattr(self.runner(consumer), "stream_sink", None)
+            if make is None:
+                continue
+            for state in part:
+                sink = make(state)
+                if sink is not None:
+                    sinks[state.index] = sink
+        return sinks
 
     def _entries(
         self, count: int, states: list[RequestState], failed: dict[int, str]

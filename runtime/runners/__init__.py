@@ -37,6 +37,7 @@ class RequestState:
     details: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage id -> report
     prepared: dict[str, Any] = field(default_factory=dict)  # stage id -> runner's own input
     wanted: frozenset[str] = frozenset()  # ports some planned stage reads or the request asked for
+    started: float = 0.0  # perf_counter when its cohort started: the origin of first-audio times
     error: str | None = None
 
 

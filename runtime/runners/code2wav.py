@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,16 @@ class Code2Wav:
         audio = np.concatenate([voc.push(codes), voc.flush()])
         return audio, voc.windows, "windowed" if not self.whole else "windowed (over max_frames)"
 
+    # -- streaming: windows vocoded while the talker runs -------------------------------------
+    def stream_sink(self, state: RequestState) -> Callable[[np.ndarray], None] | None:
+        """A callable the upstream stage feeds frames [k, Q] as it makes them, or None when this
+        stage vocodes whole utterances. Audio becomes final window by window; ``run`` flushes."""
+        if self.whole:
+            return None
+        stream = _Stream(self.vocoder())
+        state.prepared[self.stage.id] = stream
+        return stream.push
+
     # -- per cohort --------------------------------------------------------------------------
     def run(self, cohort: Sequence[RequestState]) -> None:
         for state in cohort:
@@ -123,10 +133,17 @@ class Code2Wav:
                 state.details[self.stage.id] = {"error": str(e)}
                 continue
             start = time.perf_counter()
-            audio, calls, mode = self.vocode(codes)
-            seconds = time.perf_counter() - start
+            stream = state.prepared.get(self.stage.id)
+            if isinstance(stream, _Stream) and stream.frames == len(codes):
+                audio, calls, mode = stream.finish(), stream.vocoder.windows, "streamed"
+                seconds = stream.seconds + time.perf_counter() - start
+            else:
+                audio, calls, mode = self.vocode(codes)
+                seconds = time.perf_counter() - start
             state.outputs[f"{self.stage.id}:{AUDIO_PORT}"] = audio
+            first = getattr(stream, "first_audio", None) or time.perf_counter()
             state.details[self.stage.id] = {
+                "first_audio_ms": round((first - state.started) * 1e3, 3),
                 "frames": len(codes),
                 "samples": int(audio.size),
                 "sample_rate": self.sample_rate,
@@ -137,3 +154,30 @@ class Code2Wav:
                 "window_frames": self.window,
                 "left_context_frames": self.left_context,
             }
+
+
+class _Stream:
+    """One request's vocoding while its frames arrive: pieces, timing, first-audio time."""
+
+    def __init__(self, vocoder: WindowedVocoder) -> None:
+        self.vocoder = vocoder
+        self.pieces: list[np.ndarray] = []
+        self.frames = 0
+        self.seconds = 0.0
+        self.first_audio: float | None = None
+
+    def push(self, frames: np.ndarray) -> None:
+        start = time.perf_counter()
+        self.frames += len(frames)
+        piece = self.vocoder.push(np.asarray(frames, np.int64))
+        if piece.size:
+            self.pieces.append(piece)
+            if self.first_audio is None:
+                self.first_audio = time.perf_counter()
+        self.seconds += time.perf_counter() - start
+
+    def finish(self) -> np.ndarray:
+        self.pieces.append(self.vocoder.flush())
+        if self.first_audio is None:
+            self.first_audio = time.perf_counter()
+        return np.concatenate(self.pieces).astype(np.float32, copy=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,7 +155,14 @@ class Talker:
         return _Prefill(np.concatenate([user_rows, text_track + codec_track]), trailing)
 
     # -- per cohort --------------------------------------------------------------------------
-    def run(self, cohort: Sequence[RequestState]) -> None:
+    def run(
+        self,
+        cohort: Sequence[RequestState],
+        sinks: Mapping[int, Callable[[np.ndarray], None]] | None = None,
+    ) -> None:
+        """``sinks``: request index -> a callable fed each new frame [1, G] as it is made (the
+        vocoder downstream, so audio is made while the talker runs)."""
+        sinks = sinks or {}
         prefills = []
         for state in cohort:
             try:
@@ -218,6 +225,9 @@ class Talker:
                 nxt[row] += trailing[step] if step < len(trailing) else self.tts_pad
                 if active[row]:
                     frames[row].append(codes[row])
+                    sink = sinks.get(cohort[row].index)
+                    if sink is not None:
+                        sink(codes[row][None])
             out = session.run(
                 nxt[:, None, :],
                 text_positions(past, 1, True),
