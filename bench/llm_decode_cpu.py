@@ -183,10 +183,13 @@ def main() -> int:
     ckpt, engine = args.work / f"qwen3-0.6b-L{args.layers}", args.work / f"engine-L{args.layers}"
     make_checkpoint(ckpt, args.layers)
     build_s = build(ckpt, engine, capacity=512)
+    # bandwidth is measured before and after the timed runs and the best is kept: a shared
+    # machine's bandwidth varies, and the bound must not be understated
     bw = read_bandwidth_gbs()
     ours = time_edgeomni(engine, args.new_tokens, args.repeats)
     eager = time_transformers(ckpt, engine, "eager", args.new_tokens, args.repeats)
     sdpa = time_transformers(ckpt, engine, "sdpa", args.new_tokens, args.repeats)
+    bw = {k: max(v, w) for (k, v), w in zip(bw.items(), read_bandwidth_gbs().values(), strict=True)}
     context = ours["prompt_tokens"] + args.new_tokens // 2
     traffic = bytes_per_step(args.layers, context)
     best_bw = max(bw.values())
