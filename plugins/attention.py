@@ -1,4 +1,4 @@
-"""edgeomni::Attention: causal (or windowed) attention over a fixed-capacity, in-place KV cache.
+"""edgeomni::CachedAttention: causal, windowed or bidirectional attention over an in-place KV cache.
 
 Defined once here; every decoder the exporter writes calls it once per layer.
 
@@ -15,7 +15,10 @@ Outputs:
   1 ``present_key``   the same buffer as ``past_key`` when bound in place
   2 ``present_value`` the same buffer as ``past_value``
 Attributes: ``num_heads``, ``kv_num_heads``, ``scale`` (0 means 1/sqrt(D)), ``window`` (0 means
-none; otherwise each query sees its last ``window`` keys, itself included).
+none; otherwise each query sees its last ``window`` keys, itself included), ``causal`` (1, the
+default: each query sees the keys up to its own position; 0: every valid query of a row sees all
+of the row's ``past_lens + query_lens`` keys, past and new, as an encoder needs; ``window`` must
+then be 0).
 
 Token ``i`` of row ``b`` sits at position ``past_lens[b] + i``: prefill, decode and chunked prefill
 are one call with different lengths, and rows of a batch have their own lengths.
@@ -29,7 +32,9 @@ from typing import Any
 import numpy as np
 
 DOMAIN = "edgeomni"
-OP_TYPE = "Attention"
+# not "Attention": ONNX has a standard op of that name, and onnx.reference (which onnxscript's
+# optimizer imports) refuses two schemas that share a name across domains
+OP_TYPE = "CachedAttention"
 VERSION = 1
 INPUTS = ("q", "k", "v", "past_key", "past_value", "past_lens", "query_lens")
 OUTPUTS = ("out", "present_key", "present_value")
@@ -51,8 +56,11 @@ def reference(
     kv_num_heads: int,
     scale: float = 0.0,
     window: int = 0,
+    causal: int = 1,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The op's meaning, spelled out row by row; returns (out, present_key, present_value)."""
+    if not causal and window:
+        raise ValueError("a sliding window needs causal attention (causal=0 takes window=0)")
     b_size, s_len, _ = q.shape
     head_dim = past_key.shape[-1]
     capacity = past_key.shape[2]
@@ -73,9 +81,10 @@ def reference(
         for i in range(new):
             pos = past + i
             lo = max(0, pos + 1 - window) if window else 0
+            hi = pos + 1 if causal else past + new
             for h in range(num_heads):
-                keys = present_key[b, h // group, lo : pos + 1].astype(np.float64)
-                vals = present_value[b, h // group, lo : pos + 1].astype(np.float64)
+                keys = present_key[b, h // group, lo:hi].astype(np.float64)
+                vals = present_value[b, h // group, lo:hi].astype(np.float64)
                 scores = keys @ qh[b, i, h].astype(np.float64) * scale
                 p = np.exp(scores - scores.max())
                 p /= p.sum()
@@ -90,7 +99,7 @@ _registered: dict[str, Any] = {}
 
 
 def register_onnx_schema() -> None:
-    """Declare edgeomni::Attention to onnx once per process."""
+    """Declare edgeomni::CachedAttention to onnx once per process."""
     if "schema" in _registered:
         return
     import onnx
@@ -118,6 +127,9 @@ def register_onnx_schema() -> None:
             OpSchema.Attribute(
                 "window", helper.make_attribute("window", 0), "sliding window in keys; 0: none"
             ),
+            OpSchema.Attribute(
+                "causal", helper.make_attribute("causal", 1), "1: causal; 0: bidirectional"
+            ),
         ],
         doc=__doc__,
     )
@@ -135,7 +147,8 @@ def torch_op() -> Any:
 
     schema = (
         "(Tensor q, Tensor k, Tensor v, Tensor past_key, Tensor past_value, Tensor past_lens, "
-        "Tensor query_lens, int num_heads, int kv_num_heads, float scale, int window) "
+        "Tensor query_lens, int num_heads, int kv_num_heads, float scale, int window, "
+        "int causal=1) "
         "-> (Tensor, Tensor, Tensor)"
     )
 
@@ -152,6 +165,7 @@ def torch_op() -> Any:
         kv_num_heads: int,
         scale: float,
         window: int,
+        causal: int = 1,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out, pk, pv = reference(
             q.detach().float().numpy(),
@@ -165,6 +179,7 @@ def torch_op() -> Any:
             kv_num_heads=kv_num_heads,
             scale=scale,
             window=window,
+            causal=causal,
         )
         return (
             torch.from_numpy(out).to(q.dtype),
@@ -174,7 +189,18 @@ def torch_op() -> Any:
 
     @attention.register_fake
     def _(
-        q, k, v, past_key, past_value, past_lens, query_lens, num_heads, kv_num_heads, scale, window
+        q,
+        k,
+        v,
+        past_key,
+        past_value,
+        past_lens,
+        query_lens,
+        num_heads,
+        kv_num_heads,
+        scale,
+        window,
+        causal=1,
     ):  # noqa: ANN001
         return torch.empty_like(q), torch.empty_like(past_key), torch.empty_like(past_value)
 
@@ -192,9 +218,20 @@ def onnx_translation() -> dict[Any, Any]:
     opset = onnxscript.values.Opset(DOMAIN, VERSION)
 
     def translate(
-        q, k, v, past_key, past_value, past_lens, query_lens, num_heads, kv_num_heads, scale, window
+        q,
+        k,
+        v,
+        past_key,
+        past_value,
+        past_lens,
+        query_lens,
+        num_heads,
+        kv_num_heads,
+        scale,
+        window,
+        causal=1,
     ):  # noqa: ANN001
-        return opset.Attention(
+        return getattr(opset, OP_TYPE)(
             q,
             k,
             v,
@@ -206,6 +243,7 @@ def onnx_translation() -> dict[Any, Any]:
             kv_num_heads=kv_num_heads,
             scale=scale,
             window=window,
+            causal=causal,
             _outputs=3,
         )
 
@@ -225,6 +263,8 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
     from onnx import helper
 
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if not int(attrs.get("causal", 1)):
+        return _lower_bidirectional(node, ctx, attrs)
     q, k, v, pk, pv, past_lens, query_lens = node.input
     key = ("gqa_lens", past_lens, query_lens)
     if key not in ctx.cache:
@@ -262,6 +302,80 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
             **kwargs,
         )
     ]
+
+
+def _lower_bidirectional(node: Any, ctx: Any, attrs: dict[str, Any]) -> list[Any]:
+    """causal=0 as plain ONNX ops, because GroupQueryAttention cannot do it in general.
+
+    ORT 1.32's GQA has ``causal=0`` but rejects it together with ``query_seqlens``, and without
+    that input it is exact only when every past length is 0 or every row adds one token: a
+    right-padded chunk after a past comes out wrong with no error (measured). So the cache update
+    gathers each row's new keys to their positions and a Where keeps every other cache row (a
+    buffer bound in place stays valid); attention is MatMul / Softmax over the whole cache with
+    keys at or past ``past_lens + query_lens`` masked out. Query heads are grouped as
+    [B, Hkv, group, S, D], so kv heads are never copied.
+    """
+    from onnx import TensorProto, helper
+
+    if int(attrs.get("window", 0)):
+        raise ValueError(f"{node.name!r}: a sliding window needs causal=1")
+    hkv = int(attrs["kv_num_heads"])
+    group = int(attrs["num_heads"]) // hkv
+    q, k, v, pk, pv, past_lens, query_lens = node.input
+    out_name, present_key, present_value = node.output
+    nodes: list[Any] = []
+
+    def op(op_type: str, *inputs: str, out: str | None = None, **kw: Any) -> str:
+        name = out or ctx.fresh("attn_nc_" + op_type.lower())
+        nodes.append(helper.make_node(op_type, list(inputs), [name], **kw))
+        return name
+
+    def ints(*values: int) -> str:
+        stem = "attn_nc_i64_" + "_".join(str(x).replace("-", "m") for x in values)
+        return ctx.constant(stem, np.array(values, np.int64))
+
+    def scalar(value: int) -> str:
+        return ctx.constant(f"attn_nc_scalar_{value}", np.array(value, np.int64))
+
+    # per row b and cache slot c: is c a valid key (< past + new), is it new, which token it is
+    past = op("Cast", past_lens, to=TensorProto.INT64)
+    total = op("Add", past, op("Cast", query_lens, to=TensorProto.INT64))
+    capacity = op("Squeeze", op("Shape", pk, start=2, end=3))
+    slots = op("Range", scalar(0), capacity, scalar(1))  # [C]
+    rel = op("Sub", slots, op("Unsqueeze", past, ints(1)))  # [B, C]: slot - past_b
+    valid_key = op("Less", slots, op("Unsqueeze", total, ints(1)))  # [B, C]
+    is_new = op("And", valid_key, op("GreaterOrEqual", rel, scalar(0)))
+    last_token = op("Squeeze", op("Sub", op("Shape", k, start=1, end=2), ints(1)))
+    token = op("Unsqueeze", op("Clip", rel, scalar(0), last_token), ints(2))  # [B, C, 1]
+    write = op("Unsqueeze", is_new, ints(1, 3))  # [B, 1, C, 1]
+
+    def update(x: str, cache: str, result: str) -> str:
+        per_head = op("Reshape", x, ints(0, 0, hkv, -1))  # [B, S, Hkv, D]
+        moved = op("GatherND", per_head, token, batch_dims=1)  # [B, C, Hkv, D]
+        moved = op("Transpose", moved, perm=[0, 2, 1, 3])
+        return op("Where", write, moved, cache, out=result)
+
+    keys = update(k, pk, present_key)
+    values = update(v, pv, present_value)
+
+    if attrs.get("scale"):
+        bits = int(np.float32(attrs["scale"]).view(np.uint32))
+        value = ctx.constant(f"attn_nc_scale_{bits:08x}", np.float32(attrs["scale"]))
+        scale = op("CastLike", value, q)
+    else:  # 1/sqrt(head_dim), head_dim read from the cache's shape
+        head_dim = op("CastLike", op("Shape", pk, start=3, end=4), q)
+        scale = op("Reciprocal", op("Sqrt", head_dim))
+    q5 = op("Reshape", q, ints(0, 0, hkv, group, -1))  # [B, S, Hkv, g, D]
+    q5 = op("Mul", op("Transpose", q5, perm=[0, 2, 3, 1, 4]), scale)  # [B, Hkv, g, S, D]
+    k_t = op("Transpose", op("Unsqueeze", keys, ints(2)), perm=[0, 1, 2, 4, 3])  # [B,Hkv,1,D,C]
+    scores = op("MatMul", q5, k_t)  # [B, Hkv, g, S, C]
+    lowest = op("CastLike", ctx.constant("attn_nc_lowest", np.float32(-1e30)), q)
+    masked = op("Where", op("Unsqueeze", valid_key, ints(1, 2, 3)), scores, lowest)
+    probs = op("Softmax", masked, axis=-1)
+    heads = op("MatMul", probs, op("Unsqueeze", values, ints(2)))  # [B, Hkv, g, S, D]
+    heads = op("Transpose", heads, perm=[0, 3, 1, 2, 4])  # [B, S, Hkv, g, D]
+    op("Reshape", heads, ints(0, 0, -1), out=out_name)
+    return nodes
 
 
 LOWERINGS = {"onnxruntime": lower_onnxruntime}

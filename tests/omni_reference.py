@@ -63,8 +63,7 @@ class OmniBundle:
     tokenizer: Any
     processor: Any | None  # AutoProcessor, or None where Pillow/torchvision are missing
     feature_extractor: Any
-    image_settings: dict[str, Any]
-    chat_template: str
+    image_settings: dict[str, Any]  # processor_config.json's image_processor entry
 
 
 @contextlib.contextmanager
@@ -112,7 +111,6 @@ def load_bundle(ckpt: Path) -> OmniBundle:
         processor=processor,
         feature_extractor=feature_extractor,
         image_settings=image_settings,
-        chat_template=(ckpt / "chat_template.jinja").read_text(),
     )
 
 

@@ -1,4 +1,4 @@
-"""edgeomni::Attention: the ONNX Runtime lowering equals the numpy reference, in place."""
+"""edgeomni::CachedAttention: the ONNX Runtime lowering equals the numpy reference, in place."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ SCHEDULE = [
 ]
 
 
-def attention_model(window: int) -> bytes:
+def attention_model(window: int, causal: int = 1) -> bytes:
     attention.register_onnx_schema()
     f = TensorProto.FLOAT
     vi = helper.make_tensor_value_info
@@ -42,27 +42,31 @@ def attention_model(window: int) -> bytes:
         vi("present_value", f, [None, HKV, None, D]),
     ]
     node = helper.make_node(
-        "Attention",
+        attention.OP_TYPE,
         [i.name for i in inputs],
         [o.name for o in outputs],
         domain=attention.DOMAIN,
         num_heads=HQ,
         kv_num_heads=HKV,
         window=window,
+        causal=causal,
     )
     model = helper.make_model(
         helper.make_graph([node], "attn", inputs, outputs),
         opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(attention.DOMAIN, 1)],
     )
     lower_model(model, "onnxruntime")
-    assert [n.op_type for n in model.graph.node][-1] == "GroupQueryAttention"
+    # causal=0 is lowered to plain ops: GQA rejects causal=0 with query_seqlens
+    fused = any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+    assert fused == bool(causal)
     assert all(n.domain != attention.DOMAIN for n in model.graph.node)
     return model.SerializeToString()
 
 
-@pytest.mark.parametrize("window", [0, 4])
-def test_lowering_matches_reference_in_place(window: int) -> None:
-    sess = ort.InferenceSession(attention_model(window), providers=["CPUExecutionProvider"])
+@pytest.mark.parametrize(("window", "causal"), [(0, 1), (4, 1), (0, 0)])
+def test_lowering_matches_reference_in_place(window: int, causal: int) -> None:
+    model = attention_model(window, causal)
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     key_cache = np.zeros((B, HKV, C, D), np.float32)
     value_cache = np.zeros_like(key_cache)
@@ -77,8 +81,9 @@ def test_lowering_matches_reference_in_place(window: int) -> None:
         v = rng.standard_normal((B, s_len, HKV * D), dtype=np.float32)
         before = key_cache.copy()
         ref_out, ref_k, ref_v = attention.reference(
-            q, k, v, ref_k, ref_v, past, query_lens, num_heads=HQ, kv_num_heads=HKV, window=window
-        )
+            q, k, v, ref_k, ref_v, past, query_lens,
+            num_heads=HQ, kv_num_heads=HKV, window=window, causal=causal,
+        )  # fmt: skip
         io = sess.io_binding()
         for name, arr in (
             ("q", q),
@@ -105,6 +110,21 @@ def test_lowering_matches_reference_in_place(window: int) -> None:
         for b, pos in changed:
             assert past[b] <= pos < past[b] + query_lens[b]
         past = past + query_lens
+
+
+def test_bidirectional_sees_later_keys() -> None:
+    """causal=0 differs from causal=1 exactly where a query has later keys in its row."""
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, 3, HQ * D), dtype=np.float32)
+    kv = rng.standard_normal((1, 3, HKV * D), dtype=np.float32)
+    cache = np.zeros((1, HKV, 4, D), np.float32)
+    lens = np.array([0], np.int32), np.array([3], np.int32)
+    kw = {"num_heads": HQ, "kv_num_heads": HKV}
+    both = [attention.reference(q, kv, kv, cache, cache, *lens, causal=c, **kw)[0] for c in (0, 1)]
+    np.testing.assert_array_equal(both[0][0, 2], both[1][0, 2])  # the last query sees all anyway
+    assert np.abs(both[0][0, :2] - both[1][0, :2]).min() > 0
+    with pytest.raises(ValueError, match="window"):
+        attention.reference(q, kv, kv, cache, cache, *lens, causal=0, window=2, **kw)
 
 
 def test_reference_rejects_overflow() -> None:

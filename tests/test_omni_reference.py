@@ -150,8 +150,10 @@ def test_processor_files(omni_ckpt: Path, bundle: ref.OmniBundle) -> None:
     assert fe.sampling_rate == ref.SAMPLE_RATE_IN
     try:
         processor = AutoProcessor.from_pretrained(omni_ckpt)
-    except ValueError as err:  # this project installs neither Pillow nor torchvision
-        assert "Qwen2VLImageProcessor" in str(err) and "Missing optional dependencies" in str(err)
+    except (ImportError, ValueError) as err:
+        # The Qwen2-VL video processor needs torchvision (the image one Pillow or torchvision),
+        # which this project does not install: the classes resolve, only their backend is missing.
+        assert "Qwen2VL" in str(err) and "torchvision" in str(err).lower()
         assert bundle.processor is None
     else:
         assert type(processor).__name__ == "Qwen3OmniMoeProcessor"

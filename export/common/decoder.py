@@ -1,4 +1,4 @@
-"""A Qwen3-style decoder whose attention is the edgeomni::Attention plugin op.
+"""A Qwen3-style decoder whose attention is the edgeomni::CachedAttention plugin op.
 
 Module and parameter names follow Hugging Face's (``model.layers.N.self_attn.o_proj.weight``) so a
 family maps checkpoint weights by name; the packed projections (``qkv_proj``, ``gate_up_proj``)

@@ -14,6 +14,7 @@ from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
+from edgeomni.runtime.prompt import MediaEncoders, Prompt, media_parts
 from edgeomni.runtime.runners import RequestError, RequestState
 from edgeomni.runtime.sampling import sample
 from edgeomni.runtime.tokenizer import TextTokenizer
@@ -23,12 +24,16 @@ def message_text(message: Mapping[str, Any]) -> str:
     content = message.get("content", "")
     if isinstance(content, str):
         return content
-    parts = []
-    for part in content:
-        if part.get("type") != "text":
-            raise RequestError(f"this stage reads text only; got a {part.get('type')!r} part")
-        parts.append(part["text"])
-    return "".join(parts)
+    return "".join(part["text"] for part in content if part.get("type") == "text")
+
+
+def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """Text-only content goes to the chat template as one string (what simple templates expect);
+    content with media parts goes as its part list, which the model's template renders."""
+    content = message.get("content", "")
+    if isinstance(content, str) or all(p.get("type") == "text" for p in content):
+        return {"role": message["role"], "content": message_text(message)}
+    return {"role": message["role"], "content": [dict(p) for p in content]}
 
 
 class LLMBackbone:
@@ -53,6 +58,7 @@ class LLMBackbone:
         self.mrope = bool(cfg.get("mrope_section"))
         self.deepstack = int(cfg.get("deepstack_layers") or 0)
         self.hidden_layer = cfg.get("hidden_output_layer")
+        self.media = MediaEncoders(folder, cfg, threads=threads)
         self.kv = KVCache(
             cfg["num_hidden_layers"],
             self.max_batch,
@@ -64,7 +70,7 @@ class LLMBackbone:
     # -- per request -------------------------------------------------------------------------
     def prompt_ids(self, request: Any) -> list[int]:
         if request.apply_chat_template and self.tokenizer.has_chat_template:
-            messages = [{"role": m["role"], "content": message_text(m)} for m in request.messages]
+            messages = [template_message(m) for m in request.messages]
             text = self.tokenizer.apply_chat_template(
                 messages,
                 add_generation_prompt=request.add_generation_prompt,
@@ -76,10 +82,15 @@ class LLMBackbone:
             text = "".join(message_text(m) for m in request.messages)
         return self.tokenizer.encode(text)
 
-    def prepare(self, state: RequestState) -> list[int]:
-        """Tokenize and check the request against the build's limits, before any cohort runs."""
-        ids = self.prompt_ids(state.request)
-        if not ids:
+    def prepare(self, state: RequestState) -> Prompt:
+        """Tokenize, encode media, and check the request against the build's limits, before any
+        cohort runs."""
+        parts = media_parts(state.request.messages)
+        if parts and not state.request.apply_chat_template:
+            raise RequestError("audio and image parts need apply_chat_template")
+        prompt = self.media.expand(self.prompt_ids(state.request), parts)
+        ids = prompt.ids
+        if not len(ids):
             raise RequestError("the prompt is empty")
         if len(ids) > self.max_input_len:
             raise RequestError(
@@ -93,7 +104,7 @@ class LLMBackbone:
                 f"({state.request.max_generate_length}) needs {need} cache slots; the engine was "
                 f"built with {self.capacity} (--max-kv-cache-capacity)"
             )
-        return ids
+        return prompt
 
     # -- per cohort --------------------------------------------------------------------------
     def run(self, cohort: Sequence[RequestState]) -> None:
@@ -113,18 +124,26 @@ class LLMBackbone:
         extra = {}
 
         lens = np.array([len(p) for p in prompts], np.int32)
-        ids = right_pad([np.asarray(p, np.int64) for p in prompts])
+        ids = right_pad([p.ids for p in prompts])
         width = ids.shape[1]
         embeds = self.embedding[ids]
+        zeros = np.zeros(n, np.int32)
+        positions = text_positions(zeros, width, self.mrope)
+        deltas = np.array([p.delta for p in prompts], np.int32)
         if self.deepstack:
             extra["deepstack_embeds"] = np.zeros(
                 (self.deepstack, n, width, self.hidden_size), np.float32
             )
-        zeros = np.zeros(n, np.int32)
+        for row, p in enumerate(prompts):  # media rows over their placeholders, 3-D positions
+            for begin, rows in p.spans:
+                embeds[row, begin : begin + len(rows)] = rows
+            for begin, deep in p.deepstack:
+                span = slice(begin, begin + deep.shape[1])
+                extra["deepstack_embeds"][:, row, span] = deep[: self.deepstack]
+            if p.positions is not None:
+                positions[:, row, : len(p)] = p.positions
         start = time.perf_counter()
-        out = session.run(
-            embeds, text_positions(zeros, width, self.mrope), zeros, lens, lens - 1, **extra
-        )
+        out = session.run(embeds, positions, zeros, lens, lens - 1, **extra)
         prefill_s = time.perf_counter() - start
         fed_hidden = (
             [[out["hidden_states"][r, : lens[r]].copy()] for r in range(n)] if keep_hidden else None
@@ -133,7 +152,7 @@ class LLMBackbone:
 
         generated: list[list[int]] = [[] for _ in range(n)]
         finish: list[str | None] = [None] * n
-        seen = [np.asarray(p, np.int64) for p in prompts]
+        seen = [p.ids for p in prompts]
         past = lens.copy()
         steps = 0
         if self.deepstack:
@@ -157,7 +176,7 @@ class LLMBackbone:
             step_embeds = self.embedding[tokens][:, None, :]
             out = session.run(
                 step_embeds,
-                text_positions(past, 1, self.mrope),
+                text_positions(past + deltas, 1, self.mrope),
                 past,
                 active.astype(np.int32),
                 np.zeros(n, np.int64),
@@ -182,7 +201,9 @@ class LLMBackbone:
                 # what the talker reads: every token fed to the thinker (the prompt and all
                 # generated tokens but the last), its input embedding and accept-layer state
                 state.outputs[hidden_port] = {
-                    "ids": np.asarray(list(prompts[row]) + out_ids, np.int64),
+                    "ids": np.concatenate([prompts[row].ids, np.asarray(out_ids, np.int64)]),
+                    "image_grids": prompts[row].image_grids,
+                    "audio_frames": prompts[row].audio_frames,
                     "prompt_len": len(prompts[row]),
                     "hidden": np.concatenate(fed_hidden[row]),
                     "embeds": np.concatenate(fed_embeds[row]).astype(np.float32),

@@ -23,6 +23,7 @@ from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
+from edgeomni.runtime.mrope import MropeIds, rope_index
 from edgeomni.runtime.runners import RequestError, RequestState
 from edgeomni.runtime.sampling import SamplingParams, sample
 
@@ -66,6 +67,8 @@ def _decoder_cache(cfg: dict[str, Any], rows: int, capacity: int) -> KVCache:
 class _Prefill:
     embeds: np.ndarray  # [L, H]
     trailing: np.ndarray  # [T, H] text rows fed one per step, then tts_pad
+    positions: np.ndarray | None = None  # [3, L] when a user turn holds an image
+    delta: int = 0  # decode positions are past_len + delta
 
 
 class Talker:
@@ -101,6 +104,8 @@ class Talker:
         band = np.arange(self.vocab_size - 1024, self.vocab_size)
         self.suppressed = band[band != self.ids["codec_eos"]]
         self.hidden_source = self._source("hidden")
+        self.mrope_ids = MropeIds(**cfg["mrope_ids"])
+        self.tts_pad_token = int(cfg["tts_pad_token_id"])
 
     def _source(self, name: str) -> str:
         for inp in self.stage.inputs:
@@ -152,7 +157,18 @@ class Talker:
             [np.zeros((3, self.hidden_size), np.float32), self.codec_embedding[codec_ids]]
         )
         trailing = np.concatenate([reply[4:], self.tts_eos[None]])
-        return _Prefill(np.concatenate([user_rows, text_track + codec_track]), trailing)
+        prefill = _Prefill(np.concatenate([user_rows, text_track + codec_track]), trailing)
+        if th.get("image_grids"):  # transformers' talker positions: its input ids and the grids
+            talker_ids = np.concatenate(
+                [prompt[user], np.full(len(text_track), self.tts_pad_token)]
+            )
+            prefill.positions, prefill.delta = rope_index(
+                talker_ids.tolist(),
+                self.mrope_ids,
+                image_grids=th["image_grids"],
+                audio_mel_frames=th.get("audio_frames") or (),
+            )
+        return prefill
 
     # -- per cohort --------------------------------------------------------------------------
     def run(
@@ -189,10 +205,13 @@ class Talker:
         )
         embeds = right_pad([p.embeds for p in prefills])
         zeros = np.zeros(n, np.int32)
+        positions = text_positions(zeros, embeds.shape[1], True)
+        for row, p in enumerate(prefills):
+            if p.positions is not None:
+                positions[:, row, : len(p.embeds)] = p.positions
+        deltas = np.array([p.delta for p in prefills], np.int32)
         start = time.perf_counter()
-        out = session.run(
-            embeds, text_positions(zeros, embeds.shape[1], True), zeros, lens, lens - 1
-        )
+        out = session.run(embeds, positions, zeros, lens, lens - 1)
         first: list[list[int]] = [[] for _ in range(n)]  # each row's sampled first codes
         frames: list[list[np.ndarray]] = [[] for _ in range(n)]
         finish: list[str | None] = [None] * n
@@ -230,7 +249,7 @@ class Talker:
                         sink(codes[row][None])
             out = session.run(
                 nxt[:, None, :],
-                text_positions(past, 1, True),
+                text_positions(past + deltas, 1, True),
                 past,
                 active.astype(np.int32),
                 np.zeros(n, np.int64),

@@ -127,6 +127,18 @@ def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:
             "codec_bos": need(tk, "codec_bos_id"),
             "codec_eos": need(tk, "codec_eos_token_id"),
         },
+        # the talker's own 3-D positions when a user turn holds an image (get_rope_index)
+        "mrope_ids": {
+            "image_token_id": need(tk, "image_token_id"),
+            "video_token_id": need(tk, "video_token_id"),
+            "audio_token_id": need(tk, "audio_token_id"),
+            "vision_start_token_id": need(tk, "vision_start_token_id"),
+            "audio_start_token_id": need(tk, "audio_start_token_id"),
+            "spatial_merge_size": int(tk.get("spatial_merge_size") or 2),
+            "position_id_per_seconds": int(tk.get("position_id_per_seconds") or 25),
+            "audio_n_window": int((th.get("audio_config") or {}).get("n_window") or 50),
+        },
+        "tts_pad_token_id": need(cfg, "tts_pad_token_id"),
         "speakers": speakers,
         "default_speaker": "ethan" if "ethan" in speakers else sorted(speakers)[0],
     }

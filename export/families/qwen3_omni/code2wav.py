@@ -4,7 +4,7 @@ The parameters are transformers' own ``Qwen3OmniMoeCode2Wav`` modules, so checkp
 by name (``code2wav.<module path>``); only the forward is ours, and it differs from HF's in two
 places, both exact:
 
-- attention goes through the edgeomni::Attention plugin op (the design rule: attention is defined
+- attention goes through the edgeomni::CachedAttention plugin op (the design rule: attention is defined
   once), with ``window`` = the config's sliding_window, an empty in-graph scratch cache of capacity
   T, past_lens 0 and query_lens T. HF's traced path instead builds a T x T sliding-window mask in the
   graph, and at opset 23 its ONNX RotaryEmbedding fails in ORT for B > 1 (cos/sin of batch 1).

@@ -1,0 +1,138 @@
+"""A thinker prompt with media: token ids with each placeholder expanded to its encoder's token
+count, the encoder rows to splice over those positions, and 3-axis positions when an image needs
+them (transformers' Qwen3-Omni processor and get_rope_index, done on the host)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeomni.runtime.mrope import MropeIds, rope_index
+from edgeomni.runtime.runners import RequestError
+
+AUDIO_RATE = 16000
+
+
+@dataclass
+class Prompt:
+    ids: np.ndarray  # int64 [S]
+    spans: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (start, rows [n, H])
+    deepstack: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (start, [K, n, H])
+    positions: np.ndarray | None = None  # [3, S] when an image makes positions 3-D; else 0..S-1
+    delta: int = 0  # decode positions are past_len + delta
+    image_grids: list[tuple[int, int, int]] = field(default_factory=list)
+    audio_frames: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def media_parts(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(kind, path) of every audio and image part, in the order the template renders them."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            continue
+        for part in content:
+            if part.get("type") in ("audio", "image"):
+                out.append((part["type"], str(part[part["type"]])))
+    return out
+
+
+class MediaEncoders:
+    """The thinker's audio and visual encoders, found beside it and opened on first use."""
+
+    def __init__(self, folder: Path, config: Mapping[str, Any], *, threads: int | None) -> None:
+        self.folder = folder
+        self.threads = threads
+        tokens = config.get("media_tokens") or {}
+        self.audio_token = tokens.get("audio_token_id")
+        self.image_token = tokens.get("image_token_id")
+        self.ids = (
+            MropeIds(
+                image_token_id=tokens["image_token_id"],
+                video_token_id=tokens["video_token_id"],
+                audio_token_id=tokens["audio_token_id"],
+                vision_start_token_id=tokens["vision_start_token_id"],
+                audio_start_token_id=tokens["audio_start_token_id"],
+                position_id_per_seconds=tokens.get("position_id_per_seconds") or 25,
+            )
+            if tokens
+            else None
+        )
+        self._encoders: dict[str, Any] = {}
+
+    def _dir(self, kind: str) -> Path | None:
+        for candidate in (self.folder / kind, self.folder / "multimodal" / kind):
+            if (candidate / "config.json").is_file():
+                return candidate
+        return None
+
+    def encoder(self, kind: str) -> Any:
+        if kind not in self._encoders:
+            where = self._dir(kind)
+            if where is None:
+                raise RequestError(f"this engine dir has no {kind} encoder ({kind}/ is missing)")
+            if kind == "audio":
+                from edgeomni.runtime.encoders.audio import AudioEncoder as cls
+            else:
+                from edgeomni.runtime.encoders.visual import VisualEncoder as cls
+            self._encoders[kind] = cls(where, threads=self.threads)
+        return self._encoders[kind]
+
+    def expand(self, ids: list[int], parts: list[tuple[str, str]]) -> Prompt:
+        """Encode each part and expand its single placeholder token to the encoder's rows."""
+        if not parts:
+            return Prompt(np.asarray(ids, np.int64))
+        if self.ids is None:
+            raise RequestError("this model reads text only")
+        encoded = [self._encode(kind, path) for kind, path in parts]
+        out: list[int] = []
+        prompt = Prompt(np.zeros(0, np.int64))
+        queue = list(zip(parts, encoded, strict=True))
+        for token in ids:
+            if token not in (self.audio_token, self.image_token):
+                out.append(token)
+                continue
+            if not queue:
+                raise RequestError("the prompt has more media placeholders than media parts")
+            (kind, path), (rows, deep, extent) = queue.pop(0)
+            want = self.audio_token if kind == "audio" else self.image_token
+            if token != want:
+                raise RequestError(f"media placeholders are out of order at {path}")
+            prompt.spans.append((len(out), rows))
+            if deep is not None:
+                prompt.deepstack.append((len(out), deep))
+            (prompt.audio_frames if kind == "audio" else prompt.image_grids).append(extent)
+            out.extend([token] * len(rows))
+        if queue:
+            raise RequestError("the chat template rendered no placeholder for some media parts")
+        prompt.ids = np.asarray(out, np.int64)
+        if prompt.image_grids:
+            pos, delta = rope_index(
+                out, self.ids, image_grids=prompt.image_grids, audio_mel_frames=prompt.audio_frames
+            )
+            prompt.positions, prompt.delta = pos, delta
+        return prompt
+
+    def _encode(self, kind: str, path: str) -> tuple[np.ndarray, np.ndarray | None, Any]:
+        try:
+            if kind == "audio":
+                from edgeomni.runtime.audio import audio_features, read_wav, resample
+
+                wav, rate = read_wav(path)
+                feats, frames = audio_features(resample(wav, rate, AUDIO_RATE))
+                return self.encoder("audio").encode(feats), None, frames
+            from edgeomni.runtime.image import load_image, preprocess
+
+            visual = self.encoder("visual")
+            pixels, grid = preprocess(load_image(path), visual.settings)
+            embeds, deep = visual.encode(pixels, grid)
+            return embeds, deep, tuple(int(g) for g in grid)
+        except (OSError, ValueError) as e:
+            raise RequestError(f"{kind} {path}: {e}") from None
