@@ -423,11 +423,27 @@ def calibrate_code2wav(code2wav: Any, generator: Any, target_std: float = 0.1) -
     last.bias.mul_(scale)
 
 
-def make_qwen3_omni(out_dir: Path, *, seed: int = 0) -> Path:
+SECTIONS = {
+    "thinker": ("thinker_config", "text_config"),
+    "audio": ("thinker_config", "audio_config"),
+    "vision": ("thinker_config", "vision_config"),
+    "talker": ("talker_config", "text_config"),
+    "talker_top": ("talker_config",),
+    "code_predictor": ("talker_config", "code_predictor_config"),
+    "code2wav": ("code2wav_config",),
+}
+
+
+def make_qwen3_omni(
+    out_dir: Path, *, seed: int = 0, sizes: dict[str, dict[str, Any]] | None = None
+) -> Path:
     """Write a tiny random Qwen3-Omni (config, weights, generation config, tokenizer, processor).
 
     Thinker H64 x4 layers (4 experts, top-2), audio d32 x2, vision d32 x2, talker H32 x2 with a
     shared expert, code predictor H32 x2 with 16 code groups, code2wav H32 x2 (1920 samples/frame).
+    ``sizes`` overrides config fields per section (keys of SECTIONS), e.g. for benchmarks at
+    larger dimensions; keeping the sections consistent (hidden sizes that feed each other,
+    mrope_section summing to head_dim / 2) is the caller's job.
     """
     import torch
     from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
@@ -438,6 +454,12 @@ def make_qwen3_omni(out_dir: Path, *, seed: int = 0) -> Path:
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
     ids.update({w: tok.encode(w, add_special_tokens=False)[0] for w in ROLE_WORDS})
     config = omni_config(ids)
+    for name, fields in (sizes or {}).items():
+        target = config
+        for attr in SECTIONS[name]:
+            target = getattr(target, attr)
+        for key, value in fields.items():
+            setattr(target, key, value)
 
     # HF's init is overwritten parameter by parameter, so only this generator sets the weights.
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
