@@ -32,6 +32,21 @@ def parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="one user message; the reply goes to stdout")
     src.add_argument("--input-file", type=Path, help="request file (llm_inference format)")
+    p.add_argument(
+        "--audio",
+        action="append",
+        default=[],
+        metavar="WAV",
+        help="with --prompt: an audio file for the thinker to hear (any rate; resampled to 16 kHz); "
+        "repeatable",
+    )
+    p.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="with --prompt: an image; repeatable",
+    )
     p.add_argument("--output-file", type=Path, help="predictions.json to write (atomically)")
     p.add_argument(
         "--batch-size",
@@ -125,9 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.input_file is not None:
             requests, settings = load_request_file(args.input_file, sampling, extra)
         else:
+            media = [{"type": "audio", "audio": str(a)} for a in args.audio]
+            media += [{"type": "image", "image": str(i)} for i in args.image]
+            content = [*media, {"type": "text", "text": args.prompt}] if media else args.prompt
             body: dict = {
                 "apply_chat_template": not args.no_chat_template,
-                "requests": [{"messages": [{"role": "user", "content": args.prompt}]}],
+                "requests": [{"messages": [{"role": "user", "content": content}]}],
             }
             if args.max_generate_length is not None:
                 body["max_generate_length"] = args.max_generate_length
@@ -137,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         return _fail(str(e), EXIT_BAD_CONFIG)
 
+    if (args.audio or args.image) and args.prompt is None:
+        return _fail(
+            "--audio and --image go with --prompt (put media in the request file)", EXIT_BAD_CONFIG
+        )
     if args.out_audio is not None and args.prompt is None:
         return _fail(
             "--out-audio goes with --prompt (use --output-audio-dir for a file)", EXIT_BAD_CONFIG

@@ -131,7 +131,9 @@ class MediaEncoders:
             from edgeomni.runtime.image import load_image, preprocess
 
             visual = self.encoder("visual")
-            pixels, grid = preprocess(load_image(path), visual.settings)
+            if visual.image_settings is None:
+                raise RequestError("the visual engine folder has no image_processor settings")
+            pixels, grid = preprocess(load_image(path), visual.image_settings)
             embeds, deep = visual.encode(pixels, grid)
             return embeds, deep, tuple(int(g) for g in grid)
         except (OSError, ValueError) as e:

@@ -102,7 +102,9 @@ def random_codes(frames: int, seed: int) -> np.ndarray:
 # -- export --------------------------------------------------------------------------------------
 def test_attention_goes_through_the_plugin_op(built: dict[str, Any]) -> None:
     raw = onnx.load(str(built["raw"]), load_external_data=False)
-    plugin = [n for n in raw.graph.node if n.domain == "edgeomni" and n.op_type == "CachedAttention"]
+    plugin = [
+        n for n in raw.graph.node if n.domain == "edgeomni" and n.op_type == "CachedAttention"
+    ]
     assert len(plugin) == 2
     assert all({a.name: a.i for a in n.attribute}["window"] == 8 for n in plugin)
     lowered = onnx.load(str(built["folder"] / c2w.ENGINE))

@@ -144,3 +144,50 @@ def test_missing_required_input_fails_only_those_requests(omni_engine, tmp_path)
     assert entries[1]["ok"] and "audio_file" in entries[1]
     code, entries = run(eng, tmp_path / "t", requests_for(PROMPTS[:1]))  # text only: no talker
     assert code == cli.EXIT_OK and entries[0]["ok"]
+
+
+@pytest.fixture(scope="module")
+def media(omni_ckpt: Path, tmp_path_factory) -> dict:
+    """A 2 s, 16 kHz clip and a 64x96 image on disk, and transformers' answers to them."""
+    from edgeomni.runtime.audio import write_wav
+
+    pytest.importorskip("PIL", reason="image files are read with Pillow (the 'image' extra)")
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("media")
+    rng = np.random.default_rng(0)
+    t = np.arange(32000) / 16000
+    wave = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(t.size)).astype(
+        np.float32
+    )
+    write_wav(folder / "q.wav", wave, 16000)
+    heard, _ = read_wav(folder / "q.wav")  # the 16-bit file both sides read
+    image = (rng.random((64, 96, 3)) * 255).astype(np.uint8)
+    Image.fromarray(image).save(folder / "i.png")
+    bundle = ref.load_bundle(omni_ckpt)
+    kw = dict(max_new_tokens=MAX_NEW, max_frames=MAX_FRAMES)
+    return {
+        "audio": (folder / "q.wav", ref.reference_audio(bundle, heard, "Listen.", **kw)),
+        "image": (folder / "i.png", ref.reference_image(bundle, image, "Describe it.", **kw)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["audio", "image"])
+def test_media_input_matches_transformers(omni_engine, media, tmp_path, kind: str) -> None:
+    """Audio through the audio encoder, an image through the vision encoder (3-D positions,
+    DeepStack): thinker tokens, all 16 code groups and the audio equal transformers'."""
+    path, expected = media[kind]
+    prompt = "Listen." if kind == "audio" else "Describe it."
+    content = [{"type": kind, kind: str(path)}, {"type": "text", "text": prompt}]
+    code, entries = run(
+        omni_engine, tmp_path, [{"messages": [{"role": "user", "content": content}]}],
+        "--output-audio-dir", str(tmp_path / "a"),
+    )  # fmt: skip
+    assert code == cli.EXIT_OK, entries[0]["error"]
+    entry = entries[0]
+    assert entry["stages"]["thinker"]["prompt_tokens"] == len(expected.prompt_ids)
+    assert entry["stages"]["thinker"]["output_tokens"] == expected.thinker_tokens
+    np.testing.assert_array_equal(np.asarray(load(entry["rvq_file"])["codes"]), expected.codes)
+    audio, _ = read_wav(entry["audio_file"])
+    assert len(audio) == len(expected.wav)
+    assert np.abs(audio - expected.wav).max() < 2 / 32768 + AUDIO_ATOL

@@ -7,11 +7,14 @@ from typing import Any
 
 from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
-from edgeomni.export.families.qwen3_omni import code2wav, talker, thinker
+from edgeomni.export.families.qwen3_omni import audio, code2wav, talker, thinker, visual
 from edgeomni.export.families.qwen3_omni.config import section
 from edgeomni.export.family import BuildArgs, Component
 
 LLM = Component("llm", ".", "llm.onnx", "llm.backbone")
+# the encoders are no stages of their own: the thinker's runner calls them
+AUDIO = Component("audio", "audio", audio.ENGINE, "llm.backbone")
+VISUAL = Component("visual", "visual", visual.ENGINE, "llm.backbone")
 TALKER = Component("talker", "talker", "llm.onnx", "qwen3_omni.talker")
 CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", "qwen3_omni.talker")
 CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, "qwen3_omni.code2wav")
@@ -19,9 +22,15 @@ SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV)
 
 
 def components(ckpt: Checkpoint) -> tuple[Component, ...]:
-    """The thinker always; the speech components when the checkpoint carries them."""
-    has_speech = ckpt.config.get("enable_audio_output", True) and any(ckpt.names("talker."))
-    return (LLM, *SPEECH) if has_speech else (LLM,)
+    """The thinker always, its encoders and the speech components when the checkpoint has them."""
+    out = [LLM]
+    if any(ckpt.names("thinker.audio_tower.")):
+        out.append(AUDIO)
+    if any(ckpt.names("thinker.visual.")):
+        out.append(VISUAL)
+    if ckpt.config.get("enable_audio_output", True) and any(ckpt.names("talker.")):
+        out.extend(SPEECH)
+    return tuple(out)
 
 
 def export_component(
@@ -36,6 +45,10 @@ def export_component(
         return talker.export_talker(ckpt, path)
     if component is CODE_PREDICTOR:
         return talker.export_predictor(ckpt, path)
+    if component is AUDIO:
+        return audio.export_audio_encoder(audio.load_audio_tower(ckpt.tensor, ckpt.config), path)
+    if component is VISUAL:
+        return visual.export_visual(visual.load_visual(ckpt.tensor, ckpt.config), path)
     model = code2wav.load_code2wav(ckpt.tensor, ckpt.config)
     return code2wav.export_code2wav(model, path)
 
@@ -77,6 +90,19 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
         artifacts.write_engine_config(
             out_dir, {**base, **talker_fields(ckpt), "builder_config": _limits(args)}
         )
+    elif component is AUDIO:
+        artifacts.write_engine_config(
+            out_dir,
+            audio.audio_engine_config(ckpt.config, backend=args.backend, device=args.device),
+        )
+    elif component is VISUAL:
+        settings = image_processor_settings(ckpt)
+        artifacts.write_engine_config(
+            out_dir,
+            visual.visual_engine_config(
+                ckpt.config, args.backend, args.device, image_processor=settings
+            ),
+        )
     elif component is CODE_PREDICTOR:
         cfg = talker.predictor_decoder_config(ckpt.config)
         save_file(
@@ -91,6 +117,24 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
             out_dir,
             code2wav.code2wav_engine_config(ckpt.config, backend=args.backend, device=args.device),
         )
+
+
+def image_processor_settings(ckpt: Checkpoint) -> dict[str, Any]:
+    """The checkpoint's image processor settings (preprocessor_config.json, or the
+    "image_processor" section of processor_config.json), which the visual engine folder keeps."""
+    import json
+
+    for name, key in (
+        ("preprocessor_config.json", None),
+        ("processor_config.json", "image_processor"),
+    ):
+        path = ckpt.path / name
+        if path.is_file():
+            data = json.loads(path.read_text())
+            data = data.get(key, {}) if key else data
+            if data:
+                return data
+    raise CheckpointError(f"{ckpt.path}: no image processor settings (preprocessor_config.json)")
 
 
 def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:

@@ -1,0 +1,277 @@
+"""Qwen3-Omni's vision encoder as one engine: patches -> merged image embeddings + DeepStack.
+
+The parameters are transformers' own ``Qwen3OmniMoeVisionEncoder`` modules, so checkpoint
+tensors load by name (``thinker.visual.<module path>``); only the forward is ours. HF's forward
+derives its index tensors from ``grid_thw`` with ``repeat_interleave``/``.tolist()``, which do
+not trace, and its sdpa path splits attention per frame with ``cu_seqlens.tolist()`` (export
+fixes the split count). Here every index the runtime can compute in numpy is an engine input
+(runtime.encoders.visual builds them), and attention goes through the edgeomni::Attention
+plugin op with ``causal=0``: each frame (segment) is its own batch row, right-padded to the
+longest, with ``query_lens`` = its length, so attention is exactly block-diagonal.
+
+The other differences from HF are exact up to float rounding: the Conv3d patch embedding
+(kernel = stride = the patch) is the same dot product as a Linear on the flattened patch, and
+the tokens are gathered into / scattered out of the padded segment rows around attention.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
+from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+    Qwen3OmniMoeVisionEncoderConfig,
+)
+
+from edgeomni.export.common.onnx_export import export_onnx
+from edgeomni.plugins import attention as attention_plugin
+
+PREFIX = "thinker.visual."
+ENGINE = "visual.onnx"
+INPUTS = (
+    "pixel_values",  # float32 [N, 3*T*P*P]: patches in merge-block order (runtime.image)
+    "pos_indices",  # int64 [N, 4]: bilinear taps into the position-embedding grid
+    "pos_weights",  # float32 [N, 4]: their weights (align_corners)
+    "rotary_ids",  # int64 [N, 2]: (row, column) of each patch, for the 2-D rotary embedding
+    "segment_tokens",  # int64 [B, S]: token index at each slot of each frame row (pad: any)
+    "segment_lens",  # int32 [B]: tokens in each frame row
+    "token_slots",  # int64 [N]: row * S + slot of each token
+)
+OUTPUTS = ("image_embeds", "deepstack")
+
+
+def vision_config(config: Any) -> Qwen3OmniMoeVisionEncoderConfig:
+    """A vision config from the config object, its dict, or a thinker or whole Qwen3-Omni dict."""
+    if isinstance(config, Qwen3OmniMoeVisionEncoderConfig):
+        return config
+    if isinstance(config, Mapping):
+        sub = config.get("thinker_config", config)
+        sub = sub.get("vision_config", sub)
+        return Qwen3OmniMoeVisionEncoderConfig.from_dict(dict(sub))
+    raise TypeError(f"expected a vision config or dict, got {type(config).__name__}")
+
+
+def _inv_freq(cfg: Qwen3OmniMoeVisionEncoderConfig) -> torch.Tensor:
+    inv_freq, _ = hf.Qwen3OmniMoeVisionRotaryEmbedding.compute_axial_rope_parameters(cfg)
+    return inv_freq.float()
+
+
+def load_visual(
+    get_tensor: Callable[[str], torch.Tensor], config: Any
+) -> hf.Qwen3OmniMoeVisionEncoder:
+    """HF's module with every parameter read from ``get_tensor("thinker.visual." + name)``."""
+    cfg = vision_config(config)
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():  # every parameter is overwritten below; skip the random init
+        module = hf.Qwen3OmniMoeVisionEncoder(cfg)
+    state = {}
+    for name, param in module.state_dict().items():
+        tensor = get_tensor(PREFIX + name)
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise ValueError(
+                f"{PREFIX}{name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+            )
+        state[name] = tensor.to(torch.float32).contiguous()
+    module.load_state_dict(state, strict=True)
+    # the rotary frequencies are a non-persistent buffer, not in the checkpoint
+    module.rotary_pos_emb.inv_freq.copy_(_inv_freq(cfg))
+    return module.eval()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class VisualGraph(nn.Module):
+    """The exported graph: HF's vision encoder with precomputed indices and plugin attention."""
+
+    def __init__(self, model: hf.Qwen3OmniMoeVisionEncoder) -> None:
+        super().__init__()
+        cfg = model.config
+        if not cfg.deepstack_visual_indexes:
+            raise ValueError("the vision encoder has no deepstack_visual_indexes")
+        self.model = model
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.hidden_size // cfg.num_heads
+        self.deepstack = {layer: i for i, layer in enumerate(cfg.deepstack_visual_indexes)}
+        self.register_buffer("inv_freq", _inv_freq(cfg), persistent=False)
+
+    def _rotary(self, rotary_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """HF's axial rope: (row, column) frequencies concatenated, then repeated: [N, 1, D]."""
+        freqs = rotary_ids[..., None].float() * self.inv_freq  # [N, 2, D/4]
+        freqs = torch.cat((freqs[:, 0], freqs[:, 1]), dim=-1)
+        freqs = torch.cat((freqs, freqs), dim=-1)[:, None]
+        return freqs.cos(), freqs.sin()
+
+    def _attention(
+        self,
+        attn: nn.Module,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        segment_tokens, segment_lens, token_slots = layout
+        n = x.shape[0]
+        rows, width = segment_tokens.shape
+        q, k, v = attn.qkv(x).reshape(n, 3, self.num_heads, self.head_dim).unbind(1)
+        cos, sin = rope
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        # packed tokens -> one right-padded row per frame
+        q, k, v = (t.reshape(n, -1)[segment_tokens] for t in (q, k, v))
+        scratch = x.new_zeros(rows, self.num_heads, width, self.head_dim)
+        out, _, _ = attention_plugin.torch_op()(
+            q,
+            k,
+            v,
+            scratch,
+            scratch,
+            torch.zeros(rows, dtype=torch.int32),
+            segment_lens,
+            self.num_heads,
+            self.num_heads,
+            float(attn.scaling),
+            0,
+            0,  # causal=0: bidirectional within a row, so block-diagonal over the frames
+        )
+        return attn.proj(out.reshape(rows * width, -1)[token_slots])
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        pos_indices: torch.Tensor,
+        pos_weights: torch.Tensor,
+        rotary_ids: torch.Tensor,
+        segment_tokens: torch.Tensor,
+        segment_lens: torch.Tensor,
+        token_slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.model
+        proj = m.patch_embed.proj
+        x = F.linear(pixel_values, proj.weight.reshape(proj.out_channels, -1), proj.bias)
+        x = x + (m.pos_embed(pos_indices) * pos_weights[:, :, None]).sum(1)
+        rope = self._rotary(rotary_ids)
+        layout = (segment_tokens, segment_lens, token_slots)
+        deepstack = []
+        for i, block in enumerate(m.blocks):
+            x = x + self._attention(block.attn, block.norm1(x), rope, layout)
+            x = x + block.mlp(block.norm2(x))
+            if i in self.deepstack:
+                deepstack.append(m.merger_list[self.deepstack[i]](x))
+        return m.merger(x), torch.stack(deepstack)
+
+
+def example_inputs(cfg: Qwen3OmniMoeVisionEncoderConfig) -> tuple[torch.Tensor, ...]:
+    """Three images of 4x4, 4x6 and 2x4 patches: every dynamic axis has a distinct size > 1
+    (torch.export specialises axes of size 1 and may tie axes of equal example size)."""
+    merge = cfg.spatial_merge_size
+    lens = [16, 24, 8]
+    n, rows, width = sum(lens), len(lens), max(lens)
+    starts = [sum(lens[:i]) for i in range(rows)]
+    tokens = torch.tensor(
+        [[s + min(j, ln - 1) for j in range(width)] for s, ln in zip(starts, lens, strict=True)]
+    )
+    slots = torch.cat([torch.arange(ln) + r * width for r, ln in enumerate(lens)])
+    side = int(math.isqrt(cfg.num_position_embeddings))
+    patch_dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
+    return (
+        torch.randn(n, patch_dim),
+        torch.randint(0, side * side, (n, 4)),
+        torch.rand(n, 4),
+        torch.randint(0, 4 * merge, (n, 2)),
+        tokens,
+        torch.tensor(lens, dtype=torch.int32),
+        slots,
+    )
+
+
+def export_visual(model: hf.Qwen3OmniMoeVisionEncoder, path: Path) -> Path:
+    """Export with dynamic tokens (a multiple of merge^2), frames and frame length (plugin op
+    not yet lowered); returns the model path."""
+    from torch.export import Dim
+
+    cfg = model.config
+    unit = cfg.spatial_merge_size**2
+    tokens = unit * Dim("merged_tokens", min=1, max=2**24)
+    rows, width = Dim("segments", max=2**20), Dim("segment_len", max=2**24)
+    shapes = (
+        {0: tokens},
+        {0: tokens},
+        {0: tokens},
+        {0: tokens},
+        {0: rows, 1: width},
+        {0: rows},
+        {0: tokens},
+    )
+    return export_onnx(
+        VisualGraph(model.eval()),
+        example_inputs(cfg),
+        Path(path),
+        input_names=INPUTS,
+        output_names=OUTPUTS,
+        dynamic_shapes=shapes,
+    )
+
+
+def visual_engine_config(
+    config: Any,
+    backend: str = "onnxruntime",
+    device: str = "cpu",
+    *,
+    image_processor: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """config.json fields runtime.encoders.visual reads (write with artifacts.write_engine_config).
+
+    ``image_processor``: the checkpoint's processor settings (preprocessor_config.json or
+    processor_config.json's "image_processor"), copied so the engine folder can preprocess alone.
+    """
+    cfg = vision_config(config)
+    side = int(math.isqrt(cfg.num_position_embeddings))
+    if side * side != cfg.num_position_embeddings:
+        raise ValueError(f"num_position_embeddings {cfg.num_position_embeddings} is not a square")
+    patch_dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
+    body: dict[str, Any] = {
+        "component": "visual",
+        "model_type": "qwen3_omni_moe",
+        "engine": ENGINE,
+        "backend": backend,
+        "device": device,
+        "dtype": "float32",
+        "inputs": {
+            "pixel_values": f"float32 [tokens, {patch_dim}]",
+            "pos_indices": "int64 [tokens, 4]",
+            "pos_weights": "float32 [tokens, 4]",
+            "rotary_ids": "int64 [tokens, 2]",
+            "segment_tokens": "int64 [segments, segment_len]",
+            "segment_lens": "int32 [segments]",
+            "token_slots": "int64 [tokens]",
+        },
+        "outputs": {
+            "image_embeds": f"float32 [tokens/{cfg.spatial_merge_size**2}, {cfg.out_hidden_size}]",
+            "deepstack": f"float32 [{len(cfg.deepstack_visual_indexes)}, "
+            f"tokens/{cfg.spatial_merge_size**2}, {cfg.out_hidden_size}]",
+        },
+        "hidden_size": cfg.hidden_size,
+        "out_hidden_size": cfg.out_hidden_size,
+        "num_heads": cfg.num_heads,
+        "depth": cfg.depth,
+        "in_channels": cfg.in_channels,
+        "patch_size": cfg.patch_size,
+        "temporal_patch_size": cfg.temporal_patch_size,
+        "spatial_merge_size": cfg.spatial_merge_size,
+        "patch_dim": patch_dim,
+        "num_grid_per_side": side,
+        "position_interpolation": "bilinear_align_corners",
+        "deepstack_visual_indexes": list(cfg.deepstack_visual_indexes),
+    }
+    if image_processor is not None:
+        body["image_processor"] = dict(image_processor.get("image_processor", image_processor))
+    return body

@@ -1,0 +1,230 @@
+"""Qwen3-Omni's image input path (read, resize, normalise, patchify) in numpy.
+
+The embedded board has no torch or torchvision, so what transformers' ``Qwen2VLImageProcessor``
+(the image processor Qwen3-Omni ships; its PIL backend, ``Qwen2VLImageProcessorPil``) does to an
+image is rebuilt here step for step, in the same dtypes, so the vision encoder sees the numbers
+it was exported against:
+
+1. ``smart_resize``: height and width become multiples of ``patch_size * merge_size`` (32) with
+   the pixel count inside [min_pixels, max_pixels], the aspect ratio kept as well as it can be.
+2. Pillow's BICUBIC resize of the uint8 image. It is reproduced here (``_pil_resize``) with
+   Pillow 13's own fixed-point arithmetic (Resample.c: coefficients in 22 fractional bits, two
+   one-axis passes, each rounded and clipped to uint8), bit for bit, so Pillow is needed only to
+   decode files, never to preprocess an array.
+3. rescale by 1/255 in float64, cast to float32; normalise ``(x - mean) / std`` in float32.
+4. patchify in 2x2 merge-block order, the image repeated ``temporal_patch_size`` times in time:
+   ``pixel_values [t*h*w, 3*2*16*16]`` and ``grid_thw (1, h, w)`` in patches.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ImageSettings", "image_token_count", "load_image", "preprocess", "smart_resize"]
+
+_PIL_BICUBIC = 3  # PIL.Image.Resampling.BICUBIC, the value preprocessor configs store
+_PRECISION_BITS = 22  # Pillow's 8-bit resampling: 32 - 8 - 2
+_ROW_BLOCK = 256  # rows per resampling block: bounds the int32 accumulator for large images
+_OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+_OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """The image processor settings a checkpoint ships; defaults are Qwen2VLImageProcessor's."""
+
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    image_mean: tuple[float, ...] = _OPENAI_CLIP_MEAN
+    image_std: tuple[float, ...] = _OPENAI_CLIP_STD
+    rescale_factor: float = 1 / 255
+    do_resize: bool = True
+    do_rescale: bool = True
+    do_normalize: bool = True
+    resample: int = _PIL_BICUBIC
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ImageSettings:
+        """From preprocessor_config.json (flat) or processor_config.json ("image_processor").
+
+        As in the processor, ``min_pixels``/``max_pixels`` override ``size``'s shortest_edge and
+        longest_edge (both are pixel counts here, not edge lengths).
+        """
+        cfg = dict(config.get("image_processor", config))
+        size = dict(cfg.get("size") or {})
+        min_pixels = cfg.get("min_pixels", size.get("shortest_edge", cls.min_pixels))
+        max_pixels = cfg.get("max_pixels", size.get("longest_edge", cls.max_pixels))
+        settings = cls(
+            patch_size=int(cfg.get("patch_size", cls.patch_size)),
+            merge_size=int(cfg.get("merge_size", cls.merge_size)),
+            temporal_patch_size=int(cfg.get("temporal_patch_size", cls.temporal_patch_size)),
+            min_pixels=int(min_pixels),
+            max_pixels=int(max_pixels),
+            image_mean=_channels(cfg.get("image_mean", cls.image_mean)),
+            image_std=_channels(cfg.get("image_std", cls.image_std)),
+            rescale_factor=float(cfg.get("rescale_factor", cls.rescale_factor)),
+            do_resize=bool(cfg.get("do_resize", True)),
+            do_rescale=bool(cfg.get("do_rescale", True)),
+            do_normalize=bool(cfg.get("do_normalize", True)),
+            resample=int(cfg.get("resample", _PIL_BICUBIC)),
+        )
+        if settings.do_resize and settings.resample != _PIL_BICUBIC:
+            raise ValueError(
+                f"only BICUBIC resizing (3) is supported, the config asks for {settings.resample}"
+            )
+        return settings
+
+    @property
+    def patch_dim(self) -> int:
+        return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
+
+
+def _channels(value: float | Sequence[float]) -> tuple[float, ...]:
+    values = tuple(float(v) for v in value) if isinstance(value, Sequence) else (float(value),)
+    return values * 3 if len(values) == 1 else values
+
+
+def load_image(path: str | os.PathLike[str]) -> np.ndarray:
+    """Decode an image file to uint8 [H, W, 3] RGB as transformers' ``load_image`` does (EXIF
+    orientation applied, then ``convert("RGB")``). Needs Pillow, the ``image`` extra."""
+    try:
+        from PIL import Image, ImageOps
+    except ImportError:
+        raise ImportError(
+            "reading image files needs Pillow: pip install 'edgeomni[image]'"
+        ) from None
+    with Image.open(path) as im:
+        rgb = ImageOps.exif_transpose(im).convert("RGB")
+        return np.array(rgb, dtype=np.uint8)
+
+
+def smart_resize(
+    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """transformers' ``smart_resize``, verbatim (Python's round-half-even included)."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(
+            f"absolute aspect ratio must be smaller than 200, got "
+            f"{max(height, width) / min(height, width)}"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def _bicubic(x: np.ndarray) -> np.ndarray:
+    """Pillow's bicubic kernel (a = -0.5), evaluated in the same operation order."""
+    a = -0.5
+    x = np.abs(x)
+    near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+    far = (((x - 5) * x + 8) * x - 4) * a
+    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+
+
+def _pil_coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pillow's precompute_coeffs + normalize_coeffs_8bpc: per output pixel, the source
+    indices [out, ksize] and int32 weights in 22 fractional bits (0 past each pixel's taps)."""
+    scale = in_size / out_size
+    filterscale = max(scale, 1.0)
+    support = 2.0 * filterscale
+    ksize = int(math.ceil(support)) * 2 + 1
+    center = (np.arange(out_size) + 0.5) * scale
+    xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)  # C's (int): toward zero
+    xmax = np.minimum((center + support + 0.5).astype(np.int64), in_size) - xmin
+    taps = np.arange(ksize)
+    w = _bicubic(((taps[None] + xmin[:, None]) - center[:, None] + 0.5) * (1.0 / filterscale))
+    w = np.where(taps[None] < xmax[:, None], w, 0.0)
+    total = np.zeros(out_size)
+    for j in range(ksize):  # Pillow sums the taps in order; keep its rounding
+        total += w[:, j]
+    w = np.where(total[:, None] != 0.0, w / np.where(total == 0.0, 1.0, total)[:, None], w)
+    fixed = np.where(w < 0, -0.5 + w * (1 << _PRECISION_BITS), 0.5 + w * (1 << _PRECISION_BITS))
+    index = np.minimum(xmin[:, None] + taps[None], in_size - 1)
+    return index, np.trunc(fixed).astype(np.int32)
+
+
+def _resample_width(image: np.ndarray, out_w: int) -> np.ndarray:
+    """One Pillow pass along axis 1 of uint8 [H, W, C], rounded and clipped to uint8."""
+    index, weights = _pil_coefficients(image.shape[1], out_w)
+    out = np.empty((image.shape[0], out_w, image.shape[2]), np.uint8)
+    for r0 in range(0, image.shape[0], _ROW_BLOCK):
+        rows = image[r0 : r0 + _ROW_BLOCK]
+        acc = np.full((rows.shape[0], out_w, rows.shape[2]), 1 << (_PRECISION_BITS - 1), np.int32)
+        for j in range(index.shape[1]):
+            acc += rows[:, index[:, j]].astype(np.int32) * weights[None, :, j, None]
+        out[r0 : r0 + _ROW_BLOCK] = np.clip(acc >> _PRECISION_BITS, 0, 255)
+    return out
+
+
+def _pil_resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``PIL.Image.resize((width, height), BICUBIC)`` of uint8 [H, W, C] in two rounded passes.
+
+    The pass order changes the result by a few levels. Pillow 13 (ImagingResampleInner) runs the
+    vertical pass first when the height shrinks by more than twice what the width does, else
+    the horizontal one; older Pillow always went horizontal first.
+    """
+    in_h, in_w = image.shape[:2]
+    vertical_first = in_h - height > 0 and in_h - height > (in_w - width) * 2
+    for axis in ("h", "w") if vertical_first else ("w", "h"):
+        if axis == "w" and image.shape[1] != width:
+            image = _resample_width(image, width)
+        elif axis == "h" and image.shape[0] != height:
+            image = _resample_width(image.transpose(1, 0, 2), height).transpose(1, 0, 2)
+    return np.ascontiguousarray(image)
+
+
+def preprocess(
+    image: np.ndarray, settings: ImageSettings
+) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """uint8 [H, W, 3] -> (pixel_values float32 [t*h*w, patch_dim], grid_thw (t, h, w)).
+
+    Equal to ``Qwen2VLImageProcessorPil(**config)(PIL image)``'s pixel_values and image_grid_thw.
+    """
+    image = np.asarray(image)
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"expected a uint8 RGB image [H, W, 3], got {image.dtype} {image.shape}")
+    s = settings
+    if s.do_resize:
+        factor = s.patch_size * s.merge_size
+        h, w = smart_resize(image.shape[0], image.shape[1], factor, s.min_pixels, s.max_pixels)
+        image = _pil_resize(image, h, w)
+    x = image.transpose(2, 0, 1)  # CHW, as the processor works
+    if s.do_rescale:
+        x = (x.astype(np.float64) * s.rescale_factor).astype(np.float32)
+    if s.do_normalize:
+        x = x.astype(np.float32, copy=False)
+        mean = np.asarray(s.image_mean, np.float32)[:, None, None]
+        std = np.asarray(s.image_std, np.float32)[:, None, None]
+        x = (x - mean) / std
+    x = x.astype(np.float32, copy=False)
+    c, height, width = x.shape
+    p, m, t = s.patch_size, s.merge_size, s.temporal_patch_size
+    if height % (p * m) or width % (p * m):
+        raise ValueError(f"image {height}x{width} is not a multiple of {p * m}; enable do_resize")
+    gh, gw = height // p, width // p
+    patches = x.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
+    patches = np.broadcast_to(patches[:, :, :, :, :, None], (*patches.shape[:5], t, p, p))
+    return np.ascontiguousarray(patches.reshape(gh * gw, c * t * p * p)), (1, gh, gw)
+
+
+def image_token_count(grid_thw: Sequence[int], merge_size: int) -> int:
+    """``<|image_pad|>`` tokens an image gets: its patches over the merge block (t*h*w / m^2)."""
+    t, h, w = (int(v) for v in grid_thw)
+    return t * h * w // (merge_size * merge_size)

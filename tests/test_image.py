@@ -1,0 +1,138 @@
+"""runtime.image == transformers' Qwen2-VL image processor (PIL backend), and Pillow's resize."""
+
+from __future__ import annotations
+
+import builtins
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edgeomni.runtime import image as im
+
+Image = pytest.importorskip("PIL.Image", reason="the parity tests compare against Pillow")
+# Pillow 13 picks the resize pass order by the scale factors (python-pillow/Pillow#9549); older
+# Pillow always resized horizontally first, a few levels off where the height shrinks most.
+pillow13 = pytest.mark.skipif(
+    int(Image.__version__.split(".")[0]) < 13, reason="runtime.image mirrors Pillow >= 13"
+)
+
+# processor_config.json style (size in pixels), as the tiny Qwen3-Omni checkpoint ships it
+TINY = {
+    "image_processor": {
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "merge_size": 2,
+        "patch_size": 16,
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"longest_edge": 32 * 32 * 64, "shortest_edge": 32 * 32 * 4},
+        "temporal_patch_size": 2,
+        "image_processor_type": "Qwen2VLImageProcessor",
+    }
+}
+# preprocessor_config.json style (flat min/max_pixels), Qwen2.5/3-Omni's real numbers
+REAL = {
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "image_processor_type": "Qwen2VLImageProcessor",
+}
+SIZES = [(60, 90), (224, 224), (333, 517), (900, 120), (17, 400)]
+
+
+def picture(height: int, width: int, seed: int) -> np.ndarray:
+    """Half noise (stresses the clipping), half smooth gradients (typical photos)."""
+    rng = np.random.default_rng(seed)
+    noise = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    yy, xx = np.mgrid[:height, :width]
+    smooth = np.stack([yy * 255 // height, xx * 255 // width, (yy + xx) % 256], -1)
+    noise[:, width // 2 :] = smooth[:, width // 2 :]
+    return noise
+
+
+def hf_processor(config: dict[str, Any]) -> Any:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    cfg = dict(config.get("image_processor", config))
+    cfg.pop("image_processor_type", None)
+    return Qwen2VLImageProcessorPil(**cfg)
+
+
+@pillow13
+@pytest.mark.parametrize("config", [TINY, REAL, {}], ids=["tiny", "real", "defaults"])
+@pytest.mark.parametrize("size", SIZES, ids=[f"{h}x{w}" for h, w in SIZES])
+def test_preprocess_matches_transformers(config: dict[str, Any], size: tuple[int, int]) -> None:
+    array = picture(*size, seed=size[0])
+    settings = im.ImageSettings.from_config(config)
+    pixel_values, grid = im.preprocess(array, settings)
+    ref = hf_processor(config)(Image.fromarray(array), return_tensors="np")
+    assert grid == tuple(int(v) for v in ref["image_grid_thw"][0])
+    assert pixel_values.dtype == np.float32 and pixel_values.shape == ref["pixel_values"].shape
+    assert pixel_values.shape[1] == settings.patch_dim
+    np.testing.assert_allclose(pixel_values, ref["pixel_values"], rtol=0, atol=1e-5)
+    assert np.abs(pixel_values - ref["pixel_values"]).max() == 0.0  # in fact bit-exact
+    patches = hf_processor(config).get_number_of_image_patches(*size)
+    assert im.image_token_count(grid, settings.merge_size) == patches // settings.merge_size**2
+
+
+@pillow13
+def test_resize_is_pillows_bit_for_bit() -> None:
+    """Up, down, one axis, both axes, and both pass orders of Pillow 13."""
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        in_h, in_w, out_h, out_w = (int(v) for v in rng.integers(1, 160, 4))
+        array = rng.integers(0, 256, (in_h, in_w, 3), dtype=np.uint8)
+        ref = np.asarray(Image.fromarray(array).resize((out_w, out_h), Image.Resampling.BICUBIC))
+        np.testing.assert_array_equal(im._pil_resize(array, out_h, out_w), ref)
+
+
+def test_settings_from_either_config_file() -> None:
+    tiny, real = im.ImageSettings.from_config(TINY), im.ImageSettings.from_config(REAL)
+    assert (tiny.min_pixels, tiny.max_pixels, tiny.patch_size) == (4096, 65536, 16)
+    assert (real.min_pixels, real.max_pixels, real.patch_dim) == (3136, 12845056, 1536)
+    assert im.ImageSettings.from_config({}).patch_size == 14  # the processor's own default
+    with pytest.raises(ValueError, match="BICUBIC"):
+        im.ImageSettings.from_config({"resample": 2})
+
+
+def test_load_image(tmp_path: Path) -> None:
+    array = picture(40, 50, seed=1)
+    Image.fromarray(array).save(tmp_path / "a.png")
+    Image.fromarray(np.concatenate([array, np.full((40, 50, 1), 128, np.uint8)], -1)).save(
+        tmp_path / "rgba.png"
+    )
+    np.testing.assert_array_equal(im.load_image(tmp_path / "a.png"), array)
+    rgba = im.load_image(tmp_path / "rgba.png")  # alpha dropped, as transformers' load_image
+    assert rgba.shape == (40, 50, 3) and rgba.dtype == np.uint8
+    np.testing.assert_array_equal(rgba, array)
+
+
+def test_load_image_without_pillow_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_import = builtins.__import__
+
+    def no_pil(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "PIL" or name.startswith("PIL."):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pil)
+    with pytest.raises(ImportError, match=r"edgeomni\[image\]"):
+        im.load_image(tmp_path / "missing.png")
+
+
+def test_rejects_what_the_processor_would_not_see() -> None:
+    settings = im.ImageSettings.from_config(TINY)
+    with pytest.raises(ValueError, match="uint8"):
+        im.preprocess(np.zeros((32, 32, 3), np.float32), settings)
+    with pytest.raises(ValueError, match="aspect ratio"):
+        im.preprocess(np.zeros((1, 300, 3), np.uint8), settings)
