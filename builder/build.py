@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -132,26 +133,175 @@ def build(
     return engine_dir / GRAPH_FILE if graph_path else None
 
 
-def write_graph(
-    hooks: Any, ckpt: Any, engine_dir: Path, built: Sequence[Component], args: BuildArgs | None
-) -> Path | None:
-    """Ask the family for its topology, stamp each stage's limits, validate, and save."""
+class NoGraph(BuildError):
+    """Why no graph can be written for these engines; `edge-build --graph-only` exits 2 with it."""
+
+
+def no_graph_reason(hooks: Any, ckpt: Any, components: Mapping[str, str]) -> str:
+    """The family's own reason (optional hook) or, by default, the components it is missing."""
+    hook = getattr(hooks, "no_graph_reason", None)
+    reason = hook(components) if callable(hook) else None
+    if reason:
+        return str(reason)
+    missing = [c.name for c in hooks.components(ckpt) if c.name not in components]
+    text = (
+        f"the {ckpt.model_type} family cannot run components "
+        f"{', '.join(components) or '(none)'} as a graph"
+    )
+    return text + (f" without {', '.join(missing)}" if missing else "")
+
+
+def topology(hooks: Any, ckpt: Any, components: Mapping[str, str], args: BuildArgs | None) -> Any:
+    """The family's graph for these components (name -> artifact dir); NoGraph says why not."""
+    graph = hooks.multistage_topology(ckpt, components, args)
+    if graph is None:
+        raise NoGraph(no_graph_reason(hooks, ckpt, components))
+    return graph
+
+
+def save_graph(graph: Any, engine_dir: Path) -> Path:
+    """Stamp each stage's limits from its engine's config.json, validate, and save atomically."""
     from edgeomni import graph_schema
 
-    graph = hooks.multistage_topology(ckpt, {c.name: c.subdir for c in built}, args)
-    if graph is None:
-        log.warning(
-            "no %s written: the %s family cannot run components %s as a graph",
-            GRAPH_FILE,
-            ckpt.model_type,
-            ", ".join(c.name for c in built),
-        )
-        return None
     graph = stamp_limits(graph, engine_dir)
     graph_schema.validate(graph, engine_dir=engine_dir)
     path = engine_dir / GRAPH_FILE
     graph_schema.save(graph, path)
     return path
+
+
+def write_graph(
+    hooks: Any, ckpt: Any, engine_dir: Path, built: Sequence[Component], args: BuildArgs | None
+) -> Path | None:
+    """Ask the family for its topology, stamp each stage's limits, validate, and save."""
+    try:
+        graph = topology(hooks, ckpt, {c.name: c.subdir for c in built}, args)
+    except NoGraph as e:
+        log.warning("no %s written: %s", GRAPH_FILE, e)
+        return None
+    return save_graph(graph, engine_dir)
+
+
+def unrun_components(
+    hooks: Any, graph: Any, found: Mapping[str, str], available: Sequence[Component]
+) -> list[str]:
+    """Found components that no stage runs: no stage has their dir as artifact, and the stage
+    the family's optional `served_by` names (default: a stage with the component's runner)
+    is not in the graph."""
+    artifacts = {posixpath.normpath(s.artifact) for s in graph.stages}
+    stage_ids = {s.id for s in graph.stages}
+    runners = {s.runner for s in graph.stages}
+    served: Mapping[str, str] = getattr(hooks, "served_by", None) or {}
+    runner_of = {c.name: c.runner for c in available}
+    unrun = []
+    for name, rel in found.items():
+        if posixpath.normpath(rel) in artifacts:
+            continue
+        by_runner = served[name] in stage_ids if name in served else runner_of[name] in runners
+        if not by_runner:
+            unrun.append(name)
+    return unrun
+
+
+def graph_only(model_dir: Path, engine_dir: Path, *, raise_no_graph: bool = False) -> Path | None:
+    """Write multistage_config.json for the engines already in engine_dir, building nothing.
+
+    Engines from other tools come without a graph; this finds them by the rules in
+    builder/discover.py and asks the checkpoint's family for their topology (args=None).
+    Returns the graph file, or None after logging why no graph can be written (or raises
+    NoGraph with the reason when raise_no_graph, for the CLI's exit message).
+    """
+    try:
+        return _graph_only(Path(model_dir), Path(engine_dir).resolve())
+    except NoGraph as e:
+        if (Path(engine_dir) / GRAPH_FILE).is_file():
+            e = NoGraph(f"{e} (the {GRAPH_FILE} already there was left as it was)")
+        if raise_no_graph:
+            raise e from None
+        log.warning("no %s written: %s", GRAPH_FILE, e)
+        return None
+
+
+def _graph_only(model_dir: Path, engine_dir: Path) -> Path:
+    """graph_only's work; every reason not to write a graph is a NoGraph, raised here."""
+    from edgeomni import graph_schema
+    from edgeomni.builder.discover import (
+        BACKBONE,
+        discover,
+        places,
+        shown,
+        tensor_parallel_markers,
+    )
+
+    ckpt = open_checkpoint(model_dir)
+    family = family_for(ckpt.model_type)
+    hooks = family.hooks()
+    if not engine_dir.is_dir():
+        raise BuildError(f"--engine-dir {engine_dir} is not a directory")
+    log.info("writing the graph for the engines in %s (%s family)", engine_dir, family.name)
+    markers = tensor_parallel_markers(engine_dir)
+    if markers:
+        listed = ", ".join(markers[:3]) + (", ..." if len(markers) > 3 else "")
+        raise NoGraph(
+            f"{engine_dir} holds a tensor-parallel build ({listed}); a multi-stage graph runs "
+            "each stage's engine on one device, without tensor parallelism"
+        )
+    available = hooks.components(ckpt)
+    disc = discover(engine_dir, available)
+    stray = f"; left out: {', '.join(disc.left_out)}" if disc.left_out else ""
+
+    def looked(name: str) -> str:
+        return f"{name} (looked in {', '.join(map(shown, disc.missing[name]))})"
+
+    for name, rel in disc.found.items():
+        cfg = _read_json(engine_dir / rel / "config.json")
+        built_for = cfg.get("model_type") if isinstance(cfg, dict) else None
+        if built_for and built_for != ckpt.model_type:
+            raise NoGraph(
+                f"the {name} engine in {shown(rel)} was built from a {built_for} checkpoint, "
+                f"but --model-dir is {ckpt.model_type}"
+            )
+    backbone = next((c for c in available if c.name == BACKBONE), None)
+    if backbone is not None and BACKBONE not in disc.found:
+        where = ", ".join(map(shown, places(backbone)))
+        raise NoGraph(
+            f"a {ckpt.model_type} build without its {BACKBONE} component cannot run as a graph: "
+            f"no {backbone.engine} beside a config.json in {where}{stray}"
+        )
+    if not disc.found:
+        raise NoGraph(f"no {ckpt.model_type} engine found in {engine_dir}{stray}")
+    found = {c.name: disc.found[c.name] for c in available if c.name in disc.found}
+    not_found = f"; not found: {', '.join(looked(n) for n in disc.missing)}" if disc.missing else ""
+    try:
+        graph = topology(hooks, ckpt, found, None)
+    except NoGraph as e:
+        raise NoGraph(f"{e}{not_found}{stray}") from None
+    unrun = unrun_components(hooks, graph, found, available)
+    if unrun:
+        them = ", ".join(f"{n} (in {shown(found[n])})" for n in unrun)
+        stages = ", ".join(s.id for s in graph.stages)
+        raise NoGraph(
+            f"no stage runs {them}: the {family.name} graph for these engines has only "
+            f"stages {stages}{not_found}{stray}"
+        )
+    for name in disc.missing:
+        log.info("no %s engine, left out of the graph: %s", name, looked(name))
+    try:
+        path = save_graph(graph, engine_dir)
+    except (graph_schema.GraphError, OSError, ValueError) as e:
+        raise BuildError(f"cannot write {GRAPH_FILE}: {e}") from e
+    log.info(
+        "graph stages: %s",
+        ", ".join(f"{s.id} ({s.artifact})" for s in graph.stages),
+    )
+    return path
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def stamp_limits(graph: Any, engine_dir: Path) -> Any:

@@ -16,30 +16,52 @@ def parser() -> argparse.ArgumentParser:
         description=(
             "Export each component of a Hugging Face checkpoint to ONNX, lower the attention "
             "plugin for the backend, build one engine per component, and write "
-            "multistage_config.json beside them."
+            "multistage_config.json beside them. With --graph-only, build nothing: write "
+            "multistage_config.json for the engines already in --engine-dir."
+        ),
+        epilog=(
+            "--graph-only looks for the backbone in ENG, ENG/thinker or ENG/llm; for the audio "
+            "and visual encoders in audio/ and visual/ under ENG or ENG/multimodal; for every "
+            "other engine in its own subdirectory (talker/, code_predictor/, code2wav/). An engine "
+            "anywhere else is left out and logged. It writes no graph, and says why, for a "
+            "tensor-parallel build, a build without its llm, or an engine that no stage runs. "
+            "Exit status: 0 built (or graph written), 2 bad input or, with --graph-only, no "
+            "graph could be written, 1 internal error."
         ),
     )
     p.add_argument("--model-dir", type=Path, required=True, help="HF checkpoint directory (local)")
     p.add_argument("--engine-dir", type=Path, required=True, help="where engines and graph go")
-    p.add_argument("--max-batch-size", type=int, default=4, help="requests per cohort (default 4)")
     p.add_argument(
-        "--max-input-len", type=int, default=1024, help="longest prompt in tokens (default 1024)"
+        "--graph-only",
+        action="store_true",
+        help=(
+            "build nothing: find the engines already in --engine-dir and write their "
+            "multistage_config.json (the size, backend and components flags are not needed; "
+            "each stage's limits come from its engine's config.json); exit 2 with the reason "
+            "when no graph can be written"
+        ),
+    )
+    p.add_argument(
+        "--max-batch-size", type=int, default=None, help="requests per cohort (default 4)"
+    )
+    p.add_argument(
+        "--max-input-len", type=int, default=None, help="longest prompt in tokens (default 1024)"
     )
     p.add_argument(
         "--max-kv-cache-capacity",
         type=int,
-        default=4096,
+        default=None,
         help="KV cache slots per request: prompt plus generated tokens (default 4096)",
     )
     p.add_argument(
         "--backend",
         choices=("onnxruntime", "tensorrt"),
-        default="onnxruntime",
+        default=None,
         help="engine backend (default onnxruntime; tensorrt is not available yet)",
     )
     p.add_argument(
         "--components",
-        default="all",
+        default=None,
         help="comma-separated components to build, or 'all' (default)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
@@ -53,31 +75,51 @@ def main(argv: list[str] | None = None) -> int:
         format="%(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from edgeomni.builder.build import build
+    from edgeomni.builder.build import build, graph_only
     from edgeomni.builder.errors import BuildError
     from edgeomni.export.common.checkpoint import CheckpointError
     from edgeomni.export.family import BuildArgs
     from edgeomni.export.registry import UnknownModelType
 
-    build_args = BuildArgs(
-        max_batch_size=args.max_batch_size,
-        max_input_len=args.max_input_len,
-        max_kv_cache_capacity=args.max_kv_cache_capacity,
-        backend=args.backend,
-    )
+    build_only = {
+        "--max-batch-size": args.max_batch_size,
+        "--max-input-len": args.max_input_len,
+        "--max-kv-cache-capacity": args.max_kv_cache_capacity,
+        "--backend": args.backend,
+        "--components": args.components,
+    }
     try:
-        graph = build(
-            args.model_dir,
-            args.engine_dir,
-            build_args,
-            [c.strip() for c in args.components.split(",") if c.strip()],
-        )
+        if args.graph_only:
+            given = [flag for flag, value in build_only.items() if value is not None]
+            if given:
+                logging.getLogger("edge-build").warning(
+                    "%s ignored with --graph-only: nothing is built", ", ".join(given)
+                )
+            graph = graph_only(args.model_dir, args.engine_dir, raise_no_graph=True)
+        else:
+            build_args = BuildArgs(
+                max_batch_size=_or(args.max_batch_size, 4),
+                max_input_len=_or(args.max_input_len, 1024),
+                max_kv_cache_capacity=_or(args.max_kv_cache_capacity, 4096),
+                backend=args.backend or "onnxruntime",
+            )
+            graph = build(
+                args.model_dir,
+                args.engine_dir,
+                build_args,
+                [c.strip() for c in (args.components or "all").split(",") if c.strip()],
+            )
     except (BuildError, CheckpointError, UnknownModelType) as e:
         print(f"edge-build: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if graph is not None:
         print(f"edge-build: wrote {graph}", file=sys.stderr)
     return EXIT_OK
+
+
+def _or(value: int | None, default: int) -> int:
+    """The size flags default to None so --graph-only can tell whether they were given."""
+    return default if value is None else value
 
 
 if __name__ == "__main__":

@@ -53,3 +53,23 @@ class FamilyHooks(Protocol):
     ) -> Any:
         """The graph (a graph_schema.Graph) for the built components (name -> artifact dir),
         or None when these components cannot run as a graph."""
+
+
+class OptionalFamilyHooks(Protocol):
+    """Hooks a family module may define; the builder falls back to the defaults described here.
+
+    ``served_by`` (a module-level mapping): component name -> id of the graph stage whose runner
+    runs that component although no stage names its dir as artifact. The default, for components
+    it does not list, is the stage whose runner is the component's ``runner`` (how Qwen3-Omni's
+    code predictor is run by the talker stage). ``edge-build --graph-only`` writes no graph when
+    it finds a component that no stage runs, neither as artifact nor this way.
+
+    ``no_graph_reason`` says why ``multistage_topology`` returned None for these components, for
+    the builder's log and --graph-only's exit message; without it (or when it returns None) the
+    builder names the family's components that are missing.
+    """
+
+    served_by: Mapping[str, str]
+
+    def no_graph_reason(self, components: Mapping[str, str]) -> str | None:
+        """Why these components (name -> artifact dir) cannot run as a graph, or None."""

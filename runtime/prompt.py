@@ -47,8 +47,16 @@ def media_parts(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
 class MediaEncoders:
     """The thinker's audio and visual encoders, found beside it and opened on first use."""
 
-    def __init__(self, folder: Path, config: Mapping[str, Any], *, threads: int | None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        config: Mapping[str, Any],
+        *,
+        threads: int | None,
+        locations: Mapping[str, str] | None = None,
+    ) -> None:
         self.folder = folder
+        self.locations = dict(locations or {})  # kind -> folder relative to the thinker's
         self.threads = threads
         tokens = config.get("media_tokens") or {}
         self.audio_token = tokens.get("audio_token_id")
@@ -68,7 +76,8 @@ class MediaEncoders:
         self._encoders: dict[str, Any] = {}
 
     def _dir(self, kind: str) -> Path | None:
-        for candidate in (self.folder / kind, self.folder / "multimodal" / kind):
+        named = [self.folder / self.locations[kind]] if kind in self.locations else []
+        for candidate in (*named, self.folder / kind, self.folder / "multimodal" / kind):
             if (candidate / "config.json").is_file():
                 return candidate
         return None

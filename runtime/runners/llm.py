@@ -58,7 +58,9 @@ class LLMBackbone:
         self.mrope = bool(cfg.get("mrope_section"))
         self.deepstack = int(cfg.get("deepstack_layers") or 0)
         self.hidden_layer = cfg.get("hidden_output_layer")
-        self.media = MediaEncoders(folder, cfg, threads=threads)
+        self.media = MediaEncoders(
+            folder, cfg, threads=threads, locations=stage.config.get("encoders")
+        )
         self.kv = KVCache(
             cfg["num_hidden_layers"],
             self.max_batch,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
 
 from edgeomni.export.common.checkpoint import Checkpoint
@@ -18,6 +19,13 @@ def multistage_topology(
     the thinker alone when any speech component is missing."""
     if "llm" not in components:
         return None
+    # the encoders are the thinker runner's, not stages: it finds them through its config,
+    # as paths relative to its own artifact folder
+    encoders = {
+        kind: posixpath.relpath(components[kind], components["llm"])
+        for kind in ("audio", "visual")
+        if kind in components
+    }
     thinker = Stage(
         id="thinker",
         runner="llm.backbone",
@@ -32,6 +40,7 @@ def multistage_topology(
             Emit("text", "text", "chunk_stream", terminal=True),
             Emit("accept_hidden", "hidden", "chunk_stream"),
         ),
+        config={"encoders": encoders} if encoders else {},
     )
     if not all(c in components for c in SPEECH):
         return Graph(SCHEMA_VERSION, ("thinker:text",), (thinker,))
