@@ -155,7 +155,11 @@ class Pipeline:
                 continue
             states.append(state)
 
-        keys = [(s.plan.stages, s.request.fields, s.request.batch_settings) for s in states]
+        # a cohort shares its stages, request fields, voice and batch-wide settings (the spec)
+        keys = [
+            (s.plan.stages, s.request.fields, s.request.voice, s.request.batch_settings)
+            for s in states
+        ]
         for cohort_idx in make_cohorts(keys, max(1, batch_size)):
             cohort = [states[i] for i in cohort_idx]
             self._run_cohort(cohort, batch_size)

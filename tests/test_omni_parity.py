@@ -191,3 +191,15 @@ def test_media_input_matches_transformers(omni_engine, media, tmp_path, kind: st
     audio, _ = read_wav(entry["audio_file"])
     assert len(audio) == len(expected.wav)
     assert np.abs(audio - expected.wav).max() < 2 / 32768 + AUDIO_ATOL
+
+
+def test_voices_split_cohorts(omni_engine, tmp_path) -> None:
+    """Requests with different voices go to different cohorts; equal voices share one."""
+    reqs = requests_for(PROMPTS[:2], voice="ethan") + requests_for(PROMPTS[:1], voice="chelsie")
+    code, entries = run(
+        omni_engine, tmp_path, reqs, "--batch-size", "3", "--output-audio-dir", str(tmp_path / "a")
+    )
+    assert code == cli.EXIT_OK
+    sizes = [e["stages"]["talker"]["cohort_size"] for e in entries]
+    voices = [e["stages"]["talker"]["voice"] for e in entries]
+    assert (sizes, voices) == ([2, 2, 1], ["ethan", "ethan", "chelsie"])
