@@ -71,6 +71,7 @@ SIZES: dict[str, dict] = {
             num_attention_heads=8,
             num_key_value_heads=4,
             head_dim=64,
+            layer_types=["full_attention"] * 5,
         ),  # fmt: skip
         "code2wav": dict(
             hidden_size=512,
