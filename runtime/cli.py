@@ -108,6 +108,7 @@ def _fail(message: str, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from edgeomni.graph_schema import GraphError
+    from edgeomni.runtime.engine import EngineError
     from edgeomni.runtime.pipeline import Pipeline, load_graph
     from edgeomni.runtime.requests import (
         load_request_file,
@@ -131,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.batch_size is not None and args.batch_size < 1:
         return _fail("--batch-size must be at least 1", EXIT_BAD_CONFIG)
+    if (args.audio or args.image) and args.prompt is None:
+        return _fail(
+            "--audio and --image go with --prompt (put media in the request file)", EXIT_BAD_CONFIG
+        )
+    if args.out_audio is not None and args.prompt is None:
+        return _fail(
+            "--out-audio goes with --prompt (use --output-audio-dir for a file)", EXIT_BAD_CONFIG
+        )
+    if args.output_audio_dir is not None and args.input_file is None:
+        return _fail("--output-audio-dir goes with --input-file", EXIT_BAD_CONFIG)
 
     try:
         sampling, extra = parse_sampling(json.loads(args.sampling))
@@ -155,16 +166,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         return _fail(str(e), EXIT_BAD_CONFIG)
 
-    if (args.audio or args.image) and args.prompt is None:
-        return _fail(
-            "--audio and --image go with --prompt (put media in the request file)", EXIT_BAD_CONFIG
-        )
-    if args.out_audio is not None and args.prompt is None:
-        return _fail(
-            "--out-audio goes with --prompt (use --output-audio-dir for a file)", EXIT_BAD_CONFIG
-        )
-    if args.output_audio_dir is not None and args.input_file is None:
-        return _fail("--output-audio-dir goes with --input-file", EXIT_BAD_CONFIG)
     want_audio = args.out_audio is not None or args.output_audio_dir is not None
     try:
         pipeline = Pipeline(args.config, threads=args.threads, whole_utterance=args.whole_utterance)
@@ -177,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     batch_size = args.batch_size or settings.get("batch_size") or 1
     # text stages only, unless audio was asked for (a graph without text always speaks)
     requested = None if want_audio else (pipeline.text_terminals() or None)
-    outcomes = pipeline.run(requests, batch_size=batch_size, requested=requested)
+    try:
+        outcomes = pipeline.run(requests, batch_size=batch_size, requested=requested)
+    except EngineError as e:  # an engine the graph names cannot be opened
+        return _fail(str(e), EXIT_BAD_CONFIG)
     for outcome in outcomes:
         write_audio(outcome, args)
     entries = [o.entry for o in outcomes]

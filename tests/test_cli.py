@@ -104,3 +104,36 @@ def test_dump_profile(qwen3_engine: Path, capsys) -> None:
     profile = json.loads(err[err.index("{") :])
     assert profile["stages"]["llm"]["requests"] == 1
     assert profile["peak_rss_mb"] > 0 and profile["wall_ms"] > 0
+
+
+def test_missing_engine_file_is_a_config_error(qwen3_engine: Path, tmp_path: Path, capsys) -> None:
+    eng = tmp_path / "eng"
+    shutil.copytree(qwen3_engine, eng)
+    (eng / "llm.onnx").unlink()
+    code = cli.main(["--config", str(eng), "--prompt", "hi", "--max-generate-length", "2"])
+    assert code == cli.EXIT_BAD_CONFIG
+    assert "llm.onnx is missing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--input-file", "x.json", "--audio", "a.wav"], "--audio and --image go with --prompt"),
+        (["--input-file", "x.json", "--out-audio", "a.wav"], "--out-audio goes with --prompt"),
+        (
+            ["--prompt", "hi", "--output-audio-dir", "d"],
+            "--output-audio-dir goes with --input-file",
+        ),
+    ],
+)
+def test_flag_combinations(qwen3_engine: Path, capsys, flags, message) -> None:
+    assert cli.main(["--config", str(qwen3_engine), *flags]) == cli.EXIT_BAD_CONFIG
+    assert message in capsys.readouterr().err
+
+
+def test_audio_on_a_text_only_graph(qwen3_engine: Path, tmp_path: Path, capsys) -> None:
+    code = cli.main(
+        ["--config", str(qwen3_engine), "--prompt", "hi", "--out-audio", str(tmp_path / "a.wav")]
+    )
+    assert code == cli.EXIT_BAD_CONFIG
+    assert "no audio output" in capsys.readouterr().err
