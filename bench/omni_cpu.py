@@ -4,7 +4,8 @@ Text in, speech out: for each prompt, both run greedy thinker -> talker -> code 
 code2wav; printed are wall time, audio seconds, real-time factor (wall / audio), and time to
 first audio (edgeomni vocodes windows while the talker runs; transformers returns all audio at
 the end, so its first audio is its wall time). Speech in, text out runs when the build has an
-audio encoder. The two must produce the same codes; the script says so.
+audio encoder. The two must produce the same codes and tokens; the script says so and exits 1
+when they differ.
 
     python bench/omni_cpu.py [--size small|tiny] [--prompts 3] [--max-frames 100]
 """
@@ -200,6 +201,85 @@ def run_transformers(ckpt: Path, prompts: list[str], max_new: int, max_frames: i
     return results
 
 
+def speech_in(ckpt: Path, engine: Path, work: Path, seconds: float, max_new: int) -> dict | None:
+    """Speech in, text out: one clip through the audio encoder and the thinker, both sides."""
+    if not (engine / "audio" / "config.json").is_file():
+        return None
+    import torch
+    from transformers import (
+        AutoFeatureExtractor,
+        AutoTokenizer,
+        Qwen3OmniMoeForConditionalGeneration,
+    )
+
+    from edgeomni.runtime.audio import audio_token_count, read_wav, write_wav
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    rng = np.random.default_rng(0)
+    t = np.arange(int(16000 * seconds)) / 16000
+    clip = (0.3 * np.sin(2 * np.pi * 180 * t) + 0.05 * rng.standard_normal(t.size)).astype(
+        np.float32
+    )
+    write_wav(work / "question.wav", clip, 16000)
+    clip, _ = read_wav(work / "question.wav")
+    content = [
+        {"type": "audio", "audio": str(work / "question.wav")},
+        {"type": "text", "text": "Answer."},
+    ]
+    body = {
+        "max_generate_length": max_new,
+        "top_k": 1,
+        "requests": [{"messages": [{"role": "user", "content": content}]}],
+    }
+    requests, _ = parse_request_file(body)
+    pipe = Pipeline(engine)
+    pipe.run(requests, batch_size=1, requested=pipe.text_terminals())
+    start = time.perf_counter()
+    (ours,) = pipe.run(requests, batch_size=1, requested=pipe.text_terminals())
+    ours_s = time.perf_counter() - start
+
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    fe = AutoFeatureExtractor.from_pretrained(ckpt)
+    feats = fe(
+        [clip],
+        sampling_rate=16000,
+        padding=True,
+        truncation=False,
+        return_attention_mask=True,
+        return_tensors="pt",
+    )
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+    n = audio_token_count(int(feats["attention_mask"].sum()))
+    text = text.replace(tok.audio_token, tok.audio_token * n, 1)
+    ids = tok([text], return_tensors="pt")
+
+    def generate():  # noqa: ANN202
+        with torch.no_grad():
+            return model.generate(
+                input_ids=ids["input_ids"], attention_mask=ids["attention_mask"],
+                input_features=feats["input_features"], feature_attention_mask=feats["attention_mask"],
+                return_audio=False, thinker_max_new_tokens=max_new, thinker_do_sample=False,
+                thinker_eos_token_id=model.config.im_end_token_id,
+            )  # fmt: skip
+
+    generate()
+    start = time.perf_counter()
+    seq = generate()
+    ref_s = time.perf_counter() - start
+    ref_tokens = seq[0, ids["input_ids"].shape[1] :].tolist()
+    return {
+        "audio_in_s": seconds,
+        "edgeomni_s": round(ours_s, 3),
+        "transformers_s": round(ref_s, 3),
+        "speedup": round(ref_s / ours_s, 2),
+        "same_tokens": ours.entry["stages"]["thinker"]["output_tokens"] == ref_tokens,
+    }
+
+
 def summary(rows: list[dict]) -> dict:
     wall = sum(r["wall_s"] for r in rows)
     audio = sum(r["audio_s"] for r in rows)
@@ -223,6 +303,7 @@ def main() -> int:
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--max-frames", type=int, default=100)
     p.add_argument("--window-frames", type=int, default=25, help="edgeomni vocoder window")
+    p.add_argument("--speech-seconds", type=float, default=5.0, help="clip length, speech in")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-bench")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
@@ -234,6 +315,7 @@ def main() -> int:
     ours = run_edgeomni(engine, prompts, args.max_new_tokens, args.max_frames)
     ref = run_transformers(ckpt, prompts, args.max_new_tokens, args.max_frames)
     same = all(np.array_equal(a["codes"], b["codes"]) for a, b in zip(ours, ref, strict=True))
+    a2t = speech_in(ckpt, engine, args.work, args.speech_seconds, args.max_new_tokens)
     o, r = summary(ours), summary(ref)
     result = {
         "date": time.strftime("%Y-%m-%d"),
@@ -247,6 +329,7 @@ def main() -> int:
         "rtf_speedup": round(r["rtf"] / o["rtf"], 2) if o["rtf"] and r["rtf"] else None,
         "first_audio_speedup": round(r["first_audio_ms_median"] / o["first_audio_ms_median"], 2),
         "same_codes": same,
+        "speech_in_text_out": a2t,
     }
     print(json.dumps(result, indent=2))
     print(
@@ -254,6 +337,13 @@ def main() -> int:
         f"({result['rtf_speedup']}x); first audio {o['first_audio_ms_median']} ms vs "
         f"{r['first_audio_ms_median']} ms ({result['first_audio_speedup']}x); same codes: {same}"
     )
+    if a2t:
+        print(
+            f"speech -> text ({args.size}, {a2t['audio_in_s']} s clip): edgeomni {a2t['edgeomni_s']} s "
+            f"vs transformers {a2t['transformers_s']} s ({a2t['speedup']}x); same tokens: "
+            f"{a2t['same_tokens']}"
+        )
+        same = same and a2t["same_tokens"]
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0 if same else 1
