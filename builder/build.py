@@ -113,6 +113,7 @@ def build(
     log.info("building %s (%s family) into %s", model_dir, family.name, engine_dir)
 
     staging = Path(tempfile.mkdtemp(prefix=f".{engine_dir.name}.partial-", dir=engine_dir.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the engine dir is an ordinary folder
     try:
         with tempfile.TemporaryDirectory(prefix="edgeomni-export-") as work:
             for comp in selected:

@@ -60,6 +60,20 @@ def parser() -> argparse.ArgumentParser:
         help="engine backend (default onnxruntime; tensorrt is not available yet)",
     )
     p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="where the engines run (default cpu; cuda: ONNX Runtime's CUDA provider, built "
+        "here and optimised for the GPU when first loaded there)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "float16"),
+        default=None,
+        help="decoder weights and activations (default float32 on cpu, float16 on cuda; "
+        "encoders and the vocoder stay float32)",
+    )
+    p.add_argument(
         "--components",
         default=None,
         help="comma-separated components to build, or 'all' (default)",
@@ -86,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         "--max-input-len": args.max_input_len,
         "--max-kv-cache-capacity": args.max_kv_cache_capacity,
         "--backend": args.backend,
+        "--device": args.device,
+        "--dtype": args.dtype,
         "--components": args.components,
     }
     try:
@@ -102,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                 max_input_len=_or(args.max_input_len, 1024),
                 max_kv_cache_capacity=_or(args.max_kv_cache_capacity, 4096),
                 backend=args.backend or "onnxruntime",
+                device=args.device or "cpu",
+                dtype=args.dtype or ("float16" if args.device == "cuda" else "float32"),
             )
             graph = build(
                 args.model_dir,

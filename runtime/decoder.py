@@ -29,6 +29,7 @@ class DecoderSession:
         """``outputs``: name -> shape after the batch axis, e.g. {"logits": (V,)}; names in
         ``per_position`` also carry the call's width, [rows, S, *shape]."""
         self.rows = rows
+        self.engine = engine
         self.binding = engine.binding()
         kv.bind(self.binding, rows)
         self._shapes = dict(outputs)
@@ -41,8 +42,10 @@ class DecoderSession:
     def _buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         key = (name, shape[1] if name in self._per_position else 0)
         buf = self._buffers.get(key)
-        if buf is None:
-            buf = self._buffers[key] = np.empty(shape, np.float32)
+        if buf is None:  # outputs the host reads, in the engine's own dtype
+            buf = self._buffers[key] = np.empty(
+                shape, self.engine.output_types.get(name, np.float32)
+            )
         self.binding.bind_output(name, buf)
         return buf
 
@@ -62,16 +65,19 @@ class DecoderSession:
                 out[name] = self._buffer(name, (self.rows, width, *shape))
             else:
                 out[name] = self._buffers[(name, 0)]
-        self.binding.run(
-            {
-                "inputs_embeds": np.ascontiguousarray(embeds, np.float32),
-                "position_ids": positions.astype(np.int64),
-                "past_lens": past_lens.astype(np.int32),
-                "query_lens": query_lens.astype(np.int32),
-                "last_indices": last_indices.astype(np.int64),
-                **extra,
-            }
-        )
+        feeds = {
+            "inputs_embeds": embeds,
+            "position_ids": positions.astype(np.int64),
+            "past_lens": past_lens.astype(np.int32),
+            "query_lens": query_lens.astype(np.int32),
+            "last_indices": last_indices.astype(np.int64),
+            **extra,
+        }
+        types = self.engine.input_types
+        for name, value in feeds.items():  # float feeds in the engine's dtype (fp16 on a GPU)
+            if value.dtype.kind == "f" and name in types:
+                feeds[name] = np.ascontiguousarray(value, types[name])
+        self.binding.run(feeds)
         return out
 
 

@@ -25,8 +25,11 @@ class Binding(Protocol):
 
 
 class Engine(Protocol):
+    device: str  # "cpu" or "cuda": where the engine wants its bound buffers
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
+    input_types: dict[str, np.dtype]
+    output_types: dict[str, np.dtype]
 
     def binding(self) -> Binding: ...
 
@@ -45,16 +48,24 @@ class OrtBinding:
         self._io = session.io_binding()
         self._keep: list[Any] = []  # OrtValues must outlive the binding
 
-    def bind_in_place(self, input_name: str, output_name: str, array: np.ndarray) -> None:
-        if not array.flags.c_contiguous:
-            raise EngineError(f"{input_name}: an in-place buffer must be contiguous")
-        value = self._ort.OrtValue.ortvalue_from_numpy(array)
+    def _value(self, array: Any) -> Any:
+        """An OrtValue over the caller's memory: a host numpy array or a DeviceArray."""
+        if isinstance(array, np.ndarray):
+            if not array.flags.c_contiguous:
+                raise EngineError("a bound buffer must be contiguous")
+            return self._ort.OrtValue.ortvalue_from_numpy(array)
+        return self._ort.OrtValue.ortvalue_from_shape_and_type(
+            list(array.shape), array.dtype.type, "cuda", 0, array.ptr
+        )
+
+    def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None:
+        value = self._value(array)
         self._keep.append(value)
         self._io.bind_ortvalue_input(input_name, value)
         self._io.bind_ortvalue_output(output_name, value)
 
-    def bind_output(self, name: str, array: np.ndarray) -> None:
-        value = self._ort.OrtValue.ortvalue_from_numpy(array)
+    def bind_output(self, name: str, array: Any) -> None:
+        value = self._value(array)
         self._keep.append(value)
         self._io.bind_ortvalue_output(name, value)
 
@@ -64,24 +75,48 @@ class OrtBinding:
         self._session.run_with_iobinding(self._io)
 
 
-class OrtEngine:
-    """An ONNX Runtime session on the CPU provider (the build already optimised the model)."""
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
+                "tensor(int64)": np.int64, "tensor(int32)": np.int32}  # fmt: skip
 
-    def __init__(self, path: Path, *, threads: int | None = None) -> None:
+
+class OrtEngine:
+    """An ONNX Runtime session on the CPU provider, or on the CUDA provider for engines built
+    for ``cuda`` (the build saved them provider-neutral; the CUDA provider's fusions run here)."""
+
+    def __init__(self, path: Path, *, device: str = "cpu", threads: int | None = None) -> None:
         import onnxruntime as ort
 
         if not path.is_file():
             raise EngineError(f"engine file {path} is missing")
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if device == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise EngineError(
+                    f"{path.name} was built for cuda, but this onnxruntime has no "
+                    "CUDAExecutionProvider (install onnxruntime-gpu and run on a machine with an "
+                    "NVIDIA GPU)"
+                )
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
         if threads:
             so.intra_op_num_threads = threads
         try:
-            self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(str(path), so, providers=providers)
         except Exception as e:  # ORT raises its own exception types
             raise EngineError(f"ONNX Runtime could not load {path}: {e}") from None
+        self.device = device
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
+        self.input_types = {
+            i.name: np.dtype(_NUMPY_TYPES.get(i.type, np.float32))
+            for i in self.session.get_inputs()
+        }
+        self.output_types = {
+            o.name: np.dtype(_NUMPY_TYPES.get(o.type, np.float32))
+            for o in self.session.get_outputs()
+        }
 
     def binding(self) -> OrtBinding:
         return OrtBinding(self.session)
@@ -91,9 +126,9 @@ def open_engine(folder: Path, config: Mapping[str, Any], *, threads: int | None 
     """The engine a stage's config.json describes."""
     backend, device = config.get("backend"), config.get("device", "cpu")
     engine_file = folder / str(config.get("engine", ""))
-    if backend == "onnxruntime" and device == "cpu":
-        return OrtEngine(engine_file, threads=threads)
+    if backend == "onnxruntime" and device in ("cpu", "cuda"):
+        return OrtEngine(engine_file, device=device, threads=threads)
     raise EngineError(
         f"{folder}: engines for backend {backend!r} on device {device!r} are not supported by "
-        "this runtime (it runs onnxruntime engines on the CPU)"
+        "this runtime (it runs onnxruntime engines on the CPU or a CUDA GPU)"
     )

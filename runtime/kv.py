@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from edgeomni.runtime.engine import Binding
@@ -22,20 +24,35 @@ class KVCache:
         capacity: int,
         head_dim: int,
         dtype: type[np.generic] = np.float32,
+        device: str = "cpu",
     ) -> None:
         shape = (max_batch, kv_heads, capacity, head_dim)
         self.capacity = capacity
         self.max_batch = max_batch
-        self.keys = [np.zeros(shape, dtype) for _ in range(layers)]
-        self.values = [np.zeros(shape, dtype) for _ in range(layers)]
+        if device == "cuda":  # on the GPU the cache never leaves device memory
+            from edgeomni.runtime.memory import DeviceArray
+
+            def alloc() -> Any:
+                return DeviceArray.zeros(shape, dtype)
+        else:
+
+            def alloc() -> Any:
+                return np.zeros(shape, dtype)
+
+        self.keys = [alloc() for _ in range(layers)]
+        self.values = [alloc() for _ in range(layers)]
+
+    @staticmethod
+    def _rows(buffer: Any, rows: int) -> Any:
+        return buffer[:rows] if isinstance(buffer, np.ndarray) else buffer.rows(rows)
 
     def bind(self, binding: Binding, rows: int) -> None:
         if rows > self.max_batch:
             raise ValueError(f"{rows} rows exceed the cache's {self.max_batch}")
         for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
-            binding.bind_in_place(f"past_key_{i}", f"present_key_{i}", k[:rows])
-            binding.bind_in_place(f"past_value_{i}", f"present_value_{i}", v[:rows])
+            binding.bind_in_place(f"past_key_{i}", f"present_key_{i}", self._rows(k, rows))
+            binding.bind_in_place(f"past_value_{i}", f"present_value_{i}", self._rows(v, rows))
 
     def nbytes_per_token(self) -> int:
         k = self.keys[0]
-        return 2 * len(self.keys) * k.shape[1] * k.shape[3] * k.itemsize
+        return 2 * len(self.keys) * k.shape[1] * k.shape[3] * np.dtype(k.dtype).itemsize

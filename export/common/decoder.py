@@ -239,7 +239,8 @@ class CausalLM(nn.Module):
         cfg = self.cfg
         head_index, rest = (rest[0], rest[1:]) if cfg.lm_heads > 1 else (None, rest)
         deepstack, cache = (rest[0], rest[1:]) if cfg.deepstack_layers else (None, rest)
-        cos, sin = self.model.rotary(position_ids)
+        cos, sin = self.model.rotary(position_ids)  # float32, then the activations' dtype
+        cos, sin = cos.to(inputs_embeds.dtype), sin.to(inputs_embeds.dtype)
         h = inputs_embeds
         extra: list[torch.Tensor] = []
         if cfg.hidden_output_layer == 0:

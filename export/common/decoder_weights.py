@@ -68,3 +68,5 @@ def load_decoder(
             )
         state[name] = tensor.to(dtype).contiguous()
     module.load_state_dict(state, strict=True)
+    module.to(dtype)
+    module.model.rotary.float()  # positions and frequencies stay float32 at any weight dtype

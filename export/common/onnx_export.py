@@ -68,24 +68,26 @@ def export_causal_lm(module: Any, path: Path) -> Path:
     from torch.export import Dim
 
     cfg = module.cfg
+    dtype = next(module.parameters()).dtype
     b, s, c = 2, 3, 8
     positions = torch.arange(s).repeat(b, 1)
     if cfg.mrope_section is not None:
         positions = positions[None].repeat(3, 1, 1)
     args = (
-        torch.zeros(b, s, cfg.hidden_size),
+        torch.zeros(b, s, cfg.hidden_size, dtype=dtype),
         positions,
         torch.zeros(b, dtype=torch.int32),
         torch.full((b,), s, dtype=torch.int32),
         torch.full((b,), s - 1, dtype=torch.int64),
     )
     rest: tuple[Any, ...] = tuple(
-        torch.zeros(b, cfg.num_kv_heads, c, cfg.head_dim) for _ in range(2 * cfg.num_layers)
+        torch.zeros(b, cfg.num_kv_heads, c, cfg.head_dim, dtype=dtype)
+        for _ in range(2 * cfg.num_layers)
     )
     batch, seq, capacity = Dim("batch"), Dim("seq"), Dim("capacity")
     rest_shapes: tuple[Any, ...] = tuple({0: batch, 2: capacity} for _ in rest)
     if cfg.deepstack_layers:
-        rest = (torch.zeros(cfg.deepstack_layers, b, s, cfg.hidden_size), *rest)
+        rest = (torch.zeros(cfg.deepstack_layers, b, s, cfg.hidden_size, dtype=dtype), *rest)
         rest_shapes = ({1: batch, 2: seq}, *rest_shapes)
     if cfg.lm_heads > 1:
         rest = (torch.zeros(1, dtype=torch.int64), *rest)

@@ -67,6 +67,8 @@ class LLMBackbone:
             cfg["num_key_value_heads"],
             self.capacity,
             cfg["head_dim"],
+            dtype=np.dtype(cfg.get("dtype", "float32")).type,
+            device=self.engine.device,
         )
 
     # -- per request -------------------------------------------------------------------------
@@ -163,7 +165,8 @@ class LLMBackbone:
             )
         start = time.perf_counter()
         while True:
-            tokens = sample(out["logits"], params, rng, seen if penalise else None)
+            logits = np.asarray(out["logits"], np.float32)
+            tokens = sample(logits, params, rng, seen if penalise else None)
             for row in range(n):
                 if finish[row] is not None:
                     continue

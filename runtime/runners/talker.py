@@ -57,9 +57,15 @@ def _projection(tables: dict[str, np.ndarray], name: str) -> Projection:
     )
 
 
-def _decoder_cache(cfg: dict[str, Any], rows: int, capacity: int) -> KVCache:
+def _decoder_cache(cfg: dict[str, Any], rows: int, capacity: int, device: str) -> KVCache:
     return KVCache(
-        cfg["num_hidden_layers"], rows, cfg["num_key_value_heads"], capacity, cfg["head_dim"]
+        cfg["num_hidden_layers"],
+        rows,
+        cfg["num_key_value_heads"],
+        capacity,
+        cfg["head_dim"],
+        dtype=np.dtype(cfg.get("dtype", "float32")).type,
+        device=device,
     )
 
 
@@ -98,8 +104,10 @@ class Talker:
         limits = cfg["builder_config"]
         self.max_batch = int(limits["max_batch_size"])
         self.capacity = int(limits["max_kv_cache_capacity"])
-        self.kv = _decoder_cache(cfg, self.max_batch, self.capacity)
-        self.cp_kv = _decoder_cache(self.cp_config, self.max_batch, self.groups)
+        self.kv = _decoder_cache(cfg, self.max_batch, self.capacity, self.engine.device)
+        self.cp_kv = _decoder_cache(
+            self.cp_config, self.max_batch, self.groups, self.cp_engine.device
+        )
         # the talker may not emit the codec's control band, except the end of speech
         band = np.arange(self.vocab_size - 1024, self.vocab_size)
         self.suppressed = band[band != self.ids["codec_eos"]]
@@ -219,7 +227,7 @@ class Talker:
         step = 0
         cp_ms = 0.0
         while True:
-            logits = out["logits"].copy()
+            logits = np.asarray(out["logits"], np.float32).copy()
             logits[:, self.suppressed] = -np.inf
             seen = [np.asarray(f, np.int64) for f in first]
             code0 = sample(logits, talker_params, rng, seen)
@@ -298,7 +306,7 @@ class Talker:
                 np.full(n, width - 1, np.int64),
                 lm_head_index=np.array([group - 1], np.int64),
             )
-            codes[:, group] = sample(out["logits"], params, rng)
+            codes[:, group] = sample(np.asarray(out["logits"], np.float32), params, rng)
             emb = self.cp_embeddings[group - 1][codes[:, group]]
             total += emb
             past = past + width

@@ -15,7 +15,7 @@ from edgeomni.export.families.qwen3.weights import EMBEDDING, load_weights
 from edgeomni.export.family import BuildArgs, Component
 
 LLM = Component(name="llm", subdir=".", engine="llm.onnx", runner="llm.backbone")
-_DTYPES = {"float32": torch.float32}
+_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 def components(ckpt: Checkpoint) -> tuple[Component, ...]:

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
+from edgeomni.export.common.onnx_export import export_causal_lm
 from edgeomni.export.families.qwen3_omni import audio, code2wav, talker, thinker, visual
 from edgeomni.export.families.qwen3_omni.config import section
 from edgeomni.export.family import BuildArgs, Component
@@ -19,6 +22,7 @@ TALKER = Component("talker", "talker", "llm.onnx", "qwen3_omni.talker")
 CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", "qwen3_omni.talker")
 CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, "qwen3_omni.code2wav")
 SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV)
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 def components(ckpt: Checkpoint) -> tuple[Component, ...]:
@@ -36,15 +40,16 @@ def components(ckpt: Checkpoint) -> tuple[Component, ...]:
 def export_component(
     ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs
 ) -> Path:
-    if args.dtype != "float32":
-        raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3_omni_moe yet")
+    if args.dtype not in DTYPES:
+        raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3_omni_moe")
+    dtype = DTYPES[args.dtype]  # the decoders; encoders and code2wav stay float32
     path = work_dir / component.engine
     if component is LLM:
-        return thinker.export(ckpt, path)
+        return export_causal_lm(thinker.build_module(ckpt, dtype), path)
     if component is TALKER:
-        return talker.export_talker(ckpt, path)
+        return export_causal_lm(talker.build_talker(ckpt, dtype), path)
     if component is CODE_PREDICTOR:
-        return talker.export_predictor(ckpt, path)
+        return export_causal_lm(talker.build_predictor(ckpt, dtype), path)
     if component is AUDIO:
         return audio.export_audio_encoder(audio.load_audio_tower(ckpt.tensor, ckpt.config), path)
     if component is VISUAL:

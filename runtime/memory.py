@@ -1,0 +1,77 @@
+"""Buffers the engines bind: numpy arrays on the host, cuda-python allocations on a GPU.
+
+A DeviceArray is a plain cudaMalloc allocation with a shape and dtype; engines bind its pointer
+by name (ONNX Runtime's IOBinding here, TensorRT's tensor addresses later), so KV caches and
+stage hand-offs stay on the device and only what the host must see is copied back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+
+
+class DeviceError(RuntimeError):
+    """No usable GPU, or a CUDA call failed."""
+
+
+def _cudart() -> Any:
+    try:
+        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+    except ImportError:
+        try:
+            from cuda import cudart  # older cuda-python
+        except ImportError:
+            raise DeviceError(
+                "device buffers need cuda-python (pip install 'edgeomni[cuda]')"
+            ) from None
+    return cudart
+
+
+def _check(result: Any, what: str) -> Any:
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise DeviceError(f"{what} failed: {err}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+class DeviceArray:
+    """A contiguous device allocation (or a leading-rows view of one)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any, ptr: int, owner: bool) -> None:
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.ptr = int(ptr)
+        self._owner = owner
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, ...], dtype: Any) -> DeviceArray:
+        cudart = _cudart()
+        nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        ptr = _check(cudart.cudaMalloc(nbytes), "cudaMalloc")
+        _check(cudart.cudaMemset(ptr, 0, nbytes), "cudaMemset")
+        return cls(shape, dtype, int(ptr), owner=True)
+
+    def rows(self, n: int) -> DeviceArray:
+        """The first n entries of the leading axis: contiguous, same pointer, not owned."""
+        if n > self.shape[0]:
+            raise ValueError(f"{n} rows of a buffer with {self.shape[0]}")
+        return DeviceArray((n, *self.shape[1:]), self.dtype, self.ptr, owner=False)
+
+    def to_host(self) -> np.ndarray:
+        cudart = _cudart()
+        out = np.empty(self.shape, self.dtype)
+        kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        _check(cudart.cudaMemcpy(out.ctypes.data, self.ptr, self.nbytes, kind), "cudaMemcpy")
+        return out
+
+    def __del__(self) -> None:
+        if getattr(self, "_owner", False):
+            with contextlib.suppress(Exception):  # at interpreter shutdown there is no runtime
+                _cudart().cudaFree(self.ptr)
