@@ -259,6 +259,11 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
     past and present stay one buffer (the runtime binds the same OrtValue to both), so the cache
     is updated in place. GQA wants ``seqlens_k`` = total length - 1 and the batch's maximum total
     length; both are computed once per graph from past_lens and query_lens.
+
+    Before ONNX Runtime 1.32 (no ``query_seqlens``; ctx.options["gqa_query_seqlens"] False) the
+    lowered op serves the calls the runtime makes: prefill from an empty cache (rows right-padded)
+    and one-token decode. An idle row (query length 0) then rewrites its own last cache slot,
+    which is harmless only because idle rows are finished ones.
     """
     from onnx import helper
 
@@ -282,7 +287,9 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
         ctx.emit(helper.make_node("ReduceMax", [total], [max_total], keepdims=0))
         ctx.cache[key] = (seqlens_k, max_total)
     seqlens_k, max_total = ctx.cache[key]
-    gqa_inputs = [q, k, v, pk, pv, seqlens_k, max_total] + [""] * 9 + [query_lens]
+    gqa_inputs = [q, k, v, pk, pv, seqlens_k, max_total]
+    if ctx.options.get("gqa_query_seqlens", True):  # ONNX Runtime 1.32 and later
+        gqa_inputs += [""] * 9 + [query_lens]
     kwargs: dict[str, Any] = {
         "num_heads": int(attrs["num_heads"]),
         "kv_num_heads": int(attrs["kv_num_heads"]),

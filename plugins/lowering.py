@@ -27,6 +27,7 @@ class LoweringContext:
     """What a lowering may add to the graph: fresh names, shared constants, helper nodes."""
 
     taken: set[str]
+    options: dict[str, Any] = field(default_factory=dict)
     cache: dict[Any, Any] = field(default_factory=dict)
     prelude: list[Any] = field(default_factory=list)
     initializers: list[Any] = field(default_factory=list)
@@ -53,8 +54,23 @@ class LoweringContext:
         return self.cache[key]
 
 
-def lower_model(model: Any, backend: str) -> Any:
-    """Lower every edgeomni op in ``model`` (an onnx.ModelProto, changed in place and returned)."""
+def onnxruntime_options(version: str | None = None) -> dict[str, Any]:
+    """What the target ONNX Runtime's contrib ops accept (default: the installed version).
+
+    GroupQueryAttention takes per-row query lengths (``query_seqlens``) from 1.32 on; before,
+    a call with past context and several new tokens must be a batch of one."""
+    if version is None:
+        import onnxruntime
+
+        version = onnxruntime.__version__
+    major, minor = (int(x) for x in version.split(".")[:2])
+    return {"gqa_query_seqlens": (major, minor) >= (1, 32), "onnxruntime": version}
+
+
+def lower_model(model: Any, backend: str, options: dict[str, Any] | None = None) -> Any:
+    """Lower every edgeomni op in ``model`` (an onnx.ModelProto, changed in place and returned).
+
+    ``options`` say what the target backend version supports (onnxruntime_options())."""
     from onnx import helper
 
     if backend not in BACKENDS:
@@ -64,7 +80,9 @@ def lower_model(model: Any, backend: str) -> Any:
     graph = model.graph
     taken = {n for node in graph.node for n in (*node.input, *node.output)}
     taken |= {i.name for i in graph.initializer} | {i.name for i in graph.input}
-    ctx = LoweringContext(taken=taken)
+    if options is None:
+        options = onnxruntime_options() if backend == "onnxruntime" else {}
+    ctx = LoweringContext(taken=taken, options=dict(options))
     lowered = []
     replaced = 0
     for node in graph.node:

@@ -23,7 +23,7 @@ SCHEDULE = [
 ]
 
 
-def attention_model(window: int, causal: int = 1) -> bytes:
+def attention_model(window: int, causal: int = 1, options: dict | None = None) -> bytes:
     attention.register_onnx_schema()
     f = TensorProto.FLOAT
     vi = helper.make_tensor_value_info
@@ -55,7 +55,7 @@ def attention_model(window: int, causal: int = 1) -> bytes:
         helper.make_graph([node], "attn", inputs, outputs),
         opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(attention.DOMAIN, 1)],
     )
-    lower_model(model, "onnxruntime")
+    lower_model(model, "onnxruntime", options)
     # causal=0 is lowered to plain ops: GQA rejects causal=0 with query_seqlens
     fused = any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
     assert fused == bool(causal)
@@ -143,3 +143,44 @@ def test_unknown_backend_is_refused() -> None:
 
     with pytest.raises(ValueError, match="tensorrt"):
         lower_model(ModelProto(), "tensorrt")
+
+
+def test_lowering_for_onnxruntime_before_1_32() -> None:
+    """Without query_seqlens (ORT 1.31): prefill from empty, right-padded, then decode."""
+    from edgeomni.plugins.lowering import onnxruntime_options
+
+    options = onnxruntime_options("1.31.1")
+    assert options["gqa_query_seqlens"] is False
+    model = attention_model(0, options=options)
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    assert len(sess.get_inputs()) == 7
+    rng = np.random.default_rng(1)
+    cache_k = np.zeros((B, HKV, C, D), np.float32)
+    cache_v = np.zeros_like(cache_k)
+    ref_k, ref_v = cache_k.copy(), cache_v.copy()
+    ok, ov = ort.OrtValue.ortvalue_from_numpy(cache_k), ort.OrtValue.ortvalue_from_numpy(cache_v)
+    past = np.zeros(B, np.int32)
+    for s_len, lens in [(5, [5, 3, 1]), (1, [1, 1, 1]), (1, [1, 1, 1])]:
+        ql = np.array(lens, np.int32)
+        q = rng.standard_normal((B, s_len, HQ * D), dtype=np.float32)
+        k = rng.standard_normal((B, s_len, HKV * D), dtype=np.float32)
+        v = rng.standard_normal((B, s_len, HKV * D), dtype=np.float32)
+        ref, ref_k, ref_v = attention.reference(
+            q, k, v, ref_k, ref_v, past, ql, num_heads=HQ, kv_num_heads=HKV
+        )
+        io = sess.io_binding()
+        for name, arr in (("q", q), ("k", k), ("v", v), ("past_lens", past), ("query_lens", ql)):
+            io.bind_cpu_input(name, arr)
+        io.bind_ortvalue_input("past_key", ok)
+        io.bind_ortvalue_input("past_value", ov)
+        io.bind_output("out")
+        io.bind_ortvalue_output("present_key", ok)
+        io.bind_ortvalue_output("present_value", ov)
+        sess.run_with_iobinding(io)
+        out = io.get_outputs()[0].numpy()
+        for b in range(B):
+            np.testing.assert_allclose(out[b, : ql[b]], ref[b, : ql[b]], atol=2e-6)
+            # padding rows land in the cache too, past the row's length, where nothing reads
+            valid = past[b] + ql[b]
+            np.testing.assert_array_equal(cache_k[b, :, :valid], ref_k[b, :, :valid])
+        past = past + ql
