@@ -48,26 +48,29 @@ class OrtBinding:
         self._io = session.io_binding()
         self._keep: list[Any] = []  # OrtValues must outlive the binding
 
-    def _value(self, array: Any) -> Any:
-        """An OrtValue over the caller's memory: a host numpy array or a DeviceArray."""
-        if isinstance(array, np.ndarray):
-            if not array.flags.c_contiguous:
-                raise EngineError("a bound buffer must be contiguous")
-            return self._ort.OrtValue.ortvalue_from_numpy(array)
-        return self._ort.OrtValue.ortvalue_from_shape_and_type(
-            list(array.shape), array.dtype.type, "cuda", 0, array.ptr
-        )
+    def _value(self, array: np.ndarray) -> Any:
+        if not array.flags.c_contiguous:
+            raise EngineError("a bound buffer must be contiguous")
+        value = self._ort.OrtValue.ortvalue_from_numpy(array)
+        self._keep.append(value)  # the OrtValue must outlive the binding
+        return value
 
     def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None:
-        value = self._value(array)
-        self._keep.append(value)
-        self._io.bind_ortvalue_input(input_name, value)
-        self._io.bind_ortvalue_output(output_name, value)
+        """The same memory as input and output: host numpy, or a DeviceArray's pointer."""
+        if isinstance(array, np.ndarray):
+            value = self._value(array)
+            self._io.bind_ortvalue_input(input_name, value)
+            self._io.bind_ortvalue_output(output_name, value)
+            return
+        shape, dtype = list(array.shape), array.dtype.type
+        self._io.bind_input(input_name, "cuda", 0, dtype, shape, array.ptr)
+        self._io.bind_output(output_name, "cuda", 0, dtype, shape, array.ptr)
 
     def bind_output(self, name: str, array: Any) -> None:
-        value = self._value(array)
-        self._keep.append(value)
-        self._io.bind_ortvalue_output(name, value)
+        if isinstance(array, np.ndarray):
+            self._io.bind_ortvalue_output(name, self._value(array))
+        else:
+            self._io.bind_output(name, "cuda", 0, array.dtype.type, list(array.shape), array.ptr)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> None:
         for name, array in feeds.items():
