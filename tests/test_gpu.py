@@ -94,4 +94,4 @@ def test_kv_cache_lives_on_the_device(cuda_engine) -> None:
     runner = Pipeline(cuda_engine).runner("llm")
     assert runner.engine.device == "cuda"
     assert all(isinstance(k, DeviceArray) for k in runner.kv.keys + runner.kv.values)
-    assert runner.kv.keys[0].dtype == np.float32  # fp16 weights, float32 attention and cache
+    assert runner.kv.keys[0].dtype == np.float16

@@ -12,7 +12,6 @@ inputs) and an ``mlp`` factory (dense or mixture-of-experts per layer), not by s
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,17 +59,9 @@ class DecoderConfig:
     last_hidden_output: bool = False
     # dense DeepStack inputs [K, B, S, H] added after layers 0..K-1 (zeros off visual positions)
     deepstack_layers: int = 0
-    # attention (and its KV cache) in float32 even when the weights are float16: onnxruntime-gpu
-    # 1.31's float16 GroupQueryAttention returns wrong prefill results (measured on an H200)
-    attention_float32: bool = False
     # several LM heads [N, H, V], one chosen per call by the int64 input lm_head_index [1]
     # (Qwen3-Omni's code predictor: one graph serves all 15 residual-code steps)
     lm_heads: int = 1
-
-
-def for_dtype(cfg: DecoderConfig, dtype: torch.dtype) -> DecoderConfig:
-    """The config for weights of ``dtype``: float16 weights keep attention in float32."""
-    return dataclasses.replace(cfg, attention_float32=dtype == torch.float16)
 
 
 class RMSNorm(nn.Module):
@@ -153,12 +144,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        q, k = q.reshape(b, s, -1), k.reshape(b, s, -1)
-        if cfg.attention_float32:
-            q, k, v = q.float(), k.float(), v.float()
         out, present_key, present_value = attention_plugin.torch_op()(
-            q,
-            k,
+            q.reshape(b, s, -1),
+            k.reshape(b, s, -1),
             v,
             past_key,
             past_value,
@@ -169,7 +157,7 @@ class Attention(nn.Module):
             0.0,
             0,
         )
-        return self.o_proj(out.to(x.dtype)), present_key, present_value
+        return self.o_proj(out), present_key, present_value
 
 
 class MLP(nn.Module):

@@ -69,7 +69,6 @@ def export_causal_lm(module: Any, path: Path) -> Path:
 
     cfg = module.cfg
     dtype = next(module.parameters()).dtype
-    cache_dtype = torch.float32 if cfg.attention_float32 else dtype
     b, s, c = 2, 3, 8
     positions = torch.arange(s).repeat(b, 1)
     if cfg.mrope_section is not None:
@@ -82,7 +81,7 @@ def export_causal_lm(module: Any, path: Path) -> Path:
         torch.full((b,), s - 1, dtype=torch.int64),
     )
     rest: tuple[Any, ...] = tuple(
-        torch.zeros(b, cfg.num_kv_heads, c, cfg.head_dim, dtype=cache_dtype)
+        torch.zeros(b, cfg.num_kv_heads, c, cfg.head_dim, dtype=dtype)
         for _ in range(2 * cfg.num_layers)
     )
     batch, seq, capacity = Dim("batch"), Dim("seq"), Dim("capacity")

@@ -67,7 +67,7 @@ class LLMBackbone:
             cfg["num_key_value_heads"],
             self.capacity,
             cfg["head_dim"],
-            dtype=self.engine.input_types.get("past_key_0", np.dtype(np.float32)).type,
+            dtype=np.dtype(cfg.get("dtype", "float32")).type,
             device=self.engine.device,
         )
 

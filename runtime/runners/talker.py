@@ -57,16 +57,15 @@ def _projection(tables: dict[str, np.ndarray], name: str) -> Projection:
     )
 
 
-def _decoder_cache(cfg: dict[str, Any], rows: int, capacity: int, engine: Any) -> KVCache:
-    """The cache in the dtype and on the device the engine's past_key inputs declare."""
+def _decoder_cache(cfg: dict[str, Any], rows: int, capacity: int, device: str) -> KVCache:
     return KVCache(
         cfg["num_hidden_layers"],
         rows,
         cfg["num_key_value_heads"],
         capacity,
         cfg["head_dim"],
-        dtype=engine.input_types.get("past_key_0", np.dtype(np.float32)).type,
-        device=engine.device,
+        dtype=np.dtype(cfg.get("dtype", "float32")).type,
+        device=device,
     )
 
 
@@ -105,8 +104,10 @@ class Talker:
         limits = cfg["builder_config"]
         self.max_batch = int(limits["max_batch_size"])
         self.capacity = int(limits["max_kv_cache_capacity"])
-        self.kv = _decoder_cache(cfg, self.max_batch, self.capacity, self.engine)
-        self.cp_kv = _decoder_cache(self.cp_config, self.max_batch, self.groups, self.cp_engine)
+        self.kv = _decoder_cache(cfg, self.max_batch, self.capacity, self.engine.device)
+        self.cp_kv = _decoder_cache(
+            self.cp_config, self.max_batch, self.groups, self.cp_engine.device
+        )
         # the talker may not emit the codec's control band, except the end of speech
         band = np.arange(self.vocab_size - 1024, self.vocab_size)
         self.suppressed = band[band != self.ids["codec_eos"]]

@@ -8,7 +8,7 @@ import torch
 
 from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
-from edgeomni.export.common.decoder import CausalLM, for_dtype
+from edgeomni.export.common.decoder import CausalLM
 from edgeomni.export.common.onnx_export import export_causal_lm
 from edgeomni.export.families.qwen3.config import decoder_config
 from edgeomni.export.families.qwen3.weights import EMBEDDING, load_weights
@@ -27,9 +27,8 @@ def export_component(
 ) -> Path:
     if args.dtype not in _DTYPES:
         raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3 on this path yet")
-    dtype = _DTYPES[args.dtype]
-    module = CausalLM(for_dtype(decoder_config(ckpt.config), dtype)).eval()
-    load_weights(module, ckpt, dtype)
+    module = CausalLM(decoder_config(ckpt.config)).eval()
+    load_weights(module, ckpt, _DTYPES[args.dtype])
     return export_causal_lm(module, work_dir / component.engine)
 
 

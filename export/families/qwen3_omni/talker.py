@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
-from edgeomni.export.common.decoder import CausalLM, DecoderConfig, dense_mlp, for_dtype
+from edgeomni.export.common.decoder import CausalLM, DecoderConfig, dense_mlp
 from edgeomni.export.common.decoder_weights import load_decoder
 from edgeomni.export.common.moe import TalkerSparseMoE
 from edgeomni.export.common.onnx_export import export_causal_lm
@@ -45,8 +45,7 @@ def predictor_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
 def build_talker(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> CausalLM:
     text = section(ckpt.config, "talker_config", "text_config")
     module = CausalLM(
-        for_dtype(talker_decoder_config(ckpt.config), dtype),
-        lambda i: TalkerSparseMoE.from_config(text),
+        talker_decoder_config(ckpt.config), lambda i: TalkerSparseMoE.from_config(text)
     )
     load_decoder(
         module.eval(), ckpt.tensor, prefix=TALKER, lm_head="talker.codec_head.weight",
@@ -56,7 +55,7 @@ def build_talker(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> Causal
 
 
 def build_predictor(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> CausalLM:
-    cfg = for_dtype(predictor_decoder_config(ckpt.config), dtype)
+    cfg = predictor_decoder_config(ckpt.config)
     module = CausalLM(cfg, dense_mlp(cfg)).eval()
     load_decoder(
         module, ckpt.tensor, prefix=PREDICTOR, lm_head=PREDICTOR + "lm_head.{}.weight",

@@ -10,7 +10,7 @@ import torch
 
 from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint
-from edgeomni.export.common.decoder import MLP, CausalLM, for_dtype
+from edgeomni.export.common.decoder import MLP, CausalLM
 from edgeomni.export.common.decoder_weights import load_decoder
 from edgeomni.export.common.moe import ThinkerSparseMoE
 from edgeomni.export.common.onnx_export import export_causal_lm
@@ -23,7 +23,7 @@ EMBEDDING = "thinker.model.embed_tokens.weight"
 
 def build_module(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> CausalLM:
     text = section(ckpt.config, "thinker_config", "text_config")
-    cfg = for_dtype(thinker_decoder_config(ckpt.config), dtype)
+    cfg = thinker_decoder_config(ckpt.config)
 
     def mlp(layer: int) -> torch.nn.Module:
         if is_moe_layer(text, layer):
