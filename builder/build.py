@@ -98,6 +98,12 @@ def build(
         if value < 1:
             raise BuildError(f"{flag} must be at least 1, got {value}")
     backend = _backend(args.backend)
+    if args.device == "cuda" and args.dtype == "float16":
+        raise BuildError(
+            "float16 engines for the CUDA provider are refused for now: on an H200 with "
+            "onnxruntime-gpu 1.31, float16 GroupQueryAttention gave wrong prefill results "
+            "(float32 matched the CPU); build with --dtype float32"
+        )
     if args.backend == "tensorrt":
         from edgeomni.builder.tensorrt import NOT_YET
 
@@ -126,6 +132,7 @@ def build(
                     backend(raw, out_dir / comp.engine, args)
                 with step(f"write {comp.name} artifacts"):
                     hooks.write_artifacts(ckpt, comp, out_dir, args)
+                    record_lowering(out_dir, args)
         graph_path = write_graph(hooks, ckpt, staging, selected, args)
         _swap_into_place(staging, engine_dir)
     except BaseException:
@@ -169,6 +176,19 @@ def save_graph(graph: Any, engine_dir: Path) -> Path:
     path = engine_dir / GRAPH_FILE
     graph_schema.save(graph, path)
     return path
+
+
+def record_lowering(out_dir: Path, args: BuildArgs) -> None:
+    """Note in the engine's config.json what its plugin lowering assumed of the backend (the
+    runtime checks it, and adapts how it batches prefill)."""
+    if args.backend != "onnxruntime":
+        return
+    from edgeomni.plugins.lowering import onnxruntime_options
+
+    path = out_dir / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["lowering"] = onnxruntime_options()
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def write_graph(

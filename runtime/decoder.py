@@ -25,13 +25,15 @@ class DecoderSession:
         outputs: Mapping[str, tuple[int, ...]],
         *,
         per_position: tuple[str, ...] = (),
+        first_row: int = 0,
     ) -> None:
         """``outputs``: name -> shape after the batch axis, e.g. {"logits": (V,)}; names in
-        ``per_position`` also carry the call's width, [rows, S, *shape]."""
+        ``per_position`` also carry the call's width, [rows, S, *shape]. ``first_row``: the cache
+        rows start there (a one-row session over row r of a cohort's cache)."""
         self.rows = rows
         self.engine = engine
         self.binding = engine.binding()
-        kv.bind(self.binding, rows)
+        kv.bind(self.binding, rows, first_row)
         self._shapes = dict(outputs)
         self._per_position = per_position
         self._buffers: dict[tuple[str, int], np.ndarray] = {}

@@ -130,8 +130,29 @@ def open_engine(folder: Path, config: Mapping[str, Any], *, threads: int | None 
     backend, device = config.get("backend"), config.get("device", "cpu")
     engine_file = folder / str(config.get("engine", ""))
     if backend == "onnxruntime" and device in ("cpu", "cuda"):
+        _check_lowering(folder, config.get("lowering") or {})
         return OrtEngine(engine_file, device=device, threads=threads)
     raise EngineError(
         f"{folder}: engines for backend {backend!r} on device {device!r} are not supported by "
         "this runtime (it runs onnxruntime engines on the CPU or a CUDA GPU)"
     )
+
+
+def ragged_prefill(config: Mapping[str, Any]) -> bool:
+    """Whether one call may prefill rows of different lengths (GroupQueryAttention's
+    query_seqlens, ONNX Runtime 1.32+); otherwise rows are prefilled one at a time."""
+    return bool((config.get("lowering") or {}).get("gqa_query_seqlens", True))
+
+
+def _check_lowering(folder: Path, lowering: Mapping[str, Any]) -> None:
+    if not lowering.get("gqa_query_seqlens"):
+        return
+    import onnxruntime as ort
+
+    major, minor = (int(x) for x in ort.__version__.split(".")[:2])
+    if (major, minor) < (1, 32):
+        raise EngineError(
+            f"{folder}: this engine was built with onnxruntime {lowering.get('onnxruntime')} and "
+            f"needs 1.32 or later (GroupQueryAttention's query_seqlens); this is "
+            f"{ort.__version__}. Rebuild it with the onnxruntime you deploy installed."
+        )

@@ -43,15 +43,20 @@ class KVCache:
         self.values = [alloc() for _ in range(layers)]
 
     @staticmethod
-    def _rows(buffer: Any, rows: int) -> Any:
-        return buffer[:rows] if isinstance(buffer, np.ndarray) else buffer.rows(rows)
+    def _rows(buffer: Any, rows: int, start: int) -> Any:
+        if isinstance(buffer, np.ndarray):
+            return buffer[start : start + rows]
+        return buffer.rows(rows, start)
 
-    def bind(self, binding: Binding, rows: int) -> None:
-        if rows > self.max_batch:
-            raise ValueError(f"{rows} rows exceed the cache's {self.max_batch}")
+    def bind(self, binding: Binding, rows: int, start: int = 0) -> None:
+        """Bind rows start..start+rows (contiguous) as the engine's cache."""
+        if start + rows > self.max_batch:
+            raise ValueError(f"rows {start}..{start + rows} exceed the cache's {self.max_batch}")
         for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
-            binding.bind_in_place(f"past_key_{i}", f"present_key_{i}", self._rows(k, rows))
-            binding.bind_in_place(f"past_value_{i}", f"present_value_{i}", self._rows(v, rows))
+            binding.bind_in_place(f"past_key_{i}", f"present_key_{i}", self._rows(k, rows, start))
+            binding.bind_in_place(
+                f"past_value_{i}", f"present_value_{i}", self._rows(v, rows, start)
+            )
 
     def nbytes_per_token(self) -> int:
         k = self.keys[0]

@@ -58,11 +58,12 @@ class DeviceArray:
         _check(cudart.cudaMemset(ptr, 0, nbytes), "cudaMemset")
         return cls(shape, dtype, int(ptr), owner=True)
 
-    def rows(self, n: int) -> DeviceArray:
-        """The first n entries of the leading axis: contiguous, same pointer, not owned."""
-        if n > self.shape[0]:
-            raise ValueError(f"{n} rows of a buffer with {self.shape[0]}")
-        return DeviceArray((n, *self.shape[1:]), self.dtype, self.ptr, owner=False)
+    def rows(self, n: int, start: int = 0) -> DeviceArray:
+        """Entries start..start+n of the leading axis: contiguous, a view, not owned."""
+        if start + n > self.shape[0]:
+            raise ValueError(f"rows {start}..{start + n} of a buffer with {self.shape[0]}")
+        row = self.nbytes // self.shape[0]
+        return DeviceArray((n, *self.shape[1:]), self.dtype, self.ptr + start * row, owner=False)
 
     def to_host(self) -> np.ndarray:
         cudart = _cudart()

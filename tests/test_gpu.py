@@ -1,4 +1,4 @@
-"""The CUDA path: fp16 engines on ONNX Runtime's CUDA provider, KV caches in device memory.
+"""The CUDA path: engines on ONNX Runtime's CUDA provider, KV caches in device memory.
 
 Skipped, with the reason, where no CUDA provider or GPU is present (every CI machine); run on
 the GPU machine with ``pytest -m gpu``.
@@ -41,7 +41,7 @@ def cuda_engine(qwen3_ckpt: Path, tmp_path_factory) -> Path:
     from edgeomni.export.family import BuildArgs
 
     eng = tmp_path_factory.mktemp("cuda") / "eng"
-    args = BuildArgs(3, 64, 128, device="cuda", dtype="float16")
+    args = BuildArgs(3, 64, 128, device="cuda", dtype="float32")
     assert build(qwen3_ckpt, eng, args) is not None
     return eng
 
@@ -73,8 +73,8 @@ def prefill_logits(engine: Path, prompt: str) -> np.ndarray:
 
 
 def test_cuda_fp16_engine_matches_cpu_fp32(cuda_engine, qwen3_engine, tmp_path) -> None:
-    """fp16 on the GPU against fp32 on the CPU: prefill logits within fp16 rounding, and the
-    same first greedy token for every prompt (later tokens may part where fp16 flips a near-tie)."""
+    """The CUDA provider against the CPU (both float32; the GPU's matmuls may use TF32): prefill
+    logits within 1% of their range, and the same greedy tokens for every prompt."""
     prompts = ["Hello! How are you today?", "Hi", "What is the capital of France?"]
     for prompt in prompts:
         gpu, cpu = prefill_logits(cuda_engine, prompt), prefill_logits(qwen3_engine, prompt)
@@ -84,7 +84,7 @@ def test_cuda_fp16_engine_matches_cpu_fp32(cuda_engine, qwen3_engine, tmp_path) 
         (tmp_path / sub).mkdir()
     gpu_tokens = greedy(cuda_engine, tmp_path / "g", prompts)
     cpu_tokens = greedy(qwen3_engine, tmp_path / "c", prompts)
-    assert [t[0] for t in gpu_tokens] == [t[0] for t in cpu_tokens]
+    assert gpu_tokens == cpu_tokens
 
 
 def test_kv_cache_lives_on_the_device(cuda_engine) -> None:
@@ -94,4 +94,4 @@ def test_kv_cache_lives_on_the_device(cuda_engine) -> None:
     runner = Pipeline(cuda_engine).runner("llm")
     assert runner.engine.device == "cuda"
     assert all(isinstance(k, DeviceArray) for k in runner.kv.keys + runner.kv.values)
-    assert runner.kv.keys[0].dtype == np.float16
+    assert runner.kv.keys[0].dtype == np.float32

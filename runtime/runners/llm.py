@@ -12,7 +12,7 @@ import numpy as np
 
 from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
-from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.engine import open_engine, ragged_prefill
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import MediaEncoders, Prompt, media_parts
 from edgeomni.runtime.runners import RequestError, RequestState
@@ -58,6 +58,7 @@ class LLMBackbone:
         self.mrope = bool(cfg.get("mrope_section"))
         self.deepstack = int(cfg.get("deepstack_layers") or 0)
         self.hidden_layer = cfg.get("hidden_output_layer")
+        self.ragged = ragged_prefill(cfg)
         self.media = MediaEncoders(
             folder, cfg, threads=threads, locations=stage.config.get("encoders")
         )
@@ -147,7 +148,10 @@ class LLMBackbone:
             if p.positions is not None:
                 positions[:, row, : len(p)] = p.positions
         start = time.perf_counter()
-        out = session.run(embeds, positions, zeros, lens, lens - 1, **extra)
+        if self.ragged or n == 1:
+            out = session.run(embeds, positions, zeros, lens, lens - 1, **extra)
+        else:
+            out = self._prefill_rows(outputs, embeds, positions, lens, extra)
         prefill_s = time.perf_counter() - start
         fed_hidden = (
             [[out["hidden_states"][r, : lens[r]].copy()] for r in range(n)] if keep_hidden else None
@@ -225,6 +229,36 @@ class LLMBackbone:
                 "decode_tokens_per_s": round(steps * n / decode_s, 2) if decode_s > 0 else None,
                 "cohort_size": n,
             }
+
+    def _prefill_rows(
+        self,
+        outputs: dict[str, tuple[int, ...]],
+        embeds: np.ndarray,
+        positions: np.ndarray,
+        lens: np.ndarray,
+        extra: dict[str, np.ndarray],
+    ) -> dict[str, np.ndarray]:
+        """Prefill each row alone, over its own cache rows: for engines whose attention cannot
+        take rows of different lengths in one call (ONNX Runtime before 1.32)."""
+        n, width = embeds.shape[:2]
+        out = {"logits": np.zeros((n, self.vocab_size), np.float32)}
+        if "hidden_states" in outputs:
+            out["hidden_states"] = np.zeros((n, width, self.hidden_size), np.float32)
+        one = np.zeros(1, np.int32)
+        for r in range(n):
+            span = slice(0, int(lens[r]))
+            row = DecoderSession(
+                self.engine, self.kv, 1, outputs, per_position=("hidden_states",), first_row=r
+            )
+            pos = positions[:, r : r + 1, span] if self.mrope else positions[r : r + 1, span]
+            more = {k: v[:, r : r + 1, span] for k, v in extra.items()}  # deepstack [K,B,S,H]
+            got = row.run(
+                embeds[r : r + 1, span], pos, one, lens[r : r + 1], lens[r : r + 1] - 1, **more
+            )
+            out["logits"][r] = got["logits"][0]
+            if "hidden_states" in out:
+                out["hidden_states"][r, span] = got["hidden_states"][0]
+        return out
 
     def _finished(self, request: Any, out: list[int], limit: int) -> str | None:
         if out[-1] in self.eos:
