@@ -36,6 +36,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeAudioEncoderConfig,
 )
 
+from edgeomni.export.common.hf_module import load_hf_module
 from edgeomni.export.common.onnx_export import export_onnx
 from edgeomni.plugins import attention as attention_plugin
 
@@ -76,19 +77,7 @@ def load_audio_tower(
 ) -> hf.Qwen3OmniMoeAudioEncoder:
     """HF's module with every parameter read from ``get_tensor("thinker.audio_tower." + name)``."""
     cfg = audio_config(config)
-    from transformers.initialization import no_init_weights
-
-    with no_init_weights():  # every parameter is overwritten below; skip the random init
-        module = hf.Qwen3OmniMoeAudioEncoder(cfg)
-    state = {}
-    for name, param in module.state_dict().items():
-        tensor = get_tensor(PREFIX + name)
-        if tuple(tensor.shape) != tuple(param.shape):
-            raise ValueError(
-                f"{PREFIX}{name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
-            )
-        state[name] = tensor.to(torch.float32).contiguous()
-    module.load_state_dict(state, strict=True)
+    module = load_hf_module(hf.Qwen3OmniMoeAudioEncoder, cfg, get_tensor, PREFIX)
     # the sinusoidal table is a non-persistent buffer: rebuild it as HF's _init_weights does
     table = module.positional_embedding
     table.positional_embedding.copy_(table.compute_default_singular_positional_embedding())

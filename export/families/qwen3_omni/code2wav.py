@@ -31,6 +31,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeCode2WavConfig,
 )
 
+from edgeomni.export.common.hf_module import load_hf_module
 from edgeomni.export.common.onnx_export import export_onnx
 from edgeomni.plugins import attention as attention_plugin
 
@@ -86,19 +87,7 @@ def load_code2wav(
 ) -> hf.Qwen3OmniMoeCode2Wav:
     """HF's module with every parameter read from ``get_tensor("code2wav." + name)``."""
     cfg = code2wav_config(config)
-    from transformers.initialization import no_init_weights
-
-    with no_init_weights():  # every parameter is overwritten below; skip the random init
-        module = hf.Qwen3OmniMoeCode2Wav(cfg)
-    state = {}
-    for name, param in module.state_dict().items():
-        tensor = get_tensor(PREFIX + name)
-        if tuple(tensor.shape) != tuple(param.shape):
-            raise ValueError(
-                f"{PREFIX}{name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
-            )
-        state[name] = tensor.to(torch.float32).contiguous()
-    module.load_state_dict(state, strict=True)
+    module = load_hf_module(hf.Qwen3OmniMoeCode2Wav, cfg, get_tensor, PREFIX)
     # non-persistent buffers are not in the checkpoint: rebuild them as HF's _init_weights does
     offsets = torch.arange(cfg.num_quantizers).view(1, -1, 1) * cfg.codebook_size
     module.code_offset.copy_(offsets)

@@ -29,6 +29,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeVisionEncoderConfig,
 )
 
+from edgeomni.export.common.hf_module import load_hf_module
 from edgeomni.export.common.onnx_export import export_onnx
 from edgeomni.plugins import attention as attention_plugin
 
@@ -67,19 +68,7 @@ def load_visual(
 ) -> hf.Qwen3OmniMoeVisionEncoder:
     """HF's module with every parameter read from ``get_tensor("thinker.visual." + name)``."""
     cfg = vision_config(config)
-    from transformers.initialization import no_init_weights
-
-    with no_init_weights():  # every parameter is overwritten below; skip the random init
-        module = hf.Qwen3OmniMoeVisionEncoder(cfg)
-    state = {}
-    for name, param in module.state_dict().items():
-        tensor = get_tensor(PREFIX + name)
-        if tuple(tensor.shape) != tuple(param.shape):
-            raise ValueError(
-                f"{PREFIX}{name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
-            )
-        state[name] = tensor.to(torch.float32).contiguous()
-    module.load_state_dict(state, strict=True)
+    module = load_hf_module(hf.Qwen3OmniMoeVisionEncoder, cfg, get_tensor, PREFIX)
     # the rotary frequencies are a non-persistent buffer, not in the checkpoint
     module.rotary_pos_emb.inv_freq.copy_(_inv_freq(cfg))
     return module.eval()
