@@ -8,7 +8,6 @@ call's width, and a row with query length 0 sits the call out (its cache is left
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
@@ -96,8 +95,3 @@ def text_positions(past_lens: np.ndarray, width: int, mrope: bool) -> np.ndarray
     """Positions past_len + i for each row; with MRoPE all three axes take them."""
     pos = past_lens.astype(np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
     return np.broadcast_to(pos, (3, *pos.shape)).copy() if mrope else pos
-
-
-def config_flag(config: Mapping[str, Any], key: str) -> Any:
-    value = config.get(key)
-    return value if value not in (None, [], 0) else None

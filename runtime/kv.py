@@ -57,7 +57,3 @@ class KVCache:
             binding.bind_in_place(
                 f"past_value_{i}", f"present_value_{i}", self._rows(v, rows, start)
             )
-
-    def nbytes_per_token(self) -> int:
-        k = self.keys[0]
-        return 2 * len(self.keys) * k.shape[1] * k.shape[3] * np.dtype(k.dtype).itemsize

@@ -65,13 +65,6 @@ class DeviceArray:
         row = self.nbytes // self.shape[0]
         return DeviceArray((n, *self.shape[1:]), self.dtype, self.ptr + start * row, owner=False)
 
-    def to_host(self) -> np.ndarray:
-        cudart = _cudart()
-        out = np.empty(self.shape, self.dtype)
-        kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        _check(cudart.cudaMemcpy(out.ctypes.data, self.ptr, self.nbytes, kind), "cudaMemcpy")
-        return out
-
     def __del__(self) -> None:
         if getattr(self, "_owner", False):
             with contextlib.suppress(Exception):  # at interpreter shutdown there is no runtime
