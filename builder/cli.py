@@ -70,8 +70,8 @@ def parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=("float32", "float16"),
         default=None,
-        help="decoder weights and activations (default float32; float16 is refused on cuda "
-        "for now: onnxruntime-gpu 1.31's float16 attention gave wrong prefill results)",
+        help="decoder weights and activations (default float32; encoders and the vocoder "
+        "stay float32)",
     )
     p.add_argument(
         "--components",

@@ -55,9 +55,10 @@ def _save_for_cuda(raw: Path, out_path: Path) -> None:
     import onnx
 
     from edgeomni.plugins import lower_model
+    from edgeomni.plugins.lowering import onnxruntime_options
 
     model = onnx.load(str(raw))  # external weights in, so they can be written beside the engine
-    lower_model(model, "onnxruntime")
+    lower_model(model, "onnxruntime", {**onnxruntime_options(), "lengths_as_inputs": True})
     big = sum(t.ByteSize() for t in model.graph.initializer) > (1 << 30)
     onnx.save_model(
         model,

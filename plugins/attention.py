@@ -38,6 +38,8 @@ OP_TYPE = "CachedAttention"
 VERSION = 1
 INPUTS = ("q", "k", "v", "past_key", "past_value", "past_lens", "query_lens")
 OUTPUTS = ("out", "present_key", "present_value")
+# graph inputs a lowering may add, which the runtime then feeds (runtime.decoder.gqa_lengths)
+LENGTH_INPUTS = ("gqa_seqlens_k", "gqa_total_length")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,6 +274,13 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
         return _lower_bidirectional(node, ctx, attrs)
     q, k, v, pk, pv, past_lens, query_lens = node.input
     key = ("gqa_lens", past_lens, query_lens)
+    if key not in ctx.cache and ctx.options.get("lengths_as_inputs"):
+        # the host computes GQA's length inputs (seqlens_k = max(past + query - 1, 0), the
+        # batch's total length); on the CUDA provider, lengths computed in the graph gave wrong
+        # float16 prefill results, while the same values fed as inputs are exact (measured)
+        ctx.add_input(LENGTH_INPUTS[0], "int32", ["batch"])
+        ctx.add_input(LENGTH_INPUTS[1], "int32", [])
+        ctx.cache[key] = LENGTH_INPUTS
     if key not in ctx.cache:
         total = ctx.fresh("attn_total_lens")
         seqlens_k = ctx.fresh("attn_seqlens_k")

@@ -31,6 +31,7 @@ class LoweringContext:
     cache: dict[Any, Any] = field(default_factory=dict)
     prelude: list[Any] = field(default_factory=list)
     initializers: list[Any] = field(default_factory=list)
+    inputs: list[tuple[str, str, list[Any]]] = field(default_factory=list)
     _counter: itertools.count = field(default_factory=itertools.count)
 
     def fresh(self, stem: str) -> str:
@@ -39,6 +40,11 @@ class LoweringContext:
             if name not in self.taken:
                 self.taken.add(name)
                 return name
+
+    def add_input(self, name: str, elem_type: str, shape: list[Any]) -> None:
+        """A new graph input the runtime must feed (once per name)."""
+        if not any(i[0] == name for i in self.inputs):
+            self.inputs.append((name, elem_type, shape))
 
     def emit(self, node: Any) -> None:
         self.prelude.append(node)
@@ -71,7 +77,7 @@ def lower_model(model: Any, backend: str, options: dict[str, Any] | None = None)
     """Lower every edgeomni op in ``model`` (an onnx.ModelProto, changed in place and returned).
 
     ``options`` say what the target backend version supports (onnxruntime_options())."""
-    from onnx import helper
+    from onnx import TensorProto, helper
 
     if backend not in BACKENDS:
         raise ValueError(
@@ -103,6 +109,9 @@ def lower_model(model: Any, backend: str, options: dict[str, Any] | None = None)
     del graph.node[:]
     graph.node.extend(lowered)
     graph.initializer.extend(ctx.initializers)
+    types = {"int32": TensorProto.INT32, "int64": TensorProto.INT64}
+    for name, elem_type, shape in ctx.inputs:
+        graph.input.append(helper.make_tensor_value_info(name, types[elem_type], shape))
     # function bodies the exporter may have attached for the custom domain are no longer used
     keep = [f for f in model.functions if f.domain != DOMAIN]
     del model.functions[:]

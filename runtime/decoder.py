@@ -74,6 +74,10 @@ class DecoderSession:
             "last_indices": last_indices.astype(np.int64),
             **extra,
         }
+        if "gqa_seqlens_k" in self.engine.input_names:  # lengths the lowering left to the host
+            total = feeds["past_lens"] + feeds["query_lens"]
+            feeds["gqa_seqlens_k"] = np.maximum(total - 1, 0).astype(np.int32)
+            feeds["gqa_total_length"] = np.array(total.max(), np.int32)
         types = self.engine.input_types
         for name, value in feeds.items():  # float feeds in the engine's dtype (fp16 on a GPU)
             if value.dtype.kind == "f" and name in types:

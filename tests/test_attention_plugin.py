@@ -184,3 +184,30 @@ def test_lowering_for_onnxruntime_before_1_32() -> None:
             valid = past[b] + ql[b]
             np.testing.assert_array_equal(cache_k[b, :, :valid], ref_k[b, :, :valid])
         past = past + ql
+
+
+def test_lengths_as_inputs() -> None:
+    """The CUDA build feeds GQA's length inputs from the host; same results as in-graph ones."""
+    from edgeomni.plugins.lowering import onnxruntime_options
+
+    options = {**onnxruntime_options(), "lengths_as_inputs": True}
+    sess = ort.InferenceSession(
+        attention_model(0, options=options), providers=["CPUExecutionProvider"]
+    )
+    names = {i.name for i in sess.get_inputs()}
+    assert set(attention.LENGTH_INPUTS) <= names
+    rng = np.random.default_rng(2)
+    past, ql = np.zeros(B, np.int32), np.array([5, 3, 1], np.int32)
+    q = rng.standard_normal((B, 5, HQ * D), dtype=np.float32)
+    k = rng.standard_normal((B, 5, HKV * D), dtype=np.float32)
+    v = rng.standard_normal((B, 5, HKV * D), dtype=np.float32)
+    cache = np.zeros((B, HKV, C, D), np.float32)
+    total = past + ql
+    feeds = {"q": q, "k": k, "v": v, "past_key": cache, "past_value": cache.copy(),
+             "past_lens": past, "query_lens": ql,
+             "gqa_seqlens_k": np.maximum(total - 1, 0).astype(np.int32),
+             "gqa_total_length": np.array(total.max(), np.int32)}  # fmt: skip
+    out = sess.run(["out"], feeds)[0]
+    ref, _, _ = attention.reference(q, k, v, cache, cache, past, ql, num_heads=HQ, kv_num_heads=HKV)
+    for b in range(B):
+        np.testing.assert_allclose(out[b, : ql[b]], ref[b, : ql[b]], atol=2e-6)

@@ -147,13 +147,3 @@ def test_engine_has_lowered_attention(qwen3_engine: Path) -> None:
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("GroupQueryAttention") == 2  # one per layer
     assert all(n.domain != "edgeomni" for n in model.graph.node)
-
-
-def test_float16_on_cuda_is_refused(qwen3_ckpt: Path, tmp_path: Path, capsys) -> None:
-    code, err = run_cli(
-        capsys, "--model-dir", str(qwen3_ckpt), "--engine-dir", str(tmp_path / "e"),
-        "--device", "cuda", "--dtype", "float16",
-    )  # fmt: skip
-    assert code == cli.EXIT_BAD_INPUT
-    assert "float16 engines for the CUDA provider are refused" in err
-    assert not (tmp_path / "e").exists()
