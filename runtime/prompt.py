@@ -145,5 +145,5 @@ class MediaEncoders:
             pixels, grid = preprocess(load_image(path), visual.image_settings)
             embeds, deep = visual.encode(pixels, grid)
             return embeds, deep, tuple(int(g) for g in grid)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, ImportError) as e:  # ImportError: the image extra
             raise RequestError(f"{kind} {path}: {e}") from None
