@@ -5,13 +5,18 @@ dimensions.
 Prints tokens/s for both at each batch size, the ratio, and the step time against the HBM
 bound (bytes read per step / measured device copy bandwidth). Run it on the GPU machine:
 
-    python bench/gpu_llm.py --batch 1 8 [--layers 28] [--new-tokens 64] [--json out.json]
+    python bench/gpu_llm.py --batch 1 8 [--layers 28] [--new-tokens 64] [--out DIR]
+
+--out DIR writes DIR/gpu_llm.json and DIR/gpu_llm.md (bench/gpu_all.sh puts both GPU benchmarks'
+results in one folder this way).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -101,6 +106,31 @@ def transformers_step(ckpt: Path, engine: Path, batch: int, new_tokens: int, rep
     return best
 
 
+def markdown(result: dict) -> str:
+    """The table docs/benchmarks.md keeps for this benchmark."""
+    lines = [
+        f"### LLM decode, Qwen3-0.6B dimensions ({result['layers']} layers), {result['gpu']} "
+        f"({result['date']})",
+        "",
+        f"{result['new_tokens']} greedy tokens; edgeomni float16 engine on ONNX Runtime "
+        f"{result['onnxruntime']} (CUDA provider), transformers {result['transformers']} bf16 + "
+        f"sdpa; build {result['build_s']} s; device copy bandwidth "
+        f"{result['copy_bandwidth_gbs']} GB/s.",
+        "",
+        "| batch | edgeomni step | tok/s | transformers step | tok/s | speed-up | bytes/step "
+        "(fp16) | HBM bound | edgeomni / bound |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['batch']} | {r['edgeomni_step_ms']:.2f} ms | {r['edgeomni_tok_s']} | "
+            f"{r['transformers_step_ms']:.2f} ms | {r['transformers_tok_s']} | "
+            f"**{r['speedup']}x** | {r['bytes_per_step_gb']} GB | {r['hbm_bound_ms']} ms | "
+            f"{r['edgeomni_over_bound']}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -111,6 +141,7 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path)
+    p.add_argument("--out", type=Path, help="write gpu_llm.json and gpu_llm.md here")
     args = p.parse_args()
 
     from edgeomni.builder.build import build
@@ -140,11 +171,18 @@ def main() -> int:
             "hbm_bound_ms": round(bound, 3),
             "edgeomni_over_bound": round(ours / bound, 1),
         })  # fmt: skip
+    import onnxruntime
     import torch
+    import transformers
 
     result = {
         "date": time.strftime("%Y-%m-%d"),
+        "command": shlex.join([sys.executable, *sys.argv]),
         "gpu": torch.cuda.get_device_name(0),
+        "host": platform.machine(),
+        "onnxruntime": onnxruntime.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "layers": args.layers,
         "new_tokens": args.new_tokens,
         "build_s": round(build_s, 1),
@@ -160,6 +198,12 @@ def main() -> int:
         )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_llm.json").write_text(json.dumps(result, indent=2) + "\n")
+        text = markdown(result)
+        (args.out / "gpu_llm.md").write_text(text)
+        print("\n" + text)
     return 0
 
 

@@ -74,6 +74,14 @@ def parser() -> argparse.ArgumentParser:
         "stay float32)",
     )
     p.add_argument(
+        "--logits-topk",
+        type=int,
+        default=None,
+        metavar="K",
+        help="decoders also output each row's K best logits, so sampling copies K candidates "
+        "to the host instead of the vocabulary (default 64 with --device cuda, 0 = off on cpu)",
+    )
+    p.add_argument(
         "--components",
         default=None,
         help="comma-separated components to build, or 'all' (default)",
@@ -95,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     from edgeomni.export.family import BuildArgs
     from edgeomni.export.registry import UnknownModelType
 
+    if args.logits_topk is not None and args.logits_topk < 0:
+        print(f"edge-build: error: --logits-topk must be >= 0, got {args.logits_topk}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_INPUT
     build_only = {
         "--max-batch-size": args.max_batch_size,
         "--max-input-len": args.max_input_len,
@@ -102,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "--backend": args.backend,
         "--device": args.device,
         "--dtype": args.dtype,
+        "--logits-topk": args.logits_topk,
         "--components": args.components,
     }
     try:
@@ -120,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 backend=args.backend or "onnxruntime",
                 device=args.device or "cpu",
                 dtype=args.dtype or "float32",
+                logits_topk=args.logits_topk,
             )
             graph = build(
                 args.model_dir,

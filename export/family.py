@@ -20,6 +20,9 @@ class Component:
     runner: str
 
 
+DEFAULT_CUDA_TOPK = 64
+
+
 @dataclass(frozen=True)
 class BuildArgs:
     """The limits and target of one build (None under --graph-only)."""
@@ -30,6 +33,17 @@ class BuildArgs:
     backend: str = "onnxruntime"
     device: str = "cpu"
     dtype: str = "float32"
+    # decoders also output each row's top-K logits, so a GPU runtime copies K candidates per
+    # row to the host, not the vocabulary (0: none; None: 64 on cuda, 0 on cpu)
+    logits_topk: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.logits_topk is None:
+            object.__setattr__(
+                self, "logits_topk", DEFAULT_CUDA_TOPK if self.device == "cuda" else 0
+            )
+        if self.logits_topk < 0:
+            raise ValueError(f"logits_topk must be >= 0, got {self.logits_topk}")
 
 
 class FamilyHooks(Protocol):

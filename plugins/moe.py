@@ -186,20 +186,37 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
     if len(node.input) != len(INPUTS):
         raise ValueError(f"{DOMAIN}::{OP_TYPE} node {node.name!r} has {len(node.input)} inputs")
     x, router_logits, fc1, fc2 = node.input
-    return [
+    k = int(attrs["top_k"])
+    moe_out = node.output[0] if attrs["normalize_routing"] else ctx.fresh("moe_normalized")
+    nodes = [
         helper.make_node(
             "MoE",
             [x, router_logits, fc1, "", fc2],
-            list(node.output),
+            [moe_out],
             name=node.name or None,
             domain="com.microsoft",
-            k=int(attrs["top_k"]),
+            k=k,
             activation_type="swiglu",
             swiglu_fusion=1,
             activation_alpha=1.0,
             activation_beta=0.0,
-            normalize_routing_weights=int(attrs["normalize_routing"]),
+            normalize_routing_weights=1,
         )
+    ]
+    if attrs["normalize_routing"]:
+        return nodes
+    # Unnormalised weights (norm_topk_prob false: transformers' talker default) are the
+    # normalised ones times the chosen experts' softmax mass S, so the op always normalises and
+    # its output is scaled by S: with normalize_routing_weights=0 the CUDA provider's MoE gave a
+    # tiny talker's logits off by half their range while the CPU provider's matched.
+    probs, top, mass = (ctx.fresh(f"moe_{n}") for n in ("probs", "top", "mass"))
+    k_name = ctx.constant(f"moe_k{k}", np.array([k], np.int64))
+    axis = ctx.constant("moe_axis_last", np.array([-1], np.int64))
+    return nodes + [
+        helper.make_node("Softmax", [router_logits], [probs], axis=-1),
+        helper.make_node("TopK", [probs, k_name], [top, ctx.fresh("moe_top_ids")], axis=-1),
+        helper.make_node("ReduceSum", [top, axis], [mass], keepdims=1),
+        helper.make_node("Mul", [moe_out, mass], list(node.output)),
     ]
 
 

@@ -97,6 +97,12 @@ def parser() -> argparse.ArgumentParser:
         "vocoder engine (default: in windows with left context)",
     )
     p.add_argument("--threads", type=int, help="CPU threads per engine (default: all cores)")
+    p.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="GPU engines run every decode step as separate kernel launches instead of "
+        "replaying a captured CUDA graph (slower; for debugging)",
+    )
     return p
 
 
@@ -168,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
 
     want_audio = args.out_audio is not None or args.output_audio_dir is not None
     try:
-        pipeline = Pipeline(args.config, threads=args.threads, whole_utterance=args.whole_utterance)
+        pipeline = Pipeline(
+            args.config,
+            threads=args.threads,
+            whole_utterance=args.whole_utterance,
+            cuda_graphs=not args.no_cuda_graphs,
+        )
     except GraphError as e:
         return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
     except (OSError, RuntimeError) as e:

@@ -7,12 +7,66 @@ call's width, and a row with query length 0 sits the call out (its cache is left
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from edgeomni.runtime.engine import Engine
+from edgeomni.runtime.engine import Binding, Engine
 from edgeomni.runtime.kv import KVCache
+from edgeomni.runtime.sampling import StepLogits
+
+# one-token calls (decode steps) repeat one shape for a whole cohort, so on a GPU they run as
+# captured CUDA graphs; wider calls do not (prefill; and a graph freezes GroupQueryAttention's
+# total length at the capacity, which onnxruntime before 1.32 refuses for several new tokens)
+GRAPH_WIDTHS = (1,)
+TOPK_OUTPUTS = ("topk_values", "topk_indices")
+
+
+class StepOutputs(Mapping[str, np.ndarray]):
+    """One call's outputs as host arrays. Host buffers are returned as they are (the next call
+    overwrites them); device buffers are copied to the host on first access, so what the host
+    never reads (full logits, mostly) never leaves the GPU."""
+
+    def __init__(self, rows: int, buffers: Mapping[str, Any]) -> None:
+        self.rows = rows
+        self._buffers = dict(buffers)
+        self._host: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        got = self._host.get(name)
+        if got is None:
+            buf = self._buffers[name]
+            got = self._host[name] = buf if isinstance(buf, np.ndarray) else buf.download()
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._buffers)
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def logits(self) -> StepLogits:
+        """What sampling reads: the engine's top-K when it has one; full rows on demand."""
+
+        def full(rows: np.ndarray) -> np.ndarray:
+            return np.asarray(self["logits"], np.float32)[rows]
+
+        if "topk_values" not in self._buffers:
+            return StepLogits(self.rows, full)
+        return StepLogits(self.rows, full, self["topk_values"], self["topk_indices"])
+
+
+@dataclass
+class _Slot:
+    """The engine bound at one call shape: cache rows and output buffers, and for a graphed call
+    its inputs too, all at fixed addresses (what a captured CUDA graph replays against)."""
+
+    binding: Binding
+    outputs: dict[str, Any]
+    inputs: dict[str, Any] | None = None  # device input buffers of a graphed call
+    graph: int | None = None
 
 
 class DecoderSession:
@@ -27,28 +81,51 @@ class DecoderSession:
         first_row: int = 0,
     ) -> None:
         """``outputs``: name -> shape after the batch axis, e.g. {"logits": (V,)}; names in
-        ``per_position`` also carry the call's width, [rows, S, *shape]. ``first_row``: the cache
-        rows start there (a one-row session over row r of a cohort's cache)."""
+        ``per_position`` also carry the call's width, [rows, S, *shape]. An engine's top-K
+        outputs are added to them. ``first_row``: the cache rows start there (a one-row session
+        over row r of a cohort's cache)."""
         self.rows = rows
         self.engine = engine
-        self.binding = engine.binding()
-        kv.bind(self.binding, rows, first_row)
+        self.kv = kv
+        self.first_row = first_row
         self._shapes = dict(outputs)
+        for name in TOPK_OUTPUTS:
+            if name in engine.output_names:
+                self._shapes[name] = (int(engine.output_shapes[name][-1]),)
         self._per_position = per_position
-        self._buffers: dict[tuple[str, int], np.ndarray] = {}
-        for name, shape in outputs.items():
-            if name not in per_position:
-                self._buffer(name, (rows, *shape))
+        self._slots: dict[int, _Slot] = {}  # by width, calls not graphed
+        self._graphs = engine.cuda_graphs and "gqa_total_length" in engine.input_names
 
-    def _buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        key = (name, shape[1] if name in self._per_position else 0)
-        buf = self._buffers.get(key)
-        if buf is None:  # outputs the host reads, in the engine's own dtype
-            buf = self._buffers[key] = np.empty(
-                shape, self.engine.output_types.get(name, np.float32)
-            )
-        self.binding.bind_output(name, buf)
-        return buf
+    def _new_slot(self, width: int, graphed: bool) -> _Slot:
+        binding = self.engine.binding()
+        self.kv.bind(binding, self.rows, self.first_row)
+        out: dict[str, Any] = {}
+        for name, shape in self._shapes.items():
+            full = (self.rows, width, *shape) if name in self._per_position else (self.rows, *shape)
+            dtype = self.engine.output_types.get(name, np.dtype(np.float32))
+            if self.engine.device == "cuda":  # outputs stay on the GPU until the host reads them
+                from edgeomni.runtime.memory import DeviceArray
+
+                out[name] = DeviceArray.zeros(full, dtype)
+            else:
+                out[name] = np.empty(full, dtype)
+            binding.bind_output(name, out[name])
+        return _Slot(binding, out, {} if graphed else None,
+                     self.engine.new_graph_id() if graphed else None)  # fmt: skip
+
+    def _slot(self, width: int, feeds: Mapping[str, np.ndarray]) -> _Slot:
+        if not (self._graphs and width in GRAPH_WIDTHS):
+            slot = self._slots.get(width)
+            if slot is None:
+                slot = self._slots[width] = self._new_slot(width, False)
+            return slot
+        # graphed slots live with the cache they bind, so later cohorts replay the same graphs
+        key = (id(self.engine), self.rows, self.first_row, width,
+               tuple((k, v.shape) for k, v in sorted(feeds.items())))  # fmt: skip
+        slot = self.kv.graph_slots.get(key)
+        if slot is None:
+            slot = self.kv.graph_slots[key] = self._new_slot(width, True)
+        return slot
 
     def run(
         self,
@@ -58,14 +135,8 @@ class DecoderSession:
         query_lens: np.ndarray,
         last_indices: np.ndarray,
         **extra: np.ndarray,
-    ) -> dict[str, np.ndarray]:
+    ) -> StepOutputs:
         width = embeds.shape[1]
-        out = {}
-        for name, shape in self._shapes.items():
-            if name in self._per_position:
-                out[name] = self._buffer(name, (self.rows, width, *shape))
-            else:
-                out[name] = self._buffers[(name, 0)]
         feeds = {
             "inputs_embeds": embeds,
             "position_ids": positions.astype(np.int64),
@@ -74,16 +145,32 @@ class DecoderSession:
             "last_indices": last_indices.astype(np.int64),
             **extra,
         }
+        host: dict[str, np.ndarray] = {}
         if "gqa_seqlens_k" in self.engine.input_names:  # lengths the lowering left to the host
             total = feeds["past_lens"] + feeds["query_lens"]
             feeds["gqa_seqlens_k"] = np.maximum(total - 1, 0).astype(np.int32)
-            feeds["gqa_total_length"] = np.array(total.max(), np.int32)
+            host["gqa_total_length"] = np.array(total.max(), np.int32)
         types = self.engine.input_types
         for name, value in feeds.items():  # float feeds in the engine's dtype (fp16 on a GPU)
             if value.dtype.kind == "f" and name in types:
                 feeds[name] = np.ascontiguousarray(value, types[name])
-        self.binding.run(feeds)
-        return out
+        slot = self._slot(width, feeds)
+        if slot.inputs is None:
+            slot.binding.run({**feeds, **host})
+            return StepOutputs(self.rows, slot.outputs)
+        # graphed: inputs copied into the slot's fixed buffers; attention reads its lengths from
+        # them, and the total length (a host value, frozen into the graph) is the capacity
+        from edgeomni.runtime.memory import DeviceArray
+
+        for name, value in feeds.items():
+            buf = slot.inputs.get(name)
+            if buf is None:
+                buf = slot.inputs[name] = DeviceArray.zeros(value.shape, value.dtype)
+                slot.binding.bind_input(name, buf)
+            buf.upload(value)
+        total = np.array(self.kv.capacity, np.int32)
+        slot.binding.run({"gqa_total_length": total}, graph=slot.graph)
+        return StepOutputs(self.rows, slot.outputs)
 
 
 def right_pad(rows: list[np.ndarray], width: int | None = None) -> np.ndarray:

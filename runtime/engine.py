@@ -7,11 +7,14 @@ caller-owned buffers bound by name (the KV cache bound as both input and output)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class EngineError(RuntimeError):
@@ -19,9 +22,10 @@ class EngineError(RuntimeError):
 
 
 class Binding(Protocol):
-    def bind_in_place(self, input_name: str, output_name: str, array: np.ndarray) -> None: ...
-    def bind_output(self, name: str, array: np.ndarray) -> None: ...
-    def run(self, feeds: Mapping[str, np.ndarray]) -> None: ...
+    def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None: ...
+    def bind_input(self, name: str, array: Any) -> None: ...
+    def bind_output(self, name: str, array: Any) -> None: ...
+    def run(self, feeds: Mapping[str, np.ndarray], *, graph: int | None = None) -> None: ...
 
 
 class Engine(Protocol):
@@ -30,8 +34,11 @@ class Engine(Protocol):
     output_names: tuple[str, ...]
     input_types: dict[str, np.dtype]
     output_types: dict[str, np.dtype]
+    output_shapes: dict[str, tuple[Any, ...]]  # ints where fixed, names or None where dynamic
+    cuda_graphs: bool  # whether run(graph=id) captures and replays CUDA graphs
 
     def binding(self) -> Binding: ...
+    def new_graph_id(self) -> int: ...
 
 
 _ORT_TYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 10, np.dtype(np.int64): 7}
@@ -40,13 +47,15 @@ _ORT_TYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 10, np.dtype(np.int
 class OrtBinding:
     """One IOBinding: caches and outputs bound once, small inputs re-bound each run."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, cuda_graphs: bool = False) -> None:
         import onnxruntime as ort
 
         self._ort = ort
         self._session = session
         self._io = session.io_binding()
         self._keep: list[Any] = []  # OrtValues must outlive the binding
+        self._cuda_graphs = cuda_graphs
+        self._options: dict[int, Any] = {}
 
     def _value(self, array: np.ndarray) -> Any:
         if not array.flags.c_contiguous:
@@ -66,16 +75,34 @@ class OrtBinding:
         self._io.bind_input(input_name, "cuda", 0, dtype, shape, array.ptr)
         self._io.bind_output(output_name, "cuda", 0, dtype, shape, array.ptr)
 
+    def bind_input(self, name: str, array: Any) -> None:
+        """An input that stays bound to this buffer (a DeviceArray for a graphed call)."""
+        if isinstance(array, np.ndarray):
+            self._io.bind_ortvalue_input(name, self._value(array))
+        else:
+            self._io.bind_input(name, "cuda", 0, array.dtype.type, list(array.shape), array.ptr)
+
     def bind_output(self, name: str, array: Any) -> None:
         if isinstance(array, np.ndarray):
             self._io.bind_ortvalue_output(name, self._value(array))
         else:
             self._io.bind_output(name, "cuda", 0, array.dtype.type, list(array.shape), array.ptr)
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> None:
+    def run(self, feeds: Mapping[str, np.ndarray], *, graph: int | None = None) -> None:
+        """Feeds are host arrays, copied in by ONNX Runtime. ``graph``: a CUDA graph id; every
+        buffer must then stay bound at the same address (the first runs capture, later ones
+        replay), and ``feeds`` may hold only CPU-side inputs."""
         for name, array in feeds.items():
             self._io.bind_cpu_input(name, np.ascontiguousarray(array))
-        self._session.run_with_iobinding(self._io)
+        if not self._cuda_graphs:
+            self._session.run_with_iobinding(self._io)
+            return
+        gid = -1 if graph is None else graph  # -1: run without capturing
+        options = self._options.get(gid)
+        if options is None:
+            options = self._options[gid] = self._ort.RunOptions()
+            options.add_run_config_entry("gpu_graph_id", str(gid))
+        self._session.run_with_iobinding(self._io, options)
 
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
@@ -86,29 +113,39 @@ class OrtEngine:
     """An ONNX Runtime session on the CPU provider, or on the CUDA provider for engines built
     for ``cuda`` (the build saved them provider-neutral; the CUDA provider's fusions run here)."""
 
-    def __init__(self, path: Path, *, device: str = "cpu", threads: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        device: str = "cpu",
+        threads: int | None = None,
+        cuda_graphs: bool = False,
+    ) -> None:
         import onnxruntime as ort
 
         if not path.is_file():
             raise EngineError(f"engine file {path} is missing")
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        providers: list[Any] = ["CPUExecutionProvider"]
-        if device == "cuda":
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise EngineError(
-                    f"{path.name} was built for cuda, but this onnxruntime has no "
-                    "CUDAExecutionProvider (install onnxruntime-gpu and run on a machine with an "
-                    "NVIDIA GPU)"
-                )
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
-        if threads:
-            so.intra_op_num_threads = threads
+        if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise EngineError(
+                f"{path.name} was built for cuda, but this onnxruntime has no "
+                "CUDAExecutionProvider (install onnxruntime-gpu and run on a machine with an "
+                "NVIDIA GPU)"
+            )
+        cuda_graphs = cuda_graphs and device == "cuda"
         try:
-            self.session = ort.InferenceSession(str(path), so, providers=providers)
+            self.session = _session(path, device, threads, cuda_graphs)
         except Exception as e:  # ORT raises its own exception types
-            raise EngineError(f"ONNX Runtime could not load {path}: {e}") from None
+            if not (cuda_graphs and "graph capture" in str(e).lower()):
+                raise EngineError(f"ONNX Runtime could not load {path}: {e}") from None
+            # a node runs off the GPU (float32 attention, say): this engine runs without graphs
+            log.warning("%s: no CUDA graphs for this engine (%s)", path.name, e)
+            cuda_graphs = False
+            try:
+                self.session = _session(path, device, threads, False)
+            except Exception as e2:
+                raise EngineError(f"ONNX Runtime could not load {path}: {e2}") from None
+        self.cuda_graphs = cuda_graphs
+        self._graph_ids = 0
         self.device = device
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
@@ -120,18 +157,50 @@ class OrtEngine:
             o.name: np.dtype(_NUMPY_TYPES.get(o.type, np.float32))
             for o in self.session.get_outputs()
         }
+        self.output_shapes = {o.name: tuple(o.shape) for o in self.session.get_outputs()}
 
     def binding(self) -> OrtBinding:
-        return OrtBinding(self.session)
+        return OrtBinding(self.session, self.cuda_graphs)
+
+    def new_graph_id(self) -> int:
+        self._graph_ids += 1
+        return self._graph_ids
 
 
-def open_engine(folder: Path, config: Mapping[str, Any], *, threads: int | None = None) -> Engine:
-    """The engine a stage's config.json describes."""
+def _session(path: Path, device: str, threads: int | None, cuda_graphs: bool) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    if threads:
+        so.intra_op_num_threads = threads
+    providers: list[Any] = ["CPUExecutionProvider"]
+    if device == "cuda":
+        from edgeomni.runtime.memory import stream
+
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # one stream for every engine and copy of the runtime
+        cuda = {"device_id": "0", "user_compute_stream": str(stream())}
+        if cuda_graphs:
+            cuda["enable_cuda_graph"] = "1"
+        providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+    return ort.InferenceSession(str(path), so, providers=providers)
+
+
+def open_engine(
+    folder: Path,
+    config: Mapping[str, Any],
+    *,
+    threads: int | None = None,
+    cuda_graphs: bool = False,
+) -> Engine:
+    """The engine a stage's config.json describes. ``cuda_graphs``: calls that repeat one
+    shape (decode steps) may be captured once as CUDA graphs and replayed (GPU engines only)."""
     backend, device = config.get("backend"), config.get("device", "cpu")
     engine_file = folder / str(config.get("engine", ""))
     if backend == "onnxruntime" and device in ("cpu", "cuda"):
         _check_lowering(folder, config.get("lowering") or {})
-        return OrtEngine(engine_file, device=device, threads=threads)
+        return OrtEngine(engine_file, device=device, threads=threads, cuda_graphs=cuda_graphs)
     raise EngineError(
         f"{folder}: engines for backend {backend!r} on device {device!r} are not supported by "
         "this runtime (it runs onnxruntime engines on the CPU or a CUDA GPU)"

@@ -39,6 +39,7 @@ class KVCache:
             def alloc() -> Any:
                 return np.zeros(shape, dtype)
 
+        self.graph_slots: dict[tuple[Any, ...], Any] = {}  # decoder.DecoderSession's, by shape
         self.keys = [alloc() for _ in range(layers)]
         self.values = [alloc() for _ in range(layers)]
 

@@ -30,6 +30,24 @@ def _cudart() -> Any:
     return cudart
 
 
+_STREAM: int | None = None
+
+
+def stream() -> int:
+    """The runtime's one CUDA stream (created on first use): every engine runs on it and every
+    copy is ordered on it, so a download after a run is the only synchronisation point."""
+    global _STREAM
+    if _STREAM is None:
+        cudart = _cudart()
+        flags = cudart.cudaStreamNonBlocking
+        _STREAM = int(_check(cudart.cudaStreamCreateWithFlags(flags), "cudaStreamCreate"))
+    return _STREAM
+
+
+def synchronize() -> None:
+    _check(_cudart().cudaStreamSynchronize(stream()), "cudaStreamSynchronize")
+
+
 def _check(result: Any, what: str) -> Any:
     err, *rest = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
@@ -64,6 +82,30 @@ class DeviceArray:
             raise ValueError(f"rows {start}..{start + n} of a buffer with {self.shape[0]}")
         row = self.nbytes // self.shape[0]
         return DeviceArray((n, *self.shape[1:]), self.dtype, self.ptr + start * row, owner=False)
+
+    def upload(self, array: np.ndarray) -> None:
+        """Copy a host array of this shape and dtype in, ordered on the runtime stream."""
+        src = np.ascontiguousarray(array, self.dtype)
+        if src.shape != self.shape:
+            raise ValueError(f"uploading {src.shape} into a device buffer of {self.shape}")
+        cudart = _cudart()
+        kind = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        # from pageable memory the call returns once src is staged, so src may be freed after
+        _check(cudart.cudaMemcpyAsync(self.ptr, src.ctypes.data, self.nbytes, kind, stream()),
+               "cudaMemcpyAsync (host to device)")  # fmt: skip
+
+    def download(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Copy to the host after everything queued on the runtime stream (a sync point)."""
+        if out is None:
+            out = np.empty(self.shape, self.dtype)
+        elif out.shape != self.shape or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"downloading {self.shape} {self.dtype} into {out.shape} {out.dtype}")
+        cudart = _cudart()
+        kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        _check(cudart.cudaMemcpyAsync(out.ctypes.data, self.ptr, self.nbytes, kind, stream()),
+               "cudaMemcpyAsync (device to host)")  # fmt: skip
+        synchronize()
+        return out
 
     def __del__(self) -> None:
         if getattr(self, "_owner", False):

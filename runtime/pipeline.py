@@ -81,7 +81,9 @@ class Pipeline:
         *,
         threads: int | None = None,
         whole_utterance: bool = False,
+        cuda_graphs: bool = True,
     ) -> None:
+        """``cuda_graphs``: GPU engines replay captured CUDA graphs for their decode steps."""
         self.engine_dir, self.graph = load_graph(config)
         if whole_utterance:  # the stages that make audio vocode after the talker, in one pass
             self.graph = dataclasses.replace(
@@ -94,6 +96,7 @@ class Pipeline:
                 ),
             )
         self.threads = threads
+        self.cuda_graphs = cuda_graphs
         self._runners: dict[str, Any] = {}
         self.profile = Profile()
 
@@ -104,7 +107,9 @@ class Pipeline:
             stage = self.graph.stage(stage_id)
             factory = RUNNERS[stage.runner].load()
             folder = self.engine_dir / stage.artifact
-            self._runners[stage_id] = factory(stage, folder, threads=self.threads)
+            self._runners[stage_id] = factory(
+                stage, folder, threads=self.threads, cuda_graphs=self.cuda_graphs
+            )
             self.profile.load_seconds += time.perf_counter() - start
         return self._runners[stage_id]
 

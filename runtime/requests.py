@@ -47,6 +47,7 @@ _TOP_LEVEL_KEYS = (
     "requests",
     "batch_size",
     "max_generate_length",
+    "min_generate_length",
     *_FLAG_KEYS,
     *SAMPLING_KEYS,
     "voice",
@@ -56,6 +57,7 @@ _REQUEST_KEYS = (
     "messages",
     "prompt",
     "max_generate_length",
+    "min_generate_length",
     "sampling",
     "voice",
     "speaker",
@@ -79,6 +81,8 @@ class Request:
     voice: str | None
     stop: tuple[str, ...]
     fields: frozenset[str]
+    # end-of-sequence tokens are banned until this many tokens are generated (HF min_new_tokens)
+    min_generate_length: int = 0
 
     @property
     def batch_settings(self) -> tuple[Any, ...]:
@@ -113,6 +117,10 @@ def _check_extra(key: str, value: Any) -> float | int:
     if name in SAMPLING_KEYS:
         params = sampling_from_dict({key: value}, prefix=prefix)
         return getattr(params, "seed" if name == "sampling_seed" else name)
+    if name == "max_new_tokens":
+        return _check_positive_int(key, value)
+    if name == "min_new_tokens":
+        return _check_min_length(key, value)
     if not isinstance(value, (int, float)):  # bool passes: e.g. subtalker_dosample
         raise ValueError(f"{key} must be a number, got {value!r}")
     return value
@@ -121,6 +129,12 @@ def _check_extra(key: str, value: Any) -> float | int:
 def _check_positive_int(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _check_min_length(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
     return value
 
 
@@ -248,6 +262,11 @@ def _parse_request(
     max_len = file["max_generate_length"]
     if "max_generate_length" in req:
         max_len = _check_positive_int("max_generate_length", req["max_generate_length"])
+    min_len = file["min_generate_length"]
+    if "min_generate_length" in req:
+        min_len = _check_min_length("min_generate_length", req["min_generate_length"])
+    if min_len > max_len:
+        raise ValueError(f"min_generate_length {min_len} exceeds max_generate_length {max_len}")
     params, extra = base, dict(extra_base)
     if "sampling" in req:
         params, extra = parse_sampling(req["sampling"], base, extra_base)
@@ -264,6 +283,7 @@ def _parse_request(
         index=index,
         messages=messages,
         max_generate_length=max_len,
+        min_generate_length=min_len,
         sampling=params,
         extra_sampling=MappingProxyType(extra),
         apply_chat_template=file["apply_chat_template"],
@@ -308,11 +328,15 @@ def parse_request_file(
         max_len = DEFAULT_MAX_GENERATE_LENGTH
         if "max_generate_length" in obj:
             max_len = _check_positive_int("max_generate_length", obj["max_generate_length"])
+        min_len = 0
+        if "min_generate_length" in obj:
+            min_len = _check_min_length("min_generate_length", obj["min_generate_length"])
         flags = {k: _check_bool(k, obj[k]) if k in obj else v for k, v in _FLAG_DEFAULTS.items()}
         voice = _pick_voice(obj, "")
     except ValueError as e:
         raise ValueError(f"top level: {e}") from None
-    file = {"max_generate_length": max_len, "voice": voice, **flags}
+    file = {"max_generate_length": max_len, "min_generate_length": min_len, "voice": voice,
+            **flags}  # fmt: skip
     settings.update({k: v for k, v in file.items() if k in obj or (k == "voice" and voice)})
     settings.update({k: obj[k] for k in obj if k in SAMPLING_KEYS or _is_extra_key(k)})
 

@@ -21,7 +21,9 @@ __all__ = [
     "SamplingParams",
     "apply_repetition_penalty",
     "candidate_distribution",
+    "StepLogits",
     "sample",
+    "sample_step",
     "sampling_from_dict",
 ]
 
@@ -251,3 +253,107 @@ def sample(
         j = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
         out[b] = ids[min(j, ids.size - 1)]
     return out
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    """One decode step's logits as the engine left them.
+
+    ``topk_values``/``topk_indices`` [B, K]: the engine's own top-K of each row (an in-graph
+    reduction, so the full vocabulary need not leave the device), or None. ``full(rows)`` copies
+    the full logits of those rows [len(rows), V] to the host: only for rows the top-K cannot
+    decide exactly.
+    """
+
+    rows: int
+    full: Any  # Callable[[np.ndarray], np.ndarray]
+    topk_values: np.ndarray | None = None
+    topk_indices: np.ndarray | None = None
+
+
+def _reduced_row(
+    values: np.ndarray,
+    indices: np.ndarray,
+    params: SamplingParams,
+    seen: np.ndarray | None,
+    banned: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The candidates of one row from its top-K, sorted by id, or None when they might differ
+    from the full vocabulary's.
+
+    Every token outside the K is at most the K-th value (the floor); the penalty and bans only
+    lower scores. So the draw is exact when the k-th best score after them is above the floor:
+    no outside token can enter the top-k or tie with it.
+    """
+    k = 1 if params.greedy else params.top_k
+    if not 0 < k < values.size:
+        return None
+    x = values.astype(np.float32)
+    floor = x.min()
+    if banned is not None and banned.size:
+        x[np.isin(indices, banned)] = -np.inf
+    if seen is not None and params.repetition_penalty != 1.0:
+        hit = np.isin(indices, seen)
+        x[hit] = np.where(x[hit] < 0, x[hit] * params.repetition_penalty,
+                          x[hit] / params.repetition_penalty)  # fmt: skip
+    kth = np.partition(x, x.size - k)[x.size - k]
+    if not kth > floor:
+        return None
+    order = np.argsort(indices, kind="stable")
+    return indices[order].astype(np.int64), x[order]
+
+
+def sample_step(
+    step: StepLogits,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    seen: Sequence[np.ndarray] | None = None,
+    banned: Sequence[np.ndarray | None] | None = None,
+) -> tuple[np.ndarray, int]:
+    """``sample`` over a step's logits, from the engine's top-K where that is exact.
+
+    ``banned[b]``: ids row b may not draw now (end of sequence before a minimum length, a
+    suppressed band). Returns the ids [B] and how many rows needed their full logits. The
+    draws, and the rng they consume, are those ``sample`` makes on the full logits.
+    """
+    n = step.rows
+    penalise = seen is not None and params.repetition_penalty != 1.0
+    picked: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n
+    if step.topk_values is not None and step.topk_indices is not None:
+        for b in range(n):
+            picked[b] = _reduced_row(
+                step.topk_values[b],
+                step.topk_indices[b],
+                params,
+                seen[b] if penalise and seen is not None else None,
+                banned[b] if banned is not None else None,
+            )
+    need = np.array([b for b in range(n) if picked[b] is None], np.int64)
+    full = None
+    if need.size:
+        full = np.array(step.full(need), np.float32)
+        if banned is not None:
+            for j, b in enumerate(need):
+                if banned[b] is not None and banned[b].size:
+                    full[j, banned[b]] = -np.inf
+        if penalise and seen is not None:
+            apply_repetition_penalty(full, [seen[b] for b in need], params.repetition_penalty)
+    out = np.empty(n, np.int64)
+    j = 0
+    for b in range(n):
+        row = picked[b]
+        if row is None:
+            assert full is not None
+            ids, x = None, full[j]
+            j += 1
+        else:
+            ids, x = row
+        if params.greedy:
+            pos = int(np.argmax(x))
+        else:
+            cand, probs = candidate_distribution(x, params)
+            cdf = np.cumsum(probs)
+            pick = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+            pos = int(cand[min(pick, cand.size - 1)])
+        out[b] = pos if ids is None else ids[pos]
+    return out, int(need.size)

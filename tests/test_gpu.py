@@ -95,3 +95,90 @@ def test_kv_cache_lives_on_the_device(cuda_engine) -> None:
     assert runner.engine.device == "cuda"
     assert all(isinstance(k, DeviceArray) for k in runner.kv.keys + runner.kv.values)
     assert runner.kv.keys[0].dtype == np.float16
+
+
+def run_pipeline(engine: Path, body: dict, batch: int, **options) -> list:
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    requests, _ = parse_request_file(body)
+    return Pipeline(engine, **options).run(requests, batch_size=batch)
+
+
+def test_cuda_graphs_replay_the_same_tokens(cuda_engine) -> None:
+    """Decode steps replayed from captured CUDA graphs give the tokens plain runs give, for a
+    ragged batch and for a later cohort of another size (graphs are kept per shape)."""
+    from edgeomni.runtime.pipeline import Pipeline
+
+    prompts = ["Hello! How are you today?", "Hi", "What is the capital of France?"]
+    body = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 1, "max_generate_length": 24,
+            "requests": [{"messages": [{"role": "user", "content": p}]} for p in prompts]}  # fmt: skip
+    assert Pipeline(cuda_engine).runner("llm").engine.cuda_graphs
+    for batch in (3, 2, 3):
+        graphed = run_pipeline(cuda_engine, body, batch)
+        plain = run_pipeline(cuda_engine, body, batch, cuda_graphs=False)
+        for a, b in zip(graphed, plain, strict=True):
+            assert (
+                a.entry["stages"]["llm"]["output_tokens"]
+                == (b.entry["stages"]["llm"]["output_tokens"])
+            )
+
+
+@pytest.fixture(scope="module")
+def omni_cuda_engine(omni_ckpt: Path, tmp_path_factory) -> Path:
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+
+    eng = tmp_path_factory.mktemp("omni-cuda") / "eng"
+    args = BuildArgs(3, 128, 256, device="cuda", dtype="float16")
+    assert build(omni_ckpt, eng, args, ["llm", "talker", "code_predictor", "code2wav"])
+    return eng
+
+
+def engine_logits(folder: Path, seed: int = 0) -> np.ndarray:
+    """One prefill call of a decoder engine on fixed random inputs: its logits [2, V]."""
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.engine import open_engine
+    from edgeomni.runtime.kv import KVCache
+
+    cfg = json.loads((folder / "config.json").read_text())
+    engine = open_engine(folder, cfg)
+    dtype = np.dtype(cfg.get("dtype", "float32")).type
+    kv = KVCache(cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], 16, cfg["head_dim"],
+                 dtype=dtype, device=engine.device)  # fmt: skip
+    session = DecoderSession(engine, kv, 1, {"logits": (cfg["vocab_size"],)})
+    x = np.random.default_rng(seed).standard_normal((1, 5, cfg["hidden_size"])) * 0.5
+    z, n = np.zeros(1, np.int32), np.full(1, 5, np.int32)
+    extra = {"lm_head_index": np.array([2])} if "lm_head_index" in engine.input_names else {}
+    if "deepstack_embeds" in engine.input_names:
+        extra["deepstack_embeds"] = np.zeros((cfg["deepstack_layers"], 1, 5, cfg["hidden_size"]))
+    positions = text_positions(z, 5, bool(cfg.get("mrope_section")))
+    out = session.run(x.astype(np.float32), positions, z, n, n - 1, **extra)
+    return np.asarray(out["logits"], np.float32)
+
+
+@pytest.mark.parametrize("stage", ["thinker", "talker", "code_predictor"])
+def test_omni_decoders_match_cpu(omni_cuda_engine, omni_engine, stage) -> None:
+    """float16 on the CUDA provider (MoE and attention as contrib ops) against the float32 CPU
+    engines: logits within 2% of their range on the same inputs, the same best code."""
+    sub = "." if stage == "thinker" else stage
+    gpu, cpu = (engine_logits(e / sub) for e in (omni_cuda_engine, omni_engine))
+    assert np.abs(gpu - cpu).max() <= 2e-2 * np.abs(cpu).max()
+    assert (gpu.argmax(-1) == cpu.argmax(-1)).all()
+
+
+def test_omni_text_to_speech_on_the_gpu(omni_cuda_engine) -> None:
+    """The whole speech path on the GPU: codes the same with and without CUDA graphs, audio of
+    the right length, and the in-graph top-K deciding the talker's draws."""
+    body = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 10, "talker_seed": 3,
+            "talker_max_new_tokens": 21, "talker_min_new_tokens": 21,
+            "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": p}]}]}
+                         for p in ("Hello there", "What is the capital of France?")]}  # fmt: skip
+    graphed = run_pipeline(omni_cuda_engine, body, 2)
+    plain = run_pipeline(omni_cuda_engine, body, 2, cuda_graphs=False)
+    for a, b in zip(graphed, plain, strict=True):
+        assert a.entry["ok"], a.entry
+        assert a.codes.shape == (20, 16)
+        np.testing.assert_array_equal(a.codes, b.codes)
+        assert a.audio.size == 20 * 1920 - 555 and np.isfinite(a.audio).all()
+        assert a.entry["stages"]["talker"]["full_logit_rows"] < 2 * 21

@@ -56,12 +56,15 @@ def moe_model(top_k: int, normalize: int) -> onnx.ModelProto:
         opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(moe.DOMAIN, 1)],
     )
     lower_model(model, "onnxruntime")
-    (lowered,) = model.graph.node
+    lowered, *scaling = model.graph.node
     attrs = {a.name: helper.get_attribute_value(a) for a in lowered.attribute}
     assert (lowered.domain, lowered.op_type) == ("com.microsoft", "MoE")
     assert list(lowered.input) == ["x", "router_logits", "fc1", "", "fc2"]
     assert attrs["swiglu_fusion"] == 1 and attrs["activation_type"] == b"swiglu"
-    assert (attrs["k"], attrs["normalize_routing_weights"]) == (top_k, normalize)
+    # the op always normalises; unnormalised routing scales its output by the chosen mass
+    assert (attrs["k"], attrs["normalize_routing_weights"]) == (top_k, 1)
+    assert [n.op_type for n in scaling] == ([] if normalize else
+                                            ["Softmax", "TopK", "ReduceSum", "Mul"])  # fmt: skip
     return model
 
 

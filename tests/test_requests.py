@@ -139,6 +139,10 @@ BAD_REQUESTS: list[tuple[Any, str]] = [
     ({"prompt": "x", "sampling": {"talker_x": "a"}}, "talker_x must be a number"),
     ({"prompt": "x", "sampling": 0.5}, "sampling must be an object"),
     ({"prompt": "x", "max_generate_length": 0}, "max_generate_length"),
+    ({"prompt": "x", "min_generate_length": -1}, "min_generate_length must be an integer >= 0"),
+    ({"prompt": "x", "max_generate_length": 4, "min_generate_length": 5}, "exceeds"),
+    ({"prompt": "x", "sampling": {"talker_min_new_tokens": 1.5}}, "talker_min_new_tokens"),
+    ({"prompt": "x", "sampling": {"talker_max_new_tokens": 0}}, "talker_max_new_tokens"),
     ({"prompt": "x", "stop": [1]}, "stop"),
     ({"prompt": "x", "voice": ""}, "voice"),
     ({"prompt": "x", "voice": "a", "speaker": "b"}, "disagree"),
@@ -254,3 +258,16 @@ def test_runtime_modules_import_only_stdlib_and_numpy() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_min_generate_length_from_the_file_and_per_request() -> None:
+    entries, settings = parse_request_file(
+        {
+            "min_generate_length": 3,
+            "requests": [{"prompt": "a"}, {"prompt": "b", "min_generate_length": 0}],
+        }  # fmt: skip
+    )
+    assert [e.min_generate_length for e in entries] == [3, 0]
+    assert settings["min_generate_length"] == 3
+    (entry,), _ = parse_request_file({"requests": [{"prompt": "c"}]})
+    assert entry.min_generate_length == 0

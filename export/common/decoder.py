@@ -280,3 +280,42 @@ class CausalLM(nn.Module):
         if cfg.last_hidden_output:
             outputs.append("last_hidden")
         return inputs + kv_in, outputs + kv_out
+
+
+class WithTopK(nn.Module):
+    """A decoder whose engine also reduces its logits: topk_values/topk_indices [B, K] after
+    ``logits``, so a GPU runtime copies K candidates per row to the host, not the vocabulary.
+
+    ``exclude``: ids the runtime never samples (Qwen3-Omni talker's control band), held out of
+    the top-K with a -inf bias; ``logits`` stay as they are.
+    """
+
+    def __init__(self, inner: CausalLM, k: int, exclude: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        if not 0 < k <= inner.cfg.vocab_size:
+            raise ValueError(f"logits top-k {k} must be in 1..{inner.cfg.vocab_size}")
+        self.inner = inner
+        self.cfg = inner.cfg
+        self.k = k
+        bias = torch.zeros(inner.cfg.vocab_size)
+        bias[list(exclude)] = float("-inf")
+        self.register_buffer("topk_bias", bias if exclude else None)
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_lens: torch.Tensor,
+        query_lens: torch.Tensor,
+        last_indices: torch.Tensor,
+        *rest_in: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        args = (inputs_embeds, position_ids, past_lens, query_lens, last_indices, *rest_in)
+        logits, *rest = self.inner(*args)
+        scores = logits if self.topk_bias is None else logits + self.topk_bias.to(logits.dtype)
+        values, indices = torch.topk(scores, self.k, dim=-1)
+        return (logits, values, indices, *rest)
+
+    def io_names(self) -> tuple[list[str], list[str]]:
+        inputs, (logits, *rest) = self.inner.io_names()
+        return inputs, [logits, "topk_values", "topk_indices", *rest]

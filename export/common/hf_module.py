@@ -26,4 +26,5 @@ def load_hf_module(
             )
         state[name] = tensor.to(torch.float32).contiguous()
     module.load_state_dict(state, strict=True)
-    return module
+    # float32 whatever dtype the module was built in (a checkpoint's config may say bfloat16)
+    return module.to(torch.float32)

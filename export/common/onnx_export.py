@@ -59,14 +59,21 @@ def export_onnx(
     return path
 
 
-def export_causal_lm(module: Any, path: Path) -> Path:
-    """Export a decoder.CausalLM with dynamic batch, sequence and cache capacity.
+def export_causal_lm(
+    module: Any, path: Path, *, logits_topk: int = 0, topk_exclude: Sequence[int] = ()
+) -> Path:
+    """Export a decoder.CausalLM with dynamic batch, sequence and cache capacity; with
+    ``logits_topk`` the engine also outputs each row's top-K (decoder.WithTopK).
 
     Example sizes are at least 2 on every dynamic axis: torch.export specialises axes of size 1.
     """
     import torch
     from torch.export import Dim
 
+    from edgeomni.export.common.decoder import WithTopK
+
+    if logits_topk:
+        module = WithTopK(module, min(logits_topk, module.cfg.vocab_size), tuple(topk_exclude))
     cfg = module.cfg
     dtype = next(module.parameters()).dtype
     b, s, c = 2, 3, 8

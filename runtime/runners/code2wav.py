@@ -36,6 +36,7 @@ class Code2Wav:
         *,
         threads: int | None = None,
         whole_utterance: bool | None = None,
+        cuda_graphs: bool = True,  # not used: windows vary in length
     ) -> None:
         self.stage = stage
         self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
@@ -72,7 +73,11 @@ class Code2Wav:
         out = np.empty((1, 1, n * self.samples_per_frame - self.trim), np.float32)
         binding = self.engine.binding()
         binding.bind_output("waveform", out)
-        binding.run({"codes": codes})
+        feeds = {"codes": codes}
+        if "gqa_seqlens_k" in self.engine.input_names:  # lengths a CUDA build takes from the host
+            feeds["gqa_seqlens_k"] = np.array([n - 1], np.int32)
+            feeds["gqa_total_length"] = np.array(n, np.int32)
+        binding.run(feeds)
         return out.reshape(-1)
 
     def vocoder(self) -> WindowedVocoder:

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime import safetensors_np
-from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
+from edgeomni.runtime.decoder import DecoderSession, StepOutputs, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine, ragged_prefill
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import MediaEncoders, Prompt, media_parts
 from edgeomni.runtime.runners import RequestError, RequestState
-from edgeomni.runtime.sampling import sample
+from edgeomni.runtime.sampling import sample_step
 from edgeomni.runtime.tokenizer import TextTokenizer
 
 
@@ -41,11 +41,13 @@ class LLMBackbone:
 
     kind = "autoregressive"
 
-    def __init__(self, stage: Any, folder: Path, *, threads: int | None = None) -> None:
+    def __init__(
+        self, stage: Any, folder: Path, *, threads: int | None = None, cuda_graphs: bool = True
+    ) -> None:
         self.stage = stage
         self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
         cfg = self.config
-        self.engine = open_engine(folder, cfg, threads=threads)
+        self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
         self.embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         self.tokenizer = TextTokenizer(folder)
         limits = cfg["builder_config"]
@@ -54,6 +56,7 @@ class LLMBackbone:
         self.capacity = int(limits["max_kv_cache_capacity"])
         self.vocab_size = int(cfg["vocab_size"])
         self.eos = frozenset(cfg.get("eos_token_id") or ())
+        self._eos_ids = np.array(sorted(self.eos), np.int64)
         self.hidden_size = int(cfg["hidden_size"])
         self.mrope = bool(cfg.get("mrope_section"))
         self.deepstack = int(cfg.get("deepstack_layers") or 0)
@@ -116,6 +119,7 @@ class LLMBackbone:
         n = len(cohort)
         prompts = [state.prepared[self.stage.id] for state in cohort]
         limits = [state.request.max_generate_length for state in cohort]
+        minimum = [state.request.min_generate_length for state in cohort]
         params = cohort[0].request.sampling  # batch-wide: the scheduler groups equal settings
         rng = np.random.default_rng(params.seed)
         penalise = params.repetition_penalty != 1.0
@@ -163,14 +167,18 @@ class LLMBackbone:
         seen = [p.ids for p in prompts]
         past = lens.copy()
         steps = 0
+        full_rows = 0  # rows whose full logits had to come to the host
         if self.deepstack:
             extra["deepstack_embeds"] = np.zeros(
                 (self.deepstack, n, 1, self.hidden_size), np.float32
             )
         start = time.perf_counter()
         while True:
-            logits = np.asarray(out["logits"], np.float32)
-            tokens = sample(logits, params, rng, seen if penalise else None)
+            banned = [self._eos_ids if len(generated[r]) < minimum[r] else None for r in range(n)]
+            tokens, fetched = sample_step(
+                out.logits(), params, rng, seen if penalise else None, banned
+            )
+            full_rows += fetched
             for row in range(n):
                 if finish[row] is not None:
                     continue
@@ -227,6 +235,7 @@ class LLMBackbone:
                 "decode_ms": round(decode_s * 1e3, 3),
                 "decode_steps": steps,
                 "decode_tokens_per_s": round(steps * n / decode_s, 2) if decode_s > 0 else None,
+                "full_logit_rows": full_rows,
                 "cohort_size": n,
             }
 
@@ -237,13 +246,11 @@ class LLMBackbone:
         positions: np.ndarray,
         lens: np.ndarray,
         extra: dict[str, np.ndarray],
-    ) -> dict[str, np.ndarray]:
+    ) -> StepOutputs:
         """Prefill each row alone, over its own cache rows: for engines whose attention cannot
         take rows of different lengths in one call (ONNX Runtime before 1.32)."""
         n, width = embeds.shape[:2]
-        out = {"logits": np.zeros((n, self.vocab_size), np.float32)}
-        if "hidden_states" in outputs:
-            out["hidden_states"] = np.zeros((n, width, self.hidden_size), np.float32)
+        out: dict[str, np.ndarray] = {}
         one = np.zeros(1, np.int32)
         for r in range(n):
             span = slice(0, int(lens[r]))
@@ -255,10 +262,14 @@ class LLMBackbone:
             got = row.run(
                 embeds[r : r + 1, span], pos, one, lens[r : r + 1], lens[r : r + 1] - 1, **more
             )
-            out["logits"][r] = got["logits"][0]
-            if "hidden_states" in out:
-                out["hidden_states"][r, span] = got["hidden_states"][0]
-        return out
+            for name in got:
+                value = got[name][0]
+                if name == "hidden_states":
+                    buf = out.setdefault(name, np.zeros((n, width, *value.shape[1:]), value.dtype))
+                    buf[r, span] = value
+                else:
+                    out.setdefault(name, np.zeros((n, *value.shape), value.dtype))[r] = value
+        return StepOutputs(n, out)
 
     def _finished(self, request: Any, out: list[int], limit: int) -> str | None:
         if out[-1] in self.eos:

@@ -25,7 +25,7 @@ from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.mrope import MropeIds, rope_index
 from edgeomni.runtime.runners import RequestError, RequestState
-from edgeomni.runtime.sampling import SamplingParams, sample
+from edgeomni.runtime.sampling import SamplingParams, sample_step
 
 DEFAULT_MAX_FRAMES = 4096  # transformers' talker_max_new_tokens
 
@@ -80,13 +80,17 @@ class _Prefill:
 class Talker:
     kind = "autoregressive"
 
-    def __init__(self, stage: Any, folder: Path, *, threads: int | None = None) -> None:
+    def __init__(
+        self, stage: Any, folder: Path, *, threads: int | None = None, cuda_graphs: bool = True
+    ) -> None:
         self.stage = stage
         cfg = self.config = json.loads((folder / "config.json").read_text())
-        self.engine = open_engine(folder, cfg, threads=threads)
+        self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
         cp_folder = (folder / cfg["code_predictor"]).resolve()
         self.cp_config = json.loads((cp_folder / "config.json").read_text())
-        self.cp_engine = open_engine(cp_folder, self.cp_config, threads=threads)
+        self.cp_engine = open_engine(
+            cp_folder, self.cp_config, threads=threads, cuda_graphs=cuda_graphs
+        )
         self.codec_embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         cp_tables = safetensors_np.load(cp_folder / "embedding.safetensors")
         self.groups = int(cfg["num_code_groups"])
@@ -108,9 +112,11 @@ class Talker:
         self.cp_kv = _decoder_cache(
             self.cp_config, self.max_batch, self.groups, self.cp_engine.device
         )
-        # the talker may not emit the codec's control band, except the end of speech
-        band = np.arange(self.vocab_size - 1024, self.vocab_size)
+        # the talker may not emit the codec's control band, except the end of speech (a GPU
+        # build's engine keeps the same band out of its top-K)
+        band = np.arange(max(0, self.vocab_size - 1024), self.vocab_size)
         self.suppressed = band[band != self.ids["codec_eos"]]
+        self._suppressed_and_eos = np.append(self.suppressed, self.ids["codec_eos"])
         self.hidden_source = self._source("hidden")
         self.mrope_ids = MropeIds(**cfg["mrope_ids"])
         self.tts_pad_token = int(cfg["tts_pad_token_id"])
@@ -197,7 +203,7 @@ class Talker:
         if not cohort:
             return
         n = len(cohort)
-        talker_params, cp_params, max_frames = self._sampling(cohort[0].request)
+        talker_params, cp_params, max_frames, min_frames = self._sampling(cohort[0].request)
         rng = np.random.default_rng(talker_params.seed)
         lens = np.array([len(p.embeds) for p in prefills], np.int32)
         if int(lens.max()) + max_frames > self.capacity:
@@ -226,11 +232,15 @@ class Talker:
         past = lens.copy()
         step = 0
         cp_ms = 0.0
+        full_rows = 0  # rows whose full logits had to come to the host
         while True:
-            logits = np.asarray(out["logits"], np.float32).copy()
-            logits[:, self.suppressed] = -np.inf
             seen = [np.asarray(f, np.int64) for f in first]
-            code0 = sample(logits, talker_params, rng, seen)
+            banned = [
+                self._suppressed_and_eos if len(first[r]) < min_frames else self.suppressed
+                for r in range(n)
+            ]
+            code0, fetched = sample_step(out.logits(), talker_params, rng, seen, banned)
+            full_rows += fetched
             for row in range(n):
                 if finish[row] is None:
                     first[row].append(int(code0[row]))
@@ -275,6 +285,7 @@ class Talker:
                 "talker_ms": round(total_ms - cp_ms, 3),
                 "code_predictor_ms": round(cp_ms, 3),
                 "cohort_size": n,
+                "full_logit_rows": full_rows,
             }
 
     def _complete_frames(
@@ -306,14 +317,14 @@ class Talker:
                 np.full(n, width - 1, np.int64),
                 lm_head_index=np.array([group - 1], np.int64),
             )
-            codes[:, group] = sample(np.asarray(out["logits"], np.float32), params, rng)
+            codes[:, group] = sample_step(out.logits(), params, rng)[0]
             emb = self.cp_embeddings[group - 1][codes[:, group]]
             total += emb
             past = past + width
             x = emb[:, None, :]
         return codes, total
 
-    def _sampling(self, request: Any) -> tuple[SamplingParams, SamplingParams, int]:
+    def _sampling(self, request: Any) -> tuple[SamplingParams, SamplingParams, int, int]:
         """talker_* keys for the first code, cp_* (or subtalker_*) keys for the residual codes.
 
         The residual codes follow the talker: greedy when it is greedy, otherwise transformers'
@@ -324,7 +335,7 @@ class Talker:
             top_k=int(extra.get("talker_top_k", 50)),
             top_p=float(extra.get("talker_top_p", 1.0)),
             repetition_penalty=float(extra.get("talker_repetition_penalty", 1.05)),
-            seed=request.sampling.seed,
+            seed=extra.get("talker_seed", extra.get("talker_sampling_seed", request.sampling.seed)),
         )
 
         def cp(key: str, default: float) -> float:
@@ -338,4 +349,9 @@ class Talker:
                 top_k=int(cp("top_k", 50)),
                 top_p=float(cp("top_p", 0.8)),
             )
-        return talker, residual, int(extra.get("talker_max_new_tokens", DEFAULT_MAX_FRAMES))
+        return (
+            talker,
+            residual,
+            int(extra.get("talker_max_new_tokens", DEFAULT_MAX_FRAMES)),
+            int(extra.get("talker_min_new_tokens", 0)),
+        )

@@ -44,12 +44,18 @@ def export_component(
         raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3_omni_moe")
     dtype = DTYPES[args.dtype]  # the decoders; encoders and code2wav stay float32
     path = work_dir / component.engine
+    topk = args.logits_topk or 0
     if component is LLM:
-        return export_causal_lm(thinker.build_module(ckpt, dtype), path)
+        return export_causal_lm(thinker.build_module(ckpt, dtype), path, logits_topk=topk)
     if component is TALKER:
-        return export_causal_lm(talker.build_talker(ckpt, dtype), path)
+        return export_causal_lm(
+            talker.build_talker(ckpt, dtype),
+            path,
+            logits_topk=topk,
+            topk_exclude=talker.suppressed_codes(ckpt.config),
+        )
     if component is CODE_PREDICTOR:
-        return export_causal_lm(talker.build_predictor(ckpt, dtype), path)
+        return export_causal_lm(talker.build_predictor(ckpt, dtype), path, logits_topk=topk)
     if component is AUDIO:
         return audio.export_audio_encoder(audio.load_audio_tower(ckpt.tensor, ckpt.config), path)
     if component is VISUAL:

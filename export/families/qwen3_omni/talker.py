@@ -42,6 +42,14 @@ def predictor_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
     return decoder_config(cp, lm_heads=groups - 1)
 
 
+def suppressed_codes(cfg: dict[str, Any]) -> tuple[int, ...]:
+    """The codec control band transformers' generate never lets the talker emit (the top 1024
+    ids of its vocabulary) except the end of speech; its engine keeps them out of its top-K."""
+    vocab = int(section(cfg, "talker_config", "text_config")["vocab_size"])
+    eos = int(section(cfg, "talker_config")["codec_eos_token_id"])
+    return tuple(i for i in range(max(0, vocab - 1024), vocab) if i != eos)
+
+
 def build_talker(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> CausalLM:
     text = section(ckpt.config, "talker_config", "text_config")
     module = CausalLM(

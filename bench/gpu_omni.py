@@ -1,0 +1,949 @@
+"""Qwen3-Omni text to speech on one GPU: edgeomni against transformers in the same run.
+
+A text prompt goes in; the thinker writes text, the talker and code predictor make codec frames,
+code2wav vocodes 24 kHz audio. The model has Qwen3-Omni-30B-A3B's per-layer dimensions with
+random weights, made here from configs (no download). Both sides do the same fixed work per
+request: a ~32-token ChatML prompt, exactly N greedy thinker tokens, exactly F codec frames with
+speaker "ethan". edgeomni runs c requests submitted together (c = 1, 4, 16); transformers runs
+one request at a time. Written: OUT/gpu_omni.json (raw numbers, config, machine, versions) and
+OUT/gpu_omni.md (the table, also printed).
+
+The thinker's layer count is reduced by default (--thinker-layers 4 of 48) to fit the GPU
+machine's time and disk: the output says so and adds an estimate scaled to 48 layers. The
+checkpoint and engines stay in --work and are reused, so a machine whose commands are limited
+to 10 minutes can run `--stop-after build` first and the same command without it next.
+
+    python bench/gpu_omni.py --out DIR [--thinker-layers 4] [--concurrency 1 4 16]
+    python bench/gpu_omni.py --size tiny --device cpu --concurrency 1 2 --frames 12 \\
+        --new-tokens 8 --out /tmp/gpu_omni_tiny            # the script's logic, on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from omni_cpu import set_window  # noqa: E402
+
+REAL_THINKER_LAYERS = 48
+SAMPLE_RATE = 24000
+FRAME_S = 1920 / SAMPLE_RATE  # one codec frame: 80 ms of audio
+SPEAKER = "ethan"
+SYSTEM_PROMPT = "You are a voice assistant."
+# Qwen3-Omni-30B-A3B-Instruct's published config values (shared/notes/gpu-baseline.md, "Config
+# actually used"); the class defaults are not the real model.
+REAL_MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20],
+              "interleaved": True, "mrope_interleaved": True}  # fmt: skip
+# Published figures to beat (shared/notes/peers.md: mstar PR benchmark matrix, T2S on Seed-TTS,
+# 2x B300, thinker greedy): not reproduced here, different hardware and workload.
+PEERS = {
+    "source": "M* (mstar PR benchmark, 2x B300, T2S Seed-TTS; published, not reproduced)",
+    "rtf_p50_c1": 0.099,
+    "ttfa_p50_ms_c1": 142,
+    "audio_s_per_s_c32": 80.5,
+}
+
+
+def accept_layer(thinker_layers: int) -> int:
+    """The real talker reads thinker layer 24 of 48; a reduced thinker keeps it when it has more
+    than 24 layers, else reads the middle layer (the value must lie below the layer count)."""
+    return 24 if thinker_layers > 24 else max(1, thinker_layers // 2)
+
+
+def real_sizes(thinker_layers: int) -> dict[str, dict[str, Any]]:
+    """Per-section config overrides (tiny_omni.SECTIONS) for the real per-layer dimensions.
+
+    The audio and vision encoders stay tiny (TTS does not run them; transformers' model class
+    needs them): only their output width must match the thinker's hidden size."""
+    return {
+        "thinker": dict(
+            vocab_size=152064, hidden_size=2048, num_hidden_layers=thinker_layers,
+            num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+            num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+            rope_parameters=REAL_MROPE,
+        ),
+        "audio": dict(output_dim=2048),
+        "vision": dict(out_hidden_size=2048),
+        "talker": dict(
+            vocab_size=3072, hidden_size=1024, intermediate_size=2048, num_hidden_layers=20,
+            num_attention_heads=16, num_key_value_heads=2, head_dim=128, num_experts=128,
+            num_experts_per_tok=6, moe_intermediate_size=384,
+            shared_expert_intermediate_size=768, norm_topk_prob=True, rope_parameters=REAL_MROPE,
+        ),
+        "talker_top": dict(
+            thinker_hidden_size=2048, accept_hidden_layer=accept_layer(thinker_layers),
+            num_code_groups=16, codec_pad_id=2148, codec_bos_id=2149, codec_eos_token_id=2150,
+            codec_nothink_id=2155, codec_think_bos_id=2156, codec_think_eos_id=2157,
+            speaker_id={"chelsie": 2301, "ethan": 2302, "aiden": 2303}, spatial_merge_size=2,
+        ),
+        "code_predictor": dict(
+            vocab_size=2048, hidden_size=1024, intermediate_size=3072, num_hidden_layers=5,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=128, num_code_groups=16,
+            layer_types=["full_attention"] * 5,
+        ),
+        "code2wav": dict(
+            codebook_size=2048, hidden_size=1024, intermediate_size=3072, num_hidden_layers=8,
+            num_attention_heads=16, num_key_value_heads=16, num_quantizers=16,
+            sliding_window=72, upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2],
+            decoder_dim=1536,
+        ),
+    }  # fmt: skip
+
+
+# -- phases ----------------------------------------------------------------------------------
+PHASES: dict[str, float] = {}
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Time and print one phase, so the output shows where the GPU machine's time goes."""
+    print(f"[gpu_omni] {name} ...", flush=True)
+    start = time.perf_counter()
+    yield
+    PHASES[name] = round(PHASES.get(name, 0.0) + time.perf_counter() - start, 2)
+    print(f"[gpu_omni] {name} done in {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def free_gpu() -> None:
+    gc.collect()
+    if cuda_available():
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+# -- checkpoint ------------------------------------------------------------------------------
+def make_checkpoint(out_dir: Path, sizes: dict[str, dict[str, Any]], seed: int, device: str,
+                    dtype_name: str) -> dict[str, Any]:  # fmt: skip
+    """tiny_omni.make_qwen3_omni's checkpoint, built where it is fast: on the GPU in bf16.
+
+    make_qwen3_omni builds on the CPU in float32 with a CPU generator: at real size (6-35 B
+    parameters) that is minutes to hours, and 35 B float32 parameters do not fit in 128 GiB. This
+    uses the same tokenizer, config, overrides, weight rules (randomize_weights: every matrix
+    N(0, 1/fan_in), routers non-zero, so top-k routing spreads over the experts as a trained
+    model's does) and processor files, with the model and the generator on ``device``. On the
+    CPU in float32 it writes the same weights as make_qwen3_omni with the same seed.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
+
+    from edgeomni.export import tiny_omni as t
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = t.make_omni_tokenizer(out_dir)
+    ids = {s: tok.convert_tokens_to_ids(s) for s in t.SPECIALS}
+    ids.update({w: tok.encode(w, add_special_tokens=False)[0] for w in t.ROLE_WORDS})
+    config = t.omni_config(ids)
+    for name, fields in sizes.items():
+        target = config
+        for attr in t.SECTIONS[name]:
+            target = getattr(target, attr)
+        for key, value in fields.items():
+            setattr(target, key, value)
+    dtype = getattr(torch, dtype_name)
+    start = time.perf_counter()
+    with torch.device(device):  # factory calls (randn in randomize_weights) land on `device`
+        model = Qwen3OmniMoeForConditionalGeneration._from_config(config, dtype=dtype).eval()
+        generator = torch.Generator(device=device).manual_seed(seed)
+        quiet = [ids[s] for s in t.SPECIALS if s != "<|im_end|>"]
+        t.randomize_weights(model, generator, never_generated=quiet)
+    if device == "cuda":
+        sync()
+    init_s = time.perf_counter() - start
+    params = sum(p.numel() for p in model.parameters())
+    by_part: dict[str, int] = {}
+    for name, p in model.named_parameters():  # by name: the module layout differs by version
+        part = next(
+            (k for k in ("code_predictor", "audio_tower", "visual", "lm_head") if f"{k}." in name),
+            name.split(".")[0],
+        )
+        by_part[part] = by_part.get(part, 0) + p.numel()
+    model.generation_config = GenerationConfig(
+        eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], do_sample=False
+    )
+    start = time.perf_counter()
+    model.save_pretrained(out_dir)
+    save_s = time.perf_counter() - start
+    (out_dir / "processor_config.json").write_text(
+        json.dumps(t.processor_config(), indent=2, sort_keys=True) + "\n"
+    )
+    (out_dir / "chat_template.jinja").write_text(t.CHAT_TEMPLATE)
+    del model
+    free_gpu()
+    return {
+        "params": params,
+        "params_by_part": by_part,  # thinker = its text model; lm_head = the thinker's
+        "dtype": dtype_name,
+        "made_on": device,
+        "init_s": round(init_s, 2),
+        "save_s": round(save_s, 2),
+        "bytes_on_disk": sum(f.stat().st_size for f in out_dir.glob("*.safetensors")),
+    }
+
+
+def ensure_checkpoint(path: Path, sizes: dict[str, dict[str, Any]], seed: int, device: str,
+                      dtype: str) -> dict[str, Any]:  # fmt: skip
+    """Reuse a complete checkpoint made with the same settings (the stamp is written last)."""
+    stamp = path / "bench_stamp.json"
+    wanted = {"sizes": sizes, "seed": seed, "dtype": dtype}
+    if stamp.is_file():
+        info = json.loads(stamp.read_text())
+        if info.get("wanted") == json.loads(json.dumps(wanted)):
+            return {**info["made"], "reused": True}
+    if path.exists():
+        shutil.rmtree(path)
+    made = make_checkpoint(path, sizes, seed, device, dtype)
+    stamp.write_text(json.dumps({"wanted": wanted, "made": made}, indent=2) + "\n")
+    return {**made, "reused": False}
+
+
+def clear_leftovers(work: Path) -> None:
+    """A build killed by a time limit leaves its staging dir and raw ONNX behind (each about the
+    size of the checkpoint); on a 64 GB disk the next build would not fit beside them. The
+    builder's scratch goes to WORK/tmp (tempfile.tempdir), so both are ours to remove."""
+    scratch = work / "tmp"
+    stale = [*work.glob(".engine-*.partial-*"), *work.glob(".engine-*.old-*")]
+    for path in [*stale, scratch]:
+        if path.exists():
+            print(f"[gpu_omni] removing leftover {path}", flush=True)
+            shutil.rmtree(path, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    tempfile.tempdir = str(scratch)
+
+
+def check_disk(work: Path, ckpt_bytes: int) -> None:
+    """The build keeps every component's raw ONNX until it ends, beside the engines: about twice
+    the checkpoint (float16 engines, bf16 checkpoint) must be free. Warn early, not at 60%."""
+    free = shutil.disk_usage(work).free
+    need = 2 * ckpt_bytes
+    if free < need:
+        print(
+            f"[gpu_omni] WARNING: the build needs about {need / 1e9:.0f} GB free; {work} has "
+            f"{free / 1e9:.0f} GB",
+            flush=True,
+        )
+
+
+# -- prompts ---------------------------------------------------------------------------------
+def make_prompts(ckpt: Path, count: int, target: int) -> list[tuple[list[dict], list[int]]]:
+    """``count`` different ChatML prompts (system + user) of about ``target`` tokens each, with
+    their token ids as the engine will tokenize them (transformers gets the same ids).
+
+    Different prompts, so a batch's rows do not all route to the same experts."""
+    from edgeomni.export.tiny_omni import CORPUS
+    from edgeomni.runtime.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(ckpt)
+    words = " ".join(CORPUS).split()
+    prompts = []
+    for i in range(count):
+        shift = (11 * i) % len(words)
+        pool = words[shift:] + words[:shift]
+        for n in range(1, len(pool) + 1):
+            messages = [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": " ".join(pool[:n])},
+            ]
+            ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+            if len(ids) >= target:
+                break
+        prompts.append((messages, ids))
+    return prompts
+
+
+# -- edgeomni --------------------------------------------------------------------------------
+def request_body(
+    prompts: Sequence[tuple[list[dict], list[int]]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The request file: greedy thinker of exactly N tokens, talker of exactly F frames."""
+    talker: dict[str, Any] = {
+        "talker_max_new_tokens": args.frames + 1,  # the last sampled code gets no frame
+        "talker_min_new_tokens": args.frames + 1,
+    }
+    if args.greedy_talker:
+        talker["talker_top_k"] = 1  # the code predictor follows the talker to greedy
+    body: dict[str, Any] = {
+        "top_k": 1,
+        "sampling_seed": args.seed,
+        "max_generate_length": args.new_tokens,
+        "requests": [
+            {"messages": messages, "voice": SPEAKER, "sampling": talker} for messages, _ in prompts
+        ],
+    }
+    body["min_generate_length"] = args.new_tokens
+    return body
+
+
+def stage_id(pipe: Any, runner: str) -> str:
+    return next(s.id for s in pipe.graph.stages if s.runner == runner)
+
+
+def watch_cohorts(pipe: Any) -> dict[int, float]:
+    """Record each request's cohort start (the origin of the runtime's first_audio_ms), so the
+    time to first audio can also be given from submission (pipe.run's call)."""
+    starts: dict[int, float] = {}
+    original = getattr(pipe, "_run_cohort", None)
+    if original is None:
+        return starts
+
+    def run_cohort(cohort: list[Any], batch_size: int) -> None:
+        try:
+            original(cohort, batch_size)
+        finally:
+            starts.update({s.index: s.started for s in cohort})
+
+    pipe._run_cohort = run_cohort
+    return starts
+
+
+def run_batch(pipe: Any, requests: list[Any], c: int, starts: dict[int, float]) -> dict[str, Any]:
+    """All c requests submitted together in one pipe.run; per-request and per-stage numbers."""
+    import numpy as np
+
+    starts.clear()
+    submitted = time.perf_counter()
+    outcomes = pipe.run(requests, batch_size=c)
+    wall = time.perf_counter() - submitted
+    rows, errors = [], []
+    for o in outcomes:
+        e = o.entry
+        if not e["ok"] or o.audio is None:
+            errors.append(e.get("error") or "no audio")
+            continue
+        st = e["stages"]
+        audio_s = len(o.audio) / o.sample_rate
+        first = st["code2wav"]["first_audio_ms"]
+        origin = starts.get(e["request_idx"])
+        rows.append({
+            "request_idx": e["request_idx"],
+            "prompt_tokens": st["thinker"]["prompt_tokens"],
+            "thinker_tokens": st["thinker"]["generated_tokens"],
+            "frames": st["talker"]["frames"],
+            "audio_s": round(audio_s, 4),
+            "ttfa_ms_from_cohort_start": first,
+            "ttfa_ms": round(first + (origin - submitted) * 1e3, 3) if origin else None,
+            "e2e_ms": round(wall * 1e3, 3),  # a cohort's requests all return when it ends
+            "rtf": round(wall / audio_s, 4) if audio_s else None,
+            "vocode_ms": st["code2wav"]["vocode_ms"],
+            "vocoder_windows": st["code2wav"]["windows"],
+            "finish": [st["thinker"]["finish_reason"], st["talker"]["finish_reason"]],
+            "cohort_size": st["talker"]["cohort_size"],
+            "codes_head": np.asarray(o.codes)[:2].tolist(),
+            "_codes": o.codes,
+        })  # fmt: skip
+    first_row = outcomes[0].entry["stages"] if rows else {}
+    th, tk = first_row.get("thinker", {}), first_row.get("talker", {})
+    vocode = sum(r["vocode_ms"] for r in rows)
+    talker_cp = tk.get("talker_ms", 0.0) + tk.get("code_predictor_ms", 0.0)
+    return {
+        "wall_ms": round(wall * 1e3, 3),
+        "audio_s": round(sum(r["audio_s"] for r in rows), 4),
+        "errors": errors,
+        # cohort-wide (one cohort when c <= the build's max batch)
+        "thinker_prefill_ms": th.get("prefill_ms"),
+        "thinker_decode_ms": th.get("decode_ms"),
+        "thinker_ms": round(th.get("prefill_ms", 0.0) + th.get("decode_ms", 0.0), 3),
+        "talker_ms": tk.get("talker_ms"),  # includes the vocoder windows streamed in its loop
+        "code_predictor_ms": tk.get("code_predictor_ms"),
+        "code2wav_ms_sum": round(vocode, 3),
+        # comparable to transformers' talker.generate (talker + code predictor, no vocoder);
+        # approximate: the last window's flush runs after the talker and is subtracted too
+        "talker_cp_ms": round(talker_cp - vocode, 3),
+        # steps whose full logits came to the host (device top-K not enough), where reported
+        "full_logit_rows": {
+            "thinker": th.get("full_logit_rows"),
+            "talker": tk.get("full_logit_rows"),
+        },
+        "stage_totals": pipe.profile.as_dict()["stages"],
+        "requests": rows,
+    }
+
+
+def run_edgeomni(engine: Path, prompts: list[tuple[list[dict], list[int]]],
+                 args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    from edgeomni.runtime.pipeline import Pipeline, Profile
+    from edgeomni.runtime.requests import BadRequest, parse_request_file
+
+    options = {"cuda_graphs": not args.no_cuda_graphs}
+    with phase("edgeomni: open pipeline"):
+        pipe = Pipeline(engine, **options)
+    starts = watch_cohorts(pipe)
+    out: dict[str, Any] = {"pipeline_options": options, "runs": {}}
+    for c in args.concurrency:
+        body = request_body(prompts[:c], args)
+        requests, _ = parse_request_file(body)
+        bad = [r.error for r in requests if isinstance(r, BadRequest)]
+        if bad:
+            raise SystemExit(f"gpu_omni: the runtime rejected the requests: {bad[0]}")
+        with phase(f"edgeomni c={c}: warm-up"):
+            load_before = pipe.profile.load_seconds
+            warm = run_batch(pipe, requests, c, starts)
+            load_s = pipe.profile.load_seconds - load_before
+        batches = []
+        for r in range(args.repeats):
+            pipe.profile = Profile()
+            with phase(f"edgeomni c={c}: timed run {r + 1}/{args.repeats}"):
+                batches.append(run_batch(pipe, requests, c, starts))
+        out["runs"][str(c)] = {
+            "concurrency": c,
+            "warmup_wall_ms": warm["wall_ms"],
+            "engine_load_s": round(load_s, 2),
+            "batches": batches,
+            "summary": summarize(batches, args),
+        }
+        print(f"[gpu_omni] edgeomni c={c}: {json.dumps(out['runs'][str(c)]['summary'])}")
+    del pipe
+    free_gpu()
+    return out
+
+
+def scale_extra_ms(thinker_ms: float, layers: int) -> float:
+    """The 48-layer estimate adds the thinker's time x (48/L - 1): the whole thinker (its LM
+    head, embedding lookups and host work included) is scaled with its layer count."""
+    return thinker_ms * (REAL_THINKER_LAYERS / layers - 1)
+
+
+def summarize(batches: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Pooled over the timed runs: TTFA p50/max and RTF p50 over requests; audio-s/s = all
+    audio / all wall; stage times as medians over runs."""
+    rows = [r for b in batches for r in b["requests"]]
+    if not rows:
+        return {"ok": False}
+    ttfa = [r["ttfa_ms"] if r["ttfa_ms"] is not None else r["ttfa_ms_from_cohort_start"]
+            for r in rows]  # fmt: skip
+    wall = sum(b["wall_ms"] for b in batches) / 1e3
+    audio = sum(b["audio_s"] for b in batches)
+    thinker = statistics.median(b["thinker_ms"] for b in batches)
+    out = {
+        "ok": not any(b["errors"] for b in batches),
+        "requests": len(rows),
+        "ttfa_p50_ms": round(statistics.median(ttfa), 1),
+        "ttfa_max_ms": round(max(ttfa), 1),
+        "ttfa_from": "submission" if rows[0]["ttfa_ms"] is not None else "cohort start",
+        "rtf_p50": round(statistics.median(r["rtf"] for r in rows), 4),
+        "audio_s_per_s": round(audio / wall, 3),
+        "audio_s_per_request": round(statistics.median(r["audio_s"] for r in rows), 3),
+        "wall_ms_p50": round(statistics.median(b["wall_ms"] for b in batches), 1),
+        "thinker_ms": round(thinker, 1),
+        "thinker_prefill_ms": round(statistics.median(b["thinker_prefill_ms"] for b in batches), 1),
+        "thinker_decode_ms": round(statistics.median(b["thinker_decode_ms"] for b in batches), 1),
+        "talker_cp_ms": round(statistics.median(b["talker_cp_ms"] for b in batches), 1),
+        "talker_ms": round(statistics.median(b["talker_ms"] for b in batches), 1),
+        "code_predictor_ms": round(statistics.median(b["code_predictor_ms"] for b in batches), 1),
+        "code2wav_ms_sum": round(statistics.median(b["code2wav_ms_sum"] for b in batches), 1),
+        "fixed_work": all(
+            r["thinker_tokens"] == args.new_tokens and r["frames"] == args.frames for r in rows
+        ),
+    }
+    out.update(scaled(out, rows, batches, args.thinker_layers))
+    return out
+
+
+def scaled(summary: dict[str, Any], rows: list[dict[str, Any]], batches: list[dict[str, Any]],
+           layers: int) -> dict[str, Any]:  # fmt: skip
+    """ESTIMATES at 48 thinker layers (not measured): the thinker runs before any audio, so its
+    extra time adds to every request's first audio and end-to-end time."""
+    if layers >= REAL_THINKER_LAYERS:
+        return {}
+    extra = scale_extra_ms(summary["thinker_ms"], layers)
+    wall = sum(b["wall_ms"] for b in batches) + extra * len(batches)
+    return {
+        "scaled48_estimate": {
+            "thinker_ms": round(summary["thinker_ms"] + extra, 1),
+            "ttfa_p50_ms": round(summary["ttfa_p50_ms"] + extra, 1),
+            "rtf_p50": round(
+                statistics.median((r["e2e_ms"] + extra) / 1e3 / r["audio_s"] for r in rows), 4
+            ),
+            "audio_s_per_s": round(sum(b["audio_s"] for b in batches) / (wall / 1e3), 3),
+        }
+    }
+
+
+# -- transformers ----------------------------------------------------------------------------
+def run_transformers(ckpt: Path, prompt_ids: list[int], args: argparse.Namespace,
+                     device: str) -> dict[str, Any]:  # fmt: skip
+    """One request at a time: bf16 + sdpa on the GPU (float32 on a CPU), generate() with the
+    same fixed work; each sub-generate timed between synchronisations (as the baseline notes)."""
+    import torch
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    free_gpu()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()  # the checkpoint was made in this process
+    with phase("transformers: load"):
+        try:
+            model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+                ckpt, dtype=dtype, attn_implementation="sdpa", device_map=device
+            )
+        except (ImportError, ValueError):  # device_map needs accelerate in some versions
+            model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+                ckpt, dtype=dtype, attn_implementation="sdpa"
+            ).to(device)
+        model.eval()
+    times: dict[str, float] = {}
+    captured: dict[str, Any] = {}
+
+    def timed(owner: Any, name: str, key: str, keep: Callable[[Any], None] | None = None) -> None:
+        original = getattr(owner, name)
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            if keep is not None:
+                keep(a[0] if a else k.get("codes"))
+            sync()
+            start = time.perf_counter()
+            result = original(*a, **k)
+            sync()
+            times[key] = times.get(key, 0.0) + time.perf_counter() - start
+            return result
+
+        setattr(owner, name, wrapper)
+
+    timed(model.thinker, "generate", "thinker")
+    timed(model.talker, "generate", "talker_cp")
+    timed(model.talker.code_predictor, "generate", "code_predictor")
+    timed(model.code2wav, "chunked_decode", "code2wav", lambda codes: captured.update(codes=codes))
+    ids = torch.tensor([prompt_ids], device=device)
+    kwargs: dict[str, Any] = dict(
+        speaker="Ethan",  # generate() lowercases it for the config's speaker_id table
+        return_audio=True,
+        thinker_max_new_tokens=args.new_tokens,
+        thinker_min_new_tokens=args.new_tokens,
+        thinker_do_sample=False,
+        thinker_eos_token_id=model.config.im_end_token_id,  # the default is the real tokenizer's
+        talker_max_new_tokens=args.frames + 1,
+        talker_min_new_tokens=args.frames + 1,
+    )
+    if args.greedy_talker:
+        kwargs["talker_do_sample"] = False
+
+    def one(run: int) -> dict[str, Any]:
+        times.clear()
+        torch.manual_seed(args.seed + run)
+        sync()
+        start = time.perf_counter()
+        with torch.no_grad():
+            seq, wav = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        sync()
+        wall = time.perf_counter() - start
+        audio_s = wav.numel() / SAMPLE_RATE
+        codes = captured["codes"][0].T.cpu().numpy()
+        return {
+            "wall_ms": round(wall * 1e3, 3),
+            "ttfa_ms": round(wall * 1e3, 3),  # all audio comes back when generate returns
+            "audio_s": round(audio_s, 4),
+            "rtf": round(wall / audio_s, 4) if audio_s else None,
+            "thinker_tokens": int(seq.shape[1] - ids.shape[1]),
+            "frames": int(codes.shape[0]),
+            "thinker_ms": round(times.get("thinker", 0.0) * 1e3, 3),
+            "talker_cp_ms": round(times.get("talker_cp", 0.0) * 1e3, 3),
+            "code_predictor_ms": round(times.get("code_predictor", 0.0) * 1e3, 3),
+            "code2wav_ms": round(times.get("code2wav", 0.0) * 1e3, 3),
+            "_codes": codes,
+        }
+
+    with phase("transformers: warm-up"):
+        warm = one(0)
+    runs = []
+    for r in range(args.hf_runs):
+        with phase(f"transformers: timed run {r + 1}/{args.hf_runs}"):
+            runs.append(one(r + 1))
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    model = None  # free it before anything else runs (the closures above hold no reference)
+    free_gpu()
+    med = statistics.median
+    summary = {
+        "ok": True,
+        "requests": len(runs),
+        "ttfa_p50_ms": round(med(r["ttfa_ms"] for r in runs), 1),
+        "ttfa_max_ms": round(max(r["ttfa_ms"] for r in runs), 1),
+        "ttfa_from": "submission (generate returns all audio at the end)",
+        "rtf_p50": round(med(r["rtf"] for r in runs), 4),
+        "audio_s_per_s": round(
+            sum(r["audio_s"] for r in runs) / (sum(r["wall_ms"] for r in runs) / 1e3), 3
+        ),
+        "wall_ms_p50": round(med(r["wall_ms"] for r in runs), 1),
+        "thinker_ms": round(med(r["thinker_ms"] for r in runs), 1),
+        "talker_cp_ms": round(med(r["talker_cp_ms"] for r in runs), 1),
+        "code_predictor_ms": round(med(r["code_predictor_ms"] for r in runs), 1),
+        "code2wav_ms": round(med(r["code2wav_ms"] for r in runs), 1),
+        "fixed_work": all(
+            r["thinker_tokens"] == args.new_tokens and r["frames"] == args.frames for r in runs
+        ),
+    }
+    rows = [{**r, "e2e_ms": r["wall_ms"]} for r in runs]
+    summary.update(scaled(summary, rows, runs, args.thinker_layers))
+    return {
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": device,
+        "attn_implementation": "sdpa",
+        "generate_kwargs": kwargs,
+        "warmup_wall_ms": warm["wall_ms"],
+        "peak_gpu_gib": round(peak, 2) if peak is not None else None,
+        "runs": runs,
+        "summary": summary,
+    }
+
+
+# -- report ----------------------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    import onnxruntime as ort
+
+    info: dict[str, Any] = {
+        "host": f"{platform.machine()}, {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "onnxruntime": ort.__version__,
+        "onnxruntime_providers": ort.get_available_providers(),
+    }
+    try:
+        import torch
+        import transformers
+
+        info["torch"] = torch.__version__
+        info["transformers"] = transformers.__version__
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    try:
+        here = Path(__file__).parent
+        info["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, check=True
+        ).stdout
+        info["git_dirty"] = bool(dirty.strip())
+    except (OSError, subprocess.CalledProcessError):
+        info["git_commit"] = None
+    return info
+
+
+def fmt(value: Any, unit: str = "") -> str:
+    """Milliseconds to 0.1 below 100 and whole above; ratios to three digits (0.123, 12.3)."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if unit == " ms":
+            digits = 1 if abs(value) < 100 else 0
+        else:
+            digits = 3 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+        value = f"{value:.{digits}f}"
+    return f"{value}{unit}"
+
+
+def describe(result: dict[str, Any]) -> str:
+    """What was measured, in the words a reader of the table needs."""
+    cfg = result["config"]
+    layers = cfg["thinker_layers"]
+    if cfg["size"] == "real":
+        size = (
+            f"Qwen3-Omni-30B-A3B per-layer dimensions, thinker {layers} of "
+            f"{REAL_THINKER_LAYERS} layers"
+        )
+        if layers < REAL_THINKER_LAYERS:
+            size += (
+                f" (**reduced**; the talker reads thinker layer {cfg['accept_hidden_layer']} "
+                "instead of 24)"
+            )
+        size += "; talker, code predictor and code2wav at full size"
+    else:
+        size = "`--size tiny` (make_qwen3_omni's defaults: a logic check, not a speed figure)"
+    talker = (
+        "greedy"
+        if cfg["greedy_talker"]
+        else "transformers' defaults on both sides (edgeomni seeded; the codes differ between "
+        "the two, which a speed bench allows)"
+    )
+    hf = result.get("transformers") or {}
+    topk = cfg["build_args"].get("logits_topk")
+    return " ".join([
+        f"{size}. Random weights; audio and vision encoders tiny and not built by edgeomni "
+        "(text to speech does not use them).",
+        f"Per request: a {cfg['prompt_tokens_p50']}-token ChatML prompt, {cfg['new_tokens']} "
+        f"greedy thinker tokens, {cfg['frames']} codec frames "
+        f"({cfg['frames'] * FRAME_S:.1f} s of audio), speaker {SPEAKER}; talker sampling "
+        f"{talker}.",
+        f"edgeomni: {cfg['engine_dtype']} engines on ONNX Runtime ({cfg['engine_device']}"
+        + (f", top-{topk} logits from the engine" if topk else "")
+        + f"), vocoder windows of {cfg['window_frames']} frames, c requests submitted together.",
+        f"transformers: {hf.get('dtype', '-')}, sdpa, one request at a time; its first audio "
+        "is its wall time (generate returns all audio at the end).",
+    ])  # fmt: skip
+
+
+def markdown(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    layers = cfg["thinker_layers"]
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for c, run in (result.get("edgeomni") or {}).get("runs", {}).items():
+        rows.append((f"edgeomni c={c}", run["summary"]))
+    if result.get("transformers"):
+        rows.append(("transformers c=1", result["transformers"]["summary"]))
+    m = result["machine"]
+    lines = [
+        f"### Qwen3-Omni text to speech, {m.get('gpu') or m['host']} ({result['date']})",
+        "",
+        describe(result),
+        "",
+        "| run | TTFA p50 | TTFA max | RTF p50 | audio-s/s | thinker | talker+cp |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, s in rows:
+        if not s.get("ok", True) and "ttfa_p50_ms" not in s:
+            lines.append(f"| {name} | failed | | | | | |")
+            continue
+        lines.append(
+            f"| {name} | {fmt(s['ttfa_p50_ms'], ' ms')} | {fmt(s['ttfa_max_ms'], ' ms')} | "
+            f"{fmt(s['rtf_p50'])} | {fmt(s['audio_s_per_s'])} | {fmt(s['thinker_ms'], ' ms')} | "
+            f"{fmt(s['talker_cp_ms'], ' ms')} |"
+        )
+    if layers < REAL_THINKER_LAYERS:
+        lines += [
+            "",
+            f"**Scaled to {REAL_THINKER_LAYERS} thinker layers (ESTIMATE, not measured):** "
+            f"the measured thinker time x {REAL_THINKER_LAYERS}/{layers} replaces the measured "
+            "one, the rest as measured. It scales the thinker's LM head and per-token host work "
+            "too, which do not grow with layers, so it overstates the thinker.",
+            "",
+            "| run (estimate) | TTFA p50 | RTF p50 | audio-s/s | thinker |",
+            "|---|---|---|---|---|",
+        ]
+        for name, s in rows:
+            e = s.get("scaled48_estimate")
+            if e:
+                lines.append(
+                    f"| {name} | {fmt(e['ttfa_p50_ms'], ' ms')} | {fmt(e['rtf_p50'])} | "
+                    f"{fmt(e['audio_s_per_s'])} | {fmt(e['thinker_ms'], ' ms')} |"
+                )
+    p = PEERS
+    lines += [
+        "",
+        "TTFA: from submitting the batch to the request's first vocoded audio. RTF: a request's "
+        "wall time (a batch returns together) / its audio seconds. audio-s/s: all audio / all "
+        "wall. thinker: prefill + decode of the batch. talker+cp: talker and code "
+        "predictor, without the vocoder windows edgeomni streams inside the talker's loop "
+        "(transformers: talker.generate).",
+        "",
+        f"For context, {p['source']}: RTF p50 {p['rtf_p50_c1']} and first audio "
+        f"{p['ttfa_p50_ms_c1']} ms at one request, {p['audio_s_per_s_c32']} audio-s/s at 32.",
+    ]
+    notes = []
+    if result.get("same_codes_greedy_c1") is not None:
+        same = "yes" if result["same_codes_greedy_c1"] else "**no**"
+        notes.append(f"greedy talker: edgeomni's codes equal transformers' at c=1: {same}")
+    bad = [n for n, s in rows if not s.get("fixed_work", True)]
+    if bad:
+        notes.append(f"**work not as requested** (token or frame counts differ): {', '.join(bad)}")
+    if notes:
+        lines += ["", *[f"- {n}" for n in notes]]
+    return "\n".join(lines) + "\n"
+
+
+def strip_private(obj: Any) -> Any:
+    """Drop the raw code arrays (keys starting with '_') from the JSON."""
+    if isinstance(obj, dict):
+        return {k: strip_private(v) for k, v in obj.items() if not k.startswith("_")}
+    if isinstance(obj, list):
+        return [strip_private(v) for v in obj]
+    return obj
+
+
+# -- main ------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--out", type=Path, required=True, help="writes gpu_omni.json and gpu_omni.md")
+    p.add_argument("--size", choices=("real", "tiny"), default="real",
+                   help="real: Qwen3-Omni-30B-A3B per-layer dimensions; tiny: make_qwen3_omni's "
+                   "defaults, to exercise the script on a CPU")  # fmt: skip
+    p.add_argument("--thinker-layers", type=int, default=4,
+                   help=f"thinker layers (real: {REAL_THINKER_LAYERS}); fewer fit the time "
+                   "limits, and the output adds a scaled estimate")  # fmt: skip
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="engine device")
+    p.add_argument("--dtype", choices=("float16", "float32"),
+                   help="engine dtype (default: float16 on cuda, float32 on cpu)")  # fmt: skip
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--new-tokens", type=int, default=64, help="thinker tokens per request")
+    p.add_argument("--frames", type=int, default=100, help="codec frames per request (80 ms)")
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--window-frames", type=int, default=25, help="edgeomni vocoder window")
+    p.add_argument("--greedy-talker", action="store_true", help="greedy talker on both sides")
+    p.add_argument("--logits-topk", type=int,
+                   help="engines output each row's K best logits (default: the builder's, 64 "
+                   "on cuda where it has the option)")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=2, help="edgeomni timed runs per concurrency")
+    p.add_argument("--hf-runs", type=int, default=2, help="transformers timed runs")
+    p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="edgeomni without CUDA graph replay (where the runtime has it)")  # fmt: skip
+    p.add_argument("--stop-after", choices=("checkpoint", "build"),
+                   help="end after this phase (to split the work over several commands; the "
+                   "work dir is reused)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-gpu-omni")
+    args = p.parse_args(argv)
+    if args.size == "tiny":
+        args.thinker_layers = 4  # make_qwen3_omni's thinker
+    if args.thinker_layers < 2:
+        p.error("--thinker-layers must be at least 2")
+    if args.frames < 1 or args.new_tokens < 4:
+        p.error("--frames must be >= 1 and --new-tokens >= 4 (the talker needs 4 text rows)")
+    args.dtype = args.dtype or ("float16" if args.device == "cuda" else "float32")
+    args.concurrency = sorted(set(args.concurrency))
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import logging
+
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("edge-build").setLevel(logging.INFO)  # the build's steps, with times
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    on_gpu = cuda_available()
+    if args.device == "cuda" and not on_gpu:
+        print("[gpu_omni] WARNING: --device cuda but torch sees no GPU", flush=True)
+    make_on = "cuda" if on_gpu else "cpu"
+    ckpt_dtype = "float32" if args.size == "tiny" else "bfloat16"
+    sizes = {} if args.size == "tiny" else real_sizes(args.thinker_layers)
+    tag = f"{args.size}-L{args.thinker_layers}-s{args.seed}"
+    ckpt = args.work / f"ckpt-{tag}"
+
+    if args.thinker_layers < REAL_THINKER_LAYERS:
+        print(
+            f"[gpu_omni] thinker REDUCED to {args.thinker_layers} of {REAL_THINKER_LAYERS} "
+            f"layers (talker reads layer {accept_layer(args.thinker_layers)}); the output adds "
+            f"an estimate scaled to {REAL_THINKER_LAYERS}",
+            flush=True,
+        )
+    with phase("checkpoint"):
+        made = ensure_checkpoint(ckpt, sizes, args.seed, make_on, ckpt_dtype)
+    print(f"[gpu_omni] checkpoint {ckpt}: {json.dumps(made)}", flush=True)
+    if args.stop_after == "checkpoint":
+        return 0
+    cfg_json = json.loads((ckpt / "config.json").read_text())
+    accept = cfg_json["talker_config"]["accept_hidden_layer"]
+
+    prompts = make_prompts(ckpt, max(args.concurrency), args.prompt_tokens)
+    longest = max(len(ids) for _, ids in prompts)
+    max_input = 64 * math.ceil(longest / 64)
+    # the talker's cache holds its prefill (user rows + 9) and F + 1 steps; the thinker's the
+    # prompt and N tokens; the runtime caps the talker's frames at the capacity, so keep room
+    capacity = 64 * math.ceil((longest + max(args.new_tokens, args.frames + 12)) / 64)
+    max_batch = max(args.concurrency)
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+
+    extra = {} if args.logits_topk is None else {"logits_topk": args.logits_topk}
+    build_args = BuildArgs(
+        max_batch, max_input, capacity, device=args.device, dtype=args.dtype, **extra
+    )
+    topk = getattr(build_args, "logits_topk", None)
+    engine = args.work / (
+        f"engine-{tag}-{args.device}-{args.dtype}-b{max_batch}-i{max_input}-c{capacity}"
+        + (f"-k{topk}" if topk is not None else "")
+    )
+    components = ["llm", "talker", "code_predictor", "code2wav"]  # no audio/vision encoders
+    reused_engine = (engine / "multistage_config.json").is_file()
+    if not reused_engine:
+        clear_leftovers(args.work)
+        check_disk(args.work, made["bytes_on_disk"])
+        with phase("build"):
+            build(ckpt, engine, build_args, components)
+    set_window(engine, args.window_frames)
+    if args.stop_after == "build":
+        return 0
+
+    edge = run_edgeomni(engine, prompts, args)
+    ref = None
+    if not args.skip_transformers:
+        ref = run_transformers(ckpt, prompts[0][1], args, "cuda" if on_gpu else "cpu")
+
+    same_codes = None
+    if args.greedy_talker and ref and "1" in edge["runs"]:
+        ours = edge["runs"]["1"]["batches"][0]["requests"][0]["_codes"]
+        same_codes = bool((ours.shape == ref["runs"][0]["_codes"].shape)
+                          and (ours == ref["runs"][0]["_codes"]).all())  # fmt: skip
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "machine": machine(),
+        "config": {
+            "size": args.size,
+            "thinker_layers": args.thinker_layers,
+            "thinker_layers_real": REAL_THINKER_LAYERS,
+            "accept_hidden_layer": accept,
+            "sizes": sizes,
+            "checkpoint": str(ckpt),
+            "checkpoint_info": made,
+            "engine": str(engine),
+            "engine_reused": reused_engine,
+            "engine_device": args.device,
+            "engine_dtype": args.dtype,
+            "build_args": vars(build_args),
+            "components": components,
+            "window_frames": args.window_frames,
+            "concurrency": args.concurrency,
+            "new_tokens": args.new_tokens,
+            "frames": args.frames,
+            "prompt_tokens": [len(ids) for _, ids in prompts],
+            "prompt_tokens_p50": int(statistics.median(len(ids) for _, ids in prompts)),
+            "greedy_talker": args.greedy_talker,
+            "seed": args.seed,
+            "repeats": args.repeats,
+            "hf_runs": args.hf_runs,
+        },
+        "phases_s": PHASES,
+        "edgeomni": edge,
+        "transformers": ref,
+        "same_codes_greedy_c1": same_codes,
+        "peers_published": PEERS,
+    }
+    text = markdown(result)
+    (args.out / "gpu_omni.json").write_text(json.dumps(strip_private(result), indent=2) + "\n")
+    (args.out / "gpu_omni.md").write_text(text)
+    print("\n" + text)
+    print(f"[gpu_omni] phases (s): {json.dumps(PHASES)}")
+    print(f"[gpu_omni] wrote {args.out / 'gpu_omni.json'} and {args.out / 'gpu_omni.md'}")
+    summaries = [r["summary"] for r in edge["runs"].values()] + ([ref["summary"]] if ref else [])
+    ok = all(s.get("ok") and s.get("fixed_work") for s in summaries)
+    if not ok:
+        print("[gpu_omni] FAILED: a run had errors or did not do the requested work", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

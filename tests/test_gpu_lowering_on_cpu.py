@@ -1,0 +1,83 @@
+"""The GPU build's engines, run on the CPU provider: same tokens and codes as the CPU build.
+
+A ``--device cuda`` build lowers attention for the GPU (GroupQueryAttention's lengths fed by the
+host; for onnxruntime-gpu before 1.32, no per-row query lengths, so prefill goes row by row) and
+reduces logits to a top-K in the graph. Those engines are provider-neutral, so CI runs them here
+with the device switched to cpu in their config: everything of the GPU path but device memory and
+CUDA graphs (tests/test_gpu.py covers those on a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeomni.plugins import lowering
+
+ONNXRUNTIME_GPU = "1.31.1"  # the newest onnxruntime-gpu on PyPI as of this writing
+
+
+def gpu_build_on_cpu(ckpt: Path, out: Path, monkeypatch, components=None) -> Path:
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+
+    with monkeypatch.context() as m:  # lower as for the onnxruntime-gpu we deploy on
+        m.setattr(lowering, "onnxruntime_options", lambda v=None: {
+            "gqa_query_seqlens": False, "onnxruntime": ONNXRUNTIME_GPU})  # fmt: skip
+        assert build(ckpt, out, BuildArgs(3, 128, 256, device="cuda"), components)
+    for cfg_path in out.rglob("config.json"):
+        cfg = json.loads(cfg_path.read_text())
+        if cfg.get("device") == "cuda":
+            cfg["device"] = "cpu"
+            cfg_path.write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.fixture(scope="module")
+def mp():
+    with pytest.MonkeyPatch.context() as m:
+        yield m
+
+
+def run(engine: Path, body: dict, batch: int) -> list:
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    requests, _ = parse_request_file(body)
+    return Pipeline(engine).run(requests, batch_size=batch)
+
+
+PROMPTS = ["Hello! How are you today?", "Hi", "What is the capital of France?"]
+
+
+def test_llm(qwen3_ckpt, qwen3_engine, tmp_path, mp) -> None:
+    eng = gpu_build_on_cpu(qwen3_ckpt, tmp_path / "eng", mp)
+    cfg = json.loads((eng / "config.json").read_text())
+    assert cfg["lowering"]["gqa_query_seqlens"] is False
+    body = {"temperature": 0.7, "top_k": 10, "seed": 4, "max_generate_length": 12,
+            "requests": [{"messages": [{"role": "user", "content": p}]} for p in PROMPTS]}  # fmt: skip
+    ours, ref = run(eng, body, 3), run(qwen3_engine, body, 3)
+    for a, b in zip(ours, ref, strict=True):
+        assert (
+            a.entry["stages"]["llm"]["output_tokens"] == b.entry["stages"]["llm"]["output_tokens"]
+        )
+
+
+def test_omni_text_to_speech(omni_ckpt, omni_engine, tmp_path, mp) -> None:
+    eng = gpu_build_on_cpu(omni_ckpt, tmp_path / "eng", mp,
+                           ["llm", "talker", "code_predictor", "code2wav"])  # fmt: skip
+    body = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 13,
+            "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": p}]}]}
+                         for p in PROMPTS]}  # fmt: skip
+    ours, ref = run(eng, body, 3), run(omni_engine, body, 3)
+    for a, b in zip(ours, ref, strict=True):
+        assert a.entry["ok"], a.entry
+        assert (
+            a.entry["stages"]["thinker"]["output_tokens"]
+            == (b.entry["stages"]["thinker"]["output_tokens"])
+        )
+        np.testing.assert_array_equal(a.codes, b.codes)
+        np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)

@@ -1,0 +1,100 @@
+"""Sampling from the engine's in-graph top-K: the same draws as from the full logits.
+
+``sample_step`` decides a row from its top-K when that is provably what the full vocabulary
+gives, and asks for the full row otherwise; either way tokens and rng use equal ``sample``'s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgeomni.runtime.sampling import SamplingParams, StepLogits, sample, sample_step
+
+K = 16
+
+
+def step_of(logits: np.ndarray, k: int = K) -> tuple[StepLogits, list[np.ndarray]]:
+    """A StepLogits as an engine with a TopK output gives it; records the rows fetched."""
+    fetched: list[np.ndarray] = []
+    order = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+
+    def full(rows: np.ndarray) -> np.ndarray:
+        fetched.append(rows)
+        return logits[rows]
+
+    values = np.take_along_axis(logits, order, -1)
+    return StepLogits(len(logits), full, values, order), fetched
+
+
+PARAMS = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.9, top_k=5, top_p=1.0),
+    SamplingParams(temperature=1.0, top_k=10, top_p=0.8),
+    SamplingParams(temperature=0.7, top_k=1),
+    SamplingParams(temperature=1.0, top_k=5, repetition_penalty=1.3),
+    SamplingParams(temperature=0.0, repetition_penalty=1.5),
+    SamplingParams(temperature=1.0, top_k=0, top_p=0.9),  # top-p alone: needs the full rows
+    SamplingParams(temperature=1.0, top_k=K, top_p=1.0),  # k == K: the floor decides nothing
+]
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=lambda p: repr(p)[14:70])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_same_draws_as_full_logits(params: SamplingParams, dtype: type) -> None:
+    gen = np.random.default_rng(1)
+    for trial in range(20):
+        logits = (gen.standard_normal((4, 200)) * 3).astype(dtype).astype(np.float32)
+        seen = [gen.integers(0, 200, 30) for _ in range(4)]
+        step, _ = step_of(logits)
+        want = sample(logits, params, np.random.default_rng(trial), seen)
+        rng = np.random.default_rng(trial)
+        got, _ = sample_step(step, params, rng, seen)
+        np.testing.assert_array_equal(got, want)
+        # and the rng is left where sample leaves it
+        ref = np.random.default_rng(trial)
+        sample(logits, params, ref, seen)
+        assert rng.random() == ref.random()
+
+
+def test_exact_rows_fetch_nothing_and_undecidable_rows_fetch_only_themselves() -> None:
+    logits = np.random.default_rng(0).standard_normal((3, 100)).astype(np.float32)
+    logits[1, :] = 0.0  # every token ties: the top-K cannot know which id wins
+    step, fetched = step_of(logits)
+    got, n_full = sample_step(step, SamplingParams(temperature=0.0), np.random.default_rng(0))
+    assert n_full == 1 and [r.tolist() for r in fetched] == [[1]]
+    np.testing.assert_array_equal(got, logits.argmax(-1))
+    assert got[1] == 0  # the lowest id of the tie, as argmax over the full row says
+
+
+def test_penalty_that_pushes_the_top_k_below_the_floor_falls_back() -> None:
+    logits = np.zeros((1, 50), np.float32)
+    logits[0, :K] = np.linspace(2.0, 1.9, K)  # the top-K, barely above the rest
+    logits[0, 40] = 1.2  # the best token outside the K
+    seen = [np.arange(K)]  # the penalty halves every top-K score: 40 wins
+    step, fetched = step_of(logits)
+    params = SamplingParams(temperature=0.0, repetition_penalty=2.0)
+    got, n_full = sample_step(step, params, np.random.default_rng(0), seen)
+    assert n_full == 1 and got[0] == 40 == sample(logits, params, np.random.default_rng(0), seen)[0]
+
+
+def test_banned_ids_are_never_drawn() -> None:
+    logits = np.random.default_rng(3).standard_normal((2, 60)).astype(np.float32)
+    best = logits.argmax(-1)
+    step, _ = step_of(logits)
+    banned = [np.array([best[0]]), None]
+    got, n_full = sample_step(step, SamplingParams(temperature=0.0), np.random.default_rng(0),
+                              banned=banned)  # fmt: skip
+    masked = logits.copy()
+    masked[0, best[0]] = -np.inf
+    assert n_full == 0 and got.tolist() == masked.argmax(-1).tolist()
+    assert got[0] != best[0] and got[1] == best[1]
+
+
+def test_without_a_top_k_output_every_row_comes_from_the_full_logits() -> None:
+    logits = np.random.default_rng(5).standard_normal((3, 40)).astype(np.float32)
+    step = StepLogits(3, lambda rows: logits[rows])
+    params = SamplingParams(temperature=0.8, top_k=7, top_p=0.9)
+    got, n_full = sample_step(step, params, np.random.default_rng(9))
+    assert n_full == 3
+    np.testing.assert_array_equal(got, sample(logits, params, np.random.default_rng(9)))
