@@ -696,7 +696,8 @@ def describe(result: dict[str, Any]) -> str:
         f"{talker}.",
         f"edgeomni: {cfg['engine_dtype']} engines on ONNX Runtime ({cfg['engine_device']}"
         + (f", top-{topk} logits from the engine" if topk else "")
-        + f"), vocoder windows of {cfg['window_frames']} frames, c requests submitted together.",
+        + f"), vocoder windows of {cfg['window_frames']} frames (the first "
+        f"{cfg.get('first_window_frames', cfg['window_frames'])}), c requests submitted together.",
         f"transformers: {hf.get('dtype', '-')}, sdpa, one request at a time; its first audio "
         "is its wall time (generate returns all audio at the end).",
     ])  # fmt: skip
@@ -799,6 +800,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--frames", type=int, default=100, help="codec frames per request (80 ms)")
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--window-frames", type=int, default=25, help="edgeomni vocoder window")
+    p.add_argument("--first-window-frames", type=int, help="a shorter first window (default: same)")
     p.add_argument("--greedy-talker", action="store_true", help="greedy talker on both sides")
     p.add_argument("--logits-topk", type=int,
                    help="engines output each row's K best logits (default: the builder's, 64 "
@@ -883,7 +885,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_disk(args.work, made["bytes_on_disk"])
         with phase("build"):
             build(ckpt, engine, build_args, components)
-    set_window(engine, args.window_frames)
+    set_window(engine, args.window_frames, args.first_window_frames)
     if args.stop_after == "build":
         return 0
 
@@ -916,6 +918,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "build_args": vars(build_args),
             "components": components,
             "window_frames": args.window_frames,
+            "first_window_frames": args.first_window_frames or args.window_frames,
             "concurrency": args.concurrency,
             "new_tokens": args.new_tokens,
             "frames": args.frames,

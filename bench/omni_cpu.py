@@ -106,12 +106,14 @@ def build(size: str, work: Path) -> tuple[Path, Path]:
     return ckpt, engine
 
 
-def set_window(engine: Path, frames: int) -> None:
+def set_window(engine: Path, frames: int, first: int | None = None) -> None:
+    """The vocoder's windows (and a shorter first one) in the graph's code2wav stage config."""
     path = engine / "multistage_config.json"
     graph = json.loads(path.read_text())
     for stage in graph["stages"]:
         if stage["runner"] == "qwen3_omni.code2wav":
-            stage["config"] = {**stage.get("config", {}), "window_frames": frames}
+            stage["config"] = {**stage.get("config", {}), "window_frames": frames,
+                               "first_window_frames": first or frames}  # fmt: skip
     path.write_text(json.dumps(graph, indent=2) + "\n")
 
 
@@ -303,6 +305,7 @@ def main() -> int:
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--max-frames", type=int, default=100)
     p.add_argument("--window-frames", type=int, default=25, help="edgeomni vocoder window")
+    p.add_argument("--first-window-frames", type=int, help="a shorter first window (default: same)")
     p.add_argument("--speech-seconds", type=float, default=5.0, help="clip length, speech in")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-bench")
     p.add_argument("--json", type=Path)
@@ -310,7 +313,7 @@ def main() -> int:
 
     args.work.mkdir(parents=True, exist_ok=True)
     ckpt, engine = build(args.size, args.work)
-    set_window(engine, args.window_frames)
+    set_window(engine, args.window_frames, args.first_window_frames)
     prompts = PROMPTS[: args.prompts]
     ours = run_edgeomni(engine, prompts, args.max_new_tokens, args.max_frames)
     ref = run_transformers(ckpt, prompts, args.max_new_tokens, args.max_frames)
@@ -322,6 +325,7 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "size": args.size,
         "window_frames": args.window_frames,
+        "first_window_frames": args.first_window_frames or args.window_frames,
         "max_new_tokens": args.max_new_tokens,
         "max_frames": args.max_frames,
         "edgeomni": o,

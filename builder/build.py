@@ -123,10 +123,10 @@ def build(
                 with step(f"export {comp.name} to ONNX"):
                     raw = hooks.export_component(ckpt, comp, comp_work, args)
                 with step(f"build {comp.name} engine ({args.backend}, {args.device})"):
-                    backend(raw, out_dir / comp.engine, args)
+                    lowering = backend(raw, out_dir / comp.engine, args)
                 with step(f"write {comp.name} artifacts"):
                     hooks.write_artifacts(ckpt, comp, out_dir, args)
-                    record_lowering(out_dir, args)
+                    record_lowering(out_dir, lowering)
         graph_path = write_graph(hooks, ckpt, staging, selected, args)
         _swap_into_place(staging, engine_dir)
     except BaseException:
@@ -172,16 +172,14 @@ def save_graph(graph: Any, engine_dir: Path) -> Path:
     return path
 
 
-def record_lowering(out_dir: Path, args: BuildArgs) -> None:
+def record_lowering(out_dir: Path, lowering: dict[str, Any] | None) -> None:
     """Note in the engine's config.json what its plugin lowering assumed of the backend (the
     runtime checks it, and adapts how it batches prefill)."""
-    if args.backend != "onnxruntime":
+    if lowering is None:
         return
-    from edgeomni.plugins.lowering import onnxruntime_options
-
     path = out_dir / "config.json"
     cfg = json.loads(path.read_text())
-    cfg["lowering"] = onnxruntime_options()
+    cfg["lowering"] = lowering
     path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from edgeomni.builder.errors import BuildError
 from edgeomni.export.family import BuildArgs
@@ -10,8 +11,9 @@ from edgeomni.export.family import BuildArgs
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider"]}
 
 
-def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> None:
-    """raw ONNX (edgeomni ops) -> lowered -> ORT-optimised model at out_path (+ .data if large).
+def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]:
+    """raw ONNX (edgeomni ops) -> lowered -> ORT-optimised model at out_path (+ .data if large);
+    returns the lowering options used, for the engine's config.json.
 
     The optimisation runs once here, at EXTENDED level (the CPU provider's fusions; ENABLE_ALL
     would add layout changes that tie the file to this machine's CPU), so the runtime starts fast.
@@ -20,13 +22,15 @@ def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> None:
     import onnxruntime as ort
 
     from edgeomni.plugins import lower_model
+    from edgeomni.plugins.lowering import onnxruntime_options
 
     if args.device not in PROVIDERS:
         raise BuildError(f"device {args.device!r} is not supported by this build of edge-build")
     if args.device == "cuda":
         return _save_for_cuda(raw, out_path)
+    options = onnxruntime_options()
     model = onnx.load(str(raw), load_external_data=False)
-    lower_model(model, "onnxruntime")
+    lower_model(model, "onnxruntime", options)
     lowered = raw.with_name(raw.stem + ".lowered.onnx")
     onnx.save(model, str(lowered))  # external tensors keep pointing at raw's data file
     external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
@@ -47,18 +51,36 @@ def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> None:
         raise BuildError(f"ONNX Runtime could not build {out_path.name}: {e}") from None
     if not out_path.is_file():
         raise BuildError(f"ONNX Runtime wrote no optimised model to {out_path}")
+    return options
 
 
-def _save_for_cuda(raw: Path, out_path: Path) -> None:
+def cuda_lowering(model: Any) -> dict[str, Any]:
+    """The plugin lowering for the CUDA provider: lengths from the host; plain-op attention for a
+    model without float16 weights."""
+    import onnx
+
+    from edgeomni.plugins.lowering import onnxruntime_options
+
+    half = any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
+    return {**onnxruntime_options(), "lengths_as_inputs": True, "plain_attention": not half}
+
+
+def _save_for_cuda(raw: Path, out_path: Path) -> dict[str, Any]:
     """Lowered but not optimised: the CUDA provider's fusions need the GPU, so they run when the
-    engine is first loaded there (with ENABLE_ALL), and this build runs on any machine."""
+    engine is first loaded there (with ENABLE_ALL), and this build runs on any machine.
+
+    Attention takes its lengths from the host (computed in the graph they gave wrong float16
+    prefill on the CUDA provider); a model without float16 weights (code2wav, or a float32
+    build) gets plain-op attention, since GroupQueryAttention has no float32 CUDA kernel and would
+    run on the CPU with copies around it (measured: 10 Memcpy nodes, 255 ms per code2wav window).
+    """
     import onnx
 
     from edgeomni.plugins import lower_model
-    from edgeomni.plugins.lowering import onnxruntime_options
 
     model = onnx.load(str(raw))  # external weights in, so they can be written beside the engine
-    lower_model(model, "onnxruntime", {**onnxruntime_options(), "lengths_as_inputs": True})
+    options = cuda_lowering(model)
+    lower_model(model, "onnxruntime", options)
     big = sum(t.ByteSize() for t in model.graph.initializer) > (1 << 30)
     onnx.save_model(
         model,
@@ -67,3 +89,4 @@ def _save_for_cuda(raw: Path, out_path: Path) -> None:
         all_tensors_to_one_file=True,
         location=out_path.name + ".data",
     )
+    return options

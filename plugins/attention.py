@@ -270,8 +270,8 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
     from onnx import helper
 
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if not int(attrs.get("causal", 1)):
-        return _lower_bidirectional(node, ctx, attrs)
+    if not int(attrs.get("causal", 1)) or ctx.options.get("plain_attention"):
+        return _lower_plain(node, ctx, attrs)
     q, k, v, pk, pv, past_lens, query_lens = node.input
     key = ("gqa_lens", past_lens, query_lens)
     if key not in ctx.cache and ctx.options.get("lengths_as_inputs"):
@@ -320,20 +320,25 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
     ]
 
 
-def _lower_bidirectional(node: Any, ctx: Any, attrs: dict[str, Any]) -> list[Any]:
-    """causal=0 as plain ONNX ops, because GroupQueryAttention cannot do it in general.
+def _lower_plain(node: Any, ctx: Any, attrs: dict[str, Any]) -> list[Any]:
+    """The op as plain ONNX ops: for causal=0, which GroupQueryAttention cannot do in general,
+    and, with the ``plain_attention`` option, for engines whose float type has no
+    GroupQueryAttention kernel on the target provider (float32 on CUDA: it falls back to the CPU
+    with copies around every node).
 
     ORT 1.32's GQA has ``causal=0`` but rejects it together with ``query_seqlens``, and without
     that input it is exact only when every past length is 0 or every row adds one token: a
     right-padded chunk after a past comes out wrong with no error (measured). So the cache update
     gathers each row's new keys to their positions and a Where keeps every other cache row (a
     buffer bound in place stays valid); attention is MatMul / Softmax over the whole cache with
-    keys at or past ``past_lens + query_lens`` masked out. Query heads are grouped as
-    [B, Hkv, group, S, D], so kv heads are never copied.
+    keys at or past ``past_lens + query_lens`` masked out (and, when causal, keys after the query's
+    position or ``window`` or more before it). Query heads are grouped as [B, Hkv, group, S, D],
+    so kv heads are never copied.
     """
     from onnx import TensorProto, helper
 
-    if int(attrs.get("window", 0)):
+    causal, window = int(attrs.get("causal", 1)), int(attrs.get("window", 0))
+    if window and not causal:
         raise ValueError(f"{node.name!r}: a sliding window needs causal=1")
     hkv = int(attrs["kv_num_heads"])
     group = int(attrs["num_heads"]) // hkv
@@ -386,7 +391,16 @@ def _lower_bidirectional(node: Any, ctx: Any, attrs: dict[str, Any]) -> list[Any
     k_t = op("Transpose", op("Unsqueeze", keys, ints(2)), perm=[0, 1, 2, 4, 3])  # [B,Hkv,1,D,C]
     scores = op("MatMul", q5, k_t)  # [B, Hkv, g, S, C]
     lowest = op("CastLike", ctx.constant("attn_nc_lowest", np.float32(-1e30)), q)
-    masked = op("Where", op("Unsqueeze", valid_key, ints(1, 2, 3)), scores, lowest)
+    if causal:  # query s of row b sits at past_b + s: it sees keys up to there, within the window
+        steps = op("Range", scalar(0), op("Squeeze", op("Shape", q, start=1, end=2)), scalar(1))
+        position = op("Unsqueeze", op("Add", op("Unsqueeze", past, ints(1)), steps), ints(2))
+        seen = op("And", op("Unsqueeze", valid_key, ints(1)), op("LessOrEqual", slots, position))
+        if window:
+            seen = op("And", seen, op("Greater", slots, op("Sub", position, scalar(window))))
+        mask = op("Unsqueeze", seen, ints(1, 2))  # [B, 1, 1, S, C]
+    else:
+        mask = op("Unsqueeze", valid_key, ints(1, 2, 3))  # [B, 1, 1, 1, C]
+    masked = op("Where", mask, scores, lowest)
     probs = op("Softmax", masked, axis=-1)
     heads = op("MatMul", probs, op("Unsqueeze", values, ints(2)))  # [B, Hkv, g, S, D]
     heads = op("Transpose", heads, perm=[0, 3, 1, 2, 4])  # [B, S, Hkv, g, D]

@@ -30,7 +30,8 @@ Decode = Callable[
 class WindowedVocoder:
     """Feed frames as they are generated; get back the audio that became final.
 
-    A window is decoded once ``window`` new frames are in, so pushing frame by frame or in chunks
+    A window is decoded once ``window`` new frames are in (the first once ``first_window`` are:
+    a short first window brings the first audio earlier), so pushing frame by frame or in chunks
     gives the same windows and the same samples; audio lags generation by at most one window.
     """
 
@@ -42,9 +43,11 @@ class WindowedVocoder:
         left_context: int,
         samples_per_frame: int = 1920,
         trim: int = 555,
+        first_window: int | None = None,
     ) -> None:
-        if window < 1:
-            raise ValueError(f"window must be at least 1 frame, got {window}")
+        first_window = window if first_window is None else first_window
+        if window < 1 or first_window < 1:
+            raise ValueError(f"windows must be at least 1 frame, got {first_window} and {window}")
         if trim > 0 and left_context * samples_per_frame < trim:
             # the trim samples before a join come from the context frames' decode
             raise ValueError(
@@ -53,6 +56,7 @@ class WindowedVocoder:
             )
         self.decode = decode
         self.window = window
+        self.first_window = first_window
         self.left_context = left_context
         self.samples_per_frame = samples_per_frame
         self.trim = trim
@@ -77,9 +81,12 @@ class WindowedVocoder:
             self._frames.append(frames)
             self._count += len(frames)
         pieces = []
-        while self._count - self._done >= self.window:
-            pieces.append(self._decode_window(self._done + self.window))
+        while self._count - self._done >= (size := self._next_window()):
+            pieces.append(self._decode_window(self._done + size))
         return _concat(pieces)
+
+    def _next_window(self) -> int:
+        return self.first_window if self._done == 0 else self.window
 
     def flush(self) -> np.ndarray:
         """The samples of the last, partial window (empty when nothing is pending)."""

@@ -56,16 +56,19 @@ def attention_model(window: int, causal: int = 1, options: dict | None = None) -
         opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(attention.DOMAIN, 1)],
     )
     lower_model(model, "onnxruntime", options)
-    # causal=0 is lowered to plain ops: GQA rejects causal=0 with query_seqlens
+    # causal=0 is lowered to plain ops (GQA rejects causal=0 with query_seqlens), and so is every
+    # node under the plain_attention option
     fused = any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
-    assert fused == bool(causal)
+    assert fused == (bool(causal) and not (options or {}).get("plain_attention"))
     assert all(n.domain != attention.DOMAIN for n in model.graph.node)
     return model.SerializeToString()
 
 
-@pytest.mark.parametrize(("window", "causal"), [(0, 1), (4, 1), (0, 0)])
-def test_lowering_matches_reference_in_place(window: int, causal: int) -> None:
-    model = attention_model(window, causal)
+@pytest.mark.parametrize(
+    ("window", "causal", "plain"), [(0, 1, 0), (4, 1, 0), (0, 0, 0), (0, 1, 1), (4, 1, 1)]
+)
+def test_lowering_matches_reference_in_place(window: int, causal: int, plain: int) -> None:
+    model = attention_model(window, causal, {"plain_attention": True} if plain else None)
     sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     key_cache = np.zeros((B, HKV, C, D), np.float32)

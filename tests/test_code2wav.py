@@ -201,6 +201,21 @@ def test_push_frame_by_frame_equals_chunks(built: dict[str, Any]) -> None:
     assert [p.size for p in one[:21] if p.size] == [20 * SPF - TRIM]
 
 
+def test_short_first_window_is_gap_free_and_early(built: dict[str, Any]) -> None:
+    """A 4-frame first window, then 20-frame ones: audio after 4 frames, and the joined audio
+    still equals the whole decode."""
+    decode = ort_decode(built["engine"])
+    codes = random_codes(47, 8)
+    voc = WindowedVocoder(decode, window=20, left_context=25, first_window=4)
+    pieces = [voc.push(codes[i : i + 1]) for i in range(len(codes))] + [voc.flush()]
+    sizes = [p.size for p in pieces]
+    assert sizes[3] == 4 * SPF - TRIM and not any(sizes[:3])  # first audio after frame 4
+    assert sizes[23] == 20 * SPF  # then every 20 frames
+    whole = voc.decode_whole(codes)
+    audio = np.concatenate(pieces)
+    assert audio.size == whole.size and np.abs(audio - whole).max() < 1e-5
+
+
 def test_hf_chunked_decode_drops_samples_at_joins(built: dict[str, Any]) -> None:
     """Why the gap-free rule: HF's chunked_decode loses 555 samples per join."""
     codes = torch.from_numpy(random_codes(60, 7).T[None].copy())

@@ -4,7 +4,8 @@ A ``--device cuda`` build lowers attention for the GPU (GroupQueryAttention's le
 host; for onnxruntime-gpu before 1.32, no per-row query lengths, so prefill goes row by row) and
 reduces logits to a top-K in the graph. Those engines are provider-neutral, so CI runs them here
 with the device switched to cpu in their config: everything of the GPU path but device memory and
-CUDA graphs (tests/test_gpu.py covers those on a GPU).
+CUDA graphs (tests/test_gpu.py covers those on a GPU). A float32 build gets plain-op attention
+(what float32 engines run on the CUDA provider); the LLM test lowers as a float16 build does.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from edgeomni.plugins import lowering
@@ -20,13 +22,23 @@ from edgeomni.plugins import lowering
 ONNXRUNTIME_GPU = "1.31.1"  # the newest onnxruntime-gpu on PyPI as of this writing
 
 
-def gpu_build_on_cpu(ckpt: Path, out: Path, monkeypatch, components=None) -> Path:
+def gpu_build_on_cpu(
+    ckpt: Path, out: Path, monkeypatch, components=None, gqa: bool = False
+) -> Path:
+    """A float32 ``--device cuda`` build (exact against the CPU build). Its attention is plain
+    ops, as every float32 engine's on the CUDA provider; ``gqa`` lowers it as a float16 build's
+    (GroupQueryAttention with host-fed lengths) instead."""
+    from edgeomni.builder import onnxruntime as ort_builder
     from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
     with monkeypatch.context() as m:  # lower as for the onnxruntime-gpu we deploy on
         m.setattr(lowering, "onnxruntime_options", lambda v=None: {
             "gqa_query_seqlens": False, "onnxruntime": ONNXRUNTIME_GPU})  # fmt: skip
+        if gqa:
+            lowered = ort_builder.cuda_lowering
+            m.setattr(ort_builder, "cuda_lowering",
+                      lambda model: {**lowered(model), "plain_attention": False})  # fmt: skip
         assert build(ckpt, out, BuildArgs(3, 128, 256, device="cuda"), components)
     for cfg_path in out.rglob("config.json"):
         cfg = json.loads(cfg_path.read_text())
@@ -54,9 +66,10 @@ PROMPTS = ["Hello! How are you today?", "Hi", "What is the capital of France?"]
 
 
 def test_llm(qwen3_ckpt, qwen3_engine, tmp_path, mp) -> None:
-    eng = gpu_build_on_cpu(qwen3_ckpt, tmp_path / "eng", mp)
+    eng = gpu_build_on_cpu(qwen3_ckpt, tmp_path / "eng", mp, gqa=True)
     cfg = json.loads((eng / "config.json").read_text())
-    assert cfg["lowering"]["gqa_query_seqlens"] is False
+    assert cfg["lowering"]["gqa_query_seqlens"] is False  # prefill goes row by row
+    assert "gqa_seqlens_k" in [i.name for i in onnx.load(str(eng / "llm.onnx")).graph.input]
     body = {"temperature": 0.7, "top_k": 10, "seed": 4, "max_generate_length": 12,
             "requests": [{"messages": [{"role": "user", "content": p}]} for p in PROMPTS]}  # fmt: skip
     ours, ref = run(eng, body, 3), run(qwen3_engine, body, 3)
@@ -69,6 +82,12 @@ def test_llm(qwen3_ckpt, qwen3_engine, tmp_path, mp) -> None:
 def test_omni_text_to_speech(omni_ckpt, omni_engine, tmp_path, mp) -> None:
     eng = gpu_build_on_cpu(omni_ckpt, tmp_path / "eng", mp,
                            ["llm", "talker", "code_predictor", "code2wav"])  # fmt: skip
+    # float32 engines get plain-op attention (no float32 GroupQueryAttention kernel on the CUDA
+    # provider): the decoders with their caches, and code2wav's sliding window
+    for sub, engine in ((".", "llm.onnx"), ("talker", "llm.onnx"), ("code2wav", "code2wav.onnx")):
+        assert json.loads((eng / sub / "config.json").read_text())["lowering"]["plain_attention"]
+        model = onnx.load(str(eng / sub / engine), load_external_data=False)
+        assert not any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
     body = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 13,
             "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": p}]}]}
                          for p in PROMPTS]}  # fmt: skip

@@ -51,14 +51,16 @@ class Code2Wav:
         opts = stage.config  # the graph may override the build's defaults per stage
         self.window = int(opts.get("window_frames", cfg["window_frames"]))
         self.left_context = int(opts.get("left_context_frames", cfg["left_context_frames"]))
+        # a shorter first window: the first audio comes sooner (the build's default: the same)
+        self.first_window = int(opts.get("first_window_frames", self.window))
         # an explicit runner option wins over the stage config
         self.whole = bool(
             opts.get("whole_utterance", False) if whole_utterance is None else whole_utterance
         )
-        if self.window + self.left_context > self.max_frames:
+        if max(self.window, self.first_window) + self.left_context > self.max_frames:
             raise ValueError(
-                f"{stage.id}: window {self.window} + left context {self.left_context} frames "
-                f"exceed the engine's max_frames {self.max_frames}"
+                f"{stage.id}: window {max(self.window, self.first_window)} + left context "
+                f"{self.left_context} frames exceed the engine's max_frames {self.max_frames}"
             )
         self.vocoder()  # checks window and left context now, not at the first request
         source = next((i.source for i in stage.inputs if i.name == CODES_INPUT), None)
@@ -88,6 +90,7 @@ class Code2Wav:
             left_context=self.left_context,
             samples_per_frame=self.samples_per_frame,
             trim=self.trim,
+            first_window=self.first_window,
         )
 
     # -- per request -------------------------------------------------------------------------
@@ -157,6 +160,7 @@ class Code2Wav:
                 "windows": calls,
                 "mode": mode,
                 "window_frames": self.window,
+                "first_window_frames": self.first_window,
                 "left_context_frames": self.left_context,
             }
 
