@@ -37,9 +37,27 @@ class StepOutputs(Mapping[str, np.ndarray]):
     def __getitem__(self, name: str) -> np.ndarray:
         got = self._host.get(name)
         if got is None:
-            buf = self._buffers[name]
-            got = self._host[name] = buf if isinstance(buf, np.ndarray) else buf.download()
+            self.fetch(name)
+            got = self._host[name]
         return got
+
+    def fetch(self, *names: str) -> None:
+        """Bring these outputs to the host, with one synchronisation for all of them (names
+        this call did not output are passed over)."""
+        queued = False
+        for name in names:
+            buf = self._buffers.get(name)
+            if buf is None or name in self._host:
+                continue
+            if isinstance(buf, np.ndarray):
+                self._host[name] = buf
+            else:
+                self._host[name] = buf.download(sync=False)
+                queued = True
+        if queued:
+            from edgeomni.runtime.memory import synchronize
+
+            synchronize()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._buffers)
@@ -55,6 +73,7 @@ class StepOutputs(Mapping[str, np.ndarray]):
 
         if "topk_values" not in self._buffers:
             return StepLogits(self.rows, full)
+        self.fetch(*TOPK_OUTPUTS)
         return StepLogits(self.rows, full, self["topk_values"], self["topk_indices"])
 
 

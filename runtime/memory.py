@@ -94,8 +94,9 @@ class DeviceArray:
         _check(cudart.cudaMemcpyAsync(self.ptr, src.ctypes.data, self.nbytes, kind, stream()),
                "cudaMemcpyAsync (host to device)")  # fmt: skip
 
-    def download(self, out: np.ndarray | None = None) -> np.ndarray:
-        """Copy to the host after everything queued on the runtime stream (a sync point)."""
+    def download(self, out: np.ndarray | None = None, *, sync: bool = True) -> np.ndarray:
+        """Copy to the host after everything queued on the runtime stream (a sync point; with
+        ``sync=False`` the copy is only queued: call ``synchronize()`` before reading it)."""
         if out is None:
             out = np.empty(self.shape, self.dtype)
         elif out.shape != self.shape or out.dtype != self.dtype or not out.flags.c_contiguous:
@@ -104,7 +105,8 @@ class DeviceArray:
         kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         _check(cudart.cudaMemcpyAsync(out.ctypes.data, self.ptr, self.nbytes, kind, stream()),
                "cudaMemcpyAsync (device to host)")  # fmt: skip
-        synchronize()
+        if sync:
+            synchronize()
         return out
 
     def __del__(self) -> None:

@@ -197,20 +197,17 @@ class Pipeline:
         self, stage_id: str, later: Sequence[str], part: list[RequestState]
     ) -> dict[int, Any]:
         """Downstream stages that consume this stage's ports as they are made (the vocoder
-        reading the talker's frames): request index -> the callable to feed."""
+        reading the talker's frames): request index -> the callable to feed (which may have an
+        ``end_step()`` for the producer to call once it fed every row of a step)."""
         sinks: dict[int, Any] = {}
         for consumer in later:
             if not any(
                 i.source.startswith(stage_id + ":") for i in self.graph.stage(consumer).inputs
             ):
                 continue
-            make = getattr(self.runner(consumer), "stream_sink", None)
-            if make is None:
-                continue
-            for state in part:
-                sink = make(state)
-                if sink is not None:
-                    sinks[state.index] = sink
+            make = getattr(self.runner(consumer), "stream_sinks", None)
+            if make is not None:
+                sinks.update(make(part))
         return sinks
 
     def _entries(

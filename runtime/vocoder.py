@@ -19,12 +19,24 @@ Concatenated, the pieces are n*S - trim samples long, the whole decode's length.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 Decode = Callable[
     [np.ndarray], np.ndarray
 ]  # codes int64 [1, Q, n] -> samples (any shape, n*S-trim)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Frames [start, end) to vocode, decoded with ``context`` frames before them: ``codes``
+    holds all of them, [context + end - start, Q]."""
+
+    codes: np.ndarray
+    start: int
+    end: int
+    context: int
 
 
 class WindowedVocoder:
@@ -64,7 +76,7 @@ class WindowedVocoder:
         self._base = 0  # index of the first kept frame
         self._count = 0  # frames received
         self._done = 0  # frames whose audio has been emitted (the next window's start)
-        self.windows = 0  # decode calls so far
+        self.windows = 0  # windows decoded so far
 
     @property
     def frames(self) -> int:
@@ -72,6 +84,14 @@ class WindowedVocoder:
 
     def push(self, frames: np.ndarray) -> np.ndarray:
         """Add frames [k, Q]; returns the samples of every window now complete (maybe none)."""
+        self.add(frames)
+        pieces = []
+        while (window := self.pending()) is not None:
+            pieces.append(self.accept(window, self._call(window.codes)))
+        return _concat(pieces)
+
+    def add(self, frames: np.ndarray) -> None:
+        """Add frames [k, Q] without decoding (a caller that batches windows decodes them)."""
         frames = np.asarray(frames, dtype=np.int64)
         if frames.ndim == 1:
             frames = frames[None, :]
@@ -80,48 +100,63 @@ class WindowedVocoder:
         if len(frames):
             self._frames.append(frames)
             self._count += len(frames)
-        pieces = []
-        while self._count - self._done >= (size := self._next_window()):
-            pieces.append(self._decode_window(self._done + size))
-        return _concat(pieces)
 
-    def _next_window(self) -> int:
-        return self.first_window if self._done == 0 else self.window
+    def pending(self) -> Window | None:
+        """The next complete window, to decode and hand to ``accept``; None while incomplete."""
+        size = self.first_window if self._done == 0 else self.window
+        if self._count - self._done < size:
+            return None
+        return self._window(self._done + size)
+
+    def accept(self, window: Window, samples: np.ndarray) -> np.ndarray:
+        """The final audio of a decoded window (its samples [n*S - trim]); the next starts."""
+        if window.start != self._done:
+            raise ValueError(f"window at frame {window.start}, expected {self._done}")
+        samples = np.asarray(samples, np.float32).ravel()
+        n = len(window.codes)
+        if samples.size != n * self.samples_per_frame - self.trim:
+            raise ValueError(
+                f"the vocoder returned {samples.size} samples for {n} frames; expected "
+                f"{n * self.samples_per_frame - self.trim}"
+            )
+        s, trim, k = self.samples_per_frame, self.trim, window.context
+        lo = k * s - trim if window.start > 0 else 0
+        hi = (window.end - window.start + k) * s - trim
+        self._done = window.end
+        self.windows += 1
+        # keep only what later windows read: their left context and the frames not yet decoded
+        kept = np.concatenate(self._frames) if len(self._frames) > 1 else self._frames[0]
+        first = max(self._base, window.end - self.left_context)
+        self._frames = [kept[first - self._base :]]
+        self._base = first
+        return samples[lo:hi]
 
     def flush(self) -> np.ndarray:
         """The samples of the last, partial window (empty when nothing is pending)."""
         if self._count == self._done:
             return np.zeros(0, np.float32)
-        return self._decode_window(self._count)
+        window = self._window(self._count)
+        return self.accept(window, self._call(window.codes))
 
     def decode_whole(self, codes: np.ndarray) -> np.ndarray:
         """All of ``codes`` [n, Q] in one decode call: the reference the windows reproduce."""
         codes = np.asarray(codes, dtype=np.int64)
         if len(codes) == 0:
             return np.zeros(0, np.float32)
+        self.windows += 1
         return self._call(codes)
 
     # ---------------------------------------------------------------------------------------
-    def _decode_window(self, end: int) -> np.ndarray:
+    def _window(self, end: int) -> Window:
         start = self._done
         k = min(self.left_context, start)
         kept = np.concatenate(self._frames) if len(self._frames) > 1 else self._frames[0]
-        samples = self._call(kept[start - k - self._base : end - self._base])
-        s, trim = self.samples_per_frame, self.trim
-        lo = k * s - trim if start > 0 else 0
-        hi = (end - start + k) * s - trim
-        self._done = end
-        # keep only what later windows read: their left context and the frames not yet decoded
-        first = max(self._base, end - self.left_context)
-        self._frames = [kept[first - self._base :]]
-        self._base = first
-        return samples[lo:hi]
+        return Window(kept[start - k - self._base : end - self._base], start, end, k)
 
     def _call(self, codes: np.ndarray) -> np.ndarray:
         """One decode of frames [n, Q]; checks the vocoder's sample rule."""
         n = len(codes)
         samples = np.asarray(self.decode(np.ascontiguousarray(codes.T[None])), np.float32).ravel()
-        self.windows += 1
         expected = n * self.samples_per_frame - self.trim
         if samples.size != expected:
             raise ValueError(

@@ -120,6 +120,41 @@ def test_windowed_audio_equals_whole_utterance(omni_engine, references, tmp_path
     assert np.abs(a - b).max() <= 2 / 32768
 
 
+def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch) -> None:
+    """A cohort stepping together completes its windows on the same frames: each step's windows
+    go to code2wav as one batched call, and every request's audio equals its own run alone."""
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+    from edgeomni.runtime.runners import code2wav
+
+    eng = tmp_path / "eng"
+    shutil.copytree(omni_engine, eng)
+    graph = json.loads((eng / "multistage_config.json").read_text())
+    vocoder = next(s for s in graph["stages"] if s["id"] == "code2wav")
+    vocoder["config"] = {"window_frames": 6, "first_window_frames": 3, "left_context_frames": 25}
+    (eng / "multistage_config.json").write_text(json.dumps(graph))
+    batches: list[int] = []
+    decode_batch = code2wav.Code2Wav.decode_batch
+
+    def counted(self, codes):  # noqa: ANN001, ANN202
+        batches.append(len(codes))
+        return decode_batch(self, codes)
+
+    monkeypatch.setattr(code2wav.Code2Wav, "decode_batch", counted)
+    body = {**GREEDY, "max_generate_length": MAX_NEW, "talker_max_new_tokens": 16,
+            "talker_min_new_tokens": 16,
+            "requests": requests_for(PROMPTS)}  # fmt: skip
+    requests, _ = parse_request_file(body)
+    together = Pipeline(eng).run(requests, batch_size=3)
+    assert batches == [3, 3, 3]  # 15 frames: windows end at frames 3, 9 and 15, all rows at once
+    alone = [Pipeline(eng).run([r], batch_size=1)[0] for r in requests]
+    assert batches[3:] == [1] * 9
+    for a, b in zip(together, alone, strict=True):
+        assert a.entry["stages"]["code2wav"]["mode"] == "streamed"
+        np.testing.assert_array_equal(a.codes, b.codes)
+        np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)
+
+
 def test_unknown_voice_lists_the_voices(omni_engine, tmp_path) -> None:
     reqs = requests_for(PROMPTS[:1], voice="nobody") + requests_for(PROMPTS[:1], voice="Chelsie")
     code, entries = run(omni_engine, tmp_path, reqs, "--output-audio-dir", str(tmp_path / "a"))

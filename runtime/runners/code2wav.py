@@ -18,7 +18,7 @@ import numpy as np
 
 from edgeomni.runtime.engine import Engine, open_engine
 from edgeomni.runtime.runners import RequestError, RequestState
-from edgeomni.runtime.vocoder import WindowedVocoder
+from edgeomni.runtime.vocoder import Window, WindowedVocoder
 
 CODES_INPUT = "codes"
 AUDIO_PORT = "audio"
@@ -71,16 +71,21 @@ class Code2Wav:
     # -- engine ------------------------------------------------------------------------------
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """One engine call: codes int64 [1, Q, n] -> samples float32 [n*S - trim]."""
-        n = codes.shape[-1]
-        out = np.empty((1, 1, n * self.samples_per_frame - self.trim), np.float32)
+        return self.decode_batch(codes)[0]
+
+    def decode_batch(self, codes: np.ndarray) -> np.ndarray:
+        """One engine call for windows of equal length: codes int64 [B, Q, n] -> samples
+        float32 [B, n*S - trim]."""
+        b, _, n = codes.shape
+        out = np.empty((b, 1, n * self.samples_per_frame - self.trim), np.float32)
         binding = self.engine.binding()
         binding.bind_output("waveform", out)
-        feeds = {"codes": codes}
+        feeds = {"codes": np.ascontiguousarray(codes, np.int64)}
         if "gqa_seqlens_k" in self.engine.input_names:  # lengths a CUDA build takes from the host
-            feeds["gqa_seqlens_k"] = np.array([n - 1], np.int32)
+            feeds["gqa_seqlens_k"] = np.full(b, n - 1, np.int32)
             feeds["gqa_total_length"] = np.array(n, np.int32)
         binding.run(feeds)
-        return out.reshape(-1)
+        return out.reshape(b, -1)
 
     def vocoder(self) -> WindowedVocoder:
         """A fresh windowed vocoder over this engine (also what a streaming caller pushes into)."""
@@ -122,14 +127,20 @@ class Code2Wav:
         return audio, voc.windows, "windowed" if not self.whole else "windowed (over max_frames)"
 
     # -- streaming: windows vocoded while the talker runs -------------------------------------
-    def stream_sink(self, state: RequestState) -> Callable[[np.ndarray], None] | None:
-        """A callable the upstream stage feeds frames [k, Q] as it makes them, or None when this
-        stage vocodes whole utterances. Audio becomes final window by window; ``run`` flushes."""
+    def stream_sinks(self, cohort: Sequence[RequestState]) -> dict[int, Callable[..., None]]:
+        """For each request, a callable the upstream stage feeds frames [k, Q] as it makes them
+        (none when this stage vocodes whole utterances). Frames are only queued; the sink's
+        ``end_step()``, called once the upstream stage has fed every row of a step, vocodes the
+        windows that became complete, all rows in one engine call. ``run`` flushes the rest."""
         if self.whole:
-            return None
-        stream = _Stream(self.vocoder())
-        state.prepared[self.stage.id] = stream
-        return stream.push
+            return {}
+        batch = _Batch(self)
+        sinks = {}
+        for state in cohort:
+            stream = state.prepared[self.stage.id] = _Stream(self.vocoder(), batch)
+            batch.streams.append(stream)
+            sinks[state.index] = stream
+        return sinks
 
     # -- per cohort --------------------------------------------------------------------------
     def run(self, cohort: Sequence[RequestState]) -> None:
@@ -165,28 +176,61 @@ class Code2Wav:
             }
 
 
+class _Batch:
+    """A cohort's streams: their complete windows vocoded together, one call per shape."""
+
+    def __init__(self, runner: Code2Wav) -> None:
+        self.runner = runner
+        self.streams: list[_Stream] = []
+
+    def decode_ready(self) -> None:
+        while True:
+            groups: dict[tuple[int, ...], list[tuple[_Stream, Window]]] = {}
+            for stream in self.streams:
+                window = stream.vocoder.pending()
+                if window is not None:
+                    groups.setdefault(window.codes.shape, []).append((stream, window))
+            if not groups:
+                return
+            for group in groups.values():  # a cohort stepping together: one group
+                start = time.perf_counter()
+                codes = np.stack([w.codes.T for _, w in group])  # [B, Q, n]
+                samples = self.runner.decode_batch(codes)
+                share = (time.perf_counter() - start) / len(group)
+                for (stream, window), row in zip(group, samples, strict=True):
+                    stream.take(stream.vocoder.accept(window, row), share)
+
+
 class _Stream:
     """One request's vocoding while its frames arrive: pieces, timing, first-audio time."""
 
-    def __init__(self, vocoder: WindowedVocoder) -> None:
+    def __init__(self, vocoder: WindowedVocoder, batch: _Batch) -> None:
         self.vocoder = vocoder
+        self.batch = batch
         self.pieces: list[np.ndarray] = []
         self.frames = 0
         self.seconds = 0.0
         self.first_audio: float | None = None
 
-    def push(self, frames: np.ndarray) -> None:
-        start = time.perf_counter()
+    def __call__(self, frames: np.ndarray) -> None:
         self.frames += len(frames)
-        piece = self.vocoder.push(np.asarray(frames, np.int64))
+        self.vocoder.add(np.asarray(frames, np.int64))
+
+    def end_step(self) -> None:
+        self.batch.decode_ready()
+
+    def take(self, piece: np.ndarray, seconds: float) -> None:
+        self.seconds += seconds
         if piece.size:
             self.pieces.append(piece)
             if self.first_audio is None:
                 self.first_audio = time.perf_counter()
-        self.seconds += time.perf_counter() - start
 
     def finish(self) -> np.ndarray:
-        self.pieces.append(self.vocoder.flush())
+        self.batch.decode_ready()  # complete windows still queued (no end_step came)
+        start = time.perf_counter()
+        self.take(self.vocoder.flush(), 0.0)
+        self.seconds += time.perf_counter() - start
         if self.first_audio is None:
             self.first_audio = time.perf_counter()
         return np.concatenate(self.pieces).astype(np.float32, copy=False)

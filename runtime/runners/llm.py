@@ -157,8 +157,10 @@ class LLMBackbone:
         else:
             out = self._prefill_rows(outputs, embeds, positions, lens, extra)
         prefill_s = time.perf_counter() - start
-        fed_hidden = (
-            [[out["hidden_states"][r, : lens[r]].copy()] for r in range(n)] if keep_hidden else None
+        # the talker reads the accept-layer state of prompt positions only (its media rows), so a
+        # decode step's hidden state never leaves the device
+        prompt_hidden = (
+            [out["hidden_states"][r, : lens[r]].copy() for r in range(n)] if keep_hidden else None
         )
         fed_embeds = [[embeds[r, : lens[r]]] for r in range(n)] if keep_hidden else None
 
@@ -201,7 +203,6 @@ class LLMBackbone:
             )
             if keep_hidden:
                 for row in np.flatnonzero(active):
-                    fed_hidden[row].append(out["hidden_states"][row, :1].copy())
                     fed_embeds[row].append(step_embeds[row])
             past = past + active.astype(np.int32)
             steps += 1
@@ -215,14 +216,15 @@ class LLMBackbone:
                 text = _cut_at_stop(text, state.request.stop)
             state.outputs[f"{self.stage.id}:text"] = text
             if keep_hidden:
-                # what the talker reads: every token fed to the thinker (the prompt and all
-                # generated tokens but the last), its input embedding and accept-layer state
+                # what the talker reads: the input embedding of every token fed to the thinker
+                # (the prompt and all generated tokens but the last), the prompt's accept-layer
+                # states
                 state.outputs[hidden_port] = {
                     "ids": np.concatenate([prompts[row].ids, np.asarray(out_ids, np.int64)]),
                     "image_grids": prompts[row].image_grids,
                     "audio_frames": prompts[row].audio_frames,
                     "prompt_len": len(prompts[row]),
-                    "hidden": np.concatenate(fed_hidden[row]),
+                    "hidden": prompt_hidden[row],
                     "embeds": np.concatenate(fed_embeds[row]).astype(np.float32),
                     "finished_by_eos": finish[row] == "eos",
                 }

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime import safetensors_np
-from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
+from edgeomni.runtime.decoder import TOPK_OUTPUTS, DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.mrope import MropeIds, rope_index
@@ -141,7 +141,7 @@ class Talker:
     def _prefill(self, state: RequestState) -> _Prefill:
         th = state.outputs[self.hidden_source]
         ids, hidden, embeds, prompt_len = th["ids"], th["hidden"], th["embeds"], th["prompt_len"]
-        fed = len(hidden)  # every token the thinker was fed: the prompt and the reply but its last
+        fed = len(embeds)  # every token the thinker was fed: the prompt and the reply but its last
         prompt = ids[:prompt_len]
         ids_ = self.ids
         # user turns: a position belongs to the turn opened by the latest <|im_start|> before it
@@ -191,7 +191,8 @@ class Talker:
         sinks: Mapping[int, Callable[[np.ndarray], None]] | None = None,
     ) -> None:
         """``sinks``: request index -> a callable fed each new frame [1, G] as it is made (the
-        vocoder downstream, so audio is made while the talker runs)."""
+        vocoder downstream, so audio is made while the talker runs); a sink's ``end_step()``, if
+        it has one, is called once every row of a frame is fed."""
         sinks = sinks or {}
         prefills = []
         for state in cohort:
@@ -239,6 +240,7 @@ class Talker:
                 self._suppressed_and_eos if len(first[r]) < min_frames else self.suppressed
                 for r in range(n)
             ]
+            out.fetch("last_hidden", *TOPK_OUTPUTS)  # what the host reads, in one sync
             code0, fetched = sample_step(out.logits(), talker_params, rng, seen, banned)
             full_rows += fetched
             for row in range(n):
@@ -265,6 +267,10 @@ class Talker:
                     sink = sinks.get(cohort[row].index)
                     if sink is not None:
                         sink(codes[row][None])
+            for sink in {id(s): s for s in sinks.values()}.values():  # every row fed: vocode
+                end_step = getattr(sink, "end_step", None)
+                if end_step is not None:
+                    end_step()
             out = session.run(
                 nxt[:, None, :],
                 text_positions(past + deltas, 1, True),
