@@ -155,6 +155,19 @@ def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch)
         np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)
 
 
+def test_placeholder_tokens_without_media_fail_the_request(omni_engine, tmp_path) -> None:
+    """Typed media placeholder tokens have no encoder states for the talker to read: that
+    request fails with the reason; the other speaks."""
+    prompts = ["Say <|audio_pad|> please.", "Hello there."]
+    code, entries = run(omni_engine, tmp_path, requests_for(prompts),
+                        "--output-audio-dir", str(tmp_path / "a"))  # fmt: skip
+    assert code == cli.EXIT_REQUESTS_FAILED
+    assert (
+        not entries[0]["ok"] and "placeholder tokens but no audio or image" in entries[0]["error"]
+    )
+    assert entries[1]["ok"]
+
+
 def test_unknown_voice_lists_the_voices(omni_engine, tmp_path) -> None:
     reqs = requests_for(PROMPTS[:1], voice="nobody") + requests_for(PROMPTS[:1], voice="Chelsie")
     code, entries = run(omni_engine, tmp_path, reqs, "--output-audio-dir", str(tmp_path / "a"))

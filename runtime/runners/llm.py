@@ -157,11 +157,12 @@ class LLMBackbone:
         else:
             out = self._prefill_rows(outputs, embeds, positions, lens, extra)
         prefill_s = time.perf_counter() - start
-        # the talker reads the accept-layer state of prompt positions only (its media rows), so a
-        # decode step's hidden state never leaves the device
-        prompt_hidden = (
-            [out["hidden_states"][r, : lens[r]].copy() for r in range(n)] if keep_hidden else None
-        )
+        # the talker reads the accept-layer state of a prompt's media positions only: a decode
+        # step's hidden state, and a text-only prompt's, never leave the device
+        prompt_hidden = [
+            out["hidden_states"][r, : lens[r]].copy() if keep_hidden and p.spans else None
+            for r, p in enumerate(prompts)
+        ]
         fed_embeds = [[embeds[r, : lens[r]]] for r in range(n)] if keep_hidden else None
 
         generated: list[list[int]] = [[] for _ in range(n)]

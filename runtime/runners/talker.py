@@ -151,7 +151,9 @@ class Talker:
         user = np.flatnonzero(roles == ids_["user"])
         media = np.isin(prompt[user], [ids_["audio"], ids_["image"], ids_["video"]])
         user_rows = np.empty((len(user), self.hidden_size), np.float32)
-        if media.any():
+        if media.any():  # the thinker keeps its hidden states for prompts with media
+            if hidden is None:
+                raise RequestError("the prompt has media placeholder tokens but no audio or image")
             user_rows[media] = self.hidden_projection(hidden[user[media]])
         user_rows[~media] = self.text_projection(embeds[user[~media]])
         # the assistant turn: from the last "<|im_start|>assistant" on
