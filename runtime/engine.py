@@ -135,7 +135,8 @@ class OrtEngine:
         try:
             self.session = _session(path, device, threads, cuda_graphs)
         except Exception as e:  # ORT raises its own exception types
-            if not (cuda_graphs and "graph capture" in str(e).lower()):
+            message = str(e).lower()
+            if not (cuda_graphs and ("capture" in message or "cuda graph" in message)):
                 raise EngineError(f"ONNX Runtime could not load {path}: {e}") from None
             # a node runs off the GPU (float32 attention, say): this engine runs without graphs
             log.warning("%s: no CUDA graphs for this engine (%s)", path.name, e)

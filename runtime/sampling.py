@@ -281,9 +281,10 @@ def _reduced_row(
     """The candidates of one row from its top-K, sorted by id, or None when they might differ
     from the full vocabulary's.
 
-    Every token outside the K is at most the K-th value (the floor); the penalty and bans only
-    lower scores. So the draw is exact when the k-th best score after them is above the floor:
-    no outside token can enter the top-k or tie with it.
+    Every token outside the K is at most the K-th value (the floor), or was kept out of the
+    top-K by the engine and is in ``banned`` (the talker's control band); the penalty and bans
+    only lower scores. So the draw is exact when the k-th best score after them is above the
+    floor: no outside token can enter the top-k or tie with it.
     """
     k = 1 if params.greedy else params.top_k
     if not 0 < k < values.size:
