@@ -91,6 +91,13 @@ def test_limits_must_be_positive(qwen3_ckpt: Path, tmp_path: Path, capsys, flag:
     assert flag in err
 
 
+def test_logits_topk_must_not_be_negative(qwen3_ckpt: Path, tmp_path: Path, capsys) -> None:
+    code, err = run_cli(capsys, "--model-dir", str(qwen3_ckpt), "--engine-dir",
+                        str(tmp_path / "e"), "--logits-topk", "-1")  # fmt: skip
+    assert code == cli.EXIT_BAD_INPUT
+    assert "--logits-topk must be >= 0" in err and not (tmp_path / "e").exists()
+
+
 def test_unknown_component(qwen3_ckpt: Path, tmp_path: Path, capsys) -> None:
     code, err = run_cli(
         capsys, "--model-dir", str(qwen3_ckpt), "--engine-dir", str(tmp_path / "e"),

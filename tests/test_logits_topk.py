@@ -112,3 +112,13 @@ def test_omni_codes_same_as_full_logits(omni_topk_engine, omni_engine, sampling)
     talker = ours[0].entry["stages"]["talker"]
     if sampling.get("talker_top_k") == 8:
         assert talker["full_logit_rows"] < 2 * 13  # the top-K decided most frames
+
+
+def test_gpu_builds_reduce_logits_by_default() -> None:
+    from edgeomni.export.family import BuildArgs
+
+    assert BuildArgs(1, 8, 16, device="cuda").logits_topk == 64
+    assert BuildArgs(1, 8, 16).logits_topk == 0
+    assert BuildArgs(1, 8, 16, device="cuda", logits_topk=0).logits_topk == 0
+    with pytest.raises(ValueError, match="logits_topk"):
+        BuildArgs(1, 8, 16, logits_topk=-1)
