@@ -286,3 +286,16 @@ def test_runner_reports_missing_or_bad_codes(built: dict[str, Any]) -> None:
     runner.run([missing, bad])
     assert "no codes from talker:codes" in (missing.error or "")
     assert "[frames, 16]" in (bad.error or "")
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"max_windows_per_call": -1}, "max_windows_per_call must be >= 0"),
+        ({"window_frames": 20, "first_window_frames": 0}, "at least 1 frame"),
+        ({"first_window_frames": 10_000}, "exceed the engine's max_frames"),
+    ],
+)
+def test_bad_window_settings_are_refused(built: dict[str, Any], config: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Code2Wav(stage(**config), built["folder"], threads=2)

@@ -149,10 +149,16 @@ def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch)
     assert batches == [3, 3, 3]  # 15 frames: windows end at frames 3, 9 and 15, all rows at once
     alone = [Pipeline(eng).run([r], batch_size=1)[0] for r in requests]
     assert batches[3:] == [1] * 9
-    for a, b in zip(together, alone, strict=True):
+    vocoder["config"]["max_windows_per_call"] = 2  # a cap splits each step's windows
+    (eng / "multistage_config.json").write_text(json.dumps(graph))
+    del batches[:]
+    capped = Pipeline(eng).run(requests, batch_size=3)
+    assert batches == [2, 1] * 3
+    for a, b, c in zip(together, alone, capped, strict=True):
         assert a.entry["stages"]["code2wav"]["mode"] == "streamed"
         np.testing.assert_array_equal(a.codes, b.codes)
         np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)
+        np.testing.assert_allclose(c.audio, b.audio, atol=1e-5)
 
 
 def test_placeholder_tokens_without_media_fail_the_request(omni_engine, tmp_path) -> None:

@@ -53,6 +53,10 @@ class Code2Wav:
         self.left_context = int(opts.get("left_context_frames", cfg["left_context_frames"]))
         # a shorter first window: the first audio comes sooner (the build's default: the same)
         self.first_window = int(opts.get("first_window_frames", self.window))
+        # windows vocoded in one call (0: a cohort's all); activations grow with it
+        self.batch_windows = int(opts.get("max_windows_per_call", 0))
+        if self.batch_windows < 0:
+            raise ValueError(f"{stage.id}: max_windows_per_call must be >= 0 (0: no cap)")
         # an explicit runner option wins over the stage config
         self.whole = bool(
             opts.get("whole_utterance", False) if whole_utterance is None else whole_utterance
@@ -192,13 +196,16 @@ class _Batch:
                     groups.setdefault(window.codes.shape, []).append((stream, window))
             if not groups:
                 return
+            size = self.runner.batch_windows
             for group in groups.values():  # a cohort stepping together: one group
-                start = time.perf_counter()
-                codes = np.stack([w.codes.T for _, w in group])  # [B, Q, n]
-                samples = self.runner.decode_batch(codes)
-                share = (time.perf_counter() - start) / len(group)
-                for (stream, window), row in zip(group, samples, strict=True):
-                    stream.take(stream.vocoder.accept(window, row), share)
+                for lo in range(0, len(group), size or len(group)):
+                    part = group[lo : lo + (size or len(group))]
+                    start = time.perf_counter()
+                    codes = np.stack([w.codes.T for _, w in part])  # [B, Q, n]
+                    samples = self.runner.decode_batch(codes)
+                    share = (time.perf_counter() - start) / len(part)
+                    for (stream, window), row in zip(part, samples, strict=True):
+                        stream.take(stream.vocoder.accept(window, row), share)
 
 
 class _Stream:
