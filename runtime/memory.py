@@ -73,7 +73,9 @@ class DeviceArray:
         cudart = _cudart()
         nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         ptr = _check(cudart.cudaMalloc(nbytes), "cudaMalloc")
-        _check(cudart.cudaMemset(ptr, 0, nbytes), "cudaMemset")
+        # on the runtime stream: a memset on the legacy default stream is not ordered with the
+        # (non-blocking) runtime stream, so it could land after the first upload or engine run
+        _check(cudart.cudaMemsetAsync(ptr, 0, nbytes, stream()), "cudaMemsetAsync")
         return cls(shape, dtype, int(ptr), owner=True)
 
     def rows(self, n: int, start: int = 0) -> DeviceArray:
