@@ -7,6 +7,7 @@ call's width, and a row with query length 0 sits the call out (its cache is left
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -114,6 +115,9 @@ class DecoderSession:
         self._per_position = per_position
         self._slots: dict[int, _Slot] = {}  # by width, calls not graphed
         self._graphs = engine.cuda_graphs and "gqa_total_length" in engine.input_names
+        # time inside the engine's run calls (on a GPU up to the end of its kernels, since ONNX
+        # Runtime synchronises its providers at the end of a run); the rest is the host's work
+        self.engine_seconds = 0.0
 
     def _new_slot(self, width: int, graphed: bool) -> _Slot:
         binding = self.engine.binding()
@@ -175,7 +179,9 @@ class DecoderSession:
                 feeds[name] = np.ascontiguousarray(value, types[name])
         slot = self._slot(width, feeds)
         if slot.inputs is None:
+            start = time.perf_counter()
             slot.binding.run({**feeds, **host})
+            self.engine_seconds += time.perf_counter() - start
             return StepOutputs(self.rows, slot.outputs)
         # graphed: inputs copied into the slot's fixed buffers; attention reads its lengths from
         # them, and the total length (a host value, frozen into the graph) is the capacity
@@ -188,7 +194,9 @@ class DecoderSession:
                 slot.binding.bind_input(name, buf)
             buf.upload(value)
         total = np.array(self.kv.capacity, np.int32)
+        start = time.perf_counter()
         slot.binding.run({"gqa_total_length": total}, graph=slot.graph)
+        self.engine_seconds += time.perf_counter() - start
         return StepOutputs(self.rows, slot.outputs)
 
 

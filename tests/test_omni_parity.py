@@ -154,6 +154,10 @@ def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch)
     del batches[:]
     capped = Pipeline(eng).run(requests, batch_size=3)
     assert batches == [2, 1] * 3
+    talker = together[0].entry["stages"]["talker"]  # the vocoder's time is reported apart
+    assert talker["streamed_vocoder_ms"] > 0
+    assert 0 < talker["talker_engine_ms"] <= talker["talker_ms"]
+    assert 0 < talker["code_predictor_engine_ms"] <= talker["code_predictor_ms"]
     for a, b, c in zip(together, alone, capped, strict=True):
         assert a.entry["stages"]["code2wav"]["mode"] == "streamed"
         np.testing.assert_array_equal(a.codes, b.codes)

@@ -157,6 +157,7 @@ class LLMBackbone:
         else:
             out = self._prefill_rows(outputs, embeds, positions, lens, extra)
         prefill_s = time.perf_counter() - start
+        prefill_engine_s = session.engine_seconds
         # the talker reads the accept-layer state of a prompt's media positions only: a decode
         # step's hidden state, and a text-only prompt's, never leave the device
         prompt_hidden = [
@@ -208,6 +209,7 @@ class LLMBackbone:
             past = past + active.astype(np.int32)
             steps += 1
         decode_s = time.perf_counter() - start
+        decode_engine_s = session.engine_seconds - prefill_engine_s
 
         for row, state in enumerate(cohort):
             out_ids = generated[row]
@@ -236,6 +238,7 @@ class LLMBackbone:
                 "finish_reason": finish[row],
                 "prefill_ms": round(prefill_s * 1e3, 3),
                 "decode_ms": round(decode_s * 1e3, 3),
+                "decode_engine_ms": round(decode_engine_s * 1e3, 3),
                 "decode_steps": steps,
                 "decode_tokens_per_s": round(steps * n / decode_s, 2) if decode_s > 0 else None,
                 "full_logit_rows": full_rows,

@@ -235,6 +235,7 @@ class Talker:
         past = lens.copy()
         step = 0
         cp_ms = 0.0
+        vocoder_ms = 0.0  # windows vocoded downstream while this loop waits
         full_rows = 0  # rows whose full logits had to come to the host
         while True:
             seen = [np.asarray(f, np.int64) for f in first]
@@ -269,10 +270,12 @@ class Talker:
                     sink = sinks.get(cohort[row].index)
                     if sink is not None:
                         sink(codes[row][None])
+            t = time.perf_counter()
             for sink in {id(s): s for s in sinks.values()}.values():  # every row fed: vocode
                 end_step = getattr(sink, "end_step", None)
                 if end_step is not None:
                     end_step()
+            vocoder_ms += (time.perf_counter() - t) * 1e3
             out = session.run(
                 nxt[:, None, :],
                 text_positions(past + deltas, 1, True),
@@ -290,8 +293,12 @@ class Talker:
                 "frames": len(codes),
                 "finish_reason": finish[row],
                 "voice": state.prepared[self.stage.id],
-                "talker_ms": round(total_ms - cp_ms, 3),
+                "talker_ms": round(total_ms - cp_ms - vocoder_ms, 3),
                 "code_predictor_ms": round(cp_ms, 3),
+                "streamed_vocoder_ms": round(vocoder_ms, 3),
+                # inside engine calls; the rest of the two above is host work (and the vocoder)
+                "talker_engine_ms": round(session.engine_seconds * 1e3, 3),
+                "code_predictor_engine_ms": round(cp_session.engine_seconds * 1e3, 3),
                 "cohort_size": n,
                 "full_logit_rows": full_rows,
             }
