@@ -180,12 +180,24 @@ def _session(path: Path, device: str, threads: int | None, cuda_graphs: bool) ->
         from edgeomni.runtime.memory import stream
 
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # one stream for every engine and copy of the runtime
-        cuda = {"device_id": "0", "user_compute_stream": str(stream())}
+        # one stream for every engine and copy of the runtime. Convolutions pick cuDNN's
+        # heuristic algorithm: the default exhaustive search runs again for every new input
+        # shape, and on the H200 its choices made code2wav's windows 4-10x slower (docs/design.md)
+        cuda = {
+            "device_id": "0",
+            "user_compute_stream": str(stream()),
+            "cudnn_conv_algo_search": "HEURISTIC",
+        }
         if cuda_graphs:
             cuda["enable_cuda_graph"] = "1"
         providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
-    return ort.InferenceSession(str(path), so, providers=providers)
+    session = ort.InferenceSession(str(path), so, providers=providers)
+    # onnxruntime's Python session otherwise moves itself to the CPU provider, for good, when a
+    # GPU kernel fails: a failure must be an error, not a silently slower engine
+    session.disable_fallback()
+    if device == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+        raise RuntimeError(f"the CUDA provider did not load (providers: {session.get_providers()})")
+    return session
 
 
 def open_engine(

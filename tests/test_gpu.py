@@ -182,3 +182,24 @@ def test_omni_text_to_speech_on_the_gpu(omni_cuda_engine) -> None:
         np.testing.assert_array_equal(a.codes, b.codes)
         assert a.audio.size == 20 * 1920 - 555 and np.isfinite(a.audio).all()
         assert a.entry["stages"]["talker"]["full_logit_rows"] < 2 * 21
+
+
+def test_every_omni_engine_stays_on_the_gpu(omni_cuda_engine) -> None:
+    """After a whole speech request each engine still runs on the CUDA provider: onnxruntime's
+    Python session would otherwise move itself to the CPU provider when a GPU kernel fails
+    (as a float16 dilated convolution under cuDNN's heuristic search did on the H200)."""
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    body = {"max_generate_length": 4, "talker_max_new_tokens": 12, "talker_min_new_tokens": 12,
+            "requests": [{"messages": [{"role": "user", "content": [{"type": "text",
+                                                                     "text": "Hi"}]}]}]}  # fmt: skip
+    requests, _ = parse_request_file(body)
+    pipe = Pipeline(omni_cuda_engine)
+    (outcome,) = pipe.run(requests, batch_size=1)
+    assert outcome.entry["ok"], outcome.entry
+    for stage in ("thinker", "talker", "code2wav"):
+        runner = pipe.runner(stage)
+        engines = [runner.engine] + ([runner.cp_engine] if stage == "talker" else [])
+        for engine in engines:
+            assert engine.session.get_providers()[0] == "CUDAExecutionProvider", stage
