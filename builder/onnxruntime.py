@@ -55,14 +55,19 @@ def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]:
 
 
 def cuda_lowering(model: Any) -> dict[str, Any]:
-    """The plugin lowering for the CUDA provider: lengths from the host; plain-op attention for a
-    model without float16 weights."""
+    """The plugin lowering for the CUDA provider: lengths from the host; rotary in one kernel;
+    plain-op attention for a model without float16 weights."""
     import onnx
 
     from edgeomni.plugins.lowering import onnxruntime_options
 
     half = any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
-    return {**onnxruntime_options(), "lengths_as_inputs": True, "plain_attention": not half}
+    return {
+        **onnxruntime_options(),
+        "lengths_as_inputs": True,
+        "plain_attention": not half,
+        "fused_rotary": True,
+    }
 
 
 def _save_for_cuda(raw: Path, out_path: Path) -> dict[str, Any]:

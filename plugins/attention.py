@@ -3,7 +3,7 @@
 Defined once here; every decoder the exporter writes calls it once per layer.
 
 Inputs (positional):
-  0 ``q``          float [B, S, Hq*D]   rotary already applied (MRoPE stays outside the op)
+  0 ``q``          float [B, S, Hq*D]   rotary already applied (edgeomni::Rotary, plugins.rotary)
   1 ``k``          float [B, S, Hkv*D]  rotary already applied
   2 ``v``          float [B, S, Hkv*D]
   3 ``past_key``   float [B, Hkv, C, D] the cache; the op writes the new keys into it in place

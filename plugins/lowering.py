@@ -9,12 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.plugins import attention, moe
+from edgeomni.plugins import attention, moe, rotary
 
 # op_type -> {backend -> lowering(node, ctx) -> replacement nodes}
 PLUGINS: dict[str, dict[str, Callable[[Any, LoweringContext], list[Any]]]] = {
     attention.OP_TYPE: attention.LOWERINGS,
     moe.OP_TYPE: moe.LOWERINGS,
+    rotary.OP_TYPE: rotary.LOWERINGS,
 }
 BACKENDS = ("onnxruntime",)
 DOMAIN = attention.DOMAIN

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from edgeomni.plugins import attention as attention_plugin
+from edgeomni.plugins import rotary as rotary_plugin
 
 # packed parameter suffix -> the checkpoint suffixes concatenated (along the output dim) into it
 PACKED: dict[str, tuple[str, ...]] = {
@@ -77,11 +78,6 @@ class RMSNorm(nn.Module):
         return nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
     """cos/sin computed in the graph from position_ids: [B, S] for 1-D RoPE, or [3, B, S] for
     interleaved MRoPE, where frequency j takes the h axis when j % 3 == 1 (j < 3*section[1]),
@@ -106,7 +102,7 @@ class RotaryEmbedding(nn.Module):
         if self.mrope:  # pick each frequency's axis; multiplying by 0/1 and summing is exact
             freqs = (freqs * self.axis_onehot).sum(0)
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos()[:, :, None, :], emb.sin()[:, :, None, :]  # [B, S, 1, D]
+        return emb.cos(), emb.sin()  # [B, S, D]
 
 
 class Attention(nn.Module):
@@ -138,15 +134,15 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         q, k, v = self.qkv_proj(x).split((q_size, kv_size, kv_size), dim=-1)
-        q = q.reshape(b, s, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(b, s, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+            q = self.q_norm(q.reshape(b, s, cfg.num_heads, cfg.head_dim)).reshape(b, s, -1)
+            k = self.k_norm(k.reshape(b, s, cfg.num_kv_heads, cfg.head_dim)).reshape(b, s, -1)
+        rotary = rotary_plugin.torch_op()
+        q = rotary(q, cos, sin, cfg.num_heads, cfg.head_dim)
+        k = rotary(k, cos, sin, cfg.num_kv_heads, cfg.head_dim)
         out, present_key, present_value = attention_plugin.torch_op()(
-            q.reshape(b, s, -1),
-            k.reshape(b, s, -1),
+            q,
+            k,
             v,
             past_key,
             past_value,

@@ -34,7 +34,7 @@ def export_onnx(
     """
     import torch
 
-    from edgeomni.plugins import attention, moe
+    from edgeomni.plugins import attention, moe, rotary
 
     external = param_bytes(module) > EXTERNAL_DATA_BYTES
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -51,7 +51,11 @@ def export_onnx(
             input_names=list(input_names),
             output_names=list(output_names),
             dynamic_shapes=dynamic_shapes,
-            custom_translation_table={**attention.onnx_translation(), **moe.onnx_translation()},
+            custom_translation_table={
+                **attention.onnx_translation(),
+                **moe.onnx_translation(),
+                **rotary.onnx_translation(),
+            },
             opset_version=opset,
             external_data=external,
         )
