@@ -165,6 +165,24 @@ def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch)
         np.testing.assert_allclose(c.audio, b.audio, atol=1e-5)
 
 
+def test_split_code_predictor_prefill_gives_the_same_codes(omni_engine, references) -> None:
+    """The GPU's schedule of each frame's code predictor prefill (the hidden state, then E(code0),
+    as two one-token calls) gives transformers' codes, here on the CPU build."""
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    body = {**GREEDY, "max_generate_length": MAX_NEW, "requests": requests_for(PROMPTS[:2])}
+    requests, _ = parse_request_file(body)
+    pipe = Pipeline(omni_engine)
+    talker = pipe.runner("talker")
+    assert not talker.split_cp_prefill  # the CPU build makes one two-token call
+    talker.split_cp_prefill = True
+    outcomes = pipe.run(requests, batch_size=2)
+    for outcome, expected in zip(outcomes, references[:2], strict=True):
+        assert outcome.entry["ok"], outcome.entry
+        np.testing.assert_array_equal(outcome.codes, expected.codes)
+
+
 def test_placeholder_tokens_without_media_fail_the_request(omni_engine, tmp_path) -> None:
     """Typed media placeholder tokens have no encoder states for the talker to read: that
     request fails with the reason; the other speaks."""

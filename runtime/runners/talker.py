@@ -91,6 +91,10 @@ class Talker:
         self.cp_engine = open_engine(
             cp_folder, self.cp_config, threads=threads, cuda_graphs=cuda_graphs
         )
+        # On a GPU each frame's code predictor prefill [hidden, E(code0)] runs as two one-token
+        # calls: replayed from CUDA graphs they cost less than one uncaptured two-token call (a
+        # two-token call cannot be captured on onnxruntime-gpu 1.31). The CPU keeps the one call.
+        self.split_cp_prefill = self.cp_engine.device == "cuda"
         self.codec_embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         cp_tables = safetensors_np.load(cp_folder / "embedding.safetensors")
         self.groups = int(cfg["num_code_groups"])
@@ -322,6 +326,16 @@ class Talker:
         total = e0.astype(np.float32).copy()
         x = np.stack([last_hidden, e0], axis=1)
         past = np.zeros(n, np.int32)
+        if self.split_cp_prefill:  # the hidden state alone first; its logits are not read
+            cp.run(
+                x[:, :1],
+                text_positions(past, 1, False),
+                past,
+                q,
+                np.zeros(n, np.int64),
+                lm_head_index=np.zeros(1, np.int64),
+            )
+            past, x = past + 1, x[:, 1:]
         for group in range(1, self.groups):
             width = x.shape[1]
             out = cp.run(
