@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeomni.builder.errors import BuildError
+from edgeomni.builder.ort_fusions import fuse_residual_rms_norm
 from edgeomni.export.family import BuildArgs
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider"]}
@@ -86,6 +87,7 @@ def _save_for_cuda(raw: Path, out_path: Path) -> dict[str, Any]:
     model = onnx.load(str(raw))  # external weights in, so they can be written beside the engine
     options = cuda_lowering(model)
     lower_model(model, "onnxruntime", options)
+    options["fused_residual_norms"] = fuse_residual_rms_norm(model)
     big = sum(t.ByteSize() for t in model.graph.initializer) > (1 << 30)
     onnx.save_model(
         model,

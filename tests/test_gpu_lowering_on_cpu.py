@@ -69,7 +69,15 @@ def test_llm(qwen3_ckpt, qwen3_engine, tmp_path, mp) -> None:
     eng = gpu_build_on_cpu(qwen3_ckpt, tmp_path / "eng", mp, gqa=True)
     cfg = json.loads((eng / "config.json").read_text())
     assert cfg["lowering"]["gqa_query_seqlens"] is False  # prefill goes row by row
-    assert "gqa_seqlens_k" in [i.name for i in onnx.load(str(eng / "llm.onnx")).graph.input]
+    model = onnx.load(str(eng / "llm.onnx"))
+    assert "gqa_seqlens_k" in [i.name for i in model.graph.input]
+    # rotary in one node per q and k; each layer's two residual Adds (and the final norm's)
+    # inside SkipSimplifiedLayerNormalization
+    layers = json.loads((qwen3_ckpt / "config.json").read_text())["num_hidden_layers"]
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("RotaryEmbedding") == 2 * layers
+    assert ops.count("SkipSimplifiedLayerNormalization") == cfg["lowering"]["fused_residual_norms"]
+    assert cfg["lowering"]["fused_residual_norms"] == 2 * layers
     body = {"temperature": 0.7, "top_k": 10, "seed": 4, "max_generate_length": 12,
             "requests": [{"messages": [{"role": "user", "content": p}]} for p in PROMPTS]}  # fmt: skip
     ours, ref = run(eng, body, 3), run(qwen3_engine, body, 3)
