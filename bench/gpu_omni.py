@@ -400,7 +400,8 @@ def run_edgeomni(engine: Path, prompts: list[tuple[list[dict], list[int]]],
     from edgeomni.runtime.pipeline import Pipeline, Profile
     from edgeomni.runtime.requests import BadRequest, parse_request_file
 
-    options = {"cuda_graphs": not args.no_cuda_graphs}
+    options = {"cuda_graphs": not args.no_cuda_graphs,
+               "stream_stages": args.stage_streaming}  # fmt: skip
     with phase("edgeomni: open pipeline"):
         pipe = Pipeline(engine, **options)
     starts = watch_cohorts(pipe)
@@ -480,7 +481,8 @@ def summarize(batches: list[dict[str, Any]], args: argparse.Namespace) -> dict[s
             r["thinker_tokens"] == args.new_tokens and r["frames"] == args.frames for r in rows
         ),
     }
-    out.update(scaled(out, rows, batches, args.thinker_layers))
+    if not args.stage_streaming:  # streamed, the thinker's time does not simply add up front
+        out.update(scaled(out, rows, batches, args.thinker_layers))
     return out
 
 
@@ -701,6 +703,8 @@ def describe(result: dict[str, Any]) -> str:
     )
     hf = result.get("transformers") or {}
     topk = cfg["build_args"].get("logits_topk")
+    options = (result.get("edgeomni") or {}).get("pipeline_options") or {}
+    streaming = bool(options.get("stream_stages"))
     return " ".join([
         f"{size}. Random weights; audio and vision encoders tiny and not built by edgeomni "
         "(text to speech does not use them).",
@@ -711,7 +715,8 @@ def describe(result: dict[str, Any]) -> str:
         f"edgeomni: {cfg['engine_dtype']} engines on ONNX Runtime ({cfg['engine_device']}"
         + (f", top-{topk} logits from the engine" if topk else "")
         + f"), vocoder windows of {cfg['window_frames']} frames (the first "
-        f"{cfg.get('first_window_frames', cfg['window_frames'])}), c requests submitted together.",
+        f"{cfg.get('first_window_frames', cfg['window_frames'])}), c requests submitted together"
+        + ("; the talker streams the thinker's reply (--stage-streaming)." if streaming else "."),
         f"transformers: {hf.get('dtype', '-')}, sdpa, one request at a time; its first audio "
         "is its wall time (generate returns all audio at the end).",
     ])  # fmt: skip
@@ -743,7 +748,16 @@ def markdown(result: dict[str, Any]) -> str:
             f"{fmt(s['rtf_p50'])} | {fmt(s['audio_s_per_s'])} | {fmt(s['thinker_ms'], ' ms')} | "
             f"{fmt(s['talker_cp_ms'], ' ms')} |"
         )
-    if layers < REAL_THINKER_LAYERS:
+    streaming = bool(((result.get("edgeomni") or {}).get("pipeline_options") or {}).get(
+        "stream_stages"))  # fmt: skip
+    if layers < REAL_THINKER_LAYERS and streaming:
+        lines += [
+            "",
+            f"No estimate scaled to {REAL_THINKER_LAYERS} thinker layers: with stage streaming "
+            "the thinker's steps are spread over the talker's frames, which scaling the thinker "
+            "time does not model.",
+        ]
+    elif layers < REAL_THINKER_LAYERS:
         lines += [
             "",
             f"**Scaled to {REAL_THINKER_LAYERS} thinker layers (ESTIMATE, not measured):** "
@@ -828,6 +842,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="end after this phase (to split the work over several commands; the "
                    "work dir is reused)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--stage-streaming",
+        action="store_true",
+        help="the talker streams the thinker's reply (edge-infer's flag)",
+    )
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-gpu-omni")
     args = p.parse_args(argv)
     if args.size == "tiny":

@@ -117,11 +117,13 @@ def set_window(engine: Path, frames: int, first: int | None = None) -> None:
     path.write_text(json.dumps(graph, indent=2) + "\n")
 
 
-def run_edgeomni(engine: Path, prompts: list[str], max_new: int, max_frames: int) -> list[dict]:
+def run_edgeomni(
+    engine: Path, prompts: list[str], max_new: int, max_frames: int, stream: bool = False
+) -> list[dict]:
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
 
-    pipe = Pipeline(engine)
+    pipe = Pipeline(engine, stream_stages=stream)
     body = {
         "max_generate_length": max_new,
         "top_k": 1,
@@ -308,6 +310,11 @@ def main() -> int:
     p.add_argument("--first-window-frames", type=int, help="a shorter first window (default: same)")
     p.add_argument("--speech-seconds", type=float, default=5.0, help="clip length, speech in")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-bench")
+    p.add_argument(
+        "--stage-streaming",
+        action="store_true",
+        help="the talker streams the thinker's reply (edge-infer's flag)",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args()
 
@@ -315,7 +322,7 @@ def main() -> int:
     ckpt, engine = build(args.size, args.work)
     set_window(engine, args.window_frames, args.first_window_frames)
     prompts = PROMPTS[: args.prompts]
-    ours = run_edgeomni(engine, prompts, args.max_new_tokens, args.max_frames)
+    ours = run_edgeomni(engine, prompts, args.max_new_tokens, args.max_frames, args.stage_streaming)
     ref = run_transformers(ckpt, prompts, args.max_new_tokens, args.max_frames)
     same = all(np.array_equal(a["codes"], b["codes"]) for a, b in zip(ours, ref, strict=True))
     a2t = speech_in(ckpt, engine, args.work, args.speech_seconds, args.max_new_tokens)
@@ -326,6 +333,7 @@ def main() -> int:
         "size": args.size,
         "window_frames": args.window_frames,
         "first_window_frames": args.first_window_frames or args.window_frames,
+        "stage_streaming": args.stage_streaming,
         "max_new_tokens": args.max_new_tokens,
         "max_frames": args.max_frames,
         "edgeomni": o,

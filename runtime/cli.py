@@ -103,6 +103,14 @@ def parser() -> argparse.ArgumentParser:
         help="GPU engines run every decode step as separate kernel launches instead of "
         "replaying a captured CUDA graph (slower; for debugging)",
     )
+    p.add_argument(
+        "--stage-streaming",
+        action="store_true",
+        help="start the talker at the reply's first token and run the thinker's later steps as "
+        "it needs them, instead of after the thinker finished every reply of the cohort: audio "
+        "starts sooner, the output is the same; on a CPU the two models then evict each "
+        "other's weights from the caches and the whole run is slower (docs/benchmarks.md)",
+    )
     return p
 
 
@@ -179,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
             whole_utterance=args.whole_utterance,
             cuda_graphs=not args.no_cuda_graphs,
+            stream_stages=args.stage_streaming,
         )
     except GraphError as e:
         return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)

@@ -82,8 +82,11 @@ class Pipeline:
         threads: int | None = None,
         whole_utterance: bool = False,
         cuda_graphs: bool = True,
+        stream_stages: bool = False,
     ) -> None:
-        """``cuda_graphs``: GPU engines replay captured CUDA graphs for their decode steps."""
+        """``cuda_graphs``: GPU engines replay captured CUDA graphs for their decode steps.
+        ``stream_stages``: a stage that reads the next one's output as it is made (the talker
+        the thinker's) starts before that stage finishes; otherwise stages run one after another."""
         self.engine_dir, self.graph = load_graph(config)
         if whole_utterance:  # the stages that make audio vocode after the talker, in one pass
             self.graph = dataclasses.replace(
@@ -97,6 +100,7 @@ class Pipeline:
             )
         self.threads = threads
         self.cuda_graphs = cuda_graphs
+        self.stream_stages = stream_stages
         self._runners: dict[str, Any] = {}
         self.profile = Profile()
 
@@ -176,22 +180,86 @@ class Pipeline:
         for state in cohort:
             state.started = started
         stages = cohort[0].plan.stages
-        for pos, stage_id in enumerate(stages):
+        pos = 0
+        while pos < len(stages):
+            stage_id = stages[pos]
             runner = self.runner(stage_id)
             width = min(batch_size, getattr(runner, "max_batch", batch_size))
+            follower = self._follower(stage_id, stages[pos + 1 :], width, batch_size)
             alive = [s for s in cohort if s.error is None]  # a failed request leaves its cohort
             for lo in range(0, len(alive), width):  # a cohort never exceeds the build's max_batch
                 part = alive[lo : lo + width]
-                t = time.perf_counter()
-                sinks = self._stream_sinks(stage_id, stages[pos + 1 :], part)
-                if sinks:
-                    runner.run(part, sinks=sinks)
+                if follower is None:
+                    t = time.perf_counter()
+                    self._run_part(stage_id, part, stages[pos + 1 :])
+                    self._count(stage_id, part, time.perf_counter() - t)
                 else:
-                    runner.run(part)
-                prof = self.profile.stages.setdefault(stage_id, StageProfile())
-                prof.calls += 1
-                prof.requests += len(part)
-                prof.seconds += time.perf_counter() - t
+                    self._run_streamed(stage_id, follower, part, stages[pos + 2 :])
+            pos += 1 if follower is None else 2
+
+    def _run_part(
+        self, stage_id: str, part: list[RequestState], later: Sequence[str], **kw: Any
+    ) -> None:
+        sinks = self._stream_sinks(stage_id, later, part)
+        if sinks:
+            kw["sinks"] = sinks
+        self.runner(stage_id).run(part, **kw)
+
+    def _count(self, stage_id: str, part: list[RequestState], seconds: float) -> None:
+        prof = self.profile.stages.setdefault(stage_id, StageProfile())
+        prof.calls += 1
+        prof.requests += len(part)
+        prof.seconds += seconds
+
+    def _follower(
+        self, stage_id: str, later: Sequence[str], width: int, batch_size: int
+    ) -> str | None:
+        """The next stage, when it can start while this one runs: it reads this stage's output
+        as it is made (its runner takes ``upstream``; this runner has ``steps``) and takes the
+        same cohort width."""
+        if not (self.stream_stages and later):
+            return None
+        nxt = later[0]
+        reads = any(i.source.startswith(stage_id + ":") for i in self.graph.stage(nxt).inputs)
+        producer, consumer = self.runner(stage_id), self.runner(nxt)
+        if not (
+            reads and hasattr(producer, "steps") and getattr(consumer, "reads_upstream", False)
+        ):
+            return None
+        if min(batch_size, getattr(consumer, "max_batch", batch_size)) != width:
+            return None  # the two stages split the cohort differently: one after the other
+        return nxt
+
+    def _run_streamed(
+        self, stage_id: str, follower: str, part: list[RequestState], later: Sequence[str]
+    ) -> None:
+        """``stage_id`` one step at a time, driven by ``follower`` as it needs more of its output;
+        then the rest of its steps. Each stage's profile counts its own work."""
+        steps = iter(self.runner(stage_id).steps(part))
+        upstream_s = 0.0
+
+        def upstream() -> bool:
+            nonlocal upstream_s
+            t = time.perf_counter()
+            try:
+                next(steps)
+                return True
+            except StopIteration:
+                return False
+            finally:
+                upstream_s += time.perf_counter() - t
+
+        start = time.perf_counter()
+        running = upstream()  # the prefill and first step: the handoff exists from here on
+        alive = [s for s in part if s.error is None]
+        if alive:
+            self._run_part(follower, alive, later, upstream=upstream if running else None)
+        follower_s = time.perf_counter() - start - upstream_s
+        while running and upstream():  # the steps the follower did not need
+            pass
+        self._count(stage_id, part, upstream_s)
+        if alive:
+            self._count(follower, alive, follower_s)
 
     def _stream_sinks(
         self, stage_id: str, later: Sequence[str], part: list[RequestState]

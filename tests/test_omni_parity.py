@@ -51,10 +51,12 @@ def requests_for(prompts: list[str], **extra) -> list[dict]:
     return [{"messages": ref.messages_for(p), **extra} for p in prompts]
 
 
-def test_text_to_speech_matches_transformers(omni_engine, references, tmp_path) -> None:
+@pytest.mark.parametrize("flags", [(), ("--stage-streaming",)])
+def test_text_to_speech_matches_transformers(omni_engine, references, tmp_path, flags) -> None:
     code, entries = run(
-        omni_engine, tmp_path, requests_for(PROMPTS), "--output-audio-dir", str(tmp_path / "a")
-    )
+        omni_engine, tmp_path, requests_for(PROMPTS), "--output-audio-dir", str(tmp_path / "a"),
+        *flags,
+    )  # fmt: skip
     assert code == cli.EXIT_OK
     for entry, expected in zip(entries, references, strict=True):
         assert entry["stages"]["thinker"]["output_tokens"] == expected.thinker_tokens
@@ -163,6 +165,35 @@ def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch)
         np.testing.assert_array_equal(a.codes, b.codes)
         np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)
         np.testing.assert_allclose(c.audio, b.audio, atol=1e-5)
+
+
+def test_talker_streams_the_thinker_reply(omni_engine) -> None:
+    """With stage streaming the talker starts at the reply's first token and runs the
+    thinker's later steps as it needs them; text, codes and audio are those of running the
+    stages one after the other, in a cohort whose rows finish their replies at different
+    steps."""
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    lengths_asked = (16, 6, 11)
+    reqs = [
+        {**r, "max_generate_length": n}
+        for r, n in zip(requests_for(PROMPTS), lengths_asked, strict=True)
+    ]
+    requests, _ = parse_request_file({**GREEDY, "requests": reqs})
+    streamed = Pipeline(omni_engine, stream_stages=True).run(requests, batch_size=3)
+    serial = Pipeline(omni_engine).run(requests, batch_size=3)
+    lengths = set()
+    for a, b in zip(streamed, serial, strict=True):
+        assert a.entry["ok"] and b.entry["ok"], (a.entry, b.entry)
+        assert a.entry["output_text"] == b.entry["output_text"]
+        lengths.add(a.entry["stages"]["thinker"]["generated_tokens"])
+        np.testing.assert_array_equal(a.codes, b.codes)
+        np.testing.assert_array_equal(a.audio, b.audio)
+        assert a.entry["stages"]["talker"]["thinker_steps_ms"] > 0  # it drove the thinker
+        assert b.entry["stages"]["talker"]["thinker_steps_ms"] == 0
+        assert a.entry["stages"]["talker"]["cohort_size"] == 3
+    assert len(lengths) == 3
 
 
 def test_split_code_predictor_prefill_gives_the_same_codes(omni_engine, references) -> None:

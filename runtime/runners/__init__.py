@@ -9,6 +9,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 class RequestError(ValueError):
     """A request this stage cannot serve (too long for the build, wrong input); only that
@@ -39,6 +41,43 @@ class RequestState:
     wanted: frozenset[str] = frozenset()  # ports some planned stage reads or the request asked for
     started: float = 0.0  # perf_counter when its cohort started: the origin of first-audio times
     error: str | None = None
+
+
+@dataclass
+class HiddenHandoff:
+    """What a thinker hands its talker for one request (the ``accept_hidden`` port, a
+    chunk_stream): filled in while the thinker decodes, so the talker can start once it has
+    what its first step needs and read the reply's tokens as they are fed.
+
+    ``chunks``: the input embedding of every token fed to the thinker so far (the prompt, then
+    each generated token but the last), as arrays [n, H]; ``fed`` counts them and ``embeds``
+    reads them. ``done``: the thinker has finished this request, so nothing more will be fed.
+    """
+
+    prompt_ids: np.ndarray  # int64 [prompt_len]
+    hidden: np.ndarray | None  # the prompt's accept-layer states [prompt_len, H], media prompts
+    image_grids: Any = ()
+    audio_frames: Any = ()
+    chunks: list[np.ndarray] = field(default_factory=list)
+    fed: int = 0
+    done: bool = False
+    finished_by_eos: bool = False
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    def feed(self, rows: np.ndarray) -> None:
+        self.chunks.append(np.asarray(rows, np.float32))
+        self.fed += len(rows)
+
+    def embeds(self, lo: int, hi: int) -> np.ndarray:
+        """Fed embeddings [lo, hi) (hi <= fed)."""
+        if hi > self.fed:
+            raise IndexError(f"embeddings up to {hi} asked for, {self.fed} fed so far")
+        if len(self.chunks) > 1:  # joined once per read, so reads stay linear overall
+            self.chunks = [np.concatenate(self.chunks)]
+        return self.chunks[0][lo:hi]
 
 
 RUNNERS: dict[str, RunnerDecl] = {

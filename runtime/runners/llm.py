@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from edgeomni.runtime.decoder import DecoderSession, StepOutputs, right_pad, tex
 from edgeomni.runtime.engine import open_engine, ragged_prefill
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import MediaEncoders, Prompt, media_parts
-from edgeomni.runtime.runners import RequestError, RequestState
+from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState
 from edgeomni.runtime.sampling import sample_step
 from edgeomni.runtime.tokenizer import TextTokenizer
 
@@ -116,6 +116,13 @@ class LLMBackbone:
 
     # -- per cohort --------------------------------------------------------------------------
     def run(self, cohort: Sequence[RequestState]) -> None:
+        for _ in self.steps(cohort):
+            pass
+
+    def steps(self, cohort: Sequence[RequestState]) -> Iterator[None]:
+        """``run`` one decode step at a time: yields after each step, so a downstream stage can
+        read the hidden-state handoff (``accept_hidden``) while this stage decodes. The stage's
+        times count only the work done here, not what runs between the steps."""
         n = len(cohort)
         prompts = [state.prepared[self.stage.id] for state in cohort]
         limits = [state.request.max_generate_length for state in cohort]
@@ -160,11 +167,16 @@ class LLMBackbone:
         prefill_engine_s = session.engine_seconds
         # the talker reads the accept-layer state of a prompt's media positions only: a decode
         # step's hidden state, and a text-only prompt's, never leave the device
-        prompt_hidden = [
-            out["hidden_states"][r, : lens[r]].copy() if keep_hidden and p.spans else None
-            for r, p in enumerate(prompts)
-        ]
-        fed_embeds = [[embeds[r, : lens[r]]] for r in range(n)] if keep_hidden else None
+        handoffs: list[HiddenHandoff] = []
+        if keep_hidden:
+            for r, (p, state) in enumerate(zip(prompts, cohort, strict=True)):
+                hidden = out["hidden_states"][r, : lens[r]].copy() if p.spans else None
+                handoff = HiddenHandoff(
+                    np.asarray(p.ids, np.int64), hidden, p.image_grids, p.audio_frames
+                )
+                handoff.feed(embeds[r, : lens[r]])
+                state.outputs[hidden_port] = handoff
+                handoffs.append(handoff)
 
         generated: list[list[int]] = [[] for _ in range(n)]
         finish: list[str | None] = [None] * n
@@ -176,6 +188,7 @@ class LLMBackbone:
             extra["deepstack_embeds"] = np.zeros(
                 (self.deepstack, n, 1, self.hidden_size), np.float32
             )
+        decode_s = 0.0
         start = time.perf_counter()
         while True:
             banned = [self._eos_ids if len(generated[r]) < minimum[r] else None for r in range(n)]
@@ -191,6 +204,9 @@ class LLMBackbone:
                 if penalise:
                     seen[row] = np.append(seen[row], token)
                 finish[row] = self._finished(cohort[row].request, generated[row], limits[row])
+                if handoffs and finish[row] is not None:  # its last token is never fed
+                    handoffs[row].done = True
+                    handoffs[row].finished_by_eos = finish[row] == "eos"
             active = np.array([f is None for f in finish])
             if not active.any():
                 break
@@ -203,12 +219,14 @@ class LLMBackbone:
                 np.zeros(n, np.int64),
                 **extra,
             )
-            if keep_hidden:
-                for row in np.flatnonzero(active):
-                    fed_embeds[row].append(step_embeds[row])
+            for row in np.flatnonzero(active) if handoffs else ():
+                handoffs[row].feed(step_embeds[row])
             past = past + active.astype(np.int32)
             steps += 1
-        decode_s = time.perf_counter() - start
+            decode_s += time.perf_counter() - start
+            yield
+            start = time.perf_counter()
+        decode_s += time.perf_counter() - start
         decode_engine_s = session.engine_seconds - prefill_engine_s
 
         for row, state in enumerate(cohort):
@@ -218,19 +236,6 @@ class LLMBackbone:
             if finish[row] == "stop":
                 text = _cut_at_stop(text, state.request.stop)
             state.outputs[f"{self.stage.id}:text"] = text
-            if keep_hidden:
-                # what the talker reads: the input embedding of every token fed to the thinker
-                # (the prompt and all generated tokens but the last), the prompt's accept-layer
-                # states
-                state.outputs[hidden_port] = {
-                    "ids": np.concatenate([prompts[row].ids, np.asarray(out_ids, np.int64)]),
-                    "image_grids": prompts[row].image_grids,
-                    "audio_frames": prompts[row].audio_frames,
-                    "prompt_len": len(prompts[row]),
-                    "hidden": prompt_hidden[row],
-                    "embeds": np.concatenate(fed_embeds[row]).astype(np.float32),
-                    "finished_by_eos": finish[row] == "eos",
-                }
             state.details[self.stage.id] = {
                 "prompt_tokens": len(prompts[row]),
                 "output_tokens": out_ids,

@@ -24,7 +24,7 @@ from edgeomni.runtime.decoder import TOPK_OUTPUTS, DecoderSession, right_pad, te
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.mrope import MropeIds, rope_index
-from edgeomni.runtime.runners import RequestError, RequestState
+from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState
 from edgeomni.runtime.sampling import SamplingParams, sample_step
 
 DEFAULT_MAX_FRAMES = 4096  # transformers' talker_max_new_tokens
@@ -72,13 +72,33 @@ def _decoder_cache(cfg: dict[str, Any], rows: int, capacity: int, device: str) -
 @dataclass
 class _Prefill:
     embeds: np.ndarray  # [L, H]
-    trailing: np.ndarray  # [T, H] text rows fed one per step, then tts_pad
+    handoff: HiddenHandoff
+    reply_start: int  # where the assistant turn starts among the thinker's fed tokens
     positions: np.ndarray | None = None  # [3, L] when a user turn holds an image
     delta: int = 0  # decode positions are past_len + delta
+
+    def trailing_index(self, step: int) -> int:
+        """The fed token whose text row the talker reads at ``step``: the reply's 5th on."""
+        return self.reply_start + 4 + step
+
+
+# A thinker step to wait for: advances the upstream stage by one step and says whether it ran
+# (False: the upstream stage has finished every request).
+Upstream = Callable[[], bool]
+
+
+def _wait(handoff: HiddenHandoff, fed: int, upstream: Upstream | None) -> None:
+    """Until the thinker has fed ``fed`` tokens of this request or finished it."""
+    while not (handoff.done or handoff.fed >= fed):
+        # a step may finish the thinker and this request with it, so look again before failing
+        ran = upstream is not None and upstream()
+        if not ran and not (handoff.done or handoff.fed >= fed):
+            raise RuntimeError("the thinker stopped before finishing a request it feeds")
 
 
 class Talker:
     kind = "autoregressive"
+    reads_upstream = True  # run() takes the thinker's steps as ``upstream`` (stage streaming)
 
     def __init__(
         self, stage: Any, folder: Path, *, threads: int | None = None, cuda_graphs: bool = True
@@ -142,11 +162,9 @@ class Talker:
             )
         return voice
 
-    def _prefill(self, state: RequestState) -> _Prefill:
-        th = state.outputs[self.hidden_source]
-        ids, hidden, embeds, prompt_len = th["ids"], th["hidden"], th["embeds"], th["prompt_len"]
-        fed = len(embeds)  # every token the thinker was fed: the prompt and the reply but its last
-        prompt = ids[:prompt_len]
+    def _prefill(self, state: RequestState, upstream: Upstream | None) -> _Prefill:
+        th: HiddenHandoff = state.outputs[self.hidden_source]
+        prompt, hidden, prompt_len = th.prompt_ids, th.hidden, th.prompt_len
         ids_ = self.ids
         # user turns: a position belongs to the turn opened by the latest <|im_start|> before it
         starts = np.where(prompt == ids_["im_start"], np.arange(prompt_len), -1)
@@ -159,16 +177,20 @@ class Talker:
             if hidden is None:
                 raise RequestError("the prompt has media placeholder tokens but no audio or image")
             user_rows[media] = self.hidden_projection(hidden[user[media]])
-        user_rows[~media] = self.text_projection(embeds[user[~media]])
+        user_rows[~media] = self.text_projection(th.embeds(0, prompt_len)[user[~media]])
         # the assistant turn: from the last "<|im_start|>assistant" on
         starts = np.flatnonzero(
             (prompt[:-1] == ids_["im_start"]) & (prompt[1:] == ids_["assistant"])
         )
         if not len(starts):
             raise RequestError("the prompt has no assistant turn for the talker to speak")
-        reply = self.text_projection(embeds[starts[-1] : fed])
-        if len(reply) < 4:
+        begin = int(starts[-1])
+        # the fed tokens are the prompt and the reply but its last: the prefill reads the
+        # "<|im_start|>assistant\n" rows and the reply's first token
+        _wait(th, begin + 4, upstream)
+        if th.fed < begin + 4:
             raise RequestError("the thinker wrote no text for the talker to speak")
+        reply = self.text_projection(th.embeds(begin, begin + 4))
         speaker = self.speakers[state.prepared[self.stage.id]]
         text_track = np.stack([*reply[:3], *[self.tts_pad] * 4, self.tts_bos, reply[3]])
         codec_ids = [ids_[k] for k in ("codec_nothink", "codec_think_bos", "codec_think_eos")]
@@ -176,17 +198,16 @@ class Talker:
         codec_track = np.concatenate(
             [np.zeros((3, self.hidden_size), np.float32), self.codec_embedding[codec_ids]]
         )
-        trailing = np.concatenate([reply[4:], self.tts_eos[None]])
-        prefill = _Prefill(np.concatenate([user_rows, text_track + codec_track]), trailing)
-        if th.get("image_grids"):  # transformers' talker positions: its input ids and the grids
+        prefill = _Prefill(np.concatenate([user_rows, text_track + codec_track]), th, begin)
+        if th.image_grids:  # transformers' talker positions: its input ids and the grids
             talker_ids = np.concatenate(
                 [prompt[user], np.full(len(text_track), self.tts_pad_token)]
             )
             prefill.positions, prefill.delta = rope_index(
                 talker_ids.tolist(),
                 self.mrope_ids,
-                image_grids=th["image_grids"],
-                audio_mel_frames=th.get("audio_frames") or (),
+                image_grids=th.image_grids,
+                audio_mel_frames=th.audio_frames or (),
             )
         return prefill
 
@@ -195,15 +216,29 @@ class Talker:
         self,
         cohort: Sequence[RequestState],
         sinks: Mapping[int, Callable[[np.ndarray], None]] | None = None,
+        upstream: Upstream | None = None,
     ) -> None:
         """``sinks``: request index -> a callable fed each new frame [1, G] as it is made (the
         vocoder downstream, so audio is made while the talker runs); a sink's ``end_step()``, if
-        it has one, is called once every row of a frame is fed."""
+        it has one, is called once every row of a frame is fed. ``upstream``: the thinker is
+        still decoding this cohort; each call runs one of its steps (the talker starts once every
+        request's reply has its first token, and reads later tokens as they come). Without it
+        the thinker's handoffs must be complete."""
         sinks = sinks or {}
+        waited = [0.0]  # seconds spent running the thinker's steps from here
+
+        def timed() -> bool:
+            t = time.perf_counter()
+            try:
+                return upstream() if upstream is not None else False
+            finally:
+                waited[0] += time.perf_counter() - t
+
+        advance = timed if upstream is not None else None
         prefills = []
         for state in cohort:
             try:
-                prefills.append(self._prefill(state))
+                prefills.append(self._prefill(state, advance))
             except RequestError as e:
                 state.error = f"{self.stage.id}: {e}"
         cohort = [s for s in cohort if s.error is None]
@@ -232,6 +267,7 @@ class Talker:
                 positions[:, row, : len(p.embeds)] = p.positions
         deltas = np.array([p.delta for p in prefills], np.int32)
         start = time.perf_counter()
+        waited_at_start = waited[0]
         out = session.run(embeds, positions, zeros, lens, lens - 1)
         first: list[list[int]] = [[] for _ in range(n)]  # each row's sampled first codes
         frames: list[list[np.ndarray]] = [[] for _ in range(n)]
@@ -265,10 +301,8 @@ class Talker:
                 cp_session, out["last_hidden"], code0, active, cp_params, rng
             )
             cp_ms += (time.perf_counter() - t) * 1e3
-            nxt = frame_embed.copy()
+            nxt = frame_embed + self._text_rows(prefills, step, active, advance)
             for row in range(n):
-                trailing = prefills[row].trailing
-                nxt[row] += trailing[step] if step < len(trailing) else self.tts_pad
                 if active[row]:
                     frames[row].append(codes[row])
                     sink = sinks.get(cohort[row].index)
@@ -289,7 +323,7 @@ class Talker:
             )
             past = past + active.astype(np.int32)
             step += 1
-        total_ms = (time.perf_counter() - start) * 1e3
+        total_ms = (time.perf_counter() - start - (waited[0] - waited_at_start)) * 1e3
         for row, state in enumerate(cohort):
             codes = np.array(frames[row], np.int64).reshape(-1, self.groups)
             state.outputs[f"{self.stage.id}:codes"] = codes
@@ -300,12 +334,41 @@ class Talker:
                 "talker_ms": round(total_ms - cp_ms - vocoder_ms, 3),
                 "code_predictor_ms": round(cp_ms, 3),
                 "streamed_vocoder_ms": round(vocoder_ms, 3),
+                # the thinker's steps run from this loop while it streamed its reply
+                "thinker_steps_ms": round(waited[0] * 1e3, 3),
                 # inside engine calls; the rest of the two above is host work (and the vocoder)
                 "talker_engine_ms": round(session.engine_seconds * 1e3, 3),
                 "code_predictor_engine_ms": round(cp_session.engine_seconds * 1e3, 3),
                 "cohort_size": n,
                 "full_logit_rows": full_rows,
             }
+
+    def _text_rows(
+        self,
+        prefills: Sequence[_Prefill],
+        step: int,
+        active: np.ndarray,
+        upstream: Upstream | None,
+    ) -> np.ndarray:
+        """Each row's text input for ``step``: the reply's next fed token through
+        text_projection, then tts_eos once, then tts_pad (a finished row: tts_pad). The rows
+        projected together are the same whether the thinker streams or had finished, so both
+        give the same numbers."""
+        rows = np.broadcast_to(self.tts_pad, (len(prefills), self.hidden_size)).copy()
+        reading, tokens = [], []
+        for row, p in enumerate(prefills):
+            if not active[row]:
+                continue
+            j = p.trailing_index(step)
+            _wait(p.handoff, j + 1, upstream)
+            if p.handoff.fed > j:
+                reading.append(row)
+                tokens.append(p.handoff.embeds(j, j + 1)[0])
+            elif p.handoff.fed == j:
+                rows[row] = self.tts_eos
+        if reading:
+            rows[reading] = self.text_projection(np.stack(tokens))
+        return rows
 
     def _complete_frames(
         self,
