@@ -226,6 +226,12 @@ def candidate_distribution(
     return ids, probs / probs.sum()
 
 
+def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """The index one draw from ``probs`` (normalised or not) picks: one ``rng.random()``."""
+    cdf = np.cumsum(probs)
+    return min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
+
+
 def sample(
     logits: np.ndarray,
     params: SamplingParams,
@@ -249,9 +255,7 @@ def sample(
     out = np.empty(x.shape[0], dtype=np.int64)
     for b in range(x.shape[0]):
         ids, probs = candidate_distribution(x[b], params)
-        cdf = np.cumsum(probs)
-        j = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-        out[b] = ids[min(j, ids.size - 1)]
+        out[b] = ids[_draw(probs, rng)]
     return out
 
 
@@ -304,6 +308,60 @@ def _reduced_row(
     return indices[order].astype(np.int64), x[order]
 
 
+def _sample_topk_rows(
+    step: StepLogits, params: SamplingParams, rng: np.random.Generator
+) -> np.ndarray | None:
+    """``sample_step`` for a whole batch at once in its commonest case (every row decided by
+    the engine's top-K, no penalty or bans), or None (nothing drawn) when the case does not
+    hold. Rows whose k-th value ties with another candidate take the per-row path in turn.
+    The arithmetic is the per-row path's, row for row: a reduction along a row's own axis, a
+    stable sort and a cumulative sum give the same bits as on that row alone, so the draws
+    equal ``sample``'s (tests/test_sampling_step.py)."""
+    values, indices = step.topk_values, step.topk_indices
+    if values is None or indices is None or params.greedy:
+        return None
+    n, width = values.shape
+    k = params.top_k
+    if not 0 < k < width:
+        return None
+    x = np.asarray(values).astype(np.float32)
+    kth = np.partition(x, width - k, axis=1)[:, width - k]
+    if not (kth > x.min(axis=1)).all():  # a row the K cannot decide
+        return None
+    by_id = np.argsort(indices, axis=1, kind="stable")
+    ids = np.take_along_axis(np.asarray(indices), by_id, axis=1).astype(np.int64)
+    x = np.take_along_axis(x, by_id, axis=1)
+    chosen = x >= kth[:, None]
+    plain = chosen.sum(axis=1) == k  # no tie with the k-th value: exactly k candidates
+    rows = np.flatnonzero(plain)
+    cols = np.nonzero(chosen[rows])[1].reshape(len(rows), k)  # candidates, in id order
+    z = x[rows][chosen[rows]].reshape(len(rows), k).astype(np.float64) / params.temperature
+    z -= z.max(axis=1, keepdims=True)
+    probs = np.exp(z)
+    probs /= probs.sum(axis=1, keepdims=True)
+    nucleus = params.top_p < 1.0
+    if nucleus:
+        order = np.argsort(probs, axis=1, kind="stable")  # ascending, as _top_p_filter
+        probs = np.take_along_axis(probs, order, axis=1)
+        remove = np.cumsum(probs, axis=1) <= 1.0 - params.top_p
+        remove[:, -1] = False
+        first = remove.sum(axis=1)  # kept: a suffix, since the cumulative sum only grows
+    else:
+        order, first = np.broadcast_to(np.arange(k), (len(rows), k)), np.zeros(len(rows), int)
+    slot = np.full(n, -1)
+    slot[rows] = np.arange(len(rows))
+    out = np.empty(n, np.int64)
+    for b in range(n):
+        j = slot[b]
+        if j < 0:  # a tie at the k-th value: this row alone, as sample_step's loop does
+            cand, p = candidate_distribution(x[b], params)
+            out[b] = ids[b, cand[_draw(p, rng)]]
+            continue
+        kept = probs[j, first[j] :]
+        out[b] = ids[b, cols[j, order[j, first[j] + _draw(kept / kept.sum(), rng)]]]
+    return out
+
+
 def sample_step(
     step: StepLogits,
     params: SamplingParams,
@@ -319,6 +377,11 @@ def sample_step(
     """
     n = step.rows
     penalise = seen is not None and params.repetition_penalty != 1.0
+    plain = banned is None or all(b is None or not b.size for b in banned)
+    if n > 1 and not penalise and plain:  # one row: the per-row path is as fast
+        fast = _sample_topk_rows(step, params, rng)
+        if fast is not None:
+            return fast, 0
     picked: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n
     if step.topk_values is not None and step.topk_indices is not None:
         for b in range(n):
@@ -353,8 +416,6 @@ def sample_step(
             pos = int(np.argmax(x))
         else:
             cand, probs = candidate_distribution(x, params)
-            cdf = np.cumsum(probs)
-            pick = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-            pos = int(cand[min(pick, cand.size - 1)])
+            pos = int(cand[_draw(probs, rng)])
         out[b] = pos if ids is None else ids[pos]
     return out, int(need.size)

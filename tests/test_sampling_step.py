@@ -98,3 +98,53 @@ def test_without_a_top_k_output_every_row_comes_from_the_full_logits() -> None:
     got, n_full = sample_step(step, params, np.random.default_rng(9))
     assert n_full == 3
     np.testing.assert_array_equal(got, sample(logits, params, np.random.default_rng(9)))
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8, 0.3])
+@pytest.mark.parametrize("temperature", [0.6, 0.9, 1.4])
+def test_batched_rows_draw_as_sample_does(top_p: float, temperature: float) -> None:
+    """A cohort's rows decided together (the code predictor's case: top-k 50 of a top-64, no
+    penalty) draw what ``sample`` draws on the full logits, rows tied at the k-th value
+    included, and leave the rng where it leaves it."""
+    from edgeomni.runtime.sampling import _sample_topk_rows
+
+    params = SamplingParams(temperature=temperature, top_k=50, top_p=top_p)
+    gen = np.random.default_rng(7)
+    ties = 0
+    for trial in range(40):
+        # float16 logits, as a GPU engine gives them: ties at the k-th value happen
+        logits = (gen.standard_normal((16, 2048)) * 2).astype(np.float16).astype(np.float32)
+        step, fetched = step_of(logits, k=64)
+        kth = np.sort(step.topk_values, axis=1)[:, 64 - 50]
+        ties += int(((step.topk_values >= kth[:, None]).sum(axis=1) > 50).sum())
+        want = sample(logits, params, np.random.default_rng(trial))
+        rng = np.random.default_rng(trial)
+        got = _sample_topk_rows(step, params, rng)
+        assert got is not None and not fetched
+        np.testing.assert_array_equal(got, want)
+        ref = np.random.default_rng(trial)
+        sample(logits, params, ref)
+        assert rng.random() == ref.random()
+        got2, n_full = sample_step(step, params, np.random.default_rng(trial))
+        np.testing.assert_array_equal(got2, want)
+        assert n_full == 0
+    assert ties > 0  # the per-row branch for tied rows ran
+
+
+def test_batched_path_declines_what_it_does_not_cover() -> None:
+    """Greedy, a top-k the K cannot hold, or an undecidable row: no draw, the rng untouched."""
+    from edgeomni.runtime.sampling import _sample_topk_rows
+
+    logits = np.random.default_rng(0).standard_normal((3, 100)).astype(np.float32)
+    step, _ = step_of(logits)
+    flat = logits.copy()
+    flat[1] = 0.0
+    for params, s in [
+        (SamplingParams(temperature=0.0), step),
+        (SamplingParams(temperature=1.0, top_k=K), step),
+        (SamplingParams(temperature=1.0, top_k=0, top_p=0.9), step),
+        (SamplingParams(temperature=1.0, top_k=5), step_of(flat)[0]),
+    ]:
+        rng = np.random.default_rng(3)
+        assert _sample_topk_rows(s, params, rng) is None
+        assert rng.random() == np.random.default_rng(3).random()
