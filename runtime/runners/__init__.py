@@ -49,35 +49,40 @@ class HiddenHandoff:
     chunk_stream): filled in while the thinker decodes, so the talker can start once it has
     what its first step needs and read the reply's tokens as they are fed.
 
-    ``chunks``: the input embedding of every token fed to the thinker so far (the prompt, then
-    each generated token but the last), as arrays [n, H]; ``fed`` counts them and ``embeds``
-    reads them. ``done``: the thinker has finished this request, so nothing more will be fed.
+    ``feed`` appends the input embedding of each token fed to the thinker (the prompt, then each
+    generated token but the last); ``fed`` counts them and ``embeds`` reads them. ``done``: the
+    thinker has finished this request, so nothing more will be fed.
     """
 
     prompt_ids: np.ndarray  # int64 [prompt_len]
     hidden: np.ndarray | None  # the prompt's accept-layer states [prompt_len, H], media prompts
     image_grids: Any = ()
     audio_frames: Any = ()
-    chunks: list[np.ndarray] = field(default_factory=list)
     fed: int = 0
     done: bool = False
     finished_by_eos: bool = False
+    _rows: np.ndarray | None = field(default=None, repr=False)  # [capacity, H], grown by doubling
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
 
     def feed(self, rows: np.ndarray) -> None:
-        self.chunks.append(np.asarray(rows, np.float32))
-        self.fed += len(rows)
+        rows = np.asarray(rows, np.float32).reshape(-1, np.shape(rows)[-1])
+        need = self.fed + len(rows)
+        if self._rows is None or need > len(self._rows):  # amortised: appends stay linear
+            grown = np.empty((max(need, 2 * self.fed, 64), rows.shape[1]), np.float32)
+            if self._rows is not None:
+                grown[: self.fed] = self._rows[: self.fed]
+            self._rows = grown
+        self._rows[self.fed : need] = rows
+        self.fed = need
 
     def embeds(self, lo: int, hi: int) -> np.ndarray:
-        """Fed embeddings [lo, hi) (hi <= fed)."""
-        if hi > self.fed:
+        """Fed embeddings [lo, hi) (hi <= fed); a view, never changed by later feeds."""
+        if hi > self.fed or self._rows is None:
             raise IndexError(f"embeddings up to {hi} asked for, {self.fed} fed so far")
-        if len(self.chunks) > 1:  # joined once per read, so reads stay linear overall
-            self.chunks = [np.concatenate(self.chunks)]
-        return self.chunks[0][lo:hi]
+        return self._rows[lo:hi]
 
 
 RUNNERS: dict[str, RunnerDecl] = {
