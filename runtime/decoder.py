@@ -42,6 +42,11 @@ class StepOutputs(Mapping[str, np.ndarray]):
             got = self._host[name]
         return got
 
+    def buffer(self, name: str) -> Any:
+        """The output where the engine left it (a DeviceArray on a GPU), for another engine to
+        read without a copy to the host; the next call of this session overwrites it."""
+        return self._buffers[name]
+
     def fetch(self, *names: str) -> None:
         """Bring these outputs to the host, with one synchronisation for all of them (names
         this call did not output are passed over)."""
@@ -152,13 +157,15 @@ class DecoderSession:
 
     def run(
         self,
-        embeds: np.ndarray,
+        embeds: Any,
         positions: np.ndarray,
         past_lens: np.ndarray,
         query_lens: np.ndarray,
         last_indices: np.ndarray,
         **extra: np.ndarray,
     ) -> StepOutputs:
+        """One call. ``embeds`` [rows, S, H]: a host array, or on a GPU a DeviceArray another
+        engine wrote (read where it is)."""
         width = embeds.shape[1]
         feeds = {
             "inputs_embeds": embeds,
@@ -175,8 +182,12 @@ class DecoderSession:
             host["gqa_total_length"] = np.array(total.max(), np.int32)
         types = self.engine.input_types
         for name, value in feeds.items():  # float feeds in the engine's dtype (fp16 on a GPU)
-            if value.dtype.kind == "f" and name in types:
+            if value.dtype.kind != "f" or name not in types:
+                continue
+            if isinstance(value, np.ndarray):
                 feeds[name] = np.ascontiguousarray(value, types[name])
+            elif value.dtype != types[name]:  # a device buffer is read as it is
+                raise ValueError(f"{name}: a {value.dtype} device buffer for a {types[name]} input")
         slot = self._slot(width, feeds)
         if slot.inputs is None:
             start = time.perf_counter()
@@ -192,7 +203,10 @@ class DecoderSession:
             if buf is None:
                 buf = slot.inputs[name] = DeviceArray.zeros(value.shape, value.dtype)
                 slot.binding.bind_input(name, buf)
-            buf.upload(value)
+            if isinstance(value, np.ndarray):
+                buf.upload(value)
+            else:  # another engine's output, handed over on the device
+                buf.copy_from(value)
         total = np.array(self.kv.capacity, np.int32)
         start = time.perf_counter()
         slot.binding.run({"gqa_total_length": total}, graph=slot.graph)

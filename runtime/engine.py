@@ -88,12 +88,15 @@ class OrtBinding:
         else:
             self._io.bind_output(name, "cuda", 0, array.dtype.type, list(array.shape), array.ptr)
 
-    def run(self, feeds: Mapping[str, np.ndarray], *, graph: int | None = None) -> None:
-        """Feeds are host arrays, copied in by ONNX Runtime. ``graph``: a CUDA graph id; every
-        buffer must then stay bound at the same address (the first runs capture, later ones
-        replay), and ``feeds`` may hold only CPU-side inputs."""
+    def run(self, feeds: Mapping[str, Any], *, graph: int | None = None) -> None:
+        """Feeds are host arrays, copied in by ONNX Runtime, or DeviceArrays, read in place.
+        ``graph``: a CUDA graph id; every buffer must then stay bound at the same address (the
+        first runs capture, later ones replay), and ``feeds`` may hold only CPU-side inputs."""
         for name, array in feeds.items():
-            self._io.bind_cpu_input(name, np.ascontiguousarray(array))
+            if isinstance(array, np.ndarray):
+                self._io.bind_cpu_input(name, np.ascontiguousarray(array))
+            else:
+                self.bind_input(name, array)
         if not self._cuda_graphs:
             self._session.run_with_iobinding(self._io)
             return

@@ -85,6 +85,23 @@ class DeviceArray:
         row = self.nbytes // self.shape[0]
         return DeviceArray((n, *self.shape[1:]), self.dtype, self.ptr + start * row, owner=False)
 
+    def view(self, shape: tuple[int, ...]) -> DeviceArray:
+        """The same memory under another shape of as many entries: a view, not owned."""
+        view = DeviceArray(shape, self.dtype, self.ptr, owner=False)
+        if view.nbytes != self.nbytes:
+            raise ValueError(f"a {self.shape} buffer cannot be viewed as {tuple(shape)}")
+        return view
+
+    def copy_from(self, src: DeviceArray) -> None:
+        """Copy another device buffer of as many bytes and this dtype in, on the runtime stream
+        (a stage's output handed to the next stage's input without leaving the device)."""
+        if src.dtype != self.dtype or src.nbytes != self.nbytes:
+            raise ValueError(f"copying {src.shape} {src.dtype} into {self.shape} {self.dtype}")
+        cudart = _cudart()
+        kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        _check(cudart.cudaMemcpyAsync(self.ptr, src.ptr, self.nbytes, kind, stream()),
+               "cudaMemcpyAsync (device to device)")  # fmt: skip
+
     def upload(self, array: np.ndarray) -> None:
         """Copy a host array of this shape and dtype in, ordered on the runtime stream."""
         src = np.ascontiguousarray(array, self.dtype)

@@ -283,7 +283,10 @@ class Talker:
                 self._suppressed_and_eos if len(first[r]) < min_frames else self.suppressed
                 for r in range(n)
             ]
-            out.fetch("last_hidden", *TOPK_OUTPUTS)  # what the host reads, in one sync
+            # what the host reads, in one sync; split, the hidden state goes to the code
+            # predictor where it is
+            wanted = TOPK_OUTPUTS if self.split_cp_prefill else ("last_hidden", *TOPK_OUTPUTS)
+            out.fetch(*wanted)
             code0, fetched = sample_step(out.logits(), talker_params, rng, seen, banned)
             full_rows += fetched
             for row in range(n):
@@ -297,8 +300,9 @@ class Talker:
             if not active.any():
                 break
             t = time.perf_counter()
+            hidden = out.buffer("last_hidden") if self.split_cp_prefill else out["last_hidden"]
             codes, frame_embed = self._complete_frames(
-                cp_session, out["last_hidden"], code0, active, cp_params, rng
+                cp_session, hidden, code0, active, cp_params, rng
             )
             cp_ms += (time.perf_counter() - t) * 1e3
             nxt = frame_embed + self._text_rows(prefills, step, active, advance)
@@ -373,32 +377,40 @@ class Talker:
     def _complete_frames(
         self,
         cp: DecoderSession,
-        last_hidden: np.ndarray,
+        last_hidden: Any,
         code0: np.ndarray,
         active: np.ndarray,
         params: SamplingParams,
         rng: np.random.Generator,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The code predictor's loop for one frame of every active row: prefill [hidden, E(c0)],
-        then one step per residual group; returns codes [n, G] and the frame's summed embedding."""
+        then one step per residual group; returns codes [n, G] and the frame's summed embedding.
+        ``last_hidden`` [n, H]: split, the talker's output buffer as it is (on a GPU it never
+        leaves the device); otherwise a host array."""
         n = len(code0)
         e0 = self.codec_embedding[code0]
         q = active.astype(np.int32)
         codes = np.zeros((n, self.groups), np.int64)
         codes[:, 0] = code0
         total = e0.astype(np.float32).copy()
-        x = np.stack([last_hidden, e0], axis=1)
         past = np.zeros(n, np.int32)
         if self.split_cp_prefill:  # the hidden state alone first; its logits are not read
+            hidden = (
+                last_hidden[:, None, :]
+                if isinstance(last_hidden, np.ndarray)
+                else last_hidden.view((n, 1, self.hidden_size))
+            )
             cp.run(
-                x[:, :1],
+                hidden,
                 text_positions(past, 1, False),
                 past,
                 q,
                 np.zeros(n, np.int64),
                 lm_head_index=np.zeros(1, np.int64),
             )
-            past, x = past + 1, x[:, 1:]
+            past, x = past + 1, e0[:, None, :]
+        else:
+            x = np.stack([last_hidden, e0], axis=1)
         for group in range(1, self.groups):
             width = x.shape[1]
             out = cp.run(
