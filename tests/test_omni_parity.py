@@ -196,6 +196,22 @@ def test_talker_streams_the_thinker_reply(omni_engine) -> None:
     assert len(lengths) == 3
 
 
+def test_streamed_request_without_reply_fails_alone(omni_engine, references) -> None:
+    """Streamed, a reply the talker cannot speak (one token, which the thinker never feeds)
+    fails its request with the reason once the thinker finishes it; its cohort still speaks."""
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    reqs = requests_for(PROMPTS[:2])
+    reqs[1]["max_generate_length"] = 1
+    requests, _ = parse_request_file({**GREEDY, "max_generate_length": MAX_NEW, "requests": reqs})
+    outcomes = Pipeline(omni_engine, stream_stages=True).run(requests, batch_size=2)
+    assert outcomes[0].entry["ok"], outcomes[0].entry
+    np.testing.assert_array_equal(outcomes[0].codes, references[0].codes)
+    assert not outcomes[1].entry["ok"]
+    assert "the thinker wrote no text for the talker to speak" in outcomes[1].entry["error"]
+
+
 def test_split_code_predictor_prefill_gives_the_same_codes(omni_engine, references) -> None:
     """The GPU's schedule of each frame's code predictor prefill (the hidden state, then E(code0),
     as two one-token calls) gives transformers' codes, here on the CPU build."""
@@ -279,16 +295,19 @@ def media(omni_ckpt: Path, tmp_path_factory) -> dict:
     }
 
 
-@pytest.mark.parametrize("kind", ["audio", "image"])
-def test_media_input_matches_transformers(omni_engine, media, tmp_path, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "flags"), [("audio", ()), ("image", ()), ("image", ("--stage-streaming",))]
+)
+def test_media_input_matches_transformers(omni_engine, media, tmp_path, kind, flags) -> None:
     """Audio through the audio encoder, an image through the vision encoder (3-D positions,
-    DeepStack): thinker tokens, all 16 code groups and the audio equal transformers'."""
+    DeepStack; streamed, the talker reads the image's hidden states while the thinker still
+    decodes): thinker tokens, all 16 code groups and the audio equal transformers'."""
     path, expected = media[kind]
     prompt = "Listen." if kind == "audio" else "Describe it."
     content = [{"type": kind, kind: str(path)}, {"type": "text", "text": prompt}]
     code, entries = run(
         omni_engine, tmp_path, [{"messages": [{"role": "user", "content": content}]}],
-        "--output-audio-dir", str(tmp_path / "a"),
+        "--output-audio-dir", str(tmp_path / "a"), *flags,
     )  # fmt: skip
     assert code == cli.EXIT_OK, entries[0]["error"]
     entry = entries[0]
