@@ -107,9 +107,9 @@ def parser() -> argparse.ArgumentParser:
         "--stage-streaming",
         action="store_true",
         help="start the talker at the reply's first token and run the thinker's later steps as "
-        "it needs them, instead of after the thinker finished every reply of the cohort: audio "
-        "starts sooner, the output is the same; on a CPU the two models then evict each "
-        "other's weights from the caches and the whole run is slower (docs/benchmarks.md)",
+        "it needs them, instead of after the thinker finished every reply of the cohort (the "
+        "same tokens and codes). Meant for a GPU with a deep thinker; on a CPU the run is "
+        "slower and audio starts no sooner (docs/benchmarks.md)",
     )
     return p
 

@@ -169,9 +169,9 @@ def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch)
 
 def test_talker_streams_the_thinker_reply(omni_engine) -> None:
     """With stage streaming the talker starts at the reply's first token and runs the
-    thinker's later steps as it needs them; text, codes and audio are those of running the
-    stages one after the other, in a cohort whose rows finish their replies at different
-    steps."""
+    thinker's later steps as it needs them; text and codes are those of running the stages one
+    after the other (audio to float rounding: a token projected alone may round differently),
+    in a cohort whose rows finish their replies at different steps."""
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
 
@@ -189,7 +189,7 @@ def test_talker_streams_the_thinker_reply(omni_engine) -> None:
         assert a.entry["output_text"] == b.entry["output_text"]
         lengths.add(a.entry["stages"]["thinker"]["generated_tokens"])
         np.testing.assert_array_equal(a.codes, b.codes)
-        np.testing.assert_array_equal(a.audio, b.audio)
+        np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)
         assert a.entry["stages"]["talker"]["thinker_steps_ms"] > 0  # it drove the thinker
         assert b.entry["stages"]["talker"]["thinker_steps_ms"] == 0
         assert a.entry["stages"]["talker"]["cohort_size"] == 3

@@ -74,12 +74,22 @@ class _Prefill:
     embeds: np.ndarray  # [L, H]
     handoff: HiddenHandoff
     reply_start: int  # where the assistant turn starts among the thinker's fed tokens
+    reply: np.ndarray  # the reply's fed tokens through text_projection, so far [R, H]
     positions: np.ndarray | None = None  # [3, L] when a user turn holds an image
     delta: int = 0  # decode positions are past_len + delta
 
     def trailing_index(self, step: int) -> int:
-        """The fed token whose text row the talker reads at ``step``: the reply's 5th on."""
-        return self.reply_start + 4 + step
+        """The reply token whose text row the talker reads at ``step``: its 5th on."""
+        return 4 + step
+
+    @property
+    def fed(self) -> int:
+        """Reply tokens the thinker has fed so far."""
+        return self.handoff.fed - self.reply_start
+
+    def unprojected(self) -> np.ndarray:
+        """The fed reply tokens not yet through text_projection."""
+        return self.handoff.embeds(self.reply_start + len(self.reply), self.handoff.fed)
 
 
 # A thinker step to wait for: advances the upstream stage by one step and says whether it ran
@@ -190,7 +200,9 @@ class Talker:
         _wait(th, begin + 4, upstream)
         if th.fed < begin + 4:
             raise RequestError("the thinker wrote no text for the talker to speak")
-        reply = self.text_projection(th.embeds(begin, begin + 4))
+        # every reply token fed so far in one projection (all of them when the thinker has
+        # finished: the weights are read once, not once per token); later ones as they come
+        reply = self.text_projection(th.embeds(begin, th.fed))
         speaker = self.speakers[state.prepared[self.stage.id]]
         text_track = np.stack([*reply[:3], *[self.tts_pad] * 4, self.tts_bos, reply[3]])
         codec_ids = [ids_[k] for k in ("codec_nothink", "codec_think_bos", "codec_think_eos")]
@@ -198,7 +210,7 @@ class Talker:
         codec_track = np.concatenate(
             [np.zeros((3, self.hidden_size), np.float32), self.codec_embedding[codec_ids]]
         )
-        prefill = _Prefill(np.concatenate([user_rows, text_track + codec_track]), th, begin)
+        prefill = _Prefill(np.concatenate([user_rows, text_track + codec_track]), th, begin, reply)
         if th.image_grids:  # transformers' talker positions: its input ids and the grids
             talker_ids = np.concatenate(
                 [prompt[user], np.full(len(text_track), self.tts_pad_token)]
@@ -355,23 +367,30 @@ class Talker:
         upstream: Upstream | None,
     ) -> np.ndarray:
         """Each row's text input for ``step``: the reply's next fed token through
-        text_projection, then tts_eos once, then tts_pad (a finished row: tts_pad). The rows
-        projected together are the same whether the thinker streams or had finished, so both
-        give the same numbers."""
+        text_projection, then tts_eos once, then tts_pad (a finished row: tts_pad). Streamed,
+        the tokens the thinker fed since the last projection are projected when first needed,
+        every row's in one call (the projection reads its weights once per call)."""
         rows = np.broadcast_to(self.tts_pad, (len(prefills), self.hidden_size)).copy()
-        reading, tokens = [], []
+        index = {}  # row -> its token within the reply, for the rows still speaking
         for row, p in enumerate(prefills):
-            if not active[row]:
-                continue
-            j = p.trailing_index(step)
-            _wait(p.handoff, j + 1, upstream)
-            if p.handoff.fed > j:
-                reading.append(row)
-                tokens.append(p.handoff.embeds(j, j + 1)[0])
-            elif p.handoff.fed == j:
+            if active[row]:
+                index[row] = j = p.trailing_index(step)
+                _wait(p.handoff, p.reply_start + j + 1, upstream)
+        stale = [
+            prefills[r] for r, j in index.items() if len(prefills[r].reply) <= j < prefills[r].fed
+        ]
+        if stale:  # only while streaming: a finished thinker's reply was projected whole
+            new = [p.unprojected() for p in stale]
+            done = np.split(self.text_projection(np.concatenate(new)),
+                            np.cumsum([len(x) for x in new])[:-1])  # fmt: skip
+            for p, more in zip(stale, done, strict=True):
+                p.reply = np.concatenate([p.reply, more])
+        for row, j in index.items():
+            p = prefills[row]
+            if j < p.fed:
+                rows[row] = p.reply[j]
+            elif j == p.fed:
                 rows[row] = self.tts_eos
-        if reading:
-            rows[reading] = self.text_projection(np.stack(tokens))
         return rows
 
     def _complete_frames(
