@@ -377,8 +377,8 @@ def sample_step(
     """
     n = step.rows
     penalise = seen is not None and params.repetition_penalty != 1.0
-    plain = banned is None or all(b is None or not b.size for b in banned)
-    if n > 1 and not penalise and plain:  # one row: the per-row path is as fast
+    # one row: the per-row path is as fast
+    if n > 1 and not penalise and (banned is None or all(b is None or not b.size for b in banned)):
         fast = _sample_topk_rows(step, params, rng)
         if fast is not None:
             return fast, 0
