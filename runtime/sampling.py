@@ -318,10 +318,10 @@ def _sample_topk_rows(
     stable sort and a cumulative sum give the same bits as on that row alone, so the draws
     equal ``sample``'s (tests/test_sampling_step.py)."""
     values, indices = step.topk_values, step.topk_indices
-    if values is None or indices is None or params.greedy:
+    if values is None or indices is None:
         return None
     n, width = values.shape
-    k = params.top_k
+    k = 1 if params.greedy else params.top_k
     if not 0 < k < width:
         return None
     x = np.asarray(values).astype(np.float32)
@@ -331,6 +331,8 @@ def _sample_topk_rows(
     by_id = np.argsort(indices, axis=1, kind="stable")
     ids = np.take_along_axis(np.asarray(indices), by_id, axis=1).astype(np.int64)
     x = np.take_along_axis(x, by_id, axis=1)
+    if params.greedy:  # the best, the lowest id among equals: argmax over the full row's order
+        return np.take_along_axis(ids, np.argmax(x, axis=1)[:, None], axis=1)[:, 0]
     chosen = x >= kth[:, None]
     plain = chosen.sum(axis=1) == k  # no tie with the k-th value: exactly k candidates
     rows = np.flatnonzero(plain)

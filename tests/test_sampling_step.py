@@ -131,8 +131,25 @@ def test_batched_rows_draw_as_sample_does(top_p: float, temperature: float) -> N
     assert ties > 0  # the per-row branch for tied rows ran
 
 
+def test_batched_greedy_rows_pick_as_sample_does() -> None:
+    """Greedy rows decided together: the best logit, the lowest id among equal ones (float16
+    logits tie often), as ``sample``'s argmax over the full row; no rng use."""
+    from edgeomni.runtime.sampling import _sample_topk_rows
+
+    gen = np.random.default_rng(3)
+    for trial in range(30):
+        logits = (gen.standard_normal((8, 300))).astype(np.float16).astype(np.float32)
+        logits[trial % 8, [7, 3, 250]] = logits.max() + 1  # a three-way tie for the best
+        step, fetched = step_of(logits)
+        rng = np.random.default_rng(trial)
+        got = _sample_topk_rows(step, SamplingParams(temperature=0.0), rng)
+        np.testing.assert_array_equal(got, sample(logits, SamplingParams(temperature=0.0), rng))
+        assert got[trial % 8] == 3 and not fetched
+        assert rng.random() == np.random.default_rng(trial).random()
+
+
 def test_batched_path_declines_what_it_does_not_cover() -> None:
-    """Greedy, a top-k the K cannot hold, or an undecidable row: no draw, the rng untouched."""
+    """A top-k the K cannot hold, or an undecidable row: no draw, the rng untouched."""
     from edgeomni.runtime.sampling import _sample_topk_rows
 
     logits = np.random.default_rng(0).standard_normal((3, 100)).astype(np.float32)
@@ -140,7 +157,7 @@ def test_batched_path_declines_what_it_does_not_cover() -> None:
     flat = logits.copy()
     flat[1] = 0.0
     for params, s in [
-        (SamplingParams(temperature=0.0), step),
+        (SamplingParams(temperature=0.0), step_of(flat)[0]),
         (SamplingParams(temperature=1.0, top_k=K), step),
         (SamplingParams(temperature=1.0, top_k=0, top_p=0.9), step),
         (SamplingParams(temperature=1.0, top_k=5), step_of(flat)[0]),
