@@ -1,5 +1,6 @@
 """A graphed decoder call on a GPU, with the device faked: host feeds are uploaded into fixed
-buffers, another engine's output buffer is copied device to device and never visits the host."""
+buffers (and not again while unchanged), another engine's output buffer is copied device to
+device and never visits the host."""
 
 from __future__ import annotations
 
@@ -111,3 +112,29 @@ def test_device_embeds_of_another_dtype_are_refused(monkeypatch) -> None:
     lengths = (np.zeros(1, np.int32), np.array([0]), np.ones(1, np.int32), np.zeros(1))
     with pytest.raises(ValueError, match="float32 device buffer for a float16 input"):
         session.run(FakeDeviceArray((1, 1, 4), np.float32), *lengths)
+
+
+def test_unchanged_feeds_are_not_sent_again(monkeypatch) -> None:
+    """A graphed slot's input buffers keep what was last uploaded: a repeated call sends only
+    the feeds that changed; calls with different tags keep buffers (and graphs) of their own."""
+    monkeypatch.setattr(memory, "DeviceArray", FakeDeviceArray)
+    engine = FakeEngine()
+    kv = FakeKV()
+    session = DecoderSession(engine, kv, 2, {"logits": (5,)})
+    past = np.array([3, 3], np.int32)
+    lengths = (np.array([[3], [3]]), past, np.ones(2, np.int32), np.zeros(2))
+    embeds = np.zeros((2, 1, 4), np.float32)
+    for call, tag in enumerate((1, 2, 1, 2)):  # a frame's two steps, twice
+        FakeDeviceArray.log = []
+        session.run(embeds + call, *lengths, tag=tag, lm_head_index=np.array([tag]))
+        sent = len(FakeDeviceArray.log)
+        assert sent == (7 if call < 2 else 1)  # then only the new embeddings
+    assert len(kv.graph_slots) == 2
+    np.testing.assert_array_equal(engine.seen[2]["inputs_embeds"], np.full((2, 1, 4), 2))
+    np.testing.assert_array_equal(engine.seen[3]["lm_head_index"], [2])
+    FakeDeviceArray.log = []
+    session.run(embeds + 2, lengths[0], past + 1, *lengths[2:], tag=1, lm_head_index=np.array([1]))
+    # past_lens changed, and with it the attention lengths; the embeddings did not
+    assert len(FakeDeviceArray.log) == 2
+    np.testing.assert_array_equal(engine.seen[-1]["past_lens"], past + 1)
+    np.testing.assert_array_equal(engine.seen[-1]["gqa_seqlens_k"], [4, 4])

@@ -425,6 +425,7 @@ class Talker:
                 past,
                 q,
                 np.zeros(n, np.int64),
+                tag=0,
                 lm_head_index=np.zeros(1, np.int64),
             )
             past, x = past + 1, e0[:, None, :]
@@ -438,6 +439,9 @@ class Talker:
                 past,
                 q * width,
                 np.full(n, width - 1, np.int64),
+                # on a GPU each step has its own graph: its positions, lengths and head are
+                # sent once, and each frame sends only the new embedding
+                tag=group,
                 lm_head_index=np.array([group - 1], np.int64),
             )
             codes[:, group] = sample_step(out.logits(), params, rng)[0]
