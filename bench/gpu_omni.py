@@ -381,6 +381,10 @@ def run_batch(pipe: Any, requests: list[Any], c: int, starts: dict[int, float]) 
         # inside engine calls (the rest of talker_ms / code_predictor_ms is host work)
         "talker_engine_ms": tk.get("talker_engine_ms"),
         "code_predictor_engine_ms": tk.get("code_predictor_engine_ms"),
+        # "engine": the code predictor drew its codes in its graph, its calls queued without
+        # waiting (its engine ms is then the time to queue them); frames drawn on the host
+        "code_predictor_draws": tk.get("code_predictor_draws"),
+        "code_predictor_host_frames": tk.get("code_predictor_host_frames"),
         "streamed_vocoder_ms": tk.get("streamed_vocoder_ms"),
         "code2wav_ms_sum": round(vocode, 3),
         # comparable to transformers' talker.generate (talker + code predictor, no vocoder)
@@ -477,6 +481,8 @@ def summarize(batches: list[dict[str, Any]], args: argparse.Namespace) -> dict[s
                 "streamed_vocoder_ms",
             )
         },  # fmt: skip
+        "code_predictor_draws": batches[0]["code_predictor_draws"],
+        "code_predictor_host_frames": max(b["code_predictor_host_frames"] or 0 for b in batches),
         "fixed_work": all(
             r["thinker_tokens"] == args.new_tokens and r["frames"] == args.frames for r in rows
         ),

@@ -166,12 +166,15 @@ class DecoderSession:
         last_indices: np.ndarray,
         *,
         tag: int | None = None,
+        wait: bool = True,
         **extra: np.ndarray,
     ) -> StepOutputs:
         """One call. ``embeds`` [rows, S, H]: a host array, or on a GPU a DeviceArray another
-        engine wrote (read where it is). ``tag``: graphed calls with different tags get their
-        own graph and input buffers, so a call that repeats each frame with the same lengths
-        and positions (a code predictor step) sends only what changed."""
+        engine (or an earlier call) wrote, read where it is. ``tag``: graphed calls with
+        different tags get their own graph and input buffers, so a call that repeats each frame
+        with the same lengths and positions (a code predictor step) sends only what changed.
+        ``wait=False``: on a GPU, return once the call is queued (calls that feed each other
+        on the device, read by the host only at the end)."""
         width = embeds.shape[1]
         feeds = {
             "inputs_embeds": embeds,
@@ -196,8 +199,11 @@ class DecoderSession:
                 raise ValueError(f"{name}: a {value.dtype} device buffer for a {types[name]} input")
         slot = self._slot(width, feeds, tag)
         if slot.inputs is None:
+            for name, value in feeds.items():  # an earlier call's output, bound as an output
+                if any(_same_memory(value, out) for out in slot.outputs.values()):  # again
+                    feeds[name] = _copy(value)
             start = time.perf_counter()
-            slot.binding.run({**feeds, **host})
+            slot.binding.run({**feeds, **host}, wait=wait)
             self.engine_seconds += time.perf_counter() - start
             return StepOutputs(self.rows, slot.outputs)
         # graphed: inputs copied into the slot's fixed buffers; attention reads its lengths from
@@ -220,9 +226,26 @@ class DecoderSession:
             slot.sent[name] = value.copy()
         total = np.array(self.kv.capacity, np.int32)
         start = time.perf_counter()
-        slot.binding.run({"gqa_total_length": total}, graph=slot.graph)
+        slot.binding.run({"gqa_total_length": total}, graph=slot.graph, wait=wait)
         self.engine_seconds += time.perf_counter() - start
         return StepOutputs(self.rows, slot.outputs)
+
+
+def _same_memory(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.shares_memory(a, b)
+    return bool(a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes)
+
+
+def _copy(value: Any) -> Any:
+    """A copy of a host array or device buffer (a device copy is queued on the stream)."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    from edgeomni.runtime.memory import DeviceArray
+
+    out = DeviceArray.zeros(value.shape, value.dtype)
+    out.copy_from(value)
+    return out
 
 
 def right_pad(rows: list[np.ndarray], width: int | None = None) -> np.ndarray:

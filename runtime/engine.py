@@ -25,7 +25,9 @@ class Binding(Protocol):
     def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None: ...
     def bind_input(self, name: str, array: Any) -> None: ...
     def bind_output(self, name: str, array: Any) -> None: ...
-    def run(self, feeds: Mapping[str, np.ndarray], *, graph: int | None = None) -> None: ...
+    def run(
+        self, feeds: Mapping[str, np.ndarray], *, graph: int | None = None, wait: bool = True
+    ) -> None: ...
 
 
 class Engine(Protocol):
@@ -55,7 +57,7 @@ class OrtBinding:
         self._io = session.io_binding()
         self._keep: list[Any] = []  # OrtValues must outlive the binding
         self._cuda_graphs = cuda_graphs
-        self._options: dict[int, Any] = {}
+        self._options: dict[tuple[int, bool], Any] = {}
 
     def _value(self, array: np.ndarray) -> Any:
         if not array.flags.c_contiguous:
@@ -88,28 +90,32 @@ class OrtBinding:
         else:
             self._io.bind_output(name, "cuda", 0, array.dtype.type, list(array.shape), array.ptr)
 
-    def run(self, feeds: Mapping[str, Any], *, graph: int | None = None) -> None:
+    def run(self, feeds: Mapping[str, Any], *, graph: int | None = None, wait: bool = True) -> None:
         """Feeds are host arrays, copied in by ONNX Runtime, or DeviceArrays, read in place.
         ``graph``: a CUDA graph id; every buffer must then stay bound at the same address (the
-        first runs capture, later ones replay), and ``feeds`` may hold only CPU-side inputs."""
+        first runs capture, later ones replay), and ``feeds`` may hold only CPU-side inputs.
+        ``wait=False``: return once the work is queued on the runtime's stream (a GPU engine),
+        not when it is done; the next download waits for it."""
         for name, array in feeds.items():
             if isinstance(array, np.ndarray):
                 self._io.bind_cpu_input(name, np.ascontiguousarray(array))
             else:
                 self.bind_input(name, array)
-        if not self._cuda_graphs:
-            self._session.run_with_iobinding(self._io)
-            return
-        gid = -1 if graph is None else graph  # -1: run without capturing
-        options = self._options.get(gid)
+        gid = -1 if graph is None or not self._cuda_graphs else graph  # -1: no capture
+        key = (gid, wait)
+        options = self._options.get(key)
         if options is None:
-            options = self._options[gid] = self._ort.RunOptions()
-            options.add_run_config_entry("gpu_graph_id", str(gid))
+            options = self._options[key] = self._ort.RunOptions()
+            if self._cuda_graphs:
+                options.add_run_config_entry("gpu_graph_id", str(gid))
+            if not wait:
+                options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         self._session.run_with_iobinding(self._io, options)
 
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
-                "tensor(int64)": np.int64, "tensor(int32)": np.int32}  # fmt: skip
+                "tensor(double)": np.float64, "tensor(int64)": np.int64,
+                "tensor(int32)": np.int32}  # fmt: skip
 
 
 class OrtEngine:

@@ -162,32 +162,37 @@ def _softmax_over(z: np.ndarray, temperature: float) -> np.ndarray:
     return np.exp(z)
 
 
-def _top_p_filter(
-    ids: np.ndarray, probs: np.ndarray, rest: float, top_p: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """HF TopPLogitsWarper on candidates: drop tokens whose ascending cumulative mass <= 1-p.
+def _canonical(ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The order a draw walks candidates in: the highest logit first, and the lower id first
+    among equal logits. Fixed by the logits alone, so an engine that samples in its graph
+    (export/common/sampler.py) walks them in the same order as this module."""
+    return np.lexsort((ids, -x))
 
-    ``rest`` is the probability mass outside the candidates, all of it smaller than any
-    candidate; it starts the cumulative sum so the result equals the full-vocabulary rule.
-    """
-    order = np.argsort(probs, kind="stable")
-    cum = rest + np.cumsum(probs[order])
-    remove = cum <= 1.0 - top_p
-    remove[-1] = False  # min_tokens_to_keep = 1
-    keep = order[~remove]
-    return ids[keep], probs[keep]
+
+def _top_p_kept(probs: np.ndarray, top_p: float) -> Any:
+    """How many of the ordered candidates top-p keeps: each one whose preceding mass is below
+    ``top_p``. This is HF's TopPLogitsWarper (drop the tokens whose ascending cumulative mass is
+    at most 1 - p) read from the other end; the mass outside the candidates, all of it smaller,
+    comes after them and changes nothing."""
+    cum = np.cumsum(probs, axis=-1)
+    before = np.zeros_like(cum)
+    before[..., 1:] = cum[..., :-1]
+    return np.count_nonzero(before < top_p, axis=-1)
 
 
 def candidate_distribution(
     logits: np.ndarray, params: SamplingParams
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids a draw can return for one row of logits [V], and their probabilities.
+    """Token ids a draw can return for one row of logits [V], in the order the draw walks them,
+    and their probabilities.
 
     Applies temperature, top-k (ties with the k-th logit stay, as in HF) and top-p. The
     repetition penalty is the caller's (``sample`` applies it first). Top-k selects with
     ``argpartition``, so only the k candidates are sorted, never the whole vocabulary; top-p
     alone grows a partitioned candidate set until the mass outside it is already dropped.
-    Probabilities are float64, renormalised over the returned ids.
+    Candidates come highest logit first (lower id first among equals), except with neither
+    top-k nor top-p, where every id is a candidate, in id order. Probabilities are float64,
+    renormalised over the returned ids.
     """
     x = np.asarray(logits)
     if x.ndim != 1:
@@ -199,9 +204,9 @@ def candidate_distribution(
     if 0 < k < vocab:
         top = np.argpartition(x, vocab - k)[vocab - k :]
         ids = np.flatnonzero(x >= x[top].min()).astype(np.int64)
+        ids = ids[_canonical(ids, x[ids])]
         probs = _softmax_over(x[ids], params.temperature)
         probs /= probs.sum()
-        rest = 0.0
     else:
         weights = _softmax_over(x, params.temperature)
         total = weights.sum()
@@ -211,18 +216,18 @@ def candidate_distribution(
         while True:
             if m >= vocab:
                 ids = np.arange(vocab, dtype=np.int64)
-                rest = 0.0
                 break
             ids = np.argpartition(weights, vocab - m)[vocab - m :].astype(np.int64)
-            inside = weights[ids].sum()
-            rest = max(0.0, (total - inside) / total)
+            rest = max(0.0, (total - weights[ids].sum()) / total)
             # Everything outside has cumulative mass <= rest; if that is dropped, stop.
             if rest <= 1.0 - params.top_p:
                 break
             m *= 4
+        ids = ids[_canonical(ids, x[ids])]
         probs = weights[ids] / total
     if params.top_p < 1.0:
-        ids, probs = _top_p_filter(ids, probs, rest, params.top_p)
+        kept = int(_top_p_kept(probs, params.top_p))
+        ids, probs = ids[:kept], probs[:kept]
     return ids, probs / probs.sum()
 
 
@@ -313,10 +318,10 @@ def _sample_topk_rows(
 ) -> np.ndarray | None:
     """``sample_step`` for a whole batch at once in its commonest case (every row decided by
     the engine's top-K, no penalty or bans), or None (nothing drawn) when the case does not
-    hold. Rows whose k-th value ties with another candidate take the per-row path in turn.
-    The arithmetic is the per-row path's, row for row: a reduction along a row's own axis, a
-    stable sort and a cumulative sum give the same bits as on that row alone, so the draws
-    equal ``sample``'s (tests/test_sampling_step.py)."""
+    hold. Rows with as many candidates (k, or more when tied at the k-th value) are worked
+    together; the draws then go row by row, in order. The arithmetic is the per-row path's, row
+    for row: a reduction along a row's own axis, a sort and a cumulative sum give the same bits
+    as on that row alone, so the draws equal ``sample``'s (tests/test_sampling_step.py)."""
     values, indices = step.topk_values, step.topk_indices
     if values is None or indices is None:
         return None
@@ -328,39 +333,25 @@ def _sample_topk_rows(
     kth = np.partition(x, width - k, axis=1)[:, width - k]
     if not (kth > x.min(axis=1)).all():  # a row the K cannot decide
         return None
-    by_id = np.argsort(indices, axis=1, kind="stable")
-    ids = np.take_along_axis(np.asarray(indices), by_id, axis=1).astype(np.int64)
-    x = np.take_along_axis(x, by_id, axis=1)
+    ids = np.asarray(indices).astype(np.int64)
+    order = np.lexsort((ids, -x), axis=-1)  # _canonical, row by row
+    x, ids = np.take_along_axis(x, order, axis=1), np.take_along_axis(ids, order, axis=1)
     if params.greedy:  # the best, the lowest id among equals: argmax over the full row's order
-        return np.take_along_axis(ids, np.argmax(x, axis=1)[:, None], axis=1)[:, 0]
-    chosen = x >= kth[:, None]
-    plain = chosen.sum(axis=1) == k  # no tie with the k-th value: exactly k candidates
-    rows = np.flatnonzero(plain)
-    cols = np.nonzero(chosen[rows])[1].reshape(len(rows), k)  # candidates, in id order
-    z = x[rows][chosen[rows]].reshape(len(rows), k).astype(np.float64) / params.temperature
-    z -= z.max(axis=1, keepdims=True)
-    probs = np.exp(z)
-    probs /= probs.sum(axis=1, keepdims=True)
-    nucleus = params.top_p < 1.0
-    if nucleus:
-        order = np.argsort(probs, axis=1, kind="stable")  # ascending, as _top_p_filter
-        probs = np.take_along_axis(probs, order, axis=1)
-        remove = np.cumsum(probs, axis=1) <= 1.0 - params.top_p
-        remove[:, -1] = False
-        first = remove.sum(axis=1)  # kept: a suffix, since the cumulative sum only grows
-    else:
-        order, first = np.broadcast_to(np.arange(k), (len(rows), k)), np.zeros(len(rows), int)
-    slot = np.full(n, -1)
-    slot[rows] = np.arange(len(rows))
+        return ids[:, 0]
+    count = (x >= kth[:, None]).sum(axis=1)  # the candidates: a prefix of each sorted row
+    kept: list[np.ndarray] = [np.empty(0)] * n
+    for c in np.unique(count):
+        rows = np.flatnonzero(count == c)
+        z = x[rows, :c].astype(np.float64) / params.temperature
+        z -= z.max(axis=1, keepdims=True)
+        probs = np.exp(z)
+        probs /= probs.sum(axis=1, keepdims=True)
+        m = _top_p_kept(probs, params.top_p) if params.top_p < 1.0 else np.full(len(rows), c)
+        for j, b in enumerate(rows):
+            kept[b] = probs[j, : m[j]]
     out = np.empty(n, np.int64)
     for b in range(n):
-        j = slot[b]
-        if j < 0:  # a tie at the k-th value: this row alone, as sample_step's loop does
-            cand, p = candidate_distribution(x[b], params)
-            out[b] = ids[b, cand[_draw(p, rng)]]
-            continue
-        kept = probs[j, first[j] :]
-        out[b] = ids[b, cols[j, order[j, first[j] + _draw(kept / kept.sum(), rng)]]]
+        out[b] = ids[b, _draw(kept[b] / kept[b].sum(), rng)]
     return out
 
 

@@ -53,7 +53,7 @@ class FakeBinding:
     def bind_output(self, name: str, array: Any) -> None:
         pass
 
-    def run(self, feeds: dict, *, graph: int | None = None) -> None:
+    def run(self, feeds: dict, *, graph: int | None = None, wait: bool = True) -> None:
         self.engine.seen.append({k: v.data.copy() for k, v in self.inputs.items()})
 
 

@@ -150,6 +150,9 @@ def engine_logits(folder: Path, seed: int = 0) -> np.ndarray:
     x = np.random.default_rng(seed).standard_normal((1, 5, cfg["hidden_size"])) * 0.5
     z, n = np.zeros(1, np.int32), np.full(1, 5, np.int32)
     extra = {"lm_head_index": np.array([2])} if "lm_head_index" in engine.input_names else {}
+    if "sample_uniform" in engine.input_names:  # the code predictor draws too; greedy here
+        extra.update(sample_uniform=np.zeros(1), sample_temperature=np.ones(1),
+                     sample_top_k=np.ones(1, np.int64), sample_top_p=np.ones(1))  # fmt: skip
     if "deepstack_embeds" in engine.input_names:
         extra["deepstack_embeds"] = np.zeros((cfg["deepstack_layers"], 1, 5, cfg["hidden_size"]))
     positions = text_positions(z, 5, bool(cfg.get("mrope_section")))
@@ -182,6 +185,30 @@ def test_omni_text_to_speech_on_the_gpu(omni_cuda_engine) -> None:
         np.testing.assert_array_equal(a.codes, b.codes)
         assert a.audio.size == 20 * 1920 - 555 and np.isfinite(a.audio).all()
         assert a.entry["stages"]["talker"]["full_logit_rows"] < 2 * 21
+
+
+def test_code_predictor_draws_on_the_gpu_as_the_host_does(omni_cuda_engine, monkeypatch) -> None:
+    """The code predictor's frame queued back to back on the GPU, each step drawing in its
+    graph and feeding the next on the device: the codes the host's draws give (rows the
+    float16 top-K cannot decide are drawn again on the host), graphed and not."""
+    from edgeomni.runtime.runners.talker import Talker
+
+    body = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 10, "talker_seed": 5,
+            "talker_max_new_tokens": 17, "talker_min_new_tokens": 17,
+            "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": p}]}]}
+                         for p in ("Hello there", "Tell me a story", "Why?")]}  # fmt: skip
+    engine = run_pipeline(omni_cuda_engine, body, 3)
+    plain = run_pipeline(omni_cuda_engine, body, 3, cuda_graphs=False)
+    monkeypatch.setattr(Talker, "_draw_frames", lambda *a, **k: None)
+    host = run_pipeline(omni_cuda_engine, body, 3)
+    for a, b, c in zip(engine, plain, host, strict=True):
+        assert a.entry["ok"], a.entry
+        talker = a.entry["stages"]["talker"]
+        assert talker["code_predictor_draws"] == "engine"
+        assert talker["code_predictor_host_frames"] < 16
+        assert a.codes.shape == (16, 16)
+        np.testing.assert_array_equal(a.codes, b.codes)
+        np.testing.assert_array_equal(a.codes, c.codes)
 
 
 def test_every_omni_engine_stays_on_the_gpu(omni_cuda_engine) -> None:

@@ -64,10 +64,17 @@ def export_onnx(
 
 
 def export_causal_lm(
-    module: Any, path: Path, *, logits_topk: int = 0, topk_exclude: Sequence[int] = ()
+    module: Any,
+    path: Path,
+    *,
+    logits_topk: int = 0,
+    topk_exclude: Sequence[int] = (),
+    sampler_tables: Any = None,
 ) -> Path:
     """Export a decoder.CausalLM with dynamic batch, sequence and cache capacity; with
-    ``logits_topk`` the engine also outputs each row's top-K (decoder.WithTopK).
+    ``logits_topk`` the engine also outputs each row's top-K (decoder.WithTopK). With
+    ``sampler_tables`` [heads, V, H] (a multi-head decoder) it also draws each row's next id
+    from a top-K of ``logits_topk`` or 64 and outputs its embedding (sampler.WithSampler).
 
     Example sizes are at least 2 on every dynamic axis: torch.export specialises axes of size 1.
     """
@@ -75,8 +82,14 @@ def export_causal_lm(
     from torch.export import Dim
 
     from edgeomni.export.common.decoder import WithTopK
+    from edgeomni.export.common.sampler import WithSampler
 
-    if logits_topk:
+    if sampler_tables is not None:
+        if topk_exclude:
+            raise ValueError("an in-engine sampler takes no excluded ids")
+        k = min(logits_topk or 64, module.cfg.vocab_size)
+        module = WithSampler(module, k, sampler_tables)
+    elif logits_topk:
         module = WithTopK(module, min(logits_topk, module.cfg.vocab_size), tuple(topk_exclude))
     cfg = module.cfg
     dtype = next(module.parameters()).dtype
@@ -100,6 +113,12 @@ def export_causal_lm(
     if cfg.deepstack_layers:
         rest = (torch.zeros(cfg.deepstack_layers, b, s, cfg.hidden_size, dtype=dtype), *rest)
         rest_shapes = ({1: batch, 2: seq}, *rest_shapes)
+    if sampler_tables is not None:  # uniform [B] (float64), temperature, top_k, top_p [1]
+        f64 = torch.float64
+        draw = (torch.zeros(b, dtype=f64), torch.ones(1, dtype=f64),
+                torch.full((1,), 2, dtype=torch.int64), torch.ones(1, dtype=f64))  # fmt: skip
+        rest = (*draw, *rest)
+        rest_shapes = ({0: batch}, None, None, None, *rest_shapes)
     if cfg.lm_heads > 1:
         rest = (torch.zeros(1, dtype=torch.int64), *rest)
         rest_shapes = (None, *rest_shapes)

@@ -125,6 +125,11 @@ class Talker:
         # calls: replayed from CUDA graphs they cost less than one uncaptured two-token call (a
         # two-token call cannot be captured on onnxruntime-gpu 1.31). The CPU keeps the one call.
         self.split_cp_prefill = self.cp_engine.device == "cuda"
+        # an engine that draws its own codes (export/common/sampler.py) runs a frame's steps
+        # back to back, each fed the code embedding the one before drew, on the device
+        names = self.cp_engine.output_names
+        self.cp_draws = "sampled_ids" in names
+        self.cp_topk = int(self.cp_engine.output_shapes["topk_values"][-1]) if self.cp_draws else 0
         self.codec_embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         cp_tables = safetensors_np.load(cp_folder / "embedding.safetensors")
         self.groups = int(cfg["num_code_groups"])
@@ -268,9 +273,15 @@ class Talker:
             n,
             {"logits": (self.vocab_size,), "last_hidden": (self.hidden_size,)},
         )
-        cp_session = DecoderSession(
-            self.cp_engine, self.cp_kv, n, {"logits": (int(self.cp_config["vocab_size"]),)}
-        )
+        cp_outputs: dict[str, tuple[int, ...]] = {"logits": (int(self.cp_config["vocab_size"]),)}
+        if self.cp_draws:
+            cp_outputs.update(
+                sampled_ids=(), sampled_embeds=(1, int(self.cp_config["hidden_size"]))
+            )
+        cp_session = DecoderSession(self.cp_engine, self.cp_kv, n, cp_outputs)
+        # the engine draws a frame's codes when it can do so as the host would
+        in_engine = self.cp_draws and (cp_params.greedy or 0 < cp_params.top_k < self.cp_topk)
+        host_frames = 0  # frames the engine could not decide, drawn again on the host
         embeds = right_pad([p.embeds for p in prefills])
         zeros = np.zeros(n, np.int32)
         positions = text_positions(zeros, embeds.shape[1], True)
@@ -313,9 +324,15 @@ class Talker:
                 break
             t = time.perf_counter()
             hidden = out.buffer("last_hidden") if self.split_cp_prefill else out["last_hidden"]
-            codes, frame_embed = self._complete_frames(
-                cp_session, hidden, code0, active, cp_params, rng
+            drawn = (
+                self._draw_frames(cp_session, hidden, code0, active, cp_params, rng)
+                if in_engine
+                else None
             )
+            if drawn is None:
+                host_frames += in_engine
+                drawn = self._complete_frames(cp_session, hidden, code0, active, cp_params, rng)
+            codes, frame_embed = drawn
             cp_ms += (time.perf_counter() - t) * 1e3
             nxt = frame_embed + self._text_rows(prefills, step, active, advance)
             for row in range(n):
@@ -354,7 +371,11 @@ class Talker:
                 "thinker_steps_ms": round(waited[0] * 1e3, 3),
                 # inside engine calls; the rest of the two above is host work (and the vocoder)
                 "talker_engine_ms": round(session.engine_seconds * 1e3, 3),
+                # drawing in the engine, calls are queued, not waited for: then this is the
+                # time to queue them, and the GPU's time is in code_predictor_ms
                 "code_predictor_engine_ms": round(cp_session.engine_seconds * 1e3, 3),
+                "code_predictor_draws": "engine" if in_engine else "host",
+                "code_predictor_host_frames": host_frames,
                 "cohort_size": n,
                 "full_logit_rows": full_rows,
             }
@@ -413,6 +434,9 @@ class Talker:
         codes[:, 0] = code0
         total = e0.astype(np.float32).copy()
         past = np.zeros(n, np.int32)
+        draw = (
+            self._draw_inputs(np.zeros(n), SamplingParams(temperature=0.0)) if self.cp_draws else {}
+        )
         if self.split_cp_prefill:  # the hidden state alone first; its logits are not read
             hidden = (
                 last_hidden[:, None, :]
@@ -427,6 +451,7 @@ class Talker:
                 np.zeros(n, np.int64),
                 tag=0,
                 lm_head_index=np.zeros(1, np.int64),
+                **draw,
             )
             past, x = past + 1, e0[:, None, :]
         else:
@@ -443,12 +468,82 @@ class Talker:
                 # sent once, and each frame sends only the new embedding
                 tag=group,
                 lm_head_index=np.array([group - 1], np.int64),
+                **draw,
             )
             codes[:, group] = sample_step(out.logits(), params, rng)[0]
             emb = self.cp_embeddings[group - 1][codes[:, group]]
             total += emb
             past = past + width
             x = emb[:, None, :]
+        return codes, total
+
+    @staticmethod
+    def _draw_inputs(uniform: np.ndarray, params: SamplingParams) -> dict[str, np.ndarray]:
+        """The engine sampler's inputs: greedy is top-k 1 (at temperature 1)."""
+        greedy = params.greedy
+        return {
+            "sample_uniform": np.asarray(uniform, np.float64),
+            "sample_temperature": np.array([1.0 if greedy else params.temperature]),
+            "sample_top_k": np.array([1 if greedy else params.top_k], np.int64),
+            "sample_top_p": np.array([1.0 if greedy else params.top_p]),
+        }
+
+    def _draw_frames(
+        self,
+        cp: DecoderSession,
+        last_hidden: Any,
+        code0: np.ndarray,
+        active: np.ndarray,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """``_complete_frames`` with the engine drawing each code and feeding its embedding to
+        the next step where it is: on a GPU the frame's calls are queued back to back and the
+        host waits once, for the codes. The uniform numbers are the ones the host path would
+        draw, in its order (group by group, every row); None, with the generator put back, when
+        the engine could not decide an active row exactly (the caller then draws the frame on
+        the host, as it would have)."""
+        n = len(code0)
+        state = rng.bit_generator.state
+        steps = self.groups - 1
+        uniforms = np.zeros((steps, n)) if params.greedy else rng.random((steps, n))
+        e0 = self.codec_embedding[code0]
+        q = active.astype(np.int32)
+        past = np.zeros(n, np.int32)
+        if self.split_cp_prefill:  # the hidden state alone first; what it draws is not read
+            hidden = (
+                last_hidden[:, None, :]
+                if isinstance(last_hidden, np.ndarray)
+                else last_hidden.view((n, 1, self.hidden_size))
+            )
+            cp.run(hidden, text_positions(past, 1, False), past, q, np.zeros(n, np.int64),
+                   tag=0, wait=False, lm_head_index=np.zeros(1, np.int64),
+                   **self._draw_inputs(np.zeros(n), params))  # fmt: skip
+            past, x = past + 1, e0[:, None, :]
+        else:
+            x = np.stack([last_hidden, e0], axis=1)
+        drawn = []
+        for group in range(1, self.groups):
+            width = x.shape[1]
+            out = cp.run(x, text_positions(past, width, False), past, q * width,
+                         np.full(n, width - 1, np.int64), tag=group, wait=False,
+                         lm_head_index=np.array([group - 1], np.int64),
+                         **self._draw_inputs(uniforms[group - 1], params))  # fmt: skip
+            ids = out.buffer("sampled_ids")  # copied out before a later call can write it
+            drawn.append(ids.copy() if isinstance(ids, np.ndarray) else ids.download(sync=False))
+            x = out.buffer("sampled_embeds")
+            past = past + width
+        if not isinstance(x, np.ndarray):
+            from edgeomni.runtime.memory import synchronize
+
+            synchronize()
+        codes = np.concatenate([code0[:, None], np.stack(drawn, axis=1)], axis=1)
+        if (codes[active] < 0).any():
+            rng.bit_generator.state = state
+            return None
+        total = e0.astype(np.float32)
+        for group in range(1, self.groups):
+            total = total + self.cp_embeddings[group - 1][codes[:, group]]
         return codes, total
 
     def _sampling(self, request: Any) -> tuple[SamplingParams, SamplingParams, int, int]:

@@ -54,8 +54,13 @@ def export_component(
             logits_topk=topk,
             topk_exclude=talker.suppressed_codes(ckpt.config),
         )
-    if component is CODE_PREDICTOR:
-        return export_causal_lm(talker.build_predictor(ckpt, dtype), path, logits_topk=topk)
+    if component is CODE_PREDICTOR:  # it draws its codes itself (export/common/sampler.py)
+        module = talker.build_predictor(ckpt, dtype)
+        tables = talker.predictor_embeddings(ckpt, module.cfg.lm_heads + 1)
+        return export_causal_lm(
+            module, path, logits_topk=topk,
+            sampler_tables=torch.stack([tables[f"embedding_{i}"] for i in range(len(tables))]),
+        )  # fmt: skip
     if component is AUDIO:
         return audio.export_audio_encoder(audio.load_audio_tower(ckpt.tensor, ckpt.config), path)
     if component is VISUAL:

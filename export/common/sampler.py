@@ -1,0 +1,113 @@
+"""Sampling inside a decoder engine, so a chain of calls (the code predictor's 15 steps per
+frame) runs without the host reading logits between them.
+
+The draw is the runtime's (runtime/sampling.py), step for step, on the engine's top-K: the same
+candidates (top-k with ties at the k-th logit, then top-p), walked in the same order (highest
+logit first, lower id first among equals), and one uniform number per row, drawn on the host
+from the request's generator. The arithmetic is float64 on both sides; only the order of a
+sum's terms may differ, so a draw can differ only where a uniform number falls within rounding
+of the boundary between two candidates. A row the top-K cannot decide exactly (its k-th value
+equals the K-th, so a token outside the K might tie with it) comes out as -1, and the runtime
+draws that frame on the host instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from edgeomni.export.common.decoder import CausalLM
+
+SAMPLER_INPUTS = ("sample_uniform", "sample_temperature", "sample_top_k", "sample_top_p")
+SAMPLER_OUTPUTS = ("sampled_ids", "sampled_embeds")
+
+
+def draw_from_topk(
+    values: torch.Tensor,
+    indices: torch.Tensor,
+    uniform: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+) -> torch.Tensor:
+    """values/indices [B, K]: a TopK's output (values descending; equal values in any order).
+    uniform [B] float64; temperature, top_p [1] float64; top_k [1] int64, 1 for greedy (the
+    host sends temperature 1 then). Returns the drawn ids [B], or -1 where the K cannot decide."""
+    x = values.to(torch.float64)
+    b = x.shape[0]
+    # canonical order: j goes before i when its logit is higher, or equal with a lower id
+    ahead = (x.unsqueeze(1) > x.unsqueeze(2)) | (
+        (x.unsqueeze(1) == x.unsqueeze(2)) & (indices.unsqueeze(1) < indices.unsqueeze(2))
+    )
+    rank = ahead.sum(-1)  # [B, K]: where each candidate goes
+    xs = torch.zeros_like(x).scatter(1, rank, x)
+    ids = torch.zeros_like(indices).scatter(1, rank, indices)
+    kth = xs.gather(1, (top_k - 1).expand(b, 1))  # [B, 1]
+    exact = kth[:, 0] > xs[:, -1]  # no token outside the K can reach the k-th value
+    candidate = xs >= kth
+    z = xs / temperature
+    z = z - z[:, :1]
+    e = torch.where(candidate, torch.exp(z), torch.zeros_like(z))
+    p = e / e.sum(-1, keepdim=True)
+    cum = torch.cumsum(p, -1)
+    before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)
+    keep = candidate & ((before < top_p) | (top_p >= 1.0))
+    q = torch.where(keep, p, torch.zeros_like(p))
+    q = q / q.sum(-1, keepdim=True)
+    cdf = torch.cumsum(q, -1)
+    point = uniform.unsqueeze(1) * cdf[:, -1:]
+    below = ((cdf <= point) & keep).sum(-1)
+    pick = torch.minimum(below, keep.sum(-1) - 1)
+    drawn = ids.gather(1, pick.unsqueeze(1))[:, 0]
+    chosen = torch.where(top_k == 1, ids[:, 0], drawn)
+    return torch.where(exact, chosen, torch.full_like(chosen, -1))
+
+
+class WithSampler(nn.Module):
+    """A multi-head decoder (the code predictor) that also draws each row's next code and
+    looks up its input embedding for the next call: ``sampled_ids`` [B] and ``sampled_embeds``
+    [B, 1, H] after ``logits`` and the top-K. ``tables`` [heads, V, H]: the embedding that the
+    code drawn with head i feeds to the next call."""
+
+    def __init__(self, inner: CausalLM, k: int, tables: torch.Tensor) -> None:
+        super().__init__()
+        cfg = inner.cfg
+        if not 1 < k <= cfg.vocab_size:
+            raise ValueError(f"sampler top-k {k} must be in 2..{cfg.vocab_size}")
+        if tuple(tables.shape) != (cfg.lm_heads, cfg.vocab_size, cfg.hidden_size):
+            raise ValueError(
+                f"sampler tables {tuple(tables.shape)} do not match the decoder's "
+                f"({cfg.lm_heads}, {cfg.vocab_size}, {cfg.hidden_size})"
+            )
+        self.inner = inner
+        self.cfg = cfg
+        self.k = k
+        dtype = next(inner.parameters()).dtype
+        self.register_buffer("tables", tables.reshape(-1, cfg.hidden_size).to(dtype))
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_lens: torch.Tensor,
+        query_lens: torch.Tensor,
+        last_indices: torch.Tensor,
+        *rest: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """CausalLM's inputs, with the sampler's (SAMPLER_INPUTS) after lm_head_index."""
+        lm_head_index, uniform, temperature, top_k, top_p, *cache = rest
+        logits, *presents = self.inner(
+            inputs_embeds, position_ids, past_lens, query_lens, last_indices, lm_head_index,
+            *cache,
+        )  # fmt: skip
+        values, indices = torch.topk(logits, self.k, dim=-1)
+        drawn = draw_from_topk(values, indices, uniform, temperature, top_k, top_p)
+        row = lm_head_index * self.cfg.vocab_size + drawn.clamp(min=0)
+        embeds = self.tables.index_select(0, row).unsqueeze(1)
+        return (logits, values, indices, drawn, embeds, *presents)
+
+    def io_names(self) -> tuple[list[str], list[str]]:
+        inputs, (logits, *presents) = self.inner.io_names()
+        head = inputs.index("lm_head_index") + 1
+        inputs = [*inputs[:head], *SAMPLER_INPUTS, *inputs[head:]]
+        return inputs, [logits, "topk_values", "topk_indices", *SAMPLER_OUTPUTS, *presents]

@@ -1,0 +1,99 @@
+"""The code predictor's engine draws each frame's residual codes itself (export/common/sampler.py)
+and feeds each step the embedding of the code the step before drew: the codes equal those of
+drawing on the host, greedy and sampled, in cohorts, and a frame the engine cannot decide is
+drawn again on the host with the same uniform numbers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeomni.runtime.decoder import StepOutputs
+from edgeomni.runtime.pipeline import Pipeline
+from edgeomni.runtime.requests import parse_request_file
+from edgeomni.runtime.runners.talker import Talker
+
+sys.path.insert(0, str(Path(__file__).parent))
+import omni_reference as ref  # noqa: E402
+
+PROMPTS = ["Hello! How are you today?", "The quick brown fox.", "What is the capital of France?"]
+# the talker and code predictor sample (transformers' defaults: top-k 50, top-p 0.8 for the
+# residual codes); the thinker stays greedy so every run speaks the same text
+SAMPLED = {"top_k": 1, "talker_temperature": 0.9, "talker_top_k": 50, "talker_seed": 1234,
+           "talker_max_new_tokens": 12, "talker_min_new_tokens": 12}  # fmt: skip
+GREEDY = {"top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 12}
+
+
+def _requests(sampling: dict) -> list:
+    body = {**sampling, "max_generate_length": 8,
+            "requests": [{"messages": ref.messages_for(p)} for p in PROMPTS]}  # fmt: skip
+    return parse_request_file(body)[0]
+
+
+def _run(engine: Path, sampling: dict, *, split: bool, host: bool, monkeypatch) -> list:
+    pipe = Pipeline(engine)
+    talker = pipe.runner("talker")
+    talker.split_cp_prefill = split  # the GPU's schedule, here on the CPU build
+    with monkeypatch.context() as m:
+        if host:
+            m.setattr(Talker, "_draw_frames", lambda *a, **k: None)
+        outcomes = pipe.run(_requests(sampling), batch_size=3)
+    for o in outcomes:
+        assert o.entry["ok"], o.entry
+    return outcomes
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-prefill-call", "split-prefill"])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_engine_draws_equal_host_draws(omni_engine, monkeypatch, split, sampling) -> None:
+    engine = _run(omni_engine, sampling, split=split, host=False, monkeypatch=monkeypatch)
+    host = _run(omni_engine, sampling, split=split, host=True, monkeypatch=monkeypatch)
+    for a, b in zip(engine, host, strict=True):
+        talker = a.entry["stages"]["talker"]
+        assert talker["code_predictor_draws"] == "engine"
+        assert talker["code_predictor_host_frames"] == 0
+        assert b.entry["stages"]["talker"]["code_predictor_host_frames"] >= len(b.codes) > 0
+        np.testing.assert_array_equal(a.codes, b.codes)
+    if sampling is SAMPLED:  # it did sample: the residual codes are not the greedy ones
+        greedy = _run(omni_engine, GREEDY, split=split, host=False, monkeypatch=monkeypatch)
+        assert any(
+            not np.array_equal(a.codes[:, 1:], g.codes[: len(a.codes), 1:])
+            for a, g in zip(engine, greedy, strict=True)
+        )
+
+
+def test_an_undecided_frame_is_drawn_again_on_the_host(omni_engine, monkeypatch) -> None:
+    """A row the engine's top-K cannot decide comes out as -1; that frame is drawn again on the
+    host from the same uniform numbers, and the run's codes are the host's."""
+    host = _run(omni_engine, SAMPLED, split=False, host=True, monkeypatch=monkeypatch)
+    calls = [0]
+    buffer = StepOutputs.buffer
+
+    def undecided(self, name):  # noqa: ANN001, ANN202
+        out = buffer(self, name)
+        if name == "sampled_ids":
+            calls[0] += 1
+            if calls[0] % 37 == 0:  # now and then one row's draw is undecided
+                out = out.copy()
+                out[calls[0] % len(out)] = -1
+        return out
+
+    monkeypatch.setattr(StepOutputs, "buffer", undecided)
+    engine = _run(omni_engine, SAMPLED, split=False, host=False, monkeypatch=monkeypatch)
+    redrawn = {o.entry["stages"]["talker"]["code_predictor_host_frames"] for o in engine}
+    assert redrawn and min(redrawn) > 0
+    for a, b in zip(engine, host, strict=True):
+        np.testing.assert_array_equal(a.codes, b.codes)
+
+
+def test_requests_the_engine_cannot_sample_are_drawn_on_the_host(omni_engine, monkeypatch) -> None:
+    """A residual top-k the engine's top-K cannot hold (0: off, or K and more) is drawn on the
+    host for the whole run, as before."""
+    sampling = {**SAMPLED, "cp_top_k": 0, "cp_top_p": 0.9}
+    outcomes = _run(omni_engine, sampling, split=False, host=False, monkeypatch=monkeypatch)
+    talker = outcomes[0].entry["stages"]["talker"]
+    assert talker["code_predictor_draws"] == "host"
+    assert talker["code_predictor_host_frames"] == 0

@@ -1,0 +1,129 @@
+"""The sampler an engine runs in its graph (export/common/sampler.py) draws what the host's
+sampler (runtime/sampling.py) draws from the same logits and uniform numbers, on ONNX Runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+
+from edgeomni.export.common.onnx_export import export_onnx  # noqa: E402
+from edgeomni.export.common.sampler import draw_from_topk  # noqa: E402
+from edgeomni.runtime.sampling import SamplingParams, sample  # noqa: E402
+
+K = 64
+
+
+class _Draw(torch.nn.Module):
+    def forward(self, values, indices, uniform, temperature, top_k, top_p):  # noqa: ANN001, ANN201
+        return draw_from_topk(values, indices, uniform, temperature, top_k, top_p)
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> ort.InferenceSession:
+    from torch.export import Dim
+
+    f64 = torch.float64
+    args = (
+        torch.zeros(2, K, dtype=torch.float16),
+        torch.zeros(2, K, dtype=torch.int64),
+        torch.zeros(2, dtype=f64),
+        torch.ones(1, dtype=f64),
+        torch.full((1,), 2, dtype=torch.int64),
+        torch.ones(1, dtype=f64),
+    )
+    batch = Dim("batch")
+    path = export_onnx(
+        _Draw(),
+        args,
+        Path(tmp_path_factory.mktemp("sampler")) / "draw.onnx",
+        input_names=["values", "indices", "uniform", "temperature", "top_k", "top_p"],
+        output_names=["ids"],
+        dynamic_shapes=({0: batch}, {0: batch}, {0: batch}, None, None, None),
+    )
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+class _Fixed:
+    """A generator whose next uniform numbers are given (the engine's uniform input)."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = list(values)
+
+    def random(self) -> float:
+        return float(self.values.pop(0))
+
+
+def _engine_draw(
+    sess: ort.InferenceSession, logits: np.ndarray, u: np.ndarray, params: SamplingParams,
+    gen: np.random.Generator,
+) -> np.ndarray:  # fmt: skip
+    """The engine's TopK output, its equal values shuffled (the sampler must not rely on the
+    order a TopK kernel leaves ties in), through the exported sampler."""
+    order = np.argsort(-logits, axis=1, kind="stable")[:, :K]
+    order = np.take_along_axis(order, gen.permuted(np.tile(np.arange(K), (len(order), 1)),
+                                                   axis=1), axis=1)  # fmt: skip
+    values = np.take_along_axis(logits, order, axis=1).astype(np.float16)
+    greedy = params.greedy
+    return sess.run(None, {
+        "values": values, "indices": order.astype(np.int64), "uniform": u,
+        "temperature": np.array([1.0 if greedy else params.temperature]),
+        "top_k": np.array([1 if greedy else params.top_k], np.int64),
+        "top_p": np.array([1.0 if greedy else params.top_p]),
+    })[0]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, top_k=50, top_p=0.8),  # the code predictor's defaults
+        SamplingParams(temperature=1.3, top_k=10, top_p=1.0),
+        SamplingParams(temperature=0.6, top_k=63, top_p=0.3),
+        SamplingParams(temperature=0.9, top_k=2, top_p=0.95),
+    ],
+    ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}",
+)
+def test_engine_draws_what_the_host_draws(
+    session: ort.InferenceSession, params: SamplingParams
+) -> None:
+    gen = np.random.default_rng(11)
+    k = 1 if params.greedy else params.top_k
+    rows, tied, undecided = 0, 0, 0
+    for trial in range(25):
+        # float16 logits, as a GPU engine gives them: equal values are common
+        logits = (gen.standard_normal((16, 700)) * 2).astype(np.float16).astype(np.float32)
+        logits[trial % 16, gen.choice(700, 5, replace=False)] = logits[trial % 16].max()
+        u = gen.random(16)
+        got = _engine_draw(session, logits, u, params, gen)
+        srt = -np.sort(-logits, axis=1)
+        for b in range(16):
+            if srt[b, k - 1] == srt[b, K - 1]:  # a token outside the K may tie the k-th
+                assert got[b] == -1
+                undecided += 1
+                continue
+            want = sample(logits[b : b + 1], params, _Fixed(u[b : b + 1]))[0]  # type: ignore[arg-type]
+            assert got[b] == want, (trial, b)
+        tied += int((srt[:, k] == srt[:, k - 1]).sum())
+        rows += 16
+    assert tied > 0  # ties at the k-th value were among the rows
+    assert undecided < rows // 4
+
+
+def test_a_row_the_top_k_cannot_decide_comes_out_as_minus_one(
+    session: ort.InferenceSession,
+) -> None:
+    gen = np.random.default_rng(2)
+    logits = (gen.standard_normal((3, 300))).astype(np.float16).astype(np.float32)
+    logits[1] = 0.5  # every value equal: the K-th value equals the k-th
+    logits[2, :100] = 3.0  # 100 equal best values: a greedy pick needs the lowest id
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.8)
+    got = _engine_draw(session, logits, gen.random(3), params, gen)
+    assert got[1] == -1 and got[0] >= 0 and got[2] == -1
+    greedy = _engine_draw(session, logits, np.zeros(3), SamplingParams(temperature=0.0), gen)
+    assert greedy[1] == -1 and greedy[2] == -1  # 100 ties at the best: outside the K too
+    assert greedy[0] == int(np.argmax(logits[0]))
