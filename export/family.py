@@ -36,12 +36,18 @@ class BuildArgs:
     # decoders also output each row's top-K logits, so a GPU runtime copies K candidates per
     # row to the host, not the vocabulary (0: none; None: 64 on cuda, 0 on cpu)
     logits_topk: int | None = None
+    # decoders that run chains of calls (Qwen3-Omni's code predictor) draw their tokens in the
+    # engine (export/common/sampler.py). None: on cuda, where it spares a host round trip per
+    # call; off on cpu, where the sampler's ~50 small ops cost more than drawing on the host
+    engine_sampling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.logits_topk is None:
             object.__setattr__(
                 self, "logits_topk", DEFAULT_CUDA_TOPK if self.device == "cuda" else 0
             )
+        if self.engine_sampling is None:
+            object.__setattr__(self, "engine_sampling", self.device == "cuda")
         if self.logits_topk < 0:
             raise ValueError(f"logits_topk must be >= 0, got {self.logits_topk}")
 

@@ -27,6 +27,20 @@ SAMPLED = {"top_k": 1, "talker_temperature": 0.9, "talker_top_k": 50, "talker_se
 GREEDY = {"top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 12}
 
 
+@pytest.fixture(scope="module")
+def sampling_engine(omni_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen3-Omni built for the CPU with engine sampling on (a cuda build's default;
+    a CPU build draws on the host)."""
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+
+    engine_dir = tmp_path_factory.mktemp("omni-engine-sampling") / "eng"
+    args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256,
+                     engine_sampling=True)  # fmt: skip
+    assert build(omni_ckpt, engine_dir, args, ["llm", "talker", "code_predictor", "code2wav"])
+    return engine_dir
+
+
 def _requests(sampling: dict) -> list:
     body = {**sampling, "max_generate_length": 8,
             "requests": [{"messages": ref.messages_for(p)} for p in PROMPTS]}  # fmt: skip
@@ -48,9 +62,9 @@ def _run(engine: Path, sampling: dict, *, split: bool, host: bool, monkeypatch) 
 
 @pytest.mark.parametrize("split", [False, True], ids=["one-prefill-call", "split-prefill"])
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_engine_draws_equal_host_draws(omni_engine, monkeypatch, split, sampling) -> None:
-    engine = _run(omni_engine, sampling, split=split, host=False, monkeypatch=monkeypatch)
-    host = _run(omni_engine, sampling, split=split, host=True, monkeypatch=monkeypatch)
+def test_engine_draws_equal_host_draws(sampling_engine, monkeypatch, split, sampling) -> None:
+    engine = _run(sampling_engine, sampling, split=split, host=False, monkeypatch=monkeypatch)
+    host = _run(sampling_engine, sampling, split=split, host=True, monkeypatch=monkeypatch)
     for a, b in zip(engine, host, strict=True):
         talker = a.entry["stages"]["talker"]
         assert talker["code_predictor_draws"] == "engine"
@@ -58,17 +72,17 @@ def test_engine_draws_equal_host_draws(omni_engine, monkeypatch, split, sampling
         assert b.entry["stages"]["talker"]["code_predictor_host_frames"] >= len(b.codes) > 0
         np.testing.assert_array_equal(a.codes, b.codes)
     if sampling is SAMPLED:  # it did sample: the residual codes are not the greedy ones
-        greedy = _run(omni_engine, GREEDY, split=split, host=False, monkeypatch=monkeypatch)
+        greedy = _run(sampling_engine, GREEDY, split=split, host=False, monkeypatch=monkeypatch)
         assert any(
             not np.array_equal(a.codes[:, 1:], g.codes[: len(a.codes), 1:])
             for a, g in zip(engine, greedy, strict=True)
         )
 
 
-def test_an_undecided_frame_is_drawn_again_on_the_host(omni_engine, monkeypatch) -> None:
+def test_an_undecided_frame_is_drawn_again_on_the_host(sampling_engine, monkeypatch) -> None:
     """A row the engine's top-K cannot decide comes out as -1; that frame is drawn again on the
     host from the same uniform numbers, and the run's codes are the host's."""
-    host = _run(omni_engine, SAMPLED, split=False, host=True, monkeypatch=monkeypatch)
+    host = _run(sampling_engine, SAMPLED, split=False, host=True, monkeypatch=monkeypatch)
     calls = [0]
     buffer = StepOutputs.buffer
 
@@ -82,18 +96,48 @@ def test_an_undecided_frame_is_drawn_again_on_the_host(omni_engine, monkeypatch)
         return out
 
     monkeypatch.setattr(StepOutputs, "buffer", undecided)
-    engine = _run(omni_engine, SAMPLED, split=False, host=False, monkeypatch=monkeypatch)
+    engine = _run(sampling_engine, SAMPLED, split=False, host=False, monkeypatch=monkeypatch)
     redrawn = {o.entry["stages"]["talker"]["code_predictor_host_frames"] for o in engine}
     assert redrawn and min(redrawn) > 0
     for a, b in zip(engine, host, strict=True):
         np.testing.assert_array_equal(a.codes, b.codes)
 
 
-def test_requests_the_engine_cannot_sample_are_drawn_on_the_host(omni_engine, monkeypatch) -> None:
+def test_requests_the_engine_cannot_sample_are_drawn_on_the_host(
+    sampling_engine, monkeypatch
+) -> None:
     """A residual top-k the engine's top-K cannot hold (0: off, or K and more) is drawn on the
     host for the whole run, as before."""
     sampling = {**SAMPLED, "cp_top_k": 0, "cp_top_p": 0.9}
-    outcomes = _run(omni_engine, sampling, split=False, host=False, monkeypatch=monkeypatch)
+    outcomes = _run(sampling_engine, sampling, split=False, host=False, monkeypatch=monkeypatch)
     talker = outcomes[0].entry["stages"]["talker"]
     assert talker["code_predictor_draws"] == "host"
     assert talker["code_predictor_host_frames"] == 0
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-prefill-call", "split-prefill"])
+def test_each_call_draws_what_the_host_draws_from_its_top_k(sampling_engine, monkeypatch, split):
+    """Call by call: the engine's draw from its top-K and uniform number is the host sampler's
+    (the GPU test runs the same check on CUDA engines)."""
+    import draw_check
+
+    compared = draw_check.engine_draws_match_host(sampling_engine, monkeypatch, split=split)
+    assert compared >= 3 * 15 * 12, compared
+
+
+def test_a_cpu_build_draws_on_the_host_with_the_same_codes(
+    omni_engine, sampling_engine, monkeypatch
+) -> None:
+    """The default CPU build has no sampler in its code predictor (there it costs more than it
+    spares) and draws on the host: the same codes as a build that draws in the engine."""
+    import onnx
+
+    for engine, has in ((omni_engine, False), (sampling_engine, True)):
+        model = onnx.load(str(engine / "code_predictor" / "llm.onnx"), load_external_data=False)
+        assert ("sampled_ids" in [o.name for o in model.graph.output]) is has
+    host = _run(omni_engine, SAMPLED, split=False, host=False, monkeypatch=monkeypatch)
+    drawn = _run(sampling_engine, SAMPLED, split=False, host=False, monkeypatch=monkeypatch)
+    for a, b in zip(host, drawn, strict=True):
+        assert a.entry["stages"]["talker"]["code_predictor_draws"] == "host"
+        assert b.entry["stages"]["talker"]["code_predictor_draws"] == "engine"
+        np.testing.assert_array_equal(a.codes, b.codes)

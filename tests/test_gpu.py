@@ -7,12 +7,15 @@ the GPU machine with ``pytest -m gpu``.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edgeomni.runtime import cli
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def _cuda_reason() -> str | None:
@@ -188,27 +191,18 @@ def test_omni_text_to_speech_on_the_gpu(omni_cuda_engine) -> None:
 
 
 def test_code_predictor_draws_on_the_gpu_as_the_host_does(omni_cuda_engine, monkeypatch) -> None:
-    """The code predictor's frame queued back to back on the GPU, each step drawing in its
-    graph and feeding the next on the device: the codes the host's draws give (rows the
-    float16 top-K cannot decide are drawn again on the host), graphed and not."""
-    from edgeomni.runtime.runners.talker import Talker
+    """Each code predictor call on the GPU, queued back to back with the frame's others, draws
+    in its graph the code the host's sampler draws from that call's top-K and uniform number,
+    graphed and not. Whole runs are not compared: the float16 code predictor's logits can
+    differ by one float16 step between pipeline instances on the H200 (docs/benchmarks.md),
+    and a sampled draw that sits at such a near-tie then goes the other way."""
+    import draw_check
 
-    body = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 10, "talker_seed": 5,
-            "talker_max_new_tokens": 17, "talker_min_new_tokens": 17,
-            "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": p}]}]}
-                         for p in ("Hello there", "Tell me a story", "Why?")]}  # fmt: skip
-    engine = run_pipeline(omni_cuda_engine, body, 3)
-    plain = run_pipeline(omni_cuda_engine, body, 3, cuda_graphs=False)
-    monkeypatch.setattr(Talker, "_draw_frames", lambda *a, **k: None)
-    host = run_pipeline(omni_cuda_engine, body, 3)
-    for a, b, c in zip(engine, plain, host, strict=True):
-        assert a.entry["ok"], a.entry
-        talker = a.entry["stages"]["talker"]
-        assert talker["code_predictor_draws"] == "engine"
-        assert talker["code_predictor_host_frames"] < 16
-        assert a.codes.shape == (16, 16)
-        np.testing.assert_array_equal(a.codes, b.codes)
-        np.testing.assert_array_equal(a.codes, c.codes)
+    for graphs in (True, False):
+        compared = draw_check.engine_draws_match_host(
+            omni_cuda_engine, monkeypatch, cuda_graphs=graphs
+        )
+        assert compared >= 3 * 15 * 12, compared  # most of the 16 frames x 15 steps x 3 rows
 
 
 def test_every_omni_engine_stays_on_the_gpu(omni_cuda_engine) -> None:

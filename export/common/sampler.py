@@ -66,7 +66,7 @@ def draw_from_topk(
 class WithSampler(nn.Module):
     """A multi-head decoder (the code predictor) that also draws each row's next code and
     looks up its input embedding for the next call: ``sampled_ids`` [B] and ``sampled_embeds``
-    [B, 1, H] after ``logits`` and the top-K. ``tables`` [heads, V, H]: the embedding that the
+    [B, H] after ``logits`` and the top-K. ``tables`` [heads, V, H]: the embedding that the
     code drawn with head i feeds to the next call."""
 
     def __init__(self, inner: CausalLM, k: int, tables: torch.Tensor) -> None:
@@ -103,7 +103,9 @@ class WithSampler(nn.Module):
         values, indices = torch.topk(logits, self.k, dim=-1)
         drawn = draw_from_topk(values, indices, uniform, temperature, top_k, top_p)
         row = lm_head_index * self.cfg.vocab_size + drawn.clamp(min=0)
-        embeds = self.tables.index_select(0, row).unsqueeze(1)
+        # [B, H], the gather's own output, written straight into the bound buffer (an unsqueeze
+        # as the engine's output would add a copy); the runtime views it as [B, 1, H]
+        embeds = self.tables.index_select(0, row)
         return (logits, values, indices, drawn, embeds, *presents)
 
     def io_names(self) -> tuple[list[str], list[str]]:

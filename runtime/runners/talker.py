@@ -130,6 +130,7 @@ class Talker:
         names = self.cp_engine.output_names
         self.cp_draws = "sampled_ids" in names
         self.cp_topk = int(self.cp_engine.output_shapes["topk_values"][-1]) if self.cp_draws else 0
+        self._drawn: dict[tuple[int, int], Any] = {}
         self.codec_embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         cp_tables = safetensors_np.load(cp_folder / "embedding.safetensors")
         self.groups = int(cfg["num_code_groups"])
@@ -275,9 +276,7 @@ class Talker:
         )
         cp_outputs: dict[str, tuple[int, ...]] = {"logits": (int(self.cp_config["vocab_size"]),)}
         if self.cp_draws:
-            cp_outputs.update(
-                sampled_ids=(), sampled_embeds=(1, int(self.cp_config["hidden_size"]))
-            )
+            cp_outputs.update(sampled_ids=(), sampled_embeds=(int(self.cp_config["hidden_size"]),))
         cp_session = DecoderSession(self.cp_engine, self.cp_kv, n, cp_outputs)
         # the engine draws a frame's codes when it can do so as the host would
         in_engine = self.cp_draws and (cp_params.greedy or 0 < cp_params.top_k < self.cp_topk)
@@ -522,22 +521,23 @@ class Talker:
             past, x = past + 1, e0[:, None, :]
         else:
             x = np.stack([last_hidden, e0], axis=1)
-        drawn = []
+        drawn = self._drawn_codes(steps, n)
         for group in range(1, self.groups):
             width = x.shape[1]
             out = cp.run(x, text_positions(past, width, False), past, q * width,
                          np.full(n, width - 1, np.int64), tag=group, wait=False,
                          lm_head_index=np.array([group - 1], np.int64),
                          **self._draw_inputs(uniforms[group - 1], params))  # fmt: skip
-            ids = out.buffer("sampled_ids")  # copied out before a later call can write it
-            drawn.append(ids.copy() if isinstance(ids, np.ndarray) else ids.download(sync=False))
+            ids = out.buffer("sampled_ids")  # copied aside before a later call can write it
+            if isinstance(drawn, np.ndarray):
+                drawn[group - 1] = ids
+            else:  # on the device, queued: the host waits once, below
+                drawn.rows(1, group - 1).view((n,)).copy_from(ids)
             x = out.buffer("sampled_embeds")
+            x = x.reshape(n, 1, -1) if isinstance(x, np.ndarray) else x.view((n, 1, x.shape[-1]))
             past = past + width
-        if not isinstance(x, np.ndarray):
-            from edgeomni.runtime.memory import synchronize
-
-            synchronize()
-        codes = np.concatenate([code0[:, None], np.stack(drawn, axis=1)], axis=1)
+        got = drawn if isinstance(drawn, np.ndarray) else drawn.download()
+        codes = np.concatenate([code0[:, None], got.T], axis=1)
         if (codes[active] < 0).any():
             rng.bit_generator.state = state
             return None
@@ -545,6 +545,20 @@ class Talker:
         for group in range(1, self.groups):
             total = total + self.cp_embeddings[group - 1][codes[:, group]]
         return codes, total
+
+    def _drawn_codes(self, steps: int, n: int) -> Any:
+        """Where a frame's drawn codes [steps, n] gather: device memory for a GPU engine (one
+        download per frame), kept per cohort size."""
+        buf = self._drawn.get((steps, n))
+        if buf is None:
+            if self.cp_engine.device == "cuda":
+                from edgeomni.runtime.memory import DeviceArray
+
+                buf = DeviceArray.zeros((steps, n), np.int64)
+            else:
+                buf = np.zeros((steps, n), np.int64)
+            self._drawn[(steps, n)] = buf
+        return buf
 
     def _sampling(self, request: Any) -> tuple[SamplingParams, SamplingParams, int, int]:
         """talker_* keys for the first code, cp_* (or subtalker_*) keys for the residual codes.

@@ -54,8 +54,11 @@ def export_component(
             logits_topk=topk,
             topk_exclude=talker.suppressed_codes(ckpt.config),
         )
-    if component is CODE_PREDICTOR:  # it draws its codes itself (export/common/sampler.py)
+    if component is CODE_PREDICTOR:
         module = talker.build_predictor(ckpt, dtype)
+        if not args.engine_sampling:
+            return export_causal_lm(module, path, logits_topk=topk)
+        # it draws its codes itself (export/common/sampler.py)
         tables = talker.predictor_embeddings(ckpt, module.cfg.lm_heads + 1)
         return export_causal_lm(
             module, path, logits_topk=topk,

@@ -1,0 +1,81 @@
+"""Per-call check that a code predictor engine's in-graph draws are the host sampler's: every
+call's top-K, uniform numbers and drawn codes are recorded and the draws recomputed on the host.
+Shared by the CPU test (test_code_predictor_draws.py) and the GPU one (test_gpu.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeomni.runtime import decoder
+from edgeomni.runtime.pipeline import Pipeline
+from edgeomni.runtime.requests import parse_request_file
+from edgeomni.runtime.sampling import SamplingParams, StepLogits, sample_step
+
+BODY = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 10, "talker_seed": 5,
+        "talker_max_new_tokens": 17, "talker_min_new_tokens": 17,
+        "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": p}]}]}
+                     for p in ("Hello there", "Tell me a story", "Why?")]}  # fmt: skip
+
+
+class Given:
+    """The uniform numbers the engine was given, as the host sampler's generator."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = list(values)
+
+    def random(self) -> float:
+        return float(self.values.pop(0))
+
+
+def _host(buf: Any) -> np.ndarray:
+    if isinstance(buf, np.ndarray):
+        return buf.copy()
+    from edgeomni.runtime.memory import synchronize
+
+    synchronize()
+    return buf.download()
+
+
+def engine_draws_match_host(
+    engine: Path, monkeypatch: Any, *, split: bool | None = None, **options: Any
+) -> int:
+    """Run BODY (three sampled requests, 16 frames each) and check every decided call; returns
+    how many row draws were compared. ``split``: force the code predictor's prefill schedule."""
+    calls: list[tuple] = []
+    run = decoder.DecoderSession.run
+
+    def recorded(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        out = run(self, *args, **kwargs)
+        if kwargs.get("tag") and "sample_uniform" in kwargs:  # tag 0: the hidden state alone
+            params = SamplingParams(
+                temperature=float(kwargs["sample_temperature"][0]),
+                top_k=int(kwargs["sample_top_k"][0]),
+                top_p=float(kwargs["sample_top_p"][0]),
+            )
+            got = [_host(out.buffer(n)) for n in ("topk_values", "topk_indices", "sampled_ids")]
+            calls.append((*got, np.array(kwargs["sample_uniform"]), params))
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(decoder.DecoderSession, "run", recorded)
+        requests, _ = parse_request_file(BODY)
+        pipe = Pipeline(engine, **options)
+        if split is not None:
+            pipe.runner("talker").split_cp_prefill = split
+        outcomes = pipe.run(requests, batch_size=3)
+    for outcome in outcomes:
+        assert outcome.entry["ok"], outcome.entry
+        assert outcome.entry["stages"]["talker"]["code_predictor_draws"] == "engine"
+        assert outcome.codes.shape == (16, 16)
+    compared = 0
+    for values, indices, drawn, uniform, params in calls:
+        if not (drawn >= 0).all():  # that frame is drawn again on the host: nothing to compare
+            continue
+        step = StepLogits(len(values), None, values.astype(np.float32), indices)
+        want, _ = sample_step(step, params, Given(uniform))  # type: ignore[arg-type]
+        np.testing.assert_array_equal(drawn, want)
+        compared += len(drawn)
+    return compared
