@@ -38,7 +38,7 @@ def main() -> None:
     from edgeomni.export.tiny_omni import make_qwen3_omni
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
-    from edgeomni.runtime.runners.talker import Talker
+    from edgeomni.runtime.runners.code_predictor import CodePredictor
 
     args.work.mkdir(parents=True, exist_ok=True)
     ckpt, engine = args.work / "ckpt", args.work / "engine"
@@ -53,9 +53,9 @@ def main() -> None:
             "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": t}]}]}
                          for t in prompts]}  # fmt: skip
     requests, _ = parse_request_file(body)
-    draw_frames = Talker._draw_frames
+    engine_frame = CodePredictor.engine_frame
     for way in ("engine", "host"):
-        Talker._draw_frames = draw_frames if way == "engine" else (lambda *a, **k: None)
+        CodePredictor.engine_frame = engine_frame if way == "engine" else (lambda *a, **k: None)
         runs = []
         for _ in range(args.runs):
             pipe = Pipeline(engine, cuda_graphs=not args.no_cuda_graphs)
@@ -63,7 +63,7 @@ def main() -> None:
         for i, codes in enumerate(runs):
             print(f"{way} draws, run {i}: first difference from run 0 per row "
                   f"(row, frame, group): {first_differences(codes, runs[0])}", flush=True)  # fmt: skip
-    Talker._draw_frames = draw_frames
+    CodePredictor.engine_frame = engine_frame
 
 
 if __name__ == "__main__":

@@ -43,6 +43,21 @@ class KVCache:
         self.keys = [alloc() for _ in range(layers)]
         self.values = [alloc() for _ in range(layers)]
 
+    @classmethod
+    def for_decoder(
+        cls, cfg: dict[str, Any], rows: int, capacity: int, device: str = "cpu"
+    ) -> KVCache:
+        """The cache a decoder engine's config.json describes."""
+        return cls(
+            int(cfg["num_hidden_layers"]),
+            rows,
+            int(cfg["num_key_value_heads"]),
+            capacity,
+            int(cfg["head_dim"]),
+            dtype=np.dtype(cfg.get("dtype", "float32")).type,
+            device=device,
+        )
+
     @staticmethod
     def _rows(buffer: Any, rows: int, start: int) -> Any:
         if isinstance(buffer, np.ndarray):

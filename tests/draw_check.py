@@ -64,7 +64,7 @@ def engine_draws_match_host(
         requests, _ = parse_request_file(BODY)
         pipe = Pipeline(engine, **options)
         if split is not None:
-            pipe.runner("talker").split_cp_prefill = split
+            pipe.runner("talker").cp.split_prefill = split
         outcomes = pipe.run(requests, batch_size=3)
     for outcome in outcomes:
         assert outcome.entry["ok"], outcome.entry

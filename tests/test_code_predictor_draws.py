@@ -14,7 +14,7 @@ import pytest
 from edgeomni.runtime.decoder import StepOutputs
 from edgeomni.runtime.pipeline import Pipeline
 from edgeomni.runtime.requests import parse_request_file
-from edgeomni.runtime.runners.talker import Talker
+from edgeomni.runtime.runners.code_predictor import CodePredictor
 
 sys.path.insert(0, str(Path(__file__).parent))
 import omni_reference as ref  # noqa: E402
@@ -50,10 +50,10 @@ def _requests(sampling: dict) -> list:
 def _run(engine: Path, sampling: dict, *, split: bool, host: bool, monkeypatch) -> list:
     pipe = Pipeline(engine)
     talker = pipe.runner("talker")
-    talker.split_cp_prefill = split  # the GPU's schedule, here on the CPU build
+    talker.cp.split_prefill = split  # the GPU's schedule, here on the CPU build
     with monkeypatch.context() as m:
         if host:
-            m.setattr(Talker, "_draw_frames", lambda *a, **k: None)
+            m.setattr(CodePredictor, "engine_frame", lambda *a, **k: None)
         outcomes = pipe.run(_requests(sampling), batch_size=3)
     for o in outcomes:
         assert o.entry["ok"], o.entry

@@ -221,6 +221,6 @@ def test_every_omni_engine_stays_on_the_gpu(omni_cuda_engine) -> None:
     assert outcome.entry["ok"], outcome.entry
     for stage in ("thinker", "talker", "code2wav"):
         runner = pipe.runner(stage)
-        engines = [runner.engine] + ([runner.cp_engine] if stage == "talker" else [])
+        engines = [runner.engine] + ([runner.cp.engine] if stage == "talker" else [])
         for engine in engines:
             assert engine.session.get_providers()[0] == "CUDAExecutionProvider", stage

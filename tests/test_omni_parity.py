@@ -222,8 +222,8 @@ def test_split_code_predictor_prefill_gives_the_same_codes(omni_engine, referenc
     requests, _ = parse_request_file(body)
     pipe = Pipeline(omni_engine)
     talker = pipe.runner("talker")
-    assert not talker.split_cp_prefill  # the CPU build makes one two-token call
-    talker.split_cp_prefill = True
+    assert not talker.cp.split_prefill  # the CPU build makes one two-token call
+    talker.cp.split_prefill = True
     outcomes = pipe.run(requests, batch_size=2)
     for outcome, expected in zip(outcomes, references[:2], strict=True):
         assert outcome.entry["ok"], outcome.entry

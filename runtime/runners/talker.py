@@ -25,6 +25,7 @@ from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.mrope import MropeIds, rope_index
 from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState
+from edgeomni.runtime.runners.code_predictor import CodePredictor
 from edgeomni.runtime.sampling import SamplingParams, sample_step
 
 DEFAULT_MAX_FRAMES = 4096  # transformers' talker_max_new_tokens
@@ -54,18 +55,6 @@ def _projection(tables: dict[str, np.ndarray], name: str) -> Projection:
         t[f"{name}.linear_fc1.bias"],
         t[f"{name}.linear_fc2.weight"],
         t[f"{name}.linear_fc2.bias"],
-    )
-
-
-def _decoder_cache(cfg: dict[str, Any], rows: int, capacity: int, device: str) -> KVCache:
-    return KVCache(
-        cfg["num_hidden_layers"],
-        rows,
-        cfg["num_key_value_heads"],
-        capacity,
-        cfg["head_dim"],
-        dtype=np.dtype(cfg.get("dtype", "float32")).type,
-        device=device,
     )
 
 
@@ -116,25 +105,8 @@ class Talker:
         self.stage = stage
         cfg = self.config = json.loads((folder / "config.json").read_text())
         self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
-        cp_folder = (folder / cfg["code_predictor"]).resolve()
-        self.cp_config = json.loads((cp_folder / "config.json").read_text())
-        self.cp_engine = open_engine(
-            cp_folder, self.cp_config, threads=threads, cuda_graphs=cuda_graphs
-        )
-        # On a GPU each frame's code predictor prefill [hidden, E(code0)] runs as two one-token
-        # calls: replayed from CUDA graphs they cost less than one uncaptured two-token call (a
-        # two-token call cannot be captured on onnxruntime-gpu 1.31). The CPU keeps the one call.
-        self.split_cp_prefill = self.cp_engine.device == "cuda"
-        # an engine that draws its own codes (export/common/sampler.py) runs a frame's steps
-        # back to back, each fed the code embedding the one before drew, on the device
-        names = self.cp_engine.output_names
-        self.cp_draws = "sampled_ids" in names
-        self.cp_topk = int(self.cp_engine.output_shapes["topk_values"][-1]) if self.cp_draws else 0
-        self._drawn: dict[tuple[int, int], Any] = {}
         self.codec_embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
-        cp_tables = safetensors_np.load(cp_folder / "embedding.safetensors")
         self.groups = int(cfg["num_code_groups"])
-        self.cp_embeddings = [cp_tables[f"embedding_{i}"] for i in range(self.groups - 1)]
         tables = safetensors_np.load(folder / "projections.safetensors")
         self.text_projection = _projection(tables, "text_projection")
         self.hidden_projection = _projection(tables, "hidden_projection")
@@ -148,10 +120,11 @@ class Talker:
         limits = cfg["builder_config"]
         self.max_batch = int(limits["max_batch_size"])
         self.capacity = int(limits["max_kv_cache_capacity"])
-        self.kv = _decoder_cache(cfg, self.max_batch, self.capacity, self.engine.device)
-        self.cp_kv = _decoder_cache(
-            self.cp_config, self.max_batch, self.groups, self.cp_engine.device
-        )
+        self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine.device)
+        self.cp = CodePredictor(
+            (folder / cfg["code_predictor"]).resolve(), groups=self.groups,
+            max_batch=self.max_batch, threads=threads, cuda_graphs=cuda_graphs,
+        )  # fmt: skip
         # the talker may not emit the codec's control band, except the end of speech (a GPU
         # build's engine keeps the same band out of its top-K)
         band = np.arange(max(0, self.vocab_size - 1024), self.vocab_size)
@@ -274,13 +247,8 @@ class Talker:
             n,
             {"logits": (self.vocab_size,), "last_hidden": (self.hidden_size,)},
         )
-        cp_outputs: dict[str, tuple[int, ...]] = {"logits": (int(self.cp_config["vocab_size"]),)}
-        if self.cp_draws:
-            cp_outputs.update(sampled_ids=(), sampled_embeds=(int(self.cp_config["hidden_size"]),))
-        cp_session = DecoderSession(self.cp_engine, self.cp_kv, n, cp_outputs)
-        # the engine draws a frame's codes when it can do so as the host would
-        in_engine = self.cp_draws and (cp_params.greedy or 0 < cp_params.top_k < self.cp_topk)
-        host_frames = 0  # frames the engine could not decide, drawn again on the host
+        cp_session = self.cp.session(n)
+        host_frames = 0  # frames the engine was to draw but could not, drawn on the host
         embeds = right_pad([p.embeds for p in prefills])
         zeros = np.zeros(n, np.int32)
         positions = text_positions(zeros, embeds.shape[1], True)
@@ -307,7 +275,7 @@ class Talker:
             ]
             # what the host reads, in one sync; split, the hidden state goes to the code
             # predictor where it is
-            wanted = TOPK_OUTPUTS if self.split_cp_prefill else ("last_hidden", *TOPK_OUTPUTS)
+            wanted = TOPK_OUTPUTS if self.cp.split_prefill else ("last_hidden", *TOPK_OUTPUTS)
             out.fetch(*wanted)
             code0, fetched = sample_step(out.logits(), talker_params, rng, seen, banned)
             full_rows += fetched
@@ -322,16 +290,12 @@ class Talker:
             if not active.any():
                 break
             t = time.perf_counter()
-            hidden = out.buffer("last_hidden") if self.split_cp_prefill else out["last_hidden"]
-            drawn = (
-                self._draw_frames(cp_session, hidden, code0, active, cp_params, rng)
-                if in_engine
-                else None
+            hidden = out.buffer("last_hidden") if self.cp.split_prefill else out["last_hidden"]
+            e0 = self.codec_embedding[code0]
+            codes, frame_embed, redrawn = self.cp.frame(
+                cp_session, hidden, code0, e0, active, cp_params, rng
             )
-            if drawn is None:
-                host_frames += in_engine
-                drawn = self._complete_frames(cp_session, hidden, code0, active, cp_params, rng)
-            codes, frame_embed = drawn
+            host_frames += redrawn
             cp_ms += (time.perf_counter() - t) * 1e3
             nxt = frame_embed + self._text_rows(prefills, step, active, advance)
             for row in range(n):
@@ -373,7 +337,7 @@ class Talker:
                 # drawing in the engine, calls are queued, not waited for: then this is the
                 # time to queue them, and the GPU's time is in code_predictor_ms
                 "code_predictor_engine_ms": round(cp_session.engine_seconds * 1e3, 3),
-                "code_predictor_draws": "engine" if in_engine else "host",
+                "code_predictor_draws": "engine" if self.cp.draws_in_engine(cp_params) else "host",
                 "code_predictor_host_frames": host_frames,
                 "cohort_size": n,
                 "full_logit_rows": full_rows,
@@ -412,153 +376,6 @@ class Talker:
             elif j == p.fed:
                 rows[row] = self.tts_eos
         return rows
-
-    def _complete_frames(
-        self,
-        cp: DecoderSession,
-        last_hidden: Any,
-        code0: np.ndarray,
-        active: np.ndarray,
-        params: SamplingParams,
-        rng: np.random.Generator,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The code predictor's loop for one frame of every active row: prefill [hidden, E(c0)],
-        then one step per residual group; returns codes [n, G] and the frame's summed embedding.
-        ``last_hidden`` [n, H]: split, the talker's output buffer as it is (on a GPU it never
-        leaves the device); otherwise a host array."""
-        n = len(code0)
-        e0 = self.codec_embedding[code0]
-        q = active.astype(np.int32)
-        codes = np.zeros((n, self.groups), np.int64)
-        codes[:, 0] = code0
-        total = e0.astype(np.float32).copy()
-        past = np.zeros(n, np.int32)
-        draw = (
-            self._draw_inputs(np.zeros(n), SamplingParams(temperature=0.0)) if self.cp_draws else {}
-        )
-        if self.split_cp_prefill:  # the hidden state alone first; its logits are not read
-            hidden = (
-                last_hidden[:, None, :]
-                if isinstance(last_hidden, np.ndarray)
-                else last_hidden.view((n, 1, self.hidden_size))
-            )
-            cp.run(
-                hidden,
-                text_positions(past, 1, False),
-                past,
-                q,
-                np.zeros(n, np.int64),
-                tag=0,
-                lm_head_index=np.zeros(1, np.int64),
-                **draw,
-            )
-            past, x = past + 1, e0[:, None, :]
-        else:
-            x = np.stack([last_hidden, e0], axis=1)
-        for group in range(1, self.groups):
-            width = x.shape[1]
-            out = cp.run(
-                x,
-                text_positions(past, width, False),
-                past,
-                q * width,
-                np.full(n, width - 1, np.int64),
-                # on a GPU each step has its own graph: its positions, lengths and head are
-                # sent once, and each frame sends only the new embedding
-                tag=group,
-                lm_head_index=np.array([group - 1], np.int64),
-                **draw,
-            )
-            codes[:, group] = sample_step(out.logits(), params, rng)[0]
-            emb = self.cp_embeddings[group - 1][codes[:, group]]
-            total += emb
-            past = past + width
-            x = emb[:, None, :]
-        return codes, total
-
-    @staticmethod
-    def _draw_inputs(uniform: np.ndarray, params: SamplingParams) -> dict[str, np.ndarray]:
-        """The engine sampler's inputs: greedy is top-k 1 (at temperature 1)."""
-        greedy = params.greedy
-        return {
-            "sample_uniform": np.asarray(uniform, np.float64),
-            "sample_temperature": np.array([1.0 if greedy else params.temperature]),
-            "sample_top_k": np.array([1 if greedy else params.top_k], np.int64),
-            "sample_top_p": np.array([1.0 if greedy else params.top_p]),
-        }
-
-    def _draw_frames(
-        self,
-        cp: DecoderSession,
-        last_hidden: Any,
-        code0: np.ndarray,
-        active: np.ndarray,
-        params: SamplingParams,
-        rng: np.random.Generator,
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """``_complete_frames`` with the engine drawing each code and feeding its embedding to
-        the next step where it is: on a GPU the frame's calls are queued back to back and the
-        host waits once, for the codes. The uniform numbers are the ones the host path would
-        draw, in its order (group by group, every row); None, with the generator put back, when
-        the engine could not decide an active row exactly (the caller then draws the frame on
-        the host, as it would have)."""
-        n = len(code0)
-        state = rng.bit_generator.state
-        steps = self.groups - 1
-        uniforms = np.zeros((steps, n)) if params.greedy else rng.random((steps, n))
-        e0 = self.codec_embedding[code0]
-        q = active.astype(np.int32)
-        past = np.zeros(n, np.int32)
-        if self.split_cp_prefill:  # the hidden state alone first; what it draws is not read
-            hidden = (
-                last_hidden[:, None, :]
-                if isinstance(last_hidden, np.ndarray)
-                else last_hidden.view((n, 1, self.hidden_size))
-            )
-            cp.run(hidden, text_positions(past, 1, False), past, q, np.zeros(n, np.int64),
-                   tag=0, wait=False, lm_head_index=np.zeros(1, np.int64),
-                   **self._draw_inputs(np.zeros(n), params))  # fmt: skip
-            past, x = past + 1, e0[:, None, :]
-        else:
-            x = np.stack([last_hidden, e0], axis=1)
-        drawn = self._drawn_codes(steps, n)
-        for group in range(1, self.groups):
-            width = x.shape[1]
-            out = cp.run(x, text_positions(past, width, False), past, q * width,
-                         np.full(n, width - 1, np.int64), tag=group, wait=False,
-                         lm_head_index=np.array([group - 1], np.int64),
-                         **self._draw_inputs(uniforms[group - 1], params))  # fmt: skip
-            ids = out.buffer("sampled_ids")  # copied aside before a later call can write it
-            if isinstance(drawn, np.ndarray):
-                drawn[group - 1] = ids
-            else:  # on the device, queued: the host waits once, below
-                drawn.rows(1, group - 1).view((n,)).copy_from(ids)
-            x = out.buffer("sampled_embeds")
-            x = x.reshape(n, 1, -1) if isinstance(x, np.ndarray) else x.view((n, 1, x.shape[-1]))
-            past = past + width
-        got = drawn if isinstance(drawn, np.ndarray) else drawn.download()
-        codes = np.concatenate([code0[:, None], got.T], axis=1)
-        if (codes[active] < 0).any():
-            rng.bit_generator.state = state
-            return None
-        total = e0.astype(np.float32)
-        for group in range(1, self.groups):
-            total = total + self.cp_embeddings[group - 1][codes[:, group]]
-        return codes, total
-
-    def _drawn_codes(self, steps: int, n: int) -> Any:
-        """Where a frame's drawn codes [steps, n] gather: device memory for a GPU engine (one
-        download per frame), kept per cohort size."""
-        buf = self._drawn.get((steps, n))
-        if buf is None:
-            if self.cp_engine.device == "cuda":
-                from edgeomni.runtime.memory import DeviceArray
-
-                buf = DeviceArray.zeros((steps, n), np.int64)
-            else:
-                buf = np.zeros((steps, n), np.int64)
-            self._drawn[(steps, n)] = buf
-        return buf
 
     def _sampling(self, request: Any) -> tuple[SamplingParams, SamplingParams, int, int]:
         """talker_* keys for the first code, cp_* (or subtalker_*) keys for the residual codes.

@@ -1,0 +1,225 @@
+"""Qwen3-Omni's code predictor, run by the talker's runner: the residual codes of a codec frame
+from the talker's hidden state and the frame's first code.
+
+A dense decoder with one head per residual group; its KV cache lives for one frame. Each frame is
+a prefill ([hidden, E(code0)]) and one step per group. An engine built with a sampler
+(export/common/sampler.py, cuda builds) draws each code itself and feeds the next step the drawn
+code's embedding on the device, so a frame's steps run back to back (``engine_frame``); otherwise,
+or when the engine cannot draw a frame exactly, the host draws each code from the step's logits
+(``host_frame``). Both draw the same codes from the same generator.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeomni.runtime import safetensors_np
+from edgeomni.runtime.decoder import DecoderSession, text_positions
+from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.kv import KVCache
+from edgeomni.runtime.sampling import SamplingParams, sample_step
+
+
+class CodePredictor:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        groups: int,
+        max_batch: int,
+        threads: int | None = None,
+        cuda_graphs: bool = True,
+    ) -> None:
+        self.config = cfg = json.loads((folder / "config.json").read_text())
+        self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
+        # On a GPU each frame's prefill [hidden, E(code0)] runs as two one-token calls: replayed
+        # from CUDA graphs they cost less than one uncaptured two-token call (a two-token call
+        # cannot be captured on onnxruntime-gpu 1.31). The CPU keeps the one call.
+        self.split_prefill = self.engine.device == "cuda"
+        # an engine that draws its own codes runs a frame's steps back to back, each fed the
+        # code embedding the one before drew, on the device
+        self.draws = "sampled_ids" in self.engine.output_names
+        self.topk = int(self.engine.output_shapes["topk_values"][-1]) if self.draws else 0
+        self.groups = groups
+        self.hidden_size = int(cfg["hidden_size"])
+        tables = safetensors_np.load(folder / "embedding.safetensors")
+        self.embeddings = [tables[f"embedding_{i}"] for i in range(groups - 1)]
+        self.kv = KVCache.for_decoder(cfg, max_batch, groups, self.engine.device)
+        self._drawn: dict[tuple[int, int], Any] = {}
+
+    def session(self, rows: int) -> DecoderSession:
+        outputs: dict[str, tuple[int, ...]] = {"logits": (int(self.config["vocab_size"]),)}
+        if self.draws:
+            outputs.update(sampled_ids=(), sampled_embeds=(self.hidden_size,))
+        return DecoderSession(self.engine, self.kv, rows, outputs)
+
+    def draws_in_engine(self, params: SamplingParams) -> bool:
+        """Whether the engine can draw with these settings as the host would (its top-K must
+        hold the top-k)."""
+        return self.draws and (params.greedy or 0 < params.top_k < self.topk)
+
+    def frame(
+        self,
+        cp: DecoderSession,
+        last_hidden: Any,
+        code0: np.ndarray,
+        e0: np.ndarray,
+        active: np.ndarray,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Codes [n, G] and the frame's summed embedding for every active row, and whether the
+        host drew a frame the engine was to draw. ``last_hidden`` [n, H]: split, the talker's
+        output buffer as it is (on a GPU it never leaves the device); otherwise a host array.
+        ``e0``: the first codes' embeddings (the talker's table)."""
+        if self.draws_in_engine(params):
+            drawn = self.engine_frame(cp, last_hidden, code0, e0, active, params, rng)
+            if drawn is not None:
+                return (*drawn, False)
+            return (*self.host_frame(cp, last_hidden, code0, e0, active, params, rng), True)
+        return (*self.host_frame(cp, last_hidden, code0, e0, active, params, rng), False)
+
+    def host_frame(
+        self,
+        cp: DecoderSession,
+        last_hidden: Any,
+        code0: np.ndarray,
+        e0: np.ndarray,
+        active: np.ndarray,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The code predictor's loop for one frame of every active row: prefill [hidden, E(c0)],
+        then one step per residual group; returns codes [n, G] and the frame's summed embedding.
+        ``last_hidden`` [n, H]: split, the talker's output buffer as it is (on a GPU it never
+        leaves the device); otherwise a host array."""
+        n = len(code0)
+        q = active.astype(np.int32)
+        codes = np.zeros((n, self.groups), np.int64)
+        codes[:, 0] = code0
+        total = e0.astype(np.float32).copy()
+        draw = self._draw_inputs(np.zeros(n), SamplingParams(temperature=0.0)) if self.draws else {}
+        past, x = self._prefill(cp, last_hidden, e0, q, draw, wait=True)
+        for group in range(1, self.groups):
+            width = x.shape[1]
+            out = cp.run(
+                x,
+                text_positions(past, width, False),
+                past,
+                q * width,
+                np.full(n, width - 1, np.int64),
+                # on a GPU each step has its own graph: its positions, lengths and head are
+                # sent once, and each frame sends only the new embedding
+                tag=group,
+                lm_head_index=np.array([group - 1], np.int64),
+                **draw,
+            )
+            codes[:, group] = sample_step(out.logits(), params, rng)[0]
+            emb = self.embeddings[group - 1][codes[:, group]]
+            total += emb
+            past = past + width
+            x = emb[:, None, :]
+        return codes, total
+
+    def _prefill(
+        self,
+        cp: DecoderSession,
+        last_hidden: Any,
+        e0: np.ndarray,
+        q: np.ndarray,
+        draw: dict[str, np.ndarray],
+        *,
+        wait: bool,
+    ) -> tuple[np.ndarray, Any]:
+        """The frame's prefill up to its last token: split, the hidden state alone (what that
+        call outputs is not read). Returns each row's cache length and the next call's input,
+        [E(c0)] split and [hidden, E(c0)] otherwise."""
+        n = len(e0)
+        past = np.zeros(n, np.int32)
+        if not self.split_prefill:
+            return past, np.stack([last_hidden, e0], axis=1)
+        hidden = (
+            last_hidden[:, None, :]
+            if isinstance(last_hidden, np.ndarray)
+            else last_hidden.view((n, 1, self.hidden_size))
+        )
+        cp.run(hidden, text_positions(past, 1, False), past, q, np.zeros(n, np.int64), tag=0,
+               wait=wait, lm_head_index=np.zeros(1, np.int64), **draw)  # fmt: skip
+        return past + 1, e0[:, None, :]
+
+    @staticmethod
+    def _draw_inputs(uniform: np.ndarray, params: SamplingParams) -> dict[str, np.ndarray]:
+        """The engine sampler's inputs: greedy is top-k 1 (at temperature 1)."""
+        greedy = params.greedy
+        return {
+            "sample_uniform": np.asarray(uniform, np.float64),
+            "sample_temperature": np.array([1.0 if greedy else params.temperature]),
+            "sample_top_k": np.array([1 if greedy else params.top_k], np.int64),
+            "sample_top_p": np.array([1.0 if greedy else params.top_p]),
+        }
+
+    def engine_frame(
+        self,
+        cp: DecoderSession,
+        last_hidden: Any,
+        code0: np.ndarray,
+        e0: np.ndarray,
+        active: np.ndarray,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """``host_frame`` with the engine drawing each code and feeding its embedding to
+        the next step where it is: on a GPU the frame's calls are queued back to back and the
+        host waits once, for the codes. The uniform numbers are the ones the host path would
+        draw, in its order (group by group, every row); None, with the generator put back, when
+        the engine could not decide an active row exactly (the caller then draws the frame on
+        the host, as it would have)."""
+        n = len(code0)
+        state = rng.bit_generator.state
+        steps = self.groups - 1
+        uniforms = np.zeros((steps, n)) if params.greedy else rng.random((steps, n))
+        q = active.astype(np.int32)
+        past, x = self._prefill(cp, last_hidden, e0, q, self._draw_inputs(np.zeros(n), params),
+                                wait=False)  # fmt: skip
+        drawn = self._drawn_codes(steps, n)
+        for group in range(1, self.groups):
+            width = x.shape[1]
+            out = cp.run(x, text_positions(past, width, False), past, q * width,
+                         np.full(n, width - 1, np.int64), tag=group, wait=False,
+                         lm_head_index=np.array([group - 1], np.int64),
+                         **self._draw_inputs(uniforms[group - 1], params))  # fmt: skip
+            ids = out.buffer("sampled_ids")  # copied aside before a later call can write it
+            if isinstance(drawn, np.ndarray):
+                drawn[group - 1] = ids
+            else:  # on the device, queued: the host waits once, below
+                drawn.rows(1, group - 1).view((n,)).copy_from(ids)
+            x = out.buffer("sampled_embeds")
+            x = x.reshape(n, 1, -1) if isinstance(x, np.ndarray) else x.view((n, 1, x.shape[-1]))
+            past = past + width
+        got = drawn if isinstance(drawn, np.ndarray) else drawn.download()
+        codes = np.concatenate([code0[:, None], got.T], axis=1)
+        if (codes[active] < 0).any():
+            rng.bit_generator.state = state
+            return None
+        total = e0.astype(np.float32)
+        for group in range(1, self.groups):
+            total = total + self.embeddings[group - 1][codes[:, group]]
+        return codes, total
+
+    def _drawn_codes(self, steps: int, n: int) -> Any:
+        """Where a frame's drawn codes [steps, n] gather: device memory for a GPU engine (one
+        download per frame), kept per cohort size."""
+        buf = self._drawn.get((steps, n))
+        if buf is None:
+            if self.engine.device == "cuda":
+                from edgeomni.runtime.memory import DeviceArray
+
+                buf = DeviceArray.zeros((steps, n), np.int64)
+            else:
+                buf = np.zeros((steps, n), np.int64)
+            self._drawn[(steps, n)] = buf
+        return buf
