@@ -38,7 +38,7 @@ class BuildArgs:
     logits_topk: int | None = None
     # decoders that run chains of calls (Qwen3-Omni's code predictor) draw their tokens in the
     # engine (export/common/sampler.py). None: on cuda, where it spares a host round trip per
-    # call; off on cpu, where the sampler's ~50 small ops cost more than drawing on the host
+    # call; off on cpu, where the sampler's ~45 small ops cost more than drawing on the host
     engine_sampling: bool | None = None
 
     def __post_init__(self) -> None:

@@ -174,9 +174,7 @@ def _top_p_kept(probs: np.ndarray, top_p: float) -> Any:
     ``top_p``. This is HF's TopPLogitsWarper (drop the tokens whose ascending cumulative mass is
     at most 1 - p) read from the other end; the mass outside the candidates, all of it smaller,
     comes after them and changes nothing."""
-    cum = np.cumsum(probs, axis=-1)
-    before = np.zeros_like(cum)
-    before[..., 1:] = cum[..., :-1]
+    before = np.cumsum(probs, axis=-1) - probs  # as the engine's sampler computes it
     return np.count_nonzero(before < top_p, axis=-1)
 
 

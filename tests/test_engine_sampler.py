@@ -70,7 +70,8 @@ def _engine_draw(
     values = np.take_along_axis(logits, order, axis=1).astype(np.float16)
     greedy = params.greedy
     return sess.run(None, {
-        "values": values, "indices": order.astype(np.int64), "uniform": u,
+        "values": values, "indices": order.astype(np.int64),
+        "uniform": np.zeros_like(u) if greedy else u,
         "temperature": np.array([1.0 if greedy else params.temperature]),
         "top_k": np.array([1 if greedy else params.top_k], np.int64),
         "top_p": np.array([1.0 if greedy else params.top_p]),

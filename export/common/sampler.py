@@ -31,36 +31,33 @@ def draw_from_topk(
     top_p: torch.Tensor,
 ) -> torch.Tensor:
     """values/indices [B, K]: a TopK's output (values descending; equal values in any order).
-    uniform [B] float64; temperature, top_p [1] float64; top_k [1] int64, 1 for greedy (the
-    host sends temperature 1 then). Returns the drawn ids [B], or -1 where the K cannot decide."""
+    uniform [B] float64; temperature, top_p [1] float64; top_k [1] int64. Greedy is top-k 1 at
+    temperature 1 with uniform 0: the first candidate, the lowest id among the best. Returns
+    the drawn ids [B], or -1 where the K cannot decide. Written for few GPU kernels (~40): on
+    the GPU each one costs about as much as its work."""
     x = values.to(torch.float64)
-    b = x.shape[0]
     # canonical order: j goes before i when its logit is higher, or equal with a lower id
     ahead = (x.unsqueeze(1) > x.unsqueeze(2)) | (
         (x.unsqueeze(1) == x.unsqueeze(2)) & (indices.unsqueeze(1) < indices.unsqueeze(2))
     )
-    rank = ahead.sum(-1)  # [B, K]: where each candidate goes
-    xs = torch.zeros_like(x).scatter(1, rank, x)
-    ids = torch.zeros_like(indices).scatter(1, rank, indices)
-    kth = xs.gather(1, (top_k - 1).expand(b, 1))  # [B, 1]
+    rank = ahead.sum(-1)  # [B, K]: where each candidate goes, a permutation
+    xs, ids = x.scatter(1, rank, x), indices.scatter(1, rank, indices)
+    kth = xs.index_select(1, top_k - 1)  # [B, 1]
     exact = kth[:, 0] > xs[:, -1]  # no token outside the K can reach the k-th value
     candidate = xs >= kth
     z = xs / temperature
-    z = z - z[:, :1]
-    e = torch.where(candidate, torch.exp(z), torch.zeros_like(z))
+    e = torch.where(candidate, torch.exp(z - z[:, :1]), 0.0)
     p = e / e.sum(-1, keepdim=True)
-    cum = torch.cumsum(p, -1)
-    before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)
+    before = torch.cumsum(p, -1) - p  # the mass ahead of each candidate (sampling.py's too)
     keep = candidate & ((before < top_p) | (top_p >= 1.0))
-    q = torch.where(keep, p, torch.zeros_like(p))
+    q = torch.where(keep, p, 0.0)
     q = q / q.sum(-1, keepdim=True)
     cdf = torch.cumsum(q, -1)
-    point = uniform.unsqueeze(1) * cdf[:, -1:]
-    below = ((cdf <= point) & keep).sum(-1)
+    # past the kept ones the cdf stays at its total, above the point unless u rounds it there
+    below = (cdf <= uniform.unsqueeze(1) * cdf[:, -1:]).sum(-1)
     pick = torch.minimum(below, keep.sum(-1) - 1)
     drawn = ids.gather(1, pick.unsqueeze(1))[:, 0]
-    chosen = torch.where(top_k == 1, ids[:, 0], drawn)
-    return torch.where(exact, chosen, torch.full_like(chosen, -1))
+    return torch.where(exact, drawn, -1)
 
 
 class WithSampler(nn.Module):

@@ -153,7 +153,7 @@ class CodePredictor:
 
     @staticmethod
     def _draw_inputs(uniform: np.ndarray, params: SamplingParams) -> dict[str, np.ndarray]:
-        """The engine sampler's inputs: greedy is top-k 1 (at temperature 1)."""
+        """The engine sampler's inputs: greedy is top-k 1 at temperature 1 (and uniform 0)."""
         greedy = params.greedy
         return {
             "sample_uniform": np.asarray(uniform, np.float64),
