@@ -311,15 +311,50 @@ def _reduced_row(
     return indices[order].astype(np.int64), x[order]
 
 
+def _ban_and_penalise(
+    x: np.ndarray,
+    ids: np.ndarray,
+    params: SamplingParams,
+    seen: Sequence[np.ndarray] | None,
+    banned: Sequence[np.ndarray | None] | None,
+) -> None:
+    """``_reduced_row``'s bans and penalty on every row of a top-K at once, in place: one
+    ``isin`` per distinct ban list (a cohort shares one or two), and the seen ids of all rows
+    as one table; float32 arithmetic as there."""
+    if banned is not None:
+        groups: dict[int, list[int]] = {}
+        for b, ban in enumerate(banned):
+            if ban is not None and ban.size:
+                groups.setdefault(id(ban), []).append(b)
+        for rows in groups.values():
+            hit = np.isin(ids[rows], banned[rows[0]])  # type: ignore[index]
+            x[rows] = np.where(hit, np.float32(-np.inf), x[rows])
+    if seen is None or params.repetition_penalty == 1.0:
+        return
+    width = int(ids.max()) + 1
+    table = np.zeros((len(ids), width), bool)
+    for b, ids_seen in enumerate(seen):
+        ids_seen = np.asarray(ids_seen, np.int64).reshape(-1)
+        table[b, ids_seen[(ids_seen >= 0) & (ids_seen < width)]] = True
+    hit = np.take_along_axis(table, ids, axis=1)
+    pen = params.repetition_penalty
+    x[hit] = np.where(x[hit] < 0, x[hit] * pen, x[hit] / pen)
+
+
 def _sample_topk_rows(
-    step: StepLogits, params: SamplingParams, rng: np.random.Generator
+    step: StepLogits,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    seen: Sequence[np.ndarray] | None = None,
+    banned: Sequence[np.ndarray | None] | None = None,
 ) -> np.ndarray | None:
-    """``sample_step`` for a whole batch at once in its commonest case (every row decided by
-    the engine's top-K, no penalty or bans), or None (nothing drawn) when the case does not
-    hold. Rows with as many candidates (k, or more when tied at the k-th value) are worked
-    together; the draws then go row by row, in order. The arithmetic is the per-row path's, row
-    for row: a reduction along a row's own axis, a sort and a cumulative sum give the same bits
-    as on that row alone, so the draws equal ``sample``'s (tests/test_sampling_step.py)."""
+    """``sample_step`` for a whole batch at once when the engine's top-K decides every row (the
+    code predictor's steps, the talker's with its penalty and bans, greedy decoding), or None
+    (nothing drawn) when it does not. Rows with as many candidates (k, or more when tied at the
+    k-th value) are worked together; the draws then go row by row, in order. The arithmetic is
+    the per-row path's, row for row: elementwise float32 for bans and penalty, a reduction along
+    a row's own axis, a sort and a cumulative sum give the same bits as on that row alone, so
+    the draws equal ``sample``'s (tests/test_sampling_step.py)."""
     values, indices = step.topk_values, step.topk_indices
     if values is None or indices is None:
         return None
@@ -328,10 +363,12 @@ def _sample_topk_rows(
     if not 0 < k < width:
         return None
     x = np.asarray(values).astype(np.float32)
-    kth = np.partition(x, width - k, axis=1)[:, width - k]
-    if not (kth > x.min(axis=1)).all():  # a row the K cannot decide
-        return None
+    floor = x.min(axis=1)  # every token outside the K is at most this (or banned)
     ids = np.asarray(indices).astype(np.int64)
+    _ban_and_penalise(x, ids, params, seen, banned)
+    kth = np.partition(x, width - k, axis=1)[:, width - k]
+    if not (kth > floor).all():  # a row the K cannot decide
+        return None
     order = np.lexsort((ids, -x), axis=-1)  # _canonical, row by row
     x, ids = np.take_along_axis(x, order, axis=1), np.take_along_axis(ids, order, axis=1)
     if params.greedy:  # the best, the lowest id among equals: argmax over the full row's order
@@ -368,9 +405,8 @@ def sample_step(
     """
     n = step.rows
     penalise = seen is not None and params.repetition_penalty != 1.0
-    # one row: the per-row path is as fast
-    if n > 1 and not penalise and (banned is None or all(b is None or not b.size for b in banned)):
-        fast = _sample_topk_rows(step, params, rng)
+    if n > 1:  # one row: the per-row path is as fast
+        fast = _sample_topk_rows(step, params, rng, seen if penalise else None, banned)
         if fast is not None:
             return fast, 0
     picked: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n

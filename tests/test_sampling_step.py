@@ -165,3 +165,42 @@ def test_batched_path_declines_what_it_does_not_cover() -> None:
         rng = np.random.default_rng(3)
         assert _sample_topk_rows(s, params, rng) is None
         assert rng.random() == np.random.default_rng(3).random()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_batched_rows_with_penalty_and_bans_draw_as_sample_does(temperature: float) -> None:
+    """The talker's case decided together: a repetition penalty over each row's own codes, a
+    banned band shared by the cohort and the end of speech banned for some rows only, float16
+    logits (ties), top-k 50 of a top-64: the draws, and the rng left behind, of ``sample`` on
+    the full logits with the banned ids at -inf."""
+    from edgeomni.runtime.sampling import _sample_topk_rows
+
+    vocab, eos = 600, 420
+    band = np.arange(400, vocab)
+    band = band[band != eos]
+    with_eos = np.append(band, eos)
+    params = SamplingParams(temperature=temperature, top_k=50, repetition_penalty=1.3)
+    gen = np.random.default_rng(21)
+    in_k = 0
+    for trial in range(30):
+        logits = (gen.standard_normal((16, vocab)) * 2).astype(np.float16).astype(np.float32)
+        logits[:, eos] = logits.max() + 0.5 * (trial % 2)  # the end of speech near the top
+        seen = [gen.integers(0, 400, gen.integers(0, 60)) for _ in range(16)]
+        banned = [with_eos if b % 3 else band for b in range(16)]  # two shared lists
+        engine = logits.copy()
+        engine[:, band] = -np.inf  # the engine keeps the band, not the end, out of its top-K
+        step, fetched = step_of(engine, k=64)
+        full = logits.copy()
+        for b in range(16):
+            full[b, banned[b]] = -np.inf
+        want = sample(full, params, np.random.default_rng(trial), seen)
+        rng = np.random.default_rng(trial)
+        got = _sample_topk_rows(step, params, rng, seen, banned)
+        assert got is not None and not fetched
+        np.testing.assert_array_equal(got, want)
+        ref = np.random.default_rng(trial)
+        sample(full, params, ref, seen)
+        assert rng.random() == ref.random()
+        assert not np.isin(got[[b for b in range(16) if b % 3]], [eos]).any()
+        in_k += int((step.topk_indices[[b for b in range(16) if b % 3]] == eos).any())
+    assert in_k > 0  # the end of speech was in the top-K of rows that ban it
