@@ -94,6 +94,8 @@ class _Slot:
     graph: int | None = None
     # what each input buffer holds, as last uploaded: an unchanged feed is not sent again
     sent: dict[str, np.ndarray] = field(default_factory=dict)
+    # copies made for the last call, kept until the next one (a queued call may still read them)
+    held: list[Any] = field(default_factory=list)
 
 
 class DecoderSession:
@@ -199,9 +201,11 @@ class DecoderSession:
                 raise ValueError(f"{name}: a {value.dtype} device buffer for a {types[name]} input")
         slot = self._slot(width, feeds, tag)
         if slot.inputs is None:
+            slot.held = []
             for name, value in feeds.items():  # an earlier call's output, bound as an output
                 if any(_same_memory(value, out) for out in slot.outputs.values()):  # again
                     feeds[name] = _copy(value)
+                    slot.held.append(feeds[name])
             start = time.perf_counter()
             slot.binding.run({**feeds, **host}, wait=wait)
             self.engine_seconds += time.perf_counter() - start
