@@ -128,3 +128,30 @@ def test_a_row_the_top_k_cannot_decide_comes_out_as_minus_one(
     greedy = _engine_draw(session, logits, np.zeros(3), SamplingParams(temperature=0.0), gen)
     assert greedy[1] == -1 and greedy[2] == -1  # 100 ties at the best: outside the K too
     assert greedy[0] == int(np.argmax(logits[0]))
+
+
+def test_engine_sampling_is_a_cuda_build_default_and_can_be_set() -> None:
+    from edgeomni.export.family import BuildArgs
+
+    assert BuildArgs(1, 8, 16, device="cuda").engine_sampling is True
+    assert BuildArgs(1, 8, 16).engine_sampling is False  # on the CPU drawing on the host is cheaper
+    assert BuildArgs(1, 8, 16, engine_sampling=True).engine_sampling is True
+    assert BuildArgs(1, 8, 16, device="cuda", engine_sampling=False).engine_sampling is False
+
+
+def test_sampler_refuses_what_it_cannot_draw_from(tmp_path: Path) -> None:
+    from edgeomni.export.common.decoder import CausalLM, DecoderConfig
+    from edgeomni.export.common.onnx_export import export_causal_lm
+    from edgeomni.export.common.sampler import WithSampler
+
+    cfg = DecoderConfig(hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
+                        intermediate_size=16, vocab_size=32, rms_norm_eps=1e-6,
+                        rope_theta=1e4, lm_heads=3)  # fmt: skip
+    lm = CausalLM(cfg)
+    with pytest.raises(ValueError, match="do not match"):
+        WithSampler(lm, 8, torch.zeros(2, 32, 8))  # one table short
+    with pytest.raises(ValueError, match="top-k 1 must be in 2..32"):
+        WithSampler(lm, 1, torch.zeros(3, 32, 8))
+    with pytest.raises(ValueError, match="no excluded ids"):
+        export_causal_lm(lm, tmp_path / "x.onnx", topk_exclude=(1,),
+                         sampler_tables=torch.zeros(3, 32, 8))  # fmt: skip
