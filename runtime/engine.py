@@ -106,8 +106,9 @@ class OrtBinding:
         options = self._options.get(key)
         if options is None:
             options = self._options[key] = self._ort.RunOptions()
-            if self._cuda_graphs:
-                options.add_run_config_entry("gpu_graph_id", str(gid))
+            # always set: onnxruntime's Python wrapper looks it up in any options it is given,
+            # and a missing key costs it an exception (50 us a call here, against 2.5 us)
+            options.add_run_config_entry("gpu_graph_id", str(gid))
             if not wait:
                 options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         self._session.run_with_iobinding(self._io, options)
