@@ -30,6 +30,15 @@ class Given:
         return float(self.values.pop(0))
 
 
+def _settings(body: dict) -> SamplingParams:
+    """The residual codes' settings a body asks for (BODY: transformers' defaults)."""
+    return SamplingParams(
+        temperature=float(body.get("cp_temperature", 1.0)),
+        top_k=int(body.get("cp_top_k", 50)),
+        top_p=float(body.get("cp_top_p", 0.8)),
+    )
+
+
 def _host(buf: Any) -> np.ndarray:
     if isinstance(buf, np.ndarray):
         return buf.copy()
@@ -39,11 +48,22 @@ def _host(buf: Any) -> np.ndarray:
     return buf.download()
 
 
+# a later cohort through the same pipeline with other settings: on a GPU its code predictor
+# steps replay the graphs the first cohort captured, so no setting may be frozen into them
+OTHER = {**BODY, "cp_top_k": 7, "cp_top_p": 0.5, "cp_temperature": 1.3, "talker_seed": 9}
+
+
 def engine_draws_match_host(
-    engine: Path, monkeypatch: Any, *, split: bool | None = None, **options: Any
+    engine: Path,
+    monkeypatch: Any,
+    *,
+    split: bool | None = None,
+    bodies: tuple[dict, ...] = (BODY,),
+    **options: Any,
 ) -> int:
-    """Run BODY (three sampled requests, 16 frames each) and check every decided call; returns
-    how many row draws were compared. ``split``: force the code predictor's prefill schedule."""
+    """Run each body (three sampled requests, 16 frames each) through one pipeline and check
+    every decided call; returns how many row draws were compared. ``split``: force the code
+    predictor's prefill schedule."""
     calls: list[tuple] = []
     run = decoder.DecoderSession.run
 
@@ -59,13 +79,15 @@ def engine_draws_match_host(
             calls.append((*got, np.array(kwargs["sample_uniform"]), params))
         return out
 
+    outcomes = []
     with monkeypatch.context() as m:
         m.setattr(decoder.DecoderSession, "run", recorded)
-        requests, _ = parse_request_file(BODY)
         pipe = Pipeline(engine, **options)
         if split is not None:
             pipe.runner("talker").cp.split_prefill = split
-        outcomes = pipe.run(requests, batch_size=3)
+        for body in bodies:
+            outcomes += pipe.run(parse_request_file(body)[0], batch_size=3)
+    assert {c[-1] for c in calls} >= {_settings(b) for b in bodies}  # each body's settings ran
     for outcome in outcomes:
         assert outcome.entry["ok"], outcome.entry
         assert outcome.entry["stages"]["talker"]["code_predictor_draws"] == "engine"

@@ -200,9 +200,10 @@ def test_code_predictor_draws_on_the_gpu_as_the_host_does(omni_cuda_engine, monk
 
     for graphs in (True, False):
         compared = draw_check.engine_draws_match_host(
-            omni_cuda_engine, monkeypatch, cuda_graphs=graphs
-        )
-        assert compared >= 3 * 15 * 12, compared  # most of the 16 frames x 15 steps x 3 rows
+            omni_cuda_engine, monkeypatch, cuda_graphs=graphs,
+            bodies=(draw_check.BODY, draw_check.OTHER),  # the second replays the first's graphs
+        )  # fmt: skip
+        assert compared >= 2 * 3 * 15 * 12, compared  # most of 16 frames x 15 steps x 3 rows
 
 
 def test_every_omni_engine_stays_on_the_gpu(omni_cuda_engine) -> None:
