@@ -8,6 +8,8 @@ and profiles the second:
 - ``--kernels`` (GPU engines): every CUDA kernel, ONNX Runtime's included (torch.profiler
   reads them through CUPTI), summed by name, with launches per decode step. CUDA graphs are
   turned off for this run so each kernel shows by itself; kernel times are the same either way.
+  Then per engine: calls, kernels per call and GPU time per call (each call is waited for in
+  this run, so every kernel is put down to the engine that launched it).
 
     python bench/profile_run.py ENGINE_DIR --prompt "Hello" [--speech] [--kernels]
     python bench/profile_run.py ENGINE_DIR --input-file requests.json --batch-size 4
@@ -17,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import cProfile
 import json
 import pstats
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +42,18 @@ def requests_from(args: argparse.Namespace) -> list[Any]:
     return requests
 
 
+def _ours(event: Any) -> bool:
+    """per_engine_calls' own ranges, which the profiler also lists on the GPU's timeline."""
+    return event.name.startswith("engine:")
+
+
 def kernel_table(prof: Any, steps: int, top: int) -> list[str]:
     import torch
 
     time_us: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
+        if event.device_type == torch.autograd.DeviceType.CUDA and not _ours(event):
             time_us[event.name[:100]] += event.device_time
             count[event.name[:100]] += 1
     launches = sum(count.values())
@@ -55,6 +64,77 @@ def kernel_table(prof: Any, steps: int, top: int) -> list[str]:
     ]
     for name, us in time_us.most_common(top):
         lines.append(f"{us / 1e3:8.2f}  {count[name]:8d}  {name}")
+    return lines
+
+
+@contextlib.contextmanager
+def per_engine_calls(engine_dir: Path) -> Iterator[None]:
+    """Brackets every engine call with a named profiler range and a device-wide sync, so each
+    kernel can be put down to the engine whose call it ran in (by its start time)."""
+    import torch
+    from torch.profiler import record_function
+
+    from edgeomni.runtime import engine as eng
+
+    root = engine_dir if engine_dir.is_dir() else engine_dir.parent
+    plain = eng.OrtBinding.run
+
+    def run(self: Any, feeds: Any, *, graph: int | None = None, wait: bool = True) -> None:
+        folder = Path(self._session._model_path).parent
+        name = "thinker" if folder.resolve() == root.resolve() else folder.name
+        with record_function(f"engine:{name}"):
+            plain(self, feeds, graph=graph, wait=True)
+            torch.cuda.synchronize()
+
+    eng.OrtBinding.run = run  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        eng.OrtBinding.run = plain  # type: ignore[method-assign]
+
+
+def engine_table(prof: Any, top: int) -> list[str]:
+    """Kernels and their GPU time per engine call, per engine; then each engine's ``top``
+    kernels by GPU time, with launches per call."""
+    import bisect
+
+    import torch
+
+    ranges = sorted(
+        (e.time_range.start, e.time_range.end, e.name[len("engine:") :])
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("engine:")
+    )
+    starts = [r[0] for r in ranges]
+    calls = collections.Counter(r[2] for r in ranges)
+    kernels: collections.Counter[str] = collections.Counter()
+    time_us: collections.Counter[str] = collections.Counter()
+    each: dict[str, collections.Counter[tuple[str, str]]] = collections.defaultdict(
+        collections.Counter
+    )
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA or _ours(e):
+            continue
+        i = bisect.bisect_right(starts, e.time_range.start) - 1
+        name = ranges[i][2] if i >= 0 and e.time_range.start <= ranges[i][1] else "(outside)"
+        kernels[name] += 1
+        time_us[name] += e.device_time
+        each[name][("us", e.name[:90])] += e.device_time
+        each[name][("n", e.name[:90])] += 1
+    lines = ["engine          calls  kernels/call  GPU us/call  GPU ms"]
+    for name in sorted(kernels, key=lambda n: -time_us[n]):
+        n = max(calls.get(name, 0), 1)
+        lines.append(
+            f"{name:14s} {calls.get(name, 0):6d} {kernels[name] / n:13.1f} "
+            f"{time_us[name] / n:12.1f} {time_us[name] / 1e3:7.1f}"
+        )
+    for name in sorted(kernels, key=lambda n: -time_us[n]):
+        n = max(calls.get(name, 0), 1)
+        lines += ["", f"{name}: per call   us  launches  kernel"]
+        rows = sorted(((k, v) for (kind, k), v in each[name].items() if kind == "us"),
+                      key=lambda kv: -kv[1])[:top]  # fmt: skip
+        for kernel, us in rows:
+            lines.append(f"{'':14s} {us / n:8.1f} {each[name][('n', kernel)] / n:9.2f}  {kernel}")
     return lines
 
 
@@ -89,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.kernels:
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+        with per_engine_calls(args.engine), profile(activities=activities) as prof:
             outcomes = pipe.run(requests, batch_size=args.batch_size, requested=wanted)
     host.enable()
     outcomes = pipe.run(requests, batch_size=args.batch_size, requested=wanted)
@@ -106,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     pstats.Stats(host, stream=sys.stdout).sort_stats("tottime").print_stats(args.top)
     if args.kernels:
         print("\n".join(kernel_table(prof, steps, args.top)))
+        print("\nper engine (each call waited for, so its kernels are its own):")
+        print("\n".join(engine_table(prof, args.top)))
     return 0
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeomni.builder.errors import BuildError
-from edgeomni.builder.ort_fusions import fuse_residual_rms_norm
+from edgeomni.builder.ort_fusions import fuse_attention_prologue, fuse_residual_rms_norm
 from edgeomni.export.family import BuildArgs
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider"]}
@@ -28,7 +28,7 @@ def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]:
     if args.device not in PROVIDERS:
         raise BuildError(f"device {args.device!r} is not supported by this build of edge-build")
     if args.device == "cuda":
-        return _save_for_cuda(raw, out_path)
+        return _save_for_cuda(raw, out_path, args)
     options = onnxruntime_options()
     model = onnx.load(str(raw), load_external_data=False)
     lower_model(model, "onnxruntime", options)
@@ -71,7 +71,7 @@ def cuda_lowering(model: Any) -> dict[str, Any]:
     }
 
 
-def _save_for_cuda(raw: Path, out_path: Path) -> dict[str, Any]:
+def _save_for_cuda(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]:
     """Lowered but not optimised: the CUDA provider's fusions need the GPU, so they run when the
     engine is first loaded there (with ENABLE_ALL), and this build runs on any machine.
 
@@ -88,6 +88,9 @@ def _save_for_cuda(raw: Path, out_path: Path) -> dict[str, Any]:
     options = cuda_lowering(model)
     lower_model(model, "onnxruntime", options)
     options["fused_residual_norms"] = fuse_residual_rms_norm(model)
+    if options.get("qk_norm_attention"):  # 1-D RoPE decoders (LLMs, Qwen3-Omni's code predictor)
+        positions = args.max_kv_cache_capacity
+        options["fused_attention_prologue"] = fuse_attention_prologue(model, positions)
     big = sum(t.ByteSize() for t in model.graph.initializer) > (1 << 30)
     onnx.save_model(
         model,

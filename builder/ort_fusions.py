@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 
 def fuse_residual_rms_norm(model: Any) -> int:
     """Add(a, b) -> RMSNormalization over the last axis becomes one
@@ -92,3 +94,188 @@ def _topological(nodes: list[Any]) -> list[Any]:
                 if j is not None and state[j] != 2:
                     stack.append((j, False))
     return order
+
+
+# ---------------------------------------------------------------------------------------------
+# q/k norm and rotary into GroupQueryAttention
+# ---------------------------------------------------------------------------------------------
+def fuse_attention_prologue(model: Any, positions: int) -> int:
+    """Fold each layer's attention prologue into its GroupQueryAttention node (CUDA provider):
+
+        Split(qkv) -> q: [Reshape -> RMSNormalization -> Reshape] -> RotaryEmbedding ┐
+                   -> k: [Reshape -> RMSNormalization -> Reshape] -> RotaryEmbedding ├-> GQA
+                   -> v ─────────────────────────────────────────────────────────────┘
+
+    becomes one GroupQueryAttention on the packed projection, with the norm weights as its
+    ``q_norm_weight``/``k_norm_weight`` and ``do_rotary`` over a cos/sin table indexed by position
+    (``positions`` rows, at least the KV capacity, as the op requires). On the H200 that takes 5
+    kernels per layer (a split, two norms, two rotaries) and the per-call cos/sin graph away.
+
+    Only 1-D RoPE is folded: the tokens' cos/sin must be ``cos(position_ids * inv_freq)``
+    computed in the graph from the ``position_ids`` input [B, S], which is what makes a table
+    indexed by position the same thing. 3-axis MRoPE (Qwen3-Omni's thinker and talker) and any
+    other source of cos/sin are left as they are. Returns how many attention nodes were fused.
+    """
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    init = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output if o}
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    inputs = {i.name: i for i in graph.input}
+
+    def made(name: str, op_type: str) -> Any:
+        node = producer.get(name)
+        return node if node is not None and node.op_type == op_type else None
+
+    def attr(node: Any, name: str, default: Any = None) -> Any:
+        for a in node.attribute:
+            if a.name == name:
+                return helper.get_attribute_value(a)
+        return default
+
+    tables: dict[tuple[str, ...], tuple[str, str]] = {}
+
+    def table(cos_rows: str, sin_rows: str) -> tuple[str, str] | None:
+        """Position-indexed cos/sin [positions, D/2] for a RotaryEmbedding's per-token rows, if
+        those are 1-D RoPE of position_ids."""
+        found = []
+        for rows, fn in ((cos_rows, "Cos"), (sin_rows, "Sin")):
+            chain = _one_d_rope(rows, fn, made, init, inputs)
+            if chain is None:
+                return None
+            found.append(chain)
+        (inv_freq, dtype), other = found
+        if other[1] != dtype or not np.array_equal(other[0], inv_freq):
+            return None
+        key = (inv_freq.tobytes(), str(dtype))
+        if key not in tables:
+            freqs = np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]
+            names = []
+            for fn in (np.cos, np.sin):
+                name = f"gqa_{fn.__name__}_cache_{len(tables)}"
+                graph.initializer.append(numpy_helper.from_array(fn(freqs).astype(dtype), name))
+                names.append(name)
+            tables[key] = (names[0], names[1])
+        return tables[key]
+
+    fused = 0
+    for index, gqa in enumerate(graph.node):
+        if gqa.op_type != "GroupQueryAttention" or gqa.domain != "com.microsoft":
+            continue
+        if int(attr(gqa, "do_rotary", 0)) or len(gqa.input) < 7 or any(gqa.input[7:16]):
+            continue
+        q_side = _rotary_branch(gqa.input[0], made, init)
+        k_side = _rotary_branch(gqa.input[1], made, init)
+        if q_side is None or k_side is None:
+            continue
+        (q_src, q_norm, q_rot), (k_src, k_norm, k_rot) = q_side, k_side
+        split = producer.get(q_src)
+        if (
+            split is None
+            or split.op_type != "Split"
+            or len(split.output) != 3
+            or list(split.output) != [q_src, k_src, gqa.input[2]]
+            or int(attr(split, "axis", 0)) not in (-1, 2)
+            or (q_norm is None) != (k_norm is None)
+            or list(q_rot.input[1:]) != list(k_rot.input[1:])
+            or any(readers.get(o, 0) != 1 for o in split.output)
+        ):
+            continue
+        head_dim = int(attr(q_rot, "rotary_embedding_dim", 0))
+        if head_dim % 16:  # the op's rotary needs head_size % 16 == 0
+            continue
+        caches = table(q_rot.input[2], q_rot.input[3])
+        if caches is None:
+            continue
+        norm_inputs = ["", ""]
+        extra: dict[str, Any] = {}
+        if q_norm is not None:
+            eps = {float(attr(n, "epsilon", 1e-5)) for n in (q_norm, k_norm)}
+            if len(eps) != 1:
+                continue
+            norm_inputs = [q_norm.input[1], k_norm.input[1]]
+            extra["qk_norm_epsilon"] = eps.pop()
+        new_inputs = [split.input[0], "", "", *gqa.input[3:7], *caches, "position_ids"]
+        new_inputs += ["", "", "", "", *norm_inputs, *gqa.input[16:]]
+        kwargs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
+        kwargs.update(do_rotary=1, rotary_interleaved=0, **extra)
+        graph.node[index].CopyFrom(
+            helper.make_node(
+                "GroupQueryAttention",
+                new_inputs,
+                list(gqa.output),
+                name=gqa.name or None,
+                domain="com.microsoft",
+                **kwargs,
+            )
+        )
+        fused += 1
+    if fused:
+        _drop_unused(graph)
+    return fused
+
+
+def _rotary_branch(name: str, made: Any, init: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """RotaryEmbedding(Reshape(RMSNormalization(Reshape(x))) or of x itself: (x, norm or None,
+    rotary node)."""
+    rot = made(name, "RotaryEmbedding")
+    if rot is None or rot.domain != "com.microsoft":
+        return None
+    if any(a.name == "interleaved" and a.i for a in rot.attribute):
+        return None
+    outer = made(rot.input[0], "Reshape")
+    norm = made(outer.input[0], "RMSNormalization") if outer is not None else None
+    inner = made(norm.input[0], "Reshape") if norm is not None else None
+    if inner is None:
+        return rot.input[0], None, rot
+    if norm.input[1] not in init or any(a.name == "axis" and a.i != -1 for a in norm.attribute):
+        return None
+    return inner.input[0], norm, rot
+
+
+def _one_d_rope(
+    rows: str, fn: str, made: Any, init: dict[str, Any], inputs: dict[str, Any]
+) -> tuple[np.ndarray, np.dtype] | None:
+    """rows = Reshape(Slice(Cast(fn(Concat(f, f))))), f = Mul(Unsqueeze(Cast(position_ids)),
+    inv_freq): the first halves of fn(position * inv_freq). Returns (inv_freq, table dtype)."""
+    from onnx import helper, numpy_helper
+
+    reshape = made(rows, "Reshape")
+    sliced = made(reshape.input[0], "Slice") if reshape is not None else None
+    cast = made(sliced.input[0], "Cast") if sliced is not None else None
+    trig = made(cast.input[0], fn) if cast is not None else None
+    cat = made(trig.input[0], "Concat") if trig is not None else None
+    if cat is None or len(cat.input) != 2 or cat.input[0] != cat.input[1]:
+        return None
+    mul = made(cat.input[0], "Mul")
+    if mul is None or mul.input[1] not in init:
+        return None
+    unsq = made(mul.input[0], "Unsqueeze")
+    pos = made(unsq.input[0], "Cast") if unsq is not None else None
+    if pos is None or pos.input[0] != "position_ids" or "position_ids" not in inputs:
+        return None
+    if len(inputs["position_ids"].type.tensor_type.shape.dim) != 2:  # [3, B, S]: MRoPE
+        return None
+    inv_freq = numpy_helper.to_array(init[mul.input[1]]).astype(np.float32).reshape(-1)
+    to = next(a.i for a in cast.attribute if a.name == "to")
+    return inv_freq, helper.tensor_dtype_to_np_dtype(to)
+
+
+def _drop_unused(graph: Any) -> None:
+    """Remove nodes none of whose outputs is read (repeatedly), then unread initializers."""
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = {i for n in graph.node for i in n.input} | outputs
+        keep = [n for n in graph.node if any(o in read for o in n.output if o)]
+        if len(keep) == len(graph.node):
+            break
+        del graph.node[:]
+        graph.node.extend(keep)
+    read = {i for n in graph.node for i in n.input} | outputs
+    unread = [t for t in graph.initializer if t.name not in read]
+    for t in unread:
+        graph.initializer.remove(t)

@@ -65,13 +65,18 @@ def onnxruntime_options(version: str | None = None) -> dict[str, Any]:
     """What the target ONNX Runtime's contrib ops accept (default: the installed version).
 
     GroupQueryAttention takes per-row query lengths (``query_seqlens``) from 1.32 on; before,
-    a call with past context and several new tokens must be a batch of one."""
+    a call with past context and several new tokens must be a batch of one. From 1.31 on its
+    CUDA kernel applies per-head q/k RMS norms itself (``q_norm_weight``/``k_norm_weight``)."""
     if version is None:
         import onnxruntime
 
         version = onnxruntime.__version__
     major, minor = (int(x) for x in version.split(".")[:2])
-    return {"gqa_query_seqlens": (major, minor) >= (1, 32), "onnxruntime": version}
+    return {
+        "gqa_query_seqlens": (major, minor) >= (1, 32),
+        "qk_norm_attention": (major, minor) >= (1, 31),
+        "onnxruntime": version,
+    }
 
 
 def lower_model(model: Any, backend: str, options: dict[str, Any] | None = None) -> Any:

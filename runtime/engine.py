@@ -237,14 +237,21 @@ def ragged_prefill(config: Mapping[str, Any]) -> bool:
 
 
 def _check_lowering(folder: Path, lowering: Mapping[str, Any]) -> None:
-    if not lowering.get("gqa_query_seqlens"):
+    """Refuse an engine that needs a newer onnxruntime than this one, before loading it."""
+    needs = []
+    if lowering.get("gqa_query_seqlens"):
+        needs.append(((1, 32), "GroupQueryAttention's query_seqlens"))
+    if lowering.get("fused_attention_prologue"):
+        needs.append(((1, 31), "GroupQueryAttention's q/k norm inputs"))
+    if not needs:
         return
     import onnxruntime as ort
 
-    major, minor = (int(x) for x in ort.__version__.split(".")[:2])
-    if (major, minor) < (1, 32):
-        raise EngineError(
-            f"{folder}: this engine was built with onnxruntime {lowering.get('onnxruntime')} and "
-            f"needs 1.32 or later (GroupQueryAttention's query_seqlens); this is "
-            f"{ort.__version__}. Rebuild it with the onnxruntime you deploy installed."
-        )
+    have = tuple(int(x) for x in ort.__version__.split(".")[:2])
+    for need, what in needs:
+        if have < need:
+            raise EngineError(
+                f"{folder}: this engine was built with onnxruntime {lowering.get('onnxruntime')} "
+                f"and needs {need[0]}.{need[1]} or later ({what}); this is {ort.__version__}. "
+                "Rebuild it with the onnxruntime you deploy installed."
+            )

@@ -138,8 +138,9 @@ def omni_cuda_engine(omni_ckpt: Path, tmp_path_factory) -> Path:
     return eng
 
 
-def engine_logits(folder: Path, seed: int = 0) -> np.ndarray:
-    """One prefill call of a decoder engine on fixed random inputs: its logits [2, V]."""
+def engine_logits(folder: Path, seed: int = 0, steps: int = 3) -> np.ndarray:
+    """A 5-token prefill and ``steps`` one-token decode calls of a decoder engine on fixed
+    random inputs: each call's logits [1 + steps, V]."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
     from edgeomni.runtime.kv import KVCache
@@ -150,23 +151,30 @@ def engine_logits(folder: Path, seed: int = 0) -> np.ndarray:
     kv = KVCache(cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], 16, cfg["head_dim"],
                  dtype=dtype, device=engine.device)  # fmt: skip
     session = DecoderSession(engine, kv, 1, {"logits": (cfg["vocab_size"],)})
-    x = np.random.default_rng(seed).standard_normal((1, 5, cfg["hidden_size"])) * 0.5
-    z, n = np.zeros(1, np.int32), np.full(1, 5, np.int32)
+    rng = np.random.default_rng(seed)
     extra = {"lm_head_index": np.array([2])} if "lm_head_index" in engine.input_names else {}
     if "sample_uniform" in engine.input_names:  # the code predictor draws too; greedy here
         extra.update(sample_uniform=np.zeros(1), sample_temperature=np.ones(1),
                      sample_top_k=np.ones(1, np.int64), sample_top_p=np.ones(1))  # fmt: skip
-    if "deepstack_embeds" in engine.input_names:
-        extra["deepstack_embeds"] = np.zeros((cfg["deepstack_layers"], 1, 5, cfg["hidden_size"]))
-    positions = text_positions(z, 5, bool(cfg.get("mrope_section")))
-    out = session.run(x.astype(np.float32), positions, z, n, n - 1, **extra)
-    return np.asarray(out["logits"], np.float32)
+    mrope = bool(cfg.get("mrope_section"))
+    logits = []
+    for past, new in [(0, 5)] + [(5 + i, 1) for i in range(steps)]:
+        x = rng.standard_normal((1, new, cfg["hidden_size"])) * 0.5
+        if "deepstack_embeds" in engine.input_names:
+            extra["deepstack_embeds"] = np.zeros((cfg["deepstack_layers"], 1, new, x.shape[-1]))
+        p, n = np.full(1, past, np.int32), np.full(1, new, np.int32)
+        positions = text_positions(p, new, mrope)
+        out = session.run(x.astype(np.float32), positions, p, n, n - 1, **extra)
+        logits.append(np.asarray(out["logits"], np.float32)[0])
+    return np.stack(logits)
 
 
 @pytest.mark.parametrize("stage", ["thinker", "talker", "code_predictor"])
 def test_omni_decoders_match_cpu(omni_cuda_engine, omni_engine, stage) -> None:
-    """float16 on the CUDA provider (MoE and attention as contrib ops) against the float32 CPU
-    engines: logits within 2% of their range on the same inputs, the same best code."""
+    """float16 on the CUDA provider (MoE and attention as contrib ops; the code predictor's q/k
+    norms and rotary inside GroupQueryAttention) against the float32 CPU engines: the logits of
+    a prefill and three decode steps within 2% of their range on the same inputs, the same best
+    code."""
     sub = "." if stage == "thinker" else stage
     gpu, cpu = (engine_logits(e / sub) for e in (omni_cuda_engine, omni_engine))
     assert np.abs(gpu - cpu).max() <= 2e-2 * np.abs(cpu).max()

@@ -32,9 +32,12 @@ def gpu_build_on_cpu(
     from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
-    with monkeypatch.context() as m:  # lower as for the onnxruntime-gpu we deploy on
+    with monkeypatch.context() as m:  # lower as for the onnxruntime-gpu we deploy on, but
+        # without the q/k norms inside GroupQueryAttention, which the CPU provider cannot run
+        # (test_attention_prologue_fuses_for_cuda below checks that fusion)
         m.setattr(lowering, "onnxruntime_options", lambda v=None: {
-            "gqa_query_seqlens": False, "onnxruntime": ONNXRUNTIME_GPU})  # fmt: skip
+            "gqa_query_seqlens": False, "qk_norm_attention": False,
+            "onnxruntime": ONNXRUNTIME_GPU})  # fmt: skip
         if gqa:
             lowered = ort_builder.cuda_lowering
             m.setattr(ort_builder, "cuda_lowering",
@@ -108,3 +111,67 @@ def test_omni_text_to_speech(omni_ckpt, omni_engine, tmp_path, mp) -> None:
         )
         np.testing.assert_array_equal(a.codes, b.codes)
         np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)
+
+
+def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) -> None:
+    """A float16 cuda build for onnxruntime-gpu 1.31+: each 1-D RoPE decoder layer's q/k norms
+    and rotary run inside GroupQueryAttention (packed QKV, norm weights, a cos/sin table by
+    position); MRoPE decoders (Qwen3-Omni's thinker and talker) keep theirs. Only the graph is
+    checked here: the CPU provider has no q/k norm in GroupQueryAttention, so the numbers are
+    checked on a GPU (tests/test_gpu.py, against the CPU build)."""
+    from safetensors.torch import load_file
+
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+
+    with mp.context() as m:
+        m.setattr(lowering, "onnxruntime_options", lambda v=None: {
+            "gqa_query_seqlens": False, "qk_norm_attention": True,
+            "onnxruntime": ONNXRUNTIME_GPU})  # fmt: skip
+        llm, omni = tmp_path / "llm", tmp_path / "omni"
+        assert build(qwen3_ckpt, llm, BuildArgs(2, 32, 64, device="cuda", dtype="float16"))
+        args = BuildArgs(2, 32, 64, device="cuda", dtype="float16")
+        assert build(omni_ckpt, omni, args, ["llm", "talker", "code_predictor"])
+
+    hf = json.loads((qwen3_ckpt / "config.json").read_text())
+    model = onnx.load(str(llm / "llm.onnx"))
+    cfg = json.loads((llm / "config.json").read_text())
+    layers = hf["num_hidden_layers"]
+    assert cfg["lowering"]["fused_attention_prologue"] == layers
+    ops = [n.op_type for n in model.graph.node]
+    for gone in ("RotaryEmbedding", "Cos", "Sin"):
+        assert gone not in ops
+    # left: each layer's MLP split; the first layer's input norm
+    assert ops.count("Split") == layers and ops.count("RMSNormalization") == 1
+    producer = {o: n for n in model.graph.node for o in n.output}
+    init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == layers
+    weights = load_file(qwen3_ckpt / "model.safetensors")
+    for i, node in enumerate(gqa):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["do_rotary"] == 1 and attrs["rotary_interleaved"] == 0
+        assert attrs["qk_norm_epsilon"] == pytest.approx(hf["rms_norm_eps"])
+        assert producer[node.input[0]].op_type == "MatMul" and node.input[1:3] == ["", ""]
+        assert node.input[9] == "position_ids"
+        for k, norm in ((14, "q_norm"), (15, "k_norm")):  # (equal weights may share a name)
+            want = weights[f"model.layers.{i}.self_attn.{norm}.weight"].float().numpy()
+            np.testing.assert_array_equal(init[node.input[k]], want.astype(np.float16))
+    # the tables: cos/sin(position * inv_freq) for every position the cache can hold
+    dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    inv_freq = 1.0 / hf.get("rope_theta", 10000.0) ** (np.arange(0, dim, 2) / dim)
+    angles = np.arange(64)[:, None] * inv_freq[None]
+    for k, fn in ((7, np.cos), (8, np.sin)):
+        table = init[gqa[0].input[k]]
+        assert table.shape == (64, dim // 2) and table.dtype == np.float16
+        np.testing.assert_allclose(table.astype(np.float64), fn(angles), atol=1e-3)
+        assert all(n.input[k] == gqa[0].input[k] for n in gqa)  # one table for every layer
+
+    fused = {
+        sub: json.loads((omni / sub / "config.json").read_text())["lowering"]
+        for sub in (".", "talker", "code_predictor")
+    }
+    assert fused["."]["fused_attention_prologue"] == 0  # MRoPE
+    assert fused["talker"]["fused_attention_prologue"] == 0
+    cp_layers = json.loads((omni / "code_predictor" / "config.json").read_text())
+    assert fused["code_predictor"]["fused_attention_prologue"] == cp_layers["num_hidden_layers"]

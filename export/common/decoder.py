@@ -255,9 +255,12 @@ class CausalLM(nn.Module):
         last = torch.gather(h, 1, idx).squeeze(1)
         if cfg.last_hidden_output:
             extra.append(last)
-        head = (
-            self.lm_head_t if head_index is None else self.lm_head_t.index_select(0, head_index)[0]
-        )
+        head = self.lm_head_t
+        if head_index is not None:  # one Gather of the chosen [H, V] (not a gather, then a copy)
+            n, hidden, vocab = head.shape
+            head = (
+                head.reshape(n, hidden * vocab).index_select(0, head_index).reshape(hidden, vocab)
+            )
         return (last @ head, *extra, *presents)
 
     def io_names(self) -> tuple[list[str], list[str]]:
