@@ -108,9 +108,9 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start the talker at the reply's first token and run the thinker's later steps as "
         "it needs them, instead of after the thinker finished every reply of the cohort (the "
-        "same tokens and codes). Meant for a GPU: on an H200 audio started 1.6-2.1x sooner "
-        "for 0-7%% less throughput; on a CPU the run is slower and audio starts no sooner "
-        "(docs/benchmarks.md)",
+        "same tokens and codes). Meant for a GPU: on an H200 audio started 1.4-2.4x sooner, "
+        "throughput from 7%% lower to 13%% higher; on a CPU the run is slower and audio starts "
+        "no sooner (docs/benchmarks.md)",
     )
     return p
 
