@@ -203,7 +203,7 @@ class DecoderSession:
         if slot.inputs is None:
             slot.held = []
             for name, value in feeds.items():  # an earlier call's output, bound as an output
-                if any(_same_memory(value, out) for out in slot.outputs.values()):  # again
+                if _aliases(value, slot.outputs):  # again
                     feeds[name] = _copy(value)
                     slot.held.append(feeds[name])
             start = time.perf_counter()
@@ -235,10 +235,25 @@ class DecoderSession:
         return StepOutputs(self.rows, slot.outputs)
 
 
-def _same_memory(a: Any, b: Any) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.shares_memory(a, b)
-    return bool(a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes)
+def _aliases(value: Any, outputs: Mapping[str, Any]) -> bool:
+    """Whether a feed may share memory with one of a slot's output buffers (so it must be copied
+    before the call writes them). A host array that owns its memory, the common feed, is
+    checked by identity: the slot allocated its outputs, so only an output or a view of one can
+    overlap them; anything else by its memory (on every call of an ungraphed slot, so cheap)."""
+    if isinstance(value, np.ndarray):
+        root = value
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if root.base is None:
+            return any(out is root for out in outputs.values())
+        return any(isinstance(out, np.ndarray) and np.shares_memory(value, out)
+                   for out in outputs.values())  # fmt: skip
+    return any(
+        not isinstance(out, np.ndarray)
+        and value.ptr < out.ptr + out.nbytes
+        and out.ptr < value.ptr + value.nbytes
+        for out in outputs.values()
+    )
 
 
 def _copy(value: Any) -> Any:

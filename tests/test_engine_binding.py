@@ -1,5 +1,6 @@
 """OrtBinding's run options: every run names its CUDA graph (-1: none), and a queued run asks
-ONNX Runtime not to synchronise its providers at the end."""
+ONNX Runtime not to synchronise its providers at the end; and which feeds a DecoderSession call
+must copy because they share memory with its output buffers."""
 
 from __future__ import annotations
 
@@ -52,3 +53,31 @@ def test_runs_name_their_graph_and_queued_runs_skip_the_final_sync(graphs: bool)
     assert _entry(queued, "disable_synchronize_execution_providers") == "1"
     binding.run({})
     assert session.options[-1] is plain  # options are made once per kind of run
+
+
+def test_a_feed_that_is_an_output_is_told_apart_from_a_fresh_one() -> None:
+    """decoder._aliases: a call copies a feed that shares memory with its slot's output buffers
+    (an earlier call's output fed back), and only then: host views of an output, the output
+    itself, arrays over a foreign buffer that overlaps it; device buffers by address range."""
+    from types import SimpleNamespace
+
+    from edgeomni.runtime.decoder import _aliases
+
+    logits, embeds = np.zeros((2, 8), np.float32), np.zeros((2, 4), np.float16)
+    outputs = {"logits": logits, "sampled_embeds": embeds}
+    assert _aliases(embeds, outputs)
+    assert _aliases(embeds[:, None, :], outputs)  # the view the runtime feeds back
+    assert _aliases(embeds[1:].reshape(1, 1, 4), outputs)
+    assert not _aliases(embeds.copy(), outputs)
+    assert not _aliases(np.zeros((2, 1, 4), np.float16), outputs)
+    over = np.frombuffer(memoryview(logits).cast("B"), np.float32)  # not an ndarray base
+    assert _aliases(over, outputs)
+    assert not _aliases(np.frombuffer(bytearray(32), np.float32), outputs)
+
+    def dev(ptr: int, nbytes: int) -> SimpleNamespace:
+        return SimpleNamespace(ptr=ptr, nbytes=nbytes)
+
+    device = {"sampled_embeds": dev(1000, 64), "logits": dev(4096, 256)}
+    assert _aliases(dev(1000, 64), device) and _aliases(dev(1032, 16), device)
+    assert not _aliases(dev(1064, 64), device) and not _aliases(dev(0, 1000), device)
+    assert not _aliases(embeds, device)  # a host array never overlaps device memory

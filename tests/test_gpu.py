@@ -138,9 +138,9 @@ def omni_cuda_engine(omni_ckpt: Path, tmp_path_factory) -> Path:
     return eng
 
 
-def engine_logits(folder: Path, seed: int = 0, steps: int = 3) -> np.ndarray:
+def engine_logits(folder: Path, seed: int = 0, steps: int = 3, capacity: int = 16) -> np.ndarray:
     """A 5-token prefill and ``steps`` one-token decode calls of a decoder engine on fixed
-    random inputs: each call's logits [1 + steps, V]."""
+    random inputs, over a KV cache of ``capacity``: each call's logits [1 + steps, V]."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
     from edgeomni.runtime.kv import KVCache
@@ -148,8 +148,8 @@ def engine_logits(folder: Path, seed: int = 0, steps: int = 3) -> np.ndarray:
     cfg = json.loads((folder / "config.json").read_text())
     engine = open_engine(folder, cfg)
     dtype = np.dtype(cfg.get("dtype", "float32")).type
-    kv = KVCache(cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], 16, cfg["head_dim"],
-                 dtype=dtype, device=engine.device)  # fmt: skip
+    kv = KVCache(cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], capacity,
+                 cfg["head_dim"], dtype=dtype, device=engine.device)  # fmt: skip
     session = DecoderSession(engine, kv, 1, {"logits": (cfg["vocab_size"],)})
     rng = np.random.default_rng(seed)
     extra = {"lm_head_index": np.array([2])} if "lm_head_index" in engine.input_names else {}
@@ -186,18 +186,21 @@ def test_omni_decoders_match_cpu(omni_cuda_engine, omni_engine, stage) -> None:
     "direct one-token calls of the omni decoders (thinker, talker, code predictor) on CUDA gave "
     "logits far from the CPU engines' (max difference above their range), although the "
     "pipeline's own decode of the LLM matches the CPU; cause not found (this harness: one "
-    "session for both widths, a KV cache of 16, plain calls). The llm case is here to tell the "
-    "harness from the engines on the next GPU run",
+    "session for both widths, a KV cache of 16, plain calls). The llm case and the second "
+    "capacity are here to tell the harness, the engines and the cache size apart on the next "
+    "GPU run",
 )
+@pytest.mark.parametrize("capacity", [16, 128])
 @pytest.mark.parametrize("stage", ["llm", "thinker", "talker", "code_predictor"])
 def test_decode_steps_match_cpu(cuda_engine, qwen3_engine, omni_cuda_engine, omni_engine,
-                                stage) -> None:  # fmt: skip
+                                stage, capacity) -> None:  # fmt: skip
     """Three one-token decode calls after a prefill, on the CUDA engines and the CPU ones."""
     if stage == "llm":
-        gpu, cpu = engine_logits(cuda_engine), engine_logits(qwen3_engine)
+        engines = (cuda_engine, qwen3_engine)
     else:
         sub = "." if stage == "thinker" else stage
-        gpu, cpu = (engine_logits(e / sub) for e in (omni_cuda_engine, omni_engine))
+        engines = (omni_cuda_engine / sub, omni_engine / sub)
+    gpu, cpu = (engine_logits(e, capacity=capacity) for e in engines)
     assert np.abs(gpu - cpu).max() <= 2e-2 * np.abs(cpu).max()
     assert (gpu.argmax(-1) == cpu.argmax(-1)).all()
 
