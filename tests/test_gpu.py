@@ -205,6 +205,29 @@ def test_decode_steps_match_cpu(cuda_engine, qwen3_engine, omni_cuda_engine, omn
     assert (gpu.argmax(-1) == cpu.argmax(-1)).all()
 
 
+def test_omni_thinker_text_matches_cpu(omni_cuda_engine, omni_engine) -> None:
+    """The pipeline's own thinker decode on the GPU (MRoPE, DeepStack inputs, CUDA graphs):
+    greedy text tokens equal to the CPU build's for each prompt, as the LLM's are."""
+    body = {"max_generate_length": 12, "top_k": 1,
+            "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": p}]}]}
+                         for p in ("Hello there", "What is the capital of France?", "Why?")]}  # fmt: skip
+    gpu, cpu = (text_only(e, body, 3) for e in (omni_cuda_engine, omni_engine))
+    for a, b in zip(gpu, cpu, strict=True):
+        assert a.entry["ok"] and b.entry["ok"], (a.entry, b.entry)
+        tokens = a.entry["stages"]["thinker"]["output_tokens"]
+        assert tokens == b.entry["stages"]["thinker"]["output_tokens"]
+
+
+def text_only(engine: Path, body: dict, batch: int) -> list:
+    """A pipeline run that stops at the text (no talker, no audio)."""
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    requests, _ = parse_request_file(body)
+    pipe = Pipeline(engine)
+    return pipe.run(requests, batch_size=batch, requested=pipe.text_terminals())
+
+
 def test_omni_text_to_speech_on_the_gpu(omni_cuda_engine) -> None:
     """The whole speech path on the GPU: codes the same with and without CUDA graphs, audio of
     the right length, and the in-graph top-K deciding the talker's draws."""
