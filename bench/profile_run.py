@@ -77,11 +77,14 @@ def per_engine_calls(engine_dir: Path) -> Iterator[None]:
     from edgeomni.runtime import engine as eng
 
     root = engine_dir if engine_dir.is_dir() else engine_dir.parent
+    # an engine folder is named by the stage whose artifact it is (the root: "thinker", "llm")
+    stages = json.loads((root / "multistage_config.json").read_text())["stages"]
+    names = {(root / s["artifact"]).resolve(): s["id"] for s in stages}
     plain = eng.OrtBinding.run
 
     def run(self: Any, feeds: Any, *, graph: int | None = None, wait: bool = True) -> None:
-        folder = Path(self._session._model_path).parent
-        name = "thinker" if folder.resolve() == root.resolve() else folder.name
+        folder = Path(self._session._model_path).parent.resolve()
+        name = names.get(folder, folder.name)
         with record_function(f"engine:{name}"):
             plain(self, feeds, graph=graph, wait=True)
             torch.cuda.synchronize()

@@ -56,3 +56,28 @@ def test_kernels_are_put_down_to_the_engine_call_they_ran_in() -> None:
     assert rows["code_predictor"] == ["2", "1.0", "5.0", "0.0"]
     assert rows["(outside)"][1:3] == ["1.0", "1.0"]
     assert any("5.0" in line and "1.00  gemm" in line for line in lines[4:])
+
+
+def test_engine_calls_are_bracketed_by_stage_name(qwen3_engine, monkeypatch) -> None:
+    """--kernels wraps every engine call in a profiler range named after the stage whose
+    engine it is (the root engine's stage too), and unwraps them afterwards."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from edgeomni.runtime import engine as eng
+    from edgeomni.runtime.pipeline import Pipeline
+
+    tool = load_tool()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # no GPU here
+    args = tool.argparse.Namespace(
+        prompt="Hello", input_file=None,
+        sampling='{"max_generate_length": 3, "min_generate_length": 3}',
+    )  # fmt: skip
+    requests = tool.requests_from(args)
+    pipe = Pipeline(qwen3_engine)
+    plain = eng.OrtBinding.run
+    with tool.per_engine_calls(qwen3_engine), profile(activities=[ProfilerActivity.CPU]) as prof:
+        pipe.run(requests, batch_size=1)
+    assert eng.OrtBinding.run is plain
+    names = [e.name for e in prof.events() if e.name.startswith("engine:")]
+    assert names and set(names) == {"engine:llm"}, set(names)
