@@ -76,7 +76,8 @@ def engine_draws_match_host(
                 top_p=float(kwargs["sample_top_p"][0]),
             )
             got = [_host(out.buffer(n)) for n in ("topk_values", "topk_indices", "sampled_ids")]
-            calls.append((*got, np.array(kwargs["sample_uniform"]), params))
+            # on a GPU the uniforms are a row of the frame's staged buffer on the device
+            calls.append((*got, _host(kwargs["sample_uniform"]), params))
         return out
 
     outcomes = []

@@ -143,3 +143,56 @@ def test_a_cpu_build_draws_on_the_host_with_the_same_codes(
         assert a.entry["stages"]["talker"]["code_predictor_draws"] == "host"
         assert b.entry["stages"]["talker"]["code_predictor_draws"] == "engine"
         np.testing.assert_array_equal(a.codes, b.codes)
+
+
+def test_a_gpu_frame_stages_its_host_inputs_once(monkeypatch) -> None:
+    """On a GPU (faked here) a frame's uniform numbers and E(c0) go to the device in one upload
+    each, before its first call, into buffers kept per cohort size; each step reads its row
+    there (a copy from pageable memory would wait for the stream before every step)."""
+    from types import SimpleNamespace
+
+    from edgeomni.runtime import memory
+
+    uploads: list[tuple[int, ...]] = []
+
+    class Dev:
+        def __init__(self, shape, dtype, data=None):  # noqa: ANN001
+            self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+            self.data = np.zeros(shape, dtype) if data is None else data
+
+        @classmethod
+        def zeros(cls, shape, dtype):  # noqa: ANN001, ANN206
+            return cls(shape, dtype)
+
+        def rows(self, n: int, start: int = 0) -> Dev:
+            return Dev((n, *self.shape[1:]), self.dtype, self.data[start : start + n])
+
+        def view(self, shape: tuple[int, ...]) -> Dev:
+            return Dev(shape, self.dtype, self.data.reshape(shape))
+
+        def upload(self, array: np.ndarray) -> None:
+            assert array.shape == self.shape and array.dtype == self.dtype
+            self.data[...] = array
+            uploads.append(array.shape)
+
+    monkeypatch.setattr(memory, "DeviceArray", Dev)
+    cp = CodePredictor.__new__(CodePredictor)
+    cp.engine = SimpleNamespace(device="cuda", input_types={"inputs_embeds": np.dtype(np.float16)})
+    cp.hidden_size, cp._staging = 4, {}
+    rng = np.random.default_rng(0)
+    staged = []
+    for _ in range(2):
+        uniforms, e0 = rng.random((15, 3)), rng.standard_normal((3, 4)).astype(np.float32)
+        rows, first = cp._staged(uniforms, e0)
+        assert len(rows) == 15 and all(r.shape == (3,) for r in rows)
+        for i, row in enumerate(rows):
+            np.testing.assert_array_equal(row.data, uniforms[i])
+        np.testing.assert_array_equal(first.data, e0[:, None, :].astype(np.float16))
+        staged.append(first)
+    assert uploads == [(15, 3), (3, 1, 4)] * 2  # two uploads a frame, none per step
+    assert staged[0] is staged[1] and len(cp._staging) == 1  # the same buffers, reused
+    cpu = CodePredictor.__new__(CodePredictor)
+    cpu.engine = SimpleNamespace(device="cpu")
+    rows, first = cpu._staged(uniforms, e0)  # a CPU engine: host arrays, nothing staged
+    assert isinstance(first, np.ndarray) and first.shape == (3, 1, 4)
+    np.testing.assert_array_equal(np.stack(rows), uniforms)

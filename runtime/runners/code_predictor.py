@@ -50,6 +50,7 @@ class CodePredictor:
         self.embeddings = [tables[f"embedding_{i}"] for i in range(groups - 1)]
         self.kv = KVCache.for_decoder(cfg, max_batch, groups, self.engine.device)
         self._drawn: dict[tuple[int, int], Any] = {}
+        self._staging: dict[tuple[int, int], tuple[Any, Any]] = {}
 
     def session(self, rows: int) -> DecoderSession:
         outputs: dict[str, tuple[int, ...]] = {"logits": (int(self.config["vocab_size"]),)}
@@ -103,7 +104,7 @@ class CodePredictor:
         codes[:, 0] = code0
         total = e0.astype(np.float32).copy()
         draw = self._draw_inputs(np.zeros(n), SamplingParams(temperature=0.0)) if self.draws else {}
-        past, x = self._prefill(cp, last_hidden, e0, q, draw, wait=True)
+        past, x = self._prefill(cp, last_hidden, e0[:, None, :], q, draw, wait=True)
         for group in range(1, self.groups):
             width = x.shape[1]
             out = cp.run(
@@ -129,19 +130,20 @@ class CodePredictor:
         self,
         cp: DecoderSession,
         last_hidden: Any,
-        e0: np.ndarray,
+        first: Any,
         q: np.ndarray,
         draw: dict[str, np.ndarray],
         *,
         wait: bool,
     ) -> tuple[np.ndarray, Any]:
         """The frame's prefill up to its last token: split, the hidden state alone (what that
-        call outputs is not read). Returns each row's cache length and the next call's input,
-        [E(c0)] split and [hidden, E(c0)] otherwise."""
-        n = len(e0)
+        call outputs is not read). ``first``: E(c0) [n, 1, H], a host array or (split, on a GPU)
+        a device buffer. Returns each row's cache length and the next call's input, [E(c0)]
+        split and [hidden, E(c0)] otherwise."""
+        n = first.shape[0]
         past = np.zeros(n, np.int32)
         if not self.split_prefill:
-            return past, np.stack([last_hidden, e0], axis=1)
+            return past, np.concatenate([last_hidden[:, None, :], first], axis=1)
         hidden = (
             last_hidden[:, None, :]
             if isinstance(last_hidden, np.ndarray)
@@ -149,14 +151,17 @@ class CodePredictor:
         )
         cp.run(hidden, text_positions(past, 1, False), past, q, np.zeros(n, np.int64), tag=0,
                wait=wait, lm_head_index=np.zeros(1, np.int64), **draw)  # fmt: skip
-        return past + 1, e0[:, None, :]
+        return past + 1, first
 
     @staticmethod
-    def _draw_inputs(uniform: np.ndarray, params: SamplingParams) -> dict[str, np.ndarray]:
+    def _draw_inputs(uniform: Any, params: SamplingParams) -> dict[str, Any]:
         """The engine sampler's inputs: greedy is top-k 1 at temperature 1 (and uniform 0)."""
         greedy = params.greedy
         return {
-            "sample_uniform": np.asarray(uniform, np.float64),
+            # a host array, or a row of a GPU frame's staged numbers (read where it is)
+            "sample_uniform": np.asarray(uniform, np.float64)
+            if isinstance(uniform, np.ndarray)
+            else uniform,
             "sample_temperature": np.array([1.0 if greedy else params.temperature]),
             "sample_top_k": np.array([1 if greedy else params.top_k], np.int64),
             "sample_top_p": np.array([1.0 if greedy else params.top_p]),
@@ -183,7 +188,8 @@ class CodePredictor:
         steps = self.groups - 1
         uniforms = np.zeros((steps, n)) if params.greedy else rng.random((steps, n))
         q = active.astype(np.int32)
-        past, x = self._prefill(cp, last_hidden, e0, q, self._draw_inputs(np.zeros(n), params),
+        uniform_rows, e0_in = self._staged(uniforms, e0)
+        past, x = self._prefill(cp, last_hidden, e0_in, q, self._draw_inputs(np.zeros(n), params),
                                 wait=False)  # fmt: skip
         drawn = self._drawn_codes(steps, n)
         for group in range(1, self.groups):
@@ -191,7 +197,7 @@ class CodePredictor:
             out = cp.run(x, text_positions(past, width, False), past, q * width,
                          np.full(n, width - 1, np.int64), tag=group, wait=False,
                          lm_head_index=np.array([group - 1], np.int64),
-                         **self._draw_inputs(uniforms[group - 1], params))  # fmt: skip
+                         **self._draw_inputs(uniform_rows[group - 1], params))  # fmt: skip
             ids = out.buffer("sampled_ids")  # copied aside before a later call can write it
             if isinstance(drawn, np.ndarray):
                 drawn[group - 1] = ids
@@ -209,6 +215,30 @@ class CodePredictor:
         for group in range(1, self.groups):
             total = total + self.embeddings[group - 1][codes[:, group]]
         return codes, total
+
+    def _staged(self, uniforms: np.ndarray, e0: np.ndarray) -> tuple[list[Any], Any]:
+        """A frame's per-step uniform numbers and its first codes' embeddings [n, 1, H], where
+        the engine reads them. On a GPU both are uploaded once, before the frame's first call:
+        a copy from pageable host memory waits for the stream, so a per-step upload would make
+        the host wait for each queued step and the GPU then wait for the host (the steps take
+        them from these buffers device to device). On a CPU: host arrays."""
+        steps, n = uniforms.shape
+        if self.engine.device != "cuda":
+            return list(uniforms), e0[:, None, :]
+        from edgeomni.runtime.memory import DeviceArray
+
+        key = (steps, n)
+        staged = self._staging.get(key)
+        if staged is None:
+            dtype = self.engine.input_types.get("inputs_embeds", np.dtype(np.float32))
+            staged = self._staging[key] = (
+                DeviceArray.zeros((steps, n), np.float64),
+                DeviceArray.zeros((n, 1, self.hidden_size), dtype),
+            )
+        rows, first = staged
+        rows.upload(np.ascontiguousarray(uniforms, np.float64))
+        first.upload(np.ascontiguousarray(e0[:, None, :], first.dtype))
+        return [rows.rows(1, i).view((n,)) for i in range(steps)], first
 
     def _drawn_codes(self, steps: int, n: int) -> Any:
         """Where a frame's drawn codes [steps, n] gather: device memory for a GPU engine (one
