@@ -167,6 +167,12 @@ def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) 
         np.testing.assert_allclose(table.astype(np.float64), fn(angles), atol=1e-3)
         assert all(n.input[k] == gqa[0].input[k] for n in gqa)  # one table for every layer
 
+    # onnxruntime accepts the folded graph (schema, types, shapes); running it needs the CUDA
+    # provider, whose GroupQueryAttention has the q/k norm inputs
+    import onnxruntime as ort
+
+    ort.InferenceSession(str(llm / "llm.onnx"), providers=["CPUExecutionProvider"])
+
     fused = {
         sub: json.loads((omni / sub / "config.json").read_text())["lowering"]
         for sub in (".", "talker", "code_predictor")
