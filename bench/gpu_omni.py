@@ -387,6 +387,8 @@ def run_batch(pipe: Any, requests: list[Any], c: int, starts: dict[int, float]) 
         "code_predictor_host_frames": tk.get("code_predictor_host_frames"),
         "streamed_vocoder_ms": tk.get("streamed_vocoder_ms"),
         "code2wav_ms_sum": round(vocode, 3),
+        # window lengths code2wav replays as CUDA graphs (empty: every window run as it came)
+        "code2wav_fixed_lengths": first_row.get("code2wav", {}).get("fixed_lengths"),
         # comparable to transformers' talker.generate (talker + code predictor, no vocoder)
         "talker_cp_ms": round(talker_cp, 3),
         # steps whose full logits came to the host (device top-K not enough), where reported

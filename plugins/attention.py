@@ -366,8 +366,10 @@ def _lower_plain(node: Any, ctx: Any, attrs: dict[str, Any]) -> list[Any]:
     rel = op("Sub", slots, op("Unsqueeze", past, ints(1)))  # [B, C]: slot - past_b
     valid_key = op("Less", slots, op("Unsqueeze", total, ints(1)))  # [B, C]
     is_new = op("And", valid_key, op("GreaterOrEqual", rel, scalar(0)))
-    last_token = op("Squeeze", op("Sub", op("Shape", k, start=1, end=2), ints(1)))
-    token = op("Unsqueeze", op("Clip", rel, scalar(0), last_token), ints(2))  # [B, C, 1]
+    # the new token a slot takes (0 where it takes none: any index will do, the Where below
+    # keeps the cache there); a Where, not a Clip to the call's width, so that no value derived
+    # from a shape on the host feeds the device's computation (a CUDA graph cannot capture that)
+    token = op("Unsqueeze", op("Where", is_new, rel, scalar(0)), ints(2))  # [B, C, 1]
     write = op("Unsqueeze", is_new, ints(1, 3))  # [B, 1, C, 1]
 
     def update(x: str, cache: str, result: str) -> str:

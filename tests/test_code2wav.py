@@ -22,7 +22,7 @@ from edgeomni.export.families.qwen3_omni import code2wav as c2w
 from edgeomni.graph_schema import Emit, Input, Stage
 from edgeomni.runtime.engine import OrtEngine
 from edgeomni.runtime.runners import RequestState
-from edgeomni.runtime.runners.code2wav import Code2Wav
+from edgeomni.runtime.runners.code2wav import Code2Wav, padded_length
 from edgeomni.runtime.vocoder import WindowedVocoder
 
 Q, CODEBOOK, SPF, TRIM = 16, 64, 1920, 555
@@ -259,6 +259,40 @@ def test_runner_windows_equal_whole_decode(built: dict[str, Any]) -> None:
     assert details["frames"] == 60 and details["samples"] == 60 * SPF - TRIM
     assert details["windows"] == 3 and details["mode"] == "windowed"
     assert details["duration_ms"] == pytest.approx((60 * SPF - TRIM) / 24)
+
+
+def test_padded_length_rule() -> None:
+    lengths = (5, 50)
+    assert padded_length(5, lengths) == 5
+    assert padded_length(3, lengths) == 5
+    assert padded_length(30, lengths) == 50 and padded_length(25, lengths) == 50
+    assert padded_length(24, lengths) is None  # 50 frames would be more than twice the work
+    assert padded_length(2, lengths) is None and padded_length(51, lengths) is None
+    assert padded_length(7, ()) is None
+
+
+def test_fixed_length_windows_equal_exact_ones(built: dict[str, Any]) -> None:
+    """Windows padded with code 0 to the fixed lengths a GPU replays (set here on a CPU engine)
+    give the audio of windows run at their own lengths: the vocoder is causal."""
+    codes = [random_codes(57, 11), random_codes(57, 12), random_codes(3, 13)]
+    config = {"window_frames": 20, "first_window_frames": 4}
+    exact = run_runner(Code2Wav(stage(**config), built["folder"], threads=2), *codes)
+    runner = Code2Wav(stage(**config), built["folder"], threads=2)
+    assert runner.fixed_lengths == ()  # a CPU engine runs every window at its own length
+    runner.fixed_lengths = (4, 45)  # first window; 20 frames + 25 of left context
+    calls: list[tuple[int, ...]] = []
+    run = runner._decode_fixed
+    runner._decode_fixed = lambda c, length: calls.append((*c.shape, length)) or run(c, length)
+    padded = run_runner(runner, *codes)
+    for a, b in zip(exact, padded, strict=True):
+        x, y = a.outputs["code2wav:audio"], b.outputs["code2wav:audio"]
+        assert x.shape == y.shape and np.abs(x - y).max() < 1e-5
+    # 57 frames: 4 | 20 (+4 context) | 20 (+24) | 13 (+25); 3 frames: one 3-frame call
+    assert calls == [(1, Q, 4, 4), (1, Q, 24, 45), (1, Q, 44, 45), (1, Q, 38, 45)] * 2 + [
+        (1, Q, 3, 4)
+    ]
+    assert set(runner._fixed) == {(1, 4), (1, 45)}  # buffers kept per batch size and length
+    assert padded[0].details["code2wav"]["fixed_lengths"] == [4, 45]
 
 
 def test_runner_whole_utterance_and_fallback(built: dict[str, Any], tmp_path: Path) -> None:

@@ -273,3 +273,40 @@ def test_every_omni_engine_stays_on_the_gpu(omni_cuda_engine) -> None:
         engines = [runner.engine] + ([runner.cp.engine] if stage == "talker" else [])
         for engine in engines:
             assert engine.session.get_providers()[0] == "CUDAExecutionProvider", stage
+
+
+def test_code2wav_windows_replay_fixed_length_graphs(omni_cuda_engine, omni_engine) -> None:
+    """code2wav on the GPU runs its windows padded to fixed lengths, replayed from CUDA graphs
+    (the engine has no host-computed value feeding the device, so onnxruntime captures it): the
+    audio equals the CPU engine's, and the GPU's uncaptured calls', within float32 error; the
+    graphs are kept per batch size and length and replayed by later requests."""
+    from edgeomni.graph_schema import Emit, Input, Stage
+    from edgeomni.runtime.runners import RequestState
+    from edgeomni.runtime.runners.code2wav import Code2Wav
+
+    stage = Stage(id="code2wav", runner="qwen3_omni.code2wav", artifact="code2wav",
+                  kind="iterative", inputs=(Input("codes", "talker:codes"),),
+                  emits=(Emit("audio", "audio", terminal=True),),
+                  config={"window_frames": 8, "first_window_frames": 3})  # fmt: skip
+    rng = np.random.default_rng(5)
+    codes = [rng.integers(0, 64, (n, 16)) for n in (40, 40, 7)]
+
+    def audio(folder: Path, **options) -> tuple[Code2Wav, list[np.ndarray]]:
+        runner = Code2Wav(stage, folder / "code2wav", **options)
+        out = []
+        for _ in range(2):  # the second pass replays what the first captured
+            states = [RequestState(index=i, request=None, plan=None,
+                                   outputs={"talker:codes": c}) for i, c in enumerate(codes)]  # fmt: skip
+            runner.run(states)
+            out = [s.outputs["code2wav:audio"] for s in states]
+        return runner, out
+
+    graphed, gpu = audio(omni_cuda_engine)
+    assert graphed.engine.cuda_graphs and graphed.fixed_lengths == (3, 33)
+    assert set(graphed._fixed) == {(1, 3), (1, 33)}
+    uncaptured, plain = audio(omni_cuda_engine, cuda_graphs=False)
+    assert not uncaptured.engine.cuda_graphs and uncaptured.fixed_lengths == (3, 33)
+    _, cpu = audio(omni_engine)
+    for g, p, c in zip(gpu, plain, cpu, strict=True):
+        assert g.shape == c.shape == p.shape
+        assert np.abs(g - p).max() < 1e-4 and np.abs(g - c).max() < 1e-3 * max(1, np.abs(c).max())

@@ -148,7 +148,9 @@ class Code2WavGraph(nn.Module):
         scratch_k = x.new_zeros(b, self.num_kv_heads, t, self.head_dim)
         scratch_v = x.new_zeros(b, self.num_kv_heads, t, self.head_dim)
         past_lens = torch.zeros(b, dtype=torch.int32)
-        query_lens = torch.full((b,), t, dtype=torch.int32)
+        # T per row, counted on the device: torch.full((b,), t) would expand a host scalar into
+        # a device tensor, a copy that keeps the CUDA provider from capturing the engine's graph
+        query_lens = torch.ones_like(x[:, :, 0], dtype=torch.int64).sum(-1).to(torch.int32)
         out, _, _ = attention_plugin.torch_op()(
             q.reshape(b, t, -1),
             k.reshape(b, t, -1),
