@@ -8,6 +8,7 @@ stage hand-offs stay on the device and only what the host must see is copied bac
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 import numpy as np
@@ -17,17 +18,35 @@ class DeviceError(RuntimeError):
     """No usable GPU, or a CUDA call failed."""
 
 
+_CUDART: Any = None
+
+
 def _cudart() -> Any:
-    try:
-        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
-    except ImportError:
+    """cuda-python's runtime module, imported once (a code predictor frame makes ~100 calls)."""
+    global _CUDART
+    if _CUDART is None:
         try:
-            from cuda import cudart  # older cuda-python
+            from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
         except ImportError:
-            raise DeviceError(
-                "device buffers need cuda-python (pip install 'edgeomni[cuda]')"
-            ) from None
-    return cudart
+            try:
+                from cuda import cudart  # older cuda-python
+            except ImportError:
+                raise DeviceError(
+                    "device buffers need cuda-python (pip install 'edgeomni[cuda]')"
+                ) from None
+        _CUDART = cudart
+    return _CUDART
+
+
+_KINDS: dict[str, Any] = {}
+
+
+def _kind(name: str) -> Any:
+    """A cudaMemcpyKind member, looked up once (each lookup builds an enum object)."""
+    kind = _KINDS.get(name)
+    if kind is None:
+        kind = _KINDS[name] = getattr(_cudart().cudaMemcpyKind, name)
+    return kind
 
 
 _STREAM: int | None = None
@@ -63,15 +82,14 @@ class DeviceArray:
         self.dtype = np.dtype(dtype)
         self.ptr = int(ptr)
         self._owner = owner
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * self.dtype.itemsize
+        # plain ints: views and copies are made per engine call, and numpy's prod of a tuple
+        # costs microseconds each time
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
 
     @classmethod
     def zeros(cls, shape: tuple[int, ...], dtype: Any) -> DeviceArray:
         cudart = _cudart()
-        nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        nbytes = max(1, math.prod(int(x) for x in shape) * np.dtype(dtype).itemsize)
         ptr = _check(cudart.cudaMalloc(nbytes), "cudaMalloc")
         # on the runtime stream: a memset on the legacy default stream is not ordered with the
         # (non-blocking) runtime stream, so it could land after the first upload or engine run
@@ -98,7 +116,7 @@ class DeviceArray:
         if src.dtype != self.dtype or src.nbytes != self.nbytes:
             raise ValueError(f"copying {src.shape} {src.dtype} into {self.shape} {self.dtype}")
         cudart = _cudart()
-        kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        kind = _kind("cudaMemcpyDeviceToDevice")
         _check(cudart.cudaMemcpyAsync(self.ptr, src.ptr, self.nbytes, kind, stream()),
                "cudaMemcpyAsync (device to device)")  # fmt: skip
 
@@ -108,7 +126,7 @@ class DeviceArray:
         if src.shape != self.shape:
             raise ValueError(f"uploading {src.shape} into a device buffer of {self.shape}")
         cudart = _cudart()
-        kind = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        kind = _kind("cudaMemcpyHostToDevice")
         # from pageable memory the call returns once src is staged, so src may be freed after
         _check(cudart.cudaMemcpyAsync(self.ptr, src.ctypes.data, self.nbytes, kind, stream()),
                "cudaMemcpyAsync (host to device)")  # fmt: skip
@@ -121,7 +139,7 @@ class DeviceArray:
         elif out.shape != self.shape or out.dtype != self.dtype or not out.flags.c_contiguous:
             raise ValueError(f"downloading {self.shape} {self.dtype} into {out.shape} {out.dtype}")
         cudart = _cudart()
-        kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        kind = _kind("cudaMemcpyDeviceToHost")
         _check(cudart.cudaMemcpyAsync(out.ctypes.data, self.ptr, self.nbytes, kind, stream()),
                "cudaMemcpyAsync (device to host)")  # fmt: skip
         if sync:

@@ -50,7 +50,8 @@ class CodePredictor:
         self.embeddings = [tables[f"embedding_{i}"] for i in range(groups - 1)]
         self.kv = KVCache.for_decoder(cfg, max_batch, groups, self.engine.device)
         self._drawn: dict[tuple[int, int], Any] = {}
-        self._staging: dict[tuple[int, int], tuple[Any, Any]] = {}
+        self._staging: dict[tuple[int, int], tuple[Any, Any, list[Any]]] = {}
+        self._drawn_rows: dict[tuple[int, int], list[Any]] = {}  # views of _drawn's rows
 
     def session(self, rows: int) -> DecoderSession:
         outputs: dict[str, tuple[int, ...]] = {"logits": (int(self.config["vocab_size"]),)}
@@ -202,7 +203,7 @@ class CodePredictor:
             if isinstance(drawn, np.ndarray):
                 drawn[group - 1] = ids
             else:  # on the device, queued: the host waits once, below
-                drawn.rows(1, group - 1).view((n,)).copy_from(ids)
+                self._drawn_rows[(steps, n)][group - 1].copy_from(ids)
             x = out.buffer("sampled_embeds")
             x = x.reshape(n, 1, -1) if isinstance(x, np.ndarray) else x.view((n, 1, x.shape[-1]))
             past = past + width
@@ -231,14 +232,16 @@ class CodePredictor:
         staged = self._staging.get(key)
         if staged is None:
             dtype = self.engine.input_types.get("inputs_embeds", np.dtype(np.float32))
+            rows = DeviceArray.zeros((steps, n), np.float64)
             staged = self._staging[key] = (
-                DeviceArray.zeros((steps, n), np.float64),
+                rows,
                 DeviceArray.zeros((n, 1, self.hidden_size), dtype),
+                [rows.rows(1, i).view((n,)) for i in range(steps)],  # made once, not per frame
             )
-        rows, first = staged
+        rows, first, views = staged
         rows.upload(np.ascontiguousarray(uniforms, np.float64))
         first.upload(np.ascontiguousarray(e0[:, None, :], first.dtype))
-        return [rows.rows(1, i).view((n,)) for i in range(steps)], first
+        return views, first
 
     def _drawn_codes(self, steps: int, n: int) -> Any:
         """Where a frame's drawn codes [steps, n] gather: device memory for a GPU engine (one
@@ -249,6 +252,7 @@ class CodePredictor:
                 from edgeomni.runtime.memory import DeviceArray
 
                 buf = DeviceArray.zeros((steps, n), np.int64)
+                self._drawn_rows[(steps, n)] = [buf.rows(1, i).view((n,)) for i in range(steps)]
             else:
                 buf = np.zeros((steps, n), np.int64)
             self._drawn[(steps, n)] = buf
