@@ -100,8 +100,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-cuda-graphs",
         action="store_true",
-        help="GPU engines run every decode step as separate kernel launches instead of "
-        "replaying a captured CUDA graph (slower; for debugging)",
+        help="GPU engines run every decode step and vocoder window as separate kernel "
+        "launches instead of replaying a captured CUDA graph (slower; for debugging)",
     )
     p.add_argument(
         "--stage-streaming",
@@ -109,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
         help="start the talker at the reply's first token and run the thinker's later steps as "
         "it needs them, instead of after the thinker finished every reply of the cohort (the "
         "same tokens and codes). Meant for a GPU: on an H200 audio started 1.4-2.4x sooner, "
-        "throughput from 7%% lower to 13%% higher; on a CPU the run is slower and audio starts "
+        "throughput from 10%% lower to 13%% higher; on a CPU the run is slower and audio starts "
         "no sooner (docs/benchmarks.md)",
     )
     return p
