@@ -181,3 +181,72 @@ def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) 
     assert fused["talker"]["fused_attention_prologue"] == 0
     cp_layers = json.loads((omni / "code_predictor" / "config.json").read_text())
     assert fused["code_predictor"]["fused_attention_prologue"] == cp_layers["num_hidden_layers"]
+
+
+# inputs onnxruntime's CUDA kernels read from host memory (shapes, axes, bounds): a value
+# computed on the host from a shape may go there without a copy. Deliberately short: an op
+# whose kernel reads an input on the host but is missing here only makes the check stricter
+HOST_INPUTS = {"Reshape": {1}, "Expand": {1}, "ConstantOfShape": {0}, "Range": {0, 1, 2},
+               "Slice": {1, 2, 3, 4}, "Squeeze": {1}, "Unsqueeze": {1}}  # fmt: skip
+
+
+def host_values_on_device(model: onnx.ModelProto) -> list[str]:
+    """Device inputs fed a value computed on the host, the way onnxruntime's CUDA provider
+    places nodes (GetCpuPreferredNodes): Shape's output is on the host, and so is the output of
+    any node that reads only host values, small initializers and graph inputs. Each such value
+    read as a device input is a copy the provider inserts, and a graph with a copy cannot be
+    captured as a CUDA graph."""
+    small = {t.name for t in model.graph.initializer if np.prod(t.dims) <= 100}
+    small |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    inputs = {i.name for i in model.graph.input}
+    host: set[str] = set()
+    found = []
+    for node in model.graph.node:  # topological order
+        if node.op_type in ("Shape", "Size"):
+            host.update(node.output)
+            continue
+        safe = HOST_INPUTS.get(node.op_type, set())
+        reads = [(k, i) for k, i in enumerate(node.input) if i in host]
+        # on the host: a node that reads host values, none where its kernel reads the host
+        # anyway, and otherwise only small initializers and graph inputs
+        if (
+            reads
+            and all(k not in safe for k, _ in reads)
+            and all(not i or i in host or i in small or i in inputs for i in node.input)
+        ):
+            host.update(node.output)
+            continue
+        found += [f"{node.op_type}[{k}] <- {i}" for k, i in reads if k not in safe]
+    return found
+
+
+def test_host_value_check_finds_a_copy() -> None:
+    """The check itself: a host scalar expanded into a device tensor (torch.full of a shape) is
+    reported; the same value as Expand's shape input is not."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "t"])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),  # on the host
+        helper.make_node("Expand", ["sf", "s"], ["full"]),  # sf as data: a copy
+        helper.make_node("Add", ["x", "full"], ["y"]),
+    ]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]))
+    assert host_values_on_device(model) == ["Expand[0] <- sf"]
+
+
+def test_code2wav_can_be_captured_on_the_gpu(omni_ckpt, tmp_path) -> None:
+    """A cuda build's code2wav feeds no host-computed value to the device, so onnxruntime's
+    CUDA provider inserts no copies and captures it as a CUDA graph (tests/test_gpu.py runs the
+    capture on a GPU). Its first version fed two: the window's query lengths (torch.full of a
+    shape) and, in every attention layer, a bound taken from a shape."""
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+
+    build(omni_ckpt, tmp_path / "eng", BuildArgs(2, 64, 128, device="cuda"), ["code2wav"])
+    model = onnx.load(
+        str(tmp_path / "eng" / "code2wav" / "code2wav.onnx"), load_external_data=False
+    )
+    assert host_values_on_device(model) == []
