@@ -311,3 +311,20 @@ def test_code2wav_windows_replay_fixed_length_graphs(omni_cuda_engine, omni_engi
         assert g.shape == c.shape == p.shape
         # the GPU's float32 convolutions run on TF32 tensor cores: ~1% of the peak off the CPU
         assert np.abs(g - p).max() < 1e-4 and np.abs(g - c).max() < 2e-2 * np.abs(c).max()
+
+
+@pytest.mark.parametrize("stage", ["llm", "thinker", "talker"])
+def test_right_padded_prefill_on_the_gpu(cuda_engine, omni_cuda_engine, stage) -> None:
+    """The CUDA provider's GroupQueryAttention without per-row query lengths (onnxruntime-gpu
+    1.31): one right-padded prefill of rows of different lengths from an empty cache gives the
+    logits, and the cache for the next decode step, of prefilling each row alone. The talker
+    prefills its cohort so already; the LLM runner (the thinker's) goes row by row on such
+    engines, which costs ~4 ms a row at real dimensions (docs/benchmarks.md, sixth slice): it
+    can prefill in one call once this holds here."""
+    import prefill_check
+
+    folder = {"llm": cuda_engine, "thinker": omni_cuda_engine,
+              "talker": omni_cuda_engine / "talker"}[stage]  # fmt: skip
+    batched, rowwise = prefill_check.batched_and_rowwise(folder)
+    assert np.abs(batched - rowwise).max() <= 2e-2 * np.abs(rowwise).max()
+    assert (batched.argmax(-1) == rowwise.argmax(-1)).all()

@@ -250,3 +250,27 @@ def test_code2wav_can_be_captured_on_the_gpu(omni_ckpt, tmp_path) -> None:
         str(tmp_path / "eng" / "code2wav" / "code2wav.onnx"), load_external_data=False
     )
     assert host_values_on_device(model) == []
+
+
+@pytest.mark.parametrize("model", ["qwen3", "omni"])
+def test_right_padded_prefill_equals_row_by_row(qwen3_ckpt, omni_ckpt, tmp_path, mp, model):
+    """GroupQueryAttention without per-row query lengths (what onnxruntime-gpu 1.31 has): one
+    right-padded prefill from an empty cache gives each row's logits, and leaves a cache the
+    next decode step reads, as prefilling each row alone does (the talker prefills its cohort
+    so; the LLM runner still goes row by row on such engines: tests/test_gpu.py checks the CUDA
+    provider's kernel the same way before that can change)."""
+    import prefill_check
+
+    if model == "qwen3":
+        eng = gpu_build_on_cpu(qwen3_ckpt, tmp_path / "eng", mp, gqa=True)
+        folders = [eng]
+    else:
+        eng = gpu_build_on_cpu(omni_ckpt, tmp_path / "eng", mp, ["llm", "talker"], gqa=True)
+        folders = [eng, eng / "talker"]
+    for folder in folders:
+        assert (
+            json.loads((folder / "config.json").read_text())["lowering"]["gqa_query_seqlens"]
+            is False
+        )
+        batched, rowwise = prefill_check.batched_and_rowwise(folder)
+        np.testing.assert_allclose(batched, rowwise, rtol=1e-4, atol=1e-4)
