@@ -99,7 +99,7 @@ def _topological(nodes: list[Any]) -> list[Any]:
 # ---------------------------------------------------------------------------------------------
 # q/k norm and rotary into GroupQueryAttention
 # ---------------------------------------------------------------------------------------------
-def fuse_attention_prologue(model: Any, positions: int) -> int:
+def fuse_attention_prologue(model: Any, positions: int, *, norms: bool = True) -> int:
     """Fold each layer's attention prologue into its GroupQueryAttention node (CUDA provider):
 
         Split(qkv) -> q: [Reshape -> RMSNormalization -> Reshape] -> RotaryEmbedding ┐
@@ -111,10 +111,18 @@ def fuse_attention_prologue(model: Any, positions: int) -> int:
     (``positions`` rows, at least the KV capacity, as the op requires). On the H200 that takes 5
     kernels per layer (a split, two norms, two rotaries) and the per-call cos/sin graph away.
 
-    Only 1-D RoPE is folded: the tokens' cos/sin must be ``cos(position_ids * inv_freq)``
-    computed in the graph from the ``position_ids`` input [B, S], which is what makes a table
-    indexed by position the same thing. 3-axis MRoPE (Qwen3-Omni's thinker and talker) and any
-    other source of cos/sin are left as they are. Returns how many attention nodes were fused.
+    1-D RoPE (the tokens' cos/sin are ``cos(position_ids * inv_freq)`` computed in the graph
+    from the ``position_ids`` input [B, S]) gets a table by position, built here. Any other
+    rotation (Qwen3-Omni's 3-axis MRoPE, in the thinker and the talker) keeps the RotaryEmbedding
+    nodes' own inputs: the call's per-token cos/sin rows, which token (b, s) reads at row
+    b*S + s (the fused rotary lowering, plugins/rotary.py), padded with zero rows up to
+    ``positions`` because the op wants a table at least as long as the cache; the same rows and
+    positions give the same rotation inside GroupQueryAttention.
+
+    ``norms=False`` leaves the q/k norms (and the split) where they are and folds the rotary
+    alone, on unpacked q and k: the CPU provider runs that (it has no q/k norm inputs), so the
+    folding itself is checked there (tests/test_gpu_lowering_on_cpu.py). Returns how many
+    attention nodes were fused.
     """
     from onnx import helper, numpy_helper
 
@@ -162,6 +170,41 @@ def fuse_attention_prologue(model: Any, positions: int) -> int:
             tables[key] = (names[0], names[1])
         return tables[key]
 
+    padded_tables: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def padded(cos_rows: str, sin_rows: str) -> tuple[str, str]:
+        """The per-token rows [N, D/2], zero rows added up to ``positions`` (none past it); the
+        pad amounts are shape arithmetic, which the CUDA provider does on the host."""
+        key = (cos_rows, sin_rows)
+        if key not in padded_tables:
+            n = len(padded_tables)
+            stem = f"gqa_rows_{n}"
+            const = {
+                f"{stem}_capacity": np.array([positions], np.int64),
+                f"{stem}_zero": np.array([0], np.int64),
+                f"{stem}_zeros2": np.array([0, 0], np.int64),
+            }
+            for name, value in const.items():
+                graph.initializer.append(numpy_helper.from_array(value, name))
+            nodes = [
+                helper.make_node("Shape", [cos_rows], [f"{stem}_count"], start=0, end=1),
+                helper.make_node("Sub", [f"{stem}_capacity", f"{stem}_count"], [f"{stem}_short"]),
+                helper.make_node("Max", [f"{stem}_short", f"{stem}_zero"], [f"{stem}_more"]),
+                helper.make_node(
+                    "Concat",
+                    [f"{stem}_zeros2", f"{stem}_more", f"{stem}_zero"],
+                    [f"{stem}_pads"],
+                    axis=0,
+                ),
+            ]
+            names = []
+            for rows, kind in ((cos_rows, "cos"), (sin_rows, "sin")):
+                names.append(f"{stem}_{kind}")
+                nodes.append(helper.make_node("Pad", [rows, f"{stem}_pads"], [names[-1]]))
+            graph.node.extend(nodes)  # placed by the topological sort below
+            padded_tables[key] = (names[0], names[1])
+        return padded_tables[key]
+
     fused = 0
     for index, gqa in enumerate(graph.node):
         if gqa.op_type != "GroupQueryAttention" or gqa.domain != "com.microsoft":
@@ -189,18 +232,24 @@ def fuse_attention_prologue(model: Any, positions: int) -> int:
         if head_dim % 16:  # the op's rotary needs head_size % 16 == 0
             continue
         caches = table(q_rot.input[2], q_rot.input[3])
-        if caches is None:
-            continue
+        position_ids = "position_ids"
+        if caches is None:  # MRoPE or other per-token rows: fold them as they are
+            caches = padded(q_rot.input[2], q_rot.input[3])
+            position_ids = q_rot.input[1]
         norm_inputs = ["", ""]
         extra: dict[str, Any] = {}
-        if q_norm is not None:
+        if not norms:  # rotary only: q and k as the norms left them, unpacked
+            new_inputs = [q_rot.input[0], k_rot.input[0], gqa.input[2], *gqa.input[3:7]]
+            new_inputs += [*caches, position_ids, *gqa.input[10:]]
+        elif q_norm is not None:
             eps = {float(attr(n, "epsilon", 1e-5)) for n in (q_norm, k_norm)}
             if len(eps) != 1:
                 continue
             norm_inputs = [q_norm.input[1], k_norm.input[1]]
             extra["qk_norm_epsilon"] = eps.pop()
-        new_inputs = [split.input[0], "", "", *gqa.input[3:7], *caches, "position_ids"]
-        new_inputs += ["", "", "", "", *norm_inputs, *gqa.input[16:]]
+        if norms:
+            new_inputs = [split.input[0], "", "", *gqa.input[3:7], *caches, position_ids]
+            new_inputs += ["", "", "", "", *norm_inputs, *gqa.input[16:]]
         kwargs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
         kwargs.update(do_rotary=1, rotary_interleaved=0, **extra)
         graph.node[index].CopyFrom(
@@ -215,6 +264,10 @@ def fuse_attention_prologue(model: Any, positions: int) -> int:
         )
         fused += 1
     if fused:
+        if padded_tables:  # the pads were appended after the nodes that read them
+            ordered = _topological(list(graph.node))
+            del graph.node[:]
+            graph.node.extend(ordered)
         _drop_unused(graph)
     return fused
 

@@ -173,21 +173,54 @@ def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) 
 
     ort.InferenceSession(str(llm / "llm.onnx"), providers=["CPUExecutionProvider"])
 
-    fused = {
-        sub: json.loads((omni / sub / "config.json").read_text())["lowering"]
-        for sub in (".", "talker", "code_predictor")
-    }
-    assert fused["."]["fused_attention_prologue"] == 0  # MRoPE
-    assert fused["talker"]["fused_attention_prologue"] == 0
-    cp_layers = json.loads((omni / "code_predictor" / "config.json").read_text())
-    assert fused["code_predictor"]["fused_attention_prologue"] == cp_layers["num_hidden_layers"]
+    # every decoder of the omni build folds: the code predictor's 1-D RoPE with a table by
+    # position, the thinker's and talker's MRoPE with the call's own per-token rows
+    for sub in (".", "talker", "code_predictor"):
+        cfg = json.loads((omni / sub / "config.json").read_text())
+        assert cfg["lowering"]["fused_attention_prologue"] == cfg["num_hidden_layers"], sub
+    for sub in (".", "talker"):
+        model = onnx.load(str(omni / sub / "llm.onnx"))
+        ops = [n.op_type for n in model.graph.node]
+        assert "RotaryEmbedding" not in ops and ops.count("Pad") == 2  # one cos, one sin table
+        producer = {o: n for n in model.graph.node for o in n.output}
+        for node in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
+            assert producer[node.input[7]].op_type == "Pad" and node.input[1:3] == ["", ""]
+            assert producer[node.input[9]].op_type == "Reshape"  # token (b, s) -> row b*S + s
+            assert node.input[14] and node.input[15]  # q/k norm weights
+        assert host_values_on_device(model) == []  # still capturable as a CUDA graph
+        ort.InferenceSession(str(omni / sub / "llm.onnx"), providers=["CPUExecutionProvider"])
+
+
+def test_mrope_rotary_folds_exactly(omni_ckpt, tmp_path, mp) -> None:
+    """The MRoPE fold's rotary part on the CPU provider (which has GroupQueryAttention's rotary
+    but not its q/k norms, so the norms stay outside here): the thinker and the talker with
+    their rotary inside GroupQueryAttention, over the call's per-token cos/sin rows padded to
+    the cache length, give the unfolded engines' logits, prefill and the decode step after."""
+    import shutil
+
+    import prefill_check
+
+    from edgeomni.builder.ort_fusions import fuse_attention_prologue
+
+    eng = gpu_build_on_cpu(omni_ckpt, tmp_path / "eng", mp, ["llm", "talker"], gqa=True)
+    for sub in (".", "talker"):
+        folded = tmp_path / f"folded-{sub.strip('.') or 'thinker'}"
+        shutil.copytree(eng / sub, folded)
+        model = onnx.load(str(folded / "llm.onnx"))
+        layers = json.loads((folded / "config.json").read_text())["num_hidden_layers"]
+        assert fuse_attention_prologue(model, 32, norms=False) == layers
+        assert "RotaryEmbedding" not in [n.op_type for n in model.graph.node]
+        onnx.save(model, str(folded / "llm.onnx"))
+        for a, b in zip(prefill_check.batched_and_rowwise(eng / sub),
+                        prefill_check.batched_and_rowwise(folded), strict=True):  # fmt: skip
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
 # inputs onnxruntime's CUDA kernels read from host memory (shapes, axes, bounds): a value
 # computed on the host from a shape may go there without a copy. Deliberately short: an op
 # whose kernel reads an input on the host but is missing here only makes the check stricter
 HOST_INPUTS = {"Reshape": {1}, "Expand": {1}, "ConstantOfShape": {0}, "Range": {0, 1, 2},
-               "Slice": {1, 2, 3, 4}, "Squeeze": {1}, "Unsqueeze": {1}}  # fmt: skip
+               "Slice": {1, 2, 3, 4}, "Squeeze": {1}, "Unsqueeze": {1}, "Pad": {1, 2}}  # fmt: skip
 
 
 def host_values_on_device(model: onnx.ModelProto) -> list[str]:
