@@ -115,8 +115,8 @@ def fuse_attention_prologue(model: Any, positions: int, *, norms: bool = True) -
     from the ``position_ids`` input [B, S]) gets a table by position, built here. Any other
     rotation (Qwen3-Omni's 3-axis MRoPE, in the thinker and the talker) keeps the RotaryEmbedding
     nodes' own inputs: the call's per-token cos/sin rows, which token (b, s) reads at row
-    b*S + s (the fused rotary lowering, plugins/rotary.py), padded with zero rows up to
-    ``positions`` because the op wants a table at least as long as the cache; the same rows and
+    b*S + s (the fused rotary lowering, plugins/rotary.py), padded with zero rows up to the
+    cache's length because the op wants a table at least that long; the same rows and
     positions give the same rotation inside GroupQueryAttention.
 
     ``norms=False`` leaves the q/k norms (and the split) where they are and folds the rotary
@@ -172,21 +172,22 @@ def fuse_attention_prologue(model: Any, positions: int, *, norms: bool = True) -
 
     padded_tables: dict[tuple[str, str], tuple[str, str]] = {}
 
-    def padded(cos_rows: str, sin_rows: str) -> tuple[str, str]:
-        """The per-token rows [N, D/2], zero rows added up to ``positions`` (none past it); the
-        pad amounts are shape arithmetic, which the CUDA provider does on the host."""
+    def padded(cos_rows: str, sin_rows: str, cache: str) -> tuple[str, str]:
+        """The per-token rows [N, D/2], zero rows added up to the length of ``cache`` (a past
+        key [B, Hkv, C, D]; none past N); the pad amounts are shape arithmetic, which the CUDA
+        provider does on the host."""
         key = (cos_rows, sin_rows)
         if key not in padded_tables:
             n = len(padded_tables)
             stem = f"gqa_rows_{n}"
             const = {
-                f"{stem}_capacity": np.array([positions], np.int64),
                 f"{stem}_zero": np.array([0], np.int64),
                 f"{stem}_zeros2": np.array([0, 0], np.int64),
             }
             for name, value in const.items():
                 graph.initializer.append(numpy_helper.from_array(value, name))
             nodes = [
+                helper.make_node("Shape", [cache], [f"{stem}_capacity"], start=2, end=3),
                 helper.make_node("Shape", [cos_rows], [f"{stem}_count"], start=0, end=1),
                 helper.make_node("Sub", [f"{stem}_capacity", f"{stem}_count"], [f"{stem}_short"]),
                 helper.make_node("Max", [f"{stem}_short", f"{stem}_zero"], [f"{stem}_more"]),
@@ -234,7 +235,7 @@ def fuse_attention_prologue(model: Any, positions: int, *, norms: bool = True) -
         caches = table(q_rot.input[2], q_rot.input[3])
         position_ids = "position_ids"
         if caches is None:  # MRoPE or other per-token rows: fold them as they are
-            caches = padded(q_rot.input[2], q_rot.input[3])
+            caches = padded(q_rot.input[2], q_rot.input[3], gqa.input[3])
             position_ids = q_rot.input[1]
         norm_inputs = ["", ""]
         extra: dict[str, Any] = {}
