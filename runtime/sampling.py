@@ -333,9 +333,11 @@ def _ban_and_penalise(
         return
     width = int(ids.max()) + 1
     table = np.zeros((len(ids), width), bool)
-    for b, ids_seen in enumerate(seen):
-        ids_seen = np.asarray(ids_seen, np.int64).reshape(-1)
-        table[b, ids_seen[(ids_seen >= 0) & (ids_seen < width)]] = True
+    flat = [np.asarray(row, np.int64).reshape(-1) for row in seen]
+    cols = np.concatenate(flat) if flat else np.zeros(0, np.int64)
+    rows = np.repeat(np.arange(len(flat)), [len(row) for row in flat])
+    inside = (cols >= 0) & (cols < width)
+    table[rows[inside], cols[inside]] = True  # every row's seen ids at once, not row by row
     hit = np.take_along_axis(table, ids, axis=1)
     pen = params.repetition_penalty
     x[hit] = np.where(x[hit] < 0, x[hit] * pen, x[hit] / pen)
@@ -374,20 +376,30 @@ def _sample_topk_rows(
     if params.greedy:  # the best, the lowest id among equals: argmax over the full row's order
         return ids[:, 0]
     count = (x >= kth[:, None]).sum(axis=1)  # the candidates: a prefix of each sorted row
-    kept: list[np.ndarray] = [np.empty(0)] * n
+    # one number a row, in row order: the numbers n calls of _draw take from the generator
+    uniform = rng.random(n)
+    pos = np.empty(n, np.int64)
     for c in np.unique(count):
         rows = np.flatnonzero(count == c)
         z = x[rows, :c].astype(np.float64) / params.temperature
         z -= z.max(axis=1, keepdims=True)
         probs = np.exp(z)
         probs /= probs.sum(axis=1, keepdims=True)
-        m = _top_p_kept(probs, params.top_p) if params.top_p < 1.0 else np.full(len(rows), c)
-        for j, b in enumerate(rows):
-            kept[b] = probs[j, : m[j]]
-    out = np.empty(n, np.int64)
-    for b in range(n):
-        out[b] = ids[b, _draw(kept[b] / kept[b].sum(), rng)]
-    return out
+        if params.top_p < 1.0:  # rows keep different numbers: _draw's arithmetic, row by row
+            m = _top_p_kept(probs, params.top_p)
+            for j, b in enumerate(rows):
+                kept = probs[j, : m[j]]
+                cdf = np.cumsum(kept / kept.sum())
+                point = uniform[b] * cdf[-1]
+                pos[b] = min(int(np.searchsorted(cdf, point, side="right")), m[j] - 1)
+            continue
+        # every row keeps its c candidates (the talker's case): drawn together, a row's sum,
+        # cumulative sum and count along its own contiguous axis giving the bits it gives alone
+        cdf = np.cumsum(probs / probs.sum(axis=1, keepdims=True), axis=1)
+        point = uniform[rows] * cdf[:, -1]
+        below = (cdf <= point[:, None]).sum(axis=1)  # searchsorted(..., side="right")
+        pos[rows] = np.minimum(below, c - 1)
+    return ids[np.arange(n), pos]
 
 
 def sample_step(

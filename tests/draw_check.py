@@ -26,8 +26,10 @@ class Given:
     def __init__(self, values: np.ndarray) -> None:
         self.values = list(values)
 
-    def random(self) -> float:
-        return float(self.values.pop(0))
+    def random(self, size: int | None = None) -> float | np.ndarray:
+        if size is None:
+            return float(self.values.pop(0))
+        return np.array([self.values.pop(0) for _ in range(size)], np.float64)
 
 
 def _settings(body: dict) -> SamplingParams:
