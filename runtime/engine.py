@@ -230,12 +230,6 @@ def open_engine(
     )
 
 
-def ragged_prefill(config: Mapping[str, Any]) -> bool:
-    """Whether one call may prefill rows of different lengths (GroupQueryAttention's
-    query_seqlens, ONNX Runtime 1.32+); otherwise rows are prefilled one at a time."""
-    return bool((config.get("lowering") or {}).get("gqa_query_seqlens", True))
-
-
 def _check_lowering(folder: Path, lowering: Mapping[str, Any]) -> None:
     """Refuse an engine that needs a newer onnxruntime than this one, before loading it."""
     needs = []

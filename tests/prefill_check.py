@@ -1,7 +1,7 @@
 """Whether one right-padded prefill of rows of different lengths, from an empty cache, equals
 prefilling each row alone, on an engine whose attention takes no per-row query lengths
-(GroupQueryAttention before onnxruntime 1.32). The LLM runner prefills such engines row by row;
-the talker already prefills its cohort in one call. Shared by the CPU test
+(GroupQueryAttention before onnxruntime 1.32). The LLM runner and the talker prefill a cohort so,
+in one call, on such engines too. Shared by the CPU test
 (test_gpu_lowering_on_cpu.py) and the GPU one (test_gpu.py)."""
 
 from __future__ import annotations

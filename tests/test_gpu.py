@@ -317,10 +317,9 @@ def test_code2wav_windows_replay_fixed_length_graphs(omni_cuda_engine, omni_engi
 def test_right_padded_prefill_on_the_gpu(cuda_engine, omni_cuda_engine, stage) -> None:
     """The CUDA provider's GroupQueryAttention without per-row query lengths (onnxruntime-gpu
     1.31): one right-padded prefill of rows of different lengths from an empty cache gives the
-    logits, and the cache for the next decode step, of prefilling each row alone. The talker
-    prefills its cohort so already; the LLM runner (the thinker's) goes row by row on such
-    engines, which costs ~4 ms a row at real dimensions (docs/benchmarks.md, sixth slice): it
-    can prefill in one call once this holds here."""
+    logits, and the cache for the next decode step, of prefilling each row alone. The LLM
+    runner (the thinker's) and the talker prefill a cohort so; row by row cost the thinker ~4 ms
+    a row at real dimensions (docs/benchmarks.md, sixth and seventh slices)."""
     import prefill_check
 
     folder = {"llm": cuda_engine, "thinker": omni_cuda_engine,

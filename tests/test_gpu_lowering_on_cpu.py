@@ -1,7 +1,8 @@
 """The GPU build's engines, run on the CPU provider: same tokens and codes as the CPU build.
 
 A ``--device cuda`` build lowers attention for the GPU (GroupQueryAttention's lengths fed by the
-host; for onnxruntime-gpu before 1.32, no per-row query lengths, so prefill goes row by row) and
+host; for onnxruntime-gpu before 1.32, no per-row query lengths: a cohort's prefill is one
+right-padded call from an empty cache) and
 reduces logits to a top-K in the graph. Those engines are provider-neutral, so CI runs them here
 with the device switched to cpu in their config: everything of the GPU path but device memory and
 CUDA graphs (tests/test_gpu.py covers those on a GPU). A float32 build gets plain-op attention
@@ -71,7 +72,7 @@ PROMPTS = ["Hello! How are you today?", "Hi", "What is the capital of France?"]
 def test_llm(qwen3_ckpt, qwen3_engine, tmp_path, mp) -> None:
     eng = gpu_build_on_cpu(qwen3_ckpt, tmp_path / "eng", mp, gqa=True)
     cfg = json.loads((eng / "config.json").read_text())
-    assert cfg["lowering"]["gqa_query_seqlens"] is False  # prefill goes row by row
+    assert cfg["lowering"]["gqa_query_seqlens"] is False  # the 3 prompts: one right-padded prefill
     model = onnx.load(str(eng / "llm.onnx"))
     assert "gqa_seqlens_k" in [i.name for i in model.graph.input]
     # rotary in one node per q and k; each layer's two residual Adds (and the final norm's)
@@ -289,9 +290,8 @@ def test_code2wav_can_be_captured_on_the_gpu(omni_ckpt, tmp_path) -> None:
 def test_right_padded_prefill_equals_row_by_row(qwen3_ckpt, omni_ckpt, tmp_path, mp, model):
     """GroupQueryAttention without per-row query lengths (what onnxruntime-gpu 1.31 has): one
     right-padded prefill from an empty cache gives each row's logits, and leaves a cache the
-    next decode step reads, as prefilling each row alone does (the talker prefills its cohort
-    so; the LLM runner still goes row by row on such engines: tests/test_gpu.py checks the CUDA
-    provider's kernel the same way before that can change)."""
+    next decode step reads, as prefilling each row alone does: the LLM runner and the talker
+    prefill a cohort so (tests/test_gpu.py checks the CUDA provider's kernel the same way)."""
     import prefill_check
 
     if model == "qwen3":

@@ -114,26 +114,3 @@ def test_bad_requests_fail_alone(qwen3_engine: Path, tmp_path: Path) -> None:
     assert "--max-kv-cache-capacity" in entries[3]["error"]
     assert "messages" in entries[4]["error"]
     assert entries[5]["stages"]["llm"]["generated_tokens"] >= 1
-
-
-def test_rowwise_prefill_matches(qwen3_engine: Path, hf, tmp_path: Path) -> None:
-    """Engines lowered for ONNX Runtime before 1.32 prefill a cohort row by row; the tokens
-    are the same as the batched prefill's."""
-    import shutil
-
-    eng = tmp_path / "eng"
-    shutil.copytree(qwen3_engine, eng)
-    cfg = json.loads((eng / "config.json").read_text())
-    cfg["lowering"] = {"gqa_query_seqlens": False, "onnxruntime": "1.31.1"}
-    (eng / "config.json").write_text(json.dumps(cfg))
-    body = {
-        "temperature": 0,
-        "max_generate_length": MAX_NEW,
-        "requests": [{"messages": [{"role": "user", "content": p}]} for p in PROMPTS[:3]],
-    }
-    code, entries = run_file(eng, tmp_path, body, "--batch-size", "3")
-    assert code == cli.EXIT_OK
-    assert [e["stages"]["llm"]["cohort_size"] for e in entries] == [3, 3, 3]
-    assert [e["stages"]["llm"]["output_tokens"] for e in entries] == [
-        hf_greedy(hf, p) for p in PROMPTS[:3]
-    ]

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime import safetensors_np
-from edgeomni.runtime.decoder import DecoderSession, StepOutputs, right_pad, text_positions
-from edgeomni.runtime.engine import open_engine, ragged_prefill
+from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
+from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import MediaEncoders, Prompt, media_parts
 from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState
@@ -61,7 +61,6 @@ class LLMBackbone:
         self.mrope = bool(cfg.get("mrope_section"))
         self.deepstack = int(cfg.get("deepstack_layers") or 0)
         self.hidden_layer = cfg.get("hidden_output_layer")
-        self.ragged = ragged_prefill(cfg)
         self.media = MediaEncoders(
             folder, cfg, threads=threads, locations=stage.config.get("encoders")
         )
@@ -159,10 +158,10 @@ class LLMBackbone:
             if p.positions is not None:
                 positions[:, row, : len(p)] = p.positions
         start = time.perf_counter()
-        if self.ragged or n == 1:
-            out = session.run(embeds, positions, zeros, lens, lens - 1, **extra)
-        else:
-            out = self._prefill_rows(outputs, embeds, positions, lens, extra)
+        # one right-padded call from an empty cache, whether or not the engine's attention takes
+        # per-row query lengths: a row's padding sits after its last token, so causal attention
+        # never lets a real token see it (tests/prefill_check.py)
+        out = session.run(embeds, positions, zeros, lens, lens - 1, **extra)
         prefill_s = time.perf_counter() - start
         prefill_engine_s = session.engine_seconds
         # the talker reads the accept-layer state of a prompt's media positions only: a decode
@@ -249,38 +248,6 @@ class LLMBackbone:
                 "full_logit_rows": full_rows,
                 "cohort_size": n,
             }
-
-    def _prefill_rows(
-        self,
-        outputs: dict[str, tuple[int, ...]],
-        embeds: np.ndarray,
-        positions: np.ndarray,
-        lens: np.ndarray,
-        extra: dict[str, np.ndarray],
-    ) -> StepOutputs:
-        """Prefill each row alone, over its own cache rows: for engines whose attention cannot
-        take rows of different lengths in one call (ONNX Runtime before 1.32)."""
-        n, width = embeds.shape[:2]
-        out: dict[str, np.ndarray] = {}
-        one = np.zeros(1, np.int32)
-        for r in range(n):
-            span = slice(0, int(lens[r]))
-            row = DecoderSession(
-                self.engine, self.kv, 1, outputs, per_position=("hidden_states",), first_row=r
-            )
-            pos = positions[:, r : r + 1, span] if self.mrope else positions[r : r + 1, span]
-            more = {k: v[:, r : r + 1, span] for k, v in extra.items()}  # deepstack [K,B,S,H]
-            got = row.run(
-                embeds[r : r + 1, span], pos, one, lens[r : r + 1], lens[r : r + 1] - 1, **more
-            )
-            for name in got:
-                value = got[name][0]
-                if name == "hidden_states":
-                    buf = out.setdefault(name, np.zeros((n, width, *value.shape[1:]), value.dtype))
-                    buf[r, span] = value
-                else:
-                    out.setdefault(name, np.zeros((n, *value.shape), value.dtype))[r] = value
-        return StepOutputs(n, out)
 
     def _finished(self, request: Any, out: list[int], limit: int) -> str | None:
         if out[-1] in self.eos:
