@@ -376,6 +376,7 @@ def run_batch(pipe: Any, requests: list[Any], c: int, starts: dict[int, float]) 
         "thinker_decode_ms": th.get("decode_ms"),
         "thinker_ms": round(th.get("prefill_ms", 0.0) + th.get("decode_ms", 0.0), 3),
         "thinker_decode_engine_ms": th.get("decode_engine_ms"),
+        "thinker_prefill_engine_ms": th.get("prefill_engine_ms"),
         "talker_ms": tk.get("talker_ms"),
         "code_predictor_ms": tk.get("code_predictor_ms"),
         # inside engine calls (the rest of talker_ms / code_predictor_ms is host work)
@@ -440,10 +441,13 @@ def run_edgeomni(engine: Path, prompts: list[tuple[list[dict], list[int]]],
     return out
 
 
-def scale_extra_ms(thinker_ms: float, layers: int) -> float:
-    """The 48-layer estimate adds the thinker's time x (48/L - 1): the whole thinker (its LM
-    head, embedding lookups and host work included) is scaled with its layer count."""
-    return thinker_ms * (REAL_THINKER_LAYERS / layers - 1)
+def scale_extra_ms(layered_ms: float, layers: int) -> float:
+    """The 48-layer estimate adds ``layered_ms`` x (48/L - 1). edgeomni passes its thinker's
+    engine time (calls waited for, so GPU time plus launch): the host work between calls does
+    not grow with layers, but the LM head and logits top-K inside the engine are scaled too,
+    so it still overstates the thinker. transformers passes its whole thinker time (its host
+    work is per layer too)."""
+    return layered_ms * (REAL_THINKER_LAYERS / layers - 1)
 
 
 def summarize(batches: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
@@ -478,6 +482,7 @@ def summarize(batches: list[dict[str, Any]], args: argparse.Namespace) -> dict[s
             key: round(statistics.median(b[key] or 0.0 for b in batches), 1)
             for key in (
                 "thinker_decode_engine_ms",
+                "thinker_prefill_engine_ms",
                 "talker_engine_ms",
                 "code_predictor_engine_ms",
                 "streamed_vocoder_ms",
@@ -490,17 +495,18 @@ def summarize(batches: list[dict[str, Any]], args: argparse.Namespace) -> dict[s
         ),
     }
     if not args.stage_streaming:  # streamed, the thinker's time does not simply add up front
-        out.update(scaled(out, rows, batches, args.thinker_layers))
+        engine_ms = out["thinker_prefill_engine_ms"] + out["thinker_decode_engine_ms"]
+        out.update(scaled(out, rows, batches, args.thinker_layers, engine_ms))
     return out
 
 
 def scaled(summary: dict[str, Any], rows: list[dict[str, Any]], batches: list[dict[str, Any]],
-           layers: int) -> dict[str, Any]:  # fmt: skip
+           layers: int, layered_ms: float) -> dict[str, Any]:  # fmt: skip
     """ESTIMATES at 48 thinker layers (not measured): the thinker runs before any audio, so its
-    extra time adds to every request's first audio and end-to-end time."""
+    extra time (``scale_extra_ms``) adds to every request's first audio and end-to-end time."""
     if layers >= REAL_THINKER_LAYERS:
         return {}
-    extra = scale_extra_ms(summary["thinker_ms"], layers)
+    extra = scale_extra_ms(layered_ms, layers)
     wall = sum(b["wall_ms"] for b in batches) + extra * len(batches)
     return {
         "scaled48_estimate": {
@@ -627,7 +633,7 @@ def run_transformers(ckpt: Path, prompt_ids: list[int], args: argparse.Namespace
         ),
     }
     rows = [{**r, "e2e_ms": r["wall_ms"]} for r in runs]
-    summary.update(scaled(summary, rows, runs, args.thinker_layers))
+    summary.update(scaled(summary, rows, runs, args.thinker_layers, summary["thinker_ms"]))
     return {
         "dtype": str(dtype).removeprefix("torch."),
         "device": device,
@@ -769,9 +775,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [
             "",
             f"**Scaled to {REAL_THINKER_LAYERS} thinker layers (ESTIMATE, not measured):** "
-            f"the measured thinker time x {REAL_THINKER_LAYERS}/{layers} replaces the measured "
-            "one, the rest as measured. It scales the thinker's LM head and per-token host work "
-            "too, which do not grow with layers, so it overstates the thinker.",
+            f"the thinker's time inside its engine calls is scaled by {REAL_THINKER_LAYERS}/"
+            f"{layers} (transformers: its whole thinker time), the rest as measured. The LM "
+            "head and logits top-K inside the engine are scaled too though they do not grow "
+            "with layers, so it overstates edgeomni's thinker.",
             "",
             "| run (estimate) | TTFA p50 | RTF p50 | audio-s/s | thinker |",
             "|---|---|---|---|---|",

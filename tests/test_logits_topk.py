@@ -58,6 +58,7 @@ def test_same_tokens_as_full_logits(topk_engine, qwen3_engine, tmp_path, samplin
         assert a["stages"]["llm"]["output_tokens"] == b["stages"]["llm"]["output_tokens"]
     llm = ours[0]["stages"]["llm"]
     assert 0 < llm["decode_engine_ms"] <= llm["decode_ms"]
+    assert 0 < llm["prefill_engine_ms"] <= llm["prefill_ms"]
     fetched = sum(e["stages"]["llm"]["full_logit_rows"] for e in ours) // len(ours)
     steps = ours[0]["stages"]["llm"]["decode_steps"] + 1  # the prefill's logits too
     if sampling.get("top_k") == 20:

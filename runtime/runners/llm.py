@@ -241,6 +241,7 @@ class LLMBackbone:
                 "generated_tokens": len(out_ids),
                 "finish_reason": finish[row],
                 "prefill_ms": round(prefill_s * 1e3, 3),
+                "prefill_engine_ms": round(prefill_engine_s * 1e3, 3),
                 "decode_ms": round(decode_s * 1e3, 3),
                 "decode_engine_ms": round(decode_engine_s * 1e3, 3),
                 "decode_steps": steps,
