@@ -6,6 +6,7 @@ Validation reads only the declared kinds, so checking a graph loads no engine or
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,35 @@ class HiddenHandoff:
         if hi > self.fed or self._rows is None:
             raise IndexError(f"embeddings up to {hi} asked for, {self.fed} fed so far")
         return self._rows[lo:hi]
+
+
+def feed_cohort(handoffs: Sequence[HiddenHandoff], capacity: int, hidden: int) -> FedRows:
+    """Give a cohort's (empty) handoffs one buffer [rows, capacity, H], so that a thinker step
+    feeds all its rows in one assignment: per-row ``feed`` calls cost ~10-40 us each at H=2048,
+    most of the thinker's host time per step at 32 rows."""
+    store = np.empty((len(handoffs), capacity, hidden), np.float32)
+    for handoff, rows in zip(handoffs, store, strict=True):
+        if handoff.fed:
+            raise ValueError("feed_cohort takes handoffs nothing was fed to yet")
+        handoff._rows = rows
+    return FedRows(list(handoffs), store)
+
+
+@dataclass
+class FedRows:
+    """``feed_cohort``'s buffer: ``step`` appends one embedding to each of some rows."""
+
+    handoffs: list[HiddenHandoff]
+    store: np.ndarray  # [rows, capacity, H]; handoff r reads store[r]
+
+    def step(self, rows: np.ndarray, embeds: np.ndarray) -> None:
+        """Append ``embeds[j]`` [H] to handoff ``rows[j]``."""
+        fed = np.fromiter((self.handoffs[r].fed for r in rows), np.int64, len(rows))
+        if len(rows) and fed.max() >= self.store.shape[1]:
+            raise ValueError(f"a handoff is full ({self.store.shape[1]} embeddings)")
+        self.store[rows, fed] = embeds
+        for r in rows:
+            self.handoffs[r].fed += 1
 
 
 RUNNERS: dict[str, RunnerDecl] = {

@@ -15,7 +15,7 @@ from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import MediaEncoders, Prompt, media_parts
-from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState
+from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState, feed_cohort
 from edgeomni.runtime.sampling import sample_step
 from edgeomni.runtime.tokenizer import TextTokenizer
 
@@ -173,9 +173,12 @@ class LLMBackbone:
                 handoff = HiddenHandoff(
                     np.asarray(p.ids, np.int64), hidden, p.image_grids, p.audio_frames
                 )
-                handoff.feed(embeds[r, : lens[r]])
                 state.outputs[hidden_port] = handoff
                 handoffs.append(handoff)
+            # the prompt, then each generated token but the last: width + max(limits) fit
+            fed = feed_cohort(handoffs, width + max(limits), self.hidden_size)
+            for r, handoff in enumerate(handoffs):
+                handoff.feed(embeds[r, : lens[r]])
 
         generated: list[list[int]] = [[] for _ in range(n)]
         finish: list[str | None] = [None] * n
@@ -218,8 +221,9 @@ class LLMBackbone:
                 np.zeros(n, np.int64),
                 **extra,
             )
-            for row in np.flatnonzero(active) if handoffs else ():
-                handoffs[row].feed(step_embeds[row])
+            if handoffs:
+                rows = np.flatnonzero(active)
+                fed.step(rows, step_embeds[rows, 0])
             past = past + active.astype(np.int32)
             steps += 1
             decode_s += time.perf_counter() - start
