@@ -143,12 +143,22 @@ def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch)
         return decode_batch(self, codes)
 
     monkeypatch.setattr(code2wav.Code2Wav, "decode_batch", counted)
+    looks = [0]
+    pending = code2wav.WindowedVocoder.pending
+
+    def looked(self):  # noqa: ANN001, ANN202
+        looks[0] += 1
+        return pending(self)
+
+    monkeypatch.setattr(code2wav.WindowedVocoder, "pending", looked)
     body = {**GREEDY, "max_generate_length": MAX_NEW, "talker_max_new_tokens": 16,
             "talker_min_new_tokens": 16,
             "requests": requests_for(PROMPTS)}  # fmt: skip
     requests, _ = parse_request_file(body)
     together = Pipeline(eng).run(requests, batch_size=3)
     assert batches == [3, 3, 3]  # 15 frames: windows end at frames 3, 9 and 15, all rows at once
+    # each row's stream is looked at about once a frame, not once per row's end_step (3 x 3)
+    assert looks[0] <= 2 * 3 * 15
     alone = [Pipeline(eng).run([r], batch_size=1)[0] for r in requests]
     assert batches[3:] == [1] * 9
     vocoder["config"]["max_windows_per_call"] = 2  # a cap splits each step's windows

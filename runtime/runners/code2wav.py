@@ -261,8 +261,14 @@ class _Batch:
     def __init__(self, runner: Code2Wav) -> None:
         self.runner = runner
         self.streams: list[_Stream] = []
+        # frames came since the last look: every stream's end_step calls decode_ready, and a
+        # scan of all streams per call was O(rows^2) a frame (1024 checks at 32 rows)
+        self.fresh = False
 
     def decode_ready(self) -> None:
+        if not self.fresh:
+            return
+        self.fresh = False
         while True:
             groups: dict[tuple[int, ...], list[tuple[_Stream, Window]]] = {}
             for stream in self.streams:
@@ -297,6 +303,7 @@ class _Stream:
     def __call__(self, frames: np.ndarray) -> None:
         self.frames += len(frames)
         self.vocoder.add(np.asarray(frames, np.int64))
+        self.batch.fresh = True
 
     def end_step(self) -> None:
         self.batch.decode_ready()
