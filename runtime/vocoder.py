@@ -18,7 +18,7 @@ Concatenated, the pieces are n*S - trim samples long, the whole decode's length.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -169,3 +169,20 @@ def _concat(pieces: list[np.ndarray]) -> np.ndarray:
     if not pieces:
         return np.zeros(0, np.float32)
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+def playback_stall_s(arrivals: Sequence[tuple[float, int]], sample_rate: int) -> float:
+    """Seconds a player would wait for audio after it started: it starts playing the first piece
+    when it arrives and plays the pieces back to back, waiting whenever the next has not come
+    yet. ``arrivals``: (time in seconds, samples) for each piece, in order. First audio alone
+    does not tell this: a short first window can be followed by a wait for the next one."""
+    stall = 0.0
+    end = None  # when the audio received so far finishes playing
+    for at, samples in arrivals:
+        if end is None:
+            end = at
+        elif at > end:
+            stall += at - end
+            end = at
+        end += samples / sample_rate
+    return stall

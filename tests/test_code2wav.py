@@ -23,7 +23,7 @@ from edgeomni.graph_schema import Emit, Input, Stage
 from edgeomni.runtime.engine import OrtEngine
 from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.runners.code2wav import Code2Wav, padded_length
-from edgeomni.runtime.vocoder import WindowedVocoder
+from edgeomni.runtime.vocoder import WindowedVocoder, playback_stall_s
 
 Q, CODEBOOK, SPF, TRIM = 16, 64, 1920, 555
 PARITY_TOL = 2e-5  # ORT vs torch; output peak ~0.5, HF float32 vs float64 alone is ~8e-6
@@ -333,3 +333,15 @@ def test_runner_reports_missing_or_bad_codes(built: dict[str, Any]) -> None:
 def test_bad_window_settings_are_refused(built: dict[str, Any], config: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Code2Wav(stage(**config), built["folder"], threads=2)
+
+
+def test_playback_stall_counts_only_the_waits_after_playing_starts() -> None:
+    rate = 1000  # samples per second: a piece of 500 samples plays for 0.5 s
+    assert playback_stall_s([], rate) == 0.0
+    assert playback_stall_s([(3.0, 500)], rate) == 0.0  # first audio late: not a stall
+    assert playback_stall_s([(1.0, 500), (1.4, 500), (1.9, 200)], rate) == 0.0  # each in time
+    # the second piece comes 0.3 s after the first has played; the third while it plays
+    stalls = playback_stall_s([(1.0, 500), (1.8, 1000), (2.5, 100)], rate)
+    assert stalls == pytest.approx(0.3)
+    # the third comes 0.25 s after the second has played, counted from the second's own end
+    assert playback_stall_s([(1.0, 500), (1.8, 100), (2.15, 100)], rate) == pytest.approx(0.55)

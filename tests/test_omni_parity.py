@@ -116,6 +116,7 @@ def test_windowed_audio_equals_whole_utterance(omni_engine, references, tmp_path
     assert w["windows"] >= 3 and u["windows"] == 1
     # streamed windows are vocoded while the talker runs, so audio starts before it finishes
     assert w["first_audio_ms"] < u["first_audio_ms"]
+    assert w["stall_ms"] >= 0 and u["stall_ms"] == 0  # whole: all audio at once
     a, _ = read_wav(windowed[0]["audio_file"])
     b, _ = read_wav(whole[0]["audio_file"])
     assert len(a) == len(b) == len(references[0].wav)

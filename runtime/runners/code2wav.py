@@ -26,7 +26,7 @@ import numpy as np
 
 from edgeomni.runtime.engine import Engine, open_engine
 from edgeomni.runtime.runners import RequestError, RequestState
-from edgeomni.runtime.vocoder import Window, WindowedVocoder
+from edgeomni.runtime.vocoder import Window, WindowedVocoder, playback_stall_s
 
 CODES_INPUT = "codes"
 AUDIO_PORT = "audio"
@@ -214,9 +214,11 @@ class Code2Wav:
                 continue
             start = time.perf_counter()
             stream = state.prepared.get(self.stage.id)
+            stall = 0.0  # audio made in one go arrives at once
             if isinstance(stream, _Stream) and stream.frames == len(codes):
                 audio, calls, mode = stream.finish(), stream.vocoder.windows, "streamed"
                 seconds = stream.seconds + time.perf_counter() - start
+                stall = playback_stall_s(stream.arrivals, self.sample_rate)
             else:
                 audio, calls, mode = self.vocode(codes)
                 seconds = time.perf_counter() - start
@@ -224,6 +226,8 @@ class Code2Wav:
             first = getattr(stream, "first_audio", None) or time.perf_counter()
             state.details[self.stage.id] = {
                 "first_audio_ms": round((first - state.started) * 1e3, 3),
+                # a player starting at the first audio would then wait this long in all
+                "stall_ms": round(stall * 1e3, 3),
                 "frames": len(codes),
                 "samples": int(audio.size),
                 "sample_rate": self.sample_rate,
@@ -299,6 +303,7 @@ class _Stream:
         self.frames = 0
         self.seconds = 0.0
         self.first_audio: float | None = None
+        self.arrivals: list[tuple[float, int]] = []  # (perf_counter, samples) per audio piece
 
     def __call__(self, frames: np.ndarray) -> None:
         self.frames += len(frames)
@@ -312,8 +317,10 @@ class _Stream:
         self.seconds += seconds
         if piece.size:
             self.pieces.append(piece)
+            now = time.perf_counter()
+            self.arrivals.append((now, int(piece.size)))
             if self.first_audio is None:
-                self.first_audio = time.perf_counter()
+                self.first_audio = now
 
     def finish(self) -> np.ndarray:
         self.batch.decode_ready()  # complete windows still queued (no end_step came)
