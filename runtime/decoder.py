@@ -92,8 +92,9 @@ class _Slot:
     outputs: dict[str, Any]
     inputs: dict[str, Any] | None = None  # device input buffers of a graphed call
     graph: int | None = None
-    # what each input buffer holds, as last uploaded: an unchanged feed is not sent again
-    sent: dict[str, np.ndarray] = field(default_factory=dict)
+    # what each input buffer holds, as last uploaded (dtype and bytes: comparing those costs a
+    # fraction of np.array_equal's ~3.5 us on the small feeds): an unchanged feed is not sent again
+    sent: dict[str, tuple[np.dtype, bytes]] = field(default_factory=dict)
     # copies made for the last call, kept until the next one (a queued call may still read them)
     held: list[Any] = field(default_factory=list)
 
@@ -223,11 +224,11 @@ class DecoderSession:
                 buf.copy_from(value)
                 slot.sent.pop(name, None)
                 continue
-            sent = slot.sent.get(name)
-            if sent is not None and np.array_equal(sent, value):
+            held = (value.dtype, value.tobytes())  # the slot's key fixed the shape
+            if slot.sent.get(name) == held:
                 continue  # the buffer still holds it: only this slot's calls write it
             buf.upload(value)
-            slot.sent[name] = value.copy()
+            slot.sent[name] = held
         total = np.array(self.kv.capacity, np.int32)
         start = time.perf_counter()
         slot.binding.run({"gqa_total_length": total}, graph=slot.graph, wait=wait)
