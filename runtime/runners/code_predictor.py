@@ -45,6 +45,7 @@ class CodePredictor:
         self.draws = "sampled_ids" in self.engine.output_names
         self.topk = int(self.engine.output_shapes["topk_values"][-1]) if self.draws else 0
         self.groups = groups
+        self._lm_heads = [np.array([g], np.int64) for g in range(groups - 1)]  # made once
         self.hidden_size = int(cfg["hidden_size"])
         tables = safetensors_np.load(folder / "embedding.safetensors")
         self.embeddings = [tables[f"embedding_{i}"] for i in range(groups - 1)]
@@ -193,12 +194,14 @@ class CodePredictor:
         past, x = self._prefill(cp, last_hidden, e0_in, q, self._draw_inputs(np.zeros(n), params),
                                 wait=False)  # fmt: skip
         drawn = self._drawn_codes(steps, n)
+        draw = self._draw_inputs(np.zeros(n), params)  # the same settings every step
+        heads = self._lm_heads
         for group in range(1, self.groups):
             width = x.shape[1]
+            draw["sample_uniform"] = uniform_rows[group - 1]
             out = cp.run(x, text_positions(past, width, False), past, q * width,
                          np.full(n, width - 1, np.int64), tag=group, wait=False,
-                         lm_head_index=np.array([group - 1], np.int64),
-                         **self._draw_inputs(uniform_rows[group - 1], params))  # fmt: skip
+                         lm_head_index=heads[group - 1], **draw)  # fmt: skip
             ids = out.buffer("sampled_ids")  # copied aside before a later call can write it
             if isinstance(drawn, np.ndarray):
                 drawn[group - 1] = ids
