@@ -734,7 +734,8 @@ def describe(result: dict[str, Any]) -> str:
         f"edgeomni: {cfg['engine_dtype']} engines on ONNX Runtime ({cfg['engine_device']}"
         + (f", top-{topk} logits from the engine" if topk else "")
         + f"), vocoder windows of {cfg['window_frames']} frames (the first "
-        f"{cfg.get('first_window_frames', cfg['window_frames'])}), c requests submitted together"
+        f"{cfg.get('first_window_frames', cfg['window_frames'])}, then doubling up to the full "
+        "size), c requests submitted together"
         + ("; the talker streams the thinker's reply (--stage-streaming)." if streaming else "."),
         f"transformers: {hf.get('dtype', '-')}, sdpa, one request at a time; its first audio "
         "is its wall time (generate returns all audio at the end).",

@@ -42,9 +42,12 @@ class Window:
 class WindowedVocoder:
     """Feed frames as they are generated; get back the audio that became final.
 
-    A window is decoded once ``window`` new frames are in (the first once ``first_window`` are:
-    a short first window brings the first audio earlier), so pushing frame by frame or in chunks
-    gives the same windows and the same samples; audio lags generation by at most one window.
+    A window is decoded once its frames are in, so pushing frame by frame or in chunks gives the
+    same windows and the same samples; audio lags generation by at most one window. The first
+    window has ``first_window`` frames (a short one brings the first audio earlier); the next
+    ones double from it up to ``window`` (``size``): each window then plays at least as long as
+    the next takes to generate, as long as frames come at least twice as fast as real time, so
+    a short first window is not followed by a wait for a long second one.
     """
 
     def __init__(
@@ -101,9 +104,28 @@ class WindowedVocoder:
             self._frames.append(frames)
             self._count += len(frames)
 
+    def size(self, index: int) -> int:
+        """New frames of window ``index`` (0: the first)."""
+        if index == 0:
+            return self.first_window
+        return min(self.window, self.first_window << index)
+
+    def lengths(self) -> list[int]:
+        """The lengths (new frames plus left context) of every window but a last partial one,
+        in order of first use: a vocoder that runs fixed lengths prepares these."""
+        out: list[int] = []
+        start, index = 0, 0
+        while True:
+            size, context = self.size(index), min(self.left_context, start)
+            if size + context not in out:
+                out.append(size + context)
+            if size == self.window and context == self.left_context:
+                return out
+            start, index = start + size, index + 1
+
     def pending(self) -> Window | None:
         """The next complete window, to decode and hand to ``accept``; None while incomplete."""
-        size = self.first_window if self._done == 0 else self.window
+        size = self.size(self.windows)
         if self._count - self._done < size:
             return None
         return self._window(self._done + size)

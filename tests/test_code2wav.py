@@ -202,15 +202,17 @@ def test_push_frame_by_frame_equals_chunks(built: dict[str, Any]) -> None:
 
 
 def test_short_first_window_is_gap_free_and_early(built: dict[str, Any]) -> None:
-    """A 4-frame first window, then 20-frame ones: audio after 4 frames, and the joined audio
-    still equals the whole decode."""
+    """A 4-frame first window, then windows doubling up to 20 frames: audio after 4 frames, and
+    the joined audio still equals the whole decode."""
     decode = ort_decode(built["engine"])
     codes = random_codes(47, 8)
     voc = WindowedVocoder(decode, window=20, left_context=25, first_window=4)
     pieces = [voc.push(codes[i : i + 1]) for i in range(len(codes))] + [voc.flush()]
     sizes = [p.size for p in pieces]
     assert sizes[3] == 4 * SPF - TRIM and not any(sizes[:3])  # first audio after frame 4
-    assert sizes[23] == 20 * SPF  # then every 20 frames
+    # then 8, 16 and 20 frames, each doubling the last (47 frames: 4 + 8 + 16 + the last 19)
+    assert [i for i, n in enumerate(sizes) if n] == [3, 11, 27, len(codes)]
+    assert sizes[11] == 8 * SPF and sizes[27] == 16 * SPF and sizes[-1] == 19 * SPF
     whole = voc.decode_whole(codes)
     audio = np.concatenate(pieces)
     assert audio.size == whole.size and np.abs(audio - whole).max() < 1e-5
@@ -279,7 +281,10 @@ def test_fixed_length_windows_equal_exact_ones(built: dict[str, Any]) -> None:
     exact = run_runner(Code2Wav(stage(**config), built["folder"], threads=2), *codes)
     runner = Code2Wav(stage(**config), built["folder"], threads=2)
     assert runner.fixed_lengths == ()  # a CPU engine runs every window at its own length
-    runner.fixed_lengths = (4, 45)  # first window; 20 frames + 25 of left context
+    # what a GPU engine takes: the first window, the growing ones with the context they have,
+    # 20 frames + 25 of left context
+    runner.fixed_lengths = tuple(sorted(runner.vocoder().lengths()))
+    assert runner.fixed_lengths == (4, 12, 28, 45)
     calls: list[tuple[int, ...]] = []
     run = runner._decode_fixed
     runner._decode_fixed = lambda c, length: calls.append((*c.shape, length)) or run(c, length)
@@ -287,12 +292,13 @@ def test_fixed_length_windows_equal_exact_ones(built: dict[str, Any]) -> None:
     for a, b in zip(exact, padded, strict=True):
         x, y = a.outputs["code2wav:audio"], b.outputs["code2wav:audio"]
         assert x.shape == y.shape and np.abs(x - y).max() < 1e-5
-    # 57 frames: 4 | 20 (+4 context) | 20 (+24) | 13 (+25); 3 frames: one 3-frame call
-    assert calls == [(1, Q, 4, 4), (1, Q, 24, 45), (1, Q, 44, 45), (1, Q, 38, 45)] * 2 + [
-        (1, Q, 3, 4)
-    ]
-    assert set(runner._fixed) == {(1, 4), (1, 45)}  # buffers kept per batch size and length
-    assert padded[0].details["code2wav"]["fixed_lengths"] == [4, 45]
+    # 57 frames: 4 | 8 (+4 context) | 16 (+12) | 20 (+25) | 9 (+25, padded); 3 frames: one
+    # 3-frame call, padded
+    assert calls == [(1, Q, 4, 4), (1, Q, 12, 12), (1, Q, 28, 28), (1, Q, 45, 45),
+                     (1, Q, 34, 45)] * 2 + [(1, Q, 3, 4)]  # fmt: skip
+    # buffers kept per batch size and length
+    assert set(runner._fixed) == {(1, 4), (1, 12), (1, 28), (1, 45)}
+    assert padded[0].details["code2wav"]["fixed_lengths"] == [4, 12, 28, 45]
 
 
 def test_runner_whole_utterance_and_fallback(built: dict[str, Any], tmp_path: Path) -> None:
@@ -345,3 +351,16 @@ def test_playback_stall_counts_only_the_waits_after_playing_starts() -> None:
     assert stalls == pytest.approx(0.3)
     # the third comes 0.25 s after the second has played, counted from the second's own end
     assert playback_stall_s([(1.0, 500), (1.8, 100), (2.15, 100)], rate) == pytest.approx(0.55)
+
+
+def test_windows_grow_from_the_first_to_the_full_size() -> None:
+    """Each window doubles the one before up to ``window``, so it plays at least as long as the
+    next takes to generate at twice real time; ``lengths`` lists what a fixed-length vocoder
+    prepares, context included."""
+    voc = WindowedVocoder(lambda c: c, window=25, left_context=25, first_window=5)
+    assert [voc.size(i) for i in range(6)] == [5, 10, 20, 25, 25, 25]
+    assert voc.lengths() == [5, 15, 35, 50]  # 5 | 10 (+5) | 20 (+15) | 25 (+25)
+    same = WindowedVocoder(lambda c: c, window=25, left_context=25)  # no shorter first window
+    assert [same.size(i) for i in range(3)] == [25, 25, 25] and same.lengths() == [25, 50]
+    longer = WindowedVocoder(lambda c: c, window=8, left_context=4, first_window=30)
+    assert [longer.size(i) for i in range(3)] == [30, 8, 8] and longer.lengths() == [30, 12]

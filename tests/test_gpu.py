@@ -302,10 +302,12 @@ def test_code2wav_windows_replay_fixed_length_graphs(omni_cuda_engine, omni_engi
         return runner, out
 
     graphed, gpu = audio(omni_cuda_engine)
-    assert graphed.engine.cuda_graphs and graphed.fixed_lengths == (3, 33)
-    assert set(graphed._fixed) == {(1, 3), (1, 33)}
+    # windows of 3, 6, then 8 frames, with the left context they have: 0, 3, 9, 17, then 25
+    lengths = (3, 9, 17, 25, 33)
+    assert graphed.engine.cuda_graphs and graphed.fixed_lengths == lengths
+    assert set(graphed._fixed) == {(1, n) for n in lengths}
     uncaptured, plain = audio(omni_cuda_engine, cuda_graphs=False)
-    assert not uncaptured.engine.cuda_graphs and uncaptured.fixed_lengths == (3, 33)
+    assert not uncaptured.engine.cuda_graphs and uncaptured.fixed_lengths == lengths
     _, cpu = audio(omni_engine)
     for g, p, c in zip(gpu, plain, cpu, strict=True):
         assert g.shape == c.shape == p.shape

@@ -74,14 +74,13 @@ class Code2Wav:
                 f"{stage.id}: window {max(self.window, self.first_window)} + left context "
                 f"{self.left_context} frames exceed the engine's max_frames {self.max_frames}"
             )
-        self.vocoder()  # checks window and left context now, not at the first request
+        voc = self.vocoder()  # checks window and left context now, not at the first request
         # the lengths windows run at on a GPU (none: each at its own), replayed from CUDA graphs
-        # where the engine has them. Not for an engine with host-fed attention lengths
+        # where the engine has them: the first window's, the growing ones', a full window with
+        # its left context. Not for an engine with host-fed attention lengths
         # (GroupQueryAttention; float32 code2wav builds have none): those would vary per call
         fixed = self.engine.device == "cuda" and "gqa_seqlens_k" not in self.engine.input_names
-        self.fixed_lengths: tuple[int, ...] = (
-            tuple(sorted({self.first_window, self.window + self.left_context})) if fixed else ()
-        )
+        self.fixed_lengths: tuple[int, ...] = tuple(sorted(voc.lengths())) if fixed else ()
         self._fixed: dict[tuple[int, int], _Fixed] = {}
         source = next((i.source for i in stage.inputs if i.name == CODES_INPUT), None)
         if source is None:
