@@ -56,8 +56,14 @@ def test_a_cohort_fed_in_one_buffer_reads_back_as_fed_row_by_row() -> None:
         assert a.fed == b.fed
         np.testing.assert_array_equal(a.embeds(0, a.fed), b.embeds(0, b.fed))
     np.testing.assert_array_equal(early, alone[0].embeds(0, 5))
-    with pytest.raises(ValueError, match="a handoff is full"):
-        fed.step(np.array([2]), np.zeros((1, 8), np.float32))
+    # a full buffer doubles: every row keeps what it was fed, a view read before stays valid
+    late = rng.standard_normal((1, 8)).astype(np.float32)
+    fed.step(np.array([2]), late)
+    alone[2].feed(late)
+    assert fed.store.shape[1] == 22
+    for a, b in zip(cohort, alone, strict=True):
+        np.testing.assert_array_equal(a.embeds(0, a.fed), b.embeds(0, b.fed))
+    np.testing.assert_array_equal(early, alone[0].embeds(0, 5))
 
 
 def test_feed_cohort_takes_only_empty_handoffs() -> None:

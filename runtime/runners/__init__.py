@@ -87,15 +87,15 @@ class HiddenHandoff:
 
 
 def feed_cohort(handoffs: Sequence[HiddenHandoff], capacity: int, hidden: int) -> FedRows:
-    """Give a cohort's (empty) handoffs one buffer [rows, capacity, H], so that a thinker step
-    feeds all its rows in one assignment: per-row ``feed`` calls cost ~10-40 us each at H=2048,
-    most of the thinker's host time per step at 32 rows."""
-    store = np.empty((len(handoffs), capacity, hidden), np.float32)
-    for handoff, rows in zip(handoffs, store, strict=True):
+    """Give a cohort's (empty) handoffs one buffer [rows, capacity, H], grown by doubling, so
+    that a thinker step feeds all its rows in one assignment: per-row ``feed`` calls cost
+    ~10-40 us each at H=2048, most of the thinker's host time per step at 32 rows."""
+    for handoff in handoffs:
         if handoff.fed:
             raise ValueError("feed_cohort takes handoffs nothing was fed to yet")
-        handoff._rows = rows
-    return FedRows(list(handoffs), store)
+    fed = FedRows(list(handoffs), np.empty((len(handoffs), 0, hidden), np.float32))
+    fed.reserve(capacity)
+    return fed
 
 
 @dataclass
@@ -105,11 +105,23 @@ class FedRows:
     handoffs: list[HiddenHandoff]
     store: np.ndarray  # [rows, capacity, H]; handoff r reads store[r]
 
+    def reserve(self, capacity: int) -> None:
+        """Room for ``capacity`` embeddings a row. Views read before stay valid: they keep the
+        old buffer, whose rows never change."""
+        if capacity <= self.store.shape[1]:
+            return
+        grown = np.empty((len(self.handoffs), capacity, self.store.shape[2]), np.float32)
+        for handoff, rows in zip(self.handoffs, grown, strict=True):
+            if handoff.fed:
+                rows[: handoff.fed] = handoff._rows[: handoff.fed]
+            handoff._rows = rows
+        self.store = grown
+
     def step(self, rows: np.ndarray, embeds: np.ndarray) -> None:
         """Append ``embeds[j]`` [H] to handoff ``rows[j]``."""
         fed = np.fromiter((self.handoffs[r].fed for r in rows), np.int64, len(rows))
         if len(rows) and fed.max() >= self.store.shape[1]:
-            raise ValueError(f"a handoff is full ({self.store.shape[1]} embeddings)")
+            self.reserve(2 * self.store.shape[1])
         self.store[rows, fed] = embeds
         for r in rows:
             self.handoffs[r].fed += 1

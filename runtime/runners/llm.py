@@ -175,8 +175,8 @@ class LLMBackbone:
                 )
                 state.outputs[hidden_port] = handoff
                 handoffs.append(handoff)
-            # the prompt, then each generated token but the last: width + max(limits) fit
-            fed = feed_cohort(handoffs, width + max(limits), self.hidden_size)
+            # the prompt and the first tokens of the reply; the buffer doubles when they do not
+            fed = feed_cohort(handoffs, width + min(max(limits), 64), self.hidden_size)
             for r, handoff in enumerate(handoffs):
                 handoff.feed(embeds[r, : lens[r]])
 
