@@ -305,7 +305,11 @@ class Talker:
         start = time.perf_counter()
         waited_at_start = waited[0]
         out = session.run(embeds, positions, zeros, lens, lens - 1)
-        first: list[list[int]] = [[] for _ in range(n)]  # each row's sampled first codes
+        # each row's sampled first codes: one array, so a step's repetition-penalty input is
+        # views, not a list of every row's codes made into arrays again (~110 us a step at
+        # 32 rows and 100 frames, growing with the frames)
+        first = np.zeros((n, max(max_frames, 1)), np.int64)
+        count = np.zeros(n, np.int64)
         frames: list[list[np.ndarray]] = [[] for _ in range(n)]
         finish: list[str | None] = [None] * n
         past = lens.copy()
@@ -314,9 +318,9 @@ class Talker:
         vocoder_ms = 0.0  # windows vocoded downstream while this loop waits
         full_rows = 0  # rows whose full logits had to come to the host
         while True:
-            seen = [np.asarray(f, np.int64) for f in first]
+            seen = [first[r, : count[r]] for r in range(n)]
             banned = [
-                self._suppressed_and_eos if len(first[r]) < min_frames else self.suppressed
+                self._suppressed_and_eos if count[r] < min_frames else self.suppressed
                 for r in range(n)
             ]
             # what the host reads, in one sync; split, the hidden state goes to the code
@@ -327,10 +331,11 @@ class Talker:
             full_rows += fetched
             for row in range(n):
                 if finish[row] is None:
-                    first[row].append(int(code0[row]))
+                    first[row, count[row]] = code0[row]
+                    count[row] += 1
                     if code0[row] == self.ids["codec_eos"]:
                         finish[row] = "eos"
-                    elif len(first[row]) >= max_frames:
+                    elif count[row] >= max_frames:
                         finish[row] = "length"
             active = np.array([f is None for f in finish])
             if not active.any():
