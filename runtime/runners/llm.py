@@ -182,7 +182,11 @@ class LLMBackbone:
 
         generated: list[list[int]] = [[] for _ in range(n)]
         finish: list[str | None] = [None] * n
-        seen = [p.ids for p in prompts]
+        # each row's prompt and generated ids, one array: the penalty's input is row views,
+        # not an np.append of every row's history each step
+        history = np.zeros((n, width + max(limits)), np.int64) if penalise else None
+        if history is not None:
+            history[:, :width] = ids
         past = lens.copy()
         steps = 0
         full_rows = 0  # rows whose full logits had to come to the host
@@ -194,17 +198,18 @@ class LLMBackbone:
         start = time.perf_counter()
         while True:
             banned = [self._eos_ids if len(generated[r]) < minimum[r] else None for r in range(n)]
-            tokens, fetched = sample_step(
-                out.logits(), params, rng, seen if penalise else None, banned
-            )
+            seen = None
+            if history is not None:
+                seen = [history[r, : lens[r] + len(generated[r])] for r in range(n)]
+            tokens, fetched = sample_step(out.logits(), params, rng, seen, banned)
             full_rows += fetched
             for row in range(n):
                 if finish[row] is not None:
                     continue
                 token = int(tokens[row])
                 generated[row].append(token)
-                if penalise:
-                    seen[row] = np.append(seen[row], token)
+                if history is not None:
+                    history[row, lens[row] + len(generated[row]) - 1] = token
                 finish[row] = self._finished(cohort[row].request, generated[row], limits[row])
                 if handoffs and finish[row] is not None:  # its last token is never fed
                     handoffs[row].done = True
