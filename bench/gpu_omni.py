@@ -766,7 +766,8 @@ def markdown(result: dict[str, Any]) -> str:
             continue
         lines.append(
             f"| {name} | {fmt(s['ttfa_p50_ms'], ' ms')} | {fmt(s['ttfa_max_ms'], ' ms')} | "
-            f"{fmt(s.get('stall_max_ms'), ' ms')} | {fmt(s['rtf_p50'])} | {fmt(s['audio_s_per_s'])} | {fmt(s['thinker_ms'], ' ms')} | "
+            f"{fmt(s.get('stall_max_ms'), ' ms')} | {fmt(s['rtf_p50'])} | "
+            f"{fmt(s['audio_s_per_s'])} | {fmt(s['thinker_ms'], ' ms')} | "
             f"{fmt(s['talker_cp_ms'], ' ms')} |"
         )
     streaming = bool(((result.get("edgeomni") or {}).get("pipeline_options") or {}).get(
