@@ -114,6 +114,19 @@ def test_omni_text_to_speech(omni_ckpt, omni_engine, tmp_path, mp) -> None:
         np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)
 
 
+FLOAT = onnx.TensorProto.FLOAT
+
+
+def embeds_inputs(model) -> dict[str, tuple[int, list[str]]]:
+    """Each embedding input (``*_embeds``): its element type and the ops that read it."""
+    out = {}
+    for value in model.graph.input:
+        if value.name.endswith("_embeds"):
+            readers = [n.op_type for n in model.graph.node if value.name in n.input]
+            out[value.name] = (value.type.tensor_type.elem_type, readers)
+    return out
+
+
 def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) -> None:
     """A float16 cuda build for onnxruntime-gpu 1.31+: each 1-D RoPE decoder layer's q/k norms
     and rotary run inside GroupQueryAttention (packed QKV, norm weights, a cos/sin table by
@@ -138,6 +151,7 @@ def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) 
     model = onnx.load(str(llm / "llm.onnx"))
     cfg = json.loads((llm / "config.json").read_text())
     layers = hf["num_hidden_layers"]
+    assert embeds_inputs(model) == {"inputs_embeds": (FLOAT, ["Cast"])}
     assert cfg["lowering"]["fused_attention_prologue"] == layers
     ops = [n.op_type for n in model.graph.node]
     for gone in ("RotaryEmbedding", "Cos", "Sin"):
@@ -179,6 +193,16 @@ def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) 
     for sub in (".", "talker", "code_predictor"):
         cfg = json.loads((omni / sub / "config.json").read_text())
         assert cfg["lowering"]["fused_attention_prologue"] == cfg["num_hidden_layers"], sub
+    # the thinker's host-fed embeddings stay float32, cast inside; the talker's come from the
+    # code predictor's float16 output on the device, read as they are
+    thinker = embeds_inputs(onnx.load(str(omni / "llm.onnx"), load_external_data=False))
+    assert thinker["inputs_embeds"] == (FLOAT, ["Cast"])
+    assert set(thinker) <= {"inputs_embeds", "deepstack_embeds"}
+    if "deepstack_embeds" in thinker:  # read for its shape too
+        kind, readers = thinker["deepstack_embeds"]
+        assert kind == FLOAT and "Cast" in readers and set(readers) <= {"Cast", "Shape"}
+    talker = onnx.load(str(omni / "talker" / "llm.onnx"), load_external_data=False)
+    assert embeds_inputs(talker)["inputs_embeds"][0] == onnx.TensorProto.FLOAT16
     for sub in (".", "talker"):
         model = onnx.load(str(omni / sub / "llm.onnx"))
         ops = [n.op_type for n in model.graph.node]

@@ -318,3 +318,38 @@ class WithTopK(nn.Module):
     def io_names(self) -> tuple[list[str], list[str]]:
         inputs, (logits, *rest) = self.inner.io_names()
         return inputs, [logits, "topk_values", "topk_indices", *rest]
+
+
+class Float32Embeds(nn.Module):
+    """A float16 decoder whose host-fed inputs (``inputs_embeds``, ``deepstack_embeds``) are
+    float32 at the engine's boundary and cast inside it. The runtime then binds the float32
+    embedding table's rows as they are: numpy casts float32 to float16 at ~5 ns an element, which
+    measured 15 ms of a 32-request prefill at H=2048 and ~0.6 ms of each decode step on the H200's
+    host; the GPU's cast costs one small kernel a call."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.cfg = inner.cfg
+        self.dtype = next(inner.parameters()).dtype
+        names = inner.io_names()[0]
+        # deepstack_embeds' place in ``rest``, the inputs after the first five
+        self._deep = names.index("deepstack_embeds") - 5 if "deepstack_embeds" in names else None
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_lens: torch.Tensor,
+        query_lens: torch.Tensor,
+        last_indices: torch.Tensor,
+        *rest: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        rest_in = list(rest)
+        if self._deep is not None:
+            rest_in[self._deep] = rest_in[self._deep].to(self.dtype)
+        lengths = (position_ids, past_lens, query_lens, last_indices)
+        return self.inner(inputs_embeds.to(self.dtype), *lengths, *rest_in)
+
+    def io_names(self) -> tuple[list[str], list[str]]:
+        return self.inner.io_names()

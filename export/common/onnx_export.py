@@ -70,6 +70,7 @@ def export_causal_lm(
     logits_topk: int = 0,
     topk_exclude: Sequence[int] = (),
     sampler_tables: Any = None,
+    float32_embeds: bool = False,
 ) -> Path:
     """Export a decoder.CausalLM with dynamic batch, sequence and cache capacity; with
     ``logits_topk`` the engine also outputs each row's top-K (decoder.WithTopK). With
@@ -81,7 +82,7 @@ def export_causal_lm(
     import torch
     from torch.export import Dim
 
-    from edgeomni.export.common.decoder import WithTopK
+    from edgeomni.export.common.decoder import Float32Embeds, WithTopK
     from edgeomni.export.common.sampler import WithSampler
 
     if sampler_tables is not None:
@@ -93,12 +94,15 @@ def export_causal_lm(
         module = WithTopK(module, min(logits_topk, module.cfg.vocab_size), tuple(topk_exclude))
     cfg = module.cfg
     dtype = next(module.parameters()).dtype
+    embeds_dtype = dtype
+    if float32_embeds and dtype != torch.float32:
+        module, embeds_dtype = Float32Embeds(module), torch.float32
     b, s, c = 2, 3, 8
     positions = torch.arange(s).repeat(b, 1)
     if cfg.mrope_section is not None:
         positions = positions[None].repeat(3, 1, 1)
     args = (
-        torch.zeros(b, s, cfg.hidden_size, dtype=dtype),
+        torch.zeros(b, s, cfg.hidden_size, dtype=embeds_dtype),
         positions,
         torch.zeros(b, dtype=torch.int32),
         torch.full((b,), s, dtype=torch.int32),
@@ -111,7 +115,8 @@ def export_causal_lm(
     batch, seq, capacity = Dim("batch"), Dim("seq"), Dim("capacity")
     rest_shapes: tuple[Any, ...] = tuple({0: batch, 2: capacity} for _ in rest)
     if cfg.deepstack_layers:
-        rest = (torch.zeros(cfg.deepstack_layers, b, s, cfg.hidden_size, dtype=dtype), *rest)
+        deep = torch.zeros(cfg.deepstack_layers, b, s, cfg.hidden_size, dtype=embeds_dtype)
+        rest = (deep, *rest)
         rest_shapes = ({1: batch, 2: seq}, *rest_shapes)
     if sampler_tables is not None:  # uniform [B] (float64), temperature, top_k, top_p [1]
         f64 = torch.float64

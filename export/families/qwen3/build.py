@@ -29,7 +29,12 @@ def export_component(
         raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3 on this path yet")
     module = CausalLM(decoder_config(ckpt.config)).eval()
     load_weights(module, ckpt, _DTYPES[args.dtype])
-    return export_causal_lm(module, work_dir / component.engine, logits_topk=args.logits_topk or 0)
+    return export_causal_lm(
+        module,
+        work_dir / component.engine,
+        logits_topk=args.logits_topk or 0,
+        float32_embeds=True,  # the runner's float32 table (artifacts.write_embedding)
+    )
 
 
 def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:

@@ -46,7 +46,10 @@ def export_component(
     path = work_dir / component.engine
     topk = args.logits_topk or 0
     if component is LLM:
-        return export_causal_lm(thinker.build_module(ckpt, dtype), path, logits_topk=topk)
+        # the runner looks its inputs up in a float32 table (artifacts.write_embedding)
+        return export_causal_lm(
+            thinker.build_module(ckpt, dtype), path, logits_topk=topk, float32_embeds=True
+        )
     if component is TALKER:
         return export_causal_lm(
             talker.build_talker(ckpt, dtype),
