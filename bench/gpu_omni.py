@@ -229,9 +229,15 @@ def ensure_checkpoint(path: Path, sizes: dict[str, dict[str, Any]], seed: int, d
 
 
 def clear_leftovers(work: Path) -> None:
-    """A build killed by a time limit leaves its staging dir and raw ONNX behind (each about the
-    size of the checkpoint); on a 64 GB disk the next build would not fit beside them. The
-    builder's scratch goes to WORK/tmp (tempfile.tempdir), so both are ours to remove."""
+    """A build killed by a time limit leaves its workspace behind (staging dir and raw ONNX,
+    each about the size of the checkpoint); on a 64 GB disk the next build would not fit beside
+    them. The builder removes its own dead workspaces when it starts (builder/workspace.py),
+    but the disk check comes first, so they go here: every engine dir's under WORK, and the
+    .partial-/.old- dirs of builds before workspaces. WORK/tmp is torch's and ORT's scratch."""
+    from edgeomni.builder.workspace import clean_stale
+
+    for engine in {p.name.split(".edge-build-")[0][1:] for p in work.glob(".*.edge-build-*")}:
+        clean_stale(work / engine)
     scratch = work / "tmp"
     stale = [*work.glob(".engine-*.partial-*"), *work.glob(".engine-*.old-*")]
     for path in [*stale, scratch]:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import posixpath
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from edgeomni.builder import interrupts, manifest
 from edgeomni.builder.errors import BuildError
+from edgeomni.builder.workspace import Workspace, workspace
 from edgeomni.export.common.checkpoint import open_checkpoint
 from edgeomni.export.family import BuildArgs, Component
 from edgeomni.export.registry import family_for
@@ -39,28 +41,8 @@ def step(what: str) -> Any:
     log.info("%s ...", what)
     start = time.perf_counter()
     yield
+    interrupts.check()  # in case the library that ran the step swallowed an interrupt
     log.info("%s done in %.1f s", what, time.perf_counter() - start)
-
-
-def is_edgeomni_build(path: Path) -> bool:
-    if (path / GRAPH_FILE).is_file():
-        return True
-    cfg = path / "config.json"
-    try:
-        return json.loads(cfg.read_text()).get("format", "").startswith("edgeomni.engine/")
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def check_engine_dir(path: Path) -> None:
-    """Refuse to write into a directory that holds something other than an edgeomni build."""
-    if path.exists() and not path.is_dir():
-        raise BuildError(f"--engine-dir {path} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()) and not is_edgeomni_build(path):
-        found = ", ".join(sorted(p.name for p in path.iterdir())[:5])
-        raise BuildError(
-            f"--engine-dir {path} holds other files ({found}); use an empty or new directory"
-        )
 
 
 def select_components(
@@ -79,6 +61,30 @@ def select_components(
     return [c for c in available if c.name in wanted]
 
 
+def check_flags(args: BuildArgs) -> None:
+    """The size flags, alone and together; before anything is read or exported."""
+    for flag, value in (
+        ("--max-batch-size", args.max_batch_size),
+        ("--max-input-len", args.max_input_len),
+        ("--max-kv-cache-capacity", args.max_kv_cache_capacity),
+    ):
+        if value < 1:
+            raise BuildError(f"{flag} must be at least 1, got {value}")
+    if args.max_input_len > args.max_kv_cache_capacity:
+        raise BuildError(
+            f"--max-input-len {args.max_input_len} exceeds --max-kv-cache-capacity "
+            f"{args.max_kv_cache_capacity}: a prompt must fit in the KV cache"
+        )
+
+
+def preflight(hooks: Any, ckpt: Any, selected: Sequence[Component], args: BuildArgs) -> None:
+    """The family's optional check of what needs only the checkpoint's config and small files,
+    so a missing tokenizer fails in a second, not after the exports."""
+    hook = getattr(hooks, "preflight", None)
+    if callable(hook):
+        hook(ckpt, tuple(selected), args)
+
+
 def build(
     model_dir: Path,
     engine_dir: Path,
@@ -87,16 +93,12 @@ def build(
 ) -> Path | None:
     """Build every selected component into engine_dir; returns the graph file (None if no graph).
 
-    The engines are built in a staging directory beside engine_dir and moved into place only when
-    every step succeeded, so a failed build leaves a previous one untouched.
+    Cheap checks come first (flags, checkpoint, the family's preflight, the engine dir); the
+    engines are then built in a workspace beside engine_dir (builder/workspace.py) and swapped
+    in only when every step succeeded, so a failed or interrupted build leaves a previous one
+    untouched, and nothing of the user's in engine_dir is ever deleted.
     """
-    for flag, value in (
-        ("--max-batch-size", args.max_batch_size),
-        ("--max-input-len", args.max_input_len),
-        ("--max-kv-cache-capacity", args.max_kv_cache_capacity),
-    ):
-        if value < 1:
-            raise BuildError(f"{flag} must be at least 1, got {value}")
+    check_flags(args)
     backend = _backend(args.backend)
     if args.backend == "tensorrt":
         from edgeomni.builder.tensorrt import NOT_YET
@@ -107,32 +109,48 @@ def build(
     hooks = family.hooks()
     ckpt.weight_files  # noqa: B018 - fail on missing or unreadable weights before building
     selected = select_components(hooks.components(ckpt), components)
+    preflight(hooks, ckpt, selected, args)
     engine_dir = engine_dir.resolve()
-    check_engine_dir(engine_dir)
-    engine_dir.parent.mkdir(parents=True, exist_ok=True)
-    log.info("building %s (%s family) into %s", model_dir, family.name, engine_dir)
-
-    staging = Path(tempfile.mkdtemp(prefix=f".{engine_dir.name}.partial-", dir=engine_dir.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the engine dir is an ordinary folder
-    try:
-        with tempfile.TemporaryDirectory(prefix="edgeomni-export-") as work:
-            for comp in selected:
-                out_dir = staging / comp.subdir
-                out_dir.mkdir(parents=True, exist_ok=True)
-                comp_work = Path(work) / comp.name
-                with step(f"export {comp.name} to ONNX"):
-                    raw = hooks.export_component(ckpt, comp, comp_work, args)
-                with step(f"build {comp.name} engine ({args.backend}, {args.device})"):
-                    lowering = backend(raw, out_dir / comp.engine, args)
-                with step(f"write {comp.name} artifacts"):
-                    hooks.write_artifacts(ckpt, comp, out_dir, args)
-                    record_lowering(out_dir, lowering)
-        graph_path = write_graph(hooks, ckpt, staging, selected, args)
-        _swap_into_place(staging, engine_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with workspace(engine_dir) as ws:
+        log.info("building %s (%s family) into %s", model_dir, family.name, engine_dir)
+        graph_path = _build_in(ws, hooks, ckpt, selected, backend, args)
+        ordinary_modes(ws.staging)
+        manifest.write(ws.staging, manifest.record(ws.staging))  # last: it lists all the rest
+        shutil.rmtree(ws.work)  # the raw ONNX, before the swap, so what runs held is short
+        ws.commit()
     return engine_dir / GRAPH_FILE if graph_path else None
+
+
+def ordinary_modes(root: Path) -> None:
+    """Files 0644 and folders 0755, as a copied folder would have: some writers make theirs
+    private (safetensors' save_file writes 0600), and an engine dir is often built by one
+    user and run by another (a service account on the board)."""
+    root.chmod(0o755)
+    for path in root.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def _build_in(
+    ws: Workspace,
+    hooks: Any,
+    ckpt: Any,
+    selected: Sequence[Component],
+    backend: Callable[[Path, Path, BuildArgs], Any],
+    args: BuildArgs,
+) -> Path | None:
+    """Export, build and write each component into the workspace's staging dir, then the graph."""
+    for comp in selected:
+        out_dir = ws.staging / comp.subdir
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with step(f"export {comp.name} to ONNX"):
+            raw = hooks.export_component(ckpt, comp, ws.work / comp.name, args)
+        with step(f"build {comp.name} engine ({args.backend}, {args.device})"):
+            lowering = backend(raw, out_dir / comp.engine, args)
+        with step(f"write {comp.name} artifacts"):
+            hooks.write_artifacts(ckpt, comp, out_dir, args)
+            record_lowering(out_dir, lowering)
+    return write_graph(hooks, ckpt, ws.staging, selected, args)
 
 
 class NoGraph(BuildError):
@@ -161,14 +179,21 @@ def topology(hooks: Any, ckpt: Any, components: Mapping[str, str], args: BuildAr
     return graph
 
 
-def save_graph(graph: Any, engine_dir: Path) -> Path:
-    """Stamp each stage's limits from its engine's config.json, validate, and save atomically."""
+def checked_graph(graph: Any, engine_dir: Path) -> Any:
+    """Stamp each stage's limits from its engine's config.json, and validate."""
     from edgeomni import graph_schema
 
     graph = stamp_limits(graph, engine_dir)
     graph_schema.validate(graph, engine_dir=engine_dir)
+    return graph
+
+
+def save_graph(graph: Any, engine_dir: Path) -> Path:
+    """The checked graph, saved atomically."""
+    from edgeomni import graph_schema
+
     path = engine_dir / GRAPH_FILE
-    graph_schema.save(graph, path)
+    graph_schema.save(checked_graph(graph, engine_dir), path)
     return path
 
 
@@ -299,8 +324,12 @@ def _graph_only(model_dir: Path, engine_dir: Path) -> Path:
         )
     for name in disc.missing:
         log.info("no %s engine, left out of the graph: %s", name, looked(name))
+    path = engine_dir / GRAPH_FILE
     try:
-        path = save_graph(graph, engine_dir)
+        graph = checked_graph(graph, engine_dir)
+        keep_foreign(path)
+        graph_schema.save(graph, path)
+        manifest.add(engine_dir, [GRAPH_FILE])  # so a later full build knows it as its own
     except (graph_schema.GraphError, OSError, ValueError) as e:
         raise BuildError(f"cannot write {GRAPH_FILE}: {e}") from e
     log.info(
@@ -335,11 +364,22 @@ def stamp_limits(graph: Any, engine_dir: Path) -> Any:
     return dataclasses.replace(graph, stages=tuple(stages))
 
 
-def _swap_into_place(staging: Path, engine_dir: Path) -> None:
-    old = None
-    if engine_dir.exists():
-        old = engine_dir.with_name(f".{engine_dir.name}.old-{os.getpid()}")
-        engine_dir.rename(old)
-    staging.rename(engine_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+def keep_foreign(path: Path) -> Path | None:
+    """A file edge-build did not write (not in the manifest with this sha256) that is about to
+    be replaced is kept as NAME.orig (.orig.1, .orig.2, ... when taken). It is hard-linked
+    there, so the file stays in place until the new one replaces it atomically."""
+    if not os.path.lexists(path) or manifest.is_own(path.parent, path.name):
+        return None
+    kept = _free_orig(path)
+    try:
+        os.link(path, kept, follow_symlinks=False)
+    except OSError:  # a file system without hard links
+        shutil.copy2(path, kept, follow_symlinks=False)
+    log.info("%s was not written by edge-build: kept it as %s", path.name, kept.name)
+    return kept
+
+
+def _free_orig(path: Path) -> Path:
+    """NAME.orig, or NAME.orig.1, NAME.orig.2, ... when taken."""
+    names = (f"{path.name}.orig" + (f".{n}" if n else "") for n in itertools.count())
+    return next(path.with_name(n) for n in names if not os.path.lexists(path.with_name(n)))

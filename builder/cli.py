@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -24,9 +25,15 @@ def parser() -> argparse.ArgumentParser:
             "and visual encoders in audio/ and visual/ under ENG or ENG/multimodal; for every "
             "other engine in its own subdirectory (talker/, code_predictor/, code2wav/). An engine "
             "anywhere else is left out and logged. It writes no graph, and says why, for a "
-            "tensor-parallel build, a build without its llm, or an engine that no stage runs. "
-            "Exit status: 0 built (or graph written), 2 bad input or, with --graph-only, no "
-            "graph could be written, 1 internal error."
+            "tensor-parallel build, a build without its llm, or an engine that no stage runs; a "
+            "multistage_config.json it did not write is kept as multistage_config.json.orig. "
+            "A build replaces ENG only when ENG holds nothing but the files its "
+            "edgeomni_manifest.json lists, unchanged since edge-build wrote them. "
+            "Exit status: 0 built (or graph written); 2 bad input (checkpoint, model type, "
+            "flags, an engine dir it may not replace or cannot write) or, with --graph-only, no "
+            "graph could be written; 1 internal error (one line; -v shows the traceback) or a "
+            "system error such as a full disk; "
+            "130 (SIGINT) or 143 (SIGTERM) interrupted, ENG left as it was."
         ),
     )
     p.add_argument("--model-dir", type=Path, required=True, help="HF checkpoint directory (local)")
@@ -97,16 +104,76 @@ def main(argv: list[str] | None = None) -> int:
         format="%(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from edgeomni.builder import interrupts
+
+    with interrupts.raised():
+        try:
+            return _run(args)
+        except BaseException as e:  # each kind gets its exit status in _failed
+            return _failed(e, args, interrupts.taken())
+
+
+def _run(args: argparse.Namespace) -> int:
     from edgeomni.builder.build import build, graph_only
-    from edgeomni.builder.errors import BuildError
-    from edgeomni.export.common.checkpoint import CheckpointError
     from edgeomni.export.family import BuildArgs
-    from edgeomni.export.registry import UnknownModelType
 
     if args.logits_topk is not None and args.logits_topk < 0:
         print(f"edge-build: error: --logits-topk must be >= 0, got {args.logits_topk}",
               file=sys.stderr)  # fmt: skip
         return EXIT_BAD_INPUT
+    if args.graph_only:
+        _warn_ignored(args)
+        graph = graph_only(args.model_dir, args.engine_dir, raise_no_graph=True)
+    else:
+        build_args = BuildArgs(
+            max_batch_size=_or(args.max_batch_size, 4),
+            max_input_len=_or(args.max_input_len, 1024),
+            max_kv_cache_capacity=_or(args.max_kv_cache_capacity, 4096),
+            backend=args.backend or "onnxruntime",
+            device=args.device or "cpu",
+            dtype=args.dtype or "float32",
+            logits_topk=args.logits_topk,
+        )
+        graph = build(
+            args.model_dir,
+            args.engine_dir,
+            build_args,
+            [c.strip() for c in (args.components or "all").split(",") if c.strip()],
+        )
+    if graph is not None:
+        print(f"edge-build: wrote {graph}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _failed(e: BaseException, args: argparse.Namespace, signum: int | None) -> int:
+    """One line and the exit status for what stopped the run; a traceback only for a bug.
+
+    An interrupt counts whatever exception it became: torch's exporter wraps it in its own."""
+    from edgeomni.builder.errors import BuildError
+    from edgeomni.builder.interrupts import exit_status
+    from edgeomni.export.common.checkpoint import CheckpointError
+    from edgeomni.export.registry import UnknownModelType
+
+    if signum is not None or isinstance(e, KeyboardInterrupt):
+        print(f"edge-build: interrupted; {args.engine_dir} was left as it was", file=sys.stderr)
+        return exit_status(e, signum)
+    if isinstance(e, (BuildError, CheckpointError, UnknownModelType)):
+        print(f"edge-build: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if isinstance(e, OSError):  # the system's fault (a full disk), not the input's
+        print(f"edge-build: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if not isinstance(e, Exception):  # SystemExit and the like go on as they are
+        raise e
+    # a bug: one line; --verbose shows where
+    if args.verbose:
+        traceback.print_exception(e)
+    hint = "" if args.verbose else " (-v shows where)"
+    print(f"edge-build: internal error: {type(e).__name__}: {e}{hint}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _warn_ignored(args: argparse.Namespace) -> None:
     build_only = {
         "--max-batch-size": args.max_batch_size,
         "--max-input-len": args.max_input_len,
@@ -117,36 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         "--logits-topk": args.logits_topk,
         "--components": args.components,
     }
-    try:
-        if args.graph_only:
-            given = [flag for flag, value in build_only.items() if value is not None]
-            if given:
-                logging.getLogger("edge-build").warning(
-                    "%s ignored with --graph-only: nothing is built", ", ".join(given)
-                )
-            graph = graph_only(args.model_dir, args.engine_dir, raise_no_graph=True)
-        else:
-            build_args = BuildArgs(
-                max_batch_size=_or(args.max_batch_size, 4),
-                max_input_len=_or(args.max_input_len, 1024),
-                max_kv_cache_capacity=_or(args.max_kv_cache_capacity, 4096),
-                backend=args.backend or "onnxruntime",
-                device=args.device or "cpu",
-                dtype=args.dtype or "float32",
-                logits_topk=args.logits_topk,
-            )
-            graph = build(
-                args.model_dir,
-                args.engine_dir,
-                build_args,
-                [c.strip() for c in (args.components or "all").split(",") if c.strip()],
-            )
-    except (BuildError, CheckpointError, UnknownModelType) as e:
-        print(f"edge-build: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if graph is not None:
-        print(f"edge-build: wrote {graph}", file=sys.stderr)
-    return EXIT_OK
+    given = [flag for flag, value in build_only.items() if value is not None]
+    if given:
+        logging.getLogger("edge-build").warning(
+            "%s ignored with --graph-only: nothing is built", ", ".join(given)
+        )
 
 
 def _or(value: int | None, default: int) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -87,9 +87,18 @@ class OptionalFamilyHooks(Protocol):
     ``no_graph_reason`` says why ``multistage_topology`` returned None for these components, for
     the builder's log and --graph-only's exit message; without it (or when it returns None) the
     builder names the family's components that are missing.
+
+    ``preflight`` checks, before anything is exported, all that the build of these components
+    will need of the checkpoint that takes only its config and small files (the tokenizer, a
+    talker's speakers and ids, image processor settings), and raises CheckpointError with the
+    reason, so such a fault is reported in a second rather than after minutes of export. Without
+    it the same faults surface when ``write_artifacts`` runs.
     """
 
     served_by: Mapping[str, str]
 
     def no_graph_reason(self, components: Mapping[str, str]) -> str | None:
         """Why these components (name -> artifact dir) cannot run as a graph, or None."""
+
+    def preflight(self, ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:
+        """Raise CheckpointError for what the selected components' build would fail on later."""

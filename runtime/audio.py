@@ -109,7 +109,7 @@ def write_wav(path: str | os.PathLike[str], audio: np.ndarray, rate: int) -> Non
     if x.ndim != 1:
         raise ValueError(f"write_wav takes mono audio (1-D), got shape {x.shape}")
     x = np.clip(np.nan_to_num(x.astype(np.float64), nan=0.0), -1.0, 1.0)
-    dest = Path(path)
+    dest = Path(os.path.realpath(path))  # through a symlink to its file, as ``>`` writes
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
         with os.fdopen(fd, "wb") as f:

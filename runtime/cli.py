@@ -4,18 +4,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
+import tempfile
+import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_CONFIG, EXIT_REQUESTS_FAILED = 0, 1, 2, 3
 
 EPILOG = """\
+Nothing runs until the flags, the request file, the output destinations and every stage the
+requests need have been checked; a request that fails (its chat template, media, limits, or an
+engine call on its cohort) fails alone, with ok false and its error, and the others still run.
+
 exit status:
-  0  every request succeeded (or --validate-config found the graph valid)
-  2  bad usage, bad graph or engine dir, or a malformed request file
-  3  the run finished but one or more requests failed (see predictions: ok, error)
-  1  an unexpected internal error
+  0    every request succeeded (or --validate-config found the graph and engine dir valid)
+  2    bad usage, a bad graph or engine dir, a malformed request file, or an output
+       destination that cannot be written; nothing ran
+  3    the run finished but one or more requests failed (see predictions: ok, error)
+  130  interrupted (Ctrl-C), 143 terminated (SIGTERM): the requests that had finished are
+       written, the others fail as interrupted
+  1    an unexpected internal error (--verbose shows where), or the outputs could not be
+       written after the run
 """
 
 
@@ -71,7 +84,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--validate-config",
         action="store_true",
-        help="check the graph's structure and runners, load no engine, and exit",
+        help="check the graph (structure, runners, artifact paths) and what opening each stage "
+        "reads (its config.json and required keys, engine file, tables, tokenizer and chat "
+        "template), load no engine, and exit",
     )
     p.add_argument(
         "--dump-profile",
@@ -89,7 +104,9 @@ def parser() -> argparse.ArgumentParser:
         help="with --input-file: run the speech stages too and write audio_req<i>.wav and the "
         "codec codes rvq_req<i>.safetensors here",
     )
-    p.add_argument("--voice", help="speaker for --prompt (an unknown voice lists the known ones)")
+    p.add_argument(
+        "--voice", help="speaker for --out-audio (an unknown voice fails with the known ones)"
+    )
     p.add_argument(
         "--whole-utterance",
         action="store_true",
@@ -97,6 +114,7 @@ def parser() -> argparse.ArgumentParser:
         "vocoder engine (default: in windows with left context)",
     )
     p.add_argument("--threads", type=int, help="CPU threads per engine (default: all cores)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug detail, with tracebacks")
     p.add_argument(
         "--no-cuda-graphs",
         action="store_true",
@@ -122,9 +140,31 @@ def _fail(message: str, code: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from edgeomni.builder import interrupts
+    from edgeomni.runtime.pipeline import failure
+
+    try:
+        with interrupts.raised():
+            return _main(args)
+    except KeyboardInterrupt as e:  # before any request ran
+        print("edge-infer: interrupted", file=sys.stderr)
+        return interrupts.exit_status(e)
+    except Exception as e:  # a bug: one line; --verbose shows where
+        if args.verbose:
+            traceback.print_exc()
+        hint = "" if args.verbose else " (--verbose shows where)"
+        return _fail(f"internal error: {failure(e)}{hint}", EXIT_INTERNAL)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from edgeomni.builder.interrupts import exit_status, held
     from edgeomni.graph_schema import GraphError
-    from edgeomni.runtime.engine import EngineError
-    from edgeomni.runtime.pipeline import Pipeline, load_graph
+    from edgeomni.runtime.pipeline import INTERRUPTED, Interrupted, Pipeline, StageError
     from edgeomni.runtime.requests import (
         load_request_file,
         parse_request_file,
@@ -133,31 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     if args.validate_config:
-        try:
-            _, graph = load_graph(args.config)
-        except GraphError as e:
-            return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
-        print(
-            f"{args.config}: valid ({len(graph.stages)} stages, terminals {', '.join(graph.terminals)})"
-        )
-        return EXIT_OK
-    if args.prompt is None and args.input_file is None:
-        return _fail(
-            "give --prompt TEXT or --input-file FILE (or --validate-config)", EXIT_BAD_CONFIG
-        )
-    if args.batch_size is not None and args.batch_size < 1:
-        return _fail("--batch-size must be at least 1", EXIT_BAD_CONFIG)
-    if (args.audio or args.image) and args.prompt is None:
-        return _fail(
-            "--audio and --image go with --prompt (put media in the request file)", EXIT_BAD_CONFIG
-        )
-    if args.out_audio is not None and args.prompt is None:
-        return _fail(
-            "--out-audio goes with --prompt (use --output-audio-dir for a file)", EXIT_BAD_CONFIG
-        )
-    if args.output_audio_dir is not None and args.input_file is None:
-        return _fail("--output-audio-dir goes with --input-file", EXIT_BAD_CONFIG)
-
+        return _validate(args.config)
+    problem = usage_error(args)
+    if problem:
+        return _fail(problem, EXIT_BAD_CONFIG)
     try:
         sampling, extra = parse_sampling(json.loads(args.sampling))
     except (ValueError, TypeError) as e:
@@ -166,20 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.input_file is not None:
             requests, settings = load_request_file(args.input_file, sampling, extra)
         else:
-            media = [{"type": "audio", "audio": str(a)} for a in args.audio]
-            media += [{"type": "image", "image": str(i)} for i in args.image]
-            content = [*media, {"type": "text", "text": args.prompt}] if media else args.prompt
-            body: dict = {
-                "apply_chat_template": not args.no_chat_template,
-                "requests": [{"messages": [{"role": "user", "content": content}]}],
-            }
-            if args.max_generate_length is not None:
-                body["max_generate_length"] = args.max_generate_length
-            if args.voice is not None:
-                body["requests"][0]["voice"] = args.voice
-            requests, settings = parse_request_file(body, sampling, extra)
+            requests, settings = parse_request_file(_prompt_body(args), sampling, extra)
     except ValueError as e:
         return _fail(str(e), EXIT_BAD_CONFIG)
+    except OSError as e:
+        return _fail(f"--input-file: {_os_reason(e)}", EXIT_BAD_CONFIG)
+    problem = destination_error(args, requests)
+    if problem:
+        return _fail(problem, EXIT_BAD_CONFIG)
 
     want_audio = args.out_audio is not None or args.output_audio_dir is not None
     try:
@@ -199,34 +212,199 @@ def main(argv: list[str] | None = None) -> int:
     batch_size = args.batch_size or settings.get("batch_size") or 1
     # text stages only, unless audio was asked for (a graph without text always speaks)
     requested = None if want_audio else (pipeline.text_terminals() or None)
+    interrupt: KeyboardInterrupt | None = None
     try:
         outcomes = pipeline.run(requests, batch_size=batch_size, requested=requested)
-    except EngineError as e:  # an engine the graph names cannot be opened
-        return _fail(str(e), EXIT_BAD_CONFIG)
-    for outcome in outcomes:
-        write_audio(outcome, args)
+    except StageError as e:  # a stage the graph names cannot be opened: nothing ran
+        return _fail(f"invalid engine dir: {e}", EXIT_BAD_CONFIG)
+    except Interrupted as e:  # what finished is still written
+        outcomes, interrupt = e.outcomes, e.signal
     entries = [o.entry for o in outcomes]
+    finished = sum(e["error"] != INTERRUPTED for e in entries)
+    if interrupt is None or finished:  # an interrupted run that answered nothing writes nothing
+        with held():  # the outputs are written whole: a signal now waits, and is dropped
+            try:
+                for outcome in outcomes:
+                    write_audio(outcome, args)
+                if args.output_file is not None:
+                    write_predictions(args.output_file, entries)
+            except OSError as e:
+                return _fail(f"cannot write the outputs: {_os_reason(e)}", EXIT_INTERNAL)
+    if interrupt is not None:
+        wrote = f"; wrote {args.output_file}" if finished and args.output_file else ""
+        print(
+            f"edge-infer: interrupted; {finished} of {len(entries)} requests had finished{wrote}",
+            file=sys.stderr,
+        )
+        return exit_status(interrupt)
+    _report(args, entries)
+    if args.dump_profile:
+        print(json.dumps(pipeline.profile.as_dict(), indent=2), file=sys.stderr)
+    return EXIT_OK if all(e["ok"] for e in entries) else EXIT_REQUESTS_FAILED
 
-    if args.output_file is not None:
-        write_predictions(args.output_file, entries)
+
+def _validate(config: Path) -> int:
+    """The graph and what opening each stage reads, without loading an engine."""
+    from edgeomni.graph_schema import GraphError
+    from edgeomni.runtime.pipeline import Pipeline, StageError
+
+    try:
+        pipeline = Pipeline(config)
+        pipeline.check()
+    except GraphError as e:
+        return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
+    except StageError as e:
+        return _fail(f"invalid engine dir: {e}", EXIT_BAD_CONFIG)
+    except OSError as e:
+        return _fail(f"--config: {_os_reason(e)}", EXIT_BAD_CONFIG)
+    graph = pipeline.graph
+    print(f"{config}: valid ({len(graph.stages)} stages, terminals {', '.join(graph.terminals)})")
+    return EXIT_OK
+
+
+def usage_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the flags by themselves (before any file is read), or None."""
+    if args.prompt is None and args.input_file is None:
+        return "give --prompt TEXT or --input-file FILE (or --validate-config)"
+    for flag, value in (
+        ("--batch-size", args.batch_size),
+        ("--threads", args.threads),
+        ("--max-generate-length", args.max_generate_length),
+    ):
+        if value is not None and value < 1:
+            return f"{flag} must be at least 1, got {value}"
+    if (args.audio or args.image) and args.prompt is None:
+        return "--audio and --image go with --prompt (put media in the request file)"
+    if args.out_audio is not None and args.prompt is None:
+        return "--out-audio goes with --prompt (use --output-audio-dir for a file)"
+    if args.output_audio_dir is not None and args.input_file is None:
+        return "--output-audio-dir goes with --input-file"
+    if args.input_file is not None:
+        for flag, value, key in (
+            ("--voice", args.voice, "voice"),
+            ("--max-generate-length", args.max_generate_length, "max_generate_length"),
+            ("--no-chat-template", args.no_chat_template or None, "apply_chat_template"),
+        ):
+            if value is not None:
+                return f"{flag} goes with --prompt (a request file sets {key})"
+    if args.voice is not None and args.out_audio is None:
+        return "--voice picks the speaker of --out-audio; without --out-audio nothing speaks"
+    return None
+
+
+def _prompt_body(args: argparse.Namespace) -> dict[str, Any]:
+    """--prompt and its flags as a one-request request file."""
+    media = [{"type": "audio", "audio": str(a)} for a in args.audio]
+    media += [{"type": "image", "image": str(i)} for i in args.image]
+    content = [*media, {"type": "text", "text": args.prompt}] if media else args.prompt
+    body: dict[str, Any] = {
+        "apply_chat_template": not args.no_chat_template,
+        "requests": [{"messages": [{"role": "user", "content": content}]}],
+    }
+    if args.max_generate_length is not None:
+        body["max_generate_length"] = args.max_generate_length
+    if args.voice is not None:
+        body["requests"][0]["voice"] = args.voice
+    return body
+
+
+def _os_reason(e: OSError) -> str:
+    """An OSError as one line: the path and the reason, without the errno."""
+    where = f"{e.filename}: " if e.filename else ""
+    return f"{where}{e.strerror or e}"
+
+
+def destination_error(args: argparse.Namespace, requests: Sequence[Any]) -> str | None:
+    """What stops the outputs from being written, found before any work: a missing or
+    unwritable folder, a directory where a file goes, or an output that is one of the run's
+    inputs (the request file, the graph, a media file). None when they can all be written."""
+    from edgeomni.runtime.pipeline import resolve_config
+    from edgeomni.runtime.prompt import media_parts
+
+    inputs = {os.path.realpath(resolve_config(args.config)): "the graph (--config)"}
+    if args.input_file is not None:
+        inputs[os.path.realpath(args.input_file)] = "the --input-file"
+    for request in requests:
+        for kind, path in media_parts(getattr(request, "messages", ())):
+            inputs.setdefault(os.path.realpath(path), f"the {kind} file {path}")
+    files = [(f, p) for f, p in (("--output-file", args.output_file),
+                                 ("--out-audio", args.out_audio)) if p is not None]  # fmt: skip
+    for flag, path in files:
+        problem = _file_destination(path) or _is_input(path, inputs)
+        if problem:
+            return f"{flag} {path}: {problem}"
+    if len(files) == 2 and os.path.realpath(files[0][1]) == os.path.realpath(files[1][1]):
+        return f"--output-file and --out-audio are the same file ({args.out_audio})"
+    folder = args.output_audio_dir
+    if folder is not None:
+        problem = _dir_destination(folder)
+        for i in range(len(requests)):
+            for name in (f"audio_req{i}.wav", f"rvq_req{i}.safetensors"):
+                clash = _is_input(folder / name, inputs)
+                problem = problem or (clash and f"{name} {clash}")
+        if problem:
+            return f"--output-audio-dir {folder}: {problem}"
+    return None
+
+
+def _is_input(path: Path, inputs: dict[str, str]) -> str | None:
+    what = inputs.get(os.path.realpath(path))
+    return f"is {what}; writing it would destroy an input of this run" if what else None
+
+
+def _file_destination(path: Path) -> str | None:
+    """Outputs go to a temporary file beside the real path (a symlink is followed), renamed
+    over it: the real path must be a regular file or nothing yet."""
+    real = Path(os.path.realpath(path))
+    if real.is_dir():
+        return "is a directory; give a file path"
+    if real.exists() and not real.is_file():
+        return "is not a regular file (outputs are written to a temporary file and renamed)"
+    return _writable_dir(real.parent)
+
+
+def _dir_destination(path: Path) -> str | None:
+    if path.exists():
+        return "is not a directory" if not path.is_dir() else _writable_dir(path)
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return _writable_dir(parent)
+
+
+def _writable_dir(folder: Path) -> str | None:
+    """Whether a file can be made in ``folder``: tried, with a temporary file removed at once
+    (permissions alone miss read-only mounts and pseudo filesystems)."""
+    if not folder.exists():
+        return f"the folder {folder} does not exist"
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".edge-infer-probe-", dir=folder)
+    except OSError as e:
+        return f"cannot write in {folder} ({e.strerror or e})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def _report(args: argparse.Namespace, entries: Sequence[dict[str, Any]]) -> None:
+    """--prompt: the reply on stdout (or why it failed); a request file: a summary."""
     if args.prompt is not None:
         entry = entries[0]
         if entry["ok"]:
             print(entry.get("output_text", ""))
         else:
             print(f"edge-infer: request failed: {entry['error']}", file=sys.stderr)
-    else:
-        bad = [e for e in entries if not e["ok"]]
-        print(
-            f"edge-infer: {len(entries) - len(bad)} of {len(entries)} requests succeeded"
-            + (f"; wrote {args.output_file}" if args.output_file else ""),
-            file=sys.stderr,
-        )
-        for e in bad:
-            print(f"  request {e['request_idx']}: {e['error']}", file=sys.stderr)
-    if args.dump_profile:
-        print(json.dumps(pipeline.profile.as_dict(), indent=2), file=sys.stderr)
-    return EXIT_OK if all(e["ok"] for e in entries) else EXIT_REQUESTS_FAILED
+        return
+    bad = [e for e in entries if not e["ok"]]
+    print(
+        f"edge-infer: {len(entries) - len(bad)} of {len(entries)} requests succeeded"
+        + (f"; wrote {args.output_file}" if args.output_file else ""),
+        file=sys.stderr,
+    )
+    for e in bad:
+        print(f"  request {e['request_idx']}: {e['error']}", file=sys.stderr)
 
 
 def write_audio(outcome: Any, args: argparse.Namespace) -> None:

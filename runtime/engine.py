@@ -219,15 +219,26 @@ def open_engine(
 ) -> Engine:
     """The engine a stage's config.json describes. ``cuda_graphs``: calls that repeat one
     shape (decode steps) may be captured once as CUDA graphs and replayed (GPU engines only)."""
+    device = check_engine(folder, config)
+    engine_file = folder / str(config["engine"])
+    return OrtEngine(engine_file, device=device, threads=threads, cuda_graphs=cuda_graphs)
+
+
+def check_engine(folder: Path, config: Mapping[str, Any]) -> str:
+    """What can be known of an engine without loading it: a backend and device this runtime
+    runs, its file, and an onnxruntime new enough for its lowering (whether this machine has
+    the GPU a cuda engine needs is found when it loads). Returns the device."""
     backend, device = config.get("backend"), config.get("device", "cpu")
+    if not (backend == "onnxruntime" and device in ("cpu", "cuda")):
+        raise EngineError(
+            f"engines for backend {backend!r} on device {device!r} are not supported by this "
+            "runtime (it runs onnxruntime engines on the CPU or a CUDA GPU)"
+        )
     engine_file = folder / str(config.get("engine", ""))
-    if backend == "onnxruntime" and device in ("cpu", "cuda"):
-        _check_lowering(folder, config.get("lowering") or {})
-        return OrtEngine(engine_file, device=device, threads=threads, cuda_graphs=cuda_graphs)
-    raise EngineError(
-        f"{folder}: engines for backend {backend!r} on device {device!r} are not supported by "
-        "this runtime (it runs onnxruntime engines on the CPU or a CUDA GPU)"
-    )
+    if not config.get("engine") or not engine_file.is_file():
+        raise EngineError(f"engine file {engine_file} is missing")
+    _check_lowering(folder, config.get("lowering") or {})
+    return device
 
 
 def _check_lowering(folder: Path, lowering: Mapping[str, Any]) -> None:

@@ -5,10 +5,12 @@ Scheduling (plans and cohorts) is pure Python; stage runners own their engine ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import resource
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,29 @@ class Outcome:
     codes: Any = None  # int64 [frames, groups] from the codec port, if one was produced
 
 
+INTERRUPTED = "interrupted before it finished"
+log = logging.getLogger("edge-infer")
+
+
+class StageError(RuntimeError):
+    """A stage of the graph cannot be opened (a broken engine dir): no request runs."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during ``Pipeline.run``: ``signal`` is the interrupt that came, and
+    ``outcomes`` what the run had, every request not finished failed as interrupted."""
+
+    def __init__(self, signal: KeyboardInterrupt, outcomes: list[Outcome]) -> None:
+        super().__init__()
+        self.signal = signal
+        self.outcomes = outcomes
+
+
+def failure(e: BaseException) -> str:
+    """An unexpected exception as a request's error: its type and message."""
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
 class Pipeline:
     def __init__(
         self,
@@ -131,6 +156,29 @@ class Pipeline:
     def audio_terminals(self) -> tuple[str, ...]:
         return self.terminals_of_kind("audio")
 
+    def check(self) -> None:
+        """What opening each stage reads (configs, tables, tokenizers, engine files), checked
+        without loading an engine; a StageError names the first fault."""
+        for stage in self.graph.stages:
+            with self._opening(stage):
+                RUNNERS[stage.runner].load().check(stage, self.engine_dir / stage.artifact)
+
+    def open(self, stage_ids: Collection[str]) -> None:
+        """Load these stages' runners now, so a broken engine dir stops the run before any
+        request does work; a StageError names the stage."""
+        for stage in self.graph.stages:
+            if stage.id in stage_ids:
+                with self._opening(stage):
+                    self.runner(stage.id)
+
+    @contextlib.contextmanager
+    def _opening(self, stage: graph_schema.Stage) -> Iterator[None]:
+        try:
+            yield
+        except Exception as e:
+            log.debug("opening stage %s failed", stage.id, exc_info=True)
+            raise StageError(f"stage {stage.id!r} ({stage.artifact}): {e}") from e
+
     def run(
         self,
         requests: Sequence[Request | BadRequest],
@@ -138,10 +186,17 @@ class Pipeline:
         batch_size: int,
         requested: Collection[str] | None = None,
     ) -> list[Outcome]:
-        """Run every request; returns one outcome per request, in input order."""
+        """Run every request; returns one outcome per request, in input order.
+
+        A request that fails (when it is prepared, or in a stage's call on its cohort) fails
+        alone, with its error. A stage that cannot be opened is a StageError before any request
+        runs. Ctrl-C or SIGTERM raises ``Interrupted`` with the outcomes so far: the requests
+        that finished, and the others failed as interrupted.
+        """
         start = time.perf_counter()
         states: list[RequestState] = []
         failed: dict[int, str] = {}
+        planned: list[tuple[int, Request, graph_schema.Plan]] = []
         for pos, item in enumerate(requests):
             if isinstance(item, BadRequest):
                 failed[pos] = item.error
@@ -150,30 +205,54 @@ class Pipeline:
             if not plan.ok:
                 failed[pos] = plan.error or "the graph cannot serve this request"
                 continue
-            wanted = {
-                inp.source for sid in plan.stages for inp in self.graph.stage(sid).inputs
-            } | set(plan.terminals)
-            state = RequestState(index=pos, request=item, plan=plan, wanted=frozenset(wanted))
-            try:
-                for stage_id in plan.stages:
-                    prepare = getattr(self.runner(stage_id), "prepare", None)
-                    if prepare is not None:
-                        state.prepared[stage_id] = prepare(state)
-            except RequestError as e:
-                failed[pos] = str(e)
-                continue
-            states.append(state)
-
-        # a cohort shares its stages, request fields, voice and batch-wide settings (the spec)
-        keys = [
-            (s.plan.stages, s.request.fields, s.request.voice, s.request.batch_settings)
-            for s in states
-        ]
-        for cohort_idx in make_cohorts(keys, max(1, batch_size)):
-            cohort = [states[i] for i in cohort_idx]
-            self._run_cohort(cohort, batch_size)
-        self.profile.wall_seconds += time.perf_counter() - start
+            planned.append((pos, item, plan))
+        done: set[int] = set(failed)
+        try:
+            self.open({sid for _, _, plan in planned for sid in plan.stages})
+            for pos, item, plan in planned:
+                wanted = {
+                    inp.source for sid in plan.stages for inp in self.graph.stage(sid).inputs
+                } | set(plan.terminals)
+                state = RequestState(index=pos, request=item, plan=plan, wanted=frozenset(wanted))
+                error = self._prepare(state)
+                if error is not None:
+                    failed[pos] = error
+                    done.add(pos)
+                    continue
+                states.append(state)
+            # a cohort shares its stages, request fields, voice and batch-wide settings (the spec)
+            keys = [
+                (s.plan.stages, s.request.fields, s.request.voice, s.request.batch_settings)
+                for s in states
+            ]
+            for cohort_idx in make_cohorts(keys, max(1, batch_size)):
+                cohort = [states[i] for i in cohort_idx]
+                self._run_cohort(cohort, batch_size)
+                done.update(s.index for s in cohort)
+        except KeyboardInterrupt as e:
+            for pos in range(len(requests)):
+                if pos not in done:
+                    failed[pos] = INTERRUPTED
+            raise Interrupted(e, self._entries(len(requests), states, failed)) from None
+        finally:
+            self.profile.wall_seconds += time.perf_counter() - start
         return self._entries(len(requests), states, failed)
+
+    def _prepare(self, state: RequestState) -> str | None:
+        """Each planned stage's own per-request work (tokenizing, encoding media, checking
+        limits and voices), before any cohort runs; the error that fails the request, if any."""
+        for stage_id in state.plan.stages:
+            prepare = getattr(self.runner(stage_id), "prepare", None)
+            if prepare is None:
+                continue
+            try:
+                state.prepared[stage_id] = prepare(state)
+            except RequestError as e:
+                return str(e)
+            except Exception as e:
+                log.debug("request %d failed in %s", state.index, stage_id, exc_info=True)
+                return f"{stage_id}: {failure(e)}"
+        return None
 
     def _run_cohort(self, cohort: list[RequestState], batch_size: int) -> None:
         started = time.perf_counter()
@@ -189,12 +268,18 @@ class Pipeline:
             alive = [s for s in cohort if s.error is None]  # a failed request leaves its cohort
             for lo in range(0, len(alive), width):  # a cohort never exceeds the build's max_batch
                 part = alive[lo : lo + width]
-                if follower is None:
-                    t = time.perf_counter()
-                    self._run_part(stage_id, part, stages[pos + 1 :])
-                    self._count(stage_id, part, time.perf_counter() - t)
-                else:
-                    self._run_streamed(stage_id, follower, part, stages[pos + 2 :])
+                try:
+                    if follower is None:
+                        t = time.perf_counter()
+                        self._run_part(stage_id, part, stages[pos + 1 :])
+                        self._count(stage_id, part, time.perf_counter() - t)
+                    else:
+                        self._run_streamed(stage_id, follower, part, stages[pos + 2 :])
+                except Exception as e:  # an engine call on these rows failed: they fail, alone
+                    where = stage_id if follower is None else f"{stage_id}+{follower}"
+                    log.debug("stage %s failed on a cohort", where, exc_info=True)
+                    for state in part:
+                        state.error = state.error or f"{where}: {failure(e)}"
             pos += 1 if follower is None else 2
 
     def _run_part(

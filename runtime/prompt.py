@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeomni.runtime.artifacts import CONFIG, ArtifactError, check_folder
 from edgeomni.runtime.mrope import MropeIds, rope_index
 from edgeomni.runtime.runners import RequestError
 
@@ -44,6 +45,41 @@ def media_parts(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     return out
 
 
+MEDIA_TOKENS = ("image_token_id", "video_token_id", "audio_token_id", "vision_start_token_id",
+                "audio_start_token_id")  # fmt: skip
+ENCODER_KINDS = ("audio", "visual")
+
+
+def encoder_dir(folder: Path, locations: Mapping[str, str] | None, kind: str) -> Path | None:
+    """Where a thinker's ``kind`` encoder is: the folder its stage config names, else
+    ``kind/`` beside it, else ``multimodal/kind/``; None when none holds a config.json."""
+    named = [folder / locations[kind]] if locations and kind in locations else []
+    for candidate in (*named, folder / kind, folder / "multimodal" / kind):
+        if (candidate / CONFIG).is_file():
+            return candidate
+    return None
+
+
+def check_encoders(folder: Path, locations: Mapping[str, str] | None) -> None:
+    """The encoders found beside a thinker (and any its stage config names) can be opened."""
+    from edgeomni.runtime.encoders.audio import ARTIFACT as AUDIO
+    from edgeomni.runtime.encoders.visual import ARTIFACT as VISUAL
+
+    for kind, named in (locations or {}).items():
+        if kind not in ENCODER_KINDS:
+            raise ArtifactError(folder, f"the stage config names an unknown encoder {kind!r} "
+                                f"(known: {', '.join(ENCODER_KINDS)})")  # fmt: skip
+        if not (folder / named / CONFIG).is_file():
+            raise ArtifactError(
+                folder / named / CONFIG, f"missing: the stage config names {named!r} as its "
+                f"{kind} encoder"
+            )  # fmt: skip
+    for kind, artifact in (("audio", AUDIO), ("visual", VISUAL)):
+        where = encoder_dir(folder, locations, kind)
+        if where is not None:
+            check_folder(where, artifact)
+
+
 class MediaEncoders:
     """The thinker's audio and visual encoders, found beside it and opened on first use."""
 
@@ -75,16 +111,25 @@ class MediaEncoders:
         )
         self._encoders: dict[str, Any] = {}
 
-    def _dir(self, kind: str) -> Path | None:
-        named = [self.folder / self.locations[kind]] if kind in self.locations else []
-        for candidate in (*named, self.folder / kind, self.folder / "multimodal" / kind):
-            if (candidate / "config.json").is_file():
-                return candidate
-        return None
+    def require(self, parts: Sequence[tuple[str, str]]) -> None:
+        """A RequestError, before anything is rendered or encoded, for media parts this thinker
+        has no encoder for."""
+        kinds = sorted({kind for kind, _ in parts})
+        if kinds and self.ids is None:
+            raise RequestError(
+                f"this model reads text only; the request has {' and '.join(kinds)} parts"
+            )
+        for kind in kinds:
+            encoder = "audio" if kind == "audio" else "visual"
+            if encoder_dir(self.folder, self.locations, encoder) is None:
+                raise RequestError(
+                    f"this engine dir has no {encoder} encoder ({encoder}/ is missing) for the "
+                    f"request's {kind} parts"
+                )
 
     def encoder(self, kind: str) -> Any:
         if kind not in self._encoders:
-            where = self._dir(kind)
+            where = encoder_dir(self.folder, self.locations, kind)
             if where is None:
                 raise RequestError(f"this engine dir has no {kind} encoder ({kind}/ is missing)")
             if kind == "audio":

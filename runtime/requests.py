@@ -378,7 +378,7 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     atomic), fsyncs it, renames it over ``path`` and fsyncs the directory. Any failure removes
     the temp file and leaves ``path`` as it was.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # through a symlink to its file, as ``>`` writes
     directory = path.parent
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:

@@ -25,15 +25,34 @@ _DTYPES = {
 }
 
 
+def header(path: str | Path) -> dict[str, dict]:
+    """The file's tensor table (name -> dtype, shape, offsets), read without its data; a file
+    too short for its header, or a header that is no JSON object, is a ValueError."""
+    return _header(Path(path))[0]
+
+
+def _header(path: Path) -> tuple[dict[str, dict], int]:
+    """The tensor table and where the data starts."""
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError("too short for a safetensors header")
+        (header_len,) = struct.unpack("<Q", head)
+        raw = f.read(header_len)
+    if len(raw) != header_len:
+        raise ValueError(f"header of {header_len} bytes, file ends after {len(raw)}")
+    table = json.loads(raw)
+    if not isinstance(table, dict):
+        raise ValueError("the header is not a JSON object")
+    return table, 8 + header_len
+
+
 def load(path: str | Path) -> dict[str, np.ndarray]:
     """Every tensor of the file, as read-only memory-mapped arrays."""
     path = Path(path)
-    with path.open("rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_len))
-    base = 8 + header_len
+    table, base = _header(path)
     out: dict[str, np.ndarray] = {}
-    for name, info in header.items():
+    for name, info in table.items():
         if name == "__metadata__":
             continue
         dtype = _DTYPES.get(info["dtype"])
@@ -56,7 +75,7 @@ def save(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
     import os
     import tempfile
 
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # through a symlink to its file, as ``>`` writes
     header: dict[str, object] = {}
     offset = 0
     arrays = []

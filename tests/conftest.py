@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers():
+    """A command stopped by a signal in-process leaves SIGINT and SIGTERM ignored, as a process
+    about to exit should (builder/interrupts.py); the next test gets pytest's handlers back."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="session")

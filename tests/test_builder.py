@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeomni.builder import cli
+from edgeomni.builder import cli, manifest
 from edgeomni.builder.build import GRAPH_FILE, build
 from edgeomni.builder.errors import BuildError
 from edgeomni.export.family import BuildArgs
@@ -69,7 +69,7 @@ def test_engine_dir_with_other_files_is_refused(qwen3_ckpt: Path, tmp_path: Path
     (eng / "thesis.txt").write_text("precious")
     code, err = run_cli(capsys, "--model-dir", str(qwen3_ckpt), "--engine-dir", str(eng))
     assert code == cli.EXIT_BAD_INPUT
-    assert "holds other files (thesis.txt)" in err
+    assert "holds files edge-build did not write: thesis.txt; move them out" in err
     assert (eng / "thesis.txt").read_text() == "precious"
 
 
@@ -123,7 +123,7 @@ def test_failed_rebuild_keeps_previous_build(
     with pytest.raises(BuildError, match="half way"):
         build(qwen3_ckpt, eng, ARGS)
     assert {p.name: p.read_bytes() for p in eng.iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["eng"]  # no staging dir left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eng"]  # no workspace left
 
 
 def test_built_engine_dir_layout(qwen3_engine: Path) -> None:
@@ -136,6 +136,9 @@ def test_built_engine_dir_layout(qwen3_engine: Path) -> None:
         "tokenizer.json",
     } <= names
     assert "chat_template.jinja" in names
+    files = manifest.read(qwen3_engine)  # every file the build wrote, each small enough to hash
+    assert files is not None and set(files) == names - {manifest.MANIFEST}
+    assert all(set(entry) == {"size", "sha256"} for entry in files.values())
     graph = json.loads((qwen3_engine / GRAPH_FILE).read_text())
     assert graph["terminals"] == ["llm:text"]
     (stage,) = graph["stages"]
@@ -145,6 +148,12 @@ def test_built_engine_dir_layout(qwen3_engine: Path) -> None:
     assert cfg["builder_config"] == {
         "max_batch_size": 3, "max_input_len": 64, "max_kv_cache_capacity": 128,
     }  # fmt: skip
+
+
+def test_built_files_are_readable_by_others(qwen3_engine: Path) -> None:
+    """safetensors writes its files 0600; the build leaves every file 0644, every folder 0755."""
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [qwen3_engine, *qwen3_engine.rglob("*")]}
+    assert set(modes.values()) <= {0o644, 0o755} and modes["embedding.safetensors"] == 0o644
 
 
 def test_engine_has_lowered_attention(qwen3_engine: Path) -> None:

@@ -14,12 +14,18 @@ ENGINE_CONFIG = "config.json"
 FORMAT = "edgeomni.engine/1"
 
 
-def write_tokenizer(ckpt: Checkpoint, out_dir: Path) -> None:
-    """Copy the fast tokenizer and write chat_template.jinja (the runtime reads only these)."""
+def require_tokenizer(ckpt: Checkpoint) -> None:
+    """edge-infer needs a fast tokenizer: checked by a family's preflight, before any export, and
+    again where it is copied (a family without preflight)."""
     if not (ckpt.path / "tokenizer.json").is_file():
         raise CheckpointError(
             f"{ckpt.path}: no tokenizer.json; edge-infer needs a fast (tokenizers) tokenizer"
         )
+
+
+def write_tokenizer(ckpt: Checkpoint, out_dir: Path) -> None:
+    """Copy the fast tokenizer and write chat_template.jinja (the runtime reads only these)."""
+    require_tokenizer(ckpt)
     for name in TOKENIZER_FILES:
         if (ckpt.path / name).is_file():
             shutil.copyfile(ckpt.path / name, out_dir / name)

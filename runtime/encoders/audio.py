@@ -17,12 +17,12 @@ chunks (whole windows, all padded to the clip's longest chunk): the result equal
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.engine import Engine, EngineError, open_engine
 
 INPUTS = ("padded_feature", "window_index", "window_lens", "output_index")
@@ -57,6 +57,11 @@ def window_layout(
     return window_index.reshape(rows, width), window_lens, slot.astype(np.int64)
 
 
+ARTIFACT = Artifact(
+    keys=("num_mel_bins", "chunk_frames", "chunks_per_window", "output_dim", "chunks_per_call")
+)
+
+
 class AudioEncoder:
     """Encode one audio's log-mel features through the audio encoder engine of ``folder``."""
 
@@ -64,7 +69,7 @@ class AudioEncoder:
         self, folder: Path, *, threads: int | None = None, chunks_per_call: int | None = None
     ) -> None:
         folder = Path(folder)
-        self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
+        self.config: dict[str, Any] = check_folder(folder, ARTIFACT).config
         cfg = self.config
         self.engine: Engine = open_engine(folder, cfg, threads=threads)
         missing = [n for n in INPUTS if n not in self.engine.input_names]

@@ -17,12 +17,12 @@ Tokens are in merge-block order (the order runtime.image patchifies in): frame-m
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.engine import Engine, open_engine
 from edgeomni.runtime.image import ImageSettings
 
@@ -90,15 +90,20 @@ def segment_layout(grid_thw: Any, merge: int) -> tuple[np.ndarray, np.ndarray, n
     return tokens.astype(np.int64), lens.astype(np.int32), slots.astype(np.int64)
 
 
+ARTIFACT = Artifact(
+    keys=("spatial_merge_size", "num_grid_per_side", "patch_dim", "out_hidden_size",
+          "deepstack_visual_indexes"),
+    component="visual",
+)  # fmt: skip
+
+
 class VisualEncoder:
     """Encode images and videos (patches from runtime.image) with the visual engine."""
 
     def __init__(self, folder: str | Path, *, threads: int | None = None) -> None:
         folder = Path(folder)
-        self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
+        self.config: dict[str, Any] = check_folder(folder, ARTIFACT).config
         cfg = self.config
-        if cfg.get("component") != "visual":
-            raise ValueError(f"{folder}: config.json is for {cfg.get('component')!r}, not visual")
         self.engine: Engine = open_engine(folder, cfg, threads=threads)
         self.merge = int(cfg["spatial_merge_size"])
         self.side = int(cfg["num_grid_per_side"])

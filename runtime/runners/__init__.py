@@ -18,6 +18,14 @@ class RequestError(ValueError):
     request fails."""
 
 
+def stage_source(stage: Any, name: str) -> str:
+    """Where the stage's input ``name`` comes from; a ValueError when the stage has none."""
+    for inp in stage.inputs:
+        if inp.name == name:
+            return inp.source
+    raise ValueError(f"{stage.id}: the stage has no {name!r} input")
+
+
 @dataclass(frozen=True)
 class RunnerDecl:
     name: str
@@ -25,6 +33,8 @@ class RunnerDecl:
     factory: str  # "module:attribute", imported when a stage with this runner first runs
 
     def load(self) -> Any:
+        """The runner class. It has ``check(stage, folder)``: what opening the stage reads,
+        checked without loading an engine (--validate-config, and the first step of opening)."""
         module, attr = self.factory.split(":")
         return getattr(importlib.import_module(module), attr)
 

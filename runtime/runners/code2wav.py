@@ -15,7 +15,6 @@ vocoder is causal, so its first n*S - trim samples do not depend on the padding.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,12 +23,62 @@ from typing import Any
 
 import numpy as np
 
+from edgeomni.runtime.artifacts import Artifact, Checked, check_folder
 from edgeomni.runtime.engine import Engine, open_engine
-from edgeomni.runtime.runners import RequestError, RequestState
+from edgeomni.runtime.runners import RequestError, RequestState, stage_source
 from edgeomni.runtime.vocoder import Window, WindowedVocoder, playback_stall_s
 
 CODES_INPUT = "codes"
 AUDIO_PORT = "audio"
+
+
+ARTIFACT = Artifact(
+    keys=("num_quantizers", "codebook_size", "samples_per_frame", "trim", "sample_rate",
+          "max_frames", "window_frames", "left_context_frames"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Windows:
+    """How the stage vocodes: its window, left context and first window (frames), windows per
+    call (0: a cohort's all; activations grow with it), and whether whole utterances at once."""
+
+    window: int
+    left_context: int
+    first_window: int
+    batch_windows: int
+    whole: bool
+
+    @classmethod
+    def read(cls, stage: Any, cfg: dict[str, Any]) -> Windows:
+        """The build's defaults, overridden by the graph's stage config; a ValueError naming
+        the stage for settings the engine cannot run."""
+        opts = stage.config
+        window = int(opts.get("window_frames", cfg["window_frames"]))
+        first = int(opts.get("first_window_frames", window))  # shorter: first audio sooner
+        out = cls(
+            window=window,
+            left_context=int(opts.get("left_context_frames", cfg["left_context_frames"])),
+            first_window=first,
+            batch_windows=int(opts.get("max_windows_per_call", 0)),
+            whole=bool(opts.get("whole_utterance", False)),
+        )
+        if out.batch_windows < 0:
+            raise ValueError(f"{stage.id}: max_windows_per_call must be >= 0 (0: no cap)")
+        if max(window, first) + out.left_context > int(cfg["max_frames"]):
+            raise ValueError(
+                f"{stage.id}: window {max(window, first)} + left context {out.left_context} "
+                f"frames exceed the engine's max_frames {cfg['max_frames']}"
+            )
+        try:  # the vocoder's own checks (window sizes, context against the trim)
+            WindowedVocoder(
+                lambda codes: codes, window=window, left_context=out.left_context,
+                samples_per_frame=int(cfg["samples_per_frame"]), trim=int(cfg["trim"]),
+                first_window=first,
+            )  # fmt: skip
+        except ValueError as e:
+            raise ValueError(f"{stage.id}: {e}") from None
+        return out
 
 
 class Code2Wav:
@@ -47,7 +96,7 @@ class Code2Wav:
         cuda_graphs: bool = True,
     ) -> None:
         self.stage = stage
-        self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
+        self.config: dict[str, Any] = self.check(stage, folder).config
         cfg = self.config
         self.engine: Engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
         self.num_quantizers = int(cfg["num_quantizers"])
@@ -56,25 +105,12 @@ class Code2Wav:
         self.trim = int(cfg["trim"])
         self.sample_rate = int(cfg["sample_rate"])
         self.max_frames = int(cfg["max_frames"])
-        opts = stage.config  # the graph may override the build's defaults per stage
-        self.window = int(opts.get("window_frames", cfg["window_frames"]))
-        self.left_context = int(opts.get("left_context_frames", cfg["left_context_frames"]))
-        # a shorter first window: the first audio comes sooner (the build's default: the same)
-        self.first_window = int(opts.get("first_window_frames", self.window))
-        # windows vocoded in one call (0: a cohort's all); activations grow with it
-        self.batch_windows = int(opts.get("max_windows_per_call", 0))
-        if self.batch_windows < 0:
-            raise ValueError(f"{stage.id}: max_windows_per_call must be >= 0 (0: no cap)")
+        windows = Windows.read(stage, cfg)
+        self.window, self.left_context = windows.window, windows.left_context
+        self.first_window, self.batch_windows = windows.first_window, windows.batch_windows
         # an explicit runner option wins over the stage config
-        self.whole = bool(
-            opts.get("whole_utterance", False) if whole_utterance is None else whole_utterance
-        )
-        if max(self.window, self.first_window) + self.left_context > self.max_frames:
-            raise ValueError(
-                f"{stage.id}: window {max(self.window, self.first_window)} + left context "
-                f"{self.left_context} frames exceed the engine's max_frames {self.max_frames}"
-            )
-        voc = self.vocoder()  # checks window and left context now, not at the first request
+        self.whole = windows.whole if whole_utterance is None else bool(whole_utterance)
+        voc = self.vocoder()
         # the lengths windows run at on a GPU (none: each at its own), replayed from CUDA graphs
         # where the engine has them: the first window's, the growing ones', a full window with
         # its left context. Not for an engine with host-fed attention lengths
@@ -82,10 +118,16 @@ class Code2Wav:
         fixed = self.engine.device == "cuda" and "gqa_seqlens_k" not in self.engine.input_names
         self.fixed_lengths: tuple[int, ...] = tuple(sorted(voc.lengths())) if fixed else ()
         self._fixed: dict[tuple[int, int], _Fixed] = {}
-        source = next((i.source for i in stage.inputs if i.name == CODES_INPUT), None)
-        if source is None:
-            raise ValueError(f"{stage.id}: the stage has no {CODES_INPUT!r} input")
-        self.source = source
+        self.source = stage_source(stage, CODES_INPUT)
+
+    @classmethod
+    def check(cls, stage: Any, folder: Path) -> Checked:
+        """What opening this stage reads, without loading its engine: the config, the stage's
+        codes input, and windows that fit the engine."""
+        stage_source(stage, CODES_INPUT)
+        checked = check_folder(folder, ARTIFACT)
+        Windows.read(stage, checked.config)
+        return checked
 
     # -- engine ------------------------------------------------------------------------------
     def decode(self, codes: np.ndarray) -> np.ndarray:

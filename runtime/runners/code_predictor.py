@@ -11,17 +11,26 @@ or when the engine cannot draw a frame exactly, the host draws each code from th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgeomni.runtime import safetensors_np
+from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.decoder import DecoderSession, text_positions
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.sampling import SamplingParams, sample_step
+
+
+def cp_artifact(groups: int) -> Artifact:
+    """The code predictor's folder, for a talker of ``groups`` code groups: one embedding table
+    per residual group."""
+    return Artifact(
+        keys=("hidden_size", "vocab_size", "num_hidden_layers", "num_key_value_heads", "head_dim"),
+        tables={"embedding.safetensors": tuple(f"embedding_{i}" for i in range(int(groups) - 1))},
+    )
 
 
 class CodePredictor:
@@ -34,7 +43,7 @@ class CodePredictor:
         threads: int | None = None,
         cuda_graphs: bool = True,
     ) -> None:
-        self.config = cfg = json.loads((folder / "config.json").read_text())
+        self.config = cfg = check_folder(folder, cp_artifact(groups)).config
         self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
         # On a GPU each frame's prefill [hidden, E(code0)] runs as two one-token calls: replayed
         # from CUDA graphs they cost less than one uncaptured two-token call (a two-token call

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -11,10 +10,11 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime import safetensors_np
+from edgeomni.runtime.artifacts import CONFIG, Artifact, Checked, check_folder, require_keys
 from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
-from edgeomni.runtime.prompt import MediaEncoders, Prompt, media_parts
+from edgeomni.runtime.prompt import MEDIA_TOKENS, MediaEncoders, Prompt, check_encoders, media_parts
 from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState, feed_cohort
 from edgeomni.runtime.sampling import sample_step
 from edgeomni.runtime.tokenizer import TextTokenizer
@@ -36,6 +36,17 @@ def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return {"role": message["role"], "content": [dict(p) for p in content]}
 
 
+ARTIFACT = Artifact(
+    keys=(
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_key_value_heads", "head_dim",
+        "builder_config.max_batch_size", "builder_config.max_input_len",
+        "builder_config.max_kv_cache_capacity",
+    ),
+    tables={"embedding.safetensors": ("embedding",)},
+    tokenizer=True,
+)  # fmt: skip
+
+
 class LLMBackbone:
     """Prefill the cohort as one right-padded batch, then decode it one token per step."""
 
@@ -45,11 +56,12 @@ class LLMBackbone:
         self, stage: Any, folder: Path, *, threads: int | None = None, cuda_graphs: bool = True
     ) -> None:
         self.stage = stage
-        self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
+        checked = self.check(stage, folder)
+        self.config: dict[str, Any] = checked.config
         cfg = self.config
         self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
         self.embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
-        self.tokenizer = TextTokenizer(folder)
+        self.tokenizer: TextTokenizer = checked.tokenizer
         limits = cfg["builder_config"]
         self.max_batch = int(limits["max_batch_size"])
         self.max_input_len = int(limits["max_input_len"])
@@ -74,6 +86,17 @@ class LLMBackbone:
             device=self.engine.device,
         )
 
+    @classmethod
+    def check(cls, stage: Any, folder: Path) -> Checked:
+        """What opening this stage reads, checked without loading an engine: its config, table
+        and tokenizer, and the media encoders it finds beside it."""
+        checked = check_folder(folder, ARTIFACT)
+        if checked.config.get("media_tokens"):
+            require_keys(folder / CONFIG, checked.config["media_tokens"], MEDIA_TOKENS,
+                         within="media_tokens")  # fmt: skip
+        check_encoders(folder, stage.config.get("encoders"))
+        return checked
+
     # -- per request -------------------------------------------------------------------------
     def prompt_ids(self, request: Any) -> list[int]:
         if request.apply_chat_template and self.tokenizer.has_chat_template:
@@ -95,7 +118,12 @@ class LLMBackbone:
         parts = media_parts(state.request.messages)
         if parts and not state.request.apply_chat_template:
             raise RequestError("audio and image parts need apply_chat_template")
-        prompt = self.media.expand(self.prompt_ids(state.request), parts)
+        self.media.require(parts)
+        try:
+            ids = self.prompt_ids(state.request)
+        except ValueError as e:  # the chat template's own error, or one rendering these parts
+            raise RequestError(str(e)) from None
+        prompt = self.media.expand(ids, parts)
         ids = prompt.ids
         if not len(ids):
             raise RequestError("the prompt is empty")

@@ -10,7 +10,6 @@ thinker's accept-layer state), then the assistant prefix with the speaker's code
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,12 +19,14 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime import safetensors_np
+from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
 from edgeomni.runtime.decoder import TOPK_OUTPUTS, DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.mrope import MropeIds, rope_index
-from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState
-from edgeomni.runtime.runners.code_predictor import CodePredictor
+from edgeomni.runtime.prompt import MEDIA_TOKENS
+from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState, stage_source
+from edgeomni.runtime.runners.code_predictor import CodePredictor, cp_artifact
 from edgeomni.runtime.sampling import SamplingParams, sample_step
 
 DEFAULT_MAX_FRAMES = 4096  # transformers' talker_max_new_tokens
@@ -117,6 +118,31 @@ def _wait(handoff: HiddenHandoff, fed: int, upstream: Upstream | None) -> None:
             raise RuntimeError("the thinker stopped before finishing a request it feeds")
 
 
+def _projection_names(name: str) -> tuple[str, ...]:
+    return tuple(f"{name}.linear_fc{i}.{p}" for i in (1, 2) for p in ("weight", "bias"))
+
+
+ARTIFACT = Artifact(
+    keys=(
+        "num_code_groups", "vocab_size", "hidden_size", "num_hidden_layers",
+        "num_key_value_heads", "head_dim", "speakers", "default_speaker", "code_predictor",
+        "tts_pad_token_id", "builder_config.max_batch_size",
+        "builder_config.max_kv_cache_capacity",
+        *(f"ids.{k}" for k in ("im_start", "user", "assistant", "audio", "image", "video",
+                               "codec_nothink", "codec_think_bos", "codec_think_eos",
+                               "codec_pad", "codec_bos", "codec_eos")),
+        *(f"mrope_ids.{k}" for k in MEDIA_TOKENS),
+    ),
+    tables={
+        "embedding.safetensors": ("embedding",),
+        "projections.safetensors": (
+            *_projection_names("text_projection"), *_projection_names("hidden_projection"),
+            "tts_special",
+        ),
+    },
+)  # fmt: skip
+
+
 class Talker:
     kind = "autoregressive"
     reads_upstream = True  # run() takes the thinker's steps as ``upstream`` (stage streaming)
@@ -125,7 +151,7 @@ class Talker:
         self, stage: Any, folder: Path, *, threads: int | None = None, cuda_graphs: bool = True
     ) -> None:
         self.stage = stage
-        cfg = self.config = json.loads((folder / "config.json").read_text())
+        cfg = self.config = self.check(stage, folder).config
         self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
         self.codec_embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         self.groups = int(cfg["num_code_groups"])
@@ -157,10 +183,26 @@ class Talker:
         self.tts_pad_token = int(cfg["tts_pad_token_id"])
 
     def _source(self, name: str) -> str:
-        for inp in self.stage.inputs:
-            if inp.name == name:
-                return inp.source
-        raise ValueError(f"{self.stage.id}: the stage has no {name!r} input")
+        return stage_source(self.stage, name)
+
+    @classmethod
+    def check(cls, stage: Any, folder: Path) -> Checked:
+        """What opening this stage reads, without loading an engine: its config and tables, its
+        speakers, the code predictor's folder, and the stage's hidden-state input."""
+        stage_source(stage, "hidden")
+        checked = check_folder(folder, ARTIFACT)
+        cfg, path = checked.config, folder / CONFIG
+        unknown = sorted(set(cfg["mrope_ids"]) - set(MropeIds.__dataclass_fields__))
+        if unknown:
+            raise ArtifactError(path, f"mrope_ids has unknown keys {unknown}")
+        if cfg["default_speaker"] not in cfg["speakers"]:
+            raise ArtifactError(
+                path, f"default_speaker {cfg['default_speaker']!r} is not among its speakers"
+            )
+        check_folder(
+            (folder / cfg["code_predictor"]).resolve(), cp_artifact(cfg["num_code_groups"])
+        )
+        return checked
 
     # -- per request -------------------------------------------------------------------------
     def prepare(self, state: RequestState) -> str:

@@ -3,8 +3,9 @@
 from edgeomni.export.families.qwen3.build import (
     components,
     export_component,
+    preflight,
     write_artifacts,
 )
 from edgeomni.export.families.qwen3.topology import multistage_topology
 
-__all__ = ["components", "export_component", "write_artifacts", "multistage_topology"]
+__all__ = ["components", "export_component", "preflight", "write_artifacts", "multistage_topology"]

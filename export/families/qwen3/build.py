@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -22,6 +23,12 @@ def components(ckpt: Checkpoint) -> tuple[Component, ...]:
     return (LLM,)
 
 
+def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:
+    """What the build reads of config.json and the tokenizer, checked before any export."""
+    decoder_config(ckpt.config)
+    artifacts.require_tokenizer(ckpt)
+
+
 def export_component(
     ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs
 ) -> Path:
@@ -40,11 +47,6 @@ def export_component(
 def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:
     cfg = ckpt.config
     dec = decoder_config(cfg)
-    if args.max_input_len > args.max_kv_cache_capacity:
-        raise CheckpointError(
-            f"--max-input-len {args.max_input_len} exceeds --max-kv-cache-capacity "
-            f"{args.max_kv_cache_capacity}"
-        )
     artifacts.write_embedding(ckpt.tensor(EMBEDDING), out_dir)
     artifacts.write_tokenizer(ckpt, out_dir)
     artifacts.write_engine_config(

@@ -1,6 +1,11 @@
 """Qwen3-Omni (model_type "qwen3_omni_moe"): thinker, talker, code predictor and code2wav."""
 
-from edgeomni.export.families.qwen3_omni.build import components, export_component, write_artifacts
+from edgeomni.export.families.qwen3_omni.build import (
+    components,
+    export_component,
+    preflight,
+    write_artifacts,
+)
 from edgeomni.export.families.qwen3_omni.topology import multistage_topology
 
-__all__ = ["components", "export_component", "write_artifacts", "multistage_topology"]
+__all__ = ["components", "export_component", "preflight", "write_artifacts", "multistage_topology"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,17 @@ def components(ckpt: Checkpoint) -> tuple[Component, ...]:
     if ckpt.config.get("enable_audio_output", True) and any(ckpt.names("talker.")):
         out.extend(SPEECH)
     return tuple(out)
+
+
+def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:
+    """What write_artifacts reads of config.json and the small files (tokenizer, speakers and
+    ids, image processor settings), checked before any export."""
+    if LLM in components:
+        artifacts.require_tokenizer(ckpt)
+    if TALKER in components:
+        talker_fields(ckpt)
+    if VISUAL in components:
+        image_processor_settings(ckpt)
 
 
 def export_component(

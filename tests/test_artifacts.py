@@ -1,0 +1,129 @@
+"""Each runner's declared Artifact is what opening its folder needs: every declared key is
+checked (removing one is an ArtifactError naming it), and the declared keys are enough (a
+config.json cut down to them still opens), so --validate-config and a run agree."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edgeomni.runtime.artifacts import Artifact, ArtifactError, check_folder
+from edgeomni.runtime.encoders import audio, visual
+from edgeomni.runtime.pipeline import Pipeline
+from edgeomni.runtime.runners import code2wav, llm, talker
+from edgeomni.runtime.runners.code_predictor import cp_artifact
+from edgeomni.runtime.tokenizer import TextTokenizer
+
+# (fixture, folder, its artifact); the code predictor's tables follow the talker's 16 groups
+FOLDERS = [
+    ("qwen3_engine", ".", llm.ARTIFACT),
+    ("omni_engine", ".", llm.ARTIFACT),
+    ("omni_engine", "talker", talker.ARTIFACT),
+    ("omni_engine", "code_predictor", cp_artifact(16)),
+    ("omni_engine", "code2wav", code2wav.ARTIFACT),
+    ("omni_engine", "audio", audio.ARTIFACT),
+    ("omni_engine", "visual", visual.ARTIFACT),
+]
+IDS = [f"{f.split('_')[0]}:{d}" for f, d, _ in FOLDERS]
+
+
+def cut_down(config: dict, keys: tuple[str, ...]) -> dict:
+    """Only ``keys`` (dotted) of ``config``, plus what every stage config names (the engine)."""
+    out: dict = {k: config[k] for k in ("engine", "backend", "component") if k in config}
+    for dotted in keys:
+        *parents, last = dotted.split(".")
+        src, dst = config, out
+        for k in parents:
+            src, dst = src[k], dst.setdefault(k, {})
+        dst[last] = src[last]
+    return out
+
+
+def declared_keys(artifact: Artifact) -> tuple[str, ...]:
+    return ("engine", "backend", *artifact.keys)
+
+
+@pytest.mark.parametrize(("fixture", "folder", "artifact"), FOLDERS, ids=IDS)
+def test_every_declared_key_is_checked(fixture, folder, artifact, request, tmp_path) -> None:
+    eng = tmp_path / "eng"
+    shutil.copytree(request.getfixturevalue(fixture), eng)
+    path = eng / folder / "config.json"
+    full = json.loads(path.read_text())
+    for dotted in declared_keys(artifact):
+        path.write_text(json.dumps(drop(full, dotted)))
+        with pytest.raises(ArtifactError, match=f"missing '{dotted}'"):
+            check_folder(eng / folder, artifact)
+    path.write_text(json.dumps(full))
+    check_folder(eng / folder, artifact)
+
+
+def drop(config: dict, dotted: str) -> dict:
+    out = json.loads(json.dumps(config))
+    *parents, last = dotted.split(".")
+    node = out
+    for k in parents:
+        node = node[k]
+    del node[last]
+    return out
+
+
+@pytest.mark.parametrize(("fixture", "folder", "artifact"), FOLDERS, ids=IDS)
+def test_declared_keys_are_enough(fixture, folder, artifact, request, tmp_path) -> None:
+    """A config.json with only the declared keys opens: the runner (or encoder) reads no other
+    key it cannot do without."""
+    eng = tmp_path / "eng"
+    shutil.copytree(request.getfixturevalue(fixture), eng)
+    path = eng / folder / "config.json"
+    path.write_text(json.dumps(cut_down(json.loads(path.read_text()), artifact.keys)))
+    if folder == "audio":
+        audio.AudioEncoder(eng / folder)
+    elif folder == "visual":
+        visual.VisualEncoder(eng / folder)
+    else:
+        pipeline = Pipeline(eng)
+        pipeline.check()
+        pipeline.open([s.id for s in pipeline.graph.stages])
+
+
+def test_a_table_must_hold_its_tensors(qwen3_engine: Path, tmp_path: Path) -> None:
+    from edgeomni.runtime import safetensors_np
+
+    eng = tmp_path / "eng"
+    shutil.copytree(qwen3_engine, eng)
+    table = eng / "embedding.safetensors"
+    safetensors_np.save(table, {"other": safetensors_np.load(table)["embedding"][:2].copy()})
+    with pytest.raises(ArtifactError, match="has no tensor embedding"):
+        check_folder(eng, llm.ARTIFACT)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [(b"", "too short"), (b"\x10\x00\x00\x00\x00\x00\x00\x00{", "file ends after 1"),
+     (b"\x02\x00\x00\x00\x00\x00\x00\x00[]", "not a JSON object")],
+)  # fmt: skip
+def test_safetensors_header_errors(tmp_path: Path, data: bytes, message: str) -> None:
+    from edgeomni.runtime import safetensors_np
+
+    (tmp_path / "t.safetensors").write_bytes(data)
+    with pytest.raises(ValueError, match=message):
+        safetensors_np.header(tmp_path / "t.safetensors")
+
+
+def test_a_template_that_cannot_render_the_messages_is_a_value_error(
+    qwen3_engine: Path, tmp_path: Path
+) -> None:
+    """A template that concatenates content as text, given a part list: the request's error
+    says so (the run goes on), not a TypeError out of jinja."""
+    eng = tmp_path / "eng"
+    shutil.copytree(qwen3_engine, eng)
+    (eng / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ 'x' + m.content }}{% endfor %}"
+    )
+    tok = TextTokenizer(eng)
+    parts = [{"type": "text", "text": "a"}]
+    with pytest.raises(ValueError, match="cannot render these messages .TypeError"):
+        tok.apply_chat_template([{"role": "user", "content": parts}])
+    assert tok.apply_chat_template([{"role": "user", "content": "a"}]) == "xa"

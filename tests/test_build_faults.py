@@ -1,0 +1,621 @@
+"""edge-build under bad input and faults: it never deletes what it did not write, leaves no
+litter, checks the cheap things before any export, and answers with one line, not a traceback.
+
+The table runs the CLI in-process; each row sets up files under tmp_path, runs edge-build, and
+checks its exit status, a fragment of its message, and that everything under tmp_path but the
+paths the row names is byte for byte as it was. The interrupt tests run real builds of the tiny
+Qwen3 in a subprocess and signal them while they export.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import getpass
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from edgeomni.builder import cli, interrupts, manifest
+from edgeomni.builder.build import GRAPH_FILE
+from edgeomni.builder.errors import BuildError
+from edgeomni.builder.workspace import clean_stale, workspace
+
+MANIFEST = manifest.MANIFEST
+SIZES = ("--max-batch-size", "2", "--max-input-len", "32", "--max-kv-cache-capacity", "64")
+# what torch and onnxruntime leave in TMPDIR on every run (a cache dir, a session id file)
+LIBRARY_TMP = {f"torchinductor_{getpass.getuser()}", ".ses"}
+
+
+@dataclass
+class Env:
+    """A row's tmp_path and the session's tiny checkpoints and engines (copied, never changed)."""
+
+    tmp: Path
+    request: pytest.FixtureRequest
+    monkeypatch: pytest.MonkeyPatch
+    logs: pytest.LogCaptureFixture
+
+    def ckpt(self, fixture: str = "qwen3_ckpt", drop: tuple[str, ...] = ()) -> Path:
+        dst = self.tmp / "ckpt"
+        shutil.copytree(self.request.getfixturevalue(fixture), dst)
+        for name in drop:
+            (dst / name).unlink()
+        return dst
+
+    def engine(self, name: str = "eng") -> Path:
+        dst = self.tmp / name
+        shutil.copytree(self.request.getfixturevalue("qwen3_engine"), dst)
+        return dst
+
+    def argv(self, eng: Path, *extra: str, ckpt: Path | None = None) -> list[str]:
+        ckpt = ckpt or self.request.getfixturevalue("qwen3_ckpt")
+        return ["--model-dir", str(ckpt), "--engine-dir", str(eng), *SIZES, *extra]
+
+    def graph_only(self, eng: Path) -> list[str]:
+        ckpt = self.request.getfixturevalue("qwen3_ckpt")
+        return ["--graph-only", "--model-dir", str(ckpt), "--engine-dir", str(eng)]
+
+
+@dataclass(frozen=True)
+class Fault:
+    setup: Callable[[Env], list[str]]  # makes files under env.tmp; returns edge-build's argv
+    code: int
+    message: str
+    changes: tuple[str, ...] = ()  # paths under tmp_path that may change (all else must not)
+    exports: bool = False  # whether the export may run; else calling it fails the test
+    after: Callable[[Env], None] | None = None  # checks of what did change
+
+
+def snapshot(root: Path, changes: tuple[str, ...] = ()) -> dict[str, object]:
+    """Every path under root with its bytes (or link target), but those under `changes`."""
+    out: dict[str, object] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if any(rel == c or rel.startswith(c + "/") for c in changes):
+            continue
+        if path.is_symlink():
+            out[rel] = f"-> {os.readlink(path)}"
+        else:
+            out[rel] = path.read_bytes() if path.is_file() else "dir"
+    return out
+
+
+def manifest_matches(eng: Path) -> None:
+    """The manifest lists exactly the files in eng, with their sizes and digests."""
+    files = manifest.read(eng)
+    assert files is not None
+    on_disk = {p.relative_to(eng).as_posix() for p in eng.rglob("*") if p.is_file()}
+    assert set(files) == on_disk - {MANIFEST}
+    assert manifest.changed(eng, files) == [] and manifest.foreign(eng, files) == []
+
+
+# ---- setups: each builds a situation under env.tmp and returns the command line
+
+
+def issue_repro(env: Env) -> list[str]:
+    """Issue 14: mkdir -p d/src; echo '{}' > d/multistage_config.json; echo x > d/src/a.tex"""
+    d = env.tmp / "d"
+    (d / "src").mkdir(parents=True)
+    (d / GRAPH_FILE).write_text("{}\n")
+    (d / "src" / "a.tex").write_text("x\n")
+    return env.argv(d)
+
+
+def user_files_in_build(env: Env) -> list[str]:
+    eng = env.engine()
+    (eng / "predictions.json").write_text('[{"request_idx": 0}]\n')
+    (eng / "results" / "run1").mkdir(parents=True)
+    (eng / "results" / "run1" / "audio_req0.wav").write_bytes(b"RIFF....WAVE")
+    return env.argv(eng)
+
+
+def changed_file(env: Env) -> list[str]:
+    eng = env.engine()
+    with (eng / "chat_template.jinja").open("a") as f:
+        f.write("{# my edit #}")
+    return env.argv(eng)
+
+
+def old_build(env: Env) -> list[str]:
+    eng = env.engine()
+    (eng / MANIFEST).unlink()
+    return env.argv(eng)
+
+
+def old_build_without_graph(env: Env) -> list[str]:
+    """Told by its config.json's format alone."""
+    eng = env.engine()
+    (eng / MANIFEST).unlink()
+    (eng / GRAPH_FILE).unlink()
+    return env.argv(eng)
+
+
+def symlink_in_build(env: Env) -> list[str]:
+    eng = env.engine()
+    (eng / "latest").symlink_to(env.tmp)
+    return env.argv(eng)
+
+
+def many_user_files(env: Env) -> list[str]:
+    eng = env.engine()
+    for i in range(12):
+        (eng / f"note{i:02}.txt").write_text(str(i))
+    return env.argv(eng)
+
+
+def unreadable_manifest(env: Env) -> list[str]:
+    eng = env.engine()
+    (eng / MANIFEST).write_text("{oops")
+    return env.argv(eng)
+
+
+def manifest_leading_out(env: Env) -> list[str]:
+    eng = env.engine()
+    files = manifest.read(eng) or {}
+    manifest.write(eng, {**files, "../ckpt/model.safetensors": {"size": 1}})
+    return env.argv(eng)
+
+
+def engine_dir_is_a_file(env: Env) -> list[str]:
+    (env.tmp / "eng").write_text("not a directory")
+    return env.argv(env.tmp / "eng")
+
+
+def parent_is_a_file(env: Env) -> list[str]:
+    (env.tmp / "f").write_text("not a directory")
+    return env.argv(env.tmp / "f" / "eng")
+
+
+def workspace_path_taken(env: Env) -> list[str]:
+    (env.tmp / f".eng.edge-build-{os.getpid()}").write_text("in the way")
+    return env.argv(env.tmp / "eng")
+
+
+def own_build(env: Env) -> list[str]:
+    eng = env.engine()  # built with --max-batch-size 3
+    (eng / "chat_template.jinja").unlink()  # a file of the manifest that is gone is fine
+    return env.argv(eng)
+
+
+def rebuilt(env: Env) -> None:
+    eng = env.tmp / "eng"
+    manifest_matches(eng)
+    assert json.loads((eng / "config.json").read_text())["builder_config"]["max_batch_size"] == 2
+    assert (eng / "chat_template.jinja").is_file()
+
+
+HAND_GRAPH = '{"version": 1, "note": "written by hand"}\n'
+
+
+def hand_written_graph(env: Env) -> list[str]:
+    eng = env.engine()
+    (eng / GRAPH_FILE).write_text(HAND_GRAPH)
+    (eng / f"{GRAPH_FILE}.orig").write_text("an older one, kept\n")
+    return env.graph_only(eng)
+
+
+def graph_kept_aside(env: Env) -> None:
+    eng = env.tmp / "eng"
+    assert (eng / f"{GRAPH_FILE}.orig.1").read_text() == HAND_GRAPH
+    built = env.request.getfixturevalue("qwen3_engine") / GRAPH_FILE
+    assert (eng / GRAPH_FILE).read_bytes() == built.read_bytes()
+    assert manifest.is_own(eng, GRAPH_FILE)
+    kept = f"{GRAPH_FILE} was not written by edge-build: kept it as {GRAPH_FILE}.orig.1"
+    assert kept in env.logs.text
+
+
+def own_graph(env: Env) -> list[str]:
+    return env.graph_only(env.engine())
+
+
+def no_orig(env: Env) -> None:
+    assert not list((env.tmp / "eng").glob("*.orig*"))
+    manifest_matches(env.tmp / "eng")
+
+
+def no_graph_possible(env: Env) -> list[str]:
+    eng = env.engine()
+    (eng / GRAPH_FILE).write_text(HAND_GRAPH)
+    (eng / "config_world2.json").write_text("{}")
+    return env.graph_only(eng)
+
+
+def foreign_engines_given_a_graph(env: Env) -> list[str]:
+    """Engines from another tool get a graph from --graph-only; a full build must then refuse
+    to replace them, since the manifest lists only the graph."""
+    eng = env.engine()
+    (eng / MANIFEST).unlink()
+    (eng / GRAPH_FILE).unlink()
+    assert cli.main(env.graph_only(eng)) == cli.EXIT_OK
+    assert set(manifest.read(eng) or {}) == {GRAPH_FILE}
+    return env.argv(eng)
+
+
+def no_tokenizer(env: Env) -> list[str]:
+    return env.argv(env.tmp / "eng", ckpt=env.ckpt(drop=("tokenizer.json",)))
+
+
+def prompt_longer_than_cache(env: Env) -> list[str]:
+    return [*env.argv(env.tmp / "eng"), "--max-input-len", "64", "--max-kv-cache-capacity", "32"]
+
+
+def omni_without_speakers(env: Env) -> list[str]:
+    ckpt = env.ckpt("omni_ckpt")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["talker_config"]["speaker_id"] = {}
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    return env.argv(env.tmp / "eng", "--components", "llm,talker", ckpt=ckpt)
+
+
+def omni_without_processor(env: Env) -> list[str]:
+    ckpt = env.ckpt("omni_ckpt", drop=("processor_config.json",))
+    return env.argv(env.tmp / "eng", "--components", "llm,visual", ckpt=ckpt)
+
+
+def disk_full(env: Env) -> list[str]:
+    from edgeomni.export.families import qwen3
+
+    def full(*args: object, **kwargs: object) -> Path:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    env.monkeypatch.setattr(qwen3, "export_component", full)
+    return env.argv(env.engine())
+
+
+def bug_in_export(env: Env) -> list[str]:
+    from edgeomni.export.families import qwen3
+
+    def broken(*args: object, **kwargs: object) -> Path:
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    env.monkeypatch.setattr(qwen3, "export_component", broken)
+    return env.argv(env.engine())
+
+
+def zero_batch(env: Env) -> list[str]:
+    return [*env.argv(env.tmp / "eng"), "--max-batch-size", "0"]
+
+
+def unknown_component(env: Env) -> list[str]:
+    return env.argv(env.tmp / "eng", "--components", "talker")
+
+
+def no_checkpoint(env: Env) -> list[str]:
+    return env.argv(env.tmp / "eng", ckpt=env.tmp / "nothing-here")
+
+
+BAD, OK = cli.EXIT_BAD_INPUT, cli.EXIT_OK
+REFUSED = "move them out or choose another --engine-dir"
+GRAPH_ONLY_WRITES = ("eng/" + GRAPH_FILE, f"eng/{GRAPH_FILE}.orig.1", "eng/" + MANIFEST)
+FAULTS = [
+    pytest.param(Fault(issue_repro, BAD, "looks like a build by an older edgeomni"), id="issue14"),
+    pytest.param(
+        Fault(user_files_in_build, BAD, f"did not write: predictions.json, results/; {REFUSED}"),
+        id="user-files-in-build",
+    ),
+    pytest.param(
+        Fault(changed_file, BAD, "files changed since edge-build wrote them: chat_template.jinja"),
+        id="changed-file",
+    ),
+    pytest.param(
+        Fault(old_build, BAD, "older edgeomni (it has no edgeomni_manifest.json)"), id="old-build"
+    ),
+    pytest.param(
+        Fault(old_build_without_graph, BAD, "looks like a build by an older edgeomni"),
+        id="old-build-without-graph",
+    ),
+    pytest.param(Fault(symlink_in_build, BAD, "did not write: latest;"), id="symlink"),
+    pytest.param(
+        Fault(
+            many_user_files, BAD, ", ".join(f"note{i:02}.txt" for i in range(10)) + ", and 2 more;"
+        ),
+        id="many-user-files",
+    ),
+    pytest.param(
+        Fault(unreadable_manifest, BAD, "edgeomni_manifest.json that cannot be read"),
+        id="unreadable-manifest",
+    ),
+    pytest.param(
+        Fault(manifest_leading_out, BAD, "manifest.json that has no valid list of files"),
+        id="manifest-leads-out",
+    ),
+    pytest.param(Fault(engine_dir_is_a_file, BAD, "exists and is not a directory"), id="eng-file"),
+    pytest.param(Fault(parent_is_a_file, BAD, "f is not a directory"), id="parent-is-a-file"),
+    pytest.param(Fault(workspace_path_taken, BAD, "cannot write in"), id="workspace-path-taken"),
+    pytest.param(
+        Fault(own_build, OK, "wrote", changes=("eng",), exports=True, after=rebuilt),
+        id="own-build-is-rebuilt",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        Fault(hand_written_graph, OK, "wrote", GRAPH_ONLY_WRITES, after=graph_kept_aside),
+        id="graph-only-keeps-a-hand-written-graph",
+    ),
+    pytest.param(
+        Fault(own_graph, OK, "wrote", GRAPH_ONLY_WRITES, after=no_orig), id="graph-only-own-graph"
+    ),
+    pytest.param(Fault(no_graph_possible, BAD, "tensor-parallel"), id="graph-only-no-graph"),
+    pytest.param(
+        Fault(
+            foreign_engines_given_a_graph, BAD, "did not write: chat_template.jinja, config.json"
+        ),
+        id="graph-only-then-build",
+    ),
+    pytest.param(Fault(no_tokenizer, BAD, "no tokenizer.json"), id="no-tokenizer"),
+    pytest.param(
+        Fault(prompt_longer_than_cache, BAD, "--max-input-len 64 exceeds --max-kv-cache-capacity"),
+        id="input-longer-than-cache",
+    ),
+    pytest.param(Fault(omni_without_speakers, BAD, "lists no speakers"), id="omni-no-speakers"),
+    pytest.param(
+        Fault(omni_without_processor, BAD, "no image processor settings"), id="omni-no-processor"
+    ),
+    pytest.param(
+        Fault(
+            disk_full, cli.EXIT_FAILED, "edge-build: error: [Errno 28] No space left", exports=True
+        ),
+        id="disk-full",
+    ),
+    pytest.param(
+        Fault(
+            bug_in_export,
+            cli.EXIT_FAILED,
+            "internal error: TypeError: unsupported operand",
+            exports=True,
+        ),
+        id="internal-error",
+    ),
+    pytest.param(Fault(zero_batch, BAD, "--max-batch-size must be at least 1"), id="zero-batch"),
+    pytest.param(Fault(unknown_component, BAD, "unknown talker"), id="unknown-component"),
+    pytest.param(Fault(no_checkpoint, BAD, "no such checkpoint directory"), id="no-checkpoint"),
+]
+
+
+def no_export(*args: object, **kwargs: object) -> None:
+    pytest.fail("the export ran, though this fault needs only the cheap checks")
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_faults(
+    fault: Fault, tmp_path: Path, request, monkeypatch, capsys, caplog, qwen3_ckpt, qwen3_engine
+) -> None:
+    """qwen3_engine is asked for here, so the session builds it before the export is barred."""
+    from edgeomni.export.families import qwen3, qwen3_omni
+
+    if not fault.exports:
+        for family in (qwen3, qwen3_omni):
+            monkeypatch.setattr(family, "export_component", no_export)
+    caplog.set_level(logging.INFO, logger="edge-build")
+    env = Env(tmp_path, request, monkeypatch, caplog)
+    argv = fault.setup(env)
+    capsys.readouterr()
+    before = snapshot(tmp_path, fault.changes)
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == fault.code, err
+    assert fault.message in err
+    assert "Traceback" not in err
+    if code != OK:
+        assert [line for line in err.splitlines() if "error" in line] == [err.splitlines()[-1]]
+    assert snapshot(tmp_path, fault.changes) == before
+    assert not [p for p in tmp_path.rglob("*edge-build-*") if p.is_dir()]  # no workspace left
+    if fault.after:
+        fault.after(env)
+
+
+def test_big_files_are_checked_by_size_only(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(manifest, "HASH_LIMIT", 8)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "engine.onnx").write_bytes(b"0123456789")
+    (tmp_path / "config.json").write_text("{}")
+    files = manifest.record(tmp_path)
+    assert files["sub/engine.onnx"] == {"size": 10}
+    assert set(files["config.json"]) == {"size", "sha256"}
+    (tmp_path / "sub" / "engine.onnx").write_bytes(b"9876543210")  # same size: not hashed
+    (tmp_path / "config.json").write_text("[]")  # same size, but hashed
+    assert manifest.changed(tmp_path, files) == ["config.json"]
+    (tmp_path / "sub" / "engine.onnx").unlink()  # gone: fine
+    (tmp_path / "sub" / "mine.txt").write_text("x")
+    assert manifest.changed(tmp_path, files) == ["config.json"]
+    assert manifest.foreign(tmp_path, files) == ["sub/mine.txt"]
+
+
+# ---- stale workspaces, the second check and the held swap (no build: fast)
+
+
+def stale(eng: Path, pid: int = 999_999_999) -> Path:
+    ws = eng.parent / f".{eng.name}.edge-build-{pid}"
+    (ws / "staging").mkdir(parents=True)
+    (ws / "lock").touch()
+    return ws
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.INFO, logger="edge-build")
+    return caplog
+
+
+def test_split_swap_is_undone(qwen3_engine: Path, tmp_path: Path, logs) -> None:
+    """Killed between the swap's two renames: the engine dir is gone, its build in previous/."""
+    eng = tmp_path / "eng"
+    ws = stale(eng)
+    shutil.copytree(qwen3_engine, ws / "previous")
+    clean_stale(eng)
+    assert snapshot(eng) == snapshot(qwen3_engine)
+    assert os.listdir(tmp_path) == ["eng"]
+    assert f"removed {ws}, left by a build that did not finish; put its previous build" in logs.text
+
+
+def test_stale_after_the_swap_is_removed(qwen3_engine: Path, tmp_path: Path, logs) -> None:
+    eng = shutil.copytree(qwen3_engine, tmp_path / "eng")
+    ws = stale(eng)
+    shutil.rmtree(ws / "staging")  # renamed to eng: the swap was done
+    shutil.copytree(qwen3_engine, ws / "previous")
+    clean_stale(eng)
+    assert os.listdir(tmp_path) == ["eng"] and snapshot(eng) == snapshot(qwen3_engine)
+
+
+def test_split_swap_with_a_new_engine_dir_keeps_the_previous_build(
+    qwen3_engine: Path, tmp_path: Path, logs
+) -> None:
+    eng = tmp_path / "eng"
+    ws = stale(eng)
+    shutil.copytree(qwen3_engine, ws / "previous")
+    eng.mkdir()  # someone made it again
+    clean_stale(eng)
+    assert snapshot(ws / "previous") == snapshot(qwen3_engine)
+    assert "exists again: kept it" in logs.text
+
+
+def test_live_workspaces_are_left_alone(tmp_path: Path, logs) -> None:
+    eng = tmp_path / "eng"
+    held = stale(eng, 1)
+    lock = os.open(held / "lock", os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # a build that runs
+    making = stale(eng, os.getpid())
+    (making / "lock").unlink()  # a build making its workspace right now: no lock file yet
+    old = tmp_path / ".eng.partial-k2j4h5l6"  # the previous edge-build's staging dir
+    old.mkdir()
+    try:
+        before = snapshot(tmp_path)
+        clean_stale(eng)
+        assert snapshot(tmp_path) == before
+    finally:
+        os.close(lock)
+    assert f"{old} was left by an older edge-build; remove it if no edge-build is running" in (
+        logs.text
+    )
+    assert "removed" not in logs.text
+
+
+def test_files_added_during_the_build_stop_the_swap(qwen3_engine: Path, tmp_path: Path) -> None:
+    eng = shutil.copytree(qwen3_engine, tmp_path / "eng")
+    with pytest.raises(BuildError, match="did not write: predictions.json"), workspace(eng) as ws:
+        (ws.staging / "llm.onnx").write_text("new")
+        (eng / "predictions.json").write_text("[]")  # while the build ran
+        ws.commit()
+    (eng / "predictions.json").unlink()
+    assert snapshot(eng) == snapshot(qwen3_engine) and os.listdir(tmp_path) == ["eng"]
+
+
+def test_a_signal_cannot_split_the_swap(qwen3_engine: Path, tmp_path: Path, monkeypatch, logs):
+    from edgeomni.builder import workspace as ws_module
+
+    eng = shutil.copytree(qwen3_engine, tmp_path / "eng")
+    rename = os.rename
+
+    def rename_then_signal(src: Path, dst: Path) -> None:
+        rename(src, dst)
+        os.kill(os.getpid(), signal.SIGTERM)  # between the two renames
+
+    monkeypatch.setattr(ws_module.os, "rename", rename_then_signal)
+    with interrupts.raised(), workspace(eng) as ws:
+        (ws.staging / "new.txt").write_text("the new build")
+        ws.commit()
+        assert interrupts.taken() is None
+    assert os.listdir(eng) == ["new.txt"] and os.listdir(tmp_path) == ["eng"]
+    assert "interrupted while the new build was being put in place; it is in place" in logs.text
+
+
+def test_a_second_signal_cannot_cut_the_cleanup_short(tmp_path: Path, monkeypatch) -> None:
+    from edgeomni.builder import workspace as ws_module
+
+    eng = tmp_path / "eng"
+    remove = ws_module.remove_workspace
+
+    def signal_then_remove(path: Path, engine_dir: Path) -> bool | None:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the SIGTERM's cleanup runs
+        return remove(path, engine_dir)
+
+    monkeypatch.setattr(ws_module, "remove_workspace", signal_then_remove)
+    handlers = {sig: signal.getsignal(sig) for sig in interrupts.STOP}
+    try:
+        with pytest.raises(interrupts.Terminated), interrupts.raised(), workspace(eng):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler raises before this ends
+        assert os.listdir(tmp_path) == []  # the workspace went all the same
+        # the exiting process now ignores both, so no late signal changes its exit status
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def test_help_tells_the_exit_statuses(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "130 (SIGINT) or 143 (SIGTERM) interrupted, ENG left as it was" in out
+    assert "1 internal error (one line; -v shows the traceback) or a system error" in out
+    assert "kept as multistage_config.json.orig" in out and "edgeomni_manifest.json" in out
+
+
+# ---- real builds, interrupted (subprocess)
+
+
+def start(ckpt: Path, eng: Path, tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """edge-build in a subprocess, its TMPDIR and stderr under tmp; returns once it exports."""
+    tmpdir, log = tmp / "tmpdir", tmp / "stderr.txt"
+    tmpdir.mkdir()
+    cmd = [sys.executable, "-m", "edgeomni.builder.cli",
+           "--model-dir", str(ckpt), "--engine-dir", str(eng), *SIZES]  # fmt: skip
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, stderr=err, env={**os.environ, "TMPDIR": str(tmpdir)})
+    ws = eng.parent / f".{eng.name}.edge-build-{proc.pid}"
+    deadline = time.monotonic() + 120
+    while not (ws.is_dir() and "export llm to ONNX ..." in log.read_text()):
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the build never started its export"
+        time.sleep(0.05)
+    return proc, tmpdir, log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "code"),
+    [
+        pytest.param(signal.SIGINT, 130, id="SIGINT"),
+        pytest.param(signal.SIGTERM, 143, id="SIGTERM"),
+    ],
+)
+def test_interrupted_build_leaves_nothing(
+    qwen3_ckpt: Path, qwen3_engine: Path, tmp_path: Path, sig: int, code: int
+) -> None:
+    eng = shutil.copytree(qwen3_engine, tmp_path / "out" / "eng")
+    before = snapshot(eng)
+    proc, tmpdir, log = start(qwen3_ckpt, eng, tmp_path)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == code
+    lines = log.read_text().splitlines()
+    after = lines[lines.index("edge-build: export llm to ONNX ...") + 1 :]
+    assert after == [f"edge-build: interrupted; {eng} was left as it was"]
+    assert "Traceback" not in log.read_text()
+    assert os.listdir(eng.parent) == ["eng"] and snapshot(eng) == before
+    assert not set(os.listdir(tmpdir)) - LIBRARY_TMP
+
+
+@pytest.mark.slow
+def test_killed_build_is_cleaned_by_the_next(
+    qwen3_ckpt: Path, qwen3_engine: Path, tmp_path: Path, logs
+) -> None:
+    eng = shutil.copytree(qwen3_engine, tmp_path / "out" / "eng")
+    proc, _, _ = start(qwen3_ckpt, eng, tmp_path)
+    proc.kill()
+    proc.wait(timeout=60)
+    (ws,) = [p for p in eng.parent.iterdir() if p.name != "eng"]
+    assert cli.main(["--model-dir", str(qwen3_ckpt), "--engine-dir", str(eng), *SIZES]) == OK
+    assert f"removed {ws}, left by a build that did not finish" in logs.text
+    assert os.listdir(eng.parent) == ["eng"]
+    manifest_matches(eng)

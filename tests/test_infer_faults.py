@@ -1,0 +1,493 @@
+"""edge-infer's bad inputs and faults, as one table.
+
+Each row is a command on a copy of a tiny build: the exit status it must give, a fragment of its
+message, whether any stage was opened (nothing is loaded before the flags, the request file and
+the destinations are checked), and what it may write: everything else on disk must be byte for
+byte as it was. Exit 2 rows print one ``edge-infer: error:`` line and never a traceback; exit 3
+rows write predictions in which only the bad request fails.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeomni.runtime import cli
+from edgeomni.runtime.pipeline import INTERRUPTED, Pipeline
+
+GRAPH = "multistage_config.json"
+HI = {"role": "user", "content": "Hello there"}
+GREEDY = '{"top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 8}'
+
+
+class World:
+    """A scratch folder for one row: a copy of the build in eng/, a good request file r.json
+    (two text requests), a 16 kHz clip q.wav; the row edits it and returns its argv."""
+
+    def __init__(self, root: Path, engine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.root, self.monkeypatch = root, monkeypatch
+        self.eng = root / "eng"
+        shutil.copytree(engine, self.eng)
+        self.req = self.requests([{"messages": [HI]}, {"prompt": "The quick brown fox"}])
+        from edgeomni.runtime.audio import write_wav
+
+        t = np.arange(8000) / 16000
+        write_wav(root / "q.wav", (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 16000)
+
+    def p(self, rel: str) -> str:
+        return str(self.root / rel)
+
+    def requests(self, requests: list[dict], name: str = "r.json", **top: object) -> Path:
+        path = self.root / name
+        path.write_text(json.dumps({"max_generate_length": 4, "requests": requests, **top}))
+        return path
+
+    def run(self, *flags: str) -> list[str]:
+        """A request-file run writing p.json, greedy."""
+        return ["--config", str(self.eng), "--input-file", str(self.req),
+                "--output-file", self.p("p.json"), "--sampling", GREEDY, *flags]  # fmt: skip
+
+    def prompt(self, *flags: str) -> list[str]:
+        return ["--config", str(self.eng), "--prompt", "Hello", "--max-generate-length", "4",
+                "--sampling", GREEDY, *flags]  # fmt: skip
+
+    def edit(self, rel: str, change: Callable[[dict], object]) -> None:
+        path = self.eng / rel
+        data = json.loads(path.read_text())
+        change(data)
+        path.write_text(json.dumps(data))
+
+    def drop(self, rel: str, dotted: str) -> None:
+        *parents, key = dotted.split(".")
+
+        def change(data: dict) -> None:
+            for k in parents:
+                data = data[k]
+            del data[key]
+
+        self.edit(rel, change)
+
+    def stage(self, stage_id: str, change: Callable[[dict], object]) -> None:
+        self.edit(GRAPH, lambda g: change(next(s for s in g["stages"] if s["id"] == stage_id)))
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    setup: Callable[[World], list[str]]
+    code: int
+    message: str
+    engine: str = "qwen3"
+    opens: bool = False  # whether any stage gets opened (loaded) before the exit
+    writes: tuple[str, ...] = ()  # paths (relative to the world) the command may write
+    then: Callable[[World], None] | None = None  # more checks on what it wrote
+    loads: bool = False  # a broken engine dir that only loading the engine finds
+
+
+def truncate(path: Path, size: int = 5) -> None:
+    path.write_bytes(path.read_bytes()[:size])
+
+
+def predictions(w: World) -> list[dict]:
+    return predictions_of(w.root / "p.json")
+
+
+def predictions_of(path: Path) -> list[dict]:
+    entries = json.loads(path.read_text())["responses"]
+    assert entries, path
+    return entries
+
+
+def one_fails(index: int, fragment: str) -> Callable[[World], None]:
+    """Predictions for every request, in order; only ``index`` failed, with ``fragment``."""
+
+    def check(w: World) -> None:
+        entries = predictions(w)
+        assert [e["request_idx"] for e in entries] == list(range(len(entries)))
+        for e in entries:
+            if e["request_idx"] == index:
+                assert not e["ok"] and fragment in e["error"], e
+            else:
+                assert e["ok"] and e["output_text"] is not None, e
+
+    return check
+
+
+def _full(*args: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _bug(*args: object) -> None:
+    raise TypeError("a bug")
+
+
+def written_through_the_link(w: World) -> None:
+    """The link still points at its file, which now holds the predictions."""
+    assert (w.root / "l.json").is_symlink() and os.readlink(w.root / "l.json") == "t.json"
+    assert len(predictions_of(w.root / "t.json")) == 2
+
+
+def mixed(w: World, bad: dict) -> list[str]:
+    """A request file of a good request, the bad one, and another good one."""
+    w.req = w.requests([{"messages": [HI]}, bad, {"prompt": "The quick brown fox"}])
+    return w.run()
+
+
+def inject_engine_fault(w: World) -> list[str]:
+    """The first engine call fails, as an engine raising on a cohort's rows would: the first
+    request's cohort fails, the next one (a cohort of its own at --batch-size 1) still runs."""
+    from edgeomni.runtime import engine
+
+    calls = []
+    real = engine.OrtBinding.run
+
+    def run(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : injected")
+        return real(self, *args, **kwargs)
+
+    w.monkeypatch.setattr(engine.OrtBinding, "run", run)
+    return w.run("--batch-size", "1")
+
+
+def signal_in_cohort(signum: int, nth: int = 2) -> Callable[[World], list[str]]:
+    """A real signal to this process while the ``nth`` cohort decodes (batch size 1)."""
+
+    def setup(w: World) -> list[str]:
+        from edgeomni.runtime.runners.llm import LLMBackbone
+
+        real = LLMBackbone.steps
+        cohorts = []
+
+        def steps(self, cohort):  # noqa: ANN001, ANN202
+            cohorts.append(1)
+            for i, step in enumerate(real(self, cohort)):
+                if len(cohorts) == nth and i == 1:
+                    os.kill(os.getpid(), signum)
+                    time.sleep(1)  # the handler raises here, in the main thread
+                yield step
+
+        w.monkeypatch.setattr(LLMBackbone, "steps", steps)
+        w.req = w.requests([{"messages": [HI]}, {"prompt": "fox"}, {"prompt": "dog"}],
+                           max_generate_length=8)  # fmt: skip
+        return w.run("--batch-size", "1")
+
+    return setup
+
+
+def interrupted_after_first(w: World) -> None:
+    entries = predictions(w)
+    assert entries[0]["ok"]
+    assert [e["error"] for e in entries[1:]] == [INTERRUPTED, INTERRUPTED]
+
+
+def signal_while_loading(w: World) -> list[str]:
+    real = Pipeline.__init__
+
+    def init(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        real(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+
+    w.monkeypatch.setattr(Pipeline, "__init__", init)
+    return w.run()
+
+
+def no_tts_special(w: World) -> None:
+    from edgeomni.runtime import safetensors_np
+
+    path = w.eng / "talker" / "projections.safetensors"
+    tables = {k: np.array(v) for k, v in safetensors_np.load(path).items() if k != "tts_special"}
+    safetensors_np.save(path, tables)
+
+
+def raising_template(w: World) -> list[str]:
+    (w.eng / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m.role == 'system' %}"
+        "{{ raise_exception('system messages are not supported') }}{% endif %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return mixed(w, {"messages": [{"role": "system", "content": "Be brief."}, HI]})
+
+
+def audio_dir_over_input(w: World) -> list[str]:
+    (w.root / "a").mkdir()
+    shutil.copy(w.root / "q.wav", w.root / "a" / "audio_req0.wav")
+    audio = {"type": "audio", "audio": w.p("a/audio_req0.wav")}
+    w.req = w.requests([{"messages": [{"role": "user", "content": [audio]}]}])
+    return w.run("--output-audio-dir", w.p("a"))
+
+
+BAD_USAGE, BAD_REQUEST = cli.EXIT_BAD_CONFIG, cli.EXIT_REQUESTS_FAILED
+ROWS = [
+    # -- flags, checked before anything is read
+    Row("no-request", lambda w: ["--config", str(w.eng)], BAD_USAGE, "give --prompt"),
+    Row("threads-negative", lambda w: w.prompt("--threads", "-3"), BAD_USAGE,
+        "--threads must be at least 1, got -3"),
+    Row("batch-size-zero", lambda w: w.run("--batch-size", "0"), BAD_USAGE,
+        "--batch-size must be at least 1"),
+    Row("max-generate-length-negative", lambda w: w.prompt("--max-generate-length", "-1"),
+        BAD_USAGE, "--max-generate-length must be at least 1, got -1"),
+    Row("max-generate-length-with-input-file", lambda w: w.run("--max-generate-length", "3"),
+        BAD_USAGE, "--max-generate-length goes with --prompt"),
+    Row("no-chat-template-with-input-file", lambda w: w.run("--no-chat-template"), BAD_USAGE,
+        "--no-chat-template goes with --prompt"),
+    Row("voice-without-out-audio", lambda w: w.prompt("--voice", "ethan"), BAD_USAGE,
+        "--voice picks the speaker of --out-audio"),
+    Row("voice-with-input-file", lambda w: w.run("--voice", "ethan"), BAD_USAGE,
+        "--voice goes with --prompt"),
+    Row("audio-with-input-file", lambda w: w.run("--audio", w.p("q.wav")), BAD_USAGE,
+        "--audio and --image go with --prompt"),
+    Row("bad-sampling", lambda w: w.prompt("--sampling", '{"temprature": 1}'), BAD_USAGE,
+        "--sampling: unknown sampling keys ['temprature']"),
+    # -- the request file
+    Row("input-file-missing", lambda w: [*w.run()[:3], w.p("nope.json")], BAD_USAGE,
+        "nope.json: No such file or directory"),
+    Row("input-file-is-a-directory", lambda w: [*w.run()[:3], str(w.root)], BAD_USAGE,
+        "Is a directory"),
+    Row("input-file-not-json", lambda w: (w.req.write_text("{oops"), w.run())[1], BAD_USAGE,
+        "invalid JSON at line 1 column 2"),
+    Row("input-file-not-utf8", lambda w: (w.req.write_bytes(b"\xff\xfe{"), w.run())[1],
+        BAD_USAGE, "not UTF-8 text"),
+    Row("requests-not-a-list", lambda w: (w.req.write_text('{"requests": 5}'), w.run())[1],
+        BAD_USAGE, "needs a 'requests' list"),
+    # -- output destinations, checked before any stage is opened
+    Row("output-file-dir-missing", lambda w: [*w.run()[:5], w.p("no/p.json")], BAD_USAGE,
+        "/no does not exist"),
+    Row("output-file-is-a-directory", lambda w: [*w.run()[:5], str(w.root)], BAD_USAGE,
+        "is a directory; give a file path"),
+    Row("output-file-is-the-input-file", lambda w: [*w.run()[:5], str(w.req)], BAD_USAGE,
+        "is the --input-file; writing it would destroy an input"),
+    Row("output-file-is-the-graph", lambda w: [*w.run()[:5], str(w.eng / GRAPH)], BAD_USAGE,
+        "is the graph (--config)"),
+    Row("output-file-is-a-device", lambda w: [*w.run()[:5], "/dev/null"], BAD_USAGE,
+        "is not a regular file"),
+    Row("output-file-links-to-a-device",
+        lambda w: ((w.root / "l.json").symlink_to("/dev/null"), [*w.run()[:5], w.p("l.json")])[1],
+        BAD_USAGE, "is not a regular file"),
+    Row("output-file-link-is-followed",
+        lambda w: ((w.root / "t.json").write_text("old"), (w.root / "l.json").symlink_to("t.json"),
+                   [*w.run()[:5], w.p("l.json"), *w.run()[6:]])[2],
+        cli.EXIT_OK, "2 of 2 requests succeeded", opens=True, writes=("t.json", "l.json"),
+        then=written_through_the_link),
+    Row("out-audio-dir-missing", lambda w: w.prompt("--out-audio", w.p("no/a.wav")), BAD_USAGE,
+        "/no does not exist", engine="omni"),
+    Row("out-audio-is-the-audio-input",
+        lambda w: w.prompt("--audio", w.p("q.wav"), "--out-audio", w.p("q.wav")), BAD_USAGE,
+        "is the audio file", engine="omni"),
+    Row("out-audio-is-the-output-file",
+        lambda w: w.prompt("--out-audio", w.p("x"), "--output-file", w.p("x")), BAD_USAGE,
+        "--output-file and --out-audio are the same file", engine="omni"),
+    Row("output-audio-dir-is-a-file", lambda w: w.run("--output-audio-dir", str(w.req)),
+        BAD_USAGE, "is not a directory", engine="omni"),
+    Row("output-audio-dir-over-an-input", audio_dir_over_input, BAD_USAGE,
+        "audio_req0.wav is the audio file", engine="omni"),
+    # -- the engine dir: a stage that cannot be opened stops the run before any request runs
+    Row("graph-missing", lambda w: ((w.eng / GRAPH).unlink(), w.run())[1], BAD_USAGE, GRAPH),
+    Row("stage-config-missing", lambda w: ((w.eng / "config.json").unlink(), w.run())[1],
+        BAD_USAGE, "config.json: missing", opens=True),
+    Row("stage-config-not-json",
+        lambda w: ((w.eng / "config.json").write_text("{"), w.run())[1], BAD_USAGE,
+        "config.json: not valid JSON (line 1 column 2", opens=True),
+    Row("stage-config-key-missing", lambda w: (w.drop("config.json", "vocab_size"), w.run())[1],
+        BAD_USAGE, "config.json: missing 'vocab_size'", opens=True),
+    Row("stage-config-nested-key-missing",
+        lambda w: (w.drop("config.json", "builder_config.max_batch_size"), w.run())[1],
+        BAD_USAGE, "missing 'builder_config.max_batch_size'", opens=True),
+    Row("engine-file-missing", lambda w: ((w.eng / "llm.onnx").unlink(), w.run())[1],
+        BAD_USAGE, "llm.onnx is missing", opens=True),
+    Row("engine-file-garbage", lambda w: ((w.eng / "llm.onnx").write_text("x"), w.run())[1],
+        BAD_USAGE, "ONNX Runtime could not load", opens=True, loads=True),
+    Row("tokenizer-missing", lambda w: ((w.eng / "tokenizer.json").unlink(), w.run())[1],
+        BAD_USAGE, "tokenizer.json: missing", opens=True),
+    Row("tokenizer-garbage", lambda w: ((w.eng / "tokenizer.json").write_text("{}"), w.run())[1],
+        BAD_USAGE, "tokenizer.json: not a tokenizer file", opens=True),
+    Row("chat-template-syntax-error",
+        lambda w: ((w.eng / "chat_template.jinja").write_text("{% for %}"), w.run())[1],
+        BAD_USAGE, "chat_template.jinja: line 1", opens=True),
+    Row("embedding-missing", lambda w: ((w.eng / "embedding.safetensors").unlink(), w.run())[1],
+        BAD_USAGE, "embedding.safetensors: missing", opens=True),
+    Row("embedding-truncated", lambda w: (truncate(w.eng / "embedding.safetensors"), w.run())[1],
+        BAD_USAGE, "embedding.safetensors: not a readable safetensors file", opens=True),
+    Row("talker-speakers-missing",
+        lambda w: (w.drop("talker/config.json", "speakers"), w.prompt("--out-audio", w.p("a.wav")))[1],
+        BAD_USAGE, "talker/config.json: missing 'speakers'", engine="omni", opens=True),
+    Row("talker-table-missing-a-tensor",
+        lambda w: (no_tts_special(w), w.prompt("--out-audio", w.p("a.wav")))[1], BAD_USAGE,
+        "projections.safetensors: has no tensor tts_special", engine="omni", opens=True),
+    Row("code-predictor-missing",
+        lambda w: (shutil.rmtree(w.eng / "code_predictor"), w.prompt("--out-audio", w.p("a.wav")))[1],
+        BAD_USAGE, "code_predictor: the stage folder does not exist", engine="omni", opens=True),
+    Row("audio-encoder-key-missing",
+        lambda w: (w.drop("audio/config.json", "num_mel_bins"), w.run())[1], BAD_USAGE,
+        "audio/config.json: missing 'num_mel_bins'", engine="omni", opens=True),
+    Row("code2wav-window-too-long",
+        lambda w: (w.stage("code2wav", lambda s: s.setdefault("config", {}).update(window_frames=10**6)),
+                   w.prompt("--out-audio", w.p("a.wav")))[1],
+        BAD_USAGE, "exceed the engine's max_frames", engine="omni", opens=True),
+    # -- a bad request fails alone: the others are answered, and predictions are written
+    Row("audio-part-on-a-text-engine",
+        lambda w: mixed(w, {"messages": [{"role": "user", "content": [
+            {"type": "audio", "audio": w.p("q.wav")}, {"type": "text", "text": "what"}]}]}),
+        BAD_REQUEST, "request 1: this model reads text only", opens=True, writes=("p.json",),
+        then=one_fails(1, "this model reads text only; the request has audio parts")),
+    Row("chat-template-raises", raising_template, BAD_REQUEST,
+        "chat template: system messages are not supported", opens=True, writes=("p.json",),
+        then=one_fails(1, "chat template: system messages are not supported")),
+    Row("prompt-longer-than-the-build",
+        lambda w: mixed(w, {"prompt": "word " * 200}), BAD_REQUEST, "--max-input-len",
+        opens=True, writes=("p.json",), then=one_fails(1, "the engine was built for at most")),
+    Row("audio-file-missing",
+        lambda w: mixed(w, {"messages": [{"role": "user", "content": [
+            {"type": "audio", "audio": w.p("gone.wav")}]}]}),
+        BAD_REQUEST, "gone.wav", engine="omni", opens=True, writes=("p.json",),
+        then=one_fails(1, "gone.wav")),
+    Row("audio-file-not-audio",
+        lambda w: (w.req.with_name("junk.wav").write_text("junk"), mixed(w, {"messages": [
+            {"role": "user", "content": [{"type": "audio", "audio": w.p("junk.wav")}]}]}))[1],
+        BAD_REQUEST, "junk.wav", engine="omni", opens=True, writes=("p.json",),
+        then=one_fails(1, "audio ")),
+    Row("engine-error-on-a-cohort", inject_engine_fault, BAD_REQUEST,
+        "llm: RuntimeError: [ONNXRuntimeError]", opens=True, writes=("p.json",),
+        then=one_fails(0, "llm: RuntimeError: [ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION")),
+    Row("unknown-voice", lambda w: w.prompt("--out-audio", w.p("a.wav"), "--voice", "nobody"),
+        BAD_REQUEST, "unknown voice 'nobody'; this model's voices are", engine="omni",
+        opens=True),
+    Row("disk-full-writing-predictions",
+        lambda w: (w.monkeypatch.setattr("edgeomni.runtime.requests.write_json_atomic", _full),
+                   w.run())[1], cli.EXIT_INTERNAL,
+        "cannot write the outputs: No space left on device", opens=True),
+    Row("internal-error",
+        lambda w: (w.monkeypatch.setattr(cli, "_report", _bug), w.run())[1], cli.EXIT_INTERNAL,
+        "edge-infer: error: internal error: TypeError: a bug (--verbose shows where)", opens=True,
+        writes=("p.json",)),
+    # -- interrupts: what finished is written, the rest fail as interrupted; nothing else
+    Row("sigint-mid-run", signal_in_cohort(signal.SIGINT), 130,
+        "interrupted; 1 of 3 requests had finished; wrote", opens=True, writes=("p.json",),
+        then=interrupted_after_first),
+    Row("sigterm-mid-run", signal_in_cohort(signal.SIGTERM), 143,
+        "interrupted; 1 of 3 requests had finished", opens=True, writes=("p.json",),
+        then=interrupted_after_first),
+    Row("sigint-before-any-request-finished",
+        lambda w: ((w.root / "p.json").write_text("earlier"), signal_in_cohort(signal.SIGINT, 1)(w))[1],
+        130, "interrupted; 0 of 3 requests had finished\n", opens=True),
+    Row("sigint-while-loading", signal_while_loading, 130, "edge-infer: interrupted"),
+]  # fmt: skip
+
+
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root``: a file's bytes, None for a folder or anything else."""
+    out: dict[str, bytes | None] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        out[rel] = path.read_bytes() if path.is_file() and not path.is_fifo() else None
+    return out
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.id)
+def test_fault(row: Row, request, tmp_path: Path, monkeypatch, capsys) -> None:
+    engine = request.getfixturevalue("qwen3_engine" if row.engine == "qwen3" else "omni_engine")
+    world = World(tmp_path / "w", engine, monkeypatch)
+    argv = row.setup(world)
+    before = snapshot(world.root)
+    opened: list[object] = []
+    real_open = Pipeline.open
+    monkeypatch.setattr(
+        Pipeline, "open", lambda self, ids: (opened.append(ids), real_open(self, ids))[1]
+    )
+    capsys.readouterr()  # what building the fixtures printed
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == row.code, err
+    assert row.message in err, err
+    assert "Traceback" not in err
+    if code == BAD_USAGE:
+        assert err.count("edge-infer: error:") == 1 and err.strip().count("\n") == 0, err
+    assert bool(opened) == row.opens, f"stages opened: {opened}"
+    after = snapshot(world.root)
+    for rel in row.writes:
+        assert rel in after, f"{rel} was not written"
+        after.pop(rel)
+        before.pop(rel, None)
+    assert after == before, "changed on disk: " + ", ".join(
+        sorted(k for k in set(before) | set(after) if before.get(k, 0) != after.get(k, 0))
+    )
+    if row.then is not None:
+        row.then(world)
+
+
+@pytest.mark.parametrize(
+    "row", [r for r in ROWS if r.code == BAD_USAGE and r.opens and not r.loads], ids=lambda r: r.id
+)
+def test_validate_config_finds_it(row: Row, request, tmp_path: Path, monkeypatch, capsys) -> None:
+    """--validate-config finds every broken-engine-dir fault without loading an engine."""
+    from edgeomni.runtime import engine as engine_mod
+
+    engine = request.getfixturevalue("qwen3_engine" if row.engine == "qwen3" else "omni_engine")
+    world = World(tmp_path / "w", engine, monkeypatch)
+    row.setup(world)
+    monkeypatch.setattr(engine_mod, "OrtEngine", None)  # loading any engine would fail loudly
+    capsys.readouterr()
+    code = cli.main(["--config", str(world.eng), "--validate-config"])
+    err = capsys.readouterr().err
+    assert code == BAD_USAGE, err
+    assert row.message in err and "invalid engine dir" in err, err
+
+
+def test_validate_config_loads_no_engine(qwen3_engine: Path, omni_engine: Path, monkeypatch,
+                                         capsys) -> None:  # fmt: skip
+    from edgeomni.runtime import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "OrtEngine", None)
+    for eng in (qwen3_engine, omni_engine):
+        assert cli.main(["--config", str(eng), "--validate-config"]) == cli.EXIT_OK
+    assert "valid (3 stages" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signals_stop_a_real_process(qwen3_engine: Path, tmp_path: Path, signum: int, code: int):
+    """A real edge-infer process, blocked reading its request file (a FIFO nobody writes):
+    the signal gives one line and the shell's status, no traceback."""
+    os.mkfifo(tmp_path / "fifo.json")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgeomni.runtime.cli", "--config", str(qwen3_engine),
+         "--input-file", str(tmp_path / "fifo.json"), "--output-file", str(tmp_path / "p.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not _reading(proc.pid, tmp_path / "fifo.json"):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert err.strip() == "edge-infer: interrupted" and out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.json"]
+
+
+def _reading(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` is blocked opening a FIFO (Linux: its wchan) or has it open."""
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        fds = [os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()]
+    except OSError:
+        return False
+    return wchan == "wait_for_partner" or str(path) in fds
