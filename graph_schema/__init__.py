@@ -5,9 +5,13 @@ builder, the runtime and editors' tooling can all read it without pulling in an 
 """
 
 from .model import (
+    DEFAULT_EMIT_KIND,
+    DEFAULT_TRANSPORT,
+    EMIT_KINDS,
     GRAPH_FILENAME,
     ON_MISSING,
     SCHEMA_VERSION,
+    TRANSPORTS,
     Emit,
     Graph,
     GraphError,
@@ -25,9 +29,13 @@ from .plan import Plan, plan, topological_order
 from .validate import validate, validate_file
 
 __all__ = [
+    "DEFAULT_EMIT_KIND",
+    "DEFAULT_TRANSPORT",
+    "EMIT_KINDS",
     "GRAPH_FILENAME",
     "ON_MISSING",
     "SCHEMA_VERSION",
+    "TRANSPORTS",
     "Emit",
     "Graph",
     "GraphError",

@@ -23,7 +23,14 @@ SCHEMA_VERSION = 1
 GRAPH_FILENAME = "multistage_config.json"
 REQUEST = "request"  # the prefix of a request field source, as in "request:messages"
 ON_MISSING = ("skip", "fail", "prune")
+# How a port's data travels. TensorRT Edge-LLM's parser defaults to device_tensor; edgeomni
+# writes transport explicitly and applies chunk_stream when it is absent. Its runtime treats
+# both alike: whether a consumer reads a port while it is made is --stage-streaming's choice.
+TRANSPORTS = ("chunk_stream", "device_tensor")
 DEFAULT_TRANSPORT = "chunk_stream"
+# What a port carries; an emit without "kind" carries text, as in TensorRT Edge-LLM.
+EMIT_KINDS = ("text", "hidden", "codec", "audio", "image", "video")
+DEFAULT_EMIT_KIND = "text"
 
 
 class GraphError(ValueError):
@@ -87,17 +94,27 @@ class Input:
 
 @dataclass(frozen=True)
 class Emit:
-    """One output port of a stage; ``terminal`` ones are returned to the caller."""
+    """One output port of a stage; ``terminal`` ones are returned to the caller.
+
+    ``binding`` (TensorRT Edge-LLM's name of the engine tensor behind the port) is recorded and
+    written back, not acted on: edgeomni binds ports by name.
+    """
 
     id: str
-    kind: str
+    kind: str = DEFAULT_EMIT_KIND
     transport: str = DEFAULT_TRANSPORT
     terminal: bool = False
+    binding: str | None = None
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One engine of the deployment and how it is wired."""
+    """One engine of the deployment and how it is wired.
+
+    ``max_batch`` None means the cohort width the engine was built with (TensorRT Edge-LLM
+    reads 1). ``stream`` (TensorRT Edge-LLM's stream lane, an integer >= 0 or a name) is
+    recorded and written back, not acted on: edgeomni runs each engine on its own stream.
+    """
 
     id: str
     runner: str
@@ -109,6 +126,7 @@ class Stage:
     max_seq: int | None = None
     # Read-only (deeply); excluded from the hash because mappings are unhashable.
     config: Mapping[str, Any] = field(default_factory=_empty_config, hash=False)
+    stream: int | str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -174,10 +192,11 @@ class Keys(NamedTuple):
 
 GRAPH_KEYS = Keys(("schema_version", "terminals", "stages"), ())
 STAGE_KEYS = Keys(
-    ("id", "runner", "artifact", "kind"), ("inputs", "emits", "max_batch", "max_seq", "config")
+    ("id", "runner", "artifact", "kind"),
+    ("inputs", "emits", "max_batch", "max_seq", "stream", "config"),
 )
 INPUT_KEYS = Keys(("name", "from"), ("on_missing",))
-EMIT_KEYS = Keys(("id", "kind"), ("transport", "terminal"))
+EMIT_KEYS = Keys(("id",), ("kind", "transport", "binding", "terminal"))
 
 _SIMPLE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -243,6 +262,37 @@ def _string(value: Any, path: str) -> str:
     return value
 
 
+def _non_empty_string(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise GraphError(path, f"expected a non-empty string, got {_json_type(value)}")
+    if not value:
+        raise GraphError(path, "expected a non-empty string, got ''")
+    return value
+
+
+def _known(value: Any, path: str, what: str, known: tuple[str, ...]) -> str:
+    """A string from ``known``; anything else names the known ones and the nearest of them."""
+    value = _string(value, path)
+    if value not in known:
+        hint = difflib.get_close_matches(value, known, n=1)
+        did = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise GraphError(path, f"unknown {what} {value!r} (expected {', '.join(known)}){did}")
+    return value
+
+
+def _stream(obj: Mapping[str, Any], path: str) -> int | str | None:
+    if "stream" not in obj:
+        return None
+    value = obj["stream"]
+    path = f"{path}.stream"
+    expected = "expected an integer >= 0 or a non-empty string"
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise GraphError(path, f"{expected}, got {_json_type(value)}")
+    if value == "" or (isinstance(value, int) and value < 0):
+        raise GraphError(path, f"{expected}, got {value!r}")
+    return value
+
+
 def _array(value: Any, path: str) -> list[Any] | tuple[Any, ...]:
     if not isinstance(value, (list, tuple)):
         raise GraphError(path, f"expected an array, got {_json_type(value)}")
@@ -295,12 +345,15 @@ def _parse_input(obj: Any, path: str) -> Input:
 def _parse_emit(obj: Any, path: str) -> Emit:
     obj = _object(obj, path, EMIT_KEYS)
     emit_id = _string(obj["id"], f"{path}.id")
-    kind = _string(obj["kind"], f"{path}.kind")
-    transport = _string(obj.get("transport", DEFAULT_TRANSPORT), f"{path}.transport")
+    kind = _known(obj.get("kind", DEFAULT_EMIT_KIND), f"{path}.kind", "kind", EMIT_KINDS)
+    transport = _known(
+        obj.get("transport", DEFAULT_TRANSPORT), f"{path}.transport", "transport", TRANSPORTS
+    )
+    binding = _non_empty_string(obj["binding"], f"{path}.binding") if "binding" in obj else None
     terminal = obj.get("terminal", False)
     if not isinstance(terminal, bool):
         raise GraphError(f"{path}.terminal", f"expected a boolean, got {_json_type(terminal)}")
-    return Emit(id=emit_id, kind=kind, transport=transport, terminal=terminal)
+    return Emit(id=emit_id, kind=kind, transport=transport, terminal=terminal, binding=binding)
 
 
 def _parse_stage(obj: Any, path: str) -> Stage:
@@ -314,6 +367,7 @@ def _parse_stage(obj: Any, path: str) -> Stage:
         emits=tuple(_parse_emit(x, f"{path}.emits[{i}]") for i, x in enumerate(emits)),
         max_batch=_positive_int(obj, "max_batch", path),
         max_seq=_positive_int(obj, "max_seq", path),
+        stream=_stream(obj, path),
         config=_config(obj.get("config", {}), f"{path}.config"),
     )
 
@@ -366,7 +420,8 @@ def load(path: str | os.PathLike[str]) -> Graph:
 
 def dump(graph: Graph) -> dict[str, Any]:
     """The JSON object of ``graph``; optional keys at their default are left out, as the
-    builder writes them (``on_missing`` and ``transport`` are always written, for readers)."""
+    builder writes them (``on_missing``, an emit's ``kind`` and ``transport`` are always
+    written, for readers; ``binding`` and ``stream`` only when set)."""
     stages = []
     for s in graph.stages:
         out: dict[str, Any] = {k: getattr(s, k) for k in STAGE_KEYS.required}
@@ -375,11 +430,16 @@ def dump(graph: Graph) -> dict[str, Any]:
         ]
         out["emits"] = [
             {"id": e.id, "kind": e.kind, "transport": e.transport}
+            | ({"binding": e.binding} if e.binding is not None else {})
             | ({"terminal": True} if e.terminal else {})
             for e in s.emits
         ]
         out.update(
-            {k: getattr(s, k) for k in ("max_batch", "max_seq") if getattr(s, k) is not None}
+            {
+                k: getattr(s, k)
+                for k in ("max_batch", "max_seq", "stream")
+                if getattr(s, k) is not None
+            }
         )
         if s.config:
             out["config"] = _thaw(s.config)

@@ -38,8 +38,8 @@ def _check_unique(values: list[str], path_of: list[str], what: str, where: str =
 
 
 def _check_artifact(artifact: str, path: str, engine_dir: str | os.PathLike[str] | None) -> None:
-    if not artifact:
-        raise GraphError(path, "artifact must not be empty (use '.' for the engine dir)")
+    # "" is the engine dir itself, as "." is (TensorRT Edge-LLM writes it so); os.path.join
+    # and the runtime's Path join both resolve it there.
     if artifact.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", artifact):
         raise GraphError(path, f"artifact {artifact!r} must be relative to the engine dir")
     if ".." in re.split(r"[\\/]", artifact):
@@ -195,7 +195,7 @@ def validate(
 
     ``runners`` maps runner name -> declared kind; when given, each stage's runner must be in it
     with the same kind. ``engine_dir`` is the folder holding the file; when given, each artifact
-    must be a directory inside it (symlinks resolved).
+    must be a directory inside it (symlinks resolved; ``""`` and ``"."`` are the folder itself).
     """
     if graph.schema_version != SCHEMA_VERSION:
         raise GraphError(

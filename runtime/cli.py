@@ -44,7 +44,12 @@ def parser() -> argparse.ArgumentParser:
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="one user message; the reply goes to stdout")
-    src.add_argument("--input-file", type=Path, help="request file (llm_inference format)")
+    src.add_argument(
+        "--input-file",
+        type=Path,
+        help="request file in TensorRT Edge-LLM's format (llm_inference's keys; the README lists "
+        "each and what it does here)",
+    )
     p.add_argument(
         "--audio",
         action="append",
@@ -60,7 +65,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="with --prompt: an image; repeatable",
     )
-    p.add_argument("--output-file", type=Path, help="predictions.json to write (atomically)")
+    p.add_argument(
+        "--output-file",
+        type=Path,
+        help="predictions.json to write (atomically), in llm_inference's fields plus ok, error "
+        "and stages",
+    )
     p.add_argument(
         "--batch-size",
         type=int,
@@ -102,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
         "--output-audio-dir",
         type=Path,
         help="with --input-file: run the speech stages too and write audio_req<i>.wav and the "
-        "codec codes rvq_req<i>.safetensors here",
+        "codec codes rvq_req<i>.safetensors (rvq_codes, int32 [frames, codes]) here",
     )
     p.add_argument(
         "--voice", help="speaker for --out-audio (an unknown voice fails with the known ones)"
@@ -195,6 +205,8 @@ def _main(args: argparse.Namespace) -> int:
         return _fail(problem, EXIT_BAD_CONFIG)
 
     want_audio = args.out_audio is not None or args.output_audio_dir is not None
+    for key, why in settings.get("ignored", {}).items():
+        print(f"edge-infer: warning: ignoring the request file's {key}: {why}", file=sys.stderr)
     try:
         pipeline = Pipeline(
             args.config,
@@ -212,6 +224,13 @@ def _main(args: argparse.Namespace) -> int:
     batch_size = args.batch_size or settings.get("batch_size") or 1
     # text stages only, unless audio was asked for (a graph without text always speaks)
     requested = None if want_audio else (pipeline.text_terminals() or None)
+    if settings.get("penalty_differs") and want_audio and pipeline.text_terminals():
+        print(
+            "edge-infer: warning: the request file's repetition_penalty applies to the text "
+            "model here; TensorRT Edge-LLM's llm_inference applies it to the talker. Set "
+            "talker_repetition_penalty for the talker (default 1.05)",
+            file=sys.stderr,
+        )
     interrupt: KeyboardInterrupt | None = None
     try:
         outcomes = pipeline.run(requests, batch_size=batch_size, requested=requested)
@@ -227,7 +246,7 @@ def _main(args: argparse.Namespace) -> int:
                 for outcome in outcomes:
                     write_audio(outcome, args)
                 if args.output_file is not None:
-                    write_predictions(args.output_file, entries)
+                    write_predictions(args.output_file, entries, args.input_file)
             except OSError as e:
                 return _fail(f"cannot write the outputs: {_os_reason(e)}", EXIT_INTERNAL)
     if interrupt is not None:
@@ -320,13 +339,19 @@ def destination_error(args: argparse.Namespace, requests: Sequence[Any]) -> str 
     inputs (the request file, the graph, a media file). None when they can all be written."""
     from edgeomni.runtime.pipeline import resolve_config
     from edgeomni.runtime.prompt import media_parts
+    from edgeomni.runtime.requests import BadRequest
 
     inputs = {os.path.realpath(resolve_config(args.config)): "the graph (--config)"}
     if args.input_file is not None:
         inputs[os.path.realpath(args.input_file)] = "the --input-file"
     for request in requests:
-        for kind, path in media_parts(getattr(request, "messages", ())):
-            inputs.setdefault(os.path.realpath(path), f"the {kind} file {path}")
+        if isinstance(request, BadRequest):  # its messages are as written, not checked
+            continue
+        for part in media_parts(request.messages):
+            inputs.setdefault(os.path.realpath(part.path), f"the {part.kind} file {part.path}")
+        ref = request.speech.get("ref_audio")
+        if ref:
+            inputs.setdefault(os.path.realpath(ref), f"the ref_audio file {ref}")
     files = [(f, p) for f, p in (("--output-file", args.output_file),
                                  ("--out-audio", args.out_audio)) if p is not None]  # fmt: skip
     for flag, path in files:
@@ -409,6 +434,8 @@ def _report(args: argparse.Namespace, entries: Sequence[dict[str, Any]]) -> None
 
 def write_audio(outcome: Any, args: argparse.Namespace) -> None:
     """Write the request's audio (and codes) where the flags say; add the audio fields."""
+    import numpy as np
+
     from edgeomni.runtime.audio import write_wav
     from edgeomni.runtime.safetensors_np import save
 
@@ -421,9 +448,9 @@ def write_audio(outcome: Any, args: argparse.Namespace) -> None:
     elif args.output_audio_dir is not None:
         args.output_audio_dir.mkdir(parents=True, exist_ok=True)
         wav = args.output_audio_dir / f"audio_req{i}.wav"
-        if outcome.codes is not None:
+        if outcome.codes is not None:  # as upstream writes them: rvq_codes, int32 [frames, codes]
             rvq = args.output_audio_dir / f"rvq_req{i}.safetensors"
-            save(rvq, {"codes": outcome.codes})
+            save(rvq, {"rvq_codes": np.ascontiguousarray(outcome.codes, np.int32)})
             entry["rvq_file"] = str(rvq)
     else:
         return
@@ -432,7 +459,7 @@ def write_audio(outcome: Any, args: argparse.Namespace) -> None:
         audio_file=str(wav),
         audio_samples=int(len(outcome.audio)),
         audio_sample_rate=outcome.sample_rate,
-        audio_duration_ms=round(1e3 * len(outcome.audio) / outcome.sample_rate, 3),
+        audio_duration_ms=int(round(1e3 * len(outcome.audio) / outcome.sample_rate)),
     )
 
 

@@ -128,6 +128,10 @@ class Pipeline:
         self.stream_stages = stream_stages
         self._runners: dict[str, Any] = {}
         self.profile = Profile()
+        # the request fields some stage reads (request:<field> inputs)
+        self._request_fields = {
+            inp.request_field for s in self.graph.stages for inp in s.inputs if inp.request_field
+        }
 
     def runner(self, stage_id: str) -> Any:
         """Stage runners load on first use, so a text-only run never loads speech engines."""
@@ -201,6 +205,14 @@ class Pipeline:
             if isinstance(item, BadRequest):
                 failed[pos] = item.error
                 continue
+            unread = sorted(set(item.speech) - self._request_fields)
+            if unread:
+                failed[pos] = (
+                    f"{', '.join(unread)}: no stage of this graph reads "
+                    f"{'it' if len(unread) == 1 else 'them'} (a Qwen3-TTS control; this graph "
+                    f"runs {', '.join(self.graph.stage_ids)})"
+                )
+                continue
             plan = graph_schema.plan(self.graph, item.fields, requested)
             if not plan.ok:
                 failed[pos] = plan.error or "the graph cannot serve this request"
@@ -233,10 +245,10 @@ class Pipeline:
             for pos in range(len(requests)):
                 if pos not in done:
                     failed[pos] = INTERRUPTED
-            raise Interrupted(e, self._entries(len(requests), states, failed)) from None
+            raise Interrupted(e, self._entries(requests, states, failed)) from None
         finally:
             self.profile.wall_seconds += time.perf_counter() - start
-        return self._entries(len(requests), states, failed)
+        return self._entries(requests, states, failed)
 
     def _prepare(self, state: RequestState) -> str | None:
         """Each planned stage's own per-request work (tokenizing, encoding media, checking
@@ -262,12 +274,13 @@ class Pipeline:
         pos = 0
         while pos < len(stages):
             stage_id = stages[pos]
-            runner = self.runner(stage_id)
-            width = min(batch_size, getattr(runner, "max_batch", batch_size))
+            width = self._width(stage_id, batch_size)
             follower = self._follower(stage_id, stages[pos + 1 :], width, batch_size)
             alive = [s for s in cohort if s.error is None]  # a failed request leaves its cohort
             for lo in range(0, len(alive), width):  # a cohort never exceeds the build's max_batch
                 part = alive[lo : lo + width]
+                for row, state in enumerate(part):  # its row in its first stage's batch
+                    state.batch_idx = row if state.batch_idx is None else state.batch_idx
                 try:
                     if follower is None:
                         t = time.perf_counter()
@@ -281,6 +294,13 @@ class Pipeline:
                     for state in part:
                         state.error = state.error or f"{where}: {failure(e)}"
             pos += 1 if follower is None else 2
+
+    def _width(self, stage_id: str, batch_size: int) -> int:
+        """Rows one call of this stage takes: the batch size, capped by the engine's build
+        and by the graph's ``max_batch`` for the stage when it sets one."""
+        width = min(batch_size, getattr(self.runner(stage_id), "max_batch", batch_size))
+        cap = self.graph.stage(stage_id).max_batch
+        return max(1, min(width, cap) if cap else width)
 
     def _run_part(
         self, stage_id: str, part: list[RequestState], later: Sequence[str], **kw: Any
@@ -311,7 +331,7 @@ class Pipeline:
             reads and hasattr(producer, "steps") and getattr(consumer, "reads_upstream", False)
         ):
             return None
-        if min(batch_size, getattr(consumer, "max_batch", batch_size)) != width:
+        if self._width(nxt, batch_size) != width:
             return None  # the two stages split the cohort differently: one after the other
         return nxt
 
@@ -364,29 +384,81 @@ class Pipeline:
         return sinks
 
     def _entries(
-        self, count: int, states: list[RequestState], failed: dict[int, str]
-    ) -> list[Outcome]:
+        self, requests: Sequence[Request | BadRequest], states: list[RequestState],
+        failed: dict[int, str],
+    ) -> list[Outcome]:  # fmt: skip
         by_pos = {s.index: s for s in states}
         text_ports = self.text_terminals()
         kinds = {stage.port(e.id): e.kind for stage in self.graph.stages for e in stage.emits}
         outcomes = []
-        for pos in range(count):
-            if pos in failed:
-                entry = {"request_idx": pos, "ok": False, "error": failed[pos], "stages": {}}
-                outcomes.append(Outcome(entry))
-                continue
-            state = by_pos[pos]
-            entry: dict[str, Any] = {"request_idx": pos}
-            for port in text_ports:
-                if port in state.outputs:
-                    entry.setdefault("output_text", state.outputs[port])
-            entry.update(ok=state.error is None, error=state.error, stages=state.details)
+        for pos, item in enumerate(requests):
+            state = by_pos.get(pos)
+            error = failed.get(pos) or (state.error if state is not None else None)
+            text = None
+            if state is not None and error is None:
+                text = next((state.outputs[p] for p in text_ports if p in state.outputs), None)
+            entry = prediction_entry(pos, item, state, text, error)
             outcome = Outcome(entry)
+            outcomes.append(outcome)
+            if state is None or pos in failed:
+                continue
             for port, value in state.outputs.items():
                 if kinds.get(port) == "audio":
                     outcome.audio = value
                     outcome.sample_rate = state.details[port.split(":")[0]].get("sample_rate")
                 elif kinds.get(port) == "codec":
                     outcome.codes = value
-            outcomes.append(outcome)
         return outcomes
+
+
+# edgeomni's stage finish reasons in llm_inference's words
+FINISH_REASONS = {"eos": "end-of-sequence", "stop": "stop-words", "length": "max-length"}
+
+
+def prediction_entry(
+    pos: int,
+    item: Request | BadRequest,
+    state: RequestState | None,
+    text: str | None,
+    error: str | None,
+) -> dict[str, Any]:
+    """One predictions.json entry in llm_inference's fields (a failed request's error is its
+    ``output_text`` with finish_reason ``error``, ``cancelled`` when interrupted), with
+    edgeomni's ``ok``, ``error`` and per-stage ``stages`` beside them."""
+    if error is not None:
+        finish = "cancelled" if error == INTERRUPTED else "error"
+    else:
+        reasons = [state.details.get(sid, {}).get("finish_reason") for sid in state.plan.stages]
+        finish = next((FINISH_REASONS.get(r, r) for r in reasons if r), "end-of-sequence")
+    entry: dict[str, Any] = {
+        "request_idx": pos,
+        "batch_idx": state.batch_idx if state is not None else None,
+        "output_text": error if error is not None else (text if text is not None else ""),
+        "finish_reason": finish,
+        "messages": echo_messages(item.messages),
+        "formatted_system_prompt": "",
+        "formatted_complete_request": "",
+    }
+    if state is not None:
+        entry.update(state.entry if error is None else {
+            k: v for k, v in state.entry.items() if k.startswith("formatted_")
+        })  # fmt: skip
+    entry.update(item.carry)
+    entry.update(ok=error is None, error=error, stages=state.details if state else {})
+    return entry
+
+
+def echo_messages(messages: Any) -> list[Any]:
+    """The request's messages as llm_inference echoes them: every content a list of parts."""
+    if not isinstance(messages, (list, tuple)):
+        return []
+    out = []
+    for m in messages:
+        if isinstance(m, dict) or hasattr(m, "items"):
+            m = dict(m)
+            if isinstance(m.get("content"), str):
+                m["content"] = [{"type": "text", "text": m["content"]}]
+            elif isinstance(m.get("content"), (list, tuple)):
+                m["content"] = [dict(p) if hasattr(p, "items") else p for p in m["content"]]
+        out.append(m)
+    return out

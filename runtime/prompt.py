@@ -4,10 +4,11 @@ them (transformers' Qwen3-Omni processor and get_rope_index, done on the host)."
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -32,8 +33,17 @@ class Prompt:
         return len(self.ids)
 
 
-def media_parts(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """(kind, path) of every audio and image part, in the order the template renders them."""
+class MediaPart(NamedTuple):
+    """An audio or image part of a request: its file, and for an image whether it is resized
+    to the model's target size (upstream's ``do_resize``; false: it must be that size)."""
+
+    kind: str
+    path: str
+    do_resize: bool = True
+
+
+def media_parts(messages: Sequence[Mapping[str, Any]]) -> list[MediaPart]:
+    """Every audio and image part, in the order the template renders them."""
     out = []
     for message in messages:
         content = message.get("content")
@@ -41,7 +51,8 @@ def media_parts(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
             continue
         for part in content:
             if part.get("type") in ("audio", "image"):
-                out.append((part["type"], str(part[part["type"]])))
+                kind = part["type"]
+                out.append(MediaPart(kind, str(part[kind]), bool(part.get("do_resize", True))))
     return out
 
 
@@ -111,10 +122,10 @@ class MediaEncoders:
         )
         self._encoders: dict[str, Any] = {}
 
-    def require(self, parts: Sequence[tuple[str, str]]) -> None:
+    def require(self, parts: Sequence[MediaPart]) -> None:
         """A RequestError, before anything is rendered or encoded, for media parts this thinker
         has no encoder for."""
-        kinds = sorted({kind for kind, _ in parts})
+        kinds = sorted({part.kind for part in parts})
         if kinds and self.ids is None:
             raise RequestError(
                 f"this model reads text only; the request has {' and '.join(kinds)} parts"
@@ -139,13 +150,13 @@ class MediaEncoders:
             self._encoders[kind] = cls(where, threads=self.threads)
         return self._encoders[kind]
 
-    def expand(self, ids: list[int], parts: list[tuple[str, str]]) -> Prompt:
+    def expand(self, ids: list[int], parts: list[MediaPart]) -> Prompt:
         """Encode each part and expand its single placeholder token to the encoder's rows."""
         if not parts:
             return Prompt(np.asarray(ids, np.int64))
         if self.ids is None:
             raise RequestError("this model reads text only")
-        encoded = [self._encode(kind, path) for kind, path in parts]
+        encoded = [self._encode(part) for part in parts]
         out: list[int] = []
         prompt = Prompt(np.zeros(0, np.int64))
         queue = list(zip(parts, encoded, strict=True))
@@ -155,7 +166,7 @@ class MediaEncoders:
                 continue
             if not queue:
                 raise RequestError("the prompt has more media placeholders than media parts")
-            (kind, path), (rows, deep, extent) = queue.pop(0)
+            (kind, path, _), (rows, deep, extent) = queue.pop(0)
             want = self.audio_token if kind == "audio" else self.image_token
             if token != want:
                 raise RequestError(f"media placeholders are out of order at {path}")
@@ -174,7 +185,8 @@ class MediaEncoders:
             prompt.positions, prompt.delta = pos, delta
         return prompt
 
-    def _encode(self, kind: str, path: str) -> tuple[np.ndarray, np.ndarray | None, Any]:
+    def _encode(self, part: MediaPart) -> tuple[np.ndarray, np.ndarray | None, Any]:
+        kind, path = part.kind, part.path
         try:
             if kind == "audio":
                 from edgeomni.runtime.audio import audio_features, read_wav, resample
@@ -182,13 +194,30 @@ class MediaEncoders:
                 wav, rate = read_wav(path)
                 feats, frames = audio_features(resample(wav, rate, AUDIO_RATE))
                 return self.encoder("audio").encode(feats), None, frames
-            from edgeomni.runtime.image import load_image, preprocess
+            from edgeomni.runtime.image import load_image, preprocess, smart_resize
 
             visual = self.encoder("visual")
-            if visual.image_settings is None:
+            settings = visual.image_settings
+            if settings is None:
                 raise RequestError("the visual engine folder has no image_processor settings")
-            pixels, grid = preprocess(load_image(path), visual.image_settings)
+            image = load_image(path)
+            if not part.do_resize:  # the caller resized it: it must be the model's target size
+                height, width = image.shape[:2]
+                target = smart_resize(
+                    height, width, settings.patch_size * settings.merge_size,
+                    settings.min_pixels, settings.max_pixels,
+                )  # fmt: skip
+                if tuple(target) != (height, width):
+                    raise RequestError(
+                        f"image {path}: do_resize is false, so it must be the model's target "
+                        f"size for it, {target[1]}x{target[0]} (width x height); it is "
+                        f"{width}x{height}"
+                    )
+                settings = dataclasses.replace(settings, do_resize=False)
+            pixels, grid = preprocess(image, settings)
             embeds, deep = visual.encode(pixels, grid)
             return embeds, deep, tuple(int(g) for g in grid)
         except (OSError, ValueError, ImportError) as e:  # ImportError: the image extra
+            if isinstance(e, RequestError):
+                raise
             raise RequestError(f"{kind} {path}: {e}") from None

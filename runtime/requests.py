@@ -1,19 +1,28 @@
 """Request files in, predictions out.
 
-The input is llm_inference's request file: top-level defaults plus a ``requests`` list. A bad
-request becomes a ``BadRequest`` so one typo does not cost the other requests their answers;
-a bad file raises ``ValueError`` before anything runs. Predictions are written atomically so
-a crash never leaves a truncated predictions.json behind.
+The input is TensorRT Edge-LLM's request file (llm_inference's format, and the speech keys of
+qwen3_tts_inference): top-level defaults plus a ``requests`` list. Upstream's parsers read the
+keys they know and ignore the rest; this one knows every key upstream reads and says what each
+does here (``FILE_KEYS``, ``REQUEST_KEYS``): a key for a feature edgeomni lacks is reported as
+ignored at the top level and fails the request that needs it, and an unknown key is an error
+naming the nearest known one, so a typo is caught and nothing is silently misread. Keys
+starting with ``_`` are comments.
+
+A bad request becomes a ``BadRequest`` so one typo does not cost the other requests their
+answers; a bad file raises ``ValueError`` before anything runs. Predictions are written
+atomically so a crash never leaves a truncated predictions.json behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -22,6 +31,9 @@ from .sampling import DEFAULT_SAMPLING, SAMPLING_KEYS, SamplingParams, sampling_
 
 __all__ = [
     "EXTRA_SAMPLING_PREFIXES",
+    "FILE_KEYS",
+    "REQUEST_KEYS",
+    "SPEECH_KEYS",
     "BadRequest",
     "Request",
     "load_request_file",
@@ -35,34 +47,102 @@ __all__ = [
 EXTRA_SAMPLING_PREFIXES: tuple[str, ...] = ("talker_", "cp_", "subtalker_")
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "audio", "image")
+# what a media part may carry besides its path (upstream's image preprocessing switch)
+PART_OPTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType({"image": ("do_resize",)})
 DEFAULT_MAX_GENERATE_LENGTH = 256
+MAX_NUM_LOGPROBS = 50  # upstream's cap
+MAX_LOGIT_BIAS_ENTRIES = 1024  # upstream's cap per map
+LOGIT_BIAS_RANGE = 100.0  # upstream's bound on each bias
+COMMENT_PREFIX = "_"
 
-_FLAG_KEYS = ("apply_chat_template", "add_generation_prompt", "enable_thinking")
+# Qwen3-TTS's request controls (qwen3_tts_inference), read by a stage whose graph input is
+# ``request:<key>``; a request that sets one on a graph without such a stage fails alone.
+SPEECH_KEYS: Mapping[str, str] = MappingProxyType({
+    "language": "the language the talker speaks (Qwen3-TTS)",
+    "instruct": "a spoken-style instruction (Qwen3-TTS VoiceDesign and 1.7B)",
+    "ref_audio": "reference audio to clone a voice from (Qwen3-TTS Base)",
+    "ref_text": "the transcript of ref_audio (Qwen3-TTS Base)",
+    "assistant_instruct": "an instruction in the assistant turn (Qwen3-TTS)",
+    "talker_language": "the talker's language id override (Qwen3-TTS)",
+    "system_instruct": "a system instruction for the talker (Qwen3-TTS)",
+    "prompt_speaker_codes": "per-frame speaker codes to prompt with (Qwen3-TTS)",
+})  # fmt: skip
+
+# Top-level keys for features edgeomni does not have: the key changes nothing (the file would
+# run the same without it) and is reported once.
+IGNORED_FILE_KEYS: Mapping[str, str] = MappingProxyType({
+    "available_lora_weights": "LoRA adapters are not supported (a request's lora_name fails)",
+    "context_cache_lookup_policy": "there is no context-cache reuse",
+    "context_cache_commit_policy": "there is no context-cache reuse",
+    "save_system_prompt_kv_cache": "there is no system-prompt KV cache",
+    "disable_spec_decode": "there is no speculative decoding",
+    "spec_proposal_sampling": "there is no speculative decoding",
+    "diffusion_config": "diffusion language models are not supported",
+    "streaming": "the talker starts after the thinker unless --stage-streaming is given, and "
+                 "the code2wav stage's config sets the vocoder windows (the same tokens and "
+                 "codes either way)",
+})  # fmt: skip
+
+# Keys whose feature changes a request's output: a request that needs one fails alone.
+UNSUPPORTED_KEYS: Mapping[str, str] = MappingProxyType({
+    "lora_name": "LoRA adapters are not supported",
+    "guided_decoding": "guided decoding is not supported",
+})  # fmt: skip
+
+# Every key a request file's top level may hold and what it does here (the README lists them;
+# tests/test_requests.py keeps the two in step).
+FILE_KEYS: Mapping[str, str] = MappingProxyType({
+    "requests": "the list of requests (required)",
+    "batch_size": "requests per cohort (--batch-size overrides it)",
+    "max_generate_length": "tokens the text model may generate (default 256)",
+    "min_generate_length": "end of sequence is held back until this many tokens",
+    "apply_chat_template": "render messages through the chat template (default true)",
+    "add_generation_prompt": "end the prompt with the assistant turn's opening (default true)",
+    "enable_thinking": "passed to the chat template (default false)",
+    "temperature": "the text model's sampling temperature (default 1.0; 0 is greedy)",
+    "top_k": "the text model's top-k (default 50; 0 off, 1 greedy)",
+    "top_p": "the text model's top-p (default 0.8)",
+    "repetition_penalty": "the text model's repetition penalty (default 1.0; upstream's "
+                          "llm_inference applies it to the talker: see talker_repetition_penalty)",
+    "seed": "the random seed of a request's draws (sampling_seed is the same key)",
+    "sampling_seed": "the random seed of a request's draws",
+    "voice": "the talker's speaker (speaker is the same key)",
+    "speaker": "the talker's speaker",
+    "stop": "stop strings, the default for every request",
+    "logit_bias": "{token id: bias}: added to the text model's logits before sampling",
+    "num_logprobs": "the top N log-probabilities of each generated token, 0..50 (default 0)",
+    "max_audio_length": "the talker's frame cap (the same as talker_max_new_tokens)",
+    "guided_decoding": UNSUPPORTED_KEYS["guided_decoding"] + ": every request fails",
+    **SPEECH_KEYS,
+    **{k: f"ignored: {why}" for k, why in IGNORED_FILE_KEYS.items()},
+})  # fmt: skip
+
+REQUEST_KEYS: Mapping[str, str] = MappingProxyType({
+    "messages": "the conversation: role and content (a string, or text, image and audio parts)",
+    "prompt": "one user message as a string (instead of messages)",
+    "max_generate_length": "overrides the top level's",
+    "min_generate_length": "overrides the top level's",
+    "sampling": "per-request sampling: the top level's sampling keys and talker_*/cp_*/"
+                "subtalker_* keys",
+    "sampling_seed": "the request's seed (the same as sampling.seed)",
+    "voice": "the talker's speaker (speaker is the same key)",
+    "speaker": "the talker's speaker",
+    "stop": "a string or strings that end generation; cut from the text",
+    "logit_bias": "replaces the top level's logit_bias for this request",
+    "num_logprobs": "replaces the top level's num_logprobs for this request",
+    "max_audio_length": "the talker's frame cap for this request",
+    "reference": "anything (upstream's tests hold the expected answer): copied to the entry",
+    "disable_spec_decode": "accepted, no effect: there is no speculative decoding",
+    "save_system_prompt_kv_cache": "accepted, no effect: there is no system-prompt KV cache",
+    **{k: f"{why}: the request fails" for k, why in UNSUPPORTED_KEYS.items()},
+    **SPEECH_KEYS,
+})  # fmt: skip
+
 _FLAG_DEFAULTS = {
     "apply_chat_template": True,
     "add_generation_prompt": True,
     "enable_thinking": False,
 }
-_TOP_LEVEL_KEYS = (
-    "requests",
-    "batch_size",
-    "max_generate_length",
-    "min_generate_length",
-    *_FLAG_KEYS,
-    *SAMPLING_KEYS,
-    "voice",
-    "speaker",
-)
-_REQUEST_KEYS = (
-    "messages",
-    "prompt",
-    "max_generate_length",
-    "min_generate_length",
-    "sampling",
-    "voice",
-    "speaker",
-    "stop",
-)
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -83,6 +163,13 @@ class Request:
     fields: frozenset[str]
     # end-of-sequence tokens are banned until this many tokens are generated (HF min_new_tokens)
     min_generate_length: int = 0
+    # (token id, bias) pairs added to the text model's logits, sorted by id
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    num_logprobs: int = 0  # the top N log-probabilities of each generated token; 0: none
+    # Qwen3-TTS controls given (SPEECH_KEYS): read by the stage whose input is request:<key>
+    speech: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    # copied into the request's predictions entry as they are (``reference``)
+    carry: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
     @property
     def batch_settings(self) -> tuple[Any, ...]:
@@ -98,14 +185,28 @@ class Request:
 
 @dataclass(frozen=True)
 class BadRequest:
-    """A request that failed validation; it is answered with ``ok: false`` and this error."""
+    """A request that failed validation; it is answered with ``ok: false`` and this error.
+    ``messages`` and ``carry`` are what could be read of it, for its entry."""
 
     index: int
     error: str
+    messages: Any = None
+    carry: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
 
 def _is_extra_key(key: str) -> bool:
     return key.startswith(EXTRA_SAMPLING_PREFIXES)
+
+
+def _unknown(keys: Sequence[str], known: Sequence[str], what: str) -> str:
+    """``unknown request keys ['temprature']; did you mean 'temperature'? accepted: ...``"""
+    hints = []
+    for key in keys:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        if close:
+            hints.append(f"{key!r} -> {close[0]!r}")
+    did = f"; did you mean {', '.join(hints)}?" if hints else ""
+    return f"unknown {what} {sorted(keys)}{did}; accepted: {', '.join(known)}"
 
 
 def _check_extra(key: str, value: Any) -> float | int:
@@ -158,22 +259,109 @@ def _pick_voice(d: Mapping[str, Any], where: str) -> str | None:
     return next(iter(given.values()), None)
 
 
-def _parse_part(part: Any, where: str) -> dict[str, str]:
+def _check_stop(value: Any) -> tuple[str, ...]:
+    stop = [value] if isinstance(value, str) else value
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+        raise ValueError(f"stop must be a string or a list of non-empty strings, got {value!r}")
+    return tuple(stop)
+
+
+def _check_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """upstream's rules: {"<token id>": bias}, each bias finite in [-100, 100], at most 1024."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f'logit_bias must be an object like {{"123": -100.0}}, got {value!r}')
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(
+            f"logit_bias has {len(value)} entries; at most {MAX_LOGIT_BIAS_ENTRIES} are allowed"
+        )
+    out: dict[int, float] = {}
+    for key, bias in value.items():
+        text = str(key).strip()
+        if not text.isdigit():
+            raise ValueError(f"logit_bias key {key!r} must be a token id (a non-negative integer)")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise ValueError(f"logit_bias[{key!r}] must be a finite number, got {bias!r}")
+        if abs(bias) > LOGIT_BIAS_RANGE:
+            raise ValueError(
+                f"logit_bias[{key!r}] is {bias}; biases must be within "
+                f"[-{LOGIT_BIAS_RANGE:g}, {LOGIT_BIAS_RANGE:g}]"
+            )
+        if int(text) in out:
+            raise ValueError(f"logit_bias names token {int(text)} twice")
+        out[int(text)] = float(bias)
+    return tuple(sorted(out.items()))
+
+
+def _check_num_logprobs(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_NUM_LOGPROBS:
+        raise ValueError(
+            f"num_logprobs must be an integer in [0, {MAX_NUM_LOGPROBS}], got {value!r}"
+        )
+    return value
+
+
+def _check_speech(key: str, value: Any) -> Any:
+    if key == "prompt_speaker_codes":
+        ok = isinstance(value, list) and all(
+            isinstance(f, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in f)
+            for f in value
+        )
+        if not ok:
+            raise ValueError(f"{key} must be a list of per-frame lists of integers")
+        return tuple(tuple(f) for f in value)
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def _speech(d: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """The speech keys given (an empty string or list is upstream's "not given")."""
+    out = dict(base)
+    for key in SPEECH_KEYS:
+        if key in d:
+            value = _check_speech(key, d[key])
+            if value in ("", ()):
+                out.pop(key, None)
+            else:
+                out[key] = value
+    return out
+
+
+def _audio_cap(d: Mapping[str, Any], extra: dict[str, Any]) -> None:
+    """``max_audio_length`` is upstream's name of the talker's frame cap."""
+    if "max_audio_length" not in d:
+        return
+    frames = _check_positive_int("max_audio_length", d["max_audio_length"])
+    given = d.get("talker_max_new_tokens")
+    if given is not None and given != frames:
+        raise ValueError(f"max_audio_length {frames} and talker_max_new_tokens {given} disagree")
+    extra["talker_max_new_tokens"] = frames
+
+
+def _parse_part(part: Any, where: str) -> dict[str, Any]:
     if not isinstance(part, Mapping):
         raise ValueError(f"{where} must be an object like {{'type': 'text', 'text': ...}}")
     kind = part.get("type")
     if kind not in PART_TYPES:
         raise ValueError(f"{where}.type must be one of {', '.join(PART_TYPES)}, got {kind!r}")
-    unknown = set(part) - {"type", kind}
+    options = PART_OPTIONS.get(kind, ())
+    unknown = [k for k in part if k not in ("type", kind, *options) and not _comment(k)]
     if unknown:
-        raise ValueError(
-            f"{where} has unknown keys {sorted(unknown)}; a {kind} part holds {kind!r}"
-        )
+        known = ["type", kind, *options]
+        raise ValueError(f"{where}: " + _unknown(unknown, known, f"keys of a {kind} part"))
     value = part.get(kind)
     if not isinstance(value, str) or (kind != "text" and not value):
         what = "a string" if kind == "text" else "a non-empty path string"
         raise ValueError(f"{where}.{kind} must be {what}, got {value!r}")
-    return {"type": kind, kind: value}
+    out: dict[str, Any] = {"type": kind, kind: value}
+    for key in options:
+        if key in part:
+            out[key] = _check_bool(f"{where}.{key}", part[key])
+    return out
+
+
+def _comment(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith(COMMENT_PREFIX)
 
 
 def _parse_messages(messages: Any) -> tuple[tuple[dict[str, Any], ...], set[str]]:
@@ -188,9 +376,9 @@ def _parse_messages(messages: Any) -> tuple[tuple[dict[str, Any], ...], set[str]
         where = f"messages[{i}]"
         if not isinstance(msg, Mapping):
             raise ValueError(f"{where} must be an object with role and content")
-        unknown = set(msg) - {"role", "content"}
+        unknown = [k for k in msg if k not in ("role", "content") and not _comment(k)]
         if unknown:
-            raise ValueError(f"{where} has unknown keys {sorted(unknown)}; accepted: role, content")
+            raise ValueError(f"{where} has " + _unknown(unknown, ("role", "content"), "keys"))
         role = msg.get("role")
         if role not in ROLES:
             raise ValueError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}")
@@ -220,11 +408,12 @@ def parse_sampling(
     """
     if not isinstance(obj, Mapping):
         raise ValueError(f"sampling must be an object, got {type(obj).__name__}")
-    unknown = sorted(k for k in obj if k not in SAMPLING_KEYS and not _is_extra_key(k))
+    unknown = [k for k in obj if k not in SAMPLING_KEYS and not _is_extra_key(k)]
     if unknown:
+        prefixes = ", ".join(EXTRA_SAMPLING_PREFIXES)
         raise ValueError(
-            f"unknown sampling keys {unknown}; accepted: {', '.join(SAMPLING_KEYS)} "
-            f"and keys starting with {', '.join(EXTRA_SAMPLING_PREFIXES)}"
+            _unknown(unknown, SAMPLING_KEYS, "sampling keys")
+            + f" and keys starting with {prefixes}"
         )
     params = sampling_from_dict(obj, base)
     extra = dict(extra_base)
@@ -241,14 +430,12 @@ def _parse_request(
 ) -> Request:
     if not isinstance(req, Mapping):
         raise ValueError(f"a request must be an object, got {type(req).__name__}")
-    unknown = sorted(set(req) - set(_REQUEST_KEYS))
+    unknown = [k for k in req if k not in REQUEST_KEYS and not _comment(k)]
     if unknown:
         hint = ""
         if any(k in SAMPLING_KEYS or _is_extra_key(k) for k in unknown):
             hint = "; per-request sampling keys go in the 'sampling' object"
-        raise ValueError(
-            f"unknown request keys {unknown}; accepted: {', '.join(_REQUEST_KEYS)}{hint}"
-        )
+        raise ValueError(_unknown(unknown, tuple(REQUEST_KEYS), "request keys") + hint)
     if "prompt" in req:
         if "messages" in req:
             raise ValueError("give either prompt or messages, not both")
@@ -259,6 +446,9 @@ def _parse_request(
         raise ValueError("request has no messages (or prompt)")
     else:
         messages, kinds = _parse_messages(req["messages"])
+    for key, why in UNSUPPORTED_KEYS.items():
+        if req.get(key, file.get(key)) not in (None, "", {}):
+            raise ValueError(f"{key}: {why} by edgeomni")
     max_len = file["max_generate_length"]
     if "max_generate_length" in req:
         max_len = _check_positive_int("max_generate_length", req["max_generate_length"])
@@ -270,13 +460,26 @@ def _parse_request(
     params, extra = base, dict(extra_base)
     if "sampling" in req:
         params, extra = parse_sampling(req["sampling"], base, extra_base)
+    if "sampling_seed" in req:
+        seeded = sampling_from_dict({"sampling_seed": req["sampling_seed"]}, params)
+        inner = req.get("sampling", {})
+        if any(k in inner for k in ("seed", "sampling_seed")) and seeded.seed != params.seed:
+            raise ValueError(
+                f"sampling_seed {seeded.seed} and the sampling object's seed {params.seed} disagree"
+            )
+        params = seeded
+    _audio_cap(req, extra)
     voice = _pick_voice(req, "") or file["voice"]
-    stop = req.get("stop", ())
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
-        raise ValueError(f"stop must be a list of non-empty strings, got {stop!r}")
-    fields = {"messages"} | (kinds & {"audio", "image"})
+    stop = _check_stop(req["stop"]) if "stop" in req else file["stop"]
+    bias = _check_logit_bias(req["logit_bias"]) if "logit_bias" in req else file["logit_bias"]
+    logprobs = file["num_logprobs"]
+    if "num_logprobs" in req:
+        logprobs = _check_num_logprobs(req["num_logprobs"])
+    for key in ("disable_spec_decode", "save_system_prompt_kv_cache"):
+        if key in req:
+            _check_bool(key, req[key])
+    speech = _speech(req, file["speech"])
+    fields = {"messages"} | (kinds & {"audio", "image"}) | set(speech)
     if voice is not None:
         fields.add("voice")
     return Request(
@@ -290,8 +493,18 @@ def _parse_request(
         add_generation_prompt=file["add_generation_prompt"],
         enable_thinking=file["enable_thinking"],
         voice=voice,
-        stop=tuple(stop),
+        stop=stop,
         fields=frozenset(fields),
+        logit_bias=bias,
+        num_logprobs=logprobs,
+        speech=MappingProxyType(speech),
+        carry=_carry(req),
+    )
+
+
+def _carry(req: Any) -> Mapping[str, Any]:
+    return MappingProxyType(
+        {"reference": req["reference"]} if isinstance(req, Mapping) and "reference" in req else {}
     )
 
 
@@ -303,15 +516,17 @@ def parse_request_file(
     """Parse a loaded request file; precedence is CLI ``defaults`` < file top level < request.
 
     Returns one entry per request, in input order, and the file-level settings the file gave
-    (``batch_size`` and the other top-level keys, validated) for the CLI.
+    (``batch_size`` and the other top-level keys, validated) for the CLI; ``settings["ignored"]``
+    lists the top-level keys that change nothing here, with why.
     """
     if not isinstance(obj, Mapping):
         raise ValueError(f"a request file must be a JSON object, got {type(obj).__name__}")
-    unknown = sorted(k for k in obj if k not in _TOP_LEVEL_KEYS and not _is_extra_key(k))
+    unknown = [k for k in obj if k not in FILE_KEYS and not _is_extra_key(k) and not _comment(k)]
     if unknown:
+        prefixes = ", ".join(EXTRA_SAMPLING_PREFIXES)
         raise ValueError(
-            f"unknown top-level keys {unknown}; accepted: {', '.join(_TOP_LEVEL_KEYS)} "
-            f"and keys starting with {', '.join(EXTRA_SAMPLING_PREFIXES)}"
+            _unknown(unknown, tuple(FILE_KEYS), "top-level keys")
+            + f" and keys starting with {prefixes}"
         )
     if not isinstance(obj.get("requests"), list):
         raise ValueError("a request file needs a 'requests' list")
@@ -323,6 +538,7 @@ def parse_request_file(
     try:
         base = sampling_from_dict(obj, defaults)
         extra_base.update({k: _check_extra(k, v) for k, v in obj.items() if _is_extra_key(k)})
+        _audio_cap(obj, extra_base)
         if "batch_size" in obj:
             settings["batch_size"] = _check_positive_int("batch_size", obj["batch_size"])
         max_len = DEFAULT_MAX_GENERATE_LENGTH
@@ -333,19 +549,33 @@ def parse_request_file(
             min_len = _check_min_length("min_generate_length", obj["min_generate_length"])
         flags = {k: _check_bool(k, obj[k]) if k in obj else v for k, v in _FLAG_DEFAULTS.items()}
         voice = _pick_voice(obj, "")
+        stop = _check_stop(obj["stop"]) if "stop" in obj else ()
+        bias = _check_logit_bias(obj["logit_bias"]) if "logit_bias" in obj else ()
+        logprobs = _check_num_logprobs(obj["num_logprobs"]) if "num_logprobs" in obj else 0
+        speech = _speech(obj, {})
     except ValueError as e:
         raise ValueError(f"top level: {e}") from None
     file = {"max_generate_length": max_len, "min_generate_length": min_len, "voice": voice,
-            **flags}  # fmt: skip
-    settings.update({k: v for k, v in file.items() if k in obj or (k == "voice" and voice)})
+            "stop": stop, "logit_bias": bias, "num_logprobs": logprobs, "speech": speech,
+            "guided_decoding": obj.get("guided_decoding"), **flags}  # fmt: skip
+    kept = ("max_generate_length", "min_generate_length", "voice", *_FLAG_DEFAULTS)
+    settings.update({k: file[k] for k in kept if k in obj or (k == "voice" and voice)})
     settings.update({k: obj[k] for k in obj if k in SAMPLING_KEYS or _is_extra_key(k)})
+    settings["ignored"] = {k: IGNORED_FILE_KEYS[k] for k in obj if k in IGNORED_FILE_KEYS}
+    # upstream's llm_inference gives the top-level repetition_penalty to the talker
+    settings["penalty_differs"] = (
+        "repetition_penalty" in obj and "talker_repetition_penalty" not in obj
+    )
 
     entries: list[Request | BadRequest] = []
     for i, req in enumerate(obj["requests"]):
         try:
             entries.append(_parse_request(i, req, base, extra_base, file))
         except ValueError as e:
-            entries.append(BadRequest(index=i, error=str(e)))
+            messages = req.get("messages") if isinstance(req, Mapping) else None
+            if isinstance(req, Mapping) and isinstance(req.get("prompt"), str):
+                messages = [{"role": "user", "content": req["prompt"]}]
+            entries.append(BadRequest(index=i, error=str(e), messages=messages, carry=_carry(req)))
     return entries, settings
 
 
@@ -408,8 +638,13 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
             os.close(dfd)
 
 
-def write_predictions(path: str | os.PathLike[str], entries: Sequence[Mapping[str, Any]]) -> None:
-    """Write ``{"responses": [...]}`` atomically; entries must already be in input order."""
+def write_predictions(
+    path: str | os.PathLike[str],
+    entries: Sequence[Mapping[str, Any]],
+    input_file: str | os.PathLike[str] | None = None,
+) -> None:
+    """Write ``{"input_file", "responses": [...]}`` (llm_inference's layout) atomically; entries
+    must already be in input order. ``input_file`` is null for a --prompt run."""
     last = -1
     for n, entry in enumerate(entries):
         missing = [k for k in ("request_idx", "ok", "error") if k not in entry]
@@ -421,4 +656,5 @@ def write_predictions(path: str | os.PathLike[str], entries: Sequence[Mapping[st
                 f"prediction entry {n} has request_idx {idx!r}; entries must be in input order"
             )
         last = idx
-    write_json_atomic(path, {"responses": [dict(e) for e in entries]})
+    source = None if input_file is None else str(input_file)
+    write_json_atomic(path, {"input_file": source, "responses": [dict(e) for e in entries]})

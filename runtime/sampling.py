@@ -21,6 +21,7 @@ __all__ = [
     "SamplingParams",
     "apply_repetition_penalty",
     "candidate_distribution",
+    "log_softmax_top",
     "StepLogits",
     "sample",
     "sample_step",
@@ -408,22 +409,29 @@ def sample_step(
     rng: np.random.Generator,
     seen: Sequence[np.ndarray] | None = None,
     banned: Sequence[np.ndarray | None] | None = None,
+    bias: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None,
 ) -> tuple[np.ndarray, int]:
     """``sample`` over a step's logits, from the engine's top-K where that is exact.
 
     ``banned[b]``: ids row b may not draw now (end of sequence before a minimum length, a
-    suppressed band). Returns the ids [B] and how many rows needed their full logits. The
-    draws, and the rng they consume, are those ``sample`` makes on the full logits.
+    suppressed band). ``bias[b]``: (ids, values) added to row b's logits first, as Hugging
+    Face's ``sequence_bias`` processor does before the repetition penalty (a biased row reads
+    its full logits: a raised token may come from outside the top-K). Returns the ids [B] and
+    how many rows needed their full logits. The draws, and the rng they consume, are those
+    ``sample`` makes on the full logits (plus the bias).
     """
     n = step.rows
     penalise = seen is not None and params.repetition_penalty != 1.0
-    if n > 1:  # one row: the per-row path is as fast
+    biased = [bias is not None and bias[b] is not None for b in range(n)]
+    if n > 1 and not any(biased):  # one row: the per-row path is as fast
         fast = _sample_topk_rows(step, params, rng, seen if penalise else None, banned)
         if fast is not None:
             return fast, 0
     picked: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n
     if step.topk_values is not None and step.topk_indices is not None:
         for b in range(n):
+            if biased[b]:
+                continue
             picked[b] = _reduced_row(
                 step.topk_values[b],
                 step.topk_indices[b],
@@ -435,6 +443,10 @@ def sample_step(
     full = None
     if need.size:
         full = np.array(step.full(need), np.float32)
+        for j, b in enumerate(need):
+            if biased[b]:
+                ids, values = bias[b]  # type: ignore[index, misc]
+                full[j, ids] += values
         if banned is not None:
             for j, b in enumerate(need):
                 if banned[b] is not None and banned[b].size:
@@ -458,3 +470,18 @@ def sample_step(
             pos = int(cand[_draw(probs, rng)])
         out[b] = pos if ids is None else ids[pos]
     return out, int(need.size)
+
+
+def log_softmax_top(logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n`` most likely tokens of each row of logits [B, V] and their log-probabilities
+    log(softmax(logits)) at temperature 1 (OpenAI's logprobs), highest first (the lower id
+    first among equals): ids int64 [B, n] and float64 [B, n]."""
+    x = np.asarray(logits, np.float64)
+    top = x.max(axis=-1, keepdims=True)
+    lse = top + np.log(np.exp(x - top).sum(axis=-1, keepdims=True))
+    n = min(n, x.shape[-1])
+    part = np.argpartition(-x, n - 1, axis=-1)[:, :n]
+    vals = np.take_along_axis(x, part, axis=-1)
+    order = np.lexsort((part, -vals), axis=-1)
+    ids = np.take_along_axis(part, order, axis=-1).astype(np.int64)
+    return ids, np.take_along_axis(vals, order, axis=-1) - lse

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ class TextTokenizer:
             raise ArtifactError(cfg_path, "must be a JSON object")
         tpl_path = folder / "chat_template.jinja"
         self._template: Any = _compile(tpl_path) if tpl_path.is_file() else None
+        self._byte_level: bool | None = None
 
     @property
     def has_chat_template(self) -> bool:
@@ -45,6 +47,25 @@ class TextTokenizer:
 
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes one token stands for (half a character, for some byte-level tokens):
+        a byte-level BPE token's characters mapped back to their bytes, a byte-fallback
+        ``<0xNN>`` token its byte, any other token its decoded text as UTF-8; an id past the
+        tokenizer's vocabulary (a model's padded rows) none."""
+        piece = self._tok.id_to_token(int(token_id))
+        if piece is None:  # a logit row of the model past the tokenizer's vocabulary: no text
+            return b""
+        if self._byte_level is None:
+            from tokenizers import decoders
+
+            self._byte_level = isinstance(self._tok.decoder, decoders.ByteLevel)
+        if self._byte_level and all(c in _UNICODE_TO_BYTE for c in piece):
+            return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            with contextlib.suppress(ValueError):
+                return bytes([int(piece[3:5], 16)])
+        return self._tok.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
 
     def apply_chat_template(
         self,
@@ -77,6 +98,22 @@ class TextTokenizer:
             raise ValueError(
                 f"the chat template cannot render these messages ({type(e).__name__}: {e})"
             ) from None
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte as the printable character BPE vocabularies
+    spell it with."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _byte_to_unicode().items()}
 
 
 class _TemplateRaised(Exception):

@@ -85,6 +85,45 @@ LLM: dict[str, Any] = {
     ],
 }
 
+# A graph as TensorRT Edge-LLM's multistage_inference writes it: emits with a binding, stages
+# with a stream lane, an emit without kind (text), artifact "" (the graph's own dir) and no
+# transport anywhere.
+UPSTREAM: dict[str, Any] = {
+    "schema_version": 1,
+    "terminals": ["thinker:text", "code2wav:audio"],
+    "stages": [
+        {
+            "id": "thinker",
+            "runner": "llm.backbone",
+            "artifact": "",
+            "kind": "autoregressive",
+            "stream": 0,
+            "inputs": [{"name": "prompt", "from": "request:messages"}],
+            "emits": [
+                {"id": "text", "binding": "output_ids", "terminal": True},
+                {"id": "accept_hidden", "kind": "hidden", "binding": "hidden_states"},
+            ],
+        },
+        {
+            "id": "talker",
+            "runner": "qwen3_omni.talker",
+            "artifact": "talker",
+            "kind": "autoregressive",
+            "stream": "talker_lane",
+            "inputs": [{"name": "hidden", "from": "thinker:accept_hidden"}],
+            "emits": [{"id": "codes", "kind": "codec"}],
+        },
+        {
+            "id": "code2wav",
+            "runner": "qwen3_omni.code2wav",
+            "artifact": "code2wav",
+            "kind": "iterative",
+            "inputs": [{"name": "codes", "from": "talker:codes"}],
+            "emits": [{"id": "audio", "kind": "audio", "terminal": True}],
+        },
+    ],
+}
+
 RUNNERS = {
     "llm.backbone": "autoregressive",
     "qwen3_omni.talker": "autoregressive",
@@ -140,7 +179,11 @@ def test_parse_fills_defaults() -> None:
     stage = llm.stage("llm")
     assert stage.inputs == (Input("prompt", "request:messages", "fail"),)
     assert stage.emits[0].transport == "chunk_stream"
+    assert stage.emits[0].binding is None and stage.stream is None
     assert stage.max_batch is None and dict(stage.config) == {}
+    no_kind = copy.deepcopy(LLM)
+    del no_kind["stages"][0]["emits"][0]["kind"]
+    assert parse(no_kind).stage("llm").emits[0].kind == "text"  # upstream's default
     assert stage.inputs[0].request_field == "messages" and stage.inputs[0].upstream is None
     talker = parse(OMNI).stage("talker")
     assert talker.inputs[0].upstream == ("thinker", "accept_hidden")
@@ -172,7 +215,8 @@ BROKEN: list[tuple[str, Callable[[Any], Any], str, str]] = [
     ("input from missing", edit("stages.1.inputs.0.from", DEL), "$.stages[1].inputs[0].from", "missing"),
     ("input key typo", rename("stages.1.inputs.0.from", "form"), "$.stages[1].inputs[0].form", "'from'"),
     ("on_missing bad", edit("stages.0.inputs.1.on_missing", "ignore"), "$.stages[0].inputs[1].on_missing", "skip, fail, prune"),
-    ("emit kind missing", edit("stages.2.emits.0.kind", DEL), "$.stages[2].emits[0].kind", "missing"),
+    ("emit id missing", edit("stages.2.emits.0.id", DEL), "$.stages[2].emits[0].id", "missing"),
+    ("emit kind empty", edit("stages.2.emits.0.kind", ""), "$.stages[2].emits[0].kind", "unknown kind ''"),
     ("emit terminal not bool", edit("stages.0.emits.0.terminal", "yes"), "$.stages[0].emits[0].terminal", "boolean"),
     ("max_batch zero", edit("stages.0.max_batch", 0), "$.stages[0].max_batch", ">= 1"),
     ("max_seq bool", edit("stages.1.max_seq", True), "$.stages[1].max_seq", ">= 1"),
@@ -187,7 +231,6 @@ BROKEN: list[tuple[str, Callable[[Any], Any], str, str]] = [
     ("empty emit id", edit("stages.2.emits.0.id", ""), "$.stages[2].emits[0].id", "emit id"),
     ("absolute artifact", edit("stages.1.artifact", "/opt/talker"), "$.stages[1].artifact", "relative"),
     ("parent artifact", edit("stages.2.artifact", "talker/../../x"), "$.stages[2].artifact", "'..'"),
-    ("empty artifact", edit("stages.2.artifact", ""), "$.stages[2].artifact", "empty"),
     ("from without colon", edit("stages.1.inputs.0.from", "thinker"), "$.stages[1].inputs[0].from", "expected"),
     ("request field empty", edit("stages.0.inputs.1.from", "request:"), "$.stages[0].inputs[1].from", "expected"),
     ("request field bad", edit("stages.0.inputs.1.from", "request:2x"), "$.stages[0].inputs[1].from", "identifier"),
@@ -215,6 +258,103 @@ def test_broken_graph_is_rejected_at_its_path(mutate: Callable, path: str, fragm
     assert info.value.path == path, str(info.value)
     assert fragment in info.value.message
     assert str(info.value) == f"{path}: {info.value.message}"
+
+
+# TensorRT Edge-LLM's keys with values nobody can mean: (name, mutation, path, whole message).
+# fmt: off
+UPSTREAM_BROKEN: list[tuple[str, Callable[[Any], Any], str, str]] = [
+    ("binding integer", edit("stages.0.emits.1.binding", 3), "$.stages[0].emits[1].binding", "expected a non-empty string, got integer"),
+    ("binding empty", edit("stages.0.emits.0.binding", ""), "$.stages[0].emits[0].binding", "expected a non-empty string, got ''"),
+    ("binding null", edit("stages.0.emits.0.binding", None), "$.stages[0].emits[0].binding", "expected a non-empty string, got null"),
+    ("stream negative", edit("stages.0.stream", -1), "$.stages[0].stream", "expected an integer >= 0 or a non-empty string, got -1"),
+    ("stream boolean", edit("stages.1.stream", True), "$.stages[1].stream", "expected an integer >= 0 or a non-empty string, got boolean"),
+    ("stream empty", edit("stages.1.stream", ""), "$.stages[1].stream", "expected an integer >= 0 or a non-empty string, got ''"),
+    ("stream number", edit("stages.2.stream", 1.5), "$.stages[2].stream", "expected an integer >= 0 or a non-empty string, got number"),
+    ("transport bogus", edit("stages.0.emits.1.transport", "bogus"), "$.stages[0].emits[1].transport", "unknown transport 'bogus' (expected chunk_stream, device_tensor)"),
+    ("transport typo", edit("stages.2.emits.0.transport", "device_tensors"), "$.stages[2].emits[0].transport", "unknown transport 'device_tensors' (expected chunk_stream, device_tensor); did you mean 'device_tensor'?"),
+    ("transport empty", edit("stages.1.emits.0.transport", ""), "$.stages[1].emits[0].transport", "unknown transport '' (expected chunk_stream, device_tensor)"),
+    ("transport integer", edit("stages.1.emits.0.transport", 1), "$.stages[1].emits[0].transport", "expected a string, got integer"),
+    ("kind bogus", edit("stages.0.emits.1.kind", "bogus"), "$.stages[0].emits[1].kind", "unknown kind 'bogus' (expected text, hidden, codec, audio, image, video)"),
+    ("kind typo", edit("stages.2.emits.0.kind", "audios"), "$.stages[2].emits[0].kind", "unknown kind 'audios' (expected text, hidden, codec, audio, image, video); did you mean 'audio'?"),
+    ("kind null", edit("stages.1.emits.0.kind", None), "$.stages[1].emits[0].kind", "expected a string, got null"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path", "message"),
+    [pytest.param(m, p, msg, id=name) for name, m, p, msg in UPSTREAM_BROKEN],
+)
+def test_upstream_keys_with_bad_values_are_rejected(
+    mutate: Callable, path: str, message: str
+) -> None:
+    doc = mutate(copy.deepcopy(UPSTREAM))
+    with pytest.raises(GraphError) as info:
+        parse(doc)
+    assert (info.value.path, info.value.message) == (path, message)
+    assert str(info.value) == f"{path}: {message}"
+
+
+def test_upstream_graph_parses_validates_and_round_trips(tmp_path) -> None:
+    eng = _engine(tmp_path, UPSTREAM)
+    graph = validate_file(eng, RUNNERS)
+    assert graph == parse(UPSTREAM)
+    thinker, talker, code2wav = graph.stages
+    assert thinker.artifact == "" and thinker.stream == 0 and talker.stream == "talker_lane"
+    assert code2wav.stream is None
+    assert [(e.id, e.kind, e.binding) for e in thinker.emits] == [
+        ("text", "text", "output_ids"),
+        ("accept_hidden", "hidden", "hidden_states"),
+    ]
+    assert {e.transport for s in graph.stages for e in s.emits} == {"chunk_stream"}
+    assert all(s.max_batch is None for s in graph.stages)  # the engine's own width applies
+    assert parse(dump(graph)) == graph
+    assert loads(dumps(graph)) == graph
+    written = dump(graph)
+    assert written["stages"][0]["artifact"] == ""  # kept as written
+    assert written["stages"][0]["stream"] == 0 and written["stages"][1]["stream"] == "talker_lane"
+    assert "stream" not in written["stages"][2]
+    assert written["stages"][0]["emits"] == [  # kind and transport written, binding kept
+        {
+            "id": "text",
+            "kind": "text",
+            "transport": "chunk_stream",
+            "binding": "output_ids",
+            "terminal": True,
+        },
+        {
+            "id": "accept_hidden",
+            "kind": "hidden",
+            "transport": "chunk_stream",
+            "binding": "hidden_states",
+        },
+    ]
+    assert "binding" not in written["stages"][1]["emits"][0]
+    save(graph, eng / "multistage_config.json")
+    assert validate_file(eng, RUNNERS) == graph
+
+
+def test_device_tensor_transport_is_accepted_and_kept() -> None:
+    doc = copy.deepcopy(UPSTREAM)
+    doc["stages"][1]["emits"][0]["transport"] = "device_tensor"
+    graph = parse(doc)
+    assert graph.stage("talker").emits[0].transport == "device_tensor"
+    assert dump(graph)["stages"][1]["emits"][0]["transport"] == "device_tensor"
+
+
+@pytest.mark.parametrize("artifact", ["", "."])
+def test_empty_artifact_is_the_engine_dir_itself(tmp_path, artifact: str) -> None:
+    doc = copy.deepcopy(LLM)
+    doc["stages"][0]["artifact"] = artifact
+    graph = parse(doc)
+    validate(graph, RUNNERS, engine_dir=tmp_path)  # tmp_path holds no subfolder: it is the dir
+    assert tmp_path / graph.stage("llm").artifact == tmp_path  # the runtime's join
+    assert dump(graph)["stages"][0]["artifact"] == artifact
+    # Still refused when the engine dir itself is missing, naming the artifact as written.
+    with pytest.raises(GraphError) as info:
+        validate(graph, RUNNERS, engine_dir=tmp_path / "gone")
+    assert info.value.path == "$.stages[0].artifact"
+    assert info.value.message.startswith(f"artifact {artifact!r} does not exist")
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import edgeomni.graph_schema as gs
-from edgeomni.graph_schema import Emit, GraphError, Input, json_schema, parse
+from edgeomni.graph_schema import Emit, GraphError, Input, json_schema, parse, validate
 from edgeomni.graph_schema.model import EMIT_KEYS, GRAPH_KEYS, INPUT_KEYS, STAGE_KEYS, Keys
 from edgeomni.graph_schema.validate import FIELD, NAME
 
@@ -24,9 +24,12 @@ VALUES: dict[str, Any] = {  # a valid value for every optional key
     "emits": [MINIMAL_EMIT],
     "max_batch": 4,
     "max_seq": 2048,
+    "stream": 0,
     "config": {"a": 1},
     "on_missing": "skip",
-    "transport": "chunk_stream",
+    "kind": "hidden",
+    "transport": "device_tensor",
+    "binding": "hidden_states",
     "terminal": True,
 }
 
@@ -93,13 +96,40 @@ def test_schema_enums_defaults_and_patterns_match_the_code() -> None:
     assert SCHEMA["properties"]["schema_version"]["const"] == gs.SCHEMA_VERSION
     assert set(props["input"]["properties"]["on_missing"]["enum"]) == set(gs.ON_MISSING)
     assert props["input"]["properties"]["on_missing"]["default"] == Input("n", "s").on_missing
-    assert props["emit"]["properties"]["transport"]["default"] == Emit("i", "k").transport
-    assert props["emit"]["properties"]["terminal"]["default"] is Emit("i", "k").terminal
+    emit = props["emit"]["properties"]
+    assert tuple(emit["transport"]["enum"]) == gs.TRANSPORTS
+    assert tuple(emit["kind"]["enum"]) == gs.EMIT_KINDS
+    assert emit["transport"]["default"] == Emit("i").transport == gs.DEFAULT_TRANSPORT
+    assert emit["kind"]["default"] == Emit("i").kind == gs.DEFAULT_EMIT_KIND
+    assert emit["terminal"]["default"] is Emit("i").terminal
+    assert (emit["binding"]["type"], emit["binding"]["minLength"]) == ("string", 1)
+    stream = props["stage"]["properties"]["stream"]["oneOf"]
+    assert stream == [{"type": "integer", "minimum": 0}, {"type": "string", "minLength": 1}]
+    assert "minLength" not in props["stage"]["properties"]["artifact"]  # "" is the dir itself
     assert props["name"]["pattern"] == f"^{NAME.pattern}$"
     port = f"^{NAME.pattern}:{NAME.pattern}$"
     assert props["port"]["pattern"] == port
     source = props["input"]["properties"]["from"]["pattern"]
     assert source == f"^(request:{FIELD.pattern}|{NAME.pattern}:{NAME.pattern})$"
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "value", "path"),
+    [
+        ("emit", "transport", "bogus", "$.stages[0].emits[0].transport"),
+        ("emit", "kind", "bogus", "$.stages[0].emits[0].kind"),
+        ("emit", "binding", "", "$.stages[0].emits[0].binding"),
+        ("stage", "stream", -1, "$.stages[0].stream"),
+        ("stage", "stream", "", "$.stages[0].stream"),
+    ],
+)
+def test_the_code_refuses_what_the_schema_refuses(
+    kind: str, key: str, value: Any, path: str
+) -> None:
+    doc = dict(copy.deepcopy(MINIMAL[kind]), **{key: value})
+    with pytest.raises(GraphError) as info:
+        validate(parse(wrap(kind, doc)))
+    assert info.value.path == path
 
 
 def test_json_schema_returns_the_shipped_file() -> None:

@@ -17,7 +17,7 @@ def stage(sid: str, inputs: list[tuple[str, str, str]], emits: list[tuple[str, b
         "artifact": sid,
         "kind": "autoregressive",
         "inputs": [{"name": n, "from": f, "on_missing": m} for n, f, m in inputs],
-        "emits": [{"id": e, "kind": e, "terminal": t} for e, t in emits],
+        "emits": [{"id": e, "kind": "text", "terminal": t} for e, t in emits],
     }
 
 

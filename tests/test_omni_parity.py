@@ -61,7 +61,7 @@ def test_text_to_speech_matches_transformers(omni_engine, references, tmp_path, 
     for entry, expected in zip(entries, references, strict=True):
         assert entry["stages"]["thinker"]["output_tokens"] == expected.thinker_tokens
         assert entry["output_text"] == expected.text
-        codes = np.asarray(load(entry["rvq_file"])["codes"])
+        codes = np.asarray(load(entry["rvq_file"])["rvq_codes"])
         assert codes.shape == expected.codes.shape and codes.shape[1] == 16
         np.testing.assert_array_equal(codes, expected.codes)
         audio, rate = read_wav(entry["audio_file"])
@@ -83,7 +83,9 @@ def test_cohort_equals_requests_alone(omni_engine, references, tmp_path) -> None
     assert {e["stages"]["talker"]["cohort_size"] for e in entries} == {3}
     for entry, expected in zip(entries, references, strict=True):
         assert entry["stages"]["thinker"]["output_tokens"] == expected.thinker_tokens
-        np.testing.assert_array_equal(np.asarray(load(entry["rvq_file"])["codes"]), expected.codes)
+        np.testing.assert_array_equal(
+            np.asarray(load(entry["rvq_file"])["rvq_codes"]), expected.codes
+        )
 
 
 def test_text_only_request_runs_no_speech_stage(omni_engine, references, tmp_path) -> None:
@@ -324,7 +326,7 @@ def test_media_input_matches_transformers(omni_engine, media, tmp_path, kind, fl
     entry = entries[0]
     assert entry["stages"]["thinker"]["prompt_tokens"] == len(expected.prompt_ids)
     assert entry["stages"]["thinker"]["output_tokens"] == expected.thinker_tokens
-    np.testing.assert_array_equal(np.asarray(load(entry["rvq_file"])["codes"]), expected.codes)
+    np.testing.assert_array_equal(np.asarray(load(entry["rvq_file"])["rvq_codes"]), expected.codes)
     audio, _ = read_wav(entry["audio_file"])
     assert len(audio) == len(expected.wav)
     assert np.abs(audio - expected.wav).max() < 2 / 32768 + AUDIO_ATOL

@@ -146,7 +146,45 @@ BAD_REQUESTS: list[tuple[Any, str]] = [
     ({"prompt": "x", "stop": [1]}, "stop"),
     ({"prompt": "x", "voice": ""}, "voice"),
     ({"prompt": "x", "voice": "a", "speaker": "b"}, "disagree"),
-    ({"prompt": "x", "lora_name": "l"}, "unknown request keys"),
+    ({"prompt": "x", "lora_name": "l"}, "lora_name: LoRA adapters are not supported"),
+    ({"prompt": "x", "guided_decoding": {"choice": ["a"]}}, "guided decoding is not supported"),
+    ({"prompt": "x", "refrence": "y"}, "did you mean 'refrence' -> 'reference'?"),
+    ({"prompt": "x", "logit_bias": {"abc": 1.0}}, "logit_bias key 'abc' must be a token id"),
+    ({"prompt": "x", "logit_bias": {"5": 101}}, "within [-100, 100]"),
+    ({"prompt": "x", "logit_bias": {"5": "a"}}, "must be a finite number"),
+    ({"prompt": "x", "logit_bias": {"5": 1, "05": 2}}, "names token 5 twice"),
+    ({"prompt": "x", "logit_bias": {str(i): 1 for i in range(1025)}}, "at most 1024"),
+    ({"prompt": "x", "logit_bias": [1]}, "logit_bias must be an object"),
+    ({"prompt": "x", "num_logprobs": 51}, "num_logprobs must be an integer in [0, 50]"),
+    ({"prompt": "x", "num_logprobs": True}, "num_logprobs"),
+    ({"prompt": "x", "max_audio_length": 0}, "max_audio_length must be an integer >= 1"),
+    ({"prompt": "x", "max_audio_length": 5, "talker_max_new_tokens": 6}, "unknown request keys"),
+    ({"prompt": "x", "language": 3}, "language must be a string"),
+    ({"prompt": "x", "prompt_speaker_codes": [[1, "a"]]}, "prompt_speaker_codes must be"),
+    ({"prompt": "x", "disable_spec_decode": "yes"}, "disable_spec_decode must be true or false"),
+    ({"prompt": "x", "sampling_seed": 3, "sampling": {"seed": 4}}, "disagree"),
+    (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "image": "a.png", "do_resize": "no"}],
+                }
+            ]
+        },
+        "do_resize must be",
+    ),
+    (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "audio", "audio": "a.wav", "do_resize": False}],
+                }
+            ]
+        },
+        "audio part",
+    ),
     ({"prompt": "x", "temperature": 0.5}, "go in the 'sampling' object"),
     ({"prompt": "x", "messages": []}, "not both"),
     ({"prompt": ["x"]}, "prompt must be a string"),
@@ -176,7 +214,11 @@ def test_bad_request_is_isolated(bad: Any, message: str) -> None:
         ({"requests": [], "batch_size": 0}, "batch_size"),
         ({"requests": [], "apply_chat_template": "yes"}, "apply_chat_template"),
         ({"requests": [], "talker_top_p": 3}, "talker_top_p"),
-        ({"requests": [], "num_logprobs": 2}, "unknown top-level keys"),
+        ({"requests": [], "num_logprob": 2}, "did you mean 'num_logprob' -> 'num_logprobs'?"),
+        ({"requests": [], "num_logprobs": 99}, "top level: num_logprobs"),
+        ({"requests": [], "logit_bias": {"x": 1}}, "top level: logit_bias key"),
+        ({"requests": [], "max_audio_length": 4, "talker_max_new_tokens": 5}, "disagree"),
+        ({"requests": [], "stop": [""]}, "top level: stop"),
     ],
 )
 def test_bad_file_raises(obj: Any, message: str) -> None:
@@ -239,13 +281,16 @@ def test_write_predictions(tmp_path: Path) -> None:
         {"request_idx": 0, "ok": True, "error": None, "output_text": "hi"},
         {"request_idx": 1, "ok": False, "error": "bad role"},
     ]
-    write_predictions(path, entries)
-    assert json.loads(path.read_text(encoding="utf-8")) == {"responses": entries}
+    write_predictions(path, entries, tmp_path / "in.json")
+    want = {"input_file": str(tmp_path / "in.json"), "responses": entries}
+    assert json.loads(path.read_text(encoding="utf-8")) == want
     with pytest.raises(ValueError, match="lacks ok"):
         write_predictions(path, [{"request_idx": 0, "error": None}])
     with pytest.raises(ValueError, match="input order"):
         write_predictions(path, list(reversed(entries)))
-    assert json.loads(path.read_text(encoding="utf-8")) == {"responses": entries}
+    assert json.loads(path.read_text(encoding="utf-8")) == want
+    write_predictions(path, entries)  # a --prompt run has no input file
+    assert json.loads(path.read_text(encoding="utf-8"))["input_file"] is None
 
 
 def test_runtime_modules_import_only_stdlib_and_numpy() -> None:
@@ -271,3 +316,118 @@ def test_min_generate_length_from_the_file_and_per_request() -> None:
     assert settings["min_generate_length"] == 3
     (entry,), _ = parse_request_file({"requests": [{"prompt": "c"}]})
     assert entry.min_generate_length == 0
+
+
+# TensorRT Edge-LLM's llm_inference request file, as its input-format guide writes it
+UPSTREAM: dict[str, Any] = {
+    "_comment": "keys starting with _ are comments",
+    "batch_size": 1,
+    "temperature": 1.0,
+    "top_p": 0.8,
+    "top_k": 50,
+    "sampling_seed": 123456789,
+    "spec_proposal_sampling": "auto",
+    "logit_bias": {"123": -100.0},
+    "max_generate_length": 256,
+    "num_logprobs": 0,
+    "apply_chat_template": True,
+    "enable_thinking": False,
+    "context_cache_lookup_policy": "use_cache",
+    "context_cache_commit_policy": "including_generated_tokens",
+    "available_lora_weights": {},
+    "save_system_prompt_kv_cache": False,
+    "disable_spec_decode": False,
+    "diffusion_config": {"steps": 8},
+    "streaming": {"enable": True, "codec_chunk_frames": 10, "talker_prefill_threshold": 4},
+    "max_audio_length": 300,
+    "stop": ["###"],
+    "requests": [
+        {
+            "_scenario": "basic",
+            "messages": [{"role": "user", "content": "Your message here", "_note": "n"}],
+            "disable_spec_decode": False,
+            "logit_bias": {"456": 5.0},
+            "num_logprobs": 3,
+            "stop": ["optional_stop_string"],
+            "reference": "the expected answer",
+        },
+        {"messages": [{"role": "user", "content": "Hi"}], "lora_name": "french"},
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "image": "pre.png", "do_resize": False, "_c": 1},
+                        {"type": "audio", "audio": "clip.flac"},
+                        {"type": "text", "text": "Describe."},
+                    ],
+                }
+            ],
+            "sampling_seed": 7,
+            "max_audio_length": 12,
+            "speaker": "ethan",
+            "language": "English",
+            "ref_text": "",
+        },
+    ],
+}
+
+
+def test_upstream_keys_are_known_and_do_what_the_table_says() -> None:
+    entries, settings = parse_request_file(UPSTREAM)
+    r0, r1, r2 = entries
+    assert isinstance(r0, Request) and isinstance(r2, Request)
+    # features edgeomni lacks: reported once, changing nothing
+    assert sorted(settings["ignored"]) == [
+        "available_lora_weights", "context_cache_commit_policy", "context_cache_lookup_policy",
+        "diffusion_config", "disable_spec_decode", "save_system_prompt_kv_cache",
+        "spec_proposal_sampling", "streaming",
+    ]  # fmt: skip
+    # a request that needs LoRA fails alone, saying so
+    assert isinstance(r1, BadRequest) and "LoRA adapters are not supported" in r1.error
+    assert r1.messages == [{"role": "user", "content": "Hi"}]
+    # per-request logit_bias and num_logprobs replace the top level's
+    assert r0.logit_bias == ((456, 5.0),) and r0.num_logprobs == 3
+    assert r2.logit_bias == ((123, -100.0),) and r2.num_logprobs == 0
+    assert r0.stop == ("optional_stop_string",) and r2.stop == ("###",)
+    assert dict(r0.carry) == {"reference": "the expected answer"} and not r2.carry
+    # max_audio_length is the talker's frame cap
+    assert r0.extra_sampling["talker_max_new_tokens"] == 300
+    assert r2.extra_sampling["talker_max_new_tokens"] == 12
+    assert r0.sampling.seed == 123456789 and r2.sampling.seed == 7
+    # speech keys are request fields; an empty string is "not given"
+    assert dict(r2.speech) == {"language": "English"}
+    assert r2.fields == {"messages", "image", "audio", "voice", "language"}
+    assert r2.messages[0]["content"][0] == {"type": "image", "image": "pre.png",
+                                            "do_resize": False}  # fmt: skip
+    assert settings["penalty_differs"] is False
+
+
+def test_top_level_guided_decoding_fails_every_request() -> None:
+    entries, _ = parse_request_file(
+        {"guided_decoding": {"regex": "a+"}, "requests": [{"prompt": "a"}, {"prompt": "b"}]}
+    )
+    assert all(isinstance(e, BadRequest) and "guided decoding" in e.error for e in entries)
+
+
+def test_repetition_penalty_meaning_is_flagged() -> None:
+    _, settings = parse_request_file({"repetition_penalty": 1.1, "requests": []})
+    assert settings["penalty_differs"] is True
+    _, settings = parse_request_file(
+        {"repetition_penalty": 1.1, "talker_repetition_penalty": 1.05, "requests": []}
+    )
+    assert settings["penalty_differs"] is False
+
+
+def _readme_request_section() -> str:
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    start = text.index("### Request files")
+    return text[start : text.index("\n## ", start)]
+
+
+def test_readme_lists_every_request_file_key() -> None:
+    from edgeomni.runtime.requests import FILE_KEYS, REQUEST_KEYS
+
+    section = _readme_request_section()
+    missing = [k for k in (*FILE_KEYS, *REQUEST_KEYS) if f"`{k}`" not in section]
+    assert not missing, f"README's request-file section lacks {missing}"

@@ -51,6 +51,10 @@ class RequestState:
     prepared: dict[str, Any] = field(default_factory=dict)  # stage id -> runner's own input
     wanted: frozenset[str] = frozenset()  # ports some planned stage reads or the request asked for
     started: float = 0.0  # perf_counter when its cohort started: the origin of first-audio times
+    batch_idx: int | None = None  # its row in the cohort it ran in
+    # fields of its predictions entry a stage adds in llm_inference's terms (the formatted
+    # prompt, logprobs)
+    entry: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
 
 

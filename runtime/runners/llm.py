@@ -16,7 +16,7 @@ from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import MEDIA_TOKENS, MediaEncoders, Prompt, check_encoders, media_parts
 from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState, feed_cohort
-from edgeomni.runtime.sampling import sample_step
+from edgeomni.runtime.sampling import log_softmax_top, sample_step
 from edgeomni.runtime.tokenizer import TextTokenizer
 
 
@@ -67,6 +67,7 @@ class LLMBackbone:
         self.max_input_len = int(limits["max_input_len"])
         self.capacity = int(limits["max_kv_cache_capacity"])
         self.vocab_size = int(cfg["vocab_size"])
+        self._bytes: dict[int, bytes] = {}  # token id -> its bytes, for logprobs
         self.eos = frozenset(cfg.get("eos_token_id") or ())
         self._eos_ids = np.array(sorted(self.eos), np.int64)
         self.hidden_size = int(cfg["hidden_size"])
@@ -98,7 +99,9 @@ class LLMBackbone:
         return checked
 
     # -- per request -------------------------------------------------------------------------
-    def prompt_ids(self, request: Any) -> list[int]:
+    def prompt_text(self, request: Any) -> tuple[str, str]:
+        """The prompt as the model reads it, and the part its leading system messages make
+        (llm_inference's ``formatted_complete_request`` and ``formatted_system_prompt``)."""
         if request.apply_chat_template and self.tokenizer.has_chat_template:
             messages = [template_message(m) for m in request.messages]
             text = self.tokenizer.apply_chat_template(
@@ -106,11 +109,22 @@ class LLMBackbone:
                 add_generation_prompt=request.add_generation_prompt,
                 enable_thinking=request.enable_thinking,
             )
-        elif request.apply_chat_template:
+            lead = 0
+            while lead < len(messages) and messages[lead]["role"] == "system":
+                lead += 1
+            system = ""
+            if lead:
+                system = self.tokenizer.apply_chat_template(
+                    messages[:lead], add_generation_prompt=False,
+                    enable_thinking=request.enable_thinking,
+                )  # fmt: skip
+            return text, system
+        if request.apply_chat_template:
             raise RequestError("this engine has no chat template; set apply_chat_template false")
-        else:
-            text = "".join(message_text(m) for m in request.messages)
-        return self.tokenizer.encode(text)
+        return "".join(message_text(m) for m in request.messages), ""
+
+    def prompt_ids(self, request: Any) -> list[int]:
+        return self.tokenizer.encode(self.prompt_text(request)[0])
 
     def prepare(self, state: RequestState) -> Prompt:
         """Tokenize, encode media, and check the request against the build's limits, before any
@@ -120,9 +134,16 @@ class LLMBackbone:
             raise RequestError("audio and image parts need apply_chat_template")
         self.media.require(parts)
         try:
-            ids = self.prompt_ids(state.request)
+            text, system = self.prompt_text(state.request)
         except ValueError as e:  # the chat template's own error, or one rendering these parts
             raise RequestError(str(e)) from None
+        state.entry.update(formatted_system_prompt=system, formatted_complete_request=text)
+        ids = self.tokenizer.encode(text)
+        bias = state.request.logit_bias
+        if bias and bias[-1][0] >= self.vocab_size:
+            raise RequestError(
+                f"logit_bias names token {bias[-1][0]}; the vocabulary has {self.vocab_size}"
+            )
         prompt = self.media.expand(ids, parts)
         ids = prompt.ids
         if not len(ids):
@@ -210,6 +231,9 @@ class LLMBackbone:
 
         generated: list[list[int]] = [[] for _ in range(n)]
         finish: list[str | None] = [None] * n
+        bias = _bias_rows(cohort)
+        top_n = [state.request.num_logprobs for state in cohort]
+        logprobs: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(n)]
         # each row's prompt and generated ids, one array: the penalty's input is row views,
         # not an np.append of every row's history each step
         history = np.zeros((n, width + max(limits)), np.int64) if penalise else None
@@ -229,8 +253,15 @@ class LLMBackbone:
             seen = None
             if history is not None:
                 seen = [history[r, : lens[r] + len(generated[r])] for r in range(n)]
-            tokens, fetched = sample_step(out.logits(), params, rng, seen, banned)
+            step = out.logits()
+            tokens, fetched = sample_step(step, params, rng, seen, banned, bias)
             full_rows += fetched
+            asked = np.array([r for r in range(n) if top_n[r] and finish[r] is None], np.int64)
+            if asked.size:  # from the model's logits, before bias and penalty
+                ids_, values = log_softmax_top(step.full(asked), max(top_n[r] for r in asked))
+                for j, r in enumerate(asked):
+                    logprobs[r].append((ids_[j, : top_n[r]], values[j, : top_n[r]]))
+                full_rows += int(asked.size)
             for row in range(n):
                 if finish[row] is not None:
                     continue
@@ -272,6 +303,8 @@ class LLMBackbone:
             if finish[row] == "stop":
                 text = _cut_at_stop(text, state.request.stop)
             state.outputs[f"{self.stage.id}:text"] = text
+            if top_n[row]:
+                state.entry["logprobs"] = [self._logprob_step(*pair) for pair in logprobs[row]]
             state.details[self.stage.id] = {
                 "prompt_tokens": len(prompts[row]),
                 "output_tokens": out_ids,
@@ -287,6 +320,18 @@ class LLMBackbone:
                 "cohort_size": n,
             }
 
+    def _logprob_step(self, ids: np.ndarray, values: np.ndarray) -> list[dict[str, Any]]:
+        """One generated token's candidates as llm_inference writes them: token_id, token (its
+        bytes as UTF-8, a partial character replaced), bytes, logprob."""
+        out = []
+        for token, value in zip(ids.tolist(), values.tolist(), strict=True):
+            raw = self._bytes.get(token)
+            if raw is None:
+                raw = self._bytes[token] = self.tokenizer.token_bytes(token)
+            out.append({"token_id": token, "token": raw.decode("utf-8", errors="replace"),
+                        "bytes": list(raw), "logprob": value})  # fmt: skip
+        return out
+
     def _finished(self, request: Any, out: list[int], limit: int) -> str | None:
         if out[-1] in self.eos:
             return "eos"
@@ -295,6 +340,20 @@ class LLMBackbone:
         if len(out) >= limit:
             return "length"
         return None
+
+
+def _bias_rows(cohort: Sequence[RequestState]) -> list[tuple[np.ndarray, np.ndarray] | None] | None:
+    """Each row's logit_bias as (ids, float32 values), None for a row without one; None when
+    no row has one."""
+    rows: list[tuple[np.ndarray, np.ndarray] | None] = []
+    for state in cohort:
+        pairs = state.request.logit_bias
+        if not pairs:
+            rows.append(None)
+            continue
+        ids, values = zip(*pairs, strict=True)
+        rows.append((np.array(ids, np.int64), np.array(values, np.float32)))
+    return rows if any(r is not None for r in rows) else None
 
 
 def _cut_at_stop(text: str, stops: Sequence[str]) -> str:
