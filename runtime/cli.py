@@ -123,6 +123,16 @@ def parser() -> argparse.ArgumentParser:
         help="vocode each utterance in one pass after the talker finishes, when it fits the "
         "vocoder engine (default: in windows with left context)",
     )
+    p.add_argument(
+        "--batching",
+        choices=("inflight", "cohort"),
+        default="inflight",
+        help="inflight (default): requests join a running batch as rows free up and leave it "
+        "the step they finish, each with its own sampling settings and seed; this covers "
+        "requests that run only the text model (LLMs, and Qwen3-Omni without audio out), and "
+        "the speech stages run in cohorts. cohort: fixed cohorts of requests with equal "
+        "settings, as TensorRT Edge-LLM's multistage_inference batches (to compare run by run)",
+    )
     p.add_argument("--threads", type=int, help="CPU threads per engine (default: all cores)")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug detail, with tracebacks")
     p.add_argument(
@@ -214,6 +224,7 @@ def _main(args: argparse.Namespace) -> int:
             whole_utterance=args.whole_utterance,
             cuda_graphs=not args.no_cuda_graphs,
             stream_stages=args.stage_streaming,
+            batching=args.batching,
         )
     except GraphError as e:
         return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
@@ -231,9 +242,13 @@ def _main(args: argparse.Namespace) -> int:
             "talker_repetition_penalty for the talker (default 1.05)",
             file=sys.stderr,
         )
+    reply = _Reply(args.prompt is not None, pipeline.text_terminals())
     interrupt: KeyboardInterrupt | None = None
     try:
-        outcomes = pipeline.run(requests, batch_size=batch_size, requested=requested)
+        outcomes = pipeline.run(
+            requests, batch_size=batch_size, requested=requested,
+            listener=reply.show if reply.enabled else None,
+        )  # fmt: skip
     except StageError as e:  # a stage the graph names cannot be opened: nothing ran
         return _fail(f"invalid engine dir: {e}", EXIT_BAD_CONFIG)
     except Interrupted as e:  # what finished is still written
@@ -250,13 +265,15 @@ def _main(args: argparse.Namespace) -> int:
             except OSError as e:
                 return _fail(f"cannot write the outputs: {_os_reason(e)}", EXIT_INTERNAL)
     if interrupt is not None:
+        reply.end()
         wrote = f"; wrote {args.output_file}" if finished and args.output_file else ""
         print(
             f"edge-infer: interrupted; {finished} of {len(entries)} requests had finished{wrote}",
             file=sys.stderr,
         )
         return exit_status(interrupt)
-    _report(args, entries)
+    reply.end()
+    _report(args, entries, reply.printed)
     if args.dump_profile:
         print(json.dumps(pipeline.profile.as_dict(), indent=2), file=sys.stderr)
     return EXIT_OK if all(e["ok"] for e in entries) else EXIT_REQUESTS_FAILED
@@ -413,11 +430,37 @@ def _writable_dir(folder: Path) -> str | None:
     return None
 
 
-def _report(args: argparse.Namespace, entries: Sequence[dict[str, Any]]) -> None:
-    """--prompt: the reply on stdout (or why it failed); a request file: a summary."""
+class _Reply:
+    """--prompt: the reply's text on stdout as it is generated (the text terminal's deltas)."""
+
+    def __init__(self, enabled: bool, text_ports: Sequence[str]) -> None:
+        self.enabled = enabled
+        self.stages = {port.split(":")[0] for port in text_ports}
+        self.printed = False
+        self._open = False
+
+    def show(self, event: Any) -> None:
+        from edgeomni.runtime.events import TextDelta
+
+        if self.enabled and isinstance(event, TextDelta) and event.stage in self.stages:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+            self.printed = self._open = True
+
+    def end(self) -> None:
+        """End the streamed line."""
+        if self._open:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self._open = False
+
+
+def _report(args: argparse.Namespace, entries: Sequence[dict[str, Any]], streamed: bool) -> None:
+    """--prompt: the reply on stdout unless it was streamed there (or why it failed); a
+    request file: a summary."""
     if args.prompt is not None:
         entry = entries[0]
-        if entry["ok"]:
+        if entry["ok"] and not streamed:
             print(entry.get("output_text", ""))
         else:
             print(f"edge-infer: request failed: {entry['error']}", file=sys.stderr)

@@ -73,3 +73,13 @@ class KVCache:
             binding.bind_in_place(
                 f"past_value_{i}", f"present_value_{i}", self._rows(v, rows, start)
             )
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        """Copy row ``src``'s first ``length`` positions of every layer into row ``dst`` (a
+        request moving to a lower row, so a draining batch calls fewer rows)."""
+        for buffers in (self.keys, self.values):
+            for buf in buffers:
+                if isinstance(buf, np.ndarray):
+                    buf[dst, :, :length] = buf[src, :, :length]
+                else:  # the whole row on the device: one contiguous copy
+                    buf.rows(1, dst).copy_from(buf.rows(1, src))

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from edgeomni import graph_schema
+from edgeomni.runtime.events import Failed, Finished, Listener, TextDelta
 from edgeomni.runtime.requests import BadRequest, Request
 from edgeomni.runtime.runners import RUNNER_KINDS, RUNNERS, RequestError, RequestState
-from edgeomni.runtime.scheduler import make_cohorts
+from edgeomni.runtime.scheduler import SlotCapable, SlotStage, make_cohorts, run_slots
 
 GRAPH_FILE = "multistage_config.json"
+BATCHING = ("inflight", "cohort")
 
 
 def resolve_config(path: str | Path) -> Path:
@@ -108,10 +110,17 @@ class Pipeline:
         whole_utterance: bool = False,
         cuda_graphs: bool = True,
         stream_stages: bool = False,
+        batching: str = "inflight",
     ) -> None:
         """``cuda_graphs``: GPU engines replay captured CUDA graphs for their decode steps.
         ``stream_stages``: a stage that reads the next one's output as it is made (the talker
-        the thinker's) starts before that stage finishes; otherwise stages run one after another."""
+        the thinker's) starts before that stage finishes; otherwise stages run one after another.
+        ``batching``: ``inflight`` (requests whose plan is one stage that holds slots join and
+        leave a running batch; the others run in cohorts) or ``cohort`` (every request in fixed
+        cohorts, the spec's batching)."""
+        if batching not in BATCHING:
+            raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
+        self.batching = batching
         self.engine_dir, self.graph = load_graph(config)
         if whole_utterance:  # the stages that make audio vocode after the talker, in one pass
             self.graph = dataclasses.replace(
@@ -127,6 +136,7 @@ class Pipeline:
         self.cuda_graphs = cuda_graphs
         self.stream_stages = stream_stages
         self._runners: dict[str, Any] = {}
+        self._slot_stages: dict[str, SlotStage] = {}
         self.profile = Profile()
         # the request fields some stage reads (request:<field> inputs)
         self._request_fields = {
@@ -189,8 +199,10 @@ class Pipeline:
         *,
         batch_size: int,
         requested: Collection[str] | None = None,
+        listener: Listener | None = None,
     ) -> list[Outcome]:
-        """Run every request; returns one outcome per request, in input order.
+        """Run every request; returns one outcome per request, in input order. ``listener``
+        gets each request's events (text deltas, finished, failed) in order as they happen.
 
         A request that fails (when it is prepared, or in a stage's call on its cohort) fails
         alone, with its error. A stage that cannot be opened is a StageError before any request
@@ -232,15 +244,25 @@ class Pipeline:
                     done.add(pos)
                     continue
                 states.append(state)
+            lanes, cohorted = self._lanes(states)
+            for stage_id, lane in lanes.items():
+                t = time.perf_counter()
+                run_slots(self._slot_stages[stage_id], lane, self._width(stage_id, batch_size),
+                          listener=listener, done=lambda st: done.add(st.index))  # fmt: skip
+                self._count(stage_id, lane, time.perf_counter() - t)
             # a cohort shares its stages, request fields, voice and batch-wide settings (the spec)
             keys = [
                 (s.plan.stages, s.request.fields, s.request.voice, s.request.batch_settings)
-                for s in states
+                for s in cohorted
             ]
             for cohort_idx in make_cohorts(keys, max(1, batch_size)):
-                cohort = [states[i] for i in cohort_idx]
+                cohort = [cohorted[i] for i in cohort_idx]
                 self._run_cohort(cohort, batch_size)
                 done.update(s.index for s in cohort)
+                if listener is not None:
+                    for state in cohort:
+                        for event in cohort_events(state):
+                            listener(event)
         except KeyboardInterrupt as e:
             for pos in range(len(requests)):
                 if pos not in done:
@@ -249,6 +271,31 @@ class Pipeline:
         finally:
             self.profile.wall_seconds += time.perf_counter() - start
         return self._entries(requests, states, failed)
+
+    def _lanes(
+        self, states: list[RequestState]
+    ) -> tuple[dict[str, list[RequestState]], list[RequestState]]:
+        """Under in-flight batching, the requests whose plan is one stage that holds slots, by
+        stage; and the requests that run in cohorts."""
+        if self.batching != "inflight":
+            return {}, states
+        lanes: dict[str, list[RequestState]] = {}
+        rest: list[RequestState] = []
+        for state in states:
+            stages = state.plan.stages
+            if len(stages) == 1 and self._slot_stage(stages[0]) is not None:
+                lanes.setdefault(stages[0], []).append(state)
+            else:
+                rest.append(state)
+        return lanes, rest
+
+    def _slot_stage(self, stage_id: str) -> SlotStage | None:
+        if stage_id not in self._slot_stages:
+            runner = self.runner(stage_id)
+            if not isinstance(runner, SlotCapable):
+                return None
+            self._slot_stages[stage_id] = runner.slot_stage()
+        return self._slot_stages[stage_id]
 
     def _prepare(self, state: RequestState) -> str | None:
         """Each planned stage's own per-request work (tokenizing, encoding media, checking
@@ -462,3 +509,23 @@ def echo_messages(messages: Any) -> list[Any]:
                 m["content"] = [dict(p) if hasattr(p, "items") else p for p in m["content"]]
         out.append(m)
     return out
+
+
+def cohort_events(state: RequestState) -> list[Any]:
+    """A request's events once its cohort ran: each text its stages made as one delta, then
+    finished (or failed)."""
+    events: list[Any] = []
+    for sid in state.plan.stages:
+        text = state.outputs.get(f"{sid}:text")
+        details = state.details.get(sid, {})
+        if text is None or "finish_reason" not in details:
+            continue
+        if text:
+            events.append(
+                TextDelta(state.index, sid, text, tuple(details.get("output_tokens", ())))
+            )
+        if state.error is None:
+            events.append(Finished(state.index, sid, details["finish_reason"]))
+    if state.error is not None:
+        events.append(Failed(state.index, state.plan.stages[-1], state.error))
+    return events

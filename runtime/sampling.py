@@ -24,6 +24,7 @@ __all__ = [
     "log_softmax_top",
     "StepLogits",
     "sample",
+    "sample_rows",
     "sample_step",
     "sampling_from_dict",
 ]
@@ -347,7 +348,7 @@ def _ban_and_penalise(
 def _sample_topk_rows(
     step: StepLogits,
     params: SamplingParams,
-    rng: np.random.Generator,
+    rng: Any,
     seen: Sequence[np.ndarray] | None = None,
     banned: Sequence[np.ndarray | None] | None = None,
 ) -> np.ndarray | None:
@@ -378,7 +379,7 @@ def _sample_topk_rows(
         return ids[:, 0]
     count = (x >= kth[:, None]).sum(axis=1)  # the candidates: a prefix of each sorted row
     # one number a row, in row order: the numbers n calls of _draw take from the generator
-    uniform = rng.random(n)
+    uniform = _uniforms(rng, n)
     pos = np.empty(n, np.int64)
     for c in np.unique(count):
         rows = np.flatnonzero(count == c)
@@ -403,10 +404,25 @@ def _sample_topk_rows(
     return ids[np.arange(n), pos]
 
 
+Rng = np.random.Generator | Sequence[np.random.Generator]
+
+
+def _uniforms(rng: Rng, n: int) -> np.ndarray:
+    """One number a row, in row order: from one generator shared by the rows, or from each
+    row's own."""
+    if isinstance(rng, (list, tuple)):
+        return np.array([r.random() for r in rng], np.float64)
+    return rng.random(n)  # type: ignore[union-attr]
+
+
+def _row_rng(rng: Rng, b: int) -> np.random.Generator:
+    return rng[b] if isinstance(rng, (list, tuple)) else rng  # type: ignore[return-value]
+
+
 def sample_step(
     step: StepLogits,
     params: SamplingParams,
-    rng: np.random.Generator,
+    rng: Rng,
     seen: Sequence[np.ndarray] | None = None,
     banned: Sequence[np.ndarray | None] | None = None,
     bias: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None,
@@ -418,7 +434,9 @@ def sample_step(
     Face's ``sequence_bias`` processor does before the repetition penalty (a biased row reads
     its full logits: a raised token may come from outside the top-K). Returns the ids [B] and
     how many rows needed their full logits. The draws, and the rng they consume, are those
-    ``sample`` makes on the full logits (plus the bias).
+    ``sample`` makes on the full logits (plus the bias). ``rng``: one generator the rows
+    draw from in row order, or each row's own (a request's draws then depend on its seed
+    alone, whatever rows sit beside it).
     """
     n = step.rows
     penalise = seen is not None and params.repetition_penalty != 1.0
@@ -467,7 +485,7 @@ def sample_step(
             pos = int(np.argmax(x))
         else:
             cand, probs = candidate_distribution(x, params)
-            pos = int(cand[_draw(probs, rng)])
+            pos = int(cand[_draw(probs, _row_rng(rng, b))])
         out[b] = pos if ids is None else ids[pos]
     return out, int(need.size)
 
@@ -485,3 +503,43 @@ def log_softmax_top(logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]
     order = np.lexsort((part, -vals), axis=-1)
     ids = np.take_along_axis(part, order, axis=-1).astype(np.int64)
     return ids, np.take_along_axis(vals, order, axis=-1) - lse
+
+
+def sample_rows(
+    step: StepLogits,
+    params: Sequence[SamplingParams],
+    rngs: Sequence[np.random.Generator],
+    seen: Sequence[np.ndarray] | None = None,
+    banned: Sequence[np.ndarray | None] | None = None,
+    bias: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None,
+) -> tuple[np.ndarray, int]:
+    """``sample_step`` for rows that each have their own settings and generator: rows with
+    equal settings are drawn together. Returns the ids [B] and the full-logit row count."""
+    n = step.rows
+    groups: dict[SamplingParams, list[int]] = {}
+    for b in range(n):
+        groups.setdefault(params[b], []).append(b)
+    if len(groups) == 1:
+        return sample_step(step, params[0], list(rngs), seen, banned, bias)
+    out = np.empty(n, np.int64)
+    fetched = 0
+    for p, rows in groups.items():
+        idx = np.array(rows, np.int64)
+
+        def full(r: np.ndarray, idx: np.ndarray = idx) -> np.ndarray:
+            return step.full(idx[np.asarray(r, np.int64)])
+
+        sub = StepLogits(
+            len(rows), full,
+            None if step.topk_values is None else step.topk_values[idx],
+            None if step.topk_indices is None else step.topk_indices[idx],
+        )  # fmt: skip
+        ids, k = sample_step(sub, p, [rngs[b] for b in rows], _pick(seen, rows),
+                             _pick(banned, rows), _pick(bias, rows))  # fmt: skip
+        out[idx] = ids
+        fetched += k
+    return out, fetched
+
+
+def _pick(values: Sequence[Any] | None, rows: Sequence[int]) -> list[Any] | None:
+    return None if values is None else [values[b] for b in rows]

@@ -90,6 +90,31 @@ def test_cuda_engine_matches_cpu(cuda_engine, qwen3_engine, tmp_path) -> None:
     assert gpu_tokens == cpu_tokens
 
 
+def test_inflight_batching_on_the_gpu(cuda_engine, qwen3_engine) -> None:
+    """Six requests of different lengths through three rows on the GPU (graphed decode steps
+    of every width, rows admitted mid-run and moved down while the batch drains): the tokens
+    of fixed cohorts on the GPU and of the CPU engine."""
+    prompts = [
+        "Hello! How are you today?",
+        "Hi",
+        "What is the capital of France?",
+        "Count to ten.",
+        "The quick brown fox.",
+        "Why is the sky blue?",
+    ]
+    body = {"temperature": 0, "requests": [
+        {"messages": [{"role": "user", "content": p}], "max_generate_length": n}
+        for p, n in zip(prompts, (3, 20, 7, 14, 2, 11), strict=True)]}  # fmt: skip
+
+    def tokens(outcomes: list) -> list[list[int]]:
+        assert all(o.entry["ok"] for o in outcomes), [o.entry["error"] for o in outcomes]
+        return [o.entry["stages"]["llm"]["output_tokens"] for o in outcomes]
+
+    inflight = tokens(run_pipeline(cuda_engine, body, 3))
+    assert inflight == tokens(run_pipeline(cuda_engine, body, 3, batching="cohort"))
+    assert inflight == tokens(run_pipeline(qwen3_engine, body, 3))
+
+
 def test_kv_cache_lives_on_the_device(cuda_engine) -> None:
     from edgeomni.runtime.memory import DeviceArray
     from edgeomni.runtime.pipeline import Pipeline

@@ -163,27 +163,44 @@ def inject_engine_fault(w: World) -> list[str]:
     return w.run("--batch-size", "1")
 
 
-def signal_in_cohort(signum: int, nth: int = 2) -> Callable[[World], list[str]]:
-    """A real signal to this process while the ``nth`` cohort decodes (batch size 1)."""
+def signal_in_cohort(
+    signum: int, nth: int = 2, batching: str = "cohort"
+) -> Callable[[World], list[str]]:
+    """A real signal to this process while the ``nth`` request decodes (batch size 1: its
+    cohort, or its turn in the running batch)."""
 
     def setup(w: World) -> list[str]:
         from edgeomni.runtime.runners.llm import LLMBackbone
+        from edgeomni.runtime.runners.llm_slots import TextSlots
 
-        real = LLMBackbone.steps
-        cohorts = []
+        def kill() -> None:
+            os.kill(os.getpid(), signum)
+            time.sleep(1)  # the handler raises here, in the main thread
 
-        def steps(self, cohort):  # noqa: ANN001, ANN202
-            cohorts.append(1)
-            for i, step in enumerate(real(self, cohort)):
-                if len(cohorts) == nth and i == 1:
-                    os.kill(os.getpid(), signum)
-                    time.sleep(1)  # the handler raises here, in the main thread
-                yield step
+        if batching == "cohort":
+            real = LLMBackbone.steps
+            cohorts = []
 
-        w.monkeypatch.setattr(LLMBackbone, "steps", steps)
+            def steps(self, cohort):  # noqa: ANN001, ANN202
+                cohorts.append(1)
+                for i, step in enumerate(real(self, cohort)):
+                    if len(cohorts) == nth and i == 1:
+                        kill()
+                    yield step
+
+            w.monkeypatch.setattr(LLMBackbone, "steps", steps)
+        else:
+            real_step = TextSlots.step
+
+            def step(self, slots):  # noqa: ANN001, ANN202
+                real_step(self, slots)
+                if any(s.state.index == nth - 1 and s.steps == 1 for s in slots.values()):
+                    kill()
+
+            w.monkeypatch.setattr(TextSlots, "step", step)
         w.req = w.requests([{"messages": [HI]}, {"prompt": "fox"}, {"prompt": "dog"}],
                            max_generate_length=8)  # fmt: skip
-        return w.run("--batch-size", "1")
+        return w.run("--batch-size", "1", "--batching", batching)
 
     return setup
 
@@ -386,6 +403,13 @@ ROWS = [
         lambda w: ((w.root / "p.json").write_text("earlier"), signal_in_cohort(signal.SIGINT, 1)(w))[1],
         130, "interrupted; 0 of 3 requests had finished\n", opens=True),
     Row("sigint-while-loading", signal_while_loading, 130, "edge-infer: interrupted"),
+    Row("sigint-mid-run-inflight", signal_in_cohort(signal.SIGINT, batching="inflight"), 130,
+        "interrupted; 1 of 3 requests had finished; wrote", opens=True, writes=("p.json",),
+        then=interrupted_after_first),
+    Row("sigterm-before-any-finished-inflight",
+        lambda w: ((w.root / "p.json").write_text("earlier"),
+                   signal_in_cohort(signal.SIGTERM, 1, "inflight")(w))[1],
+        143, "interrupted; 0 of 3 requests had finished\n", opens=True),
 ]  # fmt: skip
 
 

@@ -245,6 +245,11 @@ def test_vlm_and_asr_requests_in_upstream_format(
     # FLAC holds the WAV's samples: the same answer
     assert tokens[5] == tokens[4]
     assert "language: no stage of this graph reads it" in out[7]["error"]
+    # these text-only media requests ran in-flight; fixed cohorts give the same tokens
+    code, again = run(omni_engine, tmp_path, body, "--batching", "cohort")
+    assert [e["stages"].get("thinker", {}).get("output_tokens") for e in again["responses"]] == (
+        tokens
+    )
 
 
 def test_omni_file_that_speaks(omni_engine: Path, tmp_path: Path, capsys) -> None:

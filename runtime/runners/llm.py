@@ -162,6 +162,50 @@ class LLMBackbone:
             )
         return prompt
 
+    def prefill_feeds(
+        self, prompts: Sequence[Prompt]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """One right-padded prefill call's ids [n, S], embeddings, positions and extra inputs:
+        media rows over their placeholders, 3-D positions, DeepStack features."""
+        n = len(prompts)
+        ids = right_pad([p.ids for p in prompts])
+        width = ids.shape[1]
+        embeds = self.embedding[ids]
+        positions = text_positions(np.zeros(n, np.int32), width, self.mrope)
+        extra: dict[str, np.ndarray] = {}
+        if self.deepstack:
+            extra["deepstack_embeds"] = np.zeros(
+                (self.deepstack, n, width, self.hidden_size), np.float32
+            )
+        for row, p in enumerate(prompts):
+            for begin, rows in p.spans:
+                embeds[row, begin : begin + len(rows)] = rows
+            for begin, deep in p.deepstack:
+                span = slice(begin, begin + deep.shape[1])
+                extra["deepstack_embeds"][:, row, span] = deep[: self.deepstack]
+            if p.positions is not None:
+                positions[:, row, : len(p)] = p.positions
+        return ids, embeds, positions, extra
+
+    def decode_feeds(self, rows: int) -> dict[str, np.ndarray]:
+        """A decode step's extra inputs (DeepStack adds nothing after the prompt)."""
+        if not self.deepstack:
+            return {}
+        return {"deepstack_embeds": np.zeros((self.deepstack, rows, 1, self.hidden_size),
+                                             np.float32)}  # fmt: skip
+
+    def slot_stage(self) -> Any:
+        """This stage for the in-flight scheduler: requests join and leave a running batch."""
+        from edgeomni.runtime.runners.llm_slots import TextSlots
+
+        return TextSlots(self)
+
+    def finish_text(self, request: Any, out_ids: list[int], finish: str | None) -> str:
+        """The reply's text: without the end-of-sequence token, cut at a stop string."""
+        text_ids = out_ids[:-1] if finish == "eos" else out_ids
+        text = self.tokenizer.decode(text_ids)
+        return _cut_at_stop(text, request.stop) if finish == "stop" else text
+
     # -- per cohort --------------------------------------------------------------------------
     def run(self, cohort: Sequence[RequestState]) -> None:
         for _ in self.steps(cohort):
@@ -176,7 +220,8 @@ class LLMBackbone:
         limits = [state.request.max_generate_length for state in cohort]
         minimum = [state.request.min_generate_length for state in cohort]
         params = cohort[0].request.sampling  # batch-wide: the scheduler groups equal settings
-        rng = np.random.default_rng(params.seed)
+        # each row its own generator: a request's draws depend on its seed, not its neighbours
+        rng = [np.random.default_rng(state.request.sampling.seed) for state in cohort]
         penalise = params.repetition_penalty != 1.0
         hidden_port = f"{self.stage.id}:accept_hidden"
         keep_hidden = self.hidden_layer is not None and any(hidden_port in s.wanted for s in cohort)
@@ -185,27 +230,11 @@ class LLMBackbone:
         if self.hidden_layer is not None:
             outputs["hidden_states"] = (self.hidden_size,)
         session = DecoderSession(self.engine, self.kv, n, outputs, per_position=("hidden_states",))
-        extra = {}
-
+        ids, embeds, positions, extra = self.prefill_feeds(prompts)
         lens = np.array([len(p) for p in prompts], np.int32)
-        ids = right_pad([p.ids for p in prompts])
         width = ids.shape[1]
-        embeds = self.embedding[ids]
         zeros = np.zeros(n, np.int32)
-        positions = text_positions(zeros, width, self.mrope)
         deltas = np.array([p.delta for p in prompts], np.int32)
-        if self.deepstack:
-            extra["deepstack_embeds"] = np.zeros(
-                (self.deepstack, n, width, self.hidden_size), np.float32
-            )
-        for row, p in enumerate(prompts):  # media rows over their placeholders, 3-D positions
-            for begin, rows in p.spans:
-                embeds[row, begin : begin + len(rows)] = rows
-            for begin, deep in p.deepstack:
-                span = slice(begin, begin + deep.shape[1])
-                extra["deepstack_embeds"][:, row, span] = deep[: self.deepstack]
-            if p.positions is not None:
-                positions[:, row, : len(p)] = p.positions
         start = time.perf_counter()
         # one right-padded call from an empty cache, whether or not the engine's attention takes
         # per-row query lengths: a row's padding sits after its last token, so causal attention
@@ -242,10 +271,7 @@ class LLMBackbone:
         past = lens.copy()
         steps = 0
         full_rows = 0  # rows whose full logits had to come to the host
-        if self.deepstack:
-            extra["deepstack_embeds"] = np.zeros(
-                (self.deepstack, n, 1, self.hidden_size), np.float32
-            )
+        extra = self.decode_feeds(n)
         decode_s = 0.0
         start = time.perf_counter()
         while True:
@@ -269,7 +295,7 @@ class LLMBackbone:
                 generated[row].append(token)
                 if history is not None:
                     history[row, lens[row] + len(generated[row]) - 1] = token
-                finish[row] = self._finished(cohort[row].request, generated[row], limits[row])
+                finish[row] = self.finished(cohort[row].request, generated[row], limits[row])
                 if handoffs and finish[row] is not None:  # its last token is never fed
                     handoffs[row].done = True
                     handoffs[row].finished_by_eos = finish[row] == "eos"
@@ -298,13 +324,10 @@ class LLMBackbone:
 
         for row, state in enumerate(cohort):
             out_ids = generated[row]
-            text_ids = out_ids[:-1] if finish[row] == "eos" else out_ids
-            text = self.tokenizer.decode(text_ids)
-            if finish[row] == "stop":
-                text = _cut_at_stop(text, state.request.stop)
+            text = self.finish_text(state.request, out_ids, finish[row])
             state.outputs[f"{self.stage.id}:text"] = text
             if top_n[row]:
-                state.entry["logprobs"] = [self._logprob_step(*pair) for pair in logprobs[row]]
+                state.entry["logprobs"] = [self.logprob_step(*pair) for pair in logprobs[row]]
             state.details[self.stage.id] = {
                 "prompt_tokens": len(prompts[row]),
                 "output_tokens": out_ids,
@@ -320,7 +343,7 @@ class LLMBackbone:
                 "cohort_size": n,
             }
 
-    def _logprob_step(self, ids: np.ndarray, values: np.ndarray) -> list[dict[str, Any]]:
+    def logprob_step(self, ids: np.ndarray, values: np.ndarray) -> list[dict[str, Any]]:
         """One generated token's candidates as llm_inference writes them: token_id, token (its
         bytes as UTF-8, a partial character replaced), bytes, logprob."""
         out = []
@@ -332,7 +355,7 @@ class LLMBackbone:
                         "bytes": list(raw), "logprob": value})  # fmt: skip
         return out
 
-    def _finished(self, request: Any, out: list[int], limit: int) -> str | None:
+    def finished(self, request: Any, out: list[int], limit: int) -> str | None:
         if out[-1] in self.eos:
             return "eos"
         if request.stop and any(s in self.tokenizer.decode(out) for s in request.stop):
@@ -342,17 +365,17 @@ class LLMBackbone:
         return None
 
 
+def request_bias(request: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """A request's logit_bias as (ids, float32 values), or None."""
+    if not request.logit_bias:
+        return None
+    ids, values = zip(*request.logit_bias, strict=True)
+    return np.array(ids, np.int64), np.array(values, np.float32)
+
+
 def _bias_rows(cohort: Sequence[RequestState]) -> list[tuple[np.ndarray, np.ndarray] | None] | None:
-    """Each row's logit_bias as (ids, float32 values), None for a row without one; None when
-    no row has one."""
-    rows: list[tuple[np.ndarray, np.ndarray] | None] = []
-    for state in cohort:
-        pairs = state.request.logit_bias
-        if not pairs:
-            rows.append(None)
-            continue
-        ids, values = zip(*pairs, strict=True)
-        rows.append((np.array(ids, np.int64), np.array(values, np.float32)))
+    """Each row's logit_bias, None for a row without one; None when no row has one."""
+    rows = [request_bias(state.request) for state in cohort]
     return rows if any(r is not None for r in rows) else None
 
 
