@@ -460,10 +460,10 @@ def _report(args: argparse.Namespace, entries: Sequence[dict[str, Any]], streame
     request file: a summary."""
     if args.prompt is not None:
         entry = entries[0]
-        if entry["ok"] and not streamed:
-            print(entry.get("output_text", ""))
-        else:
+        if not entry["ok"]:
             print(f"edge-infer: request failed: {entry['error']}", file=sys.stderr)
+        elif not streamed:
+            print(entry.get("output_text", ""))
         return
     bad = [e for e in entries if not e["ok"]]
     print(

@@ -177,7 +177,9 @@ def test_prompt_streams_the_reply_to_stdout(qwen3_engine: Path, tmp_path: Path, 
     )
     assert code == cli.EXIT_OK
     entry = json.loads(pred.read_text())["responses"][0]
-    assert capsys.readouterr().out == entry["output_text"] + "\n"
+    out, err = capsys.readouterr()
+    assert out == entry["output_text"] + "\n"
+    assert err == ""  # a streamed reply that succeeded: nothing more to say
     assert entry["stages"]["llm"]["batching"] == "inflight"
 
 
