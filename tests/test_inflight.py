@@ -212,3 +212,23 @@ def test_batching_flag(qwen3_engine: Path, tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         cli.main(["--config", str(qwen3_engine), "--prompt", "x", "--batching", "paged"])
     assert "invalid choice: 'paged'" in capsys.readouterr().err
+
+
+def test_seeded_speech_draws_the_same_alone_and_beside_others(omni_engine: Path) -> None:
+    """The talker's and code predictor's draws come from each request's own generator: a
+    request's codes (all 16 groups) and audio are what it gives alone, beside two others."""
+    import numpy as np
+
+    obj = {
+        "top_k": 1, "max_generate_length": 5,
+        "talker_temperature": 0.9, "talker_top_k": 20, "talker_seed": 7,
+        "talker_max_new_tokens": 10, "cp_temperature": 0.9, "cp_top_k": 20,
+        "requests": [{"messages": [{"role": "user", "content": p}], "voice": "ethan"}
+                     for p in PROMPTS[:3]],
+    }  # fmt: skip
+    beside = run(omni_engine, obj, batch_size=3)
+    assert beside[0].entry["stages"]["talker"]["cohort_size"] == 3
+    for i in range(3):
+        (one,) = run(omni_engine, {**obj, "requests": [obj["requests"][i]]}, 1)
+        np.testing.assert_array_equal(beside[i].codes, one.codes)
+        np.testing.assert_array_equal(beside[i].audio, one.audio)

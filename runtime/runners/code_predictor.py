@@ -11,6 +11,7 @@ or when the engine cannot draw a frame exactly, the host draws each code from th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ class CodePredictor:
         e0: np.ndarray,
         active: np.ndarray,
         params: SamplingParams,
-        rng: np.random.Generator,
+        rng: np.random.Generator | Sequence[np.random.Generator],
     ) -> tuple[np.ndarray, np.ndarray, bool]:
         """Codes [n, G] and the frame's summed embedding for every active row, and whether the
         host drew a frame the engine was to draw. ``last_hidden`` [n, H]: split, the talker's
@@ -103,7 +104,7 @@ class CodePredictor:
         e0: np.ndarray,
         active: np.ndarray,
         params: SamplingParams,
-        rng: np.random.Generator,
+        rng: np.random.Generator | Sequence[np.random.Generator],
     ) -> tuple[np.ndarray, np.ndarray]:
         """The code predictor's loop for one frame of every active row: prefill [hidden, E(c0)],
         then one step per residual group; returns codes [n, G] and the frame's summed embedding.
@@ -186,7 +187,7 @@ class CodePredictor:
         e0: np.ndarray,
         active: np.ndarray,
         params: SamplingParams,
-        rng: np.random.Generator,
+        rng: np.random.Generator | Sequence[np.random.Generator],
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """``host_frame`` with the engine drawing each code and feeding its embedding to
         the next step where it is: on a GPU the frame's calls are queued back to back and the
@@ -195,9 +196,15 @@ class CodePredictor:
         the engine could not decide an active row exactly (the caller then draws the frame on
         the host, as it would have)."""
         n = len(code0)
-        state = rng.bit_generator.state
+        rngs = rng if isinstance(rng, (list, tuple)) else None
+        state = [r.bit_generator.state for r in rngs] if rngs else rng.bit_generator.state
         steps = self.groups - 1
-        uniforms = np.zeros((steps, n)) if params.greedy else rng.random((steps, n))
+        if params.greedy:
+            uniforms = np.zeros((steps, n))
+        elif rngs:  # each row's numbers from its own generator, in group order
+            uniforms = np.stack([r.random(steps) for r in rngs], axis=1)
+        else:
+            uniforms = rng.random((steps, n))
         q = active.astype(np.int32)
         uniform_rows, e0_in = self._staged(uniforms, e0)
         past, x = self._prefill(cp, last_hidden, e0_in, q, self._draw_inputs(np.zeros(n), params),
@@ -222,7 +229,11 @@ class CodePredictor:
         got = drawn if isinstance(drawn, np.ndarray) else drawn.download()
         codes = np.concatenate([code0[:, None], got.T], axis=1)
         if (codes[active] < 0).any():
-            rng.bit_generator.state = state
+            if rngs:
+                for r, saved in zip(rngs, state, strict=True):
+                    r.bit_generator.state = saved
+            else:
+                rng.bit_generator.state = state
             return None
         total = e0.astype(np.float32)
         for group in range(1, self.groups):

@@ -325,7 +325,9 @@ class Talker:
         prefills = self._prefills(plans)
         n = len(cohort)
         talker_params, cp_params, max_frames, min_frames = self._sampling(cohort[0].request)
-        rng = np.random.default_rng(talker_params.seed)
+        # each row its own generator (the cohort shares the seed): a request's codes depend on
+        # its seed and inputs, not on the rows beside it
+        rng = [np.random.default_rng(talker_params.seed) for _ in range(n)]
         lens = np.array([len(p.embeds) for p in prefills], np.int32)
         if int(lens.max()) + max_frames > self.capacity:
             max_frames = self.capacity - int(lens.max())
