@@ -60,16 +60,22 @@ class TextSlots:
         self._outputs = {"logits": (backbone.vocab_size,)}
         if backbone.hidden_layer is not None:
             self._outputs["hidden_states"] = (backbone.hidden_size,)
-        self._sessions: dict[tuple[int, int], DecoderSession] = {}
+        self._sessions: dict[int, DecoderSession] = {}
 
     def _session(self, rows: int, first: int) -> DecoderSession:
-        key = (rows, first)
-        if key not in self._sessions:
-            self._sessions[key] = DecoderSession(
-                self.b.engine, self.b.kv, rows, self._outputs,
-                per_position=("hidden_states",), first_row=first,
-            )  # fmt: skip
-        return self._sessions[key]
+        return DecoderSession(
+            self.b.engine, self.b.kv, rows, self._outputs,
+            per_position=("hidden_states",), first_row=first,
+        )  # fmt: skip
+
+    def _decode_session(self, rows: int) -> DecoderSession:
+        """Decode steps over rows 0..rows-1 are one token wide: their sessions (and output
+        buffers) are kept, one per row count. A prefill's session is made for its call, as a
+        cohort's is: its buffers are as wide as the prompt, so keeping them would keep one set
+        for every prompt length seen."""
+        if rows not in self._sessions:
+            self._sessions[rows] = self._session(rows, 0)
+        return self._sessions[rows]
 
     # -- the scheduler's calls ---------------------------------------------------------------
     def admit(self, entries: Sequence[tuple[RequestState, int]]) -> list[Slot]:
@@ -123,7 +129,7 @@ class TextSlots:
         for row, slot in slots.items():
             tokens[row], past[row], deltas[row] = slot.generated[-1], slot.past, slot.prompt.delta
             active[row] = 1
-        session = self._session(hi, 0)
+        session = self._decode_session(hi)
         start, engine = time.perf_counter(), session.engine_seconds
         out = session.run(
             b.embedding[tokens][:, None, :], text_positions(past + deltas, 1, b.mrope), past,
