@@ -21,43 +21,39 @@ to 10 minutes can run `--stop-after build` first and the same command without it
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import json
 import math
-import os
-import platform
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from gpu_common import (  # noqa: E402
+    PEERS,
+    PHASES,
+    REAL_THINKER_LAYERS,
+    SPEAKER,
+    cuda_available,
+    free_gpu,
+    phase,
+    scaled,
+    sync,
+)
+from gpu_omni_hf import run_transformers  # noqa: E402
+from gpu_omni_report import machine, markdown, strip_private  # noqa: E402
 from omni_cpu import set_window  # noqa: E402
 
-REAL_THINKER_LAYERS = 48
-SAMPLE_RATE = 24000
-FRAME_S = 1920 / SAMPLE_RATE  # one codec frame: 80 ms of audio
-SPEAKER = "ethan"
 SYSTEM_PROMPT = "You are a voice assistant."
 # Qwen3-Omni-30B-A3B-Instruct's published config values (shared/notes/gpu-baseline.md, "Config
 # actually used"); the class defaults are not the real model.
 REAL_MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20],
               "interleaved": True, "mrope_interleaved": True}  # fmt: skip
-# Published figures to beat (shared/notes/peers.md: mstar PR benchmark matrix, T2S on Seed-TTS,
-# 2x B300, thinker greedy): not reproduced here, different hardware and workload.
-PEERS = {
-    "source": "M* (mstar PR benchmark, 2x B300, T2S Seed-TTS; published, not reproduced)",
-    "rtf_p50_c1": 0.099,
-    "ttfa_p50_ms_c1": 142,
-    "audio_s_per_s_c32": 80.5,
-}
 
 
 def accept_layer(thinker_layers: int) -> int:
@@ -104,43 +100,6 @@ def real_sizes(thinker_layers: int) -> dict[str, dict[str, Any]]:
             decoder_dim=1536,
         ),
     }  # fmt: skip
-
-
-# -- phases ----------------------------------------------------------------------------------
-PHASES: dict[str, float] = {}
-
-
-@contextlib.contextmanager
-def phase(name: str) -> Iterator[None]:
-    """Time and print one phase, so the output shows where the GPU machine's time goes."""
-    print(f"[gpu_omni] {name} ...", flush=True)
-    start = time.perf_counter()
-    yield
-    PHASES[name] = round(PHASES.get(name, 0.0) + time.perf_counter() - start, 2)
-    print(f"[gpu_omni] {name} done in {time.perf_counter() - start:.1f} s", flush=True)
-
-
-def cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-def sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def free_gpu() -> None:
-    gc.collect()
-    if cuda_available():
-        import torch
-
-        torch.cuda.empty_cache()
 
 
 # -- checkpoint ------------------------------------------------------------------------------
@@ -316,32 +275,31 @@ def stage_id(pipe: Any, runner: str) -> str:
     return next(s.id for s in pipe.graph.stages if s.runner == runner)
 
 
-def watch_cohorts(pipe: Any) -> dict[int, float]:
-    """Record each request's cohort start (the origin of the runtime's first_audio_ms), so the
-    time to first audio can also be given from submission (pipe.run's call)."""
-    starts: dict[int, float] = {}
-    original = getattr(pipe, "_run_cohort", None)
-    if original is None:
-        return starts
+class Timeline:
+    """Each request's first audio and last event, from the runtime's event stream (in flight
+    they come as they happen; a cohort's come when it ends, so there the stages' own first-audio
+    times are used, which count from the cohort's start)."""
 
-    def run_cohort(cohort: list[Any], batch_size: int) -> None:
-        try:
-            original(cohort, batch_size)
-        finally:
-            starts.update({s.index: s.started for s in cohort})
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first_audio: dict[int, float] = {}
+        self.last: dict[int, float] = {}
 
-    pipe._run_cohort = run_cohort
-    return starts
+    def __call__(self, event: Any) -> None:
+        now = time.perf_counter() - self.start
+        if type(event).__name__ == "AudioChunk":  # runtime.events.AudioChunk
+            self.first_audio.setdefault(event.index, now)
+        self.last[event.index] = now
 
 
-def run_batch(pipe: Any, requests: list[Any], c: int, starts: dict[int, float]) -> dict[str, Any]:
+def run_batch(pipe: Any, requests: list[Any], c: int) -> dict[str, Any]:
     """All c requests submitted together in one pipe.run; per-request and per-stage numbers."""
     import numpy as np
 
-    starts.clear()
-    submitted = time.perf_counter()
-    outcomes = pipe.run(requests, batch_size=c)
-    wall = time.perf_counter() - submitted
+    live = pipe.batching == "inflight"
+    events = Timeline()
+    outcomes = pipe.run(requests, batch_size=c, listener=events)
+    wall = time.perf_counter() - events.start
     rows, errors = [], []
     for o in outcomes:
         e = o.entry
@@ -351,7 +309,7 @@ def run_batch(pipe: Any, requests: list[Any], c: int, starts: dict[int, float]) 
         st = e["stages"]
         audio_s = len(o.audio) / o.sample_rate
         first = st["code2wav"]["first_audio_ms"]
-        origin = starts.get(e["request_idx"])
+        index = e["request_idx"]
         rows.append({
             "request_idx": e["request_idx"],
             "prompt_tokens": st["thinker"]["prompt_tokens"],
@@ -359,11 +317,12 @@ def run_batch(pipe: Any, requests: list[Any], c: int, starts: dict[int, float]) 
             "frames": st["talker"]["frames"],
             "audio_s": round(audio_s, 4),
             "ttfa_ms_from_cohort_start": first,
-            "ttfa_ms": round(first + (origin - submitted) * 1e3, 3) if origin else None,
+            "ttfa_ms": round(events.first_audio[index] * 1e3, 3) if live else None,
             # a player starting at the first audio would then wait this long for the rest
             "stall_ms": st["code2wav"]["stall_ms"],
-            "e2e_ms": round(wall * 1e3, 3),  # a cohort's requests all return when it ends
-            "rtf": round(wall / audio_s, 4) if audio_s else None,
+            # in flight a request is done at its last event; a cohort's all when it ends
+            "e2e_ms": round((events.last[index] if live else wall) * 1e3, 3),
+            "rtf": round((events.last[index] if live else wall) / audio_s, 4) if audio_s else None,
             "vocode_ms": st["code2wav"]["vocode_ms"],
             "vocoder_windows": st["code2wav"]["windows"],
             "finish": [st["thinker"]["finish_reason"], st["talker"]["finish_reason"]],
@@ -416,11 +375,10 @@ def run_edgeomni(engine: Path, prompts: list[tuple[list[dict], list[int]]],
     from edgeomni.runtime.pipeline import Pipeline, Profile
     from edgeomni.runtime.requests import BadRequest, parse_request_file
 
-    options = {"cuda_graphs": not args.no_cuda_graphs,
-               "stream_stages": args.stage_streaming}  # fmt: skip
+    options = {"cuda_graphs": not args.no_cuda_graphs, "stream_stages": args.stage_streaming,
+               "batching": args.batching}  # fmt: skip
     with phase("edgeomni: open pipeline"):
         pipe = Pipeline(engine, **options)
-    starts = watch_cohorts(pipe)
     out: dict[str, Any] = {"pipeline_options": options, "runs": {}}
     for c in args.concurrency:
         body = request_body(prompts[:c], args)
@@ -430,13 +388,13 @@ def run_edgeomni(engine: Path, prompts: list[tuple[list[dict], list[int]]],
             raise SystemExit(f"gpu_omni: the runtime rejected the requests: {bad[0]}")
         with phase(f"edgeomni c={c}: warm-up"):
             load_before = pipe.profile.load_seconds
-            warm = run_batch(pipe, requests, c, starts)
+            warm = run_batch(pipe, requests, c)
             load_s = pipe.profile.load_seconds - load_before
         batches = []
         for r in range(args.repeats):
             pipe.profile = Profile()
             with phase(f"edgeomni c={c}: timed run {r + 1}/{args.repeats}"):
-                batches.append(run_batch(pipe, requests, c, starts))
+                batches.append(run_batch(pipe, requests, c))
         out["runs"][str(c)] = {
             "concurrency": c,
             "warmup_wall_ms": warm["wall_ms"],
@@ -448,15 +406,6 @@ def run_edgeomni(engine: Path, prompts: list[tuple[list[dict], list[int]]],
     del pipe
     free_gpu()
     return out
-
-
-def scale_extra_ms(layered_ms: float, layers: int) -> float:
-    """The 48-layer estimate adds ``layered_ms`` x (48/L - 1). edgeomni passes its thinker's
-    engine time (calls waited for, so GPU time plus launch): the host work between calls does
-    not grow with layers, but the LM head and logits top-K inside the engine are scaled too,
-    so it still overstates the thinker. transformers passes its whole thinker time (its host
-    work is per layer too)."""
-    return layered_ms * (REAL_THINKER_LAYERS / layers - 1)
 
 
 def summarize(batches: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
@@ -511,335 +460,6 @@ def summarize(batches: list[dict[str, Any]], args: argparse.Namespace) -> dict[s
     return out
 
 
-def scaled(summary: dict[str, Any], rows: list[dict[str, Any]], batches: list[dict[str, Any]],
-           layers: int, layered_ms: float) -> dict[str, Any]:  # fmt: skip
-    """ESTIMATES at 48 thinker layers (not measured): the thinker runs before any audio, so its
-    extra time (``scale_extra_ms``) adds to every request's first audio and end-to-end time."""
-    if layers >= REAL_THINKER_LAYERS:
-        return {}
-    extra = scale_extra_ms(layered_ms, layers)
-    wall = sum(b["wall_ms"] for b in batches) + extra * len(batches)
-    return {
-        "scaled48_estimate": {
-            "thinker_ms": round(summary["thinker_ms"] + extra, 1),
-            "ttfa_p50_ms": round(summary["ttfa_p50_ms"] + extra, 1),
-            "rtf_p50": round(
-                statistics.median((r["e2e_ms"] + extra) / 1e3 / r["audio_s"] for r in rows), 4
-            ),
-            "audio_s_per_s": round(sum(b["audio_s"] for b in batches) / (wall / 1e3), 3),
-        }
-    }
-
-
-# -- transformers ----------------------------------------------------------------------------
-def run_transformers(ckpt: Path, prompt_ids: list[int], args: argparse.Namespace,
-                     device: str) -> dict[str, Any]:  # fmt: skip
-    """One request at a time: bf16 + sdpa on the GPU (float32 on a CPU), generate() with the
-    same fixed work; each sub-generate timed between synchronisations (as the baseline notes)."""
-    import torch
-    from transformers import Qwen3OmniMoeForConditionalGeneration
-
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    free_gpu()
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()  # the checkpoint was made in this process
-    with phase("transformers: load"):
-        try:
-            model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
-                ckpt, dtype=dtype, attn_implementation="sdpa", device_map=device
-            )
-        except (ImportError, ValueError):  # device_map needs accelerate in some versions
-            model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
-                ckpt, dtype=dtype, attn_implementation="sdpa"
-            ).to(device)
-        model.eval()
-    times: dict[str, float] = {}
-    captured: dict[str, Any] = {}
-
-    def timed(owner: Any, name: str, key: str, keep: Callable[[Any], None] | None = None) -> None:
-        original = getattr(owner, name)
-
-        def wrapper(*a: Any, **k: Any) -> Any:
-            if keep is not None:
-                keep(a[0] if a else k.get("codes"))
-            sync()
-            start = time.perf_counter()
-            result = original(*a, **k)
-            sync()
-            times[key] = times.get(key, 0.0) + time.perf_counter() - start
-            return result
-
-        setattr(owner, name, wrapper)
-
-    timed(model.thinker, "generate", "thinker")
-    timed(model.talker, "generate", "talker_cp")
-    timed(model.talker.code_predictor, "generate", "code_predictor")
-    timed(model.code2wav, "chunked_decode", "code2wav", lambda codes: captured.update(codes=codes))
-    ids = torch.tensor([prompt_ids], device=device)
-    kwargs: dict[str, Any] = dict(
-        speaker="Ethan",  # generate() lowercases it for the config's speaker_id table
-        return_audio=True,
-        thinker_max_new_tokens=args.new_tokens,
-        thinker_min_new_tokens=args.new_tokens,
-        thinker_do_sample=False,
-        thinker_eos_token_id=model.config.im_end_token_id,  # the default is the real tokenizer's
-        talker_max_new_tokens=args.frames + 1,
-        talker_min_new_tokens=args.frames + 1,
-    )
-    if args.greedy_talker:
-        kwargs["talker_do_sample"] = False
-
-    def one(run: int) -> dict[str, Any]:
-        times.clear()
-        torch.manual_seed(args.seed + run)
-        sync()
-        start = time.perf_counter()
-        with torch.no_grad():
-            seq, wav = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-        sync()
-        wall = time.perf_counter() - start
-        audio_s = wav.numel() / SAMPLE_RATE
-        codes = captured["codes"][0].T.cpu().numpy()
-        return {
-            "wall_ms": round(wall * 1e3, 3),
-            "ttfa_ms": round(wall * 1e3, 3),  # all audio comes back when generate returns
-            "audio_s": round(audio_s, 4),
-            "rtf": round(wall / audio_s, 4) if audio_s else None,
-            "thinker_tokens": int(seq.shape[1] - ids.shape[1]),
-            "frames": int(codes.shape[0]),
-            "thinker_ms": round(times.get("thinker", 0.0) * 1e3, 3),
-            "talker_cp_ms": round(times.get("talker_cp", 0.0) * 1e3, 3),
-            "code_predictor_ms": round(times.get("code_predictor", 0.0) * 1e3, 3),
-            "code2wav_ms": round(times.get("code2wav", 0.0) * 1e3, 3),
-            "_codes": codes,
-        }
-
-    with phase("transformers: warm-up"):
-        warm = one(0)
-    runs = []
-    for r in range(args.hf_runs):
-        with phase(f"transformers: timed run {r + 1}/{args.hf_runs}"):
-            runs.append(one(r + 1))
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
-    model = None  # free it before anything else runs (the closures above hold no reference)
-    free_gpu()
-    med = statistics.median
-    summary = {
-        "ok": True,
-        "requests": len(runs),
-        "ttfa_p50_ms": round(med(r["ttfa_ms"] for r in runs), 1),
-        "ttfa_max_ms": round(max(r["ttfa_ms"] for r in runs), 1),
-        "ttfa_from": "submission (generate returns all audio at the end)",
-        "stall_max_ms": 0.0,  # all of it at once
-        "rtf_p50": round(med(r["rtf"] for r in runs), 4),
-        "audio_s_per_s": round(
-            sum(r["audio_s"] for r in runs) / (sum(r["wall_ms"] for r in runs) / 1e3), 3
-        ),
-        "wall_ms_p50": round(med(r["wall_ms"] for r in runs), 1),
-        "thinker_ms": round(med(r["thinker_ms"] for r in runs), 1),
-        "talker_cp_ms": round(med(r["talker_cp_ms"] for r in runs), 1),
-        "code_predictor_ms": round(med(r["code_predictor_ms"] for r in runs), 1),
-        "code2wav_ms": round(med(r["code2wav_ms"] for r in runs), 1),
-        "fixed_work": all(
-            r["thinker_tokens"] == args.new_tokens and r["frames"] == args.frames for r in runs
-        ),
-    }
-    rows = [{**r, "e2e_ms": r["wall_ms"]} for r in runs]
-    summary.update(scaled(summary, rows, runs, args.thinker_layers, summary["thinker_ms"]))
-    return {
-        "dtype": str(dtype).removeprefix("torch."),
-        "device": device,
-        "attn_implementation": "sdpa",
-        "generate_kwargs": kwargs,
-        "warmup_wall_ms": warm["wall_ms"],
-        "peak_gpu_gib": round(peak, 2) if peak is not None else None,
-        "runs": runs,
-        "summary": summary,
-    }
-
-
-# -- report ----------------------------------------------------------------------------------
-def machine() -> dict[str, Any]:
-    import onnxruntime as ort
-
-    info: dict[str, Any] = {
-        "host": f"{platform.machine()}, {os.cpu_count()} cores",
-        "python": platform.python_version(),
-        "onnxruntime": ort.__version__,
-        "onnxruntime_providers": ort.get_available_providers(),
-    }
-    try:
-        import torch
-        import transformers
-
-        info["torch"] = torch.__version__
-        info["transformers"] = transformers.__version__
-        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        pass
-    try:
-        here = Path(__file__).parent
-        info["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, check=True
-        ).stdout
-        info["git_dirty"] = bool(dirty.strip())
-    except (OSError, subprocess.CalledProcessError):
-        info["git_commit"] = None
-    return info
-
-
-def fmt(value: Any, unit: str = "") -> str:
-    """Milliseconds to 0.1 below 100 and whole above; ratios to three digits (0.123, 12.3)."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if unit == " ms":
-            digits = 1 if abs(value) < 100 else 0
-        else:
-            digits = 3 if abs(value) < 10 else 1 if abs(value) < 100 else 0
-        value = f"{value:.{digits}f}"
-    return f"{value}{unit}"
-
-
-def describe(result: dict[str, Any]) -> str:
-    """What was measured, in the words a reader of the table needs."""
-    cfg = result["config"]
-    layers = cfg["thinker_layers"]
-    if cfg["size"] == "real":
-        size = (
-            f"Qwen3-Omni-30B-A3B per-layer dimensions, thinker {layers} of "
-            f"{REAL_THINKER_LAYERS} layers"
-        )
-        if layers < REAL_THINKER_LAYERS:
-            size += (
-                f" (**reduced**; the talker reads thinker layer {cfg['accept_hidden_layer']} "
-                "instead of 24)"
-            )
-        size += "; talker, code predictor and code2wav at full size"
-    else:
-        size = "`--size tiny` (make_qwen3_omni's defaults: a logic check, not a speed figure)"
-    talker = (
-        "greedy"
-        if cfg["greedy_talker"]
-        else "transformers' defaults on both sides (edgeomni seeded; the codes differ between "
-        "the two, which a speed bench allows)"
-    )
-    hf = result.get("transformers") or {}
-    topk = cfg["build_args"].get("logits_topk")
-    options = (result.get("edgeomni") or {}).get("pipeline_options") or {}
-    streaming = bool(options.get("stream_stages"))
-    return " ".join([
-        f"{size}. Random weights; audio and vision encoders tiny and not built by edgeomni "
-        "(text to speech does not use them).",
-        f"Per request: a {cfg['prompt_tokens_p50']}-token ChatML prompt, {cfg['new_tokens']} "
-        f"greedy thinker tokens, {cfg['frames']} codec frames "
-        f"({cfg['frames'] * FRAME_S:.1f} s of audio), speaker {SPEAKER}; talker sampling "
-        f"{talker}.",
-        f"edgeomni: {cfg['engine_dtype']} engines on ONNX Runtime ({cfg['engine_device']}"
-        + (f", top-{topk} logits from the engine" if topk else "")
-        + f"), vocoder windows of {cfg['window_frames']} frames (the first "
-        f"{cfg.get('first_window_frames', cfg['window_frames'])}, then doubling up to the full "
-        "size), c requests submitted together"
-        + ("; the talker streams the thinker's reply (--stage-streaming)." if streaming else "."),
-        f"transformers: {hf.get('dtype', '-')}, sdpa, one request at a time; its first audio "
-        "is its wall time (generate returns all audio at the end).",
-    ])  # fmt: skip
-
-
-def markdown(result: dict[str, Any]) -> str:
-    cfg = result["config"]
-    layers = cfg["thinker_layers"]
-    rows: list[tuple[str, dict[str, Any]]] = []
-    for c, run in (result.get("edgeomni") or {}).get("runs", {}).items():
-        rows.append((f"edgeomni c={c}", run["summary"]))
-    if result.get("transformers"):
-        rows.append(("transformers c=1", result["transformers"]["summary"]))
-    m = result["machine"]
-    lines = [
-        f"### Qwen3-Omni text to speech, {m.get('gpu') or m['host']} ({result['date']})",
-        "",
-        describe(result),
-        "",
-        "| run | TTFA p50 | TTFA max | stall max | RTF p50 | audio-s/s | thinker | talker+cp |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, s in rows:
-        if not s.get("ok", True) and "ttfa_p50_ms" not in s:
-            lines.append(f"| {name} | failed | | | | | | |")
-            continue
-        lines.append(
-            f"| {name} | {fmt(s['ttfa_p50_ms'], ' ms')} | {fmt(s['ttfa_max_ms'], ' ms')} | "
-            f"{fmt(s.get('stall_max_ms'), ' ms')} | {fmt(s['rtf_p50'])} | "
-            f"{fmt(s['audio_s_per_s'])} | {fmt(s['thinker_ms'], ' ms')} | "
-            f"{fmt(s['talker_cp_ms'], ' ms')} |"
-        )
-    streaming = bool(((result.get("edgeomni") or {}).get("pipeline_options") or {}).get(
-        "stream_stages"))  # fmt: skip
-    if layers < REAL_THINKER_LAYERS and streaming:
-        lines += [
-            "",
-            f"No estimate scaled to {REAL_THINKER_LAYERS} thinker layers: with stage streaming "
-            "the thinker's steps are spread over the talker's frames, which scaling the thinker "
-            "time does not model.",
-        ]
-    elif layers < REAL_THINKER_LAYERS:
-        lines += [
-            "",
-            f"**Scaled to {REAL_THINKER_LAYERS} thinker layers (ESTIMATE, not measured):** "
-            f"the thinker's time inside its engine calls is scaled by {REAL_THINKER_LAYERS}/"
-            f"{layers} (transformers: its whole thinker time), the rest as measured. The LM "
-            "head and logits top-K inside the engine are scaled too though they do not grow "
-            "with layers, so it overstates edgeomni's thinker.",
-            "",
-            "| run (estimate) | TTFA p50 | RTF p50 | audio-s/s | thinker |",
-            "|---|---|---|---|---|",
-        ]
-        for name, s in rows:
-            e = s.get("scaled48_estimate")
-            if e:
-                lines.append(
-                    f"| {name} | {fmt(e['ttfa_p50_ms'], ' ms')} | {fmt(e['rtf_p50'])} | "
-                    f"{fmt(e['audio_s_per_s'])} | {fmt(e['thinker_ms'], ' ms')} |"
-                )
-    p = PEERS
-    lines += [
-        "",
-        "TTFA: from submitting the batch to the request's first vocoded audio. stall: how long "
-        "a player that starts at the first audio and plays the pieces as they come would wait "
-        "for later ones, the worst request (transformers: 0, all audio comes at once, at "
-        "TTFA). RTF: a request's "
-        "wall time (a batch returns together) / its audio seconds. audio-s/s: all audio / all "
-        "wall. thinker: prefill + decode of the batch. talker+cp: talker and code "
-        "predictor, without the vocoder windows edgeomni streams inside the talker's loop "
-        "(transformers: talker.generate).",
-        "",
-        f"For context, {p['source']}: RTF p50 {p['rtf_p50_c1']} and first audio "
-        f"{p['ttfa_p50_ms_c1']} ms at one request, {p['audio_s_per_s_c32']} audio-s/s at 32.",
-    ]
-    notes = []
-    if result.get("same_codes_greedy_c1") is not None:
-        same = "yes" if result["same_codes_greedy_c1"] else "**no**"
-        notes.append(f"greedy talker: edgeomni's codes equal transformers' at c=1: {same}")
-    bad = [n for n, s in rows if not s.get("fixed_work", True)]
-    if bad:
-        notes.append(f"**work not as requested** (token or frame counts differ): {', '.join(bad)}")
-    if notes:
-        lines += ["", *[f"- {n}" for n in notes]]
-    return "\n".join(lines) + "\n"
-
-
-def strip_private(obj: Any) -> Any:
-    """Drop the raw code arrays (keys starting with '_') from the JSON."""
-    if isinstance(obj, dict):
-        return {k: strip_private(v) for k, v in obj.items() if not k.startswith("_")}
-    if isinstance(obj, list):
-        return [strip_private(v) for v in obj]
-    return obj
-
-
 # -- main ------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -874,6 +494,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="end after this phase (to split the work over several commands; the "
                    "work dir is reused)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--batching",
+        choices=("inflight", "cohort"),
+        default="inflight",
+        help="edgeomni's batching (edge-infer --batching)",
+    )
     p.add_argument(
         "--stage-streaming",
         action="store_true",

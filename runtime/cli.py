@@ -127,11 +127,11 @@ def parser() -> argparse.ArgumentParser:
         "--batching",
         choices=("inflight", "cohort"),
         default="inflight",
-        help="inflight (default): requests join a running batch as rows free up and leave it "
-        "the step they finish, each with its own sampling settings and seed; this covers "
-        "requests that run only the text model (LLMs, and Qwen3-Omni without audio out), and "
-        "the speech stages run in cohorts. cohort: fixed cohorts of requests with equal "
-        "settings, as TensorRT Edge-LLM's multistage_inference batches (to compare run by run)",
+        help="inflight (default): requests join each stage's running batch as rows free up "
+        "and leave it the step they finish, moving on to the next stage (thinker, talker, "
+        "vocoder) at once, each with its own sampling settings, voice and seed. cohort: fixed "
+        "cohorts of requests with equal settings, as TensorRT Edge-LLM's multistage_inference "
+        "batches (to compare run by run)",
     )
     p.add_argument("--threads", type=int, help="CPU threads per engine (default: all cores)")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug detail, with tracebacks")
@@ -144,9 +144,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stage-streaming",
         action="store_true",
-        help="start the talker at the reply's first token and run the thinker's later steps as "
-        "it needs them, instead of after the thinker finished every reply of the cohort (the "
-        "same tokens and codes). Meant for a GPU: on an H200 audio started 1.4-2.4x sooner, "
+        help="start the talker at the reply's first token and have it read the later tokens "
+        "as the thinker writes them, instead of once the thinker finished the reply (the same "
+        "tokens and codes). Measured in cohorts on an H200: audio started 1.4-2.4x sooner, "
         "throughput from 10%% lower to 13%% higher; on a CPU the run is slower and audio starts "
         "no sooner (docs/benchmarks.md)",
     )

@@ -8,9 +8,11 @@ Plain frozen dataclasses; ``index`` is the request's position in the run.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["Event", "Failed", "Finished", "Listener", "TextDelta"]
+import numpy as np
+
+__all__ = ["AudioChunk", "CodecFrames", "Event", "Failed", "Finished", "Listener", "TextDelta"]
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,31 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class CodecFrames:
+    """New codec frames of a request's speech, int64 [frames, groups]: a request's frames
+    concatenate to its codes (the codec port, ``rvq_codes``)."""
+
+    index: int
+    stage: str
+    codes: np.ndarray = field(repr=False)
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """New audio of a request: float32 samples starting at sample ``offset`` of its utterance
+    (a request's chunks concatenate to its audio)."""
+
+    index: int
+    stage: str
+    samples: np.ndarray = field(repr=False)
+    offset: int
+    sample_rate: int
+
+
+@dataclass(frozen=True)
 class Finished:
-    """The stage is done with the request: ``reason`` is eos, stop or length."""
+    """The stage is done with the request: ``reason`` is eos, stop or length for a decoder,
+    ``complete`` for a stage that converts what it was given (the vocoder)."""
 
     index: int
     stage: str
@@ -44,5 +69,5 @@ class Failed:
     error: str
 
 
-Event = TextDelta | Finished | Failed
+Event = TextDelta | CodecFrames | AudioChunk | Finished | Failed
 Listener = Callable[[Event], None]

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from edgeomni import graph_schema
-from edgeomni.runtime.events import Failed, Finished, Listener, TextDelta
+from edgeomni.runtime.events import AudioChunk, CodecFrames, Failed, Finished, Listener, TextDelta
 from edgeomni.runtime.requests import BadRequest, Request
 from edgeomni.runtime.runners import RUNNER_KINDS, RUNNERS, RequestError, RequestState
-from edgeomni.runtime.scheduler import SlotCapable, SlotStage, make_cohorts, run_slots
+from edgeomni.runtime.scheduler import SlotCapable, SlotStage, make_cohorts, run_graph
 
 GRAPH_FILE = "multistage_config.json"
 BATCHING = ("inflight", "cohort")
@@ -115,9 +115,9 @@ class Pipeline:
         """``cuda_graphs``: GPU engines replay captured CUDA graphs for their decode steps.
         ``stream_stages``: a stage that reads the next one's output as it is made (the talker
         the thinker's) starts before that stage finishes; otherwise stages run one after another.
-        ``batching``: ``inflight`` (requests whose plan is one stage that holds slots join and
-        leave a running batch; the others run in cohorts) or ``cohort`` (every request in fixed
-        cohorts, the spec's batching)."""
+        ``batching``: ``inflight`` (requests whose planned stages all hold slots join and leave
+        each stage's running batch, one scheduler loop stepping every stage; the others run in
+        cohorts) or ``cohort`` (every request in fixed cohorts, the spec's batching)."""
         if batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
         self.batching = batching
@@ -138,6 +138,7 @@ class Pipeline:
         self._runners: dict[str, Any] = {}
         self._slot_stages: dict[str, SlotStage] = {}
         self.profile = Profile()
+        self._kinds = {s.port(e.id): e.kind for s in self.graph.stages for e in s.emits}
         # the request fields some stage reads (request:<field> inputs)
         self._request_fields = {
             inp.request_field for s in self.graph.stages for inp in s.inputs if inp.request_field
@@ -244,12 +245,9 @@ class Pipeline:
                     done.add(pos)
                     continue
                 states.append(state)
-            lanes, cohorted = self._lanes(states)
-            for stage_id, lane in lanes.items():
-                t = time.perf_counter()
-                run_slots(self._slot_stages[stage_id], lane, self._width(stage_id, batch_size),
-                          listener=listener, done=lambda st: done.add(st.index))  # fmt: skip
-                self._count(stage_id, lane, time.perf_counter() - t)
+            inflight, cohorted = self._lanes(states)
+            if inflight:
+                self._run_inflight(inflight, batch_size, listener, done)
             # a cohort shares its stages, request fields, voice and batch-wide settings (the spec)
             keys = [
                 (s.plan.stages, s.request.fields, s.request.voice, s.request.batch_settings)
@@ -261,7 +259,7 @@ class Pipeline:
                 done.update(s.index for s in cohort)
                 if listener is not None:
                     for state in cohort:
-                        for event in cohort_events(state):
+                        for event in cohort_events(state, self._kinds):
                             listener(event)
         except KeyboardInterrupt as e:
             for pos in range(len(requests)):
@@ -272,30 +270,42 @@ class Pipeline:
             self.profile.wall_seconds += time.perf_counter() - start
         return self._entries(requests, states, failed)
 
-    def _lanes(
-        self, states: list[RequestState]
-    ) -> tuple[dict[str, list[RequestState]], list[RequestState]]:
-        """Under in-flight batching, the requests whose plan is one stage that holds slots, by
-        stage; and the requests that run in cohorts."""
+    def _lanes(self, states: list[RequestState]) -> tuple[list[RequestState], list[RequestState]]:
+        """Under in-flight batching, the requests whose every planned stage holds slots; and
+        the requests that run in cohorts."""
         if self.batching != "inflight":
-            return {}, states
-        lanes: dict[str, list[RequestState]] = {}
+            return [], states
+        inflight: list[RequestState] = []
         rest: list[RequestState] = []
         for state in states:
-            stages = state.plan.stages
-            if len(stages) == 1 and self._slot_stage(stages[0]) is not None:
-                lanes.setdefault(stages[0], []).append(state)
-            else:
-                rest.append(state)
-        return lanes, rest
+            slotted = all(self._slot_stage(sid) is not None for sid in state.plan.stages)
+            (inflight if slotted else rest).append(state)
+        return inflight, rest
 
     def _slot_stage(self, stage_id: str) -> SlotStage | None:
         if stage_id not in self._slot_stages:
             runner = self.runner(stage_id)
             if not isinstance(runner, SlotCapable):
                 return None
-            self._slot_stages[stage_id] = runner.slot_stage()
+            self._slot_stages[stage_id] = runner.slot_stage(stream_upstream=self.stream_stages)
         return self._slot_stages[stage_id]
+
+    def _run_inflight(
+        self, states: list[RequestState], batch_size: int, listener: Listener | None,
+        done: set[int],
+    ) -> None:  # fmt: skip
+        """Every in-flight request through one scheduler loop over the stages they plan."""
+        used = {sid for state in states for sid in state.plan.stages}
+        stages = {s.id: self._slot_stages[s.id] for s in self.graph.stages if s.id in used}
+        seconds: dict[str, float] = {}
+        try:
+            run_graph(
+                stages, states, {sid: self._width(sid, batch_size) for sid in stages},
+                listener=listener, done=lambda st: done.add(st.index), seconds=seconds,
+            )  # fmt: skip
+        finally:
+            for sid, spent in seconds.items():
+                self._count(sid, [s for s in states if sid in s.plan.stages], spent)
 
     def _prepare(self, state: RequestState) -> str | None:
         """Each planned stage's own per-request work (tokenizing, encoding media, checking
@@ -436,7 +446,7 @@ class Pipeline:
     ) -> list[Outcome]:  # fmt: skip
         by_pos = {s.index: s for s in states}
         text_ports = self.text_terminals()
-        kinds = {stage.port(e.id): e.kind for stage in self.graph.stages for e in stage.emits}
+        kinds = self._kinds
         outcomes = []
         for pos, item in enumerate(requests):
             state = by_pos.get(pos)
@@ -511,21 +521,32 @@ def echo_messages(messages: Any) -> list[Any]:
     return out
 
 
-def cohort_events(state: RequestState) -> list[Any]:
-    """A request's events once its cohort ran: each text its stages made as one delta, then
-    finished (or failed)."""
+def cohort_events(state: RequestState, kinds: dict[str, str]) -> list[Any]:
+    """A request's events once its cohort ran: what each of its stages made (text, codec
+    frames, audio; ``kinds``: port -> emit kind) in one event each, then that stage's
+    Finished; Failed last if it failed."""
     events: list[Any] = []
     for sid in state.plan.stages:
-        text = state.outputs.get(f"{sid}:text")
         details = state.details.get(sid, {})
-        if text is None or "finish_reason" not in details:
-            continue
-        if text:
-            events.append(
-                TextDelta(state.index, sid, text, tuple(details.get("output_tokens", ())))
-            )
-        if state.error is None:
-            events.append(Finished(state.index, sid, details["finish_reason"]))
+        made = False
+        for port, value in state.outputs.items():
+            kind = kinds.get(port) if port.startswith(sid + ":") else None
+            if kind == "text" and "finish_reason" in details:
+                made = True
+                if value:
+                    events.append(
+                        TextDelta(state.index, sid, value, tuple(details.get("output_tokens", ())))
+                    )
+            elif kind == "codec":
+                made = True
+                if len(value):
+                    events.append(CodecFrames(state.index, sid, value))
+            elif kind == "audio":
+                made = True
+                if value.size:
+                    events.append(AudioChunk(state.index, sid, value, 0, details["sample_rate"]))
+        if made and state.error is None:
+            events.append(Finished(state.index, sid, details.get("finish_reason", "complete")))
     if state.error is not None:
         events.append(Failed(state.index, state.plan.stages[-1], state.error))
     return events

@@ -10,11 +10,12 @@ early requests are never starved by later ones.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["SlotCapable", "SlotStage", "make_cohorts", "run_slots"]
+__all__ = ["SlotCapable", "SlotStage", "Stuck", "make_cohorts", "run_graph"]
 log = logging.getLogger("edge-infer")
 
 
@@ -47,20 +48,32 @@ def make_cohorts(keys: Sequence[Hashable], width: int) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# In-flight batching: one loop of schedule -> execute -> update over a stage whose requests hold
-# slots (a cache row each, their own settings), so requests join and leave a running batch.
+# In-flight batching: one loop of schedule -> execute -> update over the stages of a graph whose
+# requests hold slots (a cache row each, their own settings), so requests join and leave each
+# stage's running batch, and a request moves on to its next stage the step it finishes.
 
 
 @runtime_checkable
 class SlotStage(Protocol):
-    """A stage the in-flight loop steps. ``admit`` prefills requests into free rows and draws
-    each one's first token; ``step`` decodes every active row once and draws its next token;
-    ``update`` settles one slot after its newest token (its ``finish``, and when asked the
-    events the token adds: text, Finished); ``retire`` writes a finished request's outputs;
-    ``move`` puts a slot in another (free) row, its cache rows with it.
-    A slot's ``finish`` is set once it is done and ``state`` is its request's."""
+    """A stage the in-flight loop steps.
+
+    ``ready(state, upstream_done)``: whether a waiting request can start here now (a request
+    waits at its next stage from the moment its current one admits it; ``upstream_done``: that
+    stage is done with it). ``admit`` starts requests in free rows (a decoder prefills them and
+    draws each one's first token); a request it cannot start is left out of the slots it
+    returns, with its ``error`` set. ``step`` runs every active slot once (a slot that cannot
+    go on yet, waiting for its upstream, sits the step out). ``update`` settles one slot after
+    a step: its ``finish``, and the events it adds when asked (text, frames, audio, Finished).
+    ``consume`` takes an event its upstream stage emitted for the slot's request (stages with
+    ``consumes`` true: the vocoder reads the talker's frames). ``retire`` writes a finished
+    request's outputs; ``discard`` drops a slot whose request failed elsewhere; ``move`` puts a
+    slot in another (free) row, its cache rows with it. A slot has ``state``, ``row`` and
+    ``finish`` (set once it is done)."""
 
     stage_id: str
+    consumes: bool
+
+    def ready(self, state: Any, upstream_done: bool) -> bool: ...
 
     def admit(self, entries: Sequence[tuple[Any, int]]) -> list[Any]: ...
 
@@ -68,97 +81,189 @@ class SlotStage(Protocol):
 
     def update(self, slot: Any, events: bool) -> list[Any]: ...
 
+    def consume(self, slot: Any, event: Any) -> None: ...
+
     def move(self, slot: Any, row: int) -> None: ...
 
     def retire(self, slot: Any) -> None: ...
 
+    def discard(self, slot: Any) -> None: ...
+
 
 @runtime_checkable
 class SlotCapable(Protocol):
-    """A stage runner that can serve the in-flight loop."""
+    """A stage runner that can serve the in-flight loop. ``stream_upstream``: start a request
+    as soon as its upstream stage's output is enough to begin (the talker reading the thinker's
+    reply as it is written), not once that stage is done with it."""
 
-    def slot_stage(self) -> SlotStage: ...
+    def slot_stage(self, *, stream_upstream: bool = False) -> SlotStage: ...
 
 
-def run_slots(
-    stage: SlotStage,
+class Stuck(RuntimeError):
+    """Requests wait at a stage whose upstream will never make them ready (a stage's bug)."""
+
+
+def run_graph(
+    stages: Mapping[str, SlotStage],
     states: Sequence[Any],
-    width: int,
+    widths: Mapping[str, int],
     *,
     listener: Callable[[Any], None] | None = None,
     done: Callable[[Any], None] | None = None,
+    seconds: dict[str, float] | None = None,
 ) -> None:
-    """Run every request through ``stage`` with at most ``width`` in flight, in input order.
+    """Run every request through the stages of its plan (``state.plan.stages``, each one of
+    ``stages``, which are in graph order), each stage with at most ``widths[id]`` in flight.
 
-    Each turn admits waiting requests into the free rows (the lowest first), then steps the
-    active ones, then retires those that finished, freeing their rows for the next turn; once
-    nothing waits, the rows left are moved down (``compact``). A
-    request whose admission or update fails leaves alone (its ``error`` set, Failed emitted);
-    a step that fails fails the rows it ran. ``done(state)`` is called as each request
-    leaves; ``listener`` gets every event, in order per request.
+    Each turn visits the stages in order: admit the waiting requests that are ready into free
+    rows (the lowest first, in input order), step the active slots, settle them (events, then
+    retire the finished, which frees their rows); once no request can still come to a stage,
+    its rows left are moved down (``compact``). A request that fails anywhere leaves the whole
+    graph alone (its ``error`` set, Failed emitted, its slots in other stages discarded); a
+    step that fails fails the rows it ran. Events go to ``listener`` in order per request, and
+    to the request's next stage when it ``consumes`` them (held until it is admitted there).
+    ``done(state)`` is called as each request leaves; ``seconds`` adds each stage's time.
     """
     from edgeomni.runtime.events import Failed
 
-    waiting: deque[Any] = deque(states)
-    active: dict[int, Any] = {}
+    order = list(stages)
+    waiting: dict[str, list[Any]] = {sid: [] for sid in order}
+    active: dict[str, dict[int, Any]] = {sid: {} for sid in order}
+    slot_of: dict[str, dict[int, Any]] = {sid: {} for sid in order}  # request index -> slot
+    held: dict[str, dict[int, list[Any]]] = {sid: {} for sid in order}  # events not yet taken
+    to_come: dict[str, set[int]] = {sid: set() for sid in order}  # may still be admitted
+    finished: set[tuple[int, str]] = set()
+    times = seconds if seconds is not None else {}
+    nxt: dict[tuple[int, str], str | None] = {}
+    for state in states:
+        path = state.plan.stages
+        for a, b in zip(path, (*path[1:], None), strict=True):
+            nxt[(state.index, a)] = b
+            to_come[a].add(state.index)
+        waiting[path[0]].append(state)
 
-    def emit(event: Any) -> None:
+    def emit(state: Any, sid: str, event: Any) -> None:
         if listener is not None:
             listener(event)
+        after = nxt[(state.index, sid)]
+        if after is None or not stages[after].consumes:
+            return
+        slot = slot_of[after].get(state.index)
+        if slot is None:
+            held[after].setdefault(state.index, []).append(event)
+        else:
+            stages[after].consume(slot, event)
 
-    def fail(state: Any, error: str) -> None:
-        state.error = state.error or f"{stage.stage_id}: {error}"
-        emit(Failed(state.index, stage.stage_id, state.error))
+    def fail(state: Any, sid: str, error: str) -> None:
+        state.error = state.error or f"{sid}: {error}"
+        for other in order:
+            to_come[other].discard(state.index)
+            held[other].pop(state.index, None)
+            if state in waiting[other]:
+                waiting[other].remove(state)
+            slot = slot_of[other].pop(state.index, None)
+            if slot is not None and active[other].get(slot.row) is slot:
+                del active[other][slot.row]
+                stages[other].discard(slot)
+        if listener is not None:
+            listener(Failed(state.index, sid, state.error))
         if done is not None:
             done(state)
 
-    def settle(rows: Sequence[int]) -> None:
+    def settle(sid: str, rows: Sequence[int]) -> None:
+        stage = stages[sid]
         for row in rows:
-            slot = active[row]
+            slot = active[sid].get(row)
+            if slot is None:  # failed elsewhere while this stage settled
+                continue
+            state = slot.state
+            after = nxt[(state.index, sid)]
+            want = listener is not None or (after is not None and stages[after].consumes)
             try:
-                for event in stage.update(slot, listener is not None):
-                    emit(event)
+                for event in stage.update(slot, want):
+                    emit(state, sid, event)
                 if slot.finish is None:
                     continue
                 stage.retire(slot)
             except Exception as e:  # this request's own update failed: it leaves alone
-                log.debug("request %d failed in %s", slot.state.index, stage.stage_id,
-                          exc_info=True)  # fmt: skip
-                del active[row]
-                fail(slot.state, _failure(e))
+                log.debug("request %d failed in %s", state.index, sid, exc_info=True)
+                fail(state, sid, _failure(e))
                 continue
-            del active[row]
-            if done is not None:
-                done(slot.state)
+            del active[sid][row]
+            del slot_of[sid][state.index]
+            finished.add((state.index, sid))
+            if after is None and done is not None:
+                done(state)
 
-    while waiting or active:
-        free = [r for r in range(width) if r not in active][: len(waiting)]
-        entries = [(waiting.popleft(), row) for row in free]
-        for state, row in entries:  # its row in the running batch
-            state.batch_idx = row if state.batch_idx is None else state.batch_idx
-        if entries:
-            try:
-                admitted = stage.admit(entries)
-            except Exception as e:  # a prefill call failed: the requests it held fail
-                log.debug("admitting into %s failed", stage.stage_id, exc_info=True)
-                for state, _ in entries:
-                    fail(state, _failure(e))
-                admitted = []
-            for slot in admitted:
-                active[slot.row] = slot
-            settle([slot.row for slot in admitted])
-        if not active:
-            continue
+    def admit(sid: str) -> bool:
+        stage = stages[sid]
+        free = [r for r in range(widths[sid]) if r not in active[sid]]
+        if not free or not waiting[sid]:
+            return False
+        entries = []
+        for state in list(waiting[sid]):
+            if len(entries) == len(free):
+                break
+            path = state.plan.stages
+            before = path[path.index(sid) - 1] if path[0] != sid else None
+            if stage.ready(state, before is None or (state.index, before) in finished):
+                waiting[sid].remove(state)
+                entries.append((state, free[len(entries)]))
+        if not entries:
+            return False
+        for state, row in entries:
+            if state.plan.stages[0] == sid:  # its row in its first stage's batch; its start
+                state.batch_idx = row if state.batch_idx is None else state.batch_idx
+                state.started = state.started or time.perf_counter()
+            to_come[sid].discard(state.index)
         try:
-            stage.step(active)
-        except Exception as e:  # an engine call on these rows failed: they fail
-            log.debug("a step of %s failed", stage.stage_id, exc_info=True)
-            for row in list(active):
-                fail(active.pop(row).state, _failure(e))
-            continue
-        settle(sorted(active))
-        if not waiting:  # draining: the rows left move down, so each step calls fewer rows
-            compact(active, stage)
+            admitted = stage.admit(entries)
+        except Exception as e:  # a prefill call failed: the requests it held fail
+            log.debug("admitting into %s failed", sid, exc_info=True)
+            for state, _ in entries:
+                fail(state, sid, _failure(e))
+            return True
+        taken = {id(slot.state) for slot in admitted}
+        for state, _ in entries:
+            if id(state) not in taken:
+                fail(state, sid, state.error or "not admitted")
+        later: set[str] = set()
+        for slot in admitted:
+            active[sid][slot.row] = slot
+            slot_of[sid][slot.state.index] = slot
+            after = nxt[(slot.state.index, sid)]
+            if after is not None:  # it waits there from now on: a streaming stage may start
+                waiting[after].append(slot.state)
+                later.add(after)
+            for event in held[sid].pop(slot.state.index, ()):
+                stage.consume(slot, event)
+        for after in later:  # in input order
+            waiting[after].sort(key=lambda s: s.index)
+        settle(sid, [slot.row for slot in admitted])
+        return True
+
+    while any(waiting.values()) or any(active.values()):
+        moved = False
+        for sid in order:
+            t = time.perf_counter()
+            moved = admit(sid) or moved
+            if active[sid]:
+                moved = True
+                try:
+                    stages[sid].step(active[sid])
+                except Exception as e:  # an engine call on these rows failed: they fail
+                    log.debug("a step of %s failed", sid, exc_info=True)
+                    for slot in list(active[sid].values()):
+                        fail(slot.state, sid, _failure(e))
+                else:
+                    settle(sid, sorted(active[sid]))
+                if not to_come[sid] and not waiting[sid]:  # draining: rows move down
+                    compact(active[sid], stages[sid])
+            times[sid] = times.get(sid, 0.0) + time.perf_counter() - t
+        if not moved:  # nothing runs and nothing waiting can start: it never will
+            for sid in order:
+                for state in list(waiting[sid]):
+                    fail(state, sid, _failure(Stuck("its upstream stage never made it ready")))
 
 
 def compact(active: dict[int, Any], stage: SlotStage) -> None:

@@ -330,3 +330,15 @@ def whole_utterance_wav(model: Any, codes: np.ndarray) -> np.ndarray:
     with single_thread(), torch.no_grad():
         wav = model.code2wav(x)
     return wav.reshape(-1).float().numpy().astype(np.float32)
+
+
+def engine_with_vocoder(engine: Path, dest: Path, **config: int) -> Path:
+    """A copy of an engine dir whose code2wav stage's graph config is ``config`` (vocoder
+    windows for a test)."""
+    import shutil
+
+    shutil.copytree(engine, dest)
+    graph = json.loads((dest / "multistage_config.json").read_text())
+    next(s for s in graph["stages"] if s["id"] == "code2wav")["config"] = config
+    (dest / "multistage_config.json").write_text(json.dumps(graph))
+    return dest

@@ -1,4 +1,4 @@
-"""In-flight batching (runtime/scheduler.run_slots over runners/llm_slots.TextSlots): requests
+"""In-flight batching (runtime/scheduler.run_graph over runners/llm_slots.TextSlots): requests
 join a running batch as rows free up and leave it the step they finish; each row has its own
 sampling settings and generator, so a request's output is what it gives alone."""
 
@@ -214,7 +214,10 @@ def test_batching_flag(qwen3_engine: Path, tmp_path: Path, capsys) -> None:
     assert "invalid choice: 'paged'" in capsys.readouterr().err
 
 
-def test_seeded_speech_draws_the_same_alone_and_beside_others(omni_engine: Path) -> None:
+@pytest.mark.parametrize("batching", ["inflight", "cohort"])
+def test_seeded_speech_draws_the_same_alone_and_beside_others(
+    omni_engine: Path, batching: str
+) -> None:
     """The talker's and code predictor's draws come from each request's own generator: a
     request's codes (all 16 groups) and audio are what it gives alone, beside two others."""
     import numpy as np
@@ -226,9 +229,9 @@ def test_seeded_speech_draws_the_same_alone_and_beside_others(omni_engine: Path)
         "requests": [{"messages": [{"role": "user", "content": p}], "voice": "ethan"}
                      for p in PROMPTS[:3]],
     }  # fmt: skip
-    beside = run(omni_engine, obj, batch_size=3)
+    beside = run(omni_engine, obj, batch_size=3, batching=batching)
     assert beside[0].entry["stages"]["talker"]["cohort_size"] == 3
     for i in range(3):
-        (one,) = run(omni_engine, {**obj, "requests": [obj["requests"][i]]}, 1)
+        (one,) = run(omni_engine, {**obj, "requests": [obj["requests"][i]]}, 1, batching)
         np.testing.assert_array_equal(beside[i].codes, one.codes)
         np.testing.assert_array_equal(beside[i].audio, one.audio)

@@ -51,11 +51,14 @@ def requests_for(prompts: list[str], **extra) -> list[dict]:
     return [{"messages": ref.messages_for(p), **extra} for p in prompts]
 
 
+@pytest.mark.parametrize("batching", ["inflight", "cohort"])
 @pytest.mark.parametrize("flags", [(), ("--stage-streaming",)])
-def test_text_to_speech_matches_transformers(omni_engine, references, tmp_path, flags) -> None:
+def test_text_to_speech_matches_transformers(
+    omni_engine, references, tmp_path, flags, batching
+) -> None:
     code, entries = run(
         omni_engine, tmp_path, requests_for(PROMPTS), "--output-audio-dir", str(tmp_path / "a"),
-        *flags,
+        "--batching", batching, *flags,
     )  # fmt: skip
     assert code == cli.EXIT_OK
     for entry, expected in zip(entries, references, strict=True):
@@ -73,11 +76,13 @@ def test_text_to_speech_matches_transformers(omni_engine, references, tmp_path, 
     assert finishes == {"eos", "length"}  # both ways a talker stops are exercised
 
 
-def test_cohort_equals_requests_alone(omni_engine, references, tmp_path) -> None:
-    """Three prompts of different lengths in one cohort give each request's solo codes."""
+@pytest.mark.parametrize("batching", ["inflight", "cohort"])
+def test_cohort_equals_requests_alone(omni_engine, references, tmp_path, batching) -> None:
+    """Three prompts of different lengths in one cohort (or running batch) give each request's
+    solo codes."""
     code, entries = run(
         omni_engine, tmp_path, requests_for(PROMPTS), "--batch-size", "3",
-        "--output-audio-dir", str(tmp_path / "a"),
+        "--output-audio-dir", str(tmp_path / "a"), "--batching", batching,
     )  # fmt: skip
     assert code == cli.EXIT_OK
     assert {e["stages"]["talker"]["cohort_size"] for e in entries} == {3}
@@ -99,12 +104,8 @@ def test_text_only_request_runs_no_speech_stage(omni_engine, references, tmp_pat
 def test_windowed_audio_equals_whole_utterance(omni_engine, references, tmp_path) -> None:
     """With windows of 8 frames (several per utterance) vocoded while the talker runs, the joined
     audio equals one pass over the whole utterance."""
-    eng = tmp_path / "eng"
-    shutil.copytree(omni_engine, eng)
-    graph = json.loads((eng / "multistage_config.json").read_text())
-    vocoder = next(s for s in graph["stages"] if s["id"] == "code2wav")
-    vocoder["config"] = {"window_frames": 8, "left_context_frames": 25}
-    (eng / "multistage_config.json").write_text(json.dumps(graph))
+    eng = ref.engine_with_vocoder(omni_engine, tmp_path / "eng", window_frames=8,
+                                  left_context_frames=25)  # fmt: skip
     long_prompt = PROMPTS[0]  # the one that runs to the frame cap
     _, windowed = run(
         eng, tmp_path / "w", requests_for([long_prompt]), "--output-audio-dir", str(tmp_path / "w")
@@ -125,19 +126,17 @@ def test_windowed_audio_equals_whole_utterance(omni_engine, references, tmp_path
     assert np.abs(a - b).max() <= 2 / 32768
 
 
-def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch) -> None:
-    """A cohort stepping together completes its windows on the same frames: each step's windows
-    go to code2wav as one batched call, and every request's audio equals its own run alone."""
+@pytest.mark.parametrize("batching", ["inflight", "cohort"])
+def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch, batching) -> None:
+    """Requests stepping together complete their windows on the same frames: each step's
+    windows go to code2wav as one batched call, and every request's audio equals its own run
+    alone."""
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
     from edgeomni.runtime.runners import code2wav
 
-    eng = tmp_path / "eng"
-    shutil.copytree(omni_engine, eng)
-    graph = json.loads((eng / "multistage_config.json").read_text())
-    vocoder = next(s for s in graph["stages"] if s["id"] == "code2wav")
-    vocoder["config"] = {"window_frames": 6, "first_window_frames": 3, "left_context_frames": 25}
-    (eng / "multistage_config.json").write_text(json.dumps(graph))
+    windows = {"window_frames": 6, "first_window_frames": 3, "left_context_frames": 25}
+    eng = ref.engine_with_vocoder(omni_engine, tmp_path / "eng", **windows)
     batches: list[int] = []
     decode_batch = code2wav.Code2Wav.decode_batch
 
@@ -158,19 +157,22 @@ def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch)
             "talker_min_new_tokens": 16,
             "requests": requests_for(PROMPTS)}  # fmt: skip
     requests, _ = parse_request_file(body)
-    together = Pipeline(eng).run(requests, batch_size=3)
+    together = Pipeline(eng, batching=batching).run(requests, batch_size=3)
     assert batches == [3, 3, 3]  # 15 frames: windows end at frames 3, 9 and 15, all rows at once
     # each row's stream is looked at about once a frame, not once per row's end_step (3 x 3)
     assert looks[0] <= 2 * 3 * 15
-    alone = [Pipeline(eng).run([r], batch_size=1)[0] for r in requests]
+    alone = [Pipeline(eng, batching=batching).run([r], batch_size=1)[0] for r in requests]
     assert batches[3:] == [1] * 9
-    vocoder["config"]["max_windows_per_call"] = 2  # a cap splits each step's windows
-    (eng / "multistage_config.json").write_text(json.dumps(graph))
+    # a cap splits each step's windows
+    capped_eng = ref.engine_with_vocoder(omni_engine, tmp_path / "capped", **windows,
+                                         max_windows_per_call=2)  # fmt: skip
     del batches[:]
-    capped = Pipeline(eng).run(requests, batch_size=3)
+    capped = Pipeline(capped_eng, batching=batching).run(requests, batch_size=3)
     assert batches == [2, 1] * 3
     talker = together[0].entry["stages"]["talker"]  # the vocoder's time is reported apart
-    assert talker["streamed_vocoder_ms"] > 0
+    if batching == "cohort":  # the talker's loop vocodes; in flight the vocoder is a stage
+        assert talker["streamed_vocoder_ms"] > 0
+    assert together[0].entry["stages"]["code2wav"]["vocode_ms"] > 0
     assert 0 < talker["talker_engine_ms"] <= talker["talker_ms"]
     assert 0 < talker["code_predictor_engine_ms"] <= talker["code_predictor_ms"]
     for a, b, c in zip(together, alone, capped, strict=True):
@@ -180,11 +182,14 @@ def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch)
         np.testing.assert_allclose(c.audio, b.audio, atol=1e-5)
 
 
-def test_talker_streams_the_thinker_reply(omni_engine) -> None:
-    """With stage streaming the talker starts at the reply's first token and runs the
-    thinker's later steps as it needs them; text and codes are those of running the stages one
-    after the other (audio to float rounding: a token projected alone may round differently),
-    in a cohort whose rows finish their replies at different steps."""
+@pytest.mark.parametrize("batching", ["inflight", "cohort"])
+def test_talker_streams_the_thinker_reply(omni_engine, batching) -> None:
+    """With stage streaming the talker starts at the reply's first token and reads the
+    thinker's later tokens as they come (in a cohort it runs the thinker's steps as it needs
+    them; in flight both stages step in one loop); text and codes are those of running the
+    stages one after the other (audio to float rounding: a token projected alone may round
+    differently), for requests whose replies end at different steps."""
+    from edgeomni.runtime.events import CodecFrames, Finished
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
 
@@ -194,8 +199,11 @@ def test_talker_streams_the_thinker_reply(omni_engine) -> None:
         for r, n in zip(requests_for(PROMPTS), lengths_asked, strict=True)
     ]
     requests, _ = parse_request_file({**GREEDY, "requests": reqs})
-    streamed = Pipeline(omni_engine, stream_stages=True).run(requests, batch_size=3)
-    serial = Pipeline(omni_engine).run(requests, batch_size=3)
+    events: list = []
+    streamed = Pipeline(omni_engine, stream_stages=True, batching=batching).run(
+        requests, batch_size=3, listener=events.append
+    )
+    serial = Pipeline(omni_engine, batching=batching).run(requests, batch_size=3)
     lengths = set()
     for a, b in zip(streamed, serial, strict=True):
         assert a.entry["ok"] and b.entry["ok"], (a.entry, b.entry)
@@ -203,10 +211,16 @@ def test_talker_streams_the_thinker_reply(omni_engine) -> None:
         lengths.add(a.entry["stages"]["thinker"]["generated_tokens"])
         np.testing.assert_array_equal(a.codes, b.codes)
         np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)
-        assert a.entry["stages"]["talker"]["thinker_steps_ms"] > 0  # it drove the thinker
-        assert b.entry["stages"]["talker"]["thinker_steps_ms"] == 0
+        if batching == "cohort":
+            assert a.entry["stages"]["talker"]["thinker_steps_ms"] > 0  # it drove the thinker
+            assert b.entry["stages"]["talker"]["thinker_steps_ms"] == 0
         assert a.entry["stages"]["talker"]["cohort_size"] == 3
     assert len(lengths) == 3
+    if batching == "inflight":  # the longest reply was spoken while it was still written
+        frames = [n for n, e in enumerate(events) if isinstance(e, CodecFrames) and e.index == 0]
+        done = [n for n, e in enumerate(events)
+                if isinstance(e, Finished) and (e.index, e.stage) == (0, "thinker")]  # fmt: skip
+        assert frames and frames[0] < done[0]
 
 
 def test_streamed_request_without_reply_fails_alone(omni_engine, references) -> None:
@@ -332,13 +346,22 @@ def test_media_input_matches_transformers(omni_engine, media, tmp_path, kind, fl
     assert np.abs(audio - expected.wav).max() < 2 / 32768 + AUDIO_ATOL
 
 
-def test_voices_split_cohorts(omni_engine, tmp_path) -> None:
-    """Requests with different voices go to different cohorts; equal voices share one."""
+@pytest.mark.parametrize("batching", ["inflight", "cohort"])
+def test_voices_split_cohorts(omni_engine, tmp_path, batching) -> None:
+    """In cohorts, requests with different voices go to different cohorts and equal voices
+    share one; in flight each request holds its own voice in one running batch. Either way a
+    request's codes are those of its voice alone."""
     reqs = requests_for(PROMPTS[:2], voice="ethan") + requests_for(PROMPTS[:1], voice="chelsie")
     code, entries = run(
-        omni_engine, tmp_path, reqs, "--batch-size", "3", "--output-audio-dir", str(tmp_path / "a")
-    )
+        omni_engine, tmp_path, reqs, "--batch-size", "3", "--output-audio-dir", str(tmp_path / "a"),
+        "--batching", batching,
+    )  # fmt: skip
     assert code == cli.EXIT_OK
     sizes = [e["stages"]["talker"]["cohort_size"] for e in entries]
     voices = [e["stages"]["talker"]["voice"] for e in entries]
-    assert (sizes, voices) == ([2, 2, 1], ["ethan", "ethan", "chelsie"])
+    assert voices == ["ethan", "ethan", "chelsie"]
+    assert sizes == ([2, 2, 1] if batching == "cohort" else [3, 3, 3])
+    _, alone = run(omni_engine, tmp_path / "c", reqs[2:], "--output-audio-dir", str(tmp_path / "c"))
+    np.testing.assert_array_equal(
+        load(entries[2]["rvq_file"])["rvq_codes"], load(alone[0]["rvq_file"])["rvq_codes"]
+    )

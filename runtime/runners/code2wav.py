@@ -236,51 +236,64 @@ class Code2Wav:
         windows that became complete, all rows in one engine call. ``run`` flushes the rest."""
         if self.whole:
             return {}
-        batch = _Batch(self)
+        batch = WindowBatch(self)
         sinks = {}
         for state in cohort:
-            stream = state.prepared[self.stage.id] = _Stream(self.vocoder(), batch)
+            stream = state.prepared[self.stage.id] = AudioStream(self.vocoder(), batch)
             batch.streams.append(stream)
             sinks[state.index] = stream
         return sinks
 
+    def slot_stage(self, *, stream_upstream: bool = False) -> Any:
+        """This stage for the in-flight scheduler (windows vocoded as the talker's frames come,
+        unless it vocodes whole utterances)."""
+        from edgeomni.runtime.runners.code2wav_slots import VocoderSlots
+
+        return VocoderSlots(self)
+
+    def finish_request(self, state: RequestState, stream: AudioStream | None) -> np.ndarray:
+        """A request's audio once its codes are complete: what ``stream`` vocoded as they came
+        and the rest, or the whole utterance when nothing streamed; writes its output and
+        report (a RequestError for codes this engine cannot vocode)."""
+        codes = self.codes_of(state)
+        start = time.perf_counter()
+        stall = 0.0  # audio made in one go arrives at once
+        if stream is not None and stream.frames == len(codes):
+            audio, calls, mode = stream.finish(), stream.vocoder.windows, "streamed"
+            seconds = stream.seconds + time.perf_counter() - start
+            stall = playback_stall_s(stream.arrivals, self.sample_rate)
+        else:
+            audio, calls, mode = self.vocode(codes)
+            seconds = time.perf_counter() - start
+        state.outputs[f"{self.stage.id}:{AUDIO_PORT}"] = audio
+        first = getattr(stream, "first_audio", None) or time.perf_counter()
+        state.details[self.stage.id] = {
+            "first_audio_ms": round((first - state.started) * 1e3, 3),
+            # a player starting at the first audio would then wait this long in all
+            "stall_ms": round(stall * 1e3, 3),
+            "frames": len(codes),
+            "samples": int(audio.size),
+            "sample_rate": self.sample_rate,
+            "duration_ms": round(audio.size / self.sample_rate * 1e3, 3),
+            "vocode_ms": round(seconds * 1e3, 3),
+            "windows": calls,
+            "mode": mode,
+            "window_frames": self.window,
+            "first_window_frames": self.first_window,
+            "left_context_frames": self.left_context,
+            "fixed_lengths": list(self.fixed_lengths),
+        }
+        return audio
+
     # -- per cohort --------------------------------------------------------------------------
     def run(self, cohort: Sequence[RequestState]) -> None:
         for state in cohort:
+            stream = state.prepared.get(self.stage.id)
             try:
-                codes = self.codes_of(state)
+                self.finish_request(state, stream if isinstance(stream, AudioStream) else None)
             except RequestError as e:
                 state.error = state.error or str(e)
                 state.details[self.stage.id] = {"error": str(e)}
-                continue
-            start = time.perf_counter()
-            stream = state.prepared.get(self.stage.id)
-            stall = 0.0  # audio made in one go arrives at once
-            if isinstance(stream, _Stream) and stream.frames == len(codes):
-                audio, calls, mode = stream.finish(), stream.vocoder.windows, "streamed"
-                seconds = stream.seconds + time.perf_counter() - start
-                stall = playback_stall_s(stream.arrivals, self.sample_rate)
-            else:
-                audio, calls, mode = self.vocode(codes)
-                seconds = time.perf_counter() - start
-            state.outputs[f"{self.stage.id}:{AUDIO_PORT}"] = audio
-            first = getattr(stream, "first_audio", None) or time.perf_counter()
-            state.details[self.stage.id] = {
-                "first_audio_ms": round((first - state.started) * 1e3, 3),
-                # a player starting at the first audio would then wait this long in all
-                "stall_ms": round(stall * 1e3, 3),
-                "frames": len(codes),
-                "samples": int(audio.size),
-                "sample_rate": self.sample_rate,
-                "duration_ms": round(audio.size / self.sample_rate * 1e3, 3),
-                "vocode_ms": round(seconds * 1e3, 3),
-                "windows": calls,
-                "mode": mode,
-                "window_frames": self.window,
-                "first_window_frames": self.first_window,
-                "left_context_frames": self.left_context,
-                "fixed_lengths": list(self.fixed_lengths),
-            }
 
 
 def padded_length(n: int, lengths: Sequence[int]) -> int | None:
@@ -300,12 +313,12 @@ class _Fixed:
     graph: int | None
 
 
-class _Batch:
+class WindowBatch:
     """A cohort's streams: their complete windows vocoded together, one call per shape."""
 
     def __init__(self, runner: Code2Wav) -> None:
         self.runner = runner
-        self.streams: list[_Stream] = []
+        self.streams: list[AudioStream] = []
         # frames came since the last look: every stream's end_step calls decode_ready, and a
         # scan of all streams per call was O(rows^2) a frame (1024 checks at 32 rows)
         self.fresh = False
@@ -315,7 +328,7 @@ class _Batch:
             return
         self.fresh = False
         while True:
-            groups: dict[tuple[int, ...], list[tuple[_Stream, Window]]] = {}
+            groups: dict[tuple[int, ...], list[tuple[AudioStream, Window]]] = {}
             for stream in self.streams:
                 window = stream.vocoder.pending()
                 if window is not None:
@@ -334,10 +347,10 @@ class _Batch:
                         stream.take(stream.vocoder.accept(window, row), share)
 
 
-class _Stream:
+class AudioStream:
     """One request's vocoding while its frames arrive: pieces, timing, first-audio time."""
 
-    def __init__(self, vocoder: WindowedVocoder, batch: _Batch) -> None:
+    def __init__(self, vocoder: WindowedVocoder, batch: WindowBatch) -> None:
         self.vocoder = vocoder
         self.batch = batch
         self.pieces: list[np.ndarray] = []

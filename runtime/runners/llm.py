@@ -194,8 +194,9 @@ class LLMBackbone:
         return {"deepstack_embeds": np.zeros((self.deepstack, rows, 1, self.hidden_size),
                                              np.float32)}  # fmt: skip
 
-    def slot_stage(self) -> Any:
-        """This stage for the in-flight scheduler: requests join and leave a running batch."""
+    def slot_stage(self, *, stream_upstream: bool = False) -> Any:
+        """This stage for the in-flight scheduler: requests join and leave a running batch (a
+        first stage: nothing upstream to stream from)."""
         from edgeomni.runtime.runners.llm_slots import TextSlots
 
         return TextSlots(self)

@@ -17,7 +17,7 @@ import numpy as np
 
 from edgeomni.runtime.decoder import DecoderSession, text_positions
 from edgeomni.runtime.events import Event, Finished, TextDelta
-from edgeomni.runtime.runners import RequestState
+from edgeomni.runtime.runners import HiddenHandoff, RequestState
 from edgeomni.runtime.sampling import log_softmax_top, sample_rows
 
 __all__ = ["TextSlots"]
@@ -46,6 +46,7 @@ class Slot:
     widest: int = 1  # the most rows that stepped together while it decoded
     sent: str = ""  # the text its deltas gave so far
     sent_ids: int = 0  # the tokens its deltas covered
+    handoff: HiddenHandoff | None = None  # what it feeds its talker (accept_hidden), if wanted
 
     @property
     def request(self) -> Any:
@@ -53,9 +54,12 @@ class Slot:
 
 
 class TextSlots:
+    consumes = False  # the first stage of its graphs: nothing upstream sends it events
+
     def __init__(self, backbone: Any) -> None:
         self.b = backbone
         self.stage_id: str = backbone.stage.id
+        self._hidden_port = f"{self.stage_id}:accept_hidden"
         self.max_batch: int = backbone.max_batch
         self._outputs = {"logits": (backbone.vocab_size,)}
         if backbone.hidden_layer is not None:
@@ -78,6 +82,15 @@ class TextSlots:
         return self._sessions[rows]
 
     # -- the scheduler's calls ---------------------------------------------------------------
+    def ready(self, state: RequestState, upstream_done: bool) -> bool:
+        return upstream_done
+
+    def consume(self, slot: Slot, event: Event) -> None:
+        raise TypeError(f"{self.stage_id} takes no events")
+
+    def discard(self, slot: Slot) -> None:
+        """A request that failed elsewhere: its row is simply free again."""
+
     def admit(self, entries: Sequence[tuple[RequestState, int]]) -> list[Slot]:
         """Prefill these requests into their rows (each contiguous run of rows one call) and
         draw each one's first token."""
@@ -109,11 +122,21 @@ class TextSlots:
             if request.sampling.repetition_penalty != 1.0:
                 history = np.zeros(len(prompts[j]) + request.max_generate_length, np.int64)
                 history[: lens[j]] = ids[j, : lens[j]]
-            slots.append(Slot(
+            slot = Slot(
                 state, row, prompts[j], np.random.default_rng(request.sampling.seed),
                 _bias(request), history, past=int(lens[j]), prefill_s=elapsed,
                 prefill_engine_s=engine,
-            ))  # fmt: skip
+            )  # fmt: skip
+            if b.hidden_layer is not None and self._hidden_port in state.wanted:
+                # the talker reads the accept-layer state of a prompt's media positions only
+                p = prompts[j]
+                hidden = out["hidden_states"][j, : lens[j]].copy() if p.spans else None
+                slot.handoff = HiddenHandoff(
+                    np.asarray(p.ids, np.int64), hidden, p.image_grids, p.audio_frames
+                )
+                slot.handoff.feed(embeds[j, : lens[j]])
+                state.outputs[self._hidden_port] = slot.handoff
+            slots.append(slot)
         self._sample(slots, out.logits())
         return slots
 
@@ -131,14 +154,18 @@ class TextSlots:
             active[row] = 1
         session = self._decode_session(hi)
         start, engine = time.perf_counter(), session.engine_seconds
+        step_embeds = b.embedding[tokens][:, None, :]
         out = session.run(
-            b.embedding[tokens][:, None, :], text_positions(past + deltas, 1, b.mrope), past,
+            step_embeds, text_positions(past + deltas, 1, b.mrope), past,
             active, np.zeros(hi, np.int64), **b.decode_feeds(hi),
         )  # fmt: skip
+        for row, slot in slots.items():  # the token fed: the talker reads it as it comes
+            if slot.handoff is not None:
+                slot.handoff.feed_one(step_embeds[row, 0])
         ordered = [slots[r] for r in sorted(slots)]
         rows = np.array(sorted(slots), np.int64)
         step = out.logits()
-        sub = _rows_of(step, rows) if len(rows) != hi else step
+        sub = rows_of(step, rows) if len(rows) != hi else step
         self._sample(ordered, sub)
         elapsed, engine = time.perf_counter() - start, session.engine_seconds - engine
         for slot in ordered:
@@ -182,6 +209,9 @@ class TextSlots:
         still be half a character or the start of a stop string), then Finished."""
         b = self.b
         slot.finish = b.finished(slot.request, slot.generated, slot.request.max_generate_length)
+        if slot.finish is not None and slot.handoff is not None:  # its last token is never fed
+            slot.handoff.done = True
+            slot.handoff.finished_by_eos = slot.finish == "eos"
         if not events:
             return []
         if slot.finish is None:
@@ -238,7 +268,7 @@ def _bias(request: Any) -> tuple[np.ndarray, np.ndarray] | None:
     return request_bias(request)
 
 
-def _rows_of(step: Any, rows: np.ndarray) -> Any:
+def rows_of(step: Any, rows: np.ndarray) -> Any:
     """A step's logits for some of its rows (the active ones of a call over a wider range)."""
     from edgeomni.runtime.sampling import StepLogits
 

@@ -228,16 +228,14 @@ class Talker:
         media = np.isin(prompt[user], [ids_["audio"], ids_["image"], ids_["video"]])
         if media.any() and hidden is None:  # the thinker keeps hidden states for media prompts
             raise RequestError("the prompt has media placeholder tokens but no audio or image")
-        # the assistant turn: from the last "<|im_start|>assistant" on
-        starts = np.flatnonzero(
-            (prompt[:-1] == ids_["im_start"]) & (prompt[1:] == ids_["assistant"])
-        )
-        if not len(starts):
+        # the assistant turn: from the last "<|im_start|>assistant" on. The fed tokens are the
+        # prompt and the reply but its last: the prefill reads the "<|im_start|>assistant\n"
+        # rows and the reply's first token
+        need = self.speaking_start(th)
+        if need is None:
             raise RequestError("the prompt has no assistant turn for the talker to speak")
-        begin = int(starts[-1])
-        # the fed tokens are the prompt and the reply but its last: the prefill reads the
-        # "<|im_start|>assistant\n" rows and the reply's first token
-        _wait(th, begin + 4, upstream)
+        begin = need - 4
+        _wait(th, need, upstream)
         if th.fed < begin + 4:
             raise RequestError("the thinker wrote no text for the talker to speak")
         return _Plan(
@@ -288,6 +286,22 @@ class Talker:
                 )
             out.append(prefill)
         return out
+
+    def slot_stage(self, *, stream_upstream: bool = False) -> Any:
+        """This stage for the in-flight scheduler; ``stream_upstream``: a request starts once
+        its reply's first token is fed, not once the thinker is done with it."""
+        from edgeomni.runtime.runners.talker_slots import TalkerSlots
+
+        return TalkerSlots(self, stream=stream_upstream)
+
+    def speaking_start(self, handoff: HiddenHandoff) -> int | None:
+        """How many fed tokens the prefill reads, up to the reply's first token (from the last
+        "<|im_start|>assistant" on); None when the prompt has no assistant turn."""
+        prompt, ids_ = handoff.prompt_ids, self.ids
+        starts = np.flatnonzero(
+            (prompt[:-1] == ids_["im_start"]) & (prompt[1:] == ids_["assistant"])
+        )
+        return int(starts[-1]) + 4 if len(starts) else None
 
     # -- per cohort --------------------------------------------------------------------------
     def run(
@@ -392,7 +406,7 @@ class Talker:
             )
             host_frames += redrawn
             cp_ms += (time.perf_counter() - t) * 1e3
-            nxt = frame_embed + self._text_rows(prefills, step, active, advance)
+            nxt = frame_embed + self._text_rows(prefills, [step] * n, active, advance)
             for row in range(n):
                 if active[row]:
                     frames[row].append(codes[row])
@@ -441,19 +455,19 @@ class Talker:
     def _text_rows(
         self,
         prefills: Sequence[_Prefill],
-        step: int,
+        steps: Sequence[int],
         active: np.ndarray,
         upstream: Upstream | None,
     ) -> np.ndarray:
-        """Each row's text input for ``step``: the reply's next fed token through
-        text_projection, then tts_eos once, then tts_pad (a finished row: tts_pad). Streamed,
-        the tokens the thinker fed since the last projection are projected when first needed,
-        every row's in one call (the projection reads its weights once per call)."""
+        """Each row's text input for its decode step ``steps[row]``: the reply's next fed token
+        through text_projection, then tts_eos once, then tts_pad (a finished row: tts_pad).
+        Streamed, the tokens the thinker fed since the last projection are projected when first
+        needed, every row's in one call (the projection reads its weights once per call)."""
         rows = np.broadcast_to(self.tts_pad, (len(prefills), self.hidden_size)).copy()
         index = {}  # row -> its token within the reply, for the rows still speaking
         for row, p in enumerate(prefills):
             if active[row]:
-                index[row] = j = p.trailing_index(step)
+                index[row] = j = p.trailing_index(steps[row])
                 _wait(p.handoff, p.reply_start + j + 1, upstream)
         stale = [
             prefills[r] for r, j in index.items() if len(prefills[r].reply) <= j < prefills[r].fed

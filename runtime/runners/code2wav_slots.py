@@ -1,0 +1,96 @@
+"""code2wav under the in-flight scheduler: an iterative stage fed by the talker's frame events.
+
+A request joins the moment the talker admits it; its frames arrive as ``CodecFrames`` events and
+each step vocodes the windows that became complete, every request's in one call per shape (the
+cohort path's ``WindowBatch``). Once the talker is done with the request, the rest is flushed and
+it leaves. Vocoding whole utterances, a request joins once its codes are complete instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgeomni.runtime.events import AudioChunk, CodecFrames, Event, Finished
+from edgeomni.runtime.runners import RequestState
+from edgeomni.runtime.runners.code2wav import AudioStream, WindowBatch
+
+__all__ = ["VocoderSlots"]
+
+
+@dataclass
+class VocoderSlot:
+    state: RequestState
+    row: int
+    stream: AudioStream | None  # None: vocoded whole once its codes are complete
+    finish: str | None = None
+    audio: np.ndarray | None = None
+    sent: int = 0  # the stream's pieces its events gave
+    offset: int = 0  # samples its events gave
+
+
+class VocoderSlots:
+    consumes = True  # the talker's CodecFrames
+
+    def __init__(self, runner: Any) -> None:
+        self.r = runner
+        self.stage_id: str = runner.stage.id
+        self.batch = WindowBatch(runner)
+
+    def ready(self, state: RequestState, upstream_done: bool) -> bool:
+        return upstream_done or not self.r.whole
+
+    def admit(self, entries: Sequence[tuple[RequestState, int]]) -> list[VocoderSlot]:
+        slots = []
+        for state, row in entries:
+            stream = None if self.r.whole else AudioStream(self.r.vocoder(), self.batch)
+            if stream is not None:
+                self.batch.streams.append(stream)
+            slots.append(VocoderSlot(state, row, stream))
+        return slots
+
+    def consume(self, slot: VocoderSlot, event: Event) -> None:
+        if isinstance(event, CodecFrames) and slot.stream is not None:
+            slot.stream(event.codes)
+
+    def step(self, slots: Mapping[int, VocoderSlot]) -> None:
+        """The windows completed since the last step, all requests' together."""
+        self.batch.decode_ready()
+
+    def update(self, slot: VocoderSlot, events: bool) -> list[Event]:
+        """Once the talker has written the request's codes: the rest of its audio, and it is
+        done. When ``events``: the audio made since the last update."""
+        state = slot.state
+        if slot.audio is None and self.r.source in state.outputs:
+            slot.audio = self.r.finish_request(state, slot.stream)
+            slot.finish = "complete"
+        if not events:
+            return []
+        pieces: list[np.ndarray] = []
+        if slot.finish is not None:
+            pieces = [slot.audio[slot.offset :]]
+        elif slot.stream is not None:
+            pieces = slot.stream.pieces[slot.sent :]
+            slot.sent = len(slot.stream.pieces)
+        out: list[Event] = []
+        for piece in pieces:
+            if piece.size:
+                out.append(AudioChunk(state.index, self.stage_id, piece, slot.offset,
+                                      self.r.sample_rate))  # fmt: skip
+                slot.offset += int(piece.size)
+        if slot.finish is not None:
+            out.append(Finished(state.index, self.stage_id, slot.finish))
+        return out
+
+    def move(self, slot: VocoderSlot, row: int) -> None:
+        slot.row = row  # it holds no cache
+
+    def retire(self, slot: VocoderSlot) -> None:
+        self.discard(slot)
+
+    def discard(self, slot: VocoderSlot) -> None:
+        if slot.stream is not None and slot.stream in self.batch.streams:
+            self.batch.streams.remove(slot.stream)
