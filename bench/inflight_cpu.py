@@ -2,8 +2,9 @@
 mixed prompt and output lengths (16 to 256 tokens out).
 
 Builds random-weight checkpoints (no download): a small Qwen3 (hidden 512, 8 layers, Qwen3's
-151936-token vocabulary) and bench/omni_cpu.py's small Qwen3-Omni (its thinker answers in
-text), then runs the same 32 requests through edge-infer's pipeline with ``--batching
+151936-token vocabulary) and bench/omni_cpu.py's small Qwen3-Omni (``omni``: its thinker
+answers in text; ``omni-speech``: the reply is also spoken, SPEECH_FRAMES frames each, through
+the talker, code predictor and code2wav), then runs the same 32 requests through edge-infer's pipeline with ``--batching
 inflight`` and ``--batching cohort`` in one process, and prints requests/s, tokens/s and
 p50/p95 latency (every request arrives at t = 0; its latency is when its Finished event came)
 and the ratios (of the medians). Every request generates exactly its length (min_generate_length = max), so
@@ -14,7 +15,7 @@ commit before in-flight batching, ``git worktree add DIR <commit>``) on the same
 subprocess that imports edgeomni from DIR, to check the old code at equal batching.
 
     python bench/inflight_cpu.py [--work DIR] [--requests 32] [--batch-size 8]
-        [--models qwen3,omni] [--baseline DIR] [--repeats 3]
+        [--models qwen3,omni,omni-speech] [--baseline DIR] [--repeats 3]
 
 Each mode runs in a fresh process, the modes in turn, ``--repeats`` times; the run of median
 wall time is reported with every run's tokens/s (this 2-core machine's run-to-run spread is
@@ -43,15 +44,19 @@ SMALL_QWEN3 = dict(
 WORDS = "edge devices run small fast models with predictable memory and honest errors " * 30
 
 
-def request_file(n: int, seed: int = 0) -> dict:
+SPEECH_FRAMES = 24  # codec frames per request in the speech runs (1.9 s of audio)
+
+
+def request_file(n: int, seed: int = 0, speech: bool = False) -> dict:
     """n requests: prompts of 4 to 20 words (about 30 to 110 tokens of the tiny tokenizer),
-    outputs of 16 to 256 tokens, each exact."""
+    outputs of 16 to 256 tokens, each exact; ``speech``: each reply also spoken, greedy, in
+    exactly SPEECH_FRAMES frames."""
     rng = np.random.default_rng(seed)
     words = WORDS.split()
     out = rng.integers(16, 257, n)
     out[:2] = (16, 256)  # both ends of the range
     lengths = rng.integers(4, 21, n)
-    return {
+    body = {
         "top_k": 1,
         "requests": [
             {"messages": [{"role": "user", "content": " ".join(words[: int(w)])}],
@@ -59,12 +64,17 @@ def request_file(n: int, seed: int = 0) -> dict:
             for w, k in zip(lengths, out, strict=True)
         ],
     }  # fmt: skip
+    if speech:  # the last code drawn gets no frame
+        body.update(talker_top_k=1, talker_max_new_tokens=SPEECH_FRAMES + 1,
+                    talker_min_new_tokens=SPEECH_FRAMES + 1)  # fmt: skip
+    return body
 
 
 def build(model: str, work: Path, batch: int) -> Path:
     from edgeomni.builder.build import build as edge_build
     from edgeomni.export.family import BuildArgs
 
+    model = "omni" if model == "omni-speech" else model  # the same engines, spoken
     ckpt, engine = work / model, work / f"{model}-engine-b{batch}"
     if not (ckpt / "config.json").is_file():
         if model == "qwen3":
@@ -92,7 +102,8 @@ def measure(engine: Path, body: dict, batch: int, batching: str) -> dict:
     pipe = Pipeline(engine, **kw)
     requests, _ = parse_request_file(body)
     warm, _ = parse_request_file({**body, "requests": body["requests"][:1]})
-    text = pipe.text_terminals()  # the text model's reply only, as edge-infer without audio out
+    # the text model's reply only, as edge-infer without audio out; speech: every terminal
+    text = None if "talker_max_new_tokens" in body else pipe.text_terminals()
     pipe.run(warm, batch_size=1, requested=text)  # load the engines
     finished: dict[int, float] = {}
     start = time.perf_counter()
@@ -113,10 +124,14 @@ def measure(engine: Path, body: dict, batch: int, batching: str) -> dict:
     tokens = [o.entry["stages"][stage]["output_tokens"] for o in outcomes]
     latency = [finished.get(i, wall) for i in range(len(outcomes))]
     total = sum(len(t) for t in tokens)
+    audio_s = sum(len(o.audio) / o.sample_rate for o in outcomes if o.audio is not None)
+    if text is None:  # the codes join the tokens compared between the modes
+        tokens = [t + o.codes.reshape(-1).tolist() for t, o in zip(tokens, outcomes, strict=True)]
     return {
         "wall_s": round(wall, 3),
         "requests_per_s": round(len(outcomes) / wall, 3),
         "tokens_per_s": round(total / wall, 1),
+        **({"audio_s_per_s": round(audio_s / wall, 3)} if audio_s else {}),
         "latency_p50_s": round(float(np.percentile(latency, 50)), 3),
         "latency_p95_s": round(float(np.percentile(latency, 95)), 3),
         "tokens": tokens,
@@ -166,16 +181,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each mode (the median)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    body = request_file(args.requests)
     report: dict = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"),
         "requests": args.requests,
         "batch_size": args.batch_size,
-        "output_tokens": sum(r["max_generate_length"] for r in body["requests"]),
+        "output_tokens": sum(
+            r["max_generate_length"] for r in request_file(args.requests)["requests"]
+        ),
+        "speech_frames": SPEECH_FRAMES,
         "models": {},
     }
     for model in args.models.split(","):
+        body = request_file(args.requests, speech=model == "omni-speech")
         engine = build(model, args.work, args.batch_size)
         modes = [("inflight", None), ("cohort", None)]
         if args.baseline is not None:

@@ -12,9 +12,10 @@ import pytest
 
 from edgeomni.runtime.artifacts import Artifact, ArtifactError, check_folder
 from edgeomni.runtime.encoders import audio, visual
+from edgeomni.runtime.families.qwen3_omni import code2wav, talker
+from edgeomni.runtime.families.qwen3_omni.code_predictor import cp_artifact
 from edgeomni.runtime.pipeline import Pipeline
-from edgeomni.runtime.runners import code2wav, llm, talker
-from edgeomni.runtime.runners.code_predictor import cp_artifact
+from edgeomni.runtime.runners import llm
 from edgeomni.runtime.tokenizer import TextTokenizer
 
 # (fixture, folder, its artifact); the code predictor's tables follow the talker's 16 groups

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from edgeomni.runtime.decoder import StepOutputs
+from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor
 from edgeomni.runtime.pipeline import Pipeline
 from edgeomni.runtime.requests import parse_request_file
-from edgeomni.runtime.runners.code_predictor import CodePredictor
 
 sys.path.insert(0, str(Path(__file__).parent))
 import omni_reference as ref  # noqa: E402

@@ -132,7 +132,7 @@ def test_speech_events_arrive_in_order_and_make_the_outputs(
 def test_speech_request_failing_mid_run_leaves_alone(omni_engine, alone, monkeypatch) -> None:
     """A request whose talker fails after a few frames fails alone: the others' text, codes and
     audio are unchanged, and its vocoder slot is dropped."""
-    from edgeomni.runtime.runners.talker_slots import TalkerSlots
+    from edgeomni.runtime.families.qwen3_omni.talker_slots import TalkerSlots
 
     real = TalkerSlots.update
 

@@ -1,4 +1,5 @@
-"""The runner table: which stage implementation serves each `runner` name of a graph.
+"""The runner table: which stage implementation serves each `runner` name of a graph (the
+generic text model's, and those each family declares in runtime/families/).
 
 Validation reads only the declared kinds, so checking a graph loads no engine or plugin.
 """
@@ -150,14 +151,15 @@ class FedRows:
             self.handoffs[r].fed += 1
 
 
-RUNNERS: dict[str, RunnerDecl] = {
-    decl.name: decl
-    for decl in (
-        RunnerDecl("llm.backbone", "autoregressive", "edgeomni.runtime.runners.llm:LLMBackbone"),
-        RunnerDecl("qwen3_omni.talker", "autoregressive", "edgeomni.runtime.runners.talker:Talker"),
-        RunnerDecl(
-            "qwen3_omni.code2wav", "iterative", "edgeomni.runtime.runners.code2wav:Code2Wav"
-        ),
-    )
-}
+def _table() -> dict[str, RunnerDecl]:
+    from edgeomni.runtime.families import FAMILIES
+
+    decls = [
+        RunnerDecl("llm.backbone", "autoregressive", "edgeomni.runtime.runners.llm:LLMBackbone")
+    ]
+    decls += [RunnerDecl(*decl) for runners in FAMILIES.values() for decl in runners]
+    return {decl.name: decl for decl in decls}
+
+
+RUNNERS: dict[str, RunnerDecl] = _table()
 RUNNER_KINDS: dict[str, str] = {name: decl.kind for name, decl in RUNNERS.items()}

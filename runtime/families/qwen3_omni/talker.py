@@ -22,11 +22,11 @@ from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
 from edgeomni.runtime.decoder import TOPK_OUTPUTS, DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor, cp_artifact
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.mrope import MropeIds, rope_index
 from edgeomni.runtime.prompt import MEDIA_TOKENS
 from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState, stage_source
-from edgeomni.runtime.runners.code_predictor import CodePredictor, cp_artifact
 from edgeomni.runtime.sampling import SamplingParams, sample_step
 
 DEFAULT_MAX_FRAMES = 4096  # transformers' talker_max_new_tokens
@@ -290,7 +290,7 @@ class Talker:
     def slot_stage(self, *, stream_upstream: bool = False) -> Any:
         """This stage for the in-flight scheduler; ``stream_upstream``: a request starts once
         its reply's first token is fed, not once the thinker is done with it."""
-        from edgeomni.runtime.runners.talker_slots import TalkerSlots
+        from edgeomni.runtime.families.qwen3_omni.talker_slots import TalkerSlots
 
         return TalkerSlots(self, stream=stream_upstream)
 

@@ -247,7 +247,7 @@ class Code2Wav:
     def slot_stage(self, *, stream_upstream: bool = False) -> Any:
         """This stage for the in-flight scheduler (windows vocoded as the talker's frames come,
         unless it vocodes whole utterances)."""
-        from edgeomni.runtime.runners.code2wav_slots import VocoderSlots
+        from edgeomni.runtime.families.qwen3_omni.code2wav_slots import VocoderSlots
 
         return VocoderSlots(self)
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime.events import AudioChunk, CodecFrames, Event, Finished
+from edgeomni.runtime.families.qwen3_omni.code2wav import AudioStream, WindowBatch
 from edgeomni.runtime.runners import RequestState
-from edgeomni.runtime.runners.code2wav import AudioStream, WindowBatch
 
 __all__ = ["VocoderSlots"]
 
