@@ -124,7 +124,7 @@ class DecoderSession:
                 self._shapes[name] = (int(engine.output_shapes[name][-1]),)
         self._per_position = per_position
         self._slots: dict[int, _Slot] = {}  # by width, calls not graphed
-        self._graphs = engine.cuda_graphs and "gqa_total_length" in engine.input_names
+        self._graphs = engine.graphs_decode
         # time inside the engine's run calls (on a GPU up to the end of its kernels, since ONNX
         # Runtime synchronises its providers at the end of a run); the rest is the host's work
         self.engine_seconds = 0.0
@@ -136,12 +136,7 @@ class DecoderSession:
         for name, shape in self._shapes.items():
             full = (self.rows, width, *shape) if name in self._per_position else (self.rows, *shape)
             dtype = self.engine.output_types.get(name, np.dtype(np.float32))
-            if self.engine.device == "cuda":  # outputs stay on the GPU until the host reads them
-                from edgeomni.runtime.memory import DeviceArray
-
-                out[name] = DeviceArray.zeros(full, dtype)
-            else:
-                out[name] = np.empty(full, dtype)
+            out[name] = self.engine.zeros(full, dtype)  # a GPU's stay there until read
             binding.bind_output(name, out[name])
         return _Slot(binding, out, {} if graphed else None,
                      self.engine.new_graph_id() if graphed else None)  # fmt: skip
@@ -187,11 +182,8 @@ class DecoderSession:
             "last_indices": last_indices.astype(np.int64),
             **extra,
         }
-        host: dict[str, np.ndarray] = {}
-        if "gqa_seqlens_k" in self.engine.input_names:  # lengths the lowering left to the host
-            total = feeds["past_lens"] + feeds["query_lens"]
-            feeds["gqa_seqlens_k"] = np.maximum(total - 1, 0).astype(np.int32)
-            host["gqa_total_length"] = np.array(total.max(), np.int32)
+        lengths, host = self.engine.length_feeds(feeds["past_lens"], feeds["query_lens"])
+        feeds.update(lengths)  # what the backend's attention lowering takes besides
         types = self.engine.input_types
         for name, value in feeds.items():  # float feeds in the engine's dtype (fp16 on a GPU)
             if value.dtype.kind != "f" or name not in types:
@@ -212,13 +204,11 @@ class DecoderSession:
             self.engine_seconds += time.perf_counter() - start
             return StepOutputs(self.rows, slot.outputs)
         # graphed: inputs copied into the slot's fixed buffers; attention reads its lengths from
-        # them, and the total length (a host value, frozen into the graph) is the capacity
-        from edgeomni.runtime.memory import DeviceArray
-
+        # them, and what the graph freezes (the lowering's host scalars) is set for the capacity
         for name, value in feeds.items():
             buf = slot.inputs.get(name)
             if buf is None:
-                buf = slot.inputs[name] = DeviceArray.zeros(value.shape, value.dtype)
+                buf = slot.inputs[name] = self.engine.zeros(value.shape, value.dtype)
                 slot.binding.bind_input(name, buf)
             if not isinstance(value, np.ndarray):  # another engine's output, on the device
                 buf.copy_from(value)
@@ -229,9 +219,8 @@ class DecoderSession:
                 continue  # the buffer still holds it: only this slot's calls write it
             buf.upload(value)
             slot.sent[name] = held
-        total = np.array(self.kv.capacity, np.int32)
         start = time.perf_counter()
-        slot.binding.run({"gqa_total_length": total}, graph=slot.graph, wait=wait)
+        slot.binding.run(self.engine.graph_feeds(self.kv.capacity), graph=slot.graph, wait=wait)
         self.engine_seconds += time.perf_counter() - start
         return StepOutputs(self.rows, slot.outputs)
 

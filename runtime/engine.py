@@ -31,16 +31,29 @@ class Binding(Protocol):
 
 
 class Engine(Protocol):
-    device: str  # "cpu" or "cuda": where the engine wants its bound buffers
+    """What stages see of an engine. What a backend's lowering needs at run time (extra length
+    inputs, where bound buffers live, which calls can be captured) stays behind it: stages ask
+    for buffers (``zeros``), the lowering's own inputs (``length_feeds``, ``graph_feeds``) and
+    the engine's preferences, never a backend's tensor names or its device."""
+
+    device: str  # "cpu" or "cuda": where the engine runs (for reports and opening)
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     input_types: dict[str, np.dtype]
     output_types: dict[str, np.dtype]
     output_shapes: dict[str, tuple[Any, ...]]  # ints where fixed, names or None where dynamic
     cuda_graphs: bool  # whether run(graph=id) captures and replays CUDA graphs
+    host_memory: bool  # its bound buffers are numpy arrays (else device buffers)
+    graphs_decode: bool  # decode steps may be captured once and replayed (run(graph=id))
+    fixed_shapes: bool  # calls cost less at a few fixed shapes than at each one's own
 
     def binding(self) -> Binding: ...
     def new_graph_id(self) -> int: ...
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any: ...
+    def length_feeds(
+        self, past_lens: np.ndarray, query_lens: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]: ...
+    def graph_feeds(self, capacity: int) -> dict[str, np.ndarray]: ...
 
 
 _ORT_TYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 10, np.dtype(np.int64): 7}
@@ -169,9 +182,45 @@ class OrtEngine:
             for o in self.session.get_outputs()
         }
         self.output_shapes = {o.name: tuple(o.shape) for o in self.session.get_outputs()}
+        self.host_memory = device != "cuda"  # on the GPU, caches and outputs stay on it
+        # GroupQueryAttention (the CUDA lowering) reads each row's cache length and the call's
+        # total length from inputs of its own, which the host fills
+        self._host_lengths = "gqa_seqlens_k" in self.input_names
+        # a captured graph freezes GroupQueryAttention's total length: decode steps are
+        # replayed with it set to the cache's capacity
+        self.graphs_decode = cuda_graphs and "gqa_total_length" in self.input_names
+        # each convolution of the CUDA provider sets itself up again (~1 ms of host time)
+        # whenever its input shape differs from its last call's; with host-fed attention
+        # lengths a call could not be replayed at a padded length anyway
+        self.fixed_shapes = device == "cuda" and not self._host_lengths
 
     def binding(self) -> OrtBinding:
         return OrtBinding(self.session, self.cuda_graphs)
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A zeroed buffer where this engine binds its inputs and outputs."""
+        if self.host_memory:
+            return np.zeros(shape, dtype)
+        from edgeomni.runtime.memory import DeviceArray
+
+        return DeviceArray.zeros(shape, dtype)
+
+    def length_feeds(
+        self, past_lens: np.ndarray, query_lens: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The attention lowering's inputs beyond the op's own per-row lengths: (per-row feeds,
+        host scalars that a captured graph freezes). None for the plugin op's CPU lowering."""
+        if not self._host_lengths:
+            return {}, {}
+        total = past_lens.astype(np.int32) + query_lens.astype(np.int32)
+        return (
+            {"gqa_seqlens_k": np.maximum(total - 1, 0).astype(np.int32)},
+            {"gqa_total_length": np.array(total.max(), np.int32)},
+        )
+
+    def graph_feeds(self, capacity: int) -> dict[str, np.ndarray]:
+        """A replayed decode step's host scalars: the total length frozen at the capacity."""
+        return {"gqa_total_length": np.array(capacity, np.int32)} if self._host_lengths else {}
 
     def new_graph_id(self) -> int:
         self._graph_ids += 1

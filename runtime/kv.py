@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from edgeomni.runtime.engine import Binding
+from edgeomni.runtime.engine import Binding, Engine
 
 
 class KVCache:
@@ -24,30 +25,20 @@ class KVCache:
         capacity: int,
         head_dim: int,
         dtype: type[np.generic] = np.float32,
-        device: str = "cpu",
+        alloc: Callable[[tuple[int, ...], Any], Any] = np.zeros,
     ) -> None:
+        """``alloc(shape, dtype)``: where the buffers live, the engine's ``zeros`` (on a GPU
+        the cache never leaves device memory)."""
         shape = (max_batch, kv_heads, capacity, head_dim)
         self.capacity = capacity
         self.max_batch = max_batch
-        if device == "cuda":  # on the GPU the cache never leaves device memory
-            from edgeomni.runtime.memory import DeviceArray
-
-            def alloc() -> Any:
-                return DeviceArray.zeros(shape, dtype)
-        else:
-
-            def alloc() -> Any:
-                return np.zeros(shape, dtype)
-
         self.graph_slots: dict[tuple[Any, ...], Any] = {}  # decoder.DecoderSession's, by shape
-        self.keys = [alloc() for _ in range(layers)]
-        self.values = [alloc() for _ in range(layers)]
+        self.keys = [alloc(shape, dtype) for _ in range(layers)]
+        self.values = [alloc(shape, dtype) for _ in range(layers)]
 
     @classmethod
-    def for_decoder(
-        cls, cfg: dict[str, Any], rows: int, capacity: int, device: str = "cpu"
-    ) -> KVCache:
-        """The cache a decoder engine's config.json describes."""
+    def for_decoder(cls, cfg: dict[str, Any], rows: int, capacity: int, engine: Engine) -> KVCache:
+        """The cache a decoder engine's config.json describes, where that engine binds it."""
         return cls(
             int(cfg["num_hidden_layers"]),
             rows,
@@ -55,7 +46,7 @@ class KVCache:
             capacity,
             int(cfg["head_dim"]),
             dtype=np.dtype(cfg.get("dtype", "float32")).type,
-            device=device,
+            alloc=engine.zeros,
         )
 
     @staticmethod

@@ -43,7 +43,7 @@ def batched_and_rowwise(folder: Path, capacity: int = 32) -> tuple[np.ndarray, n
 
     results = []
     for batched in (True, False):
-        kv = KVCache.for_decoder(cfg, n, capacity, engine.device)
+        kv = KVCache.for_decoder(cfg, n, capacity, engine)
         session = DecoderSession(engine, kv, n, outputs)
         zeros = np.zeros(n, np.int32)
         if batched:

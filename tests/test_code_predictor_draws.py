@@ -177,7 +177,8 @@ def test_a_gpu_frame_stages_its_host_inputs_once(monkeypatch) -> None:
 
     monkeypatch.setattr(memory, "DeviceArray", Dev)
     cp = CodePredictor.__new__(CodePredictor)
-    cp.engine = SimpleNamespace(device="cuda", input_types={"inputs_embeds": np.dtype(np.float16)})
+    cp.engine = SimpleNamespace(host_memory=False, zeros=Dev.zeros,
+                                input_types={"inputs_embeds": np.dtype(np.float16)})  # fmt: skip
     cp.hidden_size, cp._staging = 4, {}
     rng = np.random.default_rng(0)
     staged = []
@@ -192,7 +193,7 @@ def test_a_gpu_frame_stages_its_host_inputs_once(monkeypatch) -> None:
     assert uploads == [(15, 3), (3, 1, 4)] * 2  # two uploads a frame, none per step
     assert staged[0] is staged[1] and len(cp._staging) == 1  # the same buffers, reused
     cpu = CodePredictor.__new__(CodePredictor)
-    cpu.engine = SimpleNamespace(device="cpu")
+    cpu.engine = SimpleNamespace(host_memory=True)
     rows, first = cpu._staged(uniforms, e0)  # a CPU engine: host arrays, nothing staged
     assert isinstance(first, np.ndarray) and first.shape == (3, 1, 4)
     np.testing.assert_array_equal(np.stack(rows), uniforms)

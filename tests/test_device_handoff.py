@@ -11,6 +11,7 @@ import pytest
 
 from edgeomni.runtime import memory
 from edgeomni.runtime.decoder import DecoderSession
+from edgeomni.runtime.engine import OrtEngine
 
 
 class FakeDeviceArray:
@@ -66,8 +67,16 @@ class FakeEngine:
     output_types = {"logits": np.dtype(np.float16)}
     output_shapes = {"logits": ("batch", 5)}
 
+    # a GPU build's GroupQueryAttention, its host-fed lengths as OrtEngine feeds them
+    host_memory, graphs_decode, fixed_shapes, _host_lengths = False, True, False, True
+    length_feeds = OrtEngine.length_feeds
+    graph_feeds = OrtEngine.graph_feeds
+
     def __init__(self) -> None:
         self.seen: list[dict] = []
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> FakeDeviceArray:
+        return memory.DeviceArray.zeros(shape, dtype)
 
     def binding(self) -> FakeBinding:
         return FakeBinding(self)

@@ -174,7 +174,7 @@ def engine_logits(folder: Path, seed: int = 0, steps: int = 3, capacity: int = 1
     engine = open_engine(folder, cfg)
     dtype = np.dtype(cfg.get("dtype", "float32")).type
     kv = KVCache(cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], capacity,
-                 cfg["head_dim"], dtype=dtype, device=engine.device)  # fmt: skip
+                 cfg["head_dim"], dtype=dtype, alloc=engine.zeros)  # fmt: skip
     session = DecoderSession(engine, kv, 1, {"logits": (cfg["vocab_size"],)})
     rng = np.random.default_rng(seed)
     extra = {"lm_head_index": np.array([2])} if "lm_head_index" in engine.input_names else {}

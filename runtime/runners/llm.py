@@ -77,15 +77,7 @@ class LLMBackbone:
         self.media = MediaEncoders(
             folder, cfg, threads=threads, locations=stage.config.get("encoders")
         )
-        self.kv = KVCache(
-            cfg["num_hidden_layers"],
-            self.max_batch,
-            cfg["num_key_value_heads"],
-            self.capacity,
-            cfg["head_dim"],
-            dtype=np.dtype(cfg.get("dtype", "float32")).type,
-            device=self.engine.device,
-        )
+        self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)
 
     @classmethod
     def check(cls, stage: Any, folder: Path) -> Checked:

@@ -111,11 +111,10 @@ class Code2Wav:
         # an explicit runner option wins over the stage config
         self.whole = windows.whole if whole_utterance is None else bool(whole_utterance)
         voc = self.vocoder()
-        # the lengths windows run at on a GPU (none: each at its own), replayed from CUDA graphs
-        # where the engine has them: the first window's, the growing ones', a full window with
-        # its left context. Not for an engine with host-fed attention lengths
-        # (GroupQueryAttention; float32 code2wav builds have none): those would vary per call
-        fixed = self.engine.device == "cuda" and "gqa_seqlens_k" not in self.engine.input_names
+        # the lengths windows run at where the engine prefers fixed shapes (a GPU; none: each
+        # at its own), replayed from CUDA graphs where the engine has them: the first window's,
+        # the growing ones', a full window with its left context
+        fixed = self.engine.fixed_shapes
         self.fixed_lengths: tuple[int, ...] = tuple(sorted(voc.lengths())) if fixed else ()
         self._fixed: dict[tuple[int, int], _Fixed] = {}
         self.source = stage_source(stage, CODES_INPUT)
@@ -145,10 +144,9 @@ class Code2Wav:
         binding = self.engine.binding()
         binding.bind_output("waveform", out)
         feeds = {"codes": np.ascontiguousarray(codes, np.int64)}
-        if "gqa_seqlens_k" in self.engine.input_names:  # lengths a CUDA build takes from the host
-            feeds["gqa_seqlens_k"] = np.full(b, n - 1, np.int32)
-            feeds["gqa_total_length"] = np.array(n, np.int32)
-        binding.run(feeds)
+        # what the attention lowering takes besides (every row attends to the window's n frames)
+        lengths, host = self.engine.length_feeds(np.zeros(b, np.int32), np.full(b, n, np.int32))
+        binding.run({**feeds, **lengths, **host})
         return out.reshape(b, -1)
 
     def _decode_fixed(self, codes: np.ndarray, length: int) -> np.ndarray:
@@ -174,15 +172,10 @@ class Code2Wav:
             (b, self.num_quantizers, length),
             (b, 1, length * self.samples_per_frame - self.trim),
         )
-        if self.engine.device == "cuda":
-            from edgeomni.runtime.memory import DeviceArray
-
-            codes, out = (
-                DeviceArray.zeros(shapes[0], np.int64),
-                DeviceArray.zeros(shapes[1], np.float32),
-            )
-        else:
-            codes, out = np.zeros(shapes[0], np.int64), np.zeros(shapes[1], np.float32)
+        codes, out = (
+            self.engine.zeros(shapes[0], np.int64),
+            self.engine.zeros(shapes[1], np.float32),
+        )
         binding = self.engine.binding()
         binding.bind_input(CODES_INPUT, codes)
         binding.bind_output("waveform", out)

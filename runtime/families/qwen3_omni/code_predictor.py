@@ -46,10 +46,11 @@ class CodePredictor:
     ) -> None:
         self.config = cfg = check_folder(folder, cp_artifact(groups)).config
         self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
-        # On a GPU each frame's prefill [hidden, E(code0)] runs as two one-token calls: replayed
-        # from CUDA graphs they cost less than one uncaptured two-token call (a two-token call
-        # cannot be captured on onnxruntime-gpu 1.31). The CPU keeps the one call.
-        self.split_prefill = self.engine.device == "cuda"
+        # Where decode steps are replayed from captured graphs (a GPU), each frame's prefill
+        # [hidden, E(code0)] runs as two one-token calls: replayed they cost less than one
+        # uncaptured two-token call (a two-token call cannot be captured on onnxruntime-gpu
+        # 1.31). Otherwise (the CPU) the one call.
+        self.split_prefill = self.engine.graphs_decode
         # an engine that draws its own codes runs a frame's steps back to back, each fed the
         # code embedding the one before drew, on the device
         self.draws = "sampled_ids" in self.engine.output_names
@@ -59,7 +60,7 @@ class CodePredictor:
         self.hidden_size = int(cfg["hidden_size"])
         tables = safetensors_np.load(folder / "embedding.safetensors")
         self.embeddings = [tables[f"embedding_{i}"] for i in range(groups - 1)]
-        self.kv = KVCache.for_decoder(cfg, max_batch, groups, self.engine.device)
+        self.kv = KVCache.for_decoder(cfg, max_batch, groups, self.engine)
         self._drawn: dict[tuple[int, int], Any] = {}
         self._staging: dict[tuple[int, int], tuple[Any, Any, list[Any]]] = {}
         self._drawn_rows: dict[tuple[int, int], list[Any]] = {}  # views of _drawn's rows
@@ -247,18 +248,16 @@ class CodePredictor:
         the host wait for each queued step and the GPU then wait for the host (the steps take
         them from these buffers device to device). On a CPU: host arrays."""
         steps, n = uniforms.shape
-        if self.engine.device != "cuda":
+        if self.engine.host_memory:
             return list(uniforms), e0[:, None, :]
-        from edgeomni.runtime.memory import DeviceArray
-
         key = (steps, n)
         staged = self._staging.get(key)
         if staged is None:
             dtype = self.engine.input_types.get("inputs_embeds", np.dtype(np.float32))
-            rows = DeviceArray.zeros((steps, n), np.float64)
+            rows = self.engine.zeros((steps, n), np.float64)
             staged = self._staging[key] = (
                 rows,
-                DeviceArray.zeros((n, 1, self.hidden_size), dtype),
+                self.engine.zeros((n, 1, self.hidden_size), dtype),
                 [rows.rows(1, i).view((n,)) for i in range(steps)],  # made once, not per frame
             )
         rows, first, views = staged
@@ -271,12 +270,8 @@ class CodePredictor:
         download per frame), kept per cohort size."""
         buf = self._drawn.get((steps, n))
         if buf is None:
-            if self.engine.device == "cuda":
-                from edgeomni.runtime.memory import DeviceArray
-
-                buf = DeviceArray.zeros((steps, n), np.int64)
+            buf = self.engine.zeros((steps, n), np.int64)
+            if not isinstance(buf, np.ndarray):
                 self._drawn_rows[(steps, n)] = [buf.rows(1, i).view((n,)) for i in range(steps)]
-            else:
-                buf = np.zeros((steps, n), np.int64)
             self._drawn[(steps, n)] = buf
         return buf

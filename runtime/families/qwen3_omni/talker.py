@@ -168,7 +168,7 @@ class Talker:
         limits = cfg["builder_config"]
         self.max_batch = int(limits["max_batch_size"])
         self.capacity = int(limits["max_kv_cache_capacity"])
-        self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine.device)
+        self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)
         self.cp = CodePredictor(
             (folder / cfg["code_predictor"]).resolve(), groups=self.groups,
             max_batch=self.max_batch, threads=threads, cuda_graphs=cuda_graphs,
