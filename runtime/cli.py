@@ -13,12 +13,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from edgeomni.runtime.scheduler import PATIENCE
+
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_CONFIG, EXIT_REQUESTS_FAILED = 0, 1, 2, 3
 
 EPILOG = """\
 Nothing runs until the flags, the request file, the output destinations and every stage the
 requests need have been checked; a request that fails (its chat template, media, limits, or an
-engine call on its cohort) fails alone, with ok false and its error, and the others still run.
+engine call on its rows) fails alone, with ok false and its error, and the others still run.
 
 exit status:
   0    every request succeeded (or --validate-config found the graph and engine dir valid)
@@ -133,6 +135,16 @@ def parser() -> argparse.ArgumentParser:
         "cohorts of requests with equal settings, as TensorRT Edge-LLM's multistage_inference "
         "batches (to compare run by run)",
     )
+    p.add_argument(
+        "--stage-patience",
+        type=int,
+        default=PATIENCE,
+        metavar="TURNS",
+        help="in flight, how many scheduler turns a later stage (talker, vocoder) waits for "
+        f"requests still on their way before it steps a batch that is not full (default "
+        f"{PATIENCE}; 0: step every turn, first audio soonest, least throughput when requests "
+        "reach it one at a time)",
+    )
     p.add_argument("--threads", type=int, help="CPU threads per engine (default: all cores)")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug detail, with tracebacks")
     p.add_argument(
@@ -225,6 +237,7 @@ def _main(args: argparse.Namespace) -> int:
             cuda_graphs=not args.no_cuda_graphs,
             stream_stages=args.stage_streaming,
             batching=args.batching,
+            patience=args.stage_patience,
         )
     except GraphError as e:
         return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
@@ -309,6 +322,8 @@ def usage_error(args: argparse.Namespace) -> str | None:
     ):
         if value is not None and value < 1:
             return f"{flag} must be at least 1, got {value}"
+    if args.stage_patience < 0:
+        return f"--stage-patience must be at least 0, got {args.stage_patience}"
     if (args.audio or args.image) and args.prompt is None:
         return "--audio and --image go with --prompt (put media in the request file)"
     if args.out_audio is not None and args.prompt is None:

@@ -143,7 +143,10 @@ class OrtEngine:
         device: str = "cpu",
         threads: int | None = None,
         cuda_graphs: bool = False,
+        spin: bool = True,
     ) -> None:
+        """``spin``: CPU worker threads wait for the next call spinning (best when this engine's
+        calls come back to back; off when engines take turns)."""
         import onnxruntime as ort
 
         if not path.is_file():
@@ -156,7 +159,7 @@ class OrtEngine:
             )
         cuda_graphs = cuda_graphs and device == "cuda"
         try:
-            self.session = _session(path, device, threads, cuda_graphs)
+            self.session = _session(path, device, threads, cuda_graphs, spin)
         except Exception as e:  # ORT raises its own exception types
             message = str(e).lower()
             if not (cuda_graphs and ("capture" in message or "cuda graph" in message)):
@@ -165,7 +168,7 @@ class OrtEngine:
             log.warning("%s: no CUDA graphs for this engine (%s)", path.name, e)
             cuda_graphs = False
             try:
-                self.session = _session(path, device, threads, False)
+                self.session = _session(path, device, threads, False, spin)
             except Exception as e2:
                 raise EngineError(f"ONNX Runtime could not load {path}: {e2}") from None
         self.cuda_graphs = cuda_graphs
@@ -227,13 +230,22 @@ class OrtEngine:
         return self._graph_ids
 
 
-def _session(path: Path, device: str, threads: int | None, cuda_graphs: bool) -> Any:
+def _session(
+    path: Path, device: str, threads: int | None, cuda_graphs: bool, spin: bool = True
+) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if threads:
         so.intra_op_num_threads = threads
+    if not spin:
+        # ONNX Runtime's CPU worker threads spin after a call, waiting for the next one: for
+        # calls of one engine back to back that saves their wake-up, but while another engine
+        # runs they take its cores (each session has its own threads). Engines that take
+        # turns (thinker, talker, code predictor, vocoder) ran up to 2x slower with it on a
+        # 2-core CPU (docs/benchmarks.md)
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers: list[Any] = ["CPUExecutionProvider"]
     if device == "cuda":
         from edgeomni.runtime.memory import stream
@@ -265,12 +277,15 @@ def open_engine(
     *,
     threads: int | None = None,
     cuda_graphs: bool = False,
+    spin: bool = True,
 ) -> Engine:
     """The engine a stage's config.json describes. ``cuda_graphs``: calls that repeat one
-    shape (decode steps) may be captured once as CUDA graphs and replayed (GPU engines only)."""
+    shape (decode steps) may be captured once as CUDA graphs and replayed (GPU engines only).
+    ``spin``: False when its calls alternate with other engines' (see OrtEngine)."""
     device = check_engine(folder, config)
     engine_file = folder / str(config["engine"])
-    return OrtEngine(engine_file, device=device, threads=threads, cuda_graphs=cuda_graphs)
+    return OrtEngine(engine_file, device=device, threads=threads, cuda_graphs=cuda_graphs,
+                     spin=spin)  # fmt: skip
 
 
 def check_engine(folder: Path, config: Mapping[str, Any]) -> str:

@@ -19,7 +19,13 @@ from edgeomni import graph_schema
 from edgeomni.runtime.events import AudioChunk, CodecFrames, Failed, Finished, Listener, TextDelta
 from edgeomni.runtime.requests import BadRequest, Request
 from edgeomni.runtime.runners import RUNNER_KINDS, RUNNERS, RequestError, RequestState
-from edgeomni.runtime.scheduler import SlotCapable, SlotStage, make_cohorts, run_graph
+from edgeomni.runtime.scheduler import (
+    PATIENCE,
+    SlotCapable,
+    SlotStage,
+    make_cohorts,
+    run_graph,
+)
 
 GRAPH_FILE = "multistage_config.json"
 BATCHING = ("inflight", "cohort")
@@ -111,6 +117,7 @@ class Pipeline:
         cuda_graphs: bool = True,
         stream_stages: bool = False,
         batching: str = "inflight",
+        patience: int = PATIENCE,
     ) -> None:
         """``cuda_graphs``: GPU engines replay captured CUDA graphs for their decode steps.
         ``stream_stages``: a stage that reads the next one's output as it is made (the talker
@@ -121,6 +128,9 @@ class Pipeline:
         if batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
         self.batching = batching
+        if patience < 0:
+            raise ValueError(f"patience must be >= 0 turns, got {patience}")
+        self.patience = patience
         self.engine_dir, self.graph = load_graph(config)
         if whole_utterance:  # the stages that make audio vocode after the talker, in one pass
             self.graph = dataclasses.replace(
@@ -136,6 +146,7 @@ class Pipeline:
         self.cuda_graphs = cuda_graphs
         self.stream_stages = stream_stages
         self._runners: dict[str, Any] = {}
+        self._alone = True  # the stages being opened run alone (see open)
         self._slot_stages: dict[str, SlotStage] = {}
         self.profile = Profile()
         self._kinds = {s.port(e.id): e.kind for s in self.graph.stages for e in s.emits}
@@ -152,8 +163,9 @@ class Pipeline:
             factory = RUNNERS[stage.runner].load()
             folder = self.engine_dir / stage.artifact
             self._runners[stage_id] = factory(
-                stage, folder, threads=self.threads, cuda_graphs=self.cuda_graphs
-            )
+                stage, folder, threads=self.threads, cuda_graphs=self.cuda_graphs,
+                spin=self._alone,
+            )  # fmt: skip
             self.profile.load_seconds += time.perf_counter() - start
         return self._runners[stage_id]
 
@@ -180,7 +192,10 @@ class Pipeline:
 
     def open(self, stage_ids: Collection[str]) -> None:
         """Load these stages' runners now, so a broken engine dir stops the run before any
-        request does work; a StageError names the stage."""
+        request does work; a StageError names the stage. A stage opened for a run of several
+        stages gets engines whose CPU threads do not spin between calls (the stages take
+        turns); one opened alone keeps them spinning (its calls come back to back)."""
+        self._alone = len(set(stage_ids)) <= 1
         for stage in self.graph.stages:
             if stage.id in stage_ids:
                 with self._opening(stage):
@@ -302,6 +317,7 @@ class Pipeline:
             run_graph(
                 stages, states, {sid: self._width(sid, batch_size) for sid in stages},
                 listener=listener, done=lambda st: done.add(st.index), seconds=seconds,
+                patience=self.patience,
             )  # fmt: skip
         finally:
             for sid, spent in seconds.items():
@@ -311,11 +327,10 @@ class Pipeline:
         """Each planned stage's own per-request work (tokenizing, encoding media, checking
         limits and voices), before any cohort runs; the error that fails the request, if any."""
         for stage_id in state.plan.stages:
-            prepare = getattr(self.runner(stage_id), "prepare", None)
-            if prepare is None:
-                continue
             try:
-                state.prepared[stage_id] = prepare(state)
+                prepared = self.runner(stage_id).prepare(state)
+                if prepared is not None:
+                    state.prepared[stage_id] = prepared
             except RequestError as e:
                 return str(e)
             except Exception as e:
@@ -355,7 +370,7 @@ class Pipeline:
     def _width(self, stage_id: str, batch_size: int) -> int:
         """Rows one call of this stage takes: the batch size, capped by the engine's build
         and by the graph's ``max_batch`` for the stage when it sets one."""
-        width = min(batch_size, getattr(self.runner(stage_id), "max_batch", batch_size))
+        width = min(batch_size, self.runner(stage_id).max_batch or batch_size)
         cap = self.graph.stage(stage_id).max_batch
         return max(1, min(width, cap) if cap else width)
 
@@ -377,16 +392,14 @@ class Pipeline:
         self, stage_id: str, later: Sequence[str], width: int, batch_size: int
     ) -> str | None:
         """The next stage, when it can start while this one runs: it reads this stage's output
-        as it is made (its runner takes ``upstream``; this runner has ``steps``) and takes the
+        as it is made (its runner ``reads_upstream``; this one ``streams_steps``) and takes the
         same cohort width."""
         if not (self.stream_stages and later):
             return None
         nxt = later[0]
         reads = any(i.source.startswith(stage_id + ":") for i in self.graph.stage(nxt).inputs)
         producer, consumer = self.runner(stage_id), self.runner(nxt)
-        if not (
-            reads and hasattr(producer, "steps") and getattr(consumer, "reads_upstream", False)
-        ):
+        if not (reads and producer.streams_steps and consumer.reads_upstream):
             return None
         if self._width(nxt, batch_size) != width:
             return None  # the two stages split the cohort differently: one after the other
@@ -435,9 +448,7 @@ class Pipeline:
                 i.source.startswith(stage_id + ":") for i in self.graph.stage(consumer).inputs
             ):
                 continue
-            make = getattr(self.runner(consumer), "stream_sinks", None)
-            if make is not None:
-                sinks.update(make(part))
+            sinks.update(self.runner(consumer).stream_sinks(part))
         return sinks
 
     def _entries(

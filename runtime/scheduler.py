@@ -15,7 +15,10 @@ from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["SlotCapable", "SlotStage", "Stuck", "make_cohorts", "run_graph"]
+__all__ = ["PATIENCE", "SlotCapable", "SlotStage", "Stuck", "make_cohorts", "run_graph"]
+# turns a later stage (the talker, the vocoder) waits for rows still on their way before it
+# steps a batch that is not full (run_graph's patience; docs/benchmarks.md measured it)
+PATIENCE = 16
 log = logging.getLogger("edge-infer")
 
 
@@ -111,6 +114,7 @@ def run_graph(
     listener: Callable[[Any], None] | None = None,
     done: Callable[[Any], None] | None = None,
     seconds: dict[str, float] | None = None,
+    patience: int = 0,
 ) -> None:
     """Run every request through the stages of its plan (``state.plan.stages``, each one of
     ``stages``, which are in graph order), each stage with at most ``widths[id]`` in flight.
@@ -123,6 +127,12 @@ def run_graph(
     step that fails fails the rows it ran. Events go to ``listener`` in order per request, and
     to the request's next stage when it ``consumes`` them (held until it is admitted there).
     ``done(state)`` is called as each request leaves; ``seconds`` adds each stage's time.
+
+    ``patience``: a stage that requests are still coming to (from the stages before it) and
+    whose rows are not all taken waits up to that many turns for them before it steps the rows
+    it has (0: it steps every turn). A step's cost is mostly fixed (the weights it reads), so
+    a talker fed one request at a time by a busy thinker would otherwise run nearly empty
+    steps; waiting trades a request's latency for the batch's throughput.
     """
     from edgeomni.runtime.events import Failed
 
@@ -242,13 +252,21 @@ def run_graph(
         settle(sid, [slot.row for slot in admitted])
         return True
 
+    idle = dict.fromkeys(order, 0)  # turns each stage has waited with rows to step
     while any(waiting.values()) or any(active.values()):
         moved = False
         for sid in order:
             t = time.perf_counter()
             moved = admit(sid) or moved
+            coming = to_come[sid] or waiting[sid]  # more rows are on their way: wait a while
+            if active[sid] and idle[sid] < patience and len(active[sid]) < widths[sid] and coming:
+                idle[sid] += 1
+                moved = True
+                times[sid] = times.get(sid, 0.0) + time.perf_counter() - t
+                continue
             if active[sid]:
                 moved = True
+                idle[sid] = 0
                 try:
                     stages[sid].step(active[sid])
                 except Exception as e:  # an engine call on these rows failed: they fail

@@ -263,6 +263,22 @@ def test_runner_windows_equal_whole_decode(built: dict[str, Any]) -> None:
     assert details["duration_ms"] == pytest.approx((60 * SPF - TRIM) / 24)
 
 
+def test_an_utterance_of_no_frames_is_empty_audio(built: dict[str, Any]) -> None:
+    """A talker that ends speech at its first code leaves no frames: streamed or not, the
+    request gets empty audio, not an error."""
+    runner = Code2Wav(stage(window_frames=20), built["folder"], threads=2)
+    none = np.zeros((0, Q), np.int64)
+    plain = run_runner(runner, none)[0]
+    streamed = RequestState(index=0, request=None, plan=None, outputs={"talker:codes": none})
+    assert set(runner.stream_sinks([streamed])) == {0}  # fed nothing
+    runner.run([streamed])
+    for state, mode in ((plain, "windowed"), (streamed, "streamed")):
+        assert state.error is None
+        assert state.outputs["code2wav:audio"].shape == (0,)
+        assert state.details["code2wav"]["mode"] == mode
+        assert state.details["code2wav"]["samples"] == 0
+
+
 def test_padded_length_rule() -> None:
     lengths = (5, 50)
     assert padded_length(5, lengths) == 5

@@ -235,3 +235,11 @@ def test_seeded_speech_draws_the_same_alone_and_beside_others(
         (one,) = run(omni_engine, {**obj, "requests": [obj["requests"][i]]}, 1, batching)
         np.testing.assert_array_equal(beside[i].codes, one.codes)
         np.testing.assert_array_equal(beside[i].audio, one.audio)
+
+
+def test_stage_patience_flag(qwen3_engine: Path, capsys) -> None:
+    code = cli.main(["--config", str(qwen3_engine), "--prompt", "x", "--stage-patience", "-1"])
+    assert code == cli.EXIT_BAD_CONFIG
+    assert "--stage-patience must be at least 0, got -1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="patience must be >= 0"):
+        Pipeline(qwen3_engine, patience=-1)

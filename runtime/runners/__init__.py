@@ -27,6 +27,29 @@ def stage_source(stage: Any, name: str) -> str:
     raise ValueError(f"{stage.id}: the stage has no {name!r} input")
 
 
+class StageRunner:
+    """What every stage runner has, with the defaults of a runner that lacks a capability, so
+    the pipeline asks instead of probing: per-request preparation before any batch runs, the
+    rows its engine was built for, whether it steps in cohorts a stage after it can follow
+    (``steps``) or itself follows one (``reads_upstream``), and callables fed with an upstream
+    stage's output as it is made (``stream_sinks``)."""
+
+    kind: str = "iterative"
+    max_batch: int | None = None  # None: no engine limit on the rows of a call
+    streams_steps = False  # has ``steps(cohort)``, a generator of its cohort's decode steps
+    reads_upstream = False  # ``run`` takes ``upstream``: the stage before runs as it needs
+
+    def prepare(self, state: RequestState) -> Any:
+        """This stage's own input for a request, made before any batch runs (None: none); a
+        RequestError fails the request."""
+        return None
+
+    def stream_sinks(self, cohort: Sequence[RequestState]) -> dict[int, Any]:
+        """Request index -> a callable fed this stage's input as an upstream stage makes it
+        (none by default: the input is read once it is complete)."""
+        return {}
+
+
 @dataclass(frozen=True)
 class RunnerDecl:
     name: str

@@ -15,7 +15,13 @@ from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import MEDIA_TOKENS, MediaEncoders, Prompt, check_encoders, media_parts
-from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState, feed_cohort
+from edgeomni.runtime.runners import (
+    HiddenHandoff,
+    RequestError,
+    RequestState,
+    StageRunner,
+    feed_cohort,
+)
 from edgeomni.runtime.sampling import log_softmax_top, sample_step
 from edgeomni.runtime.tokenizer import TextTokenizer
 
@@ -47,19 +53,28 @@ ARTIFACT = Artifact(
 )  # fmt: skip
 
 
-class LLMBackbone:
+class LLMBackbone(StageRunner):
     """Prefill the cohort as one right-padded batch, then decode it one token per step."""
 
     kind = "autoregressive"
+    streams_steps = True
 
     def __init__(
-        self, stage: Any, folder: Path, *, threads: int | None = None, cuda_graphs: bool = True
+        self,
+        stage: Any,
+        folder: Path,
+        *,
+        threads: int | None = None,
+        cuda_graphs: bool = True,
+        spin: bool = True,
     ) -> None:
+        """``spin``: False when other stages' engines run between this one's steps."""
         self.stage = stage
         checked = self.check(stage, folder)
         self.config: dict[str, Any] = checked.config
         cfg = self.config
-        self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
+        self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs,
+                                  spin=spin)  # fmt: skip
         self.embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         self.tokenizer: TextTokenizer = checked.tokenizer
         limits = cfg["builder_config"]

@@ -25,7 +25,7 @@ import numpy as np
 
 from edgeomni.runtime.artifacts import Artifact, Checked, check_folder
 from edgeomni.runtime.engine import Engine, open_engine
-from edgeomni.runtime.runners import RequestError, RequestState, stage_source
+from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
 from edgeomni.runtime.vocoder import Window, WindowedVocoder, playback_stall_s
 
 CODES_INPUT = "codes"
@@ -81,7 +81,7 @@ class Windows:
         return out
 
 
-class Code2Wav:
+class Code2Wav(StageRunner):
     """Vocode each request's codes [frames, Q] (int64) into float32 samples."""
 
     kind = "iterative"
@@ -94,11 +94,14 @@ class Code2Wav:
         threads: int | None = None,
         whole_utterance: bool | None = None,
         cuda_graphs: bool = True,
+        spin: bool = True,
     ) -> None:
+        """``spin``: False when other stages' engines run between this one's calls."""
         self.stage = stage
         self.config: dict[str, Any] = self.check(stage, folder).config
         cfg = self.config
-        self.engine: Engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
+        self.engine: Engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs,
+                                          spin=spin)  # fmt: skip
         self.num_quantizers = int(cfg["num_quantizers"])
         self.codebook_size = int(cfg["codebook_size"])
         self.samples_per_frame = int(cfg["samples_per_frame"])
@@ -376,4 +379,6 @@ class AudioStream:
         self.seconds += time.perf_counter() - start
         if self.first_audio is None:
             self.first_audio = time.perf_counter()
+        if not self.pieces:  # no frames: the talker ended speech at its first code
+            return np.zeros(0, np.float32)
         return np.concatenate(self.pieces).astype(np.float32, copy=False)

@@ -45,7 +45,8 @@ class CodePredictor:
         cuda_graphs: bool = True,
     ) -> None:
         self.config = cfg = check_folder(folder, cp_artifact(groups)).config
-        self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
+        # its calls alternate with the talker's: its CPU threads do not spin between them
+        self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs, spin=False)
         # Where decode steps are replayed from captured graphs (a GPU), each frame's prefill
         # [hidden, E(code0)] runs as two one-token calls: replayed they cost less than one
         # uncaptured two-token call (a two-token call cannot be captured on onnxruntime-gpu

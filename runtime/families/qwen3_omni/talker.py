@@ -26,7 +26,13 @@ from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor, c
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.mrope import MropeIds, rope_index
 from edgeomni.runtime.prompt import MEDIA_TOKENS
-from edgeomni.runtime.runners import HiddenHandoff, RequestError, RequestState, stage_source
+from edgeomni.runtime.runners import (
+    HiddenHandoff,
+    RequestError,
+    RequestState,
+    StageRunner,
+    stage_source,
+)
 from edgeomni.runtime.sampling import SamplingParams, sample_step
 
 DEFAULT_MAX_FRAMES = 4096  # transformers' talker_max_new_tokens
@@ -143,16 +149,25 @@ ARTIFACT = Artifact(
 )  # fmt: skip
 
 
-class Talker:
+class Talker(StageRunner):
     kind = "autoregressive"
     reads_upstream = True  # run() takes the thinker's steps as ``upstream`` (stage streaming)
 
     def __init__(
-        self, stage: Any, folder: Path, *, threads: int | None = None, cuda_graphs: bool = True
+        self,
+        stage: Any,
+        folder: Path,
+        *,
+        threads: int | None = None,
+        cuda_graphs: bool = True,
+        spin: bool = False,
     ) -> None:
+        """``spin`` is not taken: the talker's engine and its code predictor's take turns every
+        frame, so neither spins waiting for its next call."""
         self.stage = stage
         cfg = self.config = self.check(stage, folder).config
-        self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs)
+        self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs,
+                                  spin=False)  # fmt: skip
         self.codec_embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         self.groups = int(cfg["num_code_groups"])
         tables = safetensors_np.load(folder / "projections.safetensors")
