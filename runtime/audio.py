@@ -1,17 +1,11 @@
-"""Qwen3-Omni's audio input path (read, resample, log-mel) and WAV output in numpy + soundfile.
+"""Audio in numpy + soundfile: WAV input and output, band-limited resampling, and Whisper-style
+log-mel features.
 
-The embedded board has no torch, so the Whisper-style features that transformers'
-``WhisperFeatureExtractor(feature_size=128)`` computes for Qwen3-Omni are rebuilt here from its
-numpy path (``_np_extract_fbank_features``), step for step and in the same dtypes, so the audio
-encoder sees the numbers it was exported against.
-
-What ``Qwen3OmniMoeProcessor`` (transformers 5.24) does with audio: it calls the feature
-extractor with ``sampling_rate=16000, padding=True, truncation=False,
-return_attention_mask=True``. ``padding=True`` is the "longest" strategy, so ONE audio is never
-padded (not to 30 s, not to anything) and ``truncation=False`` never cuts it. For ``L`` samples
-the STFT gives ``1 + L // 160`` centred frames and the last one is dropped, so
-``input_features`` is ``[1, 128, L // 160]`` and ``feature_attention_mask`` is ``L // 160`` ones.
-The number of ``<|audio_pad|>`` tokens the text gets is :func:`audio_token_count` of that.
+The embedded board has no torch, so the features transformers' ``WhisperFeatureExtractor``
+computes are rebuilt here from its numpy path (``_np_extract_fbank_features``), step for step and
+in the same dtypes, so an audio encoder sees the numbers it was exported against. What a model's
+processor does around them (its settings, padding, placeholder counts) is its family's
+(runtime/families/).
 """
 
 from __future__ import annotations
@@ -26,28 +20,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-__all__ = [
-    "QWEN3_OMNI_HOP_LENGTH",
-    "QWEN3_OMNI_N_FFT",
-    "QWEN3_OMNI_N_MELS",
-    "QWEN3_OMNI_N_WINDOW",
-    "QWEN3_OMNI_SAMPLING_RATE",
-    "audio_features",
-    "audio_token_count",
-    "log_mel",
-    "mel_filter_bank",
-    "read_wav",
-    "resample",
-    "write_wav",
-]
-
-# Qwen3-Omni's preprocessor_config: WhisperFeatureExtractor with 128 mel bins at 16 kHz.
-QWEN3_OMNI_SAMPLING_RATE = 16000
-QWEN3_OMNI_N_MELS = 128
-QWEN3_OMNI_N_FFT = 400
-QWEN3_OMNI_HOP_LENGTH = 160
-# Qwen3OmniMoeProcessor.n_window: the audio encoder's window (2 * n_window frames per chunk).
-QWEN3_OMNI_N_WINDOW = 50
+__all__ = ["log_mel", "mel_filter_bank", "read_wav", "resample", "write_wav"]
 
 # WhisperFeatureExtractor hard-codes the mel range to [0, 8000] Hz whatever the sampling rate.
 _MEL_F_MIN = 0.0
@@ -255,12 +228,13 @@ def _hann_periodic(n_fft: int) -> np.ndarray:
 def log_mel(
     x: np.ndarray,
     *,
-    n_mels: int = QWEN3_OMNI_N_MELS,
-    sampling_rate: int = QWEN3_OMNI_SAMPLING_RATE,
-    n_fft: int = QWEN3_OMNI_N_FFT,
-    hop_length: int = QWEN3_OMNI_HOP_LENGTH,
+    n_mels: int = 128,
+    sampling_rate: int = 16000,
+    n_fft: int = 400,
+    hop_length: int = 160,
 ) -> np.ndarray:
-    """Whisper log-mel spectrogram ``[n_mels, len(x) // hop_length]`` float32 of one waveform.
+    """Whisper log-mel spectrogram ``[n_mels, len(x) // hop_length]`` float32 of one waveform
+    (the defaults: ``WhisperFeatureExtractor(feature_size=128)``'s 16 kHz STFT).
 
     Exactly ``WhisperFeatureExtractor._np_extract_fbank_features`` (dither 0): waveform taken as
     float32, reflect-padded by ``n_fft // 2``, periodic-Hann frames every ``hop_length``, float64
@@ -295,36 +269,3 @@ def log_mel(
         out[:, s : s + block.shape[0]] = np.log10(mel)
     out = np.maximum(out, out.max() - np.float32(8.0))
     return (out + np.float32(4.0)) / np.float32(4.0)
-
-
-def audio_features(x16k: np.ndarray) -> tuple[np.ndarray, int]:
-    """What ``Qwen3OmniMoeProcessor`` gives the audio encoder for ONE 16 kHz clip.
-
-    Returns ``(input_features [128, n_frames] float32, n_frames)`` with
-    ``n_frames = len(x16k) // 160`` = ``feature_attention_mask.sum()``. The processor pads with
-    ``padding=True`` (longest in the batch: a single clip is not padded, in particular not to
-    30 s) and ``truncation=False``, so the features cover exactly the clip. Resample to 16 kHz
-    first (:func:`resample`); the extractor would reject any other rate.
-    """
-    feats = log_mel(
-        x16k,
-        n_mels=QWEN3_OMNI_N_MELS,
-        sampling_rate=QWEN3_OMNI_SAMPLING_RATE,
-        n_fft=QWEN3_OMNI_N_FFT,
-        hop_length=QWEN3_OMNI_HOP_LENGTH,
-    )
-    return feats, int(feats.shape[1])
-
-
-def audio_token_count(n_frames: int, n_window: int = QWEN3_OMNI_N_WINDOW) -> int:
-    """Audio placeholder tokens for ``n_frames`` mel frames (processor's feat-extract lengths).
-
-    Same as transformers' ``_get_feat_extract_output_lengths``: the encoder works in chunks of
-    ``2 * n_window`` frames (13 tokens each after three stride-2 convolutions, with n_window 50)
-    and a remainder of ``r > 0`` frames gives ``ceil(ceil(ceil(r / 2) / 2) / 2)`` tokens. The
-    prompt must carry exactly this many ``<|audio_pad|>`` tokens for the clip.
-    """
-    chunk = 2 * n_window
-    rem = n_frames % chunk
-    feat = (rem - 1) // 2 + 1
-    return int(((feat - 1) // 2 + 1 - 1) // 2 + 1 + (n_frames // chunk) * 13)

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from edgeomni.runtime.artifacts import Artifact, ArtifactError, check_folder
-from edgeomni.runtime.encoders import audio, visual
+from edgeomni.runtime.families.qwen3_omni import audio_encoder as audio
 from edgeomni.runtime.families.qwen3_omni import code2wav, talker
+from edgeomni.runtime.families.qwen3_omni import visual_encoder as visual
 from edgeomni.runtime.families.qwen3_omni.code_predictor import cp_artifact
 from edgeomni.runtime.pipeline import Pipeline
 from edgeomni.runtime.runners import llm
@@ -128,3 +130,45 @@ def test_a_template_that_cannot_render_the_messages_is_a_value_error(
     with pytest.raises(ValueError, match="cannot render these messages .TypeError"):
         tok.apply_chat_template([{"role": "user", "content": parts}])
     assert tok.apply_chat_template([{"role": "user", "content": "a"}]) == "xa"
+
+
+def stage(**config) -> SimpleNamespace:
+    """What LLMBackbone.check reads of a graph's stage: its config."""
+    return SimpleNamespace(config=config)
+
+
+def thinker_files(engine: Path, dest: Path) -> Path:
+    """The files of the engine dir's root stage (the text model), without its subfolders."""
+    dest.mkdir()
+    for path in engine.iterdir():
+        if path.is_file():
+            shutil.copy2(path, dest / path.name)
+    return dest
+
+
+def test_media_tokens_for_a_model_type_with_no_media_hook(omni_engine, tmp_path) -> None:
+    """A thinker config with media_tokens whose model_type no family declares media
+    preparation for: an ArtifactError naming the config, not a silent text-only model."""
+    eng = thinker_files(omni_engine, tmp_path / "eng")
+    path = eng / "config.json"
+    config = json.loads(path.read_text())
+    assert config["model_type"] == "qwen3_omni_moe" and config["media_tokens"]
+    llm.LLMBackbone.check(stage(), eng)  # its own model type: the family's hook
+    path.write_text(json.dumps({**config, "model_type": "omni9"}))
+    with pytest.raises(ArtifactError, match="media_tokens, but its model_type 'omni9'") as e:
+        llm.LLMBackbone.check(stage(), eng)
+    assert e.value.path == str(path)
+    path.write_text(json.dumps({**config, "media_tokens": {"audio_token_id": 1}}))
+    with pytest.raises(ArtifactError, match="missing 'media_tokens.image_token_id'"):
+        llm.LLMBackbone.check(stage(), eng)
+
+
+def test_encoders_named_for_a_text_model(qwen3_engine: Path) -> None:
+    """A stage config naming encoders for a model type that reads text only is an ArtifactError
+    naming the thinker's config."""
+    llm.LLMBackbone.check(stage(), qwen3_engine)
+    with pytest.raises(
+        ArtifactError, match=r"names encoders \(audio\), but model_type 'qwen3'"
+    ) as e:
+        llm.LLMBackbone.check(stage(encoders={"audio": "audio"}), qwen3_engine)
+    assert e.value.path == str(qwen3_engine / "config.json")

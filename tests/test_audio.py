@@ -1,5 +1,6 @@
-"""runtime/audio.py against its references: transformers' Whisper extractor and Qwen3-Omni processor
-(log-mel), an ideal sine (resampling), soundfile (WAV I/O)."""
+"""runtime/audio.py and Qwen3-Omni's audio input (runtime/families/qwen3_omni/audio_input.py)
+against their references: transformers' Whisper extractor and Qwen3-Omni processor (log-mel),
+an ideal sine (resampling), soundfile (WAV I/O)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import soundfile as sf
 
 from edgeomni.runtime import audio
+from edgeomni.runtime.families.qwen3_omni import audio_input
 
 SR = 16000
 # 0.3 s, 1.7 s and 4 s, plus a length that is not a multiple of the hop (frames = len // 160).
@@ -125,14 +127,14 @@ def test_audio_features_equal_qwen3_omni_processor(whisper_fe) -> None:
                 audio=[x],
                 return_tensors="np",
             )
-            feats, n_frames = audio.audio_features(x)
+            feats, n_frames = audio_input.audio_features(x)
             assert n_frames == n // 160
             # Not padded to 30 s (3000 frames): exactly the clip.
             assert out["input_features"].shape == (1, 128, n_frames)
             assert int(out["feature_attention_mask"].sum()) == n_frames
             assert np.abs(out["input_features"][0] - feats).max() < 1e-4, (kind, n)
             n_tokens = int((out["input_ids"] == proc.audio_token_id).sum())
-            assert audio.audio_token_count(n_frames) == n_tokens
+            assert audio_input.audio_token_count(n_frames) == n_tokens
             assert n_tokens == int(_get_feat_extract_output_lengths(np.array(n_frames)))
 
 
@@ -140,9 +142,9 @@ def test_audio_token_count_equals_processor_formula() -> None:
     mod = pytest.importorskip("transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe")
     frames = np.arange(1, 3001)
     ref = mod._get_feat_extract_output_lengths(frames, 50)
-    ours = np.array([audio.audio_token_count(int(f)) for f in frames])
+    ours = np.array([audio_input.audio_token_count(int(f)) for f in frames])
     np.testing.assert_array_equal(ours, ref)
-    assert audio.audio_token_count(100) == 13  # one full 2 * n_window chunk
+    assert audio_input.audio_token_count(100) == 13  # one full 2 * n_window chunk
 
 
 def test_log_mel_rejects_inputs_without_frames() -> None:

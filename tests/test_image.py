@@ -1,4 +1,5 @@
-"""runtime.image == transformers' Qwen2-VL image processor (PIL backend), and Pillow's resize."""
+"""Qwen3-Omni's image.py == transformers' Qwen2-VL image processor (PIL backend), and Pillow's
+resize."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgeomni.runtime import image as im
+from edgeomni.runtime.families.qwen3_omni import image as im
 
 Image = pytest.importorskip("PIL.Image", reason="the parity tests compare against Pillow")
 # Pillow 13 picks the resize pass order by the scale factors (python-pillow/Pillow#9549); older
 # Pillow always resized horizontally first, a few levels off where the height shrinks most.
 pillow13 = pytest.mark.skipif(
-    int(Image.__version__.split(".")[0]) < 13, reason="runtime.image mirrors Pillow >= 13"
+    int(Image.__version__.split(".")[0]) < 13, reason="the image preprocessing mirrors Pillow >= 13"
 )
 
 # processor_config.json style (size in pixels), as the tiny Qwen3-Omni checkpoint ships it

@@ -362,6 +362,11 @@ ROWS = [
             {"type": "audio", "audio": w.p("q.wav")}, {"type": "text", "text": "what"}]}]}),
         BAD_REQUEST, "request 1: this model reads text only", opens=True, writes=("p.json",),
         then=one_fails(1, "this model reads text only; the request has audio parts")),
+    Row("image-part-on-a-text-engine",
+        lambda w: mixed(w, {"messages": [{"role": "user", "content": [
+            {"type": "image", "image": w.p("q.png")}, {"type": "text", "text": "what"}]}]}),
+        BAD_REQUEST, "request 1: this model reads text only", opens=True, writes=("p.json",),
+        then=one_fails(1, "this model reads text only; the request has image parts")),
     Row("chat-template-raises", raising_template, BAD_REQUEST,
         "chat template: system messages are not supported", opens=True, writes=("p.json",),
         then=one_fails(1, "chat template: system messages are not supported")),

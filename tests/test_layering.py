@@ -24,6 +24,11 @@ def imported_modules(folder: Path) -> set[str]:
     return names
 
 
+def in_fresh_python(*statements: str) -> None:
+    """Run the statements in a new interpreter, so sys.modules holds only what they import."""
+    subprocess.run([sys.executable, "-c", ";".join(statements)], check=True)
+
+
 def test_graph_schema_is_standard_library_only() -> None:
     foreign = imported_modules(ROOT / "graph_schema") - set(sys.stdlib_module_names) - {"edgeomni"}
     assert foreign == set()
@@ -33,14 +38,13 @@ def test_runtime_never_imports_torch_or_transformers() -> None:
     assert {"torch", "transformers", "onnx", "onnxscript"} & imported_modules(
         ROOT / "runtime"
     ) == set()
-    code = (
-        "import importlib, pkgutil, sys, edgeomni.runtime as r;"
-        "mods = [importlib.import_module(m.name) for m in pkgutil.walk_packages(r.__path__, 'edgeomni.runtime.')];"
-        "assert len(mods) >= 15, len(mods);"
-        "bad = [m for m in ('torch', 'transformers', 'onnx') if m in sys.modules];"
-        "assert not bad, bad"
+    in_fresh_python(
+        "import importlib, pkgutil, sys, edgeomni.runtime as r",
+        "mods = [importlib.import_module(m.name) for m in pkgutil.walk_packages(r.__path__, 'edgeomni.runtime.')]",
+        "assert len(mods) >= 15, len(mods)",
+        "bad = [m for m in ('torch', 'transformers', 'onnx') if m in sys.modules]",
+        "assert not bad, bad",
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_lower_layers_do_not_import_higher_ones() -> None:
@@ -62,3 +66,63 @@ def test_packages_list_matches_folders() -> None:
     }
     assert listed == on_disk
     assert set(cfg["package-dir"]) == {f"edgeomni.{t}" for t in TOP}
+
+
+def generic_runtime_files() -> list[Path]:
+    """The runtime's files outside runtime/families/: what every family's graph shares."""
+    runtime = ROOT / "runtime"
+    return sorted(
+        p for p in runtime.rglob("*.py") if "families" not in p.relative_to(runtime).parts
+    )
+
+
+def test_generic_runtime_files_name_no_family() -> None:
+    """No family's name or module in the generic runtime (runtime/*.py, runtime/runners/): a
+    family's code is found through the tables of runtime/families/, which alone import it."""
+    families = [
+        p.name for p in (ROOT / "runtime" / "families").iterdir() if (p / "__init__.py").is_file()
+    ]
+    assert "qwen3_omni" in families
+    files = generic_runtime_files()
+    assert {"prompt.py", "llm.py"} <= {p.name for p in files}
+    for path in files:
+        text = path.read_text()
+        for name in families:
+            assert name not in text, f"{path} names the family {name}"
+        for node in ast.walk(ast.parse(text)):
+            modules = []
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            for module in modules:
+                assert not module.startswith("edgeomni.runtime.families."), (path, module)
+
+
+def test_families_tables_import_no_family_module() -> None:
+    """Importing the tables (and the runner table and text runner built on them) loads none of
+    a family's modules: only the family packages, whose __init__ declares "module:attr"
+    strings."""
+    in_fresh_python(
+        "import sys, edgeomni.runtime.families as f, edgeomni.runtime.runners.llm",
+        "packages = {f'edgeomni.runtime.families.{name}' for name in f.PACKAGES}",
+        "loaded = sorted(m for m in sys.modules if m.startswith('edgeomni.runtime.families.') and m not in packages)",
+        "assert not loaded, loaded",
+        "assert f.MEDIA['qwen3_omni_moe'] == 'edgeomni.runtime.families.qwen3_omni.media:MediaEncoders'",
+    )
+
+
+def test_media_hooks_load() -> None:
+    """Every declared media hook imports and has what runtime/prompt.py says a hook has; a model
+    type that declares none reads text only."""
+    from edgeomni.runtime.families import MEDIA
+    from edgeomni.runtime.families.qwen3_omni.media import MediaEncoders
+    from edgeomni.runtime.prompt import TextOnly, media_hook
+    from edgeomni.runtime.runners import load_factory
+
+    assert media_hook({"model_type": "qwen3_omni_moe"}) is MediaEncoders
+    for model_type, factory in MEDIA.items():
+        hook = load_factory(factory)
+        assert media_hook({"model_type": model_type}) is hook
+        assert all(callable(getattr(hook, name, None)) for name in ("check", "require", "expand"))
+    assert media_hook({"model_type": "qwen3"}) is TextOnly and media_hook({}) is TextOnly

@@ -1,4 +1,4 @@
-"""runtime.mrope equals transformers' get_rope_index for Qwen3-Omni prompts."""
+"""Qwen3-Omni's mrope.py equals transformers' get_rope_index for Qwen3-Omni prompts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from edgeomni.runtime.mrope import MropeIds, audio_output_length, rope_index
+from edgeomni.runtime.families.qwen3_omni.mrope import MropeIds, audio_output_length, rope_index
 
 IDS = MropeIds(
     image_token_id=10,

@@ -59,8 +59,13 @@ class RunnerDecl:
     def load(self) -> Any:
         """The runner class. It has ``check(stage, folder)``: what opening the stage reads,
         checked without loading an engine (--validate-config, and the first step of opening)."""
-        module, attr = self.factory.split(":")
-        return getattr(importlib.import_module(module), attr)
+        return load_factory(self.factory)
+
+
+def load_factory(factory: str) -> Any:
+    """What a "module:attribute" declaration names, its module imported now."""
+    module, attr = factory.split(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 @dataclass

@@ -1,4 +1,7 @@
-"""llm.backbone: messages in, text out, through one decoder engine with an in-place KV cache."""
+"""llm.backbone: messages in, text out, through one decoder engine with an in-place KV cache.
+
+Generic: a request's audio and image parts go through the media hook the model's family
+declares for its config's model_type (runtime/prompt.py); without one, the model reads text."""
 
 from __future__ import annotations
 
@@ -10,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime import safetensors_np
-from edgeomni.runtime.artifacts import CONFIG, Artifact, Checked, check_folder, require_keys
+from edgeomni.runtime.artifacts import Artifact, Checked, check_folder
 from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
-from edgeomni.runtime.prompt import MEDIA_TOKENS, MediaEncoders, Prompt, check_encoders, media_parts
+from edgeomni.runtime.prompt import Prompt, media_hook, media_parts
 from edgeomni.runtime.runners import (
     HiddenHandoff,
     RequestError,
@@ -44,8 +47,8 @@ def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
 
 ARTIFACT = Artifact(
     keys=(
-        "vocab_size", "hidden_size", "num_hidden_layers", "num_key_value_heads", "head_dim",
-        "builder_config.max_batch_size", "builder_config.max_input_len",
+        "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_key_value_heads",
+        "head_dim", "builder_config.max_batch_size", "builder_config.max_input_len",
         "builder_config.max_kv_cache_capacity",
     ),
     tables={"embedding.safetensors": ("embedding",)},
@@ -89,7 +92,8 @@ class LLMBackbone(StageRunner):
         self.mrope = bool(cfg.get("mrope_section"))
         self.deepstack = int(cfg.get("deepstack_layers") or 0)
         self.hidden_layer = cfg.get("hidden_output_layer")
-        self.media = MediaEncoders(
+        # the family's media preparation for this model type, or text only (runtime/prompt.py)
+        self.media = media_hook(cfg)(
             folder, cfg, threads=threads, locations=stage.config.get("encoders")
         )
         self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)
@@ -97,12 +101,10 @@ class LLMBackbone(StageRunner):
     @classmethod
     def check(cls, stage: Any, folder: Path) -> Checked:
         """What opening this stage reads, checked without loading an engine: its config, table
-        and tokenizer, and the media encoders it finds beside it."""
+        and tokenizer, and what its model type's media hook reads (the media encoders it finds
+        beside it)."""
         checked = check_folder(folder, ARTIFACT)
-        if checked.config.get("media_tokens"):
-            require_keys(folder / CONFIG, checked.config["media_tokens"], MEDIA_TOKENS,
-                         within="media_tokens")  # fmt: skip
-        check_encoders(folder, stage.config.get("encoders"))
+        media_hook(checked.config).check(folder, checked.config, stage.config.get("encoders"))
         return checked
 
     # -- per request -------------------------------------------------------------------------

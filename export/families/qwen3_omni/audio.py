@@ -6,8 +6,9 @@ splits q/k/v with ``cu_seqlens.tolist()`` (a data-dependent guard), and its conv
 traced with one ``conv_chunksize`` split baked in, which breaks past 500 chunks.
 
 Ours takes everything data-dependent as inputs the runtime computes in numpy
-(runtime.encoders.audio) and runs the conv front end over all chunks at once, so any number of
-chunks works (the runtime bounds memory by sending at most ``chunks_per_call`` chunks a call).
+(runtime/families/qwen3_omni/audio_encoder.py) and runs the conv front end over all chunks
+at once, so any number of chunks works (the runtime bounds memory by sending at most
+``chunks_per_call`` chunks a call).
 HF's block-diagonal attention over windows of ``n_window_infer`` frames is laid out as rows of a
 batch: window w is row w, right-padded to the longest window, and the edgeomni::Attention plugin
 op (causal=0, past 0, query_lens = the window's tokens) attends within each row only. So the
@@ -175,8 +176,8 @@ def export_audio_encoder(model: hf.Qwen3OmniMoeAudioEncoder, path: Path) -> Path
 def audio_engine_config(
     config: Any, *, backend: str = "onnxruntime", device: str = "cpu"
 ) -> dict[str, Any]:
-    """config.json fields runtime.encoders.audio.AudioEncoder reads (write with
-    artifacts.write_engine_config).
+    """config.json fields the runtime's AudioEncoder (runtime/families/qwen3_omni/audio_encoder.py)
+    reads (write with artifacts.write_engine_config).
 
     ``chunks_per_call`` (whole windows) bounds the memory of one engine call; encoding in such
     pieces equals the one-call result exactly, because windows never share tokens and every

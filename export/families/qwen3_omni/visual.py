@@ -5,9 +5,10 @@ tensors load by name (``thinker.visual.<module path>``); only the forward is our
 derives its index tensors from ``grid_thw`` with ``repeat_interleave``/``.tolist()``, which do
 not trace, and its sdpa path splits attention per frame with ``cu_seqlens.tolist()`` (export
 fixes the split count). Here every index the runtime can compute in numpy is an engine input
-(runtime.encoders.visual builds them), and attention goes through the edgeomni::Attention
-plugin op with ``causal=0``: each frame (segment) is its own batch row, right-padded to the
-longest, with ``query_lens`` = its length, so attention is exactly block-diagonal.
+(runtime/families/qwen3_omni/visual_encoder.py builds them), and attention goes through the
+edgeomni::Attention plugin op with ``causal=0``: each frame (segment) is its own batch row,
+right-padded to the longest, with ``query_lens`` = its length, so attention is exactly
+block-diagonal.
 
 The other differences from HF are exact up to float rounding: the Conv3d patch embedding
 (kernel = stride = the patch) is the same dot product as a Linear on the flattened patch, and
@@ -36,7 +37,7 @@ from edgeomni.plugins import attention as attention_plugin
 PREFIX = "thinker.visual."
 ENGINE = "visual.onnx"
 INPUTS = (
-    "pixel_values",  # float32 [N, 3*T*P*P]: patches in merge-block order (runtime.image)
+    "pixel_values",  # float32 [N, 3*T*P*P]: patches in merge-block order (runtime's image.py)
     "pos_indices",  # int64 [N, 4]: bilinear taps into the position-embedding grid
     "pos_weights",  # float32 [N, 4]: their weights (align_corners)
     "rotary_ids",  # int64 [N, 2]: (row, column) of each patch, for the 2-D rotary embedding
@@ -217,7 +218,8 @@ def visual_engine_config(
     *,
     image_processor: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """config.json fields runtime.encoders.visual reads (write with artifacts.write_engine_config).
+    """config.json fields runtime/families/qwen3_omni/visual_encoder.py reads (write with
+    artifacts.write_engine_config).
 
     ``image_processor``: the checkpoint's processor settings (preprocessor_config.json or
     processor_config.json's "image_processor"), copied so the engine folder can preprocess alone.

@@ -1,6 +1,7 @@
-"""Qwen3-Omni's speech stages at run time: the talker (its prompt layout from the thinker's
-handoff, its code predictor per frame) and code2wav (the vocoder), each with its cohort path and
-its slot stage for the in-flight scheduler."""
+"""Qwen3-Omni at run time: the thinker's media preparation (its audio and visual encoders, log-mel
+features, image preprocessing and 3-axis rope positions), and its speech stages: the talker (its
+prompt layout from the thinker's handoff, its code predictor per frame) and code2wav (the
+vocoder), each with its cohort path and its slot stage for the in-flight scheduler."""
 
 from __future__ import annotations
 
@@ -10,3 +11,6 @@ RUNNERS = (
     ("qwen3_omni.code2wav", "iterative",
      "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav"),
 )  # fmt: skip
+
+# the thinker's media hook, by its engine config's model_type ("module:attribute")
+MEDIA = {"qwen3_omni_moe": "edgeomni.runtime.families.qwen3_omni.media:MediaEncoders"}

@@ -23,9 +23,9 @@ from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked,
 from edgeomni.runtime.decoder import TOPK_OUTPUTS, DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor, cp_artifact
+from edgeomni.runtime.families.qwen3_omni.media import MEDIA_TOKENS
+from edgeomni.runtime.families.qwen3_omni.mrope import MropeIds, rope_index
 from edgeomni.runtime.kv import KVCache
-from edgeomni.runtime.mrope import MropeIds, rope_index
-from edgeomni.runtime.prompt import MEDIA_TOKENS
 from edgeomni.runtime.runners import (
     HiddenHandoff,
     RequestError,

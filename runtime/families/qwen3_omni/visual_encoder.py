@@ -11,8 +11,8 @@ weights):
 - the segment layout: each temporal frame of each item attends only to itself, so frame ``f``
   becomes batch row ``f`` of the plugin attention, right-padded to the longest frame.
 
-Tokens are in merge-block order (the order runtime.image patchifies in): frame-major, then
-``merge x merge`` blocks in raster order, then raster order inside a block.
+Tokens are in merge-block order (the order image.py beside this file patchifies in):
+frame-major, then ``merge x merge`` blocks in raster order, then raster order inside a block.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 
 from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.engine import Engine, open_engine
-from edgeomni.runtime.image import ImageSettings
+from edgeomni.runtime.families.qwen3_omni.image import ImageSettings
 
 __all__ = ["VisualEncoder", "interpolation_taps", "rotary_ids", "segment_layout"]
 
@@ -98,7 +98,7 @@ ARTIFACT = Artifact(
 
 
 class VisualEncoder:
-    """Encode images and videos (patches from runtime.image) with the visual engine."""
+    """Encode images and videos (patches from image.py's ``preprocess``) with the visual engine."""
 
     def __init__(self, folder: str | Path, *, threads: int | None = None) -> None:
         folder = Path(folder)
@@ -110,7 +110,7 @@ class VisualEncoder:
         self.patch_dim = int(cfg["patch_dim"])
         self.out_hidden = int(cfg["out_hidden_size"])
         self.deepstack_layers = len(cfg["deepstack_visual_indexes"])
-        # the checkpoint's image processor settings, when the build copied them (for runtime.image)
+        # the checkpoint's image processor settings, when the build copied them (for image.py)
         processor = cfg.get("image_processor")
         self.image_settings = ImageSettings.from_config(processor) if processor else None
 

@@ -1,0 +1,64 @@
+"""Qwen3-Omni's audio input: the features its processor gives the audio encoder for one clip,
+and the number of ``<|audio_pad|>`` placeholders the text gets for it.
+
+What ``Qwen3OmniMoeProcessor`` (transformers 5.24) does with audio: it calls its
+``WhisperFeatureExtractor(feature_size=128)`` with ``sampling_rate=16000, padding=True,
+truncation=False, return_attention_mask=True``. ``padding=True`` is the "longest" strategy, so
+ONE audio is never padded (not to 30 s, not to anything) and ``truncation=False`` never cuts it.
+For ``L`` samples the STFT gives ``1 + L // 160`` centred frames and the last one is dropped, so
+``input_features`` is ``[1, 128, L // 160]`` and ``feature_attention_mask`` is ``L // 160``
+ones. The log-mel itself is the generic Whisper-style one (runtime/audio.py, ``log_mel``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeomni.runtime.audio import log_mel
+
+__all__ = [
+    "HOP_LENGTH",
+    "N_FFT",
+    "N_MELS",
+    "N_WINDOW",
+    "SAMPLING_RATE",
+    "audio_features",
+    "audio_token_count",
+]
+
+# Qwen3-Omni's preprocessor_config: WhisperFeatureExtractor with 128 mel bins at 16 kHz.
+SAMPLING_RATE = 16000
+N_MELS = 128
+N_FFT = 400
+HOP_LENGTH = 160
+# Qwen3OmniMoeProcessor.n_window: the audio encoder's window (2 * n_window frames per chunk).
+N_WINDOW = 50
+
+
+def audio_features(x16k: np.ndarray) -> tuple[np.ndarray, int]:
+    """What ``Qwen3OmniMoeProcessor`` gives the audio encoder for ONE 16 kHz clip.
+
+    Returns ``(input_features [128, n_frames] float32, n_frames)`` with
+    ``n_frames = len(x16k) // 160`` = ``feature_attention_mask.sum()``. The processor pads with
+    ``padding=True`` (longest in the batch: a single clip is not padded, in particular not to
+    30 s) and ``truncation=False``, so the features cover exactly the clip. Resample to 16 kHz
+    first (runtime/audio.py, ``resample``); the extractor would reject any other rate.
+    """
+    feats = log_mel(
+        x16k, n_mels=N_MELS, sampling_rate=SAMPLING_RATE, n_fft=N_FFT, hop_length=HOP_LENGTH
+    )
+    return feats, int(feats.shape[1])
+
+
+def audio_token_count(n_frames: int, n_window: int = N_WINDOW) -> int:
+    """Audio placeholder tokens for ``n_frames`` mel frames (processor's feat-extract lengths).
+
+    Same as transformers' ``_get_feat_extract_output_lengths``: the encoder works in chunks of
+    ``2 * n_window`` frames (13 tokens each after three stride-2 convolutions, with n_window 50)
+    and a remainder of ``r > 0`` frames gives ``ceil(ceil(ceil(r / 2) / 2) / 2)`` tokens. The
+    prompt must carry exactly this many ``<|audio_pad|>`` tokens for the clip.
+    """
+    chunk = 2 * n_window
+    rem = n_frames % chunk
+    feat = (rem - 1) // 2 + 1
+    return int(((feat - 1) // 2 + 1 - 1) // 2 + 1 + (n_frames // chunk) * 13)
