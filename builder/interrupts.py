@@ -95,6 +95,17 @@ def held() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Like ``held()``, for a step inside a run that must finish whole (a file written while
+    requests still run): a stop signal that came during it is raised once it is done, as the
+    handler would have raised it, instead of being dropped."""
+    with held() as arrived:
+        yield
+    if arrived:
+        _raise(arrived[0], None)
+
+
 def _drain(arrived: list[int]) -> None:
     """Take the held signals that are pending, so unblocking does not deliver them."""
     # macOS has no sigtimedwait: there unblocking delivers them, to the recorder still in place

@@ -194,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from edgeomni.builder.interrupts import exit_status, held
+    from edgeomni.builder.interrupts import deferred, exit_status, held
     from edgeomni.graph_schema import GraphError
+    from edgeomni.runtime.outputs import AudioWriter
     from edgeomni.runtime.pipeline import INTERRUPTED, Interrupted, Pipeline, StageError
     from edgeomni.runtime.requests import (
         load_request_file,
@@ -256,23 +257,32 @@ def _main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     reply = _Reply(args.prompt is not None, pipeline.text_terminals())
+    # each request's audio and codes are written from its events, the moment it is spoken
+    writer = AudioWriter(
+        pipeline.stages_emitting("audio"), pipeline.stages_emitting("codec"),
+        out_audio=args.out_audio, out_dir=args.output_audio_dir, guard=deferred,
+    )  # fmt: skip
+    listeners = [f for f, on in ((reply.show, reply.enabled), (writer, writer.enabled)) if on]
     interrupt: KeyboardInterrupt | None = None
     try:
         outcomes = pipeline.run(
             requests, batch_size=batch_size, requested=requested,
-            listener=reply.show if reply.enabled else None,
+            listener=(lambda event: [f(event) for f in listeners]) if listeners else None,
         )  # fmt: skip
     except StageError as e:  # a stage the graph names cannot be opened: nothing ran
         return _fail(f"invalid engine dir: {e}", EXIT_BAD_CONFIG)
     except Interrupted as e:  # what finished is still written
         outcomes, interrupt = e.outcomes, e.signal
     entries = [o.entry for o in outcomes]
+    for entry in entries:
+        if entry["ok"]:
+            entry.update(writer.fields.get(entry["request_idx"], {}))
     finished = sum(e["error"] != INTERRUPTED for e in entries)
     if interrupt is None or finished:  # an interrupted run that answered nothing writes nothing
         with held():  # the outputs are written whole: a signal now waits, and is dropped
             try:
-                for outcome in outcomes:
-                    write_audio(outcome, args)
+                if writer.error is not None:
+                    raise writer.error
                 if args.output_file is not None:
                     write_predictions(args.output_file, entries, args.input_file)
             except OSError as e:
@@ -488,37 +498,6 @@ def _report(args: argparse.Namespace, entries: Sequence[dict[str, Any]], streame
     )
     for e in bad:
         print(f"  request {e['request_idx']}: {e['error']}", file=sys.stderr)
-
-
-def write_audio(outcome: Any, args: argparse.Namespace) -> None:
-    """Write the request's audio (and codes) where the flags say; add the audio fields."""
-    import numpy as np
-
-    from edgeomni.runtime.audio import write_wav
-    from edgeomni.runtime.safetensors_np import save
-
-    entry = outcome.entry
-    if outcome.audio is None or not entry["ok"]:
-        return
-    i = entry["request_idx"]
-    if args.out_audio is not None:
-        wav = args.out_audio
-    elif args.output_audio_dir is not None:
-        args.output_audio_dir.mkdir(parents=True, exist_ok=True)
-        wav = args.output_audio_dir / f"audio_req{i}.wav"
-        if outcome.codes is not None:  # as upstream writes them: rvq_codes, int32 [frames, codes]
-            rvq = args.output_audio_dir / f"rvq_req{i}.safetensors"
-            save(rvq, {"rvq_codes": np.ascontiguousarray(outcome.codes, np.int32)})
-            entry["rvq_file"] = str(rvq)
-    else:
-        return
-    write_wav(wav, outcome.audio, outcome.sample_rate)
-    entry.update(
-        audio_file=str(wav),
-        audio_samples=int(len(outcome.audio)),
-        audio_sample_rate=outcome.sample_rate,
-        audio_duration_ms=int(round(1e3 * len(outcome.audio) / outcome.sample_rate)),
-    )
 
 
 if __name__ == "__main__":

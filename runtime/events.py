@@ -41,7 +41,8 @@ class CodecFrames:
 @dataclass(frozen=True)
 class AudioChunk:
     """New audio of a request: float32 samples starting at sample ``offset`` of its utterance
-    (a request's chunks concatenate to its audio)."""
+    (a request's chunks concatenate to its audio; an utterance of no audio gives one empty
+    chunk, so its sample rate is known)."""
 
     index: int
     stage: str

@@ -183,6 +183,10 @@ class Pipeline:
     def audio_terminals(self) -> tuple[str, ...]:
         return self.terminals_of_kind("audio")
 
+    def stages_emitting(self, kind: str) -> frozenset[str]:
+        """The stages with an output of this kind (terminal or not): whose events carry it."""
+        return frozenset(port.split(":")[0] for port, k in self._kinds.items() if k == kind)
+
     def check(self) -> None:
         """What opening each stage reads (configs, tables, tokenizers, engine files), checked
         without loading an engine; a StageError names the first fault."""
@@ -552,10 +556,9 @@ def cohort_events(state: RequestState, kinds: dict[str, str]) -> list[Any]:
                 made = True
                 if len(value):
                     events.append(CodecFrames(state.index, sid, value))
-            elif kind == "audio":
+            elif kind == "audio":  # one chunk, empty for an utterance of no audio
                 made = True
-                if value.size:
-                    events.append(AudioChunk(state.index, sid, value, 0, details["sample_rate"]))
+                events.append(AudioChunk(state.index, sid, value, 0, details["sample_rate"]))
         if made and state.error is None:
             events.append(Finished(state.index, sid, details.get("finish_reason", "complete")))
     if state.error is not None:

@@ -77,7 +77,8 @@ class VocoderSlots:
             slot.sent = len(slot.stream.pieces)
         out: list[Event] = []
         for piece in pieces:
-            if piece.size:
+            # an utterance of no audio still gives one (empty) chunk: its sample rate
+            if piece.size or (slot.finish is not None and not slot.offset):
                 out.append(AudioChunk(state.index, self.stage_id, piece, slot.offset,
                                       self.r.sample_rate))  # fmt: skip
                 slot.offset += int(piece.size)
