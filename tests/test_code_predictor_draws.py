@@ -197,3 +197,19 @@ def test_a_gpu_frame_stages_its_host_inputs_once(monkeypatch) -> None:
     rows, first = cpu._staged(uniforms, e0)  # a CPU engine: host arrays, nothing staged
     assert isinstance(first, np.ndarray) and first.shape == (3, 1, 4)
     np.testing.assert_array_equal(np.stack(rows), uniforms)
+
+
+def test_the_frame_prefill_splits_where_its_inputs_are_device_buffers() -> None:
+    """Two one-token calls where steps are replayed from graphs, and on any engine whose buffers
+    live on the device (a GPU with --no-cuda-graphs: the talker's hidden state and E(code0)
+    cannot be joined on the host there); one two-token call on the CPU."""
+    from types import SimpleNamespace
+
+    from edgeomni.runtime.families.qwen3_omni.code_predictor import splits_prefill
+
+    def engine(host: bool, graphs: bool) -> SimpleNamespace:
+        return SimpleNamespace(host_memory=host, graphs_decode=graphs)
+
+    assert not splits_prefill(engine(host=True, graphs=False))
+    assert splits_prefill(engine(host=False, graphs=True))
+    assert splits_prefill(engine(host=False, graphs=False))

@@ -34,6 +34,16 @@ def cp_artifact(groups: int) -> Artifact:
     )
 
 
+def splits_prefill(engine: Any) -> bool:
+    """Whether a frame's prefill [hidden, E(code0)] runs as two one-token calls: where decode
+    steps are replayed from captured graphs (replayed, they cost less than one uncaptured
+    two-token call, which cannot be captured on onnxruntime-gpu 1.31), and wherever the
+    engine's buffers are device buffers (the talker's hidden state and E(code0) are already
+    there, and joining them into one input would mean a download). Otherwise (the CPU) the one
+    call."""
+    return bool(engine.graphs_decode or not engine.host_memory)
+
+
 class CodePredictor:
     def __init__(
         self,
@@ -47,11 +57,7 @@ class CodePredictor:
         self.config = cfg = check_folder(folder, cp_artifact(groups)).config
         # its calls alternate with the talker's: its CPU threads do not spin between them
         self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs, spin=False)
-        # Where decode steps are replayed from captured graphs (a GPU), each frame's prefill
-        # [hidden, E(code0)] runs as two one-token calls: replayed they cost less than one
-        # uncaptured two-token call (a two-token call cannot be captured on onnxruntime-gpu
-        # 1.31). Otherwise (the CPU) the one call.
-        self.split_prefill = self.engine.graphs_decode
+        self.split_prefill = splits_prefill(self.engine)
         # an engine that draws its own codes runs a frame's steps back to back, each fed the
         # code embedding the one before drew, on the device
         self.draws = "sampled_ids" in self.engine.output_names
