@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeomni.runtime.audio import log_mel
+from edgeomni.runtime.families.qwen3_omni.mrope import audio_output_length
 
 __all__ = [
     "HOP_LENGTH",
@@ -51,14 +52,8 @@ def audio_features(x16k: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def audio_token_count(n_frames: int, n_window: int = N_WINDOW) -> int:
-    """Audio placeholder tokens for ``n_frames`` mel frames (processor's feat-extract lengths).
-
-    Same as transformers' ``_get_feat_extract_output_lengths``: the encoder works in chunks of
-    ``2 * n_window`` frames (13 tokens each after three stride-2 convolutions, with n_window 50)
-    and a remainder of ``r > 0`` frames gives ``ceil(ceil(ceil(r / 2) / 2) / 2)`` tokens. The
-    prompt must carry exactly this many ``<|audio_pad|>`` tokens for the clip.
-    """
-    chunk = 2 * n_window
-    rem = n_frames % chunk
-    feat = (rem - 1) // 2 + 1
-    return int(((feat - 1) // 2 + 1 - 1) // 2 + 1 + (n_frames // chunk) * 13)
+    """Audio placeholder tokens for ``n_frames`` mel frames (the processor's feat-extract
+    lengths, transformers' ``_get_feat_extract_output_lengths``): the prompt must carry exactly
+    this many ``<|audio_pad|>`` tokens for the clip. One rule with the rope index's
+    (``mrope.audio_output_length``)."""
+    return audio_output_length(n_frames, n_window)

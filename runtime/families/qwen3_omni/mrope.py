@@ -30,7 +30,9 @@ class MropeIds:
 
 
 def audio_output_length(mel_frames: int, n_window: int = 50) -> int:
-    """Audio tokens the encoder yields for `mel_frames` mel frames (13 per 100-frame chunk)."""
+    """Audio tokens the encoder yields for ``mel_frames`` mel frames: it works in chunks of
+    ``2 * n_window`` frames (13 tokens each after three stride-2 convolutions, with n_window
+    50), and a remainder of ``r > 0`` frames gives ``ceil(ceil(ceil(r / 2) / 2) / 2)``."""
     chunk = n_window * 2
     leave = mel_frames % chunk
     feat = (leave - 1) // 2 + 1
