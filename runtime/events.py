@@ -31,7 +31,8 @@ class TextDelta:
 @dataclass(frozen=True)
 class CodecFrames:
     """New codec frames of a request's speech, int64 [frames, groups]: a request's frames
-    concatenate to its codes (the codec port, ``rvq_codes``)."""
+    concatenate to its codes (the codec port, ``rvq_codes``; an utterance of no frames gives
+    one empty event)."""
 
     index: int
     stage: str

@@ -32,8 +32,8 @@ class AudioWriter:
     ``rvq_req<i>.safetensors`` (``rvq_codes``, int32 [frames, groups]) in ``out_dir``, as
     upstream names them. ``fields[i]`` are the predictions entry's audio fields of what was
     written. The first write that fails is kept in ``error`` and nothing more is written (the
-    run goes on; the caller reports it). ``guard`` wraps each write (the CLI holds signals, so a
-    file is never left half written)."""
+    run goes on; the caller reports it). ``guard`` wraps each write (the CLI defers stop signals
+    until the file is whole)."""
 
     def __init__(
         self,

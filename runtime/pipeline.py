@@ -552,10 +552,9 @@ def cohort_events(state: RequestState, kinds: dict[str, str]) -> list[Any]:
                     events.append(
                         TextDelta(state.index, sid, value, tuple(details.get("output_tokens", ())))
                     )
-            elif kind == "codec":
+            elif kind == "codec":  # one event, empty for an utterance of no frames
                 made = True
-                if len(value):
-                    events.append(CodecFrames(state.index, sid, value))
+                events.append(CodecFrames(state.index, sid, value))
             elif kind == "audio":  # one chunk, empty for an utterance of no audio
                 made = True
                 events.append(AudioChunk(state.index, sid, value, 0, details["sample_rate"]))

@@ -139,3 +139,25 @@ def test_edge_infer_writes_each_wav_while_the_others_still_run(
         codes = load(entry["rvq_file"])["rvq_codes"]
         np.testing.assert_array_equal(codes, outcome.codes)
         assert entry["rvq_file"].endswith(f"rvq_req{i}.safetensors")
+
+
+def test_an_utterance_of_no_frames_gives_empty_codes_and_audio(tmp_path: Path) -> None:
+    """A talker that ends speech at its first code still reports its (empty) codes, and the
+    request's files are written: no frames, no samples."""
+    from types import SimpleNamespace
+
+    from edgeomni.runtime.families.qwen3_omni.talker_slots import TalkerSlot, TalkerSlots
+
+    talker = SimpleNamespace(stage=SimpleNamespace(id="talker"), max_batch=2, vocab_size=8,
+                             hidden_size=4, ids={"codec_eos": 5}, groups=16)  # fmt: skip
+    slot = TalkerSlot(SimpleNamespace(index=3), 0, None, None, None, max_frames=10,
+                      min_frames=0, rng=None, past=0, seen=np.array([5]), count=1)  # fmt: skip
+    events = TalkerSlots(talker).update(slot, True)
+    assert slot.finish == "eos" and [type(e) for e in events] == [CodecFrames, Finished]
+    assert events[0].codes.shape == (0, 16) and events[0].index == 3
+    w = writer(tmp_path)
+    w(events[0])
+    w(AudioChunk(3, "code2wav", np.zeros(0, np.float32), 0, RATE))
+    w(Finished(3, "code2wav", "complete"))
+    assert w.fields[3]["audio_samples"] == 0
+    assert load(w.fields[3]["rvq_file"])["rvq_codes"].shape == (0, 16)

@@ -269,8 +269,13 @@ class TalkerSlots:
         if not events:
             return []
         out: list[Event] = []
-        if slot.made > slot.sent:
-            new = slot.frames[slot.sent : slot.made].copy()
+        # an utterance of no frames still gives one (empty) event: its codes are empty, not absent
+        if slot.made > slot.sent or (slot.finish is not None and not slot.made):
+            new = (
+                slot.frames[slot.sent : slot.made].copy()
+                if slot.frames is not None
+                else np.zeros((0, self.t.groups), np.int64)
+            )
             out.append(CodecFrames(slot.state.index, self.stage_id, new))
             slot.sent = slot.made
         if slot.finish is not None:
