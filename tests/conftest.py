@@ -53,3 +53,41 @@ def omni_engine(omni_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
     assert build(omni_ckpt, engine_dir, args) is not None
     return engine_dir
+
+
+@pytest.fixture(scope="session")
+def qwen_tts_python() -> Path:
+    """The upstream Qwen3-TTS reference venv's python (qwen-tts 0.1.1 on transformers 4.57.3).
+
+    Built once by tests/qwen_tts_reference/make_venv.py and cached outside the repo, under
+    $EDGEOMNI_QWEN_TTS_REF or ~/.cache/edgeomni/qwen-tts-ref-0.1.1 (see make_venv.default_ref_dir):
+    a venv inside the checkout would be wiped by ``git clean`` and ``pytest --cache-clear``, and
+    ~/.cache is what CI caches keep between runs. Needs network (PyPI, or a local wheel cache) the
+    first time; without it this FAILS rather than skips, since the Qwen3-TTS parity tests mean
+    nothing without their reference.
+    """
+    from qwen_tts_reference import make_venv
+
+    try:
+        return make_venv.ensure()
+    except make_venv.VenvError as exc:
+        reason = str(exc)
+    pytest.fail(
+        f"cannot make the Qwen3-TTS reference venv at {make_venv.default_ref_dir()} "
+        f"(it needs network access to PyPI the first time; set EDGEOMNI_QWEN_TTS_REF to use "
+        f"another place): {reason}",
+        pytrace=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def qwen_tts_reference(qwen_tts_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Greedy upstream runs of the tiny Qwen3-TTS checkpoints (every mode, once per session).
+
+    The manifest of tests/qwen_tts_reference/make_reference.py: ``modes[name]`` gives the
+    checkpoint dir, the request and ``npz`` (codes int64 [frames, 16], wav float32 at 24 kHz;
+    Base adds spk_embedding and, for ICL, ref_codes).
+    """
+    from qwen_tts_reference.harness import run_reference
+
+    return run_reference(qwen_tts_python, tmp_path_factory.mktemp("qwen-tts-ref"))
