@@ -316,21 +316,24 @@ def codec_config() -> Any:
         sliding_window=250,
         use_cache=False,
     )
+    # every width distinct (codebook 16, transformer 24 inside a latent path of 32, heads of 8
+    # that do not tile the transformer's width, decoder 48), as in the release, whose
+    # transformer is a bottleneck inside its latent path: a port that swaps two of them fails
     decoder = dict(
         codebook_size=CODEBOOK,
         codebook_dim=16,
-        hidden_size=32,
+        hidden_size=24,
         latent_dim=32,
         num_attention_heads=2,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=8,
         intermediate_size=64,
         num_hidden_layers=2,
         sliding_window=72,
         num_quantizers=NUM_CODE_GROUPS,
         upsample_rates=[8, 5, 4, 3],
         upsampling_ratios=[2, 2],
-        decoder_dim=32,
+        decoder_dim=48,
         max_position_embeddings=8000,
     )
     return Qwen3TTSTokenizerV2Config(
