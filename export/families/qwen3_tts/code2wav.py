@@ -1,0 +1,199 @@
+"""Qwen3-TTS's 12 Hz codec decoder (code2wav): codes [B, 16, T] -> waveform [B, T*1920] at 24 kHz.
+
+Transformers has no Qwen3-TTS, but Qwen3-Omni's code2wav is the same design, so its modules are
+reused where they fit (the sliding-window transformer, ConvNeXt upsampling, SnakeBeta decoder
+blocks, causal convs) and the parameters load by upstream's names (``decoder.<module path>`` in
+``speech_tokenizer/model.safetensors``). What differs from Omni, matching qwen-tts 0.1.1's
+``Qwen3TTSTokenizerV2Decoder``:
+
+- the input is a split RVQ (1 semantic + 15 acoustic codebooks), each codebook's table being
+  ``embedding_sum / clamp(cluster_usage, 1e-5)``; each group sums its rows and applies a 1x1
+  ``output_proj``; the groups' sums are added (Omni: one embedding table, mean over codebooks);
+- ``pre_conv`` (causal conv, kernel 3) and the transformer's ``input_proj`` / ``output_proj``
+  around it, since the codebook, latent, transformer and decoder widths all differ;
+- the transposed convs trim ``kernel - stride`` samples from the right only (Omni: both ends),
+  so T frames give exactly T * 1920 samples.
+
+The whole sequence is decoded at once (upstream's ``chunked_decode`` cuts 300-frame windows with
+25 frames of left context; for up to 300 frames the two are the same computation).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
+from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+    Qwen3OmniMoeCode2WavConfig,
+)
+
+from edgeomni.export.common.checkpoint import CheckpointError, open_checkpoint
+from edgeomni.export.common.hf_module import load_hf_module
+
+PREFIX = "decoder."
+# Encoder-side projections of the quantizer (audio -> codes); decoding never reads them.
+UNUSED_SUFFIXES = ("quantizer.rvq_first.input_proj.weight", "quantizer.rvq_rest.input_proj.weight")
+SEMANTIC_CODEBOOKS = 1  # upstream's SplitResidualVectorQuantizer(n_q_semantic=1)
+CODEBOOK_EPSILON = 1e-5  # EuclideanCodebook's clamp on cluster_usage
+
+
+def transformer_config(dec: dict[str, Any]) -> Qwen3OmniMoeCode2WavConfig:
+    """An Omni code2wav config carrying the Qwen3-TTS decoder's widths: ``hidden_size`` is the
+    transformer's (the upsampling and decoder widths are passed to their modules explicitly)."""
+    return Qwen3OmniMoeCode2WavConfig(
+        codebook_size=dec["codebook_size"],
+        hidden_size=dec["hidden_size"],
+        head_dim=dec.get("head_dim", dec["hidden_size"] // dec["num_attention_heads"]),
+        max_position_embeddings=dec["max_position_embeddings"],
+        rope_parameters={"rope_type": "default", "rope_theta": float(dec.get("rope_theta", 1e4))},
+        num_attention_heads=dec["num_attention_heads"],
+        num_key_value_heads=dec["num_key_value_heads"],
+        attention_bias=dec.get("attention_bias", False),
+        sliding_window=dec["sliding_window"],
+        intermediate_size=dec["intermediate_size"],
+        hidden_act=dec["hidden_act"],
+        layer_scale_initial_scale=dec.get("layer_scale_initial_scale", 0.01),
+        rms_norm_eps=dec["rms_norm_eps"],
+        num_hidden_layers=dec["num_hidden_layers"],
+        num_quantizers=dec["num_quantizers"],
+        upsample_rates=list(dec["upsample_rates"]),
+        upsampling_ratios=list(dec["upsampling_ratios"]),
+        decoder_dim=dec["decoder_dim"],
+        attention_dropout=dec.get("attention_dropout", 0.0),
+    )
+
+
+class _Codebook(nn.Module):
+    """Upstream's EuclideanCodebook, decode side: the table is the running sum over usage."""
+
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, D, T]
+        table = self.embedding_sum / self.cluster_usage.clamp(min=CODEBOOK_EPSILON)[:, None]
+        return F.embedding(codes, table).transpose(1, 2)
+
+
+class _CodebookStack(nn.Module):
+    """Holds ``layers`` so the names match upstream's ``vq.layers.<i>._codebook``."""
+
+    def __init__(self, count: int, size: int, dim: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Module() for _ in range(count))
+        for layer in self.layers:
+            layer._codebook = _Codebook(size, dim)
+
+
+class _ResidualGroup(nn.Module):
+    """One of upstream's ResidualVectorQuantizer groups: sum of its codebooks, 1x1 projection."""
+
+    def __init__(self, count: int, size: int, dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.vq = _CodebookStack(count, size, dim)
+        self.output_proj = nn.Conv1d(dim, out_dim, 1, bias=False)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:  # [B, K, T] -> [B, out_dim, T]
+        total = self.vq.layers[0]._codebook(codes[:, 0])
+        for i in range(1, len(self.vq.layers)):
+            total = total + self.vq.layers[i]._codebook(codes[:, i])
+        return self.output_proj(total)
+
+
+class _SplitQuantizer(nn.Module):
+    def __init__(self, num_quantizers: int, size: int, codebook_dim: int) -> None:
+        super().__init__()
+        half = codebook_dim // 2
+        self.rvq_first = _ResidualGroup(SEMANTIC_CODEBOOKS, size, half, codebook_dim)
+        self.rvq_rest = _ResidualGroup(
+            num_quantizers - SEMANTIC_CODEBOOKS, size, half, codebook_dim
+        )
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        first = self.rvq_first(codes[:, :SEMANTIC_CODEBOOKS])
+        return first + self.rvq_rest(codes[:, SEMANTIC_CODEBOOKS:])
+
+
+def _trans_conv(in_dim: int, out_dim: int, kernel: int, stride: int) -> nn.Module:
+    """Omni's transposed conv, trimming ``kernel - stride`` from the right only (as upstream)."""
+    conv = hf.Qwen3OmniMoeCausalTransConvNet(in_dim, out_dim, kernel, stride)
+    conv.left_pad = 0
+    return conv
+
+
+class Qwen3TTSCode2Wav(nn.Module):
+    """Upstream's decoder forward with Omni's building blocks; parameter names as upstream's."""
+
+    def __init__(self, dec: dict[str, Any]) -> None:
+        super().__init__()
+        cfg = transformer_config(dec)
+        codebook_dim, latent = dec["codebook_dim"], dec["latent_dim"]
+        self.num_quantizers = cfg.num_quantizers
+        self.samples_per_frame = math.prod(cfg.upsampling_ratios) * math.prod(cfg.upsample_rates)
+        self.quantizer = _SplitQuantizer(cfg.num_quantizers, cfg.codebook_size, codebook_dim)
+        self.pre_conv = hf.Qwen3OmniMoeCausalConvNet(codebook_dim, latent, kernel_size=3)
+        self.pre_transformer = hf.Qwen3OmniMoeCode2WavTransformerModel(cfg)
+        self.pre_transformer.input_proj = nn.Linear(latent, cfg.hidden_size)
+        self.pre_transformer.output_proj = nn.Linear(cfg.hidden_size, latent)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([_trans_conv(latent, latent, f, f), hf.Qwen3OmniMoeConvNeXtBlock(latent)])
+            for f in cfg.upsampling_ratios
+        )
+        blocks = [
+            hf.Qwen3OmniMoeCode2WavDecoderBlock(cfg, i) for i in range(len(cfg.upsample_rates))
+        ]
+        for block in blocks:
+            block.block[1].left_pad = 0
+        out_dim = cfg.decoder_dim // 2 ** len(cfg.upsample_rates)
+        self.decoder = nn.ModuleList(
+            [
+                hf.Qwen3OmniMoeCausalConvNet(latent, cfg.decoder_dim, 7),
+                *blocks,
+                hf.Qwen3OmniMoeSnakeBeta(out_dim),
+                hf.Qwen3OmniMoeCausalConvNet(out_dim, 1, 7),
+            ]
+        )
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes int64 [B, num_quantizers, T] (upstream's decoder layout) -> float32 [B, T*1920]."""
+        if codes.shape[1] != self.num_quantizers:
+            raise ValueError(f"expected {self.num_quantizers} codebooks, got {codes.shape[1]}")
+        pre = self.pre_transformer
+        x = self.pre_conv(self.quantizer(codes)).transpose(1, 2)
+        # positions [B, T], not HF's default [1, T]: the exported ONNX RotaryEmbedding fails in
+        # ORT for B > 1 when cos/sin have batch 1 (same values either way in torch)
+        b, t, _ = x.shape
+        positions = torch.arange(t, device=x.device).unsqueeze(0).expand(b, t)
+        x = pre(inputs_embeds=pre.input_proj(x), position_ids=positions).last_hidden_state
+        x = pre.output_proj(x).permute(0, 2, 1)
+        for blocks in self.upsample:
+            for block in blocks:
+                x = block(x)
+        for block in self.decoder:
+            x = block(x)
+        return x.clamp(min=-1, max=1).squeeze(1)
+
+
+def load_decoder(speech_tokenizer_dir: Path) -> Qwen3TTSCode2Wav:
+    """The decoder of a ``speech_tokenizer/`` folder, fp32, eval mode. Strict: every ``decoder.*``
+    tensor but the encoder-side ``UNUSED_SUFFIXES`` must be used and none may be missing."""
+    ckpt = open_checkpoint(speech_tokenizer_dir)
+    dec = ckpt.config.get("decoder_config")
+    if not isinstance(dec, dict):
+        raise CheckpointError(f"{ckpt.path}/config.json: no decoder_config")
+    with torch.device("meta"):  # names only: no memory, no init
+        expected = set(Qwen3TTSCode2Wav(dec).state_dict())
+    found = {n[len(PREFIX) :] for n in ckpt.names(PREFIX)} - set(UNUSED_SUFFIXES)
+    missing, extra = sorted(expected - found), sorted(found - expected)
+    if missing or extra:
+        raise CheckpointError(
+            f"{ckpt.path}: decoder weights do not match Qwen3-TTS's code2wav: "
+            f"missing {[PREFIX + n for n in missing]}, unexpected {[PREFIX + n for n in extra]}"
+        )
+    return load_hf_module(Qwen3TTSCode2Wav, dec, ckpt.tensor, PREFIX).eval()
