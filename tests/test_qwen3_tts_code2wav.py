@@ -102,3 +102,57 @@ def test_strict_load(qwen_tts_reference: dict, tmp_path: Path) -> None:
     extra = "decoder.upsample.0.0.extra"
     with pytest.raises(CheckpointError, match=rf"missing \[\], unexpected \['{extra}'\]"):
         load_decoder(_edited_copy(src, tmp_path / "extra", add=extra))
+
+
+# -- ONNX export ---------------------------------------------------------------------------------
+# ORT (lowered plugin attention, CPU, 2 threads) vs upstream and vs the torch module: measured
+# max |diff| 1.7e-6 (T=11, batch 2) and 7.8e-7 (T=1) at peak ~0.49; 1e-5 leaves margin for other
+# SIMD paths (Omni's engine test allows 2e-5).
+ORT_ATOL = 1e-5
+ORT_MODES = ("cv_plain_stream", "vd_stream")  # 11 frames each
+
+
+@pytest.fixture(scope="module")
+def engine(qwen_tts_reference: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    from edgeomni.builder.onnxruntime import build_engine
+    from edgeomni.export.families.qwen3_tts.code2wav import export_code2wav
+    from edgeomni.export.family import BuildArgs
+    from edgeomni.runtime.engine import OrtEngine
+
+    decoder = load_decoder(_tokenizer_dir(qwen_tts_reference, ORT_MODES[0]))
+    root = tmp_path_factory.mktemp("tts_code2wav")
+    raw = export_code2wav(decoder, root / "raw" / "code2wav.onnx")
+    build_engine(raw, root / "code2wav.onnx", BuildArgs(1, 1, 1))
+    return {"decoder": decoder, "raw": raw, "engine": OrtEngine(root / "code2wav.onnx", threads=2)}
+
+
+def test_onnx_attention_goes_through_the_plugin_op(engine: dict) -> None:
+    import onnx
+
+    raw = onnx.load(str(engine["raw"]), load_external_data=False)
+    plugin = [n for n in raw.graph.node if (n.domain, n.op_type) == ("edgeomni", "CachedAttention")]
+    layers = len(engine["decoder"].pre_transformer.layers)
+    window = engine["decoder"].pre_transformer.config.sliding_window
+    assert len(plugin) == layers
+    assert all({a.name: a.i for a in n.attribute}["window"] == window for n in plugin)
+
+
+def test_onnx_engine_matches_upstream_and_torch(qwen_tts_reference: dict, engine: dict) -> None:
+    # one checkpoint decodes all modes: the tiny checkpoints share the seeded codec weights
+    a, b = (_codes_and_wav(qwen_tts_reference, m) for m in ORT_MODES)
+    assert a[0].shape == b[0].shape  # same T: the batch needs no padding
+    codes = torch.stack([a[0], b[0]])
+    run = engine["engine"].session.run
+    out = run(None, {"codes": codes.numpy()})[0]
+    assert out.dtype == np.float32 and out.shape == (2, codes.shape[2] * SAMPLES_PER_FRAME)
+    np.testing.assert_allclose(out[0], a[1], rtol=0, atol=ORT_ATOL)
+    np.testing.assert_allclose(out[1], b[1], rtol=0, atol=ORT_ATOL)
+    with torch.no_grad():
+        ref = engine["decoder"](codes).numpy()
+    np.testing.assert_allclose(out, ref, rtol=0, atol=ORT_ATOL)
+    one = codes[:, :, :1].numpy()  # T = 1
+    with torch.no_grad():
+        ref1 = engine["decoder"](torch.from_numpy(one)).numpy()
+    out1 = run(None, {"codes": one})[0]
+    assert out1.shape == (2, SAMPLES_PER_FRAME)
+    np.testing.assert_allclose(out1, ref1, rtol=0, atol=ORT_ATOL)

@@ -126,10 +126,11 @@ def _apply(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 class Code2WavGraph(nn.Module):
     """The exported graph: HF's code2wav with attention through the plugin op."""
 
-    def __init__(self, model: hf.Qwen3OmniMoeCode2Wav) -> None:
+    def __init__(self, model: nn.Module, cfg: Any = None) -> None:
+        """``cfg``: the transformer's config, when it is not ``model.config`` (Qwen3-TTS)."""
         super().__init__()
         self.model = model
-        cfg = model.config
+        cfg = model.config if cfg is None else cfg
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
@@ -166,11 +167,9 @@ class Code2WavGraph(nn.Module):
         )
         return attn.o_proj(out)
 
-    def forward(self, codes: torch.Tensor) -> torch.Tensor:
-        m = self.model
-        h = m.code_embedding(codes + m.code_offset).mean(1)  # [B, T, H]
+    def _transformer(self, pre: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        """HF's Code2WavTransformerModel layers and final norm: [B, T, H] -> [B, T, H]."""
         b, t, _ = h.shape
-        pre = m.pre_transformer
         position_ids = torch.arange(t).unsqueeze(0).expand(b, t)  # batch B: no broadcast in rope
         cos, sin = pre.rotary_emb(h, position_ids)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, T, 1, D]
@@ -178,13 +177,21 @@ class Code2WavGraph(nn.Module):
             attn = self._attention(layer, layer.input_layernorm(h), cos, sin)
             h = h + layer.self_attn_layer_scale(attn)
             h = h + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(h)))
-        x = pre.norm(h).permute(0, 2, 1)
-        for blocks in m.upsample:
+        return pre.norm(h)
+
+    def _vocode(self, x: torch.Tensor) -> torch.Tensor:
+        """Upsampling and decoder blocks, clamped: [B, C, T] -> [B, 1, samples]."""
+        for blocks in self.model.upsample:
             for block in blocks:
                 x = _apply(block, x)
-        for block in m.decoder:
+        for block in self.model.decoder:
             x = _apply(block, x)
         return x.clamp(min=-1, max=1)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        h = m.code_embedding(codes + m.code_offset).mean(1)  # [B, T, H]
+        return self._vocode(self._transformer(m.pre_transformer, h).permute(0, 2, 1))
 
 
 def export_code2wav(model: hf.Qwen3OmniMoeCode2Wav, path: Path) -> Path:
@@ -193,13 +200,18 @@ def export_code2wav(model: hf.Qwen3OmniMoeCode2Wav, path: Path) -> Path:
     Example sizes are at least 2 on both axes (torch.export specialises axes of size 1); the
     graph still runs at T = 1.
     """
+    cfg = model.config
+    return export_graph(Code2WavGraph(model.eval()), cfg.codebook_size, cfg.num_quantizers, path)
+
+
+def export_graph(graph: nn.Module, codebook_size: int, num_quantizers: int, path: Path) -> Path:
+    """A codes [B, Q, T] -> waveform graph to ONNX, batch and frames dynamic (example 2 x 5)."""
     from torch.export import Dim
 
-    cfg = model.config
-    codes = torch.randint(0, cfg.codebook_size, (2, cfg.num_quantizers, 5))
+    codes = torch.randint(0, codebook_size, (2, num_quantizers, 5))
     shapes = ({0: Dim("batch"), 2: Dim("frames")},)
     return export_onnx(
-        Code2WavGraph(model.eval()),
+        graph,
         (codes,),
         Path(path),
         input_names=[INPUT],

@@ -14,6 +14,10 @@ blocks, causal convs) and the parameters load by upstream's names (``decoder.<mo
 - the transposed convs trim ``kernel - stride`` samples from the right only (Omni: both ends),
   so T frames give exactly T * 1920 samples.
 
+``export_code2wav`` exports it the way Qwen3-Omni's code2wav is exported (its ``Code2WavGraph``:
+attention through the edgeomni::CachedAttention plugin op, stride-1 causal convs padded on the
+left only), with this decoder's input stage and projections around the transformer.
+
 The whole sequence is decoded at once (upstream's ``chunked_decode`` cuts 300-frame windows with
 25 frames of left context; for up to 300 frames the two are the same computation).
 """
@@ -34,6 +38,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
 
 from edgeomni.export.common.checkpoint import CheckpointError, open_checkpoint
 from edgeomni.export.common.hf_module import load_hf_module
+from edgeomni.export.families.qwen3_omni import code2wav as omni
 
 PREFIX = "decoder."
 # Encoder-side projections of the quantizer (audio -> codes); decoding never reads them.
@@ -197,3 +202,26 @@ def load_decoder(speech_tokenizer_dir: Path) -> Qwen3TTSCode2Wav:
             f"missing {[PREFIX + n for n in missing]}, unexpected {[PREFIX + n for n in extra]}"
         )
     return load_hf_module(Qwen3TTSCode2Wav, dec, ckpt.tensor, PREFIX).eval()
+
+
+class Code2WavGraph(omni.Code2WavGraph):
+    """The exported graph: Omni's (plugin attention, left-padded causal convs), with the split
+    RVQ, ``pre_conv`` and the transformer's input / output projections of this decoder."""
+
+    def __init__(self, decoder: Qwen3TTSCode2Wav) -> None:
+        super().__init__(decoder, decoder.pre_transformer.config)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        pre = m.pre_transformer
+        x = omni._apply(m.pre_conv, m.quantizer(codes)).transpose(1, 2)  # [B, T, latent]
+        h = self._transformer(pre, pre.input_proj(x))
+        return self._vocode(pre.output_proj(h).permute(0, 2, 1)).squeeze(1)
+
+
+def export_code2wav(decoder: Qwen3TTSCode2Wav, path: Path) -> Path:
+    """codes int64 [B, 16, T] -> waveform float32 [B, T*1920], batch and frames dynamic (plugin
+    op not yet lowered); returns the model path. Runs at T = 1 too."""
+    cfg = decoder.pre_transformer.config
+    graph = Code2WavGraph(decoder.eval())
+    return omni.export_graph(graph, cfg.codebook_size, decoder.num_quantizers, path)
