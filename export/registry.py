@@ -26,6 +26,7 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("qwen3", ("qwen3",), "edgeomni.export.families.qwen3"),
     Family("qwen3_omni", ("qwen3_omni_moe",), "edgeomni.export.families.qwen3_omni"),
+    Family("qwen3_tts", ("qwen3_tts",), "edgeomni.export.families.qwen3_tts"),
 )
 
 

@@ -45,7 +45,11 @@ def parser() -> argparse.ArgumentParser:
         "--config", required=True, type=Path, help="engine dir, or its multistage_config.json"
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", help="one user message; the reply goes to stdout")
+    src.add_argument(
+        "--prompt",
+        help="one user message; the reply goes to stdout (on a graph without a text model, "
+        "Qwen3-TTS's, the text spoken into --out-audio)",
+    )
     src.add_argument(
         "--input-file",
         type=Path,
@@ -118,6 +122,16 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--voice", help="speaker for --out-audio (an unknown voice fails with the known ones)"
+    )
+    p.add_argument(
+        "--language",
+        help="with --out-audio on a Qwen3-TTS graph: the language spoken (default auto; an "
+        "unknown one fails with the known ones)",
+    )
+    p.add_argument(
+        "--instruct",
+        help="with --out-audio on a Qwen3-TTS graph: the voice instruction (VoiceDesign, and "
+        "CustomVoice at 1.7B)",
     )
     p.add_argument(
         "--whole-utterance",
@@ -246,6 +260,11 @@ def _main(args: argparse.Namespace) -> int:
         return _fail(str(e), EXIT_BAD_CONFIG)
     if want_audio and not pipeline.audio_terminals():
         return _fail("this graph has no audio output", EXIT_BAD_CONFIG)
+    if not want_audio and not pipeline.text_terminals():
+        return _fail(
+            "this graph makes audio only: give --out-audio (with --prompt) or --output-audio-dir",
+            EXIT_BAD_CONFIG,
+        )
     batch_size = args.batch_size or settings.get("batch_size") or 1
     # text stages only, unless audio was asked for (a graph without text always speaks)
     requested = None if want_audio else (pipeline.text_terminals() or None)
@@ -296,7 +315,7 @@ def _main(args: argparse.Namespace) -> int:
         )
         return exit_status(interrupt)
     reply.end()
-    _report(args, entries, reply.printed)
+    _report(args, entries, reply.printed, audio_only=not pipeline.text_terminals())
     if args.dump_profile:
         print(json.dumps(pipeline.profile.as_dict(), indent=2), file=sys.stderr)
     return EXIT_OK if all(e["ok"] for e in entries) else EXIT_REQUESTS_FAILED
@@ -343,13 +362,17 @@ def usage_error(args: argparse.Namespace) -> str | None:
     if args.input_file is not None:
         for flag, value, key in (
             ("--voice", args.voice, "voice"),
+            ("--language", args.language, "language"),
+            ("--instruct", args.instruct, "instruct"),
             ("--max-generate-length", args.max_generate_length, "max_generate_length"),
             ("--no-chat-template", args.no_chat_template or None, "apply_chat_template"),
         ):
             if value is not None:
                 return f"{flag} goes with --prompt (a request file sets {key})"
-    if args.voice is not None and args.out_audio is None:
-        return "--voice picks the speaker of --out-audio; without --out-audio nothing speaks"
+    for flag, value in (("--voice", args.voice), ("--language", args.language),
+                        ("--instruct", args.instruct)):  # fmt: skip
+        if value is not None and args.out_audio is None:
+            return f"{flag} is for the speech of --out-audio; without --out-audio nothing speaks"
     return None
 
 
@@ -364,8 +387,9 @@ def _prompt_body(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.max_generate_length is not None:
         body["max_generate_length"] = args.max_generate_length
-    if args.voice is not None:
-        body["requests"][0]["voice"] = args.voice
+    for key in ("voice", "language", "instruct"):
+        if getattr(args, key) is not None:
+            body["requests"][0][key] = getattr(args, key)
     return body
 
 
@@ -480,13 +504,22 @@ class _Reply:
             self._open = False
 
 
-def _report(args: argparse.Namespace, entries: Sequence[dict[str, Any]], streamed: bool) -> None:
-    """--prompt: the reply on stdout unless it was streamed there (or why it failed); a
-    request file: a summary."""
+def _report(
+    args: argparse.Namespace,
+    entries: Sequence[dict[str, Any]],
+    streamed: bool,
+    *,
+    audio_only: bool = False,
+) -> None:
+    """--prompt: the reply on stdout unless it was streamed there (or why it failed; on a
+    graph that only speaks, what it wrote); a request file: a summary."""
     if args.prompt is not None:
         entry = entries[0]
         if not entry["ok"]:
             print(f"edge-infer: request failed: {entry['error']}", file=sys.stderr)
+        elif audio_only:
+            seconds = entry.get("audio_duration_ms", 0) / 1e3
+            print(f"edge-infer: wrote {args.out_audio} ({seconds:.2f} s of audio)", file=sys.stderr)
         elif not streamed:
             print(entry.get("output_text", ""))
         return

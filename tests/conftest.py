@@ -91,3 +91,25 @@ def qwen_tts_reference(qwen_tts_python: Path, tmp_path_factory: pytest.TempPathF
     from qwen_tts_reference.harness import run_reference
 
     return run_reference(qwen_tts_python, tmp_path_factory.mktemp("qwen-tts-ref"))
+
+
+@pytest.fixture(scope="session")
+def qwen_tts_engines(qwen_tts_reference: dict, tmp_path_factory: pytest.TempPathFactory):
+    """Engine dirs built by edge-build's path from the reference's tiny Qwen3-TTS checkpoints:
+    ``get(kind)`` (custom_voice, voice_design or base) builds one on first use (batch 3, input
+    128, kv 256)."""
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+
+    built: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in built:
+            ckpt = Path(qwen_tts_reference["checkpoints"][kind]["dir"])
+            engine_dir = tmp_path_factory.mktemp(f"tts-{kind}") / "eng"
+            args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
+            assert build(ckpt, engine_dir, args) is not None
+            built[kind] = engine_dir
+        return built[kind]
+
+    return get

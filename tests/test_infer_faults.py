@@ -129,7 +129,7 @@ def _full(*args: object) -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-def _bug(*args: object) -> None:
+def _bug(*args: object, **kwargs: object) -> None:
     raise TypeError("a bug")
 
 
@@ -264,7 +264,11 @@ ROWS = [
     Row("no-chat-template-with-input-file", lambda w: w.run("--no-chat-template"), BAD_USAGE,
         "--no-chat-template goes with --prompt"),
     Row("voice-without-out-audio", lambda w: w.prompt("--voice", "ethan"), BAD_USAGE,
-        "--voice picks the speaker of --out-audio"),
+        "--voice is for the speech of --out-audio; without --out-audio nothing speaks"),
+    Row("language-without-out-audio", lambda w: w.prompt("--language", "english"), BAD_USAGE,
+        "--language is for the speech of --out-audio"),
+    Row("instruct-with-input-file", lambda w: w.run("--instruct", "Calm."), BAD_USAGE,
+        "--instruct goes with --prompt (a request file sets instruct)"),
     Row("voice-with-input-file", lambda w: w.run("--voice", "ethan"), BAD_USAGE,
         "--voice goes with --prompt"),
     Row("audio-with-input-file", lambda w: w.run("--audio", w.p("q.wav")), BAD_USAGE,

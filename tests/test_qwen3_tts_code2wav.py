@@ -144,7 +144,8 @@ def test_onnx_engine_matches_upstream_and_torch(qwen_tts_reference: dict, engine
     codes = torch.stack([a[0], b[0]])
     run = engine["engine"].session.run
     out = run(None, {"codes": codes.numpy()})[0]
-    assert out.dtype == np.float32 and out.shape == (2, codes.shape[2] * SAMPLES_PER_FRAME)
+    assert out.dtype == np.float32 and out.shape == (2, 1, codes.shape[2] * SAMPLES_PER_FRAME)
+    out = out[:, 0]
     np.testing.assert_allclose(out[0], a[1], rtol=0, atol=ORT_ATOL)
     np.testing.assert_allclose(out[1], b[1], rtol=0, atol=ORT_ATOL)
     with torch.no_grad():
@@ -153,6 +154,6 @@ def test_onnx_engine_matches_upstream_and_torch(qwen_tts_reference: dict, engine
     one = codes[:, :, :1].numpy()  # T = 1
     with torch.no_grad():
         ref1 = engine["decoder"](torch.from_numpy(one)).numpy()
-    out1 = run(None, {"codes": one})[0]
+    out1 = run(None, {"codes": one})[0][:, 0]
     assert out1.shape == (2, SAMPLES_PER_FRAME)
     np.testing.assert_allclose(out1, ref1, rtol=0, atol=ORT_ATOL)

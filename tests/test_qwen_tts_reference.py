@@ -2,7 +2,7 @@
 
 Later parity tests compare edgeomni's Qwen3-TTS pipeline against these runs, so this file pins
 down their shape and their properties: every mode makes ``talker_steps - 1`` frames of 16 codes
-and exactly 1920 samples a frame of finite, audible audio; runs are deterministic (the same
+(but STOPPED, whose talker ends on EOS by itself) and exactly 1920 samples a frame of finite, audible audio; runs are deterministic (the same
 checkpoint twice, and a checkpoint rebuilt from its seed); streaming and non-streaming text
 input give different codes; Base's speaker embedding is one talker-width vector.
 
@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from qwen_tts_reference.harness import run_reference
 
-BASE_MODES = ("cv_plain", "cv_dialect", "base_xvec", "base_icl", "vd")
+BASE_MODES = ("cv_plain", "cv_dialect", "base_xvec", "base_icl", "vd", "cv_instruct")
+STOPPED = "cv_instruct_nonstream"  # make_reference.make_stopping: EOS wins near frame 5
 MODES = tuple(f"{m}_{s}" for m in BASE_MODES for s in ("stream", "nonstream"))
 NUM_CODE_GROUPS = 16
 CODEBOOK = 2048
@@ -44,7 +45,7 @@ def test_manifest(qwen_tts_reference: dict) -> None:
     assert gen["max_new_tokens"] == m["talker_steps"]
 
 
-@pytest.mark.parametrize("kind", ["custom_voice", "base", "voice_design"])
+@pytest.mark.parametrize("kind", ["custom_voice", "base", "voice_design", "custom_voice_1b7"])
 def test_release_layout(qwen_tts_reference: dict, kind: str) -> None:
     ckpt = Path(qwen_tts_reference["checkpoints"][kind]["dir"])
     names = {p.name for p in ckpt.iterdir()}
@@ -67,8 +68,8 @@ def test_release_layout(qwen_tts_reference: dict, kind: str) -> None:
     }
     cfg = json.loads((ckpt / "config.json").read_text())
     assert cfg["model_type"] == "qwen3_tts"
-    assert cfg["tts_model_type"] == kind
-    assert cfg["tts_model_size"] in ("0b6", "1b7")
+    assert cfg["tts_model_type"] == kind.removesuffix("_1b7")
+    assert cfg["tts_model_size"] == ("0b6" if kind in ("custom_voice", "base") else "1b7")
     assert "model_type" not in cfg["speaker_encoder_config"]  # the save_pretrained pitfall
     gen = json.loads((ckpt / "generation_config.json").read_text())
     assert gen["do_sample"] is True and gen["subtalker_dosample"] is True  # release defaults
@@ -84,8 +85,12 @@ def test_codes_and_audio(qwen_tts_reference: dict, mode: str) -> None:
     arrays = load(m, mode)
     codes, wav = arrays["codes"], arrays["wav"]
     # N talker forwards give N - 1 frames: the prefill makes no frame, and the last sampled
-    # code is never fed back (codec EOS is never chosen: make_reference zeroes its head row).
+    # code is never fed back (codec EOS is never chosen: make_reference zeroes its head row, but
+    # in STOPPED, which ends on EOS after at least the 2 frames upstream's min_new_tokens keeps)
     frames = m["talker_steps"] - 1
+    if mode == STOPPED:
+        frames = info["frames"]
+        assert 2 <= frames < m["talker_steps"] - 1
     assert codes.dtype == np.int64 and codes.shape == (frames, NUM_CODE_GROUPS)
     assert info["frames"] == frames
     assert codes.min() >= 0 and codes.max() < CODEBOOK
@@ -110,7 +115,8 @@ def test_streaming_text_changes_the_codes(qwen_tts_reference: dict, mode: str) -
     """
     stream = load(qwen_tts_reference, f"{mode}_stream")["codes"]
     nonstream = load(qwen_tts_reference, f"{mode}_nonstream")["codes"]
-    assert stream.shape == nonstream.shape
+    if STOPPED not in (f"{mode}_stream", f"{mode}_nonstream"):
+        assert stream.shape == nonstream.shape
     assert not np.array_equal(stream[0], nonstream[0])
 
 

@@ -69,6 +69,27 @@ def generation_defaults(ckpt: Checkpoint) -> dict[str, Any]:
     return {k: gen[k] for k in keys if isinstance(gen.get(k), (int, float))}
 
 
+def decoder_fields(cfg: Any) -> dict[str, Any]:
+    """A decoder's dimensions (export.common.decoder.DecoderConfig) as engine-config keys."""
+    return {
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+    }
+
+
+def build_limits(args: Any) -> dict[str, Any]:
+    """The build's limits (family.BuildArgs), the engine config's ``builder_config``."""
+    return {
+        "max_batch_size": args.max_batch_size,
+        "max_input_len": args.max_input_len,
+        "max_kv_cache_capacity": args.max_kv_cache_capacity,
+    }
+
+
 def write_engine_config(out_dir: Path, config: dict[str, Any]) -> None:
     body = {"format": FORMAT, **config}
     (out_dir / ENGINE_CONFIG).write_text(json.dumps(body, indent=2) + "\n")

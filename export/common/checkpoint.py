@@ -62,6 +62,16 @@ class Checkpoint:
         return (n for n in self.weight_files if n.startswith(prefix))
 
 
+def section(cfg: dict[str, Any], *path: str) -> dict[str, Any]:
+    """cfg[path[0]][path[1]]... of a nested config.json, with an error naming the missing key."""
+    node: Any = cfg
+    for i, key in enumerate(path):
+        if not isinstance(node, dict) or not isinstance(node.get(key), dict):
+            raise CheckpointError(f"config.json: no {'.'.join(path[: i + 1])} section")
+        node = node[key]
+    return node
+
+
 def open_checkpoint(model_dir: str | Path) -> Checkpoint:
     """Open ``model_dir``; every problem is a CheckpointError that says what is wrong."""
     path = Path(model_dir)

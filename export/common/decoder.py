@@ -63,6 +63,14 @@ class DecoderConfig:
     # several LM heads [N, H, V], one chosen per call by the int64 input lm_head_index [1]
     # (Qwen3-Omni's code predictor: one graph serves all 15 residual-code steps)
     lm_heads: int = 1
+    # inputs_embeds this wide, mapped to hidden_size by ``input_proj`` (a Linear with bias)
+    # before the first layer (Qwen3-TTS's code predictor: its inputs are the talker's width)
+    input_size: int | None = None
+
+    @property
+    def embeds_size(self) -> int:
+        """The width of ``inputs_embeds``."""
+        return self.input_size or self.hidden_size
 
 
 class RMSNorm(nn.Module):
@@ -206,7 +214,7 @@ class DecoderBody(nn.Module):
 class CausalLM(nn.Module):
     """A decoder engine: embeddings in, last-token logits and the updated cache out.
 
-    Inputs: inputs_embeds [B,S,H], position_ids int64 [B,S] (or [3,B,S] with MRoPE),
+    Inputs: inputs_embeds [B,S,H] (H: ``input_size`` when configured), position_ids int64 [B,S] (or [3,B,S] with MRoPE),
     past_lens/query_lens int32 [B], last_indices int64 [B] (which position's logits each row
     wants), lm_head_index int64 [1] and deepstack_embeds [K,B,S,H] when configured, then past_key_i/past_value_i [B,Hkv,C,D]
     per layer. Outputs: logits [B,V], hidden_states [B,S,H] and last_hidden [B,H] when configured,
@@ -217,6 +225,8 @@ class CausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = DecoderBody(cfg, mlp or dense_mlp(cfg))
+        if cfg.input_size is not None:
+            self.input_proj = nn.Linear(cfg.input_size, cfg.hidden_size, bias=True)
         # stored [H, V] so the graph holds a plain MatMul weight (no transpose folded at load)
         shape = (cfg.hidden_size, cfg.vocab_size)
         self.lm_head_t = nn.Parameter(
@@ -237,7 +247,7 @@ class CausalLM(nn.Module):
         deepstack, cache = (rest[0], rest[1:]) if cfg.deepstack_layers else (None, rest)
         cos, sin = self.model.rotary(position_ids)  # float32, then the activations' dtype
         cos, sin = cos.to(inputs_embeds.dtype), sin.to(inputs_embeds.dtype)
-        h = inputs_embeds
+        h = inputs_embeds if cfg.input_size is None else self.input_proj(inputs_embeds)
         extra: list[torch.Tensor] = []
         if cfg.hidden_output_layer == 0:
             extra.append(h)

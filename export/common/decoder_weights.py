@@ -8,7 +8,7 @@ string such as ``"lm_head.{}.weight"`` and the heads stack to [N, H, V]).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -20,10 +20,16 @@ GetTensor = Callable[[str], torch.Tensor]
 
 
 def decoder_tensors(
-    module: CausalLM, get: GetTensor, *, prefix: str, lm_head: str
+    module: CausalLM,
+    get: GetTensor,
+    *,
+    prefix: str,
+    lm_head: str,
+    renames: Mapping[str, str] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Our parameter name -> the checkpoint tensor behind it."""
-    out: dict[str, torch.Tensor] = {}
+    """Our parameter name -> the checkpoint tensor behind it; ``renames`` gives the full
+    checkpoint name of parameters stored under another name (an ``input_proj``)."""
+    out: dict[str, torch.Tensor] = {name: get(full) for name, full in (renames or {}).items()}
     moe_layers: dict[str, ThinkerSparseMoE] = {
         f"model.layers.{i}.mlp.": layer.mlp
         for i, layer in enumerate(module.model.layers)
@@ -56,12 +62,20 @@ def decoder_tensors(
 
 
 def load_decoder(
-    module: CausalLM, get: GetTensor, *, prefix: str, lm_head: str, dtype: torch.dtype, where: str
+    module: CausalLM,
+    get: GetTensor,
+    *,
+    prefix: str,
+    lm_head: str,
+    dtype: torch.dtype,
+    where: str,
+    renames: Mapping[str, str] | None = None,
 ) -> None:
     """Load every parameter, checking shapes; ``where`` names the checkpoint in errors."""
     own = module.state_dict()
     state = {}
-    for name, tensor in decoder_tensors(module, get, prefix=prefix, lm_head=lm_head).items():
+    tensors = decoder_tensors(module, get, prefix=prefix, lm_head=lm_head, renames=renames)
+    for name, tensor in tensors.items():
         if tuple(tensor.shape) != tuple(own[name].shape):
             raise CheckpointError(
                 f"{where}: {name} has shape {tuple(tensor.shape)}, expected {tuple(own[name].shape)}"

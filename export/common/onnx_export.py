@@ -102,7 +102,7 @@ def export_causal_lm(
     if cfg.mrope_section is not None:
         positions = positions[None].repeat(3, 1, 1)
     args = (
-        torch.zeros(b, s, cfg.hidden_size, dtype=embeds_dtype),
+        torch.zeros(b, s, cfg.embeds_size, dtype=embeds_dtype),
         positions,
         torch.zeros(b, dtype=torch.int32),
         torch.full((b,), s, dtype=torch.int32),

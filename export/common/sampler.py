@@ -71,16 +71,16 @@ class WithSampler(nn.Module):
         cfg = inner.cfg
         if not 1 < k <= cfg.vocab_size:
             raise ValueError(f"sampler top-k {k} must be in 2..{cfg.vocab_size}")
-        if tuple(tables.shape) != (cfg.lm_heads, cfg.vocab_size, cfg.hidden_size):
+        if tuple(tables.shape) != (cfg.lm_heads, cfg.vocab_size, cfg.embeds_size):
             raise ValueError(
                 f"sampler tables {tuple(tables.shape)} do not match the decoder's "
-                f"({cfg.lm_heads}, {cfg.vocab_size}, {cfg.hidden_size})"
+                f"({cfg.lm_heads}, {cfg.vocab_size}, {cfg.embeds_size})"
             )
         self.inner = inner
         self.cfg = cfg
         self.k = k
         dtype = next(inner.parameters()).dtype
-        self.register_buffer("tables", tables.reshape(-1, cfg.hidden_size).to(dtype))
+        self.register_buffer("tables", tables.reshape(-1, cfg.embeds_size).to(dtype))
 
     def forward(
         self,

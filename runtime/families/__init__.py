@@ -8,9 +8,9 @@ modules: the factories are imported when a stage first runs."""
 
 from __future__ import annotations
 
-from edgeomni.runtime.families import qwen3_omni
+from edgeomni.runtime.families import qwen3_omni, qwen3_tts
 
-PACKAGES = {"qwen3_omni": qwen3_omni}
+PACKAGES = {"qwen3_omni": qwen3_omni, "qwen3_tts": qwen3_tts}
 
 FAMILIES = {name: package.RUNNERS for name, package in PACKAGES.items()}
 

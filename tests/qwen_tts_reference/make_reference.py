@@ -6,8 +6,8 @@ transformers it pins (4.57.3). It does not import edgeomni.
     REF/bin/python tests/qwen_tts_reference/make_reference.py OUT_DIR [--only MODE ...]
         [--checkpoints EARLIER_OUT_DIR]
 
-1. Builds three checkpoints (CustomVoice 0.6B-style, Base 0.6B-style, VoiceDesign 1.7B-style)
-   with the package's own classes and ``save_pretrained``, in the official release layout:
+1. Builds four checkpoints (CustomVoice 0.6B-style, Base 0.6B-style, VoiceDesign 1.7B-style,
+   and CustomVoice 1.7B-style, the size that takes an instruction) with the package's own classes and ``save_pretrained``, in the official release layout:
    ``config.json`` (``tts_model_type``, ``tts_model_size``), ``model.safetensors``, a Qwen2 BPE
    (``vocab.json`` + ``merges.txt`` + ``tokenizer_config.json``, no ``tokenizer.json``),
    ``generation_config.json`` (the release's sampling defaults), ``preprocessor_config.json``, and
@@ -29,7 +29,8 @@ Pitfalls handled here (see /work/shared/notes/families.md, "## 1. Qwen3-TTS"):
 - One intra-op thread (two threads on a shared 2-core machine ran ~10x slower).
 - The codec EOS row of ``codec_head`` is zeroed, so the talker never stops early: every run makes
   exactly ``talker_steps - 1`` frames (EOS stays an allowed, never-chosen id: random logits are
-  N(0, ~1) over 2048 codes, and the best of them is always above 0).
+  N(0, ~1) over 2048 codes, and the best of them is always above 0). One checkpoint is then
+  made to stop by itself in one mode (``make_stopping``, ``STOPPING``), so that mode ends on EOS.
 """
 
 from __future__ import annotations
@@ -143,8 +144,17 @@ MODES: dict[str, tuple[str, dict[str, Any]]] = {
     "base_xvec": ("base", dict(text=TEXT, language="English", x_vector_only_mode=True)),
     "base_icl": ("base", dict(text=TEXT, language="English", ref_text=REF_TEXT)),
     "vd": ("voice_design", dict(text=TEXT, instruct=INSTRUCT, language="English")),
+    "cv_instruct": (
+        "custom_voice_1b7",
+        dict(text=TEXT, speaker="ryan", language="English", instruct=INSTRUCT),
+    ),
 }
-SIZE = {"custom_voice": "0b6", "base": "0b6", "voice_design": "1b7"}
+SIZE = {"custom_voice": "0b6", "base": "0b6", "voice_design": "1b7", "custom_voice_1b7": "1b7"}
+# checkpoint kind -> its tts_model_type (custom_voice_1b7: the size that takes an instruction)
+TTS_TYPE = {kind: kind.removesuffix("_1b7") for kind in SIZE}
+# the checkpoint whose talker is made to stop on its own (EOS_FRAME), for one mode
+STOPPING = ("custom_voice_1b7", "cv_instruct_nonstream")
+EOS_FRAME = 5
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -226,7 +236,7 @@ def check_tokenizer(ckpt: Path) -> None:
 
 
 def talker_config(kind: str, ids: dict[str, int]) -> dict[str, Any]:
-    speakers = SPEAKERS if kind == "custom_voice" else {}
+    speakers = SPEAKERS if TTS_TYPE[kind] == "custom_voice" else {}
     return dict(
         vocab_size=TALKER_VOCAB,
         hidden_size=TALKER_H,
@@ -280,7 +290,7 @@ def tts_config(kind: str, ids: dict[str, int]) -> Any:
         ),
         tokenizer_type="qwen3_tts_tokenizer_12hz",
         tts_model_size=SIZE[kind],
-        tts_model_type=kind,
+        tts_model_type=TTS_TYPE[kind],
         im_start_token_id=ids["<|im_start|>"],
         im_end_token_id=ids["<|im_end|>"],
         tts_pad_token_id=ids["<tts_pad>"],
@@ -445,7 +455,7 @@ def make_checkpoint(out_dir: Path, kind: str, codec_dir: Path) -> Path:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     ids = make_tokenizer(out_dir)
-    seed = SEED + {"custom_voice": 1, "base": 2, "voice_design": 3}[kind]
+    seed = SEED + {"custom_voice": 1, "base": 2, "voice_design": 3, "custom_voice_1b7": 4}[kind]
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     model = Qwen3TTSForConditionalGeneration(tts_config(kind, ids)).eval()
@@ -496,15 +506,16 @@ def run_mode(tts: Any, kind: str, request: dict[str, Any], non_streaming: bool, 
 
     model.generate = generate  # instance attribute: records the talker codes, then passes them on
     try:
-        if kind == "custom_voice":
+        if TTS_TYPE[kind] == "custom_voice":
             wavs, sr = tts.generate_custom_voice(
                 text=request["text"],
                 speaker=request["speaker"],
                 language=request["language"],
+                instruct=request.get("instruct"),
                 non_streaming_mode=non_streaming,
                 **GREEDY,
             )
-        elif kind == "voice_design":
+        elif TTS_TYPE[kind] == "voice_design":
             wavs, sr = tts.generate_voice_design(
                 text=request["text"],
                 instruct=request["instruct"],
@@ -537,6 +548,28 @@ def run_mode(tts: Any, kind: str, request: dict[str, Any], non_streaming: bool, 
     return out
 
 
+def make_stopping(ckpt: Path) -> int:
+    """Make the talker of ``ckpt`` choose EOS by itself in the STOPPING mode, near frame
+    EOS_FRAME: run that mode greedily (its EOS row is zero), take the first code c the talker
+    drew for frame EOS_FRAME, and set the EOS row to 1.5 x c's row. At that step EOS then
+    scores 1.5 x c's logit (c was the best of 2048, so positive) and wins, unless it won at an
+    earlier step already; the frames before are unchanged. Returns c."""
+    import qwen_tts
+    from safetensors.torch import load_file, save_file
+
+    mode = STOPPING[1].rsplit("_", 1)[0]
+    kind, request = MODES[mode]
+    tts = qwen_tts.Qwen3TTSModel.from_pretrained(str(ckpt))
+    codes = run_mode(tts, kind, request, STOPPING[1].endswith("_nonstream"), ckpt)["codes"]
+    c = int(codes[EOS_FRAME, 0])
+    path = ckpt / "model.safetensors"
+    tensors = load_file(str(path))
+    head = tensors["talker.codec_head.weight"]
+    head[CODEC_IDS["codec_eos_token_id"]] = 1.5 * head[c]
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return c
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", type=Path)
@@ -560,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         ckpt_root = out / "checkpoints"
         codec = make_codec(ckpt_root / "_codec")
         ckpts = {kind: make_checkpoint(ckpt_root / kind, kind, codec) for kind in SIZE}
+        make_stopping(ckpts[STOPPING[0]])
         ref = out / "ref.wav"
         sf.write(ref, reference_wav(), SR, subtype="FLOAT")
     else:

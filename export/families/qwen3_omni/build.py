@@ -87,25 +87,6 @@ def export_component(
     return code2wav.export_code2wav(model, path)
 
 
-def _limits(args: BuildArgs) -> dict[str, Any]:
-    return {
-        "max_batch_size": args.max_batch_size,
-        "max_input_len": args.max_input_len,
-        "max_kv_cache_capacity": args.max_kv_cache_capacity,
-    }
-
-
-def _decoder_fields(cfg: Any) -> dict[str, Any]:
-    return {
-        "hidden_size": cfg.hidden_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "vocab_size": cfg.vocab_size,
-    }
-
-
 def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:
     from safetensors.torch import save_file
 
@@ -122,7 +103,7 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
         tables["tts_special"] = ckpt.tensor(thinker.EMBEDDING)[special].float().contiguous()
         save_file(tables, str(out_dir / "projections.safetensors"))
         artifacts.write_engine_config(
-            out_dir, {**base, **talker_fields(ckpt), "builder_config": _limits(args)}
+            out_dir, {**base, **talker_fields(ckpt), "builder_config": artifacts.build_limits(args)}
         )
     elif component is AUDIO:
         artifacts.write_engine_config(
@@ -144,7 +125,7 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
             str(out_dir / "embedding.safetensors"),
         )
         artifacts.write_engine_config(
-            out_dir, {**base, **_decoder_fields(cfg), "num_code_groups": cfg.lm_heads + 1}
+            out_dir, {**base, **artifacts.decoder_fields(cfg), "num_code_groups": cfg.lm_heads + 1}
         )
     else:
         artifacts.write_engine_config(
@@ -187,7 +168,7 @@ def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:
         return int(where[key])
 
     return {
-        **_decoder_fields(dec),
+        **artifacts.decoder_fields(dec),
         "mrope_section": list(dec.mrope_section or ()),
         "num_code_groups": need(tk, "num_code_groups"),
         "code_predictor": "../code_predictor",

@@ -4,18 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgeomni.export.common.checkpoint import CheckpointError
+from edgeomni.export.common.checkpoint import CheckpointError, section
 from edgeomni.export.common.decoder import DecoderConfig
 
-
-def section(cfg: dict[str, Any], *path: str) -> dict[str, Any]:
-    """cfg[path[0]][path[1]]..., with an error that names the missing key."""
-    node: Any = cfg
-    for i, key in enumerate(path):
-        if not isinstance(node, dict) or not isinstance(node.get(key), dict):
-            raise CheckpointError(f"config.json: no {'.'.join(path[: i + 1])} section")
-        node = node[key]
-    return node
+__all__ = ["decoder_config", "is_moe_layer", "rope", "section", "thinker_decoder_config"]
 
 
 def rope(text: dict[str, Any]) -> tuple[float, tuple[int, ...] | None]:

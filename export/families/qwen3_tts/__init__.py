@@ -1,1 +1,19 @@
-"""Qwen3-TTS (model_type qwen3_tts): components land here as the family is built; not registered yet."""
+"""Qwen3-TTS (model_type "qwen3_tts"): talker, code predictor and code2wav; Base checkpoints'
+clone encoders land here as they are built."""
+
+from edgeomni.export.families.qwen3_tts.build import (
+    components,
+    export_component,
+    preflight,
+    write_artifacts,
+)
+from edgeomni.export.families.qwen3_tts.topology import multistage_topology, no_graph_reason
+
+__all__ = [
+    "components",
+    "export_component",
+    "multistage_topology",
+    "no_graph_reason",
+    "preflight",
+    "write_artifacts",
+]

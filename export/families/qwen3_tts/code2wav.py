@@ -216,12 +216,58 @@ class Code2WavGraph(omni.Code2WavGraph):
         pre = m.pre_transformer
         x = omni._apply(m.pre_conv, m.quantizer(codes)).transpose(1, 2)  # [B, T, latent]
         h = self._transformer(pre, pre.input_proj(x))
-        return self._vocode(pre.output_proj(h).permute(0, 2, 1)).squeeze(1)
+        return self._vocode(pre.output_proj(h).permute(0, 2, 1))
 
 
 def export_code2wav(decoder: Qwen3TTSCode2Wav, path: Path) -> Path:
-    """codes int64 [B, 16, T] -> waveform float32 [B, T*1920], batch and frames dynamic (plugin
+    """codes int64 [B, 16, T] -> waveform float32 [B, 1, T*1920] (the code2wav runner's
+    contract, Omni's too), batch and frames dynamic (plugin
     op not yet lowered); returns the model path. Runs at T = 1 too."""
     cfg = decoder.pre_transformer.config
     graph = Code2WavGraph(decoder.eval())
     return omni.export_graph(graph, cfg.codebook_size, decoder.num_quantizers, path)
+
+
+ENGINE = omni.ENGINE
+PRE_CONV_FRAMES = 2  # pre_conv: a causal conv of kernel 3 sees the 2 frames before
+
+
+def samples_per_frame(dec: dict[str, Any]) -> int:
+    return math.prod(dec["upsampling_ratios"]) * math.prod(dec["upsample_rates"])
+
+
+def code2wav_engine_config(
+    tokenizer_cfg: dict[str, Any], max_frames: int = omni.MAX_FRAMES
+) -> dict[str, Any]:
+    """config.json fields the code2wav runner reads, from ``speech_tokenizer/config.json``.
+
+    Windows are upstream's ``chunked_decode``: 300 frames with 25 frames of left context. Nothing
+    is trimmed (the transposed convs trim on the right inside the model: n frames, n*1920
+    samples), so a window's samples are final as soon as it is decoded."""
+    dec = tokenizer_cfg["decoder_config"]
+    per_frame = samples_per_frame(dec)
+    upsample = int(tokenizer_cfg.get("decode_upsample_rate", per_frame))
+    if upsample != per_frame:
+        raise CheckpointError(
+            f"speech_tokenizer/config.json: decode_upsample_rate {upsample} is not the "
+            f"decoder's {per_frame} samples per frame"
+        )
+    return {
+        "component": "code2wav",
+        "model_type": "qwen3_tts",
+        "engine": ENGINE,
+        "dtype": "float32",
+        "inputs": {omni.INPUT: "int64 [batch, num_quantizers, frames]"},
+        "outputs": {omni.OUTPUT: "float32 [batch, 1, frames*samples_per_frame]"},
+        "num_quantizers": int(dec["num_quantizers"]),
+        "codebook_size": int(dec["codebook_size"]),
+        "samples_per_frame": per_frame,
+        "trim": 0,
+        "sample_rate": int(tokenizer_cfg.get("output_sample_rate", 24000)),
+        "window_frames": omni.WINDOW_FRAMES,
+        "left_context_frames": omni.LEFT_CONTEXT_FRAMES,
+        "receptive_field_frames": omni.receptive_field_frames(transformer_config(dec))
+        + PRE_CONV_FRAMES,
+        "max_frames": max_frames,
+        "profiles": {"batch": [1, 1], "frames": [1, max_frames]},
+    }

@@ -64,7 +64,8 @@ class CodePredictor:
         self.topk = int(self.engine.output_shapes["topk_values"][-1]) if self.draws else 0
         self.groups = groups
         self._lm_heads = [np.array([g], np.int64) for g in range(groups - 1)]  # made once
-        self.hidden_size = int(cfg["hidden_size"])
+        # its inputs' width: the talker's (Qwen3-TTS maps them to its own width in the engine)
+        self.hidden_size = int(cfg.get("input_size") or cfg["hidden_size"])
         tables = safetensors_np.load(folder / "embedding.safetensors")
         self.embeddings = [tables[f"embedding_{i}"] for i in range(groups - 1)]
         self.kv = KVCache.for_decoder(cfg, max_batch, groups, self.engine)

@@ -78,6 +78,10 @@ class _Prefill:
         """The reply token whose text row the talker reads at ``step``: its 5th on."""
         return 4 + step
 
+    def can_step(self, step: int) -> bool:
+        """Whether the text row ``step`` reads is fed (or the thinker is done)."""
+        return self.handoff.done or self.handoff.fed > self.reply_start + self.trailing_index(step)
+
     @property
     def fed(self) -> int:
         """Reply tokens the thinker has fed so far."""
@@ -149,9 +153,15 @@ ARTIFACT = Artifact(
 )  # fmt: skip
 
 
-class Talker(StageRunner):
+class SpeechTalker(StageRunner):
+    """The talker loop both Qwen3 speech families share: the talker engine gives each frame's
+    first code, the code predictor its residual codes, and the frame's summed embedding plus the
+    next text row is the talker's next input. A family's subclass builds the prefill and text
+    rows (``_plan``, ``_prefills``, ``_text_rows``), reads its settings (``_sampling``) and says
+    when a request can start (``slot_ready``); ``setup`` reads its own tables."""
+
     kind = "autoregressive"
-    reads_upstream = True  # run() takes the thinker's steps as ``upstream`` (stage streaming)
+    mrope = True  # the talker engine takes 3-axis positions (Qwen3-Omni); False: 1-D
 
     def __init__(
         self,
@@ -170,14 +180,7 @@ class Talker(StageRunner):
                                   spin=False)  # fmt: skip
         self.codec_embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         self.groups = int(cfg["num_code_groups"])
-        tables = safetensors_np.load(folder / "projections.safetensors")
-        self.text_projection = _projection(tables, "text_projection")
-        self.hidden_projection = _projection(tables, "hidden_projection")
-        bos, eos, pad = self.text_projection(np.asarray(tables["tts_special"], np.float32))
-        self.tts_bos, self.tts_eos, self.tts_pad = bos, eos, pad
         self.ids: dict[str, int] = cfg["ids"]
-        self.speakers: dict[str, int] = cfg["speakers"]
-        self.default_speaker: str = cfg["default_speaker"]
         self.vocab_size = int(cfg["vocab_size"])
         self.hidden_size = int(cfg["hidden_size"])
         limits = cfg["builder_config"]
@@ -193,9 +196,203 @@ class Talker(StageRunner):
         band = np.arange(max(0, self.vocab_size - 1024), self.vocab_size)
         self.suppressed = band[band != self.ids["codec_eos"]]
         self._suppressed_and_eos = np.append(self.suppressed, self.ids["codec_eos"])
+        self.setup(folder, cfg)
+
+    def setup(self, folder: Path, cfg: dict[str, Any]) -> None:
+        """The family's own tables and settings, read once the engines are open."""
+
+    def voice_of(self, state: RequestState) -> Any:
+        """What a request's report says it spoke with."""
+        return state.prepared[self.stage.id]
+
+    def slot_ready(self, state: RequestState, upstream_done: bool, stream: bool) -> bool:
+        """Whether the in-flight scheduler may start this request here now."""
+        return upstream_done
+
+    def slot_stage(self, *, stream_upstream: bool = False) -> Any:
+        """This stage for the in-flight scheduler; ``stream_upstream``: a request starts once
+        its reply's first token is fed, not once the thinker is done with it."""
+        from edgeomni.runtime.families.qwen3_omni.talker_slots import TalkerSlots
+
+        return TalkerSlots(self, stream=stream_upstream)
+
+    # -- per cohort --------------------------------------------------------------------------
+    def run(
+        self,
+        cohort: Sequence[RequestState],
+        sinks: Mapping[int, Callable[[np.ndarray], None]] | None = None,
+        upstream: Upstream | None = None,
+    ) -> None:
+        """``sinks``: request index -> a callable fed each new frame [1, G] as it is made (the
+        vocoder downstream, so audio is made while the talker runs); a sink's ``end_step()``, if
+        it has one, is called once every row of a frame is fed. ``upstream``: the thinker is
+        still decoding this cohort; each call runs one of its steps (the talker starts once every
+        request's reply has its first token, and reads later tokens as they come). Without it
+        the thinker's handoffs must be complete."""
+        sinks = sinks or {}
+        waited = [0.0]  # seconds spent running the thinker's steps from here
+
+        def timed() -> bool:
+            t = time.perf_counter()
+            try:
+                return upstream() if upstream is not None else False
+            finally:
+                waited[0] += time.perf_counter() - t
+
+        advance = timed if upstream is not None else None
+        plans = []
+        for state in cohort:
+            try:
+                plans.append(self._plan(state, advance))
+            except RequestError as e:
+                state.error = f"{self.stage.id}: {e}"
+        cohort = [s for s in cohort if s.error is None]
+        if not cohort:
+            return
+        prefills = self._prefills(plans)
+        n = len(cohort)
+        talker_params, cp_params, max_frames, min_frames = self._sampling(cohort[0].request)
+        # each row its own generator (the cohort shares the seed): a request's codes depend on
+        # its seed and inputs, not on the rows beside it
+        rng = [np.random.default_rng(talker_params.seed) for _ in range(n)]
+        lens = np.array([len(p.embeds) for p in prefills], np.int32)
+        if int(lens.max()) + max_frames > self.capacity:
+            max_frames = self.capacity - int(lens.max())
+        session = DecoderSession(
+            self.engine,
+            self.kv,
+            n,
+            {"logits": (self.vocab_size,), "last_hidden": (self.hidden_size,)},
+        )
+        cp_session = self.cp.session(n)
+        host_frames = 0  # frames the engine was to draw but could not, drawn on the host
+        embeds = right_pad([p.embeds for p in prefills])
+        zeros = np.zeros(n, np.int32)
+        positions = text_positions(zeros, embeds.shape[1], self.mrope)
+        for row, p in enumerate(prefills):
+            if p.positions is not None:
+                positions[:, row, : len(p.embeds)] = p.positions
+        deltas = np.array([p.delta for p in prefills], np.int32)
+        start = time.perf_counter()
+        waited_at_start = waited[0]
+        out = session.run(embeds, positions, zeros, lens, lens - 1)
+        # each row's sampled first codes: one array, so a step's repetition-penalty input is
+        # views, not a list of every row's codes made into arrays again (~110 us a step at
+        # 32 rows and 100 frames, growing with the frames)
+        first = np.zeros((n, max(max_frames, 1)), np.int64)
+        count = np.zeros(n, np.int64)
+        frames: list[list[np.ndarray]] = [[] for _ in range(n)]
+        finish: list[str | None] = [None] * n
+        past = lens.copy()
+        step = 0
+        cp_ms = 0.0
+        vocoder_ms = 0.0  # windows vocoded downstream while this loop waits
+        full_rows = 0  # rows whose full logits had to come to the host
+        while True:
+            seen = [first[r, : count[r]] for r in range(n)]
+            banned = [
+                self._suppressed_and_eos if count[r] < min_frames else self.suppressed
+                for r in range(n)
+            ]
+            # what the host reads, in one sync; split, the hidden state goes to the code
+            # predictor where it is
+            wanted = TOPK_OUTPUTS if self.cp.split_prefill else ("last_hidden", *TOPK_OUTPUTS)
+            out.fetch(*wanted)
+            code0, fetched = sample_step(out.logits(), talker_params, rng, seen, banned)
+            full_rows += fetched
+            for row in range(n):
+                if finish[row] is None:
+                    first[row, count[row]] = code0[row]
+                    count[row] += 1
+                    if code0[row] == self.ids["codec_eos"]:
+                        finish[row] = "eos"
+                    elif count[row] >= max_frames:
+                        finish[row] = "length"
+            active = np.array([f is None for f in finish])
+            if not active.any():
+                break
+            t = time.perf_counter()
+            hidden = out.buffer("last_hidden") if self.cp.split_prefill else out["last_hidden"]
+            e0 = self.codec_embedding[code0]
+            codes, frame_embed, redrawn = self.cp.frame(
+                cp_session, hidden, code0, e0, active, cp_params, rng
+            )
+            host_frames += redrawn
+            cp_ms += (time.perf_counter() - t) * 1e3
+            nxt = frame_embed + self._text_rows(prefills, [step] * n, active, advance)
+            for row in range(n):
+                if active[row]:
+                    frames[row].append(codes[row])
+                    sink = sinks.get(cohort[row].index)
+                    if sink is not None:
+                        sink(codes[row][None])
+            t = time.perf_counter()
+            for sink in {id(s): s for s in sinks.values()}.values():  # every row fed: vocode
+                end_step = getattr(sink, "end_step", None)
+                if end_step is not None:
+                    end_step()
+            vocoder_ms += (time.perf_counter() - t) * 1e3
+            out = session.run(
+                nxt[:, None, :],
+                text_positions(past + deltas, 1, self.mrope),
+                past,
+                active.astype(np.int32),
+                np.zeros(n, np.int64),
+            )
+            past = past + active.astype(np.int32)
+            step += 1
+        total_ms = (time.perf_counter() - start - (waited[0] - waited_at_start)) * 1e3
+        for row, state in enumerate(cohort):
+            codes = np.array(frames[row], np.int64).reshape(-1, self.groups)
+            state.outputs[f"{self.stage.id}:codes"] = codes
+            state.details[self.stage.id] = {
+                "frames": len(codes),
+                "finish_reason": finish[row],
+                "voice": self.voice_of(state),
+                "talker_ms": round(total_ms - cp_ms - vocoder_ms, 3),
+                "code_predictor_ms": round(cp_ms, 3),
+                "streamed_vocoder_ms": round(vocoder_ms, 3),
+                # the thinker's steps run from this loop while it streamed its reply
+                "thinker_steps_ms": round(waited[0] * 1e3, 3),
+                # inside engine calls; the rest of the two above is host work (and the vocoder)
+                "talker_engine_ms": round(session.engine_seconds * 1e3, 3),
+                # drawing in the engine, calls are queued, not waited for: then this is the
+                # time to queue them, and the GPU's time is in code_predictor_ms
+                "code_predictor_engine_ms": round(cp_session.engine_seconds * 1e3, 3),
+                "code_predictor_draws": "engine" if self.cp.draws_in_engine(cp_params) else "host",
+                "code_predictor_host_frames": host_frames,
+                "cohort_size": n,
+                "full_logit_rows": full_rows,
+            }
+
+
+class Talker(SpeechTalker):
+    """Qwen3-Omni's talker: its prefill is read from the thinker's handoff (user turns, the
+    assistant prefix with the speaker's codec rows, then the reply as the thinker writes it)."""
+
+    reads_upstream = True  # run() takes the thinker's steps as ``upstream`` (stage streaming)
+
+    def setup(self, folder: Path, cfg: dict[str, Any]) -> None:
+        tables = safetensors_np.load(folder / "projections.safetensors")
+        self.text_projection = _projection(tables, "text_projection")
+        self.hidden_projection = _projection(tables, "hidden_projection")
+        bos, eos, pad = self.text_projection(np.asarray(tables["tts_special"], np.float32))
+        self.tts_bos, self.tts_eos, self.tts_pad = bos, eos, pad
+        self.speakers: dict[str, int] = cfg["speakers"]
+        self.default_speaker: str = cfg["default_speaker"]
         self.hidden_source = self._source("hidden")
         self.mrope_ids = MropeIds(**cfg["mrope_ids"])
         self.tts_pad_token = int(cfg["tts_pad_token_id"])
+
+    def slot_ready(self, state: RequestState, upstream_done: bool, stream: bool) -> bool:
+        """Done by the thinker; streamed, also once the reply's first token is fed."""
+        if upstream_done or not stream:
+            return upstream_done
+        handoff = state.outputs.get(self.hidden_source)
+        if handoff is None:
+            return False
+        need = self.speaking_start(handoff)
+        return need is None or handoff.done or handoff.fed >= need
 
     def _source(self, name: str) -> str:
         return stage_source(self.stage, name)
@@ -302,13 +499,6 @@ class Talker(StageRunner):
             out.append(prefill)
         return out
 
-    def slot_stage(self, *, stream_upstream: bool = False) -> Any:
-        """This stage for the in-flight scheduler; ``stream_upstream``: a request starts once
-        its reply's first token is fed, not once the thinker is done with it."""
-        from edgeomni.runtime.families.qwen3_omni.talker_slots import TalkerSlots
-
-        return TalkerSlots(self, stream=stream_upstream)
-
     def speaking_start(self, handoff: HiddenHandoff) -> int | None:
         """How many fed tokens the prefill reads, up to the reply's first token (from the last
         "<|im_start|>assistant" on); None when the prompt has no assistant turn."""
@@ -317,155 +507,6 @@ class Talker(StageRunner):
             (prompt[:-1] == ids_["im_start"]) & (prompt[1:] == ids_["assistant"])
         )
         return int(starts[-1]) + 4 if len(starts) else None
-
-    # -- per cohort --------------------------------------------------------------------------
-    def run(
-        self,
-        cohort: Sequence[RequestState],
-        sinks: Mapping[int, Callable[[np.ndarray], None]] | None = None,
-        upstream: Upstream | None = None,
-    ) -> None:
-        """``sinks``: request index -> a callable fed each new frame [1, G] as it is made (the
-        vocoder downstream, so audio is made while the talker runs); a sink's ``end_step()``, if
-        it has one, is called once every row of a frame is fed. ``upstream``: the thinker is
-        still decoding this cohort; each call runs one of its steps (the talker starts once every
-        request's reply has its first token, and reads later tokens as they come). Without it
-        the thinker's handoffs must be complete."""
-        sinks = sinks or {}
-        waited = [0.0]  # seconds spent running the thinker's steps from here
-
-        def timed() -> bool:
-            t = time.perf_counter()
-            try:
-                return upstream() if upstream is not None else False
-            finally:
-                waited[0] += time.perf_counter() - t
-
-        advance = timed if upstream is not None else None
-        plans = []
-        for state in cohort:
-            try:
-                plans.append(self._plan(state, advance))
-            except RequestError as e:
-                state.error = f"{self.stage.id}: {e}"
-        cohort = [s for s in cohort if s.error is None]
-        if not cohort:
-            return
-        prefills = self._prefills(plans)
-        n = len(cohort)
-        talker_params, cp_params, max_frames, min_frames = self._sampling(cohort[0].request)
-        # each row its own generator (the cohort shares the seed): a request's codes depend on
-        # its seed and inputs, not on the rows beside it
-        rng = [np.random.default_rng(talker_params.seed) for _ in range(n)]
-        lens = np.array([len(p.embeds) for p in prefills], np.int32)
-        if int(lens.max()) + max_frames > self.capacity:
-            max_frames = self.capacity - int(lens.max())
-        session = DecoderSession(
-            self.engine,
-            self.kv,
-            n,
-            {"logits": (self.vocab_size,), "last_hidden": (self.hidden_size,)},
-        )
-        cp_session = self.cp.session(n)
-        host_frames = 0  # frames the engine was to draw but could not, drawn on the host
-        embeds = right_pad([p.embeds for p in prefills])
-        zeros = np.zeros(n, np.int32)
-        positions = text_positions(zeros, embeds.shape[1], True)
-        for row, p in enumerate(prefills):
-            if p.positions is not None:
-                positions[:, row, : len(p.embeds)] = p.positions
-        deltas = np.array([p.delta for p in prefills], np.int32)
-        start = time.perf_counter()
-        waited_at_start = waited[0]
-        out = session.run(embeds, positions, zeros, lens, lens - 1)
-        # each row's sampled first codes: one array, so a step's repetition-penalty input is
-        # views, not a list of every row's codes made into arrays again (~110 us a step at
-        # 32 rows and 100 frames, growing with the frames)
-        first = np.zeros((n, max(max_frames, 1)), np.int64)
-        count = np.zeros(n, np.int64)
-        frames: list[list[np.ndarray]] = [[] for _ in range(n)]
-        finish: list[str | None] = [None] * n
-        past = lens.copy()
-        step = 0
-        cp_ms = 0.0
-        vocoder_ms = 0.0  # windows vocoded downstream while this loop waits
-        full_rows = 0  # rows whose full logits had to come to the host
-        while True:
-            seen = [first[r, : count[r]] for r in range(n)]
-            banned = [
-                self._suppressed_and_eos if count[r] < min_frames else self.suppressed
-                for r in range(n)
-            ]
-            # what the host reads, in one sync; split, the hidden state goes to the code
-            # predictor where it is
-            wanted = TOPK_OUTPUTS if self.cp.split_prefill else ("last_hidden", *TOPK_OUTPUTS)
-            out.fetch(*wanted)
-            code0, fetched = sample_step(out.logits(), talker_params, rng, seen, banned)
-            full_rows += fetched
-            for row in range(n):
-                if finish[row] is None:
-                    first[row, count[row]] = code0[row]
-                    count[row] += 1
-                    if code0[row] == self.ids["codec_eos"]:
-                        finish[row] = "eos"
-                    elif count[row] >= max_frames:
-                        finish[row] = "length"
-            active = np.array([f is None for f in finish])
-            if not active.any():
-                break
-            t = time.perf_counter()
-            hidden = out.buffer("last_hidden") if self.cp.split_prefill else out["last_hidden"]
-            e0 = self.codec_embedding[code0]
-            codes, frame_embed, redrawn = self.cp.frame(
-                cp_session, hidden, code0, e0, active, cp_params, rng
-            )
-            host_frames += redrawn
-            cp_ms += (time.perf_counter() - t) * 1e3
-            nxt = frame_embed + self._text_rows(prefills, [step] * n, active, advance)
-            for row in range(n):
-                if active[row]:
-                    frames[row].append(codes[row])
-                    sink = sinks.get(cohort[row].index)
-                    if sink is not None:
-                        sink(codes[row][None])
-            t = time.perf_counter()
-            for sink in {id(s): s for s in sinks.values()}.values():  # every row fed: vocode
-                end_step = getattr(sink, "end_step", None)
-                if end_step is not None:
-                    end_step()
-            vocoder_ms += (time.perf_counter() - t) * 1e3
-            out = session.run(
-                nxt[:, None, :],
-                text_positions(past + deltas, 1, True),
-                past,
-                active.astype(np.int32),
-                np.zeros(n, np.int64),
-            )
-            past = past + active.astype(np.int32)
-            step += 1
-        total_ms = (time.perf_counter() - start - (waited[0] - waited_at_start)) * 1e3
-        for row, state in enumerate(cohort):
-            codes = np.array(frames[row], np.int64).reshape(-1, self.groups)
-            state.outputs[f"{self.stage.id}:codes"] = codes
-            state.details[self.stage.id] = {
-                "frames": len(codes),
-                "finish_reason": finish[row],
-                "voice": state.prepared[self.stage.id],
-                "talker_ms": round(total_ms - cp_ms - vocoder_ms, 3),
-                "code_predictor_ms": round(cp_ms, 3),
-                "streamed_vocoder_ms": round(vocoder_ms, 3),
-                # the thinker's steps run from this loop while it streamed its reply
-                "thinker_steps_ms": round(waited[0] * 1e3, 3),
-                # inside engine calls; the rest of the two above is host work (and the vocoder)
-                "talker_engine_ms": round(session.engine_seconds * 1e3, 3),
-                # drawing in the engine, calls are queued, not waited for: then this is the
-                # time to queue them, and the GPU's time is in code_predictor_ms
-                "code_predictor_engine_ms": round(cp_session.engine_seconds * 1e3, 3),
-                "code_predictor_draws": "engine" if self.cp.draws_in_engine(cp_params) else "host",
-                "code_predictor_host_frames": host_frames,
-                "cohort_size": n,
-                "full_logit_rows": full_rows,
-            }
 
     def _text_rows(
         self,

@@ -84,14 +84,7 @@ class TalkerSlots:
 
     # -- the scheduler's calls ---------------------------------------------------------------
     def ready(self, state: RequestState, upstream_done: bool) -> bool:
-        """Done by the thinker; streamed, also once the reply's first token is fed."""
-        if upstream_done or not self.stream:
-            return upstream_done
-        handoff = state.outputs.get(self.t.hidden_source)
-        if handoff is None:
-            return False
-        need = self.t.speaking_start(handoff)
-        return need is None or handoff.done or handoff.fed >= need
+        return self.t.slot_ready(state, upstream_done, self.stream)
 
     def consume(self, slot: TalkerSlot, event: Event) -> None:
         raise TypeError(f"{self.stage_id} takes no events")
@@ -137,7 +130,7 @@ class TalkerSlots:
         lens = np.array([len(s.prefill.embeds) for s in run], np.int32)
         embeds = right_pad([s.prefill.embeds for s in run])
         zeros = np.zeros(n, np.int32)
-        positions = text_positions(zeros, embeds.shape[1], True)
+        positions = text_positions(zeros, embeds.shape[1], t.mrope)
         for j, s in enumerate(run):
             if s.prefill.positions is not None:
                 positions[:, j, : lens[j]] = s.prefill.positions
@@ -173,17 +166,12 @@ class TalkerSlots:
             slot.hidden = np.array(self._last["last_hidden"][slot.row], np.float32)
         return slot.hidden
 
-    def _can_step(self, slot: TalkerSlot) -> bool:
-        """Whether the text row its next step reads is fed (or the thinker is done)."""
-        p = slot.prefill
-        return p.handoff.done or p.handoff.fed > p.reply_start + p.trailing_index(slot.steps)
-
     def step(self, slots: Mapping[int, TalkerSlot]) -> None:
         """Complete each ready row's frame and feed it back: the code predictor over the ready
         rows, then one talker call over rows [0, highest active] (a row that sits out has query
         length 0, its cache untouched), then each ready row's next first code."""
         t = self.t
-        rows = sorted(r for r, s in slots.items() if self._can_step(s))
+        rows = sorted(r for r, s in slots.items() if s.prefill.can_step(s.steps))
         if not rows:
             return
         ready = [slots[r] for r in rows]
@@ -237,7 +225,7 @@ class TalkerSlots:
                 self._hidden(s)
         session = self._decode_session(hi)
         engine = session.engine_seconds
-        out = session.run(embeds, text_positions(past + deltas, 1, True), past, query,
+        out = session.run(embeds, text_positions(past + deltas, 1, t.mrope), past, query,
                           np.zeros(hi, np.int64))  # fmt: skip
         out.fetch(*TOPK_OUTPUTS)
         logits = out.logits()
@@ -299,7 +287,7 @@ class TalkerSlots:
         state.details[self.stage_id] = {
             "frames": len(codes),
             "finish_reason": slot.finish,
-            "voice": state.prepared[self.stage_id],
+            "voice": t.voice_of(state),
             "talker_ms": round(slot.talker_s * 1e3, 3),
             "code_predictor_ms": round(slot.cp_s * 1e3, 3),
             "talker_engine_ms": round(slot.talker_engine_s * 1e3, 3),

@@ -1,0 +1,237 @@
+"""Qwen3-TTS's components: what each exports and what the runtime needs beside each engine.
+
+The talker's folder holds what its prompt needs: the tokenizer (converted to tokenizer.json when
+the release ships only vocab.json + merges.txt), the codec embedding, and the text embedding
+already through text_projection (a per-token MLP, so projecting every row once at build time is
+the same as projecting each prompt's rows, and the runtime does no matrix work for it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edgeomni.export.common import artifacts
+from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError, section
+from edgeomni.export.common.onnx_export import export_causal_lm
+from edgeomni.export.families.qwen3_tts import code2wav, talker
+from edgeomni.export.families.qwen3_tts.config import (
+    need,
+    num_code_groups,
+    predictor_decoder_config,
+    suppressed_codes,
+    talker_decoder_config,
+    tts_model_type,
+)
+from edgeomni.export.family import BuildArgs, Component
+
+TALKER = Component("talker", "talker", "llm.onnx", "qwen3_tts.talker")
+CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", "qwen3_tts.talker")
+CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, "qwen3_tts.code2wav")
+SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV)
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+TOKENIZER = "speech_tokenizer"
+# upstream's hard defaults (Qwen3TTSModel._merge_generate_kwargs), which generation_config.json
+# overrides key by key
+GENERATION = {
+    "do_sample": True, "top_k": 50, "top_p": 1.0, "temperature": 0.9,
+    "repetition_penalty": 1.05, "subtalker_dosample": True, "subtalker_top_k": 50,
+    "subtalker_top_p": 1.0, "subtalker_temperature": 0.9, "max_new_tokens": 2048,
+}  # fmt: skip
+MIN_NEW_TOKENS = 2  # upstream's generate: the talker may not end in its first two frames
+PROJECT_ROWS = 8192  # text-embedding rows projected per call at build time
+
+
+def components(ckpt: Checkpoint) -> tuple[Component, ...]:
+    return SPEECH
+
+
+def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:
+    """config.json's dimensions, ids and speakers, the tokenizer and the codec's config, checked
+    before any export."""
+    talker_fields(ckpt)
+    predictor_decoder_config(ckpt.config)
+    _tokenizer_source(ckpt)
+    code2wav_settings(ckpt)
+
+
+def export_component(
+    ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs
+) -> Path:
+    if args.dtype not in DTYPES:
+        raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3_tts")
+    dtype = DTYPES[args.dtype]  # the decoders; code2wav stays float32
+    path = work_dir / component.engine
+    topk = args.logits_topk or 0
+    if component is TALKER:
+        return export_causal_lm(
+            talker.build_talker(ckpt, dtype), path, logits_topk=topk,
+            topk_exclude=suppressed_codes(ckpt.config), float32_embeds=True,
+        )  # fmt: skip
+    if component is CODE_PREDICTOR:
+        module = talker.build_predictor(ckpt, dtype)
+        if not args.engine_sampling:
+            return export_causal_lm(module, path, logits_topk=topk, float32_embeds=True)
+        tables = talker.predictor_embeddings(ckpt, module.cfg.lm_heads + 1)
+        return export_causal_lm(
+            module, path, logits_topk=topk, float32_embeds=True,
+            sampler_tables=torch.stack([tables[f"embedding_{i}"] for i in range(len(tables))]),
+        )  # fmt: skip
+    if component is CODE2WAV:
+        return code2wav.export_code2wav(code2wav.load_decoder(ckpt.path / TOKENIZER), path)
+    raise CheckpointError(f"qwen3_tts has no component {component.name!r}")
+
+
+def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:
+    from safetensors.torch import save_file
+
+    base = {"component": component.name, "model_type": ckpt.model_type, "engine": component.engine,
+            "backend": args.backend, "device": args.device, "dtype": args.dtype}  # fmt: skip
+    if component is TALKER:
+        artifacts.write_embedding(ckpt.tensor(talker.CODEC_EMBEDDING), out_dir)
+        artifacts.write_embedding(
+            projected_text_embedding(ckpt), out_dir, "text_embedding.safetensors"
+        )
+        write_tokenizer(ckpt, out_dir)
+        artifacts.write_engine_config(
+            out_dir, {**base, **talker_fields(ckpt), "builder_config": artifacts.build_limits(args)}
+        )
+    elif component is CODE_PREDICTOR:
+        cfg = predictor_decoder_config(ckpt.config)
+        save_file(
+            talker.predictor_embeddings(ckpt, cfg.lm_heads + 1),
+            str(out_dir / "embedding.safetensors"),
+        )
+        artifacts.write_engine_config(out_dir, {
+            **base, **artifacts.decoder_fields(cfg), "input_size": cfg.embeds_size,
+            "num_code_groups": cfg.lm_heads + 1,
+        })  # fmt: skip
+    else:
+        artifacts.write_engine_config(out_dir, {
+            **code2wav.code2wav_engine_config(code2wav_settings(ckpt)),
+            "backend": args.backend, "device": args.device,
+        })  # fmt: skip
+
+
+def projected_text_embedding(ckpt: Checkpoint) -> torch.Tensor:
+    """text_projection(text_embedding) for every text token, float32 [text_vocab, talker H],
+    in blocks of PROJECT_ROWS rows."""
+    table = ckpt.tensor(talker.TEXT_EMBEDDING).float()
+    w = talker.text_projection(ckpt)
+    out = []
+    with torch.no_grad():
+        for lo in range(0, len(table), PROJECT_ROWS):
+            x = table[lo : lo + PROJECT_ROWS]
+            x = torch.nn.functional.linear(
+                x, w["text_projection.linear_fc1.weight"], w["text_projection.linear_fc1.bias"]
+            )
+            x = torch.nn.functional.linear(
+                torch.nn.functional.silu(x),
+                w["text_projection.linear_fc2.weight"],
+                w["text_projection.linear_fc2.bias"],
+            )
+            out.append(x)
+    return torch.cat(out).contiguous()
+
+
+def _tokenizer_source(ckpt: Checkpoint) -> str:
+    """tokenizer.json, or the slow files transformers converts into one."""
+    if (ckpt.path / "tokenizer.json").is_file():
+        return "tokenizer.json"
+    if (ckpt.path / "vocab.json").is_file() and (ckpt.path / "merges.txt").is_file():
+        return "vocab.json + merges.txt"
+    raise CheckpointError(f"{ckpt.path}: no tokenizer (tokenizer.json, or vocab.json + merges.txt)")
+
+
+def write_tokenizer(ckpt: Checkpoint, out_dir: Path) -> None:
+    """tokenizer.json for the runtime's `tokenizers`: copied, or converted from vocab.json and
+    merges.txt through transformers (the release ships only those)."""
+    if _tokenizer_source(ckpt) == "tokenizer.json":
+        artifacts.write_tokenizer(ckpt, out_dir)
+        return
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # it reads config.json on the way and warns that qwen3_tts is no transformers model type
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        tok = AutoTokenizer.from_pretrained(str(ckpt.path))
+    finally:
+        hf_logging.set_verbosity(level)
+    tok.backend_tokenizer.save(str(out_dir / "tokenizer.json"))
+    if (ckpt.path / "tokenizer_config.json").is_file():
+        (out_dir / "tokenizer_config.json").write_bytes(
+            (ckpt.path / "tokenizer_config.json").read_bytes()
+        )
+
+
+def code2wav_settings(ckpt: Checkpoint) -> dict[str, Any]:
+    """speech_tokenizer/config.json, which the code2wav engine config reads."""
+    path = ckpt.path / TOKENIZER / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{ckpt.path}: no {TOKENIZER}/config.json (the 12 Hz codec)")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e.msg})") from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("decoder_config"), dict):
+        raise CheckpointError(f"{path}: no decoder_config")
+    return cfg
+
+
+def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:
+    """What the talker runner needs: dimensions, the text and codec ids, languages, speakers,
+    and the sampling defaults (generation_config.json over upstream's)."""
+    cfg = ckpt.config
+    tk = section(cfg, "talker_config")
+    dec = talker_decoder_config(cfg)
+    kind = tts_model_type(cfg)
+    speakers = {str(k).lower(): int(v) for k, v in (tk.get("spk_id") or {}).items()}
+    if kind == "custom_voice" and not speakers:
+        raise CheckpointError("config.json: talker_config.spk_id lists no speakers")
+    languages = {str(k).lower(): int(v) for k, v in (tk.get("codec_language_id") or {}).items()}
+    dialects = {
+        str(k).lower(): str(v).lower()
+        for k, v in (tk.get("spk_is_dialect") or {}).items()
+        if v not in (False, None, "")
+    }
+    for speaker, dialect in dialects.items():
+        if dialect not in languages:
+            raise CheckpointError(
+                f"config.json: talker_config.spk_is_dialect gives {speaker} the dialect "
+                f"{dialect!r}, which codec_language_id does not list"
+            )
+    gen = ckpt.generation_config
+    generation = {k: gen.get(k, v) for k, v in GENERATION.items()}
+    return {
+        **artifacts.decoder_fields(dec),
+        "num_code_groups": num_code_groups(cfg),
+        "code_predictor": "../code_predictor",
+        "tts_model_type": kind,
+        "tts_model_size": str(cfg.get("tts_model_size", "")),
+        "ids": {
+            **{f"tts_{k}": need(cfg, f"tts_{k}_token_id", "") for k in ("bos", "eos", "pad")},
+            **{
+                k: need(tk, f"{k}_id", "talker_config.")
+                for k in (
+                    "codec_pad",
+                    "codec_bos",
+                    "codec_think",
+                    "codec_nothink",
+                    "codec_think_bos",
+                    "codec_think_eos",
+                )
+            },  # fmt: skip
+            "codec_eos": need(tk, "codec_eos_token_id", "talker_config."),
+        },
+        "languages": languages,
+        "speakers": speakers,
+        "dialects": dialects,
+        "generation": generation,
+        "min_new_tokens": MIN_NEW_TOKENS,
+    }

@@ -1,0 +1,13 @@
+"""Qwen3-TTS at run time: a graph with no thinker. The talker speaks the request's text (its
+prompt built here as upstream's qwen-tts builds it), reusing Qwen3-Omni's talker loop, code
+predictor and code2wav; Base checkpoints add the clone encoders (speaker embedding, reference
+codes) for requests that bring reference audio."""
+
+from __future__ import annotations
+
+# (runner name in the graph, kind, "module:attribute" of its factory)
+RUNNERS = (
+    ("qwen3_tts.talker", "autoregressive", "edgeomni.runtime.families.qwen3_tts.talker:TtsTalker"),
+    # the same vocoder runner as Qwen3-Omni's: the engine config says how it windows
+    ("qwen3_tts.code2wav", "iterative", "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav"),
+)

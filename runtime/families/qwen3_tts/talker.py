@@ -1,0 +1,295 @@
+"""qwen3_tts.talker: the request's text in, codec frames [frames, 16] out.
+
+The prompt is built as qwen-tts 0.1.1's ``Qwen3TTSForConditionalGeneration.generate`` builds it
+(families.md §1): an optional instruction turn, the role, the codec prefix (language or
+auto, a dialect speaker's own language id, the speaker's codec row), then the text, either
+streamed (its first token in the prefill, the rest fed one per frame, then tts_eos) or whole in
+the prefill (each token over codec_pad, then tts_pad over codec_bos). Text rows are looked up in
+the talker folder's text table, already through text_projection at build time. The decoding
+loop, the code predictor and the slot stage are Qwen3-Omni's (``SpeechTalker``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeomni.runtime import safetensors_np
+from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
+from edgeomni.runtime.families.qwen3_omni.code_predictor import cp_artifact
+from edgeomni.runtime.families.qwen3_omni.talker import SpeechTalker
+from edgeomni.runtime.runners import RequestError, RequestState
+from edgeomni.runtime.sampling import SamplingParams
+
+__all__ = ["TtsTalker", "spoken_text"]
+
+ARTIFACT = Artifact(
+    keys=(
+        "num_code_groups", "vocab_size", "hidden_size", "num_hidden_layers",
+        "num_key_value_heads", "head_dim", "code_predictor", "tts_model_type", "tts_model_size",
+        "languages", "speakers", "dialects", "generation", "min_new_tokens",
+        "builder_config.max_batch_size", "builder_config.max_input_len",
+        "builder_config.max_kv_cache_capacity",
+        *(f"ids.{k}" for k in ("tts_bos", "tts_eos", "tts_pad", "codec_pad", "codec_bos",
+                               "codec_eos", "codec_think", "codec_nothink", "codec_think_bos",
+                               "codec_think_eos")),
+    ),
+    tables={"embedding.safetensors": ("embedding",), "text_embedding.safetensors": ("embedding",)},
+    tokenizer=True,
+)  # fmt: skip
+
+AUTO = "auto"
+# the wrapper's text modes: upstream's generate_custom_voice and generate_voice_design default to
+# the whole text in the prefill, generate_voice_clone to streamed text
+NON_STREAMING_DEFAULT = {"custom_voice": True, "voice_design": True, "base": False}
+
+
+def spoken_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The text to speak: the last assistant message's (qwen3_tts_inference's requests), or,
+    in a request with none, the last user message's (what ``--prompt`` gives)."""
+    for role in ("assistant", "user"):
+        found = [m for m in messages if m.get("role") == role]
+        if not found:
+            continue
+        content = found[-1]["content"]
+        if isinstance(content, str):
+            return content
+        kinds = sorted({p["type"] for p in content} - {"text"})
+        if kinds:
+            raise RequestError(f"Qwen3-TTS speaks text only; the message holds {', '.join(kinds)}")
+        return "".join(p["text"] for p in content)
+    raise RequestError("the request has no assistant (or user) message to speak")
+
+
+@dataclass
+class Utterance:
+    """One request's prompt, made when it is prepared."""
+
+    state: RequestState
+    voice: str | None  # the CustomVoice speaker, None for VoiceDesign
+    language: str
+    embeds: np.ndarray  # the prefill [L, H]
+    trailing: np.ndarray  # the text rows fed one per frame, then tts_pad [T, H]
+    non_streaming: bool
+
+    # the cohort loop's and slot stage's view of a prefill (Omni's _Prefill has the same)
+    positions: None = None
+    delta: int = 0
+
+    def can_step(self, step: int) -> bool:
+        return True  # every text row is known up front
+
+
+class TtsTalker(SpeechTalker):
+    """Qwen3-TTS's talker: a graph's first stage, so a request starts as soon as it has a row."""
+
+    mrope = False  # 1-D positions: the release's MRoPE gives every section the same ones
+
+    def setup(self, folder: Path, cfg: dict[str, Any]) -> None:
+        from edgeomni.runtime.tokenizer import TextTokenizer
+
+        self.tokenizer = TextTokenizer(folder)
+        self.text_table = safetensors_np.load(folder / "text_embedding.safetensors")["embedding"]
+        ids = self.ids
+        self.tts_bos, self.tts_eos, self.tts_pad = (
+            np.asarray(self.text_table[ids[k]], np.float32)
+            for k in ("tts_bos", "tts_eos", "tts_pad")
+        )
+        self.model_type: str = cfg["tts_model_type"]
+        self.model_size: str = cfg["tts_model_size"]
+        self.speakers: dict[str, int] = cfg["speakers"]
+        self.languages: dict[str, int] = cfg["languages"]
+        self.dialects: dict[str, str] = cfg["dialects"]
+        self.generation: dict[str, Any] = cfg["generation"]
+        self.min_new_tokens = int(cfg["min_new_tokens"])
+        self.max_input_len = int(cfg["builder_config"]["max_input_len"])
+
+    @classmethod
+    def check(cls, stage: Any, folder: Path) -> Checked:
+        """What opening this stage reads, without loading an engine: its config, tables and
+        tokenizer, its speakers and languages, and the code predictor's folder."""
+        checked = check_folder(folder, ARTIFACT)
+        cfg, path = checked.config, folder / CONFIG
+        if cfg["tts_model_type"] not in NON_STREAMING_DEFAULT:
+            raise ArtifactError(path, f"tts_model_type {cfg['tts_model_type']!r} is unknown")
+        for speaker, dialect in cfg["dialects"].items():
+            if dialect not in cfg["languages"]:
+                raise ArtifactError(path, f"the dialect of {speaker}, {dialect!r}, is no language")
+        check_folder(
+            (folder / cfg["code_predictor"]).resolve(), cp_artifact(cfg["num_code_groups"])
+        )
+        return checked
+
+    def slot_ready(self, state: RequestState, upstream_done: bool, stream: bool) -> bool:
+        return True  # the first stage: nothing to wait for
+
+    def voice_of(self, state: RequestState) -> Any:
+        return state.prepared[self.stage.id].voice
+
+    # -- per request -------------------------------------------------------------------------
+    def prepare(self, state: RequestState) -> Utterance:
+        """The request's prompt rows; a RequestError for a voice, language or control this
+        checkpoint does not take (upstream raises for the same, or drops the control)."""
+        request = state.request
+        text = spoken_text(request.messages)
+        if not text:
+            raise RequestError("the text to speak is empty")
+        speech = request.speech
+        voice = self._voice(request.voice)
+        language = self._language(speech.get("language"))
+        instruct = speech.get("instruct")
+        if instruct is not None and not self._takes_instruct():
+            raise RequestError(
+                f"instruct: this {self.model_type} checkpoint ({self.model_size}) takes no "
+                f"instruction"
+            )
+        extra = request.extra_sampling
+        non_streaming = bool(
+            extra.get("talker_non_streaming_mode", NON_STREAMING_DEFAULT[self.model_type])
+        )
+        embeds, trailing = self._prompt(text, voice, language, instruct, non_streaming)
+        if len(embeds) > self.max_input_len:
+            raise RequestError(
+                f"the prompt is {len(embeds)} positions, over the build's max_input_len "
+                f"{self.max_input_len}"
+            )
+        if len(embeds) >= self.capacity:
+            raise RequestError(
+                f"the prompt is {len(embeds)} positions; the talker's cache holds {self.capacity}"
+            )
+        return Utterance(state, voice, language, embeds, trailing, non_streaming)
+
+    def _takes_instruct(self) -> bool:
+        """VoiceDesign always; CustomVoice at 1.7B (upstream drops it at 0.6B)."""
+        if self.model_type == "voice_design":
+            return True
+        return self.model_type == "custom_voice" and self.model_size != "0b6"
+
+    def _voice(self, voice: str | None) -> str | None:
+        if self.model_type != "custom_voice":
+            if voice is not None:
+                raise RequestError(
+                    f"voice {voice!r}: a {self.model_type} checkpoint has no named speakers"
+                )
+            return None
+        known = ", ".join(sorted(self.speakers))
+        if voice is None:
+            raise RequestError(f"a CustomVoice checkpoint needs a voice (speaker): one of {known}")
+        if voice.lower() not in self.speakers:
+            raise RequestError(f"unknown voice {voice!r}; this model's voices are {known}")
+        return voice.lower()
+
+    def _language(self, language: str | None) -> str:
+        name = (language or AUTO).lower()
+        if name != AUTO and name not in self.languages:
+            known = ", ".join([AUTO, *sorted(self.languages)])
+            raise RequestError(f"unknown language {language!r}; this model's languages: {known}")
+        return name
+
+    def _rows(self, ids: Sequence[int]) -> np.ndarray:
+        return np.asarray(self.text_table[np.asarray(ids, np.int64)], np.float32)
+
+    def _prompt(
+        self,
+        text: str,
+        voice: str | None,
+        language: str,
+        instruct: str | None,
+        non_streaming: bool,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Upstream's prefill and trailing text rows for one request."""
+        ids = self.tokenizer.encode(
+            f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
+        )
+        text_ids = ids[3:-5]
+        cid = self.ids
+        lang_id = None if language == AUTO else self.languages[language]
+        if voice is not None and language in ("chinese", AUTO) and voice in self.dialects:
+            lang_id = self.languages[self.dialects[voice]]
+        prefix = (
+            [cid["codec_nothink"], cid["codec_think_bos"], cid["codec_think_eos"]]
+            if lang_id is None
+            else [cid["codec_think"], cid["codec_think_bos"], lang_id, cid["codec_think_eos"]]
+        )
+        if voice is not None:
+            prefix.append(self.speakers[voice])
+        codec = self.codec_embedding[[*prefix, cid["codec_pad"], cid["codec_bos"]]]
+        parts = []
+        if instruct is not None:
+            parts.append(
+                self._rows(self.tokenizer.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n"))
+            )
+        parts.append(self._rows(ids[:3]))  # <|im_start|>assistant\n
+        text_track = np.stack([*[self.tts_pad] * (len(codec) - 2), self.tts_bos])
+        parts.append(text_track + codec[:-1])
+        body = self._rows(text_ids)
+        if non_streaming:
+            whole = np.concatenate([body, self.tts_eos[None]])
+            parts.append(whole + self.codec_embedding[cid["codec_pad"]])
+            parts.append((self.tts_pad + codec[-1])[None])
+            trailing = self.tts_pad[None]
+        else:
+            parts.append(body[:1] + codec[-1])
+            trailing = np.concatenate([body[1:], self.tts_eos[None]])
+        return np.concatenate(parts).astype(np.float32), trailing.astype(np.float32)
+
+    # -- the shared loop's hooks -------------------------------------------------------------
+    def _plan(self, state: RequestState, upstream: Any) -> Utterance:
+        return state.prepared[self.stage.id]
+
+    def _prefills(self, plans: Sequence[Utterance]) -> list[Utterance]:
+        return list(plans)
+
+    def _text_rows(
+        self,
+        prefills: Sequence[Utterance],
+        steps: Sequence[int],
+        active: np.ndarray,
+        upstream: Any,
+    ) -> np.ndarray:
+        """Each row's text input for its decode step: its next trailing row, then tts_pad."""
+        rows = np.broadcast_to(self.tts_pad, (len(prefills), self.hidden_size)).copy()
+        for row, p in enumerate(prefills):
+            if active[row] and steps[row] < len(p.trailing):
+                rows[row] = p.trailing[steps[row]]
+        return rows
+
+    def _sampling(self, request: Any) -> tuple[SamplingParams, SamplingParams, int, int]:
+        """talker_* keys for the first code, subtalker_* (or cp_*) for the residual codes, each
+        over the checkpoint's generation_config.json (upstream's: the talker and the code
+        predictor do not share settings). ``talker_do_sample`` / ``subtalker_dosample`` false,
+        a temperature 0 or a top-k 1 is greedy."""
+        extra, gen = dict(request.extra_sampling), self.generation
+
+        def talker(key: str) -> Any:
+            return extra.get(f"talker_{key}", gen[key])
+
+        def residual(key: str) -> Any:
+            return extra.get(f"cp_{key}", extra.get(f"subtalker_{key}", gen[f"subtalker_{key}"]))
+
+        sample = bool(extra.get("talker_do_sample", gen["do_sample"]))
+        first = SamplingParams(
+            temperature=float(talker("temperature")) if sample else 0.0,
+            top_k=int(talker("top_k")),
+            top_p=float(talker("top_p")),
+            repetition_penalty=float(talker("repetition_penalty")),
+            seed=extra.get("talker_seed", extra.get("talker_sampling_seed", request.sampling.seed)),
+        )
+        sub = bool(
+            extra.get("cp_dosample", extra.get("subtalker_dosample", gen["subtalker_dosample"]))
+        )
+        rest = SamplingParams(
+            temperature=float(residual("temperature")) if sub else 0.0,
+            top_k=int(residual("top_k")),
+            top_p=float(residual("top_p")),
+        )
+        return (
+            first,
+            rest,
+            int(extra.get("talker_max_new_tokens", gen["max_new_tokens"])),
+            int(extra.get("talker_min_new_tokens", self.min_new_tokens)),
+        )
