@@ -134,6 +134,16 @@ def parser() -> argparse.ArgumentParser:
         "CustomVoice at 1.7B)",
     )
     p.add_argument(
+        "--ref-audio",
+        help="with --out-audio on a Qwen3-TTS Base graph: a clip whose voice is cloned (any "
+        "rate; resampled to 24 kHz)",
+    )
+    p.add_argument(
+        "--ref-text",
+        help="with --ref-audio: its transcript, for an in-context clone (without it the clone "
+        "takes the clip's speaker embedding only)",
+    )
+    p.add_argument(
         "--whole-utterance",
         action="store_true",
         help="vocode each utterance in one pass after the talker finishes, when it fits the "
@@ -364,13 +374,16 @@ def usage_error(args: argparse.Namespace) -> str | None:
             ("--voice", args.voice, "voice"),
             ("--language", args.language, "language"),
             ("--instruct", args.instruct, "instruct"),
+            ("--ref-audio", args.ref_audio, "ref_audio"),
+            ("--ref-text", args.ref_text, "ref_text"),
             ("--max-generate-length", args.max_generate_length, "max_generate_length"),
             ("--no-chat-template", args.no_chat_template or None, "apply_chat_template"),
         ):
             if value is not None:
                 return f"{flag} goes with --prompt (a request file sets {key})"
     for flag, value in (("--voice", args.voice), ("--language", args.language),
-                        ("--instruct", args.instruct)):  # fmt: skip
+                        ("--instruct", args.instruct), ("--ref-audio", args.ref_audio),
+                        ("--ref-text", args.ref_text)):  # fmt: skip
         if value is not None and args.out_audio is None:
             return f"{flag} is for the speech of --out-audio; without --out-audio nothing speaks"
     return None
@@ -387,7 +400,7 @@ def _prompt_body(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.max_generate_length is not None:
         body["max_generate_length"] = args.max_generate_length
-    for key in ("voice", "language", "instruct"):
+    for key in ("voice", "language", "instruct", "ref_audio", "ref_text"):
         if getattr(args, key) is not None:
             body["requests"][0][key] = getattr(args, key)
     return body

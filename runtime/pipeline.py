@@ -445,8 +445,12 @@ class Pipeline:
     ) -> dict[int, Any]:
         """Downstream stages that consume this stage's ports as they are made (the vocoder
         reading the talker's frames): request index -> the callable to feed (which may have an
-        ``end_step()`` for the producer to call once it fed every row of a step)."""
+        ``end_step()`` for the producer to call once it fed every row of a step). None for a
+        stage whose runner does not feed sinks (a clone encoder whose codes code2wav reads
+        once they are complete)."""
         sinks: dict[int, Any] = {}
+        if not self.runner(stage_id).feeds_sinks:
+            return sinks
         for consumer in later:
             if not any(
                 i.source.startswith(stage_id + ":") for i in self.graph.stage(consumer).inputs

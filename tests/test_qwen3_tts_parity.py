@@ -24,6 +24,8 @@ from edgeomni.runtime.requests import parse_request_file
 MODES = (
     "cv_plain_stream", "cv_plain_nonstream", "cv_dialect_stream", "cv_dialect_nonstream",
     "vd_stream", "vd_nonstream", "cv_instruct_stream", "cv_instruct_nonstream",
+    "base_xvec_stream", "base_xvec_nonstream", "base_icl_stream", "base_icl_nonstream",
+    "base_icl2_stream", "base_icl2_nonstream",
 )  # fmt: skip
 STOPPED = "cv_instruct_nonstream"  # its talker ends on EOS by itself (make_reference.py)
 SAMPLES_PER_FRAME = 1920
@@ -45,6 +47,10 @@ def tts_request(mode: dict[str, Any]) -> dict[str, Any]:
         req["speaker"] = mode["speaker"]
     if mode.get("instruct"):
         req["instruct"] = mode["instruct"]
+    if mode["kind"] == "base":  # a clone: x-vector only without ref_text, ICL with it
+        req["ref_audio"] = mode["ref_wav"]
+        if mode.get("ref_text"):
+            req["ref_text"] = mode["ref_text"]
     return req
 
 
@@ -101,11 +107,57 @@ def test_batch_of_different_voices_equals_each_alone(
         assert_matches(out, qwen_tts_reference, mode)
 
 
+@pytest.mark.parametrize("batching", ["inflight", "cohort"])
+def test_batch_of_clones_keeps_each_voice(
+    qwen_tts_reference: dict, qwen_tts_engines, batching: str
+) -> None:
+    """Clones of two reference clips (one 8 frames, one 10), x-vector only and in-context,
+    three rows: each request equals upstream's run of it alone."""
+    modes = ["base_icl2_stream", "base_icl_nonstream", "base_xvec_stream", "base_icl2_nonstream",
+             "base_icl_stream"]  # fmt: skip
+    engine = qwen_tts_engines("base")
+    requests = [tts_request(qwen_tts_reference["modes"][m]) for m in modes]
+    outs = run(engine, requests, qwen_tts_reference, batch_size=3, batching=batching)
+    for out, mode in zip(outs, modes, strict=True):
+        assert_matches(out, qwen_tts_reference, mode)
+        stages = out.entry["stages"]
+        assert "speaker_encoder" in stages
+        # only an in-context prompt reads the reference codes: x-vector clones skip the stage
+        assert ("speech_tokenizer_encoder" in stages) == ("icl" in mode)
+        if "icl" in mode:
+            assert (
+                stages["code2wav"]["prompt_frames"]
+                == qwen_tts_reference["modes"][mode]["ref_frames"]
+            )
+
+
 def test_whole_utterance_equals_windowed(qwen_tts_reference: dict, qwen_tts_engines) -> None:
     engine = qwen_tts_engines("voice_design")
     req = tts_request(qwen_tts_reference["modes"]["vd_stream"])
     [out] = run(engine, [req], qwen_tts_reference, whole_utterance=True)
     assert_matches(out, qwen_tts_reference, "vd_stream")
+
+
+def test_clone_whole_utterance_cuts_the_reference(
+    qwen_tts_reference: dict, qwen_tts_engines
+) -> None:
+    req = tts_request(qwen_tts_reference["modes"]["base_icl2_nonstream"])
+    [out] = run(qwen_tts_engines("base"), [req], qwen_tts_reference, whole_utterance=True)
+    assert_matches(out, qwen_tts_reference, "base_icl2_nonstream")
+
+
+def test_base_graph_plans_the_encoders_only_for_clones(qwen_tts_engines) -> None:
+    engine = qwen_tts_engines("base")
+    graph = json.loads((engine / "multistage_config.json").read_text())
+    ids = [s["id"] for s in graph["stages"]]
+    assert ids == ["speaker_encoder", "speech_tokenizer_encoder", "talker", "code2wav"]
+    from edgeomni import graph_schema
+
+    g = graph_schema.load(engine / "multistage_config.json")
+    assert graph_schema.plan(g, {"messages", "ref_audio"}).stages == (
+        "speaker_encoder", "talker", "code2wav")  # fmt: skip
+    assert graph_schema.plan(g, {"messages", "ref_audio", "ref_text"}).stages == tuple(ids)
+    Pipeline(engine).check()
 
 
 def test_graph_has_no_thinker(qwen_tts_engines) -> None:
@@ -139,15 +191,22 @@ PLAIN = {"messages": [{"role": "assistant", "content": "Hello world."}], "langua
             {"type": "image", "image": "x.png"}]}]}, "speaks text only"),
         ("voice_design", {**PLAIN, "messages": [{"role": "assistant", "content": "x " * 200}]},
          "over the build's max_input_len 128"),
+        ("base", {**PLAIN}, "a Base checkpoint clones the voice of ref_audio"),
+        ("base", {**PLAIN, "ref_text": "Hi."}, "the request has no ref_audio"),
+        ("base", {**PLAIN, "ref_audio": "/no/such.wav"}, "ref_audio: audio file not found"),
+        ("base", {**PLAIN, "ref_audio": "REF", "speaker": "vivian"}, "has no named speakers"),
+        ("base", {**PLAIN, "ref_audio": "REF", "instruct": "Calm."}, "takes no instruction"),
     ],
 )  # fmt: skip
 def test_requests_it_cannot_speak_fail_alone(
     qwen_tts_reference: dict, qwen_tts_engines, kind: str, request_: dict, error: str
 ) -> None:
     engine = qwen_tts_engines(kind)
-    good = tts_request(
-        qwen_tts_reference["modes"]["cv_plain_stream" if kind == "custom_voice" else "vd_stream"]
-    )
+    good_mode = {"custom_voice": "cv_plain_stream", "voice_design": "vd_stream",
+                 "base": "base_xvec_stream"}[kind]  # fmt: skip
+    good = tts_request(qwen_tts_reference["modes"][good_mode])
+    if request_.get("ref_audio") == "REF":
+        request_ = {**request_, "ref_audio": good["ref_audio"]}
     bad, ok = run(engine, [request_, good], qwen_tts_reference, batch_size=2)
     assert not bad.entry["ok"]
     assert error in bad.entry["error"]
@@ -228,3 +287,20 @@ def test_cli_request_file_writes_upstreams_outputs(
         rvq = load_file(entry["rvq_file"])["rvq_codes"]
         assert rvq.dtype == np.int32
         np.testing.assert_array_equal(rvq, codes)
+
+
+def test_cli_prompt_clones_ref_audio(qwen_tts_reference: dict, qwen_tts_engines, tmp_path) -> None:
+    import soundfile as sf
+
+    from edgeomni.runtime import cli
+
+    mode = qwen_tts_reference["modes"]["base_icl2_stream"]
+    wav = tmp_path / "clone.wav"
+    sampling = {**GREEDY, "talker_max_new_tokens": qwen_tts_reference["talker_steps"]}
+    argv = ["--config", str(qwen_tts_engines("base")), "--prompt", mode["text"],
+            "--language", "chinese", "--ref-audio", mode["ref_wav"], "--ref-text",
+            mode["ref_text"], "--out-audio", str(wav), "--sampling", json.dumps(sampling)]  # fmt: skip
+    assert cli.main(argv) == cli.EXIT_OK
+    got, _ = sf.read(wav, dtype="float32")
+    _, ref = reference(qwen_tts_reference, "base_icl2_stream")
+    np.testing.assert_allclose(got, ref, rtol=0, atol=PCM16_ATOL)

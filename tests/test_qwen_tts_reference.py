@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from qwen_tts_reference.harness import run_reference
 
-BASE_MODES = ("cv_plain", "cv_dialect", "base_xvec", "base_icl", "vd", "cv_instruct")
+BASE_MODES = ("cv_plain", "cv_dialect", "base_xvec", "base_icl", "base_icl2", "vd", "cv_instruct")
 STOPPED = "cv_instruct_nonstream"  # make_reference.make_stopping: EOS wins near frame 5
 MODES = tuple(f"{m}_{s}" for m in BASE_MODES for s in ("stream", "nonstream"))
 NUM_CODE_GROUPS = 16
@@ -152,6 +152,11 @@ def test_reference_codes(qwen_tts_reference: dict) -> None:
     np.testing.assert_array_equal(ref[0], ref[1])
     assert m["modes"]["base_icl_stream"]["ref_frames"] == REF_FRAMES
     assert "ref_codes" not in load(m, "base_xvec_stream")  # x-vector only: no ICL prompt
+    # the second reference: another voice, 8 frames (its last one partial)
+    other = load(m, "base_icl2_stream")
+    assert other["ref_codes"].shape == (8, NUM_CODE_GROUPS)
+    assert m["modes"]["base_icl2_stream"]["ref_wav"] != m["modes"]["base_icl_stream"]["ref_wav"]
+    assert np.abs(other["spk_embedding"] - load(m, "base_icl_stream")["spk_embedding"]).max() > 0.1
 
 
 def test_modes_differ(qwen_tts_reference: dict) -> None:

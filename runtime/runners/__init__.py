@@ -38,6 +38,7 @@ class StageRunner:
     max_batch: int | None = None  # None: no engine limit on the rows of a call
     streams_steps = False  # has ``steps(cohort)``, a generator of its cohort's decode steps
     reads_upstream = False  # ``run`` takes ``upstream``: the stage before runs as it needs
+    feeds_sinks = False  # ``run`` takes ``sinks``: it feeds a later stage's input as it is made
 
     def prepare(self, state: RequestState) -> Any:
         """This stage's own input for a request, made before any batch runs (None: none); a

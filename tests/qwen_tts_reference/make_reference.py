@@ -125,6 +125,10 @@ TEXT_ZH = "你好，世界。"
 REF_TEXT = "The reference says hi."
 INSTRUCT = "A calm low voice, speaking slowly."
 REF_SECONDS_FRAMES = 10  # reference waveform: 10 frames of 1920 samples (0.8 s)
+# a second reference, another voice stand-in of another length (7 frames and a part), for a
+# batch of clones with different references
+REF2 = dict(f0_hz=230.0, frames=8, seed=SEED + 7, trim=700)
+REF_TEXT2 = "A second voice."
 
 # Special tokens appended after the BPE vocabulary, as in Qwen's tokenizer (ids at the top).
 SPECIALS = (
@@ -143,6 +147,10 @@ MODES: dict[str, tuple[str, dict[str, Any]]] = {
     "cv_dialect": ("custom_voice", dict(text=TEXT_ZH, speaker="dylan", language="Chinese")),
     "base_xvec": ("base", dict(text=TEXT, language="English", x_vector_only_mode=True)),
     "base_icl": ("base", dict(text=TEXT, language="English", ref_text=REF_TEXT)),
+    "base_icl2": (
+        "base",
+        dict(text=TEXT_ZH, language="Chinese", ref_text=REF_TEXT2, ref_audio="ref2.wav"),
+    ),
     "vd": ("voice_design", dict(text=TEXT, instruct=INSTRUCT, language="English")),
     "cv_instruct": (
         "custom_voice_1b7",
@@ -481,12 +489,14 @@ def make_checkpoint(out_dir: Path, kind: str, codec_dir: Path) -> Path:
     return out_dir
 
 
-def reference_wav() -> np.ndarray:
+def reference_wav(
+    f0_hz: float = 140.0, frames: int = REF_SECONDS_FRAMES, seed: int = SEED
+) -> np.ndarray:
     """A seeded synthetic 24 kHz voice stand-in: two harmonics with a slow vibrato, plus noise."""
-    n = REF_SECONDS_FRAMES * SAMPLES_PER_FRAME
+    n = frames * SAMPLES_PER_FRAME
     t = np.arange(n) / SR
-    rng = np.random.default_rng(SEED)
-    f0 = 140.0 * (1 + 0.03 * np.sin(2 * np.pi * 5 * t))
+    rng = np.random.default_rng(seed)
+    f0 = f0_hz * (1 + 0.03 * np.sin(2 * np.pi * 5 * t))
     phase = 2 * np.pi * np.cumsum(f0) / SR
     wav = 0.3 * np.sin(phase) + 0.15 * np.sin(2 * phase) + 0.02 * rng.standard_normal(n)
     return wav.astype(np.float32)
@@ -596,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
         make_stopping(ckpts[STOPPING[0]])
         ref = out / "ref.wav"
         sf.write(ref, reference_wav(), SR, subtype="FLOAT")
+        second = {k: v for k, v in REF2.items() if k != "trim"}
+        sf.write(out / "ref2.wav", reference_wav(**second)[: -REF2["trim"]], SR, subtype="FLOAT")
     else:
         earlier = args.checkpoints.resolve()
         codec = earlier / "checkpoints" / "_codec"
@@ -633,7 +645,8 @@ def main(argv: list[str] | None = None) -> int:
             if kind not in loaded:
                 loaded[kind] = qwen_tts.Qwen3TTSModel.from_pretrained(str(ckpts[kind]))
             t0 = time.perf_counter()
-            arrays = run_mode(loaded[kind], kind, request, non_streaming, ref)
+            clip = ref.parent / request["ref_audio"] if "ref_audio" in request else ref
+            arrays = run_mode(loaded[kind], kind, request, non_streaming, clip)
             seconds = time.perf_counter() - t0
             np.savez(out / f"{name}.npz", **arrays)
             manifest["modes"][name] = {
@@ -650,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
                 "x_vector_only_mode": request.get("x_vector_only_mode", False)
                 if kind == "base"
                 else None,
-                "ref_wav": str(ref) if kind == "base" else None,
+                "ref_wav": str(clip) if kind == "base" else None,
                 "frames": int(arrays["codes"].shape[0]),
                 "samples": int(arrays["wav"].shape[0]),
                 "ref_frames": int(arrays["ref_codes"].shape[0]) if "ref_codes" in arrays else None,

@@ -18,7 +18,7 @@ import torch
 from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError, section
 from edgeomni.export.common.onnx_export import export_causal_lm
-from edgeomni.export.families.qwen3_tts import code2wav, talker
+from edgeomni.export.families.qwen3_tts import code2wav, speaker_encoder, speech_encoder, talker
 from edgeomni.export.families.qwen3_tts.config import (
     need,
     num_code_groups,
@@ -33,6 +33,15 @@ TALKER = Component("talker", "talker", "llm.onnx", "qwen3_tts.talker")
 CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", "qwen3_tts.talker")
 CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, "qwen3_tts.code2wav")
 SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV)
+# Base checkpoints' clone encoders: stages of their own, planned only for requests with ref_audio
+SPEAKER_ENCODER = Component(
+    "speaker_encoder", "speaker_encoder", speaker_encoder.ENGINE, "qwen3_tts.speaker_encoder"
+)
+SPEECH_ENCODER = Component(
+    "speech_tokenizer_encoder", "speech_tokenizer_encoder", speech_encoder.ENGINE,
+    "qwen3_tts.speech_encoder",
+)  # fmt: skip
+CLONE = (SPEAKER_ENCODER, SPEECH_ENCODER)
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 TOKENIZER = "speech_tokenizer"
 # upstream's hard defaults (Qwen3TTSModel._merge_generate_kwargs), which generation_config.json
@@ -47,6 +56,9 @@ PROJECT_ROWS = 8192  # text-embedding rows projected per call at build time
 
 
 def components(ckpt: Checkpoint) -> tuple[Component, ...]:
+    """The speech components; a Base checkpoint's clone encoders too (it has no speakers)."""
+    if tts_model_type(ckpt.config) == "base":
+        return (*CLONE, *SPEECH)
     return SPEECH
 
 
@@ -57,6 +69,14 @@ def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs
     predictor_decoder_config(ckpt.config)
     _tokenizer_source(ckpt)
     code2wav_settings(ckpt)
+    if SPEAKER_ENCODER in components:  # its x-vector is one position of the talker's codec track
+        width = section(ckpt.config, "speaker_encoder_config").get("enc_dim")
+        hidden = talker_decoder_config(ckpt.config).hidden_size
+        if width != hidden:
+            raise CheckpointError(
+                f"config.json: speaker_encoder_config.enc_dim {width} is not the talker's "
+                f"hidden_size {hidden}"
+            )
 
 
 def export_component(
@@ -83,6 +103,14 @@ def export_component(
         )  # fmt: skip
     if component is CODE2WAV:
         return code2wav.export_code2wav(code2wav.load_decoder(ckpt.path / TOKENIZER), path)
+    if component is SPEAKER_ENCODER:
+        return speaker_encoder.export_speaker_encoder(
+            speaker_encoder.load_speaker_encoder(ckpt.path), path
+        )
+    if component is SPEECH_ENCODER:
+        return speech_encoder.export_speech_encoder(
+            speech_encoder.load_speech_encoder(ckpt.path / TOKENIZER), path
+        )
     raise CheckpointError(f"qwen3_tts has no component {component.name!r}")
 
 
@@ -110,11 +138,21 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
             **base, **artifacts.decoder_fields(cfg), "input_size": cfg.embeds_size,
             "num_code_groups": cfg.lm_heads + 1,
         })  # fmt: skip
-    else:
+    elif component is CODE2WAV:
         artifacts.write_engine_config(out_dir, {
             **code2wav.code2wav_engine_config(code2wav_settings(ckpt)),
             "backend": args.backend, "device": args.device,
         })  # fmt: skip
+    elif component is SPEAKER_ENCODER:
+        settings = section(ckpt.config, "speaker_encoder_config")
+        artifacts.write_engine_config(
+            out_dir, {**base, "dtype": "float32", **speaker_encoder.engine_config(settings)}
+        )
+    else:
+        settings = code2wav_settings(ckpt)
+        artifacts.write_engine_config(
+            out_dir, {**base, "dtype": "float32", **speech_encoder.engine_config(settings)}
+        )
 
 
 def projected_text_embedding(ckpt: Checkpoint) -> torch.Tensor:

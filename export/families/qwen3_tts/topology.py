@@ -1,7 +1,9 @@
 """Qwen3-TTS's graph: no thinker. The talker speaks the request's text; code2wav makes audio.
 
 The talker reads the request's text, voice and controls itself (skip: each has a default or
-is only for some checkpoints); the graph's one terminal is code2wav:audio.
+is only for some checkpoints); the graph's one terminal is code2wav:audio. A Base checkpoint's
+clone encoders come first: each needs ref_audio (the speech tokenizer's ref_text too), so a
+request without them plans neither and the talker skips their outputs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,12 @@ from edgeomni.graph_schema import SCHEMA_VERSION, Emit, Graph, Input, Stage
 SPEECH = ("talker", "code_predictor", "code2wav")
 # request controls the talker reads (qwen3_tts_inference's keys)
 CONTROLS = ("voice", "language", "instruct")
+SPEAKER_ENCODER, SPEECH_ENCODER = "speaker_encoder", "speech_tokenizer_encoder"
+CLONE = (SPEAKER_ENCODER, SPEECH_ENCODER)
+CLONE_RUNNERS = {SPEAKER_ENCODER: "qwen3_tts.speaker_encoder",
+                 SPEECH_ENCODER: "qwen3_tts.speech_encoder"}  # fmt: skip
+CLONE_PORTS = {SPEAKER_ENCODER: "xvector", SPEECH_ENCODER: "codes"}
+CLONE_INPUTS = {SPEAKER_ENCODER: "xvector", SPEECH_ENCODER: "ref_codes"}  # the talker's names
 
 
 def multistage_topology(
@@ -23,6 +31,8 @@ def multistage_topology(
     """None unless the talker, its code predictor and code2wav are all built."""
     if not all(c in components for c in SPEECH):
         return None
+    clone = [c for c in CLONE if c in components]
+    encoders = tuple(_encoder(name, components[name]) for name in clone)
     talker = Stage(
         id="talker",
         runner="qwen3_tts.talker",
@@ -31,6 +41,10 @@ def multistage_topology(
         inputs=(
             Input("text", "request:messages", "fail"),
             *(Input(name, f"request:{name}", "skip") for name in CONTROLS),
+            # a Base checkpoint's clone inputs: the x-vector (ref_audio), the ICL prompt's
+            # reference codes and their transcript (ref_audio with ref_text)
+            *((Input("ref_text", "request:ref_text", "skip"),) if clone else ()),
+            *(Input(CLONE_INPUTS[name], f"{name}:{CLONE_PORTS[name]}", "skip") for name in clone),
         ),
         emits=(Emit("codes", "codec", "chunk_stream"),),
     )
@@ -39,10 +53,32 @@ def multistage_topology(
         runner="qwen3_tts.code2wav",
         artifact=components["code2wav"],
         kind="iterative",
-        inputs=(Input("codes", "talker:codes", "fail"),),
+        inputs=(
+            Input("codes", "talker:codes", "fail"),
+            # ICL: the reference codes are vocoded in front of the talker's and cut off again
+            *(
+                (Input("prompt_codes", f"{SPEECH_ENCODER}:codes", "skip"),)
+                if SPEECH_ENCODER in clone
+                else ()
+            ),
+        ),
         emits=(Emit("audio", "audio", "chunk_stream", terminal=True),),
     )
-    return Graph(SCHEMA_VERSION, ("code2wav:audio",), (talker, vocoder))
+    return Graph(SCHEMA_VERSION, ("code2wav:audio",), (*encoders, talker, vocoder))
+
+
+def _encoder(name: str, artifact: str) -> Stage:
+    """A clone encoder: it runs for a request that brings ref_audio (the speech tokenizer's
+    also needs ref_text: only an ICL prompt reads its codes), else it is not planned."""
+    needs = ["ref_audio"] + (["ref_text"] if name == SPEECH_ENCODER else [])
+    return Stage(
+        id=name,
+        runner=CLONE_RUNNERS[name],
+        artifact=artifact,
+        kind="iterative",
+        inputs=tuple(Input(field, f"request:{field}", "fail") for field in needs),
+        emits=(Emit(CLONE_PORTS[name], "hidden", "device_tensor"),),
+    )
 
 
 def no_graph_reason(components: Mapping[str, str]) -> str | None:

@@ -29,6 +29,7 @@ from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, st
 from edgeomni.runtime.vocoder import Window, WindowedVocoder, playback_stall_s
 
 CODES_INPUT = "codes"
+PROMPT_INPUT = "prompt_codes"
 AUDIO_PORT = "audio"
 
 
@@ -121,6 +122,9 @@ class Code2Wav(StageRunner):
         self.fixed_lengths: tuple[int, ...] = tuple(sorted(voc.lengths())) if fixed else ()
         self._fixed: dict[tuple[int, int], _Fixed] = {}
         self.source = stage_source(stage, CODES_INPUT)
+        # codes vocoded in front of the request's and cut off again (Qwen3-TTS's in-context
+        # clone: upstream decodes the reference codes with the new ones); None: no such input
+        self.prompt_source = next((i.source for i in stage.inputs if i.name == PROMPT_INPUT), None)
 
     @classmethod
     def check(cls, stage: Any, folder: Path) -> Checked:
@@ -198,9 +202,18 @@ class Code2Wav(StageRunner):
 
     # -- per request -------------------------------------------------------------------------
     def codes_of(self, state: RequestState) -> np.ndarray:
-        if self.source not in state.outputs:
-            raise RequestError(f"{self.stage.id}: no codes from {self.source}")
-        codes = np.asarray(state.outputs[self.source])
+        return self._checked(state, self.source)
+
+    def prompt_of(self, state: RequestState) -> np.ndarray | None:
+        """The codes vocoded in front of the request's (then cut off), if it has any."""
+        if self.prompt_source is None or self.prompt_source not in state.outputs:
+            return None
+        return self._checked(state, self.prompt_source)
+
+    def _checked(self, state: RequestState, source: str) -> np.ndarray:
+        if source not in state.outputs:
+            raise RequestError(f"{self.stage.id}: no codes from {source}")
+        codes = np.asarray(state.outputs[source])
         if codes.ndim != 2 or codes.shape[1] != self.num_quantizers:
             raise RequestError(
                 f"{self.stage.id}: codes must be [frames, {self.num_quantizers}], "
@@ -214,6 +227,14 @@ class Code2Wav(StageRunner):
                 f"got [{codes.min()}, {codes.max()}]"
             )
         return codes.astype(np.int64, copy=False)
+
+    def stream_for(self, state: RequestState, batch: WindowBatch) -> AudioStream:
+        """A request's stream of windows, its prompt codes (if any) already in front."""
+        stream = AudioStream(self.vocoder(), batch)
+        prompt = self.prompt_of(state)
+        if prompt is not None:
+            stream.prime(prompt, len(prompt) * self.samples_per_frame)
+        return stream
 
     def vocode(self, codes: np.ndarray) -> tuple[np.ndarray, int, str]:
         """(samples, engine calls, mode): whole utterance when asked for and it fits the engine's
@@ -235,7 +256,7 @@ class Code2Wav(StageRunner):
         batch = WindowBatch(self)
         sinks = {}
         for state in cohort:
-            stream = state.prepared[self.stage.id] = AudioStream(self.vocoder(), batch)
+            stream = state.prepared[self.stage.id] = self.stream_for(state, batch)
             batch.streams.append(stream)
             sinks[state.index] = stream
         return sinks
@@ -252,12 +273,17 @@ class Code2Wav(StageRunner):
         and the rest, or the whole utterance when nothing streamed; writes its output and
         report (a RequestError for codes this engine cannot vocode)."""
         codes = self.codes_of(state)
+        prompt = self.prompt_of(state)
         start = time.perf_counter()
         stall = 0.0  # audio made in one go arrives at once
         if stream is not None and stream.frames == len(codes):
             audio, calls, mode = stream.finish(), stream.vocoder.windows, "streamed"
             seconds = stream.seconds + time.perf_counter() - start
             stall = playback_stall_s(stream.arrivals, self.sample_rate)
+        elif prompt is not None:  # the prompt's samples cut off the whole decode's front
+            audio, calls, mode = self.vocode(np.concatenate([prompt, codes]))
+            audio = audio[len(prompt) * self.samples_per_frame :]
+            seconds = time.perf_counter() - start
         else:
             audio, calls, mode = self.vocode(codes)
             seconds = time.perf_counter() - start
@@ -268,6 +294,7 @@ class Code2Wav(StageRunner):
             # a player starting at the first audio would then wait this long in all
             "stall_ms": round(stall * 1e3, 3),
             "frames": len(codes),
+            "prompt_frames": 0 if prompt is None else len(prompt),
             "samples": int(audio.size),
             "sample_rate": self.sample_rate,
             "duration_ms": round(audio.size / self.sample_rate * 1e3, 3),
@@ -354,6 +381,14 @@ class AudioStream:
         self.seconds = 0.0
         self.first_audio: float | None = None
         self.arrivals: list[tuple[float, int]] = []  # (perf_counter, samples) per audio piece
+        self.skip = 0  # samples still to cut from the front (a primed prompt's)
+
+    def prime(self, codes: np.ndarray, samples: int) -> None:
+        """Put prompt codes in front of the request's (not counted in ``frames``) and cut
+        their ``samples`` off the audio."""
+        self.vocoder.add(np.asarray(codes, np.int64))
+        self.skip = samples
+        self.batch.fresh = True
 
     def __call__(self, frames: np.ndarray) -> None:
         self.frames += len(frames)
@@ -365,6 +400,9 @@ class AudioStream:
 
     def take(self, piece: np.ndarray, seconds: float) -> None:
         self.seconds += seconds
+        if self.skip:
+            cut = min(self.skip, piece.size)
+            piece, self.skip = piece[cut:], self.skip - cut
         if piece.size:
             self.pieces.append(piece)
             now = time.perf_counter()

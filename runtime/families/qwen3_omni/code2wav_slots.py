@@ -46,7 +46,7 @@ class VocoderSlots:
     def admit(self, entries: Sequence[tuple[RequestState, int]]) -> list[VocoderSlot]:
         slots = []
         for state, row in entries:
-            stream = None if self.r.whole else AudioStream(self.r.vocoder(), self.batch)
+            stream = None if self.r.whole else self.r.stream_for(state, self.batch)
             if stream is not None:
                 self.batch.streams.append(stream)
             slots.append(VocoderSlot(state, row, stream))

@@ -161,6 +161,7 @@ class SpeechTalker(StageRunner):
     when a request can start (``slot_ready``); ``setup`` reads its own tables."""
 
     kind = "autoregressive"
+    feeds_sinks = True  # each frame goes to the vocoder as it is made
     mrope = True  # the talker engine takes 3-axis positions (Qwen3-Omni); False: 1-D
 
     def __init__(

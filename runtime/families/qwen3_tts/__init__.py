@@ -10,4 +10,8 @@ RUNNERS = (
     ("qwen3_tts.talker", "autoregressive", "edgeomni.runtime.families.qwen3_tts.talker:TtsTalker"),
     # the same vocoder runner as Qwen3-Omni's: the engine config says how it windows
     ("qwen3_tts.code2wav", "iterative", "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav"),
-)
+    ("qwen3_tts.speaker_encoder", "iterative",
+     "edgeomni.runtime.families.qwen3_tts.clone:SpeakerEncoder"),
+    ("qwen3_tts.speech_encoder", "iterative",
+     "edgeomni.runtime.families.qwen3_tts.clone:SpeechEncoder"),
+)  # fmt: skip

@@ -65,16 +65,28 @@ def spoken_text(messages: Sequence[Mapping[str, Any]]) -> str:
     raise RequestError("the request has no assistant (or user) message to speak")
 
 
+@dataclass(frozen=True)
+class Spoken:
+    """What a request asks the talker to say, checked and tokenized when it is prepared (the
+    rows are made when it starts: a cloned voice's inputs come from the encoder stages)."""
+
+    voice: str | None  # the CustomVoice speaker, None otherwise
+    language: str
+    ids: tuple[int, ...]  # the assistant turn, upstream's template
+    instruct: tuple[int, ...] | None  # the instruction turn
+    ref: tuple[int, ...] | None  # an ICL prompt's transcript (Base)
+    clone: bool  # Base: the voice is the request's ref_audio
+    non_streaming: bool
+
+
 @dataclass
 class Utterance:
-    """One request's prompt, made when it is prepared."""
+    """One request's prompt rows, as the shared talker loop reads a prefill."""
 
     state: RequestState
-    voice: str | None  # the CustomVoice speaker, None for VoiceDesign
-    language: str
+    voice: str | None
     embeds: np.ndarray  # the prefill [L, H]
     trailing: np.ndarray  # the text rows fed one per frame, then tts_pad [T, H]
-    non_streaming: bool
 
     # the cohort loop's and slot stage's view of a prefill (Omni's _Prefill has the same)
     positions: None = None
@@ -82,6 +94,10 @@ class Utterance:
 
     def can_step(self, step: int) -> bool:
         return True  # every text row is known up front
+
+
+def _optional_source(stage: Any, name: str) -> str | None:
+    return next((i.source for i in stage.inputs if i.name == name), None)
 
 
 class TtsTalker(SpeechTalker):
@@ -107,6 +123,9 @@ class TtsTalker(SpeechTalker):
         self.generation: dict[str, Any] = cfg["generation"]
         self.min_new_tokens = int(cfg["min_new_tokens"])
         self.max_input_len = int(cfg["builder_config"]["max_input_len"])
+        # a Base graph's clone inputs (None: not in this graph)
+        self.xvector_source = _optional_source(self.stage, "xvector")
+        self.ref_codes_source = _optional_source(self.stage, "ref_codes")
 
     @classmethod
     def check(cls, stage: Any, folder: Path) -> Checked:
@@ -124,16 +143,15 @@ class TtsTalker(SpeechTalker):
         )
         return checked
 
-    def slot_ready(self, state: RequestState, upstream_done: bool, stream: bool) -> bool:
-        return True  # the first stage: nothing to wait for
-
     def voice_of(self, state: RequestState) -> Any:
-        return state.prepared[self.stage.id].voice
+        spoken = state.prepared[self.stage.id]
+        return "ref_audio" if spoken.clone else spoken.voice
 
     # -- per request -------------------------------------------------------------------------
-    def prepare(self, state: RequestState) -> Utterance:
-        """The request's prompt rows; a RequestError for a voice, language or control this
-        checkpoint does not take (upstream raises for the same, or drops the control)."""
+    def prepare(self, state: RequestState) -> Spoken:
+        """The request's text and controls, checked and tokenized; a RequestError for a voice,
+        language or control this checkpoint does not take (upstream raises for the same, or
+        drops the control)."""
         request = state.request
         text = spoken_text(request.messages)
         if not text:
@@ -147,21 +165,28 @@ class TtsTalker(SpeechTalker):
                 f"instruct: this {self.model_type} checkpoint ({self.model_size}) takes no "
                 f"instruction"
             )
-        extra = request.extra_sampling
-        non_streaming = bool(
-            extra.get("talker_non_streaming_mode", NON_STREAMING_DEFAULT[self.model_type])
+        clone = self.model_type == "base"
+        ref_text = speech.get("ref_text")
+        if clone and "ref_audio" not in speech:
+            raise RequestError(
+                "a Base checkpoint clones the voice of ref_audio (with ref_text, its "
+                "transcript, for an in-context prompt): the request has no ref_audio"
+            )
+        encode = self.tokenizer.encode
+        ids = tuple(encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"))
+        ref = (
+            tuple(encode(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")[3:-2])
+            if ref_text
+            else None
         )
-        embeds, trailing = self._prompt(text, voice, language, instruct, non_streaming)
-        if len(embeds) > self.max_input_len:
-            raise RequestError(
-                f"the prompt is {len(embeds)} positions, over the build's max_input_len "
-                f"{self.max_input_len}"
-            )
-        if len(embeds) >= self.capacity:
-            raise RequestError(
-                f"the prompt is {len(embeds)} positions; the talker's cache holds {self.capacity}"
-            )
-        return Utterance(state, voice, language, embeds, trailing, non_streaming)
+        spoken = Spoken(
+            voice, language, ids,
+            tuple(encode(f"<|im_start|>user\n{instruct}<|im_end|>\n")) if instruct else None,
+            ref, clone,
+            bool(request.extra_sampling.get("talker_non_streaming_mode",
+                                            NON_STREAMING_DEFAULT[self.model_type])),
+        )  # fmt: skip
+        return spoken
 
     def _takes_instruct(self) -> bool:
         """VoiceDesign always; CustomVoice at 1.7B (upstream drops it at 0.6B)."""
@@ -195,39 +220,43 @@ class TtsTalker(SpeechTalker):
 
     def _prompt(
         self,
-        text: str,
-        voice: str | None,
-        language: str,
-        instruct: str | None,
-        non_streaming: bool,
+        spoken: Spoken,
+        xvector: np.ndarray | None,
+        ref_codes: np.ndarray | None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Upstream's prefill and trailing text rows for one request."""
-        ids = self.tokenizer.encode(
-            f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
-        )
+        """Upstream's prefill and trailing text rows for one request (its ``generate``, and
+        ``generate_icl_prompt`` when a cloned voice brings reference codes)."""
+        ids = spoken.ids
         text_ids = ids[3:-5]
         cid = self.ids
-        lang_id = None if language == AUTO else self.languages[language]
-        if voice is not None and language in ("chinese", AUTO) and voice in self.dialects:
+        voice = spoken.voice
+        lang_id = None if spoken.language == AUTO else self.languages[spoken.language]
+        if voice is not None and spoken.language in ("chinese", AUTO) and voice in self.dialects:
             lang_id = self.languages[self.dialects[voice]]
         prefix = (
             [cid["codec_nothink"], cid["codec_think_bos"], cid["codec_think_eos"]]
             if lang_id is None
             else [cid["codec_think"], cid["codec_think_bos"], lang_id, cid["codec_think_eos"]]
         )
+        rows = [self.codec_embedding[prefix]]
         if voice is not None:
-            prefix.append(self.speakers[voice])
-        codec = self.codec_embedding[[*prefix, cid["codec_pad"], cid["codec_bos"]]]
+            rows.append(self.codec_embedding[[self.speakers[voice]]])
+        elif xvector is not None:
+            rows.append(np.asarray(xvector, np.float32).reshape(1, -1))
+        rows.append(self.codec_embedding[[cid["codec_pad"], cid["codec_bos"]]])
+        codec = np.concatenate(rows)
         parts = []
-        if instruct is not None:
-            parts.append(
-                self._rows(self.tokenizer.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n"))
-            )
+        if spoken.instruct is not None:
+            parts.append(self._rows(spoken.instruct))
         parts.append(self._rows(ids[:3]))  # <|im_start|>assistant\n
         text_track = np.stack([*[self.tts_pad] * (len(codec) - 2), self.tts_bos])
         parts.append(text_track + codec[:-1])
+        if ref_codes is not None:
+            icl, trailing = self._icl(spoken, text_ids, ref_codes)
+            parts.append(icl)
+            return np.concatenate(parts).astype(np.float32), trailing.astype(np.float32)
         body = self._rows(text_ids)
-        if non_streaming:
+        if spoken.non_streaming:
             whole = np.concatenate([body, self.tts_eos[None]])
             parts.append(whole + self.codec_embedding[cid["codec_pad"]])
             parts.append((self.tts_pad + codec[-1])[None])
@@ -237,9 +266,52 @@ class TtsTalker(SpeechTalker):
             trailing = np.concatenate([body[1:], self.tts_eos[None]])
         return np.concatenate(parts).astype(np.float32), trailing.astype(np.float32)
 
+    def _icl(
+        self, spoken: Spoken, text_ids: Sequence[int], ref_codes: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """An in-context clone's rows (upstream's ``generate_icl_prompt``): the transcript and
+        the text, then tts_eos, over codec_bos and one row per reference frame (the sum of its
+        16 code embeddings), added up to the shorter track when streamed."""
+        text = np.concatenate([self._rows([*spoken.ref, *text_ids]), self.tts_eos[None]])
+        frames = self.codec_embedding[ref_codes[:, 0]].astype(np.float32)
+        for group in range(1, self.groups):
+            frames = frames + self.cp.embeddings[group - 1][ref_codes[:, group]]
+        codec = np.concatenate([self.codec_embedding[[self.ids["codec_bos"]]], frames])
+        pad = self.tts_pad[None]
+        if spoken.non_streaming:
+            icl = np.concatenate([text + self.codec_embedding[self.ids["codec_pad"]], codec + pad])
+            return icl, pad
+        if len(text) > len(codec):
+            return text[: len(codec)] + codec, text[len(codec) :]
+        padded = np.concatenate([text, np.repeat(pad, len(codec) - len(text), axis=0)])
+        return padded + codec, pad
+
     # -- the shared loop's hooks -------------------------------------------------------------
     def _plan(self, state: RequestState, upstream: Any) -> Utterance:
-        return state.prepared[self.stage.id]
+        """The request's rows, from what it asked and what the clone encoders made of its
+        ref_audio (their stages ran before this one)."""
+        spoken: Spoken = state.prepared[self.stage.id]
+        xvector = ref_codes = None
+        if spoken.clone:
+            xvector = state.outputs.get(self.xvector_source) if self.xvector_source else None
+            if xvector is None:
+                raise RequestError("no speaker embedding of ref_audio reached the talker")
+            if spoken.ref is not None:
+                source = self.ref_codes_source
+                ref_codes = state.outputs.get(source) if source else None
+                if ref_codes is None:
+                    raise RequestError("no reference codes of ref_audio reached the talker")
+        embeds, trailing = self._prompt(spoken, xvector, ref_codes)
+        if len(embeds) > self.max_input_len:
+            raise RequestError(
+                f"the prompt is {len(embeds)} positions, over the build's max_input_len "
+                f"{self.max_input_len}"
+            )
+        if len(embeds) >= self.capacity:
+            raise RequestError(
+                f"the prompt is {len(embeds)} positions; the talker's cache holds {self.capacity}"
+            )
+        return Utterance(state, spoken.voice, embeds, trailing)
 
     def _prefills(self, plans: Sequence[Utterance]) -> list[Utterance]:
         return list(plans)

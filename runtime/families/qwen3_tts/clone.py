@@ -1,0 +1,192 @@
+"""Qwen3-TTS Base's clone encoders, stages of their own: a request that brings ``ref_audio``
+gets its speaker embedding (``qwen3_tts.speaker_encoder``: the x-vector of a 24 kHz mel) and,
+with ``ref_text`` too, its reference codes (``qwen3_tts.speech_encoder``: the 12 Hz codec's
+encoder, 16 codes a 1920-sample frame). A request without them never plans these stages (the
+graph's inputs fail when ``request:ref_audio`` is missing, and the talker skips theirs).
+
+The reference clip is read and resampled to 24 kHz when the request is prepared, so a missing
+or unreadable file fails that request before any engine runs. Each request is one engine call:
+clips differ in length, and neither encoder takes a padding mask (upstream encodes them one at
+a time too, or a zero-padded row changes its last frame's codes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeomni.runtime.artifacts import Artifact, check_folder
+from edgeomni.runtime.audio import read_wav, resample
+from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.families.qwen3_tts.speaker_mel import speaker_mel
+from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
+
+__all__ = ["SpeakerEncoder", "SpeechEncoder"]
+
+REF_AUDIO = "ref_audio"  # the stage input both read
+
+
+class _Encoder(StageRunner):
+    """One reference clip in, one array out (``port``), a call per request."""
+
+    kind = "iterative"
+    artifact: Artifact
+    port: str
+
+    def __init__(
+        self,
+        stage: Any,
+        folder: Path,
+        *,
+        threads: int | None = None,
+        cuda_graphs: bool = True,
+        spin: bool = False,
+    ) -> None:
+        self.stage = stage
+        self.config: dict[str, Any] = self.check(stage, folder).config
+        self.engine = open_engine(folder, self.config, threads=threads, spin=spin)
+        self.sample_rate = int(self.config["sample_rate"])
+
+    @classmethod
+    def check(cls, stage: Any, folder: Path) -> Any:
+        stage_source(stage, REF_AUDIO)
+        return check_folder(folder, cls.artifact)
+
+    def prepare(self, state: RequestState) -> np.ndarray:
+        """The request's reference clip, mono float32 at the encoder's rate."""
+        path = state.request.speech.get(REF_AUDIO)
+        if path is None:
+            raise RequestError(f"{self.stage.id}: the request has no ref_audio")
+        try:
+            wav, rate = read_wav(path)
+        except (OSError, ValueError) as e:
+            raise RequestError(f"ref_audio: {e}") from None
+        return resample(wav, rate, self.sample_rate) if rate != self.sample_rate else wav
+
+    def encode(self, wav: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def encode_request(self, state: RequestState) -> None:
+        """Writes the request's output and report; a RequestError fails it alone."""
+        wav = state.prepared[self.stage.id]
+        start = time.perf_counter()
+        state.outputs[f"{self.stage.id}:{self.port}"] = self.encode(wav)
+        state.details[self.stage.id] = {
+            "ref_audio_samples": int(wav.size),
+            "encode_ms": round((time.perf_counter() - start) * 1e3, 3),
+            "finish_reason": "complete",
+        }
+
+    def run(self, cohort: Sequence[RequestState]) -> None:
+        for state in cohort:
+            try:
+                self.encode_request(state)
+            except RequestError as e:
+                state.error = state.error or f"{self.stage.id}: {e}"
+
+    def slot_stage(self, *, stream_upstream: bool = False) -> EncoderSlots:
+        return EncoderSlots(self)
+
+
+class SpeakerEncoder(_Encoder):
+    """qwen3_tts.speaker_encoder: the clip's x-vector [H] (upstream's
+    ``extract_speaker_embedding``: a 128-bin log-mel of 24 kHz audio through ECAPA-TDNN)."""
+
+    artifact = Artifact(
+        keys=("sample_rate", "n_fft", "num_mels", "hop_size", "win_size", "fmin", "fmax",
+              "embedding_size", "min_frames"),
+    )  # fmt: skip
+    port = "xvector"
+
+    def encode(self, wav: np.ndarray) -> np.ndarray:
+        cfg = self.config
+        try:
+            mel = speaker_mel(
+                wav, sample_rate=self.sample_rate, n_fft=int(cfg["n_fft"]),
+                num_mels=int(cfg["num_mels"]), hop_size=int(cfg["hop_size"]),
+                win_size=int(cfg["win_size"]), fmin=float(cfg["fmin"]), fmax=float(cfg["fmax"]),
+            )  # fmt: skip
+        except ValueError as e:
+            raise RequestError(f"ref_audio: {e}") from None
+        if len(mel) < int(cfg["min_frames"]):
+            raise RequestError(
+                f"ref_audio: {wav.size} samples give {len(mel)} mel frames; the speaker "
+                f"encoder needs at least {cfg['min_frames']}"
+            )
+        out = np.empty((1, int(cfg["embedding_size"])), np.float32)
+        binding = self.engine.binding()
+        binding.bind_output("speaker_embedding", out)
+        binding.run({"mels": np.ascontiguousarray(mel[None], np.float32)})
+        return out[0]
+
+
+class SpeechEncoder(_Encoder):
+    """qwen3_tts.speech_encoder: the clip's codes [ceil(samples / 1920), 16] (upstream's
+    ``speech_tokenizer.encode``), the reference part of an ICL prompt."""
+
+    artifact = Artifact(keys=("sample_rate", "samples_per_frame", "num_quantizers"))
+    port = "codes"
+
+    def encode(self, wav: np.ndarray) -> np.ndarray:
+        per_frame = int(self.config["samples_per_frame"])
+        frames = -(-wav.size // per_frame)
+        out = np.empty((1, frames, int(self.config["num_quantizers"])), np.int64)
+        binding = self.engine.binding()
+        binding.bind_output("codes", out)
+        binding.run({"wav": np.ascontiguousarray(wav[None], np.float32)})
+        return out[0]
+
+
+@dataclass
+class EncoderSlot:
+    state: RequestState
+    row: int
+    finish: str | None = None
+
+
+class EncoderSlots:
+    """An encoder under the in-flight scheduler: each admitted request is encoded at once and
+    leaves the same turn (it holds no cache row between steps)."""
+
+    consumes = False
+
+    def __init__(self, runner: _Encoder) -> None:
+        self.r = runner
+        self.stage_id: str = runner.stage.id
+
+    def ready(self, state: RequestState, upstream_done: bool) -> bool:
+        return upstream_done
+
+    def admit(self, entries: Sequence[tuple[RequestState, int]]) -> list[EncoderSlot]:
+        slots = []
+        for state, row in entries:
+            try:
+                self.r.encode_request(state)
+            except RequestError as e:
+                state.error = f"{self.stage_id}: {e}"
+                continue
+            slots.append(EncoderSlot(state, row, "complete"))
+        return slots
+
+    def step(self, slots: Mapping[int, EncoderSlot]) -> None:
+        """Nothing: a request is encoded when it is admitted."""
+
+    def update(self, slot: EncoderSlot, events: bool) -> list[Any]:
+        return []  # its output is the talker's input, not an event
+
+    def consume(self, slot: EncoderSlot, event: Any) -> None:
+        raise TypeError(f"{self.stage_id} takes no events")
+
+    def move(self, slot: EncoderSlot, row: int) -> None:
+        slot.row = row
+
+    def retire(self, slot: EncoderSlot) -> None:
+        """Its output was written when it was admitted."""
+
+    def discard(self, slot: EncoderSlot) -> None:
+        """It holds nothing."""
