@@ -93,12 +93,14 @@ def export_component(
             topk_exclude=suppressed_codes(ckpt.config), float32_embeds=True,
         )  # fmt: skip
     if component is CODE_PREDICTOR:
+        # its inputs stay the engine's dtype (no float32_embeds): on a GPU the talker's hidden
+        # state and the drawn codes' embeddings reach it as device buffers of that dtype
         module = talker.build_predictor(ckpt, dtype)
         if not args.engine_sampling:
-            return export_causal_lm(module, path, logits_topk=topk, float32_embeds=True)
+            return export_causal_lm(module, path, logits_topk=topk)
         tables = talker.predictor_embeddings(ckpt, module.cfg.lm_heads + 1)
         return export_causal_lm(
-            module, path, logits_topk=topk, float32_embeds=True,
+            module, path, logits_topk=topk,
             sampler_tables=torch.stack([tables[f"embedding_{i}"] for i in range(len(tables))]),
         )  # fmt: skip
     if component is CODE2WAV:
