@@ -445,7 +445,7 @@ class Pipeline:
     ) -> dict[int, Any]:
         """Downstream stages that consume this stage's ports as they are made (the vocoder
         reading the talker's frames): request index -> the callable to feed (which may have an
-        ``end_step()`` for the producer to call once it fed every row of a step). None for a
+        ``end_step()`` for the producer to call once it fed every row of a step). Empty for a
         stage whose runner does not feed sinks (a clone encoder whose codes code2wav reads
         once they are complete)."""
         sinks: dict[int, Any] = {}
