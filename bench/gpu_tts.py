@@ -8,7 +8,9 @@ in a fresh process of its own, one after the other, at concurrency c = 1, 4, 16,
 - edgeomni: c requests submitted together in one Pipeline.run (in-flight batching); first
   audio is each request's first AudioChunk with samples, from the submission; the vocoder runs
   in windows while the talker runs (first window --first-window-frames, then doubling up to
-  --window-frames). A request's RTF is its last event's time over its audio.
+  --window-frames), or (--whole-utterance) each utterance whole once its codes are complete,
+  the requests the talker finishes together in shared calls. A request's RTF is its last
+  event's time over its audio.
 - upstream: qwen-tts 0.1.1's Qwen3TTSModel (transformers 4.57.3, PyTorch eager, bf16, sdpa),
   one batched generate_custom_voice call of c texts (left-padded). It returns whole audio
   only, so its first audio is the call's wall time, and each request's RTF is wall / its audio.
@@ -270,7 +272,7 @@ def edgeomni_batch(pipe: Any, requests: list, c: int) -> dict:
             "streamed_vocoder_ms")},
         "code2wav": {k: cw.get(k) for k in (
             "mode", "window_frames", "first_window_frames", "left_context_frames",
-            "fixed_lengths")},
+            "fixed_lengths", "call_rows")},
         "requests": rows,
     }  # fmt: skip
 
@@ -291,6 +293,8 @@ def work_edgeomni(spec: dict) -> dict:
             "/tmp/site first on PYTHONPATH"
         )
     options = {"cuda_graphs": spec["cuda_graphs"], "batching": spec["batching"]}
+    if spec.get("whole_utterance"):
+        options["whole_utterance"] = True
     if spec.get("threads"):
         options["threads"] = spec["threads"]
     start = time.perf_counter()
@@ -693,6 +697,7 @@ def side_key(side: str, args: argparse.Namespace, engine: dict, windows: dict) -
     if side == "edgeomni":
         key.update(repeats=args.repeats, engine=engine["engine"], source=engine["source"],
                    windows=windows, cuda_graphs=not args.no_cuda_graphs, batching=args.batching,
+                   whole_utterance=args.whole_utterance,
                    threads=args.threads if args.device == "cpu" else None)  # fmt: skip
     else:
         key.update(repeats=args.upstream_repeats, dtype=args.upstream_dtype,
@@ -748,6 +753,7 @@ def run_side(side: str, args: argparse.Namespace, engine: dict, windows: dict, c
         if side == "edgeomni":
             spec.update(engine=engine["engine"], repeats=args.repeats, device=args.device,
                         cuda_graphs=not args.no_cuda_graphs, batching=args.batching,
+                        whole_utterance=args.whole_utterance,
                         threads=args.threads if args.device == "cpu" else None)  # fmt: skip
             python, env = sys.executable, worker_env()
         else:
@@ -1008,6 +1014,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--logits-topk", type=int, help="edge-build's (default: the builder's)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="edgeomni without graph replay")
     p.add_argument("--batching", choices=("inflight", "cohort"), default="inflight")
+    p.add_argument("--whole-utterance", action="store_true",
+                   help="edgeomni vocodes each utterance whole once its codes are complete "
+                   "(requests finishing together share calls), not in windows as they come: "
+                   "throughput over first audio")  # fmt: skip
     p.add_argument("--threads", type=int, default=2, help="intra-op threads a side (cpu only)")
     p.add_argument("--only", choices=SIDES, help="run one side (the other's cached runs still "
                    "show)")  # fmt: skip
@@ -1094,6 +1104,7 @@ def main(argv: list[str] | None = None) -> int:
             "upstream_repeats": args.upstream_repeats, "warmup": args.warmup,
             "windows": windows, "limits": limits(args), "seed": args.seed,
             "cuda_graphs": not args.no_cuda_graphs, "batching": args.batching,
+            "whole_utterance": args.whole_utterance,
             "checkpoint": ckpt_info, "engine": {k: v for k, v in engine.items()
                                                 if k != "results_dir"},
             "time_limit_s": args.time_limit,

@@ -335,6 +335,46 @@ def test_runner_whole_utterance_and_fallback(built: dict[str, Any], tmp_path: Pa
     assert diff < 1e-5
 
 
+def test_whole_utterances_complete_together_share_calls(built: dict[str, Any]) -> None:
+    """Vocoding whole utterances, the requests whose codes are complete together share engine
+    calls: sorted by length, a call takes those up to twice the shortest's frames, padded on
+    the right; each request's audio is what it gets alone (an in-context prompt cut off as
+    alone), and a request with bad codes fails alone."""
+    codes = [random_codes(20, 31), random_codes(15, 32), random_codes(40, 33), random_codes(9, 34)]
+    prompt = random_codes(6, 35)  # the fourth request's, vocoded in front and cut off
+    runner = Code2Wav(stage(whole_utterance=True), built["folder"], threads=2)
+    runner.prompt_source = "talker:prompt"
+    calls: list[tuple[int, ...]] = []
+    decode = runner.decode_batch
+    runner.decode_batch = lambda c: calls.append(c.shape) or decode(c)
+
+    def states() -> list[RequestState]:
+        out = [RequestState(index=i, request=None, plan=None, outputs={"talker:codes": c})
+               for i, c in enumerate(codes)]  # fmt: skip
+        out[3].outputs["talker:prompt"] = prompt
+        out.append(RequestState(index=4, request=None, plan=None,
+                                outputs={"talker:codes": np.zeros((3, 4), np.int64)}))  # fmt: skip
+        return out
+
+    together = states()
+    runner.run(together)
+    # 15 (with the 9 + 6 prompt frames), 20 in one call; 40 alone (more than twice 15)
+    assert calls == [(3, Q, 20), (1, Q, 40)]
+    assert "[frames, 16]" in (together[4].error or "")
+    alone = Code2Wav(stage(whole_utterance=True, max_windows_per_call=1), built["folder"],
+                     threads=2)  # fmt: skip
+    alone.prompt_source = "talker:prompt"
+    singles = states()
+    alone.run(singles)
+    for a, b in zip(together[:4], singles[:4], strict=True):
+        x, y = a.outputs["code2wav:audio"], b.outputs["code2wav:audio"]
+        assert x.shape == y.shape and np.abs(x - y).max() < 1e-5
+        assert a.details["code2wav"]["mode"] == "whole"
+    assert together[3].outputs["code2wav:audio"].size == 9 * SPF - TRIM
+    assert [s.details["code2wav"]["call_rows"] for s in together[:4]] == [3, 3, 1, 3]
+    assert [s.details["code2wav"]["call_rows"] for s in singles[:4]] == [1, 1, 1, 1]
+
+
 def test_runner_reports_missing_or_bad_codes(built: dict[str, Any]) -> None:
     runner = Code2Wav(stage(), built["folder"])
     missing = RequestState(index=0, request=None, plan=None)

@@ -1,9 +1,10 @@
 """qwen3_omni.code2wav: codec frames in, 24 kHz audio out, through the code2wav engine.
 
-Each request is vocoded on its own (frame counts differ, and a window is one engine call), in
-gap-free windows by default (runtime.vocoder), or in one call for the whole utterance when the
+Each request is vocoded in gap-free windows by default (runtime.vocoder), the windows of the
+requests stepping together that complete on the same frame in one call; or whole, when the
 stage config or the runner option ``whole_utterance`` asks for it and the utterance fits the
-engine's ``max_frames``.
+engine's ``max_frames``: the requests whose codes are complete together (a cohort's, or those
+the talker finished on one step) then share calls, each padded to the longest of its call.
 
 On a GPU, windows run at a few fixed lengths (the first window's, and a full window with its
 left context), with CUDA graphs each captured once per batch size and replayed. Each convolution
@@ -268,15 +269,60 @@ class Code2Wav(StageRunner):
 
         return VocoderSlots(self)
 
-    def finish_request(self, state: RequestState, stream: AudioStream | None) -> np.ndarray:
+    def vocode_together(self, states: Sequence[RequestState]) -> dict[int, Whole]:
+        """Whole utterances of requests whose codes are complete, vocoded in as few engine
+        calls as the rows allow (this stage vocodes whole utterances): sorted by length, a
+        call takes the requests up to twice the shortest one's frames, each padded on the right
+        with code 0 to the longest (the vocoder is causal, so a request's own samples do not
+        depend on the padding), at most ``max_windows_per_call`` rows (0: no cap). Requests
+        with codes it cannot vocode, or longer than ``max_frames``, are left out
+        (``finish_request`` reports or windows them). By request index."""
+        if not self.whole:
+            return {}
+        items: list[tuple[int, np.ndarray, int]] = []  # (index, codes with prompt, prompt len)
+        for state in states:
+            try:
+                codes, prompt = self.codes_of(state), self.prompt_of(state)
+            except RequestError:
+                continue
+            full = codes if prompt is None else np.concatenate([prompt, codes])
+            if 0 < len(full) <= self.max_frames:
+                items.append((state.index, full, 0 if prompt is None else len(prompt)))
+        items.sort(key=lambda item: len(item[1]))
+        out: dict[int, Whole] = {}
+        cap = self.batch_windows or len(items)
+        while items:
+            shortest = len(items[0][1])
+            group = [i for i in items[:cap] if len(i[1]) <= 2 * shortest]
+            items = items[len(group) :]
+            length = len(group[-1][1])
+            start = time.perf_counter()
+            codes = np.zeros((len(group), self.num_quantizers, length), np.int64)
+            for row, (_, full, _) in enumerate(group):
+                codes[row, :, : len(full)] = full.T
+            samples = self.decode_batch(codes)
+            share = (time.perf_counter() - start) / len(group)
+            for row, (index, full, prompt) in enumerate(group):
+                audio = samples[row, : len(full) * self.samples_per_frame - self.trim]
+                audio = audio[prompt * self.samples_per_frame :]  # the prompt's cut off
+                out[index] = Whole(np.ascontiguousarray(audio), share, len(group))
+        return out
+
+    def finish_request(
+        self, state: RequestState, stream: AudioStream | None, whole: Whole | None = None
+    ) -> np.ndarray:
         """A request's audio once its codes are complete: what ``stream`` vocoded as they came
-        and the rest, or the whole utterance when nothing streamed; writes its output and
-        report (a RequestError for codes this engine cannot vocode)."""
+        and the rest, ``whole`` (its utterance vocoded with others', ``vocode_together``), or
+        the whole utterance when nothing streamed; writes its output and report (a
+        RequestError for codes this engine cannot vocode)."""
         codes = self.codes_of(state)
         prompt = self.prompt_of(state)
         start = time.perf_counter()
         stall = 0.0  # audio made in one go arrives at once
-        if stream is not None and stream.frames == len(codes):
+        rows = 1
+        if whole is not None:
+            audio, calls, mode, seconds, rows = whole.audio, 1, "whole", whole.seconds, whole.rows
+        elif stream is not None and stream.frames == len(codes):
             audio, calls, mode = stream.finish(), stream.vocoder.windows, "streamed"
             seconds = stream.seconds + time.perf_counter() - start
             stall = playback_stall_s(stream.arrivals, self.sample_rate)
@@ -301,6 +347,7 @@ class Code2Wav(StageRunner):
             "vocode_ms": round(seconds * 1e3, 3),
             "windows": calls,
             "mode": mode,
+            "call_rows": rows,  # whole: the requests vocoded in its call
             "window_frames": self.window,
             "first_window_frames": self.first_window,
             "left_context_frames": self.left_context,
@@ -310,10 +357,14 @@ class Code2Wav(StageRunner):
 
     # -- per cohort --------------------------------------------------------------------------
     def run(self, cohort: Sequence[RequestState]) -> None:
+        together = self.vocode_together(
+            [s for s in cohort if not isinstance(s.prepared.get(self.stage.id), AudioStream)]
+        )
         for state in cohort:
             stream = state.prepared.get(self.stage.id)
             try:
-                self.finish_request(state, stream if isinstance(stream, AudioStream) else None)
+                self.finish_request(state, stream if isinstance(stream, AudioStream) else None,
+                                    together.get(state.index))  # fmt: skip
             except RequestError as e:
                 state.error = state.error or str(e)
                 state.details[self.stage.id] = {"error": str(e)}
@@ -323,6 +374,16 @@ def padded_length(n: int, lengths: Sequence[int]) -> int | None:
     """The fixed length a window of n frames runs at: the shortest of ``lengths`` that holds it,
     if that is at most twice the work; None: run it at its own length."""
     return next((length for length in sorted(lengths) if n <= length <= 2 * n), None)
+
+
+@dataclass(frozen=True)
+class Whole:
+    """A request's whole utterance from ``vocode_together``: its samples, its share of the
+    call's time, and how many requests the call vocoded."""
+
+    audio: np.ndarray
+    seconds: float
+    rows: int
 
 
 @dataclass

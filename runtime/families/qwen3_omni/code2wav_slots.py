@@ -3,7 +3,8 @@
 A request joins the moment the talker admits it; its frames arrive as ``CodecFrames`` events and
 each step vocodes the windows that became complete, every request's in one call per shape (the
 cohort path's ``WindowBatch``). Once the talker is done with the request, the rest is flushed and
-it leaves. Vocoding whole utterances, a request joins once its codes are complete instead.
+it leaves. Vocoding whole utterances, a request joins once its codes are complete instead, and
+the requests that join on the same turn are vocoded together.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime.events import AudioChunk, CodecFrames, Event, Finished
-from edgeomni.runtime.families.qwen3_omni.code2wav import AudioStream, WindowBatch
+from edgeomni.runtime.families.qwen3_omni.code2wav import AudioStream, Whole, WindowBatch
 from edgeomni.runtime.runners import RequestState
 
 __all__ = ["VocoderSlots"]
@@ -28,6 +29,7 @@ class VocoderSlot:
     stream: AudioStream | None  # None: vocoded whole once its codes are complete
     finish: str | None = None
     audio: np.ndarray | None = None
+    whole: Whole | None = None  # its utterance, vocoded with the others admitted with it
     sent: int = 0  # the stream's pieces its events gave
     offset: int = 0  # samples its events gave
 
@@ -50,6 +52,11 @@ class VocoderSlots:
             if stream is not None:
                 self.batch.streams.append(stream)
             slots.append(VocoderSlot(state, row, stream))
+        # vocoding whole utterances, the requests admitted together (a cohort's, which the
+        # talker finished on the same step) share engine calls
+        together = self.r.vocode_together([s.state for s in slots if s.stream is None])
+        for slot in slots:
+            slot.whole = together.get(slot.state.index)
         return slots
 
     def consume(self, slot: VocoderSlot, event: Event) -> None:
@@ -65,7 +72,7 @@ class VocoderSlots:
         done. When ``events``: the audio made since the last update."""
         state = slot.state
         if slot.audio is None and self.r.source in state.outputs:
-            slot.audio = self.r.finish_request(state, slot.stream)
+            slot.audio = self.r.finish_request(state, slot.stream, slot.whole)
             slot.finish = "complete"
         if not events:
             return []
