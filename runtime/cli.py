@@ -147,7 +147,8 @@ def parser() -> argparse.ArgumentParser:
         "--whole-utterance",
         action="store_true",
         help="vocode each utterance in one pass after the talker finishes, when it fits the "
-        "vocoder engine (default: in windows with left context)",
+        "vocoder engine; utterances finished together share calls (default: in windows with "
+        "left context while the talker runs, for the first audio sooner)",
     )
     p.add_argument(
         "--batching",
