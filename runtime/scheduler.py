@@ -10,12 +10,15 @@ early requests are never starved by later ones.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["PATIENCE", "SlotCapable", "SlotStage", "Stuck", "make_cohorts", "run_graph"]
+__all__ = ["CANCELLED", "PATIENCE", "Arrivals", "SlotCapable", "SlotStage", "Stuck", "make_cohorts",
+           "run_graph"]  # fmt: skip
+CANCELLED = "cancelled"  # the error of a request its client gave up on
 # turns a later stage (the talker, the vocoder) waits for rows still on their way before it
 # steps a batch that is not full (run_graph's patience; docs/benchmarks.md measured it)
 PATIENCE = 16
@@ -106,6 +109,49 @@ class Stuck(RuntimeError):
     """Requests wait at a stage whose upstream will never make them ready (a stage's bug)."""
 
 
+class Arrivals:
+    """Requests that come while the graph runs (a server's), for ``run_graph``'s ``feed``:
+    ``put`` from any thread, ``close`` once no more will come; the loop ``take``s them at the
+    start of each turn, and waits in ``take`` when it has nothing else to do."""
+
+    def __init__(self) -> None:
+        self._queue: list[Any] = []
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def put(self, state: Any) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the graph takes no more requests (its arrivals are closed)")
+            self._queue.append(state)
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def wake(self) -> None:
+        """End a ``take`` that waits (a request was cancelled: the loop has work to do)."""
+        with self._cond:
+            self._cond.notify()
+
+    @property
+    def closed(self) -> bool:
+        """No more will come and none are left to take."""
+        with self._cond:
+            return self._closed and not self._queue
+
+    def take(self, wait: bool) -> list[Any]:
+        """The requests put since the last take, in order; ``wait``: block until there are
+        some, the arrivals close, or ``wake``."""
+        with self._cond:
+            if wait and not self._queue and not self._closed:
+                self._cond.wait()
+            out, self._queue = self._queue, []
+            return out
+
+
 def run_graph(
     stages: Mapping[str, SlotStage],
     states: Sequence[Any],
@@ -115,9 +161,17 @@ def run_graph(
     done: Callable[[Any], None] | None = None,
     seconds: dict[str, float] | None = None,
     patience: int = 0,
+    feed: Arrivals | None = None,
+    cancelled: Callable[[Any], bool] | None = None,
 ) -> None:
     """Run every request through the stages of its plan (``state.plan.stages``, each one of
     ``stages``, which are in graph order), each stage with at most ``widths[id]`` in flight.
+
+    ``feed``: more requests, taken at the start of each turn, which join the stages' running
+    batches as rows free up; the loop runs until the feed is closed and every request has left
+    (with nothing to do it waits for the feed). Request indices must be unique over the run.
+    ``cancelled(state)``, asked each turn for every request still in the graph: true fails the
+    request with CANCELLED (its client went away), which frees its rows for the next turn.
 
     Each turn visits the stages in order: admit the waiting requests that are ready into free
     rows (the lowest first, in input order), step the active slots, settle them (events, then
@@ -145,12 +199,20 @@ def run_graph(
     finished: set[tuple[int, str]] = set()
     times = seconds if seconds is not None else {}
     nxt: dict[tuple[int, str], str | None] = {}
-    for state in states:
+    live: dict[int, Any] = {}  # the requests still in the graph, by index
+
+    def register(state: Any) -> None:
         path = state.plan.stages
+        if state.index in live or any((state.index, sid) in nxt for sid in path):
+            raise ValueError(f"request index {state.index} is already in this run")
         for a, b in zip(path, (*path[1:], None), strict=True):
             nxt[(state.index, a)] = b
             to_come[a].add(state.index)
         waiting[path[0]].append(state)
+        live[state.index] = state
+
+    for state in states:
+        register(state)
 
     def emit(state: Any, sid: str, event: Any) -> None:
         if listener is not None:
@@ -165,7 +227,8 @@ def run_graph(
             stages[after].consume(slot, event)
 
     def fail(state: Any, sid: str, error: str) -> None:
-        state.error = state.error or f"{sid}: {error}"
+        live.pop(state.index, None)
+        state.error = state.error or (error if error == CANCELLED else f"{sid}: {error}")
         for other in order:
             to_come[other].discard(state.index)
             held[other].pop(state.index, None)
@@ -202,8 +265,10 @@ def run_graph(
             del active[sid][row]
             del slot_of[sid][state.index]
             finished.add((state.index, sid))
-            if after is None and done is not None:
-                done(state)
+            if after is None:
+                live.pop(state.index, None)
+                if done is not None:
+                    done(state)
 
     def admit(sid: str) -> bool:
         stage = stages[sid]
@@ -252,8 +317,23 @@ def run_graph(
         settle(sid, [slot.row for slot in admitted])
         return True
 
+    def where(state: Any) -> str:
+        """The stage a request is at: where it holds a slot, or else the first it waits at."""
+        for sid in reversed(order):
+            if state.index in slot_of[sid]:
+                return sid
+        return next((sid for sid in order if state in waiting[sid]), state.plan.stages[0])
+
     idle = dict.fromkeys(order, 0)  # turns each stage has waited with rows to step
-    while any(waiting.values()) or any(active.values()):
+    while any(waiting.values()) or any(active.values()) or (feed is not None and not feed.closed):
+        if feed is not None:  # with nothing in the graph, wait for the next request
+            for state in feed.take(wait=not live):
+                register(state)
+            if not live:
+                continue
+        if cancelled is not None:
+            for state in [s for s in live.values() if cancelled(s)]:
+                fail(state, where(state), CANCELLED)
         moved = False
         for sid in order:
             t = time.perf_counter()

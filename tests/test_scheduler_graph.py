@@ -126,3 +126,98 @@ def test_patience_lets_a_later_stage_gather_rows(patience: int) -> None:
         assert sum(rows) / len(rows) > 2 and len(rows) < 12
     if patience == 100:  # it waits for all six, which come by turn 12
         assert rows == [6] * 6
+
+
+class Scripted:
+    """A feed (scheduler.Arrivals' interface) that gives each request at a given turn, then
+    closes: turn t's requests are there at the t-th take."""
+
+    def __init__(self, arrivals: dict[int, list[State]]) -> None:
+        self.arrivals, self.turn, self.waits = arrivals, 0, 0
+
+    @property
+    def closed(self) -> bool:
+        return self.turn > max(self.arrivals)
+
+    def take(self, wait: bool) -> list[State]:
+        self.waits += int(wait)
+        out = self.arrivals.get(self.turn, [])
+        self.turn += 1
+        return out
+
+
+def test_requests_that_arrive_while_the_graph_runs_join_its_batches() -> None:
+    """Requests fed while others run join the running batch as rows free up (a server's
+    arrivals); each gets all its events and leaves; with nothing in the graph the loop waits
+    for the feed; an index already used in the run is refused."""
+    a = Stage("a", lambda i: 4)
+    b = Stage("b", lambda i: 2, consumes=True)
+    first, later = states(2), [State(i, Plan(("a", "b"))) for i in (2, 3, 4)]
+    feed = Scripted({2: later[:2], 12: later[2:]})
+    events: list[Any] = []
+    left: list[int] = []
+    run_graph({"a": a, "b": b}, first, {"a": 3, "b": 3}, listener=events.append,
+              done=lambda s: left.append(s.index), feed=feed)  # fmt: skip
+    assert sorted(left) == [0, 1, 2, 3, 4] and set(b.retired) == {0, 1, 2, 3, 4}
+    for i in range(5):
+        assert [e for e in events if e[1] == i and e[0] == "done"] == [("done", i), ("done", i)]
+    # request 2 joined the two running (3 rows), request 3 waited for a row: a stepped 3 rows
+    assert 3 in a.step_rows and a.step_rows[0] == 2
+    assert feed.waits > 0  # between the first four leaving and request 4 coming, it waited
+    with pytest.raises(ValueError, match="index 0 is already"):
+        run_graph({"a": a, "b": b}, [State(0, Plan(("a",)))], {"a": 1, "b": 1},
+                  feed=Scripted({0: [State(0, Plan(("a",)))]}))  # fmt: skip
+
+
+def test_a_cancelled_request_leaves_and_frees_its_row() -> None:
+    """A request whose client went away fails as cancelled at the next turn, wherever it is
+    (its slots discarded, a Failed event), and a request waiting for a row takes its row."""
+    from edgeomni.runtime.events import Failed
+    from edgeomni.runtime.scheduler import CANCELLED
+
+    a = Stage("a", lambda i: 8)
+    b = Stage("b", lambda i: 1, consumes=True)
+    gone: set[int] = set()
+    events: list[Any] = []
+
+    def listener(event: Any) -> None:
+        events.append(event)
+        if event == ("tick", 0, 3):  # its client leaves after its third step
+            gone.add(0)
+
+    st = states(3)
+    run_graph({"a": a, "b": b}, st, {"a": 2, "b": 3}, listener=listener,
+              cancelled=lambda s: s.index in gone)  # fmt: skip
+    assert st[0].error == CANCELLED and st[1].error is None and st[2].error is None
+    assert 0 in a.discarded and 0 in b.discarded and set(b.retired) == {1, 2}
+    failed = [e for e in events if isinstance(e, Failed)]
+    assert [(f.index, f.error) for f in failed] == [(0, CANCELLED)]
+    assert ("tick", 0, 4) not in events  # it stepped no more
+    # request 2 waited for a row of "a" (2 rows) and took request 0's after its third step:
+    # 3 + 8 steps in all (without the cancel, 8 + 8)
+    assert a.step_rows == [2] * 8 + [1] * 3
+
+
+def test_arrivals_feed_waits_across_threads() -> None:
+    """scheduler.Arrivals: a loop with nothing to do waits in take until a request is put
+    from another thread, and ends once the feed is closed and the graph empty."""
+    import threading
+
+    from edgeomni.runtime.scheduler import Arrivals
+
+    a = Stage("a", lambda i: 2)
+    feed = Arrivals()
+    left: list[int] = []
+
+    def client() -> None:
+        for i in range(3):
+            feed.put(State(i, Plan(("a",))))
+        feed.close()
+
+    timer = threading.Timer(0.2, client)
+    timer.start()
+    run_graph({"a": a}, [], {"a": 2}, done=lambda s: left.append(s.index), feed=feed)
+    timer.join()
+    assert sorted(left) == [0, 1, 2] and feed.closed
+    with pytest.raises(RuntimeError, match="no more requests"):
+        feed.put(State(9, Plan(("a",))))
