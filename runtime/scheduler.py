@@ -131,11 +131,6 @@ class Arrivals:
             self._closed = True
             self._cond.notify()
 
-    def wake(self) -> None:
-        """End a ``take`` that waits (a request was cancelled: the loop has work to do)."""
-        with self._cond:
-            self._cond.notify()
-
     @property
     def closed(self) -> bool:
         """No more will come and none are left to take."""
@@ -144,7 +139,7 @@ class Arrivals:
 
     def take(self, wait: bool) -> list[Any]:
         """The requests put since the last take, in order; ``wait``: block until there are
-        some, the arrivals close, or ``wake``."""
+        some or the arrivals close."""
         with self._cond:
             if wait and not self._queue and not self._closed:
                 self._cond.wait()
