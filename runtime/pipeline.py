@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import resource
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from edgeomni.runtime.requests import BadRequest, Request
 from edgeomni.runtime.runners import RUNNER_KINDS, RUNNERS, RequestError, RequestState
 from edgeomni.runtime.scheduler import (
     PATIENCE,
+    Arrivals,
     SlotCapable,
     SlotStage,
     make_cohorts,
@@ -29,6 +30,50 @@ from edgeomni.runtime.scheduler import (
 
 GRAPH_FILE = "multistage_config.json"
 BATCHING = ("inflight", "cohort")
+PREPARE = "prepare"  # the stage a served request fails in when it cannot be planned or prepared
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A request for ``Pipeline.serve``: its index (unique in the server's run), the validated
+    request, and the terminals asked for (None: all the plan reaches)."""
+
+    index: int
+    request: Request
+    requested: Collection[str] | None = None
+
+
+class _Preparing:
+    """``Pipeline.serve``'s feed to the scheduler: submissions taken from the server's
+    arrivals, planned and prepared on the loop's thread as they come."""
+
+    def __init__(
+        self, pipe: Pipeline, feed: Arrivals, listener: Listener,
+        done: Callable[[RequestState], None],
+    ) -> None:  # fmt: skip
+        self.pipe, self.feed, self.listener, self.done = pipe, feed, listener, done
+
+    @property
+    def closed(self) -> bool:
+        return self.feed.closed
+
+    def take(self, wait: bool) -> list[RequestState]:
+        states = []
+        for sub in self.feed.take(wait):
+            plan = self.pipe._plan(sub.request, sub.requested)
+            error = plan if isinstance(plan, str) else None
+            state = None
+            if error is None:
+                state = self.pipe._state(sub.index, sub.request, plan)
+                error = self.pipe._prepare(state)
+            if error is None:
+                states.append(state)
+                continue
+            failed = RequestState(index=sub.index, request=sub.request, plan=None)
+            failed.error = error
+            self.listener(Failed(sub.index, PREPARE, error))
+            self.done(failed)
+        return states
 
 
 def resolve_config(path: str | Path) -> Path:
@@ -237,27 +282,16 @@ class Pipeline:
             if isinstance(item, BadRequest):
                 failed[pos] = item.error
                 continue
-            unread = sorted(set(item.speech) - self._request_fields)
-            if unread:
-                failed[pos] = (
-                    f"{', '.join(unread)}: no stage of this graph reads "
-                    f"{'it' if len(unread) == 1 else 'them'} (a Qwen3-TTS control; this graph "
-                    f"runs {', '.join(self.graph.stage_ids)})"
-                )
-                continue
-            plan = graph_schema.plan(self.graph, item.fields, requested)
-            if not plan.ok:
-                failed[pos] = plan.error or "the graph cannot serve this request"
+            plan = self._plan(item, requested)
+            if isinstance(plan, str):
+                failed[pos] = plan
                 continue
             planned.append((pos, item, plan))
         done: set[int] = set(failed)
         try:
             self.open({sid for _, _, plan in planned for sid in plan.stages})
             for pos, item, plan in planned:
-                wanted = {
-                    inp.source for sid in plan.stages for inp in self.graph.stage(sid).inputs
-                } | set(plan.terminals)
-                state = RequestState(index=pos, request=item, plan=plan, wanted=frozenset(wanted))
+                state = self._state(pos, item, plan)
                 error = self._prepare(state)
                 if error is not None:
                     failed[pos] = error
@@ -288,6 +322,53 @@ class Pipeline:
         finally:
             self.profile.wall_seconds += time.perf_counter() - start
         return self._entries(requests, states, failed)
+
+    def _plan(self, item: Request, requested: Collection[str] | None) -> graph_schema.Plan | str:
+        """The request's plan through the graph, or the error that fails it."""
+        unread = sorted(set(item.speech) - self._request_fields)
+        if unread:
+            return (
+                f"{', '.join(unread)}: no stage of this graph reads "
+                f"{'it' if len(unread) == 1 else 'them'} (a Qwen3-TTS control; this graph "
+                f"runs {', '.join(self.graph.stage_ids)})"
+            )
+        plan = graph_schema.plan(self.graph, item.fields, requested)
+        return plan if plan.ok else (plan.error or "the graph cannot serve this request")
+
+    def _state(self, index: int, item: Request, plan: graph_schema.Plan) -> RequestState:
+        reads = {inp.source for sid in plan.stages for inp in self.graph.stage(sid).inputs}
+        wanted = reads | set(plan.terminals)
+        return RequestState(index=index, request=item, plan=plan, wanted=frozenset(wanted))
+
+    def serve(
+        self,
+        feed: Arrivals,
+        *,
+        batch_size: int,
+        listener: Listener,
+        done: Callable[[RequestState], None],
+        cancelled: Callable[[RequestState], bool],
+    ) -> None:
+        """Run requests as they arrive, until ``feed`` is closed and the last has left (the
+        server's loop). The feed carries ``Submission``s; each is planned and prepared on this
+        thread as it is taken (so every engine call stays on it), then joins the running
+        batches. One that cannot be planned or prepared gets a ``Failed`` event from stage
+        ``PREPARE`` (its own fault: a client error) and ``done``; ``done(state)`` is called as
+        each request leaves, with ``state.error`` set if it failed. Every stage must hold slots
+        (in-flight batching); a StageError otherwise, before any request runs."""
+        self.open(set(self.graph.stage_ids))
+        missing = [sid for sid in self.graph.stage_ids if self._slot_stage(sid) is None]
+        if missing:
+            raise StageError(f"stages {', '.join(missing)} cannot run in flight (a server needs "
+                             "every stage to hold slots)")  # fmt: skip
+        stages = {sid: self._slot_stages[sid] for sid in self.graph.stage_ids}
+        prepared = _Preparing(self, feed, listener, done)
+        seconds: dict[str, float] = {}
+        run_graph(
+            stages, [], {sid: self._width(sid, batch_size) for sid in stages},
+            listener=listener, done=done, seconds=seconds, patience=self.patience,
+            feed=prepared, cancelled=cancelled,
+        )  # fmt: skip
 
     def _lanes(self, states: list[RequestState]) -> tuple[list[RequestState], list[RequestState]]:
         """Under in-flight batching, the requests whose every planned stage holds slots; and

@@ -1,0 +1,141 @@
+"""edge-serve's HTTP side (Starlette): OpenAI's routes over a ``Server``.
+
+- ``GET /health``: 200 while the scheduler loop runs, 503 once it stopped.
+- ``GET /v1/models``: the one model, named after the engine dir.
+- ``POST /v1/chat/completions``: text in, text out; ``stream: true`` sends server-sent events,
+  a chunk per text delta and a last one with the finish reason and usage.
+
+Errors are OpenAI's error body: 400 for a bad request (the field named), 401 without the API
+key when one is set, 429 (with Retry-After) when the server is full, 500 for a request that
+failed inside the runtime (the others go on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from edgeomni.runtime.events import Failed, Finished, TextDelta
+from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH
+from edgeomni.runtime.serve.openai_api import ApiError, chat_request, chunk, completion
+from edgeomni.runtime.serve.server import DONE, Busy, Pending, Server, is_client_error, usage_of
+
+MAX_BODY = 1 << 20  # bytes of a request body: text only for now
+
+
+def make_app(server: Server, *, model: str, api_key: str | None = None,
+             max_tokens: int = DEFAULT_MAX_GENERATE_LENGTH) -> Starlette:  # fmt: skip
+    """The ASGI app over a started ``server``. ``max_tokens``: a request's default and cap."""
+
+    def error(e: ApiError) -> JSONResponse:
+        headers = {"Retry-After": "1"} if e.status == 429 else None
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+    def authorised(request: HttpRequest) -> bool:
+        if api_key is None:
+            return True
+        given = request.headers.get("authorization", "")
+        return secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode())
+
+    async def health(request: HttpRequest) -> Response:
+        if server.running:
+            return JSONResponse({"status": "ok", "in_flight": server.in_flight})
+        return JSONResponse({"status": "stopped"}, status_code=503)
+
+    async def models(request: HttpRequest) -> Response:
+        if not authorised(request):
+            return error(ApiError(401, "a valid API key is required", kind="authentication_error"))
+        return JSONResponse({"object": "list", "data": [
+            {"id": model, "object": "model", "created": 0, "owned_by": "edgeomni"}]})  # fmt: skip
+
+    async def chat(request: HttpRequest) -> Response:
+        if not authorised(request):
+            return error(ApiError(401, "a valid API key is required", kind="authentication_error"))
+        try:
+            raw = await request.body()
+            if len(raw) > MAX_BODY:
+                raise ApiError(413, f"the body is over {MAX_BODY} bytes")
+            try:
+                body = json.loads(raw)
+            except ValueError as e:
+                raise ApiError(400, f"the body is not JSON: {e}") from None
+            if not server.texts:
+                raise ApiError(400, "this graph makes no text (a speech graph)", "messages")
+            index = server.next_index()
+            req = chat_request(body, index, max_tokens)
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise ApiError(400, f"stream must be true or false, got {stream!r}", "stream")
+            try:
+                pending = server.submit(req, asyncio.get_running_loop())
+            except Busy as e:
+                raise ApiError(429, f"{e}; retry later", kind="rate_limit_error") from None
+        except ApiError as e:
+            return error(e)
+        rid = f"chatcmpl-{index}"
+        if stream:
+            return StreamingResponse(_sse(server, pending, rid, model),
+                                     media_type="text/event-stream")  # fmt: skip
+        return await _whole(server, pending, rid, model)
+
+    return Starlette(routes=[
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+    ])  # fmt: skip
+
+
+async def _events(pending: Pending) -> AsyncIterator[Any]:
+    """A request's events until it leaves the graph; cancelled if the caller stops reading."""
+    try:
+        while (event := await pending.events.get()) is not DONE:
+            yield event
+    finally:
+        if pending.state is None:  # the client left first: the loop drops it next turn
+            Server.cancel(pending)
+
+
+def _failure(event: Failed) -> ApiError:
+    if is_client_error(event):
+        return ApiError(400, event.error)
+    return ApiError(500, f"{event.stage}: {event.error}", kind="server_error")
+
+
+async def _whole(server: Server, pending: Pending, rid: str, model: str) -> Response:
+    text, finish = [], "stop"
+    async for event in _events(pending):
+        if isinstance(event, TextDelta):
+            text.append(event.text)
+        elif isinstance(event, Finished) and event.stage in server.text_stages:
+            finish = event.reason
+        elif isinstance(event, Failed):
+            e = _failure(event)
+            return JSONResponse(e.body(), status_code=e.status)
+    usage = usage_of(pending.state, server.texts)
+    return JSONResponse(completion(rid, model, "".join(text), finish, usage))
+
+
+async def _sse(server: Server, pending: Pending, rid: str, model: str) -> AsyncIterator[str]:
+    def line(obj: Any) -> str:
+        return f"data: {json.dumps(obj)}\n\n"
+
+    yield line(chunk(rid, model, {"role": "assistant", "content": ""}))
+    finish = "stop"
+    async for event in _events(pending):
+        if isinstance(event, TextDelta) and event.text:
+            yield line(chunk(rid, model, {"content": event.text}))
+        elif isinstance(event, Finished) and event.stage in server.text_stages:
+            finish = event.reason
+        elif isinstance(event, Failed):  # headers are sent: the error goes in the stream
+            yield line(_failure(event).body())
+            return
+    yield line(chunk(rid, model, {}, finish, usage_of(pending.state, server.texts)))
+    yield "data: [DONE]\n\n"

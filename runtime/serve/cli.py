@@ -1,0 +1,85 @@
+"""edge-serve: the graph of an engine dir behind OpenAI's chat-completions API, in one process.
+
+    edge-serve --config ENG [--host 127.0.0.1] [--port 8000] [--batch-size 8] [--max-queue 64]
+        [--api-key KEY] [--max-tokens 256]
+
+Needs the ``serve`` extra (Starlette and uvicorn): pip install 'edgeomni[serve]'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="edge-serve",
+        description="Serve an engine dir's graph over OpenAI's API (GET /health, GET "
+        "/v1/models, POST /v1/chat/completions with text, streamed or not). Every request "
+        "joins one in-flight scheduler loop; a client that disconnects frees its slot.",
+    )
+    p.add_argument("--config", required=True, type=Path,
+                   help="engine dir (or its multistage_config.json)")  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only)")  # fmt: skip
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="requests each stage runs at once (at most the build's max batch)")  # fmt: skip
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait beyond those running; more get 429")  # fmt: skip
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: the "
+                   "EDGE_SERVE_API_KEY environment variable, else none)")  # fmt: skip
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_GENERATE_LENGTH,
+                   help="a request's default and largest max_tokens")  # fmt: skip
+    p.add_argument("--threads", type=int, help="CPU threads per engine (default: onnxruntime's)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(name)s: %(message)s")  # fmt: skip
+    try:
+        import uvicorn
+
+        from edgeomni.runtime.serve.app import make_app
+    except ImportError as e:
+        print(f"edge-serve: {e.name} is missing: pip install 'edgeomni[serve]'", file=sys.stderr)
+        return 2
+    from edgeomni.graph_schema import GraphError
+    from edgeomni.runtime.pipeline import Pipeline, resolve_config
+    from edgeomni.runtime.serve.server import Server
+
+    if args.max_tokens < 1:
+        print("edge-serve: --max-tokens must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        config = resolve_config(args.config)
+        pipe = Pipeline(config, threads=args.threads)
+        server = Server(pipe, batch_size=args.batch_size, max_queue=args.max_queue)
+        pipe.open(set(pipe.graph.stage_ids))  # every engine loads before the port opens
+    except GraphError as e:
+        print(f"edge-serve: invalid graph: {e}", file=sys.stderr)
+        return 2
+    except (OSError, RuntimeError, ValueError) as e:
+        print(f"edge-serve: {e}", file=sys.stderr)
+        return 2
+    server.start()
+    api_key = args.api_key or os.environ.get("EDGE_SERVE_API_KEY") or None
+    app = make_app(server, model=config.parent.name, api_key=api_key, max_tokens=args.max_tokens)
+    try:  # uvicorn stops taking connections on SIGTERM / Ctrl-C and lets open ones finish
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        server.stop(timeout=30)
+    return 1 if server.error is not None else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""OpenAI's chat-completions body in, the runtime's request out; its responses and errors out.
+
+A body is turned into one request of the request-file format (runtime/requests.py), so a served
+request is validated, sampled and stopped exactly as ``edge-infer`` does it. OpenAI's fields map
+to the file's; ``top_k``, ``repetition_penalty``, ``min_tokens`` (vLLM's) and the per-stage
+``talker_*`` / ``cp_*`` / ``subtalker_*`` keys are accepted as extra body fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from edgeomni.runtime.requests import BadRequest, Request, parse_request_file
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
+EXTRA_PREFIXES = ("talker_", "cp_", "subtalker_")
+# fields OpenAI's clients send that change nothing here, or only at their default
+IGNORED = ("model", "user", "stream_options", "store", "metadata", "service_tier")
+DEFAULT_ONLY = {"n": 1, "logprobs": False, "presence_penalty": 0, "frequency_penalty": 0,
+                "parallel_tool_calls": True}  # fmt: skip
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format",
+               "logit_bias", "top_logprobs", "prediction", "audio", "modalities")  # fmt: skip
+KNOWN = ("messages", "stream", "max_tokens", "max_completion_tokens", "min_tokens", "stop",
+         *SAMPLING_FIELDS, *IGNORED, *DEFAULT_ONLY, *UNSUPPORTED)  # fmt: skip
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+class ApiError(Exception):
+    """An error answered with OpenAI's error body: ``status``, a message, the field at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": None}}  # fmt: skip
+
+
+def chat_request(body: Any, index: int, max_tokens: int) -> Request:
+    """The runtime request of a chat-completions body; an ApiError (400) naming the field at
+    fault. ``max_tokens``: the default and the cap (the build's)."""
+    if not isinstance(body, Mapping):
+        raise ApiError(400, "the body must be a JSON object")
+    unknown = [k for k in body if k not in KNOWN and not k.startswith(EXTRA_PREFIXES)]
+    if unknown:
+        raise ApiError(400, f"unknown field {unknown[0]!r}", unknown[0])
+    for key in UNSUPPORTED:
+        if body.get(key) not in (None, [], {}):
+            raise ApiError(400, f"{key} is not supported by this server", key)
+    for key, default in DEFAULT_ONLY.items():
+        if key in body and body[key] not in (None, default):
+            raise ApiError(400, f"{key} must be {default!r} here", key)
+    if "messages" not in body:
+        raise ApiError(400, "messages is required", "messages")
+    messages = body["messages"]
+    if isinstance(messages, list):
+        for i, msg in enumerate(messages):
+            parts = msg.get("content") if isinstance(msg, Mapping) else None
+            for j, part in enumerate(parts if isinstance(parts, list) else []):
+                kind = part.get("type") if isinstance(part, Mapping) else None
+                if kind != "text":
+                    raise ApiError(400, f"content parts of type {kind!r} are not served yet "
+                                   "(text only)", f"messages[{i}].content[{j}].type")  # fmt: skip
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is None:
+        limit = max_tokens
+    elif isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= max_tokens:
+        key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        raise ApiError(400, f"{key} must be an integer in 1..{max_tokens}, got {limit!r}", key)
+    req: dict[str, Any] = {"messages": messages, "max_generate_length": limit}
+    if "min_tokens" in body:
+        req["min_generate_length"] = body["min_tokens"]
+    if body.get("stop") is not None:
+        req["stop"] = body["stop"]
+    sampling = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
+    sampling.update({k: v for k, v in body.items() if k.startswith(EXTRA_PREFIXES)})
+    if sampling:
+        req["sampling"] = sampling
+    file: dict[str, Any] = {"requests": [req], "max_generate_length": max_tokens}
+    try:
+        (parsed,), _ = parse_request_file(file)
+    except ValueError as e:  # a top-level fault of what was built here
+        raise ApiError(400, str(e)) from None
+    if isinstance(parsed, BadRequest):
+        raise ApiError(400, parsed.error, _param(parsed.error, body))
+    return dataclasses.replace(parsed, index=index)
+
+
+def _param(error: str, body: Mapping[str, Any]) -> str | None:
+    """The body field an error of the request parser names, in OpenAI's terms."""
+    match = re.match(r"([A-Za-z_][\w]*)(\[[^\s:]*|\.[^\s:]*)*", error)
+    if match is None:
+        return None
+    word = match.group(1)
+    renamed = {"max_generate_length": "max_tokens", "min_generate_length": "min_tokens",
+               "sampling_seed": "seed", "sampling": None}  # fmt: skip
+    if word in renamed:
+        return renamed[word]
+    if word in body or word in SAMPLING_FIELDS:
+        return match.group(0)
+    return next((k for k in SAMPLING_FIELDS if k in error and k in body), None)
+
+
+def completion(rid: str, model: str, text: str, finish: str, usage: dict[str, int]) -> dict:
+    return {
+        "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "finish_reason": FINISH.get(finish, finish), "logprobs": None}],
+        "usage": usage,
+    }  # fmt: skip
+
+
+def chunk(rid: str, model: str, delta: dict[str, Any], finish: str | None = None,
+          usage: dict[str, int] | None = None) -> dict:  # fmt: skip
+    out: dict[str, Any] = {
+        "id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                     "finish_reason": None if finish is None else FINISH.get(finish, finish)}],
+    }  # fmt: skip
+    if usage is not None:
+        out["usage"] = usage
+    return out

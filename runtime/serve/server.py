@@ -1,0 +1,151 @@
+"""edge-serve's core: one scheduler loop on a thread of its own, HTTP requests fed into it.
+
+Every HTTP request becomes one request of ``Pipeline.serve``'s in-flight loop, which plans,
+prepares and runs it beside the others; its events (text deltas, finished, failed) come back
+to the request's own asyncio queue, so one request's output can only reach its own response. A
+client that goes away marks its request cancelled, and the loop drops it at its next turn. At
+most ``batch_size + max_queue`` requests are in the server at once; past that, ``Busy``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from edgeomni.runtime.events import Event, Failed, Finished, TextDelta
+from edgeomni.runtime.pipeline import PREPARE, Pipeline, Submission
+from edgeomni.runtime.requests import Request
+from edgeomni.runtime.runners import RequestState
+from edgeomni.runtime.scheduler import CANCELLED, Arrivals
+
+log = logging.getLogger("edge-serve")
+
+
+class Busy(Exception):
+    """The server holds as many requests as it takes; the client should retry later."""
+
+
+@dataclass
+class Pending:
+    """A request in the server: its events as they come, and whether its client left."""
+
+    index: int
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: bool = False
+    state: RequestState | None = None  # set once it has left the graph
+
+
+DONE = object()  # the last item of a request's queue
+
+
+class Server:
+    def __init__(self, pipe: Pipeline, *, batch_size: int, max_queue: int) -> None:
+        if batch_size < 1 or max_queue < 0:
+            raise ValueError(f"batch size {batch_size} must be >= 1, max queue {max_queue} >= 0")
+        self.pipe = pipe
+        self.batch_size = batch_size
+        self.capacity = batch_size + max_queue
+        self.texts = set(pipe.text_terminals())  # "stage:port"
+        self.text_stages = {port.split(":")[0] for port in self.texts}
+        self._arrivals = Arrivals()
+        self._pending: dict[int, Pending] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None  # what stopped the loop, if it failed
+        self.finished = 0  # requests that left, failed ones too
+        self.cancelled = 0  # of them, those whose client went away first
+
+    # -- the loop -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="edge-serve-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.pipe.serve(self._arrivals, batch_size=self.batch_size, listener=self._event,
+                            done=self._done, cancelled=self._cancelled)  # fmt: skip
+        except BaseException as e:  # the loop itself failed: every request still here fails
+            log.exception("the scheduler loop stopped")
+            self.error = e
+            with self._lock:
+                pending = list(self._pending.values())
+            for p in pending:
+                p.loop.call_soon_threadsafe(p.events.put_nowait, Failed(p.index, "server", str(e)))
+                p.loop.call_soon_threadsafe(p.events.put_nowait, DONE)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Take no more requests; return once those in the server have left (or ``timeout``)."""
+        self._arrivals.close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def _event(self, event: Event) -> None:
+        with self._lock:
+            p = self._pending.get(event.index)
+        if p is not None and isinstance(event, (TextDelta, Finished, Failed)):
+            p.loop.call_soon_threadsafe(p.events.put_nowait, event)
+
+    def _done(self, state: RequestState) -> None:
+        with self._lock:
+            p = self._pending.pop(state.index, None)
+            self.finished += 1
+            self.cancelled += int(state.error == CANCELLED)
+        if p is not None:
+            p.state = state
+            p.loop.call_soon_threadsafe(p.events.put_nowait, DONE)
+
+    def _cancelled(self, state: RequestState) -> bool:
+        with self._lock:
+            p = self._pending.get(state.index)
+        return p is not None and p.cancelled
+
+    # -- requests -----------------------------------------------------------------------------
+    def next_index(self) -> int:
+        return next(self._ids)
+
+    def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> Pending:
+        """Put a request into the loop (its index from ``next_index``); Busy when full."""
+        if not self.running:
+            raise RuntimeError("the server's scheduler loop is not running")
+        with self._lock:
+            if len(self._pending) >= self.capacity:
+                raise Busy(f"the server holds {self.capacity} requests")
+            p = self._pending[request.index] = Pending(request.index, loop)
+        # the text the graph makes (a speech graph's other terminals are not asked for)
+        self._arrivals.put(Submission(request.index, request, self.texts or None))
+        return p
+
+    @staticmethod
+    def cancel(p: Pending) -> None:
+        p.cancelled = True
+
+
+def usage_of(state: RequestState | None, texts: set[str]) -> dict[str, int]:
+    """OpenAI's usage counts from the text stage's report."""
+    prompt = completion = 0
+    if state is not None:
+        for port in texts:
+            report = state.details.get(port.split(":")[0], {})
+            prompt = int(report.get("prompt_tokens", prompt) or 0)
+            completion = int(report.get("generated_tokens", completion) or 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}  # fmt: skip
+
+
+def is_client_error(event: Failed) -> bool:
+    """A request that failed for what it asked (planning or preparing it), not the server."""
+    return event.stage == PREPARE or event.error == CANCELLED

@@ -1,0 +1,235 @@
+"""edge-serve driven over HTTP by OpenAI's own Python client, on the tiny Qwen3 CPU build: its
+greedy replies equal ``Pipeline.run``'s (what edge-infer writes) for the same requests, streamed
+or not and with many clients at once; bad requests get 400 naming the field; a full server
+answers 429 and loses no accepted request; a client that disconnects frees its slot."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from edgeomni.runtime.pipeline import Pipeline  # noqa: E402
+from edgeomni.runtime.requests import parse_request_file  # noqa: E402
+from edgeomni.runtime.serve.app import make_app  # noqa: E402
+from edgeomni.runtime.serve.server import Server  # noqa: E402
+
+PROMPTS = ["Hello! How are you?", "Tell me a story about a fox.", "What is two plus two?",
+           "The capital of France is", "Write a haiku.", "Count to ten."]  # fmt: skip
+MODEL = "tiny-qwen3"
+
+
+def start(engine: Path, *, batch_size: int, max_queue: int, api_key: str | None = None,
+          step_s: float = 0.0) -> Any:  # fmt: skip
+    """A server over the engine dir on a free localhost port, its loop and uvicorn on threads.
+    ``step_s``: each decode step of the text stage takes at least this long (a test's time to
+    act while a request runs)."""
+    pipe = Pipeline(engine)
+    server = Server(pipe, batch_size=batch_size, max_queue=max_queue)
+    if step_s:
+        pipe.open({"llm"})
+        stage = pipe._slot_stage("llm")
+        step = stage.step
+        stage.step = lambda slots: (time.sleep(step_s), step(slots))[1]
+    server.start()
+    app = make_app(server, model=MODEL, api_key=api_key, max_tokens=48)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    web = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=web.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not web.started:
+        assert time.time() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    def stop() -> None:
+        web.should_exit = True
+        thread.join(10)
+        server.stop(10)
+
+    return SimpleNamespace(url=url, server=server, stop=stop)
+
+
+@pytest.fixture(scope="module")
+def served(qwen3_engine: Path) -> Iterator[Any]:
+    s = start(qwen3_engine, batch_size=3, max_queue=16)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(qwen3_engine: Path) -> dict[tuple[str, int], tuple[str, int]]:
+    """(prompt, max tokens) -> (text, tokens) of edge-infer's path, greedy."""
+    pipe = Pipeline(qwen3_engine)
+    keys = [(p, n) for p in PROMPTS for n in (5, 12)]
+    body = {"requests": [{"messages": [{"role": "user", "content": p}],
+                          "max_generate_length": n} for p, n in keys],
+            "temperature": 0.0}  # fmt: skip
+    requests, _ = parse_request_file(body)
+    outcomes = pipe.run(requests, batch_size=3)
+    out = {}
+    for key, o in zip(keys, outcomes, strict=True):
+        assert o.entry["ok"], o.entry["error"]
+        out[key] = (o.entry["output_text"], o.entry["stages"]["llm"]["generated_tokens"])
+    return out
+
+
+def client(served: Any, **kw: Any) -> Any:
+    return openai.OpenAI(base_url=served.url + "/v1", api_key=kw.pop("api_key", "none"),
+                         max_retries=0, **kw)  # fmt: skip
+
+
+def test_chat_replies_equal_edge_infers(served: Any, offline: dict) -> None:
+    c = client(served)
+    for prompt in PROMPTS[:3]:
+        got = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=12,
+                                        messages=[{"role": "user", "content": prompt}])  # fmt: skip
+        text, tokens = offline[(prompt, 12)]
+        assert got.choices[0].message.content == text
+        assert got.choices[0].finish_reason in ("stop", "length")
+        assert got.usage.completion_tokens == tokens and got.usage.prompt_tokens > 0
+        assert got.model == MODEL and got.object == "chat.completion"
+
+
+def test_streamed_deltas_join_to_the_reply(served: Any, offline: dict) -> None:
+    c = client(served)
+    stream = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=12, stream=True,
+                                       messages=[{"role": "user", "content": PROMPTS[1]}])  # fmt: skip
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == offline[(PROMPTS[1], 12)][0]
+    assert len(chunks) > 2 and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert chunks[-1].usage.completion_tokens == offline[(PROMPTS[1], 12)][1]
+
+
+def test_many_clients_at_once_each_get_their_own_reply(served: Any, offline: dict) -> None:
+    """12 clients with different prompts and lengths at once (3 rows run, the rest wait):
+    each reply is the one that request gets offline."""
+    keys = [(p, n) for p in PROMPTS for n in (5, 12)]
+    c = client(served)
+
+    def ask(key: tuple[str, int]) -> str:
+        prompt, n = key
+        got = c.chat.completions.create(model=MODEL, temperature=0, max_tokens=n,
+                                        messages=[{"role": "user", "content": prompt}])  # fmt: skip
+        return got.choices[0].message.content
+
+    with ThreadPoolExecutor(12) as pool:
+        replies = list(pool.map(ask, keys))
+    assert replies == [offline[k][0] for k in keys]
+    assert served.server.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 49}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+        ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "x"}]}, "tools"),
+        ({"messages": [{"role": "user", "content": "hi"}], "colour": "red"}, "colour"),
+        ({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "stream"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "data:x"}}],
+                    }
+                ]
+            },
+            "messages[0].content[0].type",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_a_bad_request_is_400_naming_the_field(served: Any, body: dict, param: str) -> None:
+    r = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_a_body_that_is_not_json_is_400(served: Any) -> None:
+    r = httpx.post(served.url + "/v1/chat/completions", content=b"{oops", timeout=30)
+    assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+
+
+def test_models_and_health(served: Any) -> None:
+    assert client(served).models.list().data[0].id == MODEL
+    r = httpx.get(served.url + "/health", timeout=30)
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_full_server_429s_and_a_disconnect_frees_the_slot(qwen3_engine: Path) -> None:
+    """One row and no queue: while a streamed request runs, another gets 429 with Retry-After
+    (nothing lost: the first goes on); the first client then disconnects mid-stream, its
+    request is cancelled at the loop's next turn, and the slot serves the next request."""
+    s = start(qwen3_engine, batch_size=1, max_queue=0, step_s=0.05)
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[1]}],
+                "max_tokens": 48, "stream": True, "min_tokens": 48}  # fmt: skip
+        small = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                 "max_tokens": 4, "min_tokens": 4}  # fmt: skip
+        with httpx.Client(timeout=30) as http:
+            with http.stream("POST", s.url + "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                lines = r.iter_lines()
+                first = next(line for line in lines if line.startswith("data:"))
+                assert "assistant" in first
+                busy = http.post(s.url + "/v1/chat/completions",
+                                 json={**small, "stream": False})  # fmt: skip
+                assert busy.status_code == 429 and busy.headers["Retry-After"] == "1"
+                assert busy.json()["error"]["type"] == "rate_limit_error"
+                next(line for line in lines if line.startswith("data:"))  # still streaming
+            # the stream is closed here, mid-reply: the server drops the request
+            deadline = time.time() + 20
+            while s.server.in_flight:
+                assert time.time() < deadline, "the disconnected request kept its slot"
+                time.sleep(0.05)
+            after = http.post(s.url + "/v1/chat/completions", json=small)
+            assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
+        assert s.server.finished == 2 and s.server.cancelled == 1
+    finally:
+        s.stop()
+    assert s.server.error is None and not s.server.running
+
+
+def test_api_key(qwen3_engine: Path) -> None:
+    s = start(qwen3_engine, batch_size=1, max_queue=1, api_key="sesame")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            client(s, api_key="wrong").models.list()
+        got = client(s, api_key="sesame").chat.completions.create(
+            model=MODEL, max_tokens=3, temperature=0,
+            messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+        assert got.usage.completion_tokens == 3
+    finally:
+        s.stop()
+
+
+def test_edge_serve_refuses_what_it_cannot_serve(tmp_path: Path, capsys: Any) -> None:
+    """edge-serve exits 2 with one line for an engine dir it cannot open, before any port."""
+    from edgeomni.runtime.serve.cli import main, parser
+
+    assert "--max-queue" in parser().format_help()
+    assert main(["--config", str(tmp_path / "nothing")]) == 2
+    assert "edge-serve:" in capsys.readouterr().err
+    assert main(["--config", str(tmp_path), "--max-tokens", "0"]) == 2
