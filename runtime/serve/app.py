@@ -7,7 +7,9 @@
 
 Errors are OpenAI's error body: 400 for a bad request (the field named), 401 without the API
 key when one is set, 429 (with Retry-After) when the server is full, 500 for a request that
-failed inside the runtime (the others go on).
+failed inside the runtime (the others go on), 503 once the scheduler loop has stopped. A
+streamed request whose client disconnects is cancelled; a non-streamed one runs to its end
+(its reply is then dropped).
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
                 pending = server.submit(req, asyncio.get_running_loop())
             except Busy as e:
                 raise ApiError(429, f"{e}; retry later", kind="rate_limit_error") from None
+            except RuntimeError as e:  # the scheduler loop has stopped
+                raise ApiError(503, str(e), kind="server_error") from None
         except ApiError as e:
             return error(e)
         rid = f"chatcmpl-{index}"
