@@ -233,3 +233,32 @@ def test_edge_serve_refuses_what_it_cannot_serve(tmp_path: Path, capsys: Any) ->
     assert main(["--config", str(tmp_path / "nothing")]) == 2
     assert "edge-serve:" in capsys.readouterr().err
     assert main(["--config", str(tmp_path), "--max-tokens", "0"]) == 2
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    line = next(x for x in text.splitlines() if x.startswith(name + " "))
+    return float(line.split()[-1])
+
+
+def test_metrics_count_what_happened(served: Any) -> None:
+    """/metrics (Prometheus's text format): a request that went through adds to ok, its tokens
+    and the first-token histogram; a bad one to invalid; one whose prompt is too long for the
+    build (refused while it is prepared) to invalid too."""
+    names = ('edgeomni_requests_total{outcome="ok"}', 'edgeomni_requests_total{outcome="invalid"}',
+             "edgeomni_generated_tokens_total", "edgeomni_time_to_first_token_seconds_count")  # fmt: skip
+    before = [metric(served.url, n) for n in names]
+    got = client(served).chat.completions.create(
+        model=MODEL, max_tokens=5, temperature=0, messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    bad = httpx.post(served.url + "/v1/chat/completions", json={"messages": []}, timeout=30)
+    long = httpx.post(served.url + "/v1/chat/completions", timeout=30, json={
+        "messages": [{"role": "user", "content": "word " * 200}], "max_tokens": 4})  # fmt: skip
+    assert bad.status_code == 400 and long.status_code == 400, long.text
+    after = [metric(served.url, n) for n in names]
+    assert after[0] - before[0] == 1 and after[1] - before[1] == 2
+    assert after[2] - before[2] == got.usage.completion_tokens and after[3] - before[3] == 1
+    assert metric(served.url, "edgeomni_requests_in_flight") == 0
+    assert metric(served.url, "edgeomni_loop_running") == 1
+    text = httpx.get(served.url + "/metrics", timeout=30).text
+    assert "# TYPE edgeomni_time_to_first_token_seconds histogram" in text
+    assert 'edgeomni_time_to_first_token_seconds_bucket{le="+Inf"}' in text

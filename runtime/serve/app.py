@@ -2,6 +2,7 @@
 
 - ``GET /health``: 200 while the scheduler loop runs, 503 once it stopped.
 - ``GET /v1/models``: the one model, named after the engine dir.
+- ``GET /metrics``: Prometheus's text format (serve/metrics.py).
 - ``POST /v1/chat/completions``: text in, text out; ``stream: true`` sends server-sent events,
   a chunk per text delta and a last one with the finish reason and usage.
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from edgeomni.runtime.events import Failed, Finished, TextDelta
@@ -83,6 +84,8 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
             except RuntimeError as e:  # the scheduler loop has stopped
                 raise ApiError(503, str(e), kind="server_error") from None
         except ApiError as e:
+            if e.status in (400, 413):
+                server.metrics.count("invalid")
             return error(e)
         rid = f"chatcmpl-{index}"
         if stream:
@@ -90,8 +93,13 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
                                      media_type="text/event-stream")  # fmt: skip
         return await _whole(server, pending, rid, model)
 
+    async def metrics(request: HttpRequest) -> Response:
+        text = server.metrics.render(server.in_flight, server.capacity, lambda: server.running)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
     return Starlette(routes=[
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
     ])  # fmt: skip
@@ -114,15 +122,16 @@ def _failure(event: Failed) -> ApiError:
 
 
 async def _whole(server: Server, pending: Pending, rid: str, model: str) -> Response:
-    text, finish = [], "stop"
-    async for event in _events(pending):
+    text, finish, failed = [], "stop", None
+    async for event in _events(pending):  # to the end: the request has left when it answers
         if isinstance(event, TextDelta):
             text.append(event.text)
         elif isinstance(event, Finished) and event.stage in server.text_stages:
             finish = event.reason
         elif isinstance(event, Failed):
-            e = _failure(event)
-            return JSONResponse(e.body(), status_code=e.status)
+            failed = _failure(event)
+    if failed is not None:
+        return JSONResponse(failed.body(), status_code=failed.status)
     usage = usage_of(pending.state, server.texts)
     return JSONResponse(completion(rid, model, "".join(text), finish, usage))
 
@@ -132,14 +141,16 @@ async def _sse(server: Server, pending: Pending, rid: str, model: str) -> AsyncI
         return f"data: {json.dumps(obj)}\n\n"
 
     yield line(chunk(rid, model, {"role": "assistant", "content": ""}))
-    finish = "stop"
+    finish, failed = "stop", None
     async for event in _events(pending):
         if isinstance(event, TextDelta) and event.text:
             yield line(chunk(rid, model, {"content": event.text}))
         elif isinstance(event, Finished) and event.stage in server.text_stages:
             finish = event.reason
         elif isinstance(event, Failed):  # headers are sent: the error goes in the stream
-            yield line(_failure(event).body())
-            return
+            failed = _failure(event)
+    if failed is not None:
+        yield line(failed.body())
+        return
     yield line(chunk(rid, model, {}, finish, usage_of(pending.state, server.texts)))
     yield "data: [DONE]\n\n"

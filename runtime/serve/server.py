@@ -13,13 +13,15 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
-from edgeomni.runtime.events import Event, Failed, Finished, TextDelta
+from edgeomni.runtime.events import AudioChunk, Event, Failed, Finished, TextDelta
 from edgeomni.runtime.pipeline import PREPARE, Pipeline, Submission
 from edgeomni.runtime.requests import Request
 from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.scheduler import CANCELLED, Arrivals
+from edgeomni.runtime.serve.metrics import Metrics
 
 log = logging.getLogger("edge-serve")
 
@@ -37,6 +39,10 @@ class Pending:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False
     state: RequestState | None = None  # set once it has left the graph
+    submitted: float = field(default_factory=time.perf_counter)
+    first: set[str] = field(default_factory=set)  # "token", "audio": seen already
+    audio_s: float = 0.0
+    invalid: bool = False  # it failed being planned or prepared: its own fault
 
 
 DONE = object()  # the last item of a request's queue
@@ -59,6 +65,7 @@ class Server:
         self.error: BaseException | None = None  # what stopped the loop, if it failed
         self.finished = 0  # requests that left, failed ones too
         self.cancelled = 0  # of them, those whose client went away first
+        self.metrics = Metrics()
 
     # -- the loop -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -96,7 +103,20 @@ class Server:
     def _event(self, event: Event) -> None:
         with self._lock:
             p = self._pending.get(event.index)
-        if p is not None and isinstance(event, (TextDelta, Finished, Failed)):
+        if p is None:
+            return
+        kind = None
+        if isinstance(event, TextDelta) and event.text:
+            kind = "token"
+        elif isinstance(event, AudioChunk) and event.samples.size:
+            kind = "audio"
+            p.audio_s += event.samples.size / event.sample_rate
+        if kind is not None and kind not in p.first:
+            p.first.add(kind)
+            self.metrics.first(kind, time.perf_counter() - p.submitted)
+        if isinstance(event, Failed) and event.stage == PREPARE:
+            p.invalid = True
+        if isinstance(event, (TextDelta, Finished, Failed)):
             p.loop.call_soon_threadsafe(p.events.put_nowait, event)
 
     def _done(self, state: RequestState) -> None:
@@ -104,6 +124,14 @@ class Server:
             p = self._pending.pop(state.index, None)
             self.finished += 1
             self.cancelled += int(state.error == CANCELLED)
+        outcome = (
+            "ok" if state.error is None
+            else "cancelled" if state.error == CANCELLED
+            else "invalid" if p is not None and p.invalid
+            else "error"
+        )  # fmt: skip
+        tokens = usage_of(state, self.texts)["completion_tokens"]
+        self.metrics.left(outcome, tokens, p.audio_s if p is not None else 0.0)
         if p is not None:
             p.state = state
             p.loop.call_soon_threadsafe(p.events.put_nowait, DONE)
@@ -123,6 +151,7 @@ class Server:
             raise RuntimeError("the server's scheduler loop is not running")
         with self._lock:
             if len(self._pending) >= self.capacity:
+                self.metrics.count("rejected")
                 raise Busy(f"the server holds {self.capacity} requests")
             p = self._pending[request.index] = Pending(request.index, loop)
         # the text the graph makes (a speech graph's other terminals are not asked for)
