@@ -262,3 +262,68 @@ def test_metrics_count_what_happened(served: Any) -> None:
     text = httpx.get(served.url + "/metrics", timeout=30).text
     assert "# TYPE edgeomni_time_to_first_token_seconds histogram" in text
     assert 'edgeomni_time_to_first_token_seconds_bucket{le="+Inf"}' in text
+
+
+@pytest.fixture(scope="module")
+def tts_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3-TTS CustomVoice checkpoint (export/tiny_tts.py), built for the CPU."""
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+    from edgeomni.export.tiny_tts import make_checkpoint
+
+    root = tmp_path_factory.mktemp("serve-tts")
+    ckpt = make_checkpoint(root / "ckpt", "custom_voice", "tiny")
+    args = BuildArgs(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
+    assert build(ckpt, root / "eng", args) is not None
+    return root / "eng"
+
+
+GREEDY_SPEECH = {"talker_do_sample": 0, "subtalker_dosample": 0, "talker_max_new_tokens": 9}
+
+
+def test_speech_equals_edge_infers_audio(tts_engine: Path) -> None:
+    """POST /v1/audio/speech on a Qwen3-TTS graph, through the openai client: the audio is the
+    one edge-infer makes for the same text and voice (greedy), as pcm, as wav and streamed;
+    a chat request or a bad format is 400 on this graph."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from edgeomni.runtime.serve.openai_api import pcm16
+
+    text, voice = "Hello there, this is a test.", "vivian"
+    requests, _ = parse_request_file({"requests": [
+        {"prompt": text, "speaker": voice, "sampling": GREEDY_SPEECH}]})  # fmt: skip
+    (want,) = Pipeline(tts_engine).run(requests, batch_size=1)
+    assert want.entry["ok"], want.entry["error"]
+    s = start(tts_engine, batch_size=2, max_queue=2)
+    try:
+        c = client(s)
+        pcm = c.audio.speech.create(model=MODEL, input=text, voice=voice, response_format="pcm",
+                                    extra_body=GREEDY_SPEECH).content  # fmt: skip
+        assert pcm == pcm16(want.audio) and len(pcm) == 2 * want.audio.size > 0
+        wav = c.audio.speech.create(model=MODEL, input=text, voice=voice, response_format="wav",
+                                    extra_body=GREEDY_SPEECH).content  # fmt: skip
+        samples, rate = sf.read(io.BytesIO(wav), dtype="int16")
+        assert rate == want.sample_rate and samples.tobytes() == pcm
+        body = {"model": MODEL, "input": text, "voice": voice, "response_format": "pcm",
+                "stream": True, **GREEDY_SPEECH}  # fmt: skip
+        with httpx.stream("POST", s.url + "/v1/audio/speech", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            parts = list(r.iter_bytes())
+        assert b"".join(parts) == pcm
+        for bad, param in (({"input": text, "voice": voice, "response_format": "mp3"},
+                            "response_format"), ({"input": "", "voice": voice}, "input"),
+                           ({"input": text, "voice": "nobody"}, None)):  # fmt: skip
+            r = httpx.post(s.url + "/v1/audio/speech", json=bad, timeout=60)
+            assert r.status_code == 400, r.text
+            if param is not None:
+                assert r.json()["error"]["param"] == param
+        chat = httpx.post(s.url + "/v1/chat/completions", timeout=60,
+                          json={"messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+        assert np.isclose(metric(s.url, "edgeomni_audio_seconds_total"),
+                          3 * want.audio.size / want.sample_rate)  # fmt: skip
+    finally:
+        s.stop()

@@ -3,6 +3,8 @@
 - ``GET /health``: 200 while the scheduler loop runs, 503 once it stopped.
 - ``GET /v1/models``: the one model, named after the engine dir.
 - ``GET /metrics``: Prometheus's text format (serve/metrics.py).
+- ``POST /v1/audio/speech``: a graph that speaks a given text (Qwen3-TTS): wav, pcm or flac,
+  whole or (``stream: true``) as raw bytes while the vocoder runs.
 - ``POST /v1/chat/completions``: text in, text out; ``stream: true`` sends server-sent events,
   a chunk per text delta and a last one with the finish reason and usage.
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -26,9 +28,17 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from edgeomni.runtime.events import Failed, Finished, TextDelta
-from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH
-from edgeomni.runtime.serve.openai_api import ApiError, chat_request, chunk, completion
+from edgeomni.runtime.events import AudioChunk, Failed, Finished, TextDelta
+from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH, Request
+from edgeomni.runtime.serve.openai_api import (
+    ApiError,
+    chat_request,
+    chunk,
+    completion,
+    encoded,
+    pcm16,
+    speech_request,
+)
 from edgeomni.runtime.serve.server import DONE, Busy, Pending, Server, is_client_error, usage_of
 
 MAX_BODY = 1 << 20  # bytes of a request body: text only for now
@@ -59,7 +69,11 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         return JSONResponse({"object": "list", "data": [
             {"id": model, "object": "model", "created": 0, "owned_by": "edgeomni"}]})  # fmt: skip
 
-    async def chat(request: HttpRequest) -> Response:
+    async def take(
+        request: HttpRequest, make: Callable[[Any, int], tuple[Request, set[str] | None, Any]]
+    ) -> tuple[Pending, Any, bool] | Response:
+        """An API request into the server: the key, the JSON body, ``make(body, index)`` ->
+        (request, terminals, what the answer needs), the stream flag; or the error answer."""
         if not authorised(request):
             return error(ApiError(401, "a valid API key is required", kind="authentication_error"))
         try:
@@ -70,15 +84,12 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
                 body = json.loads(raw)
             except ValueError as e:
                 raise ApiError(400, f"the body is not JSON: {e}") from None
-            if not server.texts:
-                raise ApiError(400, "this graph makes no text (a speech graph)", "messages")
-            index = server.next_index()
-            req = chat_request(body, index, max_tokens)
+            req, terminals, extra = make(body, server.next_index())
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise ApiError(400, f"stream must be true or false, got {stream!r}", "stream")
             try:
-                pending = server.submit(req, asyncio.get_running_loop())
+                pending = server.submit(req, asyncio.get_running_loop(), terminals)
             except Busy as e:
                 raise ApiError(429, f"{e}; retry later", kind="rate_limit_error") from None
             except RuntimeError as e:  # the scheduler loop has stopped
@@ -87,11 +98,42 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
             if e.status in (400, 413):
                 server.metrics.count("invalid")
             return error(e)
-        rid = f"chatcmpl-{index}"
+        return pending, extra, stream
+
+    def make_chat(body: Any, index: int) -> tuple[Request, None, None]:
+        if not server.texts:
+            raise ApiError(400, "this graph makes no text (a speech graph)", "messages")
+        return chat_request(body, index, max_tokens), None, None
+
+    async def chat(request: HttpRequest) -> Response:
+        taken = await take(request, make_chat)
+        if isinstance(taken, Response):
+            return taken
+        pending, _, stream = taken
+        rid = f"chatcmpl-{pending.index}"
         if stream:
             return StreamingResponse(_sse(server, pending, rid, model),
                                      media_type="text/event-stream")  # fmt: skip
         return await _whole(server, pending, rid, model)
+
+    def make_speech(body: Any, index: int) -> tuple[Request, set[str], str]:
+        if not server.audio or server.texts:
+            raise ApiError(400, "this graph does not speak a given text (a Qwen3-TTS graph "
+                           "does; an omni graph speaks its own reply)", "input")  # fmt: skip
+        req, fmt = speech_request(body, index)
+        if body.get("stream") is True and fmt == "flac":
+            raise ApiError(400, "a streamed response is wav or pcm", "response_format")
+        return req, server.audio, fmt
+
+    async def speech(request: HttpRequest) -> Response:
+        taken = await take(request, make_speech)
+        if isinstance(taken, Response):
+            return taken
+        pending, fmt, stream = taken
+        media = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}[fmt]
+        if stream:
+            return StreamingResponse(_audio_stream(pending, fmt), media_type=media)
+        return await _audio_whole(pending, fmt, media)
 
     async def metrics(request: HttpRequest) -> Response:
         text = server.metrics.render(server.in_flight, server.capacity, lambda: server.running)
@@ -102,6 +144,7 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/audio/speech", speech, methods=["POST"]),
     ])  # fmt: skip
 
 
@@ -154,3 +197,47 @@ async def _sse(server: Server, pending: Pending, rid: str, model: str) -> AsyncI
         return
     yield line(chunk(rid, model, {}, finish, usage_of(pending.state, server.texts)))
     yield "data: [DONE]\n\n"
+
+
+async def _audio_whole(pending: Pending, fmt: str, media: str) -> Response:
+    pieces, rate, failed = [], 24000, None
+    async for event in _events(pending):
+        if isinstance(event, AudioChunk):
+            pieces.append(event.samples)
+            rate = event.sample_rate
+        elif isinstance(event, Failed):
+            failed = _failure(event)
+    if failed is not None:
+        return JSONResponse(failed.body(), status_code=failed.status)
+    import numpy as np
+
+    samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    return Response(encoded(samples, rate, fmt), media_type=media)
+
+
+def _wav_header(rate: int) -> bytes:
+    """A 16-bit mono WAV header for a stream of unknown length (sizes at their maximum, as
+    streaming players expect)."""
+    import struct
+
+    return (
+        b"RIFF"
+        + struct.pack("<I", 0xFFFFFFFF)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", 0xFFFFFFFF)
+    )
+
+
+async def _audio_stream(pending: Pending, fmt: str) -> AsyncIterator[bytes]:
+    """The audio's bytes as the vocoder makes them (wav: a header first). A failure after the
+    first bytes can only end the stream early."""
+    started = False
+    async for event in _events(pending):
+        if isinstance(event, AudioChunk):
+            if not started and fmt == "wav":
+                yield _wav_header(event.sample_rate)
+            started = True
+            if event.samples.size:
+                yield pcm16(event.samples)

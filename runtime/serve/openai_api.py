@@ -126,3 +126,71 @@ def chunk(rid: str, model: str, delta: dict[str, Any], finish: str | None = None
     if usage is not None:
         out["usage"] = usage
     return out
+
+
+SPEECH_FORMATS = ("wav", "pcm", "flac")
+SPEECH_FIELDS = ("model", "input", "voice", "response_format", "speed", "instructions",
+                 "language", "stream", "stream_format")  # fmt: skip
+
+
+def speech_request(body: Any, index: int) -> tuple[Request, str]:
+    """The runtime request of an audio/speech body (the text to speak as the user message, as
+    edge-infer's --prompt) and the response format; an ApiError (400) naming the field."""
+    if not isinstance(body, Mapping):
+        raise ApiError(400, "the body must be a JSON object")
+    unknown = [k for k in body if k not in SPEECH_FIELDS and not k.startswith(EXTRA_PREFIXES)]
+    if unknown:
+        raise ApiError(400, f"unknown field {unknown[0]!r}", unknown[0])
+    text = body.get("input")
+    if not isinstance(text, str) or not text.strip():
+        raise ApiError(400, "input must be a non-empty string", "input")
+    fmt = body.get("response_format", "wav")
+    if fmt not in SPEECH_FORMATS:
+        raise ApiError(400, f"response_format must be one of {', '.join(SPEECH_FORMATS)}, "
+                       f"got {fmt!r}", "response_format")  # fmt: skip
+    if body.get("speed", 1.0) != 1.0:
+        raise ApiError(400, "speed must be 1.0 here", "speed")
+    if body.get("stream_format", "audio") != "audio":
+        raise ApiError(400, "stream_format must be 'audio' (raw bytes as they are made)",
+                       "stream_format")  # fmt: skip
+    req: dict[str, Any] = {"prompt": text}
+    for ours, theirs in (("speaker", "voice"), ("instruct", "instructions"),
+                         ("language", "language")):  # fmt: skip
+        if body.get(theirs) is not None:
+            req[ours] = body[theirs]
+    extras = {k: v for k, v in body.items() if k.startswith(EXTRA_PREFIXES)}
+    if extras:
+        req["sampling"] = extras
+    try:
+        (parsed,), _ = parse_request_file({"requests": [req]})
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    if isinstance(parsed, BadRequest):
+        mapped = {"speaker": "voice", "instruct": "instructions", "prompt": "input"}
+        word = _param(parsed.error, req)
+        raise ApiError(400, parsed.error, mapped.get(word or "", word))
+    return dataclasses.replace(parsed, index=index), fmt
+
+
+def pcm16(samples: Any) -> bytes:
+    """float samples in [-1, 1] as 16-bit little-endian PCM: the samples runtime.audio.write_wav
+    writes (libsndfile's conversion, floor(x * 32768) clipped)."""
+    import numpy as np
+
+    x = np.clip(np.nan_to_num(np.asarray(samples, np.float64), nan=0.0), -1.0, 1.0)
+    return np.clip(np.floor(x * 32768.0), -32768, 32767).astype("<i2").tobytes()
+
+
+def encoded(samples: Any, rate: int, fmt: str) -> bytes:
+    """A whole utterance in ``fmt`` (wav and flac through soundfile, 16-bit)."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    if fmt == "pcm":
+        return pcm16(samples)
+    buf = io.BytesIO()
+    x = np.clip(np.nan_to_num(np.asarray(samples, np.float64), nan=0.0), -1.0, 1.0)
+    sf.write(buf, x, int(rate), format=fmt.upper(), subtype="PCM_16")
+    return buf.getvalue()

@@ -57,6 +57,7 @@ class Server:
         self.capacity = batch_size + max_queue
         self.texts = set(pipe.text_terminals())  # "stage:port"
         self.text_stages = {port.split(":")[0] for port in self.texts}
+        self.audio = set(pipe.audio_terminals())
         self._arrivals = Arrivals()
         self._pending: dict[int, Pending] = {}
         self._lock = threading.Lock()
@@ -116,7 +117,7 @@ class Server:
             self.metrics.first(kind, time.perf_counter() - p.submitted)
         if isinstance(event, Failed) and event.stage == PREPARE:
             p.invalid = True
-        if isinstance(event, (TextDelta, Finished, Failed)):
+        if isinstance(event, (TextDelta, AudioChunk, Finished, Failed)):
             p.loop.call_soon_threadsafe(p.events.put_nowait, event)
 
     def _done(self, state: RequestState) -> None:
@@ -145,8 +146,11 @@ class Server:
     def next_index(self) -> int:
         return next(self._ids)
 
-    def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> Pending:
-        """Put a request into the loop (its index from ``next_index``); Busy when full."""
+    def submit(
+        self, request: Request, loop: asyncio.AbstractEventLoop, terminals: set[str] | None = None
+    ) -> Pending:
+        """Put a request into the loop (its index from ``next_index``), for ``terminals``
+        (default: the graph's text); Busy when full."""
         if not self.running:
             raise RuntimeError("the server's scheduler loop is not running")
         with self._lock:
@@ -154,8 +158,9 @@ class Server:
                 self.metrics.count("rejected")
                 raise Busy(f"the server holds {self.capacity} requests")
             p = self._pending[request.index] = Pending(request.index, loop)
-        # the text the graph makes (a speech graph's other terminals are not asked for)
-        self._arrivals.put(Submission(request.index, request, self.texts or None))
+        # the text the graph makes unless told (a speech graph's audio is not asked for)
+        wanted = self.texts if terminals is None else terminals
+        self._arrivals.put(Submission(request.index, request, wanted or None))
         return p
 
     @staticmethod
