@@ -1,0 +1,201 @@
+"""edge-serve under open-loop load, against the offline request-file run of the same requests.
+
+edge-serve runs in a process of its own (``python -m edgeomni.runtime.serve.cli``); this
+process sends streamed chat completions at Poisson arrival times, at each rate given, without
+waiting for earlier ones (open loop), and times each request's first text delta and its end.
+Then the same requests run through ``Pipeline.run`` (edge-infer's path) in this process once
+the server has stopped, its engines loaded and warm, at the server's batch size: the offline
+bound. Both are greedy with a fixed reply length, so both do the same
+work.
+
+    python bench/serve_load.py --engine ENG --rates 2 8 32 --requests 32 --out OUT
+    python bench/serve_load.py --tiny --rates 4 16 --requests 24 --out /tmp/serve_load
+
+``--tiny`` builds the tiny random Qwen3 (export/tiny.py) into a temp dir first. Writes
+OUT/serve_load.json (every request's times, the settings, the machine) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPTS = ["Hello! How are you today?", "Tell me a story about a fox.", "What is 2 + 2?",
+           "Name three colours.", "Write a haiku about rain.", "Count from one to ten."]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = max(0, min(len(xs) - 1, round(q * (len(xs) - 1))))
+    return xs[k]
+
+
+async def one(client: Any, url: str, prompt: str, tokens: int, at: float) -> dict[str, Any]:
+    await asyncio.sleep(max(0.0, at - time.perf_counter()))
+    start = time.perf_counter()
+    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": tokens, "min_tokens": tokens, "temperature": 0, "stream": True}  # fmt: skip
+    first = None
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            return {"status": r.status_code, "start": start, "end": time.perf_counter()}
+        async for line in r.aiter_lines():
+            if first is None and line.startswith("data:") and '"content": "' in line and \
+                    '"content": ""' not in line:  # fmt: skip
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return {"status": 200, "start": start, "first": first, "end": end,
+            "lateness": start - at}  # fmt: skip
+
+
+async def load(url: str, rate: float, n: int, tokens: int, seed: int) -> list[dict[str, Any]]:
+    import httpx
+
+    rng = random.Random(seed)
+    t0 = time.perf_counter() + 0.2
+    times, t = [], t0
+    for _ in range(n):
+        times.append(t)
+        t += rng.expovariate(rate)
+    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        jobs = [one(client, url, PROMPTS[i % len(PROMPTS)], tokens, at)
+                for i, at in enumerate(times)]  # fmt: skip
+        return await asyncio.gather(*jobs)
+
+
+def summary(rows: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    ok = [r for r in rows if r["status"] == 200]
+    ttft = [(r["first"] - r["start"]) * 1e3 for r in ok if r.get("first")]
+    e2e = [(r["end"] - r["start"]) * 1e3 for r in ok]
+    span = max(r["end"] for r in ok) - min(r["start"] for r in ok) if ok else float("nan")
+    return {
+        "requests": len(rows), "ok": len(ok),
+        "ttft_p50_ms": round(percentile(ttft, 0.5), 1), "ttft_p99_ms": round(percentile(ttft, 0.99), 1),
+        "e2e_p50_ms": round(percentile(e2e, 0.5), 1), "e2e_p99_ms": round(percentile(e2e, 0.99), 1),
+        "requests_per_s": round(len(ok) / span, 2), "tokens_per_s": round(len(ok) * tokens / span, 1),
+        "max_lateness_ms": round(max((r.get("lateness", 0) for r in rows), default=0) * 1e3, 1),
+    }  # fmt: skip
+
+
+def offline(engine: Path, n: int, tokens: int, batch: int, threads: int | None) -> dict[str, Any]:
+    """The same requests through Pipeline.run (edge-infer's path, in-flight batching) in this
+    process, after the engines are loaded and warm: the offline bound."""
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    def requests(count: int) -> list[Any]:
+        body = {"requests": [{"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
+                             for i in range(count)],
+                "max_generate_length": tokens, "min_generate_length": tokens, "temperature": 0.0}  # fmt: skip
+        return parse_request_file(body)[0]
+
+    pipe = Pipeline(engine, threads=threads)
+    pipe.run(requests(2), batch_size=batch)  # loads and warms the engines
+    start = time.perf_counter()
+    outcomes = pipe.run(requests(n), batch_size=batch)
+    wall = time.perf_counter() - start
+    assert all(o.entry["ok"] for o in outcomes)
+    return {"wall_s": round(wall, 3), "requests_per_s": round(n / wall, 2),
+            "tokens_per_s": round(n * tokens / wall, 1)}  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--engine", type=Path)
+    src.add_argument("--tiny", action="store_true", help="build the tiny random Qwen3 first")
+    p.add_argument("--rates", type=float, nargs="+", default=[2.0, 8.0, 32.0],
+                   help="arrivals per second")  # fmt: skip
+    p.add_argument("--requests", type=int, default=32, help="per rate")
+    p.add_argument("--tokens", type=int, default=24, help="reply tokens a request (exact)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, help="the server's CPU threads per engine")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="serve-load-"))
+    engine = a.engine
+    if a.tiny:
+        from edgeomni.builder.build import build
+        from edgeomni.export.family import BuildArgs
+        from edgeomni.export.tiny import make_qwen3
+
+        engine = work / "eng"
+        build(make_qwen3(work / "ckpt"), engine, BuildArgs(max_batch_size=a.batch_size,
+              max_input_len=64, max_kv_cache_capacity=128))  # fmt: skip
+    port = free_port()
+    cmd = [sys.executable, "-m", "edgeomni.runtime.serve.cli", "--config", str(engine),
+           "--port", str(port), "--batch-size", str(a.batch_size),
+           "--max-queue", str(max(a.requests, 1)), "--max-tokens", str(a.tokens)]  # fmt: skip
+    if a.threads:
+        cmd += ["--threads", str(a.threads)]
+    log = (a.out / "server.log").open("w")
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        deadline = time.time() + 300
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"edge-serve did not start; see {a.out / 'server.log'}")
+            time.sleep(0.2)
+        asyncio.run(load(url, 4.0, 4, a.tokens, a.seed))  # warm-up
+        runs = {}
+        for rate in a.rates:
+            rows = asyncio.run(load(url, rate, a.requests, a.tokens, a.seed))
+            runs[str(rate)] = {"summary": summary(rows, a.tokens), "requests": rows}
+            print(f"rate {rate}/s: {json.dumps(runs[str(rate)]['summary'])}", flush=True)
+    finally:
+        server.terminate()
+        server.wait(60)
+        log.close()
+    base = offline(engine, a.requests, a.tokens, a.batch_size, a.threads)
+    print(f"offline (edge-infer, one request file): {json.dumps(base)}")
+    print(
+        "\n| rate /s | ok | TTFT p50 / p99 ms | e2e p50 / p99 ms | req/s | tok/s | tok/s vs "
+        "offline |\n|---|---|---|---|---|---|---|"
+    )
+    for rate, run in runs.items():
+        s = run["summary"]
+        print(
+            f"| {rate} | {s['ok']}/{s['requests']} | {s['ttft_p50_ms']} / {s['ttft_p99_ms']} | "
+            f"{s['e2e_p50_ms']} / {s['e2e_p99_ms']} | {s['requests_per_s']} | "
+            f"{s['tokens_per_s']} | {s['tokens_per_s'] / base['tokens_per_s']:.2f}x |"
+        )
+    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(),
+              "cpus": os.cpu_count(), "engine": str(engine), "server_command": " ".join(cmd),
+              "settings": vars(a) | {"engine": str(engine), "out": str(a.out)},
+              "runs": runs, "offline": base}  # fmt: skip
+    (a.out / "serve_load.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
