@@ -75,7 +75,7 @@ async def load(url: str, rate: float, n: int, tokens: int, seed: int) -> list[di
     times, t = [], t0
     for _ in range(n):
         times.append(t)
-        t += rng.expovariate(rate)
+        t += 0.0 if rate == float("inf") else rng.expovariate(rate)
     limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         jobs = [one(client, url, PROMPTS[i % len(PROMPTS)], tokens, at)
@@ -125,7 +125,8 @@ def main() -> int:
     src.add_argument("--engine", type=Path)
     src.add_argument("--tiny", action="store_true", help="build the tiny random Qwen3 first")
     p.add_argument("--rates", type=float, nargs="+", default=[2.0, 8.0, 32.0],
-                   help="arrivals per second")  # fmt: skip
+                   help="arrivals per second (inf: all at once, the server's saturated "
+                   "throughput)")  # fmt: skip
     p.add_argument("--requests", type=int, default=32, help="per rate")
     p.add_argument("--tokens", type=int, default=24, help="reply tokens a request (exact)")
     p.add_argument("--batch-size", type=int, default=8)
@@ -177,7 +178,7 @@ def main() -> int:
         server.wait(60)
         log.close()
     base = offline(engine, a.requests, a.tokens, a.batch_size, a.threads)
-    print(f"offline (edge-infer, one request file): {json.dumps(base)}")
+    print(f"offline (Pipeline.run, engines warm): {json.dumps(base)}")
     print(
         "\n| rate /s | ok | TTFT p50 / p99 ms | e2e p50 / p99 ms | req/s | tok/s | tok/s vs "
         "offline |\n|---|---|---|---|---|---|---|"
