@@ -26,7 +26,9 @@ from edgeomni.runtime.serve.app import make_app  # noqa: E402
 from edgeomni.runtime.serve.server import Server  # noqa: E402
 
 PROMPTS = ["Hello! How are you?", "Tell me a story about a fox.", "What is two plus two?",
-           "The capital of France is", "Write a haiku.", "Count to ten."]  # fmt: skip
+           "The capital of France is", "Write a haiku.", "Count to ten.", "Why is the sky blue?",
+           "Say something nice."]  # fmt: skip
+LENGTHS = (3, 5, 8, 12)  # max_tokens of the offline runs: 8 prompts x 4 = 32 requests
 MODEL = "tiny-qwen3"
 
 
@@ -74,7 +76,7 @@ def served(qwen3_engine: Path) -> Iterator[Any]:
 def offline(qwen3_engine: Path) -> dict[tuple[str, int], tuple[str, int]]:
     """(prompt, max tokens) -> (text, tokens) of edge-infer's path, greedy."""
     pipe = Pipeline(qwen3_engine)
-    keys = [(p, n) for p in PROMPTS for n in (5, 12)]
+    keys = [(p, n) for p in PROMPTS for n in LENGTHS]
     body = {"requests": [{"messages": [{"role": "user", "content": p}],
                           "max_generate_length": n} for p, n in keys],
             "temperature": 0.0}  # fmt: skip
@@ -116,10 +118,11 @@ def test_streamed_deltas_join_to_the_reply(served: Any, offline: dict) -> None:
 
 
 def test_many_clients_at_once_each_get_their_own_reply(served: Any, offline: dict) -> None:
-    """12 clients with different prompts and lengths at once (3 rows run, the rest wait):
-    each reply is the one that request gets offline."""
-    keys = [(p, n) for p in PROMPTS for n in (5, 12)]
-    c = client(served)
+    """32 clients with different prompts and lengths at once (3 rows run, 16 wait, the rest
+    are turned away with 429 and retried by the client): each reply is the one that request
+    gets offline."""
+    keys = [(p, n) for p in PROMPTS for n in LENGTHS]
+    c = openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=8)
 
     def ask(key: tuple[str, int]) -> str:
         prompt, n = key
@@ -127,7 +130,7 @@ def test_many_clients_at_once_each_get_their_own_reply(served: Any, offline: dic
                                         messages=[{"role": "user", "content": prompt}])  # fmt: skip
         return got.choices[0].message.content
 
-    with ThreadPoolExecutor(12) as pool:
+    with ThreadPoolExecutor(32) as pool:
         replies = list(pool.map(ask, keys))
     assert replies == [offline[k][0] for k in keys]
     assert served.server.in_flight == 0
