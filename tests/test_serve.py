@@ -330,3 +330,63 @@ def test_speech_equals_edge_infers_audio(tts_engine: Path) -> None:
                           3 * want.audio.size / want.sample_rate)  # fmt: skip
     finally:
         s.stop()
+
+
+def test_omni_chat_speaks_its_reply(omni_engine: Path) -> None:
+    """Chat completions with modalities ["text", "audio"] on the tiny Qwen3-Omni: the text and
+    the audio (message.audio, base64 wav; streamed, base64 pcm16 deltas) are what edge-infer
+    makes for the same request, greedy; a text-only request runs the thinker alone."""
+    import base64
+    import io
+
+    import soundfile as sf
+
+    from edgeomni.runtime.serve.openai_api import pcm16
+
+    greedy = {"top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 12}
+    prompt, voice = "Hello! How are you today?", "ethan"
+    requests, _ = parse_request_file({"requests": [{
+        "messages": [{"role": "user", "content": prompt}], "voice": voice,
+        "max_generate_length": 8}], **greedy})  # fmt: skip
+    (want,) = Pipeline(omni_engine).run(requests, batch_size=1)
+    assert want.entry["ok"] and want.audio is not None and want.audio.size > 0
+    s = start(omni_engine, batch_size=2, max_queue=2)
+    try:
+        c = client(s)
+        messages = [{"role": "user", "content": prompt}]
+        got = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
+                                        modalities=["text", "audio"],
+                                        audio={"voice": voice, "format": "wav"},
+                                        extra_body=greedy)  # fmt: skip
+        message = got.choices[0].message
+        assert message.content == want.entry["output_text"]
+        assert message.audio.transcript == message.content
+        samples, rate = sf.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="int16")
+        assert rate == want.sample_rate and samples.tobytes() == pcm16(want.audio)
+        stream = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
+                                           modalities=["text", "audio"], stream=True,
+                                           audio={"voice": voice, "format": "pcm16"},
+                                           extra_body=greedy)  # fmt: skip
+        text, audio = [], []
+        for ch in stream:
+            delta = ch.choices[0].delta if ch.choices else None
+            if delta is None:
+                continue
+            text.append(delta.content or "")
+            # an audio delta is vLLM-Omni's extension: the client keeps it as an extra field
+            part = getattr(delta, "audio", None) or (delta.model_extra or {}).get("audio")
+            if part:
+                data = part["data"] if isinstance(part, dict) else part.data
+                audio.append(base64.b64decode(data))
+        assert "".join(text) == want.entry["output_text"]
+        assert b"".join(audio) == pcm16(want.audio)
+        plain = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
+                                          extra_body={"top_k": 1})  # fmt: skip
+        assert plain.choices[0].message.content == want.entry["output_text"]
+        assert plain.choices[0].message.audio is None
+        bad = httpx.post(s.url + "/v1/chat/completions", timeout=60, json={
+            "messages": messages, "modalities": ["text", "audio"], "stream": True,
+            "audio": {"voice": voice, "format": "wav"}})  # fmt: skip
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "audio.format"
+    finally:
+        s.stop()

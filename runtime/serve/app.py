@@ -5,8 +5,10 @@
 - ``GET /metrics``: Prometheus's text format (serve/metrics.py).
 - ``POST /v1/audio/speech``: a graph that speaks a given text (Qwen3-TTS): wav, pcm or flac,
   whole or (``stream: true``) as raw bytes while the vocoder runs.
-- ``POST /v1/chat/completions``: text in, text out; ``stream: true`` sends server-sent events,
-  a chunk per text delta and a last one with the finish reason and usage.
+- ``POST /v1/chat/completions``: text in, text out, and with ``modalities: ["text", "audio"]``
+  the spoken reply too (``message.audio``, base64); ``stream: true`` sends server-sent events,
+  a chunk per text delta or audio delta (base64 pcm16) and a last one with the finish reason
+  and usage.
 
 Errors are OpenAI's error body: 400 for a bad request (the field named), 401 without the API
 key when one is set, 429 (with Retry-After) when the server is full, 500 for a request that
@@ -18,6 +20,7 @@ streamed request whose client disconnects is cancelled; a non-streamed one runs 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -32,10 +35,12 @@ from edgeomni.runtime.events import AudioChunk, Failed, Finished, TextDelta
 from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH, Request
 from edgeomni.runtime.serve.openai_api import (
     ApiError,
+    chat_audio,
     chat_request,
     chunk,
     completion,
     encoded,
+    message_audio,
     pcm16,
     speech_request,
 )
@@ -100,21 +105,25 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
             return error(e)
         return pending, extra, stream
 
-    def make_chat(body: Any, index: int) -> tuple[Request, None, None]:
+    def make_chat(body: Any, index: int) -> tuple[Request, set[str], str | None]:
         if not server.texts:
             raise ApiError(400, "this graph makes no text (a speech graph)", "messages")
-        return chat_request(body, index, max_tokens), None, None
+        fmt = chat_audio(body) if isinstance(body, dict) else None
+        if fmt is not None and not server.audio:
+            raise ApiError(400, "this graph makes no audio", "modalities")
+        terminals = server.texts | (server.audio if fmt is not None else set())
+        return chat_request(body, index, max_tokens), terminals, fmt
 
     async def chat(request: HttpRequest) -> Response:
         taken = await take(request, make_chat)
         if isinstance(taken, Response):
             return taken
-        pending, _, stream = taken
+        pending, fmt, stream = taken
         rid = f"chatcmpl-{pending.index}"
         if stream:
             return StreamingResponse(_sse(server, pending, rid, model),
                                      media_type="text/event-stream")  # fmt: skip
-        return await _whole(server, pending, rid, model)
+        return await _whole(server, pending, rid, model, fmt)
 
     def make_speech(body: Any, index: int) -> tuple[Request, set[str], str]:
         if not server.audio or server.texts:
@@ -164,11 +173,16 @@ def _failure(event: Failed) -> ApiError:
     return ApiError(500, f"{event.stage}: {event.error}", kind="server_error")
 
 
-async def _whole(server: Server, pending: Pending, rid: str, model: str) -> Response:
-    text, finish, failed = [], "stop", None
+async def _whole(
+    server: Server, pending: Pending, rid: str, model: str, fmt: str | None
+) -> Response:
+    text, finish, failed, pieces, rate = [], "stop", None, [], 24000
     async for event in _events(pending):  # to the end: the request has left when it answers
         if isinstance(event, TextDelta):
             text.append(event.text)
+        elif isinstance(event, AudioChunk):
+            pieces.append(event.samples)
+            rate = event.sample_rate
         elif isinstance(event, Finished) and event.stage in server.text_stages:
             finish = event.reason
         elif isinstance(event, Failed):
@@ -176,7 +190,13 @@ async def _whole(server: Server, pending: Pending, rid: str, model: str) -> Resp
     if failed is not None:
         return JSONResponse(failed.body(), status_code=failed.status)
     usage = usage_of(pending.state, server.texts)
-    return JSONResponse(completion(rid, model, "".join(text), finish, usage))
+    audio = None
+    if fmt is not None:
+        import numpy as np
+
+        samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        audio = message_audio(rid, samples, rate, fmt, "".join(text))
+    return JSONResponse(completion(rid, model, "".join(text), finish, usage, audio))
 
 
 async def _sse(server: Server, pending: Pending, rid: str, model: str) -> AsyncIterator[str]:
@@ -188,6 +208,9 @@ async def _sse(server: Server, pending: Pending, rid: str, model: str) -> AsyncI
     async for event in _events(pending):
         if isinstance(event, TextDelta) and event.text:
             yield line(chunk(rid, model, {"content": event.text}))
+        elif isinstance(event, AudioChunk) and event.samples.size:
+            data = base64.b64encode(pcm16(event.samples)).decode()
+            yield line(chunk(rid, model, {"audio": {"id": f"audio-{rid}", "data": data}}))
         elif isinstance(event, Finished) and event.stage in server.text_stages:
             finish = event.reason
         elif isinstance(event, Failed):  # headers are sent: the error goes in the stream

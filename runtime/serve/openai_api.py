@@ -23,9 +23,10 @@ IGNORED = ("model", "user", "stream_options", "store", "metadata", "service_tier
 DEFAULT_ONLY = {"n": 1, "logprobs": False, "presence_penalty": 0, "frequency_penalty": 0,
                 "parallel_tool_calls": True}  # fmt: skip
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format",
-               "logit_bias", "top_logprobs", "prediction", "audio", "modalities")  # fmt: skip
+               "logit_bias", "top_logprobs", "prediction")  # fmt: skip
+CHAT_AUDIO_FORMATS = ("wav", "pcm16", "flac")  # message.audio's; a stream's deltas are pcm16
 KNOWN = ("messages", "stream", "max_tokens", "max_completion_tokens", "min_tokens", "stop",
-         *SAMPLING_FIELDS, *IGNORED, *DEFAULT_ONLY, *UNSUPPORTED)  # fmt: skip
+         "modalities", "audio", *SAMPLING_FIELDS, *IGNORED, *DEFAULT_ONLY, *UNSUPPORTED)  # fmt: skip
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
@@ -40,6 +41,29 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,
                           "code": None}}  # fmt: skip
+
+
+def chat_audio(body: Mapping[str, Any]) -> str | None:
+    """The audio format a chat body asks for (``modalities`` with "audio", and ``audio:
+    {voice, format}``), or None for text only; an ApiError naming the field."""
+    modalities = body.get("modalities") or ["text"]
+    if not isinstance(modalities, list) or not set(modalities) <= {"text", "audio"} or \
+            "text" not in modalities:  # fmt: skip
+        raise ApiError(400, 'modalities must be ["text"] or ["text", "audio"]', "modalities")
+    audio = body.get("audio")
+    if "audio" not in modalities:
+        if audio is not None:
+            raise ApiError(400, 'audio goes with modalities ["text", "audio"]', "audio")
+        return None
+    if not isinstance(audio, Mapping) or not isinstance(audio.get("voice"), str):
+        raise ApiError(400, "audio must be an object with a voice", "audio.voice")
+    fmt = audio.get("format", "wav")
+    if fmt not in CHAT_AUDIO_FORMATS:
+        raise ApiError(400, f"audio.format must be one of {', '.join(CHAT_AUDIO_FORMATS)}, "
+                       f"got {fmt!r}", "audio.format")  # fmt: skip
+    if body.get("stream") is True and fmt != "pcm16":
+        raise ApiError(400, "a streamed reply's audio is pcm16", "audio.format")
+    return fmt
 
 
 def chat_request(body: Any, index: int, max_tokens: int) -> Request:
@@ -74,6 +98,8 @@ def chat_request(body: Any, index: int, max_tokens: int) -> Request:
         key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         raise ApiError(400, f"{key} must be an integer in 1..{max_tokens}, got {limit!r}", key)
     req: dict[str, Any] = {"messages": messages, "max_generate_length": limit}
+    if chat_audio(body) is not None:
+        req["voice"] = body["audio"]["voice"]
     if "min_tokens" in body:
         req["min_generate_length"] = body["min_tokens"]
     if body.get("stop") is not None:
@@ -92,6 +118,15 @@ def chat_request(body: Any, index: int, max_tokens: int) -> Request:
     return dataclasses.replace(parsed, index=index)
 
 
+def message_audio(rid: str, samples: Any, rate: int, fmt: str, transcript: str) -> dict:
+    """A reply's ``message.audio``: the whole utterance, base64."""
+    import base64
+
+    data = encoded(samples, rate, "pcm" if fmt == "pcm16" else fmt)
+    return {"id": f"audio-{rid}", "data": base64.b64encode(data).decode(), "expires_at": 0,
+            "transcript": transcript}  # fmt: skip
+
+
 def _param(error: str, body: Mapping[str, Any]) -> str | None:
     """The body field an error of the request parser names, in OpenAI's terms."""
     match = re.match(r"([A-Za-z_][\w]*)(\[[^\s:]*|\.[^\s:]*)*", error)
@@ -107,10 +142,14 @@ def _param(error: str, body: Mapping[str, Any]) -> str | None:
     return next((k for k in SAMPLING_FIELDS if k in error and k in body), None)
 
 
-def completion(rid: str, model: str, text: str, finish: str, usage: dict[str, int]) -> dict:
+def completion(rid: str, model: str, text: str, finish: str, usage: dict[str, int],
+               audio: dict | None = None) -> dict:  # fmt: skip
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if audio is not None:
+        message["audio"] = audio
     return {
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+        "choices": [{"index": 0, "message": message,
                      "finish_reason": FINISH.get(finish, finish), "logprobs": None}],
         "usage": usage,
     }  # fmt: skip
