@@ -45,7 +45,7 @@ def start(engine: Path, *, batch_size: int, max_queue: int, api_key: str | None 
         step = stage.step
         stage.step = lambda slots: (time.sleep(step_s), step(slots))[1]
     server.start()
-    app = make_app(server, model=MODEL, api_key=api_key, max_tokens=48)
+    app = make_app(server, model=MODEL, api_key=api_key, max_tokens=48, max_audio_s=5.0)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     web = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -62,7 +62,7 @@ def start(engine: Path, *, batch_size: int, max_queue: int, api_key: str | None 
         thread.join(10)
         server.stop(10)
 
-    return SimpleNamespace(url=url, server=server, stop=stop)
+    return SimpleNamespace(url=url, server=server, stop=stop, media_root=app.state.media_root)
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_many_clients_at_once_each_get_their_own_reply(served: Any, offline: dic
                     }
                 ]
             },
-            "messages[0].content[0].type",
+            "messages[0].content[0].image_url",  # not a data URL of an image
         ),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
@@ -388,5 +388,55 @@ def test_omni_chat_speaks_its_reply(omni_engine: Path) -> None:
             "messages": messages, "modalities": ["text", "audio"], "stream": True,
             "audio": {"voice": voice, "format": "wav"}})  # fmt: skip
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "audio.format"
+    finally:
+        s.stop()
+
+
+def test_omni_chat_takes_inline_image_and_audio(omni_engine: Path, tmp_path: Path) -> None:
+    """An image as a data URL and audio as input_audio (base64), on the tiny Qwen3-Omni: the
+    reply is edge-infer's for the same files given by path; the request's files are removed
+    once it has left; a URL to fetch, bad base64 and audio over the limit are 400."""
+    import base64
+
+    import numpy as np
+    import soundfile as sf
+    from PIL import Image
+
+    image = (np.random.default_rng(3).random((40, 56, 3)) * 255).astype(np.uint8)
+    Image.fromarray(image).save(tmp_path / "i.png")
+    t = np.arange(16000) / 16000
+    sf.write(tmp_path / "a.wav", 0.3 * np.sin(2 * np.pi * 440 * t), 16000, subtype="PCM_16")
+    requests, _ = parse_request_file({"requests": [{"messages": [{"role": "user", "content": [
+        {"type": "image", "image": str(tmp_path / "i.png")},
+        {"type": "audio", "audio": str(tmp_path / "a.wav")},
+        {"type": "text", "text": "What is this?"}]}], "max_generate_length": 6}],
+        "top_k": 1})  # fmt: skip
+    (want,) = Pipeline(omni_engine).run(requests, batch_size=1, requested=("thinker:text",))
+    assert want.entry["ok"], want.entry["error"]
+    png = base64.b64encode((tmp_path / "i.png").read_bytes()).decode()
+    wav = base64.b64encode((tmp_path / "a.wav").read_bytes()).decode()
+    sf.write(tmp_path / "long.wav", np.zeros(6 * 16000), 16000, subtype="PCM_16")
+    long = base64.b64encode((tmp_path / "long.wav").read_bytes()).decode()
+    s = start(omni_engine, batch_size=2, max_queue=2)
+    try:
+        content = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                   {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}},
+                   {"type": "text", "text": "What is this?"}]  # fmt: skip
+        got = client(s).chat.completions.create(model=MODEL, max_tokens=6, extra_body={"top_k": 1},
+                                                messages=[{"role": "user", "content": content}])  # fmt: skip
+        assert got.choices[0].message.content == want.entry["output_text"]
+        assert not any(s.media_root.iterdir())  # its files went once the request left
+        for part, param in (
+            ({"type": "image_url", "image_url": {"url": "https://example.com/x.png"}},
+             "messages[0].content[0].image_url"),
+            ({"type": "input_audio", "input_audio": {"data": "@@@", "format": "wav"}},
+             "messages[0].content[0].input_audio.data"),
+            ({"type": "image", "image": str(tmp_path / "i.png")}, "messages[0].content[0].type"),
+            ({"type": "input_audio", "input_audio": {"data": long, "format": "wav"}},
+             "messages[0].content[0].input_audio"),  # 6 s, over the server's 5
+        ):  # fmt: skip
+            r = httpx.post(s.url + "/v1/chat/completions", timeout=60, json={
+                "messages": [{"role": "user", "content": [part]}]})  # fmt: skip
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     finally:
         s.stop()

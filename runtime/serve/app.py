@@ -23,7 +23,10 @@ import asyncio
 import base64
 import json
 import secrets
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -35,6 +38,7 @@ from edgeomni.runtime.events import AudioChunk, Failed, Finished, TextDelta
 from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH, Request
 from edgeomni.runtime.serve.openai_api import (
     ApiError,
+    Media,
     chat_audio,
     chat_request,
     chunk,
@@ -46,12 +50,16 @@ from edgeomni.runtime.serve.openai_api import (
 )
 from edgeomni.runtime.serve.server import DONE, Busy, Pending, Server, is_client_error, usage_of
 
-MAX_BODY = 1 << 20  # bytes of a request body: text only for now
+MAX_BODY = 32 << 20  # bytes of a request body (inline images and audio included)
 
 
 def make_app(server: Server, *, model: str, api_key: str | None = None,
-             max_tokens: int = DEFAULT_MAX_GENERATE_LENGTH) -> Starlette:  # fmt: skip
-    """The ASGI app over a started ``server``. ``max_tokens``: a request's default and cap."""
+             max_tokens: int = DEFAULT_MAX_GENERATE_LENGTH, max_audio_s: float = 60.0,
+             max_pixels: int = 4096 * 4096) -> Starlette:  # fmt: skip
+    """The ASGI app over a started ``server``. ``max_tokens``: a request's default and cap;
+    ``max_audio_s`` and ``max_pixels``: the largest inline audio and image a request may
+    bring."""
+    media_root = Path(tempfile.mkdtemp(prefix="edge-serve-media-"))
 
     def error(e: ApiError) -> JSONResponse:
         headers = {"Retry-After": "1"} if e.status == 429 else None
@@ -75,10 +83,12 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
             {"id": model, "object": "model", "created": 0, "owned_by": "edgeomni"}]})  # fmt: skip
 
     async def take(
-        request: HttpRequest, make: Callable[[Any, int], tuple[Request, set[str] | None, Any]]
+        request: HttpRequest,
+        make: Callable[[Any, int, Path], tuple[Request, set[str] | None, Any]],
     ) -> tuple[Pending, Any, bool] | Response:
-        """An API request into the server: the key, the JSON body, ``make(body, index)`` ->
-        (request, terminals, what the answer needs), the stream flag; or the error answer."""
+        """An API request into the server: the key, the JSON body, ``make(body, index,
+        media folder)`` -> (request, terminals, what the answer needs), the stream flag; or the
+        error answer."""
         if not authorised(request):
             return error(ApiError(401, "a valid API key is required", kind="authentication_error"))
         try:
@@ -89,30 +99,44 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
                 body = json.loads(raw)
             except ValueError as e:
                 raise ApiError(400, f"the body is not JSON: {e}") from None
-            req, terminals, extra = make(body, server.next_index())
-            stream = body.get("stream", False)
-            if not isinstance(stream, bool):
-                raise ApiError(400, f"stream must be true or false, got {stream!r}", "stream")
+            index = server.next_index()
+            folder = media_root / f"request-{index}"  # its inline media, removed as it leaves
             try:
-                pending = server.submit(req, asyncio.get_running_loop(), terminals)
-            except Busy as e:
-                raise ApiError(429, f"{e}; retry later", kind="rate_limit_error") from None
-            except RuntimeError as e:  # the scheduler loop has stopped
-                raise ApiError(503, str(e), kind="server_error") from None
+                req, terminals, extra = make(body, index, folder)
+                stream = body.get("stream", False)
+                if not isinstance(stream, bool):
+                    raise ApiError(400, f"stream must be true or false, got {stream!r}",
+                                   "stream")  # fmt: skip
+                try:
+                    pending = server.submit(
+                        req,
+                        asyncio.get_running_loop(),
+                        terminals,
+                        lambda: shutil.rmtree(folder, ignore_errors=True),
+                    )
+                except Busy as e:
+                    raise ApiError(429, f"{e}; retry later", kind="rate_limit_error") from None
+                except RuntimeError as e:  # the scheduler loop has stopped
+                    raise ApiError(503, str(e), kind="server_error") from None
+            except BaseException:  # not in the server: its media go now
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
         except ApiError as e:
             if e.status in (400, 413):
                 server.metrics.count("invalid")
             return error(e)
         return pending, extra, stream
 
-    def make_chat(body: Any, index: int) -> tuple[Request, set[str], str | None]:
+    def make_chat(body: Any, index: int, folder: Path) -> tuple[Request, set[str], str | None]:
         if not server.texts:
             raise ApiError(400, "this graph makes no text (a speech graph)", "messages")
         fmt = chat_audio(body) if isinstance(body, dict) else None
         if fmt is not None and not server.audio:
             raise ApiError(400, "this graph makes no audio", "modalities")
         terminals = server.texts | (server.audio if fmt is not None else set())
-        return chat_request(body, index, max_tokens), terminals, fmt
+        folder.mkdir()
+        req = chat_request(body, index, max_tokens, Media(folder, max_audio_s, max_pixels))
+        return req, terminals, fmt
 
     async def chat(request: HttpRequest) -> Response:
         taken = await take(request, make_chat)
@@ -125,7 +149,7 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
                                      media_type="text/event-stream")  # fmt: skip
         return await _whole(server, pending, rid, model, fmt)
 
-    def make_speech(body: Any, index: int) -> tuple[Request, set[str], str]:
+    def make_speech(body: Any, index: int, folder: Path) -> tuple[Request, set[str], str]:
         if not server.audio or server.texts:
             raise ApiError(400, "this graph does not speak a given text (a Qwen3-TTS graph "
                            "does; an omni graph speaks its own reply)", "input")  # fmt: skip
@@ -148,13 +172,15 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         text = server.metrics.render(server.in_flight, server.capacity, lambda: server.running)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
-    return Starlette(routes=[
+    app = Starlette(routes=[
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/audio/speech", speech, methods=["POST"]),
     ])  # fmt: skip
+    app.state.media_root = media_root  # where requests' inline media are kept
+    return app
 
 
 async def _events(pending: Pending) -> AsyncIterator[Any]:

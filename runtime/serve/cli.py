@@ -1,7 +1,7 @@
 """edge-serve: the graph of an engine dir behind OpenAI's chat-completions API, in one process.
 
     edge-serve --config ENG [--host 127.0.0.1] [--port 8000] [--batch-size 8] [--max-queue 64]
-        [--api-key KEY] [--max-tokens 256]
+        [--api-key KEY] [--max-tokens 256] [--max-audio-seconds 60] [--max-image-pixels N]
 
 Needs the ``serve`` extra (Starlette and uvicorn): pip install 'edgeomni[serve]'.
 """
@@ -37,6 +37,10 @@ def parser() -> argparse.ArgumentParser:
                    "EDGE_SERVE_API_KEY environment variable, else none)")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_GENERATE_LENGTH,
                    help="a request's default and largest max_tokens")  # fmt: skip
+    p.add_argument("--max-audio-seconds", type=float, default=60.0,
+                   help="the longest inline audio a request may bring")  # fmt: skip
+    p.add_argument("--max-image-pixels", type=int, default=4096 * 4096,
+                   help="the largest inline image a request may bring")  # fmt: skip
     p.add_argument("--threads", type=int, help="CPU threads per engine (default: onnxruntime's)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -73,7 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     server.start()
     api_key = args.api_key or os.environ.get("EDGE_SERVE_API_KEY") or None
-    app = make_app(server, model=config.parent.name, api_key=api_key, max_tokens=args.max_tokens)
+    app = make_app(
+        server,
+        model=config.parent.name,
+        api_key=api_key,
+        max_tokens=args.max_tokens,
+        max_audio_s=args.max_audio_seconds,
+        max_pixels=args.max_image_pixels,
+    )
     try:  # uvicorn stops taking connections on SIGTERM / Ctrl-C and lets open ones finish
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:

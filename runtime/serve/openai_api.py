@@ -12,6 +12,7 @@ import dataclasses
 import re
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from edgeomni.runtime.requests import BadRequest, Request, parse_request_file
@@ -66,9 +67,108 @@ def chat_audio(body: Mapping[str, Any]) -> str | None:
     return fmt
 
 
-def chat_request(body: Any, index: int, max_tokens: int) -> Request:
+class Media:
+    """Where a request's inline media go: files in ``folder`` (the runtime reads media parts
+    from files), within the server's limits; the caller removes the folder once the request
+    has left."""
+
+    def __init__(self, folder: Path, max_audio_s: float, max_pixels: int) -> None:
+        self.folder, self.max_audio_s, self.max_pixels = folder, max_audio_s, max_pixels
+        self.count = 0
+
+    def _write(self, data: bytes, suffix: str) -> Path:
+        self.count += 1
+        path = self.folder / f"part{self.count}{suffix}"
+        path.write_bytes(data)
+        return path
+
+    def image(self, url: Any, where: str) -> str:
+        match = re.match(r"data:image/([\w.+-]+);base64,(.*)$", url, re.S) if isinstance(
+            url, str) else None  # fmt: skip
+        if match is None:
+            raise ApiError(400, "an image must be a data URL (data:image/...;base64,...): no "
+                           "URL is fetched", where)  # fmt: skip
+        path = self._write(_b64(match.group(2), where), "." + match.group(1).split("+")[0])
+        try:
+            from PIL import Image
+
+            with Image.open(path) as im:
+                width, height = im.size
+        except ImportError:
+            raise ApiError(400, "this server reads no images (the image extra is missing)",
+                           where) from None  # fmt: skip
+        except Exception as e:
+            raise ApiError(400, f"not an image: {e}", where) from None
+        if width * height > self.max_pixels:
+            raise ApiError(400, f"the image has {width}x{height} pixels; at most "
+                           f"{self.max_pixels} here", where)  # fmt: skip
+        return str(path)
+
+    def audio(self, part: Any, where: str) -> str:
+        if not isinstance(part, Mapping) or not isinstance(part.get("data"), str):
+            raise ApiError(400, "input_audio must be {data: base64, format}", where)
+        fmt = part.get("format", "wav")
+        if fmt not in ("wav", "flac"):
+            raise ApiError(400, f"input_audio.format must be wav or flac, got {fmt!r}",
+                           where + ".format")  # fmt: skip
+        path = self._write(_b64(part["data"], where + ".data"), "." + fmt)
+        import soundfile as sf
+
+        try:
+            seconds = sf.info(str(path)).duration
+        except Exception as e:
+            raise ApiError(400, f"not {fmt} audio: {e}", where + ".data") from None
+        if seconds > self.max_audio_s:
+            raise ApiError(400, f"the audio is {seconds:.1f} s long; at most "
+                           f"{self.max_audio_s:g} s here", where)  # fmt: skip
+        return str(path)
+
+
+def _b64(data: str, where: str) -> bytes:
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, "not valid base64", where) from None
+
+
+def _media_message(msg: Any, i: int, media: Media | None) -> Any:
+    """A message with OpenAI's media parts (image_url data URLs, input_audio) as the runtime's
+    (files in the request's media folder); other parts and messages as they are."""
+    parts = msg.get("content") if isinstance(msg, Mapping) else None
+    if not isinstance(parts, list):
+        return msg
+    out = []
+    for j, part in enumerate(parts):
+        where = f"messages[{i}].content[{j}]"
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind in ("image_url", "input_audio") and media is None:
+            raise ApiError(400, f"{kind} parts are not served by this route", where + ".type")
+        if kind == "image_url":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, Mapping) else url
+            out.append({"type": "image", "image": media.image(url, where + ".image_url")})
+        elif kind == "input_audio":
+            out.append(
+                {
+                    "type": "audio",
+                    "audio": media.audio(part.get("input_audio"), where + ".input_audio"),
+                }
+            )
+        elif kind in ("image", "audio"):  # the request file's own kinds take paths: not here
+            raise ApiError(400, f"a {kind} part is image_url or input_audio here",
+                           where + ".type")  # fmt: skip
+        else:
+            out.append(part)
+    return {**msg, "content": out}
+
+
+def chat_request(body: Any, index: int, max_tokens: int, media: Media | None = None) -> Request:
     """The runtime request of a chat-completions body; an ApiError (400) naming the field at
-    fault. ``max_tokens``: the default and the cap (the build's)."""
+    fault. ``max_tokens``: the default and the cap (the build's); ``media``: where inline
+    images and audio go (None: none taken)."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "the body must be a JSON object")
     unknown = [k for k in body if k not in KNOWN and not k.startswith(EXTRA_PREFIXES)]
@@ -84,13 +184,7 @@ def chat_request(body: Any, index: int, max_tokens: int) -> Request:
         raise ApiError(400, "messages is required", "messages")
     messages = body["messages"]
     if isinstance(messages, list):
-        for i, msg in enumerate(messages):
-            parts = msg.get("content") if isinstance(msg, Mapping) else None
-            for j, part in enumerate(parts if isinstance(parts, list) else []):
-                kind = part.get("type") if isinstance(part, Mapping) else None
-                if kind != "text":
-                    raise ApiError(400, f"content parts of type {kind!r} are not served yet "
-                                   "(text only)", f"messages[{i}].content[{j}].type")  # fmt: skip
+        messages = [_media_message(msg, i, media) for i, msg in enumerate(messages)]
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     if limit is None:
         limit = max_tokens

@@ -14,6 +14,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edgeomni.runtime.events import AudioChunk, Event, Failed, Finished, TextDelta
@@ -43,6 +44,7 @@ class Pending:
     first: set[str] = field(default_factory=set)  # "token", "audio": seen already
     audio_s: float = 0.0
     invalid: bool = False  # it failed being planned or prepared: its own fault
+    cleanup: Callable[[], None] = lambda: None  # run once nothing reads its inline media
 
 
 DONE = object()  # the last item of a request's queue
@@ -134,6 +136,7 @@ class Server:
         tokens = usage_of(state, self.texts)["completion_tokens"]
         self.metrics.left(outcome, tokens, p.audio_s if p is not None else 0.0)
         if p is not None:
+            p.cleanup()  # it has left the graph: nothing reads its inline media any more
             p.state = state
             p.loop.call_soon_threadsafe(p.events.put_nowait, DONE)
 
@@ -147,10 +150,14 @@ class Server:
         return next(self._ids)
 
     def submit(
-        self, request: Request, loop: asyncio.AbstractEventLoop, terminals: set[str] | None = None
+        self,
+        request: Request,
+        loop: asyncio.AbstractEventLoop,
+        terminals: set[str] | None = None,
+        cleanup: Callable[[], None] | None = None,
     ) -> Pending:
         """Put a request into the loop (its index from ``next_index``), for ``terminals``
-        (default: the graph's text); Busy when full."""
+        (default: the graph's text); Busy when full. ``cleanup`` runs once it has left."""
         if not self.running:
             raise RuntimeError("the server's scheduler loop is not running")
         with self._lock:
@@ -158,6 +165,8 @@ class Server:
                 self.metrics.count("rejected")
                 raise Busy(f"the server holds {self.capacity} requests")
             p = self._pending[request.index] = Pending(request.index, loop)
+            if cleanup is not None:
+                p.cleanup = cleanup
         # the text the graph makes unless told (a speech graph's audio is not asked for)
         wanted = self.texts if terminals is None else terminals
         self._arrivals.put(Submission(request.index, request, wanted or None))
