@@ -92,6 +92,9 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         if not authorised(request):
             return error(ApiError(401, "a valid API key is required", kind="authentication_error"))
         try:
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > MAX_BODY:  # refused before it is read
+                raise ApiError(413, f"the body is over {MAX_BODY} bytes")
             raw = await request.body()
             if len(raw) > MAX_BODY:
                 raise ApiError(413, f"the body is over {MAX_BODY} bytes")

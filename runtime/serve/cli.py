@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
         server.stop(timeout=30)
+        shutil.rmtree(app.state.media_root, ignore_errors=True)
     return 1 if server.error is not None else 0
 
 
