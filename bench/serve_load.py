@@ -11,7 +11,9 @@ work.
     python bench/serve_load.py --engine ENG --rates 2 8 32 --requests 32 --out OUT
     python bench/serve_load.py --tiny --rates 4 16 --requests 24 --out /tmp/serve_load
 
-``--tiny`` builds the tiny random Qwen3 (export/tiny.py) into a temp dir first. Writes
+``--tiny`` builds the tiny random Qwen3 (export/tiny.py) into a temp dir first, ``--tiny-omni``
+the tiny Qwen3-Omni; ``--voice V`` asks for the reply spoken too (time to first audio and
+audio-s/s; 24 frames a request). Writes
 OUT/serve_load.json (every request's times, the settings, the machine) and prints a table.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import platform
@@ -31,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+SPEECH = {"talker_max_new_tokens": 24, "talker_min_new_tokens": 24, "talker_top_k": 1}
 PROMPTS = ["Hello! How are you today?", "Tell me a story about a fox.", "What is 2 + 2?",
            "Name three colours.", "Write a haiku about rain.", "Count from one to ten."]  # fmt: skip
 
@@ -49,25 +53,40 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[k]
 
 
-async def one(client: Any, url: str, prompt: str, tokens: int, at: float) -> dict[str, Any]:
+async def one(
+    client: Any, url: str, prompt: str, tokens: int, at: float, voice: str | None
+) -> dict[str, Any]:
     await asyncio.sleep(max(0.0, at - time.perf_counter()))
     start = time.perf_counter()
-    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": tokens, "min_tokens": tokens, "temperature": 0, "stream": True}  # fmt: skip
-    first = None
+    body: dict[str, Any] = {
+        "model": "bench", "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": tokens, "min_tokens": tokens, "temperature": 0, "stream": True,
+    }  # fmt: skip
+    if voice is not None:  # the reply spoken too, a fixed number of frames
+        body.update(modalities=["text", "audio"], audio={"voice": voice, "format": "pcm16"},
+                    **SPEECH)  # fmt: skip
+    first = first_audio = None
+    audio_bytes = 0
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             return {"status": r.status_code, "start": start, "end": time.perf_counter()}
         async for line in r.aiter_lines():
-            if first is None and line.startswith("data:") and '"content": "' in line and \
-                    '"content": ""' not in line:  # fmt: skip
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            delta = json.loads(line[5:])["choices"][0]["delta"]
+            if first is None and delta.get("content"):
                 first = time.perf_counter()
+            if delta.get("audio"):
+                first_audio = first_audio or time.perf_counter()
+                audio_bytes += len(base64.b64decode(delta["audio"]["data"]))
     end = time.perf_counter()
-    return {"status": 200, "start": start, "first": first, "end": end,
-            "lateness": start - at}  # fmt: skip
+    return {"status": 200, "start": start, "first": first, "first_audio": first_audio,
+            "end": end, "lateness": start - at, "audio_s": audio_bytes / 2 / 24000}  # fmt: skip
 
 
-async def load(url: str, rate: float, n: int, tokens: int, seed: int) -> list[dict[str, Any]]:
+async def load(
+    url: str, rate: float, n: int, tokens: int, seed: int, voice: str | None
+) -> list[dict[str, Any]]:
     import httpx
 
     rng = random.Random(seed)
@@ -78,7 +97,7 @@ async def load(url: str, rate: float, n: int, tokens: int, seed: int) -> list[di
         t += 0.0 if rate == float("inf") else rng.expovariate(rate)
     limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        jobs = [one(client, url, PROMPTS[i % len(PROMPTS)], tokens, at)
+        jobs = [one(client, url, PROMPTS[i % len(PROMPTS)], tokens, at, voice)
                 for i, at in enumerate(times)]  # fmt: skip
         return await asyncio.gather(*jobs)
 
@@ -88,7 +107,13 @@ def summary(rows: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
     ttft = [(r["first"] - r["start"]) * 1e3 for r in ok if r.get("first")]
     e2e = [(r["end"] - r["start"]) * 1e3 for r in ok]
     span = max(r["end"] for r in ok) - min(r["start"] for r in ok) if ok else float("nan")
+    ttfa = [(r["first_audio"] - r["start"]) * 1e3 for r in ok if r.get("first_audio")]
+    audio = sum(r.get("audio_s", 0.0) for r in ok)
+    spoken = {"ttfa_p50_ms": round(percentile(ttfa, 0.5), 1),
+              "ttfa_p99_ms": round(percentile(ttfa, 0.99), 1),
+              "audio_s_per_s": round(audio / span, 2)} if ttfa else {}  # fmt: skip
     return {
+        **spoken,
         "requests": len(rows), "ok": len(ok),
         "ttft_p50_ms": round(percentile(ttft, 0.5), 1), "ttft_p99_ms": round(percentile(ttft, 0.99), 1),
         "e2e_p50_ms": round(percentile(e2e, 0.5), 1), "e2e_p99_ms": round(percentile(e2e, 0.99), 1),
@@ -97,26 +122,36 @@ def summary(rows: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def offline(engine: Path, n: int, tokens: int, batch: int, threads: int | None) -> dict[str, Any]:
+def offline(
+    engine: Path, n: int, tokens: int, batch: int, threads: int | None, voice: str | None
+) -> dict[str, Any]:
     """The same requests through Pipeline.run (edge-infer's path, in-flight batching) in this
     process, after the engines are loaded and warm: the offline bound."""
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
 
     def requests(count: int) -> list[Any]:
-        body = {"requests": [{"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
-                             for i in range(count)],
-                "max_generate_length": tokens, "min_generate_length": tokens, "temperature": 0.0}  # fmt: skip
+        reqs = [{"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
+                for i in range(count)]  # fmt: skip
+        body: dict[str, Any] = {"requests": reqs, "max_generate_length": tokens,
+                                "min_generate_length": tokens, "temperature": 0.0}  # fmt: skip
+        if voice is not None:
+            body.update(voice=voice, **SPEECH)
         return parse_request_file(body)[0]
 
     pipe = Pipeline(engine, threads=threads)
-    pipe.run(requests(2), batch_size=batch)  # loads and warms the engines
+    text = None if voice is not None else pipe.text_terminals()
+    pipe.run(requests(2), batch_size=batch, requested=text)  # loads and warms the engines
     start = time.perf_counter()
-    outcomes = pipe.run(requests(n), batch_size=batch)
+    outcomes = pipe.run(requests(n), batch_size=batch, requested=text)
     wall = time.perf_counter() - start
     assert all(o.entry["ok"] for o in outcomes)
-    return {"wall_s": round(wall, 3), "requests_per_s": round(n / wall, 2),
-            "tokens_per_s": round(n * tokens / wall, 1)}  # fmt: skip
+    out = {"wall_s": round(wall, 3), "requests_per_s": round(n / wall, 2),
+           "tokens_per_s": round(n * tokens / wall, 1)}  # fmt: skip
+    if voice is not None:
+        audio = sum(o.audio.size / o.sample_rate for o in outcomes if o.audio is not None)
+        out["audio_s_per_s"] = round(audio / wall, 2)
+    return out
 
 
 def main() -> int:
@@ -124,6 +159,10 @@ def main() -> int:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--engine", type=Path)
     src.add_argument("--tiny", action="store_true", help="build the tiny random Qwen3 first")
+    src.add_argument("--tiny-omni", action="store_true",
+                     help="build the tiny random Qwen3-Omni first (with --voice: speech)")  # fmt: skip
+    p.add_argument("--voice", help="ask for the reply spoken too (an omni graph's voice): time "
+                   "to first audio and audio-s/s, 24 frames a request")  # fmt: skip
     p.add_argument("--rates", type=float, nargs="+", default=[2.0, 8.0, 32.0],
                    help="arrivals per second (inf: all at once, the server's saturated "
                    "throughput)")  # fmt: skip
@@ -137,14 +176,16 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="serve-load-"))
     engine = a.engine
-    if a.tiny:
+    if a.tiny or a.tiny_omni:
         from edgeomni.builder.build import build
         from edgeomni.export.family import BuildArgs
         from edgeomni.export.tiny import make_qwen3
+        from edgeomni.export.tiny_omni import make_qwen3_omni
 
         engine = work / "eng"
-        build(make_qwen3(work / "ckpt"), engine, BuildArgs(max_batch_size=a.batch_size,
-              max_input_len=64, max_kv_cache_capacity=128))  # fmt: skip
+        ckpt = (make_qwen3 if a.tiny else make_qwen3_omni)(work / "ckpt")
+        build(ckpt, engine, BuildArgs(max_batch_size=a.batch_size, max_input_len=64,
+                                      max_kv_cache_capacity=256))  # fmt: skip
     port = free_port()
     cmd = [sys.executable, "-m", "edgeomni.runtime.serve.cli", "--config", str(engine),
            "--port", str(port), "--batch-size", str(a.batch_size),
@@ -167,28 +208,32 @@ def main() -> int:
             if server.poll() is not None or time.time() > deadline:
                 raise SystemExit(f"edge-serve did not start; see {a.out / 'server.log'}")
             time.sleep(0.2)
-        asyncio.run(load(url, 4.0, 4, a.tokens, a.seed))  # warm-up
+        asyncio.run(load(url, 4.0, 4, a.tokens, a.seed, a.voice))  # warm-up
         runs = {}
         for rate in a.rates:
-            rows = asyncio.run(load(url, rate, a.requests, a.tokens, a.seed))
+            rows = asyncio.run(load(url, rate, a.requests, a.tokens, a.seed, a.voice))
             runs[str(rate)] = {"summary": summary(rows, a.tokens), "requests": rows}
             print(f"rate {rate}/s: {json.dumps(runs[str(rate)]['summary'])}", flush=True)
     finally:
         server.terminate()
         server.wait(60)
         log.close()
-    base = offline(engine, a.requests, a.tokens, a.batch_size, a.threads)
+    base = offline(engine, a.requests, a.tokens, a.batch_size, a.threads, a.voice)
     print(f"offline (Pipeline.run, engines warm): {json.dumps(base)}")
     print(
-        "\n| rate /s | ok | TTFT p50 / p99 ms | e2e p50 / p99 ms | req/s | tok/s | tok/s vs "
-        "offline |\n|---|---|---|---|---|---|---|"
+        "\n| rate /s | ok | TTFT p50 / p99 ms | first audio p50 / p99 ms | e2e p50 / p99 ms | "
+        "req/s | tok/s | audio-s/s | tok/s (audio-s/s) vs offline |\n|---|---|---|---|---|---|---|---|---|"
     )
     for rate, run in runs.items():
         s = run["summary"]
+        speech = "audio_s_per_s" in s and "audio_s_per_s" in base
+        ratio = (s["audio_s_per_s"] / base["audio_s_per_s"] if speech
+                 else s["tokens_per_s"] / base["tokens_per_s"])  # fmt: skip
         print(
             f"| {rate} | {s['ok']}/{s['requests']} | {s['ttft_p50_ms']} / {s['ttft_p99_ms']} | "
+            f"{s.get('ttfa_p50_ms', '-')} / {s.get('ttfa_p99_ms', '-')} | "
             f"{s['e2e_p50_ms']} / {s['e2e_p99_ms']} | {s['requests_per_s']} | "
-            f"{s['tokens_per_s']} | {s['tokens_per_s'] / base['tokens_per_s']:.2f}x |"
+            f"{s['tokens_per_s']} | {s.get('audio_s_per_s', '-')} | {ratio:.2f}x |"
         )
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(),
               "cpus": os.cpu_count(), "engine": str(engine), "server_command": " ".join(cmd),
