@@ -56,6 +56,21 @@ def omni_engine(omni_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 @pytest.fixture(scope="session")
+def tts_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3-TTS CustomVoice checkpoint (export/tiny_tts.py), built for the CPU
+    (edge-serve's tests: test_serve.py and test_serve_page.py share the build)."""
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+    from edgeomni.export.tiny_tts import make_checkpoint
+
+    root = tmp_path_factory.mktemp("serve-tts")
+    ckpt = make_checkpoint(root / "ckpt", "custom_voice", "tiny")
+    args = BuildArgs(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
+    assert build(ckpt, root / "eng", args) is not None
+    return root / "eng"
+
+
+@pytest.fixture(scope="session")
 def qwen_tts_python() -> Path:
     """The upstream Qwen3-TTS reference venv's python (qwen-tts 0.1.1 on transformers 4.57.3).
 

@@ -267,20 +267,6 @@ def test_metrics_count_what_happened(served: Any) -> None:
     assert 'edgeomni_time_to_first_token_seconds_bucket{le="+Inf"}' in text
 
 
-@pytest.fixture(scope="module")
-def tts_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen3-TTS CustomVoice checkpoint (export/tiny_tts.py), built for the CPU."""
-    from edgeomni.builder.build import build
-    from edgeomni.export.family import BuildArgs
-    from edgeomni.export.tiny_tts import make_checkpoint
-
-    root = tmp_path_factory.mktemp("serve-tts")
-    ckpt = make_checkpoint(root / "ckpt", "custom_voice", "tiny")
-    args = BuildArgs(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
-    assert build(ckpt, root / "eng", args) is not None
-    return root / "eng"
-
-
 GREEDY_SPEECH = {"talker_do_sample": 0, "subtalker_dosample": 0, "talker_max_new_tokens": 9}
 
 

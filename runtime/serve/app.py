@@ -1,5 +1,6 @@
 """edge-serve's HTTP side (Starlette): OpenAI's routes over a ``Server``.
 
+- ``GET /``: a page to try the graph in a browser (serve/page.py).
 - ``GET /health``: 200 while the scheduler loop runs, 503 once it stopped.
 - ``GET /v1/models``: the one model, named after the engine dir.
 - ``GET /metrics``: Prometheus's text format (serve/metrics.py).
@@ -48,6 +49,7 @@ from edgeomni.runtime.serve.openai_api import (
     pcm16,
     speech_request,
 )
+from edgeomni.runtime.serve.page import page_endpoint
 from edgeomni.runtime.serve.server import DONE, Busy, Pending, Server, is_client_error, usage_of
 
 MAX_BODY = 32 << 20  # bytes of a request body (inline images and audio included)
@@ -176,6 +178,8 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     app = Starlette(routes=[
+        Route("/", page_endpoint(server, max_tokens=max_tokens, max_audio_s=max_audio_s),
+              methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
