@@ -33,15 +33,15 @@ MODEL = "tiny-qwen3"
 
 
 def start(engine: Path, *, batch_size: int, max_queue: int, api_key: str | None = None,
-          step_s: float = 0.0) -> Any:  # fmt: skip
+          step_s: float = 0.0, slow: str = "llm") -> Any:  # fmt: skip
     """A server over the engine dir on a free localhost port, its loop and uvicorn on threads.
-    ``step_s``: each decode step of the text stage takes at least this long (a test's time to
-    act while a request runs)."""
+    ``step_s``: each step of stage ``slow`` takes at least this long (a test's time to act
+    while a request runs)."""
     pipe = Pipeline(engine)
     server = Server(pipe, batch_size=batch_size, max_queue=max_queue)
     if step_s:
-        pipe.open({"llm"})
-        stage = pipe._slot_stage("llm")
+        pipe.open({slow})
+        stage = pipe._slot_stage(slow)
         step = stage.step
         stage.step = lambda slots: (time.sleep(step_s), step(slots))[1]
     server.start()
@@ -213,6 +213,38 @@ def test_full_server_429s_and_a_disconnect_frees_the_slot(qwen3_engine: Path) ->
     finally:
         s.stop()
     assert s.server.error is None and not s.server.running
+
+
+@pytest.mark.parametrize("route", ["chat", "speech"])
+def test_a_disconnect_cancels_a_whole_request(qwen3_engine: Path, tts_engine: Path,
+                                              route: str) -> None:  # fmt: skip
+    """A non-streamed request's client that gives up (a read timeout here) cancels it: the loop
+    drops it at its next turn, long before it would have ended, and the slot is free again."""
+    chat = route == "chat"
+    s = start(qwen3_engine if chat else tts_engine, batch_size=1, max_queue=0,
+              step_s=0.05, slow="llm" if chat else "talker")  # fmt: skip
+    try:
+        if chat:
+            path, body = "/v1/chat/completions", {
+                "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 48,
+                "min_tokens": 48}  # fmt: skip
+        else:  # 200 frames at 50 ms: 10 s if it ran to its end
+            path, body = "/v1/audio/speech", {"input": "Hello there.", "voice": "vivian",
+                                              "talker_max_new_tokens": 200,
+                                              "talker_min_new_tokens": 200}  # fmt: skip
+        start_s = time.time()
+        with pytest.raises(httpx.ReadTimeout), httpx.Client(timeout=0.5) as http:
+            http.post(s.url + path, json=body)
+        deadline = time.time() + 20
+        while s.server.in_flight:
+            assert time.time() < deadline, "the abandoned request kept its slot"
+            time.sleep(0.02)
+        assert time.time() - start_s < 2.0  # at 50 ms a step it had over 2 s to go
+        assert s.server.finished == 1 and s.server.cancelled == 1
+        assert metric(s.url, 'edgeomni_requests_total{outcome="cancelled"}') == 1
+    finally:
+        s.stop()
+    assert s.server.error is None
 
 
 def test_api_key(qwen3_engine: Path) -> None:

@@ -14,8 +14,8 @@
 Errors are OpenAI's error body: 400 for a bad request (the field named), 401 without the API
 key when one is set, 429 (with Retry-After) when the server is full, 500 for a request that
 failed inside the runtime (the others go on), 503 once the scheduler loop has stopped. A
-streamed request whose client disconnects is cancelled; a non-streamed one runs to its end
-(its reply is then dropped).
+request whose client disconnects is cancelled, streamed or not: the loop drops it at its next
+turn and its rows are free.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import json
 import secrets
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +152,7 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         if stream:
             return StreamingResponse(_sse(server, pending, rid, model),
                                      media_type="text/event-stream")  # fmt: skip
-        return await _whole(server, pending, rid, model, fmt)
+        return await _until_disconnect(request, pending, _whole(server, pending, rid, model, fmt))
 
     def make_speech(body: Any, index: int, folder: Path) -> tuple[Request, set[str], str]:
         if not server.audio or server.texts:
@@ -171,7 +171,7 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         media = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}[fmt]
         if stream:
             return StreamingResponse(_audio_stream(pending, fmt), media_type=media)
-        return await _audio_whole(pending, fmt, media)
+        return await _until_disconnect(request, pending, _audio_whole(pending, fmt, media))
 
     async def metrics(request: HttpRequest) -> Response:
         text = server.metrics.render(server.in_flight, server.capacity, lambda: server.running)
@@ -198,6 +198,26 @@ async def _events(pending: Pending) -> AsyncIterator[Any]:
     finally:
         if pending.state is None:  # the client left first: the loop drops it next turn
             Server.cancel(pending)
+
+
+async def _until_disconnect(
+    request: HttpRequest, pending: Pending, answer: Awaitable[Response]
+) -> Response:
+    """A whole (non-streamed) answer, its request cancelled if the client goes away first: the
+    server learns of that from the connection (ASGI's http.disconnect), as no response is being
+    written to it yet."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        if pending.state is None:  # still in the graph: the loop drops it next turn
+            Server.cancel(pending)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await answer
+    finally:
+        watcher.cancel()
 
 
 def _failure(event: Failed) -> ApiError:
