@@ -5,6 +5,7 @@ answers 429 and loses no accepted request; a client that disconnects frees its s
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -458,3 +459,91 @@ def test_omni_chat_takes_inline_image_and_audio(omni_engine: Path, tmp_path: Pat
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     finally:
         s.stop()
+
+
+SLOW_SERVE = """
+import sys, time
+from edgeomni.runtime import pipeline
+
+opened = pipeline.Pipeline.open
+
+
+def slow_open(self, ids):  # each llm step takes 50 ms: the test's time to act mid-request
+    opened(self, ids)
+    stage = self._slot_stage("llm")
+    if stage is not None and not hasattr(stage, "slowed"):
+        step = stage.step
+        stage.step = lambda slots: (time.sleep(0.05), step(slots))[1]
+        stage.slowed = True
+
+
+pipeline.Pipeline.open = slow_open
+from edgeomni.runtime.serve.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_drains_what_is_in_flight(qwen3_engine: Path, tmp_path: Path) -> None:
+    """SIGTERM to edge-serve mid-stream: it stops taking connections, the streamed request
+    runs to its end (every token, then [DONE]), and the process exits 0, its media folder
+    removed."""
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    def media() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob("edge-serve-media-*"))
+
+    media_before = media()
+
+    script = tmp_path / "slow_serve.py"
+    script.write_text(SLOW_SERVE)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--config", str(qwen3_engine), "--port", str(port),
+         "--batch-size", "2", "--max-tokens", "48"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, "edge-serve did not start"
+            time.sleep(0.1)
+        body = {"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 40,
+                "min_tokens": 40, "temperature": 0, "stream": True}  # fmt: skip
+        chunks: list[dict] = []
+        with httpx.Client(timeout=30) as http, \
+                http.stream("POST", url + "/v1/chat/completions", json=body) as r:  # fmt: skip
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            proc.send_signal(signal.SIGTERM)  # 40 steps of 50 ms: most of the reply to come
+            time.sleep(0.3)
+            with pytest.raises(httpx.ConnectError):  # no new connections while it drains
+                httpx.get(url + "/health", timeout=2)
+            ended = False
+            for line in lines:
+                if line == "data: [DONE]":
+                    ended = True
+                elif line.startswith("data:"):
+                    chunks.append(json.loads(line[5:]))
+        assert ended, "the stream ended without [DONE]"
+        assert chunks[-1]["usage"]["completion_tokens"] == 40
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
+        assert media() == media_before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -12,10 +12,14 @@ import argparse
 import logging
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
 from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH
+from edgeomni.runtime.scheduler import PATIENCE
+
+log = logging.getLogger("edge-serve")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,6 +46,13 @@ def parser() -> argparse.ArgumentParser:
                    help="the longest inline audio a request may bring")  # fmt: skip
     p.add_argument("--max-image-pixels", type=int, default=4096 * 4096,
                    help="the largest inline image a request may bring")  # fmt: skip
+    p.add_argument("--stage-patience", type=int, default=PATIENCE, metavar="TURNS",
+                   help="how many scheduler turns a later stage (talker, vocoder) waits for "
+                   f"requests on their way before it steps a batch that is not full (default "
+                   f"{PATIENCE}; 0: step every turn)")  # fmt: skip
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="GPU engines launch their kernels instead of replaying captured CUDA "
+                   "graphs (slower; for debugging)")  # fmt: skip
     p.add_argument("--threads", type=int, help="CPU threads per engine (default: onnxruntime's)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -65,9 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_tokens < 1:
         print("edge-serve: --max-tokens must be >= 1", file=sys.stderr)
         return 2
+    if args.stage_patience < 0:
+        print("edge-serve: --stage-patience must be >= 0", file=sys.stderr)
+        return 2
     try:
         config = resolve_config(args.config)
-        pipe = Pipeline(config, threads=args.threads)
+        pipe = Pipeline(config, threads=args.threads, patience=args.stage_patience,
+                        cuda_graphs=not args.no_cuda_graphs)  # fmt: skip
         server = Server(pipe, batch_size=args.batch_size, max_queue=args.max_queue)
         pipe.open(set(pipe.graph.stage_ids))  # every engine loads before the port opens
     except GraphError as e:
@@ -86,11 +101,22 @@ def main(argv: list[str] | None = None) -> int:
         max_audio_s=args.max_audio_seconds,
         max_pixels=args.max_image_pixels,
     )
-    try:  # uvicorn stops taking connections on SIGTERM / Ctrl-C and lets open ones finish
+    # uvicorn stops taking connections on SIGTERM / Ctrl-C and lets the open ones finish, then
+    # raises the signal again, to whatever handler was there before it: this one takes it, so
+    # the loop is stopped and the media folder removed before the process ends (a second
+    # Ctrl-C while draining still quits at once: uvicorn's own handler sees it)
+    caught: list[int] = []
+    drain = (signal.SIGINT, signal.SIGTERM)
+    before = {sig: signal.signal(sig, lambda sig, _frame: caught.append(sig)) for sig in drain}
+    try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
         server.stop(timeout=30)
         shutil.rmtree(app.state.media_root, ignore_errors=True)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    if caught:
+        log.info("stopped by %s after the requests in flight", signal.Signals(caught[0]).name)
     return 1 if server.error is not None else 0
 
 
