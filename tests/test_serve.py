@@ -25,6 +25,7 @@ from edgeomni.runtime.pipeline import Pipeline  # noqa: E402
 from edgeomni.runtime.requests import parse_request_file  # noqa: E402
 from edgeomni.runtime.serve.app import make_app  # noqa: E402
 from edgeomni.runtime.serve.server import Server  # noqa: E402
+from edgeomni.runtime.serve.warmup import needed, warm_up  # noqa: E402
 
 PROMPTS = ["Hello! How are you?", "Tell me a story about a fox.", "What is two plus two?",
            "The capital of France is", "Write a haiku.", "Count to ten.", "Why is the sky blue?",
@@ -34,10 +35,10 @@ MODEL = "tiny-qwen3"
 
 
 def start(engine: Path, *, batch_size: int, max_queue: int, api_key: str | None = None,
-          step_s: float = 0.0, slow: str = "llm") -> Any:  # fmt: skip
+          step_s: float = 0.0, slow: str = "llm", warm: bool = False) -> Any:  # fmt: skip
     """A server over the engine dir on a free localhost port, its loop and uvicorn on threads.
     ``step_s``: each step of stage ``slow`` takes at least this long (a test's time to act
-    while a request runs)."""
+    while a request runs). ``warm``: edge-serve's warm-up first (edge-serve --warmup on)."""
     pipe = Pipeline(engine)
     server = Server(pipe, batch_size=batch_size, max_queue=max_queue)
     if step_s:
@@ -46,6 +47,8 @@ def start(engine: Path, *, batch_size: int, max_queue: int, api_key: str | None 
         step = stage.step
         stage.step = lambda slots: (time.sleep(step_s), step(slots))[1]
     server.start()
+    if warm:
+        warm_up(server, batch_size=batch_size, tokens=3, frames=6)
     app = make_app(server, model=MODEL, api_key=api_key, max_tokens=48, max_audio_s=5.0)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -369,7 +372,7 @@ def test_omni_chat_speaks_its_reply(omni_engine: Path) -> None:
         "max_generate_length": 8}], **greedy})  # fmt: skip
     (want,) = Pipeline(omni_engine).run(requests, batch_size=1)
     assert want.entry["ok"] and want.audio is not None and want.audio.size > 0
-    s = start(omni_engine, batch_size=2, max_queue=2)
+    s = start(omni_engine, batch_size=2, max_queue=2, warm=True)  # the warm-up leaves no trace
     try:
         c = client(s)
         messages = [{"role": "user", "content": prompt}]
@@ -547,3 +550,48 @@ def test_sigterm_drains_what_is_in_flight(qwen3_engine: Path, tmp_path: Path) ->
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("graph", ["qwen3", "omni", "tts"])
+def test_warm_up_runs_every_batch_size_as_a_client_would(
+    graph: str, qwen3_engine: Path, omni_engine: Path, tts_engine: Path
+) -> None:
+    """The warm-up sends 1, 2, .. batch-size requests at once through the server's loop, each
+    what a client would send (spoken where the graph speaks), every one of them served in
+    full; then the counts start from zero. On a CPU build it is not needed (no CUDA graphs)."""
+    from edgeomni.runtime.events import AudioChunk
+
+    engine = {"qwen3": qwen3_engine, "omni": omni_engine, "tts": tts_engine}[graph]
+    server = Server(Pipeline(engine), batch_size=2, max_queue=0)
+    cohorts: list[int] = []
+    audio: list[int] = []
+    submit, event = server.submit, server._event
+
+    def counted_submit(request: Any, loop: Any, terminals: Any = None, cleanup: Any = None) -> Any:
+        if not cohorts or server.in_flight == 0:
+            cohorts.append(0)  # a new cohort starts once the last has left
+        cohorts[-1] += 1
+        return submit(request, loop, terminals, cleanup)
+
+    def counted_event(e: Any) -> None:
+        if isinstance(e, AudioChunk):
+            audio.append(e.samples.size)
+        event(e)
+
+    server.submit, server._event = counted_submit, counted_event  # type: ignore[method-assign]
+    server.start()
+    try:
+        assert not needed(server)
+        done = warm_up(server, batch_size=2, tokens=3, frames=6)
+        assert cohorts == [1, 2] and done["requests"] == 3
+        assert done["route"] == ("speech" if graph == "tts" else "chat")
+        if graph == "qwen3":
+            assert not audio
+        else:  # the same 6 frames for each of the 3 requests
+            assert len(audio) >= 3 and sum(audio) > 0 and sum(audio) % 3 == 0
+        assert server.finished == 0 and server.in_flight == 0
+        text = server.metrics.render(0, 2, lambda: True)
+        assert 'edgeomni_requests_total{outcome="ok"} 0' in text
+    finally:
+        server.stop(10)
+    assert server.error is None

@@ -53,6 +53,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="GPU engines launch their kernels instead of replaying captured CUDA "
                    "graphs (slower; for debugging)")  # fmt: skip
+    p.add_argument("--warmup", choices=("auto", "on", "off"), default="auto",
+                   help="before the port opens, run 1, 2, .. --batch-size requests at once, so a "
+                   "GPU build's CUDA graphs are captured before clients wait on them (auto, the "
+                   "default: on when an engine runs on a GPU with CUDA graphs)")  # fmt: skip
     p.add_argument("--threads", type=int, help="CPU threads per engine (default: onnxruntime's)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -71,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from edgeomni.graph_schema import GraphError
     from edgeomni.runtime.pipeline import Pipeline, resolve_config
+    from edgeomni.runtime.serve import warmup
     from edgeomni.runtime.serve.server import Server
 
     if args.max_tokens < 1:
@@ -92,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edge-serve: {e}", file=sys.stderr)
         return 2
     server.start()
+    if args.warmup == "on" or (args.warmup == "auto" and warmup.needed(server)):
+        try:
+            warmup.warm_up(server, batch_size=min(args.batch_size, server.capacity))
+        except RuntimeError as e:  # the graph fails a plain request
+            print(f"edge-serve: the warm-up failed: {e}", file=sys.stderr)
+            server.stop(timeout=30)
+            return 1
     api_key = args.api_key or os.environ.get("EDGE_SERVE_API_KEY") or None
     app = make_app(
         server,

@@ -22,9 +22,7 @@ from typing import Any
 from starlette.requests import Request as HttpRequest
 from starlette.responses import HTMLResponse, Response
 
-from edgeomni.runtime.artifacts import CONFIG
-from edgeomni.runtime.pipeline import Pipeline
-from edgeomni.runtime.serve.server import Server
+from edgeomni.runtime.serve.server import Server, speakers
 
 SLOT = "{{CAPABILITIES}}"
 
@@ -35,7 +33,7 @@ def capabilities(server: Server, *, max_tokens: int, max_audio_s: float) -> dict
     (``request:audio``, ``request:image``) for media in."""
     reads = {i.request_field for s in server.pipe.graph.stages for i in s.inputs}
     chat = bool(server.texts)
-    voices, voice = _voices(server.pipe)
+    voices, voice = speakers(server.pipe)
     return {
         "chat": chat,
         "speaks": chat and bool(server.audio),
@@ -47,25 +45,6 @@ def capabilities(server: Server, *, max_tokens: int, max_audio_s: float) -> dict
         "max_tokens": max_tokens,
         "max_audio_s": max_audio_s,
     }
-
-
-def _voices(pipe: Pipeline) -> tuple[list[str], str | None]:
-    """The speakers a stage's artifact config lists (a talker's: Qwen3-Omni's, Qwen3-TTS's) and
-    its default, read from the file the stage loads: the page offers only voices it has."""
-    names: set[str] = set()
-    default = None
-    for stage in pipe.graph.stages:
-        try:
-            cfg = json.loads((pipe.engine_dir / stage.artifact / CONFIG).read_text())
-        except (OSError, ValueError):
-            continue
-        speakers = cfg.get("speakers") if isinstance(cfg, dict) else None
-        if isinstance(speakers, dict):
-            names |= {str(k) for k in speakers}
-            if isinstance(cfg.get("default_speaker"), str):
-                default = default or cfg["default_speaker"]
-    ordered = sorted(names)
-    return ordered, default if default in names else (ordered[0] if ordered else None)
 
 
 def render(caps: dict[str, Any]) -> str:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from edgeomni.runtime.artifacts import CONFIG
 from edgeomni.runtime.events import AudioChunk, Event, Failed, Finished, TextDelta
 from edgeomni.runtime.pipeline import PREPARE, Pipeline, Submission
 from edgeomni.runtime.requests import Request
@@ -145,6 +148,12 @@ class Server:
             p = self._pending.get(state.index)
         return p is not None and p.cancelled
 
+    def forget(self) -> None:
+        """Count from zero again (what the warm-up ran is not the clients')."""
+        with self._lock:
+            self.finished = self.cancelled = 0
+            self.metrics = Metrics()
+
     # -- requests -----------------------------------------------------------------------------
     def next_index(self) -> int:
         return next(self._ids)
@@ -175,6 +184,34 @@ class Server:
     @staticmethod
     def cancel(p: Pending) -> None:
         p.cancelled = True
+
+
+def stage_configs(pipe: Pipeline) -> dict[str, dict[str, Any]]:
+    """Each stage's config.json (the file its engine loads from), by stage id; a stage whose
+    file cannot be read is left out (opening the pipeline has already checked them)."""
+    out = {}
+    for stage in pipe.graph.stages:
+        try:
+            cfg = json.loads((pipe.engine_dir / stage.artifact / CONFIG).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(cfg, dict):
+            out[stage.id] = cfg
+    return out
+
+
+def speakers(pipe: Pipeline) -> tuple[list[str], str | None]:
+    """The voices the graph has (a talker's ``speakers``: Qwen3-Omni's, Qwen3-TTS's), sorted,
+    and its default (the config's ``default_speaker``, else the first; None without voices)."""
+    names: set[str] = set()
+    default = None
+    for cfg in stage_configs(pipe).values():
+        if isinstance(cfg.get("speakers"), dict):
+            names |= {str(k) for k in cfg["speakers"]}
+            if isinstance(cfg.get("default_speaker"), str):
+                default = default or cfg["default_speaker"]
+    ordered = sorted(names)
+    return ordered, default if default in names else (ordered[0] if ordered else None)
 
 
 def usage_of(state: RequestState | None, texts: set[str]) -> dict[str, int]:
