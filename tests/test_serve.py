@@ -274,6 +274,21 @@ def test_edge_serve_refuses_what_it_cannot_serve(tmp_path: Path, capsys: Any) ->
     assert main(["--config", str(tmp_path), "--max-tokens", "0"]) == 2
 
 
+def test_max_tokens_stays_within_the_build(qwen3_engine: Path, capsys: Any) -> None:
+    """--max-tokens past the text stage's KV cache is refused at start (exit 2, saying the
+    capacity); without it, the default is cut to what the cache holds."""
+    from edgeomni.runtime.serve.cli import main, token_limit
+
+    server = Server(Pipeline(qwen3_engine), batch_size=1, max_queue=0)
+    room = next(s.max_seq for s in server.pipe.graph.stages if s.id == "llm")
+    assert token_limit(server, None) == min(256, room - 1)
+    assert token_limit(server, room - 1) == room - 1
+    with pytest.raises(ValueError, match=f"holds {room} tokens"):
+        token_limit(server, room)
+    assert main(["--config", str(qwen3_engine), "--max-tokens", str(room)]) == 2
+    assert f"at most {room - 1}" in capsys.readouterr().err
+
+
 def metric(url: str, name: str) -> float:
     text = httpx.get(url + "/metrics", timeout=30).text
     line = next(x for x in text.splitlines() if x.startswith(name + " "))

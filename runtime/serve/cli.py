@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH
 from edgeomni.runtime.scheduler import PATIENCE
@@ -40,8 +41,10 @@ def parser() -> argparse.ArgumentParser:
                    help="requests that may wait beyond those running; more get 429")  # fmt: skip
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: the "
                    "EDGE_SERVE_API_KEY environment variable, else none)")  # fmt: skip
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_GENERATE_LENGTH,
-                   help="a request's default and largest max_tokens")  # fmt: skip
+    p.add_argument("--max-tokens", type=int,
+                   help="a request's default and largest max_tokens (default: "
+                   f"{DEFAULT_MAX_GENERATE_LENGTH}, or less where the build's KV cache "
+                   "capacity is smaller; more than that capacity is refused)")  # fmt: skip
     p.add_argument("--max-audio-seconds", type=float, default=60.0,
                    help="the longest inline audio a request may bring")  # fmt: skip
     p.add_argument("--max-image-pixels", type=int, default=4096 * 4096,
@@ -62,6 +65,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def token_limit(server: Any, asked: int | None) -> int:
+    """A request's largest max_tokens: what was asked, else the default, within the text
+    stage's KV cache (a prompt takes at least one of its slots); a ValueError past it."""
+    room = min((s.max_seq for s in server.pipe.graph.stages
+                if s.id in server.text_stages and s.max_seq), default=None)  # fmt: skip
+    most = None if room is None else room - 1
+    if asked is None:
+        return DEFAULT_MAX_GENERATE_LENGTH if most is None else min(DEFAULT_MAX_GENERATE_LENGTH, most)
+    if most is not None and asked > most:
+        raise ValueError(f"--max-tokens {asked} does not fit the build: its KV cache holds "
+                         f"{room} tokens, the prompt's included (at most {most})")  # fmt: skip
+    return asked
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -78,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     from edgeomni.runtime.serve import warmup
     from edgeomni.runtime.serve.server import Server
 
-    if args.max_tokens < 1:
+    if args.max_tokens is not None and args.max_tokens < 1:
         print("edge-serve: --max-tokens must be >= 1", file=sys.stderr)
         return 2
     if args.stage_patience < 0:
@@ -96,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, RuntimeError, ValueError) as e:
         print(f"edge-serve: {e}", file=sys.stderr)
         return 2
+    try:
+        max_tokens = token_limit(server, args.max_tokens)
+    except ValueError as e:
+        print(f"edge-serve: {e}", file=sys.stderr)
+        return 2
     server.start()
     if args.warmup == "on" or (args.warmup == "auto" and warmup.needed(server)):
         try:
@@ -109,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         server,
         model=config.parent.name,
         api_key=api_key,
-        max_tokens=args.max_tokens,
+        max_tokens=max_tokens,
         max_audio_s=args.max_audio_seconds,
         max_pixels=args.max_image_pixels,
     )
