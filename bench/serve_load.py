@@ -13,7 +13,10 @@ work.
 
 ``--tiny`` builds the tiny random Qwen3 (export/tiny.py) into a temp dir first, ``--tiny-omni``
 the tiny Qwen3-Omni; ``--voice V`` asks for the reply spoken too (time to first audio and
-audio-s/s; 24 frames a request). Writes
+audio-s/s; ``--frames`` codec frames a request, default 24). On a GPU, point ``--engine`` at a
+cuda build (for example bench/gpu_omni.py's, made with ``--stop-after build``);
+``--warm-cohorts`` sends 1, 2, .. batch-size requests at once before the timed runs (edge-serve
+``--warmup``, auto on a GPU build, now does the same itself). Writes
 OUT/serve_load.json (every request's times, the settings, the machine) and prints a table.
 """
 
@@ -34,9 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-SPEECH = {"talker_max_new_tokens": 24, "talker_min_new_tokens": 24, "talker_top_k": 1}
 PROMPTS = ["Hello! How are you today?", "Tell me a story about a fox.", "What is 2 + 2?",
            "Name three colours.", "Write a haiku about rain.", "Count from one to ten."]  # fmt: skip
+
+
+def speech(frames: int) -> dict[str, int]:
+    """The talker's settings for exactly ``frames`` codec frames a reply, greedy."""
+    return {"talker_max_new_tokens": frames, "talker_min_new_tokens": frames, "talker_top_k": 1}
 
 
 def free_port() -> int:
@@ -54,7 +61,7 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 async def one(
-    client: Any, url: str, prompt: str, tokens: int, at: float, voice: str | None
+    client: Any, url: str, prompt: str, tokens: int, at: float, voice: str | None, frames: int
 ) -> dict[str, Any]:
     await asyncio.sleep(max(0.0, at - time.perf_counter()))
     start = time.perf_counter()
@@ -64,7 +71,7 @@ async def one(
     }  # fmt: skip
     if voice is not None:  # the reply spoken too, a fixed number of frames
         body.update(modalities=["text", "audio"], audio={"voice": voice, "format": "pcm16"},
-                    **SPEECH)  # fmt: skip
+                    **speech(frames))  # fmt: skip
     first = first_audio = None
     audio_bytes = 0
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -85,7 +92,7 @@ async def one(
 
 
 async def load(
-    url: str, rate: float, n: int, tokens: int, seed: int, voice: str | None
+    url: str, rate: float, n: int, tokens: int, seed: int, voice: str | None, frames: int
 ) -> list[dict[str, Any]]:
     import httpx
 
@@ -97,7 +104,7 @@ async def load(
         t += 0.0 if rate == float("inf") else rng.expovariate(rate)
     limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        jobs = [one(client, url, PROMPTS[i % len(PROMPTS)], tokens, at, voice)
+        jobs = [one(client, url, PROMPTS[i % len(PROMPTS)], tokens, at, voice, frames)
                 for i, at in enumerate(times)]  # fmt: skip
         return await asyncio.gather(*jobs)
 
@@ -123,7 +130,8 @@ def summary(rows: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
 
 
 def offline(
-    engine: Path, n: int, tokens: int, batch: int, threads: int | None, voice: str | None
+    engine: Path, n: int, tokens: int, batch: int, threads: int | None, voice: str | None,
+    frames: int, patience: int,
 ) -> dict[str, Any]:
     """The same requests through Pipeline.run (edge-infer's path, in-flight batching) in this
     process, after the engines are loaded and warm: the offline bound."""
@@ -136,12 +144,12 @@ def offline(
         body: dict[str, Any] = {"requests": reqs, "max_generate_length": tokens,
                                 "min_generate_length": tokens, "temperature": 0.0}  # fmt: skip
         if voice is not None:
-            body.update(voice=voice, **SPEECH)
+            body.update(voice=voice, **speech(frames))
         return parse_request_file(body)[0]
 
-    pipe = Pipeline(engine, threads=threads)
+    pipe = Pipeline(engine, threads=threads, patience=patience)
     text = None if voice is not None else pipe.text_terminals()
-    pipe.run(requests(2), batch_size=batch, requested=text)  # loads and warms the engines
+    pipe.run(requests(batch), batch_size=batch, requested=text)  # loads and warms the engines
     start = time.perf_counter()
     outcomes = pipe.run(requests(n), batch_size=batch, requested=text)
     wall = time.perf_counter() - start
@@ -162,7 +170,9 @@ def main() -> int:
     src.add_argument("--tiny-omni", action="store_true",
                      help="build the tiny random Qwen3-Omni first (with --voice: speech)")  # fmt: skip
     p.add_argument("--voice", help="ask for the reply spoken too (an omni graph's voice): time "
-                   "to first audio and audio-s/s, 24 frames a request")  # fmt: skip
+                   "to first audio and audio-s/s")  # fmt: skip
+    p.add_argument("--frames", type=int, default=24, help="with --voice: codec frames a "
+                   "reply (exact; 12.5 a second of audio)")  # fmt: skip
     p.add_argument("--rates", type=float, nargs="+", default=[2.0, 8.0, 32.0],
                    help="arrivals per second (inf: all at once, the server's saturated "
                    "throughput)")  # fmt: skip
@@ -170,6 +180,11 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=24, help="reply tokens a request (exact)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, help="the server's CPU threads per engine")
+    p.add_argument("--stage-patience", type=int, default=16,
+                   help="the server's (and the offline run's) --stage-patience")  # fmt: skip
+    p.add_argument("--warm-cohorts", action="store_true",
+                   help="warm the server up with every batch size from 1 up, each all at once "
+                   "(a GPU build then has its CUDA graphs captured before the timed runs)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
@@ -189,7 +204,8 @@ def main() -> int:
     port = free_port()
     cmd = [sys.executable, "-m", "edgeomni.runtime.serve.cli", "--config", str(engine),
            "--port", str(port), "--batch-size", str(a.batch_size),
-           "--max-queue", str(max(a.requests, 1)), "--max-tokens", str(a.tokens)]  # fmt: skip
+           "--max-queue", str(max(a.requests, 1)), "--max-tokens", str(a.tokens),
+           "--stage-patience", str(a.stage_patience)]  # fmt: skip
     if a.threads:
         cmd += ["--threads", str(a.threads)]
     log = (a.out / "server.log").open("w")
@@ -208,17 +224,22 @@ def main() -> int:
             if server.poll() is not None or time.time() > deadline:
                 raise SystemExit(f"edge-serve did not start; see {a.out / 'server.log'}")
             time.sleep(0.2)
-        asyncio.run(load(url, 4.0, 4, a.tokens, a.seed, a.voice))  # warm-up
+        # warm-up: a full batch at once (a GPU build captures its graphs), then a trickle;
+        # --warm-cohorts: every batch size from 1 up, each all at once
+        for k in range(1, a.batch_size + 1) if a.warm_cohorts else [a.batch_size]:
+            asyncio.run(load(url, float("inf"), k, a.tokens, a.seed, a.voice, a.frames))
+        asyncio.run(load(url, 4.0, 4, a.tokens, a.seed, a.voice, a.frames))
         runs = {}
         for rate in a.rates:
-            rows = asyncio.run(load(url, rate, a.requests, a.tokens, a.seed, a.voice))
+            rows = asyncio.run(load(url, rate, a.requests, a.tokens, a.seed, a.voice, a.frames))
             runs[str(rate)] = {"summary": summary(rows, a.tokens), "requests": rows}
             print(f"rate {rate}/s: {json.dumps(runs[str(rate)]['summary'])}", flush=True)
     finally:
         server.terminate()
         server.wait(60)
         log.close()
-    base = offline(engine, a.requests, a.tokens, a.batch_size, a.threads, a.voice)
+    base = offline(engine, a.requests, a.tokens, a.batch_size, a.threads, a.voice, a.frames,
+                   a.stage_patience)
     print(f"offline (Pipeline.run, engines warm): {json.dumps(base)}")
     print(
         "\n| rate /s | ok | TTFT p50 / p99 ms | first audio p50 / p99 ms | e2e p50 / p99 ms | "
