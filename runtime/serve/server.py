@@ -122,6 +122,8 @@ class Server:
             self.metrics.first(kind, time.perf_counter() - p.submitted)
         if isinstance(event, Failed) and event.stage == PREPARE:
             p.invalid = True
+        if isinstance(event, TextDelta) and not event.text:
+            return  # a token that completes no character yet: nothing to answer, no wake-up
         if isinstance(event, (TextDelta, AudioChunk, Finished, Failed)):
             p.loop.call_soon_threadsafe(p.events.put_nowait, event)
 
