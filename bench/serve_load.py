@@ -129,6 +129,20 @@ def summary(rows: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def request_file(count: int, tokens: int, voice: str | None, frames: int) -> list[Any]:
+    """The load's requests as the request file gives them to ``Pipeline.run``: the same
+    prompts, lengths and voice as the HTTP bodies."""
+    from edgeomni.runtime.requests import parse_request_file
+
+    reqs = [{"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
+            for i in range(count)]  # fmt: skip
+    body: dict[str, Any] = {"requests": reqs, "max_generate_length": tokens,
+                            "min_generate_length": tokens, "temperature": 0.0}  # fmt: skip
+    if voice is not None:
+        body.update(voice=voice, **speech(frames))
+    return parse_request_file(body)[0]
+
+
 def offline(
     engine: Path, n: int, tokens: int, batch: int, threads: int | None, voice: str | None,
     frames: int, patience: int,
@@ -136,16 +150,9 @@ def offline(
     """The same requests through Pipeline.run (edge-infer's path, in-flight batching) in this
     process, after the engines are loaded and warm: the offline bound."""
     from edgeomni.runtime.pipeline import Pipeline
-    from edgeomni.runtime.requests import parse_request_file
 
     def requests(count: int) -> list[Any]:
-        reqs = [{"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
-                for i in range(count)]  # fmt: skip
-        body: dict[str, Any] = {"requests": reqs, "max_generate_length": tokens,
-                                "min_generate_length": tokens, "temperature": 0.0}  # fmt: skip
-        if voice is not None:
-            body.update(voice=voice, **speech(frames))
-        return parse_request_file(body)[0]
+        return request_file(count, tokens, voice, frames)
 
     pipe = Pipeline(engine, threads=threads, patience=patience)
     text = None if voice is not None else pipe.text_terminals()

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from serve_load import PROMPTS, speech  # noqa: E402
+from serve_load import request_file  # noqa: E402
 
 from edgeomni.runtime import engine as engine_mod  # noqa: E402
 from edgeomni.runtime.events import AudioChunk  # noqa: E402
 from edgeomni.runtime.pipeline import Pipeline, Submission  # noqa: E402
-from edgeomni.runtime.requests import parse_request_file  # noqa: E402
 from edgeomni.runtime.scheduler import Arrivals  # noqa: E402
 
 CAPTURES: dict[str, Any] = {"seen": set(), "count": 0, "seconds": 0.0}
@@ -52,14 +51,8 @@ def count_captures() -> None:
 
 
 def requests(n: int, tokens: int, voice: str | None, frames: int, first: int = 0) -> list[Any]:
-    reqs = [{"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
-            for i in range(n)]  # fmt: skip
-    body: dict[str, Any] = {"requests": reqs, "max_generate_length": tokens,
-                            "min_generate_length": tokens, "temperature": 0.0}  # fmt: skip
-    if voice is not None:
-        body.update(voice=voice, **speech(frames))
     return [dataclasses.replace(r, index=first + i)
-            for i, r in enumerate(parse_request_file(body)[0])]  # fmt: skip
+            for i, r in enumerate(request_file(n, tokens, voice, frames))]  # fmt: skip
 
 
 def trickle(pipe: Pipeline, reqs: list[Any], rate: float, batch: int, seed: int) -> dict:
