@@ -411,3 +411,123 @@ def _lower_plain(node: Any, ctx: Any, attrs: dict[str, Any]) -> list[Any]:
 
 
 LOWERINGS = {"onnxruntime": lower_onnxruntime}
+
+
+# ---------------------------------------------------------------------------------------------
+# Lowering: TensorRT's native attention (TensorRT >= 10.15, TensorRT-RTX 1.7)
+# ---------------------------------------------------------------------------------------------
+TRT_OPSET = 24  # TensorScatter; Attention is 23
+
+
+def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
+    """Rewrite into ONNX's own ops as TensorRT's parser imports them natively: the KV update as
+    ``TensorScatter`` (opset 24, axis -2: TensorRT's IKVCacheUpdateLayer, the cache updated in
+    place when its input and output share a buffer) and attention as ``Attention`` (opset 23,
+    4-D Q [B, Hq, S, D] over the whole cache [B, Hkv, C, D], GQA from the shapes) with a bool
+    mask [B, 1, S, C] made in the graph from the per-row lengths: the parser takes neither
+    ``past_key`` nor ``nonpad_kv_seqlen``, and TensorRT 10's causal flag anchors its diagonal
+    at the top left, wrong for a query after a past (shared/notes/tensorrt.md).
+
+    TensorScatter writes all S positions of every row, so each row writes a window of S slots
+    at ``w = min(past, C - S)``: its new tokens where they go and, elsewhere in the window, what
+    the cache held there (a right-padded row, an idle one, a row near the end of the cache). So
+    every slot but a row's new tokens keeps its value, as the op defines. A query that sees no
+    key (an idle row's padding) is given slot 0, which holds a finite value, so that no NaN is
+    made (its output is undefined by the op; a NaN would spread through a masked key's zero
+    weight).
+    """
+    from onnx import TensorProto, helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    causal, window = int(attrs.get("causal", 1)), int(attrs.get("window", 0))
+    if window and not causal:
+        raise ValueError(f"{node.name!r}: a sliding window needs causal=1")
+    hq, hkv = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
+    q, k, v, pk, pv, past_lens, query_lens = node.input
+    out_name, present_key, present_value = node.output
+    ctx.require_opset("", TRT_OPSET)
+    nodes: list[Any] = []
+
+    def op(op_type: str, *inputs: str, out: str | None = None, into: list | None = None,
+           **kw: Any) -> str:  # fmt: skip
+        name = out or ctx.fresh("attn_trt_" + op_type.lower())
+        (nodes if into is None else into).append(
+            helper.make_node(op_type, list(inputs), [name], **kw)
+        )
+        return name
+
+    def ints(*values: int) -> str:
+        stem = "attn_trt_i64_" + "_".join(str(x).replace("-", "m") for x in values)
+        return ctx.constant(stem, np.array(values, np.int64))
+
+    # once per graph and kind of layer: every layer reads the same lengths and shapes
+    shared = ("trt_lens", past_lens, query_lens, causal, window)
+    if shared not in ctx.cache:
+        pre: list[Any] = []
+        past = op("Cast", past_lens, to=TensorProto.INT64, into=pre)
+        total = op("Add", past, op("Cast", query_lens, to=TensorProto.INT64, into=pre), into=pre)
+        new_len = op("Cast", query_lens, to=TensorProto.INT64, into=pre)
+        width = op("Squeeze", op("Shape", q, start=1, end=2, into=pre), into=pre)  # S
+        capacity = op("Squeeze", op("Shape", pk, start=2, end=3, into=pre), into=pre)  # C
+        zero, one = ints(0), ints(1)
+        last_start = op("Sub", capacity, width, into=pre)
+        write = op("Max", op("Min", past, last_start, into=pre), zero, into=pre)  # [B]
+        steps = op("Range", op("Squeeze", zero, into=pre), width,
+                   op("Squeeze", one, into=pre), into=pre)  # fmt: skip
+        window_slot = op("Add", op("Unsqueeze", write, one, into=pre), steps, into=pre)  # [B, S]
+        rel = op("Sub", window_slot, op("Unsqueeze", past, one, into=pre), into=pre)
+        is_new = op("And", op("GreaterOrEqual", rel, op("Squeeze", zero, into=pre), into=pre),
+                    op("Less", rel, op("Unsqueeze", new_len, one, into=pre), into=pre),
+                    into=pre)  # fmt: skip
+        token = op("Where", is_new, rel, op("Squeeze", zero, into=pre), into=pre)  # [B, S]
+        slots = op("Range", op("Squeeze", zero, into=pre), capacity, op("Squeeze", one, into=pre),
+                   into=pre)  # fmt: skip  [C]
+        valid = op("Less", slots, op("Unsqueeze", total, one, into=pre), into=pre)  # [B, C]
+        if causal:  # query s of row b sits at past_b + s
+            position = op("Unsqueeze", op("Add", op("Unsqueeze", past, one, into=pre), steps,
+                                          into=pre), ints(2), into=pre)  # fmt: skip  [B, S, 1]
+            seen = op("And", op("Unsqueeze", valid, one, into=pre),
+                      op("LessOrEqual", slots, position, into=pre), into=pre)  # fmt: skip
+            if window:
+                near = op("Greater", slots, op("Sub", position, ints(window), into=pre), into=pre)
+                seen = op("And", seen, near, into=pre)
+        else:
+            seen = op("Expand", op("Unsqueeze", valid, one, into=pre),
+                      op("Concat", op("Shape", q, end=1, into=pre),
+                         op("Unsqueeze", width, zero, into=pre),
+                         op("Unsqueeze", capacity, zero, into=pre), axis=0, into=pre),
+                      into=pre)  # fmt: skip  [B, S, C]
+        seen_any = op("ReduceMax", op("Cast", seen, to=TensorProto.INT32, into=pre),
+                      ints(-1), keepdims=1, into=pre)  # fmt: skip
+        blind = op("Equal", seen_any, ctx.constant("attn_trt_zero_i32", np.array(0, np.int32)),
+                   into=pre)  # fmt: skip
+        first = op("Equal", slots, op("Squeeze", zero, into=pre), into=pre)
+        seen = op("Or", seen, op("And", blind, first, into=pre), into=pre)
+        mask = op("Unsqueeze", seen, one, into=pre)  # [B, 1, S, C]
+        for n in pre:
+            ctx.emit(n)
+        ctx.cache[shared] = (write, is_new, token, window_slot, mask)
+    write, is_new, token, window_slot, mask = ctx.cache[shared]
+
+    def update(x: str, cache: str, result: str) -> str:
+        heads = op("Transpose", op("Reshape", x, ints(0, 0, hkv, -1)), perm=[0, 2, 1, 3])
+        shape = op("Shape", heads)  # [B, Hkv, S, D]
+        take = op("Expand", op("Unsqueeze", token, ints(1, 3)), shape)
+        keep = op("Expand", op("Unsqueeze", window_slot, ints(1, 3)), shape)
+        fresh = op("GatherElements", heads, take, axis=2)
+        held = op("GatherElements", cache, keep, axis=2)
+        rows = op("Where", op("Unsqueeze", is_new, ints(1, 3)), fresh, held)  # [B, Hkv, S, D]
+        return op("TensorScatter", cache, rows, write, axis=-2, out=result)
+
+    keys = update(k, pk, present_key)
+    values = update(v, pv, present_value)
+    query = op("Transpose", op("Reshape", q, ints(0, 0, hq, -1)), perm=[0, 2, 1, 3])
+    kwargs: dict[str, Any] = {"is_causal": 0}
+    if attrs.get("scale"):
+        kwargs["scale"] = float(attrs["scale"])
+    heads = op("Attention", query, keys, values, mask, **kwargs)  # [B, Hq, S, D]
+    op("Reshape", op("Transpose", heads, perm=[0, 2, 1, 3]), ints(0, 0, -1), out=out_name)
+    return nodes
+
+
+LOWERINGS["tensorrt"] = lower_tensorrt

@@ -17,10 +17,11 @@ PLUGINS: dict[str, dict[str, Callable[[Any, LoweringContext], list[Any]]]] = {
     moe.OP_TYPE: moe.LOWERINGS,
     rotary.OP_TYPE: rotary.LOWERINGS,
 }
-BACKENDS = ("onnxruntime",)
+BACKENDS = ("onnxruntime", "tensorrt")
 DOMAIN = attention.DOMAIN
-# Opsets the lowerings may use, added to the model's imports as needed.
-_EXTRA_OPSETS = {"com.microsoft": 1}
+# Opsets a backend's lowerings may use, added to the model's imports as needed (a lowering
+# that needs a newer standard opset says so: LoweringContext.require_opset).
+_EXTRA_OPSETS = {"onnxruntime": {"com.microsoft": 1}, "tensorrt": {}}
 
 
 @dataclass
@@ -33,6 +34,7 @@ class LoweringContext:
     prelude: list[Any] = field(default_factory=list)
     initializers: list[Any] = field(default_factory=list)
     inputs: list[tuple[str, str, list[Any]]] = field(default_factory=list)
+    opsets: dict[str, int] = field(default_factory=dict)
     _counter: itertools.count = field(default_factory=itertools.count)
 
     def fresh(self, stem: str) -> str:
@@ -46,6 +48,10 @@ class LoweringContext:
         """A new graph input the runtime must feed (once per name)."""
         if not any(i[0] == name for i in self.inputs):
             self.inputs.append((name, elem_type, shape))
+
+    def require_opset(self, domain: str, version: int) -> None:
+        """The lowered graph needs at least this version of ``domain`` (imported, or raised)."""
+        self.opsets[domain] = max(version, self.opsets.get(domain, 0))
 
     def emit(self, node: Any) -> None:
         self.prelude.append(node)
@@ -123,9 +129,11 @@ def lower_model(model: Any, backend: str, options: dict[str, Any] | None = None)
     del model.functions[:]
     model.functions.extend(keep)
     imports = {o.domain: o for o in model.opset_import}
-    for domain, version in _EXTRA_OPSETS.items():
+    for domain, version in {**_EXTRA_OPSETS[backend], **ctx.opsets}.items():
         if domain not in imports:
             model.opset_import.append(helper.make_opsetid(domain, version))
+        elif imports[domain].version < version:
+            imports[domain].version = version
     if DOMAIN in imports:
         model.opset_import.remove(imports[DOMAIN])
     model.metadata_props.add(key="edgeomni.lowered_for", value=backend)

@@ -128,14 +128,20 @@ def onnx_translation() -> dict[Any, Any]:
 # ---------------------------------------------------------------------------------------------
 # Lowering: ONNX Runtime
 # ---------------------------------------------------------------------------------------------
-def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
-    """Plain ops, or com.microsoft::RotaryEmbedding with the ``fused_rotary`` option."""
+def _shape(node: Any) -> tuple[int, int]:
+    """The node's heads and (even) head dim."""
     from onnx import helper
 
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     heads, dim = int(attrs["num_heads"]), int(attrs["head_dim"])
     if dim % 2:
         raise ValueError(f"{node.name!r}: rotary head_dim {dim} must be even")
+    return heads, dim
+
+
+def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
+    """Plain ops, or com.microsoft::RotaryEmbedding with the ``fused_rotary`` option."""
+    heads, dim = _shape(node)
     if ctx.options.get("fused_rotary"):
         return _lower_fused(node, ctx, heads, dim)
     return _lower_plain(node, ctx, heads, dim)
@@ -217,4 +223,10 @@ def _lower_fused(node: Any, ctx: Any, heads: int, dim: int) -> list[Any]:
     ]
 
 
-LOWERINGS = {"onnxruntime": lower_onnxruntime}
+def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
+    """Plain ops, which TensorRT's parser imports as they are (its native RotaryEmbedding, opset
+    23, is a later option)."""
+    return _lower_plain(node, ctx, *_shape(node))
+
+
+LOWERINGS = {"onnxruntime": lower_onnxruntime, "tensorrt": lower_tensorrt}

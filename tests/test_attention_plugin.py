@@ -23,7 +23,8 @@ SCHEDULE = [
 ]
 
 
-def attention_model(window: int, causal: int = 1, options: dict | None = None) -> bytes:
+def attention_model(window: int, causal: int = 1, options: dict | None = None,
+                    backend: str = "onnxruntime") -> bytes:  # fmt: skip
     attention.register_onnx_schema()
     f = TensorProto.FLOAT
     vi = helper.make_tensor_value_info
@@ -55,12 +56,14 @@ def attention_model(window: int, causal: int = 1, options: dict | None = None) -
         helper.make_graph([node], "attn", inputs, outputs),
         opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(attention.DOMAIN, 1)],
     )
-    lower_model(model, "onnxruntime", options)
+    lower_model(model, backend, options)
+    assert all(n.domain != attention.DOMAIN for n in model.graph.node)
+    if backend == "tensorrt":
+        return model.SerializeToString()
     # causal=0 is lowered to plain ops (GQA rejects causal=0 with query_seqlens), and so is every
     # node under the plain_attention option
     fused = any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
     assert fused == (bool(causal) and not (options or {}).get("plain_attention"))
-    assert all(n.domain != attention.DOMAIN for n in model.graph.node)
     return model.SerializeToString()
 
 
@@ -69,15 +72,23 @@ def attention_model(window: int, causal: int = 1, options: dict | None = None) -
 )
 def test_lowering_matches_reference_in_place(window: int, causal: int, plain: int) -> None:
     model = attention_model(window, causal, {"plain_attention": True} if plain else None)
+    run_schedule(model, SCHEDULE, window, causal)
+
+
+def run_schedule(model: bytes, schedule: list, window: int, causal: int, capacity: int = C,
+                 past: np.ndarray | None = None) -> None:  # fmt: skip
+    """Run the lowered model call after call on the same cache buffers (bound as input and
+    output, in place) and check each call against the reference: the valid outputs, and the
+    caches changed exactly at the new tokens' slots."""
     sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
-    key_cache = np.zeros((B, HKV, C, D), np.float32)
-    value_cache = np.zeros_like(key_cache)
+    key_cache = rng.standard_normal((B, HKV, capacity, D), dtype=np.float32)
+    value_cache = rng.standard_normal((B, HKV, capacity, D), dtype=np.float32)
     ref_k, ref_v = key_cache.copy(), value_cache.copy()
     key_ov = ort.OrtValue.ortvalue_from_numpy(key_cache)
     value_ov = ort.OrtValue.ortvalue_from_numpy(value_cache)
-    past = np.zeros(B, np.int32)
-    for s_len, lens in SCHEDULE:
+    past = np.zeros(B, np.int32) if past is None else past
+    for s_len, lens in schedule:
         query_lens = np.array(lens, np.int32)
         q = rng.standard_normal((B, s_len, HQ * D), dtype=np.float32)
         k = rng.standard_normal((B, s_len, HKV * D), dtype=np.float32)
@@ -144,8 +155,51 @@ def test_reference_rejects_overflow() -> None:
 def test_unknown_backend_is_refused() -> None:
     from onnx import ModelProto
 
-    with pytest.raises(ValueError, match="tensorrt"):
-        lower_model(ModelProto(), "tensorrt")
+    with pytest.raises(ValueError, match="onnxruntime, tensorrt"):
+        lower_model(ModelProto(), "tvm")
+
+
+# -- TensorRT's native lowering, run through ONNX Runtime's own opset-23/24 ops ----------------
+@pytest.mark.parametrize(("window", "causal"), [(0, 1), (4, 1), (0, 0)])
+def test_tensorrt_lowering_matches_reference_in_place(window: int, causal: int) -> None:
+    """The same schedule (ragged prefill, decode, chunks after a past, idle rows) through the
+    TensorRT lowering: TensorScatter and Attention as ONNX Runtime's CPU provider computes
+    them equal the op's reference, the caches updated in place at the new tokens only."""
+    model = attention_model(window, causal, backend="tensorrt")
+    run_schedule(model, SCHEDULE, window, causal)
+
+
+def test_tensorrt_lowering_near_the_end_of_the_cache() -> None:
+    """Rows whose window of S slots would pass the cache's end (a right-padded row after a
+    long past, an idle full row) write at C - S, keeping what the cache held there."""
+    model = attention_model(0, 1, backend="tensorrt")
+    cap = 8  # S = 3: row 0 (past 6) writes 2 tokens at 6, 7; row 2 (past 7) is idle
+    run_schedule(model, [(3, [2, 3, 0]), (1, [0, 1, 1])], 0, 1, capacity=cap,
+                 past=np.array([6, 0, 7], np.int32))  # fmt: skip
+
+
+def test_tensorrt_lowering_is_what_its_parser_takes() -> None:
+    """Only ONNX's own ops (no com.microsoft, no edgeomni), opset 24; each cache output is the
+    output of its TensorScatter (axis -2), the form TensorRT maps to its in-place KV update;
+    Attention's Q, K, V and mask are 4-D, the mask a bool, no past_key or nonpad_kv_seqlen."""
+    import onnx
+
+    model = onnx.load_from_string(attention_model(0, 1, backend="tensorrt"))
+    onnx.checker.check_model(model, full_check=True)
+    assert {o.domain: o.version for o in model.opset_import}.get("", 0) >= 24
+    assert all(n.domain in ("", "ai.onnx") for n in model.graph.node)
+    scatters = [n for n in model.graph.node if n.op_type == "TensorScatter"]
+    assert sorted(n.output[0] for n in scatters) == ["present_key", "present_value"]
+    assert all(onnx.helper.get_attribute_value(a) == -2 for n in scatters for a in n.attribute
+               if a.name == "axis")  # fmt: skip
+    (attn,) = [n for n in model.graph.node if n.op_type == "Attention"]
+    assert len(attn.input) == 4 and attn.input[1:3] == ["present_key", "present_value"]
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    types = {v.name: v.type.tensor_type for v in (
+        *inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)}  # fmt: skip
+    assert types[attn.input[3]].elem_type == onnx.TensorProto.BOOL
+    for name in attn.input:
+        assert len(types[name].shape.dim) == 4, name
 
 
 def test_lowering_for_onnxruntime_before_1_32() -> None:
