@@ -220,4 +220,49 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
     ]
 
 
-LOWERINGS = {"onnxruntime": lower_onnxruntime}
+def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
+    """Plain ONNX ops that TensorRT 10's parser takes: every expert computed for every token
+    (batched MatMuls over the expert axis) and summed with a dense [T, E] weight matrix that is
+    zero outside each token's top-k. Exact, and E/k times the routed work: right for small
+    models and as a reference; a real MoE model needs TensorRT 11's TRT_MoE or a plugin (not
+    written yet)."""
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if len(node.input) != len(INPUTS):
+        raise ValueError(f"{DOMAIN}::{OP_TYPE} node {node.name!r} has {len(node.input)} inputs")
+    x, router_logits, fc1, fc2 = node.input
+    k = int(attrs["top_k"])
+    nodes: list[Any] = []
+
+    def op(op_type: str, *inputs: str, out: str | None = None, **kw: Any) -> str:
+        name = out or ctx.fresh("moe_trt_" + op_type.lower())
+        nodes.append(helper.make_node(op_type, list(inputs), [name], **kw))
+        return name
+
+    def ints(*values: int) -> str:
+        stem = "moe_trt_i64_" + "_".join(str(v).replace("-", "m") for v in values)
+        return ctx.constant(stem, np.array(values, np.int64))
+
+    # every expert on every token: [E, T, 2I], gate and up interleaved along the last axis
+    hidden = op("MatMul", op("Unsqueeze", x, ints(0)), op("Transpose", fc1, perm=[0, 2, 1]))
+    big = ctx.constant("moe_trt_i64_big", np.array([2**62], np.int64))
+    gate = op("Slice", hidden, ints(0), big, ints(-1), ints(2))
+    up = op("Slice", hidden, ints(1), big, ints(-1), ints(2))
+    act = op("Mul", op("Mul", gate, op("Sigmoid", gate)), up)  # [E, T, I]
+    experts = op("MatMul", act, op("Transpose", fc2, perm=[0, 2, 1]))  # [E, T, H]
+    # routing: softmax over all experts, top-k, (re)normalised, scattered into [T, E]
+    probs = op("Softmax", router_logits, axis=-1)
+    top = op("TopK", probs, ints(k), axis=-1)
+    ids = ctx.fresh("moe_trt_ids")
+    nodes[-1].output.append(ids)
+    if attrs["normalize_routing"]:
+        top = op("Div", top, op("ReduceSum", top, ints(-1), keepdims=1))
+    zeros = op("Mul", probs, op("CastLike", ctx.constant("moe_trt_zero", np.float32(0)), probs))
+    weights = op("ScatterElements", zeros, ids, top, axis=1)  # [T, E]
+    scaled = op("Mul", experts, op("Unsqueeze", op("Transpose", weights, perm=[1, 0]), ints(2)))
+    op("ReduceSum", scaled, ints(0), keepdims=0, out=node.output[0])
+    return nodes
+
+
+LOWERINGS = {"onnxruntime": lower_onnxruntime, "tensorrt": lower_tensorrt}

@@ -38,7 +38,7 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
 # ---------------------------------------------------------------------------------------------
 # (a) one-node graph: lowering vs numpy reference (and the eager torch op)
 # ---------------------------------------------------------------------------------------------
-def moe_model(top_k: int, normalize: int) -> onnx.ModelProto:
+def moe_model(top_k: int, normalize: int, backend: str = "onnxruntime") -> onnx.ModelProto:
     moe.register_onnx_schema()
     f, vi = TensorProto.FLOAT, helper.make_tensor_value_info
     inputs = [
@@ -55,7 +55,11 @@ def moe_model(top_k: int, normalize: int) -> onnx.ModelProto:
         helper.make_graph([node], "moe", inputs, [vi("y", f, [None, H])]),
         opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(moe.DOMAIN, 1)],
     )
-    lower_model(model, "onnxruntime")
+    lower_model(model, backend)
+    if backend == "tensorrt":  # plain ops only
+        assert all(n.domain in ("", "ai.onnx") for n in model.graph.node)
+        assert {"MatMul", "TopK", "ScatterElements"} <= {n.op_type for n in model.graph.node}
+        return model
     lowered, *scaling = model.graph.node
     attrs = {a.name: helper.get_attribute_value(a) for a in lowered.attribute}
     assert (lowered.domain, lowered.op_type) == ("com.microsoft", "MoE")
@@ -68,10 +72,11 @@ def moe_model(top_k: int, normalize: int) -> onnx.ModelProto:
     return model
 
 
+@pytest.mark.parametrize("backend", ["onnxruntime", "tensorrt"])
 @pytest.mark.parametrize("normalize", [0, 1])
 @pytest.mark.parametrize("top_k", range(1, E + 1))
-def test_lowering_matches_reference(top_k: int, normalize: int) -> None:
-    sess = session(moe_model(top_k, normalize))
+def test_lowering_matches_reference(top_k: int, normalize: int, backend: str) -> None:
+    sess = session(moe_model(top_k, normalize, backend))
     rng = np.random.default_rng(top_k + 10 * normalize)
     fc1 = (rng.standard_normal((E, 2 * INTER, H)) / math.sqrt(H)).astype(np.float32)
     fc2 = (rng.standard_normal((E, H, INTER)) / math.sqrt(INTER)).astype(np.float32)

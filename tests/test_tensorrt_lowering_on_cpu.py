@@ -62,3 +62,31 @@ def test_qwen3_tokens_equal_the_onnxruntime_build(
         assert a.entry["ok"], a.entry
         tokens = a.entry["stages"]["llm"]["output_tokens"]
         assert tokens == b.entry["stages"]["llm"]["output_tokens"] and len(tokens) > 0
+
+
+def test_omni_text_to_speech_equals_the_onnxruntime_build(
+    omni_ckpt: Path, omni_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every component of the tiny Qwen3-Omni lowered for TensorRT (the thinker's and talker's
+    MoE as dense plain ops, code2wav's windowed attention, the encoders' bidirectional one):
+    the thinker's tokens, the codec frames and the audio equal the ONNX Runtime build's."""
+    import numpy as np
+
+    eng = tensorrt_lowered_build(omni_ckpt, tmp_path / "eng", monkeypatch)
+    for sub, name in ((".", "llm.onnx"), ("talker", "llm.onnx"), ("code2wav", "code2wav.onnx"),
+                      ("audio", None), ("visual", None)):  # fmt: skip
+        files = [eng / sub / name] if name else sorted((eng / sub).glob("*.onnx"))
+        assert files, sub
+        for f in files:
+            ops = {n.op_type for n in onnx.load(str(f), load_external_data=False).graph.node}
+            assert "GroupQueryAttention" not in ops and "MoE" not in ops, f
+    body = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 13,
+            "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": p}]}]}
+                         for p in PROMPTS[:3]]}  # fmt: skip
+    ours, ref = run(eng, body, 3), run(omni_engine, body, 3)
+    for a, b in zip(ours, ref, strict=True):
+        assert a.entry["ok"], a.entry
+        assert (a.entry["stages"]["thinker"]["output_tokens"]
+                == b.entry["stages"]["thinker"]["output_tokens"])  # fmt: skip
+        np.testing.assert_array_equal(a.codes, b.codes)
+        np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)
