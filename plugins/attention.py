@@ -465,23 +465,23 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
     if shared not in ctx.cache:
         pre: list[Any] = []
         past = op("Cast", past_lens, to=TensorProto.INT64, into=pre)
-        total = op("Add", past, op("Cast", query_lens, to=TensorProto.INT64, into=pre), into=pre)
         new_len = op("Cast", query_lens, to=TensorProto.INT64, into=pre)
+        total = op("Add", past, new_len, into=pre)
         width = op("Squeeze", op("Shape", q, start=1, end=2, into=pre), into=pre)  # S
         capacity = op("Squeeze", op("Shape", pk, start=2, end=3, into=pre), into=pre)  # C
-        zero, one = ints(0), ints(1)
+        zero, one = ints(0), ints(1)  # [1]: axes
+        s0 = ctx.constant("attn_trt_scalar_0", np.array(0, np.int64))
+        s1 = ctx.constant("attn_trt_scalar_1", np.array(1, np.int64))
         last_start = op("Sub", capacity, width, into=pre)
-        write = op("Max", op("Min", past, last_start, into=pre), zero, into=pre)  # [B]
-        steps = op("Range", op("Squeeze", zero, into=pre), width,
-                   op("Squeeze", one, into=pre), into=pre)  # fmt: skip
+        write = op("Max", op("Min", past, last_start, into=pre), s0, into=pre)  # [B]
+        steps = op("Range", s0, width, s1, into=pre)  # [S]
         window_slot = op("Add", op("Unsqueeze", write, one, into=pre), steps, into=pre)  # [B, S]
         rel = op("Sub", window_slot, op("Unsqueeze", past, one, into=pre), into=pre)
-        is_new = op("And", op("GreaterOrEqual", rel, op("Squeeze", zero, into=pre), into=pre),
+        is_new = op("And", op("GreaterOrEqual", rel, s0, into=pre),
                     op("Less", rel, op("Unsqueeze", new_len, one, into=pre), into=pre),
                     into=pre)  # fmt: skip
-        token = op("Where", is_new, rel, op("Squeeze", zero, into=pre), into=pre)  # [B, S]
-        slots = op("Range", op("Squeeze", zero, into=pre), capacity, op("Squeeze", one, into=pre),
-                   into=pre)  # fmt: skip  [C]
+        token = op("Where", is_new, rel, s0, into=pre)  # [B, S]
+        slots = op("Range", s0, capacity, s1, into=pre)  # [C]
         valid = op("Less", slots, op("Unsqueeze", total, one, into=pre), into=pre)  # [B, C]
         if causal:  # query s of row b sits at past_b + s
             position = op("Unsqueeze", op("Add", op("Unsqueeze", past, one, into=pre), steps,
@@ -501,7 +501,7 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
                       ints(-1), keepdims=1, into=pre)  # fmt: skip
         blind = op("Equal", seen_any, ctx.constant("attn_trt_zero_i32", np.array(0, np.int32)),
                    into=pre)  # fmt: skip
-        first = op("Equal", slots, op("Squeeze", zero, into=pre), into=pre)
+        first = op("Equal", slots, s0, into=pre)
         seen = op("Or", seen, op("And", blind, first, into=pre), into=pre)
         mask = op("Unsqueeze", seen, one, into=pre)  # [B, 1, S, C]
         for n in pre:
