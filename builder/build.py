@@ -25,14 +25,23 @@ GRAPH_FILE = "multistage_config.json"
 log = logging.getLogger("edge-build")
 
 
-def _backend(name: str) -> Callable[[Path, Path, BuildArgs], None]:
+Backend = Callable[[Path, Path, BuildArgs, Any], dict[str, Any]]
+BACKENDS = ("onnxruntime", "tensorrt", "tensorrt-rtx")
+
+
+def _backend(name: str) -> Backend:
+    """The backend's build: (raw ONNX, engine path, args, the component's dim ranges) -> the
+    fields its config.json gains (the lowering it used; a TensorRT build's engine and profiles)."""
     if name == "onnxruntime":
-        from edgeomni.builder.onnxruntime import build_engine
-    elif name == "tensorrt":
-        from edgeomni.builder.tensorrt import build_engine
-    else:
-        raise BuildError(f"unknown backend {name!r}; choose onnxruntime or tensorrt")
-    return build_engine
+        from edgeomni.builder.onnxruntime import build_engine as ort_build
+
+        return lambda raw, out, args, ranges: {"lowering": ort_build(raw, out, args)}
+    if name in ("tensorrt", "tensorrt-rtx"):
+        from edgeomni.builder import tensorrt
+
+        tensorrt.load(name)  # before any export: a missing or old TensorRT is a bad input
+        return tensorrt.build_engine
+    raise BuildError(f"unknown backend {name!r}; choose {', '.join(BACKENDS)}")
 
 
 @contextmanager
@@ -70,6 +79,8 @@ def check_flags(args: BuildArgs) -> None:
     ):
         if value < 1:
             raise BuildError(f"{flag} must be at least 1, got {value}")
+    if args.backend.startswith("tensorrt") and args.device != "cuda":
+        raise BuildError(f"--backend {args.backend} builds engines for a GPU: use --device cuda")
     if args.max_input_len > args.max_kv_cache_capacity:
         raise BuildError(
             f"--max-input-len {args.max_input_len} exceeds --max-kv-cache-capacity "
@@ -100,10 +111,6 @@ def build(
     """
     check_flags(args)
     backend = _backend(args.backend)
-    if args.backend == "tensorrt":
-        from edgeomni.builder.tensorrt import NOT_YET
-
-        raise BuildError(NOT_YET)
     ckpt = open_checkpoint(model_dir)
     family = family_for(ckpt.model_type)
     hooks = family.hooks()
@@ -136,7 +143,7 @@ def _build_in(
     hooks: Any,
     ckpt: Any,
     selected: Sequence[Component],
-    backend: Callable[[Path, Path, BuildArgs], Any],
+    backend: Backend,
     args: BuildArgs,
 ) -> Path | None:
     """Export, build and write each component into the workspace's staging dir, then the graph."""
@@ -146,10 +153,10 @@ def _build_in(
         with step(f"export {comp.name} to ONNX"):
             raw = hooks.export_component(ckpt, comp, ws.work / comp.name, args)
         with step(f"build {comp.name} engine ({args.backend}, {args.device})"):
-            lowering = backend(raw, out_dir / comp.engine, args)
+            built = backend(raw, out_dir / comp.engine, args, dim_ranges(hooks, ckpt, comp, args))
         with step(f"write {comp.name} artifacts"):
             hooks.write_artifacts(ckpt, comp, out_dir, args)
-            record_lowering(out_dir, lowering)
+            record_build(out_dir, built)
     return write_graph(hooks, ckpt, ws.staging, selected, args)
 
 
@@ -197,14 +204,22 @@ def save_graph(graph: Any, engine_dir: Path) -> Path:
     return path
 
 
-def record_lowering(out_dir: Path, lowering: dict[str, Any] | None) -> None:
-    """Note in the engine's config.json what its plugin lowering assumed of the backend (the
-    runtime checks it, and adapts how it batches prefill)."""
-    if lowering is None:
+def dim_ranges(hooks: Any, ckpt: Any, comp: Component, args: BuildArgs) -> Any:
+    """The sizes the family's runtime calls this component with (export/common/shapes.py), or
+    None for a family without the hook (a TensorRT build then refuses it)."""
+    hook = getattr(hooks, "dim_ranges", None)
+    return hook(ckpt, comp, args) if callable(hook) else None
+
+
+def record_build(out_dir: Path, fields: dict[str, Any] | None) -> None:
+    """Add what the backend's build chose to the engine's config.json: the lowering (what it
+    assumed of the backend; the runtime checks it, and adapts how it batches prefill), and for
+    TensorRT the engine file and its profiles."""
+    if not fields:
         return
     path = out_dir / "config.json"
     cfg = json.loads(path.read_text())
-    cfg["lowering"] = lowering
+    cfg.update(fields)
     path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 

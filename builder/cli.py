@@ -62,16 +62,20 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--backend",
-        choices=("onnxruntime", "tensorrt"),
+        choices=("onnxruntime", "tensorrt", "tensorrt-rtx"),
         default=None,
-        help="engine backend (default onnxruntime; tensorrt is not available yet)",
+        help="engine backend (default onnxruntime). tensorrt: TensorRT 10.15 or later (module "
+        "tensorrt); tensorrt-rtx: TensorRT-RTX 1.7 or later (module tensorrt_rtx). Both build "
+        "on this machine's GPU, for GPUs of its compute capability, and need --device cuda "
+        "(their default). An engine runs only with the TensorRT version that built it",
     )
     p.add_argument(
         "--device",
         choices=("cpu", "cuda"),
         default=None,
-        help="where the engines run (default cpu; cuda: ONNX Runtime's CUDA provider, built "
-        "here and optimised for the GPU when first loaded there)",
+        help="where the engines run (default cpu, cuda for the TensorRT backends; cuda with "
+        "onnxruntime: ONNX Runtime's CUDA provider, built here and optimised for the GPU when "
+        "first loaded there)",
     )
     p.add_argument(
         "--dtype",
@@ -130,7 +134,8 @@ def _run(args: argparse.Namespace) -> int:
             max_input_len=_or(args.max_input_len, 1024),
             max_kv_cache_capacity=_or(args.max_kv_cache_capacity, 4096),
             backend=args.backend or "onnxruntime",
-            device=args.device or "cpu",
+            device=args.device
+            or ("cuda" if (args.backend or "").startswith("tensorrt") else "cpu"),
             dtype=args.dtype or "float32",
             logits_topk=args.logits_topk,
         )

@@ -10,8 +10,8 @@ each component's engine may be, so a graph can be written for them without build
 - every other component: its own subdirectory, ``<name>/`` (``talker/``, ``code_predictor/``,
   ``code2wav/``), or the subdir its family builds it into when that differs.
 
-A place holds a component when it has the component's engine file (``Component.engine``) and a
-``config.json``. Any other engine file (``*.onnx``, ``*.engine``) up to two directory levels
+A place holds a component when it has the component's engine file (``Component.engine``, or the
+TensorRT engine of that name, ``llm.engine`` for ``llm.onnx``) and a ``config.json``. Any other engine file (``*.onnx``, ``*.engine``) up to two directory levels
 below the engine dir is left out of the graph and reported, so a misplaced engine is never
 silently dropped.
 """
@@ -63,7 +63,8 @@ def shown(place: str) -> str:
 
 def _holds(engine_dir: Path, place: str, component: Component) -> bool:
     folder = engine_dir / place
-    return (folder / component.engine).is_file() and (folder / "config.json").is_file()
+    engines = (component.engine, Path(component.engine).with_suffix(".engine").name)
+    return any((folder / e).is_file() for e in engines) and (folder / "config.json").is_file()
 
 
 def scan(engine_dir: Path, depth: int = SCAN_DEPTH) -> Iterator[Path]:

@@ -56,6 +56,7 @@ class Engine(Protocol):
     def graph_feeds(self, capacity: int) -> dict[str, np.ndarray]: ...
 
 
+TENSORRT = ("tensorrt", "tensorrt-rtx")
 _ORT_TYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 10, np.dtype(np.int64): 7}
 
 
@@ -284,6 +285,10 @@ def open_engine(
     ``spin``: False when its calls alternate with other engines' (see OrtEngine)."""
     device = check_engine(folder, config)
     engine_file = folder / str(config["engine"])
+    if config.get("backend") in TENSORRT:
+        from edgeomni.runtime.tensorrt_engine import TrtEngine
+
+        return TrtEngine(engine_file, config, cuda_graphs=cuda_graphs)
     return OrtEngine(engine_file, device=device, threads=threads, cuda_graphs=cuda_graphs,
                      spin=spin)  # fmt: skip
 
@@ -293,15 +298,18 @@ def check_engine(folder: Path, config: Mapping[str, Any]) -> str:
     runs, its file, and an onnxruntime new enough for its lowering (whether this machine has
     the GPU a cuda engine needs is found when it loads). Returns the device."""
     backend, device = config.get("backend"), config.get("device", "cpu")
-    if not (backend == "onnxruntime" and device in ("cpu", "cuda")):
+    ort = backend == "onnxruntime" and device in ("cpu", "cuda")
+    if not (ort or (backend in TENSORRT and device == "cuda")):
         raise EngineError(
             f"engines for backend {backend!r} on device {device!r} are not supported by this "
-            "runtime (it runs onnxruntime engines on the CPU or a CUDA GPU)"
+            "runtime (it runs onnxruntime engines on the CPU or a CUDA GPU, and TensorRT or "
+            "TensorRT-RTX engines on a CUDA GPU)"
         )
     engine_file = folder / str(config.get("engine", ""))
     if not config.get("engine") or not engine_file.is_file():
         raise EngineError(f"engine file {engine_file} is missing")
-    _check_lowering(folder, config.get("lowering") or {})
+    if backend == "onnxruntime":
+        _check_lowering(folder, config.get("lowering") or {})
     return device
 
 

@@ -73,15 +73,6 @@ def test_engine_dir_with_other_files_is_refused(qwen3_ckpt: Path, tmp_path: Path
     assert (eng / "thesis.txt").read_text() == "precious"
 
 
-def test_tensorrt_says_it_is_not_there_yet(qwen3_ckpt: Path, tmp_path: Path, capsys) -> None:
-    code, err = run_cli(
-        capsys, "--model-dir", str(qwen3_ckpt), "--engine-dir", str(tmp_path / "e"),
-        "--backend", "tensorrt",
-    )  # fmt: skip
-    assert code == cli.EXIT_BAD_INPUT
-    assert "TensorRT builder is not part of edgeomni yet" in err
-
-
 @pytest.mark.parametrize("flag", ["--max-batch-size", "--max-input-len", "--max-kv-cache-capacity"])
 def test_limits_must_be_positive(qwen3_ckpt: Path, tmp_path: Path, capsys, flag: str) -> None:
     code, err = run_cli(

@@ -72,7 +72,9 @@ def token_limit(server: Any, asked: int | None) -> int:
                 if s.id in server.text_stages and s.max_seq), default=None)  # fmt: skip
     most = None if room is None else room - 1
     if asked is None:
-        return DEFAULT_MAX_GENERATE_LENGTH if most is None else min(DEFAULT_MAX_GENERATE_LENGTH, most)
+        return (
+            DEFAULT_MAX_GENERATE_LENGTH if most is None else min(DEFAULT_MAX_GENERATE_LENGTH, most)
+        )
     if most is not None and asked > most:
         raise ValueError(f"--max-tokens {asked} does not fit the build: its KV cache holds "
                          f"{room} tokens, the prompt's included (at most {most})")  # fmt: skip

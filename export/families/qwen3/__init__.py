@@ -2,10 +2,18 @@
 
 from edgeomni.export.families.qwen3.build import (
     components,
+    dim_ranges,
     export_component,
     preflight,
     write_artifacts,
 )
 from edgeomni.export.families.qwen3.topology import multistage_topology
 
-__all__ = ["components", "export_component", "preflight", "write_artifacts", "multistage_topology"]
+__all__ = [
+    "components",
+    "dim_ranges",
+    "export_component",
+    "preflight",
+    "write_artifacts",
+    "multistage_topology",
+]

@@ -11,6 +11,7 @@ from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
 from edgeomni.export.common.decoder import CausalLM
 from edgeomni.export.common.onnx_export import export_causal_lm
+from edgeomni.export.common.shapes import DimRanges, decoder_ranges
 from edgeomni.export.families.qwen3.config import decoder_config
 from edgeomni.export.families.qwen3.weights import EMBEDDING, load_weights
 from edgeomni.export.family import BuildArgs, Component
@@ -27,6 +28,11 @@ def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs
     """What the build reads of config.json and the tokenizer, checked before any export."""
     decoder_config(ckpt.config)
     artifacts.require_tokenizer(ckpt)
+
+
+def dim_ranges(ckpt: Checkpoint, component: Component, args: BuildArgs) -> DimRanges:
+    """The sizes the llm is called with (export/common/shapes.py)."""
+    return decoder_ranges(args.max_batch_size, args.max_input_len, args.max_kv_cache_capacity)
 
 
 def export_component(

@@ -6,6 +6,14 @@ from edgeomni.export.families.qwen3_omni.build import (
     preflight,
     write_artifacts,
 )
+from edgeomni.export.families.qwen3_omni.shapes import dim_ranges
 from edgeomni.export.families.qwen3_omni.topology import multistage_topology
 
-__all__ = ["components", "export_component", "preflight", "write_artifacts", "multistage_topology"]
+__all__ = [
+    "components",
+    "dim_ranges",
+    "export_component",
+    "preflight",
+    "write_artifacts",
+    "multistage_topology",
+]

@@ -73,6 +73,11 @@ def chunks_per_window(cfg: Qwen3OmniMoeAudioEncoderConfig) -> int:
     return ratio
 
 
+def chunk_tokens(cfg: Qwen3OmniMoeAudioEncoderConfig) -> int:
+    """Tokens of one whole chunk (2 * n_window frames) after the three stride-2 convolutions."""
+    return (((2 * cfg.n_window + 1) // 2 + 1) // 2 + 1) // 2
+
+
 def load_audio_tower(
     get_tensor: Callable[[str], torch.Tensor], config: Any
 ) -> hf.Qwen3OmniMoeAudioEncoder:
@@ -149,7 +154,7 @@ def export_audio_encoder(model: hf.Qwen3OmniMoeAudioEncoder, path: Path) -> Path
     cfg = model.config
     chunk = 2 * cfg.n_window
     c, w, s, n = 3, 2, 10, 17
-    t = (((chunk + 1) // 2 + 1) // 2 + 1) // 2
+    t = chunk_tokens(cfg)
     args = (
         torch.zeros(c, cfg.num_mel_bins, chunk),
         (torch.arange(w * s) % (c * t)).reshape(w, s),

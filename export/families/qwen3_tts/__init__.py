@@ -7,10 +7,12 @@ from edgeomni.export.families.qwen3_tts.build import (
     preflight,
     write_artifacts,
 )
+from edgeomni.export.families.qwen3_tts.shapes import dim_ranges
 from edgeomni.export.families.qwen3_tts.topology import multistage_topology, no_graph_reason
 
 __all__ = [
     "components",
+    "dim_ranges",
     "export_component",
     "multistage_topology",
     "no_graph_reason",

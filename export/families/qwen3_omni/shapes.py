@@ -1,0 +1,55 @@
+"""The sizes the runtime calls each Qwen3-Omni component with (export/common/shapes.py)."""
+
+from __future__ import annotations
+
+from edgeomni.export.common.checkpoint import Checkpoint
+from edgeomni.export.common.shapes import DimRanges, decoder_ranges, upto
+from edgeomni.export.families.qwen3_omni import audio, code2wav, talker, visual
+from edgeomni.export.family import BuildArgs, Component
+
+# rows the talker's prefill adds after a prompt's user rows: 3 reply tokens, 4 pads, bos and
+# the 4th reply token (runtime/families/qwen3_omni/talker.py, _prefills)
+TALKER_PREFILL_EXTRA = 9
+# attention rows (frames of images or videos) one visual call may hold
+VISUAL_SEGMENTS = 16
+
+
+def dim_ranges(ckpt: Checkpoint, component: Component, args: BuildArgs) -> DimRanges:
+    batch, prompt, capacity = args.max_batch_size, args.max_input_len, args.max_kv_cache_capacity
+    name = component.name
+    if name == "llm":
+        return decoder_ranges(batch, prompt, capacity)
+    if name == "talker":
+        return decoder_ranges(batch, prompt + TALKER_PREFILL_EXTRA, capacity)
+    if name == "code_predictor":  # a frame's codes: its cache holds one frame's groups
+        groups = talker.predictor_decoder_config(ckpt.config).lm_heads + 1
+        return decoder_ranges(batch, groups, groups)
+    if name == "audio":  # one call: up to chunks_per_call chunks of one clip
+        cfg = audio.audio_config(ckpt.config)
+        per_window = audio.chunks_per_window(cfg)
+        chunks, tokens = audio.WINDOWS_PER_CALL * per_window, audio.chunk_tokens(cfg)
+        return {
+            "clip": {
+                "chunks": upto(chunks),
+                "frames": upto(2 * cfg.n_window),
+                "windows": upto(audio.WINDOWS_PER_CALL),
+                "window_len": upto(per_window * tokens),
+                "tokens": upto(chunks * tokens),
+            },
+        }
+    if name == "visual":  # the images of one prompt: merge^2 patches per merged token
+        unit = visual.vision_config(ckpt.config).spatial_merge_size ** 2
+        return {
+            "images": {
+                f"{unit}*merged_tokens": upto(unit * prompt, lo=unit),
+                "segments": upto(VISUAL_SEGMENTS, opt=1),
+                "segment_len": upto(unit * prompt),
+            },
+        }
+    if name == "code2wav":  # streamed windows (with their left context), or whole utterances
+        window = code2wav.WINDOW_FRAMES + code2wav.LEFT_CONTEXT_FRAMES
+        return {
+            "window": {"batch": upto(batch), "frames": upto(window)},
+            "utterance": {"batch": upto(batch, opt=1), "frames": upto(code2wav.MAX_FRAMES)},
+        }
+    raise ValueError(f"no dimension ranges for component {name!r}")
