@@ -110,6 +110,7 @@ def build_engine(
     lower_model(model, "tensorrt")
     profiles = input_profiles(model, ranges)
     fix_static_dims(model, ranges)
+    decomposable = allow_decomposed_attention(model)
     lowered = raw.with_name(raw.stem + ".tensorrt.onnx")
     onnx.save(model, str(lowered))  # external tensors keep pointing at raw's data file
 
@@ -149,6 +150,7 @@ def build_engine(
         "engine": engine_path.name,
         "lowering": {
             "attention": "native",
+            "decomposable_attention_nodes": decomposable,
             "tensorrt_min": ".".join(map(str, flavour.native_since)),
         },
         "tensorrt": {
@@ -218,6 +220,21 @@ def fix_static_dims(model: Any, ranges: DimRanges) -> list[str]:
             if d.dim_param in fixed:
                 d.dim_value = fixed[d.dim_param]
     return sorted(fixed)
+
+
+def allow_decomposed_attention(model: Any) -> int:
+    """Let TensorRT run each Attention node as several kernels where it has no fused kernel for
+    its shapes and types (head size 16 in float32, say: the build fails otherwise). The ONNX
+    parser reads this TensorRT-only attribute; it is set here, not in the lowering, so the
+    lowered graph stays plain ONNX for other runtimes. Returns the nodes marked."""
+    from onnx import helper
+
+    marked = 0
+    for node in model.graph.node:
+        if node.op_type == "Attention" and node.domain in ("", "ai.onnx"):
+            node.attribute.append(helper.make_attribute("TRT_decomposable", 1))
+            marked += 1
+    return marked
 
 
 def compute_capability() -> str | None:

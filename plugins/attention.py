@@ -428,6 +428,10 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
     ``past_key`` nor ``nonpad_kv_seqlen``, and TensorRT 10's causal flag anchors its diagonal
     at the top left, wrong for a query after a past (shared/notes/tensorrt.md).
 
+    A cache made in the graph rather than bound by the runtime (the encoders' and vocoders'
+    scratch) is updated with ``ScatterElements`` instead: TensorRT's KV update needs a cache
+    input of static capacity, and such a cache has neither.
+
     TensorScatter writes all S positions of every row, so each row writes a window of S slots
     at ``w = min(past, C - S)``: its new tokens where they go and, elsewhere in the window, what
     the cache held there (a right-padded row, an idle one, a row near the end of the cache). So
@@ -517,7 +521,12 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
         fresh = op("GatherElements", heads, take, axis=2)
         held = op("GatherElements", cache, keep, axis=2)
         rows = op("Where", op("Unsqueeze", is_new, ints(1, 3)), fresh, held)  # [B, Hkv, S, D]
-        return op("TensorScatter", cache, rows, write, axis=-2, out=result)
+        if cache in ctx.graph_inputs:
+            return op("TensorScatter", cache, rows, write, axis=-2, out=result)
+        # a cache made in the graph (an encoder's or vocoder's scratch, no buffer the runtime
+        # keeps): nothing to update in place, and TensorRT's KV update takes only a cache of
+        # static capacity; scattering the same window with a plain op gives the same tensor
+        return op("ScatterElements", cache, keep, rows, axis=2, out=result)
 
     keys = update(k, pk, present_key)
     values = update(v, pv, present_value)

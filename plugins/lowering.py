@@ -30,6 +30,7 @@ class LoweringContext:
 
     taken: set[str]
     options: dict[str, Any] = field(default_factory=dict)
+    graph_inputs: frozenset[str] = frozenset()  # what the runtime binds (a KV cache, say)
     cache: dict[Any, Any] = field(default_factory=dict)
     prelude: list[Any] = field(default_factory=list)
     initializers: list[Any] = field(default_factory=list)
@@ -100,7 +101,8 @@ def lower_model(model: Any, backend: str, options: dict[str, Any] | None = None)
     taken |= {i.name for i in graph.initializer} | {i.name for i in graph.input}
     if options is None:
         options = onnxruntime_options() if backend == "onnxruntime" else {}
-    ctx = LoweringContext(taken=taken, options=dict(options))
+    inputs = frozenset(i.name for i in graph.input)
+    ctx = LoweringContext(taken=taken, options=dict(options), graph_inputs=inputs)
     lowered = []
     replaced = 0
     for node in graph.node:

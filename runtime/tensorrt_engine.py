@@ -59,7 +59,10 @@ class TrtEngine:
         check_version(path, built, str(trt.__version__))
         self._logger = trt.Logger(trt.Logger.WARNING)
         runtime = trt.Runtime(self._logger)
-        self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
+        try:
+            self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
+        except Exception as e:  # TensorRT-RTX raises on a GPU it does not support
+            raise EngineError(f"{trt.__name__} {trt.__version__} could not load {path}: {e}") from None
         if self.engine is None:
             raise EngineError(
                 f"{trt.__name__} {trt.__version__} could not load {path} (built on compute "

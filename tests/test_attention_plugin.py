@@ -268,3 +268,51 @@ def test_lengths_as_inputs() -> None:
     ref, _, _ = attention.reference(q, k, v, cache, cache, past, ql, num_heads=HQ, kv_num_heads=HKV)
     for b in range(B):
         np.testing.assert_allclose(out[b, : ql[b]], ref[b, : ql[b]], atol=2e-6)
+
+
+@pytest.mark.parametrize(("window", "causal"), [(0, 0), (3, 1)])
+def test_tensorrt_lowering_of_a_scratch_cache(window: int, causal: int) -> None:
+    """An encoder's or vocoder's cache is made in the graph (zeros of the call's length), not
+    bound by the runtime: lowered for TensorRT it is updated by ScatterElements (TensorRT's KV
+    update takes only a bound cache of static capacity), and the output equals the reference."""
+    import onnx
+
+    attention.register_onnx_schema()
+    f, i32 = TensorProto.FLOAT, TensorProto.INT32
+    vi = helper.make_tensor_value_info
+    inputs = [vi("q", f, [None, None, HQ * D]), vi("k", f, [None, None, HKV * D]),
+              vi("v", f, [None, None, HKV * D]), vi("query_lens", i32, [None])]  # fmt: skip
+    consts = {"zero": np.array([0.0], np.float32), "heads": np.array([HKV], np.int64),
+              "d": np.array([D], np.int64)}  # fmt: skip
+    nodes = [
+        helper.make_node("Shape", ["k"], ["b"], end=1),
+        helper.make_node("Shape", ["k"], ["s"], start=1, end=2),
+        helper.make_node("Concat", ["b", "heads", "s", "d"], ["shape"], axis=0),
+        helper.make_node("Expand", ["zero", "shape"], ["scratch"]),
+        helper.make_node("Sub", ["query_lens", "query_lens"], ["past_lens"]),
+        helper.make_node(attention.OP_TYPE, ["q", "k", "v", "scratch", "scratch", "past_lens",
+                                             "query_lens"], ["out", "pk", "pv"],
+                         domain=attention.DOMAIN, num_heads=HQ, kv_num_heads=HKV,
+                         window=window, causal=causal),  # fmt: skip
+    ]
+    inits = [onnx.numpy_helper.from_array(v, n) for n, v in consts.items()]
+    graph = helper.make_graph(nodes, "scratch", inputs, [vi("out", f, [None, None, HQ * D])],
+                              initializer=inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid(attention.DOMAIN, 1)])  # fmt: skip
+    lower_model(model, "tensorrt")
+    ops = [n.op_type for n in model.graph.node]
+    assert "TensorScatter" not in ops and ops.count("ScatterElements") == 2
+    rng = np.random.default_rng(3)
+    s = 6
+    q = rng.standard_normal((B, s, HQ * D), dtype=np.float32)
+    k = rng.standard_normal((B, s, HKV * D), dtype=np.float32)
+    v = rng.standard_normal((B, s, HKV * D), dtype=np.float32)
+    lens = np.array([6, 2, 4], np.int32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (out,) = sess.run(None, {"q": q, "k": k, "v": v, "query_lens": lens})
+    zeros = np.zeros((B, HKV, s, D), np.float32)
+    ref, _, _ = attention.reference(q, k, v, zeros, zeros, np.zeros(B, np.int32), lens,
+                                    num_heads=HQ, kv_num_heads=HKV, window=window, causal=causal)  # fmt: skip
+    for b in range(B):
+        np.testing.assert_allclose(out[b, : lens[b]], ref[b, : lens[b]], atol=2e-6)

@@ -66,6 +66,7 @@ def test_build_records_flavour_profiles_and_lowering(qwen3_trt: Path) -> None:
     assert trt["profiles"]["decode"]["inputs_embeds"][2][:2] == [3, 1]
     assert trt["profiles"]["prefill"]["past_key_0"][2][2] == 256  # the capacity, static
     assert cfg["lowering"]["attention"] == "native"
+    assert cfg["lowering"]["decomposable_attention_nodes"] == 2  # the tiny Qwen3's two layers
     manifest = json.loads((qwen3_trt / "edgeomni_manifest.json").read_text())["files"]
     assert "llm.engine" in manifest and "llm.onnx" not in manifest
 
@@ -78,14 +79,14 @@ def test_graph_only_finds_tensorrt_engines(qwen3_ckpt: Path, qwen3_trt: Path) ->
 
 def _run(engine: Path, body: dict, batch: int) -> list:
     from edgeomni.runtime.engine import EngineError
-    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.pipeline import Pipeline, StageError
     from edgeomni.runtime.requests import parse_request_file
 
     requests, _ = parse_request_file(body)
     try:
         pipe = Pipeline(engine)
         return pipe.run(requests, batch_size=batch)
-    except EngineError as e:
+    except (EngineError, StageError) as e:
         if "cannot run on this GPU" in str(e) or "could not load" in str(e):
             pytest.skip(f"{BACKEND} builds here but cannot run its engines: {e}")
         raise
@@ -102,8 +103,37 @@ def test_qwen3_tokens_equal_the_onnxruntime_build(qwen3_trt: Path, qwen3_ckpt: P
         assert a.entry["stages"]["llm"]["output_tokens"] == b.entry["stages"]["llm"]["output_tokens"]
 
 
+def test_every_omni_decoder_and_encoder_builds(omni_ckpt: Path, tmp_path: Path) -> None:
+    """The thinker, its audio and visual encoders, the talker and the code predictor: each
+    parsed and built, with the profiles its family declares, recorded in its config.json."""
+    from edgeomni.builder.build import build as do_build
+    from edgeomni.export.family import BuildArgs
+
+    names = ["llm", "audio", "visual", "talker", "code_predictor"]
+    args = BuildArgs(max_batch_size=3, max_input_len=64, max_kv_cache_capacity=256,
+                     backend=BACKEND, device="cuda")  # fmt: skip
+    do_build(omni_ckpt, tmp_path / "eng", args, names)  # no graph without code2wav
+    phases = {".": ["decode", "prefill"], "audio": ["clip"], "visual": ["images"],
+              "talker": ["decode", "prefill"], "code_predictor": ["decode", "prefill"]}  # fmt: skip
+    for sub, expected in phases.items():
+        cfg = json.loads((tmp_path / "eng" / sub / "config.json").read_text())
+        assert list(cfg["tensorrt"]["profiles"]) == expected, sub
+        assert (tmp_path / "eng" / sub / cfg["engine"]).stat().st_size > 0, sub
+
+
+# TensorRT-RTX 1.7.1 fails an internal check building code2wav (docs/design.md, "TensorRT")
+MYELIN_FAULT = "CHECK_EQ(dim_count(), stride_order().size())"
+
+
 def test_omni_codes_equal_the_onnxruntime_build(omni_ckpt: Path, tmp_path: Path) -> None:
-    trt = build(omni_ckpt, tmp_path / "trt")
+    from edgeomni.builder.errors import BuildError
+
+    try:
+        trt = build(omni_ckpt, tmp_path / "trt")
+    except BuildError as e:
+        if MYELIN_FAULT in str(e):
+            pytest.xfail(f"a known {BACKEND} builder fault on code2wav: {e}")
+        raise
     ort = build(omni_ckpt, tmp_path / "ort", "onnxruntime")
     body = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 13,
             "requests": [{"messages": [{"role": "user", "content": p}]} for p in PROMPTS]}  # fmt: skip

@@ -38,3 +38,12 @@ def decoder_ranges(batch: int, prefill_len: int, capacity: int) -> dict[str, dic
             "capacity": cap,
         },
     }
+
+
+def vocoder_ranges(batch: int, window: int, max_frames: int) -> dict[str, dict[str, Range]]:
+    """A vocoder's two phases: streamed windows (``window`` frames with their left context, every
+    row of a cohort) and whole utterances (up to ``max_frames``, tuned for one row)."""
+    return {
+        "window": {"batch": upto(batch), "frames": upto(window)},
+        "utterance": {"batch": upto(batch, opt=1), "frames": upto(max_frames)},
+    }

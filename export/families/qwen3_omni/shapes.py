@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from edgeomni.export.common.checkpoint import Checkpoint
-from edgeomni.export.common.shapes import DimRanges, decoder_ranges, upto
+from edgeomni.export.common.shapes import DimRanges, decoder_ranges, upto, vocoder_ranges
 from edgeomni.export.families.qwen3_omni import audio, code2wav, talker, visual
 from edgeomni.export.family import BuildArgs, Component
 
@@ -48,8 +48,5 @@ def dim_ranges(ckpt: Checkpoint, component: Component, args: BuildArgs) -> DimRa
         }
     if name == "code2wav":  # streamed windows (with their left context), or whole utterances
         window = code2wav.WINDOW_FRAMES + code2wav.LEFT_CONTEXT_FRAMES
-        return {
-            "window": {"batch": upto(batch), "frames": upto(window)},
-            "utterance": {"batch": upto(batch, opt=1), "frames": upto(code2wav.MAX_FRAMES)},
-        }
+        return vocoder_ranges(batch, window, code2wav.MAX_FRAMES)
     raise ValueError(f"no dimension ranges for component {name!r}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from edgeomni.export.common.checkpoint import Checkpoint, section
-from edgeomni.export.common.shapes import DimRanges, decoder_ranges, upto
+from edgeomni.export.common.shapes import DimRanges, decoder_ranges, upto, vocoder_ranges
 from edgeomni.export.families.qwen3_omni import code2wav as omni
 from edgeomni.export.families.qwen3_tts import speaker_encoder, speech_encoder
 from edgeomni.export.families.qwen3_tts.config import predictor_decoder_config
@@ -23,10 +23,7 @@ def dim_ranges(ckpt: Checkpoint, component: Component, args: BuildArgs) -> DimRa
         return decoder_ranges(batch, groups, groups)
     if name == "code2wav":  # streamed windows (with their left context), or whole utterances
         window = omni.WINDOW_FRAMES + omni.LEFT_CONTEXT_FRAMES
-        return {
-            "window": {"batch": upto(batch), "frames": upto(window)},
-            "utterance": {"batch": upto(batch, opt=1), "frames": upto(omni.MAX_FRAMES)},
-        }
+        return vocoder_ranges(batch, window, omni.MAX_FRAMES)
     if name == "speaker_encoder":  # a reference clip's mel frames, one clip a call
         cfg = {**speaker_encoder.DEFAULTS, **section(ckpt.config, "speaker_encoder_config")}
         frames = REFERENCE_SECONDS * int(cfg["sample_rate"]) // speaker_encoder.HOP_SIZE + 1
