@@ -2,7 +2,9 @@
 one builder over the API they share.
 
 Each component's exported ONNX has its plugin ops lowered for TensorRT (plugins/: attention as
-ONNX Attention with the KV cache updated in place by TensorScatter, rotary as plain ops), its
+ONNX Attention with the KV cache updated in place by TensorScatter where the parser has them,
+TensorRT >= 10.15 and TensorRT-RTX; on TensorRT 10.9-10.14 as a plugin whose NVRTC-compiled
+kernel is baked into the engine; rotary as plain ops), its
 fixed dimensions (the KV cache's capacity) made static, and is parsed into a strongly typed
 network (precision comes from the ONNX types: ``--dtype`` decides it at export). One optimisation
 profile is built per phase the family declares (``dim_ranges``: decode and prefill for decoders,
@@ -32,20 +34,33 @@ TIMING_CACHE = "timing.cache"
 
 @dataclass(frozen=True)
 class Flavour:
-    """One TensorRT product: where its Python module is, and the first version whose ONNX parser
-    reads what the native attention lowering writes (Attention, opset 23; TensorScatter, 24)."""
+    """One TensorRT product: where its Python module is, the first version whose ONNX parser
+    reads what the native attention lowering writes (Attention, opset 23; TensorScatter, 24), and
+    the first with ``tensorrt.plugin`` ahead-of-time plugins for the plugin lowering (None: it
+    has none)."""
 
     backend: str
     label: str
     modules: tuple[str, ...]
     native_since: tuple[int, int]
     install: str
+    plugin_since: tuple[int, int] | None = None
+
+    def attention(self, version: str) -> str | None:
+        """The attention lowering this version takes: "native", "plugin", or None (too old)."""
+        have = version_tuple(version)[:2]
+        if have >= self.native_since:
+            return "native"
+        if self.plugin_since is not None and have >= self.plugin_since:
+            return "plugin"
+        return None
 
 
 FLAVOURS = {
     "tensorrt": Flavour(
         "tensorrt", "TensorRT", ("tensorrt",), (10, 15),
-        "install TensorRT 10.15 or later with its Python bindings (JetPack 7.2 has 10.16)",
+        "install TensorRT 10.9 or later with its Python bindings (JetPack 7.0 has 10.13, 7.2 "
+        "has 10.16)", plugin_since=(10, 9),
     ),
     "tensorrt-rtx": Flavour(
         "tensorrt-rtx", "TensorRT-RTX", ("tensorrt_rtx", "tensorrt_rtx_bindings"), (1, 7),
@@ -80,12 +95,18 @@ def load(backend: str) -> tuple[Any, Flavour]:
             f"here ({'; '.join(errors)}): {flavour.install}"
         )
     version = str(getattr(trt, "__version__", "0"))
-    if version_tuple(version)[:2] < flavour.native_since:
-        need = ".".join(map(str, flavour.native_since))
+    if flavour.attention(version) is None:
+        oldest = flavour.plugin_since or flavour.native_since
+        what = (
+            "with tensorrt.plugin ahead-of-time plugins (edgeomni's attention plugin); a "
+            "Python IPluginV3 for older versions is not written yet"
+            if flavour.plugin_since
+            else "whose ONNX parser reads Attention and TensorScatter (edgeomni's attention "
+            "lowering for TensorRT)"
+        )
         raise BuildError(
-            f"{flavour.label} {version} is older than {need}, the first whose ONNX parser reads "
-            "Attention and TensorScatter (edgeomni's attention lowering for TensorRT); the "
-            f"plugin lowering for older versions is not written yet: {flavour.install}"
+            f"{flavour.label} {version} is older than {'.'.join(map(str, oldest))}, the first "
+            f"{what}: {flavour.install}"
         )
     return trt, flavour
 
@@ -106,8 +127,9 @@ def build_engine(
     if not ranges:
         raise BuildError(f"{out_path.name}: its family gives no dimension ranges (dim_ranges)")
     trt, flavour = load(args.backend)
+    attention = flavour.attention(trt.__version__)
     model = onnx.load(str(raw), load_external_data=False)
-    lower_model(model, "tensorrt")
+    lower_model(model, "tensorrt", {"attention": attention})
     profiles = input_profiles(model, ranges)
     fix_static_dims(model, ranges)
     decomposable = allow_decomposed_attention(model)
@@ -115,6 +137,8 @@ def build_engine(
     onnx.save(model, str(lowered))  # external tensors keep pointing at raw's data file
 
     logger = _logger(trt)
+    if attention == "plugin":
+        register_plugin(trt)  # before parsing: the parser looks the plugin up by name
     builder = trt.Builder(logger)
     flag = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flag)
@@ -126,6 +150,8 @@ def build_engine(
             + "; ".join(errors[:5])
         )
     config = builder.create_builder_config()
+    if attention == "plugin":
+        config.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, True)
     for phase, shapes in profiles.items():
         profile = builder.create_optimization_profile()
         for name, (lo, opt, hi) in shapes.items():
@@ -149,9 +175,11 @@ def build_engine(
     return {
         "engine": engine_path.name,
         "lowering": {
-            "attention": "native",
+            "attention": attention,
             "decomposable_attention_nodes": decomposable,
-            "tensorrt_min": ".".join(map(str, flavour.native_since)),
+            "tensorrt_min": ".".join(
+                map(str, flavour.native_since if attention == "native" else flavour.plugin_since)
+            ),
         },
         "tensorrt": {
             "flavour": flavour.backend,
@@ -220,6 +248,25 @@ def fix_static_dims(model: Any, ranges: DimRanges) -> list[str]:
             if d.dim_param in fixed:
                 d.dim_value = fixed[d.dim_param]
     return sorted(fixed)
+
+
+def register_plugin(trt: Any) -> None:
+    """The attention plugin (plugins/attention_trt_plugin.py), its PTX for this GPU."""
+    import importlib
+
+    from edgeomni.plugins.attention_trt_plugin import register
+
+    cc = compute_capability()
+    if cc is None:
+        raise BuildError(
+            "the attention plugin's kernel is compiled for this GPU, whose compute capability "
+            "cuda-python must tell: pip install cuda-python"
+        )
+    try:
+        trtp = importlib.import_module(f"{trt.__name__}.plugin")
+    except ImportError as e:
+        raise BuildError(f"{trt.__name__}.plugin does not import ({e})") from None
+    register(trt, trtp, arch="compute_" + cc.replace(".", ""))
 
 
 def allow_decomposed_attention(model: Any) -> int:

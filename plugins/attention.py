@@ -428,6 +428,9 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
     ``past_key`` nor ``nonpad_kv_seqlen``, and TensorRT 10's causal flag anchors its diagonal
     at the top left, wrong for a query after a past (shared/notes/tensorrt.md).
 
+    With ``options["attention"] == "plugin"`` (TensorRT 10.9-10.14) the node stays as it is, for
+    the plugin of plugins/attention_trt_plugin.py.
+
     A cache made in the graph rather than bound by the runtime (the encoders' and vocoders'
     scratch) is updated with ``ScatterElements`` instead: TensorRT's KV update needs a cache
     input of static capacity, and such a cache has neither.
@@ -442,6 +445,10 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
     """
     from onnx import TensorProto, helper
 
+    if ctx.options.get("attention") == "plugin":  # TensorRT without native attention
+        from edgeomni.plugins.attention_trt_plugin import lower_tensorrt_plugin
+
+        return lower_tensorrt_plugin(node, ctx)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     causal, window = int(attrs.get("causal", 1)), int(attrs.get("window", 0))
     if window and not causal:

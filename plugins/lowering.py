@@ -136,8 +136,8 @@ def lower_model(model: Any, backend: str, options: dict[str, Any] | None = None)
             model.opset_import.append(helper.make_opsetid(domain, version))
         elif imports[domain].version < version:
             imports[domain].version = version
-    if DOMAIN in imports:
-        model.opset_import.remove(imports[DOMAIN])
+    if DOMAIN in imports and not any(n.domain == DOMAIN for n in graph.node):
+        model.opset_import.remove(imports[DOMAIN])  # kept where a lowering keeps its nodes
     model.metadata_props.add(key="edgeomni.lowered_for", value=backend)
     model.metadata_props.add(key="edgeomni.plugin_nodes", value=str(replaced))
     return model

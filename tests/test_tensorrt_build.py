@@ -50,7 +50,19 @@ def test_too_old_tensorrt_is_refused_naming_the_version_it_needs(
     code, err = run_cli(capsys, "--model-dir", str(qwen3_ckpt), "--engine-dir",
                         str(tmp_path / "e"), "--backend", "tensorrt")  # fmt: skip
     assert code == cli.EXIT_BAD_INPUT
-    assert "TensorRT 10.3.0.30 is older than 10.15" in err and "plugin lowering" in err
+    assert "TensorRT 10.3.0.30 is older than 10.9" in err and "IPluginV3" in err
+
+
+@pytest.mark.parametrize("backend,version,lowering", [
+    ("tensorrt", "10.16.1.11", "native"), ("tensorrt", "10.15.0", "native"),
+    ("tensorrt", "10.13.3.9", "plugin"), ("tensorrt", "10.9.0", "plugin"),
+    ("tensorrt", "10.3.0.30", None), ("tensorrt", "11.0.0", "native"),
+    ("tensorrt-rtx", "1.7.1.116", "native"), ("tensorrt-rtx", "1.6.0", None),
+])  # fmt: skip
+def test_attention_lowering_by_version(backend: str, version: str, lowering: str | None) -> None:
+    """Native Attention + TensorScatter where the parser has them; the AOT plugin on TensorRT
+    10.9-10.14 (JetPack 7.0/7.1's 10.13); TensorRT-RTX has no tensorrt.plugin."""
+    assert trt_builder.FLAVOURS[backend].attention(version) == lowering
 
 
 def test_tensorrt_on_the_cpu_is_refused(qwen3_ckpt: Path, tmp_path: Path, capsys) -> None:
@@ -214,3 +226,27 @@ def test_tts_calls_fit_the_profiles(tts_engine: Path, monkeypatch: pytest.Monkey
     assert all(r.entry["ok"] for r in results), [r.entry for r in results]
     seen = check_calls_fit(tts_engine, tts_engine.parent / "ckpt", args, calls)
     assert seen == {"talker", "code_predictor", "code2wav"}
+
+
+def test_trt_engine_takes_the_first_profile_that_holds_a_call() -> None:
+    """TrtEngine's choice of context (runtime/tensorrt_engine.py), without TensorRT: decode
+    shapes go to the decode profile, anything else that fits to prefill, and a call outside
+    every profile names its shapes and the engine's ranges."""
+    from edgeomni.runtime.engine import EngineError
+    from edgeomni.runtime.tensorrt_engine import TrtEngine
+
+    engine = object.__new__(TrtEngine)
+    engine.input_names = ("inputs_embeds", "past_key_0")
+    engine.profiles = [
+        {"inputs_embeds": ((1, 1, 8), (4, 1, 8), (4, 1, 8)),
+         "past_key_0": ((1, 2, 64, 4), (4, 2, 64, 4), (4, 2, 64, 4))},
+        {"inputs_embeds": ((1, 1, 8), (1, 32, 8), (4, 32, 8)),
+         "past_key_0": ((1, 2, 64, 4), (1, 2, 64, 4), (4, 2, 64, 4))},
+    ]  # fmt: skip
+    assert engine.profile_for({"inputs_embeds": (3, 1, 8), "past_key_0": (3, 2, 64, 4)}) == 0
+    assert engine.profile_for({"inputs_embeds": (1, 1, 8), "past_key_0": (1, 2, 64, 4)}) == 0
+    assert engine.profile_for({"inputs_embeds": (2, 17, 8), "past_key_0": (2, 2, 64, 4)}) == 1
+    with pytest.raises(EngineError, match=r"inputs_embeds \(2, 33, 8\).*fits none.*\(4, 32, 8\)"):
+        engine.profile_for({"inputs_embeds": (2, 33, 8), "past_key_0": (2, 2, 64, 4)})
+    with pytest.raises(EngineError, match="no buffer for input.*past_key_0"):
+        engine.profile_for({"inputs_embeds": (2, 3, 8)})
