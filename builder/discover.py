@@ -11,9 +11,9 @@ each component's engine may be, so a graph can be written for them without build
   ``code2wav/``), or the subdir its family builds it into when that differs.
 
 A place holds a component when it has the component's engine file (``Component.engine``, or the
-TensorRT engine of that name, ``llm.engine`` for ``llm.onnx``) and a ``config.json``. Any other engine file (``*.onnx``, ``*.engine``) up to two directory levels
-below the engine dir is left out of the graph and reported, so a misplaced engine is never
-silently dropped.
+TensorRT engine of that name, ``llm.engine`` for ``llm.onnx``) and a ``config.json``. Any other
+engine file (``*.onnx``, ``*.engine``) up to two directory levels below the engine dir is left
+out of the graph and reported, so a misplaced engine is never silently dropped.
 """
 
 from __future__ import annotations
