@@ -250,3 +250,31 @@ def test_trt_engine_takes_the_first_profile_that_holds_a_call() -> None:
         engine.profile_for({"inputs_embeds": (2, 33, 8), "past_key_0": (2, 2, 64, 4)})
     with pytest.raises(EngineError, match="no buffer for input.*past_key_0"):
         engine.profile_for({"inputs_embeds": (2, 3, 8)})
+
+
+def test_tts_clone_encoders_calls_fit_the_profiles(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A Base checkpoint's voice clone: the speaker encoder's mel frames and the speech
+    tokenizer's samples for a reference clip fit their 'clip' phases, as do the speech stages."""
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+    from edgeomni.export.tiny_tts import make_checkpoint
+    from edgeomni.runtime.audio import write_wav
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    ckpt = make_checkpoint(tmp_path / "ckpt", "base", "tiny")
+    args = BuildArgs(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
+    assert build(ckpt, tmp_path / "eng", args) is not None
+    t = np.arange(24000 * 3) / 24000
+    write_wav(tmp_path / "ref.wav", (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000)
+    clone = {"messages": [{"role": "assistant", "content": "Say this in my voice."}],
+             "language": "English", "ref_audio": str(tmp_path / "ref.wav")}  # fmt: skip
+    body = {"talker_top_k": 1, "talker_max_new_tokens": 20,
+            "requests": [clone, {**clone, "ref_text": "A reference sentence."}]}  # fmt: skip
+    calls = record_calls(monkeypatch)
+    requests, _ = parse_request_file(body)
+    results = Pipeline(tmp_path / "eng").run(requests, batch_size=2)
+    assert all(r.entry["ok"] for r in results), [r.entry for r in results]
+    seen = check_calls_fit(tmp_path / "eng", ckpt, args, calls)
+    assert {"speaker_encoder", "speech_tokenizer_encoder", "talker", "code2wav"} <= seen
