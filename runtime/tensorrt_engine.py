@@ -198,6 +198,7 @@ class TrtBinding:
         held = self._staging.get(name)
         if held is None or held.nbytes < array.size * dtype.itemsize:
             held = self._staging[name] = DeviceArray.zeros((max(array.size, 1),), dtype)
+            self._graphs.clear()  # captured graphs read the old buffer: capture them again
         held.rows(array.size).view(array.shape).upload(array.astype(dtype, copy=False))
         self._addr[name] = held.ptr
         self._shape[name] = tuple(array.shape)
@@ -213,6 +214,7 @@ class TrtBinding:
             held = self._unbound.get(name)
             if held is None or held.nbytes < nbytes:
                 held = self._unbound[name] = DeviceArray.zeros((max(nbytes, 1),), np.uint8)
+                self._graphs.clear()  # as in _stage
             ctx.set_tensor_address(name, held.ptr)
 
     def run(self, feeds: Mapping[str, Any], *, graph: int | None = None, wait: bool = True) -> None:
