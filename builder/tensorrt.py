@@ -25,6 +25,7 @@ from typing import Any
 from edgeomni.builder.errors import BuildError
 from edgeomni.export.common.shapes import DimRanges, Range
 from edgeomni.export.family import BuildArgs
+from edgeomni.plugins.attention_trt_plugin import PLUGIN_SINCE
 
 log = logging.getLogger("edge-build")
 
@@ -60,7 +61,7 @@ FLAVOURS = {
     "tensorrt": Flavour(
         "tensorrt", "TensorRT", ("tensorrt",), (10, 15),
         "install TensorRT 10.9 or later with its Python bindings (JetPack 7.0 has 10.13, 7.2 "
-        "has 10.16)", plugin_since=(10, 9),
+        "has 10.16)", plugin_since=PLUGIN_SINCE,
     ),
     "tensorrt-rtx": Flavour(
         "tensorrt-rtx", "TensorRT-RTX", ("tensorrt_rtx", "tensorrt_rtx_bindings"), (1, 7),

@@ -47,7 +47,7 @@ def lower_tensorrt_plugin(node: Any, ctx: Any) -> list[Any]:
             scale=float(attrs["scale"]),
             window=int(attrs["window"]),
             causal=int(attrs["causal"]),
-        )  # fmt: skip
+        )
     ]
 
 
