@@ -60,8 +60,8 @@ def engine_layers(engine: Path, cfg: dict[str, Any]) -> Any:
     return len(info.get("Layers", []))
 
 
-def build_both(ckpt: Path, work: Path, backend: str, dtype: str, components: list[str] | None,
-               limits: tuple[int, int, int]) -> list[dict[str, Any]]:  # fmt: skip
+def build_both(ckpt: Path, work: Path, backends: tuple[str, ...], dtype: str,
+               components: list[str] | None, limits: tuple[int, int, int]) -> list[dict[str, Any]]:  # fmt: skip
     from edgeomni.builder.build import build
     from edgeomni.export.common.checkpoint import open_checkpoint
     from edgeomni.export.family import BuildArgs
@@ -71,7 +71,7 @@ def build_both(ckpt: Path, work: Path, backend: str, dtype: str, components: lis
     b, i, c = limits
     opened = open_checkpoint(ckpt)
     names = [x.name for x in family_for(opened.model_type).hooks().components(opened)]
-    for which, name in ((w, n) for w in (backend, "onnxruntime") for n in names):
+    for which, name in ((w, n) for w in backends for n in names):
         if components and name not in components:
             continue
         out = work / f"{ckpt.name}-{which}-{name}"  # one build each: a failure loses no other
@@ -81,7 +81,9 @@ def build_both(ckpt: Path, work: Path, backend: str, dtype: str, components: lis
         try:
             build(ckpt, out, args, [name])
         except Exception as e:
-            rows.setdefault(name, {"component": name})[f"{which}_error"] = f"{type(e).__name__}: {e}"
+            rows.setdefault(name, {"component": name})[f"{which}_error"] = (
+                f"{type(e).__name__}: {e}"
+            )
             print(f"{ckpt.name} {name} {which}: {e}", flush=True)
             continue
         total = time.perf_counter() - start
@@ -93,7 +95,8 @@ def build_both(ckpt: Path, work: Path, backend: str, dtype: str, components: lis
             engine = cfg_path.parent / cfg["engine"]
             row = rows.setdefault(name, {"component": name})
             size = engine.stat().st_size + sum(
-                f.stat().st_size for f in cfg_path.parent.glob(cfg["engine"] + ".data"))
+                f.stat().st_size for f in cfg_path.parent.glob(cfg["engine"] + ".data")
+            )
             if which == "onnxruntime":
                 row["ort"] = {"bytes": size, **ort_nodes(engine)}
             else:
@@ -125,14 +128,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/trtwork"))
     p.add_argument("--size", choices=("tiny", "real"), default="tiny")
     p.add_argument("--backend", choices=("tensorrt", "tensorrt-rtx"), default="tensorrt-rtx")
-    p.add_argument("--components", default="talker,code_predictor,code2wav",
-                   help="real size: the components to build (the thinker is left out)")
+    p.add_argument(
+        "--components",
+        default=None,
+        help="the components to build (default: all of the tiny models'; the real "
+        "talker, code_predictor and code2wav)",
+    )
+    p.add_argument(
+        "--no-ort",
+        action="store_true",
+        help="TensorRT builds only (ONNX Runtime's node counts from an earlier run)",
+    )
     p.add_argument("--max-batch-size", type=int, default=8)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"size": args.size, "backend": args.backend}
+    backends = (args.backend,) if args.no_ort else (args.backend, "onnxruntime")
+    wanted = args.components.split(",") if args.components else None
     if args.size == "tiny":
         for name, make in tiny_checkpoints(args.work / "ckpt").items():
             try:
@@ -140,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # a transformers version without the model's config class
                 report[name] = {"error": f"no checkpoint: {type(e).__name__}: {e}"}
                 continue
-            report[name] = build_both(ckpt, args.work, args.backend, "float32", None,
+            report[name] = build_both(ckpt, args.work, backends, "float32", wanted,
                                       (args.max_batch_size, 64, 256))  # fmt: skip
     else:
         import gpu_omni
@@ -149,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         made = gpu_omni.ensure_checkpoint(ckpt, gpu_omni.real_sizes(4), 0, "cuda", "bfloat16")
         report["checkpoint"] = made
         report["qwen3_omni_real"] = build_both(
-            ckpt, args.work, args.backend, "float16", args.components.split(","),
+            ckpt, args.work, backends, "float16", wanted or ["talker", "code_predictor", "code2wav"],
             (args.max_batch_size, 64, 192))  # fmt: skip
     (args.out / f"tensorrt_builds_{args.size}.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))

@@ -25,17 +25,21 @@ GRAPH_FILE = "multistage_config.json"
 log = logging.getLogger("edge-build")
 
 
-Backend = Callable[[Path, Path, BuildArgs, Any], dict[str, Any]]
+# (raw ONNX, engine path, args, dim ranges, seeds) -> config.json fields; seeds are folders of
+# engines built before (the replaced engine dir's, this build's earlier components') that a
+# backend may learn from (TensorRT's timing cache)
+Backend = Callable[[Path, Path, BuildArgs, Any, Sequence[Path]], dict[str, Any]]
 BACKENDS = ("onnxruntime", "tensorrt", "tensorrt-rtx")
 
 
 def _backend(name: str) -> Backend:
-    """The backend's build: (raw ONNX, engine path, args, the component's dim ranges) -> the
-    fields its config.json gains (the lowering it used; a TensorRT build's engine and profiles)."""
+    """The backend's build: (raw ONNX, engine path, args, the component's dim ranges, seed
+    folders) -> the fields its config.json gains (the lowering it used; a TensorRT build's
+    engine and profiles)."""
     if name == "onnxruntime":
         from edgeomni.builder.onnxruntime import build_engine as ort_build
 
-        return lambda raw, out, args, ranges: {"lowering": ort_build(raw, out, args)}
+        return lambda raw, out, args, ranges, seeds: {"lowering": ort_build(raw, out, args)}
     if name in ("tensorrt", "tensorrt-rtx"):
         from edgeomni.builder import tensorrt
 
@@ -147,13 +151,17 @@ def _build_in(
     args: BuildArgs,
 ) -> Path | None:
     """Export, build and write each component into the workspace's staging dir, then the graph."""
+    done: list[Path] = []
     for comp in selected:
         out_dir = ws.staging / comp.subdir
         out_dir.mkdir(parents=True, exist_ok=True)
         with step(f"export {comp.name} to ONNX"):
             raw = hooks.export_component(ckpt, comp, ws.work / comp.name, args)
         with step(f"build {comp.name} engine ({args.backend}, {args.device})"):
-            built = backend(raw, out_dir / comp.engine, args, dim_ranges(hooks, ckpt, comp, args))
+            seeds = [ws.engine_dir / comp.subdir, *done]
+            built = backend(raw, out_dir / comp.engine, args, dim_ranges(hooks, ckpt, comp, args),
+                            seeds)  # fmt: skip
+        done.append(out_dir)
         with step(f"write {comp.name} artifacts"):
             hooks.write_artifacts(ckpt, comp, out_dir, args)
             record_build(out_dir, built)

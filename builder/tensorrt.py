@@ -10,24 +10,28 @@ network (precision comes from the ONNX types: ``--dtype`` decides it at export).
 profile is built per phase the family declares (``dim_ranges``: decode and prefill for decoders,
 windows and whole utterances for a vocoder); the engine's config.json records the flavour and
 version, the GPU's compute capability, the profiles and the lowering, which the runtime checks at
-load. The timing cache is kept beside the engine.
+load. Before parsing, builder/tensorrt_graph.py edits the graph into forms TensorRT's builder
+takes (the same values). The timing cache is kept beside the engine and seeds later builds.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgeomni.builder.errors import BuildError
+from edgeomni.builder.tensorrt_graph import allow_decomposed_attention, conv1d_as_conv2d
 from edgeomni.export.common.shapes import DimRanges, Range
 from edgeomni.export.family import BuildArgs
 from edgeomni.plugins.attention_trt_plugin import PLUGIN_SINCE
 
 log = logging.getLogger("edge-build")
+Shape = tuple[int, ...]
+Profiles = dict[str, dict[str, tuple[Shape, Shape, Shape]]]  # phase -> input -> (min, opt, max)
 
 ENGINE_SUFFIX = ".engine"
 TIMING_CACHE = "timing.cache"
@@ -116,24 +120,41 @@ def engine_name(onnx_name: str) -> str:
     return Path(onnx_name).with_suffix(ENGINE_SUFFIX).name
 
 
+def prepare(model: Any, ranges: DimRanges, attention: str) -> tuple[Profiles, dict[str, Any]]:
+    """A raw component model (edgeomni ops) as TensorRT's parser gets it, edited in place: plugin
+    ops lowered, fixed dims static, the graph edits of builder/tensorrt_graph.py. Returns its
+    optimisation profiles and the lowering record for config.json (without the version floor)."""
+    from edgeomni.plugins import lower_model
+
+    lower_model(model, "tensorrt", {"attention": attention})
+    profiles = input_profiles(model, ranges)
+    fix_static_dims(model, ranges)
+    return profiles, {
+        "attention": attention,
+        "decomposable_attention_nodes": allow_decomposed_attention(model),
+        "conv1d_as_conv2d": conv1d_as_conv2d(model),
+    }
+
+
 def build_engine(
-    raw: Path, out_path: Path, args: BuildArgs, ranges: DimRanges | None = None
+    raw: Path,
+    out_path: Path,
+    args: BuildArgs,
+    ranges: DimRanges | None = None,
+    seeds: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """raw ONNX (edgeomni ops) -> lowered for TensorRT -> serialized engine beside out_path
-    (``llm.onnx`` -> ``llm.engine``); returns the fields the engine's config.json gains."""
+    (``llm.onnx`` -> ``llm.engine``); returns the fields the engine's config.json gains.
+    ``seeds``: folders of engines built before (this component's in the engine dir the build
+    replaces, this build's earlier components) whose timing caches this build starts from."""
     import onnx
-
-    from edgeomni.plugins import lower_model
 
     if not ranges:
         raise BuildError(f"{out_path.name}: its family gives no dimension ranges (dim_ranges)")
     trt, flavour = load(args.backend)
     attention = flavour.attention(trt.__version__)
     model = onnx.load(str(raw), load_external_data=False)
-    lower_model(model, "tensorrt", {"attention": attention})
-    profiles = input_profiles(model, ranges)
-    fix_static_dims(model, ranges)
-    decomposable = allow_decomposed_attention(model)
+    profiles, lowering = prepare(model, ranges, attention)
     lowered = raw.with_name(raw.stem + ".tensorrt.onnx")
     onnx.save(model, str(lowered))  # external tensors keep pointing at raw's data file
 
@@ -159,9 +180,7 @@ def build_engine(
             profile.set_shape(name, lo, opt, hi)
         if config.add_optimization_profile(profile) < 0:
             raise BuildError(f"{out_path.name}: {flavour.label} refused the {phase} profile")
-    cache_path = out_path.with_name(TIMING_CACHE)
-    cache = config.create_timing_cache(b"")
-    config.set_timing_cache(cache, ignore_mismatch=False)
+    reused = seed_timing_cache(config, seeds)
     start = time.perf_counter()
     plan = builder.build_serialized_network(network, config)
     seconds = time.perf_counter() - start
@@ -172,12 +191,11 @@ def build_engine(
         )
     engine_path = out_path.with_name(engine_name(out_path.name))
     engine_path.write_bytes(bytes(plan))
-    cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+    out_path.with_name(TIMING_CACHE).write_bytes(bytes(config.get_timing_cache().serialize()))
     return {
         "engine": engine_path.name,
         "lowering": {
-            "attention": attention,
-            "decomposable_attention_nodes": decomposable,
+            **lowering,
             "tensorrt_min": ".".join(
                 map(str, flavour.native_since if attention == "native" else flavour.plugin_since)
             ),
@@ -193,19 +211,40 @@ def build_engine(
             "network_layers": int(network.num_layers),
             "build_seconds": round(seconds, 2),
             "timing_cache": TIMING_CACHE,
+            "timing_caches_reused": reused,
         },
     }
 
 
-Shape = tuple[int, ...]
+def seed_timing_cache(config: Any, seeds: Sequence[Path]) -> int:
+    """Start the build's timing cache from the seeds' (TensorRT then skips timing the layers they
+    timed: a rebuild, or a component sharing layer shapes with an earlier one, builds faster).
+    A cache TensorRT will not take (another GPU or version, a damaged file) is left out, with a
+    warning: it costs time, never the build. Returns how many were taken."""
+    cache = config.create_timing_cache(b"")
+    taken = 0
+    for folder in dict.fromkeys(Path(s).resolve() for s in seeds):
+        path = folder / TIMING_CACHE
+        if not path.is_file():
+            continue
+        try:
+            other = config.create_timing_cache(path.read_bytes())
+            ok = other is not None and cache.combine(other, False)
+        except Exception as e:  # TensorRT raises on a cache it cannot read
+            log.warning("timing cache %s not reused: %s", path, e)
+            continue
+        if not ok:
+            log.warning("timing cache %s not reused: made for another GPU or version", path)
+            continue
+        taken += 1
+    config.set_timing_cache(cache, ignore_mismatch=False)
+    return taken
 
 
-def input_profiles(
-    model: Any, ranges: DimRanges
-) -> dict[str, dict[str, tuple[Shape, Shape, Shape]]]:
+def input_profiles(model: Any, ranges: DimRanges) -> Profiles:
     """phase -> input -> (min, opt, max) shapes, from each input's named dims and the phase's
     ranges; BuildError names a dim the family gives no range for."""
-    out: dict[str, dict[str, tuple[Shape, Shape, Shape]]] = {}
+    out: Profiles = {}
     for phase, dims in ranges.items():
         shapes = {}
         for inp in model.graph.input:
@@ -268,21 +307,6 @@ def register_plugin(trt: Any) -> None:
     except ImportError as e:
         raise BuildError(f"{trt.__name__}.plugin does not import ({e})") from None
     register(trt, trtp, arch="compute_" + cc.replace(".", ""))
-
-
-def allow_decomposed_attention(model: Any) -> int:
-    """Let TensorRT run each Attention node as several kernels where it has no fused kernel for
-    its shapes and types (head size 16 in float32, say: the build fails otherwise). The ONNX
-    parser reads this TensorRT-only attribute; it is set here, not in the lowering, so the
-    lowered graph stays plain ONNX for other runtimes. Returns the nodes marked."""
-    from onnx import helper
-
-    marked = 0
-    for node in model.graph.node:
-        if node.op_type == "Attention" and node.domain in ("", "ai.onnx"):
-            node.attribute.append(helper.make_attribute("TRT_decomposable", 1))
-            marked += 1
-    return marked
 
 
 def compute_capability() -> str | None:

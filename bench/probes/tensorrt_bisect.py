@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 
-def lowered(model_dir: Path, component: str, backend: str, work: Path) -> tuple[Any, Any, Any]:
+def lowered(
+    model_dir: Path, component: str, backend: str, work: Path, dtype: str = "float32"
+) -> tuple[Any, Any, Any]:
     """(the component's ONNX as edge-build gives it to TensorRT, its dim ranges, the module)."""
     import onnx
 
@@ -22,24 +24,22 @@ def lowered(model_dir: Path, component: str, backend: str, work: Path) -> tuple[
     from edgeomni.export.common.checkpoint import open_checkpoint
     from edgeomni.export.family import BuildArgs
     from edgeomni.export.registry import family_for
-    from edgeomni.plugins import lower_model
 
-    args = BuildArgs(4, 64, 256, backend=backend, device="cuda")
+    args = BuildArgs(4, 64, 256, backend=backend, device="cuda", dtype=dtype)
     ckpt = open_checkpoint(model_dir)
     hooks = family_for(ckpt.model_type).hooks()
     comp = next(c for c in hooks.components(ckpt) if c.name == component)
     raw = hooks.export_component(ckpt, comp, work, args)
     ranges = dim_ranges(hooks, ckpt, comp, args)
+    trt, flavour = trtb.load(backend)
     model = onnx.load(str(raw))
-    lower_model(model, "tensorrt")
-    trtb.fix_static_dims(model, ranges)
-    trtb.allow_decomposed_attention(model)
-    trt, _ = trtb.load(backend)
+    trtb.prepare(model, ranges, flavour.attention(trt.__version__))
     return model, ranges, trt
 
 
-def builds(trt: Any, model: Any, ranges: Any, path: Path) -> bool:
-    """Whether TensorRT parses and builds this model with these ranges' profiles."""
+def builds(trt: Any, model: Any, ranges: Any, path: Path, tweak: Any = None) -> bool:
+    """Whether TensorRT parses and builds this model with these ranges' profiles (``tweak``:
+    called with (trt, builder config) before the build)."""
     import onnx
 
     from edgeomni.builder import tensorrt as trtb
@@ -56,6 +56,8 @@ def builds(trt: Any, model: Any, ranges: Any, path: Path) -> bool:
         for name, (lo, opt, hi) in shapes.items():
             prof.set_shape(name, lo, opt, hi)
         config.add_optimization_profile(prof)
+    if tweak is not None:
+        tweak(trt, config)
     return builder.build_serialized_network(net, config) is not None
 
 
