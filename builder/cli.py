@@ -64,8 +64,9 @@ def parser() -> argparse.ArgumentParser:
         "--backend",
         choices=("onnxruntime", "tensorrt", "tensorrt-rtx"),
         default=None,
-        help="engine backend (default onnxruntime). tensorrt: TensorRT 10.9 or later (module "
-        "tensorrt; before 10.15 attention runs as edgeomni's plugin); tensorrt-rtx: TensorRT-RTX "
+        help="engine backend (default onnxruntime). tensorrt: TensorRT 10.3 or later (module "
+        "tensorrt; before 10.15 attention runs as edgeomni's plugin, before 10.9 a Python one "
+        "that only edgeomni's runtime loads); tensorrt-rtx: TensorRT-RTX "
         "1.7 or later (module tensorrt_rtx). Both build "
         "on this machine's GPU, for GPUs of its compute capability, and need --device cuda "
         "(their default). An engine runs only with the TensorRT version that built it",

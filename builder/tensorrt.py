@@ -4,7 +4,8 @@ one builder over the API they share.
 Each component's exported ONNX has its plugin ops lowered for TensorRT (plugins/: attention as
 ONNX Attention with the KV cache updated in place by TensorScatter where the parser has them,
 TensorRT >= 10.15 and TensorRT-RTX; on TensorRT 10.9-10.14 as a plugin whose NVRTC-compiled
-kernel is baked into the engine; rotary as plain ops), its
+kernel is baked into the engine; on 10.3-10.8 as a Python IPluginV3 launching that kernel; rotary
+as plain ops), its
 fixed dimensions (the KV cache's capacity) made static, and is parsed into a strongly typed
 network (precision comes from the ONNX types: ``--dtype`` decides it at export). One optimisation
 profile is built per phase the family declares (``dim_ranges``: decode and prefill for decoders,
@@ -28,6 +29,7 @@ from edgeomni.builder.tensorrt_graph import allow_decomposed_attention, conv1d_a
 from edgeomni.export.common.shapes import DimRanges, Range
 from edgeomni.export.family import BuildArgs
 from edgeomni.plugins.attention_trt_plugin import PLUGIN_SINCE
+from edgeomni.plugins.attention_trt_v3 import PYTHON_PLUGIN_SINCE
 
 log = logging.getLogger("edge-build")
 Shape = tuple[int, ...]
@@ -39,10 +41,10 @@ TIMING_CACHE = "timing.cache"
 
 @dataclass(frozen=True)
 class Flavour:
-    """One TensorRT product: where its Python module is, the first version whose ONNX parser
-    reads what the native attention lowering writes (Attention, opset 23; TensorScatter, 24), and
-    the first with ``tensorrt.plugin`` ahead-of-time plugins for the plugin lowering (None: it
-    has none)."""
+    """One TensorRT product: where its Python module is, and the first version of each attention
+    lowering it can take: ``native`` (the ONNX parser reads Attention, opset 23, and
+    TensorScatter, 24), ``plugin`` (``tensorrt.plugin`` ahead-of-time plugins) and
+    ``python_plugin`` (a Python IPluginV3 with aliased outputs); None: it has no such lowering."""
 
     backend: str
     label: str
@@ -50,22 +52,29 @@ class Flavour:
     native_since: tuple[int, int]
     install: str
     plugin_since: tuple[int, int] | None = None
+    python_plugin_since: tuple[int, int] | None = None
+
+    def lowerings(self) -> list[tuple[str, tuple[int, int]]]:
+        """(lowering, first version), newest first: a version takes the first it reaches."""
+        since = {"native": self.native_since, "plugin": self.plugin_since,
+                 "python_plugin": self.python_plugin_since}  # fmt: skip
+        return [(name, v) for name, v in since.items() if v is not None]
 
     def attention(self, version: str) -> str | None:
-        """The attention lowering this version takes: "native", "plugin", or None (too old)."""
+        """The attention lowering this version takes, or None (too old)."""
         have = version_tuple(version)[:2]
-        if have >= self.native_since:
-            return "native"
-        if self.plugin_since is not None and have >= self.plugin_since:
-            return "plugin"
-        return None
+        return next((name for name, since in self.lowerings() if have >= since), None)
+
+    def since(self, lowering: str) -> tuple[int, int]:
+        return dict(self.lowerings())[lowering]
 
 
 FLAVOURS = {
     "tensorrt": Flavour(
         "tensorrt", "TensorRT", ("tensorrt",), (10, 15),
-        "install TensorRT 10.9 or later with its Python bindings (JetPack 7.0 has 10.13, 7.2 "
-        "has 10.16)", plugin_since=PLUGIN_SINCE,
+        "install TensorRT 10.3 or later with its Python bindings (JetPack 6 has 10.3, 7.0 has "
+        "10.13, 7.2 has 10.16)", plugin_since=PLUGIN_SINCE,
+        python_plugin_since=PYTHON_PLUGIN_SINCE,
     ),
     "tensorrt-rtx": Flavour(
         "tensorrt-rtx", "TensorRT-RTX", ("tensorrt_rtx", "tensorrt_rtx_bindings"), (1, 7),
@@ -82,8 +91,8 @@ def version_tuple(text: str) -> tuple[int, ...]:
 
 
 def load(backend: str) -> tuple[Any, Flavour]:
-    """The flavour's Python module, checked new enough for the native lowering; BuildError says
-    what to install otherwise (the plugin lowering for older TensorRT is not written yet)."""
+    """The flavour's Python module, checked new enough for one of the attention lowerings;
+    BuildError says what to install otherwise."""
     import importlib
 
     flavour = FLAVOURS[backend]
@@ -101,17 +110,10 @@ def load(backend: str) -> tuple[Any, Flavour]:
         )
     version = str(getattr(trt, "__version__", "0"))
     if flavour.attention(version) is None:
-        oldest = flavour.plugin_since or flavour.native_since
-        what = (
-            "with tensorrt.plugin ahead-of-time plugins (edgeomni's attention plugin); a "
-            "Python IPluginV3 for older versions is not written yet"
-            if flavour.plugin_since
-            else "whose ONNX parser reads Attention and TensorScatter (edgeomni's attention "
-            "lowering for TensorRT)"
-        )
+        oldest = min(v for _, v in flavour.lowerings())
         raise BuildError(
             f"{flavour.label} {version} is older than {'.'.join(map(str, oldest))}, the first "
-            f"{what}: {flavour.install}"
+            f"edgeomni's attention lowerings take: {flavour.install}"
         )
     return trt, flavour
 
@@ -159,8 +161,7 @@ def build_engine(
     onnx.save(model, str(lowered))  # external tensors keep pointing at raw's data file
 
     logger = _logger(trt)
-    if attention == "plugin":
-        register_plugin(trt)  # before parsing: the parser looks the plugin up by name
+    register_plugin(trt, attention)  # before parsing: the parser looks the plugin up by name
     builder = trt.Builder(logger)
     flag = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flag)
@@ -172,7 +173,7 @@ def build_engine(
             + "; ".join(errors[:5])
         )
     config = builder.create_builder_config()
-    if attention == "plugin":
+    if attention in ("plugin", "python_plugin"):  # the caches are the plugin's aliased outputs
         config.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, True)
     for phase, shapes in profiles.items():
         profile = builder.create_optimization_profile()
@@ -196,9 +197,7 @@ def build_engine(
         "engine": engine_path.name,
         "lowering": {
             **lowering,
-            "tensorrt_min": ".".join(
-                map(str, flavour.native_since if attention == "native" else flavour.plugin_since)
-            ),
+            "tensorrt_min": ".".join(map(str, flavour.since(attention))),
         },
         "tensorrt": {
             "flavour": flavour.backend,
@@ -290,10 +289,22 @@ def fix_static_dims(model: Any, ranges: DimRanges) -> list[str]:
     return sorted(fixed)
 
 
-def register_plugin(trt: Any) -> None:
-    """The attention plugin (plugins/attention_trt_plugin.py), its PTX for this GPU."""
+def register_plugin(trt: Any, attention: str) -> None:
+    """The attention plugin the lowering needs, registered with TensorRT: the AOT plugin
+    (plugins/attention_trt_plugin.py, its PTX for this GPU) or the Python IPluginV3
+    (plugins/attention_trt_v3.py); nothing for the native lowering."""
     import importlib
 
+    if attention == "python_plugin":
+        from edgeomni.plugins import attention_trt_v3
+
+        try:
+            attention_trt_v3.register(trt)
+        except RuntimeError as e:
+            raise BuildError(str(e)) from None
+        return
+    if attention != "plugin":
+        return
     from edgeomni.plugins.attention_trt_plugin import register
 
     cc = compute_capability()

@@ -678,6 +678,11 @@ def _driver() -> Any:
     return driver
 
 
+def stream_handle(stream: int) -> Any:
+    """A stream handle TensorRT gives as an int, as cuLaunchKernel takes it."""
+    return _driver().CUstream(int(stream))
+
+
 def check(result: Any, what: str) -> Any:
     """A cuda.bindings.driver call's value, or KernelError naming the CUresult."""
     cu = _driver()

@@ -26,9 +26,11 @@ PLUGIN = f"{attention.DOMAIN}::{attention.OP_TYPE}"
 PLUGIN_SINCE = (10, 9)
 
 
-def lower_tensorrt_plugin(node: Any, ctx: Any) -> list[Any]:
+def lower_tensorrt_plugin(node: Any, ctx: Any, aot: bool = True) -> list[Any]:
     """The node as TensorRT's parser maps it to this plugin (op type = plugin name, namespace
-    and AOT as attributes); its inputs, outputs and the op's own attributes are unchanged."""
+    and AOT as attributes); its inputs, outputs and the op's own attributes are unchanged.
+    ``aot=False``: the same node for the Python IPluginV3 of plugins/attention_trt_v3.py, whose
+    creator takes the op's attributes as its fields."""
     from onnx import helper
 
     given = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -41,7 +43,7 @@ def lower_tensorrt_plugin(node: Any, ctx: Any) -> list[Any]:
             name=node.name,
             domain=node.domain,
             plugin_namespace=attention.DOMAIN,
-            aot=1,
+            **({"aot": 1} if aot else {}),
             num_heads=int(attrs["num_heads"]),
             kv_num_heads=int(attrs["kv_num_heads"]),
             scale=float(attrs["scale"]),

@@ -45,23 +45,25 @@ def test_missing_module_is_a_bad_input_that_says_what_to_install(
 def test_too_old_tensorrt_is_refused_naming_the_version_it_needs(
     qwen3_ckpt: Path, tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    """JetPack 6's TensorRT 10.3 has no Attention or TensorScatter in its ONNX parser."""
-    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="10.3.0.30"))
+    """TensorRT 10.2 has neither native attention nor aliased plugin outputs (10.3: JetPack 6)."""
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="10.2.0.19"))
     code, err = run_cli(capsys, "--model-dir", str(qwen3_ckpt), "--engine-dir",
                         str(tmp_path / "e"), "--backend", "tensorrt")  # fmt: skip
     assert code == cli.EXIT_BAD_INPUT
-    assert "TensorRT 10.3.0.30 is older than 10.9" in err and "IPluginV3" in err
+    assert "TensorRT 10.2.0.19 is older than 10.3" in err and "JetPack 6 has 10.3" in err
 
 
 @pytest.mark.parametrize("backend,version,lowering", [
     ("tensorrt", "10.16.1.11", "native"), ("tensorrt", "10.15.0", "native"),
     ("tensorrt", "10.13.3.9", "plugin"), ("tensorrt", "10.9.0", "plugin"),
-    ("tensorrt", "10.3.0.30", None), ("tensorrt", "11.0.0", "native"),
+    ("tensorrt", "10.3.0.30", "python_plugin"), ("tensorrt", "10.2.0", None),
+    ("tensorrt", "11.0.0", "native"),
     ("tensorrt-rtx", "1.7.1.116", "native"), ("tensorrt-rtx", "1.6.0", None),
 ])  # fmt: skip
 def test_attention_lowering_by_version(backend: str, version: str, lowering: str | None) -> None:
     """Native Attention + TensorScatter where the parser has them; the AOT plugin on TensorRT
-    10.9-10.14 (JetPack 7.0/7.1's 10.13); TensorRT-RTX has no tensorrt.plugin."""
+    10.9-10.14 (JetPack 7.0/7.1's 10.13); the Python IPluginV3 on 10.3-10.8 (JetPack 6's 10.3);
+    TensorRT-RTX before 1.7 has none of them."""
     assert trt_builder.FLAVOURS[backend].attention(version) == lowering
 
 
