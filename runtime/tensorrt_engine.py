@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,20 +123,7 @@ class TrtEngine:
         return int(engine.device_memory_size_v2)
 
     def profile_for(self, shapes: Mapping[str, tuple[int, ...]]) -> int:
-        """The first profile holding every input's shape; EngineError names the call's shapes
-        and the engine's ranges otherwise (the build's --max-* flags set them)."""
-        for p, ranges in enumerate(self.profiles):
-            if all(_inside(shapes.get(n), ranges[n]) for n in self.input_names):
-                return p
-        missing = [n for n in self.input_names if n not in shapes]
-        if missing:
-            raise EngineError(f"no buffer for input(s) {', '.join(missing)}")
-        told = ", ".join(f"{n} {shapes[n]}" for n in self.input_names)
-        limits = "; ".join(
-            ", ".join(f"{n} {tuple(r[0])}..{tuple(r[2])}" for n, r in ranges.items())
-            for ranges in self.profiles
-        )
-        raise EngineError(f"a call with {told} fits none of the engine's profiles ({limits})")
+        return profile_for(self.profiles, self.input_names, shapes)
 
     def binding(self) -> TrtBinding:
         return TrtBinding(self)
@@ -157,6 +144,27 @@ class TrtEngine:
     def new_graph_id(self) -> int:
         self._graph_ids += 1
         return self._graph_ids
+
+
+def profile_for(
+    profiles: Sequence[Mapping[str, Any]], input_names: Sequence[str],
+    shapes: Mapping[str, tuple[int, ...]],
+) -> int:  # fmt: skip
+    """The first profile (input -> (min, opt, max)) holding every input's shape; EngineError
+    names the call's shapes and the engine's ranges otherwise (the build's --max-* flags set
+    them)."""
+    for p, ranges in enumerate(profiles):
+        if all(_inside(shapes.get(n), ranges[n]) for n in input_names):
+            return p
+    missing = [n for n in input_names if n not in shapes]
+    if missing:
+        raise EngineError(f"no buffer for input(s) {', '.join(missing)}")
+    told = ", ".join(f"{n} {shapes[n]}" for n in input_names)
+    limits = "; ".join(
+        ", ".join(f"{n} {tuple(r[0])}..{tuple(r[2])}" for n, r in ranges.items())
+        for ranges in profiles
+    )
+    raise EngineError(f"a call with {told} fits none of the engine's profiles ({limits})")
 
 
 def _inside(shape: tuple[int, ...] | None, rng: Any) -> bool:
