@@ -122,17 +122,24 @@ def engine_name(onnx_name: str) -> str:
     return Path(onnx_name).with_suffix(ENGINE_SUFFIX).name
 
 
+def lowering_options(attention: str) -> dict[str, str]:
+    """The plugin lowerings' options for a TensorRT that takes this attention lowering: ONNX's
+    RotaryEmbedding comes with native attention (both opset 23, read by the same parsers)."""
+    return {"attention": attention, "rotary": "native" if attention == "native" else "plain"}
+
+
 def prepare(model: Any, ranges: DimRanges, attention: str) -> tuple[Profiles, dict[str, Any]]:
     """A raw component model (edgeomni ops) as TensorRT's parser gets it, edited in place: plugin
     ops lowered, fixed dims static, the graph edits of builder/tensorrt_graph.py. Returns its
     optimisation profiles and the lowering record for config.json (without the version floor)."""
     from edgeomni.plugins import lower_model
 
-    lower_model(model, "tensorrt", {"attention": attention})
+    options = lowering_options(attention)
+    lower_model(model, "tensorrt", options)
     profiles = input_profiles(model, ranges)
     fix_static_dims(model, ranges)
     return profiles, {
-        "attention": attention,
+        **options,
         "decomposable_attention_nodes": allow_decomposed_attention(model),
         "conv1d_as_conv2d": conv1d_as_conv2d(model),
     }

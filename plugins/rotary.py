@@ -13,7 +13,8 @@ Attributes: ``num_heads`` (H), ``head_dim`` (D).
 The caller computes cos and sin (1-D RoPE, or Qwen3-Omni's interleaved 3-axis MRoPE: any
 positions), so the op needs no position ids and no table of its own.
 
-Lowerings (ONNX Runtime):
+Lowerings (TensorRT): ONNX's RotaryEmbedding (opset 23) where the parser reads it, plain ops
+otherwise. Lowerings (ONNX Runtime):
 - plain ops (the default): Slice, Neg, Concat, Mul, Add, the same arithmetic the torch formula
   exports to, so a CPU build's numbers do not change;
 - ``fused_rotary``: one com.microsoft::RotaryEmbedding node. Its cos/sin cache is the tokens' own
@@ -224,9 +225,36 @@ def _lower_fused(node: Any, ctx: Any, heads: int, dim: int) -> list[Any]:
 
 
 def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
-    """Plain ops, which TensorRT's parser imports as they are (its native RotaryEmbedding, opset
-    23, is a later option)."""
-    return _lower_plain(node, ctx, *_shape(node))
+    """ONNX's own RotaryEmbedding (opset 23) with ``options["rotary"] == "native"`` (the parsers
+    that read opset-23 Attention read it too: TensorRT >= 10.15, TensorRT-RTX 1.7, which make it
+    one layer); plain ops otherwise, which every TensorRT imports as they are."""
+    heads, dim = _shape(node)
+    if ctx.options.get("rotary") == "native":
+        return _lower_onnx(node, ctx, heads, dim)
+    return _lower_plain(node, ctx, heads, dim)
+
+
+def _lower_onnx(node: Any, ctx: Any, heads: int, dim: int) -> list[Any]:
+    """RotaryEmbedding-23 without position ids: its caches are then each token's own cos and sin
+    [B, S, D/2] (the first halves of the op's, whose halves are equal), so any per-token
+    rotation fits, as in the op."""
+    from onnx import helper
+
+    x, cos, sin = node.input
+    key = ("rotary_halves", cos, sin)
+    if key not in ctx.cache:  # once per graph, shared by every layer
+        half, last = _ints(ctx, dim // 2), _ints(ctx, 2)
+        ctx.cache[key] = tuple(ctx.fresh("rotary_" + n) for n in ("cos_half", "sin_half"))
+        for src, dst in zip((cos, sin), ctx.cache[key], strict=True):
+            ctx.emit(helper.make_node("Slice", [src, _ints(ctx, 0), half, last], [dst]))
+    ctx.require_opset("", 23)
+    cos_half, sin_half = ctx.cache[key]
+    return [
+        helper.make_node(
+            "RotaryEmbedding", [x, cos_half, sin_half], list(node.output),
+            name=node.name or None, num_heads=heads, interleaved=0,
+        )
+    ]  # fmt: skip
 
 
 LOWERINGS = {"onnxruntime": lower_onnxruntime, "tensorrt": lower_tensorrt}

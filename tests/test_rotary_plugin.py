@@ -1,4 +1,5 @@
-"""edgeomni::Rotary: both ONNX Runtime lowerings equal the numpy reference and the torch op."""
+"""edgeomni::Rotary: its ONNX Runtime and TensorRT lowerings equal the numpy reference (the
+TensorRT ones run by ONNX Runtime's kernels of the same ops), and the plain one the torch op."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ HEADS = {"xq": 4, "xk": 2}  # two nodes sharing cos/sin, as q and k do in a deco
 TYPES = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
 
 
-def rotary_model(dtype: type, options: dict | None) -> bytes:
+def rotary_model(dtype: type, options: dict | None, backend: str = "onnxruntime") -> bytes:
     rotary.register_onnx_schema()
     vi = helper.make_tensor_value_info
     t = TYPES[dtype]
@@ -33,12 +34,14 @@ def rotary_model(dtype: type, options: dict | None) -> bytes:
         helper.make_graph(nodes, "rotary", inputs, outputs),
         opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(rotary.DOMAIN, 1)],
     )
-    lower_model(model, "onnxruntime", options)
+    lower_model(model, backend, options)
     ops = [n.op_type for n in model.graph.node]
-    fused = bool((options or {}).get("fused_rotary"))
+    fused = bool((options or {}).get("fused_rotary") or (options or {}).get("rotary") == "native")
     assert ops.count("RotaryEmbedding") == (2 if fused else 0)
-    # the position ids and cos/sin tables are made once for both nodes
-    assert ops.count("CumSum") == (1 if fused else 0)
+    if backend == "onnxruntime":  # the position ids and cos/sin tables: once for both nodes
+        assert ops.count("CumSum") == (1 if fused else 0)
+    else:  # the halves of cos and sin: once for both nodes
+        assert ops.count("Slice") == (2 if fused else 4)
     assert all(n.domain != rotary.DOMAIN for n in model.graph.node)
     return model.SerializeToString()
 
@@ -53,11 +56,19 @@ def feeds(dtype: type, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
+LOWERINGS = {  # (backend, options): ONNX Runtime's plain and com.microsoft ones, TensorRT's plain
+    "ort-plain": ("onnxruntime", None), "ort-fused": ("onnxruntime", {"fused_rotary": True}),
+    "trt-plain": ("tensorrt", {"rotary": "plain"}),
+    "trt-native": ("tensorrt", {"rotary": "native"}),  # ONNX RotaryEmbedding-23, ORT's kernel
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-@pytest.mark.parametrize("fused", [False, True])
-def test_lowering_matches_reference(dtype: type, fused: bool) -> None:
-    options = {"fused_rotary": True} if fused else None
-    sess = ort.InferenceSession(rotary_model(dtype, options), providers=["CPUExecutionProvider"])
+@pytest.mark.parametrize("lowering", list(LOWERINGS))
+def test_lowering_matches_reference(dtype: type, lowering: str) -> None:
+    backend, options = LOWERINGS[lowering]
+    model = rotary_model(dtype, options, backend)
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     x = feeds(dtype)
     got = sess.run(None, x)
     for (name, heads), y in zip(HEADS.items(), got, strict=True):

@@ -2,8 +2,8 @@
 
 TensorRT cannot run here, but the graph it would be given can: the tiny Qwen3 built with its
 plugin ops lowered for TensorRT (attention as ONNX TensorScatter + Attention with an in-graph
-length mask, rotary as plain ops) and then run by ONNX Runtime's own opset-23/24 kernels, through
-the runtime's real calls (a right-padded cohort prefill, decode, rows of different lengths and
+length mask, rotary as ONNX RotaryEmbedding) and then run by ONNX Runtime's own opset-23/24
+kernels, through the runtime's real calls (a right-padded cohort prefill, decode, rows of different lengths and
 idle rows, in flight), gives the same tokens as the ONNX Runtime build. What TensorRT itself does
 with that graph (parse, build, run) is for the machines that have it (issue 19).
 """
@@ -23,12 +23,14 @@ def tensorrt_lowered_build(ckpt: Path, out: Path, monkeypatch: pytest.MonkeyPatc
     """An ONNX Runtime CPU build whose plugin ops are lowered as for TensorRT."""
     import edgeomni.plugins as plugins
     from edgeomni.builder.build import build
+    from edgeomni.builder.tensorrt import lowering_options
     from edgeomni.export.family import BuildArgs
 
     lower = plugins.lower_model
+    native = lowering_options("native")  # what edge-build gives TensorRT >= 10.15
     with monkeypatch.context() as m:
         m.setattr(plugins, "lower_model", lambda model, backend, options=None:
-                  lower(model, "tensorrt"))  # fmt: skip
+                  lower(model, "tensorrt", native))  # fmt: skip
         assert build(ckpt, out, BuildArgs(max_batch_size=3, max_input_len=64,
                                           max_kv_cache_capacity=128))  # fmt: skip
     return out
@@ -50,6 +52,7 @@ def test_qwen3_tokens_equal_the_onnxruntime_build(
     ops = [n.op_type for n in model.graph.node]
     layers = sum(op == "Attention" for op in ops)
     assert layers > 0 and ops.count("TensorScatter") == 2 * layers
+    assert ops.count("RotaryEmbedding") == 2 * layers  # q and k, ONNX's own op
     # (ONNX Runtime's own optimiser has since fused norms into its contrib ops: that file is
     # an ONNX Runtime engine; the attention in it is still the TensorRT lowering's)
     assert "GroupQueryAttention" not in ops
