@@ -5,10 +5,10 @@ Each component's exported ONNX has its plugin ops lowered for TensorRT (plugins/
 ONNX Attention with the KV cache updated in place by TensorScatter where the parser has them,
 TensorRT >= 10.15 and TensorRT-RTX; on TensorRT 10.9-10.14 as a plugin whose NVRTC-compiled
 kernel is baked into the engine; on 10.3-10.8 as a Python IPluginV3 launching that kernel; rotary
-as plain ops), its
-fixed dimensions (the KV cache's capacity) made static, and is parsed into a strongly typed
-network (precision comes from the ONNX types: ``--dtype`` decides it at export). One optimisation
-profile is built per phase the family declares (``dim_ranges``: decode and prefill for decoders,
+as ONNX RotaryEmbedding with native attention, plain ops otherwise), its fixed dimensions (the
+KV cache's capacity) made static, and is parsed into a strongly typed network (precision
+comes from the ONNX types: ``--dtype`` decides it at export). One optimisation profile is
+built per phase the family declares (``dim_ranges``: decode and prefill for decoders,
 windows and whole utterances for a vocoder); the engine's config.json records the flavour and
 version, the GPU's compute capability, the profiles and the lowering, which the runtime checks at
 load. Before parsing, builder/tensorrt_graph.py edits the graph into forms TensorRT's builder
@@ -113,7 +113,7 @@ def load(backend: str) -> tuple[Any, Flavour]:
         oldest = min(v for _, v in flavour.lowerings())
         raise BuildError(
             f"{flavour.label} {version} is older than {'.'.join(map(str, oldest))}, the first "
-            f"edgeomni's attention lowerings take: {flavour.install}"
+            f"version edgeomni's attention lowerings take: {flavour.install}"
         )
     return trt, flavour
 

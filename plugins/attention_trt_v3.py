@@ -42,14 +42,14 @@ def register(trt: Any) -> None:
     lowered graph, and before deserializing an engine built from one)."""
     if trt.__name__ in _registered:
         return
-    _, creator = classes(trt)
-    registry = trt.get_plugin_registry()
-    if not registry.register_creator(creator(), NAMESPACE):
+    _, creator_cls = classes(trt)
+    creator = creator_cls()
+    if not trt.get_plugin_registry().register_creator(creator, NAMESPACE):
         raise RuntimeError(f"TensorRT refused to register the {NAMESPACE}::{NAME} plugin creator")
-    _registered.add(trt.__name__)
+    _registered[trt.__name__] = creator  # kept alive: TensorRT calls it for the process's life
 
 
-_registered: set[str] = set()
+_registered: dict[str, Any] = {}
 
 
 def attributes(fields: Sequence[Any]) -> dict[str, Any]:

@@ -52,7 +52,7 @@ def fake_trt(with_aliasing: bool = True) -> Any:
 
 @pytest.fixture
 def trt(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(attention_trt_v3, "_registered", set())
+    monkeypatch.setattr(attention_trt_v3, "_registered", {})
     monkeypatch.setattr(attention_trt_v3, "_classes", {})
     monkeypatch.setattr(attention_trt_v3, "_kernels", {})
     return fake_trt()
