@@ -1,6 +1,6 @@
 """A TensorRT engine dir against the ONNX Runtime engine dir of the same checkpoint, call by call,
-through polygraphy: where a TensorRT build's tokens or audio part from ONNX Runtime's, this says
-which component's which output parts first, and by how much.
+through polygraphy: where a TensorRT build's tokens or audio differ from ONNX Runtime's, this
+says which component's outputs differ, which outputs, and by how much.
 
     python bench/tensorrt_compare.py --trt ENG_TRT --ort ENG_ORT --requests R.json \\
         [--calls 8] [--atol 1e-3] [--rtol 1e-3] [--out report.json]
