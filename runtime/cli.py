@@ -9,7 +9,7 @@ import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,18 @@ EXIT_OK, EXIT_INTERNAL, EXIT_BAD_CONFIG, EXIT_REQUESTS_FAILED = 0, 1, 2, 3
 
 EPILOG = """\
 Nothing runs until the flags, the request file, the output destinations and every stage the
-requests need have been checked; a request that fails (its chat template, media, limits, or an
-engine call on its rows) fails alone, with ok false and its error, and the others still run.
+requests need have been checked; a request that fails (its text, chat template, media, limits,
+or an engine call on its rows) fails alone, with ok false and its error, and the others still
+run. Keys and flags that change nothing on this graph (a text model's keys on Qwen3-TTS, the
+talker's in a run that does not speak) are named in a warning. On a graph without a text model
+repetition_penalty is the talker's, as qwen3_tts_inference reads it.
 
 exit status:
   0    every request succeeded (or --validate-config found the graph and engine dir valid)
-  2    bad usage, a bad graph or engine dir, a malformed request file, or an output
-       destination that cannot be written; nothing ran
+  2    bad usage (a flag, its text, a media file it names), a bad graph or engine dir (what
+       --validate-config checks), a malformed request file, or an output destination that
+       cannot or may not be written (a file the run reads, a place inside an engine dir
+       edge-build wrote); nothing ran
   3    the run finished but one or more requests failed (see predictions: ok, error)
   130  interrupted (Ctrl-C), 143 terminated (SIGTERM): the requests that had finished are
        written, the others fail as interrupted
@@ -75,7 +80,8 @@ def parser() -> argparse.ArgumentParser:
         "--output-file",
         type=Path,
         help="predictions.json to write (atomically), in llm_inference's fields plus ok, error "
-        "and stages",
+        "and stages (with --input-file and without it, the predictions go to stdout). No output "
+        "may be a file the run reads or lie inside an engine dir edge-build wrote",
     )
     p.add_argument(
         "--batch-size",
@@ -90,12 +96,16 @@ def parser() -> argparse.ArgumentParser:
         "keys override it. Greedy: top_k 1 or temperature 0",
     )
     p.add_argument(
-        "--max-generate-length", type=int, help="tokens to generate for --prompt (default 256)"
+        "--max-generate-length",
+        type=int,
+        help="tokens to generate (default 256; with --input-file the file's default, which its "
+        "top level and requests override)",
     )
     p.add_argument(
         "--no-chat-template",
         action="store_true",
-        help="send --prompt to the model as raw text instead of through the chat template",
+        help="send the prompt to the model as raw text instead of through the chat template "
+        "(with --input-file: apply_chat_template false, unless the file sets it)",
     )
     p.add_argument(
         "--validate-config",
@@ -118,25 +128,29 @@ def parser() -> argparse.ArgumentParser:
         "--output-audio-dir",
         type=Path,
         help="with --input-file: run the speech stages too and write audio_req<i>.wav and the "
-        "codec codes rvq_req<i>.safetensors (rvq_codes, int32 [frames, codes]) here",
+        "codec codes rvq_req<i>.safetensors (rvq_codes, int32 [frames, codes]) here (made if "
+        "missing, in a folder that exists)",
     )
     p.add_argument(
-        "--voice", help="speaker for --out-audio (an unknown voice fails with the known ones)"
+        "--voice",
+        help="speaker for --out-audio, or with --output-audio-dir the request file's default "
+        "speaker (its top level and requests override it; an unknown voice fails the request "
+        "with the known ones)",
     )
     p.add_argument(
         "--language",
-        help="with --out-audio on a Qwen3-TTS graph: the language spoken (default auto; an "
-        "unknown one fails with the known ones)",
+        help="on a Qwen3-TTS graph: the language spoken (default auto; an unknown one fails "
+        "with the known ones); a request file's default, as --voice",
     )
     p.add_argument(
         "--instruct",
-        help="with --out-audio on a Qwen3-TTS graph: the voice instruction (VoiceDesign, and "
-        "CustomVoice at 1.7B)",
+        help="on a Qwen3-TTS graph: the voice instruction (VoiceDesign, and CustomVoice at "
+        "1.7B); a request file's default, as --voice",
     )
     p.add_argument(
         "--ref-audio",
-        help="with --out-audio on a Qwen3-TTS Base graph: a clip whose voice is cloned (any "
-        "rate; resampled to 24 kHz)",
+        help="on a Qwen3-TTS Base graph: a clip whose voice is cloned (any rate; resampled to "
+        "24 kHz); a request file's default, as --voice",
     )
     p.add_argument(
         "--ref-text",
@@ -224,9 +238,11 @@ def _main(args: argparse.Namespace) -> int:
     from edgeomni.runtime.outputs import AudioWriter
     from edgeomni.runtime.pipeline import INTERRUPTED, Interrupted, Pipeline, StageError
     from edgeomni.runtime.requests import (
+        json_bytes,
         load_request_file,
         parse_request_file,
         parse_sampling,
+        predictions,
         write_predictions,
     )
 
@@ -236,26 +252,22 @@ def _main(args: argparse.Namespace) -> int:
     if problem:
         return _fail(problem, EXIT_BAD_CONFIG)
     try:
-        sampling, extra = parse_sampling(json.loads(args.sampling))
+        raw = json.loads(args.sampling)
+        sampling, extra = parse_sampling(raw)
     except (ValueError, TypeError) as e:
         return _fail(f"--sampling: {e}", EXIT_BAD_CONFIG)
     try:
         if args.input_file is not None:
-            requests, settings = load_request_file(args.input_file, sampling, extra)
+            requests, settings = load_request_file(
+                args.input_file, sampling, extra, given=raw, top=flag_defaults(args)
+            )
         else:
-            requests, settings = parse_request_file(_prompt_body(args), sampling, extra)
+            requests, settings = parse_request_file(_prompt_body(args), sampling, extra, raw)
     except ValueError as e:
         return _fail(str(e), EXIT_BAD_CONFIG)
     except OSError as e:
         return _fail(f"--input-file: {_os_reason(e)}", EXIT_BAD_CONFIG)
-    problem = destination_error(args, requests)
-    if problem:
-        return _fail(problem, EXIT_BAD_CONFIG)
-
-    want_audio = args.out_audio is not None or args.output_audio_dir is not None
-    for key, why in settings.get("ignored", {}).items():
-        print(f"edge-infer: warning: ignoring the request file's {key}: {why}", file=sys.stderr)
-    try:
+    try:  # the graph (no engine is loaded): outputs may not be any file its stages read
         pipeline = Pipeline(
             args.config,
             threads=args.threads,
@@ -269,6 +281,13 @@ def _main(args: argparse.Namespace) -> int:
         return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
     except (OSError, RuntimeError) as e:
         return _fail(str(e), EXIT_BAD_CONFIG)
+    problem = destination_error(args, requests, engine_inputs(pipeline))
+    if problem:
+        return _fail(problem, EXIT_BAD_CONFIG)
+
+    want_audio = args.out_audio is not None or args.output_audio_dir is not None
+    for key, why in settings.get("ignored", {}).items():
+        print(f"edge-infer: warning: ignoring the request file's {key}: {why}", file=sys.stderr)
     if want_audio and not pipeline.audio_terminals():
         return _fail("this graph has no audio output", EXIT_BAD_CONFIG)
     if not want_audio and not pipeline.text_terminals():
@@ -303,6 +322,8 @@ def _main(args: argparse.Namespace) -> int:
         return _fail(f"invalid engine dir: {e}", EXIT_BAD_CONFIG)
     except Interrupted as e:  # what finished is still written
         outcomes, interrupt = e.outcomes, e.signal
+    # after the run's stages opened (an engine dir that cannot run says only that)
+    _warn_inert(args, requests, text_model=bool(pipeline.text_terminals()), speaks=want_audio)
     entries = [o.entry for o in outcomes]
     for entry in entries:
         if entry["ok"]:
@@ -315,6 +336,9 @@ def _main(args: argparse.Namespace) -> int:
                     raise writer.error
                 if args.output_file is not None:
                     write_predictions(args.output_file, entries, args.input_file)
+                elif args.input_file is not None:  # no file named: predictions on stdout
+                    sys.stdout.buffer.write(json_bytes(predictions(entries, args.input_file)))
+                    sys.stdout.flush()
             except OSError as e:
                 return _fail(f"cannot write the outputs: {_os_reason(e)}", EXIT_INTERNAL)
     if interrupt is not None:
@@ -351,10 +375,19 @@ def _validate(config: Path) -> int:
     return EXIT_OK
 
 
+SPEECH_FLAGS = (("--voice", "voice"), ("--language", "language"), ("--instruct", "instruct"),
+                ("--ref-audio", "ref_audio"), ("--ref-text", "ref_text"))  # fmt: skip
+TEXT_FLAGS = ("--prompt", "--voice", "--language", "--instruct", "--ref-text", "--sampling")
+
+
 def usage_error(args: argparse.Namespace) -> str | None:
     """What is wrong with the flags by themselves (before any file is read), or None."""
     if args.prompt is None and args.input_file is None:
         return "give --prompt TEXT or --input-file FILE (or --validate-config)"
+    for flag in TEXT_FLAGS:
+        problem = _not_utf8(flag, getattr(args, flag[2:].replace("-", "_")))
+        if problem:
+            return problem
     for flag, value in (
         ("--batch-size", args.batch_size),
         ("--threads", args.threads),
@@ -370,23 +403,43 @@ def usage_error(args: argparse.Namespace) -> str | None:
         return "--out-audio goes with --prompt (use --output-audio-dir for a file)"
     if args.output_audio_dir is not None and args.input_file is None:
         return "--output-audio-dir goes with --input-file"
-    if args.input_file is not None:
-        for flag, value, key in (
-            ("--voice", args.voice, "voice"),
-            ("--language", args.language, "language"),
-            ("--instruct", args.instruct, "instruct"),
-            ("--ref-audio", args.ref_audio, "ref_audio"),
-            ("--ref-text", args.ref_text, "ref_text"),
-            ("--max-generate-length", args.max_generate_length, "max_generate_length"),
-            ("--no-chat-template", args.no_chat_template or None, "apply_chat_template"),
-        ):
-            if value is not None:
-                return f"{flag} goes with --prompt (a request file sets {key})"
-    for flag, value in (("--voice", args.voice), ("--language", args.language),
-                        ("--instruct", args.instruct), ("--ref-audio", args.ref_audio),
-                        ("--ref-text", args.ref_text)):  # fmt: skip
-        if value is not None and args.out_audio is None:
-            return f"{flag} is for the speech of --out-audio; without --out-audio nothing speaks"
+    speaks = args.out_audio is not None or args.output_audio_dir is not None
+    for flag, key in SPEECH_FLAGS:
+        if getattr(args, key) is not None and not speaks:
+            out = "--out-audio" if args.input_file is None else "--output-audio-dir"
+            return f"{flag} is for the speech of {out}; without {out} nothing speaks"
+    media = [("--audio", a) for a in args.audio] + [("--image", i) for i in args.image]
+    media += [("--ref-audio", args.ref_audio)] if args.ref_audio is not None else []
+    for flag, path in media:
+        problem = _readable_file(Path(path))
+        if problem:
+            return f"{flag} {path}: {problem}"
+    return None
+
+
+def _not_utf8(flag: str, value: str | None) -> str | None:
+    """A flag's text that is not UTF-8: Python hands undecodable bytes of the command line on
+    as lone surrogates (U+DC80..U+DCFF for the bytes 0x80..0xFF), which no tokenizer takes."""
+    if value is None:
+        return None
+    for i, ch in enumerate(value):
+        if "\udc80" <= ch <= "\udcff":
+            return f"{flag} is not UTF-8 text (the byte 0x{ord(ch) - 0xDC00:02x} at character {i})"
+        if "\ud800" <= ch <= "\udfff":
+            return f"{flag} is not valid Unicode text (a lone surrogate at character {i})"
+    return None
+
+
+def _readable_file(path: Path) -> str | None:
+    """Why a media file given as a flag cannot be read, or None (its contents are checked when
+    the request is prepared, where a bad one fails the request)."""
+    try:
+        with path.open("rb"):
+            pass
+    except IsADirectoryError:
+        return "is a directory, not a file"
+    except OSError as e:
+        return e.strerror or str(e)
     return None
 
 
@@ -395,15 +448,20 @@ def _prompt_body(args: argparse.Namespace) -> dict[str, Any]:
     media = [{"type": "audio", "audio": str(a)} for a in args.audio]
     media += [{"type": "image", "image": str(i)} for i in args.image]
     content = [*media, {"type": "text", "text": args.prompt}] if media else args.prompt
-    body: dict[str, Any] = {
-        "apply_chat_template": not args.no_chat_template,
-        "requests": [{"messages": [{"role": "user", "content": content}]}],
-    }
+    return {**flag_defaults(args), "requests": [{"messages": [{"role": "user", "content": content}]}]}
+
+
+def flag_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags that set a request file's top-level keys: a file's own top level and each
+    request's keys override them, as they do --sampling's."""
+    body: dict[str, Any] = {}
+    if args.no_chat_template:
+        body["apply_chat_template"] = False
     if args.max_generate_length is not None:
         body["max_generate_length"] = args.max_generate_length
-    for key in ("voice", "language", "instruct", "ref_audio", "ref_text"):
+    for _, key in SPEECH_FLAGS:
         if getattr(args, key) is not None:
-            body["requests"][0][key] = getattr(args, key)
+            body[key] = getattr(args, key)
     return body
 
 
@@ -413,15 +471,18 @@ def _os_reason(e: OSError) -> str:
     return f"{where}{e.strerror or e}"
 
 
-def destination_error(args: argparse.Namespace, requests: Sequence[Any]) -> str | None:
+def destination_error(
+    args: argparse.Namespace, requests: Sequence[Any], engine: Mapping[str, str] | None = None
+) -> str | None:
     """What stops the outputs from being written, found before any work: a missing or
-    unwritable folder, a directory where a file goes, or an output that is one of the run's
-    inputs (the request file, the graph, a media file). None when they can all be written."""
-    from edgeomni.runtime.pipeline import resolve_config
+    unwritable folder, a directory where a file goes, an output that is one of the run's
+    inputs (the request file, a media file, and ``engine``: every file the graph's stages
+    read, realpath -> what it is), or one inside an engine dir edge-build wrote. None when
+    they can all be written."""
     from edgeomni.runtime.prompt import media_parts
     from edgeomni.runtime.requests import BadRequest
 
-    inputs = {os.path.realpath(resolve_config(args.config)): "the graph (--config)"}
+    inputs = dict(engine or {})
     if args.input_file is not None:
         inputs[os.path.realpath(args.input_file)] = "the --input-file"
     for request in requests:
@@ -435,20 +496,66 @@ def destination_error(args: argparse.Namespace, requests: Sequence[Any]) -> str 
     files = [(f, p) for f, p in (("--output-file", args.output_file),
                                  ("--out-audio", args.out_audio)) if p is not None]  # fmt: skip
     for flag, path in files:
-        problem = _file_destination(path) or _is_input(path, inputs)
+        problem = _file_destination(path) or _is_input(path, inputs) or _in_engine_dir(path)
         if problem:
             return f"{flag} {path}: {problem}"
     if len(files) == 2 and os.path.realpath(files[0][1]) == os.path.realpath(files[1][1]):
         return f"--output-file and --out-audio are the same file ({args.out_audio})"
     folder = args.output_audio_dir
     if folder is not None:
-        problem = _dir_destination(folder)
+        problem = _dir_destination(folder) or _in_engine_dir(folder)
         for i in range(len(requests)):
             for name in (f"audio_req{i}.wav", f"rvq_req{i}.safetensors"):
                 clash = _is_input(folder / name, inputs)
                 problem = problem or (clash and f"{name} {clash}")
         if problem:
             return f"--output-audio-dir {folder}: {problem}"
+    return None
+
+
+# what a stage folder, and the folders under it (encoders, code predictor), hold for their
+# runners, with the external data each engine's ONNX names: the files no output may replace
+STAGE_FILES = ("*.safetensors", "*.onnx", "*.data", "*.engine", "*.jinja", "config.json",
+               "*_config.json", "tokenizer.json", "chat_template.json", "vocab.json",
+               "merges.txt", "timing.cache")  # fmt: skip
+MANIFEST = "edgeomni_manifest.json"  # builder/manifest.py's: an engine dir edge-build wrote
+
+
+def engine_inputs(pipeline: Any) -> dict[str, str]:
+    """Every file the graph's stages read (realpath -> what it is): the graph, each stage's
+    config, engine and its external data, tables, tokenizer and chat template."""
+    from edgeomni.runtime.artifacts import CONFIG
+    from edgeomni.runtime.onnx_header import check_onnx_file
+    from edgeomni.runtime.pipeline import resolve_config
+
+    out = {os.path.realpath(resolve_config(pipeline.engine_dir)): "the graph (--config)"}
+    # the deepest folders first: a file is named after the stage whose own folder holds it
+    stages = sorted(pipeline.graph.stages, key=lambda s: -len(Path(s.artifact).parts))
+    for stage in stages:
+        folder = pipeline.engine_dir / stage.artifact
+        what = f"a file of stage {stage.id!r}"
+        found = {p for pattern in STAGE_FILES for p in folder.rglob(pattern) if p.is_file()}
+        for config in [p for p in found if p.name == CONFIG]:
+            try:
+                engine = json.loads(config.read_text(encoding="utf-8")).get("engine")
+                if isinstance(engine, str) and engine.endswith(".onnx"):
+                    found.update(check_onnx_file(config.parent / engine))
+            except (OSError, ValueError, AttributeError):  # OnnxFileError is a ValueError
+                pass  # a broken stage is found when it is opened, and named there
+        for path in found:
+            out.setdefault(os.path.realpath(path), f"{what} ({path.name})")
+    return out
+
+
+def _in_engine_dir(path: Path) -> str | None:
+    """An output inside an engine dir that edge-build wrote (its manifest beside its files):
+    refused, since it could replace a file of the build and would stop its next rebuild."""
+    for folder in Path(os.path.realpath(path)).parents:
+        if (folder / MANIFEST).is_file():
+            return (
+                f"lies inside {folder}, an engine dir edge-build wrote; write outputs "
+                "elsewhere (a rebuild refuses a dir holding files it did not write)"
+            )
     return None
 
 
@@ -469,12 +576,11 @@ def _file_destination(path: Path) -> str | None:
 
 
 def _dir_destination(path: Path) -> str | None:
+    """An output folder: made if missing, as an output file is, but in a folder that exists
+    (the rule for --output-file's folder too: no parents are made)."""
     if path.exists():
         return "is not a directory" if not path.is_dir() else _writable_dir(path)
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    return _writable_dir(parent)
+    return _writable_dir(Path(os.path.realpath(path)).parent)
 
 
 def _writable_dir(folder: Path) -> str | None:
@@ -491,6 +597,27 @@ def _writable_dir(folder: Path) -> str | None:
     os.close(fd)
     os.unlink(probe)
     return None
+
+
+def _warn_inert(
+    args: argparse.Namespace, requests: Sequence[Any], *, text_model: bool, speaks: bool
+) -> None:
+    """One warning line for the keys and flags set that change nothing in this run."""
+    from edgeomni.runtime.requests import BadRequest, inert_keys
+
+    given = {k for r in requests if not isinstance(r, BadRequest) for k in r.given}
+    inert = inert_keys(given, text_model=text_model, speaks=speaks)
+    if not speaks:
+        flags = (("--whole-utterance", args.whole_utterance),
+                 ("--stage-streaming", args.stage_streaming))  # fmt: skip
+        inert.update({flag: "this run does not speak" for flag, on in flags if on})
+    by_why: dict[str, list[str]] = {}
+    for key, why in inert.items():
+        by_why.setdefault(why, []).append(key)
+    for why, keys in by_why.items():
+        verb = "changes" if len(keys) == 1 else "change"
+        print(f"edge-infer: warning: {', '.join(keys)} {verb} nothing here: {why}",
+              file=sys.stderr)  # fmt: skip
 
 
 class _Reply:

@@ -148,16 +148,10 @@ class OrtEngine:
     ) -> None:
         """``spin``: CPU worker threads wait for the next call spinning (best when this engine's
         calls come back to back; off when engines take turns)."""
-        import onnxruntime as ort
-
         if not path.is_file():
             raise EngineError(f"engine file {path} is missing")
-        if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise EngineError(
-                f"{path.name} was built for cuda, but this onnxruntime has no "
-                "CUDAExecutionProvider (install onnxruntime-gpu and run on a machine with an "
-                "NVIDIA GPU)"
-            )
+        if device == "cuda":
+            _check_cuda(path, "onnxruntime")
         cuda_graphs = cuda_graphs and device == "cuda"
         try:
             self.session = _session(path, device, threads, cuda_graphs, spin)
@@ -309,8 +303,62 @@ def check_engine(folder: Path, config: Mapping[str, Any]) -> str:
     if not config.get("engine") or not engine_file.is_file():
         raise EngineError(f"engine file {engine_file} is missing")
     if backend == "onnxruntime":
+        from edgeomni.runtime.onnx_header import OnnxFileError, check_onnx_file
+
+        try:
+            check_onnx_file(engine_file)
+        except (OnnxFileError, OSError) as e:
+            raise EngineError(f"{engine_file} is not a loadable ONNX model: {e}") from None
         _check_lowering(folder, config.get("lowering") or {})
+    elif engine_file.stat().st_size == 0:
+        raise EngineError(f"engine file {engine_file} is empty")
+    if device == "cuda":
+        _check_cuda(engine_file, str(backend))
     return device
+
+
+def _check_cuda(engine_file: Path, backend: str) -> None:
+    """A GPU engine needs its runtime's GPU support and an NVIDIA GPU on this machine: found
+    here, before anything loads, never by falling back to the CPU."""
+    import importlib.util
+
+    if backend == "onnxruntime":
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise EngineError(
+                f"{engine_file.name} was built for cuda, but this onnxruntime has no "
+                "CUDAExecutionProvider (install onnxruntime-gpu and run on a machine with an "
+                "NVIDIA GPU, or rebuild with --device cpu)"
+            )
+    else:
+        module = "tensorrt_rtx" if backend == "tensorrt-rtx" else "tensorrt"
+        if importlib.util.find_spec(module) is None:
+            raise EngineError(
+                f"{engine_file.name} is a {backend} engine, but the module {module!r} is not "
+                "installed here"
+            )
+    problem = cuda_device_problem()
+    if problem:
+        raise EngineError(f"{engine_file.name} was built for cuda, but {problem}")
+
+
+def cuda_device_problem() -> str | None:
+    """Why this machine cannot run CUDA work (no driver library, no device), or None: asked of
+    the driver itself (libcuda), which every CUDA runtime needs, so it holds on Jetson too."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "this machine has no NVIDIA driver (libcuda.so.1 cannot be loaded)"
+    count = ctypes.c_int(0)
+    status = cuda.cuInit(0)
+    if status == 0:
+        status = cuda.cuDeviceGetCount(ctypes.byref(count))
+    if status != 0:
+        return f"the NVIDIA driver cannot be initialised (CUDA error {status})"
+    return None if count.value > 0 else "this machine has no CUDA device"
 
 
 def _check_lowering(folder: Path, lowering: Mapping[str, Any]) -> None:

@@ -91,7 +91,7 @@ class AudioWriter:
             wav = self.out_audio
         else:
             assert self.out_dir is not None
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self.out_dir.mkdir(exist_ok=True)  # its parent was checked before the run
             wav = self.out_dir / f"audio_req{index}.wav"
             if speech.frames:
                 rvq = self.out_dir / f"rvq_req{index}.safetensors"

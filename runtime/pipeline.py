@@ -13,12 +13,19 @@ import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from edgeomni import graph_schema
 from edgeomni.runtime.events import AudioChunk, CodecFrames, Failed, Finished, Listener, TextDelta
 from edgeomni.runtime.requests import BadRequest, Request
-from edgeomni.runtime.runners import RUNNER_KINDS, RUNNERS, RequestError, RequestState
+from edgeomni.runtime.runners import (
+    RUNNER_KINDS,
+    RUNNERS,
+    RequestError,
+    RequestState,
+    check_emits,
+)
 from edgeomni.runtime.scheduler import (
     PATIENCE,
     Arrivals,
@@ -86,6 +93,7 @@ def load_graph(path: str | Path) -> tuple[Path, graph_schema.Graph]:
     """Load and validate the graph against the runners this runtime has (no engine is loaded)."""
     file = resolve_config(path)
     graph = graph_schema.validate_file(file, runners=RUNNER_KINDS)
+    check_emits(graph)
     return file.parent, graph
 
 
@@ -338,7 +346,21 @@ class Pipeline:
     def _state(self, index: int, item: Request, plan: graph_schema.Plan) -> RequestState:
         reads = {inp.source for sid in plan.stages for inp in self.graph.stage(sid).inputs}
         wanted = reads | set(plan.terminals)
-        return RequestState(index=index, request=item, plan=plan, wanted=frozenset(wanted))
+        return RequestState(
+            index=index, request=self._as_read(item), plan=plan, wanted=frozenset(wanted)
+        )
+
+    def _as_read(self, item: Request) -> Request:
+        """The request as this graph reads it: on a graph with no text model (Qwen3-TTS's) a
+        given ``repetition_penalty`` is the talker's, as qwen3_tts_inference reads it, unless
+        ``talker_repetition_penalty`` is given too."""
+        if self.text_terminals() or "repetition_penalty" not in item.given:
+            return item
+        if "talker_repetition_penalty" in item.extra_sampling:
+            return item
+        extra = {**item.extra_sampling,
+                 "talker_repetition_penalty": item.sampling.repetition_penalty}  # fmt: skip
+        return dataclasses.replace(item, extra_sampling=MappingProxyType(extra))
 
     def serve(
         self,

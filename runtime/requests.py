@@ -20,8 +20,9 @@ import difflib
 import json
 import math
 import os
+import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -36,9 +37,13 @@ __all__ = [
     "SPEECH_KEYS",
     "BadRequest",
     "Request",
+    "bad_text",
+    "inert_keys",
+    "json_bytes",
     "load_request_file",
     "parse_sampling",
     "parse_request_file",
+    "predictions",
     "write_json_atomic",
     "write_predictions",
 ]
@@ -54,6 +59,8 @@ MAX_NUM_LOGPROBS = 50  # upstream's cap
 MAX_LOGIT_BIAS_ENTRIES = 1024  # upstream's cap per map
 LOGIT_BIAS_RANGE = 100.0  # upstream's bound on each bias
 COMMENT_PREFIX = "_"
+# a lone UTF-16 surrogate: JSON may spell one ("\\udc80"), but no UTF-8 text holds it
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Qwen3-TTS's request controls (qwen3_tts_inference), read by a stage whose graph input is
 # ``request:<key>``; a request that sets one on a graph without such a stage fails alone.
@@ -170,6 +177,9 @@ class Request:
     speech: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     # copied into the request's predictions entry as they are (``reference``)
     carry: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    # the keys set for this request at any level (--sampling, the file's top level, the
+    # request and its sampling object): what a graph that reads a key differently goes by
+    given: frozenset[str] = frozenset()
 
     @property
     def batch_settings(self) -> tuple[Any, ...]:
@@ -364,6 +374,34 @@ def _comment(key: Any) -> bool:
     return isinstance(key, str) and key.startswith(COMMENT_PREFIX)
 
 
+def bad_text(value: Any, where: str) -> str | None:
+    """Where ``value`` (a string, or any string or key inside lists and objects) is not
+    Unicode text that can be written as UTF-8: a lone surrogate, which JSON can spell
+    (``"\\udc80"``) and a command line's undecodable bytes become. None when it is all text.
+    The message shows the character escaped, never raw, so it can itself be printed."""
+    if isinstance(value, str):
+        hit = _SURROGATE.search(value)
+        if hit is None:
+            return None
+        return (
+            f"{where}: not valid Unicode text (a lone surrogate \\u{ord(hit.group()):04x} at "
+            f"character {hit.start()}; undecodable bytes or a half of a UTF-16 pair)"
+        )
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            at = f"{where}.{key}" if where else str(key)
+            problem = bad_text(key, f"{where}: a key" if where else "a key")
+            problem = problem or bad_text(item, at)
+            if problem:
+                return problem
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            problem = bad_text(item, f"{where}[{i}]")
+            if problem:
+                return problem
+    return None
+
+
 def _parse_messages(messages: Any) -> tuple[tuple[dict[str, Any], ...], set[str]]:
     """Validated copies of the messages and the part types they contain."""
     if not isinstance(messages, list):
@@ -427,9 +465,14 @@ def _parse_request(
     base: SamplingParams,
     extra_base: Mapping[str, Any],
     file: Mapping[str, Any],
+    given: frozenset[str] = frozenset(),
 ) -> Request:
     if not isinstance(req, Mapping):
         raise ValueError(f"a request must be an object, got {type(req).__name__}")
+    # its reference is only copied back, and written as JSON spells it: not the model's text
+    problem = bad_text({k: v for k, v in req.items() if k != "reference"}, "")
+    if problem:
+        raise ValueError(problem)
     unknown = [k for k in req if k not in REQUEST_KEYS and not _comment(k)]
     if unknown:
         hint = ""
@@ -499,7 +542,41 @@ def _parse_request(
         num_logprobs=logprobs,
         speech=MappingProxyType(speech),
         carry=_carry(req),
+        given=given | _keys(req) | _keys(req.get("sampling")),
     )
+
+
+def _keys(obj: Any) -> frozenset[str]:
+    """An object's keys but its comments (nothing for a non-object)."""
+    if not isinstance(obj, Mapping):
+        return frozenset()
+    return frozenset(k for k in obj if isinstance(k, str) and not _comment(k))
+
+
+# keys only a text model reads (a graph without one, Qwen3-TTS's, speaks the request's text)
+TEXT_MODEL_KEYS = ("temperature", "top_k", "top_p", "max_generate_length",
+                   "min_generate_length", "stop", "logit_bias", "num_logprobs",
+                   "apply_chat_template", "add_generation_prompt", "enable_thinking")  # fmt: skip
+# keys only the speech stages read
+SPEECH_STAGE_KEYS = ("voice", "speaker", "max_audio_length")
+
+
+def inert_keys(
+    given: Collection[str], *, text_model: bool, speaks: bool
+) -> dict[str, str]:
+    """The keys of ``given`` that change nothing in a run, with why: a text model's keys on a
+    graph without one, the speech stages' keys in a run that does not speak. (On a graph
+    without a text model ``repetition_penalty`` and ``seed`` are the talker's, so they act.)"""
+    out: dict[str, str] = {}
+    if not text_model:
+        why = "this graph has no text model (the talker's keys are talker_*)"
+        out.update({k: why for k in sorted(given) if k in TEXT_MODEL_KEYS})
+    if not speaks:
+        why = "this run does not speak"
+        out.update({
+            k: why for k in sorted(given) if k in SPEECH_STAGE_KEYS or _is_extra_key(k)
+        })  # fmt: skip
+    return out
 
 
 def _carry(req: Any) -> Mapping[str, Any]:
@@ -512,8 +589,13 @@ def parse_request_file(
     obj: Any,
     defaults: SamplingParams = DEFAULT_SAMPLING,
     extra_defaults: Mapping[str, Any] = _EMPTY,
+    given: Collection[str] = (),
+    top: Mapping[str, Any] = _EMPTY,
 ) -> tuple[list[Request | BadRequest], dict[str, Any]]:
     """Parse a loaded request file; precedence is CLI ``defaults`` < file top level < request.
+    ``given``: the keys the CLI's defaults set (each request's ``given`` adds its own).
+    ``top``: top-level keys the CLI's flags set, which the file's own top level overrides
+    (``voice`` and ``speaker`` as one key).
 
     Returns one entry per request, in input order, and the file-level settings the file gave
     (``batch_size`` and the other top-level keys, validated) for the CLI; ``settings["ignored"]``
@@ -521,6 +603,8 @@ def parse_request_file(
     """
     if not isinstance(obj, Mapping):
         raise ValueError(f"a request file must be a JSON object, got {type(obj).__name__}")
+    voiced = "voice" in obj or "speaker" in obj
+    obj = {**{k: v for k, v in top.items() if not (k == "voice" and voiced)}, **obj}
     unknown = [k for k in obj if k not in FILE_KEYS and not _is_extra_key(k) and not _comment(k)]
     if unknown:
         prefixes = ", ".join(EXTRA_SAMPLING_PREFIXES)
@@ -530,6 +614,9 @@ def parse_request_file(
         )
     if not isinstance(obj.get("requests"), list):
         raise ValueError("a request file needs a 'requests' list")
+    problem = bad_text({k: v for k, v in obj.items() if k != "requests"}, "")
+    if problem:
+        raise ValueError(f"top level: {problem}")
     settings: dict[str, Any] = {}
     try:
         extra_base = {k: _check_extra(k, v) for k, v in extra_defaults.items()}
@@ -568,9 +655,10 @@ def parse_request_file(
     )
 
     entries: list[Request | BadRequest] = []
+    file_given = frozenset(given) | (_keys(obj) - {"requests"})
     for i, req in enumerate(obj["requests"]):
         try:
-            entries.append(_parse_request(i, req, base, extra_base, file))
+            entries.append(_parse_request(i, req, base, extra_base, file, file_given))
         except ValueError as e:
             messages = req.get("messages") if isinstance(req, Mapping) else None
             if isinstance(req, Mapping) and isinstance(req.get("prompt"), str):
@@ -583,6 +671,8 @@ def load_request_file(
     path: str | os.PathLike[str],
     defaults: SamplingParams = DEFAULT_SAMPLING,
     extra_defaults: Mapping[str, Any] = _EMPTY,
+    given: Collection[str] = (),
+    top: Mapping[str, Any] = _EMPTY,
 ) -> tuple[list[Request | BadRequest], dict[str, Any]]:
     """Read and parse a request file; JSON errors become ``ValueError`` with line and column."""
     try:
@@ -596,7 +686,7 @@ def load_request_file(
             f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
         ) from None
     try:
-        return parse_request_file(obj, defaults, extra_defaults)
+        return parse_request_file(obj, defaults, extra_defaults, given, top)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
 
@@ -610,11 +700,11 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """
     path = Path(os.path.realpath(path))  # through a symlink to its file, as ``>`` writes
     directory = path.parent
+    data = json_bytes(obj)  # before the temp file: a value that cannot be written costs nothing
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         # mkstemp creates 0600; keep an existing file's mode, else the usual 0644.
@@ -638,6 +728,18 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
             os.close(dfd)
 
 
+def json_bytes(obj: Any) -> bytes:
+    """``obj`` as indented JSON in UTF-8, ending in a newline. A lone surrogate (a request's
+    text as JSON spelled it, echoed back) is written as its ``\\udc80`` escape, which reads
+    back as the same string, where UTF-8 has no way to hold it: one odd string never costs a
+    run its outputs."""
+    text = json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
+
+
 def write_predictions(
     path: str | os.PathLike[str],
     entries: Sequence[Mapping[str, Any]],
@@ -645,6 +747,13 @@ def write_predictions(
 ) -> None:
     """Write ``{"input_file", "responses": [...]}`` (llm_inference's layout) atomically; entries
     must already be in input order. ``input_file`` is null for a --prompt run."""
+    write_json_atomic(path, predictions(entries, input_file))
+
+
+def predictions(
+    entries: Sequence[Mapping[str, Any]], input_file: str | os.PathLike[str] | None = None
+) -> dict[str, Any]:
+    """The predictions document, its entries checked to be in input order."""
     last = -1
     for n, entry in enumerate(entries):
         missing = [k for k in ("request_idx", "ok", "error") if k not in entry]
@@ -657,4 +766,4 @@ def write_predictions(
             )
         last = idx
     source = None if input_file is None else str(input_file)
-    write_json_atomic(path, {"input_file": source, "responses": [dict(e) for e in entries]})
+    return {"input_file": source, "responses": [dict(e) for e in entries]}

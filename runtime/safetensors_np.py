@@ -27,8 +27,29 @@ _DTYPES = {
 
 def header(path: str | Path) -> dict[str, dict]:
     """The file's tensor table (name -> dtype, shape, offsets), read without its data; a file
-    too short for its header, or a header that is no JSON object, is a ValueError."""
-    return _header(Path(path))[0]
+    too short for its header or for a tensor's bytes (truncated), or a header that is no JSON
+    object of well-formed entries, is a ValueError."""
+    path = Path(path)
+    table, base = _header(path)
+    size = path.stat().st_size
+    for name, info in table.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        ok = (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in offsets)
+            and 0 <= offsets[0] <= offsets[1]
+        )
+        if not ok:
+            raise ValueError(f"tensor {name} has no valid data_offsets")
+        if base + offsets[1] > size:
+            raise ValueError(
+                f"tensor {name} needs bytes up to {base + offsets[1]}, but the file holds "
+                f"{size} (truncated?)"
+            )
+    return table
 
 
 def _header(path: Path) -> tuple[dict[str, dict], int]:
@@ -50,6 +71,10 @@ def _header(path: Path) -> tuple[dict[str, dict], int]:
 def load(path: str | Path) -> dict[str, np.ndarray]:
     """Every tensor of the file, as read-only memory-mapped arrays."""
     path = Path(path)
+    try:
+        header(path)  # every tensor within the file, or a ValueError naming it
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     table, base = _header(path)
     out: dict[str, np.ndarray] = {}
     for name, info in table.items():

@@ -38,6 +38,7 @@ class World:
 
     def __init__(self, root: Path, engine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.root, self.monkeypatch = root, monkeypatch
+        self.out = ""  # what the command printed on stdout
         self.eng = root / "eng"
         shutil.copytree(engine, self.eng)
         self.req = self.requests([{"messages": [HI]}, {"prompt": "The quick brown fox"}])
@@ -249,6 +250,105 @@ def audio_dir_over_input(w: World) -> list[str]:
     return w.run("--output-audio-dir", w.p("a"))
 
 
+def foreign(w: World) -> World:
+    """The engine dir as another tool's: no edgeomni manifest."""
+    (w.eng / "edgeomni_manifest.json").unlink()
+    return w
+
+
+def with_external_data(w: World, keep: int | None = None) -> None:
+    """llm.onnx with its weights in llm.onnx.data (the first ``keep`` bytes of it, if given)."""
+    import onnx
+
+    model = onnx.load(w.eng / "llm.onnx")
+    onnx.save_model(model, w.eng / "llm.onnx", save_as_external_data=True,
+                    location="llm.onnx.data", size_threshold=0)  # fmt: skip
+    if keep is not None:
+        truncate(w.eng / "llm.onnx.data", keep)
+
+
+def truncate_data(path: Path) -> None:
+    """Cut a safetensors file inside its tensors' data, keeping the header whole."""
+    truncate(path, path.stat().st_size - 64)
+
+
+def random_bytes(path: Path) -> None:
+    path.write_bytes(np.random.default_rng(0).bytes(4096))
+
+
+def escaped_echo(w: World) -> None:
+    """The failed request's entry echoes its text as JSON spells it: the file is valid UTF-8
+    and reads back to the same string."""
+    raw = (w.root / "p.json").read_bytes()
+    raw.decode("utf-8")
+    assert b"\\udc80" in raw
+    assert predictions(w)[1]["messages"][0]["content"][0]["text"] == "x\udc80y"
+
+
+def escaped_reference(w: World) -> None:
+    (w.root / "p.json").read_bytes().decode("utf-8")
+
+
+def reference_kept(w: World) -> None:
+    entries = predictions(w)
+    assert all(e["ok"] for e in entries), entries
+    assert entries[1]["reference"] == {"answer": "caf\udce9"}
+
+
+def printed_predictions(w: World) -> None:
+    doc = json.loads(w.out)
+    assert [e["request_idx"] for e in doc["responses"]] == [0, 1]
+    assert all(e["ok"] and e["output_text"] for e in doc["responses"])
+
+
+def mixed_file(w: World, bad: dict, **top: object) -> list[str]:
+    w.req = w.requests([{"messages": [HI]}, bad, {"prompt": "The quick brown fox"}], **top)
+    return w.run()
+
+
+def talker_penalty(w: World) -> list[float]:
+    """Record the repetition penalty the Qwen3-TTS talker samples its first codes with."""
+    from edgeomni.runtime.families.qwen3_tts.talker import TtsTalker
+
+    seen: list[float] = []
+    real = TtsTalker._sampling
+
+    def sampling(self, request):  # noqa: ANN001, ANN202
+        out = real(self, request)
+        seen.append(out[0].repetition_penalty)
+        return out
+
+    w.monkeypatch.setattr(TtsTalker, "_sampling", sampling)
+    w.penalties = seen  # type: ignore[attr-defined]
+    return seen
+
+
+def tts_file(w: World, **top: object) -> list[str]:
+    talker_penalty(w)
+    w.req = w.requests([{"prompt": "Hello"}], talker_max_new_tokens=4, speaker="vivian", **top)
+    return ["--config", str(w.eng), "--input-file", str(w.req), "--output-file", w.p("p.json"),
+            "--output-audio-dir", w.p("a"), "--sampling", '{"talker_top_k": 1}']  # fmt: skip
+
+
+def penalty_is(value: float) -> Callable[[World], None]:
+    def check(w: World) -> None:
+        assert w.penalties == [value], w.penalties  # type: ignore[attr-defined]
+
+    return check
+
+
+def voices_of_requests(w: World) -> list[str]:
+    """Two requests, the second with a voice of its own, --voice for the file's default."""
+    w.req = w.requests([{"messages": [HI]}, {"prompt": "fox", "voice": "ethan"}],
+                       talker_max_new_tokens=3)  # fmt: skip
+    return w.run("--output-audio-dir", w.p("a"), "--voice", "nobody")
+
+
+def relabel_text_emit(w: World) -> list[str]:
+    w.stage("llm", lambda s: s["emits"][0].update(kind="audio"))
+    return w.run()
+
+
 BAD_USAGE, BAD_REQUEST = cli.EXIT_BAD_CONFIG, cli.EXIT_REQUESTS_FAILED
 ROWS = [
     # -- flags, checked before anything is read
@@ -259,18 +359,37 @@ ROWS = [
         "--batch-size must be at least 1"),
     Row("max-generate-length-negative", lambda w: w.prompt("--max-generate-length", "-1"),
         BAD_USAGE, "--max-generate-length must be at least 1, got -1"),
-    Row("max-generate-length-with-input-file", lambda w: w.run("--max-generate-length", "3"),
-        BAD_USAGE, "--max-generate-length goes with --prompt"),
-    Row("no-chat-template-with-input-file", lambda w: w.run("--no-chat-template"), BAD_USAGE,
-        "--no-chat-template goes with --prompt"),
+    Row("max-generate-length-is-the-files-default",
+        lambda w: (w.req.write_text(json.dumps({"requests": [{"prompt": "a"}, {"prompt": "b",
+                   "max_generate_length": 5}]})), w.run("--max-generate-length", "2"))[1],
+        cli.EXIT_OK, "2 of 2 requests succeeded", opens=True, writes=("p.json",),
+        then=lambda w: [len(e["stages"]["llm"]["output_tokens"]) for e in predictions(w)]
+        == [2, 5] or pytest.fail(str(predictions(w)))),
+    Row("no-chat-template-is-the-files-default", lambda w: w.run("--no-chat-template"),
+        cli.EXIT_OK, "2 of 2 requests succeeded", opens=True, writes=("p.json",),
+        then=lambda w: all(e["formatted_complete_request"] == e["messages"][0]["content"][0]
+                           ["text"] for e in predictions(w)) or pytest.fail("templated")),
     Row("voice-without-out-audio", lambda w: w.prompt("--voice", "ethan"), BAD_USAGE,
         "--voice is for the speech of --out-audio; without --out-audio nothing speaks"),
     Row("language-without-out-audio", lambda w: w.prompt("--language", "english"), BAD_USAGE,
         "--language is for the speech of --out-audio"),
-    Row("instruct-with-input-file", lambda w: w.run("--instruct", "Calm."), BAD_USAGE,
-        "--instruct goes with --prompt (a request file sets instruct)"),
-    Row("voice-with-input-file", lambda w: w.run("--voice", "ethan"), BAD_USAGE,
-        "--voice goes with --prompt"),
+    Row("instruct-with-input-file-without-speech", lambda w: w.run("--instruct", "Calm."),
+        BAD_USAGE, "--instruct is for the speech of --output-audio-dir; without "
+        "--output-audio-dir nothing speaks"),
+    Row("voice-with-input-file-without-speech", lambda w: w.run("--voice", "ethan"), BAD_USAGE,
+        "--voice is for the speech of --output-audio-dir"),
+    Row("voice-is-the-files-default-speaker", voices_of_requests, BAD_REQUEST,
+        "request 0: unknown voice 'nobody'", engine="omni", opens=True,
+        writes=("p.json", "a", "a/audio_req1.wav", "a/rvq_req1.safetensors"),
+        then=one_fails(0, "unknown voice 'nobody'")),
+    Row("prompt-not-utf8", lambda w: w.prompt("--prompt", "caf\udce9"), BAD_USAGE,
+        "--prompt is not UTF-8 text (the byte 0xe9 at character 3)"),
+    Row("voice-not-utf8", lambda w: w.prompt("--out-audio", w.p("a.wav"), "--voice", "\udcff"),
+        BAD_USAGE, "--voice is not UTF-8 text (the byte 0xff at character 0)", engine="omni"),
+    Row("audio-flag-missing", lambda w: w.prompt("--audio", w.p("gone.wav")), BAD_USAGE,
+        "--audio {}/gone.wav: No such file or directory", engine="omni"),
+    Row("image-flag-is-a-directory", lambda w: w.prompt("--image", str(w.root)), BAD_USAGE,
+        "is a directory, not a file", engine="omni"),
     Row("audio-with-input-file", lambda w: w.run("--audio", w.p("q.wav")), BAD_USAGE,
         "--audio and --image go with --prompt"),
     Row("bad-sampling", lambda w: w.prompt("--sampling", '{"temprature": 1}'), BAD_USAGE,
@@ -317,6 +436,37 @@ ROWS = [
         BAD_USAGE, "is not a directory", engine="omni"),
     Row("output-audio-dir-over-an-input", audio_dir_over_input, BAD_USAGE,
         "audio_req0.wav is the audio file", engine="omni"),
+    Row("output-audio-dir-parent-missing", lambda w: w.run("--output-audio-dir", w.p("x/y/a")),
+        BAD_USAGE, "/x/y does not exist", engine="omni"),
+    Row("output-audio-dir-is-made", lambda w: w.run("--output-audio-dir", w.p("a")),
+        cli.EXIT_OK, "2 of 2 requests succeeded", engine="omni", opens=True,
+        writes=("p.json", "a", "a/audio_req0.wav", "a/rvq_req0.safetensors", "a/audio_req1.wav",
+                "a/rvq_req1.safetensors")),
+    Row("output-file-is-the-engine", lambda w: [*w.run()[:5], str(w.eng / "llm.onnx")],
+        BAD_USAGE, "is a file of stage 'llm' (llm.onnx); writing it would destroy an input"),
+    Row("output-file-is-the-tokenizer", lambda w: [*w.run()[:5], str(w.eng / "tokenizer.json")],
+        BAD_USAGE, "is a file of stage 'llm' (tokenizer.json)"),
+    Row("output-file-is-a-stage-config",
+        lambda w: [*w.run()[:5], str(w.eng / "talker" / "config.json")], BAD_USAGE,
+        "is a file of stage 'talker' (config.json)", engine="omni"),
+    Row("output-file-is-an-encoder",
+        lambda w: [*w.run()[:5], str(w.eng / "audio" / "audio_encoder.onnx")], BAD_USAGE,
+        "is a file of stage 'thinker' (audio_encoder.onnx)", engine="omni"),
+    Row("output-file-is-external-data",
+        lambda w: (with_external_data(w), foreign(w), [*w.run()[:5], str(w.eng / "llm.onnx.data")])[2],
+        BAD_USAGE, "is a file of stage 'llm' (llm.onnx.data)"),
+    Row("output-file-in-the-engine-dir", lambda w: [*w.run()[:5], str(w.eng / "p.json")],
+        BAD_USAGE, "lies inside " + "{eng}, an engine dir edge-build wrote"),
+    Row("output-audio-dir-in-the-engine-dir",
+        lambda w: w.run("--output-audio-dir", str(w.eng / "talker" / "out")), BAD_USAGE,
+        "lies inside", engine="omni"),
+    Row("output-file-in-a-foreign-engine-dir",
+        lambda w: (foreign(w), [*w.run()[:5], str(w.eng / "p.json"), *w.run()[6:]])[1],
+        cli.EXIT_OK, "2 of 2 requests succeeded", opens=True, writes=("eng/p.json",)),
+    Row("output-file-is-a-foreign-engine", lambda w: (foreign(w), [*w.run()[:5],
+        str(w.eng / "config.json")])[1], BAD_USAGE, "is a file of stage 'llm' (config.json)"),
+    Row("input-file-without-output-file", lambda w: w.run()[:4] + w.run()[6:], cli.EXIT_OK,
+        "2 of 2 requests succeeded", opens=True, then=printed_predictions),
     # -- the engine dir: a stage that cannot be opened stops the run before any request runs
     Row("graph-missing", lambda w: ((w.eng / GRAPH).unlink(), w.run())[1], BAD_USAGE, GRAPH),
     Row("stage-config-missing", lambda w: ((w.eng / "config.json").unlink(), w.run())[1],
@@ -332,7 +482,23 @@ ROWS = [
     Row("engine-file-missing", lambda w: ((w.eng / "llm.onnx").unlink(), w.run())[1],
         BAD_USAGE, "llm.onnx is missing", opens=True),
     Row("engine-file-garbage", lambda w: ((w.eng / "llm.onnx").write_text("x"), w.run())[1],
-        BAD_USAGE, "ONNX Runtime could not load", opens=True, loads=True),
+        BAD_USAGE, "llm.onnx is not a loadable ONNX model", opens=True),
+    Row("engine-file-random-bytes", lambda w: (random_bytes(w.eng / "llm.onnx"), w.run())[1],
+        BAD_USAGE, "llm.onnx is not a loadable ONNX model", opens=True),
+    Row("engine-file-truncated", lambda w: (truncate(w.eng / "llm.onnx", 4000), w.run())[1],
+        BAD_USAGE, "runs past the end at byte 4000 (truncated?)", opens=True),
+    Row("external-data-short", lambda w: (with_external_data(w, 1000), w.run())[1], BAD_USAGE,
+        "llm.onnx.data, which holds 1000 (truncated?)", opens=True),
+    Row("external-data-missing",
+        lambda w: (with_external_data(w), (w.eng / "llm.onnx.data").unlink(), w.run())[2],
+        BAD_USAGE, "its external data", opens=True),
+    Row("table-data-truncated",
+        lambda w: (truncate_data(w.eng / "embedding.safetensors"), w.run())[1], BAD_USAGE,
+        "embedding.safetensors: not a readable safetensors file (tensor", opens=True),
+    Row("cuda-build-without-cuda",
+        lambda w: (w.edit("config.json", lambda c: c.update(device="cuda")), w.run())[1],
+        BAD_USAGE, "llm.onnx was built for cuda, but this onnxruntime has no "
+        "CUDAExecutionProvider", opens=True),
     Row("tokenizer-missing", lambda w: ((w.eng / "tokenizer.json").unlink(), w.run())[1],
         BAD_USAGE, "tokenizer.json: missing", opens=True),
     Row("tokenizer-garbage", lambda w: ((w.eng / "tokenizer.json").write_text("{}"), w.run())[1],
@@ -360,6 +526,51 @@ ROWS = [
         lambda w: (w.stage("code2wav", lambda s: s.setdefault("config", {}).update(window_frames=10**6)),
                    w.prompt("--out-audio", w.p("a.wav")))[1],
         BAD_USAGE, "exceed the engine's max_frames", engine="omni", opens=True),
+    # -- keys that act differently, or not at all, on a graph
+    Row("tts-repetition-penalty-is-the-talkers", lambda w: tts_file(w, repetition_penalty=1.0),
+        cli.EXIT_OK, "1 of 1 requests succeeded", engine="tts", opens=True,
+        writes=("p.json", "a", "a/audio_req0.wav", "a/rvq_req0.safetensors"),
+        then=penalty_is(1.0)),
+    Row("tts-talker-repetition-penalty-wins",
+        lambda w: tts_file(w, repetition_penalty=1.0, talker_repetition_penalty=1.2),
+        cli.EXIT_OK, "1 of 1 requests succeeded", engine="tts", opens=True,
+        writes=("p.json", "a", "a/audio_req0.wav", "a/rvq_req0.safetensors"),
+        then=penalty_is(1.2)),
+    Row("tts-text-model-keys-say-so", lambda w: tts_file(w, temperature=0.5, top_k=3),
+        cli.EXIT_OK, "warning: max_generate_length, temperature, top_k change nothing here: this "
+        "graph has no text "
+        "model", engine="tts", opens=True,
+        writes=("p.json", "a", "a/audio_req0.wav", "a/rvq_req0.safetensors")),
+    Row("talker-keys-without-speech-say-so", lambda w: mixed_file(w, {"prompt": "a"},
+        talker_temperature=0.5, voice="ethan"), cli.EXIT_OK,
+        "warning: talker_max_new_tokens, talker_temperature, talker_top_k, voice change nothing "
+        "here: this run does not speak",
+        engine="omni", opens=True, writes=("p.json",)),
+    Row("emit-kind-relabelled", relabel_text_emit, BAD_USAGE,
+        "invalid graph: $.stages[0].emits[0].kind: 'text' of runner 'llm.backbone' is text, "
+        "not audio"),
+    Row("emit-unknown", lambda w: (w.stage("llm", lambda s: s["emits"].append({"id": "x"})),
+        w.run())[1], BAD_USAGE, "$.stages[0].emits[1].id: runner 'llm.backbone' makes no "
+        "output 'x'"),
+    # -- bad text: a lone surrogate (JSON's "\udc80") fails its request alone
+    Row("lone-surrogate-in-content", lambda w: mixed(w, {"messages": [{"role": "user",
+        "content": [{"type": "text", "text": "x\udc80y"}]}]}), BAD_REQUEST,
+        "messages[0].content[0].text: not valid Unicode text (a lone surrogate \\udc80 at "
+        "character 1", opens=True, writes=("p.json",),
+        then=lambda w: (one_fails(1, "not valid Unicode text")(w), escaped_echo(w))),
+    Row("lone-surrogate-in-prompt", lambda w: mixed(w, {"prompt": "\ud800"}), BAD_REQUEST,
+        "prompt: not valid Unicode text", opens=True, writes=("p.json",),
+        then=one_fails(1, "prompt: not valid")),
+    Row("lone-surrogate-in-a-key", lambda w: mixed(w, {"prompt": "a", "_\udc80": 1}),
+        BAD_REQUEST, "a key: not valid Unicode text", opens=True, writes=("p.json",),
+        then=one_fails(1, "a key: not valid")),
+    Row("lone-surrogate-in-reference",
+        lambda w: mixed(w, {"prompt": "a", "reference": {"answer": "caf\udce9"}}), cli.EXIT_OK,
+        "3 of 3 requests succeeded", opens=True, writes=("p.json",),
+        then=lambda w: (reference_kept(w), escaped_reference(w))),
+    Row("lone-surrogate-at-the-top-level",
+        lambda w: mixed_file(w, {"prompt": "a"}, stop=["\udc80"]), BAD_USAGE,
+        "top level: stop[0]: not valid Unicode text"),
     # -- a bad request fails alone: the others are answered, and predictions are written
     Row("audio-part-on-a-text-engine",
         lambda w: mixed(w, {"messages": [{"role": "user", "content": [
@@ -437,7 +648,7 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.id)
 def test_fault(row: Row, request, tmp_path: Path, monkeypatch, capsys) -> None:
-    engine = request.getfixturevalue("qwen3_engine" if row.engine == "qwen3" else "omni_engine")
+    engine = request.getfixturevalue(f"{row.engine}_engine")
     world = World(tmp_path / "w", engine, monkeypatch)
     argv = row.setup(world)
     before = snapshot(world.root)
@@ -448,9 +659,10 @@ def test_fault(row: Row, request, tmp_path: Path, monkeypatch, capsys) -> None:
     )
     capsys.readouterr()  # what building the fixtures printed
     code = cli.main(argv)
-    err = capsys.readouterr().err
+    world.out, err = capsys.readouterr()
     assert code == row.code, err
-    assert row.message in err, err
+    message = row.message.replace("{eng}", str(world.eng)).replace("{}", str(world.root))
+    assert message in err, err
     assert "Traceback" not in err
     if code == BAD_USAGE:
         assert err.count("edge-infer: error:") == 1 and err.strip().count("\n") == 0, err
@@ -474,7 +686,7 @@ def test_validate_config_finds_it(row: Row, request, tmp_path: Path, monkeypatch
     """--validate-config finds every broken-engine-dir fault without loading an engine."""
     from edgeomni.runtime import engine as engine_mod
 
-    engine = request.getfixturevalue("qwen3_engine" if row.engine == "qwen3" else "omni_engine")
+    engine = request.getfixturevalue(f"{row.engine}_engine")
     world = World(tmp_path / "w", engine, monkeypatch)
     row.setup(world)
     monkeypatch.setattr(engine_mod, "OrtEngine", None)  # loading any engine would fail loudly

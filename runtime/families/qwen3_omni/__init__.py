@@ -5,11 +5,12 @@ vocoder), each with its cohort path and its slot stage for the in-flight schedul
 
 from __future__ import annotations
 
-# (runner name in the graph, kind, "module:attribute" of its factory)
+# (runner name in the graph, kind, "module:attribute" of its factory, emit id -> kind)
 RUNNERS = (
-    ("qwen3_omni.talker", "autoregressive", "edgeomni.runtime.families.qwen3_omni.talker:Talker"),
+    ("qwen3_omni.talker", "autoregressive", "edgeomni.runtime.families.qwen3_omni.talker:Talker",
+     {"codes": "codec"}),
     ("qwen3_omni.code2wav", "iterative",
-     "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav"),
+     "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav", {"audio": "audio"}),
 )  # fmt: skip
 
 # the thinker's media hook, by its engine config's model_type ("module:attribute")

@@ -5,13 +5,15 @@ codes) for requests that bring reference audio."""
 
 from __future__ import annotations
 
-# (runner name in the graph, kind, "module:attribute" of its factory)
+# (runner name in the graph, kind, "module:attribute" of its factory, emit id -> kind)
 RUNNERS = (
-    ("qwen3_tts.talker", "autoregressive", "edgeomni.runtime.families.qwen3_tts.talker:TtsTalker"),
+    ("qwen3_tts.talker", "autoregressive", "edgeomni.runtime.families.qwen3_tts.talker:TtsTalker",
+     {"codes": "codec"}),
     # the same vocoder runner as Qwen3-Omni's: the engine config says how it windows
-    ("qwen3_tts.code2wav", "iterative", "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav"),
+    ("qwen3_tts.code2wav", "iterative", "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav",
+     {"audio": "audio"}),
     ("qwen3_tts.speaker_encoder", "iterative",
-     "edgeomni.runtime.families.qwen3_tts.clone:SpeakerEncoder"),
+     "edgeomni.runtime.families.qwen3_tts.clone:SpeakerEncoder", {"xvector": "hidden"}),
     ("qwen3_tts.speech_encoder", "iterative",
-     "edgeomni.runtime.families.qwen3_tts.clone:SpeechEncoder"),
+     "edgeomni.runtime.families.qwen3_tts.clone:SpeechEncoder", {"codes": "hidden"}),
 )  # fmt: skip
