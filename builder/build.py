@@ -100,6 +100,29 @@ def preflight(hooks: Any, ckpt: Any, selected: Sequence[Component], args: BuildA
         hook(ckpt, tuple(selected), args)
 
 
+def warn_position_limits(
+    hooks: Any, ckpt: Any, selected: Sequence[Component], args: BuildArgs
+) -> None:
+    """One line when --max-kv-cache-capacity lets a decoder's positions run past the limit its
+    config declares (the family's optional ``position_limits``). A warning, not a refusal:
+    every family's positions are rotary (default RoPE, the only kind exported), which computes
+    the same past the limit as transformers does; the model was just not trained there."""
+    hook = getattr(hooks, "position_limits", None)
+    limits = hook(ckpt, tuple(selected)) if callable(hook) else {}
+    past = [
+        f"{name} {limit} ({key})"
+        for name, (key, limit) in limits.items()
+        if args.max_kv_cache_capacity > limit
+    ]
+    if past:
+        log.warning(
+            "--max-kv-cache-capacity %d is past the model's position limit: %s; the model was "
+            "not trained on positions past it",
+            args.max_kv_cache_capacity,
+            ", ".join(past),
+        )
+
+
 def build(
     model_dir: Path,
     engine_dir: Path,
@@ -121,6 +144,7 @@ def build(
     ckpt.weight_files  # noqa: B018 - fail on missing or unreadable weights before building
     selected = select_components(hooks.components(ckpt), components)
     preflight(hooks, ckpt, selected, args)
+    warn_position_limits(hooks, ckpt, selected, args)
     engine_dir = engine_dir.resolve()
     with workspace(engine_dir) as ws:
         log.info("building %s (%s family) into %s", model_dir, family.name, engine_dir)

@@ -176,8 +176,25 @@ def _failed(e: BaseException, args: argparse.Namespace, signum: int | None) -> i
     if args.verbose:
         traceback.print_exception(e)
     hint = "" if args.verbose else " (-v shows where)"
-    print(f"edge-build: internal error: {type(e).__name__}: {e}{hint}", file=sys.stderr)
+    print(f"edge-build: internal error: {one_line(e)}{hint}", file=sys.stderr)
     return EXIT_FAILED
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line: its type and first line, and the innermost cause's when the
+    message runs on (torch's exporter wraps the real error in pages of advice)."""
+    import re
+
+    def first(x: BaseException) -> str:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(x))
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return f"{type(x).__name__}: {lines[0]}" if lines else type(x).__name__
+
+    root = e
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    multiline = len(str(e).strip().splitlines()) > 1
+    return first(e) + (f" ({first(root)})" if root is not e and multiline else "")
 
 
 def _warn_ignored(args: argparse.Namespace) -> None:

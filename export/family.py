@@ -93,6 +93,10 @@ class OptionalFamilyHooks(Protocol):
     talker's speakers and ids, image processor settings), and raises CheckpointError with the
     reason, so such a fault is reported in a second rather than after minutes of export. Without
     it the same faults surface when ``write_artifacts`` runs.
+
+    ``position_limits`` names, for each selected decoder whose KV cache --max-kv-cache-capacity
+    sizes, the config key of its position limit and the value; edge-build warns when the
+    capacity is past one. Without it nothing is checked.
     """
 
     served_by: Mapping[str, str]
@@ -102,3 +106,8 @@ class OptionalFamilyHooks(Protocol):
 
     def preflight(self, ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:
         """Raise CheckpointError for what the selected components' build would fail on later."""
+
+    def position_limits(
+        self, ckpt: Checkpoint, components: Sequence[Component]
+    ) -> Mapping[str, tuple[str, int]]:
+        """Component name -> (config key, the positions its config declares it takes)."""

@@ -3,15 +3,23 @@
 No hub: the model comes from transformers' config classes (``save_pretrained``) and the tokenizer
 is a byte-level BPE trained here on a few sentences.
 
-    python -m edgeomni.export.tiny qwen3 OUT_DIR
+    python -m edgeomni.export.tiny qwen3|qwen3_omni_moe OUT_DIR [--seed 0] [--force]
+
+OUT_DIR must be new or empty: a checkpoint's files have common names (config.json,
+model.safetensors, tokenizer.json) that would replace yours, so a non-empty OUT_DIR is refused
+(exit 2, naming what is there) unless --force, which writes into it all the same, replacing the
+files of those names and leaving the others. Exit status: 0 written; 2 bad arguments or an
+OUT_DIR it may not write; 1 a system error (a full disk), in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -93,15 +101,67 @@ MAKERS = {"qwen3": make_qwen3}
 MAKERS["qwen3_omni_moe"] = lambda out_dir, *, seed=0: __import__("edgeomni.export.tiny_omni", fromlist=["_"]).make_qwen3_omni(out_dir, seed=seed)  # fmt: skip
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (the usage block is --help's), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+FORCE_HELP = "write into a non-empty OUT_DIR, replacing files of the checkpoint's names"
+
+
+def out_dir_refusal(out_dir: Path, force: bool = False) -> str | None:
+    """Why OUT_DIR may not be written, or None. Only a new or empty directory is taken
+    without --force: a file there cannot be told from one of the user's by its name."""
+    if out_dir.exists() and not out_dir.is_dir():
+        return f"{out_dir} exists and is not a directory"
+    if out_dir.is_dir():
+        names = sorted(os.listdir(out_dir))
+        if names and not force:
+            shown = ", ".join(names[:5]) + (
+                f", and {len(names) - 5} more" if len(names) > 5 else ""
+            )
+            return (
+                f"{out_dir} is not empty ({shown}); choose a new or empty directory, or pass "
+                "--force to write into it (files of the same names are replaced)"
+            )
+        return None
+    parent = next((p for p in out_dir.parents if p.exists() or p.is_symlink()), None)
+    if parent is not None and not parent.is_dir():
+        return f"{parent} is not a directory"
+    return None
+
+
+def write_checkpoint(prog: str, out_dir: Path, force: bool, make: Callable[[], Any]) -> int:
+    """Run a tiny checkpoint writer behind the OUT_DIR rule: a refusal is one line and exit 2,
+    a system error (a full disk, no permission) one line and exit 1."""
+    refusal = out_dir_refusal(out_dir, force)
+    if refusal:
+        print(f"{prog}: error: {refusal}", file=sys.stderr)
+        return 2
+    try:
+        make()
+    except OSError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edgeomni.export.tiny", description=__doc__)
+    prog = "python -m edgeomni.export.tiny"
+    p = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("family", choices=sorted(MAKERS))
     p.add_argument("out_dir", type=Path)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     args = p.parse_args(argv)
-    MAKERS[args.family](args.out_dir, seed=args.seed)
-    print(f"wrote a tiny random {args.family} checkpoint to {args.out_dir}")
-    return 0
+    code = write_checkpoint(
+        prog, args.out_dir, args.force, lambda: MAKERS[args.family](args.out_dir, seed=args.seed)
+    )
+    if code == 0:
+        print(f"wrote a tiny random {args.family} checkpoint to {args.out_dir}")
+    return code
 
 
 if __name__ == "__main__":

@@ -8,12 +8,19 @@ reference package, and the GPU machine (which builds large models from configs).
 that upstream qwen-tts 0.1.1 loads what this writes with no tensor missing or unexpected.
 
     python -m edgeomni.export.tiny_tts OUT_DIR [--kind custom_voice|base|voice_design]
-        [--size tiny|0.6b|1.7b] [--seed 0] [--stops]
+        [--size tiny|0.6b|1.7b] [--seed 0] [--stops] [--no-vq-projection] [--force]
 
 The talker's codec EOS row is zero unless ``--stops``: random weights then never end speech, so a
 run makes exactly the frames asked for (``talker_max_new_tokens``), which benchmarks want.
-Release dimensions are from public configs and Qwen3-TTS's code defaults, not checked against
-the released weights (the 1.7B talker is 2048 wide; its code predictor stays 1024).
+``--no-vq-projection`` makes the codec encoder's quantizer as wide as its transformer
+(``vector_quantization_hidden_dimension`` = ``codebook_dim`` = ``hidden_size``), so Mimi has no
+``input_proj``/``output_proj``: a configuration upstream accepts. Release dimensions are from
+public configs and Qwen3-TTS's code defaults, not checked against the released weights (the 1.7B
+talker is 2048 wide; its code predictor stays 1024).
+
+OUT_DIR must be new or empty (exit 2 naming what is there otherwise): a checkpoint's files have
+common names (config.json, model.safetensors) that would replace yours. ``--force`` writes into
+a non-empty OUT_DIR all the same, replacing the files of those names and leaving the others.
 """
 
 from __future__ import annotations
@@ -199,6 +206,9 @@ def _decoder_shapes(prefix: str, d: dict[str, int]) -> dict[str, tuple[int, ...]
     out: dict[str, tuple[int, ...]] = {f"{prefix}model.norm.weight": (h,)}
     for i in range(d["num_hidden_layers"]):
         p = f"{prefix}model.layers.{i}."
+        if d.get("attention_bias"):
+            out.update({p + "self_attn.q_proj.bias": (n * hd,), p + "self_attn.k_proj.bias": (kv * hd,),
+                        p + "self_attn.v_proj.bias": (kv * hd,), p + "self_attn.o_proj.bias": (h,)})  # fmt: skip
         out.update({
             p + "self_attn.q_proj.weight": (n * hd, h), p + "self_attn.k_proj.weight": (kv * hd, h),
             p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.o_proj.weight": (h, n * hd),
@@ -269,17 +279,55 @@ def _module_tensors(module: torch.nn.Module, prefix: str, gen: torch.Generator) 
     return out
 
 
+# where make_checkpoint's ``overrides`` go: a section of config.json or of the codec's
+OVERRIDES = {
+    "talker_config": ("config", "talker_config"),
+    "code_predictor_config": ("config", "talker_config", "code_predictor_config"),
+    "speaker_encoder_config": ("config", "speaker_encoder_config"),
+    "speech_tokenizer": ("codec",),
+    "encoder_config": ("codec", "encoder_config"),
+    "decoder_config": ("codec", "decoder_config"),
+}
+
+
+def no_vq_projection(size: str = "tiny") -> dict[str, dict[str, Any]]:
+    """Overrides that make the codec encoder's quantizer its transformer's width: Mimi then has
+    no input_proj / output_proj (transformers and upstream take it as identity)."""
+    width = SIZES[size]["mimi"]["hidden_size"]
+    dims = {"vector_quantization_hidden_dimension": width, "codebook_dim": width}
+    return {"encoder_config": dims}
+
+
+REMOVE = "<remove>"  # an override's value that takes the key out (upstream's default applies)
+
+
+def _override(cfg: dict[str, Any], codec: dict[str, Any], overrides: dict[str, dict]) -> None:
+    """Update the configs' sections in place (a value of REMOVE takes the key out)."""
+    for name, fields in overrides.items():
+        if name not in OVERRIDES:
+            raise ValueError(f"overrides: unknown section {name!r}; one of {', '.join(OVERRIDES)}")
+        root, *path = OVERRIDES[name]
+        target = cfg if root == "config" else codec
+        for key in path:
+            target = target[key]
+        for key, value in fields.items():
+            if value == REMOVE:
+                target.pop(key, None)
+            else:
+                target[key] = value
+
+
 def make_checkpoint(
     out_dir: Path, kind: str = "custom_voice", size: str = "tiny", *, seed: int = 0,
-    stops: bool = False,
+    stops: bool = False, overrides: dict[str, dict[str, Any]] | None = None,
 ) -> Path:  # fmt: skip
     """Write a random Qwen3-TTS checkpoint of ``kind`` (custom_voice, base, voice_design) at
-    ``size`` (tiny, 0.6b, 1.7b) into ``out_dir``; returns it."""
+    ``size`` (tiny, 0.6b, 1.7b) into ``out_dir``; returns it. ``overrides`` sets keys of a
+    config section (OVERRIDES), for configurations upstream accepts that the defaults do not
+    show; the random weights follow them (edgeomni's modules, built from the same configs)."""
     from safetensors.torch import save_file
 
-    from edgeomni.export.families.qwen3_tts.code2wav import Qwen3TTSCode2Wav
     from edgeomni.export.families.qwen3_tts.speaker_encoder import Qwen3TTSSpeakerEncoder
-    from edgeomni.export.families.qwen3_tts.speech_encoder import Qwen3TTSSpeechEncoder
 
     if kind not in ("custom_voice", "base", "voice_design"):
         raise ValueError(f"kind must be custom_voice, base or voice_design, got {kind!r}")
@@ -293,6 +341,8 @@ def make_checkpoint(
         json.loads((out_dir / "vocab.json").read_text())
     ) + len(SPECIALS)
     cfg = tts_config(kind, size, ids, text_vocab)
+    codec = codec_config(size)
+    _override(cfg, codec, overrides or {})
     tensors = {name: _draw(name, shape, gen) for name, shape in talker_shapes(cfg).items()}
     if not stops:  # random logits never end speech: exactly the frames asked for
         tensors["talker.codec_head.weight"][CODEC_IDS["codec_eos_token_id"]] = 0.0
@@ -306,19 +356,30 @@ def make_checkpoint(
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     (out_dir / "generation_config.json").write_text(json.dumps(GENERATION, indent=2) + "\n")
     (out_dir / "preprocessor_config.json").write_text('{"processor_class": "Qwen3TTSProcessor"}\n')
-    codec = codec_config(size)
+    write_speech_tokenizer(out_dir / "speech_tokenizer", codec, gen)
+    return out_dir
+
+
+def write_speech_tokenizer(folder: Path, codec: dict[str, Any], gen: torch.Generator) -> Path:
+    """A ``speech_tokenizer/`` folder of the codec config ``codec`` (codec_config's, maybe
+    changed) with random weights; returns it."""
+    from safetensors.torch import save_file
+
+    from edgeomni.export.families.qwen3_tts.code2wav import Qwen3TTSCode2Wav
+    from edgeomni.export.families.qwen3_tts.speech_encoder import Qwen3TTSSpeechEncoder
+
+    folder.mkdir(parents=True, exist_ok=True)
     codec_tensors = _codec_tensors(codec, gen, Qwen3TTSCode2Wav, Qwen3TTSSpeechEncoder)
-    save_file(codec_tensors, str(out_dir / "speech_tokenizer" / "model.safetensors"),
-              metadata={"format": "pt"})  # fmt: skip
-    (out_dir / "speech_tokenizer" / "config.json").write_text(json.dumps(codec, indent=2) + "\n")
-    (out_dir / "speech_tokenizer" / "preprocessor_config.json").write_text(json.dumps({
+    save_file(codec_tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(codec, indent=2) + "\n")
+    (folder / "preprocessor_config.json").write_text(json.dumps({
         "chunk_length_s": None, "feature_extractor_type": "EncodecFeatureExtractor",
         "feature_size": 1, "overlap": None, "padding_side": "right", "padding_value": 0.0,
         "return_attention_mask": True, "sampling_rate": SAMPLE_RATE}, indent=2))  # fmt: skip
-    (out_dir / "speech_tokenizer" / "configuration.json").write_text(
+    (folder / "configuration.json").write_text(
         '{"framework": "pytorch", "task": "feature-extraction"}'
     )
-    return out_dir
+    return folder
 
 
 def _codec_tensors(codec: dict[str, Any], gen: torch.Generator, decoder_cls: Any,
@@ -355,15 +416,17 @@ def _codec_tensors(codec: dict[str, Any], gen: torch.Generator, decoder_cls: Any
     for name, value in encoder.state_dict().items():
         enc[name] = _draw(name, tuple(value.shape), gen)
     # the acoustic codebooks past the 16 edgeomni keeps, as upstream's 32-quantizer RVQ has them
+    mimi = encoder.quantizer  # its config's counts, with upstream's defaults
     acoustic = "quantizer.acoustic_residual_vector_quantizer.layers."
     kept = {n for n in enc if n.startswith(acoustic)}
     first = sorted({int(n[len(acoustic) :].split(".")[0]) for n in kept})
-    for i in range(len(first), codec["encoder_config"]["num_quantizers"] - 1):
+    total = codec["encoder_config"].get("num_quantizers", 32) - mimi.num_semantic_quantizers
+    for i in range(len(first), total):
         for n in [n for n in kept if n.startswith(f"{acoustic}0.")]:
             enc[f"{acoustic}{i}." + n[len(f"{acoustic}0.") :]] = _draw(n, tuple(enc[n].shape), gen)
-    for group in ("semantic", "acoustic"):
-        dim = codec["encoder_config"]["vector_quantization_hidden_dimension"]
-        hidden = codec["encoder_config"]["hidden_size"]
+    proj = mimi.semantic_residual_vector_quantizer.input_proj  # None: no projection either way
+    for group in ("semantic", "acoustic") if proj is not None else ():
+        dim, hidden = proj.out_channels, proj.in_channels
         enc[f"quantizer.{group}_residual_vector_quantizer.output_proj.weight"] = _draw(
             "w", (hidden, dim, 1), gen
         )
@@ -372,8 +435,10 @@ def _codec_tensors(codec: dict[str, Any], gen: torch.Generator, decoder_cls: Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edgeomni.export.tiny_tts", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    from edgeomni.export.tiny import FORCE_HELP, Parser, write_checkpoint
+
+    prog = "python -m edgeomni.export.tiny_tts"
+    p = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", type=Path)
     p.add_argument(
         "--kind", default="custom_voice", choices=["custom_voice", "base", "voice_design"]
@@ -381,10 +446,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default="tiny", choices=sorted(SIZES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stops", action="store_true", help="keep the codec EOS row random")
+    p.add_argument(
+        "--no-vq-projection", action="store_true",
+        help="a codec encoder whose quantizer is its transformer's width (no Mimi input_proj / "
+        "output_proj)",
+    )  # fmt: skip
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     args = p.parse_args(argv)
-    make_checkpoint(args.out_dir, args.kind, args.size, seed=args.seed, stops=args.stops)
-    print(f"wrote a random {args.size} Qwen3-TTS {args.kind} checkpoint to {args.out_dir}")
-    return 0
+    overrides = no_vq_projection(args.size) if args.no_vq_projection else None
+    code = write_checkpoint(prog, args.out_dir, args.force, lambda: make_checkpoint(
+        args.out_dir, args.kind, args.size, seed=args.seed, stops=args.stops, overrides=overrides
+    ))  # fmt: skip
+    if code == 0:
+        print(f"wrote a random {args.size} Qwen3-TTS {args.kind} checkpoint to {args.out_dir}")
+    return code
 
 
 if __name__ == "__main__":

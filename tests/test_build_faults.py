@@ -24,12 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import build_fault_cases as c
 import pytest
 
 from edgeomni.builder import cli, interrupts, manifest
 from edgeomni.builder.build import GRAPH_FILE
 from edgeomni.builder.errors import BuildError
 from edgeomni.builder.workspace import clean_stale, workspace
+from edgeomni.export import tiny, tiny_tts
 
 MANIFEST = manifest.MANIFEST
 SIZES = ("--max-batch-size", "2", "--max-input-len", "32", "--max-kv-cache-capacity", "64")
@@ -75,6 +77,7 @@ class Fault:
     changes: tuple[str, ...] = ()  # paths under tmp_path that may change (all else must not)
     exports: bool = False  # whether the export may run; else calling it fails the test
     after: Callable[[Env], None] | None = None  # checks of what did change
+    command: Callable[[list[str]], int] = cli.main  # edge-build, or another writer of files
 
 
 def snapshot(root: Path, changes: tuple[str, ...] = ()) -> dict[str, object]:
@@ -295,9 +298,92 @@ def no_checkpoint(env: Env) -> list[str]:
     return env.argv(env.tmp / "eng", ckpt=env.tmp / "nothing-here")
 
 
+@pytest.fixture(scope="session")
+def tts_base_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edgeomni.export.tiny_tts import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("tts-base") / "ckpt", "base", "tiny")
+
+
 BAD, OK = cli.EXIT_BAD_INPUT, cli.EXIT_OK
 REFUSED = "move them out or choose another --engine-dir"
 GRAPH_ONLY_WRITES = ("eng/" + GRAPH_FILE, f"eng/{GRAPH_FILE}.orig.1", "eng/" + MANIFEST)
+CODEC = "speech_tokenizer/config.json"
+# issue 30: what edge-infer would refuse (item 4), Qwen3-TTS configs upstream takes (item 5:
+# built, or refused by key before any export), the tiny writers and positions (item 9)
+ISSUE_30 = [
+    pytest.param(Fault(c.export_error_with_cause, cli.EXIT_FAILED, "internal error: RuntimeError: "
+                       "Failed to export. (TypeError: 'NoneType' object is not callable)",
+                       exports=True), id="internal-error-with-cause"),
+    *(pytest.param(Fault(setup, BAD, message), id=name) for name, setup, message in (
+        ("tokenizer-not-json", c.text_file("tokenizer.json", "{oops"),
+         "tokenizer.json: not a tokenizer file"),
+        ("tokenizer-not-a-tokenizer", c.text_file("tokenizer.json", '{"version": "1.0"}'),
+         "tokenizer.json: not a tokenizer file"),
+        ("tokenizer-config-not-json", c.text_file("tokenizer_config.json", "{"),
+         "tokenizer_config.json: not valid JSON (Expecting property name"),
+        ("tokenizer-config-a-list", c.text_file("tokenizer_config.json", "[]"),
+         "tokenizer_config.json: expected a JSON object"),
+        ("template-syntax", c.text_file("chat_template.jinja", "{% for m in messages %}\n"
+         "{{ m.content }\n{% endfor %}"), "chat_template.jinja: the chat template does not "
+         "parse: line 2: unexpected '}'"),
+        ("template-unknown-filter", c.text_file("chat_template.jinja", "{{ messages | nope }}"),
+         "chat_template.jinja: the chat template does not parse: line 1: No filter named 'nope'"),
+        ("template-not-utf8", c.text_file("chat_template.jinja", b"{{ '\xff' }}"),
+         "chat_template.jinja: cannot be read"),
+        ("template-in-config-syntax", c.template_in_config("{{ x }}\n{% if %}"),
+         "tokenizer_config.json: chat_template: the chat template does not parse: line 2"),
+        ("template-in-config-not-text", c.template_in_config(5),
+         "tokenizer_config.json: chat_template: not a string but int"),
+        ("chat-template-json-broken", c.text_file("chat_template.json", "{",
+         drop=("chat_template.jinja",)), "chat_template.json: not valid JSON"),
+        ("tts-vocab-not-json", c.tts_vocab_not_json, "vocab.json: not valid JSON"),
+        ("tts-merges-out-of-vocabulary", c.tts_merges_out_of_vocabulary,
+         "vocab.json + merges.txt do not make a tokenizer (Exception: Error while initializing "
+         "BPE: Token `zz` out of vocabulary)"),
+    )),
+    *(pytest.param(Fault(c.tts_config(file, key, value), BAD, message), id=f"tts-{key}")
+      for file, key, value, message in (
+        (CODEC, "decoder_config.sliding_window", None,
+         "decoder_config.sliding_window None: upstream's decoder needs a window"),
+        (CODEC, "decoder_config.codebook_dim", c.REMOVE, "decoder_config.codebook_dim is missing"),
+        (CODEC, "decoder_config.num_quantizers", 8, "decoder_config.num_quantizers 8 is not "
+         "config.json's talker_config.num_code_groups 16"),
+        (CODEC, "encoder_valid_num_quantizers", 8,
+         "encoder_valid_num_quantizers 8 is not config.json's talker_config.num_code_groups 16"),
+        (CODEC, "encoder_config.pad_mode", "reflect",
+         "encoder_config.pad_mode 'reflect': only 'constant' padding is exported"),
+        (CODEC, "encoder_config", c.REMOVE, "speech_tokenizer/config.json: no encoder_config"),
+        (CODEC, "decode_upsample_rate", 960,
+         "decode_upsample_rate 960 is not the decoder's 1920 samples per frame"),
+        ("config.json", "speaker_encoder_config.enc_channels", [16, 16, 16, 16, 32],
+         "enc_channels [16, 16, 16, 16, 32]: the last must be the sum"),
+        ("config.json", "speaker_encoder_config.enc_dilations", [1, 2, 1],
+         "enc_channels, enc_kernel_sizes, enc_dilations must be lists of one length"),
+        ("config.json", "talker_config.use_sliding_window", True,
+         "talker_config.use_sliding_window true: sliding-window layers are not supported"),
+    )),
+    pytest.param(Fault(c.tts_accepted_variants, OK, "wrote", exports=True,
+                       changes=("eng", "ckpt", "ref.wav", "clone.wav"),
+                       after=c.clones_as_transformers_mimi),
+                 id="tts-base-no-vq-projection-and-other-accepted-configs", marks=pytest.mark.slow),
+    *(pytest.param(Fault(setup, code, message, changes, command=tool, after=after), id=name)
+      for name, tool, setup, code, message, changes, after in (
+        ("tiny-into-a-full-dir", tiny.main, c.tiny_into("tiny"), BAD,
+         "d is not empty (notes.txt); choose a new or empty directory, or pass --force", (), None),
+        ("tiny-tts-into-a-full-dir", tiny_tts.main, c.tiny_into("tiny_tts", "--kind", "base"), BAD,
+         "d is not empty (notes.txt); choose", (), None),
+        ("tiny-force", tiny.main, c.tiny_into("tiny", "--force"), OK, "", ("d",), c.kept_mine),
+        ("tiny-out-is-a-file", tiny.main, c.tiny_out_is_a_file, BAD,
+         "TMP/f exists and is not a directory", (), None),
+        ("tiny-bad-family", tiny.main, c.tiny_args("qwen9", "TMP/d"), BAD,
+         "argument family: invalid choice: 'qwen9'", (), None),
+        ("tiny-tts-bad-seed", tiny_tts.main, c.tiny_args("TMP/d", "--seed", "x"), BAD,
+         "argument --seed: invalid int value: 'x'", (), None),
+    )),
+    pytest.param(Fault(c.past_positions, BAD, "exists and is not a directory",
+                       after=c.warned_of_positions), id="kv-capacity-past-the-position-limit"),
+]  # fmt: skip
 FAULTS = [
     pytest.param(Fault(issue_repro, BAD, "looks like a build by an older edgeomni"), id="issue14"),
     pytest.param(
@@ -379,6 +465,7 @@ FAULTS = [
     pytest.param(Fault(zero_batch, BAD, "--max-batch-size must be at least 1"), id="zero-batch"),
     pytest.param(Fault(unknown_component, BAD, "unknown talker"), id="unknown-component"),
     pytest.param(Fault(no_checkpoint, BAD, "no such checkpoint directory"), id="no-checkpoint"),
+    *ISSUE_30,
 ]
 
 
@@ -391,20 +478,23 @@ def test_faults(
     fault: Fault, tmp_path: Path, request, monkeypatch, capsys, caplog, qwen3_ckpt, qwen3_engine
 ) -> None:
     """qwen3_engine is asked for here, so the session builds it before the export is barred."""
-    from edgeomni.export.families import qwen3, qwen3_omni
+    from edgeomni.export.families import qwen3, qwen3_omni, qwen3_tts
 
     if not fault.exports:
-        for family in (qwen3, qwen3_omni):
+        for family in (qwen3, qwen3_omni, qwen3_tts):
             monkeypatch.setattr(family, "export_component", no_export)
     caplog.set_level(logging.INFO, logger="edge-build")
     env = Env(tmp_path, request, monkeypatch, caplog)
     argv = fault.setup(env)
     capsys.readouterr()
     before = snapshot(tmp_path, fault.changes)
-    code = cli.main(argv)
+    try:
+        code = fault.command(argv)
+    except SystemExit as e:  # argparse's exit for a bad argument
+        code = int(e.code or 0)
     err = capsys.readouterr().err
     assert code == fault.code, err
-    assert fault.message in err
+    assert fault.message.replace("TMP", str(tmp_path)) in err
     assert "Traceback" not in err
     if code != OK:
         assert [line for line in err.splitlines() if "error" in line] == [err.splitlines()[-1]]
@@ -412,6 +502,86 @@ def test_faults(
     assert not [p for p in tmp_path.rglob("*edge-build-*") if p.is_dir()]  # no workspace left
     if fault.after:
         fault.after(env)
+
+
+# a checkpoint's text files -> what the build's check says, and what edge-infer's TextTokenizer
+# says of the same files as the stage folder holds them: the two must agree
+TEXT_VARIANTS = {
+    "as-made": {},
+    "tojson-and-raise": {"chat_template.jinja": "{{ messages | tojson(indent=2) }}"
+                         "{% if false %}{{ raise_exception('no') }}{% endif %}"},
+    "syntax": {"chat_template.jinja": "{% for m in messages %}{{ m }"},
+    # jinja2 looks a test up when it renders: a request then fails alone, as in edge-infer
+    "unknown-test": {"chat_template.jinja": "{% if messages is nosuchtest %}{% endif %}"},
+    "generation-tag": {"chat_template.jinja": "{% generation %}x{% endgeneration %}"},
+    "not-utf8": {"chat_template.jinja": b"\xff"},
+    "tokenizer-a-list": {"tokenizer.json": "[]"},
+    "config-a-list": {"tokenizer_config.json": "[]"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(TEXT_VARIANTS))
+def test_the_build_opens_text_files_as_edge_infer_does(
+    name: str, qwen3_ckpt: Path, tmp_path: Path
+) -> None:
+    from edgeomni.export.common import artifacts
+    from edgeomni.export.common.checkpoint import CheckpointError, open_checkpoint
+    from edgeomni.runtime.artifacts import ArtifactError
+    from edgeomni.runtime.tokenizer import TextTokenizer
+
+    ckpt = shutil.copytree(qwen3_ckpt, tmp_path / "ckpt")
+    for file, text in TEXT_VARIANTS[name].items():
+        (ckpt / file).write_bytes(text if isinstance(text, bytes) else text.encode())
+    try:
+        artifacts.require_tokenizer(open_checkpoint(ckpt))
+        builds = True
+    except CheckpointError:
+        builds = False
+    stage = tmp_path / "stage"  # the files under the names the stage folder gives them
+    stage.mkdir()
+    for file in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copyfile(ckpt / file, stage / file)
+    try:
+        TextTokenizer(stage)
+        opens = True
+    except ArtifactError:
+        opens = False
+    assert builds == opens == (name in ("as-made", "tojson-and-raise", "unknown-test"))
+    if builds:  # and what the build writes opens too
+        out = tmp_path / "out"
+        out.mkdir()
+        artifacts.write_tokenizer(open_checkpoint(ckpt), out)
+        assert TextTokenizer(out).has_chat_template
+
+
+def test_each_family_names_its_position_limits(
+    qwen3_ckpt: Path, omni_ckpt: Path, tts_base_ckpt: Path, logs
+) -> None:
+    """The decoders whose cache --max-kv-cache-capacity sizes, and one line past any limit."""
+    from edgeomni.builder.build import warn_position_limits
+    from edgeomni.export.common.checkpoint import open_checkpoint
+    from edgeomni.export.family import BuildArgs
+    from edgeomni.export.registry import family_for
+
+    talker = ("talker_config.text_config.max_position_embeddings", 4096)
+    cases = [
+        (qwen3_ckpt, {"llm": ("max_position_embeddings", 1024)}, 1024, ""),
+        (omni_ckpt, {"llm": ("thinker_config.text_config.max_position_embeddings", 2048),
+                     "talker": talker}, 3000, "llm 2048 (thinker_config.text_config."
+         "max_position_embeddings); the model"),
+        (tts_base_ckpt, {"talker": ("talker_config.max_position_embeddings", 32768)}, 32769,
+         "talker 32768 (talker_config.max_position_embeddings); the model"),
+    ]  # fmt: skip
+    for path, limits, capacity, warned in cases:
+        ckpt = open_checkpoint(path)
+        hooks = family_for(ckpt.model_type).hooks()
+        components = hooks.components(ckpt)
+        assert hooks.position_limits(ckpt, components) == limits
+        logs.clear()
+        warn_position_limits(hooks, ckpt, components, BuildArgs(1, 16, capacity))
+        said = [r.getMessage() for r in logs.records]
+        start = f"--max-kv-cache-capacity {capacity} is past the model's position limit: "
+        assert len(said) == bool(warned) and all(m.startswith(start + warned) for m in said)
 
 
 def test_big_files_are_checked_by_size_only(tmp_path: Path, monkeypatch) -> None:

@@ -24,6 +24,7 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file, save_file
 
+from edgeomni.export import tiny_tts
 from edgeomni.export.common.checkpoint import CheckpointError
 from edgeomni.export.families.qwen3_tts.speech_encoder import (
     UNUSED_SUFFIXES,
@@ -252,3 +253,115 @@ def test_missing_or_misshaped_tensor_is_named(qwen_tts_reference: dict, tmp_path
     # a codebook past the kept 16 is not read: dropping it changes nothing
     late = "encoder.quantizer.acoustic_residual_vector_quantizer.layers.20.codebook.embed_sum"
     load_speech_encoder(_edited_copy(src, tmp_path / "late", drop=late))
+
+
+# -- configurations upstream accepts, against transformers' own Mimi (no reference venv) ------
+
+# encoder_config changes (over the tiny codec's) that upstream's Qwen3TTSTokenizerV2Encoder, a
+# transformers MimiModel, builds and encodes with
+MIMI_VARIANTS = {
+    "tiny": {},
+    # vector_quantization_hidden_dimension == hidden_size: Mimi has no input_proj / output_proj
+    "no-vq-projection": tiny_tts.no_vq_projection()["encoder_config"],
+    "two-semantic-quantizers": {"num_semantic_quantizers": 2},
+    "bias-gqa-3-layers": {"attention_bias": True, "num_key_value_heads": 1, "num_hidden_layers": 3},
+    "conv-shortcut-2-residual": {"use_conv_shortcut": True, "num_residual_layers": 2},
+    "16-quantizers": {"num_quantizers": 16},
+    "no-window-no-head-dim": {"sliding_window": None, "head_dim": None},
+}
+
+
+def _codec_folder(root: Path, encoder: dict, top: dict | None = None) -> Path:
+    """A tiny random speech_tokenizer/ with these encoder_config (and top-level) changes; a
+    value of tiny_tts.REMOVE takes the key out."""
+    codec = tiny_tts.codec_config("tiny")
+    for target, changes in ((codec["encoder_config"], encoder), (codec, top or {})):
+        target.update(changes)
+        for key in [k for k, v in changes.items() if v == tiny_tts.REMOVE]:
+            del target[key]
+    return tiny_tts.write_speech_tokenizer(root, codec, torch.Generator().manual_seed(3))
+
+
+def _transformers_mimi(folder: Path):
+    """transformers' MimiModel of the folder's encoder_config (all its quantizers) with the
+    folder's encoder.* weights under 5.x's names: upstream's encoder, as transformers runs it."""
+    import json
+
+    from transformers import MimiConfig, MimiModel
+
+    enc = json.loads((folder / "config.json").read_text())["encoder_config"]
+    # 5.x's strict config takes no None window; the inputs here are shorter than any window
+    fields = {k: v for k, v in enc.items() if k != "_frame_rate" and (k, v) != ("sliding_window", None)}  # fmt: skip
+    cfg = MimiConfig(**fields, frame_rate=enc["_frame_rate"])
+    cfg._attn_implementation = "eager"
+    model = MimiModel(cfg).eval()
+    names = (("encoder.", "encoder.encoder_seanet."), ("encoder_transformer.", "encoder.encoder_transformer."),
+             ("downsample.", "encoder.downsample."))  # fmt: skip
+    state = {}
+    for name, tensor in load_file(str(folder / "model.safetensors")).items():
+        if name.startswith("encoder."):
+            name = name[len("encoder.") :]
+            old, new = next(((o, n) for o, n in names if name.startswith(o)), ("", ""))
+            state[new + name[len(old) :]] = tensor
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert [n for n in missing if not n.startswith("decoder.")] == [] and unexpected == []
+    return model
+
+
+@pytest.mark.parametrize("name", list(MIMI_VARIANTS))
+def test_config_variants_encode_as_transformers_mimi(tmp_path: Path, name: str) -> None:
+    folder = _codec_folder(tmp_path / "speech_tokenizer", MIMI_VARIANTS[name])
+    ours, reference = load_speech_encoder(folder), _transformers_mimi(folder)
+    n = 7 * SAMPLES_PER_FRAME + 500  # 15 transformer steps: inside every window
+    wav = torch.from_numpy(np.stack([_wav(n, seed=1), _wav(n, seed=2)]))
+    with torch.no_grad():
+        expected = reference.encode(wav[:, None], num_quantizers=CODEBOOKS).audio_codes
+        codes = ours(wav).numpy()
+    assert codes.shape == (2, 8, CODEBOOKS) and len(np.unique(codes)) > 16  # not all one code
+    np.testing.assert_array_equal(codes, expected.transpose(1, 2).numpy())
+    projected = reference.quantizer.semantic_residual_vector_quantizer.input_proj is not None
+    assert projected == (name != "no-vq-projection")
+
+
+def test_left_out_keys_take_upstreams_defaults(tmp_path: Path) -> None:
+    """Qwen3TTSTokenizerV2Config's defaults: 16 kept codebooks (not the RVQ's 32), 1920 samples
+    a frame, 24 kHz input."""
+    remove = tiny_tts.REMOVE
+    top = dict.fromkeys(
+        ("encoder_valid_num_quantizers", "encode_downsample_rate", "input_sample_rate"), remove
+    )
+    folder = _codec_folder(tmp_path / "st", {"num_quantizers": remove}, top)
+    import json
+
+    cfg = json.loads((folder / "config.json").read_text())
+    assert (
+        "encoder_valid_num_quantizers" not in cfg and "num_quantizers" not in cfg["encoder_config"]
+    )
+    assert engine_config(cfg) == {"sample_rate": 24000, "samples_per_frame": 1920, "num_quantizers": 16}  # fmt: skip
+    assert load_speech_encoder(folder).num_quantizers == 16
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"pad_mode": "reflect"}, "encoder_config.pad_mode 'reflect'"),
+        ({"use_causal_conv": False}, "encoder_config.use_causal_conv false"),
+        ({"audio_channels": 2}, "encoder_config.audio_channels 2"),
+        ({"_frame_rate": 25.0}, "encoder_config._frame_rate 25.0 is the SEANet's own rate"),
+        ({"_frame_rate": 10.0}, "encoder_config._frame_rate 10.0 does not divide"),
+        ({"vector_quantization_hidden_dimension": 32}, "vector_quantization_hidden_dimension 32 is not codebook_dim 16"),
+        ({"num_semantic_quantizers": 32}, "encoder_config: "),
+        ({"hidden_size": "wide"}, "encoder_config: "),
+    ],
+)  # fmt: skip
+def test_configs_it_cannot_encode_are_refused_by_key(change: dict, named: str) -> None:
+    from edgeomni.export.families.qwen3_tts.speech_encoder import mimi_config
+
+    codec = tiny_tts.codec_config("tiny")
+    codec["encoder_config"].update(change)
+    with pytest.raises(CheckpointError, match="^speech_tokenizer/config.json: ") as e:
+        mimi_config(codec)
+    assert named in str(e.value)
+    for top, value in (("encoder_valid_num_quantizers", 33), ("encode_downsample_rate", 960)):
+        with pytest.raises(CheckpointError, match=f"{top} {value} "):
+            mimi_config({**tiny_tts.codec_config("tiny"), top: value})

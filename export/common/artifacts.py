@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
+from edgeomni.export.common.checkpoint import Checkpoint
+from edgeomni.export.common.text_files import chat_template, check_text_files
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 ENGINE_CONFIG = "config.json"
@@ -15,12 +16,10 @@ FORMAT = "edgeomni.engine/1"
 
 
 def require_tokenizer(ckpt: Checkpoint) -> None:
-    """edge-infer needs a fast tokenizer: checked by a family's preflight, before any export, and
-    again where it is copied (a family without preflight)."""
-    if not (ckpt.path / "tokenizer.json").is_file():
-        raise CheckpointError(
-            f"{ckpt.path}: no tokenizer.json; edge-infer needs a fast (tokenizers) tokenizer"
-        )
+    """edge-infer needs a fast tokenizer, and opens it and the chat template when the stage
+    opens: checked by a family's preflight, before any export (export/common/text_files.py),
+    and again where they are copied (a family without preflight)."""
+    check_text_files(ckpt)
 
 
 def write_tokenizer(ckpt: Checkpoint, out_dir: Path) -> None:
@@ -29,17 +28,9 @@ def write_tokenizer(ckpt: Checkpoint, out_dir: Path) -> None:
     for name in TOKENIZER_FILES:
         if (ckpt.path / name).is_file():
             shutil.copyfile(ckpt.path / name, out_dir / name)
-    template = None
-    if (ckpt.path / "chat_template.jinja").is_file():
-        template = (ckpt.path / "chat_template.jinja").read_text()
-    elif (ckpt.path / "tokenizer_config.json").is_file():
-        tok_cfg = json.loads((ckpt.path / "tokenizer_config.json").read_text())
-        template = tok_cfg.get("chat_template")
-        if isinstance(template, list):  # named templates: take the default one
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default")
+    template, _ = chat_template(ckpt.path)
     if template:
-        (out_dir / "chat_template.jinja").write_text(template)
+        (out_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
 
 
 def write_embedding(table: Any, out_dir: Path, name: str = "embedding.safetensors") -> None:

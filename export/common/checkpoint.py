@@ -72,6 +72,25 @@ def section(cfg: dict[str, Any], *path: str) -> dict[str, Any]:
     return node
 
 
+def position_limits(
+    cfg: dict[str, Any], sections: dict[str, tuple[str, ...]], selected: Iterable[str]
+) -> dict[str, tuple[str, int]]:
+    """For each selected component named in ``sections`` (component -> path of its config
+    section), the section's ``max_position_embeddings`` as (its dotted key, value), where the
+    config gives one (a family's ``position_limits`` hook)."""
+    out: dict[str, tuple[str, int]] = {}
+    for name in selected:
+        if name not in sections:
+            continue
+        node: Any = cfg
+        for key in sections[name]:
+            node = node.get(key) if isinstance(node, dict) else None
+        value = node.get("max_position_embeddings") if isinstance(node, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[name] = (".".join((*sections[name], "max_position_embeddings")), value)
+    return out
+
+
 def open_checkpoint(model_dir: str | Path) -> Checkpoint:
     """Open ``model_dir``; every problem is a CheckpointError that says what is wrong."""
     path = Path(model_dir)

@@ -9,6 +9,7 @@ import torch
 
 from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
+from edgeomni.export.common.checkpoint import position_limits as position_limits_of
 from edgeomni.export.common.decoder import CausalLM
 from edgeomni.export.common.onnx_export import export_causal_lm
 from edgeomni.export.common.shapes import DimRanges, decoder_ranges
@@ -28,6 +29,13 @@ def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs
     """What the build reads of config.json and the tokenizer, checked before any export."""
     decoder_config(ckpt.config)
     artifacts.require_tokenizer(ckpt)
+
+
+def position_limits(
+    ckpt: Checkpoint, components: Sequence[Component]
+) -> dict[str, tuple[str, int]]:
+    """The llm's position limit, for edge-build's warning past it."""
+    return position_limits_of(ckpt.config, {LLM.name: ()}, (c.name for c in components))
 
 
 def dim_ranges(ckpt: Checkpoint, component: Component, args: BuildArgs) -> DimRanges:

@@ -3,6 +3,7 @@
 from edgeomni.export.families.qwen3_omni.build import (
     components,
     export_component,
+    position_limits,
     preflight,
     write_artifacts,
 )
@@ -13,6 +14,7 @@ __all__ = [
     "components",
     "dim_ranges",
     "export_component",
+    "position_limits",
     "preflight",
     "write_artifacts",
     "multistage_topology",

@@ -10,6 +10,7 @@ import torch
 
 from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
+from edgeomni.export.common.checkpoint import position_limits as position_limits_of
 from edgeomni.export.common.onnx_export import export_causal_lm
 from edgeomni.export.families.qwen3_omni import audio, code2wav, talker, thinker, visual
 from edgeomni.export.families.qwen3_omni.config import section
@@ -47,6 +48,18 @@ def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs
         talker_fields(ckpt)
     if VISUAL in components:
         image_processor_settings(ckpt)
+
+
+def position_limits(
+    ckpt: Checkpoint, components: Sequence[Component]
+) -> dict[str, tuple[str, int]]:
+    """The thinker's and talker's position limits, for edge-build's warning past them (the
+    code predictor's cache holds one frame's codes, whatever the flag)."""
+    sections = {
+        LLM.name: ("thinker_config", "text_config"),
+        TALKER.name: ("talker_config", "text_config"),
+    }
+    return position_limits_of(ckpt.config, sections, (c.name for c in components))
 
 
 def export_component(

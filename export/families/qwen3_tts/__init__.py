@@ -4,6 +4,7 @@ clone encoders land here as they are built."""
 from edgeomni.export.families.qwen3_tts.build import (
     components,
     export_component,
+    position_limits,
     preflight,
     write_artifacts,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "export_component",
     "multistage_topology",
     "no_graph_reason",
+    "position_limits",
     "preflight",
     "write_artifacts",
 ]

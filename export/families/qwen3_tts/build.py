@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from edgeomni.export.common import artifacts
+from edgeomni.export.common import artifacts, text_files
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError, section
+from edgeomni.export.common.checkpoint import position_limits as position_limits_of
 from edgeomni.export.common.onnx_export import export_causal_lm
 from edgeomni.export.families.qwen3_tts import code2wav, speaker_encoder, speech_encoder, talker
 from edgeomni.export.families.qwen3_tts.config import (
@@ -64,19 +65,44 @@ def components(ckpt: Checkpoint) -> tuple[Component, ...]:
 
 def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:
     """config.json's dimensions, ids and speakers, the tokenizer and the codec's config, checked
-    before any export."""
+    before any export: every key each component's export and engine config read, over
+    upstream's defaults, so what upstream accepts either builds or is refused here by name."""
     talker_fields(ckpt)
     predictor_decoder_config(ckpt.config)
-    _tokenizer_source(ckpt)
-    code2wav_settings(ckpt)
-    if SPEAKER_ENCODER in components:  # its x-vector is one position of the talker's codec track
-        width = section(ckpt.config, "speaker_encoder_config").get("enc_dim")
-        hidden = talker_decoder_config(ckpt.config).hidden_size
-        if width != hidden:
+    check_tokenizer(ckpt)
+    settings = code2wav_settings(ckpt)
+    code2wav.code2wav_engine_config(settings)
+    groups = num_code_groups(ckpt.config)
+    frame = code2wav.decoder_settings(settings["decoder_config"])["num_quantizers"]
+    if frame != groups:  # upstream's decoder refuses the talker's frames
+        raise CheckpointError(
+            f"speech_tokenizer/config.json: decoder_config.num_quantizers {frame} is not "
+            f"config.json's talker_config.num_code_groups {groups}"
+        )
+    if SPEECH_ENCODER in components:  # a reference clip's codes are talker frames
+        kept = speech_encoder.engine_config(settings)["num_quantizers"]
+        if kept != groups:
             raise CheckpointError(
-                f"config.json: speaker_encoder_config.enc_dim {width} is not the talker's "
-                f"hidden_size {hidden}"
+                f"speech_tokenizer/config.json: encoder_valid_num_quantizers {kept} is not "
+                f"config.json's talker_config.num_code_groups {groups}"
             )
+    if SPEAKER_ENCODER in components:  # its x-vector is one position of the talker's codec track
+        speaker = speaker_encoder.check_config(section(ckpt.config, "speaker_encoder_config"))
+        hidden = talker_decoder_config(ckpt.config).hidden_size
+        if speaker["enc_dim"] != hidden:
+            raise CheckpointError(
+                f"config.json: speaker_encoder_config.enc_dim {speaker['enc_dim']} is not the "
+                f"talker's hidden_size {hidden}"
+            )
+
+
+def position_limits(
+    ckpt: Checkpoint, components: Sequence[Component]
+) -> dict[str, tuple[str, int]]:
+    """The talker's position limit, for edge-build's warning past it (the code predictor's
+    cache holds one frame's codes, whatever the flag)."""
+    sections = {TALKER.name: ("talker_config",)}
+    return position_limits_of(ckpt.config, sections, (c.name for c in components))
 
 
 def export_component(
@@ -187,12 +213,33 @@ def _tokenizer_source(ckpt: Checkpoint) -> str:
     raise CheckpointError(f"{ckpt.path}: no tokenizer (tokenizer.json, or vocab.json + merges.txt)")
 
 
-def write_tokenizer(ckpt: Checkpoint, out_dir: Path) -> None:
-    """tokenizer.json for the runtime's `tokenizers`: copied, or converted from vocab.json and
-    merges.txt through transformers (the release ships only those)."""
+def check_tokenizer(ckpt: Checkpoint) -> None:
+    """What the talker's tokenizer will be, opened as edge-infer opens it: tokenizer.json (and
+    a chat template) as every family's; vocab.json + merges.txt converted, here into a scratch
+    folder, as write_tokenizer converts them. A CheckpointError naming the file otherwise."""
+    import tempfile
+
     if _tokenizer_source(ckpt) == "tokenizer.json":
-        artifacts.write_tokenizer(ckpt, out_dir)
+        artifacts.require_tokenizer(ckpt)
         return
+    text_files.tokenizer_config(ckpt.path)
+    try:
+        json.loads((ckpt.path / "vocab.json").read_text(encoding="utf-8"))
+        (ckpt.path / "merges.txt").read_text(encoding="utf-8")
+    except json.JSONDecodeError as e:
+        raise CheckpointError(
+            f"{ckpt.path / 'vocab.json'}: not valid JSON ({e.msg} at line {e.lineno})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{ckpt.path}: the tokenizer cannot be read ({e})") from None
+    with tempfile.TemporaryDirectory(prefix="edgeomni-tokenizer-") as scratch:
+        _convert_tokenizer(ckpt, Path(scratch))
+        text_files.load_tokenizer(Path(scratch) / "tokenizer.json")
+
+
+def _convert_tokenizer(ckpt: Checkpoint, out_dir: Path) -> None:
+    """vocab.json + merges.txt -> out_dir/tokenizer.json through transformers (the release
+    ships only those); what it cannot convert is a CheckpointError naming the files."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -201,9 +248,23 @@ def write_tokenizer(ckpt: Checkpoint, out_dir: Path) -> None:
     hf_logging.set_verbosity_error()
     try:
         tok = AutoTokenizer.from_pretrained(str(ckpt.path))
+        tok.backend_tokenizer.save(str(out_dir / "tokenizer.json"))
+    except Exception as e:  # the tokenizer classes raise what their parsers raise
+        raise CheckpointError(
+            f"{ckpt.path}: vocab.json + merges.txt do not make a tokenizer "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
     finally:
         hf_logging.set_verbosity(level)
-    tok.backend_tokenizer.save(str(out_dir / "tokenizer.json"))
+
+
+def write_tokenizer(ckpt: Checkpoint, out_dir: Path) -> None:
+    """tokenizer.json for the runtime's `tokenizers`: copied, or converted from vocab.json and
+    merges.txt through transformers (the release ships only those)."""
+    if _tokenizer_source(ckpt) == "tokenizer.json":
+        artifacts.write_tokenizer(ckpt, out_dir)
+        return
+    _convert_tokenizer(ckpt, out_dir)
     if (ckpt.path / "tokenizer_config.json").is_file():
         (out_dir / "tokenizer_config.json").write_bytes(
             (ckpt.path / "tokenizer_config.json").read_bytes()
@@ -211,7 +272,7 @@ def write_tokenizer(ckpt: Checkpoint, out_dir: Path) -> None:
 
 
 def code2wav_settings(ckpt: Checkpoint) -> dict[str, Any]:
-    """speech_tokenizer/config.json, which the code2wav engine config reads."""
+    """speech_tokenizer/config.json, which the codec's engine configs read."""
     path = ckpt.path / TOKENIZER / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{ckpt.path}: no {TOKENIZER}/config.json (the 12 Hz codec)")
@@ -219,7 +280,9 @@ def code2wav_settings(ckpt: Checkpoint) -> dict[str, Any]:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e.msg})") from None
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("decoder_config"), dict):
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    if not isinstance(cfg.get("decoder_config"), dict):
         raise CheckpointError(f"{path}: no decoder_config")
     return cfg
 

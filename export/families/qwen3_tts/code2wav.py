@@ -45,6 +45,44 @@ PREFIX = "decoder."
 UNUSED_SUFFIXES = ("quantizer.rvq_first.input_proj.weight", "quantizer.rvq_rest.input_proj.weight")
 SEMANTIC_CODEBOOKS = 1  # upstream's SplitResidualVectorQuantizer(n_q_semantic=1)
 CODEBOOK_EPSILON = 1e-5  # EuclideanCodebook's clamp on cluster_usage
+WHERE = "speech_tokenizer/config.json: decoder_config."
+# Qwen3TTSTokenizerV2DecoderConfig's defaults, for keys a config.json leaves out (it has none
+# for codebook_dim, which the decoder reads all the same: required)
+DEFAULTS: dict[str, Any] = {
+    "codebook_size": 2048, "hidden_size": 1024, "latent_dim": 1024,
+    "max_position_embeddings": 8000, "rope_theta": 10000, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "attention_bias": False, "sliding_window": 72,
+    "intermediate_size": 3072, "hidden_act": "silu", "layer_scale_initial_scale": 0.01,
+    "rms_norm_eps": 1e-5, "num_hidden_layers": 8, "num_quantizers": 16,
+    "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2], "decoder_dim": 1536,
+    "attention_dropout": 0.0,
+}  # fmt: skip
+
+
+def decoder_settings(dec: Any) -> dict[str, Any]:
+    """``decoder_config`` over upstream's defaults, refusing (a CheckpointError naming the key)
+    what upstream's decoder cannot run or this export would compute differently."""
+    if not isinstance(dec, dict):
+        raise CheckpointError(f"{WHERE[:-1]} is missing or not an object")
+    dec = {**DEFAULTS, **dec}
+    window = dec["sliding_window"]
+    rope = dec.get("rope_scaling") or dec.get("rope_parameters") or {}
+    refusals = [
+        (not isinstance(dec.get("codebook_dim"), int) or dec["codebook_dim"] < 2,
+         "codebook_dim is missing or not an int of at least 2 (the decoder reads it)"),
+        (not isinstance(window, int) or isinstance(window, bool) or window < 1,
+         f"sliding_window {window!r}: upstream's decoder needs a window (its layers are all "
+         "sliding-window attention)"),
+        (not isinstance(dec["num_quantizers"], int) or dec["num_quantizers"] <= SEMANTIC_CODEBOOKS,
+         f"num_quantizers {dec['num_quantizers']!r}: the split RVQ needs more than "
+         f"{SEMANTIC_CODEBOOKS}"),
+        (rope.get("rope_type", rope.get("type", "default")) != "default",
+         f"rope_scaling {rope!r}: only default RoPE is exported"),
+    ]  # fmt: skip
+    for refused, why in refusals:
+        if refused:
+            raise CheckpointError(f"{WHERE}{why}")
+    return dec
 
 
 def transformer_config(dec: dict[str, Any]) -> Qwen3OmniMoeCode2WavConfig:
@@ -137,6 +175,7 @@ class Qwen3TTSCode2Wav(nn.Module):
 
     def __init__(self, dec: dict[str, Any]) -> None:
         super().__init__()
+        dec = decoder_settings(dec)
         cfg = transformer_config(dec)
         codebook_dim, latent = dec["codebook_dim"], dec["latent_dim"]
         self.num_quantizers = cfg.num_quantizers
@@ -189,9 +228,7 @@ def load_decoder(speech_tokenizer_dir: Path) -> Qwen3TTSCode2Wav:
     """The decoder of a ``speech_tokenizer/`` folder, fp32, eval mode. Strict: every ``decoder.*``
     tensor but the encoder-side ``UNUSED_SUFFIXES`` must be used and none may be missing."""
     ckpt = open_checkpoint(speech_tokenizer_dir)
-    dec = ckpt.config.get("decoder_config")
-    if not isinstance(dec, dict):
-        raise CheckpointError(f"{ckpt.path}/config.json: no decoder_config")
+    dec = decoder_settings(ckpt.config.get("decoder_config"))
     with torch.device("meta"):  # names only: no memory, no init
         expected = set(Qwen3TTSCode2Wav(dec).state_dict())
     found = {n[len(PREFIX) :] for n in ckpt.names(PREFIX)} - set(UNUSED_SUFFIXES)
@@ -244,13 +281,14 @@ def code2wav_engine_config(
     Windows are upstream's ``chunked_decode``: 300 frames with 25 frames of left context. Nothing
     is trimmed (the transposed convs trim on the right inside the model: n frames, n*1920
     samples), so a window's samples are final as soon as it is decoded."""
-    dec = tokenizer_cfg["decoder_config"]
+    dec = decoder_settings(tokenizer_cfg.get("decoder_config"))
     per_frame = samples_per_frame(dec)
     upsample = int(tokenizer_cfg.get("decode_upsample_rate", per_frame))
     if upsample != per_frame:
         raise CheckpointError(
             f"speech_tokenizer/config.json: decode_upsample_rate {upsample} is not the "
-            f"decoder's {per_frame} samples per frame"
+            f"decoder's {per_frame} samples per frame (decoder_config.upsampling_ratios x "
+            "upsample_rates)"
         )
     return {
         "component": "code2wav",

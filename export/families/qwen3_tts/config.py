@@ -45,10 +45,14 @@ def _rope_theta(sec: dict[str, Any], where: str) -> float:
 
 
 def _decoder(sec: dict[str, Any], where: str, head_dim: int | None, **extra: Any) -> DecoderConfig:
-    if sec.get("use_sliding_window") or any(
-        t != "full_attention" for t in sec.get("layer_types") or []
-    ):
-        raise CheckpointError(f"config.json: {where} sliding-window layers are not supported")
+    if sec.get("use_sliding_window"):
+        raise CheckpointError(
+            f"config.json: {where}use_sliding_window true: sliding-window layers are not supported"
+        )
+    if any(t != "full_attention" for t in sec.get("layer_types") or []):
+        raise CheckpointError(
+            f"config.json: {where}layer_types: only full_attention layers are supported"
+        )
     if sec.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"config.json: {where}hidden_act {sec['hidden_act']!r} is not silu")
     heads = need(sec, "num_attention_heads", where)

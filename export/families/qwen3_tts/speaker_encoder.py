@@ -33,7 +33,8 @@ ENGINE = "speaker_encoder.onnx"
 INPUT = "mels"
 OUTPUT = "speaker_embedding"
 # extract_speaker_embedding's mel_spectrogram arguments (hard-coded upstream, not in the config)
-N_FFT, HOP_SIZE, WIN_SIZE, FMIN, FMAX = 1024, 256, 1024, 0, 12000
+N_FFT, HOP_SIZE, WIN_SIZE, FMIN, FMAX, N_MELS = 1024, 256, 1024, 0, 12000, 128
+SAMPLE_RATE = 24000
 STD_EPSILON = 1e-12  # AttentiveStatisticsPooling.eps
 # Qwen3TTSSpeakerEncoderConfig's defaults, for keys a config.json leaves out
 DEFAULTS: dict[str, Any] = {
@@ -183,6 +184,44 @@ class Qwen3TTSSpeakerEncoder(nn.Module):
         return self.fc(self.asp(h)).squeeze(-1)
 
 
+def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``speaker_encoder_config`` over upstream's defaults, refusing (a CheckpointError naming
+    the key) what upstream's class builds but its forward cannot run: the SE-Res2Net blocks add
+    their input back and split it into ``enc_res2net_scale`` groups, and the aggregation reads
+    their outputs side by side; and mels other than upstream's fixed 128 bands at 24 kHz."""
+    where = "config.json: speaker_encoder_config."
+    cfg = {**DEFAULTS, **cfg}
+    lists = ("enc_channels", "enc_kernel_sizes", "enc_dilations")
+    if (
+        not all(isinstance(cfg[k], list) and cfg[k] for k in lists)
+        or len({len(cfg[k]) for k in lists}) != 1
+    ):
+        raise CheckpointError(f"{where}{', '.join(lists)} must be lists of one length")
+    channels, scale = cfg["enc_channels"], cfg["enc_res2net_scale"]
+    if len(channels) < 3 or len(set(channels[:-1])) != 1:
+        raise CheckpointError(
+            f"{where}enc_channels {channels}: needs at least 3 entries, all but the last equal "
+            "(each SE-Res2Net block adds its input to its output)"
+        )
+    if channels[-1] != sum(channels[1:-1]):
+        raise CheckpointError(
+            f"{where}enc_channels {channels}: the last must be the sum of the SE-Res2Net "
+            f"blocks' {sum(channels[1:-1])} (the aggregation concatenates them)"
+        )
+    if not isinstance(scale, int) or scale < 2 or channels[0] % scale:
+        raise CheckpointError(
+            f"{where}enc_res2net_scale {scale!r} must be at least 2 and divide enc_channels "
+            f"{channels[0]}"
+        )
+    for key, fixed in (("mel_dim", N_MELS), ("sample_rate", SAMPLE_RATE)):
+        if cfg[key] != fixed:
+            raise CheckpointError(
+                f"{where}{key} {cfg[key]!r}: upstream's extract_speaker_embedding makes its mels "
+                f"with {fixed} whatever the config says"
+            )
+    return cfg
+
+
 def min_frames(cfg: dict[str, Any]) -> int:
     """Fewest frames the encoder takes: each reflect pad (half of ``dilation * (kernel - 1)``,
     the larger half on the right) must be shorter than the sequence."""
@@ -203,7 +242,7 @@ def load_speaker_encoder(checkpoint_dir: Path) -> Qwen3TTSSpeakerEncoder:
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{ckpt.path}/config.json: no speaker_encoder_config")
     with torch.device("meta"):  # names and shapes only; the tensors are assigned below
-        module = Qwen3TTSSpeakerEncoder(cfg)
+        module = Qwen3TTSSpeakerEncoder(check_config(cfg))
     expected = module.state_dict()
     found = {n[len(PREFIX) :] for n in ckpt.names(PREFIX)}
     missing, extra = sorted(set(expected) - found), sorted(found - set(expected))

@@ -57,6 +57,9 @@ ACOUSTIC = "quantizer.acoustic_residual_vector_quantizer."
 # Dequantization back to the latents' width: encoding reads only input_proj and the codebooks.
 UNUSED_SUFFIXES = (SEMANTIC + "output_proj.weight", ACOUSTIC + "output_proj.weight")
 CDIST_CLAMP = 1e-30  # torch.cdist's clamp before the square root (matmul form)
+VALID_QUANTIZERS = 16  # Qwen3TTSTokenizerV2Config's default encoder_valid_num_quantizers
+WHERE = "speech_tokenizer/config.json"
+INPUT_RATE = 24000  # Qwen3TTSTokenizerV2Config's default input_sample_rate
 
 
 def _acoustic_layer(name: str) -> int | None:
@@ -68,22 +71,83 @@ def _acoustic_layer(name: str) -> int | None:
 
 def mimi_config(tokenizer_cfg: dict[str, Any]) -> MimiConfig:
     """transformers 5's MimiConfig from the checkpoint's 4.57-style ``encoder_config``, with only
-    the kept quantizers (the RVQ is sequential: later codebooks never change earlier codes)."""
+    the kept quantizers (the RVQ is sequential: later codebooks never change earlier codes).
+
+    Every key upstream's config class accepts is read or refused here, naming it (a
+    CheckpointError), so a build preflight catches what the export could not do.
+    ``sliding_window`` is dropped: upstream's attention never applies it (module docstring),
+    and 5.x's strict config refuses the None that 4.57 takes."""
     enc = tokenizer_cfg.get("encoder_config")
     if not isinstance(enc, dict):
-        raise CheckpointError("speech_tokenizer config.json: no encoder_config")
-    kept = int(tokenizer_cfg.get("encoder_valid_num_quantizers", enc["num_quantizers"]))
-    if not enc["num_semantic_quantizers"] < kept <= enc["num_quantizers"]:
-        raise CheckpointError(f"encoder_valid_num_quantizers {kept} outside the encoder's RVQ")
+        raise CheckpointError(f"{WHERE}: no encoder_config (the codec's encoder)")
     keys = set(MimiConfig.__dataclass_fields__) - {"num_quantizers", "rope_parameters"}
-    cfg = MimiConfig(
-        **{k: v for k, v in enc.items() if k in keys},
-        num_quantizers=kept,
-        rope_parameters={"rope_type": "default", "rope_theta": float(enc.get("rope_theta", 1e4))},
-        frame_rate=enc.get("frame_rate", enc.get("_frame_rate")),  # 4.57 saves it as _frame_rate
-    )
+    fields = {k: v for k, v in enc.items() if k in keys - {"sliding_window"} and v is not None}
+    if "codebook_dim" in enc and enc["codebook_dim"] is None:  # 4.57: None means hidden_size
+        fields["codebook_dim"] = fields.get("hidden_size", MimiConfig.hidden_size)
+    theta = enc.get("rope_theta", 1e4)
+    try:
+        full = MimiConfig(
+            **fields,
+            num_quantizers=enc.get("num_quantizers", MimiConfig.num_quantizers),
+            rope_parameters={"rope_type": "default", "rope_theta": float(theta)},
+            frame_rate=enc.get("frame_rate", enc.get("_frame_rate")),  # 4.57: _frame_rate
+        )
+    except Exception as e:  # transformers' strict config raises its own types
+        raise CheckpointError(f"{WHERE}: encoder_config: {_first_line(e)}") from None
+    _refuse_unsupported(full, tokenizer_cfg)
+    kept = _kept_quantizers(tokenizer_cfg, full)
+    cfg = MimiConfig(**{**full.to_dict(), "num_quantizers": kept, "frame_rate": full.frame_rate})
     cfg._attn_implementation = "eager"  # a plain additive mask: exports to ONNX as it is
     return cfg
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return " ".join(lines[:2]) if lines else type(e).__name__
+
+
+def _kept_quantizers(tokenizer_cfg: dict[str, Any], full: MimiConfig) -> int:
+    """``encoder_valid_num_quantizers`` (upstream's default 16): the codebooks a frame keeps,
+    more than the semantic ones (5.x's Mimi needs an acoustic one) and at most the RVQ's."""
+    kept = tokenizer_cfg.get("encoder_valid_num_quantizers", VALID_QUANTIZERS)
+    if not isinstance(kept, int) or not full.num_semantic_quantizers < kept <= full.num_quantizers:
+        raise CheckpointError(
+            f"{WHERE}: encoder_valid_num_quantizers {kept!r} is not within the encoder's RVQ "
+            f"(more than num_semantic_quantizers {full.num_semantic_quantizers}, at most "
+            f"num_quantizers {full.num_quantizers})"
+        )
+    return kept
+
+
+def _refuse_unsupported(cfg: MimiConfig, tokenizer_cfg: dict[str, Any]) -> None:
+    """What upstream's encoder takes but this export does not compute as upstream does (or
+    what upstream's encode itself fails on), each naming its key."""
+    refusals = [
+        (not cfg.use_causal_conv, "use_causal_conv false: only causal convs are exported"),
+        (cfg.pad_mode != "constant",
+         f"pad_mode {cfg.pad_mode!r}: only 'constant' padding is exported"),
+        (cfg.audio_channels != 1,
+         f"audio_channels {cfg.audio_channels}: upstream encodes mono audio only"),
+        (cfg.frame_rate == cfg.encodec_frame_rate,
+         f"_frame_rate {cfg.frame_rate} is the SEANet's own rate: no downsample stage, which "
+         "this export does not handle"),
+        (cfg.latent_stride < 1 or cfg.frame_rate * cfg.latent_stride != cfg.encodec_frame_rate,
+         f"_frame_rate {cfg.frame_rate} does not divide the SEANet's rate "
+         f"{cfg.encodec_frame_rate}: no whole downsample stride"),
+        (cfg.vector_quantization_hidden_dimension != cfg.codebook_dim,
+         f"vector_quantization_hidden_dimension {cfg.vector_quantization_hidden_dimension} is "
+         f"not codebook_dim {cfg.codebook_dim}: the codebooks could not be searched"),
+    ]  # fmt: skip
+    for refused, why in refusals:
+        if refused:
+            raise CheckpointError(f"{WHERE}: encoder_config.{why}")
+    per_frame = math.prod(cfg.upsampling_ratios) * cfg.latent_stride
+    rate = tokenizer_cfg.get("encode_downsample_rate", per_frame)
+    if rate != per_frame:
+        raise CheckpointError(
+            f"{WHERE}: encode_downsample_rate {rate} is not the encoder's {per_frame} samples "
+            "per frame"
+        )
 
 
 def _nearest(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -99,8 +163,10 @@ def _nearest(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 def _rvq_encode(rvq: hf.MimiResidualVectorQuantizer, latents: torch.Tensor) -> list[torch.Tensor]:
     """Mimi's ResidualVectorQuantizer.encode: latents [B, D, T] -> one [B, T] code per layer."""
+    # no input_proj when vector_quantization_hidden_dimension == hidden_size: Mimi's identity
+    projected = latents if rvq.input_proj is None else rvq.input_proj(latents)
     # [B, T, d]: the matmul folds B into its rows, as Mimi's [B*T, d] reshape before cdist
-    residual = rvq.input_proj(latents).transpose(1, 2)
+    residual = projected.transpose(1, 2)
     codes = []
     for layer in rvq.layers:
         book = layer.codebook
@@ -134,18 +200,9 @@ class Qwen3TTSSpeechEncoder(nn.Module):
 
     def __init__(self, tokenizer_cfg: dict[str, Any]) -> None:
         super().__init__()
-        cfg = mimi_config(tokenizer_cfg)
-        if not cfg.use_causal_conv:
-            raise CheckpointError("speech tokenizer encoder: only causal convs are supported")
-        if cfg.frame_rate == cfg.encodec_frame_rate:
-            raise CheckpointError("speech tokenizer encoder: no downsample stage (frame rate)")
+        cfg = mimi_config(tokenizer_cfg)  # refuses what this module cannot compute
         self.num_quantizers = cfg.num_quantizers
         self.samples_per_frame = math.prod(cfg.upsampling_ratios) * cfg.latent_stride
-        rate = tokenizer_cfg.get("encode_downsample_rate", self.samples_per_frame)
-        if rate != self.samples_per_frame:
-            raise CheckpointError(
-                f"encode_downsample_rate {rate} != the encoder's {self.samples_per_frame} samples"
-            )
         # None: upstream's full causal attention (see the module docstring)
         self.window: int | None = None
         self.encoder = hf.MimiEncoder(cfg)
@@ -263,9 +320,9 @@ def export_speech_encoder(module: Qwen3TTSSpeechEncoder, path: Path) -> Path:
 def engine_config(tokenizer_cfg: dict[str, Any]) -> dict[str, Any]:
     """What a runtime needs around the engine (``tokenizer_cfg``: speech_tokenizer/config.json):
     the input rate, samples per code frame (frames = ceil(samples / it)), codebooks per frame."""
-    enc = tokenizer_cfg.get("encoder_config") or {}
+    cfg = mimi_config(tokenizer_cfg)  # upstream's defaults for the keys a config leaves out
     return {
-        "sample_rate": int(tokenizer_cfg.get("input_sample_rate", enc.get("sampling_rate"))),
-        "samples_per_frame": int(tokenizer_cfg["encode_downsample_rate"]),
-        "num_quantizers": int(tokenizer_cfg["encoder_valid_num_quantizers"]),
+        "sample_rate": int(tokenizer_cfg.get("input_sample_rate", INPUT_RATE)),
+        "samples_per_frame": math.prod(cfg.upsampling_ratios) * cfg.latent_stride,
+        "num_quantizers": cfg.num_quantizers,
     }
