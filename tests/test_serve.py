@@ -6,7 +6,9 @@ answers 429 and loses no accepted request; a client that disconnects frees its s
 from __future__ import annotations
 
 import json
+import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -67,6 +69,27 @@ def start(engine: Path, *, batch_size: int, max_queue: int, api_key: str | None 
         server.stop(10)
 
     return SimpleNamespace(url=url, server=server, stop=stop, media_root=app.state.media_root)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The module's temp dir (tempfile's and TMPDIR, which edge-serve processes inherit), of
+    its own so no other run's files count: once every server here has stopped, it must hold
+    no edge-serve folder (media, warm-up). In-process servers once left their media folder
+    behind, one each."""
+    root = tmp_path_factory.mktemp("tmpdir")
+    saved = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = str(root), str(root)
+    try:
+        yield root
+    finally:
+        tempfile.tempdir = saved[0]
+        if saved[1] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved[1]
+    left = sorted(p.name for p in root.glob("edge-serve-*"))
+    assert not left, f"edge-serve folders left in TMPDIR: {left}"
 
 
 @pytest.fixture(scope="module")

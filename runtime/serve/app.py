@@ -11,9 +11,11 @@
   a chunk per text delta or audio delta (base64 pcm16) and a last one with the finish reason
   and usage.
 
-Errors are OpenAI's error body: 400 for a bad request (the field named), 401 without the API
-key when one is set, 429 (with Retry-After) when the server is full, 500 for a request that
-failed inside the runtime (the others go on), 503 once the scheduler loop has stopped. A
+Errors are OpenAI's error body: 400 for a bad request (the field named; text that is not valid
+Unicode too), 401 without the API key when one is set, 404 ``model_not_found`` for a model
+other than this one, 429 (with Retry-After) when the server is full, 500 for a request that
+failed inside the runtime (the others go on), 503 once the scheduler loop has stopped. No error
+holds a server-side path: a request's media files are named by the part they came from. A
 request whose client disconnects is cancelled, streamed or not: the loop drops it at its next
 turn and its rows are free.
 """
@@ -22,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import secrets
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
@@ -42,6 +45,7 @@ from edgeomni.runtime.serve.openai_api import (
     Media,
     chat_audio,
     chat_request,
+    check_unicode,
     chunk,
     completion,
     encoded,
@@ -50,18 +54,45 @@ from edgeomni.runtime.serve.openai_api import (
     speech_request,
 )
 from edgeomni.runtime.serve.page import page_endpoint
-from edgeomni.runtime.serve.server import DONE, Busy, Pending, Server, is_client_error, usage_of
+from edgeomni.runtime.serve.server import (
+    DONE,
+    Busy,
+    Pending,
+    Server,
+    is_client_error,
+    scrub,
+    usage_of,
+)
 
+T = TypeVar("T")
 MAX_BODY = 32 << 20  # bytes of a request body (inline images and audio included)
 
 
 def make_app(server: Server, *, model: str, api_key: str | None = None,
              max_tokens: int = DEFAULT_MAX_GENERATE_LENGTH, max_audio_s: float = 60.0,
              max_pixels: int = 4096 * 4096) -> Starlette:  # fmt: skip
-    """The ASGI app over a started ``server``. ``max_tokens``: a request's default and cap;
-    ``max_audio_s`` and ``max_pixels``: the largest inline audio and image a request may
-    bring."""
-    media_root = Path(tempfile.mkdtemp(prefix="edge-serve-media-"))
+    """The ASGI app over a started ``server``, serving one model, ``model`` (a body naming
+    another is 404). ``max_tokens``: a request's default and cap; ``max_audio_s`` and
+    ``max_pixels``: the largest inline audio and image a request may bring. Inline media go to
+    ``app.state.media_root``, made as the app starts and removed as it shuts down."""
+
+    def media_root() -> Path:
+        if app.state.media_root is None:  # made here if the server ran no lifespan
+            app.state.media_root = Path(tempfile.mkdtemp(prefix="edge-serve-media-"))
+        return app.state.media_root
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        media_root()
+        try:
+            yield
+        finally:
+            shutil.rmtree(app.state.media_root, ignore_errors=True)
+
+    def scrubbed(labels: dict[str, str]) -> dict[str, str]:
+        """Server-side paths a request's errors may hold -> what its client calls them."""
+        return {**labels, str(media_root()): "(inline media)",
+                str(server.pipe.engine_dir): model}  # fmt: skip
 
     def error(e: ApiError) -> JSONResponse:
         headers = {"Retry-After": "1"} if e.status == 429 else None
@@ -86,10 +117,10 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
 
     async def take(
         request: HttpRequest,
-        make: Callable[[Any, int, Path], tuple[Request, set[str] | None, Any]],
+        make: Callable[[Any, int, Media], tuple[Request, set[str] | None, Any]],
     ) -> tuple[Pending, Any, bool] | Response:
-        """An API request into the server: the key, the JSON body, ``make(body, index,
-        media folder)`` -> (request, terminals, what the answer needs), the stream flag; or the
+        """An API request into the server: the key, the JSON body, its model, ``make(body,
+        index, media)`` -> (request, terminals, what the answer needs), the stream flag; or the
         error answer."""
         if not authorised(request):
             return error(ApiError(401, "a valid API key is required", kind="authentication_error"))
@@ -100,14 +131,15 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
             raw = await request.body()
             if len(raw) > MAX_BODY:
                 raise ApiError(413, f"the body is over {MAX_BODY} bytes")
-            try:
-                body = json.loads(raw)
-            except ValueError as e:
-                raise ApiError(400, f"the body is not JSON: {e}") from None
+            body = parsed(raw)
+            check_unicode(body)
+            if isinstance(body, dict):
+                check_model(body.get("model"))
             index = server.next_index()
-            folder = media_root / f"request-{index}"  # its inline media, removed as it leaves
+            folder = media_root() / f"request-{index}"  # its inline media, removed as it leaves
+            media = Media(folder, max_audio_s, max_pixels)
             try:
-                req, terminals, extra = make(body, index, folder)
+                req, terminals, extra = make(body, index, media)
                 stream = body.get("stream", False)
                 if not isinstance(stream, bool):
                     raise ApiError(400, f"stream must be true or false, got {stream!r}",
@@ -123,24 +155,37 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
                     raise ApiError(429, f"{e}; retry later", kind="rate_limit_error") from None
                 except RuntimeError as e:  # the scheduler loop has stopped
                     raise ApiError(503, str(e), kind="server_error") from None
-            except BaseException:  # not in the server: its media go now
+                pending.labels = scrubbed(media.labels)
+            except BaseException as e:  # not in the server: its media go now
                 shutil.rmtree(folder, ignore_errors=True)
+                if isinstance(e, ApiError):
+                    e.message = scrub(e.message, scrubbed(media.labels))
                 raise
         except ApiError as e:
-            if e.status in (400, 413):
+            if e.status in (400, 404, 413):
                 server.metrics.count("invalid")
             return error(e)
         return pending, extra, stream
 
-    def make_chat(body: Any, index: int, folder: Path) -> tuple[Request, set[str], str | None]:
+    def check_model(name: Any) -> None:
+        """A body may leave out ``model``; one it names must be this server's (OpenAI's
+        servers answer 404 ``model_not_found`` for any other)."""
+        if name is None or name == model:
+            return
+        if not isinstance(name, str):
+            raise ApiError(400, f"model must be a string, got {type(name).__name__}", "model")
+        raise ApiError(404, f"the model {name!r} does not exist; this server serves {model!r}",
+                       "model", code="model_not_found")  # fmt: skip
+
+    def make_chat(body: Any, index: int, media: Media) -> tuple[Request, set[str], str | None]:
         if not server.texts:
             raise ApiError(400, "this graph makes no text (a speech graph)", "messages")
         fmt = chat_audio(body) if isinstance(body, dict) else None
         if fmt is not None and not server.audio:
             raise ApiError(400, "this graph makes no audio", "modalities")
         terminals = server.texts | (server.audio if fmt is not None else set())
-        folder.mkdir()
-        req = chat_request(body, index, max_tokens, Media(folder, max_audio_s, max_pixels))
+        media.folder.mkdir()
+        req = chat_request(body, index, max_tokens, media)
         return req, terminals, fmt
 
     async def chat(request: HttpRequest) -> Response:
@@ -154,7 +199,7 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
                                      media_type="text/event-stream")  # fmt: skip
         return await _until_disconnect(request, pending, _whole(server, pending, rid, model, fmt))
 
-    def make_speech(body: Any, index: int, folder: Path) -> tuple[Request, set[str], str]:
+    def make_speech(body: Any, index: int, media: Media) -> tuple[Request, set[str], str]:
         if not server.audio or server.texts:
             raise ApiError(400, "this graph does not speak a given text (a Qwen3-TTS graph "
                            "does; an omni graph speaks its own reply)", "input")  # fmt: skip
@@ -169,15 +214,19 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
             return taken
         pending, fmt, stream = taken
         media = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}[fmt]
-        if stream:
-            return StreamingResponse(_audio_stream(pending, fmt), media_type=media)
+        if stream:  # raw bytes have no room for an error: the status waits for the first audio
+            seen = await _until_disconnect(request, pending, _until_audio(pending))
+            failed = next((e for e in seen if isinstance(e, Failed)), None)
+            if failed is not None:
+                return error(_failure(failed, pending))
+            return StreamingResponse(_audio_stream(pending, fmt, seen), media_type=media)
         return await _until_disconnect(request, pending, _audio_whole(pending, fmt, media))
 
     async def metrics(request: HttpRequest) -> Response:
         text = server.metrics.render(server.in_flight, server.capacity, lambda: server.running)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
-    app = Starlette(routes=[
+    app = Starlette(lifespan=lifespan, routes=[
         Route("/", page_endpoint(server, max_tokens=max_tokens, max_audio_s=max_audio_s),
               methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -186,8 +235,22 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/audio/speech", speech, methods=["POST"]),
     ])  # fmt: skip
-    app.state.media_root = media_root  # where requests' inline media are kept
+    app.state.media_root = None  # where requests' inline media are kept, once made
     return app
+
+
+def parsed(raw: bytes) -> Any:
+    """A request body's JSON; a 400 saying what is wrong with it."""
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError as e:
+        bad = e.object[e.start : e.start + 1]
+        raise ApiError(400, f"the body is not UTF-8 text (byte 0x{bad.hex()} at offset "
+                       f"{e.start})") from None  # fmt: skip
+    except RecursionError:
+        raise ApiError(400, "the body is not JSON this server reads: it nests too deeply") from None
+    except ValueError as e:
+        raise ApiError(400, f"the body is not JSON: {e}") from None
 
 
 async def _events(pending: Pending) -> AsyncIterator[Any]:
@@ -200,12 +263,10 @@ async def _events(pending: Pending) -> AsyncIterator[Any]:
             Server.cancel(pending)
 
 
-async def _until_disconnect(
-    request: HttpRequest, pending: Pending, answer: Awaitable[Response]
-) -> Response:
-    """A whole (non-streamed) answer, its request cancelled if the client goes away first: the
-    server learns of that from the connection (ASGI's http.disconnect), as no response is being
-    written to it yet."""
+async def _until_disconnect(request: HttpRequest, pending: Pending, answer: Awaitable[T]) -> T:
+    """A whole (non-streamed) answer, or what a streamed one waits for before it starts, its
+    request cancelled if the client goes away first: the server learns of that from the
+    connection (ASGI's http.disconnect), as no response is being written to it yet."""
 
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -220,10 +281,12 @@ async def _until_disconnect(
         watcher.cancel()
 
 
-def _failure(event: Failed) -> ApiError:
-    if is_client_error(event):
-        return ApiError(400, event.error)
-    return ApiError(500, f"{event.stage}: {event.error}", kind="server_error")
+def _failure(event: Failed, pending: Pending) -> ApiError:
+    error = scrub(event.error, pending.labels)  # no server-side path reaches the client
+    if is_client_error(event):  # a media part it names is the field at fault
+        parts = [w for path, w in pending.labels.items() if path in event.error]
+        return ApiError(400, error, next((w for w in parts if w.startswith("messages[")), None))
+    return ApiError(500, f"{event.stage}: {error}", kind="server_error")
 
 
 async def _whole(
@@ -239,7 +302,7 @@ async def _whole(
         elif isinstance(event, Finished) and event.stage in server.text_stages:
             finish = event.reason
         elif isinstance(event, Failed):
-            failed = _failure(event)
+            failed = _failure(event, pending)
     if failed is not None:
         return JSONResponse(failed.body(), status_code=failed.status)
     usage = usage_of(pending.state, server.texts)
@@ -267,7 +330,7 @@ async def _sse(server: Server, pending: Pending, rid: str, model: str) -> AsyncI
         elif isinstance(event, Finished) and event.stage in server.text_stages:
             finish = event.reason
         elif isinstance(event, Failed):  # headers are sent: the error goes in the stream
-            failed = _failure(event)
+            failed = _failure(event, pending)
     if failed is not None:
         yield line(failed.body())
         return
@@ -282,7 +345,7 @@ async def _audio_whole(pending: Pending, fmt: str, media: str) -> Response:
             pieces.append(event.samples)
             rate = event.sample_rate
         elif isinstance(event, Failed):
-            failed = _failure(event)
+            failed = _failure(event, pending)
     if failed is not None:
         return JSONResponse(failed.body(), status_code=failed.status)
     import numpy as np
@@ -306,14 +369,38 @@ def _wav_header(rate: int) -> bytes:
     )
 
 
-async def _audio_stream(pending: Pending, fmt: str) -> AsyncIterator[bytes]:
-    """The audio's bytes as the vocoder makes them (wav: a header first). A failure after the
-    first bytes can only end the stream early."""
+async def _until_audio(pending: Pending) -> list[Any]:
+    """A request's events up to its first audio, a failure or its end (DONE)."""
+    seen: list[Any] = []
+    while True:
+        seen.append(event := await pending.events.get())
+        if event is DONE or isinstance(event, Failed):
+            return seen
+        if isinstance(event, AudioChunk) and event.samples.size:
+            return seen
+
+
+async def _audio_stream(pending: Pending, fmt: str, seen: list[Any]) -> AsyncIterator[bytes]:
+    """The audio's bytes as the vocoder makes them (wav: a header first), from the events
+    ``seen`` already on. A failure after the first bytes can only end the stream early."""
+
+    async def events() -> AsyncIterator[Any]:
+        for event in seen:
+            if event is DONE:
+                return
+            yield event
+        async for event in _events(pending):
+            yield event
+
     started = False
-    async for event in _events(pending):
-        if isinstance(event, AudioChunk):
-            if not started and fmt == "wav":
-                yield _wav_header(event.sample_rate)
-            started = True
-            if event.samples.size:
-                yield pcm16(event.samples)
+    try:
+        async for event in events():
+            if isinstance(event, AudioChunk):
+                if not started and fmt == "wav":
+                    yield _wav_header(event.sample_rate)
+                started = True
+                if event.samples.size:
+                    yield pcm16(event.samples)
+    finally:
+        if pending.state is None:  # the client left first: the loop drops it next turn
+            Server.cancel(pending)

@@ -1,6 +1,6 @@
 """edge-serve: the graph of an engine dir behind OpenAI's chat-completions API, in one process.
 
-    edge-serve --config ENG [--host 127.0.0.1] [--port 8000] [--batch-size 8] [--max-queue 64]
+    edge-serve --config ENG [--host 127.0.0.1] [--port 8000] [--batch-size N] [--max-queue 64]
         [--api-key KEY] [--max-tokens 256] [--max-audio-seconds 60] [--max-image-pixels N]
 
 Needs the ``serve`` extra (Starlette and uvicorn): pip install 'edgeomni[serve]'.
@@ -10,46 +10,98 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import shutil
 import signal
+import socket
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH
 from edgeomni.runtime.scheduler import PATIENCE
 
 log = logging.getLogger("edge-serve")
+BATCH_SIZE = 8  # --batch-size where the build names no max batch
+
+
+EPILOG = """\
+exit status:
+  0    stopped by SIGTERM or Ctrl-C once the requests in flight had finished
+  2    a bad flag, an engine dir it cannot serve (or --batch-size above its build), or an
+       address it cannot listen on (a port in use, a host that is not this machine's or does
+       not resolve): one line, before any port opens
+  1    the warm-up failed, the scheduler loop stopped on an error, or an internal error
+  130  Ctrl-C again while draining (the requests in flight are cut, the line says how many),
+       or Ctrl-C before the port opened (loading, warming up); 143 the same for SIGTERM
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (no usage block), as every other error here."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            span = f"{low}..{high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="edge-serve",
         description="Serve an engine dir's graph over OpenAI's API (GET /health, GET "
         "/v1/models, POST /v1/chat/completions with text, streamed or not). Every request "
         "joins one in-flight scheduler loop; a client that disconnects frees its slot.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", required=True, type=Path,
                    help="engine dir (or its multistage_config.json)")  # fmt: skip
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")  # fmt: skip
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--batch-size", type=int, default=8,
-                   help="requests each stage runs at once (at most the build's max batch)")  # fmt: skip
-    p.add_argument("--max-queue", type=int, default=64,
+    p.add_argument("--port", type=_int_at_least(0, 65535), default=8000,
+                   help="TCP port, 0..65535 (default 8000; 0: any free one)")  # fmt: skip
+    p.add_argument("--batch-size", type=_int_at_least(1),
+                   help="requests each stage runs at once (default: the build's max batch, "
+                   f"else {BATCH_SIZE}; more than the build's is refused)")  # fmt: skip
+    p.add_argument("--max-queue", type=_int_at_least(0), default=64,
                    help="requests that may wait beyond those running; more get 429")  # fmt: skip
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: the "
                    "EDGE_SERVE_API_KEY environment variable, else none)")  # fmt: skip
-    p.add_argument("--max-tokens", type=int,
+    p.add_argument("--max-tokens", type=_int_at_least(1),
                    help="a request's default and largest max_tokens (default: "
                    f"{DEFAULT_MAX_GENERATE_LENGTH}, or less where the build's KV cache "
                    "capacity is smaller; more than that capacity is refused)")  # fmt: skip
-    p.add_argument("--max-audio-seconds", type=float, default=60.0,
+    p.add_argument("--max-audio-seconds", type=_seconds, default=60.0,
                    help="the longest inline audio a request may bring")  # fmt: skip
-    p.add_argument("--max-image-pixels", type=int, default=4096 * 4096,
+    p.add_argument("--max-image-pixels", type=_int_at_least(1), default=4096 * 4096,
                    help="the largest inline image a request may bring")  # fmt: skip
-    p.add_argument("--stage-patience", type=int, default=PATIENCE, metavar="TURNS",
+    p.add_argument("--stage-patience", type=_int_at_least(0), default=PATIENCE, metavar="TURNS",
                    help="how many scheduler turns a later stage (talker, vocoder) waits for "
                    f"requests on their way before it steps a batch that is not full (default "
                    f"{PATIENCE}; 0: step every turn)")  # fmt: skip
@@ -60,7 +112,8 @@ def parser() -> argparse.ArgumentParser:
                    help="before the port opens, run 1, 2, .. --batch-size requests at once, so a "
                    "GPU build's CUDA graphs are captured before clients wait on them (auto, the "
                    "default: on when an engine runs on a GPU with CUDA graphs)")  # fmt: skip
-    p.add_argument("--threads", type=int, help="CPU threads per engine (default: onnxruntime's)")
+    p.add_argument("--threads", type=_int_at_least(1),
+                   help="CPU threads per engine (default: onnxruntime's)")  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -81,53 +134,107 @@ def token_limit(server: Any, asked: int | None) -> int:
     return asked
 
 
+def _fail(message: str, code: int = 2) -> int:
+    print(f"edge-serve: error: {message}", file=sys.stderr)
+    return code
+
+
+def build_batch(pipe: Any) -> int | None:
+    """The largest batch every stage of the build takes (each stage's ``max_batch``, which
+    edge-build stamps from its engine's build), or None where no stage says."""
+    return min((s.max_batch for s in pipe.graph.stages if s.max_batch), default=None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:  # a bad flag (one line, 2) or --help (0)
+        return e.code if isinstance(e.code, int) else 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(name)s: %(message)s")  # fmt: skip
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
 
-        from edgeomni.runtime.serve.app import make_app
+        from edgeomni.runtime.serve.app import make_app  # noqa: F401
     except ImportError as e:
-        print(f"edge-serve: {e.name} is missing: pip install 'edgeomni[serve]'", file=sys.stderr)
-        return 2
+        return _fail(f"{e.name} is missing: pip install 'edgeomni[serve]'")
+    from edgeomni.builder import interrupts
+
+    opened: list[Any] = []  # the socket and the server, closed if it ends before serving
+    try:
+        with interrupts.raised():
+            ready = _prepare(args, opened)
+            if isinstance(ready, int):
+                return ready
+            opened.clear()
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM before the port opened
+        print("edge-serve: interrupted", file=sys.stderr)
+        return interrupts.exit_status(e)
+    except Exception as e:  # a bug: one line; --verbose shows where
+        if args.verbose:
+            traceback.print_exc()
+        return _fail(f"internal error: {type(e).__name__}: {e}", 1)
+    finally:
+        _close(opened)
+    return _serve(*ready)
+
+
+def _close(opened: list[Any]) -> None:
+    """What ``_prepare`` opened, when it ends before serving: the server's requests (the
+    warm-up's) are cut, its loop stopped; the socket closed."""
+    for thing in opened:
+        if isinstance(thing, socket.socket):
+            thing.close()
+        else:
+            thing.cancel_all()
+            thing.stop(timeout=10)
+
+
+def _prepare(args: argparse.Namespace, opened: list[Any]) -> int | tuple[Any, Any, Any]:
+    """Everything before the port opens, cheapest first: the graph and the flags against its
+    build, the address, the engines, the warm-up. An exit status, or (socket, server, app)."""
     from edgeomni.graph_schema import GraphError
     from edgeomni.runtime.pipeline import Pipeline, resolve_config
     from edgeomni.runtime.serve import warmup
+    from edgeomni.runtime.serve.app import make_app
+    from edgeomni.runtime.serve.listen import AddressError, bind
     from edgeomni.runtime.serve.server import Server
 
-    if args.max_tokens is not None and args.max_tokens < 1:
-        print("edge-serve: --max-tokens must be >= 1", file=sys.stderr)
-        return 2
-    if args.stage_patience < 0:
-        print("edge-serve: --stage-patience must be >= 0", file=sys.stderr)
-        return 2
     try:
         config = resolve_config(args.config)
         pipe = Pipeline(config, threads=args.threads, patience=args.stage_patience,
                         cuda_graphs=not args.no_cuda_graphs)  # fmt: skip
-        server = Server(pipe, batch_size=args.batch_size, max_queue=args.max_queue)
-        pipe.open(set(pipe.graph.stage_ids))  # every engine loads before the port opens
     except GraphError as e:
-        print(f"edge-serve: invalid graph: {e}", file=sys.stderr)
-        return 2
+        return _fail(f"invalid graph: {e}")
     except (OSError, RuntimeError, ValueError) as e:
-        print(f"edge-serve: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    most = build_batch(pipe)
+    batch_size = args.batch_size or most or BATCH_SIZE
+    if most is not None and batch_size > most:  # the 429 limit is computed from it
+        return _fail(f"--batch-size {batch_size} is over the build's max batch, {most} "
+                     f"(edge-build --max-batch-size); give at most {most}")  # fmt: skip
+    server = Server(pipe, batch_size=batch_size, max_queue=args.max_queue)
     try:
         max_tokens = token_limit(server, args.max_tokens)
     except ValueError as e:
-        print(f"edge-serve: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    try:
+        opened.append(bind(args.host, args.port))
+    except AddressError as e:
+        return _fail(str(e))
+    try:
+        pipe.open(set(pipe.graph.stage_ids))  # every engine loads before the port opens
+    except GraphError as e:
+        return _fail(f"invalid graph: {e}")
+    except (OSError, RuntimeError, ValueError) as e:
+        return _fail(str(e))
     server.start()
+    opened.append(server)
     if args.warmup == "on" or (args.warmup == "auto" and warmup.needed(server)):
         try:
-            warmup.warm_up(server, batch_size=min(args.batch_size, server.capacity))
+            warmup.warm_up(server, batch_size=min(batch_size, server.capacity))
         except RuntimeError as e:  # the graph fails a plain request
-            print(f"edge-serve: the warm-up failed: {e}", file=sys.stderr)
-            server.stop(timeout=30)
-            return 1
+            return _fail(f"the warm-up failed: {e}", 1)
     api_key = args.api_key or os.environ.get("EDGE_SERVE_API_KEY") or None
     app = make_app(
         server,
@@ -137,23 +244,50 @@ def main(argv: list[str] | None = None) -> int:
         max_audio_s=args.max_audio_seconds,
         max_pixels=args.max_image_pixels,
     )
-    # uvicorn stops taking connections on SIGTERM / Ctrl-C and lets the open ones finish, then
-    # raises the signal again, to whatever handler was there before it: this one takes it, so
-    # the loop is stopped and the media folder removed before the process ends (a second
-    # Ctrl-C while draining still quits at once: uvicorn's own handler sees it)
-    caught: list[int] = []
-    drain = (signal.SIGINT, signal.SIGTERM)
-    before = {sig: signal.signal(sig, lambda sig, _frame: caught.append(sig)) for sig in drain}
+    return opened[0], server, app
+
+
+def _serve(sock: socket.socket, server: Any, app: Any) -> int:
+    """Serve until SIGINT or SIGTERM: the first drains (exit 0 once the requests in flight
+    have finished), a second cuts them (exit 130 or 143 at once); the media folder goes
+    either way."""
+    import uvicorn
+
+    from edgeomni.runtime.serve.listen import STOP, Web
+
+    web = Web(uvicorn.Config(app, log_level="info"), server)
+    host, port = sock.getsockname()[:2]
+    log.info("listening on http://%s:%d (Ctrl-C: finish the requests in flight and stop; "
+             "twice: cut them)", f"[{host}]" if ":" in host else host, port)  # fmt: skip
+    before = {sig: signal.signal(sig, web.handle_exit) for sig in STOP}  # none lost till it runs
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        web.run(sockets=[sock])
     finally:
+        for sig in STOP:  # the exit is under way: nothing stops the cleanup
+            signal.signal(sig, signal.SIG_IGN)
         server.stop(timeout=30)
-        shutil.rmtree(app.state.media_root, ignore_errors=True)
+        sock.close()
+        if app.state.media_root is not None:
+            shutil.rmtree(app.state.media_root, ignore_errors=True)
         for sig, handler in before.items():
             signal.signal(sig, handler)
-    if caught:
-        log.info("stopped by %s after the requests in flight", signal.Signals(caught[0]).name)
+    if web.cut is not None:
+        how = "Ctrl-C" if web.signals[-1] == signal.SIGINT else "SIGTERM"
+        print(f"edge-serve: {how} again while draining: cut the {_requests(web.cut)} in flight",
+              file=sys.stderr)  # fmt: skip
+        return 128 + web.signals[-1]
+    if web.signals:
+        name = signal.Signals(web.signals[0]).name
+        if web.draining:
+            log.info("stopped by %s once the %s in flight had finished", name,
+                     _requests(web.draining))  # fmt: skip
+        else:
+            log.info("stopped by %s (no request was in flight)", name)
     return 1 if server.error is not None else 0
+
+
+def _requests(n: int) -> str:
+    return "1 request" if n == 1 else f"{n} requests"
 
 
 if __name__ == "__main__":

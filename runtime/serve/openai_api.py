@@ -32,24 +32,69 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
 class ApiError(Exception):
-    """An error answered with OpenAI's error body: ``status``, a message, the field at fault."""
+    """An error answered with OpenAI's error body: ``status``, a message, the field at fault,
+    and OpenAI's ``code`` where it has one (``model_not_found``)."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:  # fmt: skip
+                 kind: str = "invalid_request_error", code: str | None = None) -> None:  # fmt: skip
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.code = code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": None}}  # fmt: skip
+        # a client's lone surrogate echoed back would make the body unencodable as UTF-8
+        return {"error": {"message": _printable(self.message), "type": self.kind,
+                          "param": None if self.param is None else _printable(self.param),
+                          "code": self.code}}  # fmt: skip
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_unicode(body: Any) -> None:
+    """A 400 naming the first string of a parsed JSON body (a key or a value, at any depth)
+    that is not valid Unicode text: JSON's ``\\udc80`` escapes can make a lone surrogate, which
+    no tokenizer or UTF-8 writer takes. Iterative: a deeply nested body cannot exhaust the
+    stack."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            at = _surrogate(value)
+            if at is not None:
+                name = where or "the body"
+                raise ApiError(400, f"{name}: not valid Unicode text (a lone surrogate at "
+                                f"character {at})", where or None)  # fmt: skip
+        elif isinstance(value, Mapping):
+            for key in reversed(list(value)):
+                inner = f"{where}.{key}" if where else str(key)
+                if _surrogate(str(key)) is not None:
+                    name = where or "the body"
+                    raise ApiError(400, f"{name}: a field name is not valid Unicode text (a "
+                                    f"lone surrogate in {str(key)!r})",
+                                    where or None)  # fmt: skip
+                stack.append((inner, value[key]))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+
+
+def _surrogate(text: str) -> int | None:
+    """Where ``text`` holds a surrogate code point (only a lone one survives JSON decoding:
+    a valid pair becomes one character), or None."""
+    match = _SURROGATE.search(text)
+    return None if match is None else match.start()
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def chat_audio(body: Mapping[str, Any]) -> str | None:
     """The audio format a chat body asks for (``modalities`` with "audio", and ``audio:
     {voice, format}``), or None for text only; an ApiError naming the field."""
     modalities = body.get("modalities") or ["text"]
-    if not isinstance(modalities, list) or not set(modalities) <= {"text", "audio"} or \
-            "text" not in modalities:  # fmt: skip
+    if not isinstance(modalities, list) or not all(isinstance(m, str) for m in modalities) or \
+            not set(modalities) <= {"text", "audio"} or "text" not in modalities:  # fmt: skip
         raise ApiError(400, 'modalities must be ["text"] or ["text", "audio"]', "modalities")
     audio = body.get("audio")
     if "audio" not in modalities:
@@ -70,15 +115,16 @@ def chat_audio(body: Mapping[str, Any]) -> str | None:
 class Media:
     """Where a request's inline media go: files in ``folder`` (the runtime reads media parts
     from files), within the server's limits; the caller removes the folder once the request
-    has left."""
+    has left. ``labels`` maps each file to the part it came from, so no error a client sees
+    holds a server-side path."""
 
     def __init__(self, folder: Path, max_audio_s: float, max_pixels: int) -> None:
         self.folder, self.max_audio_s, self.max_pixels = folder, max_audio_s, max_pixels
-        self.count = 0
+        self.labels: dict[str, str] = {}
 
-    def _write(self, data: bytes, suffix: str) -> Path:
-        self.count += 1
-        path = self.folder / f"part{self.count}{suffix}"
+    def _write(self, data: bytes, suffix: str, where: str) -> Path:
+        path = self.folder / f"part{len(self.labels) + 1}{suffix}"
+        self.labels[str(path)] = where
         path.write_bytes(data)
         return path
 
@@ -88,7 +134,7 @@ class Media:
         if match is None:
             raise ApiError(400, "an image must be a data URL (data:image/...;base64,...): no "
                            "URL is fetched", where)  # fmt: skip
-        path = self._write(_b64(match.group(2), where), "." + match.group(1).split("+")[0])
+        path = self._write(_b64(match.group(2), where), "." + match.group(1).split("+")[0], where)
         try:
             from PIL import Image
 
@@ -98,7 +144,7 @@ class Media:
             raise ApiError(400, "this server reads no images (the image extra is missing)",
                            where) from None  # fmt: skip
         except Exception as e:
-            raise ApiError(400, f"not an image: {e}", where) from None
+            raise ApiError(400, f"not an image: {_reason(e, path)}", where) from None
         if width * height > self.max_pixels:
             raise ApiError(400, f"the image has {width}x{height} pixels; at most "
                            f"{self.max_pixels} here", where)  # fmt: skip
@@ -111,17 +157,24 @@ class Media:
         if fmt not in ("wav", "flac"):
             raise ApiError(400, f"input_audio.format must be wav or flac, got {fmt!r}",
                            where + ".format")  # fmt: skip
-        path = self._write(_b64(part["data"], where + ".data"), "." + fmt)
+        path = self._write(_b64(part["data"], where + ".data"), "." + fmt, where)
         import soundfile as sf
 
         try:
             seconds = sf.info(str(path)).duration
         except Exception as e:
-            raise ApiError(400, f"not {fmt} audio: {e}", where + ".data") from None
+            raise ApiError(400, f"not {fmt} audio: {_reason(e, path)}", where + ".data") from None
         if seconds > self.max_audio_s:
             raise ApiError(400, f"the audio is {seconds:.1f} s long; at most "
                            f"{self.max_audio_s:g} s here", where)  # fmt: skip
         return str(path)
+
+
+def _reason(e: Exception, path: Path) -> str:
+    """A decoder's complaint about a file without the file's (server-side) path."""
+    text = str(e).replace(repr(str(path)), "").replace(str(path), "")
+    return re.sub(r"\s+([:.,])", r"\1", re.sub(r"\s{2,}", " ", text)).strip(" :") or type(
+        e).__name__  # fmt: skip
 
 
 def _b64(data: str, where: str) -> bytes:
@@ -171,6 +224,7 @@ def chat_request(body: Any, index: int, max_tokens: int, media: Media | None = N
     images and audio go (None: none taken)."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "the body must be a JSON object")
+    check_unicode(body)
     unknown = [k for k in body if k not in KNOWN and not k.startswith(EXTRA_PREFIXES)]
     if unknown:
         raise ApiError(400, f"unknown field {unknown[0]!r}", unknown[0])
@@ -271,6 +325,7 @@ def speech_request(body: Any, index: int) -> tuple[Request, str]:
     edge-infer's --prompt) and the response format; an ApiError (400) naming the field."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "the body must be a JSON object")
+    check_unicode(body)
     unknown = [k for k in body if k not in SPEECH_FIELDS and not k.startswith(EXTRA_PREFIXES)]
     if unknown:
         raise ApiError(400, f"unknown field {unknown[0]!r}", unknown[0])

@@ -10,6 +10,7 @@ most ``batch_size + max_queue`` requests are in the server at once; past that, `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -48,9 +49,25 @@ class Pending:
     audio_s: float = 0.0
     invalid: bool = False  # it failed being planned or prepared: its own fault
     cleanup: Callable[[], None] = lambda: None  # run once nothing reads its inline media
+    # server-side paths in its errors -> what the client knows them by (its media parts)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def post(self, item: Any) -> None:
+        """Hand an event to the request's response; dropped once the HTTP side has shut down
+        (its event loop closed: nobody is left to read it)."""
+        with contextlib.suppress(RuntimeError):  # RuntimeError: the event loop is closed
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
 
 
 DONE = object()  # the last item of a request's queue
+
+
+def scrub(text: str, labels: dict[str, str]) -> str:
+    """``text`` with the server's paths in ``labels`` replaced by the client's names for them
+    (the longest first: a file's path before its folder's)."""
+    for path in sorted(labels, key=len, reverse=True):
+        text = text.replace(path, labels[path])
+    return text
 
 
 class Server:
@@ -88,8 +105,8 @@ class Server:
             with self._lock:
                 pending = list(self._pending.values())
             for p in pending:
-                p.loop.call_soon_threadsafe(p.events.put_nowait, Failed(p.index, "server", str(e)))
-                p.loop.call_soon_threadsafe(p.events.put_nowait, DONE)
+                p.post(Failed(p.index, "server", str(e)))
+                p.post(DONE)
 
     def stop(self, timeout: float | None = None) -> None:
         """Take no more requests; return once those in the server have left (or ``timeout``)."""
@@ -103,8 +120,9 @@ class Server:
 
     @property
     def in_flight(self) -> int:
-        with self._lock:
-            return len(self._pending)
+        # no lock: len() of a dict is atomic, and a signal handler reads it (one that waited
+        # on a lock the interrupted main thread holds would never return)
+        return len(self._pending)
 
     def _event(self, event: Event) -> None:
         with self._lock:
@@ -125,7 +143,7 @@ class Server:
         if isinstance(event, TextDelta) and not event.text:
             return  # a token that completes no character yet: nothing to answer, no wake-up
         if isinstance(event, (TextDelta, AudioChunk, Finished, Failed)):
-            p.loop.call_soon_threadsafe(p.events.put_nowait, event)
+            p.post(event)
 
     def _done(self, state: RequestState) -> None:
         with self._lock:
@@ -143,7 +161,7 @@ class Server:
         if p is not None:
             p.cleanup()  # it has left the graph: nothing reads its inline media any more
             p.state = state
-            p.loop.call_soon_threadsafe(p.events.put_nowait, DONE)
+            p.post(DONE)
 
     def _cancelled(self, state: RequestState) -> bool:
         with self._lock:
@@ -186,6 +204,15 @@ class Server:
     @staticmethod
     def cancel(p: Pending) -> None:
         p.cancelled = True
+
+    def cancel_all(self) -> int:
+        """Cancel every request in the server (a second Ctrl-C: the loop drops them at its
+        next turn); returns how many there were. Without the lock, as ``in_flight``: copying
+        a dict's values is atomic."""
+        pending = list(self._pending.values())
+        for p in pending:
+            p.cancelled = True
+        return len(pending)
 
 
 def stage_configs(pipe: Pipeline) -> dict[str, dict[str, Any]]:
