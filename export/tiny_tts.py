@@ -21,6 +21,8 @@ talker is 2048 wide; its code predictor stays 1024).
 OUT_DIR must be new or empty (exit 2 naming what is there otherwise): a checkpoint's files have
 common names (config.json, model.safetensors) that would replace yours. ``--force`` writes into
 a non-empty OUT_DIR all the same, replacing the files of those names and leaving the others.
+Exit status: 0 written; 2 bad arguments or an OUT_DIR it may not write; 1 a system error (a
+full disk), in one line.
 """
 
 from __future__ import annotations

@@ -157,3 +157,38 @@ def test_onnx_engine_matches_upstream_and_torch(qwen_tts_reference: dict, engine
     out1 = run(None, {"codes": one})[0][:, 0]
     assert out1.shape == (2, SAMPLES_PER_FRAME)
     np.testing.assert_allclose(out1, ref1, rtol=0, atol=ORT_ATOL)
+
+
+# -- decoder configurations: upstream's defaults, or refused by key (no reference venv) --------
+
+
+def test_left_out_keys_take_upstreams_defaults() -> None:
+    """Qwen3TTSTokenizerV2DecoderConfig's defaults fill what a config leaves out."""
+    from edgeomni.export.families.qwen3_tts.code2wav import DEFAULTS, decoder_settings
+
+    dec = decoder_settings({"codebook_dim": 512})
+    assert dec == {**DEFAULTS, "codebook_dim": 512}
+    assert dec["sliding_window"] == 72 and dec["hidden_act"] == "silu"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"sliding_window": None}, "decoder_config.sliding_window None: upstream's decoder needs"),
+        ({"codebook_dim": None}, "decoder_config.codebook_dim is missing"),
+        ({"num_quantizers": 1}, "decoder_config.num_quantizers 1: the split RVQ needs more"),
+        ({"rope_scaling": {"rope_type": "yarn"}}, "decoder_config.rope_scaling {'rope_type': 'yarn'}"),
+        ({"hidden_act": "nope"}, "decoder_config.hidden_act 'nope' is no activation"),
+        ({"hidden_size": "wide"}, "decoder_config.hidden_size 'wide' is not a positive int"),
+        ({"upsample_rates": 5}, "decoder_config.upsample_rates 5 is not a list of positive ints"),
+    ],
+)  # fmt: skip
+def test_configs_it_cannot_decode_are_refused_by_key(change: dict, named: str) -> None:
+    from edgeomni.export import tiny_tts
+    from edgeomni.export.families.qwen3_tts.code2wav import code2wav_engine_config
+
+    codec = tiny_tts.codec_config("tiny")
+    codec["decoder_config"].update(change)
+    with pytest.raises(CheckpointError, match="^speech_tokenizer/config.json: decoder_config") as e:
+        code2wav_engine_config(codec)
+    assert named in str(e.value)

@@ -264,3 +264,31 @@ def test_onnx_batch_rows_equal_each_alone(upstream: dict, engine: Any) -> None:
         alone = [engine.run(None, {"mels": x[None]})[0][0] for x in (a, b)]
         np.testing.assert_allclose(both, np.stack(alone), rtol=0, atol=ORT_ATOL)
         assert np.abs(alone[0] - alone[1]).max() > 100 * ORT_ATOL  # the rows do differ
+
+
+# -- configurations upstream's class builds but its forward cannot run: refused by key ---------
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"enc_dilations": [1, 2, 1]}, "enc_channels, enc_kernel_sizes, enc_dilations must be lists"),
+        ({"enc_channels": [16, 16, 48], "enc_kernel_sizes": [5, 3, 1], "enc_dilations": [1, 2, 1]},
+         "enc_channels [16, 16, 48]: the last must be the sum"),
+        ({"enc_channels": [16, 32, 32, 32, 96]}, "all but the last equal"),
+        ({"enc_channels": [16, 16], "enc_kernel_sizes": [5, 1], "enc_dilations": [1, 1]},
+         "needs at least 3 entries"),
+        ({"enc_res2net_scale": 3}, "enc_res2net_scale 3 must be at least 2 and divide"),
+        ({"mel_dim": 80}, "mel_dim 80: upstream's extract_speaker_embedding makes its mels with 128"),
+        ({"sample_rate": 16000}, "sample_rate 16000: upstream's extract_speaker_embedding"),
+    ],
+)  # fmt: skip
+def test_configs_it_cannot_run_are_refused_by_key(change: dict, named: str) -> None:
+    from edgeomni.export import tiny_tts
+    from edgeomni.export.families.qwen3_tts.speaker_encoder import check_config
+
+    cfg = {**tiny_tts.SIZES["tiny"]["speaker"], **change}
+    with pytest.raises(CheckpointError, match="^config.json: speaker_encoder_config.") as e:
+        check_config(cfg)
+    assert named in str(e.value)
+    assert check_config(tiny_tts.SIZES["tiny"]["speaker"])["mel_dim"] == 128  # the tiny one runs

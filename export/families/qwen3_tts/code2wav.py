@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.activations import ACT2FN
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeCode2WavConfig,
@@ -59,6 +60,11 @@ DEFAULTS: dict[str, Any] = {
 }  # fmt: skip
 
 
+SIZES = ("codebook_size", "codebook_dim", "hidden_size", "latent_dim", "num_attention_heads",
+         "num_key_value_heads", "intermediate_size", "num_hidden_layers", "decoder_dim",
+         "max_position_embeddings")  # fmt: skip
+
+
 def decoder_settings(dec: Any) -> dict[str, Any]:
     """``decoder_config`` over upstream's defaults, refusing (a CheckpointError naming the key)
     what upstream's decoder cannot run or this export would compute differently."""
@@ -78,16 +84,37 @@ def decoder_settings(dec: Any) -> dict[str, Any]:
          f"{SEMANTIC_CODEBOOKS}"),
         (rope.get("rope_type", rope.get("type", "default")) != "default",
          f"rope_scaling {rope!r}: only default RoPE is exported"),
+        (not isinstance(dec["hidden_act"], str) or dec["hidden_act"] not in ACT2FN,
+         f"hidden_act {dec['hidden_act']!r} is no activation transformers knows"),
     ]  # fmt: skip
     for refused, why in refusals:
         if refused:
             raise CheckpointError(f"{WHERE}{why}")
+    for key in SIZES:
+        if not _positive_int(dec[key]):
+            raise CheckpointError(f"{WHERE}{key} {dec[key]!r} is not a positive int")
+    for key in ("upsample_rates", "upsampling_ratios"):
+        if not isinstance(dec[key], list) or not all(_positive_int(r) for r in dec[key]):
+            raise CheckpointError(f"{WHERE}{key} {dec[key]!r} is not a list of positive ints")
     return dec
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def transformer_config(dec: dict[str, Any]) -> Qwen3OmniMoeCode2WavConfig:
     """An Omni code2wav config carrying the Qwen3-TTS decoder's widths: ``hidden_size`` is the
-    transformer's (the upsampling and decoder widths are passed to their modules explicitly)."""
+    transformer's (the upsampling and decoder widths are passed to their modules explicitly).
+    A value of the wrong kind is a CheckpointError naming decoder_config."""
+    try:
+        return _omni_config(dec)
+    except Exception as e:  # transformers' strict config raises its own types
+        message = " ".join(str(e).split()) or type(e).__name__
+        raise CheckpointError(f"{WHERE[:-1]}: {message}") from None
+
+
+def _omni_config(dec: dict[str, Any]) -> Qwen3OmniMoeCode2WavConfig:
     return Qwen3OmniMoeCode2WavConfig(
         codebook_size=dec["codebook_size"],
         hidden_size=dec["hidden_size"],

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.activations import ACT2FN
 from transformers.models.mimi import modeling_mimi as hf
 from transformers.models.mimi.configuration_mimi import MimiConfig
 
@@ -126,6 +127,8 @@ def _refuse_unsupported(cfg: MimiConfig, tokenizer_cfg: dict[str, Any]) -> None:
         (not cfg.use_causal_conv, "use_causal_conv false: only causal convs are exported"),
         (cfg.pad_mode != "constant",
          f"pad_mode {cfg.pad_mode!r}: only 'constant' padding is exported"),
+        (cfg.hidden_act not in ACT2FN,
+         f"hidden_act {cfg.hidden_act!r} is no activation transformers knows"),
         (cfg.audio_channels != 1,
          f"audio_channels {cfg.audio_channels}: upstream encodes mono audio only"),
         (cfg.frame_rate == cfg.encodec_frame_rate,
