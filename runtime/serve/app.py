@@ -194,8 +194,12 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
             return taken
         pending, fmt, stream = taken
         rid = f"chatcmpl-{pending.index}"
-        if stream:
-            return StreamingResponse(_sse(server, pending, rid, model),
+        if stream:  # a request that fails before its first output is an error status
+            seen = await _until_disconnect(request, pending, _until_output(pending))
+            failed = next((e for e in seen if isinstance(e, Failed)), None)
+            if failed is not None:
+                return error(_failure(failed, pending))
+            return StreamingResponse(_sse(server, pending, rid, model, seen),
                                      media_type="text/event-stream")  # fmt: skip
         return await _until_disconnect(request, pending, _whole(server, pending, rid, model, fmt))
 
@@ -215,7 +219,7 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         pending, fmt, stream = taken
         media = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}[fmt]
         if stream:  # raw bytes have no room for an error: the status waits for the first audio
-            seen = await _until_disconnect(request, pending, _until_audio(pending))
+            seen = await _until_disconnect(request, pending, _until_output(pending))
             failed = next((e for e in seen if isinstance(e, Failed)), None)
             if failed is not None:
                 return error(_failure(failed, pending))
@@ -253,9 +257,14 @@ def parsed(raw: bytes) -> Any:
         raise ApiError(400, f"the body is not JSON: {e}") from None
 
 
-async def _events(pending: Pending) -> AsyncIterator[Any]:
-    """A request's events until it leaves the graph; cancelled if the caller stops reading."""
+async def _events(pending: Pending, seen: list[Any] | None = None) -> AsyncIterator[Any]:
+    """A request's events until it leaves the graph, those ``seen`` already first; cancelled
+    if the caller stops reading."""
     try:
+        for event in seen or ():
+            if event is DONE:
+                return
+            yield event
         while (event := await pending.events.get()) is not DONE:
             yield event
     finally:
@@ -315,13 +324,29 @@ async def _whole(
     return JSONResponse(completion(rid, model, "".join(text), finish, usage, audio))
 
 
-async def _sse(server: Server, pending: Pending, rid: str, model: str) -> AsyncIterator[str]:
+async def _until_output(pending: Pending) -> list[Any]:
+    """A request's events up to its first text or audio, a failure or its end (DONE): what a
+    streamed answer waits for before its status (200, or the failure's) is sent."""
+    seen: list[Any] = []
+    while True:
+        seen.append(event := await pending.events.get())
+        if event is DONE or isinstance(event, Failed):
+            return seen
+        if isinstance(event, TextDelta) and event.text:
+            return seen
+        if isinstance(event, AudioChunk) and event.samples.size:
+            return seen
+
+
+async def _sse(
+    server: Server, pending: Pending, rid: str, model: str, seen: list[Any]
+) -> AsyncIterator[str]:
     def line(obj: Any) -> str:
         return f"data: {json.dumps(obj)}\n\n"
 
     yield line(chunk(rid, model, {"role": "assistant", "content": ""}))
     finish, failed = "stop", None
-    async for event in _events(pending):
+    async for event in _events(pending, seen):
         if isinstance(event, TextDelta) and event.text:
             yield line(chunk(rid, model, {"content": event.text}))
         elif isinstance(event, AudioChunk) and event.samples.size:
@@ -369,38 +394,14 @@ def _wav_header(rate: int) -> bytes:
     )
 
 
-async def _until_audio(pending: Pending) -> list[Any]:
-    """A request's events up to its first audio, a failure or its end (DONE)."""
-    seen: list[Any] = []
-    while True:
-        seen.append(event := await pending.events.get())
-        if event is DONE or isinstance(event, Failed):
-            return seen
-        if isinstance(event, AudioChunk) and event.samples.size:
-            return seen
-
-
 async def _audio_stream(pending: Pending, fmt: str, seen: list[Any]) -> AsyncIterator[bytes]:
     """The audio's bytes as the vocoder makes them (wav: a header first), from the events
     ``seen`` already on. A failure after the first bytes can only end the stream early."""
-
-    async def events() -> AsyncIterator[Any]:
-        for event in seen:
-            if event is DONE:
-                return
-            yield event
-        async for event in _events(pending):
-            yield event
-
     started = False
-    try:
-        async for event in events():
-            if isinstance(event, AudioChunk):
-                if not started and fmt == "wav":
-                    yield _wav_header(event.sample_rate)
-                started = True
-                if event.samples.size:
-                    yield pcm16(event.samples)
-    finally:
-        if pending.state is None:  # the client left first: the loop drops it next turn
-            Server.cancel(pending)
+    async for event in _events(pending, seen):
+        if isinstance(event, AudioChunk):
+            if not started and fmt == "wav":
+                yield _wav_header(event.sample_rate)
+            started = True
+            if event.samples.size:
+                yield pcm16(event.samples)
