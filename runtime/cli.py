@@ -323,7 +323,7 @@ def _main(args: argparse.Namespace) -> int:
     except Interrupted as e:  # what finished is still written
         outcomes, interrupt = e.outcomes, e.signal
     # after the run's stages opened (an engine dir that cannot run says only that)
-    _warn_inert(args, requests, text_model=bool(pipeline.text_terminals()), speaks=want_audio)
+    _warn_inert(args, requests, pipeline, speaks=want_audio)
     entries = [o.entry for o in outcomes]
     for entry in entries:
         if entry["ok"]:
@@ -600,13 +600,18 @@ def _writable_dir(folder: Path) -> str | None:
 
 
 def _warn_inert(
-    args: argparse.Namespace, requests: Sequence[Any], *, text_model: bool, speaks: bool
+    args: argparse.Namespace, requests: Sequence[Any], pipeline: Any, *, speaks: bool
 ) -> None:
-    """One warning line for the keys and flags set that change nothing in this run."""
+    """One warning line for each reason keys and flags set change nothing in this run (none
+    when no stage ran: there is nothing to tell them apart by)."""
     from edgeomni.runtime.requests import BadRequest, inert_keys
 
+    reads = pipeline.reads()
+    if not reads:
+        return
     given = {k for r in requests if not isinstance(r, BadRequest) for k in r.given}
-    inert = inert_keys(given, text_model=text_model, speaks=speaks)
+    text_model = bool(pipeline.text_terminals())
+    inert = inert_keys(given, reads=reads, text_model=text_model, speaks=speaks)
     if not speaks:
         flags = (("--whole-utterance", args.whole_utterance),
                  ("--stage-streaming", args.stage_streaming))  # fmt: skip

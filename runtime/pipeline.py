@@ -222,6 +222,10 @@ class Pipeline:
             self.profile.load_seconds += time.perf_counter() - start
         return self._runners[stage_id]
 
+    def reads(self) -> frozenset[str]:
+        """The request keys the stages loaded so far read (their runners' ``reads``)."""
+        return frozenset(k for runner in self._runners.values() for k in runner.reads)
+
     def terminals_of_kind(self, kind: str) -> tuple[str, ...]:
         return tuple(
             stage.port(e.id)

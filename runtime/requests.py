@@ -35,6 +35,7 @@ __all__ = [
     "FILE_KEYS",
     "REQUEST_KEYS",
     "SPEECH_KEYS",
+    "EXTRA_KEYS",
     "BadRequest",
     "Request",
     "bad_text",
@@ -204,8 +205,22 @@ class BadRequest:
     carry: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
 
-def _is_extra_key(key: str) -> bool:
-    return key.startswith(EXTRA_SAMPLING_PREFIXES)
+# the speech stages' own keys: talker_<name> for the talker's first code, cp_<name> (or
+# subtalker_<name>, qwen3_tts_inference's) for the code predictor's residual codes
+TALKER_NAMES = (*SAMPLING_KEYS, "max_new_tokens", "min_new_tokens", "do_sample",
+                "non_streaming_mode")  # fmt: skip
+CODE_PREDICTOR_NAMES = ("temperature", "top_k", "top_p", "dosample")
+EXTRA_KEYS: tuple[str, ...] = (
+    *(f"talker_{n}" for n in TALKER_NAMES),
+    *(f"{p}{n}" for p in ("cp_", "subtalker_") for n in CODE_PREDICTOR_NAMES),
+)
+
+
+def _is_extra_key(key: Any) -> bool:
+    """A speech stage's key (by its prefix; ``talker_language`` is a Qwen3-TTS control)."""
+    return isinstance(key, str) and key.startswith(EXTRA_SAMPLING_PREFIXES) and (
+        key not in SPEECH_KEYS
+    )
 
 
 def _unknown(keys: Sequence[str], known: Sequence[str], what: str) -> str:
@@ -224,6 +239,8 @@ def _check_extra(key: str, value: Any) -> float | int:
     prefix = next((p for p in EXTRA_SAMPLING_PREFIXES if key.startswith(p)), None)
     if prefix is None:
         raise ValueError(f"{key} is not a speech-stage key ({', '.join(EXTRA_SAMPLING_PREFIXES)})")
+    if key not in EXTRA_KEYS:  # a key no stage reads would change nothing: a typo, say so
+        raise ValueError(_unknown([key], EXTRA_KEYS, "speech-stage key"))
     name = key[len(prefix) :]
     if name in SAMPLING_KEYS:
         params = sampling_from_dict({key: value}, prefix=prefix)
@@ -562,20 +579,21 @@ SPEECH_STAGE_KEYS = ("voice", "speaker", "max_audio_length")
 
 
 def inert_keys(
-    given: Collection[str], *, text_model: bool, speaks: bool
+    given: Collection[str], *, reads: Collection[str], text_model: bool, speaks: bool
 ) -> dict[str, str]:
-    """The keys of ``given`` that change nothing in a run, with why: a text model's keys on a
-    graph without one, the speech stages' keys in a run that does not speak. (On a graph
-    without a text model ``repetition_penalty`` and ``seed`` are the talker's, so they act.)"""
+    """The keys of ``given`` that change nothing in a run whose stages read ``reads`` (the
+    runners' ``reads``), with why: a text model's keys on a graph without one, the speech
+    stages' keys in a run that does not speak, a key the graph's stages do not read (the
+    Qwen3-TTS talker's text mode on Qwen3-Omni's talker)."""
+    known = {*TEXT_MODEL_KEYS, *SPEECH_STAGE_KEYS, *EXTRA_KEYS, "repetition_penalty"}
     out: dict[str, str] = {}
-    if not text_model:
-        why = "this graph has no text model (the talker's keys are talker_*)"
-        out.update({k: why for k in sorted(given) if k in TEXT_MODEL_KEYS})
-    if not speaks:
-        why = "this run does not speak"
-        out.update({
-            k: why for k in sorted(given) if k in SPEECH_STAGE_KEYS or _is_extra_key(k)
-        })  # fmt: skip
+    for key in sorted(set(given) & known - set(reads)):
+        if key in (*TEXT_MODEL_KEYS, "repetition_penalty") and not text_model:
+            out[key] = "this graph has no text model (the talker's keys are talker_*)"
+        elif (key in SPEECH_STAGE_KEYS or _is_extra_key(key)) and not speaks:
+            out[key] = "this run does not speak"
+        else:
+            out[key] = "no stage of this graph reads it"
     return out
 
 

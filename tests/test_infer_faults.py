@@ -337,6 +337,33 @@ def penalty_is(value: float) -> Callable[[World], None]:
     return check
 
 
+def omni_talker_params(w: World, **top: object) -> list[str]:
+    """An Omni request file that speaks, recording the talker's sampling of each request."""
+    from edgeomni.runtime.families.qwen3_omni.talker import Talker
+
+    seen: list[tuple] = []
+    real = Talker._sampling
+
+    def sampling(self, request):  # noqa: ANN001, ANN202
+        out = real(self, request)
+        seen.append(out[:2])
+        return out
+
+    w.monkeypatch.setattr(Talker, "_sampling", sampling)
+    w.params = seen  # type: ignore[attr-defined]
+    w.req = w.requests([{"prompt": "Hi"}], talker_max_new_tokens=3, **top)
+    return ["--config", str(w.eng), "--input-file", str(w.req), "--output-file", w.p("p.json"),
+            "--output-audio-dir", w.p("a"), "--sampling", '{"top_k": 1}']  # fmt: skip
+
+
+def greedy_talker(w: World) -> None:
+    ((talker, residual),) = w.params  # type: ignore[attr-defined]
+    assert talker.greedy and residual.greedy, (talker, residual)
+
+
+OMNI_SPOKE = ("p.json", "a", "a/audio_req0.wav", "a/rvq_req0.safetensors")
+
+
 def voices_of_requests(w: World) -> list[str]:
     """Two requests, the second with a voice of its own, --voice for the file's default."""
     w.req = w.requests([{"messages": [HI]}, {"prompt": "fox", "voice": "ethan"}],
@@ -546,6 +573,25 @@ ROWS = [
         "warning: talker_max_new_tokens, talker_temperature, talker_top_k, voice change nothing "
         "here: this run does not speak",
         engine="omni", opens=True, writes=("p.json",)),
+    Row("omni-talker-do-sample-false-is-greedy",
+        lambda w: omni_talker_params(w, talker_do_sample=False, talker_temperature=0.9),
+        cli.EXIT_OK, "1 of 1 requests succeeded", engine="omni", opens=True, writes=OMNI_SPOKE,
+        then=greedy_talker),
+    Row("omni-subtalker-dosample-false-is-greedy",
+        lambda w: omni_talker_params(w, subtalker_dosample=False, talker_top_k=1),
+        cli.EXIT_OK, "1 of 1 requests succeeded", engine="omni", opens=True, writes=OMNI_SPOKE,
+        then=greedy_talker),
+    Row("omni-talker-text-mode-says-so",
+        lambda w: omni_talker_params(w, talker_non_streaming_mode=1), cli.EXIT_OK,
+        "warning: talker_non_streaming_mode changes nothing here: no stage of this graph reads "
+        "it", engine="omni", opens=True, writes=OMNI_SPOKE),
+    Row("unknown-speech-stage-key", lambda w: mixed(w, {"prompt": "a", "sampling":
+        {"subtalker_top_kk": 3}}), BAD_REQUEST, "unknown speech-stage key ['subtalker_top_kk']; "
+        "did you mean 'subtalker_top_kk' -> 'subtalker_top_k'?", opens=True, writes=("p.json",),
+        then=one_fails(1, "unknown speech-stage key")),
+    Row("talker-language-is-a-tts-control", lambda w: mixed_file(w, {"prompt": "a"},
+        talker_language="english"), BAD_REQUEST, "talker_language: no stage of this graph "
+        "reads it", opens=True, writes=("p.json",)),
     Row("emit-kind-relabelled", relabel_text_emit, BAD_USAGE,
         "invalid graph: $.stages[0].emits[0].kind: 'text' of runner 'llm.backbone' is text, "
         "not audio"),

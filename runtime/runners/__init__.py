@@ -35,6 +35,9 @@ class StageRunner:
     stage's output as it is made (``stream_sinks``)."""
 
     kind: str = "iterative"
+    # the request keys this stage reads besides its graph inputs (sampling keys, limits): a key
+    # given that no stage of a run reads changes nothing, and edge-infer says so
+    reads: frozenset[str] = frozenset()
     max_batch: int | None = None  # None: no engine limit on the rows of a call
     streams_steps = False  # has ``steps(cohort)``, a generator of its cohort's decode steps
     reads_upstream = False  # ``run`` takes ``upstream``: the stage before runs as it needs

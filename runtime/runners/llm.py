@@ -18,6 +18,7 @@ from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import Prompt, media_hook, media_parts
+from edgeomni.runtime.requests import TEXT_MODEL_KEYS
 from edgeomni.runtime.runners import (
     HiddenHandoff,
     RequestError,
@@ -60,6 +61,7 @@ class LLMBackbone(StageRunner):
     """Prefill the cohort as one right-padded batch, then decode it one token per step."""
 
     kind = "autoregressive"
+    reads = frozenset((*TEXT_MODEL_KEYS, "repetition_penalty", "seed", "sampling_seed"))
     streams_steps = True
 
     def __init__(

@@ -26,6 +26,7 @@ from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor, c
 from edgeomni.runtime.families.qwen3_omni.media import MEDIA_TOKENS
 from edgeomni.runtime.families.qwen3_omni.mrope import MropeIds, rope_index
 from edgeomni.runtime.kv import KVCache
+from edgeomni.runtime.requests import EXTRA_KEYS, SPEECH_STAGE_KEYS
 from edgeomni.runtime.runners import (
     HiddenHandoff,
     RequestError,
@@ -161,6 +162,9 @@ class SpeechTalker(StageRunner):
     when a request can start (``slot_ready``); ``setup`` reads its own tables."""
 
     kind = "autoregressive"
+    # the talker's keys; the request's seed seeds it when talker_seed is not given
+    reads = frozenset((*SPEECH_STAGE_KEYS, "seed", "sampling_seed", *(
+        k for k in EXTRA_KEYS if k != "talker_non_streaming_mode")))  # fmt: skip
     feeds_sinks = True  # each frame goes to the vocoder as it is made
     mrope = True  # the talker engine takes 3-axis positions (Qwen3-Omni); False: 1-D
 
@@ -549,8 +553,9 @@ class Talker(SpeechTalker):
         The residual codes follow the talker: greedy when it is greedy, otherwise transformers'
         top_k 50 / top_p 0.8 unless cp_* keys say otherwise."""
         extra = dict(request.extra_sampling)
+        sample = bool(extra.get("talker_do_sample", True))  # false: greedy, as upstream's
         talker = SamplingParams(
-            temperature=float(extra.get("talker_temperature", 0.9)),
+            temperature=float(extra.get("talker_temperature", 0.9)) if sample else 0.0,
             top_k=int(extra.get("talker_top_k", 50)),
             top_p=float(extra.get("talker_top_p", 1.0)),
             repetition_penalty=float(extra.get("talker_repetition_penalty", 1.05)),
@@ -560,7 +565,9 @@ class Talker(SpeechTalker):
         def cp(key: str, default: float) -> float:
             return extra.get(f"cp_{key}", extra.get(f"subtalker_{key}", default))
 
-        if talker.greedy and not any(k.startswith(("cp_", "subtalker_")) for k in extra):
+        cp_sample = bool(extra.get("cp_dosample", extra.get("subtalker_dosample", True)))
+        cp_given = any(k.startswith(("cp_", "subtalker_")) for k in extra)
+        if not cp_sample or (talker.greedy and not cp_given):
             residual = SamplingParams(temperature=0.0, top_k=1, top_p=1.0)
         else:
             residual = SamplingParams(

@@ -104,6 +104,8 @@ class TtsTalker(SpeechTalker):
     """Qwen3-TTS's talker: a graph's first stage, so a request starts as soon as it has a row."""
 
     mrope = False  # 1-D positions: the release's MRoPE gives every section the same ones
+    # with no text model, repetition_penalty is the talker's (see Pipeline._as_read)
+    reads = frozenset((*SpeechTalker.reads, "talker_non_streaming_mode", "repetition_penalty"))
 
     def setup(self, folder: Path, cfg: dict[str, Any]) -> None:
         from edgeomni.runtime.tokenizer import TextTokenizer
