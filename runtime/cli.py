@@ -80,8 +80,8 @@ def parser() -> argparse.ArgumentParser:
         "--output-file",
         type=Path,
         help="predictions.json to write (atomically), in llm_inference's fields plus ok, error "
-        "and stages (with --input-file and without it, the predictions go to stdout). No output "
-        "may be a file the run reads or lie inside an engine dir edge-build wrote",
+        "and stages (a request file run without it prints them on stdout). No output may be a "
+        "file the run reads or lie inside an engine dir edge-build wrote",
     )
     p.add_argument(
         "--batch-size",
@@ -448,7 +448,8 @@ def _prompt_body(args: argparse.Namespace) -> dict[str, Any]:
     media = [{"type": "audio", "audio": str(a)} for a in args.audio]
     media += [{"type": "image", "image": str(i)} for i in args.image]
     content = [*media, {"type": "text", "text": args.prompt}] if media else args.prompt
-    return {**flag_defaults(args), "requests": [{"messages": [{"role": "user", "content": content}]}]}
+    request = {"messages": [{"role": "user", "content": content}]}
+    return {**flag_defaults(args), "requests": [request]}
 
 
 def flag_defaults(args: argparse.Namespace) -> dict[str, Any]:
