@@ -57,19 +57,22 @@ def _decoder(sec: dict[str, Any], where: str, head_dim: int | None, **extra: Any
         raise CheckpointError(f"config.json: {where}hidden_act {sec['hidden_act']!r} is not silu")
     heads = need(sec, "num_attention_heads", where)
     hidden = need(sec, "hidden_size", where)
-    return DecoderConfig(
-        hidden_size=hidden,
-        num_layers=need(sec, "num_hidden_layers", where),
-        num_heads=heads,
-        num_kv_heads=int(sec.get("num_key_value_heads") or heads),
-        head_dim=int(sec.get("head_dim") or head_dim or hidden // heads),
-        intermediate_size=need(sec, "intermediate_size", where),
-        vocab_size=need(sec, "vocab_size", where),
-        rms_norm_eps=float(sec.get("rms_norm_eps", 1e-6)),
-        rope_theta=_rope_theta(sec, where),
-        attention_bias=bool(sec.get("attention_bias", False)),
-        **extra,
-    )
+    try:  # the optional keys, where a value of the wrong kind is the config's fault
+        return DecoderConfig(
+            hidden_size=hidden,
+            num_layers=need(sec, "num_hidden_layers", where),
+            num_heads=heads,
+            num_kv_heads=int(sec.get("num_key_value_heads") or heads),
+            head_dim=int(sec.get("head_dim") or head_dim or hidden // heads),
+            intermediate_size=need(sec, "intermediate_size", where),
+            vocab_size=need(sec, "vocab_size", where),
+            rms_norm_eps=float(sec.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(sec, where),
+            attention_bias=bool(sec.get("attention_bias", False)),
+            **extra,
+        )
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json: {where[:-1]}: a key of the wrong kind ({e})") from None
 
 
 def talker_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
