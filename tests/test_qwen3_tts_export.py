@@ -38,3 +38,22 @@ def test_float16_boundaries(
     assert types["past_key_0"] == FLOAT16
     if component is build.CODE_PREDICTOR:
         assert "sample_uniform" in types  # it draws its codes in the engine on a GPU
+
+
+def test_left_out_decoder_keys_take_upstreams_defaults() -> None:
+    """Qwen3TTSTalkerConfig's num_key_value_heads default is 2 and its code predictor's 8 (a None
+    count is one per head); the head sizes are hidden / heads and 128 (no reference venv)."""
+    from edgeomni.export import tiny_tts
+    from edgeomni.export.families.qwen3_tts.config import (
+        predictor_decoder_config,
+        talker_decoder_config,
+    )
+
+    cfg = tiny_tts.tts_config("base", "tiny", dict.fromkeys(tiny_tts.SPECIALS, 0), 300)
+    talker, cp = cfg["talker_config"], cfg["talker_config"]["code_predictor_config"]
+    for section in (talker, cp):
+        del section["num_key_value_heads"], section["head_dim"]
+    assert (talker_decoder_config(cfg).num_kv_heads, predictor_decoder_config(cfg).num_kv_heads) == (2, 8)  # fmt: skip
+    assert (talker_decoder_config(cfg).head_dim, predictor_decoder_config(cfg).head_dim) == (8, 128)  # fmt: skip
+    talker["num_key_value_heads"] = cp["num_key_value_heads"] = None
+    assert (talker_decoder_config(cfg).num_kv_heads, predictor_decoder_config(cfg).num_kv_heads) == (4, 2)  # fmt: skip

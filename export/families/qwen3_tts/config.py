@@ -15,6 +15,8 @@ from edgeomni.export.common.decoder import DecoderConfig
 TTS_MODEL_TYPES = ("base", "custom_voice", "voice_design")
 # Qwen3TTSTalkerCodePredictorConfig's head_dim default (the talker's is hidden / heads)
 PREDICTOR_HEAD_DIM = 128
+# both config classes' num_key_value_heads defaults
+TALKER_KV_HEADS, PREDICTOR_KV_HEADS = 2, 8
 ROPE_THETA = 10000.0  # both config classes' default
 CONTROL_BAND = 1024  # the talker may not emit the top 1024 ids of its vocabulary but EOS
 
@@ -44,7 +46,11 @@ def _rope_theta(sec: dict[str, Any], where: str) -> float:
     return float(sec.get("rope_theta", scaling.get("rope_theta", ROPE_THETA)))
 
 
-def _decoder(sec: dict[str, Any], where: str, head_dim: int | None, **extra: Any) -> DecoderConfig:
+def _decoder(
+    sec: dict[str, Any], where: str, head_dim: int | None, kv_heads: int, **extra: Any
+) -> DecoderConfig:
+    """A decoder section; ``head_dim`` and ``kv_heads`` are its config class's defaults for a
+    key the section leaves out (a None key-value count means one per head, as upstream)."""
     if sec.get("use_sliding_window"):
         raise CheckpointError(
             f"config.json: {where}use_sliding_window true: sliding-window layers are not supported"
@@ -62,7 +68,7 @@ def _decoder(sec: dict[str, Any], where: str, head_dim: int | None, **extra: Any
             hidden_size=hidden,
             num_layers=need(sec, "num_hidden_layers", where),
             num_heads=heads,
-            num_kv_heads=int(sec.get("num_key_value_heads") or heads),
+            num_kv_heads=int(sec.get("num_key_value_heads", kv_heads) or heads),
             head_dim=int(sec.get("head_dim") or head_dim or hidden // heads),
             intermediate_size=need(sec, "intermediate_size", where),
             vocab_size=need(sec, "vocab_size", where),
@@ -78,7 +84,8 @@ def _decoder(sec: dict[str, Any], where: str, head_dim: int | None, **extra: Any
 def talker_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
     """The talker: its final-norm state at the last position also comes out (the code
     predictor's first input)."""
-    return _decoder(section(cfg, "talker_config"), "talker_config.", None, last_hidden_output=True)
+    talker = section(cfg, "talker_config")
+    return _decoder(talker, "talker_config.", None, TALKER_KV_HEADS, last_hidden_output=True)
 
 
 def predictor_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
@@ -89,7 +96,7 @@ def predictor_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
     groups = num_code_groups(cfg)
     width = need(talker, "hidden_size", "talker_config.")
     cfg_ = _decoder(cp, "talker_config.code_predictor_config.", PREDICTOR_HEAD_DIM,
-                    lm_heads=groups - 1)  # fmt: skip
+                    PREDICTOR_KV_HEADS, lm_heads=groups - 1)  # fmt: skip
     if cfg_.hidden_size != width:
         return DecoderConfig(**{**cfg_.__dict__, "input_size": width})
     return cfg_
