@@ -89,10 +89,15 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         finally:
             shutil.rmtree(app.state.media_root, ignore_errors=True)
 
+    where = server.pipe.engine_dir
+    # the engine dir as given and resolved, if absolute (never "/": that is every slash)
+    engine_dirs = {d: model for d in {str(where), str(where.resolve())} if d.startswith("/")
+                   and d != "/"}  # fmt: skip
+
     def scrubbed(labels: dict[str, str]) -> dict[str, str]:
-        """Server-side paths a request's errors may hold -> what its client calls them."""
-        return {**labels, str(media_root()): "(inline media)",
-                str(server.pipe.engine_dir): model}  # fmt: skip
+        """Server-side paths a request's errors may hold -> what its client calls them: its
+        media files, the media folder, the engine dir (as the model's name)."""
+        return {**engine_dirs, str(media_root()): "(inline media)", **labels}
 
     def error(e: ApiError) -> JSONResponse:
         headers = {"Retry-After": "1"} if e.status == 429 else None
