@@ -66,14 +66,16 @@ def free_port() -> int:
 @dataclass(frozen=True)
 class CliRow:
     id: str
-    argv: Callable[[Path, Any], list[str]]  # (engine dir, the row's extra) -> flags
+    argv: Callable[[Path, int], list[str]]  # (engine dir, a port for the row) -> flags
     code: int
     message: str
-    extra: str = ""  # "listening": a socket listens on the port the row names
+    listening: bool = False  # another socket listens on the row's port
+    patch: Callable[[pytest.MonkeyPatch], None] | None = None  # a fault injected first
 
 
-def flags(*more: str) -> Callable[[Path, Any], list[str]]:
-    return lambda eng, _: ["--config", str(eng), "--warmup", "off", *more]
+def flags(*more: str) -> Callable[[Path, int], list[str]]:
+    """A run over the engine on the row's port, with ``more`` flags (later ones win)."""
+    return lambda eng, port: ["--config", str(eng), "--port", str(port), "--warmup", "off", *more]
 
 
 def interrupted_while_loading(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,25 +89,30 @@ def interrupted_while_loading(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Pipeline, "open", opening)
 
 
+def warm_up_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(server: Any, **kw: Any) -> None:
+        raise RuntimeError("a warm-up request of 1 failed: injected")
+
+    monkeypatch.setattr("edgeomni.runtime.serve.warmup.warm_up", fail)
+
+
+def app_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    def bug(*args: Any, **kw: Any) -> None:
+        raise TypeError("a bug")
+
+    monkeypatch.setattr("edgeomni.runtime.serve.app.make_app", bug)
+
+
 CLI_ROWS = [
+    # -- flags, checked before anything is read
     CliRow("port-above-range", flags("--port", "70000"), 2,
            "argument --port: must be 0..65535, got 70000"),
     CliRow("port-negative", flags("--port", "-1"), 2, "argument --port: must be 0..65535, got -1"),
     CliRow("port-not-a-number", flags("--port", "http"), 2, "argument --port: not an integer"),
-    CliRow("port-in-use", lambda eng, sock: flags("--port", str(sock.getsockname()[1]))(eng, 0),
-           2, "the port is in use", extra="listening"),
-    CliRow("host-unknown", flags("--host", "no-such-host.invalid"), 2,
-           "--host 'no-such-host.invalid': not an address or a known host name"),
-    CliRow("host-not-this-machine", flags("--host", "192.0.2.1"), 2,
-           "--host 192.0.2.1: not an address of this machine"),
-    CliRow("batch-size-over-the-build", flags("--batch-size", "4"), 2,
-           "--batch-size 4 is over the build's max batch, 3"),
     CliRow("batch-size-zero", flags("--batch-size", "0"), 2, "argument --batch-size: must be >= 1"),
     CliRow("max-queue-negative", flags("--max-queue", "-1"), 2,
            "argument --max-queue: must be >= 0, got -1"),
     CliRow("max-tokens-zero", flags("--max-tokens", "0"), 2, "argument --max-tokens: must be >= 1"),
-    CliRow("max-tokens-over-the-kv-cache", flags("--max-tokens", "128"), 2,
-           "--max-tokens 128 does not fit the build: its KV cache holds 128 tokens"),
     CliRow("max-audio-seconds-zero", flags("--max-audio-seconds", "0"), 2,
            "argument --max-audio-seconds: must be a number of seconds > 0"),
     CliRow("max-audio-seconds-nan", flags("--max-audio-seconds", "nan"), 2,
@@ -117,40 +124,63 @@ CLI_ROWS = [
     CliRow("threads-zero", flags("--threads", "0"), 2, "argument --threads: must be >= 1"),
     CliRow("warmup-unknown", flags("--warmup", "maybe"), 2, "argument --warmup: invalid choice"),
     CliRow("unknown-flag", flags("--colour", "red"), 2, "unrecognized arguments: --colour red"),
-    CliRow("no-config", lambda eng, _: ["--port", "8000"], 2,
+    CliRow("no-config", lambda eng, port: ["--port", str(port)], 2,
            "the following arguments are required: --config"),
-    CliRow("config-missing", lambda eng, _: ["--config", str(eng / "nothing")], 2,
+    # -- the engine dir and the flags against its build, before the address
+    CliRow("config-missing", lambda eng, port: ["--config", str(eng / "nothing")], 2,
            "nothing: No such file or directory"),
-    CliRow("interrupted-while-loading", flags("--port", "0"), 130, "edge-serve: interrupted",
-           extra="interrupt"),
+    CliRow("batch-size-over-the-build", flags("--batch-size", "4"), 2,
+           "--batch-size 4 is over the build's max batch, 3"),
+    CliRow("max-tokens-over-the-kv-cache", flags("--max-tokens", "128"), 2,
+           "--max-tokens 128 does not fit the build: its KV cache holds 128 tokens"),
+    # -- the address, bound before any engine loads
+    CliRow("port-in-use", flags(), 2, "the port is in use", listening=True),
+    CliRow("host-unknown", flags("--host", "no-such-host.invalid"), 2,
+           "--host 'no-such-host.invalid': not an address or a known host name"),
+    CliRow("host-not-this-machine", flags("--host", "192.0.2.1"), 2,
+           "--host 192.0.2.1: not an address of this machine"),
+    # -- after the engines loaded, before the port opens
+    CliRow("interrupted-while-loading", flags(), 130, "edge-serve: interrupted",
+           patch=interrupted_while_loading),
+    CliRow("warm-up-fails", flags("--warmup", "on"), 1,
+           "edge-serve: error: the warm-up failed: a warm-up request of 1 failed: injected",
+           patch=warm_up_fails),
+    CliRow("internal-error", flags(), 1, "edge-serve: error: internal error: TypeError: a bug",
+           patch=app_bug),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("row", CLI_ROWS, ids=lambda r: r.id)
 def test_cli_fault(row: CliRow, qwen3_engine: Path, monkeypatch: Any, capsys: Any) -> None:
+    """One line and the row's status; exit 2 before any engine opens; the engine dir, TMPDIR
+    and the port as they were (a socket it bound is closed again)."""
     tmpdir = Path(tempfile.gettempdir())  # the module's own (test_serve.own_tmpdir)
     opened: list[Any] = []
     real_open = Pipeline.open
     monkeypatch.setattr(Pipeline, "open", lambda self, ids: (opened.append(ids), real_open(self, ids))[1])  # fmt: skip
-    if row.extra == "interrupt":
-        interrupted_while_loading(monkeypatch)
+    if row.patch is not None:
+        row.patch(monkeypatch)
     engine, tmp = snapshot(qwen3_engine), sorted(tmpdir.iterdir())
-    with socket.socket() as sock:
-        if row.extra == "listening":
-            sock.bind(("127.0.0.1", 0))
-            sock.listen()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        port = other.getsockname()[1]
+        if row.listening:
+            other.listen()
+        else:
+            other.close()
         capsys.readouterr()
-        code = cli.main(row.argv(qwen3_engine, sock))
+        code = cli.main(row.argv(qwen3_engine, port))
     err = capsys.readouterr().err
     assert code == row.code, err
     assert row.message in err and "Traceback" not in err, err
+    assert err.strip().count("\n") == 0, err
     if code == 2:
-        assert err.count("edge-serve: error:") == 1 and err.strip().count("\n") == 0, err
+        assert err.startswith("edge-serve: error:"), err
         assert not opened, "an engine was opened before the flags and the address were checked"
     assert snapshot(qwen3_engine) == engine
     assert sorted(tmpdir.iterdir()) == tmp
-    if row.extra == "interrupt":  # the port it had bound is free again
-        assert err.strip() == "edge-serve: interrupted"
+    with socket.socket() as again:  # nothing of the run holds the port
+        again.bind(("127.0.0.1", port))
 
 
 def exit_statuses(text: str) -> set[int]:
