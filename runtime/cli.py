@@ -177,7 +177,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stage-patience",
         type=int,
-        default=PATIENCE,
         metavar="TURNS",
         help="in flight, how many scheduler turns a later stage (talker, vocoder) waits for "
         f"requests still on their way before it steps a batch that is not full (default "
@@ -275,7 +274,7 @@ def _main(args: argparse.Namespace) -> int:
             cuda_graphs=not args.no_cuda_graphs,
             stream_stages=args.stage_streaming,
             batching=args.batching,
-            patience=args.stage_patience,
+            patience=PATIENCE if args.stage_patience is None else args.stage_patience,
         )
     except GraphError as e:
         return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
@@ -395,7 +394,7 @@ def usage_error(args: argparse.Namespace) -> str | None:
     ):
         if value is not None and value < 1:
             return f"{flag} must be at least 1, got {value}"
-    if args.stage_patience < 0:
+    if args.stage_patience is not None and args.stage_patience < 0:
         return f"--stage-patience must be at least 0, got {args.stage_patience}"
     if (args.audio or args.image) and args.prompt is None:
         return "--audio and --image go with --prompt (put media in the request file)"
@@ -617,6 +616,14 @@ def _warn_inert(
         flags = (("--whole-utterance", args.whole_utterance),
                  ("--stage-streaming", args.stage_streaming))  # fmt: skip
         inert.update({flag: "this run does not speak" for flag, on in flags if on})
+    if args.stage_patience is not None and args.batching == "cohort":
+        inert["--stage-patience"] = "cohorts run each stage in turn (it is for --batching inflight)"
+    if args.no_cuda_graphs and "cuda" not in pipeline.devices():
+        inert["--no-cuda-graphs"] = "no engine of this run is on a GPU"
+    widest = pipeline.widest(args.batch_size) if args.batch_size else None
+    if widest is not None and widest < args.batch_size:
+        print(f"edge-infer: warning: --batch-size {args.batch_size} is above this build's: each "
+              f"stage runs at most {widest} requests at once", file=sys.stderr)  # fmt: skip
     by_why: dict[str, list[str]] = {}
     for key, why in inert.items():
         by_why.setdefault(why, []).append(key)

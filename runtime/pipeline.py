@@ -222,6 +222,23 @@ class Pipeline:
             self.profile.load_seconds += time.perf_counter() - start
         return self._runners[stage_id]
 
+    def devices(self) -> frozenset[str]:
+        """Where the engines of the stages loaded so far run (their configs' ``device``, the
+        folders under a stage's included: its encoders, its code predictor)."""
+        import json
+
+        out = set()
+        for sid in self._runners:
+            for config in (self.engine_dir / self.graph.stage(sid).artifact).rglob("config.json"):
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    out.add(json.loads(config.read_text(encoding="utf-8")).get("device", "cpu"))
+        return frozenset(out)
+
+    def widest(self, batch_size: int) -> int | None:
+        """The most rows any stage loaded so far takes in one call at ``batch_size`` (None when
+        none is loaded)."""
+        return max((self._width(sid, batch_size) for sid in self._runners), default=None)
+
     def reads(self) -> frozenset[str]:
         """The request keys the stages loaded so far read (their runners' ``reads``)."""
         return frozenset(k for runner in self._runners.values() for k in runner.reads)

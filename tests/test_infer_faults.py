@@ -585,6 +585,17 @@ ROWS = [
         lambda w: omni_talker_params(w, talker_non_streaming_mode=1), cli.EXIT_OK,
         "warning: talker_non_streaming_mode changes nothing here: no stage of this graph reads "
         "it", engine="omni", opens=True, writes=OMNI_SPOKE),
+    Row("flags-that-change-nothing-say-so",
+        lambda w: w.run("--no-cuda-graphs", "--batching", "cohort", "--stage-patience", "3",
+                        "--batch-size", "8", "--whole-utterance"), cli.EXIT_OK,
+        "warning: talker_max_new_tokens, talker_top_k, --whole-utterance change nothing here: "
+        "this run does not speak\n"
+        "edge-infer: warning: --stage-patience changes nothing here: cohorts run each stage in "
+        "turn (it is for --batching inflight)\nedge-infer: warning: --no-cuda-graphs changes "
+        "nothing here: no engine of this run is on a GPU", opens=True, writes=("p.json",)),
+    Row("batch-size-above-the-build-says-so", lambda w: w.run("--batch-size", "8"), cli.EXIT_OK,
+        "warning: --batch-size 8 is above this build's: each stage runs at most 3 requests at "
+        "once", opens=True, writes=("p.json",)),
     Row("unknown-speech-stage-key", lambda w: mixed(w, {"prompt": "a", "sampling":
         {"subtalker_top_kk": 3}}), BAD_REQUEST, "unknown speech-stage key ['subtalker_top_kk']; "
         "did you mean 'subtalker_top_kk' -> 'subtalker_top_k'?", opens=True, writes=("p.json",),
