@@ -48,6 +48,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in ``low..high``, so a value out of range is argparse's
+    one-line error (exit 2), not a traceback later."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -62,6 +65,7 @@ def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 def _seconds(text: str) -> float:
+    """An argparse type: a finite duration above zero (``nan`` and ``inf`` parse as floats)."""
     try:
         value = float(text)
     except ValueError:
@@ -265,17 +269,17 @@ def _serve(sock: socket.socket, server: Any, app: Any) -> int:
     finally:
         for sig in STOP:  # the exit is under way: nothing stops the cleanup
             signal.signal(sig, signal.SIG_IGN)
-        server.stop(timeout=30)
+        server.stop(timeout=30 if web.cut is None else 5)  # cut: dropped at the loop's next turn
         sock.close()
         if app.state.media_root is not None:
             shutil.rmtree(app.state.media_root, ignore_errors=True)
         for sig, handler in before.items():
             signal.signal(sig, handler)
     if web.cut is not None:
-        how = "Ctrl-C" if web.signals[-1] == signal.SIGINT else "SIGTERM"
+        how = "Ctrl-C" if web.cut_by == signal.SIGINT else "SIGTERM"
         print(f"edge-serve: {how} again while draining: cut the {_requests(web.cut)} in flight",
               file=sys.stderr)  # fmt: skip
-        return 128 + web.signals[-1]
+        return 128 + web.cut_by
     if web.signals:
         name = signal.Signals(web.signals[0]).name
         if web.draining:

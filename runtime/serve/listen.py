@@ -64,7 +64,8 @@ def bind(host: str, port: int) -> socket.socket:
 class Web(uvicorn.Server):
     """uvicorn's server over edge-serve's ``server``, with a drain on the first SIGINT /
     SIGTERM and a cut on a second. ``signals``: those that came, in order; ``draining``: the
-    requests in the server at the first; ``cut``: those a second cut (None: none came)."""
+    requests in the server at the first; ``cut``: those the second cut (None: none came), and
+    ``cut_by`` that signal."""
 
     def __init__(self, config: uvicorn.Config, server: Any) -> None:
         super().__init__(config)
@@ -72,6 +73,7 @@ class Web(uvicorn.Server):
         self.signals: list[int] = []
         self.draining = 0
         self.cut: int | None = None
+        self.cut_by = 0
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -92,7 +94,7 @@ class Web(uvicorn.Server):
         if not self.should_exit:
             self.draining = self.edge.in_flight
         elif self.cut is None:  # a second signal, while draining
-            self.cut = self.edge.cancel_all()
+            self.cut, self.cut_by = self.edge.cancel_all(), sig
             # the connections are dropped, not finished: uvicorn would log each as an error
             for name in ("uvicorn.error", "uvicorn.access"):
                 logging.getLogger(name).disabled = True
