@@ -88,6 +88,7 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
             yield
         finally:
             shutil.rmtree(app.state.media_root, ignore_errors=True)
+            app.state.media_root = None  # a later start makes another
 
     where = server.pipe.engine_dir
     # the engine dir as given and resolved, if absolute (never "/": that is every slash)
