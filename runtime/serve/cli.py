@@ -277,8 +277,8 @@ def _serve(sock: socket.socket, server: Any, app: Any) -> int:
             signal.signal(sig, handler)
     if web.cut is not None:
         how = "Ctrl-C" if web.cut_by == signal.SIGINT else "SIGTERM"
-        print(f"edge-serve: {how} again while draining: cut the {_requests(web.cut)} in flight",
-              file=sys.stderr)  # fmt: skip
+        what = f"cut the {_requests(web.cut)} in flight" if web.cut else "no request was in flight"
+        print(f"edge-serve: {how} again while draining: {what}", file=sys.stderr)
         return 128 + web.cut_by
     if web.signals:
         name = signal.Signals(web.signals[0]).name
