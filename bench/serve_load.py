@@ -66,7 +66,7 @@ async def one(
     await asyncio.sleep(max(0.0, at - time.perf_counter()))
     start = time.perf_counter()
     body: dict[str, Any] = {
-        "model": "bench", "messages": [{"role": "user", "content": prompt}],
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": tokens, "min_tokens": tokens, "temperature": 0, "stream": True,
     }  # fmt: skip
     if voice is not None:  # the reply spoken too, a fixed number of frames

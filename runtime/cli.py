@@ -183,7 +183,9 @@ def parser() -> argparse.ArgumentParser:
         f"{PATIENCE}; 0: step every turn, first audio soonest, least throughput when requests "
         "reach it one at a time)",
     )
-    p.add_argument("--threads", type=int, help="CPU threads per engine (default: all cores)")
+    p.add_argument(
+        "--threads", type=int, help="CPU threads per engine, at most the usable cores (default: all)"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log debug detail, with tracebacks")
     p.add_argument(
         "--no-cuda-graphs",
@@ -387,9 +389,13 @@ def usage_error(args: argparse.Namespace) -> str | None:
         problem = _not_utf8(flag, getattr(args, flag[2:].replace("-", "_")))
         if problem:
             return problem
+    from edgeomni.runtime.engine import threads_error
+
+    problem = threads_error(args.threads)
+    if problem:
+        return problem
     for flag, value in (
         ("--batch-size", args.batch_size),
-        ("--threads", args.threads),
         ("--max-generate-length", args.max_generate_length),
     ):
         if value is not None and value < 1:

@@ -287,6 +287,29 @@ def open_engine(
                      spin=spin)  # fmt: skip
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS says, as a container's
+    or a board's CPU set does)."""
+    import os
+
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def threads_error(threads: int | None) -> str | None:
+    """Why ``--threads`` cannot be used, or None: at least 1, and at most the usable cores (each
+    engine gets a pool of that size: 100000 asked of onnxruntime took 16 GB before it ran)."""
+    if threads is None:
+        return None
+    if threads < 1:
+        return f"--threads must be at least 1, got {threads}"
+    cores = usable_cores()
+    if threads > cores:
+        return f"--threads {threads} is more than the {cores} cores this process may use"
+    return None
+
+
 def check_engine(folder: Path, config: Mapping[str, Any]) -> str:
     """What can be known of an engine without loading it: a backend and device this runtime
     runs, its file, and an onnxruntime new enough for its lowering (whether this machine has

@@ -62,6 +62,8 @@ BAD_USAGE, BAD_REQUEST = cli.EXIT_BAD_CONFIG, cli.EXIT_REQUESTS_FAILED
 ROWS = [
     # -- flags, checked before anything is read
     Row("no-request", lambda w: ["--config", str(w.eng)], BAD_USAGE, "give --prompt"),
+    Row("threads-above-the-cores", lambda w: w.prompt("--threads", "100000"), BAD_USAGE,
+        "--threads 100000 is more than the"),
     Row("threads-negative", lambda w: w.prompt("--threads", "-3"), BAD_USAGE,
         "--threads must be at least 1, got -3"),
     Row("batch-size-zero", lambda w: w.run("--batch-size", "0"), BAD_USAGE,

@@ -117,7 +117,8 @@ def parser() -> argparse.ArgumentParser:
                    "GPU build's CUDA graphs are captured before clients wait on them (auto, the "
                    "default: on when an engine runs on a GPU with CUDA graphs)")  # fmt: skip
     p.add_argument("--threads", type=_int_at_least(1),
-                   help="CPU threads per engine (default: onnxruntime's)")  # fmt: skip
+                   help="CPU threads per engine, at most the usable cores (default: "
+                   "onnxruntime's)")  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -198,12 +199,15 @@ def _prepare(args: argparse.Namespace, opened: list[Any]) -> int | tuple[Any, An
     """Everything before the port opens, cheapest first: the graph and the flags against its
     build, the address, the engines, the warm-up. An exit status, or (socket, server, app)."""
     from edgeomni.graph_schema import GraphError
+    from edgeomni.runtime.engine import threads_error
     from edgeomni.runtime.pipeline import Pipeline, resolve_config
     from edgeomni.runtime.serve import warmup
     from edgeomni.runtime.serve.app import make_app
     from edgeomni.runtime.serve.listen import AddressError, bind
     from edgeomni.runtime.serve.server import Server
 
+    if threads_error(args.threads):
+        return _fail(str(threads_error(args.threads)))
     try:
         config = resolve_config(args.config)
         pipe = Pipeline(config, threads=args.threads, patience=args.stage_patience,

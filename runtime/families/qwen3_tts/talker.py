@@ -188,6 +188,8 @@ class TtsTalker(SpeechTalker):
             bool(request.extra_sampling.get("talker_non_streaming_mode",
                                             NON_STREAMING_DEFAULT[self.model_type])),
         )  # fmt: skip
+        if not clone:  # its whole prompt is known now: too long is the request's own fault
+            self._check_fits(self._prompt(spoken, None, None)[0])
         return spoken
 
     def _takes_instruct(self) -> bool:
@@ -304,6 +306,11 @@ class TtsTalker(SpeechTalker):
                 if ref_codes is None:
                     raise RequestError("no reference codes of ref_audio reached the talker")
         embeds, trailing = self._prompt(spoken, xvector, ref_codes)
+        self._check_fits(embeds)  # a clone's prompt holds its reference: known only now
+        return Utterance(state, spoken.voice, embeds, trailing)
+
+    def _check_fits(self, embeds: np.ndarray) -> None:
+        """A RequestError when the prompt's rows do not fit the build."""
         if len(embeds) > self.max_input_len:
             raise RequestError(
                 f"the prompt is {len(embeds)} positions, over the build's max_input_len "
@@ -313,7 +320,6 @@ class TtsTalker(SpeechTalker):
             raise RequestError(
                 f"the prompt is {len(embeds)} positions; the talker's cache holds {self.capacity}"
             )
-        return Utterance(state, spoken.voice, embeds, trailing)
 
     def _prefills(self, plans: Sequence[Utterance]) -> list[Utterance]:
         return list(plans)
