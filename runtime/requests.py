@@ -395,27 +395,24 @@ def bad_text(value: Any, where: str) -> str | None:
     """Where ``value`` (a string, or any string or key inside lists and objects) is not
     Unicode text that can be written as UTF-8: a lone surrogate, which JSON can spell
     (``"\\udc80"``) and a command line's undecodable bytes become. None when it is all text.
-    The message shows the character escaped, never raw, so it can itself be printed."""
-    if isinstance(value, str):
-        hit = _SURROGATE.search(value)
-        if hit is None:
-            return None
-        return (
-            f"{where}: not valid Unicode text (a lone surrogate \\u{ord(hit.group()):04x} at "
-            f"character {hit.start()}; undecodable bytes or a half of a UTF-16 pair)"
-        )
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            at = f"{where}.{key}" if where else str(key)
-            problem = bad_text(key, f"{where}: a key" if where else "a key")
-            problem = problem or bad_text(item, at)
-            if problem:
-                return problem
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            problem = bad_text(item, f"{where}[{i}]")
-            if problem:
-                return problem
+    The message shows the character escaped, never raw, so it can itself be printed. Walked
+    with a stack, not recursion, so no nesting the JSON decoder took can overflow it."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, str):
+            hit = _SURROGATE.search(item)
+            if hit is not None:
+                return (
+                    f"{at}: not valid Unicode text (a lone surrogate \\u{ord(hit.group()):04x} "
+                    f"at character {hit.start()}; undecodable bytes or a half of a UTF-16 pair)"
+                )
+        elif isinstance(item, Mapping):
+            for key, inner in reversed(list(item.items())):
+                stack.append((inner, f"{at}.{key}" if at else str(key)))
+                stack.append((key, f"{at}: a key" if at else "a key"))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((inner, f"{at}[{i}]") for i, inner in reversed(list(enumerate(item))))
     return None
 
 
@@ -703,6 +700,9 @@ def load_request_file(
         raise ValueError(
             f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
         ) from None
+    except RecursionError:  # the decoder recurses per level: a request file never needs this
+        raise ValueError(f"{path}: nested too deeply to read (arrays or objects in "
+                         "each other hundreds of levels deep)") from None  # fmt: skip
     try:
         return parse_request_file(obj, defaults, extra_defaults, given, top)
     except ValueError as e:

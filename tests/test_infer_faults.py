@@ -114,6 +114,10 @@ ROWS = [
         "invalid JSON at line 1 column 2"),
     Row("input-file-not-utf8", lambda w: (w.req.write_bytes(b"\xff\xfe{"), w.run())[1],
         BAD_USAGE, "not UTF-8 text"),
+    Row("input-file-nested-too-deeply",
+        lambda w: (w.req.write_text('{"requests": [{"prompt": "a", "reference": ' + "[" * 100000
+                                    + "]" * 100000 + "}]}"), w.run())[1],
+        BAD_USAGE, "r.json: nested too deeply to read"),
     Row("requests-not-a-list", lambda w: (w.req.write_text('{"requests": 5}'), w.run())[1],
         BAD_USAGE, "needs a 'requests' list"),
     # -- output destinations, checked before any stage is opened
