@@ -257,6 +257,8 @@ def _main(args: argparse.Namespace) -> int:
         sampling, extra = parse_sampling(raw)
     except (ValueError, TypeError) as e:
         return _fail(f"--sampling: {e}", EXIT_BAD_CONFIG)
+    except RecursionError:
+        return _fail("--sampling: nested too deeply to read", EXIT_BAD_CONFIG)
     try:
         if args.input_file is not None:
             requests, settings = load_request_file(

@@ -114,6 +114,9 @@ ROWS = [
         "invalid JSON at line 1 column 2"),
     Row("input-file-not-utf8", lambda w: (w.req.write_bytes(b"\xff\xfe{"), w.run())[1],
         BAD_USAGE, "not UTF-8 text"),
+    Row("sampling-nested-too-deeply",
+        lambda w: w.prompt("--sampling", "[" * 60000 + "]" * 60000), BAD_USAGE,
+        "--sampling: nested too deeply to read"),
     Row("input-file-nested-too-deeply",
         lambda w: (w.req.write_text('{"requests": [{"prompt": "a", "reference": ' + "[" * 100000
                                     + "]" * 100000 + "}]}"), w.run())[1],
