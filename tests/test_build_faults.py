@@ -316,6 +316,9 @@ ISSUE_30 = [
                        "Failed to export. (TypeError: 'NoneType' object is not callable)",
                        exports=True), id="internal-error-with-cause"),
     *(pytest.param(Fault(setup, BAD, message), id=name) for name, setup, message in (
+        ("config-nested-too-deeply", c.text_file("config.json", "[" * 10**5 + "]" * 10**5),
+         "config.json: nested too deeply to read"),
+        ("config-not-utf8", c.text_file("config.json", b"{\xff}"), "config.json: cannot be read"),
         ("tokenizer-not-json", c.text_file("tokenizer.json", "{oops"),
          "tokenizer.json: not a tokenizer file"),
         ("tokenizer-not-a-tokenizer", c.text_file("tokenizer.json", '{"version": "1.0"}'),

@@ -13,11 +13,16 @@ class CheckpointError(ValueError):
     """The checkpoint directory is missing, malformed or unsupported."""
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON object file, or a CheckpointError naming it and what is wrong."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: cannot be read ({e})") from None
+    except RecursionError:  # the decoder recurses per level
+        raise CheckpointError(f"{path}: nested too deeply to read") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     return data
@@ -99,11 +104,11 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise CheckpointError(f"{path}: no config.json (is this a Hugging Face checkpoint?)")
-    config = _read_json(cfg_path)
+    config = read_json(cfg_path)
     if not config.get("model_type"):
         raise CheckpointError(f"{cfg_path}: no model_type")
     gen_path = path / "generation_config.json"
-    generation = _read_json(gen_path) if gen_path.is_file() else {}
+    generation = read_json(gen_path) if gen_path.is_file() else {}
     return Checkpoint(path, config, generation)
 
 
@@ -112,7 +117,7 @@ def _weight_files(path: Path) -> dict[str, Path]:
 
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index}: no weight_map")
         files = {name: path / shard for name, shard in weight_map.items()}

@@ -11,11 +11,10 @@ compile time). tests/test_build_faults.py holds the two to the same verdicts.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
+from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError, read_json
 
 TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -32,22 +31,10 @@ def load_tokenizer(path: Path) -> Any:
         raise CheckpointError(f"{path}: not a tokenizer file ({e})") from None
 
 
-def _json_object(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: cannot be read ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
-
-
 def tokenizer_config(folder: Path) -> dict[str, Any]:
     """tokenizer_config.json (empty when absent): a JSON object, as the runtime requires."""
     path = folder / TOKENIZER_CONFIG
-    return _json_object(path) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}
 
 
 def chat_template(folder: Path) -> tuple[str | None, str]:
@@ -64,7 +51,7 @@ def chat_template(folder: Path) -> tuple[str | None, str]:
     if processor.is_file():
         where, value = (
             f"{processor.name}: chat_template",
-            _json_object(processor).get("chat_template"),
+            read_json(processor).get("chat_template"),
         )
     else:
         where = f"{TOKENIZER_CONFIG}: chat_template"
