@@ -7,14 +7,18 @@ is a byte-level BPE trained here on a few sentences.
 
 OUT_DIR must be new or empty: a checkpoint's files have common names (config.json,
 model.safetensors, tokenizer.json) that would replace yours, so a non-empty OUT_DIR is refused
-(exit 2, naming what is there) unless --force, which writes into it all the same, replacing the
-files of those names and leaving the others. Exit status: 0 written; 2 bad arguments or an
-OUT_DIR it may not write; 1 a system error (a full disk), in one line.
+(exit 2, naming what is there) unless it holds just a tiny checkpoint a writer put there, as it
+left it (its record, .edgeomni-tiny.json, lists each file's size and digest), which is replaced;
+--force writes into any OUT_DIR all the same, replacing the files of those names and leaving
+the others. Exit status: 0 written; 2 bad arguments or an OUT_DIR it may not write; 1 a system
+error (a full disk), in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -111,20 +115,51 @@ class Parser(argparse.ArgumentParser):
 FORCE_HELP = "write into a non-empty OUT_DIR, replacing files of the checkpoint's names"
 
 
+# what a writer wrote into OUT_DIR: each file's size, and its digest up to HASH_LIMIT bytes
+RECORD = ".edgeomni-tiny.json"
+HASH_LIMIT = 64 << 20
+
+
+def _files(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every file under ``out_dir`` but the record: its size, and sha256 when small enough."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(out_dir.rglob("*")):
+        rel = path.relative_to(out_dir).as_posix()
+        if rel == RECORD or path.is_dir():
+            continue
+        entry: dict[str, Any] = {"size": path.lstat().st_size, "link": path.is_symlink()}
+        if path.is_file() and not path.is_symlink() and entry["size"] <= HASH_LIMIT:
+            entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        out[rel] = entry
+    return out
+
+
+def own_previous(out_dir: Path) -> list[str] | None:
+    """The files of a tiny checkpoint a writer left in ``out_dir``, when the dir holds just
+    those, unchanged (its record says so); None otherwise."""
+    try:
+        record = json.loads((out_dir / RECORD).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return sorted(record) if isinstance(record, dict) and _files(out_dir) == record else None
+
+
 def out_dir_refusal(out_dir: Path, force: bool = False) -> str | None:
-    """Why OUT_DIR may not be written, or None. Only a new or empty directory is taken
-    without --force: a file there cannot be told from one of the user's by its name."""
+    """Why OUT_DIR may not be written, or None. Only a new or empty directory, or one holding
+    just an earlier tiny checkpoint as its writer left it, is taken without --force: a file
+    there cannot be told from one of the user's by its name."""
     if out_dir.exists() and not out_dir.is_dir():
         return f"{out_dir} exists and is not a directory"
     if out_dir.is_dir():
         names = sorted(os.listdir(out_dir))
-        if names and not force:
+        if names and not force and own_previous(out_dir) is None:
             shown = ", ".join(names[:5]) + (
                 f", and {len(names) - 5} more" if len(names) > 5 else ""
             )
             return (
                 f"{out_dir} is not empty ({shown}); choose a new or empty directory, or pass "
-                "--force to write into it (files of the same names are replaced)"
+                "--force to write into it (files of the same names are replaced; a tiny "
+                "checkpoint a writer left there unchanged is replaced without it)"
             )
         return None
     parent = next((p for p in out_dir.parents if p.exists() or p.is_symlink()), None)
@@ -141,7 +176,14 @@ def write_checkpoint(prog: str, out_dir: Path, force: bool, make: Callable[[], A
         print(f"{prog}: error: {refusal}", file=sys.stderr)
         return 2
     try:
+        fresh = not out_dir.is_dir() or not os.listdir(out_dir)
+        previous = None if fresh else own_previous(out_dir)
+        for rel in [*(previous or ()), RECORD] if previous is not None else ():
+            (out_dir / rel).unlink()  # ours, unchanged: replaced whole (another family's too)
         make()
+        if fresh or previous is not None:  # after --force into your files, no record
+            text = json.dumps({"files": _files(out_dir)}, indent=1)
+            (out_dir / RECORD).write_text(text + "\n", encoding="utf-8")
     except OSError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1

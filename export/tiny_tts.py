@@ -18,9 +18,11 @@ run makes exactly the frames asked for (``talker_max_new_tokens``), which benchm
 public configs and Qwen3-TTS's code defaults, not checked against the released weights (the 1.7B
 talker is 2048 wide; its code predictor stays 1024).
 
-OUT_DIR must be new or empty (exit 2 naming what is there otherwise): a checkpoint's files have
-common names (config.json, model.safetensors) that would replace yours. ``--force`` writes into
-a non-empty OUT_DIR all the same, replacing the files of those names and leaving the others.
+OUT_DIR must be new or empty, or hold just a tiny checkpoint a writer left there unchanged
+(its .edgeomni-tiny.json record), which is replaced (exit 2 naming what is there otherwise): a
+checkpoint's files have common names (config.json, model.safetensors) that would replace
+yours. ``--force`` writes into a non-empty OUT_DIR all the same, replacing the files of those
+names and leaving the others.
 Exit status: 0 written; 2 bad arguments or an OUT_DIR it may not write; 1 a system error (a
 full disk), in one line.
 """

@@ -146,6 +146,29 @@ def tiny_into(tool: str, *extra: str, files: tuple[str, ...] = ("notes.txt",)) -
     return setup
 
 
+def tiny_again(edit: bool) -> Setup:
+    """A tiny checkpoint written into d, edited or not, then written again over it."""
+
+    def setup(env: Env) -> list[str]:
+        from edgeomni.export import tiny
+
+        assert tiny.main(["qwen3", str(env.tmp / "d"), "--seed", "1"]) == 0
+        if edit:
+            with (env.tmp / "d" / "config.json").open("a") as f:
+                f.write("\n")
+        return ["qwen3", str(env.tmp / "d"), "--seed", "2"]
+
+    return setup
+
+
+def replaced_whole(env: Env) -> None:
+    """Written anew (seed 2), its record listing exactly what is there."""
+    from edgeomni.export import tiny
+
+    assert tiny.own_previous(env.tmp / "d") == sorted(tiny._files(env.tmp / "d"))
+    assert "model.safetensors" in (tiny.own_previous(env.tmp / "d") or [])
+
+
 def tiny_args(*argv: str) -> Setup:
     return lambda env: [arg.replace("TMP", str(env.tmp)) for arg in argv]
 

@@ -379,6 +379,8 @@ ISSUE_30 = [
         ("tiny-tts-into-a-full-dir", tiny_tts.main, c.tiny_into("tiny_tts", "--kind", "base"), BAD,
          "d is not empty (notes.txt); choose", (), None),
         ("tiny-force", tiny.main, c.tiny_into("tiny", "--force"), OK, "", ("d",), c.kept_mine),
+        ("tiny-again", tiny.main, c.tiny_again(False), OK, "", ("d",), c.replaced_whole),
+        ("tiny-again-after-an-edit", tiny.main, c.tiny_again(True), BAD, "d is not empty", (), None),
         ("tiny-out-is-a-file", tiny.main, c.tiny_out_is_a_file, BAD,
          "TMP/f exists and is not a directory", (), None),
         ("tiny-bad-family", tiny.main, c.tiny_args("qwen9", "TMP/d"), BAD,
