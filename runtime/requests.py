@@ -28,6 +28,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from .families import STAGE_KEYS
 from .sampling import DEFAULT_SAMPLING, SAMPLING_KEYS, SamplingParams, sampling_from_dict
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "bad_text",
     "inert_keys",
     "json_bytes",
+    "lone_surrogate",
     "load_request_file",
     "parse_sampling",
     "parse_request_file",
@@ -205,15 +207,9 @@ class BadRequest:
     carry: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
 
-# the speech stages' own keys: talker_<name> for the talker's first code, cp_<name> (or
-# subtalker_<name>, qwen3_tts_inference's) for the code predictor's residual codes
-TALKER_NAMES = (*SAMPLING_KEYS, "max_new_tokens", "min_new_tokens", "do_sample",
-                "non_streaming_mode")  # fmt: skip
-CODE_PREDICTOR_NAMES = ("temperature", "top_k", "top_p", "dosample")
-EXTRA_KEYS: tuple[str, ...] = (
-    *(f"talker_{n}" for n in TALKER_NAMES),
-    *(f"{p}{n}" for p in ("cp_", "subtalker_") for n in CODE_PREDICTOR_NAMES),
-)
+# the speech stages' own keys, as the families declare them (talker_<name> for the talker's
+# first code, cp_<name> or subtalker_<name> for the code predictor's residual codes)
+EXTRA_KEYS: tuple[str, ...] = STAGE_KEYS
 
 
 def _is_extra_key(key: Any) -> bool:
@@ -391,29 +387,50 @@ def _comment(key: Any) -> bool:
     return isinstance(key, str) and key.startswith(COMMENT_PREFIX)
 
 
-def bad_text(value: Any, where: str) -> str | None:
-    """Where ``value`` (a string, or any string or key inside lists and objects) is not
-    Unicode text that can be written as UTF-8: a lone surrogate, which JSON can spell
-    (``"\\udc80"``) and a command line's undecodable bytes become. None when it is all text.
-    The message shows the character escaped, never raw, so it can itself be printed. Walked
-    with a stack, not recursion, so no nesting the JSON decoder took can overflow it."""
-    stack: list[tuple[Any, str]] = [(value, where)]
+@dataclass(frozen=True)
+class LoneSurrogate:
+    """Where a parsed JSON value holds a lone surrogate: the path of the string (for a key, of
+    the object holding it), the string, and the surrogate's index in it."""
+
+    where: str
+    text: str
+    index: int
+    key: bool
+
+
+def lone_surrogate(value: Any, where: str = "") -> LoneSurrogate | None:
+    """The first string in ``value`` (keys too, inside lists and objects) that is not Unicode
+    text UTF-8 can hold: a lone surrogate, which JSON can spell (``"\\udc80"``) and a command
+    line's undecodable bytes become. Walked with a stack, not recursion, so no nesting the JSON
+    decoder took can overflow it."""
+    stack: list[tuple[Any, str, bool]] = [(value, where, False)]
     while stack:
-        item, at = stack.pop()
+        item, at, key = stack.pop()
         if isinstance(item, str):
             hit = _SURROGATE.search(item)
             if hit is not None:
-                return (
-                    f"{at}: not valid Unicode text (a lone surrogate \\u{ord(hit.group()):04x} "
-                    f"at character {hit.start()}; undecodable bytes or a half of a UTF-16 pair)"
-                )
+                return LoneSurrogate(at, item, hit.start(), key)
         elif isinstance(item, Mapping):
-            for key, inner in reversed(list(item.items())):
-                stack.append((inner, f"{at}.{key}" if at else str(key)))
-                stack.append((key, f"{at}: a key" if at else "a key"))
+            for name, inner in reversed(list(item.items())):
+                stack.append((inner, f"{at}.{name}" if at else str(name), False))
+                stack.append((name, at, True))
         elif isinstance(item, (list, tuple)):
-            stack.extend((inner, f"{at}[{i}]") for i, inner in reversed(list(enumerate(item))))
+            stack.extend((inner, f"{at}[{i}]", False) for i, inner in reversed(list(enumerate(item))))
     return None
+
+
+def bad_text(value: Any, where: str) -> str | None:
+    """``lone_surrogate`` as a request's error, or None when it is all text. The message shows
+    the character escaped, never raw, so it can itself be printed."""
+    found = lone_surrogate(value, where)
+    if found is None:
+        return None
+    at = (f"{found.where}: a key" if found.where else "a key") if found.key else found.where
+    code = ord(found.text[found.index])
+    return (
+        f"{at}: not valid Unicode text (a lone surrogate \\u{code:04x} at character "
+        f"{found.index}; undecodable bytes or a half of a UTF-16 pair)"
+    )
 
 
 def _parse_messages(messages: Any) -> tuple[tuple[dict[str, Any], ...], set[str]]:

@@ -14,6 +14,11 @@ PACKAGES = {"qwen3_omni": qwen3_omni, "qwen3_tts": qwen3_tts}
 
 FAMILIES = {name: package.RUNNERS for name, package in PACKAGES.items()}
 
+# the request keys a family's speech stages read (talker_*, cp_*, subtalker_*), in one list
+STAGE_KEYS: tuple[str, ...] = tuple(
+    dict.fromkeys(k for package in PACKAGES.values() for k in getattr(package, "STAGE_KEYS", ()))
+)
+
 
 # a family without media preparation declares no MEDIA
 MEDIA: dict[str, str] = {

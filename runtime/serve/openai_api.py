@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from edgeomni.runtime.requests import BadRequest, Request, parse_request_file
+from edgeomni.runtime.requests import BadRequest, Request, lone_surrogate, parse_request_file
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
 EXTRA_PREFIXES = ("talker_", "cp_", "subtalker_")
@@ -55,38 +55,16 @@ def _printable(text: str) -> str:
 def check_unicode(body: Any) -> None:
     """A 400 naming the first string of a parsed JSON body (a key or a value, at any depth)
     that is not valid Unicode text: JSON's ``\\udc80`` escapes can make a lone surrogate, which
-    no tokenizer or UTF-8 writer takes. Iterative: a deeply nested body cannot exhaust the
-    stack."""
-    stack: list[tuple[str, Any]] = [("", body)]
-    while stack:
-        where, value = stack.pop()
-        if isinstance(value, str):
-            at = _surrogate(value)
-            if at is not None:
-                name = where or "the body"
-                raise ApiError(400, f"{name}: not valid Unicode text (a lone surrogate at "
-                                f"character {at})", where or None)  # fmt: skip
-        elif isinstance(value, Mapping):
-            for key in reversed(list(value)):
-                inner = f"{where}.{key}" if where else str(key)
-                if _surrogate(str(key)) is not None:
-                    name = where or "the body"
-                    raise ApiError(400, f"{name}: a field name is not valid Unicode text (a "
-                                    f"lone surrogate in {str(key)!r})",
-                                    where or None)  # fmt: skip
-                stack.append((inner, value[key]))
-        elif isinstance(value, list):
-            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value))))
-
-
-def _surrogate(text: str) -> int | None:
-    """Where ``text`` holds a surrogate code point (only a lone one survives JSON decoding:
-    a valid pair becomes one character), or None."""
-    match = _SURROGATE.search(text)
-    return None if match is None else match.start()
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
+    no tokenizer or UTF-8 writer takes."""
+    found = lone_surrogate(body)
+    if found is None:
+        return
+    name = found.where or "the body"
+    if found.key:
+        raise ApiError(400, f"{name}: a field name is not valid Unicode text (a lone surrogate "
+                       f"in {found.text!r})", found.where or None)  # fmt: skip
+    raise ApiError(400, f"{name}: not valid Unicode text (a lone surrogate at character "
+                   f"{found.index})", found.where or None)  # fmt: skip
 
 
 def chat_audio(body: Mapping[str, Any]) -> str | None:

@@ -15,3 +15,13 @@ RUNNERS = (
 
 # the thinker's media hook, by its engine config's model_type ("module:attribute")
 MEDIA = {"qwen3_omni_moe": "edgeomni.runtime.families.qwen3_omni.media:MediaEncoders"}
+
+# the keys its talker reads besides its graph inputs: talker_* for the first code, cp_* (or
+# qwen3_tts_inference's subtalker_*) for the code predictor's residual codes
+_TALKER = ("temperature", "top_k", "top_p", "repetition_penalty", "seed", "sampling_seed",
+           "max_new_tokens", "min_new_tokens", "do_sample")  # fmt: skip
+_CODE_PREDICTOR = ("temperature", "top_k", "top_p", "dosample")
+STAGE_KEYS = (
+    *(f"talker_{name}" for name in _TALKER),
+    *(f"{prefix}{name}" for prefix in ("cp_", "subtalker_") for name in _CODE_PREDICTOR),
+)

@@ -22,11 +22,12 @@ from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
 from edgeomni.runtime.decoder import TOPK_OUTPUTS, DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.families.qwen3_omni import STAGE_KEYS
 from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor, cp_artifact
 from edgeomni.runtime.families.qwen3_omni.media import MEDIA_TOKENS
 from edgeomni.runtime.families.qwen3_omni.mrope import MropeIds, rope_index
 from edgeomni.runtime.kv import KVCache
-from edgeomni.runtime.requests import EXTRA_KEYS, SPEECH_STAGE_KEYS
+from edgeomni.runtime.requests import SPEECH_STAGE_KEYS
 from edgeomni.runtime.runners import (
     HiddenHandoff,
     RequestError,
@@ -163,8 +164,7 @@ class SpeechTalker(StageRunner):
 
     kind = "autoregressive"
     # the talker's keys; the request's seed seeds it when talker_seed is not given
-    reads = frozenset((*SPEECH_STAGE_KEYS, "seed", "sampling_seed", *(
-        k for k in EXTRA_KEYS if k != "talker_non_streaming_mode")))  # fmt: skip
+    reads = frozenset((*SPEECH_STAGE_KEYS, "seed", "sampling_seed", *STAGE_KEYS))
     feeds_sinks = True  # each frame goes to the vocoder as it is made
     mrope = True  # the talker engine takes 3-axis positions (Qwen3-Omni); False: 1-D
 

@@ -5,6 +5,8 @@ codes) for requests that bring reference audio."""
 
 from __future__ import annotations
 
+from edgeomni.runtime.families import qwen3_omni
+
 # (runner name in the graph, kind, "module:attribute" of its factory, emit id -> kind)
 RUNNERS = (
     ("qwen3_tts.talker", "autoregressive", "edgeomni.runtime.families.qwen3_tts.talker:TtsTalker",
@@ -17,3 +19,6 @@ RUNNERS = (
     ("qwen3_tts.speech_encoder", "iterative",
      "edgeomni.runtime.families.qwen3_tts.clone:SpeechEncoder", {"codes": "hidden"}),
 )  # fmt: skip
+
+# its talker reads Qwen3-Omni's talker keys (it reuses that loop) and picks its text mode
+STAGE_KEYS = (*qwen3_omni.STAGE_KEYS, "talker_non_streaming_mode")

@@ -22,6 +22,7 @@ from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
 from edgeomni.runtime.families.qwen3_omni.code_predictor import cp_artifact
 from edgeomni.runtime.families.qwen3_omni.talker import SpeechTalker
+from edgeomni.runtime.families.qwen3_tts import STAGE_KEYS
 from edgeomni.runtime.runners import RequestError, RequestState
 from edgeomni.runtime.sampling import SamplingParams
 
@@ -105,7 +106,7 @@ class TtsTalker(SpeechTalker):
 
     mrope = False  # 1-D positions: the release's MRoPE gives every section the same ones
     # with no text model, repetition_penalty is the talker's (see Pipeline._as_read)
-    reads = frozenset((*SpeechTalker.reads, "talker_non_streaming_mode", "repetition_penalty"))
+    reads = frozenset((*SpeechTalker.reads, *STAGE_KEYS, "repetition_penalty"))
 
     def setup(self, folder: Path, cfg: dict[str, Any]) -> None:
         from edgeomni.runtime.tokenizer import TextTokenizer
