@@ -10,9 +10,10 @@ p50/p95 latency (every request arrives at t = 0; its latency is when its Finishe
 and the ratios (of the medians). Every request generates exactly its length (min_generate_length = max), so
 both modes do the same work; greedy tokens are compared between the modes.
 
-``--baseline DIR``: also run the cohort mode of another checkout of edgeomni (for example the
-commit before in-flight batching, ``git worktree add DIR <commit>``) on the same engines, in a
-subprocess that imports edgeomni from DIR, to check the old code at equal batching.
+``--baseline DIR``: also run both modes of another checkout of edgeomni (for example the commit
+before a change, ``git worktree add DIR <commit>``; it must have ``--batching`` and events) on
+the same engines, in subprocesses that import edgeomni from DIR, and print each mode's
+throughput over the baseline's: the check that a change costs no speed.
 
     python bench/inflight_cpu.py [--work DIR] [--requests 32] [--batch-size 8]
         [--models qwen3,omni,omni-speech] [--baseline DIR] [--repeats 3]
@@ -98,8 +99,7 @@ def measure(engine: Path, body: dict, batch: int, batching: str) -> dict:
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
 
-    kw = {"batching": batching} if batching != "baseline" else {}
-    pipe = Pipeline(engine, **kw)
+    pipe = Pipeline(engine, batching=batching)
     requests, _ = parse_request_file(body)
     warm, _ = parse_request_file({**body, "requests": body["requests"][:1]})
     # the text model's reply only, as edge-infer without audio out; speech: every terminal
@@ -112,10 +112,7 @@ def measure(engine: Path, body: dict, batch: int, batching: str) -> dict:
         if type(event).__name__ == "Finished":  # runtime.events.Finished
             finished[event.index] = time.perf_counter() - start  # type: ignore[attr-defined]
 
-    if batching == "baseline":  # the old code has no events: every request ends with the run
-        outcomes = pipe.run(requests, batch_size=batch, requested=text)
-    else:
-        outcomes = pipe.run(requests, batch_size=batch, requested=text, listener=listen)
+    outcomes = pipe.run(requests, batch_size=batch, requested=text, listener=listen)
     wall = time.perf_counter() - start
     failed = [(o.entry["request_idx"], o.entry["error"]) for o in outcomes if not o.entry["ok"]]
     if failed:
@@ -140,7 +137,7 @@ def measure(engine: Path, body: dict, batch: int, batching: str) -> dict:
 
 def isolated(engine: Path, body: dict, batch: int, mode: str, repo: Path | None = None) -> dict:
     """``measure`` in a fresh process (each mode starts from the same state), importing
-    edgeomni from ``repo`` when given (another checkout: its cohort mode, ``baseline``)."""
+    edgeomni from ``repo`` when given (another checkout, the baseline)."""
     with tempfile.TemporaryDirectory() as tmp:
         paths = [str(Path(__file__).parent)]
         if repo is not None:
@@ -177,7 +174,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--models", default="qwen3,omni")
-    ap.add_argument("--baseline", type=Path, help="another checkout: its cohort mode too")
+    ap.add_argument("--baseline", type=Path, help="another checkout: its two modes too")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each mode (the median)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -197,11 +194,11 @@ def main() -> None:
         engine = build(model, args.work, args.batch_size)
         modes = [("inflight", None), ("cohort", None)]
         if args.baseline is not None:
-            modes.append(("baseline", args.baseline))
+            modes += [("inflight", args.baseline), ("cohort", args.baseline)]
         tries: dict[str, list[dict]] = {}
         for _ in range(args.repeats):  # the modes in turn, so drifts of the machine hit all
             for mode, repo in modes:
-                name = "baseline_cohort" if mode == "baseline" else mode
+                name = mode if repo is None else f"baseline_{mode}"
                 tries.setdefault(name, []).append(
                     isolated(engine, body, args.batch_size, mode, repo)
                 )
@@ -215,10 +212,11 @@ def main() -> None:
             "latency_p50": round(inflight["latency_p50_s"] / cohort["latency_p50_s"], 2),
             "latency_p95": round(inflight["latency_p95_s"] / cohort["latency_p95_s"], 2),
         }
-        if "baseline_cohort" in runs:
-            row["cohort_over_baseline"] = round(
-                cohort["tokens_per_s"] / runs["baseline_cohort"]["tokens_per_s"], 2
-            )
+        for mode in ("inflight", "cohort"):  # this checkout over the baseline, mode by mode
+            if f"baseline_{mode}" in runs:
+                row[f"{mode}_over_baseline"] = round(
+                    runs[mode]["tokens_per_s"] / runs[f"baseline_{mode}"]["tokens_per_s"], 2
+                )
         report["models"][model] = row
         print(json.dumps({model: row}, indent=2), flush=True)
     print(json.dumps(report, indent=2))

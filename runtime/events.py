@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-__all__ = ["AudioChunk", "CodecFrames", "Event", "Failed", "Finished", "Listener", "TextDelta"]
+__all__ = ["AudioChunk", "CodecFrames", "Event", "Failed", "Finished", "HiddenRows", "Listener",
+           "TextDelta"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,21 @@ class AudioChunk:
 
 
 @dataclass(frozen=True)
+class HiddenRows:
+    """Rows a stage hands the next one (a thinker's ``accept_hidden`` port, which its talker
+    reads): the input embeddings of the tokens it fed, float32 [k, H], in order (the prompt's,
+    then one per decode step; the last token drawn is never fed). The first event of a request
+    has ``prompt``: what the talker's prefill reads besides (runtime.prompt.PromptRows). An
+    edge's event: the scheduler hands it to the next stage, not to listeners. In one process
+    ``rows`` is the producer's buffer (a view, never written again), not a copy."""
+
+    index: int
+    stage: str
+    rows: np.ndarray = field(repr=False)
+    prompt: Any = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
 class Finished:
     """The stage is done with the request: ``reason`` is eos, stop or length for a decoder,
     ``complete`` for a stage that converts what it was given (the vocoder)."""
@@ -71,5 +88,5 @@ class Failed:
     error: str
 
 
-Event = TextDelta | CodecFrames | AudioChunk | Finished | Failed
+Event = TextDelta | CodecFrames | AudioChunk | HiddenRows | Finished | Failed
 Listener = Callable[[Event], None]

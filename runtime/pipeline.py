@@ -1,6 +1,7 @@
-"""Walk requests through the graph: plan each, group cohorts, run the stages in order.
+"""Walk requests through the graph: plan and prepare each, then run them all through one
+scheduler loop (runtime/scheduler.run_graph) over the stages, in flight or in cohorts.
 
-Scheduling (plans and cohorts) is pure Python; stage runners own their engine calls and sampling.
+Scheduling is pure Python; stages own their engine calls and sampling.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from edgeomni import graph_schema
-from edgeomni.runtime.events import AudioChunk, CodecFrames, Failed, Finished, Listener, TextDelta
+from edgeomni.runtime.events import Failed, Listener
 from edgeomni.runtime.requests import BadRequest, Request
 from edgeomni.runtime.runners import (
     RUNNER_KINDS,
@@ -26,14 +27,7 @@ from edgeomni.runtime.runners import (
     RequestState,
     check_emits,
 )
-from edgeomni.runtime.scheduler import (
-    PATIENCE,
-    Arrivals,
-    SlotCapable,
-    SlotStage,
-    make_cohorts,
-    run_graph,
-)
+from edgeomni.runtime.scheduler import PATIENCE, Arrivals, Cohorts, SlotStage, run_graph
 
 GRAPH_FILE = "multistage_config.json"
 BATCHING = ("inflight", "cohort")
@@ -175,9 +169,9 @@ class Pipeline:
         """``cuda_graphs``: GPU engines replay captured CUDA graphs for their decode steps.
         ``stream_stages``: a stage that reads the next one's output as it is made (the talker
         the thinker's) starts before that stage finishes; otherwise stages run one after another.
-        ``batching``: ``inflight`` (requests whose planned stages all hold slots join and leave
-        each stage's running batch, one scheduler loop stepping every stage; the others run in
-        cohorts) or ``cohort`` (every request in fixed cohorts, the spec's batching)."""
+        ``batching``: ``inflight`` (requests join and leave each stage's running batch) or
+        ``cohort`` (requests enter in fixed cohorts, each stage admitting a cohort together:
+        the spec's batching); the same scheduler loop steps every stage either way."""
         if batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
         self.batching = batching
@@ -327,22 +321,8 @@ class Pipeline:
                     done.add(pos)
                     continue
                 states.append(state)
-            inflight, cohorted = self._lanes(states)
-            if inflight:
-                self._run_inflight(inflight, batch_size, listener, done)
-            # a cohort shares its stages, request fields, voice and batch-wide settings (the spec)
-            keys = [
-                (s.plan.stages, s.request.fields, s.request.voice, s.request.batch_settings)
-                for s in cohorted
-            ]
-            for cohort_idx in make_cohorts(keys, max(1, batch_size)):
-                cohort = [cohorted[i] for i in cohort_idx]
-                self._run_cohort(cohort, batch_size)
-                done.update(s.index for s in cohort)
-                if listener is not None:
-                    for state in cohort:
-                        for event in cohort_events(state, self._kinds):
-                            listener(event)
+            if states:
+                self._run_graph(states, batch_size, listener, done)
         except KeyboardInterrupt as e:
             for pos in range(len(requests)):
                 if pos not in done:
@@ -397,14 +377,10 @@ class Pipeline:
         thread as it is taken (so every engine call stays on it), then joins the running
         batches. One that cannot be planned or prepared gets a ``Failed`` event from stage
         ``PREPARE`` (its own fault: a client error) and ``done``; ``done(state)`` is called as
-        each request leaves, with ``state.error`` set if it failed. Every stage must hold slots
-        (in-flight batching); a StageError otherwise, before any request runs."""
+        each request leaves, with ``state.error`` set if it failed. Requests are batched in
+        flight, whatever ``batching`` says."""
         self.open(set(self.graph.stage_ids))
-        missing = [sid for sid in self.graph.stage_ids if self._slot_stage(sid) is None]
-        if missing:
-            raise StageError(f"stages {', '.join(missing)} cannot run in flight (a server needs "
-                             "every stage to hold slots)")  # fmt: skip
-        stages = {sid: self._slot_stages[sid] for sid in self.graph.stage_ids}
+        stages = {sid: self._slot_stage(sid) for sid in self.graph.stage_ids}
         prepared = _Preparing(self, feed, listener, done)
         seconds: dict[str, float] = {}
         run_graph(
@@ -413,39 +389,40 @@ class Pipeline:
             feed=prepared, cancelled=cancelled,
         )  # fmt: skip
 
-    def _lanes(self, states: list[RequestState]) -> tuple[list[RequestState], list[RequestState]]:
-        """Under in-flight batching, the requests whose every planned stage holds slots; and
-        the requests that run in cohorts."""
-        if self.batching != "inflight":
-            return [], states
-        inflight: list[RequestState] = []
-        rest: list[RequestState] = []
-        for state in states:
-            slotted = all(self._slot_stage(sid) is not None for sid in state.plan.stages)
-            (inflight if slotted else rest).append(state)
-        return inflight, rest
-
-    def _slot_stage(self, stage_id: str) -> SlotStage | None:
+    def _slot_stage(self, stage_id: str) -> SlotStage:
         if stage_id not in self._slot_stages:
             runner = self.runner(stage_id)
-            if not isinstance(runner, SlotCapable):
-                return None
             self._slot_stages[stage_id] = runner.slot_stage(stream_upstream=self.stream_stages)
         return self._slot_stages[stage_id]
 
-    def _run_inflight(
+    def _run_graph(
         self, states: list[RequestState], batch_size: int, listener: Listener | None,
         done: set[int],
     ) -> None:  # fmt: skip
-        """Every in-flight request through one scheduler loop over the stages they plan."""
+        """Every request through one scheduler loop over the stages they plan: in flight, or
+        in cohorts (requests with equal stages, request fields, voice and batch-wide settings,
+        the spec's batching), each admitted together."""
         used = {sid for state in states for sid in state.plan.stages}
-        stages = {s.id: self._slot_stages[s.id] for s in self.graph.stages if s.id in used}
+        stages = {s.id: self._slot_stage(s.id) for s in self.graph.stages if s.id in used}
+        cohorts = None
+        if self.batching == "cohort":
+            cohorts = Cohorts(
+                lambda s: (s.plan.stages, s.request.fields, s.request.voice,
+                           s.request.batch_settings),
+                max(1, batch_size),
+            )  # fmt: skip
         seconds: dict[str, float] = {}
+
+        def leave(state: RequestState) -> None:
+            done.add(state.index)
+            for report in state.details.values():  # how the stages batched it
+                report["batching"] = self.batching
+
         try:
             run_graph(
                 stages, states, {sid: self._width(sid, batch_size) for sid in stages},
-                listener=listener, done=lambda st: done.add(st.index), seconds=seconds,
-                patience=self.patience,
+                listener=listener, done=leave, seconds=seconds, patience=self.patience,
+                cohorts=cohorts,
             )  # fmt: skip
         finally:
             for sid, spent in seconds.items():
@@ -466,35 +443,6 @@ class Pipeline:
                 return f"{stage_id}: {failure(e)}"
         return None
 
-    def _run_cohort(self, cohort: list[RequestState], batch_size: int) -> None:
-        started = time.perf_counter()
-        for state in cohort:
-            state.started = started
-        stages = cohort[0].plan.stages
-        pos = 0
-        while pos < len(stages):
-            stage_id = stages[pos]
-            width = self._width(stage_id, batch_size)
-            follower = self._follower(stage_id, stages[pos + 1 :], width, batch_size)
-            alive = [s for s in cohort if s.error is None]  # a failed request leaves its cohort
-            for lo in range(0, len(alive), width):  # a cohort never exceeds the build's max_batch
-                part = alive[lo : lo + width]
-                for row, state in enumerate(part):  # its row in its first stage's batch
-                    state.batch_idx = row if state.batch_idx is None else state.batch_idx
-                try:
-                    if follower is None:
-                        t = time.perf_counter()
-                        self._run_part(stage_id, part, stages[pos + 1 :])
-                        self._count(stage_id, part, time.perf_counter() - t)
-                    else:
-                        self._run_streamed(stage_id, follower, part, stages[pos + 2 :])
-                except Exception as e:  # an engine call on these rows failed: they fail, alone
-                    where = stage_id if follower is None else f"{stage_id}+{follower}"
-                    log.debug("stage %s failed on a cohort", where, exc_info=True)
-                    for state in part:
-                        state.error = state.error or f"{where}: {failure(e)}"
-            pos += 1 if follower is None else 2
-
     def _width(self, stage_id: str, batch_size: int) -> int:
         """Rows one call of this stage takes: the batch size, capped by the engine's build
         and by the graph's ``max_batch`` for the stage when it sets one."""
@@ -502,86 +450,11 @@ class Pipeline:
         cap = self.graph.stage(stage_id).max_batch
         return max(1, min(width, cap) if cap else width)
 
-    def _run_part(
-        self, stage_id: str, part: list[RequestState], later: Sequence[str], **kw: Any
-    ) -> None:
-        sinks = self._stream_sinks(stage_id, later, part)
-        if sinks:
-            kw["sinks"] = sinks
-        self.runner(stage_id).run(part, **kw)
-
     def _count(self, stage_id: str, part: list[RequestState], seconds: float) -> None:
         prof = self.profile.stages.setdefault(stage_id, StageProfile())
         prof.calls += 1
         prof.requests += len(part)
         prof.seconds += seconds
-
-    def _follower(
-        self, stage_id: str, later: Sequence[str], width: int, batch_size: int
-    ) -> str | None:
-        """The next stage, when it can start while this one runs: it reads this stage's output
-        as it is made (its runner ``reads_upstream``; this one ``streams_steps``) and takes the
-        same cohort width."""
-        if not (self.stream_stages and later):
-            return None
-        nxt = later[0]
-        reads = any(i.source.startswith(stage_id + ":") for i in self.graph.stage(nxt).inputs)
-        producer, consumer = self.runner(stage_id), self.runner(nxt)
-        if not (reads and producer.streams_steps and consumer.reads_upstream):
-            return None
-        if self._width(nxt, batch_size) != width:
-            return None  # the two stages split the cohort differently: one after the other
-        return nxt
-
-    def _run_streamed(
-        self, stage_id: str, follower: str, part: list[RequestState], later: Sequence[str]
-    ) -> None:
-        """``stage_id`` one step at a time, driven by ``follower`` as it needs more of its output;
-        then the rest of its steps. Each stage's profile counts its own work."""
-        steps = iter(self.runner(stage_id).steps(part))
-        upstream_s = 0.0
-
-        def upstream() -> bool:
-            nonlocal upstream_s
-            t = time.perf_counter()
-            try:
-                next(steps)
-                return True
-            except StopIteration:
-                return False
-            finally:
-                upstream_s += time.perf_counter() - t
-
-        start = time.perf_counter()
-        running = upstream()  # the prefill and first step: the handoff exists from here on
-        alive = [s for s in part if s.error is None]
-        if alive:
-            self._run_part(follower, alive, later, upstream=upstream if running else None)
-        follower_s = time.perf_counter() - start - upstream_s
-        while running and upstream():  # the steps the follower did not need
-            pass
-        self._count(stage_id, part, upstream_s)
-        if alive:
-            self._count(follower, alive, follower_s)
-
-    def _stream_sinks(
-        self, stage_id: str, later: Sequence[str], part: list[RequestState]
-    ) -> dict[int, Any]:
-        """Downstream stages that consume this stage's ports as they are made (the vocoder
-        reading the talker's frames): request index -> the callable to feed (which may have an
-        ``end_step()`` for the producer to call once it fed every row of a step). Empty for a
-        stage whose runner does not feed sinks (a clone encoder whose codes code2wav reads
-        once they are complete)."""
-        sinks: dict[int, Any] = {}
-        if not self.runner(stage_id).feeds_sinks:
-            return sinks
-        for consumer in later:
-            if not any(
-                i.source.startswith(stage_id + ":") for i in self.graph.stage(consumer).inputs
-            ):
-                continue
-            sinks.update(self.runner(consumer).stream_sinks(part))
-        return sinks
 
     def _entries(
         self, requests: Sequence[Request | BadRequest], states: list[RequestState],
@@ -662,32 +535,3 @@ def echo_messages(messages: Any) -> list[Any]:
                 m["content"] = [dict(p) if hasattr(p, "items") else p for p in m["content"]]
         out.append(m)
     return out
-
-
-def cohort_events(state: RequestState, kinds: dict[str, str]) -> list[Any]:
-    """A request's events once its cohort ran: what each of its stages made (text, codec
-    frames, audio; ``kinds``: port -> emit kind) in one event each, then that stage's
-    Finished; Failed last if it failed."""
-    events: list[Any] = []
-    for sid in state.plan.stages:
-        details = state.details.get(sid, {})
-        made = False
-        for port, value in state.outputs.items():
-            kind = kinds.get(port) if port.startswith(sid + ":") else None
-            if kind == "text" and "finish_reason" in details:
-                made = True
-                if value:
-                    events.append(
-                        TextDelta(state.index, sid, value, tuple(details.get("output_tokens", ())))
-                    )
-            elif kind == "codec":  # one event, empty for an utterance of no frames
-                made = True
-                events.append(CodecFrames(state.index, sid, value))
-            elif kind == "audio":  # one chunk, empty for an utterance of no audio
-                made = True
-                events.append(AudioChunk(state.index, sid, value, 0, details["sample_rate"]))
-        if made and state.error is None:
-            events.append(Finished(state.index, sid, details.get("finish_reason", "complete")))
-    if state.error is not None:
-        events.append(Failed(state.index, state.plan.stages[-1], state.error))
-    return events

@@ -47,6 +47,18 @@ class Prompt:
         return len(self.ids)
 
 
+@dataclass(frozen=True)
+class PromptRows:
+    """What a thinker hands its talker with a prompt's embeddings (its first ``HiddenRows``
+    event): the prompt's ids, the accept-layer states of its media positions (None for a
+    text-only prompt), and its media's image grids and audio frame counts."""
+
+    ids: np.ndarray  # int64 [S]
+    hidden: np.ndarray | None  # [S, H] accept-layer states, when the prompt holds media
+    image_grids: tuple[tuple[int, int, int], ...] = ()
+    audio_frames: tuple[int, ...] = ()
+
+
 class MediaPart(NamedTuple):
     """An audio or image part of a request: its file, and for an image whether it is resized
     to the model's target size (upstream's ``do_resize``; false: it must be that size)."""

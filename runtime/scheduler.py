@@ -14,9 +14,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["CANCELLED", "PATIENCE", "Arrivals", "SlotCapable", "SlotStage", "Stuck", "make_cohorts",
+__all__ = ["CANCELLED", "PATIENCE", "Arrivals", "Cohorts", "SlotStage", "Stuck", "make_cohorts",
            "run_graph"]  # fmt: skip
 CANCELLED = "cancelled"  # the error of a request its client gave up on
 # turns a later stage (the talker, the vocoder) waits for rows still on their way before it
@@ -61,17 +62,19 @@ def make_cohorts(keys: Sequence[Hashable], width: int) -> list[list[int]]:
 
 @runtime_checkable
 class SlotStage(Protocol):
-    """A stage the in-flight loop steps.
+    """A stage the scheduler loop steps.
 
-    ``ready(state, upstream_done)``: whether a waiting request can start here now (a request
-    waits at its next stage from the moment its current one admits it; ``upstream_done``: that
-    stage is done with it). ``admit`` starts requests in free rows (a decoder prefills them and
-    draws each one's first token); a request it cannot start is left out of the slots it
-    returns, with its ``error`` set. ``step`` runs every active slot once (a slot that cannot
+    ``ready(state, upstream_done, events)``: whether a waiting request can start here now (a
+    request waits at its next stage from the moment its current one admits it;
+    ``upstream_done``: that stage is done with it; ``events``: what it emitted for the request
+    so far, for a stage that ``consumes``). ``admit`` starts requests in free rows, each entry
+    (state, row, its upstream's events so far) (a decoder prefills them and draws each one's
+    first token); a request it cannot start is left out of the slots it returns, with its
+    ``error`` set. ``step`` runs every active slot once (a slot that cannot
     go on yet, waiting for its upstream, sits the step out). ``update`` settles one slot after
     a step: its ``finish``, and the events it adds when asked (text, frames, audio, Finished).
     ``consume`` takes an event its upstream stage emitted for the slot's request (stages with
-    ``consumes`` true: the vocoder reads the talker's frames). ``retire`` writes a finished
+    ``consumes`` true: the vocoder reads the talker's frames, the talker its thinker's rows). ``retire`` writes a finished
     request's outputs; ``discard`` drops a slot whose request failed elsewhere; ``move`` puts a
     slot in another (free) row, its cache rows with it. A slot has ``state``, ``row`` and
     ``finish`` (set once it is done)."""
@@ -79,9 +82,9 @@ class SlotStage(Protocol):
     stage_id: str
     consumes: bool
 
-    def ready(self, state: Any, upstream_done: bool) -> bool: ...
+    def ready(self, state: Any, upstream_done: bool, events: Sequence[Any]) -> bool: ...
 
-    def admit(self, entries: Sequence[tuple[Any, int]]) -> list[Any]: ...
+    def admit(self, entries: Sequence[tuple[Any, int, Sequence[Any]]]) -> list[Any]: ...
 
     def step(self, slots: Mapping[int, Any]) -> None: ...
 
@@ -96,13 +99,16 @@ class SlotStage(Protocol):
     def discard(self, slot: Any) -> None: ...
 
 
-@runtime_checkable
-class SlotCapable(Protocol):
-    """A stage runner that can serve the in-flight loop. ``stream_upstream``: start a request
-    as soon as its upstream stage's output is enough to begin (the talker reading the thinker's
-    reply as it is written), not once that stage is done with it."""
+@dataclass(frozen=True)
+class Cohorts:
+    """``run_graph``'s cohort admission (TensorRT Edge-LLM's multistage_inference batching):
+    the graph holds one cohort at a time, at most ``width`` requests with equal ``key(state)``
+    taken greedily in input order (``make_cohorts``); each stage admits the cohort's requests
+    together, once every one of them still to come is ready there, and no later request joins
+    until the whole cohort has left the graph."""
 
-    def slot_stage(self, *, stream_upstream: bool = False) -> SlotStage: ...
+    key: Callable[[Any], Hashable]
+    width: int
 
 
 class Stuck(RuntimeError):
@@ -158,6 +164,7 @@ def run_graph(
     patience: int = 0,
     feed: Arrivals | None = None,
     cancelled: Callable[[Any], bool] | None = None,
+    cohorts: Cohorts | None = None,
 ) -> None:
     """Run every request through the stages of its plan (``state.plan.stages``, each one of
     ``stages``, which are in graph order), each stage with at most ``widths[id]`` in flight.
@@ -182,8 +189,11 @@ def run_graph(
     it has (0: it steps every turn). A step's cost is mostly fixed (the weights it reads), so
     a talker fed one request at a time by a busy thinker would otherwise run nearly empty
     steps; waiting trades a request's latency for the batch's throughput.
+
+    ``cohorts``: requests enter the graph a cohort at a time and each stage admits a cohort's
+    requests together (``Cohorts``); there is then nothing to wait for (no patience).
     """
-    from edgeomni.runtime.events import Failed
+    from edgeomni.runtime.events import Failed, HiddenRows
 
     order = list(stages)
     waiting: dict[str, list[Any]] = {sid: [] for sid in order}
@@ -195,6 +205,10 @@ def run_graph(
     times = seconds if seconds is not None else {}
     nxt: dict[tuple[int, str], str | None] = {}
     live: dict[int, Any] = {}  # the requests still in the graph, by index
+    pending: list[Any] = []  # cohort admission: requests not in the graph yet, in input order
+    queued: set[int] = set()
+    if cohorts is not None:
+        patience = 0
 
     def register(state: Any) -> None:
         path = state.plan.stages
@@ -206,11 +220,31 @@ def run_graph(
         waiting[path[0]].append(state)
         live[state.index] = state
 
+    def enter(state: Any) -> None:
+        if cohorts is None:
+            register(state)
+        elif state.index in queued:
+            raise ValueError(f"request index {state.index} is already in this run")
+        else:
+            queued.add(state.index)
+            pending.append(state)
+
+    def next_cohort() -> None:
+        """Cohort admission: once the graph is empty, the next cohort enters it."""
+        if cohorts is None or live or not pending:
+            return
+        taken = make_cohorts([cohorts.key(s) for s in pending], cohorts.width)[0]
+        chosen = [pending[i] for i in taken]
+        for i in reversed(taken):
+            del pending[i]
+        for state in chosen:
+            register(state)
+
     for state in states:
-        register(state)
+        enter(state)
 
     def emit(state: Any, sid: str, event: Any) -> None:
-        if listener is not None:
+        if listener is not None and not isinstance(event, HiddenRows):  # an edge's, not news
             listener(event)
         after = nxt[(state.index, sid)]
         if after is None or not stages[after].consumes:
@@ -270,18 +304,28 @@ def run_graph(
         free = [r for r in range(widths[sid]) if r not in active[sid]]
         if not free or not waiting[sid]:
             return False
-        entries = []
-        for state in list(waiting[sid]):
-            if len(entries) == len(free):
+        # a cohort goes in together: every request of it still to come here, waiting and ready
+        together = cohorts is not None
+        if together and len(waiting[sid]) < len(to_come[sid]):
+            return False
+        chosen = []
+        for state in waiting[sid]:
+            if len(chosen) == len(free) and not together:
                 break
             path = state.plan.stages
             before = path[path.index(sid) - 1] if path[0] != sid else None
-            if stage.ready(state, before is None or (state.index, before) in finished):
-                waiting[sid].remove(state)
-                entries.append((state, free[len(entries)]))
-        if not entries:
+            upstream_done = before is None or (state.index, before) in finished
+            if stage.ready(state, upstream_done, held[sid].get(state.index, ())):
+                chosen.append(state)
+            elif together:
+                return False
+        if not chosen:
             return False
-        for state, row in entries:
+        entries = [(state, row, held[sid].pop(state.index, []))  # as many as there are rows
+                   for state, row in zip(chosen, free, strict=False)]  # fmt: skip
+        for state, _, _ in entries:
+            waiting[sid].remove(state)
+        for state, row, _ in entries:
             if state.plan.stages[0] == sid:  # its row in its first stage's batch; its start
                 state.batch_idx = row if state.batch_idx is None else state.batch_idx
                 state.started = state.started or time.perf_counter()
@@ -290,11 +334,11 @@ def run_graph(
             admitted = stage.admit(entries)
         except Exception as e:  # a prefill call failed: the requests it held fail
             log.debug("admitting into %s failed", sid, exc_info=True)
-            for state, _ in entries:
+            for state, _, _ in entries:
                 fail(state, sid, _failure(e))
             return True
         taken = {id(slot.state) for slot in admitted}
-        for state, _ in entries:
+        for state, _, _ in entries:
             if id(state) not in taken:
                 fail(state, sid, state.error or "not admitted")
         later: set[str] = set()
@@ -305,8 +349,6 @@ def run_graph(
             if after is not None:  # it waits there from now on: a streaming stage may start
                 waiting[after].append(slot.state)
                 later.add(after)
-            for event in held[sid].pop(slot.state.index, ()):
-                stage.consume(slot, event)
         for after in later:  # in input order
             waiting[after].sort(key=lambda s: s.index)
         settle(sid, [slot.row for slot in admitted])
@@ -320,12 +362,16 @@ def run_graph(
         return next((sid for sid in order if state in waiting[sid]), state.plan.stages[0])
 
     idle = dict.fromkeys(order, 0)  # turns each stage has waited with rows to step
-    while any(waiting.values()) or any(active.values()) or (feed is not None and not feed.closed):
+    def busy() -> bool:
+        return bool(pending) or any(waiting.values()) or any(active.values())
+
+    while busy() or (feed is not None and not feed.closed):
         if feed is not None:  # with nothing in the graph, wait for the next request
-            for state in feed.take(wait=not live):
-                register(state)
-            if not live:
-                continue
+            for state in feed.take(wait=not live and not pending):
+                enter(state)
+        next_cohort()
+        if not live:
+            continue
         if cancelled is not None:
             for state in [s for s in live.values() if cancelled(s)]:
                 fail(state, where(state), CANCELLED)

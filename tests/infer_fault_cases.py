@@ -163,34 +163,20 @@ def signal_in_cohort(
     cohort, or its turn in the running batch)."""
 
     def setup(w: World) -> list[str]:
-        from edgeomni.runtime.runners.llm import LLMBackbone
-        from edgeomni.runtime.runners.llm_slots import TextSlots
+        from edgeomni.runtime.decoder_stage import DecoderStage
 
         def kill() -> None:
             os.kill(os.getpid(), signum)
             time.sleep(1)  # the handler raises here, in the main thread
 
-        if batching == "cohort":
-            real = LLMBackbone.steps
-            cohorts = []
+        real_step = DecoderStage.step
 
-            def steps(self, cohort):  # noqa: ANN001, ANN202
-                cohorts.append(1)
-                for i, step in enumerate(real(self, cohort)):
-                    if len(cohorts) == nth and i == 1:
-                        kill()
-                    yield step
+        def step(self, slots):  # noqa: ANN001, ANN202
+            real_step(self, slots)
+            if any(s.state.index == nth - 1 and s.steps == 1 for s in slots.values()):
+                kill()
 
-            w.monkeypatch.setattr(LLMBackbone, "steps", steps)
-        else:
-            real_step = TextSlots.step
-
-            def step(self, slots):  # noqa: ANN001, ANN202
-                real_step(self, slots)
-                if any(s.state.index == nth - 1 and s.steps == 1 for s in slots.values()):
-                    kill()
-
-            w.monkeypatch.setattr(TextSlots, "step", step)
+        w.monkeypatch.setattr(DecoderStage, "step", step)
         w.req = w.requests([{"messages": [HI]}, {"prompt": "fox"}, {"prompt": "dog"}],
                            max_generate_length=8)  # fmt: skip
         return w.run("--batch-size", "1", "--batching", batching)

@@ -239,12 +239,23 @@ def stage(**config: Any) -> Stage:
     )
 
 
+def drive(runner: Code2Wav, states: list[RequestState]) -> None:
+    """The runner's stage alone through the scheduler loop, every request's codes complete."""
+    from types import SimpleNamespace
+
+    from edgeomni.runtime.scheduler import run_graph
+
+    for state in states:
+        state.plan = SimpleNamespace(stages=("code2wav",))
+    run_graph({"code2wav": runner.slot_stage()}, states, {"code2wav": len(states)})
+
+
 def run_runner(runner: Code2Wav, *codes: np.ndarray) -> list[RequestState]:
     states = [
         RequestState(index=i, request=None, plan=None, outputs={"talker:codes": c})
         for i, c in enumerate(codes)
     ]
-    runner.run(states)
+    drive(runner, states)
     return states
 
 
@@ -264,15 +275,12 @@ def test_runner_windows_equal_whole_decode(built: dict[str, Any]) -> None:
 
 
 def test_an_utterance_of_no_frames_is_empty_audio(built: dict[str, Any]) -> None:
-    """A talker that ends speech at its first code leaves no frames: streamed or not, the
+    """A talker that ends speech at its first code leaves no frames: windowed or whole, the
     request gets empty audio, not an error."""
-    runner = Code2Wav(stage(window_frames=20), built["folder"], threads=2)
     none = np.zeros((0, Q), np.int64)
-    plain = run_runner(runner, none)[0]
-    streamed = RequestState(index=0, request=None, plan=None, outputs={"talker:codes": none})
-    assert set(runner.stream_sinks([streamed])) == {0}  # fed nothing
-    runner.run([streamed])
-    for state, mode in ((plain, "windowed"), (streamed, "streamed")):
+    for config, mode in (({}, "streamed"), ({"whole_utterance": True}, "whole")):
+        runner = Code2Wav(stage(window_frames=20, **config), built["folder"], threads=2)
+        state = run_runner(runner, none)[0]
         assert state.error is None
         assert state.outputs["code2wav:audio"].shape == (0,)
         assert state.details["code2wav"]["mode"] == mode
@@ -357,7 +365,7 @@ def test_whole_utterances_complete_together_share_calls(built: dict[str, Any]) -
         return out
 
     together = states()
-    runner.run(together)
+    drive(runner, together)
     # 15 (with the 9 + 6 prompt frames), 20 in one call; 40 alone (more than twice 15)
     assert calls == [(3, Q, 20), (1, Q, 40)]
     assert "[frames, 16]" in (together[4].error or "")
@@ -365,7 +373,7 @@ def test_whole_utterances_complete_together_share_calls(built: dict[str, Any]) -
                      threads=2)  # fmt: skip
     alone.prompt_source = "talker:prompt"
     singles = states()
-    alone.run(singles)
+    drive(alone, singles)
     for a, b in zip(together[:4], singles[:4], strict=True):
         x, y = a.outputs["code2wav:audio"], b.outputs["code2wav:audio"]
         assert x.shape == y.shape and np.abs(x - y).max() < 1e-5
@@ -379,7 +387,7 @@ def test_runner_reports_missing_or_bad_codes(built: dict[str, Any]) -> None:
     runner = Code2Wav(stage(), built["folder"])
     missing = RequestState(index=0, request=None, plan=None)
     bad = RequestState(index=1, request=None, plan=None, outputs={"talker:codes": np.zeros((3, 4))})
-    runner.run([missing, bad])
+    drive(runner, [missing, bad])
     assert "no codes from talker:codes" in (missing.error or "")
     assert "[frames, 16]" in (bad.error or "")
 

@@ -1,5 +1,5 @@
-"""In-flight batching (runtime/scheduler.run_graph over runners/llm_slots.TextSlots): requests
-join a running batch as rows free up and leave it the step they finish; each row has its own
+"""In-flight batching (runtime/scheduler.run_graph over the one decoder stage,
+runtime/decoder_stage.py): requests join a running batch as rows free up and leave it the step they finish; each row has its own
 sampling settings and generator, so a request's output is what it gives alone."""
 
 from __future__ import annotations
@@ -58,16 +58,16 @@ def alone(engine: Path, obj: dict, stage: str = "llm") -> list[list[int]]:
 
 
 def test_greedy_inflight_equals_each_request_alone(qwen3_engine: Path, monkeypatch) -> None:
-    from edgeomni.runtime.runners.llm_slots import TextSlots
+    from edgeomni.runtime.decoder_stage import DecoderStage
 
     moves: list[tuple[int, int]] = []
-    real_move = TextSlots.move
+    real_move = DecoderStage.move
 
     def move(self, slot, row):  # noqa: ANN001, ANN202
         moves.append((slot.row, row))
         real_move(self, slot, row)
 
-    monkeypatch.setattr(TextSlots, "move", move)
+    monkeypatch.setattr(DecoderStage, "move", move)
     events: list[Any] = []
     got = run(qwen3_engine, body(), batch_size=3, listener=events.append)
     assert moves, "the draining batch moved no row down"  # its cache moved with it
@@ -117,10 +117,10 @@ def test_a_request_failing_mid_run_leaves_alone(qwen3_engine: Path, monkeypatch)
     want = alone(qwen3_engine, body())
     real = LLMBackbone.finished
 
-    def finished(self, request, out, limit):  # noqa: ANN001, ANN202
-        if request.index == 1 and len(out) == 3:
+    def finished(self, slot):  # noqa: ANN001, ANN202
+        if slot.state.request.index == 1 and len(slot.generated) == 3:
             raise RuntimeError("boom")
-        return real(self, request, out, limit)
+        return real(self, slot)
 
     monkeypatch.setattr(LLMBackbone, "finished", finished)
     events: list[Any] = []
@@ -208,7 +208,7 @@ def test_batching_flag(qwen3_engine: Path, tmp_path: Path, capsys) -> None:
     assert [e["stages"]["llm"]["output_tokens"] for e in outs["inflight"]] == [
         e["stages"]["llm"]["output_tokens"] for e in outs["cohort"]
     ]
-    assert all("batching" not in e["stages"]["llm"] for e in outs["cohort"])
+    assert all(e["stages"]["llm"]["batching"] == "cohort" for e in outs["cohort"])
     with pytest.raises(SystemExit):
         cli.main(["--config", str(qwen3_engine), "--prompt", "x", "--batching", "paged"])
     assert "invalid choice: 'paged'" in capsys.readouterr().err

@@ -132,16 +132,16 @@ def test_speech_events_arrive_in_order_and_make_the_outputs(
 def test_speech_request_failing_mid_run_leaves_alone(omni_engine, alone, monkeypatch) -> None:
     """A request whose talker fails after a few frames fails alone: the others' text, codes and
     audio are unchanged, and its vocoder slot is dropped."""
-    from edgeomni.runtime.families.qwen3_omni.talker_slots import TalkerSlots
+    from edgeomni.runtime.decoder_stage import DecoderStage
 
-    real = TalkerSlots.update
+    real = DecoderStage.update
 
     def update(self, slot, events):  # noqa: ANN001, ANN202
-        if slot.state.index == 2 and slot.made == 3:
+        if self.stage_id == "talker" and slot.state.index == 2 and slot.data.made == 3:
             raise RuntimeError("boom")
         return real(self, slot, events)
 
-    monkeypatch.setattr(TalkerSlots, "update", update)
+    monkeypatch.setattr(DecoderStage, "update", update)
     events: list[Any] = []
     got = run(omni_engine, body(), 2, events.append)
     assert [o.entry["ok"] for o in got] == [True, True, False, True, True]

@@ -169,9 +169,7 @@ def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch,
     del batches[:]
     capped = Pipeline(capped_eng, batching=batching).run(requests, batch_size=3)
     assert batches == [2, 1] * 3
-    talker = together[0].entry["stages"]["talker"]  # the vocoder's time is reported apart
-    if batching == "cohort":  # the talker's loop vocodes; in flight the vocoder is a stage
-        assert talker["streamed_vocoder_ms"] > 0
+    talker = together[0].entry["stages"]["talker"]  # the vocoder is a stage, timed apart
     assert together[0].entry["stages"]["code2wav"]["vocode_ms"] > 0
     assert 0 < talker["talker_engine_ms"] <= talker["talker_ms"]
     assert 0 < talker["code_predictor_engine_ms"] <= talker["code_predictor_ms"]
@@ -185,10 +183,10 @@ def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch,
 @pytest.mark.parametrize("batching", ["inflight", "cohort"])
 def test_talker_streams_the_thinker_reply(omni_engine, batching) -> None:
     """With stage streaming the talker starts at the reply's first token and reads the
-    thinker's later tokens as they come (in a cohort it runs the thinker's steps as it needs
-    them; in flight both stages step in one loop); text and codes are those of running the
-    stages one after the other (audio to float rounding: a token projected alone may round
-    differently), for requests whose replies end at different steps."""
+    thinker's later tokens as they come (both stages step in one loop, in a cohort too); text
+    and codes are those of running the stages one after the other (audio to float rounding: a
+    token projected alone may round differently), for requests whose replies end at different
+    steps."""
     from edgeomni.runtime.events import CodecFrames, Finished
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
@@ -211,16 +209,13 @@ def test_talker_streams_the_thinker_reply(omni_engine, batching) -> None:
         lengths.add(a.entry["stages"]["thinker"]["generated_tokens"])
         np.testing.assert_array_equal(a.codes, b.codes)
         np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)
-        if batching == "cohort":
-            assert a.entry["stages"]["talker"]["thinker_steps_ms"] > 0  # it drove the thinker
-            assert b.entry["stages"]["talker"]["thinker_steps_ms"] == 0
         assert a.entry["stages"]["talker"]["cohort_size"] == 3
     assert len(lengths) == 3
-    if batching == "inflight":  # the longest reply was spoken while it was still written
-        frames = [n for n, e in enumerate(events) if isinstance(e, CodecFrames) and e.index == 0]
-        done = [n for n, e in enumerate(events)
-                if isinstance(e, Finished) and (e.index, e.stage) == (0, "thinker")]  # fmt: skip
-        assert frames and frames[0] < done[0]
+    # either batching: the longest reply was spoken while it was still written
+    frames = [n for n, e in enumerate(events) if isinstance(e, CodecFrames) and e.index == 0]
+    done = [n for n, e in enumerate(events)
+            if isinstance(e, Finished) and (e.index, e.stage) == (0, "thinker")]  # fmt: skip
+    assert frames and frames[0] < done[0]
 
 
 def test_streamed_request_without_reply_fails_alone(omni_engine, references) -> None:

@@ -146,13 +146,19 @@ def test_an_utterance_of_no_frames_gives_empty_codes_and_audio(tmp_path: Path) -
     request's files are written: no frames, no samples."""
     from types import SimpleNamespace
 
-    from edgeomni.runtime.families.qwen3_omni.talker_slots import TalkerSlot, TalkerSlots
+    from edgeomni.runtime.decoder_stage import DecoderStage, Slot
+    from edgeomni.runtime.families.qwen3_omni.talker import SpeechTalker, _Speech
 
-    talker = SimpleNamespace(stage=SimpleNamespace(id="talker"), max_batch=2, vocab_size=8,
-                             hidden_size=4, ids={"codec_eos": 5}, groups=16)  # fmt: skip
-    slot = TalkerSlot(SimpleNamespace(index=3), 0, None, None, None, max_frames=10,
-                      min_frames=0, rng=None, past=0, seen=np.array([5]), count=1)  # fmt: skip
-    events = TalkerSlots(talker).update(slot, True)
+    talker = SpeechTalker.__new__(SpeechTalker)  # its spec's rules, no engine
+    talker.stage_id, talker.consumes, talker.ids, talker.groups = (
+        "talker",
+        False,
+        {"codec_eos": 5},
+        16,
+    )
+    slot = Slot(SimpleNamespace(index=3), 0, _Speech(None, None, max_frames=10, min_frames=0),
+                None, None, length=4, generated=[5])  # fmt: skip
+    events = DecoderStage(talker).update(slot, True)
     assert slot.finish == "eos" and [type(e) for e in events] == [CodecFrames, Finished]
     assert events[0].codes.shape == (0, 16) and events[0].index == 3
     w = writer(tmp_path)

@@ -45,11 +45,11 @@ class Stage:
         self.discarded: list[int] = []
         self.retired: dict[int, Slot] = {}
 
-    def ready(self, state: State, upstream_done: bool) -> bool:
+    def ready(self, state: State, upstream_done: bool, events: list[Any]) -> bool:
         return upstream_done or self.consumes
 
-    def admit(self, entries: list[tuple[State, int]]) -> list[Slot]:
-        return [Slot(state, row) for state, row in entries]
+    def admit(self, entries: list[tuple[State, int, list[Any]]]) -> list[Slot]:
+        return [Slot(state, row, got=list(events)) for state, row, events in entries]
 
     def step(self, slots: dict[int, Slot]) -> None:
         self.step_rows.append(len(slots))
@@ -221,3 +221,31 @@ def test_arrivals_feed_waits_across_threads() -> None:
     assert sorted(left) == [0, 1, 2] and feed.closed
     with pytest.raises(RuntimeError, match="no more requests"):
         feed.put(State(9, Plan(("a",))))
+
+
+def test_cohorts_enter_one_at_a_time_and_each_stage_admits_a_cohort_together() -> None:
+    """Cohort admission (TensorRT Edge-LLM's batching, ``Cohorts``): requests with equal keys
+    enter together, greedily in input order; a stage admits a cohort once all of it is ready
+    there (b takes none of a cohort while a still holds one of it), and the next cohort enters
+    only once the last one has left the graph."""
+    from edgeomni.runtime.scheduler import Cohorts
+
+    a = Stage("a", lambda i: 1 + i)  # a cohort's requests leave "a" at different steps
+    b = Stage("b", lambda i: 2)
+    st = states(5)
+    keys = {0: "x", 1: "y", 2: "x", 3: "x", 4: "y"}
+    log: list[tuple[str, int]] = []
+    real_a, real_b = a.admit, b.admit
+    a.admit = lambda entries: (log.extend(("a", e[0].index) for e in entries), real_a(entries))[1]
+    b.admit = lambda entries: (log.extend(("b", e[0].index) for e in entries), real_b(entries))[1]
+    left: list[int] = []
+    run_graph({"a": a, "b": b}, st, {"a": 4, "b": 4}, done=lambda s: left.append(s.index),
+              cohorts=Cohorts(lambda s: keys[s.index], 2))  # fmt: skip
+    # cohorts [0, 2], [1, 4], [3]: each wholly through a, then b, before the next enters
+    assert log == [("a", 0), ("a", 2), ("b", 0), ("b", 2), ("a", 1), ("a", 4), ("b", 1),
+                   ("b", 4), ("a", 3), ("b", 3)]  # fmt: skip
+    assert left == [0, 2, 1, 4, 3]
+    assert all(s.error is None for s in st)
+    with pytest.raises(ValueError, match="already in this run"):
+        run_graph({"a": a}, [State(0, Plan(("a",))), State(0, Plan(("a",)))], {"a": 1},
+                  cohorts=Cohorts(lambda s: 0, 2))  # fmt: skip

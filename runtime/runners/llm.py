@@ -5,8 +5,8 @@ declares for its config's model_type (runtime/prompt.py); without one, the model
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +14,14 @@ import numpy as np
 
 from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import Artifact, Checked, check_folder
-from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
+from edgeomni.runtime.decoder import StepOutputs, right_pad, text_positions
+from edgeomni.runtime.decoder_stage import DecoderStage, Slot
 from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.events import Event, HiddenRows, TextDelta
 from edgeomni.runtime.kv import KVCache
-from edgeomni.runtime.prompt import Prompt, media_hook, media_parts
+from edgeomni.runtime.prompt import Prompt, PromptRows, media_hook, media_parts
 from edgeomni.runtime.requests import TEXT_MODEL_KEYS
-from edgeomni.runtime.runners import (
-    HiddenHandoff,
-    RequestError,
-    RequestState,
-    StageRunner,
-    feed_cohort,
-)
-from edgeomni.runtime.sampling import log_softmax_top, sample_step
+from edgeomni.runtime.runners import RequestError, RequestState, StageRunner
 from edgeomni.runtime.tokenizer import TextTokenizer
 
 
@@ -58,11 +53,15 @@ ARTIFACT = Artifact(
 
 
 class LLMBackbone(StageRunner):
-    """Prefill the cohort as one right-padded batch, then decode it one token per step."""
+    """The text model: a request's prompt (its media through the family's hook) prefilled into
+    a cache row, then one token per step; the decoder stage's spec (runtime/decoder_stage.py)
+    for text: token embeddings in, eos and stop strings, text deltas out."""
 
     kind = "autoregressive"
     reads = frozenset((*TEXT_MODEL_KEYS, "repetition_penalty", "seed", "sampling_seed"))
-    streams_steps = True
+    consumes = False  # the first stage of its graphs
+    per_position = ("hidden_states",)  # the prompt's accept-layer states, for its talker
+    prefill_fetch: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -99,6 +98,11 @@ class LLMBackbone(StageRunner):
             folder, cfg, threads=threads, locations=stage.config.get("encoders")
         )
         self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)
+        self.stage_id: str = stage.id
+        self._hidden_port = f"{stage.id}:accept_hidden"
+        self.outputs: dict[str, tuple[int, ...]] = {"logits": (self.vocab_size,)}
+        if self.hidden_layer is not None:
+            self.outputs["hidden_states"] = (self.hidden_size,)
 
     @classmethod
     def check(cls, stage: Any, folder: Path) -> Checked:
@@ -205,155 +209,136 @@ class LLMBackbone(StageRunner):
         return {"deepstack_embeds": np.zeros((self.deepstack, rows, 1, self.hidden_size),
                                              np.float32)}  # fmt: skip
 
-    def slot_stage(self, *, stream_upstream: bool = False) -> Any:
-        """This stage for the in-flight scheduler: requests join and leave a running batch (a
-        first stage: nothing upstream to stream from)."""
-        from edgeomni.runtime.runners.llm_slots import TextSlots
+    # -- the decoder stage's spec (runtime/decoder_stage.py) ---------------------------------
+    def slot_stage(self, *, stream_upstream: bool = False) -> DecoderStage:
+        """This stage for the scheduler loop (a first stage: nothing upstream to stream)."""
+        return DecoderStage(self)
 
-        return TextSlots(self)
+    def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
+        return upstream_done
+
+    def open(self, entries: Sequence[tuple[RequestState, int, Sequence[Event]]]) -> list[Slot]:
+        slots = []
+        for state, row, _ in entries:
+            prompt: Prompt = state.prepared[self.stage_id]
+            request, n = state.request, len(prompt)
+            history = None
+            if request.sampling.repetition_penalty != 1.0:  # it sees the prompt and the reply
+                history = np.zeros(n + request.max_generate_length, np.int64)
+                history[:n] = prompt.ids
+            hands = self.hidden_layer is not None and self._hidden_port in state.wanted
+            slots.append(Slot(
+                state, row, _Text(prompt, hands), request.sampling,
+                np.random.default_rng(request.sampling.seed), n, delta=prompt.delta,
+                bias=request_bias(request), history=history, prefix=n,
+                top_logprobs=request.num_logprobs,
+            ))  # fmt: skip
+        return slots
+
+    def prefill(self, run: Sequence[Slot]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        _, embeds, positions, extra = self.prefill_feeds([s.data.prompt for s in run])
+        for j, slot in enumerate(run):
+            slot.data.fed = embeds[j, : slot.length]  # the prompt's rows, handed on if wanted
+        return embeds, positions, extra
+
+    def prefilled(self, run: Sequence[Slot], out: StepOutputs) -> None:
+        """A slot that hands its talker rows starts with the prompt's: their embeddings, and
+        the accept-layer states of a prompt's media positions (a decode step's hidden state,
+        and a text-only prompt's, never leave the device)."""
+        for j, slot in enumerate(run):
+            text, fed = slot.data, slot.data.fed
+            text.fed = None
+            if not text.hands:
+                continue
+            p = text.prompt
+            hidden = out["hidden_states"][j, : slot.length].copy() if p.spans else None
+            prompt = PromptRows(np.asarray(p.ids, np.int64), hidden, tuple(p.image_grids),
+                                tuple(p.audio_frames))  # fmt: skip
+            text.pending.append(HiddenRows(slot.state.index, self.stage_id,
+                                           np.asarray(fed, np.float32), prompt))  # fmt: skip
+
+    def consume(self, slot: Slot, event: Event) -> None:
+        raise TypeError(f"{self.stage_id} takes no events")
+
+    def can_step(self, slot: Slot) -> bool:
+        return True
+
+    def inputs(self, ready: Sequence[Slot], slots: Mapping[int, Slot], last: Any) -> np.ndarray:
+        """Each ready row's newest token's embedding (handed on to its talker as it is fed)."""
+        rows = self.embedding[np.array([s.generated[-1] for s in ready], np.int64)]
+        for slot, row in zip(ready, rows, strict=True):
+            if slot.data.hands:
+                slot.data.pending.append(HiddenRows(slot.state.index, self.stage_id, row[None]))
+        return rows
+
+    def stepped(self, ready: Sequence[Slot]) -> None:
+        """Nothing: the next step reads only the tokens drawn."""
+
+    def banned(self, slot: Slot) -> np.ndarray | None:
+        """No end of sequence before the request's min_generate_length."""
+        return self._eos_ids if len(slot.generated) < slot.state.request.min_generate_length else None
+
+    def finished(self, slot: Slot) -> str | None:
+        """eos, a stop string, or the request's max_generate_length."""
+        request, out = slot.state.request, slot.generated
+        if out[-1] in self.eos:
+            return "eos"
+        if request.stop and any(s in self.tokenizer.decode(out) for s in request.stop):
+            return "stop"
+        if len(out) >= request.max_generate_length:
+            return "length"
+        return None
+
+    def events(self, slot: Slot) -> list[Event]:
+        """The rows handed to its talker since the last update, then new text (held back while
+        it may still be half a character or the start of a stop string)."""
+        text, request = slot.data, slot.state.request
+        out: list[Event] = text.pending
+        text.pending = []
+        if slot.finish is None:
+            decoded = self.tokenizer.decode(slot.generated)
+            hold = max((len(s) for s in request.stop), default=1) - 1
+            safe = decoded[: len(decoded) - hold] if hold else decoded
+            safe = safe.rstrip("\ufffd")
+        else:
+            safe = self.finish_text(request, slot.generated, slot.finish)
+        if len(safe) > len(text.sent) and safe.startswith(text.sent):
+            ids = tuple(slot.generated[text.sent_ids :])
+            out.append(TextDelta(slot.state.index, self.stage_id, safe[len(text.sent) :], ids))
+            text.sent, text.sent_ids = safe, len(slot.generated)
+        return out
+
+    def move(self, slot: Slot, last: Any) -> None:
+        """Nothing of its own: its cache row moves."""
+
+    def retire(self, slot: Slot) -> None:
+        """A finished request's text, logprobs and report."""
+        state, sid = slot.state, self.stage_id
+        state.outputs[f"{sid}:text"] = self.finish_text(state.request, slot.generated,
+                                                        slot.finish)  # fmt: skip
+        if state.request.num_logprobs:
+            state.entry["logprobs"] = [self.logprob_step(*pair) for pair in slot.logprobs]
+        decode_s = slot.decode_s
+        state.details[sid] = {
+            "prompt_tokens": slot.length,
+            "output_tokens": list(slot.generated),
+            "generated_tokens": len(slot.generated),
+            "finish_reason": slot.finish,
+            "prefill_ms": round(slot.prefill_s * 1e3, 3),
+            "prefill_engine_ms": round(slot.prefill_engine_s * 1e3, 3),
+            "decode_ms": round(decode_s * 1e3, 3),
+            "decode_engine_ms": round(slot.decode_engine_s * 1e3, 3),
+            "decode_steps": slot.steps,
+            "decode_tokens_per_s": round(slot.steps / decode_s, 2) if decode_s > 0 else None,
+            "full_logit_rows": slot.full_rows,
+            "cohort_size": slot.widest,
+        }
 
     def finish_text(self, request: Any, out_ids: list[int], finish: str | None) -> str:
         """The reply's text: without the end-of-sequence token, cut at a stop string."""
         text_ids = out_ids[:-1] if finish == "eos" else out_ids
         text = self.tokenizer.decode(text_ids)
         return _cut_at_stop(text, request.stop) if finish == "stop" else text
-
-    # -- per cohort --------------------------------------------------------------------------
-    def run(self, cohort: Sequence[RequestState]) -> None:
-        for _ in self.steps(cohort):
-            pass
-
-    def steps(self, cohort: Sequence[RequestState]) -> Iterator[None]:
-        """``run`` one decode step at a time: yields after each step, so a downstream stage can
-        read the hidden-state handoff (``accept_hidden``) while this stage decodes. The stage's
-        times count only the work done here, not what runs between the steps."""
-        n = len(cohort)
-        prompts = [state.prepared[self.stage.id] for state in cohort]
-        limits = [state.request.max_generate_length for state in cohort]
-        minimum = [state.request.min_generate_length for state in cohort]
-        params = cohort[0].request.sampling  # batch-wide: the scheduler groups equal settings
-        # each row its own generator: a request's draws depend on its seed, not its neighbours
-        rng = [np.random.default_rng(state.request.sampling.seed) for state in cohort]
-        penalise = params.repetition_penalty != 1.0
-        hidden_port = f"{self.stage.id}:accept_hidden"
-        keep_hidden = self.hidden_layer is not None and any(hidden_port in s.wanted for s in cohort)
-
-        outputs = {"logits": (self.vocab_size,)}
-        if self.hidden_layer is not None:
-            outputs["hidden_states"] = (self.hidden_size,)
-        session = DecoderSession(self.engine, self.kv, n, outputs, per_position=("hidden_states",))
-        ids, embeds, positions, extra = self.prefill_feeds(prompts)
-        lens = np.array([len(p) for p in prompts], np.int32)
-        width = ids.shape[1]
-        zeros = np.zeros(n, np.int32)
-        deltas = np.array([p.delta for p in prompts], np.int32)
-        start = time.perf_counter()
-        # one right-padded call from an empty cache, whether or not the engine's attention takes
-        # per-row query lengths: a row's padding sits after its last token, so causal attention
-        # never lets a real token see it (tests/prefill_check.py)
-        out = session.run(embeds, positions, zeros, lens, lens - 1, **extra)
-        prefill_s = time.perf_counter() - start
-        prefill_engine_s = session.engine_seconds
-        # the talker reads the accept-layer state of a prompt's media positions only: a decode
-        # step's hidden state, and a text-only prompt's, never leave the device
-        handoffs: list[HiddenHandoff] = []
-        if keep_hidden:
-            for r, (p, state) in enumerate(zip(prompts, cohort, strict=True)):
-                hidden = out["hidden_states"][r, : lens[r]].copy() if p.spans else None
-                handoff = HiddenHandoff(
-                    np.asarray(p.ids, np.int64), hidden, p.image_grids, p.audio_frames
-                )
-                state.outputs[hidden_port] = handoff
-                handoffs.append(handoff)
-            # the prompt and the first tokens of the reply; the buffer doubles when they do not
-            fed = feed_cohort(handoffs, width + min(max(limits), 64), self.hidden_size)
-            for r, handoff in enumerate(handoffs):
-                handoff.feed(embeds[r, : lens[r]])
-
-        generated: list[list[int]] = [[] for _ in range(n)]
-        finish: list[str | None] = [None] * n
-        bias = _bias_rows(cohort)
-        top_n = [state.request.num_logprobs for state in cohort]
-        logprobs: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(n)]
-        # each row's prompt and generated ids, one array: the penalty's input is row views,
-        # not an np.append of every row's history each step
-        history = np.zeros((n, width + max(limits)), np.int64) if penalise else None
-        if history is not None:
-            history[:, :width] = ids
-        past = lens.copy()
-        steps = 0
-        full_rows = 0  # rows whose full logits had to come to the host
-        extra = self.decode_feeds(n)
-        decode_s = 0.0
-        start = time.perf_counter()
-        while True:
-            banned = [self._eos_ids if len(generated[r]) < minimum[r] else None for r in range(n)]
-            seen = None
-            if history is not None:
-                seen = [history[r, : lens[r] + len(generated[r])] for r in range(n)]
-            step = out.logits()
-            tokens, fetched = sample_step(step, params, rng, seen, banned, bias)
-            full_rows += fetched
-            asked = np.array([r for r in range(n) if top_n[r] and finish[r] is None], np.int64)
-            if asked.size:  # from the model's logits, before bias and penalty
-                ids_, values = log_softmax_top(step.full(asked), max(top_n[r] for r in asked))
-                for j, r in enumerate(asked):
-                    logprobs[r].append((ids_[j, : top_n[r]], values[j, : top_n[r]]))
-                full_rows += int(asked.size)
-            for row in range(n):
-                if finish[row] is not None:
-                    continue
-                token = int(tokens[row])
-                generated[row].append(token)
-                if history is not None:
-                    history[row, lens[row] + len(generated[row]) - 1] = token
-                finish[row] = self.finished(cohort[row].request, generated[row], limits[row])
-                if handoffs and finish[row] is not None:  # its last token is never fed
-                    handoffs[row].done = True
-                    handoffs[row].finished_by_eos = finish[row] == "eos"
-            active = np.array([f is None for f in finish])
-            if not active.any():
-                break
-            step_embeds = self.embedding[tokens][:, None, :]
-            out = session.run(
-                step_embeds,
-                text_positions(past + deltas, 1, self.mrope),
-                past,
-                active.astype(np.int32),
-                np.zeros(n, np.int64),
-                **extra,
-            )
-            if handoffs:
-                rows = np.flatnonzero(active)
-                fed.step(rows, step_embeds[rows, 0])
-            past = past + active.astype(np.int32)
-            steps += 1
-            decode_s += time.perf_counter() - start
-            yield
-            start = time.perf_counter()
-        decode_s += time.perf_counter() - start
-        decode_engine_s = session.engine_seconds - prefill_engine_s
-
-        for row, state in enumerate(cohort):
-            out_ids = generated[row]
-            text = self.finish_text(state.request, out_ids, finish[row])
-            state.outputs[f"{self.stage.id}:text"] = text
-            if top_n[row]:
-                state.entry["logprobs"] = [self.logprob_step(*pair) for pair in logprobs[row]]
-            state.details[self.stage.id] = {
-                "prompt_tokens": len(prompts[row]),
-                "output_tokens": out_ids,
-                "generated_tokens": len(out_ids),
-                "finish_reason": finish[row],
-                "prefill_ms": round(prefill_s * 1e3, 3),
-                "prefill_engine_ms": round(prefill_engine_s * 1e3, 3),
-                "decode_ms": round(decode_s * 1e3, 3),
-                "decode_engine_ms": round(decode_engine_s * 1e3, 3),
-                "decode_steps": steps,
-                "decode_tokens_per_s": round(steps * n / decode_s, 2) if decode_s > 0 else None,
-                "full_logit_rows": full_rows,
-                "cohort_size": n,
-            }
 
     def logprob_step(self, ids: np.ndarray, values: np.ndarray) -> list[dict[str, Any]]:
         """One generated token's candidates as llm_inference writes them: token_id, token (its
@@ -367,14 +352,17 @@ class LLMBackbone(StageRunner):
                         "bytes": list(raw), "logprob": value})  # fmt: skip
         return out
 
-    def finished(self, request: Any, out: list[int], limit: int) -> str | None:
-        if out[-1] in self.eos:
-            return "eos"
-        if request.stop and any(s in self.tokenizer.decode(out) for s in request.stop):
-            return "stop"
-        if len(out) >= limit:
-            return "length"
-        return None
+
+@dataclass
+class _Text:
+    """A text slot's own: its prompt, the text its deltas gave, the rows it hands on."""
+
+    prompt: Prompt
+    hands: bool  # it hands its talker rows (accept_hidden)
+    fed: Any = None  # the prompt's embeddings, between its prefill and its first report
+    pending: list[Event] = field(default_factory=list)  # HiddenRows not yet reported
+    sent: str = ""  # the text its deltas gave so far
+    sent_ids: int = 0  # the tokens its deltas covered
 
 
 def request_bias(request: Any) -> tuple[np.ndarray, np.ndarray] | None:
@@ -383,12 +371,6 @@ def request_bias(request: Any) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     ids, values = zip(*request.logit_bias, strict=True)
     return np.array(ids, np.int64), np.array(values, np.float32)
-
-
-def _bias_rows(cohort: Sequence[RequestState]) -> list[tuple[np.ndarray, np.ndarray] | None] | None:
-    """Each row's logit_bias, None for a row without one; None when no row has one."""
-    rows = [request_bias(state.request) for state in cohort]
-    return rows if any(r is not None for r in rows) else None
 
 
 def _cut_at_stop(text: str, stops: Sequence[str]) -> str:

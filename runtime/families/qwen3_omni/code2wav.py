@@ -17,7 +17,7 @@ vocoder is causal, so its first n*S - trim samples do not depend on the padding.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,22 +246,6 @@ class Code2Wav(StageRunner):
         audio = np.concatenate([voc.push(codes), voc.flush()])
         return audio, voc.windows, "windowed" if not self.whole else "windowed (over max_frames)"
 
-    # -- streaming: windows vocoded while the talker runs -------------------------------------
-    def stream_sinks(self, cohort: Sequence[RequestState]) -> dict[int, Callable[..., None]]:
-        """For each request, a callable the upstream stage feeds frames [k, Q] as it makes them
-        (none when this stage vocodes whole utterances). Frames are only queued; the sink's
-        ``end_step()``, called once the upstream stage has fed every row of a step, vocodes the
-        windows that became complete, all rows in one engine call. ``run`` flushes the rest."""
-        if self.whole:
-            return {}
-        batch = WindowBatch(self)
-        sinks = {}
-        for state in cohort:
-            stream = state.prepared[self.stage.id] = self.stream_for(state, batch)
-            batch.streams.append(stream)
-            sinks[state.index] = stream
-        return sinks
-
     def slot_stage(self, *, stream_upstream: bool = False) -> Any:
         """This stage for the in-flight scheduler (windows vocoded as the talker's frames come,
         unless it vocodes whole utterances)."""
@@ -355,21 +339,6 @@ class Code2Wav(StageRunner):
         }
         return audio
 
-    # -- per cohort --------------------------------------------------------------------------
-    def run(self, cohort: Sequence[RequestState]) -> None:
-        together = self.vocode_together(
-            [s for s in cohort if not isinstance(s.prepared.get(self.stage.id), AudioStream)]
-        )
-        for state in cohort:
-            stream = state.prepared.get(self.stage.id)
-            try:
-                self.finish_request(state, stream if isinstance(stream, AudioStream) else None,
-                                    together.get(state.index))  # fmt: skip
-            except RequestError as e:
-                state.error = state.error or str(e)
-                state.details[self.stage.id] = {"error": str(e)}
-
-
 def padded_length(n: int, lengths: Sequence[int]) -> int | None:
     """The fixed length a window of n frames runs at: the shortest of ``lengths`` that holds it,
     if that is at most twice the work; None: run it at its own length."""
@@ -455,9 +424,6 @@ class AudioStream:
         self.frames += len(frames)
         self.vocoder.add(np.asarray(frames, np.int64))
         self.batch.fresh = True
-
-    def end_step(self) -> None:
-        self.batch.decode_ready()
 
     def take(self, piece: np.ndarray, seconds: float) -> None:
         self.seconds += seconds

@@ -1,9 +1,9 @@
 """code2wav under the in-flight scheduler: an iterative stage fed by the talker's frame events.
 
 A request joins the moment the talker admits it; its frames arrive as ``CodecFrames`` events and
-each step vocodes the windows that became complete, every request's in one call per shape (the
-cohort path's ``WindowBatch``). Once the talker is done with the request, the rest is flushed and
-it leaves. Vocoding whole utterances, a request joins once its codes are complete instead, and
+each step vocodes the windows that became complete, every request's in one call per shape
+(``WindowBatch``). Once the talker's ``Finished`` event comes (or, admitted after its upstream
+was done with it, at once), the rest is flushed and it leaves. Vocoding whole utterances, a request joins once its codes are complete instead, and
 the requests that join on the same turn are vocoded together.
 """
 
@@ -32,6 +32,7 @@ class VocoderSlot:
     whole: Whole | None = None  # its utterance, vocoded with the others admitted with it
     sent: int = 0  # the stream's pieces its events gave
     offset: int = 0  # samples its events gave
+    complete: bool = False  # its codes are all made (its upstream is done with it)
 
 
 class VocoderSlots:
@@ -41,27 +42,39 @@ class VocoderSlots:
         self.r = runner
         self.stage_id: str = runner.stage.id
         self.batch = WindowBatch(runner)
+        self._complete: set[int] = set()  # asked while their upstream was done with them
 
-    def ready(self, state: RequestState, upstream_done: bool) -> bool:
+    def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
+        if upstream_done:
+            self._complete.add(state.index)
         return upstream_done or not self.r.whole
 
-    def admit(self, entries: Sequence[tuple[RequestState, int]]) -> list[VocoderSlot]:
+    def admit(
+        self, entries: Sequence[tuple[RequestState, int, Sequence[Event]]]
+    ) -> list[VocoderSlot]:
         slots = []
-        for state, row in entries:
+        for state, row, _ in entries:
             stream = None if self.r.whole else self.r.stream_for(state, self.batch)
             if stream is not None:
                 self.batch.streams.append(stream)
-            slots.append(VocoderSlot(state, row, stream))
+            slot = VocoderSlot(state, row, stream)
+            slot.complete = state.index in self._complete
+            self._complete.discard(state.index)
+            slots.append(slot)
         # vocoding whole utterances, the requests admitted together (a cohort's, which the
         # talker finished on the same step) share engine calls
         together = self.r.vocode_together([s.state for s in slots if s.stream is None])
-        for slot in slots:
+        for slot, (_, _, events) in zip(slots, entries, strict=True):
             slot.whole = together.get(slot.state.index)
+            for event in events:  # what the talker made before it came here
+                self.consume(slot, event)
         return slots
 
     def consume(self, slot: VocoderSlot, event: Event) -> None:
         if isinstance(event, CodecFrames) and slot.stream is not None:
             slot.stream(event.codes)
+        elif isinstance(event, Finished):
+            slot.complete = True
 
     def step(self, slots: Mapping[int, VocoderSlot]) -> None:
         """The windows completed since the last step, all requests' together."""
@@ -71,7 +84,7 @@ class VocoderSlots:
         """Once the talker has written the request's codes: the rest of its audio, and it is
         done. When ``events``: the audio made since the last update."""
         state = slot.state
-        if slot.audio is None and self.r.source in state.outputs:
+        if slot.audio is None and slot.complete:
             slot.audio = self.r.finish_request(state, slot.stream, slot.whole)
             slot.finish = "complete"
         if not events:

@@ -1,9 +1,10 @@
 """qwen3_omni.talker: the thinker's reply in, codec frames [frames, 16] out.
 
-The talker and its code predictor step the cohort together, one codec frame at a time: the talker
-gives each row's first code, the code predictor completes the frame's residual codes (one head
-per group), and the sum of the frame's code embeddings plus the next text row is the talker's
-next input. The prefill is assembled here as transformers' Qwen3-Omni ``generate`` does: the user
+The talker and its code predictor step their rows together, one codec frame at a time (the one
+decoder stage, runtime/decoder_stage.py): the talker gives each row's first code, the code
+predictor completes the frame's residual codes (one head per group), and the sum of the frame's
+code embeddings plus the next text row is the talker's next input. The thinker's rows come as
+``HiddenRows`` events (its ``accept_hidden`` port). The prefill is assembled here as transformers' Qwen3-Omni ``generate`` does: the user
 turns (text rows through text_projection, audio/image rows through hidden_projection of the
 thinker's accept-layer state), then the assistant prefix with the speaker's codec rows.
 """
@@ -11,8 +12,8 @@ thinker's accept-layer state), then the assistant prefix with the speaker's code
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +21,19 @@ import numpy as np
 
 from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
-from edgeomni.runtime.decoder import TOPK_OUTPUTS, DecoderSession, right_pad, text_positions
+from edgeomni.runtime.decoder import StepOutputs, right_pad, text_positions
+from edgeomni.runtime.decoder_stage import DecoderStage, Slot
 from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.events import CodecFrames, Event, Finished, HiddenRows
 from edgeomni.runtime.families.qwen3_omni import STAGE_KEYS
 from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor, cp_artifact
 from edgeomni.runtime.families.qwen3_omni.media import MEDIA_TOKENS
 from edgeomni.runtime.families.qwen3_omni.mrope import MropeIds, rope_index
 from edgeomni.runtime.kv import KVCache
+from edgeomni.runtime.prompt import PromptRows
 from edgeomni.runtime.requests import SPEECH_STAGE_KEYS
-from edgeomni.runtime.runners import (
-    HiddenHandoff,
-    RequestError,
-    RequestState,
-    StageRunner,
-    stage_source,
-)
-from edgeomni.runtime.sampling import SamplingParams, sample_step
+from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
+from edgeomni.runtime.sampling import SamplingParams
 
 DEFAULT_MAX_FRAMES = 4096  # transformers' talker_max_new_tokens
 
@@ -68,9 +66,71 @@ def _projection(tables: dict[str, np.ndarray], name: str) -> Projection:
 
 
 @dataclass
+class ThinkerRows:
+    """The talker's copy of what its thinker handed it for one request (``HiddenRows`` events
+    of the ``accept_hidden`` port): the prompt (``PromptRows``), then the input embedding of
+    each token fed to the thinker (the prompt's, then each generated token but the last), so
+    the talker can start once it has what its first step needs and read the reply's tokens as
+    they come. ``fed`` counts them and ``embeds`` reads them; ``done``: the thinker finished
+    the request (its ``Finished`` event), so nothing more will come."""
+
+    prompt: PromptRows
+    fed: int = 0
+    done: bool = False
+    _rows: np.ndarray | None = field(default=None, repr=False)  # [capacity, H], grown by doubling
+
+    @classmethod
+    def of(cls, events: Sequence[Event]) -> ThinkerRows | None:
+        """The rows of a request's events so far (None: its prompt's rows have not come)."""
+        first = next((e for e in events if isinstance(e, HiddenRows)), None)
+        if first is None or first.prompt is None:
+            return None
+        rows = cls(first.prompt)
+        for event in events:
+            rows.take(event)
+        return rows
+
+    @property
+    def prompt_ids(self) -> np.ndarray:
+        return self.prompt.ids
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt.ids)
+
+    def take(self, event: Event) -> None:
+        """A thinker event: rows to append, or its end (other events change nothing)."""
+        if isinstance(event, HiddenRows):
+            if len(event.rows) == 1 and self._rows is not None and self.fed < len(self._rows):
+                self._rows[self.fed] = event.rows[0]  # a decode step's row: no reshaping
+                self.fed += 1
+            else:
+                self.feed(event.rows)
+        elif isinstance(event, Finished):
+            self.done = True
+
+    def feed(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, np.float32).reshape(-1, np.shape(rows)[-1])
+        need = self.fed + len(rows)
+        if self._rows is None or need > len(self._rows):  # amortised: appends stay linear
+            grown = np.empty((max(need, 2 * self.fed, 64), rows.shape[1]), np.float32)
+            if self._rows is not None:
+                grown[: self.fed] = self._rows[: self.fed]
+            self._rows = grown
+        self._rows[self.fed : need] = rows
+        self.fed = need
+
+    def embeds(self, lo: int, hi: int) -> np.ndarray:
+        """Fed embeddings [lo, hi) (hi <= fed); a view, never changed by later feeds."""
+        if hi > self.fed or self._rows is None:
+            raise IndexError(f"embeddings up to {hi} asked for, {self.fed} fed so far")
+        return self._rows[lo:hi]
+
+
+@dataclass
 class _Prefill:
     embeds: np.ndarray  # [L, H]
-    handoff: HiddenHandoff
+    handoff: ThinkerRows
     reply_start: int  # where the assistant turn starts among the thinker's fed tokens
     reply: np.ndarray  # the reply's fed tokens through text_projection, so far [R, H]
     positions: np.ndarray | None = None  # [3, L] when a user turn holds an image
@@ -99,7 +159,7 @@ class _Plan:
     """A request's prefill inputs as read from its thinker handoff, before projection."""
 
     state: RequestState
-    handoff: HiddenHandoff
+    handoff: ThinkerRows
     user: np.ndarray  # prompt positions in user turns
     user_media: np.ndarray  # which of them are media placeholders (bool)
     user_text: np.ndarray  # the others' input embeddings [u, thinker H]
@@ -114,20 +174,6 @@ def _split(project: Projection, parts: Sequence[np.ndarray]) -> list[np.ndarray]
         return []
     out = project(np.concatenate(parts))
     return np.split(out, np.cumsum([len(x) for x in parts])[:-1])
-
-
-# A thinker step to wait for: advances the upstream stage by one step and says whether it ran
-# (False: the upstream stage has finished every request).
-Upstream = Callable[[], bool]
-
-
-def _wait(handoff: HiddenHandoff, fed: int, upstream: Upstream | None) -> None:
-    """Until the thinker has fed ``fed`` tokens of this request or finished it."""
-    while not (handoff.done or handoff.fed >= fed):
-        # a step may finish the thinker and this request with it, so look again before failing
-        ran = upstream is not None and upstream()
-        if not ran and not (handoff.done or handoff.fed >= fed):
-            raise RuntimeError("the thinker stopped before finishing a request it feeds")
 
 
 def _projection_names(name: str) -> tuple[str, ...]:
@@ -155,18 +201,42 @@ ARTIFACT = Artifact(
 )  # fmt: skip
 
 
+@dataclass
+class _Speech:
+    """A talker slot's own: its prefill (the family's: ``can_step``, ``embeds``, ``positions``,
+    ``delta``), its code predictor's settings, its frames so far."""
+
+    prefill: Any
+    residual: SamplingParams  # the code predictor's settings
+    max_frames: int
+    min_frames: int
+    # [H] the talker's latest state, the next frame's input, as a host array; None: it is row
+    # ``row`` of the last decode step's output, where the engine left it (on a GPU, the device)
+    hidden: np.ndarray | None = None
+    frames: np.ndarray | None = None  # completed frames [max_frames, G], the first ``made``
+    made: int = 0
+    sent: int = 0  # frames its events gave
+    cp_s: float = 0.0  # its code predictor calls'
+    cp_engine_s: float = 0.0
+    cp_steps_s: float = 0.0  # every code predictor call of the steps it took part in
+    host_frames: int = 0
+
+
 class SpeechTalker(StageRunner):
-    """The talker loop both Qwen3 speech families share: the talker engine gives each frame's
-    first code, the code predictor its residual codes, and the frame's summed embedding plus the
-    next text row is the talker's next input. A family's subclass builds the prefill and text
-    rows (``_plan``, ``_prefills``, ``_text_rows``), reads its settings (``_sampling``) and says
-    when a request can start (``slot_ready``); ``setup`` reads its own tables."""
+    """The talker both Qwen3 speech families share, the decoder stage's spec for speech
+    (runtime/decoder_stage.py): the talker engine gives each frame's first code, the code
+    predictor (a per-step sub-stage) its residual codes, and the frame's summed embedding plus
+    the next text row is the talker's next input. A family's subclass builds the prefill and
+    text rows (``_plan``, ``_prefills``, ``_text_rows``), reads its settings (``_sampling``)
+    and says when a request can start (``ready``); ``setup`` reads its own tables."""
 
     kind = "autoregressive"
     # the talker's keys; the request's seed seeds it when talker_seed is not given
     reads = frozenset((*SPEECH_STAGE_KEYS, "seed", "sampling_seed", *STAGE_KEYS))
-    feeds_sinks = True  # each frame goes to the vocoder as it is made
     mrope = True  # the talker engine takes 3-axis positions (Qwen3-Omni); False: 1-D
+    consumes = False
+    per_position: tuple[str, ...] = ()
+    prefill_fetch = ("last_hidden",)  # the first frame's input, read with the top-K
 
     def __init__(
         self,
@@ -180,6 +250,7 @@ class SpeechTalker(StageRunner):
         """``spin`` is not taken: the talker's engine and its code predictor's take turns every
         frame, so neither spins waiting for its next call."""
         self.stage = stage
+        self.stage_id: str = stage.id
         cfg = self.config = self.check(stage, folder).config
         self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs,
                                   spin=False)  # fmt: skip
@@ -188,6 +259,7 @@ class SpeechTalker(StageRunner):
         self.ids: dict[str, int] = cfg["ids"]
         self.vocab_size = int(cfg["vocab_size"])
         self.hidden_size = int(cfg["hidden_size"])
+        self.outputs = {"logits": (self.vocab_size,), "last_hidden": (self.hidden_size,)}
         limits = cfg["builder_config"]
         self.max_batch = int(limits["max_batch_size"])
         self.capacity = int(limits["max_kv_cache_capacity"])
@@ -196,11 +268,13 @@ class SpeechTalker(StageRunner):
             (folder / cfg["code_predictor"]).resolve(), groups=self.groups,
             max_batch=self.max_batch, threads=threads, cuda_graphs=cuda_graphs,
         )  # fmt: skip
+        self._cp_sessions: dict[int, Any] = {}
         # the talker may not emit the codec's control band, except the end of speech (a GPU
         # build's engine keeps the same band out of its top-K)
         band = np.arange(max(0, self.vocab_size - 1024), self.vocab_size)
         self.suppressed = band[band != self.ids["codec_eos"]]
         self._suppressed_and_eos = np.append(self.suppressed, self.ids["codec_eos"])
+        self.stream = False  # a request may start before its upstream is done (slot_stage)
         self.setup(folder, cfg)
 
     def setup(self, folder: Path, cfg: dict[str, Any]) -> None:
@@ -210,172 +284,179 @@ class SpeechTalker(StageRunner):
         """What a request's report says it spoke with."""
         return state.prepared[self.stage.id]
 
-    def slot_ready(self, state: RequestState, upstream_done: bool, stream: bool) -> bool:
-        """Whether the in-flight scheduler may start this request here now."""
+    def slot_stage(self, *, stream_upstream: bool = False) -> DecoderStage:
+        """This stage for the scheduler loop; ``stream_upstream``: a request may start before
+        its upstream stage is done with it (Qwen3-Omni's: at its reply's first token)."""
+        self.stream = stream_upstream
+        return DecoderStage(self)
+
+    # -- the decoder stage's spec (runtime/decoder_stage.py) ---------------------------------
+    def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
         return upstream_done
 
-    def slot_stage(self, *, stream_upstream: bool = False) -> Any:
-        """This stage for the in-flight scheduler; ``stream_upstream``: a request starts once
-        its reply's first token is fed, not once the thinker is done with it."""
-        from edgeomni.runtime.families.qwen3_omni.talker_slots import TalkerSlots
+    def consume(self, slot: Slot, event: Event) -> None:
+        raise TypeError(f"{self.stage_id} takes no events")
 
-        return TalkerSlots(self, stream=stream_upstream)
-
-    # -- per cohort --------------------------------------------------------------------------
-    def run(
-        self,
-        cohort: Sequence[RequestState],
-        sinks: Mapping[int, Callable[[np.ndarray], None]] | None = None,
-        upstream: Upstream | None = None,
-    ) -> None:
-        """``sinks``: request index -> a callable fed each new frame [1, G] as it is made (the
-        vocoder downstream, so audio is made while the talker runs); a sink's ``end_step()``, if
-        it has one, is called once every row of a frame is fed. ``upstream``: the thinker is
-        still decoding this cohort; each call runs one of its steps (the talker starts once every
-        request's reply has its first token, and reads later tokens as they come). Without it
-        the thinker's handoffs must be complete."""
-        sinks = sinks or {}
-        waited = [0.0]  # seconds spent running the thinker's steps from here
-
-        def timed() -> bool:
-            t = time.perf_counter()
+    def open(self, entries: Sequence[tuple[RequestState, int, Sequence[Event]]]) -> list[Slot]:
+        """Slots for these requests; one whose prompt the talker cannot speak is left out, its
+        error set. Every request's projections run in one call (``_prefills``)."""
+        plans, rows = [], []
+        for state, row, events in entries:
             try:
-                return upstream() if upstream is not None else False
-            finally:
-                waited[0] += time.perf_counter() - t
-
-        advance = timed if upstream is not None else None
-        plans = []
-        for state in cohort:
-            try:
-                plans.append(self._plan(state, advance))
+                plans.append(self._plan(state, events))
             except RequestError as e:
-                state.error = f"{self.stage.id}: {e}"
-        cohort = [s for s in cohort if s.error is None]
-        if not cohort:
-            return
-        prefills = self._prefills(plans)
-        n = len(cohort)
-        talker_params, cp_params, max_frames, min_frames = self._sampling(cohort[0].request)
-        # each row its own generator (the cohort shares the seed): a request's codes depend on
-        # its seed and inputs, not on the rows beside it
-        rng = [np.random.default_rng(talker_params.seed) for _ in range(n)]
-        lens = np.array([len(p.embeds) for p in prefills], np.int32)
-        if int(lens.max()) + max_frames > self.capacity:
-            max_frames = self.capacity - int(lens.max())
-        session = DecoderSession(
-            self.engine,
-            self.kv,
-            n,
-            {"logits": (self.vocab_size,), "last_hidden": (self.hidden_size,)},
-        )
-        cp_session = self.cp.session(n)
-        host_frames = 0  # frames the engine was to draw but could not, drawn on the host
-        embeds = right_pad([p.embeds for p in prefills])
-        zeros = np.zeros(n, np.int32)
-        positions = text_positions(zeros, embeds.shape[1], self.mrope)
-        for row, p in enumerate(prefills):
-            if p.positions is not None:
-                positions[:, row, : len(p.embeds)] = p.positions
-        deltas = np.array([p.delta for p in prefills], np.int32)
-        start = time.perf_counter()
-        waited_at_start = waited[0]
-        out = session.run(embeds, positions, zeros, lens, lens - 1)
-        # each row's sampled first codes: one array, so a step's repetition-penalty input is
-        # views, not a list of every row's codes made into arrays again (~110 us a step at
-        # 32 rows and 100 frames, growing with the frames)
-        first = np.zeros((n, max(max_frames, 1)), np.int64)
-        count = np.zeros(n, np.int64)
-        frames: list[list[np.ndarray]] = [[] for _ in range(n)]
-        finish: list[str | None] = [None] * n
-        past = lens.copy()
-        step = 0
-        cp_ms = 0.0
-        vocoder_ms = 0.0  # windows vocoded downstream while this loop waits
-        full_rows = 0  # rows whose full logits had to come to the host
-        while True:
-            seen = [first[r, : count[r]] for r in range(n)]
-            banned = [
-                self._suppressed_and_eos if count[r] < min_frames else self.suppressed
-                for r in range(n)
-            ]
-            # what the host reads, in one sync; split, the hidden state goes to the code
-            # predictor where it is
-            wanted = TOPK_OUTPUTS if self.cp.split_prefill else ("last_hidden", *TOPK_OUTPUTS)
-            out.fetch(*wanted)
-            code0, fetched = sample_step(out.logits(), talker_params, rng, seen, banned)
-            full_rows += fetched
-            for row in range(n):
-                if finish[row] is None:
-                    first[row, count[row]] = code0[row]
-                    count[row] += 1
-                    if code0[row] == self.ids["codec_eos"]:
-                        finish[row] = "eos"
-                    elif count[row] >= max_frames:
-                        finish[row] = "length"
-            active = np.array([f is None for f in finish])
-            if not active.any():
-                break
-            t = time.perf_counter()
-            hidden = out.buffer("last_hidden") if self.cp.split_prefill else out["last_hidden"]
-            e0 = self.codec_embedding[code0]
-            codes, frame_embed, redrawn = self.cp.frame(
-                cp_session, hidden, code0, e0, active, cp_params, rng
-            )
-            host_frames += redrawn
-            cp_ms += (time.perf_counter() - t) * 1e3
-            nxt = frame_embed + self._text_rows(prefills, [step] * n, active, advance)
-            for row in range(n):
-                if active[row]:
-                    frames[row].append(codes[row])
-                    sink = sinks.get(cohort[row].index)
-                    if sink is not None:
-                        sink(codes[row][None])
-            t = time.perf_counter()
-            for sink in {id(s): s for s in sinks.values()}.values():  # every row fed: vocode
-                end_step = getattr(sink, "end_step", None)
-                if end_step is not None:
-                    end_step()
-            vocoder_ms += (time.perf_counter() - t) * 1e3
-            out = session.run(
-                nxt[:, None, :],
-                text_positions(past + deltas, 1, self.mrope),
-                past,
-                active.astype(np.int32),
-                np.zeros(n, np.int64),
-            )
-            past = past + active.astype(np.int32)
-            step += 1
-        total_ms = (time.perf_counter() - start - (waited[0] - waited_at_start)) * 1e3
-        for row, state in enumerate(cohort):
-            codes = np.array(frames[row], np.int64).reshape(-1, self.groups)
-            state.outputs[f"{self.stage.id}:codes"] = codes
-            state.details[self.stage.id] = {
-                "frames": len(codes),
-                "finish_reason": finish[row],
-                "voice": self.voice_of(state),
-                "talker_ms": round(total_ms - cp_ms - vocoder_ms, 3),
-                "code_predictor_ms": round(cp_ms, 3),
-                "streamed_vocoder_ms": round(vocoder_ms, 3),
-                # the thinker's steps run from this loop while it streamed its reply
-                "thinker_steps_ms": round(waited[0] * 1e3, 3),
-                # inside engine calls; the rest of the two above is host work (and the vocoder)
-                "talker_engine_ms": round(session.engine_seconds * 1e3, 3),
-                # drawing in the engine, calls are queued, not waited for: then this is the
-                # time to queue them, and the GPU's time is in code_predictor_ms
-                "code_predictor_engine_ms": round(cp_session.engine_seconds * 1e3, 3),
-                "code_predictor_draws": "engine" if self.cp.draws_in_engine(cp_params) else "host",
-                "code_predictor_host_frames": host_frames,
-                "cohort_size": n,
-                "full_logit_rows": full_rows,
-            }
+                state.error = f"{self.stage_id}: {e}"
+                continue
+            rows.append(row)
+        slots = []
+        for plan, prefill, row in zip(plans, self._prefills(plans), rows, strict=True):
+            talker, residual, max_frames, min_frames = self._sampling(plan.state.request)
+            max_frames = min(max_frames, self.capacity - len(prefill.embeds))
+            slots.append(Slot(
+                plan.state, row, _Speech(prefill, residual, max_frames, min_frames), talker,
+                np.random.default_rng(talker.seed), len(prefill.embeds), delta=prefill.delta,
+                history=np.zeros(max(max_frames, 1), np.int64),  # every first code drawn
+            ))  # fmt: skip
+        return slots
+
+    def prefill(self, run: Sequence[Slot]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        embeds = right_pad([s.data.prefill.embeds for s in run])
+        positions = text_positions(np.zeros(len(run), np.int32), embeds.shape[1], self.mrope)
+        for j, s in enumerate(run):
+            if s.data.prefill.positions is not None:
+                positions[:, j, : s.length] = s.data.prefill.positions
+        return embeds, positions, {}
+
+    def prefilled(self, run: Sequence[Slot], out: StepOutputs) -> None:
+        for j, s in enumerate(run):  # the session is this call's alone: its states to the host
+            s.data.hidden = np.array(out["last_hidden"][j], np.float32)
+
+    def can_step(self, slot: Slot) -> bool:
+        return slot.data.prefill.can_step(slot.steps)
+
+    def _hidden(self, slot: Slot, last: Any) -> np.ndarray:
+        """A slot's latest talker state on the host."""
+        if slot.data.hidden is None:
+            slot.data.hidden = np.array(last["last_hidden"][slot.row], np.float32)
+        return slot.data.hidden
+
+    def _cp_session(self, rows: int) -> Any:
+        if rows not in self._cp_sessions:  # its cache lives for one frame: any rows will do
+            self._cp_sessions[rows] = self.cp.session(rows)
+        return self._cp_sessions[rows]
+
+    def inputs(self, ready: Sequence[Slot], slots: Mapping[int, Slot], last: Any) -> np.ndarray:
+        """Complete each ready row's frame (the code predictor over the ready rows, one call
+        per residual setting) and return its summed embedding plus the row's next text row."""
+        codes = np.empty((len(ready), self.groups), np.int64)
+        frame_embed = np.empty((len(ready), self.hidden_size), np.float32)
+        first = ready[0].data.residual  # mostly one setting: equal objects compare fast
+        if all(s.data.residual is first or s.data.residual == first for s in ready):
+            groups: dict[SamplingParams, list[int]] = {first: list(range(len(ready)))}
+        else:
+            groups = {}
+            for j, s in enumerate(ready):
+                groups.setdefault(s.data.residual, []).append(j)
+        # every row steps and reads the last decode step's states in place: the code predictor
+        # takes that output buffer as it is (on a GPU it never leaves the device)
+        in_place = (len(groups) == 1 and last is not None and len(ready) == last.rows
+                    and ready[-1].row == len(ready) - 1
+                    and all(s.data.hidden is None for s in ready))  # fmt: skip
+        cp_s = 0.0
+        for params, js in groups.items():  # one code predictor call per residual setting
+            part = [ready[j] for j in js]
+            session = self._cp_session(len(part))
+            code0 = np.array([s.generated[-1] for s in part], np.int64)
+            hidden = (last.buffer("last_hidden") if in_place
+                      else np.stack([self._hidden(s, last) for s in part]))  # fmt: skip
+            t0, e0 = time.perf_counter(), session.engine_seconds
+            got, embed, redrawn = self.cp.frame(
+                session, hidden, code0, self.codec_embedding[code0],
+                np.ones(len(part), bool), params, [s.rng for s in part],
+            )  # fmt: skip
+            spent, engine = time.perf_counter() - t0, session.engine_seconds - e0
+            cp_s += spent
+            codes[js], frame_embed[js] = got, embed
+            for s in part:
+                s.data.cp_s += spent
+                s.data.cp_engine_s += engine
+                s.data.host_frames += int(redrawn)
+        text = self._text_rows([s.data.prefill for s in ready], [s.steps for s in ready],
+                               np.ones(len(ready), bool))  # fmt: skip
+        stepping = {s.row for s in ready}
+        for s in slots.values():  # rows sitting out keep their state: the call overwrites it
+            if s.data.hidden is None and s.row not in stepping:
+                self._hidden(s, last)
+        for j, s in enumerate(ready):
+            speech = s.data
+            if speech.frames is None:
+                speech.frames = np.empty((max(speech.max_frames, 1), self.groups), np.int64)
+            speech.frames[speech.made] = codes[j]
+            speech.made += 1
+            speech.cp_steps_s += cp_s
+        return frame_embed + text
+
+    def decode_feeds(self, rows: int) -> dict[str, Any]:
+        return {}
+
+    def stepped(self, ready: Sequence[Slot]) -> None:
+        for s in ready:
+            s.data.hidden = None  # in this call's output, read when needed
+
+    def banned(self, slot: Slot) -> np.ndarray:
+        """The codec's control band; the end of speech too before min_new_tokens."""
+        if len(slot.generated) < slot.data.min_frames:
+            return self._suppressed_and_eos
+        return self.suppressed
+
+    def finished(self, slot: Slot) -> str | None:
+        """At the end of speech, or its frame limit."""
+        if slot.generated[-1] == self.ids["codec_eos"]:
+            return "eos"
+        return "length" if len(slot.generated) >= slot.data.max_frames else None
+
+    def events(self, slot: Slot) -> list[Event]:
+        """Its new frames (an utterance of no frames still gives one empty event: its codes
+        are empty, not absent)."""
+        speech = slot.data
+        if not (speech.made > speech.sent or (slot.finish is not None and not speech.made)):
+            return []
+        new = (speech.frames[speech.sent : speech.made].copy() if speech.frames is not None
+               else np.zeros((0, self.groups), np.int64))  # fmt: skip
+        speech.sent = speech.made
+        return [CodecFrames(slot.state.index, self.stage_id, new)]
+
+    def move(self, slot: Slot, last: Any) -> None:
+        self._hidden(slot, last)  # its state to the host first: it was found by its row
+
+    def retire(self, slot: Slot) -> None:
+        """A finished request's codes and report."""
+        state, speech = slot.state, slot.data
+        codes = (np.zeros((0, self.groups), np.int64) if speech.frames is None
+                 else speech.frames[: speech.made].copy())  # fmt: skip
+        state.outputs[f"{self.stage_id}:codes"] = codes
+        talker_s = slot.prefill_s + slot.decode_s - speech.cp_steps_s
+        state.details[self.stage_id] = {
+            "frames": len(codes),
+            "finish_reason": slot.finish,
+            "voice": self.voice_of(state),
+            "talker_ms": round(talker_s * 1e3, 3),
+            "code_predictor_ms": round(speech.cp_s * 1e3, 3),
+            "talker_engine_ms": round((slot.prefill_engine_s + slot.decode_engine_s) * 1e3, 3),
+            # drawing in the engine, calls are queued, not waited for: then this is the time to
+            # queue them, and the GPU's time is in code_predictor_ms
+            "code_predictor_engine_ms": round(speech.cp_engine_s * 1e3, 3),
+            "code_predictor_draws": "engine" if self.cp.draws_in_engine(speech.residual)
+            else "host",
+            "code_predictor_host_frames": speech.host_frames,
+            "cohort_size": slot.widest,
+            "full_logit_rows": slot.full_rows,
+        }
 
 
 class Talker(SpeechTalker):
     """Qwen3-Omni's talker: its prefill is read from the thinker's handoff (user turns, the
     assistant prefix with the speaker's codec rows, then the reply as the thinker writes it)."""
-
-    reads_upstream = True  # run() takes the thinker's steps as ``upstream`` (stage streaming)
 
     def setup(self, folder: Path, cfg: dict[str, Any]) -> None:
         tables = safetensors_np.load(folder / "projections.safetensors")
@@ -385,22 +466,25 @@ class Talker(SpeechTalker):
         self.tts_bos, self.tts_eos, self.tts_pad = bos, eos, pad
         self.speakers: dict[str, int] = cfg["speakers"]
         self.default_speaker: str = cfg["default_speaker"]
-        self.hidden_source = self._source("hidden")
         self.mrope_ids = MropeIds(**cfg["mrope_ids"])
         self.tts_pad_token = int(cfg["tts_pad_token_id"])
 
-    def slot_ready(self, state: RequestState, upstream_done: bool, stream: bool) -> bool:
-        """Done by the thinker; streamed, also once the reply's first token is fed."""
-        if upstream_done or not stream:
-            return upstream_done
-        handoff = state.outputs.get(self.hidden_source)
-        if handoff is None:
-            return False
-        need = self.speaking_start(handoff)
-        return need is None or handoff.done or handoff.fed >= need
+    consumes = True  # its thinker's HiddenRows and Finished
 
-    def _source(self, name: str) -> str:
-        return stage_source(self.stage, name)
+    def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
+        """Done by the thinker; streamed, also once the reply's first token is fed."""
+        if upstream_done or not self.stream:
+            return upstream_done
+        first = next((e for e in events if isinstance(e, HiddenRows)), None)
+        if first is None or first.prompt is None:
+            return False
+        need = self.speaking_start(first.prompt.ids)
+        fed = sum(len(e.rows) for e in events if isinstance(e, HiddenRows))
+        return need is None or fed >= need
+
+    def consume(self, slot: Slot, event: Event) -> None:
+        """The thinker's rows as it feeds them, then its end."""
+        slot.data.prefill.handoff.take(event)
 
     @classmethod
     def check(cls, stage: Any, folder: Path) -> Checked:
@@ -432,10 +516,12 @@ class Talker(SpeechTalker):
             )
         return voice
 
-    def _plan(self, state: RequestState, upstream: Upstream | None) -> _Plan:
-        """What a request's prefill reads from its thinker handoff, not yet projected."""
-        th: HiddenHandoff = state.outputs[self.hidden_source]
-        prompt, hidden, prompt_len = th.prompt_ids, th.hidden, th.prompt_len
+    def _plan(self, state: RequestState, events: Sequence[Event]) -> _Plan:
+        """What a request's prefill reads from its thinker's rows so far, not yet projected."""
+        th = ThinkerRows.of(events)
+        if th is None:
+            raise RequestError("no hidden rows came from the thinker")
+        prompt, hidden, prompt_len = th.prompt_ids, th.prompt.hidden, th.prompt_len
         ids_ = self.ids
         # user turns: a position belongs to the turn opened by the latest <|im_start|> before it
         starts = np.where(prompt == ids_["im_start"], np.arange(prompt_len), -1)
@@ -448,11 +534,10 @@ class Talker(SpeechTalker):
         # the assistant turn: from the last "<|im_start|>assistant" on. The fed tokens are the
         # prompt and the reply but its last: the prefill reads the "<|im_start|>assistant\n"
         # rows and the reply's first token
-        need = self.speaking_start(th)
+        need = self.speaking_start(prompt)
         if need is None:
             raise RequestError("the prompt has no assistant turn for the talker to speak")
         begin = need - 4
-        _wait(th, need, upstream)
         if th.fed < begin + 4:
             raise RequestError("the thinker wrote no text for the talker to speak")
         return _Plan(
@@ -491,23 +576,23 @@ class Talker(SpeechTalker):
             prefill = _Prefill(
                 np.concatenate([user_rows, text_track + codec_track]), th, plan.begin, reply
             )
-            if th.image_grids:  # transformers' talker positions: its input ids and the grids
+            if th.prompt.image_grids:  # transformers' talker positions: ids and the grids
                 talker_ids = np.concatenate(
                     [th.prompt_ids[plan.user], np.full(len(text_track), self.tts_pad_token)]
                 )
                 prefill.positions, prefill.delta = rope_index(
                     talker_ids.tolist(),
                     self.mrope_ids,
-                    image_grids=th.image_grids,
-                    audio_mel_frames=th.audio_frames or (),
+                    image_grids=th.prompt.image_grids,
+                    audio_mel_frames=th.prompt.audio_frames or (),
                 )
             out.append(prefill)
         return out
 
-    def speaking_start(self, handoff: HiddenHandoff) -> int | None:
+    def speaking_start(self, prompt: np.ndarray) -> int | None:
         """How many fed tokens the prefill reads, up to the reply's first token (from the last
         "<|im_start|>assistant" on); None when the prompt has no assistant turn."""
-        prompt, ids_ = handoff.prompt_ids, self.ids
+        ids_ = self.ids
         starts = np.flatnonzero(
             (prompt[:-1] == ids_["im_start"]) & (prompt[1:] == ids_["assistant"])
         )
@@ -518,7 +603,6 @@ class Talker(SpeechTalker):
         prefills: Sequence[_Prefill],
         steps: Sequence[int],
         active: np.ndarray,
-        upstream: Upstream | None,
     ) -> np.ndarray:
         """Each row's text input for its decode step ``steps[row]``: the reply's next fed token
         through text_projection, then tts_eos once, then tts_pad (a finished row: tts_pad).
@@ -528,8 +612,7 @@ class Talker(SpeechTalker):
         index = {}  # row -> its token within the reply, for the rows still speaking
         for row, p in enumerate(prefills):
             if active[row]:
-                index[row] = j = p.trailing_index(steps[row])
-                _wait(p.handoff, p.reply_start + j + 1, upstream)
+                index[row] = p.trailing_index(steps[row])
         stale = [
             prefills[r] for r, j in index.items() if len(prefills[r].reply) <= j < prefills[r].fed
         ]

@@ -82,13 +82,6 @@ class _Encoder(StageRunner):
             "finish_reason": "complete",
         }
 
-    def run(self, cohort: Sequence[RequestState]) -> None:
-        for state in cohort:
-            try:
-                self.encode_request(state)
-            except RequestError as e:
-                state.error = state.error or f"{self.stage.id}: {e}"
-
     def slot_stage(self, *, stream_upstream: bool = False) -> EncoderSlots:
         return EncoderSlots(self)
 
@@ -159,12 +152,14 @@ class EncoderSlots:
         self.r = runner
         self.stage_id: str = runner.stage.id
 
-    def ready(self, state: RequestState, upstream_done: bool) -> bool:
+    def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Any]) -> bool:
         return upstream_done
 
-    def admit(self, entries: Sequence[tuple[RequestState, int]]) -> list[EncoderSlot]:
+    def admit(
+        self, entries: Sequence[tuple[RequestState, int, Sequence[Any]]]
+    ) -> list[EncoderSlot]:
         slots = []
-        for state, row in entries:
+        for state, row, _ in entries:
             try:
                 self.r.encode_request(state)
             except RequestError as e:

@@ -292,7 +292,7 @@ class TtsTalker(SpeechTalker):
         return padded + codec, pad
 
     # -- the shared loop's hooks -------------------------------------------------------------
-    def _plan(self, state: RequestState, upstream: Any) -> Utterance:
+    def _plan(self, state: RequestState, events: Sequence[Any]) -> Utterance:
         """The request's rows, from what it asked and what the clone encoders made of its
         ref_audio (their stages ran before this one)."""
         spoken: Spoken = state.prepared[self.stage.id]
@@ -330,7 +330,6 @@ class TtsTalker(SpeechTalker):
         prefills: Sequence[Utterance],
         steps: Sequence[int],
         active: np.ndarray,
-        upstream: Any,
     ) -> np.ndarray:
         """Each row's text input for its decode step: its next trailing row, then tts_pad."""
         rows = np.broadcast_to(self.tts_pad, (len(prefills), self.hidden_size)).copy()

@@ -1,0 +1,273 @@
+"""The one decoder stage: every autoregressive model of a graph (the text model or thinker, the
+talkers) runs under the scheduler loop through it.
+
+A request holds a slot: a KV cache row, its own sampling settings and generator, its limits. It
+is prefilled into a free row while the others decode (each contiguous run of new rows one call),
+draws its first token there, and leaves the batch the step it finishes. A decode step calls
+rows [0, highest active]: a row that cannot step yet (a talker waiting for its thinker's next
+token) or is free sits the call out with query length 0, its cache untouched.
+
+What differs between models is a small spec (``DecoderSpec``): the prefill rows, the next
+step's inputs (a token's embedding; for a talker, its code predictor's frame, a per-step
+sub-stage, plus the next text row), which tokens are banned, the finish rule, the events and
+outputs a request makes. The loop, cache rows, sampling, logprobs and timing live here once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from edgeomni.runtime.decoder import TOPK_OUTPUTS, DecoderSession, StepOutputs, text_positions
+from edgeomni.runtime.events import Event, Finished
+from edgeomni.runtime.runners import RequestState
+from edgeomni.runtime.sampling import SamplingParams, StepLogits, log_softmax_top, sample_rows
+
+__all__ = ["DecoderSpec", "DecoderStage", "Slot", "rows_of"]
+
+_NONE = np.zeros(0, np.int64)
+
+
+@dataclass
+class Slot:
+    """One request decoding in one cache row. ``data`` is the spec's own (a prompt, a talker's
+    frames so far); ``history`` is what the repetition penalty sees: ``prefix`` ids (a text
+    model's prompt), then the tokens drawn."""
+
+    state: RequestState
+    row: int
+    data: Any
+    sampling: SamplingParams
+    rng: np.random.Generator
+    length: int  # prompt positions
+    delta: int = 0  # decode positions are past + delta
+    bias: tuple[np.ndarray, np.ndarray] | None = None
+    history: np.ndarray | None = None
+    prefix: int = 0
+    top_logprobs: int = 0  # candidates reported for each token drawn
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    finish: str | None = None
+    past: int = 0
+    steps: int = 0
+    prefill_s: float = 0.0
+    prefill_engine_s: float = 0.0
+    decode_s: float = 0.0
+    decode_engine_s: float = 0.0
+    full_rows: int = 0  # rows whose full logits came to the host for it
+    widest: int = 1  # the most rows that stepped together while it decoded
+
+    def __post_init__(self) -> None:
+        self.past = self.past or self.length
+
+
+class DecoderSpec(Protocol):
+    """A model's part of the decoder stage. ``outputs``: decode outputs (name -> shape after the
+    batch axis), ``per_position`` those also [rows, S, ...]; ``prefill_fetch``: outputs read on
+    the host after a prefill, with the top-K in one sync; ``consumes``: it takes its upstream
+    stage's events (a talker, its thinker's)."""
+
+    stage_id: str
+    engine: Any
+    kv: Any
+    hidden_size: int
+    mrope: bool
+    outputs: Mapping[str, tuple[int, ...]]
+    per_position: tuple[str, ...]
+    prefill_fetch: tuple[str, ...]
+    consumes: bool
+
+    def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
+        """Whether a request waiting here can start now (``events``: its upstream's so far)."""
+        ...
+
+    def open(self, entries: Sequence[tuple[RequestState, int, Sequence[Event]]]) -> list[Slot]:
+        """Slots for these requests in these rows; one it cannot start is left out, its
+        ``error`` set."""
+        ...
+
+    def prefill(self, run: Sequence[Slot]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """A run of new rows' right-padded prefill: embeddings, positions, extra inputs."""
+        ...
+
+    def prefilled(self, run: Sequence[Slot], out: StepOutputs) -> None: ...
+
+    def consume(self, slot: Slot, event: Event) -> None: ...
+
+    def can_step(self, slot: Slot) -> bool: ...
+
+    def inputs(self, ready: Sequence[Slot], slots: Mapping[int, Slot], last: Any) -> np.ndarray:
+        """The ready rows' next inputs [len(ready), H]; ``last``: the last decode step's
+        outputs (None before the first)."""
+        ...
+
+    def decode_feeds(self, rows: int) -> dict[str, Any]: ...
+
+    def stepped(self, ready: Sequence[Slot]) -> None: ...
+
+    def banned(self, slot: Slot) -> np.ndarray | None: ...
+
+    def finished(self, slot: Slot) -> str | None: ...
+
+    def events(self, slot: Slot) -> list[Event]: ...
+
+    def move(self, slot: Slot, last: Any) -> None: ...
+
+    def retire(self, slot: Slot) -> None: ...
+
+
+class DecoderStage:
+    """``scheduler.SlotStage`` over a decoder engine, its cache and a model's spec."""
+
+    def __init__(self, spec: DecoderSpec) -> None:
+        self.spec = spec
+        self.stage_id = spec.stage_id
+        self.consumes = spec.consumes
+        self._last: StepOutputs | None = None  # the last decode step's outputs
+        self._decode: dict[int, DecoderSession] = {}
+
+    def _session(self, rows: int, first: int) -> DecoderSession:
+        s = self.spec
+        return DecoderSession(s.engine, s.kv, rows, s.outputs, per_position=s.per_position,
+                              first_row=first)  # fmt: skip
+
+    def _decode_session(self, rows: int) -> DecoderSession:
+        """Decode steps over rows 0..rows-1 are one token wide: their sessions (and output
+        buffers) are kept, one per row count. A prefill's session is made for its call: its
+        buffers are as wide as the prompt, so keeping them would keep a set per length seen."""
+        if rows not in self._decode:
+            self._decode[rows] = self._session(rows, 0)
+        return self._decode[rows]
+
+    # -- the scheduler's calls ---------------------------------------------------------------
+    def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
+        return self.spec.ready(state, upstream_done, events)
+
+    def consume(self, slot: Slot, event: Event) -> None:
+        self.spec.consume(slot, event)
+
+    def discard(self, slot: Slot) -> None:
+        """A request that failed elsewhere: its row is simply free again."""
+
+    def admit(self, entries: Sequence[tuple[RequestState, int, Sequence[Event]]]) -> list[Slot]:
+        """Prefill these requests into their rows (each contiguous run of rows one call) and
+        draw each one's first token."""
+        slots = self.spec.open(sorted(entries, key=lambda e: e[1]))
+        lo = 0
+        for hi in range(1, len(slots) + 1):
+            if hi == len(slots) or slots[hi].row != slots[hi - 1].row + 1:
+                self._prefill(slots[lo:hi])
+                lo = hi
+        return slots
+
+    def _prefill(self, run: Sequence[Slot]) -> None:
+        embeds, positions, extra = self.spec.prefill(run)
+        lens = np.array([s.length for s in run], np.int32)
+        session = self._session(len(run), run[0].row)
+        start = time.perf_counter()
+        zeros = np.zeros(len(run), np.int32)
+        out = session.run(embeds, positions, zeros, lens, lens - 1, **extra)
+        out.fetch(*self.spec.prefill_fetch, *TOPK_OUTPUTS)
+        self._draw(run, out.logits())
+        self.spec.prefilled(run, out)
+        elapsed = time.perf_counter() - start
+        for slot in run:
+            slot.prefill_s += elapsed
+            slot.prefill_engine_s += session.engine_seconds
+
+    def step(self, slots: Mapping[int, Slot]) -> None:
+        """One decode step of every row that can step: rows [0, highest active] in one call."""
+        spec = self.spec
+        rows = sorted(r for r, s in slots.items() if spec.can_step(s))
+        if not rows:
+            return
+        ready = [slots[r] for r in rows]
+        start = time.perf_counter()
+        hi = max(slots) + 1
+        embeds = np.zeros((hi, 1, spec.hidden_size), np.float32)
+        embeds[rows, 0] = spec.inputs(ready, slots, self._last)
+        past = np.zeros(hi, np.int32)
+        deltas = np.zeros(hi, np.int32)
+        for row, s in slots.items():
+            past[row], deltas[row] = s.past, s.delta
+        query = np.zeros(hi, np.int32)
+        query[rows] = 1
+        session = self._decode_session(hi)
+        engine = session.engine_seconds
+        out = session.run(embeds, text_positions(past + deltas, 1, spec.mrope), past, query,
+                          np.zeros(hi, np.int64), **spec.decode_feeds(hi))  # fmt: skip
+        logits = out.logits()
+        self._draw(ready, rows_of(logits, np.array(rows, np.int64)) if len(rows) != hi else logits)
+        self._last = out
+        spec.stepped(ready)
+        elapsed, engine = time.perf_counter() - start, session.engine_seconds - engine
+        for s in ready:
+            s.past += 1
+            s.steps += 1
+            s.decode_s += elapsed
+            s.decode_engine_s += engine
+            s.widest = max(s.widest, len(slots))
+
+    def _draw(self, slots: Sequence[Slot], step: StepLogits) -> None:
+        """Each slot's next token from its own settings, penalty history, bans, bias and
+        generator; its logprobs (from the model's logits, before bias and penalty)."""
+        seen = None
+        if any(s.history is not None for s in slots):
+            seen = [s.history[: s.prefix + len(s.generated)] if s.history is not None else _NONE
+                    for s in slots]  # fmt: skip
+        bias = [s.bias for s in slots]
+        tokens, fetched = sample_rows(
+            step, [s.sampling for s in slots], [s.rng for s in slots], seen,
+            [self.spec.banned(s) for s in slots],
+            bias if any(x is not None for x in bias) else None,
+        )  # fmt: skip
+        asked = [j for j, s in enumerate(slots) if s.top_logprobs]
+        if asked:
+            top = max(slots[j].top_logprobs for j in asked)
+            ids, values = log_softmax_top(step.full(np.array(asked, np.int64)), top)
+            for k, j in enumerate(asked):
+                n = slots[j].top_logprobs
+                slots[j].logprobs.append((ids[k, :n], values[k, :n]))
+        for j, slot in enumerate(slots):
+            token = int(tokens[j])
+            slot.generated.append(token)
+            slot.full_rows += fetched + len(asked)
+            if slot.history is not None:
+                slot.history[slot.prefix + len(slot.generated) - 1] = token
+
+    def update(self, slot: Slot, events: bool) -> list[Event]:
+        """After the slot's newest token: whether it finished and, when ``events``, what it
+        adds to the stream, then Finished."""
+        slot.finish = self.spec.finished(slot)
+        if not events:
+            return []
+        out = self.spec.events(slot)
+        if slot.finish is not None:
+            out.append(Finished(slot.state.index, self.stage_id, slot.finish))
+        return out
+
+    def move(self, slot: Slot, row: int) -> None:
+        """The slot's cache into ``row`` (free), and the slot with it."""
+        self.spec.move(slot, self._last)
+        self.spec.kv.move_row(slot.row, row, slot.past)
+        slot.row = row
+
+    def retire(self, slot: Slot) -> None:
+        self.spec.retire(slot)
+
+
+def rows_of(step: StepLogits, rows: np.ndarray) -> StepLogits:
+    """A step's logits for some of its rows (the active ones of a call over a wider range)."""
+
+    def full(r: np.ndarray) -> np.ndarray:
+        return step.full(rows[np.asarray(r, np.int64)])
+
+    values, indices = step.topk_values, step.topk_indices
+    return StepLogits(
+        len(rows), full,
+        None if values is None else values[rows], None if indices is None else indices[rows],
+    )  # fmt: skip
