@@ -402,7 +402,7 @@ def test_upstream_keys_are_known_and_do_what_the_table_says() -> None:
     assert r2.fields == {"messages", "image", "audio", "voice", "language"}
     assert r2.messages[0]["content"][0] == {"type": "image", "image": "pre.png",
                                             "do_resize": False}  # fmt: skip
-    assert settings["penalty_differs"] is False
+    assert settings["fallbacks"] == {}
 
 
 def test_top_level_guided_decoding_fails_every_request() -> None:
@@ -414,11 +414,11 @@ def test_top_level_guided_decoding_fails_every_request() -> None:
 
 def test_repetition_penalty_meaning_is_flagged() -> None:
     _, settings = parse_request_file({"repetition_penalty": 1.1, "requests": []})
-    assert settings["penalty_differs"] is True
+    assert settings["fallbacks"] == {"repetition_penalty": "talker_repetition_penalty"}
     _, settings = parse_request_file(
         {"repetition_penalty": 1.1, "talker_repetition_penalty": 1.05, "requests": []}
     )
-    assert settings["penalty_differs"] is False
+    assert settings["fallbacks"] == {}
 
 
 def _readme_request_section() -> str:
