@@ -3,7 +3,10 @@
 No hub: the model comes from transformers' config classes (``save_pretrained``) and the tokenizer
 is a byte-level BPE trained here on a few sentences.
 
-    python -m edgeomni.export.tiny qwen3|qwen3_omni_moe OUT_DIR [--seed 0] [--force]
+    python -m edgeomni.export.tiny MODEL_TYPE OUT_DIR [--seed 0] [--force]
+
+MODEL_TYPE: a registered family's (qwen3, qwen3_omni_moe, qwen3_tts: its CustomVoice kind;
+export/tiny_tts.py makes the others).
 
 OUT_DIR must be new or empty: a checkpoint's files have common names (config.json,
 model.safetensors, tokenizer.json) that would replace yours, so a non-empty OUT_DIR is refused
@@ -101,8 +104,21 @@ def make_qwen3(out_dir: Path, *, seed: int = 0, **overrides: Any) -> Path:
     return out_dir
 
 
-MAKERS = {"qwen3": make_qwen3}
-MAKERS["qwen3_omni_moe"] = lambda out_dir, *, seed=0: __import__("edgeomni.export.tiny_omni", fromlist=["_"]).make_qwen3_omni(out_dir, seed=seed)  # fmt: skip
+class _Makers(dict):
+    """model_type -> make(out_dir, *, seed): every registered family's tiny checkpoint maker
+    (export/registry.py; a family declares its own), each imported when used."""
+
+    def __init__(self) -> None:
+        from edgeomni.export.registry import tiny_makers
+
+        super().__init__({t: f.tiny for t, f in tiny_makers().items()})
+        self._families = tiny_makers()
+
+    def __getitem__(self, model_type: str):  # type: ignore[override]
+        return self._families[model_type].tiny_maker()
+
+
+MAKERS = _Makers()
 
 
 class Parser(argparse.ArgumentParser):

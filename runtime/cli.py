@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from edgeomni.runtime.families import REQUEST_KEYS as FAMILY_KEYS
 from edgeomni.runtime.scheduler import PATIENCE
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_CONFIG, EXIT_REQUESTS_FAILED = 0, 1, 2, 3
@@ -137,26 +138,10 @@ def parser() -> argparse.ArgumentParser:
         "speaker (its top level and requests override it; an unknown voice fails the request "
         "with the known ones)",
     )
-    p.add_argument(
-        "--language",
-        help="on a Qwen3-TTS graph: the language spoken (default auto; an unknown one fails "
-        "with the known ones); a request file's default, as --voice",
-    )
-    p.add_argument(
-        "--instruct",
-        help="on a Qwen3-TTS graph: the voice instruction (VoiceDesign, and CustomVoice at "
-        "1.7B); a request file's default, as --voice",
-    )
-    p.add_argument(
-        "--ref-audio",
-        help="on a Qwen3-TTS Base graph: a clip whose voice is cloned (any rate; resampled to "
-        "24 kHz); a request file's default, as --voice",
-    )
-    p.add_argument(
-        "--ref-text",
-        help="with --ref-audio: its transcript, for an in-context clone (without it the clone "
-        "takes the clip's speaker embedding only)",
-    )
+    for flag, key in SPEECH_FLAGS[1:]:  # the families' request controls' flags
+        p.add_argument(
+            flag, dest=key, type=FAMILY_KEYS[key].flag_type, help=FAMILY_KEYS[key].flag_help
+        )
     p.add_argument(
         "--whole-utterance",
         action="store_true",
@@ -301,13 +286,12 @@ def _main(args: argparse.Namespace) -> int:
     batch_size = args.batch_size or settings.get("batch_size") or 1
     # text stages only, unless audio was asked for (a graph without text always speaks)
     requested = None if want_audio else (pipeline.text_terminals() or None)
-    if settings.get("penalty_differs") and want_audio and pipeline.text_terminals():
-        print(
-            "edge-infer: warning: the request file's repetition_penalty applies to the text "
-            "model here; TensorRT Edge-LLM's llm_inference applies it to the talker. Set "
-            "talker_repetition_penalty for the talker (default 1.05)",
-            file=sys.stderr,
-        )
+    for key, to in settings.get("fallbacks", {}).items():
+        if not (want_audio and pipeline.text_terminals()):
+            break
+        print(f"edge-infer: warning: the request file's {key} applies to the text model here; "
+              f"TensorRT Edge-LLM's llm_inference applies it to a later stage. Set {to} for "
+              "that stage", file=sys.stderr)  # fmt: skip
     reply = _Reply(args.prompt is not None, pipeline.text_terminals())
     # each request's audio and codes are written from its events, the moment it is spoken
     writer = AudioWriter(
@@ -378,9 +362,18 @@ def _validate(config: Path) -> int:
     return EXIT_OK
 
 
-SPEECH_FLAGS = (("--voice", "voice"), ("--language", "language"), ("--instruct", "instruct"),
-                ("--ref-audio", "ref_audio"), ("--ref-text", "ref_text"))  # fmt: skip
-TEXT_FLAGS = ("--prompt", "--voice", "--language", "--instruct", "--ref-text", "--sampling")
+# the families' request controls whose value is a file the run reads
+PATH_KEYS = tuple(key for key, k in FAMILY_KEYS.items() if k.path)
+# the families' request controls that a stage which does not speak reads
+SILENT_KEYS = tuple(key for key, k in FAMILY_KEYS.items() if not k.speaks)
+# --voice and the flags the families declare for their request controls (runtime/family.py),
+# each setting the request key of its name (a request file's default)
+SPEECH_FLAGS = (("--voice", "voice"),
+                *((k.flag, key) for key, k in FAMILY_KEYS.items() if k.flag))  # fmt: skip
+# flags whose value is text (a path's is checked as a file instead)
+TEXT_FLAGS = ("--prompt", "--voice", "--sampling",
+              *(k.flag for key, k in FAMILY_KEYS.items()
+                if k.flag and k.flag_type is str and not k.path))  # fmt: skip
 
 
 def usage_error(args: argparse.Namespace) -> str | None:
@@ -412,11 +405,12 @@ def usage_error(args: argparse.Namespace) -> str | None:
         return "--output-audio-dir goes with --input-file"
     speaks = args.out_audio is not None or args.output_audio_dir is not None
     for flag, key in SPEECH_FLAGS:
-        if getattr(args, key) is not None and not speaks:
+        if getattr(args, key) is not None and not speaks and key not in SILENT_KEYS:
             out = "--out-audio" if args.input_file is None else "--output-audio-dir"
             return f"{flag} is for the speech of {out}; without {out} nothing speaks"
     media = [("--audio", a) for a in args.audio] + [("--image", i) for i in args.image]
-    media += [("--ref-audio", args.ref_audio)] if args.ref_audio is not None else []
+    media += [(flag, getattr(args, key)) for flag, key in SPEECH_FLAGS
+              if key in PATH_KEYS and getattr(args, key) is not None]  # fmt: skip
     for flag, path in media:
         problem = _readable_file(Path(path))
         if problem:
@@ -498,9 +492,10 @@ def destination_error(
             continue
         for part in media_parts(request.messages):
             inputs.setdefault(os.path.realpath(part.path), f"the {part.kind} file {part.path}")
-        ref = request.speech.get("ref_audio")
-        if ref:
-            inputs.setdefault(os.path.realpath(ref), f"the ref_audio file {ref}")
+        for key in PATH_KEYS:
+            ref = request.speech.get(key)
+            if ref:
+                inputs.setdefault(os.path.realpath(ref), f"the {key} file {ref}")
     files = [(f, p) for f, p in (("--output-file", args.output_file),
                                  ("--out-audio", args.out_audio)) if p is not None]  # fmt: skip
     for flag, path in files:

@@ -19,6 +19,7 @@ from typing import Any
 
 from edgeomni import graph_schema
 from edgeomni.runtime.events import Failed, Listener
+from edgeomni.runtime.families import TEXT_FALLBACKS, control_labels
 from edgeomni.runtime.requests import BadRequest, Request
 from edgeomni.runtime.runners import (
     RUNNER_KINDS,
@@ -338,7 +339,7 @@ class Pipeline:
         if unread:
             return (
                 f"{', '.join(unread)}: no stage of this graph reads "
-                f"{'it' if len(unread) == 1 else 'them'} (a Qwen3-TTS control; this graph "
+                f"{'it' if len(unread) == 1 else 'them'} (a {control_labels(unread)} control; this graph "
                 f"runs {', '.join(self.graph.stage_ids)})"
             )
         plan = graph_schema.plan(self.graph, item.fields, requested)
@@ -352,16 +353,16 @@ class Pipeline:
         )
 
     def _as_read(self, item: Request) -> Request:
-        """The request as this graph reads it: on a graph with no text model (Qwen3-TTS's) a
-        given ``repetition_penalty`` is the talker's, as qwen3_tts_inference reads it, unless
-        ``talker_repetition_penalty`` is given too."""
-        if self.text_terminals() or "repetition_penalty" not in item.given:
+        """The request as this graph reads it: on a graph with no text model a given text
+        model's key a family declares a fallback for (families' ``text_fallbacks``: Qwen3-TTS's
+        ``repetition_penalty``, as qwen3_tts_inference reads it) is that stage key's, unless
+        the stage key is given too."""
+        moved = {to: getattr(item.sampling, key) for key, to in TEXT_FALLBACKS.items()
+                 if key in item.given and to not in item.stage_settings}  # fmt: skip
+        if self.text_terminals() or not moved:
             return item
-        if "talker_repetition_penalty" in item.extra_sampling:
-            return item
-        extra = {**item.extra_sampling,
-                 "talker_repetition_penalty": item.sampling.repetition_penalty}  # fmt: skip
-        return dataclasses.replace(item, extra_sampling=MappingProxyType(extra))
+        extra = {**item.stage_settings, **moved}
+        return dataclasses.replace(item, stage_settings=MappingProxyType(extra))
 
     def serve(
         self,

@@ -28,7 +28,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .families import STAGE_KEYS
+from .families import ALIASES, STAGE_KEYS, STAGE_PREFIXES, TEXT_FALLBACKS
+from .families import REQUEST_KEYS as FAMILY_KEYS
 from .sampling import DEFAULT_SAMPLING, SAMPLING_KEYS, SamplingParams, sampling_from_dict
 
 __all__ = [
@@ -51,8 +52,9 @@ __all__ = [
     "write_predictions",
 ]
 
-# Keys for later speech stages (talker, code predictor) ride along untouched.
-EXTRA_SAMPLING_PREFIXES: tuple[str, ...] = ("talker_", "cp_", "subtalker_")
+# the prefixes of the keys of later stages (a talker, a code predictor), as the families
+# declare them (runtime/family.py)
+EXTRA_SAMPLING_PREFIXES: tuple[str, ...] = STAGE_PREFIXES
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "audio", "image")
 # what a media part may carry besides its path (upstream's image preprocessing switch)
@@ -65,18 +67,12 @@ COMMENT_PREFIX = "_"
 # a lone UTF-16 surrogate: JSON may spell one ("\\udc80"), but no UTF-8 text holds it
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
-# Qwen3-TTS's request controls (qwen3_tts_inference), read by a stage whose graph input is
-# ``request:<key>``; a request that sets one on a graph without such a stage fails alone.
-SPEECH_KEYS: Mapping[str, str] = MappingProxyType({
-    "language": "the language the talker speaks (Qwen3-TTS)",
-    "instruct": "a spoken-style instruction (Qwen3-TTS VoiceDesign and 1.7B)",
-    "ref_audio": "reference audio to clone a voice from (Qwen3-TTS Base)",
-    "ref_text": "the transcript of ref_audio (Qwen3-TTS Base)",
-    "assistant_instruct": "an instruction in the assistant turn (Qwen3-TTS)",
-    "talker_language": "the talker's language id override (Qwen3-TTS)",
-    "system_instruct": "a system instruction for the talker (Qwen3-TTS)",
-    "prompt_speaker_codes": "per-frame speaker codes to prompt with (Qwen3-TTS)",
-})  # fmt: skip
+# the families' request controls (runtime/family.py's RequestKey), read by a stage whose graph
+# input is ``request:<key>``; a request that sets one on a graph without such a stage fails alone
+SPEECH_KEYS: Mapping[str, str] = MappingProxyType({k: v.meaning for k, v in FAMILY_KEYS.items()})
+# other names of stage keys, and what each is
+_ALIAS_KEYS = {key: meaning for key, (_, meaning) in ALIASES.items()}
+_PREFIXED = "/".join(f"{p}*" for p in STAGE_PREFIXES)
 
 # Top-level keys for features edgeomni does not have: the key changes nothing (the file would
 # run the same without it) and is reported once.
@@ -112,8 +108,10 @@ FILE_KEYS: Mapping[str, str] = MappingProxyType({
     "temperature": "the text model's sampling temperature (default 1.0; 0 is greedy)",
     "top_k": "the text model's top-k (default 50; 0 off, 1 greedy)",
     "top_p": "the text model's top-p (default 0.8)",
-    "repetition_penalty": "the text model's repetition penalty (default 1.0; upstream's "
-                          "llm_inference applies it to the talker: see talker_repetition_penalty)",
+    "repetition_penalty": "the text model's repetition penalty (default 1.0)"
+                          + "".join(f"; on a graph without a text model, {to} (as upstream's "
+                                    f"llm_inference reads it)" for k, to in TEXT_FALLBACKS.items()
+                                    if k == "repetition_penalty"),
     "seed": "the random seed of a request's draws (sampling_seed is the same key)",
     "sampling_seed": "the random seed of a request's draws",
     "voice": "the talker's speaker (speaker is the same key)",
@@ -121,7 +119,7 @@ FILE_KEYS: Mapping[str, str] = MappingProxyType({
     "stop": "stop strings, the default for every request",
     "logit_bias": "{token id: bias}: added to the text model's logits before sampling",
     "num_logprobs": "the top N log-probabilities of each generated token, 0..50 (default 0)",
-    "max_audio_length": "the talker's frame cap (the same as talker_max_new_tokens)",
+    **_ALIAS_KEYS,
     "guided_decoding": UNSUPPORTED_KEYS["guided_decoding"] + ": every request fails",
     **SPEECH_KEYS,
     **{k: f"ignored: {why}" for k, why in IGNORED_FILE_KEYS.items()},
@@ -132,15 +130,14 @@ REQUEST_KEYS: Mapping[str, str] = MappingProxyType({
     "prompt": "one user message as a string (instead of messages)",
     "max_generate_length": "overrides the top level's",
     "min_generate_length": "overrides the top level's",
-    "sampling": "per-request sampling: the top level's sampling keys and talker_*/cp_*/"
-                "subtalker_* keys",
+    "sampling": f"per-request sampling: the top level's sampling keys and {_PREFIXED} keys",
     "sampling_seed": "the request's seed (the same as sampling.seed)",
     "voice": "the talker's speaker (speaker is the same key)",
     "speaker": "the talker's speaker",
     "stop": "a string or strings that end generation; cut from the text",
     "logit_bias": "replaces the top level's logit_bias for this request",
     "num_logprobs": "replaces the top level's num_logprobs for this request",
-    "max_audio_length": "the talker's frame cap for this request",
+    **{key: f"{meaning}, for this request" for key, meaning in _ALIAS_KEYS.items()},
     "reference": "anything (upstream's tests hold the expected answer): copied to the entry",
     "disable_spec_decode": "accepted, no effect: there is no speculative decoding",
     "save_system_prompt_kv_cache": "accepted, no effect: there is no system-prompt KV cache",
@@ -164,7 +161,8 @@ class Request:
     messages: tuple[Mapping[str, Any], ...]
     max_generate_length: int
     sampling: SamplingParams
-    extra_sampling: Mapping[str, float | int]
+    # the later stages' keys given (the families' stage keys, each validated by its name)
+    stage_settings: Mapping[str, float | int]
     apply_chat_template: bool
     add_generation_prompt: bool
     enable_thinking: bool
@@ -176,7 +174,8 @@ class Request:
     # (token id, bias) pairs added to the text model's logits, sorted by id
     logit_bias: tuple[tuple[int, float], ...] = ()
     num_logprobs: int = 0  # the top N log-probabilities of each generated token; 0: none
-    # Qwen3-TTS controls given (SPEECH_KEYS): read by the stage whose input is request:<key>
+    # the families' request controls given (SPEECH_KEYS), each checked as its family declares:
+    # read by the stage whose input is request:<key>
     speech: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     # copied into the request's predictions entry as they are (``reference``)
     carry: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
@@ -189,7 +188,7 @@ class Request:
         """Hashable settings that must be equal across a cohort (part of its cohort key)."""
         return (
             self.sampling,
-            tuple(sorted(self.extra_sampling.items())),
+            tuple(sorted(self.stage_settings.items())),
             self.apply_chat_template,
             self.add_generation_prompt,
             self.enable_thinking,
@@ -207,13 +206,13 @@ class BadRequest:
     carry: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
 
-# the speech stages' own keys, as the families declare them (talker_<name> for the talker's
-# first code, cp_<name> or subtalker_<name> for the code predictor's residual codes)
+# the later stages' own keys, as the families declare them (<prefix><name>)
 EXTRA_KEYS: tuple[str, ...] = STAGE_KEYS
 
 
 def _is_extra_key(key: Any) -> bool:
-    """A speech stage's key (by its prefix; ``talker_language`` is a Qwen3-TTS control)."""
+    """A later stage's key (by its prefix; a family's request control is not, whatever its
+    name)."""
     return isinstance(key, str) and key.startswith(EXTRA_SAMPLING_PREFIXES) and (
         key not in SPEECH_KEYS
     )
@@ -245,7 +244,7 @@ def _check_extra(key: str, value: Any) -> float | int:
         return _check_positive_int(key, value)
     if name == "min_new_tokens":
         return _check_min_length(key, value)
-    if not isinstance(value, (int, float)):  # bool passes: e.g. subtalker_dosample
+    if not isinstance(value, (int, float)):  # bool passes: a do-sample switch
         raise ValueError(f"{key} must be a number, got {value!r}")
     return value
 
@@ -323,26 +322,12 @@ def _check_num_logprobs(value: Any) -> int:
     return value
 
 
-def _check_speech(key: str, value: Any) -> Any:
-    if key == "prompt_speaker_codes":
-        ok = isinstance(value, list) and all(
-            isinstance(f, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in f)
-            for f in value
-        )
-        if not ok:
-            raise ValueError(f"{key} must be a list of per-frame lists of integers")
-        return tuple(tuple(f) for f in value)
-    if not isinstance(value, str):
-        raise ValueError(f"{key} must be a string, got {value!r}")
-    return value
-
-
 def _speech(d: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
     """The speech keys given (an empty string or list is upstream's "not given")."""
     out = dict(base)
     for key in SPEECH_KEYS:
         if key in d:
-            value = _check_speech(key, d[key])
+            value = FAMILY_KEYS[key].check(key, d[key])
             if value in ("", ()):
                 out.pop(key, None)
             else:
@@ -351,14 +336,18 @@ def _speech(d: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _audio_cap(d: Mapping[str, Any], extra: dict[str, Any]) -> None:
-    """``max_audio_length`` is upstream's name of the talker's frame cap."""
-    if "max_audio_length" not in d:
-        return
-    frames = _check_positive_int("max_audio_length", d["max_audio_length"])
-    given = d.get("talker_max_new_tokens")
-    if given is not None and given != frames:
-        raise ValueError(f"max_audio_length {frames} and talker_max_new_tokens {given} disagree")
-    extra["talker_max_new_tokens"] = frames
+    """The families' other names of stage keys (upstream's ``max_audio_length``)."""
+    for key, (target, _) in ALIASES.items():
+        if key not in d:
+            continue
+        try:
+            value = _check_extra(target, d[key])
+        except ValueError as e:
+            raise ValueError(str(e).replace(target, key, 1)) from None
+        given = d.get(target)
+        if given is not None and given != value:
+            raise ValueError(f"{key} {value} and {target} {given} disagree")
+        extra[target] = value
 
 
 def _parse_part(part: Any, where: str) -> dict[str, Any]:
@@ -562,7 +551,7 @@ def _parse_request(
         max_generate_length=max_len,
         min_generate_length=min_len,
         sampling=params,
-        extra_sampling=MappingProxyType(extra),
+        stage_settings=MappingProxyType(extra),
         apply_chat_template=file["apply_chat_template"],
         add_generation_prompt=file["add_generation_prompt"],
         enable_thinking=file["enable_thinking"],
@@ -589,7 +578,7 @@ TEXT_MODEL_KEYS = ("temperature", "top_k", "top_p", "max_generate_length",
                    "min_generate_length", "stop", "logit_bias", "num_logprobs",
                    "apply_chat_template", "add_generation_prompt", "enable_thinking")  # fmt: skip
 # keys only the speech stages read
-SPEECH_STAGE_KEYS = ("voice", "speaker", "max_audio_length")
+SPEECH_STAGE_KEYS = ("voice", "speaker", *ALIASES)
 
 
 def inert_keys(
@@ -598,12 +587,12 @@ def inert_keys(
     """The keys of ``given`` that change nothing in a run whose stages read ``reads`` (the
     runners' ``reads``), with why: a text model's keys on a graph without one, the speech
     stages' keys in a run that does not speak, a key the graph's stages do not read (the
-    Qwen3-TTS talker's text mode on Qwen3-Omni's talker)."""
+    text mode of one family's talker on another's)."""
     known = {*TEXT_MODEL_KEYS, *SPEECH_STAGE_KEYS, *EXTRA_KEYS, "repetition_penalty"}
     out: dict[str, str] = {}
     for key in sorted(set(given) & known - set(reads)):
         if key in (*TEXT_MODEL_KEYS, "repetition_penalty") and not text_model:
-            out[key] = "this graph has no text model (the talker's keys are talker_*)"
+            out[key] = f"this graph has no text model (its stages' keys are {_PREFIXED})"
         elif (key in SPEECH_STAGE_KEYS or _is_extra_key(key)) and not speaks:
             out[key] = "this run does not speak"
         else:
@@ -681,10 +670,9 @@ def parse_request_file(
     settings.update({k: file[k] for k in kept if k in obj or (k == "voice" and voice)})
     settings.update({k: obj[k] for k in obj if k in SAMPLING_KEYS or _is_extra_key(k)})
     settings["ignored"] = {k: IGNORED_FILE_KEYS[k] for k in obj if k in IGNORED_FILE_KEYS}
-    # upstream's llm_inference gives the top-level repetition_penalty to the talker
-    settings["penalty_differs"] = (
-        "repetition_penalty" in obj and "talker_repetition_penalty" not in obj
-    )
+    # text-model keys upstream's llm_inference gives a later stage (the top-level
+    # repetition_penalty to the talker), given here without that stage's own: key -> stage key
+    settings["fallbacks"] = {k: v for k, v in TEXT_FALLBACKS.items() if k in obj and v not in obj}
 
     entries: list[Request | BadRequest] = []
     file_given = frozenset(given) | (_keys(obj) - {"requests"})

@@ -78,8 +78,8 @@ def test_good_file_precedence_cli_file_request() -> None:
     assert r1.sampling == SamplingParams(
         temperature=0.6, top_k=5, top_p=0.7, repetition_penalty=1.1, seed=3
     )
-    assert dict(r0.extra_sampling) == {"talker_temperature": 0.8, "talker_top_k": 4}
-    assert dict(r1.extra_sampling) == {
+    assert dict(r0.stage_settings) == {"talker_temperature": 0.8, "talker_top_k": 4}
+    assert dict(r1.stage_settings) == {
         "talker_temperature": 0.5,
         "talker_top_k": 4,
         "cp_top_k": 10,
@@ -109,7 +109,7 @@ def test_defaults_without_overrides() -> None:
         True,
         False,
     )
-    assert dict(r.extra_sampling) == {}
+    assert dict(r.stage_settings) == {}
 
 
 def test_parsed_messages_are_copies() -> None:
@@ -394,15 +394,15 @@ def test_upstream_keys_are_known_and_do_what_the_table_says() -> None:
     assert r0.stop == ("optional_stop_string",) and r2.stop == ("###",)
     assert dict(r0.carry) == {"reference": "the expected answer"} and not r2.carry
     # max_audio_length is the talker's frame cap
-    assert r0.extra_sampling["talker_max_new_tokens"] == 300
-    assert r2.extra_sampling["talker_max_new_tokens"] == 12
+    assert r0.stage_settings["talker_max_new_tokens"] == 300
+    assert r2.stage_settings["talker_max_new_tokens"] == 12
     assert r0.sampling.seed == 123456789 and r2.sampling.seed == 7
     # speech keys are request fields; an empty string is "not given"
     assert dict(r2.speech) == {"language": "English"}
     assert r2.fields == {"messages", "image", "audio", "voice", "language"}
     assert r2.messages[0]["content"][0] == {"type": "image", "image": "pre.png",
                                             "do_resize": False}  # fmt: skip
-    assert settings["penalty_differs"] is False
+    assert settings["fallbacks"] == {}
 
 
 def test_top_level_guided_decoding_fails_every_request() -> None:
@@ -414,11 +414,11 @@ def test_top_level_guided_decoding_fails_every_request() -> None:
 
 def test_repetition_penalty_meaning_is_flagged() -> None:
     _, settings = parse_request_file({"repetition_penalty": 1.1, "requests": []})
-    assert settings["penalty_differs"] is True
+    assert settings["fallbacks"] == {"repetition_penalty": "talker_repetition_penalty"}
     _, settings = parse_request_file(
         {"repetition_penalty": 1.1, "talker_repetition_penalty": 1.05, "requests": []}
     )
-    assert settings["penalty_differs"] is False
+    assert settings["fallbacks"] == {}
 
 
 def _readme_request_section() -> str:

@@ -1,1 +1,2 @@
-"""One folder per model family; export/registry.py is the table that finds them."""
+"""One folder per model family; each folder's __init__ declares and registers its family
+(export/registry.py finds them by walking this folder)."""

@@ -87,10 +87,11 @@ class RequestState:
 
 
 def _table() -> dict[str, RunnerDecl]:
+    from edgeomni.export.registry import LLM_RUNNER
     from edgeomni.runtime.families import FAMILIES
 
     decls = [
-        RunnerDecl("llm.backbone", "autoregressive", "edgeomni.runtime.runners.llm:LLMBackbone",
+        RunnerDecl(LLM_RUNNER, "autoregressive", "edgeomni.runtime.runners.llm:LLMBackbone",
                    {"text": "text", "accept_hidden": "hidden"})  # fmt: skip
     ]
     decls += [RunnerDecl(*decl) for runners in FAMILIES.values() for decl in runners]

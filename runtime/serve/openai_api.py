@@ -2,8 +2,9 @@
 
 A body is turned into one request of the request-file format (runtime/requests.py), so a served
 request is validated, sampled and stopped exactly as ``edge-infer`` does it. OpenAI's fields map
-to the file's; ``top_k``, ``repetition_penalty``, ``min_tokens`` (vLLM's) and the per-stage
-``talker_*`` / ``cp_*`` / ``subtalker_*`` keys are accepted as extra body fields.
+to the file's; ``top_k``, ``repetition_penalty``, ``min_tokens`` (vLLM's) and the later stages'
+keys the families declare (their prefixes: runtime/family.py) are accepted as extra body fields;
+the audio/speech route maps the fields the families declare to their request controls.
 """
 
 from __future__ import annotations
@@ -15,10 +16,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from edgeomni.runtime.requests import BadRequest, Request, lone_surrogate, parse_request_file
+from edgeomni.runtime.families import REQUEST_KEYS as FAMILY_KEYS
+from edgeomni.runtime.requests import (
+    EXTRA_SAMPLING_PREFIXES,
+    BadRequest,
+    Request,
+    lone_surrogate,
+    parse_request_file,
+)
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
-EXTRA_PREFIXES = ("talker_", "cp_", "subtalker_")
+EXTRA_PREFIXES = EXTRA_SAMPLING_PREFIXES
 # fields OpenAI's clients send that change nothing here, or only at their default
 IGNORED = ("model", "user", "stream_options", "store", "metadata", "service_tier")
 DEFAULT_ONLY = {"n": 1, "logprobs": False, "presence_penalty": 0, "frequency_penalty": 0,
@@ -294,8 +302,14 @@ def chunk(rid: str, model: str, delta: dict[str, Any], finish: str | None = None
 
 
 SPEECH_FORMATS = ("wav", "pcm", "flac")
-SPEECH_FIELDS = ("model", "input", "voice", "response_format", "speed", "instructions",
-                 "language", "stream", "stream_format")  # fmt: skip
+# the speech body's fields that set a request key: voice the speaker, and the fields the
+# families declare for their request controls
+SPEECH_KEYS = {
+    "voice": "speaker",
+    **{k.speech_field: key for key, k in FAMILY_KEYS.items() if k.speech_field},
+}
+SPEECH_FIELDS = ("model", "input", "voice", "response_format", "speed", "stream",
+                 "stream_format", *(f for f in SPEECH_KEYS if f != "voice"))  # fmt: skip
 
 
 def speech_request(body: Any, index: int) -> tuple[Request, str]:
@@ -320,8 +334,7 @@ def speech_request(body: Any, index: int) -> tuple[Request, str]:
         raise ApiError(400, "stream_format must be 'audio' (raw bytes as they are made)",
                        "stream_format")  # fmt: skip
     req: dict[str, Any] = {"prompt": text}
-    for ours, theirs in (("speaker", "voice"), ("instruct", "instructions"),
-                         ("language", "language")):  # fmt: skip
+    for theirs, ours in SPEECH_KEYS.items():
         if body.get(theirs) is not None:
             req[ours] = body[theirs]
     extras = {k: v for k, v in body.items() if k.startswith(EXTRA_PREFIXES)}
@@ -332,7 +345,7 @@ def speech_request(body: Any, index: int) -> tuple[Request, str]:
     except ValueError as e:
         raise ApiError(400, str(e)) from None
     if isinstance(parsed, BadRequest):
-        mapped = {"speaker": "voice", "instruct": "instructions", "prompt": "input"}
+        mapped = {**{ours: theirs for theirs, ours in SPEECH_KEYS.items()}, "prompt": "input"}
         word = _param(parsed.error, req)
         raise ApiError(400, parsed.error, mapped.get(word or "", word))
     return dataclasses.replace(parsed, index=index), fmt

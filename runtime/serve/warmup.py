@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edgeomni.runtime.families import LENGTH_KEYS
 from edgeomni.runtime.serve.openai_api import ApiError, Media, chat_request, speech_request
 from edgeomni.runtime.serve.server import DONE, Server, speakers, stage_configs
 
@@ -42,7 +43,7 @@ def bodies(server: Server, tokens: int, frames: int) -> tuple[str, dict[str, Any
     _, voice = speakers(server.pipe)
     # the graph's own sampling settings (as a client's default request takes them), so the
     # calls that run are those traffic runs; only the lengths are fixed
-    speech = {"talker_max_new_tokens": frames, "talker_min_new_tokens": frames}
+    speech = dict.fromkeys(LENGTH_KEYS, frames)  # as the families declare them
     if not server.texts:  # a graph that speaks a given text
         return "speech", {"input": TEXT, "voice": voice, **speech}
     body: dict[str, Any] = {"messages": [{"role": "user", "content": TEXT}],

@@ -1,21 +1,14 @@
-"""Qwen3 causal LMs (model_type "qwen3"): one component, the llm, as a one-stage graph."""
+"""Qwen3 causal LMs (model_type "qwen3"): one component, the llm, as a one-stage graph run by
+the generic text model's runner. Its build hooks are in .hooks."""
 
-from edgeomni.export.families.qwen3.build import (
-    components,
-    dim_ranges,
-    export_component,
-    position_limits,
-    preflight,
-    write_artifacts,
+from edgeomni.export.registry import Family, register_family
+
+FAMILY = register_family(
+    Family(
+        name="qwen3",
+        model_types=("qwen3",),
+        module="edgeomni.export.families.qwen3.hooks",
+        tiny="edgeomni.export.tiny:make_qwen3",
+        smoke=("--max-generate-length", "4", "--sampling", '{"top_k": 1}'),
+    )
 )
-from edgeomni.export.families.qwen3.topology import multistage_topology
-
-__all__ = [
-    "components",
-    "dim_ranges",
-    "export_component",
-    "position_limits",
-    "preflight",
-    "write_artifacts",
-    "multistage_topology",
-]

@@ -16,8 +16,9 @@ from edgeomni.export.common.shapes import DimRanges, decoder_ranges
 from edgeomni.export.families.qwen3.config import decoder_config
 from edgeomni.export.families.qwen3.weights import EMBEDDING, load_weights
 from edgeomni.export.family import BuildArgs, Component
+from edgeomni.export.registry import LLM_RUNNER
 
-LLM = Component(name="llm", subdir=".", engine="llm.onnx", runner="llm.backbone")
+LLM = Component(name="llm", subdir=".", engine="llm.onnx", runner=LLM_RUNNER)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from edgeomni.export.common.checkpoint import Checkpoint
 from edgeomni.export.family import BuildArgs
+from edgeomni.export.registry import LLM_RUNNER
 from edgeomni.graph_schema import SCHEMA_VERSION, Emit, Graph, Input, Stage
 
 
@@ -16,7 +17,7 @@ def multistage_topology(
         return None
     stage = Stage(
         id="llm",
-        runner="llm.backbone",
+        runner=LLM_RUNNER,
         artifact=components["llm"],
         kind="autoregressive",
         inputs=(Input(name="prompt", source="request:messages", on_missing="fail"),),

@@ -12,17 +12,26 @@ from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
 from edgeomni.export.common.checkpoint import position_limits as position_limits_of
 from edgeomni.export.common.onnx_export import export_causal_lm
-from edgeomni.export.families.qwen3_omni import audio, code2wav, talker, thinker, visual
+from edgeomni.export.families.qwen3_omni import (
+    CODE2WAV_RUNNER,
+    TALKER_RUNNER,
+    audio,
+    code2wav,
+    talker,
+    thinker,
+    visual,
+)
 from edgeomni.export.families.qwen3_omni.config import section
 from edgeomni.export.family import BuildArgs, Component
+from edgeomni.export.registry import LLM_RUNNER
 
-LLM = Component("llm", ".", "llm.onnx", "llm.backbone")
+LLM = Component("llm", ".", "llm.onnx", LLM_RUNNER)
 # the encoders are no stages of their own: the thinker's runner calls them
-AUDIO = Component("audio", "audio", audio.ENGINE, "llm.backbone")
-VISUAL = Component("visual", "visual", visual.ENGINE, "llm.backbone")
-TALKER = Component("talker", "talker", "llm.onnx", "qwen3_omni.talker")
-CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", "qwen3_omni.talker")
-CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, "qwen3_omni.code2wav")
+AUDIO = Component("audio", "audio", audio.ENGINE, LLM_RUNNER)
+VISUAL = Component("visual", "visual", visual.ENGINE, LLM_RUNNER)
+TALKER = Component("talker", "talker", "llm.onnx", TALKER_RUNNER)
+CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", TALKER_RUNNER)
+CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, CODE2WAV_RUNNER)
 SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV)
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 

@@ -6,7 +6,9 @@ import posixpath
 from collections.abc import Mapping
 
 from edgeomni.export.common.checkpoint import Checkpoint
+from edgeomni.export.families.qwen3_omni import CODE2WAV_RUNNER, TALKER_RUNNER
 from edgeomni.export.family import BuildArgs
+from edgeomni.export.registry import LLM_RUNNER
 from edgeomni.graph_schema import SCHEMA_VERSION, Emit, Graph, Input, Stage
 
 SPEECH = ("talker", "code_predictor", "code2wav")
@@ -28,7 +30,7 @@ def multistage_topology(
     }
     thinker = Stage(
         id="thinker",
-        runner="llm.backbone",
+        runner=LLM_RUNNER,
         artifact=components["llm"],
         kind="autoregressive",
         inputs=(
@@ -46,7 +48,7 @@ def multistage_topology(
         return Graph(SCHEMA_VERSION, ("thinker:text",), (thinker,))
     talker = Stage(
         id="talker",
-        runner="qwen3_omni.talker",
+        runner=TALKER_RUNNER,
         artifact=components["talker"],
         kind="autoregressive",
         inputs=(
@@ -58,7 +60,7 @@ def multistage_topology(
     )
     vocoder = Stage(
         id="code2wav",
-        runner="qwen3_omni.code2wav",
+        runner=CODE2WAV_RUNNER,
         artifact=components["code2wav"],
         kind="iterative",
         inputs=(Input("codes", "talker:codes", "fail"),),

@@ -1,23 +1,21 @@
 """Qwen3-TTS (model_type "qwen3_tts"): talker, code predictor and code2wav; Base checkpoints'
-clone encoders land here as they are built."""
+clone encoders too. Its build hooks are in .hooks; its runtime is runtime/families/qwen3_tts/,
+whose runners are declared there under the names below, the ones its graphs use."""
 
-from edgeomni.export.families.qwen3_tts.build import (
-    components,
-    export_component,
-    position_limits,
-    preflight,
-    write_artifacts,
-)
-from edgeomni.export.families.qwen3_tts.shapes import dim_ranges
-from edgeomni.export.families.qwen3_tts.topology import multistage_topology, no_graph_reason
+from edgeomni.export.registry import Family, register_family
 
-__all__ = [
-    "components",
-    "dim_ranges",
-    "export_component",
-    "multistage_topology",
-    "no_graph_reason",
-    "position_limits",
-    "preflight",
-    "write_artifacts",
-]
+TALKER_RUNNER = "qwen3_tts.talker"
+CODE2WAV_RUNNER = "qwen3_tts.code2wav"
+SPEAKER_ENCODER_RUNNER = "qwen3_tts.speaker_encoder"
+SPEECH_ENCODER_RUNNER = "qwen3_tts.speech_encoder"
+
+FAMILY = register_family(
+    Family(
+        name="qwen3_tts",
+        model_types=("qwen3_tts",),
+        module="edgeomni.export.families.qwen3_tts.hooks",
+        tiny="edgeomni.export.tiny_tts:make_checkpoint",
+        smoke=("--voice", "vivian", "--out-audio", "{tmp}/tts.wav", "--sampling",
+               '{"talker_max_new_tokens": 4}'),
+    )
+)  # fmt: skip

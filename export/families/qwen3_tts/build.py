@@ -19,7 +19,16 @@ from edgeomni.export.common import artifacts, text_files
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError, section
 from edgeomni.export.common.checkpoint import position_limits as position_limits_of
 from edgeomni.export.common.onnx_export import export_causal_lm
-from edgeomni.export.families.qwen3_tts import code2wav, speaker_encoder, speech_encoder, talker
+from edgeomni.export.families.qwen3_tts import (
+    CODE2WAV_RUNNER,
+    SPEAKER_ENCODER_RUNNER,
+    SPEECH_ENCODER_RUNNER,
+    TALKER_RUNNER,
+    code2wav,
+    speaker_encoder,
+    speech_encoder,
+    talker,
+)
 from edgeomni.export.families.qwen3_tts.config import (
     need,
     num_code_groups,
@@ -30,17 +39,17 @@ from edgeomni.export.families.qwen3_tts.config import (
 )
 from edgeomni.export.family import BuildArgs, Component
 
-TALKER = Component("talker", "talker", "llm.onnx", "qwen3_tts.talker")
-CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", "qwen3_tts.talker")
-CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, "qwen3_tts.code2wav")
+TALKER = Component("talker", "talker", "llm.onnx", TALKER_RUNNER)
+CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", TALKER_RUNNER)
+CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, CODE2WAV_RUNNER)
 SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV)
 # Base checkpoints' clone encoders: stages of their own, planned only for requests with ref_audio
 SPEAKER_ENCODER = Component(
-    "speaker_encoder", "speaker_encoder", speaker_encoder.ENGINE, "qwen3_tts.speaker_encoder"
+    "speaker_encoder", "speaker_encoder", speaker_encoder.ENGINE, SPEAKER_ENCODER_RUNNER
 )
 SPEECH_ENCODER = Component(
     "speech_tokenizer_encoder", "speech_tokenizer_encoder", speech_encoder.ENGINE,
-    "qwen3_tts.speech_encoder",
+    SPEECH_ENCODER_RUNNER,
 )  # fmt: skip
 CLONE = (SPEAKER_ENCODER, SPEECH_ENCODER)
 DTYPES = {"float32": torch.float32, "float16": torch.float16}

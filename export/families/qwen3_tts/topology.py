@@ -11,6 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from edgeomni.export.common.checkpoint import Checkpoint
+from edgeomni.export.families.qwen3_tts import (
+    CODE2WAV_RUNNER,
+    SPEAKER_ENCODER_RUNNER,
+    SPEECH_ENCODER_RUNNER,
+    TALKER_RUNNER,
+)
 from edgeomni.export.family import BuildArgs
 from edgeomni.graph_schema import SCHEMA_VERSION, Emit, Graph, Input, Stage
 
@@ -19,8 +25,8 @@ SPEECH = ("talker", "code_predictor", "code2wav")
 CONTROLS = ("voice", "language", "instruct")
 SPEAKER_ENCODER, SPEECH_ENCODER = "speaker_encoder", "speech_tokenizer_encoder"
 CLONE = (SPEAKER_ENCODER, SPEECH_ENCODER)
-CLONE_RUNNERS = {SPEAKER_ENCODER: "qwen3_tts.speaker_encoder",
-                 SPEECH_ENCODER: "qwen3_tts.speech_encoder"}  # fmt: skip
+CLONE_RUNNERS = {SPEAKER_ENCODER: SPEAKER_ENCODER_RUNNER,
+                 SPEECH_ENCODER: SPEECH_ENCODER_RUNNER}  # fmt: skip
 CLONE_PORTS = {SPEAKER_ENCODER: "xvector", SPEECH_ENCODER: "codes"}
 CLONE_INPUTS = {SPEAKER_ENCODER: "xvector", SPEECH_ENCODER: "ref_codes"}  # the talker's names
 
@@ -35,7 +41,7 @@ def multistage_topology(
     encoders = tuple(_encoder(name, components[name]) for name in clone)
     talker = Stage(
         id="talker",
-        runner="qwen3_tts.talker",
+        runner=TALKER_RUNNER,
         artifact=components["talker"],
         kind="autoregressive",
         inputs=(
@@ -50,7 +56,7 @@ def multistage_topology(
     )
     vocoder = Stage(
         id="code2wav",
-        runner="qwen3_tts.code2wav",
+        runner=CODE2WAV_RUNNER,
         artifact=components["code2wav"],
         kind="iterative",
         inputs=(

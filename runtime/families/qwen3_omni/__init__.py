@@ -5,12 +5,15 @@ vocoder), each with its cohort path and its slot stage for the in-flight schedul
 
 from __future__ import annotations
 
+from edgeomni.export.families.qwen3_omni import CODE2WAV_RUNNER, TALKER_RUNNER
+from edgeomni.runtime.family import RuntimeFamily, register_family
+
 # (runner name in the graph, kind, "module:attribute" of its factory, emit id -> kind)
 RUNNERS = (
-    ("qwen3_omni.talker", "autoregressive", "edgeomni.runtime.families.qwen3_omni.talker:Talker",
+    (TALKER_RUNNER, "autoregressive", "edgeomni.runtime.families.qwen3_omni.talker:Talker",
      {"codes": "codec"}),
-    ("qwen3_omni.code2wav", "iterative",
-     "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav", {"audio": "audio"}),
+    (CODE2WAV_RUNNER, "iterative", "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav",
+     {"audio": "audio"}),
 )  # fmt: skip
 
 # the thinker's media hook, by its engine config's model_type ("module:attribute")
@@ -18,10 +21,29 @@ MEDIA = {"qwen3_omni_moe": "edgeomni.runtime.families.qwen3_omni.media:MediaEnco
 
 # the keys its talker reads besides its graph inputs: talker_* for the first code, cp_* (or
 # qwen3_tts_inference's subtalker_*) for the code predictor's residual codes
+PREFIXES = ("talker_", "cp_", "subtalker_")
 _TALKER = ("temperature", "top_k", "top_p", "repetition_penalty", "seed", "sampling_seed",
            "max_new_tokens", "min_new_tokens", "do_sample")  # fmt: skip
 _CODE_PREDICTOR = ("temperature", "top_k", "top_p", "dosample")
 STAGE_KEYS = (
     *(f"talker_{name}" for name in _TALKER),
-    *(f"{prefix}{name}" for prefix in ("cp_", "subtalker_") for name in _CODE_PREDICTOR),
+    *(f"{prefix}{name}" for prefix in PREFIXES[1:] for name in _CODE_PREDICTOR),
+)
+# set to n, these make the talker speak n frames
+LENGTH_KEYS = ("talker_max_new_tokens", "talker_min_new_tokens")
+# upstream's name of the talker's frame cap
+ALIASES = {"max_audio_length": ("talker_max_new_tokens", "the talker's frame cap (the same as "
+                                "talker_max_new_tokens)")}  # fmt: skip
+
+FAMILY = register_family(
+    RuntimeFamily(
+        name="qwen3_omni",
+        label="Qwen3-Omni",
+        runners=RUNNERS,
+        media=MEDIA,
+        stage_prefixes=PREFIXES,
+        stage_keys=STAGE_KEYS,
+        aliases=ALIASES,
+        length_keys=LENGTH_KEYS,
+    )
 )

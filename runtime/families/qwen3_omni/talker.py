@@ -635,7 +635,7 @@ class Talker(SpeechTalker):
 
         The residual codes follow the talker: greedy when it is greedy, otherwise transformers'
         top_k 50 / top_p 0.8 unless cp_* keys say otherwise."""
-        extra = dict(request.extra_sampling)
+        extra = dict(request.stage_settings)
         sample = bool(extra.get("talker_do_sample", True))  # false: greedy, as upstream's
         talker = SamplingParams(
             temperature=float(extra.get("talker_temperature", 0.9)) if sample else 0.0,

@@ -5,20 +5,82 @@ codes) for requests that bring reference audio."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from edgeomni.export.families.qwen3_tts import (
+    CODE2WAV_RUNNER,
+    SPEAKER_ENCODER_RUNNER,
+    SPEECH_ENCODER_RUNNER,
+    TALKER_RUNNER,
+)
 from edgeomni.runtime.families import qwen3_omni
+from edgeomni.runtime.family import RequestKey, RuntimeFamily, register_family
 
 # (runner name in the graph, kind, "module:attribute" of its factory, emit id -> kind)
 RUNNERS = (
-    ("qwen3_tts.talker", "autoregressive", "edgeomni.runtime.families.qwen3_tts.talker:TtsTalker",
+    (TALKER_RUNNER, "autoregressive", "edgeomni.runtime.families.qwen3_tts.talker:TtsTalker",
      {"codes": "codec"}),
     # the same vocoder runner as Qwen3-Omni's: the engine config says how it windows
-    ("qwen3_tts.code2wav", "iterative", "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav",
+    (CODE2WAV_RUNNER, "iterative", "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav",
      {"audio": "audio"}),
-    ("qwen3_tts.speaker_encoder", "iterative",
+    (SPEAKER_ENCODER_RUNNER, "iterative",
      "edgeomni.runtime.families.qwen3_tts.clone:SpeakerEncoder", {"xvector": "hidden"}),
-    ("qwen3_tts.speech_encoder", "iterative",
+    (SPEECH_ENCODER_RUNNER, "iterative",
      "edgeomni.runtime.families.qwen3_tts.clone:SpeechEncoder", {"codes": "hidden"}),
 )  # fmt: skip
 
 # its talker reads Qwen3-Omni's talker keys (it reuses that loop) and picks its text mode
 STAGE_KEYS = (*qwen3_omni.STAGE_KEYS, "talker_non_streaming_mode")
+
+
+def speaker_codes(key: str, value: Any) -> tuple[tuple[int, ...], ...]:
+    ok = isinstance(value, list) and all(
+        isinstance(f, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in f)
+        for f in value
+    )
+    if not ok:
+        raise ValueError(f"{key} must be a list of per-frame lists of integers")
+    return tuple(tuple(f) for f in value)
+
+
+# its request controls (qwen3_tts_inference's keys), read by a stage whose graph input is
+# request:<key>; a request that sets one on a graph without such a stage fails alone
+REQUEST_KEYS = {
+    "language": RequestKey(
+        "the language the talker speaks (Qwen3-TTS)", flag="--language", speech_field="language",
+        flag_help="on a Qwen3-TTS graph: the language spoken (default auto; an unknown one "
+        "fails with the known ones); a request file's default, as --voice"),
+    "instruct": RequestKey(
+        "a spoken-style instruction (Qwen3-TTS VoiceDesign and 1.7B)", flag="--instruct",
+        speech_field="instructions",
+        flag_help="on a Qwen3-TTS graph: the voice instruction (VoiceDesign, and CustomVoice "
+        "at 1.7B); a request file's default, as --voice"),
+    "ref_audio": RequestKey(
+        "reference audio to clone a voice from (Qwen3-TTS Base)", flag="--ref-audio", path=True,
+        flag_help="on a Qwen3-TTS Base graph: a clip whose voice is cloned (any rate; "
+        "resampled to 24 kHz); a request file's default, as --voice"),
+    "ref_text": RequestKey(
+        "the transcript of ref_audio (Qwen3-TTS Base)", flag="--ref-text",
+        flag_help="with --ref-audio: its transcript, for an in-context clone (without it the "
+        "clone takes the clip's speaker embedding only)"),
+    "assistant_instruct": RequestKey("an instruction in the assistant turn (Qwen3-TTS)"),
+    "talker_language": RequestKey("the talker's language id override (Qwen3-TTS)"),
+    "system_instruct": RequestKey("a system instruction for the talker (Qwen3-TTS)"),
+    "prompt_speaker_codes": RequestKey(
+        "per-frame speaker codes to prompt with (Qwen3-TTS)", check=speaker_codes),
+}  # fmt: skip
+
+FAMILY = register_family(
+    RuntimeFamily(
+        name="qwen3_tts",
+        label="Qwen3-TTS",
+        runners=RUNNERS,
+        request_keys=REQUEST_KEYS,
+        stage_prefixes=qwen3_omni.PREFIXES,
+        stage_keys=STAGE_KEYS,
+        aliases=qwen3_omni.ALIASES,
+        length_keys=qwen3_omni.LENGTH_KEYS,
+        # qwen3_tts_inference gives a request's repetition_penalty to the talker
+        text_fallbacks={"repetition_penalty": "talker_repetition_penalty"},
+    )
+)

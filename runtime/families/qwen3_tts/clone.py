@@ -13,8 +13,6 @@ a time too, or a zero-padded row changes its last frame's codes).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import numpy as np
 
 from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.audio import read_wav, resample
+from edgeomni.runtime.call_stage import CallStage
 from edgeomni.runtime.engine import open_engine
 from edgeomni.runtime.families.qwen3_tts.speaker_mel import speaker_mel
 from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
@@ -71,8 +70,9 @@ class _Encoder(StageRunner):
     def encode(self, wav: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def encode_request(self, state: RequestState) -> None:
-        """Writes the request's output and report; a RequestError fails it alone."""
+    def encode_request(self, state: RequestState) -> list[Any]:
+        """Writes the request's output and report (it makes no events: its output is the
+        talker's input); a RequestError fails it alone."""
         wav = state.prepared[self.stage.id]
         start = time.perf_counter()
         state.outputs[f"{self.stage.id}:{self.port}"] = self.encode(wav)
@@ -81,9 +81,10 @@ class _Encoder(StageRunner):
             "encode_ms": round((time.perf_counter() - start) * 1e3, 3),
             "finish_reason": "complete",
         }
+        return []
 
-    def slot_stage(self, *, stream_upstream: bool = False) -> EncoderSlots:
-        return EncoderSlots(self)
+    def slot_stage(self, *, stream_upstream: bool = False) -> CallStage:
+        return CallStage(self.stage.id, self.encode_request)
 
 
 class SpeakerEncoder(_Encoder):
@@ -133,55 +134,3 @@ class SpeechEncoder(_Encoder):
         binding.bind_output("codes", out)
         binding.run({"wav": np.ascontiguousarray(wav[None], np.float32)})
         return out[0]
-
-
-@dataclass
-class EncoderSlot:
-    state: RequestState
-    row: int
-    finish: str | None = None
-
-
-class EncoderSlots:
-    """An encoder under the in-flight scheduler: each admitted request is encoded at once and
-    leaves the same turn (it holds no cache row between steps)."""
-
-    consumes = False
-
-    def __init__(self, runner: _Encoder) -> None:
-        self.r = runner
-        self.stage_id: str = runner.stage.id
-
-    def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Any]) -> bool:
-        return upstream_done
-
-    def admit(
-        self, entries: Sequence[tuple[RequestState, int, Sequence[Any]]]
-    ) -> list[EncoderSlot]:
-        slots = []
-        for state, row, _ in entries:
-            try:
-                self.r.encode_request(state)
-            except RequestError as e:
-                state.error = f"{self.stage_id}: {e}"
-                continue
-            slots.append(EncoderSlot(state, row, "complete"))
-        return slots
-
-    def step(self, slots: Mapping[int, EncoderSlot]) -> None:
-        """Nothing: a request is encoded when it is admitted."""
-
-    def update(self, slot: EncoderSlot, events: bool) -> list[Any]:
-        return []  # its output is the talker's input, not an event
-
-    def consume(self, slot: EncoderSlot, event: Any) -> None:
-        raise TypeError(f"{self.stage_id} takes no events")
-
-    def move(self, slot: EncoderSlot, row: int) -> None:
-        slot.row = row
-
-    def retire(self, slot: EncoderSlot) -> None:
-        """Its output was written when it was admitted."""
-
-    def discard(self, slot: EncoderSlot) -> None:
-        """It holds nothing."""

@@ -186,7 +186,7 @@ class TtsTalker(SpeechTalker):
             voice, language, ids,
             tuple(encode(f"<|im_start|>user\n{instruct}<|im_end|>\n")) if instruct else None,
             ref, clone,
-            bool(request.extra_sampling.get("talker_non_streaming_mode",
+            bool(request.stage_settings.get("talker_non_streaming_mode",
                                             NON_STREAMING_DEFAULT[self.model_type])),
         )  # fmt: skip
         if not clone:  # its whole prompt is known now: too long is the request's own fault
@@ -343,7 +343,7 @@ class TtsTalker(SpeechTalker):
         over the checkpoint's generation_config.json (upstream's: the talker and the code
         predictor do not share settings). ``talker_do_sample`` / ``subtalker_dosample`` false,
         a temperature 0 or a top-k 1 is greedy."""
-        extra, gen = dict(request.extra_sampling), self.generation
+        extra, gen = dict(request.stage_settings), self.generation
 
         def talker(key: str) -> Any:
             return extra.get(f"talker_{key}", gen[key])

@@ -1,0 +1,21 @@
+"""Qwen3-Omni (model_type "qwen3_omni_moe"): thinker, talker, code predictor and code2wav."""
+
+from edgeomni.export.families.qwen3_omni.build import (
+    components,
+    export_component,
+    position_limits,
+    preflight,
+    write_artifacts,
+)
+from edgeomni.export.families.qwen3_omni.shapes import dim_ranges
+from edgeomni.export.families.qwen3_omni.topology import multistage_topology
+
+__all__ = [
+    "components",
+    "dim_ranges",
+    "export_component",
+    "position_limits",
+    "preflight",
+    "write_artifacts",
+    "multistage_topology",
+]
