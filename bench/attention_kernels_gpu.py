@@ -226,9 +226,8 @@ def run_shape(gpu: Gpu, model: str, hq: int, hkv: int, batch: int, seq: int, cap
     binding.bind_in_place("past_key", "present_key", ort["key"])
     binding.bind_in_place("past_value", "present_value", ort["value"])
     binding.bind_output("out", ort["out"])
-    lengths, scalars = engine.length_feeds(past, fresh)
-    feeds = {"past_lens": past, "query_lens": fresh, **lengths, **scalars}
-    feeds = {n: a for n, a in feeds.items() if n in engine.input_names}
+    # the binding derives GroupQueryAttention's own length inputs from these
+    feeds = {"past_lens": past, "query_lens": fresh}
 
     def call_ort() -> None:
         binding.run(feeds, wait=False)

@@ -372,13 +372,15 @@ def run_batch(pipe: Any, requests: list[Any], c: int) -> dict[str, Any]:
 
 def run_edgeomni(engine: Path, prompts: list[tuple[list[dict], list[int]]],
                  args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    from edgeomni.runtime.engine import Engines
     from edgeomni.runtime.pipeline import Pipeline, Profile
     from edgeomni.runtime.requests import BadRequest, parse_request_file
 
     options = {"cuda_graphs": not args.no_cuda_graphs, "stream_stages": args.stage_streaming,
                "batching": args.batching}  # fmt: skip
     with phase("edgeomni: open pipeline"):
-        pipe = Pipeline(engine, **options)
+        pipe = Pipeline(engine, engines=Engines(cuda_graphs=options["cuda_graphs"]),
+                        stream_stages=args.stage_streaming, batching=args.batching)  # fmt: skip
     out: dict[str, Any] = {"pipeline_options": options, "runs": {}}
     for c in args.concurrency:
         body = request_body(prompts[:c], args)

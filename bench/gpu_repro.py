@@ -40,6 +40,7 @@ def main() -> None:
     from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
     from edgeomni.export.tiny_omni import make_qwen3_omni
+    from edgeomni.runtime.engine import Engines
     from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
@@ -64,7 +65,7 @@ def main() -> None:
         CodePredictor.engine_frame = engine_frame if way == "engine" else (lambda *a, **k: None)
         runs = []
         for _ in range(args.runs):
-            pipe = Pipeline(engine, cuda_graphs=not args.no_cuda_graphs)
+            pipe = Pipeline(engine, engines=Engines(cuda_graphs=not args.no_cuda_graphs))
             runs.append([np.asarray(o.codes) for o in pipe.run(requests, batch_size=3)])
         first[way] = runs[0]
         for i, codes in enumerate(runs):

@@ -292,13 +292,17 @@ def work_edgeomni(spec: dict) -> dict:
             f"({providers}): stage onnxruntime-gpu (../shared/gpu/stage-ort-gpu.sh) and put "
             "/tmp/site first on PYTHONPATH"
         )
+    from edgeomni.runtime.engine import Engines
+
     options = {"cuda_graphs": spec["cuda_graphs"], "batching": spec["batching"]}
     if spec.get("whole_utterance"):
         options["whole_utterance"] = True
     if spec.get("threads"):
         options["threads"] = spec["threads"]
     start = time.perf_counter()
-    pipe = Pipeline(spec["engine"], **options)
+    engines = Engines(threads=spec.get("threads") or None, cuda_graphs=spec["cuda_graphs"])
+    pipe = Pipeline(spec["engine"], engines=engines, batching=spec["batching"],
+                    whole_utterance=bool(spec.get("whole_utterance")))  # fmt: skip
     meta: dict[str, Any] = {
         "pipeline_options": options,
         "versions": {

@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=25, help="rows per table")
     args = p.parse_args(argv)
 
+    from edgeomni.runtime.engine import Engines
     from edgeomni.runtime.pipeline import Pipeline
 
     if args.kernels:
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             print("profile_run: --kernels needs a CUDA GPU (and torch built with CUDA)")
             return 2
     requests = requests_from(args)
-    pipe = Pipeline(args.engine, cuda_graphs=not args.kernels)
+    pipe = Pipeline(args.engine, engines=Engines(cuda_graphs=not args.kernels))
     wanted = None if args.speech else (pipe.text_terminals() or None)
     pipe.run(requests, batch_size=args.batch_size, requested=wanted)  # warm-up, loads engines
     host = cProfile.Profile()

@@ -316,11 +316,13 @@ def run_edgeomni(spec: dict) -> dict:
     import numpy as np
     import onnxruntime
 
+    from edgeomni.runtime.engine import Engines
     from edgeomni.runtime.events import AudioChunk
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
 
-    pipe = Pipeline(spec["engine"], threads=spec["threads"], whole_utterance=spec["whole"])
+    engines = Engines(threads=spec["threads"])
+    pipe = Pipeline(spec["engine"], engines=engines, whole_utterance=spec["whole"])
     requests, _ = parse_request_file(spec["body"])
     runs = []
     for i in range(spec["warmup"] + spec["repeats"]):
@@ -604,7 +606,7 @@ def what_each_side_does(args: argparse.Namespace, windows: dict) -> list[str]:
     win = (f"windows of {windows.get('window_frames', 'the build default')} frames (first "
            f"{windows.get('first_window_frames', windows.get('window_frames', 'the same'))})")  # fmt: skip
     return [
-        f"- edgeomni: edge-build's ONNX Runtime engines (float32, CPU provider, Pipeline(threads="
+        f"- edgeomni: edge-build's ONNX Runtime engines (float32, CPU provider, Engines(threads="
         f"{args.threads})): talker and code predictor per frame, code2wav in {win} while the "
         'talker runs; "whole utterance" vocodes after the talker. Wall: the Pipeline.run call; '
         "first audio: its first AudioChunk with samples.",

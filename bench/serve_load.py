@@ -149,12 +149,13 @@ def offline(
 ) -> dict[str, Any]:
     """The same requests through Pipeline.run (edge-infer's path, in-flight batching) in this
     process, after the engines are loaded and warm: the offline bound."""
+    from edgeomni.runtime.engine import Engines
     from edgeomni.runtime.pipeline import Pipeline
 
     def requests(count: int) -> list[Any]:
         return request_file(count, tokens, voice, frames)
 
-    pipe = Pipeline(engine, threads=threads, patience=patience)
+    pipe = Pipeline(engine, engines=Engines(threads=threads), patience=patience)
     text = None if voice is not None else pipe.text_terminals()
     pipe.run(requests(batch), batch_size=batch, requested=text)  # loads and warms the engines
     start = time.perf_counter()

@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     from edgeomni.builder.interrupts import deferred, exit_status, held
     from edgeomni.graph_schema import GraphError
+    from edgeomni.runtime.engine import Engines
     from edgeomni.runtime.outputs import AudioWriter
     from edgeomni.runtime.pipeline import INTERRUPTED, Interrupted, Pipeline, StageError
     from edgeomni.runtime.requests import (
@@ -258,9 +259,8 @@ def _main(args: argparse.Namespace) -> int:
     try:  # the graph (no engine is loaded): outputs may not be any file its stages read
         pipeline = Pipeline(
             args.config,
-            threads=args.threads,
+            engines=Engines(threads=args.threads, cuda_graphs=not args.no_cuda_graphs),
             whole_utterance=args.whole_utterance,
-            cuda_graphs=not args.no_cuda_graphs,
             stream_stages=args.stage_streaming,
             batching=args.batching,
             patience=PATIENCE if args.stage_patience is None else args.stage_patience,

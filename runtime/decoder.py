@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeomni.runtime.buffers import Buffers
 from edgeomni.runtime.engine import Binding, Engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.sampling import StepLogits
@@ -30,9 +31,11 @@ class StepOutputs(Mapping[str, np.ndarray]):
     overwrites them); device buffers are copied to the host on first access, so what the host
     never reads (full logits, mostly) never leaves the GPU."""
 
-    def __init__(self, rows: int, buffers: Mapping[str, Any]) -> None:
+    def __init__(self, rows: int, buffers: Mapping[str, Any], memory: Buffers) -> None:
+        """``memory``: the engine's ``buffers``, where these outputs live."""
         self.rows = rows
         self._buffers = dict(buffers)
+        self._memory = memory
         self._host: dict[str, np.ndarray] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -43,8 +46,8 @@ class StepOutputs(Mapping[str, np.ndarray]):
         return got
 
     def buffer(self, name: str) -> Any:
-        """The output where the engine left it (a DeviceArray on a GPU), for another engine to
-        read without a copy to the host; the next call of this session overwrites it."""
+        """The output where the engine left it (on a GPU, in device memory), for another engine
+        to read without a copy to the host; the next call of this session overwrites it."""
         return self._buffers[name]
 
     def fetch(self, *names: str) -> None:
@@ -55,15 +58,10 @@ class StepOutputs(Mapping[str, np.ndarray]):
             buf = self._buffers.get(name)
             if buf is None or name in self._host:
                 continue
-            if isinstance(buf, np.ndarray):
-                self._host[name] = buf
-            else:
-                self._host[name] = buf.download(sync=False)
-                queued = True
+            self._host[name] = self._memory.to_host(buf, wait=False)
+            queued = queued or self._memory.resident(buf)  # a device buffer: a copy queued
         if queued:
-            from edgeomni.runtime.memory import synchronize
-
-            synchronize()
+            self._memory.synchronize()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._buffers)
@@ -85,16 +83,12 @@ class StepOutputs(Mapping[str, np.ndarray]):
 
 @dataclass
 class _Slot:
-    """The engine bound at one call shape: cache rows and output buffers, and for a graphed call
-    its inputs too, all at fixed addresses (what a captured CUDA graph replays against)."""
+    """The engine bound at one call shape: cache rows and output buffers at fixed addresses
+    (what a captured CUDA graph replays against; its inputs are the binding's)."""
 
     binding: Binding
     outputs: dict[str, Any]
-    inputs: dict[str, Any] | None = None  # device input buffers of a graphed call
     graph: int | None = None
-    # what each input buffer holds, as last uploaded (dtype and bytes: comparing those costs a
-    # fraction of np.array_equal's ~3.5 us on the small feeds): an unchanged feed is not sent again
-    sent: dict[str, tuple[np.dtype, bytes]] = field(default_factory=dict)
     # copies made for the last call, kept until the next one (a queued call may still read them)
     held: list[Any] = field(default_factory=list)
 
@@ -124,7 +118,7 @@ class DecoderSession:
                 self._shapes[name] = (int(engine.output_shapes[name][-1]),)
         self._per_position = per_position
         self._slots: dict[int, _Slot] = {}  # by width, calls not graphed
-        self._graphs = engine.graphs_decode
+        self._graphs = engine.replays_steps
         # time inside the engine's run calls (on a GPU up to the end of its kernels, since ONNX
         # Runtime synchronises its providers at the end of a run); the rest is the host's work
         self.engine_seconds = 0.0
@@ -136,10 +130,9 @@ class DecoderSession:
         for name, shape in self._shapes.items():
             full = (self.rows, width, *shape) if name in self._per_position else (self.rows, *shape)
             dtype = self.engine.output_types.get(name, np.dtype(np.float32))
-            out[name] = self.engine.zeros(full, dtype)  # a GPU's stay there until read
+            out[name] = self.engine.buffers.zeros(full, dtype)  # a GPU's stay there until read
             binding.bind_output(name, out[name])
-        return _Slot(binding, out, {} if graphed else None,
-                     self.engine.new_graph_id() if graphed else None)  # fmt: skip
+        return _Slot(binding, out, self.engine.new_graph_id() if graphed else None)
 
     def _slot(self, width: int, feeds: Mapping[str, np.ndarray], tag: int | None) -> _Slot:
         if not (self._graphs and width in GRAPH_WIDTHS):
@@ -167,8 +160,8 @@ class DecoderSession:
         wait: bool = True,
         **extra: np.ndarray,
     ) -> StepOutputs:
-        """One call. ``embeds`` [rows, S, H]: a host array, or on a GPU a DeviceArray another
-        engine (or an earlier call) wrote, read where it is. ``tag``: graphed calls with
+        """One call. ``embeds`` [rows, S, H]: a host array, or on a GPU a buffer another engine
+        (or an earlier call) wrote, read where it is. ``tag``: graphed calls with
         different tags get their own graph and input buffers, so a call that repeats each frame
         with the same lengths and positions (a code predictor step) sends only what changed.
         ``wait=False``: on a GPU, return once the call is queued (calls that feed each other
@@ -182,79 +175,29 @@ class DecoderSession:
             "last_indices": last_indices.astype(np.int64),
             **extra,
         }
-        lengths, host = self.engine.length_feeds(feeds["past_lens"], feeds["query_lens"])
-        feeds.update(lengths)  # what the backend's attention lowering takes besides
+        memory = self.engine.buffers
         types = self.engine.input_types
         for name, value in feeds.items():  # float feeds in the engine's dtype (fp16 on a GPU)
             if value.dtype.kind != "f" or name not in types:
                 continue
-            if isinstance(value, np.ndarray):
+            if not memory.resident(value):
                 feeds[name] = np.ascontiguousarray(value, types[name])
             elif value.dtype != types[name]:  # a device buffer is read as it is
                 raise ValueError(f"{name}: a {value.dtype} device buffer for a {types[name]} input")
         slot = self._slot(width, feeds, tag)
-        if slot.inputs is None:
+        if slot.graph is None:
             slot.held = []
+            outputs = slot.outputs.values()
             for name, value in feeds.items():  # an earlier call's output, bound as an output
-                if _aliases(value, slot.outputs):  # again
-                    feeds[name] = _copy(value)
+                if memory.overlaps(value, outputs):  # again
+                    feeds[name] = memory.copy(value)
                     slot.held.append(feeds[name])
-            start = time.perf_counter()
-            slot.binding.run({**feeds, **host}, wait=wait)
-            self.engine_seconds += time.perf_counter() - start
-            return StepOutputs(self.rows, slot.outputs)
-        # graphed: inputs copied into the slot's fixed buffers; attention reads its lengths from
-        # them, and what the graph freezes (the lowering's host scalars) is set for the capacity
-        for name, value in feeds.items():
-            buf = slot.inputs.get(name)
-            if buf is None:
-                buf = slot.inputs[name] = self.engine.zeros(value.shape, value.dtype)
-                slot.binding.bind_input(name, buf)
-            if not isinstance(value, np.ndarray):  # another engine's output, on the device
-                buf.copy_from(value)
-                slot.sent.pop(name, None)
-                continue
-            held = (value.dtype, value.tobytes())  # the slot's key fixed the shape
-            if slot.sent.get(name) == held:
-                continue  # the buffer still holds it: only this slot's calls write it
-            buf.upload(value)
-            slot.sent[name] = held
+        # graphed: the binding copies the inputs into buffers of its own (what the lowering's
+        # lengths are and what a captured graph freezes is the engine's)
         start = time.perf_counter()
-        slot.binding.run(self.engine.graph_feeds(self.kv.capacity), graph=slot.graph, wait=wait)
+        slot.binding.run(feeds, graph=slot.graph, wait=wait)
         self.engine_seconds += time.perf_counter() - start
-        return StepOutputs(self.rows, slot.outputs)
-
-
-def _aliases(value: Any, outputs: Mapping[str, Any]) -> bool:
-    """Whether a feed may share memory with one of a slot's output buffers (so it must be copied
-    before the call writes them). A host array that owns its memory, the common feed, is
-    checked by identity: the slot allocated its outputs, so only an output or a view of one can
-    overlap them; anything else by its memory (on every call of an ungraphed slot, so cheap)."""
-    if isinstance(value, np.ndarray):
-        root = value
-        while isinstance(root.base, np.ndarray):
-            root = root.base
-        if root.base is None:
-            return any(out is root for out in outputs.values())
-        return any(isinstance(out, np.ndarray) and np.shares_memory(value, out)
-                   for out in outputs.values())  # fmt: skip
-    return any(
-        not isinstance(out, np.ndarray)
-        and value.ptr < out.ptr + out.nbytes
-        and out.ptr < value.ptr + value.nbytes
-        for out in outputs.values()
-    )
-
-
-def _copy(value: Any) -> Any:
-    """A copy of a host array or device buffer (a device copy is queued on the stream)."""
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    from edgeomni.runtime.memory import DeviceArray
-
-    out = DeviceArray.zeros(value.shape, value.dtype)
-    out.copy_from(value)
-    return out
+        return StepOutputs(self.rows, slot.outputs, memory)
 
 
 def right_pad(rows: list[np.ndarray], width: int | None = None) -> np.ndarray:

@@ -7,12 +7,16 @@ caller-owned buffers bound by name (the KV cache bound as both input and output)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+from edgeomni.runtime.buffers import Buffers, DeviceBuffers, FixedInputs, HostBuffers
 
 log = logging.getLogger(__name__)
 
@@ -26,44 +30,104 @@ class Binding(Protocol):
     def bind_input(self, name: str, array: Any) -> None: ...
     def bind_output(self, name: str, array: Any) -> None: ...
     def run(
-        self, feeds: Mapping[str, np.ndarray], *, graph: int | None = None, wait: bool = True
+        self, feeds: Mapping[str, Any], *, graph: int | None = None, wait: bool = True
     ) -> None: ...
+
+
+# the attention op's per-row lengths (cache length before the call, the call's new tokens): a
+# call feeds them by these names; an engine takes them as inputs, derives its lowering's own
+# inputs from them, or both, and drops them where its graph has no such input
+LENGTHS = ("past_lens", "query_lens")
 
 
 class Engine(Protocol):
     """What stages see of an engine. What a backend's lowering needs at run time (extra length
-    inputs, where bound buffers live, which calls can be captured) stays behind it: stages ask
-    for buffers (``zeros``), the lowering's own inputs (``length_feeds``, ``graph_feeds``) and
-    the engine's preferences, never a backend's tensor names or its device."""
+    inputs, which inputs a captured graph freezes, where and on which device its buffers live)
+    stays behind it: stages allocate and move buffers through ``buffers``, feed the graph's own
+    inputs (attention lengths as ``LENGTHS``) and read the engine's preferences, never a
+    backend's tensor names, its array types or its device."""
 
-    device: str  # "cpu" or "cuda": where the engine runs (for reports and opening)
+    device: str  # "cpu" or "cuda": where the engine runs (for reports)
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     input_types: dict[str, np.dtype]
     output_types: dict[str, np.dtype]
     output_shapes: dict[str, tuple[Any, ...]]  # ints where fixed, names or None where dynamic
-    cuda_graphs: bool  # whether run(graph=id) captures and replays CUDA graphs
-    host_memory: bool  # its bound buffers are numpy arrays (else device buffers)
-    graphs_decode: bool  # decode steps may be captured once and replayed (run(graph=id))
-    fixed_shapes: bool  # calls cost less at a few fixed shapes than at each one's own
+    buffers: Buffers  # its buffers' memory, and the operations on them
+    # preferences (what costs less on it; any call runs either way):
+    replays_steps: bool  # one-token calls run with graph=id are captured once and replayed
+    prefers_fixed_shapes: bool  # calls cost less at a few fixed shapes than at each one's own
 
     def binding(self) -> Binding: ...
     def new_graph_id(self) -> int: ...
-    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any: ...
-    def length_feeds(
-        self, past_lens: np.ndarray, query_lens: np.ndarray
-    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]: ...
-    def graph_feeds(self, capacity: int) -> dict[str, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class Engines:
+    """How a pipeline's stages open their engines, built once and handed to every runner.
+    ``threads``: ONNX Runtime's CPU threads per engine. ``cuda_graphs``: GPU engines may capture
+    calls that repeat one shape (decode steps, fixed-length windows) and replay them.
+    ``spin``: CPU worker threads wait for the next call spinning (best when the stage's calls
+    come back to back; off when engines take turns, see OrtEngine)."""
+
+    threads: int | None = None
+    cuda_graphs: bool = True
+    spin: bool = True
+
+    def open(
+        self, folder: Path, config: Mapping[str, Any], *, spin: bool | None = None,
+        replay: bool = True,
+    ) -> Engine:  # fmt: skip
+        """The engine a stage's config.json describes. ``spin``: this engine's own setting
+        (False where its calls alternate with another engine's). ``replay=False``: the stage
+        never repeats a call shape (an encoder), so nothing is captured."""
+        spin = self.spin if spin is None else spin
+        graphs = self.cuda_graphs and replay
+        return open_engine(folder, config, threads=self.threads, cuda_graphs=graphs, spin=spin)
+
+    def alone(self, spin: bool) -> Engines:
+        """These options with ``spin`` set (whether the stages opened now run alone)."""
+        return self if spin == self.spin else dataclasses.replace(self, spin=spin)
+
+
+DEFAULT_ENGINES = Engines()
+
+
+def parse_device(device: Any) -> tuple[str, int]:
+    """A config's ``device``: "cpu", "cuda" (the first GPU) or "cuda:N" -> (kind, index)."""
+    text = str(device)
+    kind, colon, index = text.partition(":")
+    if kind == "cpu" and not colon:
+        return "cpu", 0
+    if kind == "cuda" and (not colon or (index.isdigit() and index.isascii())):
+        return "cuda", int(index or 0)
+    raise EngineError(f"device {device!r} is not cpu, cuda or cuda:N (N a GPU's index)")
 
 
 TENSORRT = ("tensorrt", "tensorrt-rtx")
 _ORT_TYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 10, np.dtype(np.int64): 7}
 
 
-class OrtBinding:
-    """One IOBinding: caches and outputs bound once, small inputs re-bound each run."""
+def gqa_lengths(past_lens: np.ndarray, query_lens: np.ndarray) -> dict[str, np.ndarray]:
+    """GroupQueryAttention's (the CUDA lowering's) length inputs, which the host fills: each
+    row's last position and the call's total length."""
+    total = past_lens.astype(np.int32) + query_lens.astype(np.int32)
+    return {
+        "gqa_seqlens_k": np.maximum(total - 1, 0).astype(np.int32),
+        "gqa_total_length": np.array(total.max(), np.int32),
+    }
 
-    def __init__(self, session: Any, cuda_graphs: bool = False) -> None:
+
+class OrtBinding:
+    """One IOBinding: caches and outputs bound once, small inputs re-bound each run (a graphed
+    run's inputs copied into buffers of its own, see ``run``)."""
+
+    def __init__(
+        self, session: Any, cuda_graphs: bool = False, *, device: int = 0,
+        inputs: tuple[str, ...] | None = None, buffers: Buffers | None = None,
+    ) -> None:  # fmt: skip
+        """``inputs``: the engine's input names (feeds of ``LENGTHS`` it lacks are dropped;
+        None: every feed is its input). ``buffers``: where a graphed run's inputs are kept."""
         import onnxruntime as ort
 
         self._ort = ort
@@ -71,7 +135,17 @@ class OrtBinding:
         self._io = session.io_binding()
         self._keep: list[Any] = []  # OrtValues must outlive the binding
         self._cuda_graphs = cuda_graphs
+        self._device = device
         self._options: dict[tuple[int, bool], Any] = {}
+        self._inputs = None if inputs is None else frozenset(inputs)
+        # GroupQueryAttention (the CUDA lowering) reads each row's cache length and the call's
+        # total length from inputs of its own, which the host fills from LENGTHS
+        self._host_lengths = inputs is not None and "gqa_seqlens_k" in inputs
+        self._as_given = inputs is None or (
+            not self._host_lengths and all(n in inputs for n in LENGTHS)
+        )
+        self._capacity = 0  # the bound cache's, which a captured graph's total length is
+        self._fixed = FixedInputs(buffers or DeviceBuffers(device), self.bind_input)
 
     def _value(self, array: np.ndarray) -> Any:
         if not array.flags.c_contiguous:
@@ -82,40 +156,71 @@ class OrtBinding:
 
     def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None:
         """The same memory as input and output: host numpy, or a DeviceArray's pointer."""
+        if len(array.shape) == 4:  # a KV cache [rows, heads, capacity, head_dim]
+            self._capacity = int(array.shape[2])
         if isinstance(array, np.ndarray):
             value = self._value(array)
             self._io.bind_ortvalue_input(input_name, value)
             self._io.bind_ortvalue_output(output_name, value)
             return
         shape, dtype = list(array.shape), array.dtype.type
-        self._io.bind_input(input_name, "cuda", 0, dtype, shape, array.ptr)
-        self._io.bind_output(output_name, "cuda", 0, dtype, shape, array.ptr)
+        self._io.bind_input(input_name, "cuda", self._device, dtype, shape, array.ptr)
+        self._io.bind_output(output_name, "cuda", self._device, dtype, shape, array.ptr)
 
     def bind_input(self, name: str, array: Any) -> None:
-        """An input that stays bound to this buffer (a DeviceArray for a graphed call)."""
+        """An input that stays bound to this buffer."""
         if isinstance(array, np.ndarray):
             self._io.bind_ortvalue_input(name, self._value(array))
         else:
-            self._io.bind_input(name, "cuda", 0, array.dtype.type, list(array.shape), array.ptr)
+            self._io.bind_input(name, "cuda", self._device, array.dtype.type, list(array.shape),
+                                array.ptr)  # fmt: skip
 
     def bind_output(self, name: str, array: Any) -> None:
         if isinstance(array, np.ndarray):
             self._io.bind_ortvalue_output(name, self._value(array))
         else:
-            self._io.bind_output(name, "cuda", 0, array.dtype.type, list(array.shape), array.ptr)
+            self._io.bind_output(name, "cuda", self._device, array.dtype.type,
+                                 list(array.shape), array.ptr)  # fmt: skip
+
+    def _lengths(self, feeds: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The feeds as the graph takes them: ``LENGTHS`` it lacks dropped, and the lowering's
+        own length inputs added, (per-row inputs, host scalars)."""
+        inputs = self._inputs
+        if self._as_given or not ("past_lens" in feeds or "query_lens" in feeds):
+            return dict(feeds), {}
+        scalars: dict[str, Any] = {}
+        out = {n: v for n, v in feeds.items() if n in inputs or n not in LENGTHS}
+        if self._host_lengths and all(n in feeds for n in LENGTHS):
+            lengths = gqa_lengths(feeds["past_lens"], feeds["query_lens"])
+            out["gqa_seqlens_k"] = lengths["gqa_seqlens_k"]
+            scalars["gqa_total_length"] = lengths["gqa_total_length"]
+        return out, scalars
 
     def run(self, feeds: Mapping[str, Any], *, graph: int | None = None, wait: bool = True) -> None:
         """Feeds are host arrays, copied in by ONNX Runtime, or DeviceArrays, read in place.
-        ``graph``: a CUDA graph id; every buffer must then stay bound at the same address (the
-        first runs capture, later ones replay), and ``feeds`` may hold only CPU-side inputs.
-        ``wait=False``: return once the work is queued on the runtime's stream (a GPU engine),
-        not when it is done; the next download waits for it."""
+        ``graph``: a CUDA graph id (ignored where this engine does not capture): the first runs
+        capture, later ones replay, so every feed is copied into a buffer of this binding's
+        at a fixed address (host arrays only when they changed), and the lowering's total
+        length is frozen at the bound cache's capacity. ``wait=False``: return once the work
+        is queued on the device's stream (a GPU engine), not when it is done; the next
+        download waits for it."""
+        feeds, scalars = self._lengths(feeds)
+        captured = graph is not None and self._cuda_graphs
+        if captured:
+            put = self._fixed.put
+            for name, array in feeds.items():
+                put(name, array)
+            if "gqa_total_length" in scalars:
+                scalars["gqa_total_length"] = np.array(self._capacity, np.int32)
+            feeds = scalars
+        else:
+            feeds.update(scalars)
         for name, array in feeds.items():
             if isinstance(array, np.ndarray):
                 self._io.bind_cpu_input(name, np.ascontiguousarray(array))
             else:
                 self.bind_input(name, array)
-        gid = -1 if graph is None or not self._cuda_graphs else graph  # -1: no capture
+        gid = graph if captured else -1  # -1: no capture
         key = (gid, wait)
         options = self._options.get(key)
         if options is None:
@@ -146,15 +251,17 @@ class OrtEngine:
         cuda_graphs: bool = False,
         spin: bool = True,
     ) -> None:
-        """``spin``: CPU worker threads wait for the next call spinning (best when this engine's
-        calls come back to back; off when engines take turns)."""
+        """``device``: "cpu", "cuda" or "cuda:N". ``spin``: CPU worker threads wait for the
+        next call spinning (best when this engine's calls come back to back; off when engines
+        take turns)."""
         if not path.is_file():
             raise EngineError(f"engine file {path} is missing")
-        if device == "cuda":
-            _check_cuda(path, "onnxruntime")
-        cuda_graphs = cuda_graphs and device == "cuda"
+        self.device, self.device_id = kind, index = parse_device(device)
+        if kind == "cuda":
+            _check_cuda(path, "onnxruntime", index)
+        cuda_graphs = cuda_graphs and kind == "cuda"
         try:
-            self.session = _session(path, device, threads, cuda_graphs, spin)
+            self.session = _session(path, kind, index, threads, cuda_graphs, spin)
         except Exception as e:  # ORT raises its own exception types
             message = str(e).lower()
             if not (cuda_graphs and ("capture" in message or "cuda graph" in message)):
@@ -163,12 +270,12 @@ class OrtEngine:
             log.warning("%s: no CUDA graphs for this engine (%s)", path.name, e)
             cuda_graphs = False
             try:
-                self.session = _session(path, device, threads, False, spin)
+                self.session = _session(path, kind, index, threads, False, spin)
             except Exception as e2:
                 raise EngineError(f"ONNX Runtime could not load {path}: {e2}") from None
-        self.cuda_graphs = cuda_graphs
+        self.cuda_graphs = cuda_graphs  # whether run(graph=id) captures and replays
         self._graph_ids = 0
-        self.device = device
+        self.buffers: Buffers = DeviceBuffers(index) if kind == "cuda" else HostBuffers()
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
         self.input_types = {
@@ -180,45 +287,18 @@ class OrtEngine:
             for o in self.session.get_outputs()
         }
         self.output_shapes = {o.name: tuple(o.shape) for o in self.session.get_outputs()}
-        self.host_memory = device != "cuda"  # on the GPU, caches and outputs stay on it
-        # GroupQueryAttention (the CUDA lowering) reads each row's cache length and the call's
-        # total length from inputs of its own, which the host fills
-        self._host_lengths = "gqa_seqlens_k" in self.input_names
+        host_lengths = "gqa_seqlens_k" in self.input_names
         # a captured graph freezes GroupQueryAttention's total length: decode steps are
         # replayed with it set to the cache's capacity
-        self.graphs_decode = cuda_graphs and "gqa_total_length" in self.input_names
+        self.replays_steps = cuda_graphs and "gqa_total_length" in self.input_names
         # each convolution of the CUDA provider sets itself up again (~1 ms of host time)
         # whenever its input shape differs from its last call's; with host-fed attention
         # lengths a call could not be replayed at a padded length anyway
-        self.fixed_shapes = device == "cuda" and not self._host_lengths
+        self.prefers_fixed_shapes = kind == "cuda" and not host_lengths
 
     def binding(self) -> OrtBinding:
-        return OrtBinding(self.session, self.cuda_graphs)
-
-    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        """A zeroed buffer where this engine binds its inputs and outputs."""
-        if self.host_memory:
-            return np.zeros(shape, dtype)
-        from edgeomni.runtime.memory import DeviceArray
-
-        return DeviceArray.zeros(shape, dtype)
-
-    def length_feeds(
-        self, past_lens: np.ndarray, query_lens: np.ndarray
-    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """The attention lowering's inputs beyond the op's own per-row lengths: (per-row feeds,
-        host scalars that a captured graph freezes). None for the plugin op's CPU lowering."""
-        if not self._host_lengths:
-            return {}, {}
-        total = past_lens.astype(np.int32) + query_lens.astype(np.int32)
-        return (
-            {"gqa_seqlens_k": np.maximum(total - 1, 0).astype(np.int32)},
-            {"gqa_total_length": np.array(total.max(), np.int32)},
-        )
-
-    def graph_feeds(self, capacity: int) -> dict[str, np.ndarray]:
-        """A replayed decode step's host scalars: the total length frozen at the capacity."""
-        return {"gqa_total_length": np.array(capacity, np.int32)} if self._host_lengths else {}
+        return OrtBinding(self.session, self.cuda_graphs, device=self.device_id,
+                          inputs=self.input_names, buffers=self.buffers)  # fmt: skip
 
     def new_graph_id(self) -> int:
         self._graph_ids += 1
@@ -226,7 +306,7 @@ class OrtEngine:
 
 
 def _session(
-    path: Path, device: str, threads: int | None, cuda_graphs: bool, spin: bool = True
+    path: Path, device: str, index: int, threads: int | None, cuda_graphs: bool, spin: bool = True
 ) -> Any:
     import onnxruntime as ort
 
@@ -246,12 +326,12 @@ def _session(
         from edgeomni.runtime.memory import stream
 
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # one stream for every engine and copy of the runtime. Convolutions pick cuDNN's
+        # one stream for every engine and copy on this GPU. Convolutions pick cuDNN's
         # heuristic algorithm: the default exhaustive search runs again for every new input
         # shape, and on the H200 its choices made code2wav's windows 4-10x slower (docs/design.md)
         cuda = {
-            "device_id": "0",
-            "user_compute_stream": str(stream()),
+            "device_id": str(index),
+            "user_compute_stream": str(stream(index)),
             "cudnn_conv_algo_search": "HEURISTIC",
         }
         if cuda_graphs:
@@ -274,15 +354,17 @@ def open_engine(
     cuda_graphs: bool = False,
     spin: bool = True,
 ) -> Engine:
-    """The engine a stage's config.json describes. ``cuda_graphs``: calls that repeat one
-    shape (decode steps) may be captured once as CUDA graphs and replayed (GPU engines only).
-    ``spin``: False when its calls alternate with other engines' (see OrtEngine)."""
+    """The engine a stage's config.json describes, on its ``device`` ("cuda:N": that GPU).
+    ``cuda_graphs``: calls that repeat one shape (decode steps) may be captured once as CUDA
+    graphs and replayed (GPU engines only). ``spin``: False when its calls alternate with other
+    engines' (see OrtEngine). Stages open engines through ``Engines.open``."""
     device = check_engine(folder, config)
     engine_file = folder / str(config["engine"])
     if config.get("backend") in TENSORRT:
         from edgeomni.runtime.tensorrt_engine import TrtEngine
 
-        return TrtEngine(engine_file, config, cuda_graphs=cuda_graphs)
+        return TrtEngine(engine_file, config, cuda_graphs=cuda_graphs,
+                         device=parse_device(device)[1])  # fmt: skip
     return OrtEngine(engine_file, device=device, threads=threads, cuda_graphs=cuda_graphs,
                      spin=spin)  # fmt: skip
 
@@ -315,12 +397,16 @@ def check_engine(folder: Path, config: Mapping[str, Any]) -> str:
     runs, its file, and an onnxruntime new enough for its lowering (whether this machine has
     the GPU a cuda engine needs is found when it loads). Returns the device."""
     backend, device = config.get("backend"), config.get("device", "cpu")
-    ort = backend == "onnxruntime" and device in ("cpu", "cuda")
-    if not (ort or (backend in TENSORRT and device == "cuda")):
+    try:
+        kind = parse_device(device)[0]
+    except EngineError:
+        kind = None
+    ort = backend == "onnxruntime" and kind in ("cpu", "cuda")
+    if not (ort or (backend in TENSORRT and kind == "cuda")):
         raise EngineError(
             f"engines for backend {backend!r} on device {device!r} are not supported by this "
             "runtime (it runs onnxruntime engines on the CPU or a CUDA GPU, and TensorRT or "
-            "TensorRT-RTX engines on a CUDA GPU)"
+            "TensorRT-RTX engines on a CUDA GPU: cuda, or cuda:N for the GPU of index N)"
         )
     engine_file = folder / str(config.get("engine", ""))
     if not config.get("engine") or not engine_file.is_file():
@@ -335,12 +421,12 @@ def check_engine(folder: Path, config: Mapping[str, Any]) -> str:
         _check_lowering(folder, config.get("lowering") or {})
     elif engine_file.stat().st_size == 0:
         raise EngineError(f"engine file {engine_file} is empty")
-    if device == "cuda":
-        _check_cuda(engine_file, str(backend))
-    return device
+    if kind == "cuda":
+        _check_cuda(engine_file, str(backend), parse_device(device)[1])
+    return str(device)
 
 
-def _check_cuda(engine_file: Path, backend: str) -> None:
+def _check_cuda(engine_file: Path, backend: str, device: int = 0) -> None:
     """A GPU engine needs its runtime's GPU support and an NVIDIA GPU on this machine: found
     here, before anything loads, never by falling back to the CPU."""
     import importlib.util
@@ -361,14 +447,15 @@ def _check_cuda(engine_file: Path, backend: str) -> None:
                 f"{engine_file.name} is a {backend} engine, but the module {module!r} is not "
                 "installed here"
             )
-    problem = cuda_device_problem()
+    problem = cuda_device_problem(device)
     if problem:
         raise EngineError(f"{engine_file.name} was built for cuda, but {problem}")
 
 
-def cuda_device_problem() -> str | None:
-    """Why this machine cannot run CUDA work (no driver library, no device), or None: asked of
-    the driver itself (libcuda), which every CUDA runtime needs, so it holds on Jetson too."""
+def cuda_device_problem(device: int = 0) -> str | None:
+    """Why this machine cannot run CUDA work on GPU ``device`` (no driver library, no such
+    device), or None: asked of the driver itself (libcuda), which every CUDA runtime needs, so
+    it holds on Jetson too."""
     import ctypes
 
     try:
@@ -381,7 +468,11 @@ def cuda_device_problem() -> str | None:
         status = cuda.cuDeviceGetCount(ctypes.byref(count))
     if status != 0:
         return f"the NVIDIA driver cannot be initialised (CUDA error {status})"
-    return None if count.value > 0 else "this machine has no CUDA device"
+    if count.value == 0:
+        return "this machine has no CUDA device"
+    if device >= count.value:
+        return f"this machine has {count.value} CUDA device(s): there is no cuda:{device}"
+    return None
 
 
 def _check_lowering(folder: Path, lowering: Mapping[str, Any]) -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from edgeomni.runtime.buffers import Buffers, HostBuffers
 from edgeomni.runtime.engine import Binding, Engine
 
 
@@ -25,16 +25,17 @@ class KVCache:
         capacity: int,
         head_dim: int,
         dtype: type[np.generic] = np.float32,
-        alloc: Callable[[tuple[int, ...], Any], Any] = np.zeros,
+        buffers: Buffers | None = None,
     ) -> None:
-        """``alloc(shape, dtype)``: where the buffers live, the engine's ``zeros`` (on a GPU
-        the cache never leaves device memory)."""
+        """``buffers``: where the cache lives, the engine's (on a GPU the cache never leaves
+        device memory); host arrays by default."""
         shape = (max_batch, kv_heads, capacity, head_dim)
         self.capacity = capacity
         self.max_batch = max_batch
         self.graph_slots: dict[tuple[Any, ...], Any] = {}  # decoder.DecoderSession's, by shape
-        self.keys = [alloc(shape, dtype) for _ in range(layers)]
-        self.values = [alloc(shape, dtype) for _ in range(layers)]
+        self.buffers = buffers = buffers or HostBuffers()
+        self.keys = [buffers.zeros(shape, dtype) for _ in range(layers)]
+        self.values = [buffers.zeros(shape, dtype) for _ in range(layers)]
 
     @classmethod
     def for_decoder(cls, cfg: dict[str, Any], rows: int, capacity: int, engine: Engine) -> KVCache:
@@ -46,31 +47,20 @@ class KVCache:
             capacity,
             int(cfg["head_dim"]),
             dtype=np.dtype(cfg.get("dtype", "float32")).type,
-            alloc=engine.zeros,
+            buffers=engine.buffers,
         )
-
-    @staticmethod
-    def _rows(buffer: Any, rows: int, start: int) -> Any:
-        if isinstance(buffer, np.ndarray):
-            return buffer[start : start + rows]
-        return buffer.rows(rows, start)
 
     def bind(self, binding: Binding, rows: int, start: int = 0) -> None:
         """Bind rows start..start+rows (contiguous) as the engine's cache."""
         if start + rows > self.max_batch:
             raise ValueError(f"rows {start}..{start + rows} exceed the cache's {self.max_batch}")
+        at = self.buffers.rows
         for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
-            binding.bind_in_place(f"past_key_{i}", f"present_key_{i}", self._rows(k, rows, start))
-            binding.bind_in_place(
-                f"past_value_{i}", f"present_value_{i}", self._rows(v, rows, start)
-            )
+            binding.bind_in_place(f"past_key_{i}", f"present_key_{i}", at(k, rows, start))
+            binding.bind_in_place(f"past_value_{i}", f"present_value_{i}", at(v, rows, start))
 
     def move_row(self, src: int, dst: int, length: int) -> None:
         """Copy row ``src``'s first ``length`` positions of every layer into row ``dst`` (a
         request moving to a lower row, so a draining batch calls fewer rows)."""
-        for buffers in (self.keys, self.values):
-            for buf in buffers:
-                if isinstance(buf, np.ndarray):
-                    buf[dst, :, :length] = buf[src, :, :length]
-                else:  # the whole row on the device: one contiguous copy
-                    buf.rows(1, dst).copy_from(buf.rows(1, src))
+        for buf in (*self.keys, *self.values):
+            self.buffers.copy_row(buf, src, dst, length)

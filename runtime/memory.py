@@ -2,7 +2,9 @@
 
 A DeviceArray is a plain cudaMalloc allocation with a shape and dtype; engines bind its pointer
 by name (ONNX Runtime's IOBinding here, TensorRT's tensor addresses later), so KV caches and
-stage hand-offs stay on the device and only what the host must see is copied back.
+stage hand-offs stay on the device and only what the host must see is copied back. Each buffer
+knows its GPU; each GPU has one stream, shared by its engines and copies (``stream(device)``).
+Stages reach these through an engine's ``buffers`` (runtime/buffers.py), never directly.
 """
 
 from __future__ import annotations
@@ -49,22 +51,46 @@ def _kind(name: str) -> Any:
     return kind
 
 
-_STREAM: int | None = None
+_STREAMS: dict[int, int] = {}  # device index -> its stream
 
 
-def stream() -> int:
-    """The runtime's one CUDA stream (created on first use): every engine runs on it and every
-    copy is ordered on it, so a download after a run is the only synchronisation point."""
-    global _STREAM
-    if _STREAM is None:
+def stream(device: int = 0) -> int:
+    """A device's CUDA stream (created on first use): every engine on that device runs on it
+    and every copy into or out of its buffers is ordered on it, so a download after a run is
+    the only synchronisation point."""
+    s = _STREAMS.get(device)
+    if s is None:
         cudart = _cudart()
+        _check(cudart.cudaSetDevice(device), f"cudaSetDevice({device})")
         flags = cudart.cudaStreamNonBlocking
-        _STREAM = int(_check(cudart.cudaStreamCreateWithFlags(flags), "cudaStreamCreate"))
-    return _STREAM
+        s = _STREAMS[device] = int(
+            _check(cudart.cudaStreamCreateWithFlags(flags), "cudaStreamCreate")
+        )
+    return s
 
 
-def synchronize() -> None:
-    _check(_cudart().cudaStreamSynchronize(stream()), "cudaStreamSynchronize")
+def use(device: int) -> None:
+    """Make ``device`` the calling thread's current one where engines sit on several (with one,
+    it became current when its stream was made, and the calls stay as cheap as they were)."""
+    if len(_STREAMS) > 1:
+        _check(_cudart().cudaSetDevice(device), f"cudaSetDevice({device})")
+
+
+def synchronize(device: int = 0) -> None:
+    _check(_cudart().cudaStreamSynchronize(stream(device)), "cudaStreamSynchronize")
+
+
+def _order(first: int, then: int) -> None:
+    """Work queued on device ``then``'s stream from now on waits for what device ``first``'s
+    has queued so far (an event, made on ``first`` as its record needs; the host does not
+    wait)."""
+    cudart = _cudart()
+    use(first)
+    flags = cudart.cudaEventDisableTiming
+    event = _check(cudart.cudaEventCreateWithFlags(flags), "cudaEventCreate")
+    _check(cudart.cudaEventRecord(event, stream(first)), "cudaEventRecord")
+    _check(cudart.cudaStreamWaitEvent(stream(then), event, 0), "cudaStreamWaitEvent")
+    _check(cudart.cudaEventDestroy(event), "cudaEventDestroy")  # freed once it has fired
 
 
 def _check(result: Any, what: str) -> Any:
@@ -75,75 +101,95 @@ def _check(result: Any, what: str) -> Any:
 
 
 class DeviceArray:
-    """A contiguous device allocation (or a leading-rows view of one)."""
+    """A contiguous device allocation (or a leading-rows view of one) on one GPU: its copies
+    are ordered on that device's stream."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: Any, ptr: int, owner: bool) -> None:
+    def __init__(
+        self, shape: tuple[int, ...], dtype: Any, ptr: int, owner: bool, device: int = 0
+    ) -> None:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.ptr = int(ptr)
+        self.device = device
         self._owner = owner
         # plain ints: views and copies are made per engine call, and numpy's prod of a tuple
         # costs microseconds each time
         self.nbytes = math.prod(self.shape) * self.dtype.itemsize
 
     @classmethod
-    def zeros(cls, shape: tuple[int, ...], dtype: Any) -> DeviceArray:
+    def zeros(cls, shape: tuple[int, ...], dtype: Any, device: int = 0) -> DeviceArray:
         cudart = _cudart()
         nbytes = max(1, math.prod(int(x) for x in shape) * np.dtype(dtype).itemsize)
+        s = stream(device)
+        use(device)
         ptr = _check(cudart.cudaMalloc(nbytes), "cudaMalloc")
-        # on the runtime stream: a memset on the legacy default stream is not ordered with the
-        # (non-blocking) runtime stream, so it could land after the first upload or engine run
-        _check(cudart.cudaMemsetAsync(ptr, 0, nbytes, stream()), "cudaMemsetAsync")
-        return cls(shape, dtype, int(ptr), owner=True)
+        # on the device's stream: a memset on the legacy default stream is not ordered with the
+        # (non-blocking) stream, so it could land after the first upload or engine run
+        _check(cudart.cudaMemsetAsync(ptr, 0, nbytes, s), "cudaMemsetAsync")
+        return cls(shape, dtype, int(ptr), owner=True, device=device)
 
     def rows(self, n: int, start: int = 0) -> DeviceArray:
         """Entries start..start+n of the leading axis: contiguous, a view, not owned."""
         if start + n > self.shape[0]:
             raise ValueError(f"rows {start}..{start + n} of a buffer with {self.shape[0]}")
         row = self.nbytes // self.shape[0]
-        return DeviceArray((n, *self.shape[1:]), self.dtype, self.ptr + start * row, owner=False)
+        return DeviceArray((n, *self.shape[1:]), self.dtype, self.ptr + start * row,
+                           owner=False, device=self.device)  # fmt: skip
 
     def view(self, shape: tuple[int, ...]) -> DeviceArray:
         """The same memory under another shape of as many entries: a view, not owned."""
-        view = DeviceArray(shape, self.dtype, self.ptr, owner=False)
+        view = DeviceArray(shape, self.dtype, self.ptr, owner=False, device=self.device)
         if view.nbytes != self.nbytes:
             raise ValueError(f"a {self.shape} buffer cannot be viewed as {tuple(shape)}")
         return view
 
     def copy_from(self, src: DeviceArray) -> None:
-        """Copy another device buffer of as many bytes and this dtype in, on the runtime stream
-        (a stage's output handed to the next stage's input without leaving the device)."""
+        """Copy another device buffer of as many bytes and this dtype in, on this buffer's
+        stream (a stage's output handed to the next stage's input without leaving the GPU;
+        from another GPU, ordered after its stream's work and before its next)."""
         if src.dtype != self.dtype or src.nbytes != self.nbytes:
             raise ValueError(f"copying {src.shape} {src.dtype} into {self.shape} {self.dtype}")
         cudart = _cudart()
-        kind = _kind("cudaMemcpyDeviceToDevice")
-        _check(cudart.cudaMemcpyAsync(self.ptr, src.ptr, self.nbytes, kind, stream()),
-               "cudaMemcpyAsync (device to device)")  # fmt: skip
+        s = stream(self.device)
+        if src.device == self.device:
+            kind = _kind("cudaMemcpyDeviceToDevice")
+            _check(cudart.cudaMemcpyAsync(self.ptr, src.ptr, self.nbytes, kind, s),
+                   "cudaMemcpyAsync (device to device)")  # fmt: skip
+            return
+        _order(src.device, self.device)  # after what writes the source
+        use(self.device)
+        _check(cudart.cudaMemcpyPeerAsync(self.ptr, self.device, src.ptr, src.device,
+                                          self.nbytes, s), "cudaMemcpyPeerAsync")  # fmt: skip
+        _order(self.device, src.device)  # and before what writes it next
 
     def upload(self, array: np.ndarray) -> None:
-        """Copy a host array of this shape and dtype in, ordered on the runtime stream."""
+        """Copy a host array of this shape and dtype in, ordered on this buffer's stream."""
         src = np.ascontiguousarray(array, self.dtype)
         if src.shape != self.shape:
             raise ValueError(f"uploading {src.shape} into a device buffer of {self.shape}")
         cudart = _cudart()
         kind = _kind("cudaMemcpyHostToDevice")
+        use(self.device)
         # from pageable memory the call returns once src is staged, so src may be freed after
-        _check(cudart.cudaMemcpyAsync(self.ptr, src.ctypes.data, self.nbytes, kind, stream()),
+        _check(cudart.cudaMemcpyAsync(self.ptr, src.ctypes.data, self.nbytes, kind,
+                                      stream(self.device)),
                "cudaMemcpyAsync (host to device)")  # fmt: skip
 
     def download(self, out: np.ndarray | None = None, *, sync: bool = True) -> np.ndarray:
-        """Copy to the host after everything queued on the runtime stream (a sync point; with
-        ``sync=False`` the copy is only queued: call ``synchronize()`` before reading it)."""
+        """Copy to the host after everything queued on this buffer's stream (a sync point;
+        with ``sync=False`` the copy is only queued: synchronise the stream before reading)."""
         if out is None:
             out = np.empty(self.shape, self.dtype)
         elif out.shape != self.shape or out.dtype != self.dtype or not out.flags.c_contiguous:
             raise ValueError(f"downloading {self.shape} {self.dtype} into {out.shape} {out.dtype}")
         cudart = _cudart()
         kind = _kind("cudaMemcpyDeviceToHost")
-        _check(cudart.cudaMemcpyAsync(out.ctypes.data, self.ptr, self.nbytes, kind, stream()),
+        use(self.device)
+        _check(cudart.cudaMemcpyAsync(out.ctypes.data, self.ptr, self.nbytes, kind,
+                                      stream(self.device)),
                "cudaMemcpyAsync (device to host)")  # fmt: skip
         if sync:
-            synchronize()
+            synchronize(self.device)
         return out
 
     def __del__(self) -> None:

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from edgeomni import graph_schema
+from edgeomni.runtime.engine import Engines
 from edgeomni.runtime.events import Failed, Listener
 from edgeomni.runtime.families import TEXT_FALLBACKS, control_labels
 from edgeomni.runtime.requests import BadRequest, Request
@@ -160,14 +161,14 @@ class Pipeline:
         self,
         config: str | Path,
         *,
-        threads: int | None = None,
+        engines: Engines | None = None,
         whole_utterance: bool = False,
-        cuda_graphs: bool = True,
         stream_stages: bool = False,
         batching: str = "inflight",
         patience: int = PATIENCE,
     ) -> None:
-        """``cuda_graphs``: GPU engines replay captured CUDA graphs for their decode steps.
+        """``engines``: how the stages open their engines (CPU threads, CUDA graphs; by default
+        Engines()'s).
         ``stream_stages``: a stage that reads the next one's output as it is made (the talker
         the thinker's) starts before that stage finishes; otherwise stages run one after another.
         ``batching``: ``inflight`` (requests join and leave each stage's running batch) or
@@ -190,8 +191,7 @@ class Pipeline:
                     for s in self.graph.stages
                 ),
             )
-        self.threads = threads
-        self.cuda_graphs = cuda_graphs
+        self.engines = engines or Engines()
         self.stream_stages = stream_stages
         self._runners: dict[str, Any] = {}
         self._alone = True  # the stages being opened run alone (see open)
@@ -210,10 +210,8 @@ class Pipeline:
             stage = self.graph.stage(stage_id)
             factory = RUNNERS[stage.runner].load()
             folder = self.engine_dir / stage.artifact
-            self._runners[stage_id] = factory(
-                stage, folder, threads=self.threads, cuda_graphs=self.cuda_graphs,
-                spin=self._alone,
-            )  # fmt: skip
+            engines = self.engines.alone(self._alone)
+            self._runners[stage_id] = factory(stage, folder, engines=engines)
             self.profile.load_seconds += time.perf_counter() - start
         return self._runners[stage_id]
 
@@ -226,7 +224,8 @@ class Pipeline:
         for sid in self._runners:
             for config in (self.engine_dir / self.graph.stage(sid).artifact).rglob("config.json"):
                 with contextlib.suppress(OSError, ValueError, AttributeError):
-                    out.add(json.loads(config.read_text(encoding="utf-8")).get("device", "cpu"))
+                    device = json.loads(config.read_text(encoding="utf-8")).get("device", "cpu")
+                    out.add(str(device).partition(":")[0])  # "cuda:1" is a cuda engine
         return frozenset(out)
 
     def widest(self, batch_size: int) -> int | None:

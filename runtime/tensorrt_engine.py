@@ -1,7 +1,7 @@
 """A TensorRT (or TensorRT-RTX) engine behind the runtime's Engine interface.
 
 One execution context per optimisation profile (the build's phases: decode, prefill, ...), all
-sharing one device scratch allocation, since calls run one at a time on the runtime's stream. A
+sharing one device scratch allocation, since calls run one at a time on its device's stream. A
 call takes the first profile that holds its shapes. Buffers are the runtime's DeviceArrays:
 their pointers are set as tensor addresses, the KV cache's input and output on the same buffer
 (the build's TensorScatter updates it in place); host feeds are copied into staging buffers of
@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.runtime.engine import EngineError
+from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
+from edgeomni.runtime.engine import LENGTHS, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,19 @@ class TrtEngine:
     """A deserialized engine and its contexts; see the module docstring."""
 
     device = "cuda"
-    host_memory = False
-    fixed_shapes = False  # a new shape costs TensorRT only set_input_shape
+    prefers_fixed_shapes = False  # a new shape costs TensorRT only set_input_shape
 
-    def __init__(self, path: Path, config: Mapping[str, Any], *, cuda_graphs: bool = False) -> None:
-        from edgeomni.runtime.memory import DeviceArray
+    def __init__(
+        self, path: Path, config: Mapping[str, Any], *, cuda_graphs: bool = False, device: int = 0
+    ) -> None:
+        """``device``: the GPU's index; the engine is deserialized and runs there, on that
+        device's stream."""
+        from edgeomni.runtime import memory
 
+        self.device_id = device
+        self.stream = memory.stream(device)  # and the device is current, for the runtime
+        memory._check(memory._cudart().cudaSetDevice(device), "cudaSetDevice")
+        self.buffers = DeviceBuffers(device)
         built = config.get("tensorrt") or {}
         self.trt = trt = import_flavour(str(built.get("flavour", "tensorrt")))
         check_version(path, built, str(trt.__version__))
@@ -103,17 +111,15 @@ class TrtEngine:
         strategy = trt.ExecutionContextAllocationStrategy.USER_MANAGED
         self.contexts = [engine.create_execution_context(strategy) for _ in self.profiles]
         size = max(self._scratch_size(p) for p in range(len(self.profiles)))
-        self._scratch = DeviceArray.zeros((max(size, 1),), np.uint8)
-        from edgeomni.runtime.memory import stream
-
+        self._scratch = self.buffers.zeros((max(size, 1),), np.uint8)
         for p, ctx in enumerate(self.contexts):
             if hasattr(ctx, "set_device_memory"):  # TensorRT >= 10.1
                 ctx.set_device_memory(self._scratch.ptr, size)
             else:
                 ctx.device_memory = self._scratch.ptr
-            ctx.set_optimization_profile_async(p, stream())
-        self.cuda_graphs = cuda_graphs
-        self.graphs_decode = cuda_graphs
+            ctx.set_optimization_profile_async(p, self.stream)
+        self.cuda_graphs = cuda_graphs  # whether run(graph=id) captures and replays
+        self.replays_steps = cuda_graphs
         self._graph_ids = 0
 
     def _scratch_size(self, profile: int) -> int:
@@ -127,19 +133,6 @@ class TrtEngine:
 
     def binding(self) -> TrtBinding:
         return TrtBinding(self)
-
-    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        from edgeomni.runtime.memory import DeviceArray
-
-        return DeviceArray.zeros(shape, dtype)
-
-    def length_feeds(
-        self, past_lens: np.ndarray, query_lens: np.ndarray
-    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        return {}, {}  # the lowering computes its masks from past_lens and query_lens
-
-    def graph_feeds(self, capacity: int) -> dict[str, np.ndarray]:
-        return {}
 
     def new_graph_id(self) -> int:
         self._graph_ids += 1
@@ -197,6 +190,8 @@ class TrtBinding:
         self._staging: dict[str, Any] = {}  # host feeds' device copies
         self._unbound: dict[str, Any] = {}  # outputs the caller did not bind
         self._graphs: dict[int, Any] = {}
+        self._fixed = FixedInputs(engine.buffers, self.bind_input)  # a captured call's inputs
+        self._inputs = frozenset(engine.input_names)
 
     def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None:
         self.bind_input(input_name, array)
@@ -215,20 +210,16 @@ class TrtBinding:
 
     def _stage(self, name: str, array: np.ndarray) -> None:
         """A host feed copied into this binding's own device buffer for that input."""
-        from edgeomni.runtime.memory import DeviceArray
-
         dtype = self._engine.input_types[name]
         held = self._staging.get(name)
         if held is None or held.nbytes < array.size * dtype.itemsize:
-            held = self._staging[name] = DeviceArray.zeros((max(array.size, 1),), dtype)
+            held = self._staging[name] = self._engine.buffers.zeros((max(array.size, 1),), dtype)
             self._graphs.clear()  # captured graphs read the old buffer: capture them again
         held.rows(array.size).view(array.shape).upload(array.astype(dtype, copy=False))
         self._addr[name] = held.ptr
         self._shape[name] = tuple(array.shape)
 
     def _scratch_outputs(self, ctx: Any) -> None:
-        from edgeomni.runtime.memory import DeviceArray
-
         for name in self._engine.output_names:
             if name in self._addr:
                 continue
@@ -236,24 +227,32 @@ class TrtBinding:
             nbytes = int(np.prod(shape)) * self._engine.output_types[name].itemsize
             held = self._unbound.get(name)
             if held is None or held.nbytes < nbytes:
-                held = self._unbound[name] = DeviceArray.zeros((max(nbytes, 1),), np.uint8)
+                held = self._unbound[name] = self._engine.buffers.zeros((max(nbytes, 1),), np.uint8)
                 self._graphs.clear()  # as in _stage
             ctx.set_tensor_address(name, held.ptr)
 
     def run(self, feeds: Mapping[str, Any], *, graph: int | None = None, wait: bool = True) -> None:
-        """As OrtBinding.run: host feeds are copied in, device feeds read in place; ``graph``
-        captures the call once and replays it after (every address and shape must stay)."""
+        """As OrtBinding.run: host feeds are copied in, device feeds read in place (``LENGTHS``
+        the engine has no input for dropped: its lowering computes its masks from them);
+        ``graph`` captures the call once and replays it after, its feeds copied into buffers
+        of this binding's at fixed addresses (host arrays only when they changed)."""
         from edgeomni.runtime import memory
 
         engine = self._engine
+        captured = graph is not None and engine.cuda_graphs
         for name, array in feeds.items():
-            if isinstance(array, np.ndarray):
+            if name not in self._inputs and name in LENGTHS:
+                continue
+            if captured:
+                self._fixed.put(name, array)
+            elif isinstance(array, np.ndarray):
                 self._stage(name, np.ascontiguousarray(array))
             else:
                 self.bind_input(name, array)
         cudart = memory._cudart()
-        if graph is not None and engine.cuda_graphs and graph in self._graphs:
-            memory._check(cudart.cudaGraphLaunch(self._graphs[graph], memory.stream()),
+        memory.use(engine.device_id)
+        if captured and graph in self._graphs:
+            memory._check(cudart.cudaGraphLaunch(self._graphs[graph], engine.stream),
                           "cudaGraphLaunch")  # fmt: skip
         else:
             ctx = engine.contexts[engine.profile_for(self._shape)]
@@ -263,20 +262,19 @@ class TrtBinding:
             for name, ptr in self._addr.items():
                 ctx.set_tensor_address(name, ptr)
             self._scratch_outputs(ctx)
-            if not ctx.execute_async_v3(memory.stream()):
+            if not ctx.execute_async_v3(engine.stream):
                 raise EngineError("TensorRT could not run the engine (its log says why)")
-            if graph is not None and engine.cuda_graphs:
-                self._graphs[graph] = _capture(ctx, cudart)
+            if captured:
+                self._graphs[graph] = _capture(ctx, cudart, engine.stream)
         if wait:
-            memory.synchronize()
+            memory.synchronize(engine.device_id)
 
 
-def _capture(ctx: Any, cudart: Any) -> Any:
+def _capture(ctx: Any, cudart: Any, s: int) -> Any:
     """Capture the context's call with its current shapes and addresses as a CUDA graph (after
-    one ordinary run, which TensorRT needs before a capture)."""
+    one ordinary run, which TensorRT needs before a capture), on stream ``s``."""
     from edgeomni.runtime import memory
 
-    s = memory.stream()
     mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
     memory._check(cudart.cudaStreamBeginCapture(s, mode), "cudaStreamBeginCapture")
     ok = ctx.execute_async_v3(s)

@@ -41,13 +41,9 @@ def _settings(body: dict) -> SamplingParams:
     )
 
 
-def _host(buf: Any) -> np.ndarray:
-    if isinstance(buf, np.ndarray):
-        return buf.copy()
-    from edgeomni.runtime.memory import synchronize
-
-    synchronize()
-    return buf.download()
+def _host(memory: Any, buf: Any) -> np.ndarray:
+    """A host copy of an engine's buffer (``memory``: the engine's ``buffers``)."""
+    return memory.download(buf)
 
 
 # a later cohort through the same pipeline with other settings: on a GPU its code predictor
@@ -77,9 +73,11 @@ def engine_draws_match_host(
                 top_k=int(kwargs["sample_top_k"][0]),
                 top_p=float(kwargs["sample_top_p"][0]),
             )
-            got = [_host(out.buffer(n)) for n in ("topk_values", "topk_indices", "sampled_ids")]
+            memory = self.engine.buffers
+            names = ("topk_values", "topk_indices", "sampled_ids")
+            got = [_host(memory, out.buffer(n)) for n in names]
             # on a GPU the uniforms are a row of the frame's staged buffer on the device
-            calls.append((*got, _host(kwargs["sample_uniform"]), params))
+            calls.append((*got, _host(memory, kwargs["sample_uniform"]), params))
         return out
 
     outcomes = []

@@ -20,7 +20,7 @@ import torch
 from edgeomni.export.common import artifacts
 from edgeomni.export.families.qwen3_omni import code2wav as c2w
 from edgeomni.graph_schema import Emit, Input, Stage
-from edgeomni.runtime.engine import OrtEngine
+from edgeomni.runtime.engine import Engines, OrtEngine
 from edgeomni.runtime.families.qwen3_omni.code2wav import Code2Wav, padded_length
 from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.vocoder import WindowedVocoder, playback_stall_s
@@ -260,7 +260,7 @@ def run_runner(runner: Code2Wav, *codes: np.ndarray) -> list[RequestState]:
 
 
 def test_runner_windows_equal_whole_decode(built: dict[str, Any]) -> None:
-    runner = Code2Wav(stage(window_frames=20), built["folder"], threads=2)
+    runner = Code2Wav(stage(window_frames=20), built["folder"], engines=Engines(threads=2))
     codes = [random_codes(60, 8), random_codes(5, 9)]
     states = run_runner(runner, *codes)
     for state, c in zip(states, codes, strict=True):
@@ -279,7 +279,8 @@ def test_an_utterance_of_no_frames_is_empty_audio(built: dict[str, Any]) -> None
     request gets empty audio, not an error."""
     none = np.zeros((0, Q), np.int64)
     for config, mode in (({}, "streamed"), ({"whole_utterance": True}, "whole")):
-        runner = Code2Wav(stage(window_frames=20, **config), built["folder"], threads=2)
+        runner = Code2Wav(stage(window_frames=20, **config), built["folder"],
+                          engines=Engines(threads=2))
         state = run_runner(runner, none)[0]
         assert state.error is None
         assert state.outputs["code2wav:audio"].shape == (0,)
@@ -302,8 +303,9 @@ def test_fixed_length_windows_equal_exact_ones(built: dict[str, Any]) -> None:
     give the audio of windows run at their own lengths: the vocoder is causal."""
     codes = [random_codes(57, 11), random_codes(57, 12), random_codes(3, 13)]
     config = {"window_frames": 20, "first_window_frames": 4}
-    exact = run_runner(Code2Wav(stage(**config), built["folder"], threads=2), *codes)
-    runner = Code2Wav(stage(**config), built["folder"], threads=2)
+    two = Engines(threads=2)
+    exact = run_runner(Code2Wav(stage(**config), built["folder"], engines=two), *codes)
+    runner = Code2Wav(stage(**config), built["folder"], engines=two)
     assert runner.fixed_lengths == ()  # a CPU engine runs every window at its own length
     # what a GPU engine takes: the first window, the growing ones with the context they have,
     # 20 frames + 25 of left context
@@ -350,7 +352,7 @@ def test_whole_utterances_complete_together_share_calls(built: dict[str, Any]) -
     alone), and a request with bad codes fails alone."""
     codes = [random_codes(20, 31), random_codes(15, 32), random_codes(40, 33), random_codes(9, 34)]
     prompt = random_codes(6, 35)  # the fourth request's, vocoded in front and cut off
-    runner = Code2Wav(stage(whole_utterance=True), built["folder"], threads=2)
+    runner = Code2Wav(stage(whole_utterance=True), built["folder"], engines=Engines(threads=2))
     runner.prompt_source = "talker:prompt"
     calls: list[tuple[int, ...]] = []
     decode = runner.decode_batch
@@ -370,7 +372,7 @@ def test_whole_utterances_complete_together_share_calls(built: dict[str, Any]) -
     assert calls == [(3, Q, 20), (1, Q, 40)]
     assert "[frames, 16]" in (together[4].error or "")
     alone = Code2Wav(stage(whole_utterance=True, max_windows_per_call=1), built["folder"],
-                     threads=2)  # fmt: skip
+                     engines=Engines(threads=2))  # fmt: skip
     alone.prompt_source = "talker:prompt"
     singles = states()
     drive(alone, singles)
@@ -402,7 +404,7 @@ def test_runner_reports_missing_or_bad_codes(built: dict[str, Any]) -> None:
 )
 def test_bad_window_settings_are_refused(built: dict[str, Any], config: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        Code2Wav(stage(**config), built["folder"], threads=2)
+        Code2Wav(stage(**config), built["folder"], engines=Engines(threads=2))
 
 
 def test_playback_stall_counts_only_the_waits_after_playing_starts() -> None:

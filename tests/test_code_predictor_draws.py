@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgeomni.runtime.buffers import DeviceBuffers, HostBuffers
 from edgeomni.runtime.decoder import StepOutputs
 from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor
 from edgeomni.runtime.pipeline import Pipeline
@@ -161,7 +162,7 @@ def test_a_gpu_frame_stages_its_host_inputs_once(monkeypatch) -> None:
             self.data = np.zeros(shape, dtype) if data is None else data
 
         @classmethod
-        def zeros(cls, shape, dtype):  # noqa: ANN001, ANN206
+        def zeros(cls, shape, dtype, device=0):  # noqa: ANN001, ANN206
             return cls(shape, dtype)
 
         def rows(self, n: int, start: int = 0) -> Dev:
@@ -177,7 +178,7 @@ def test_a_gpu_frame_stages_its_host_inputs_once(monkeypatch) -> None:
 
     monkeypatch.setattr(memory, "DeviceArray", Dev)
     cp = CodePredictor.__new__(CodePredictor)
-    cp.engine = SimpleNamespace(host_memory=False, zeros=Dev.zeros,
+    cp.engine = SimpleNamespace(buffers=DeviceBuffers(),
                                 input_types={"inputs_embeds": np.dtype(np.float16)})  # fmt: skip
     cp.hidden_size, cp._staging = 4, {}
     rng = np.random.default_rng(0)
@@ -193,7 +194,7 @@ def test_a_gpu_frame_stages_its_host_inputs_once(monkeypatch) -> None:
     assert uploads == [(15, 3), (3, 1, 4)] * 2  # two uploads a frame, none per step
     assert staged[0] is staged[1] and len(cp._staging) == 1  # the same buffers, reused
     cpu = CodePredictor.__new__(CodePredictor)
-    cpu.engine = SimpleNamespace(host_memory=True)
+    cpu.engine = SimpleNamespace(buffers=HostBuffers())
     rows, first = cpu._staged(uniforms, e0)  # a CPU engine: host arrays, nothing staged
     assert isinstance(first, np.ndarray) and first.shape == (3, 1, 4)
     np.testing.assert_array_equal(np.stack(rows), uniforms)
@@ -208,7 +209,8 @@ def test_the_frame_prefill_splits_where_its_inputs_are_device_buffers() -> None:
     from edgeomni.runtime.families.qwen3_omni.code_predictor import splits_prefill
 
     def engine(host: bool, graphs: bool) -> SimpleNamespace:
-        return SimpleNamespace(host_memory=host, graphs_decode=graphs)
+        buffers = HostBuffers() if host else DeviceBuffers()
+        return SimpleNamespace(buffers=buffers, replays_steps=graphs)
 
     assert not splits_prefill(engine(host=True, graphs=False))
     assert splits_prefill(engine(host=False, graphs=True))

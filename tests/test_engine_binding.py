@@ -56,12 +56,16 @@ def test_runs_name_their_graph_and_queued_runs_skip_the_final_sync(graphs: bool)
 
 
 def test_a_feed_that_is_an_output_is_told_apart_from_a_fresh_one() -> None:
-    """decoder._aliases: a call copies a feed that shares memory with its slot's output buffers
+    """Buffers.overlaps: a call copies a feed that shares memory with its slot's output buffers
     (an earlier call's output fed back), and only then: host views of an output, the output
     itself, arrays over a foreign buffer that overlaps it; device buffers by address range."""
     from types import SimpleNamespace
 
-    from edgeomni.runtime.decoder import _aliases
+    from edgeomni.runtime.buffers import DeviceBuffers, HostBuffers
+
+    def _aliases(value: Any, outputs: dict) -> bool:
+        memory = HostBuffers() if isinstance(value, np.ndarray) else DeviceBuffers()
+        return memory.overlaps(value, outputs.values())
 
     logits, embeds = np.zeros((2, 8), np.float32), np.zeros((2, 4), np.float16)
     outputs = {"logits": logits, "sampled_embeds": embeds}
@@ -80,4 +84,4 @@ def test_a_feed_that_is_an_output_is_told_apart_from_a_fresh_one() -> None:
     device = {"sampled_embeds": dev(1000, 64), "logits": dev(4096, 256)}
     assert _aliases(dev(1000, 64), device) and _aliases(dev(1032, 16), device)
     assert not _aliases(dev(1064, 64), device) and not _aliases(dev(0, 1000), device)
-    assert not _aliases(embeds, device)  # a host array never overlaps device memory
+    assert not DeviceBuffers().overlaps(embeds, device.values())  # a host array never does

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from edgeomni.runtime import cli
+from edgeomni.runtime.engine import Engines
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -144,12 +145,49 @@ def test_cuda_graphs_replay_the_same_tokens(cuda_engine) -> None:
     assert Pipeline(cuda_engine).runner("llm").engine.cuda_graphs
     for batch in (3, 2, 3):
         graphed = run_pipeline(cuda_engine, body, batch)
-        plain = run_pipeline(cuda_engine, body, batch, cuda_graphs=False)
+        plain = run_pipeline(cuda_engine, body, batch, engines=Engines(cuda_graphs=False))
         for a, b in zip(graphed, plain, strict=True):
             assert (
                 a.entry["stages"]["llm"]["output_tokens"]
                 == (b.entry["stages"]["llm"]["output_tokens"])
             )
+
+
+def test_a_config_names_its_gpu(cuda_engine) -> None:
+    """A config's device "cuda:0" opens the engine on that GPU: its buffers live there and it
+    gives the logits "cuda" gives."""
+    from edgeomni.runtime.engine import open_engine
+
+    cfg = json.loads((cuda_engine / "config.json").read_text())
+    engine = open_engine(cuda_engine, {**cfg, "device": "cuda:0"})
+    assert (engine.device, engine.device_id, engine.buffers.device) == ("cuda", 0, 0)
+    assert engine.buffers.zeros((2,), np.float32).device == 0
+    named = cuda_engine.parent / "cuda0"
+    named.mkdir(exist_ok=True)
+    for item in cuda_engine.iterdir():  # the same engine, its config naming the GPU
+        if item.is_file() and not (named / item.name).exists():
+            (named / item.name).symlink_to(item)
+    (named / "config.json").unlink()
+    (named / "config.json").write_text(json.dumps({**cfg, "device": "cuda:0"}))
+    np.testing.assert_array_equal(engine_logits(named), engine_logits(cuda_engine))
+
+
+def test_buffers_move_between_gpus() -> None:
+    """A device-to-device copy between two GPUs' buffers, ordered on both streams (skipped on a
+    machine with one GPU)."""
+    from edgeomni.runtime.engine import cuda_device_problem
+    from edgeomni.runtime.memory import DeviceArray
+
+    if cuda_device_problem(1):
+        pytest.skip(str(cuda_device_problem(1)))
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    a, b = DeviceArray.zeros(x.shape, x.dtype, device=0), DeviceArray.zeros(x.shape, x.dtype, 1)
+    a.upload(x)
+    b.copy_from(a)
+    np.testing.assert_array_equal(b.download(), x)
+    b.upload(x * 2)
+    a.rows(2, 1).copy_from(b.rows(2, 2))
+    np.testing.assert_array_equal(a.download(), np.concatenate([x[:1], 2 * x[2:], x[3:]]))
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +212,7 @@ def engine_logits(folder: Path, seed: int = 0, steps: int = 3, capacity: int = 1
     engine = open_engine(folder, cfg)
     dtype = np.dtype(cfg.get("dtype", "float32")).type
     kv = KVCache(cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], capacity,
-                 cfg["head_dim"], dtype=dtype, alloc=engine.zeros)  # fmt: skip
+                 cfg["head_dim"], dtype=dtype, buffers=engine.buffers)  # fmt: skip
     session = DecoderSession(engine, kv, 1, {"logits": (cfg["vocab_size"],)})
     rng = np.random.default_rng(seed)
     extra = {"lm_head_index": np.array([2])} if "lm_head_index" in engine.input_names else {}
@@ -254,7 +292,7 @@ def test_omni_text_to_speech_on_the_gpu(omni_cuda_engine) -> None:
             "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": p}]}]}
                          for p in ("Hello there", "What is the capital of France?")]}  # fmt: skip
     graphed = run_pipeline(omni_cuda_engine, body, 2)
-    plain = run_pipeline(omni_cuda_engine, body, 2, cuda_graphs=False)
+    plain = run_pipeline(omni_cuda_engine, body, 2, engines=Engines(cuda_graphs=False))
     for a, b in zip(graphed, plain, strict=True):
         assert a.entry["ok"], a.entry
         assert a.codes.shape == (20, 16)
@@ -273,7 +311,7 @@ def test_code_predictor_draws_on_the_gpu_as_the_host_does(omni_cuda_engine, monk
 
     for graphs in (True, False):
         compared = draw_check.engine_draws_match_host(
-            omni_cuda_engine, monkeypatch, cuda_graphs=graphs,
+            omni_cuda_engine, monkeypatch, engines=Engines(cuda_graphs=graphs),
             bodies=(draw_check.BODY, draw_check.OTHER),  # the second replays the first's graphs
         )  # fmt: skip
         assert compared >= 2 * 3 * 15 * 12, compared  # most of 16 frames x 15 steps x 3 rows
@@ -316,13 +354,17 @@ def test_code2wav_windows_replay_fixed_length_graphs(omni_cuda_engine, omni_engi
     rng = np.random.default_rng(5)
     codes = [rng.integers(0, 64, (n, 16)) for n in (40, 40, 7)]
 
+    from types import SimpleNamespace
+
+    from edgeomni.runtime.scheduler import run_graph
+
     def audio(folder: Path, **options) -> tuple[Code2Wav, list[np.ndarray]]:
         runner = Code2Wav(stage, folder / "code2wav", **options)
         out = []
         for _ in range(2):  # the second pass replays what the first captured
-            states = [RequestState(index=i, request=None, plan=None,
+            states = [RequestState(index=i, request=None, plan=SimpleNamespace(stages=("code2wav",)),
                                    outputs={"talker:codes": c}) for i, c in enumerate(codes)]  # fmt: skip
-            runner.run(states)
+            run_graph({"code2wav": runner.slot_stage()}, states, {"code2wav": len(states)})
             out = [s.outputs["code2wav:audio"] for s in states]
         return runner, out
 
@@ -331,7 +373,7 @@ def test_code2wav_windows_replay_fixed_length_graphs(omni_cuda_engine, omni_engi
     lengths = (3, 9, 17, 25, 33)
     assert graphed.engine.cuda_graphs and graphed.fixed_lengths == lengths
     assert set(graphed._fixed) == {(1, n) for n in lengths}
-    uncaptured, plain = audio(omni_cuda_engine, cuda_graphs=False)
+    uncaptured, plain = audio(omni_cuda_engine, engines=Engines(cuda_graphs=False))
     assert not uncaptured.engine.cuda_graphs and uncaptured.fixed_lengths == lengths
     _, cpu = audio(omni_engine)
     for g, p, c in zip(gpu, plain, cpu, strict=True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeomni.runtime import memory
+from edgeomni.runtime.buffers import DeviceBuffers
 from edgeomni.runtime.decoder import StepOutputs
 
 
@@ -23,13 +24,13 @@ class FakeDevice:
 
 def test_outputs_are_copied_once_and_only_when_read(monkeypatch) -> None:
     syncs = []
-    monkeypatch.setattr(memory, "synchronize", lambda: syncs.append(1))
+    monkeypatch.setattr(memory, "synchronize", lambda device=0: syncs.append(device))
     logits = FakeDevice(np.arange(12, dtype=np.float32).reshape(2, 6))
     values = FakeDevice(np.array([[5.0, 4.0], [11.0, 10.0]], np.float32))
     indices = FakeDevice(np.array([[5, 4], [5, 4]], np.int64))
     hidden = np.ones((2, 3), np.float32)  # a host buffer is returned as it is
     out = StepOutputs(2, {"logits": logits, "topk_values": values, "topk_indices": indices,
-                          "last_hidden": hidden})  # fmt: skip
+                          "last_hidden": hidden}, DeviceBuffers())  # fmt: skip
     step = out.logits()
     assert len(syncs) == 1 and (values.copies, indices.copies, logits.copies) == (1, 1, 0)
     np.testing.assert_array_equal(step.topk_indices, indices.value)

@@ -112,7 +112,7 @@ def main() -> int:
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     count_captures()
-    pipe = Pipeline(a.engine, cuda_graphs=not a.no_cuda_graphs)
+    pipe = Pipeline(a.engine, engines=engine_mod.Engines(cuda_graphs=not a.no_cuda_graphs))
     text = None if a.voice is not None else pipe.text_terminals()
     base = 0
     rows = []

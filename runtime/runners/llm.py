@@ -16,7 +16,7 @@ from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import Artifact, Checked, check_folder
 from edgeomni.runtime.decoder import StepOutputs, right_pad, text_positions
 from edgeomni.runtime.decoder_stage import DecoderStage, Slot
-from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import Event, HiddenRows, TextDelta
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import Prompt, PromptRows, media_hook, media_parts
@@ -68,17 +68,15 @@ class LLMBackbone(StageRunner):
         stage: Any,
         folder: Path,
         *,
-        threads: int | None = None,
-        cuda_graphs: bool = True,
-        spin: bool = True,
+        engines: Engines = DEFAULT_ENGINES,
     ) -> None:
-        """``spin``: False when other stages' engines run between this one's steps."""
+        """``engines``: how its engines open (its ``spin`` False when other stages' engines run
+        between this one's steps)."""
         self.stage = stage
         checked = self.check(stage, folder)
         self.config: dict[str, Any] = checked.config
         cfg = self.config
-        self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs,
-                                  spin=spin)  # fmt: skip
+        self.engine = engines.open(folder, cfg)
         self.embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         self.tokenizer: TextTokenizer = checked.tokenizer
         limits = cfg["builder_config"]
@@ -95,7 +93,7 @@ class LLMBackbone(StageRunner):
         self.hidden_layer = cfg.get("hidden_output_layer")
         # the family's media preparation for this model type, or text only (runtime/prompt.py)
         self.media = media_hook(cfg)(
-            folder, cfg, threads=threads, locations=stage.config.get("encoders")
+            folder, cfg, threads=engines.threads, locations=stage.config.get("encoders")
         )
         self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)
         self.stage_id: str = stage.id

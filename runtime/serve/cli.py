@@ -199,7 +199,7 @@ def _prepare(args: argparse.Namespace, opened: list[Any]) -> int | tuple[Any, An
     """Everything before the port opens, cheapest first: the graph and the flags against its
     build, the address, the engines, the warm-up. An exit status, or (socket, server, app)."""
     from edgeomni.graph_schema import GraphError
-    from edgeomni.runtime.engine import threads_error
+    from edgeomni.runtime.engine import Engines, threads_error
     from edgeomni.runtime.pipeline import Pipeline, resolve_config
     from edgeomni.runtime.serve import warmup
     from edgeomni.runtime.serve.app import make_app
@@ -210,8 +210,8 @@ def _prepare(args: argparse.Namespace, opened: list[Any]) -> int | tuple[Any, An
         return _fail(str(threads_error(args.threads)))
     try:
         config = resolve_config(args.config)
-        pipe = Pipeline(config, threads=args.threads, patience=args.stage_patience,
-                        cuda_graphs=not args.no_cuda_graphs)  # fmt: skip
+        engines = Engines(threads=args.threads, cuda_graphs=not args.no_cuda_graphs)
+        pipe = Pipeline(config, engines=engines, patience=args.stage_patience)
     except GraphError as e:
         return _fail(f"invalid graph: {e}")
     except (OSError, RuntimeError, ValueError) as e:

@@ -34,8 +34,10 @@ TEXT = "Hello! Please say a few words about the weather today."
 def needed(server: Server) -> bool:
     """Whether a warm-up pays here: some stage runs on a GPU with CUDA graphs (on a CPU a
     call's first run costs about what the next does)."""
-    on_gpu = any(cfg.get("device") == "cuda" for cfg in stage_configs(server.pipe).values())
-    return on_gpu and server.pipe.cuda_graphs
+    on_gpu = any(
+        str(cfg.get("device")).startswith("cuda") for cfg in stage_configs(server.pipe).values()
+    )
+    return on_gpu and server.pipe.engines.cuda_graphs
 
 
 def bodies(server: Server, tokens: int, frames: int) -> tuple[str, dict[str, Any]]:

@@ -11,7 +11,7 @@ import numpy as np
 
 from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.call_stage import CallStage
-from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import TextDelta
 from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
 
@@ -20,10 +20,10 @@ class Shift(StageRunner):
     kind = "iterative"
     reads = frozenset({"shift_seed"})
 
-    def __init__(self, stage: Any, folder: Path, **engines: Any) -> None:
+    def __init__(self, stage: Any, folder: Path, *, engines: Engines = DEFAULT_ENGINES) -> None:
         self.stage = stage
         self.config = self.check(stage, folder).config
-        self.engine = open_engine(folder, self.config, threads=engines.get("threads"))
+        self.engine = engines.open(folder, self.config, replay=False)
 
     @classmethod
     def check(cls, stage: Any, folder: Path) -> Any:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime.artifacts import Artifact, Checked, check_folder
-from edgeomni.runtime.engine import Engine, open_engine
+from edgeomni.runtime.engine import DEFAULT_ENGINES, Engine, Engines
 from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
 from edgeomni.runtime.vocoder import Window, WindowedVocoder, playback_stall_s
 
@@ -93,17 +93,15 @@ class Code2Wav(StageRunner):
         stage: Any,
         folder: Path,
         *,
-        threads: int | None = None,
+        engines: Engines = DEFAULT_ENGINES,
         whole_utterance: bool | None = None,
-        cuda_graphs: bool = True,
-        spin: bool = True,
     ) -> None:
-        """``spin``: False when other stages' engines run between this one's calls."""
+        """``engines``: how its engine opens (its ``spin`` False when other stages' engines run
+        between this one's calls)."""
         self.stage = stage
         self.config: dict[str, Any] = self.check(stage, folder).config
         cfg = self.config
-        self.engine: Engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs,
-                                          spin=spin)  # fmt: skip
+        self.engine: Engine = engines.open(folder, cfg)
         self.num_quantizers = int(cfg["num_quantizers"])
         self.codebook_size = int(cfg["codebook_size"])
         self.samples_per_frame = int(cfg["samples_per_frame"])
@@ -119,7 +117,7 @@ class Code2Wav(StageRunner):
         # the lengths windows run at where the engine prefers fixed shapes (a GPU; none: each
         # at its own), replayed from CUDA graphs where the engine has them: the first window's,
         # the growing ones', a full window with its left context
-        fixed = self.engine.fixed_shapes
+        fixed = self.engine.prefers_fixed_shapes
         self.fixed_lengths: tuple[int, ...] = tuple(sorted(voc.lengths())) if fixed else ()
         self._fixed: dict[tuple[int, int], _Fixed] = {}
         self.source = stage_source(stage, CODES_INPUT)
@@ -151,10 +149,11 @@ class Code2Wav(StageRunner):
         out = np.empty((b, 1, n * self.samples_per_frame - self.trim), np.float32)
         binding = self.engine.binding()
         binding.bind_output("waveform", out)
-        feeds = {"codes": np.ascontiguousarray(codes, np.int64)}
-        # what the attention lowering takes besides (every row attends to the window's n frames)
-        lengths, host = self.engine.length_feeds(np.zeros(b, np.int32), np.full(b, n, np.int32))
-        binding.run({**feeds, **lengths, **host})
+        # every row attends to the window's n frames (what the attention lowering takes, if its
+        # graph has such inputs)
+        feeds = {"codes": np.ascontiguousarray(codes, np.int64), "past_lens": np.zeros(b, np.int32),
+                 "query_lens": np.full(b, n, np.int32)}  # fmt: skip
+        binding.run(feeds)
         return out.reshape(b, -1)
 
     def _decode_fixed(self, codes: np.ndarray, length: int) -> np.ndarray:
@@ -167,28 +166,23 @@ class Code2Wav(StageRunner):
         padded = np.zeros((b, q, length), np.int64)
         padded[:, :, :n] = codes
         keep = n * self.samples_per_frame - self.trim
-        if isinstance(slot.codes, np.ndarray):  # a CPU engine: its buffers are reused
-            slot.codes[...] = padded
-            slot.binding.run({}, graph=slot.graph)
-            return slot.out[:, 0, :keep].copy()
-        slot.codes.upload(padded)
+        memory = self.engine.buffers
+        memory.upload(slot.codes, padded)
         slot.binding.run({}, graph=slot.graph)
-        return slot.out.download()[:, 0, :keep]  # waits for the call
+        return memory.download(slot.out)[:, 0, :keep]  # waits for the call
 
     def _new_fixed(self, b: int, length: int) -> _Fixed:
         shapes = (
             (b, self.num_quantizers, length),
             (b, 1, length * self.samples_per_frame - self.trim),
         )
-        codes, out = (
-            self.engine.zeros(shapes[0], np.int64),
-            self.engine.zeros(shapes[1], np.float32),
-        )
+        memory = self.engine.buffers
+        codes, out = memory.zeros(shapes[0], np.int64), memory.zeros(shapes[1], np.float32)
         binding = self.engine.binding()
         binding.bind_input(CODES_INPUT, codes)
         binding.bind_output("waveform", out)
-        graph = self.engine.new_graph_id() if self.engine.cuda_graphs else None
-        return _Fixed(binding, codes, out, graph)
+        # replayed from a captured graph where the engine captures
+        return _Fixed(binding, codes, out, self.engine.new_graph_id())
 
     def vocoder(self) -> WindowedVocoder:
         """A fresh windowed vocoder over this engine (also what a streaming caller pushes into)."""

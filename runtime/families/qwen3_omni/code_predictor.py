@@ -20,7 +20,7 @@ import numpy as np
 from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.decoder import DecoderSession, text_positions
-from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.sampling import SamplingParams, sample_step
 
@@ -41,7 +41,7 @@ def splits_prefill(engine: Any) -> bool:
     engine's buffers are device buffers (the talker's hidden state and E(code0) are already
     there, and joining them into one input would mean a download). Otherwise (the CPU) the one
     call."""
-    return bool(engine.graphs_decode or not engine.host_memory)
+    return bool(engine.replays_steps or not engine.buffers.on_host)
 
 
 class CodePredictor:
@@ -51,12 +51,11 @@ class CodePredictor:
         *,
         groups: int,
         max_batch: int,
-        threads: int | None = None,
-        cuda_graphs: bool = True,
+        engines: Engines = DEFAULT_ENGINES,
     ) -> None:
         self.config = cfg = check_folder(folder, cp_artifact(groups)).config
         # its calls alternate with the talker's: its CPU threads do not spin between them
-        self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs, spin=False)
+        self.engine = engines.open(folder, cfg, spin=False)
         self.split_prefill = splits_prefill(self.engine)
         # an engine that draws its own codes runs a frame's steps back to back, each fed the
         # code embedding the one before drew, on the device
@@ -69,9 +68,8 @@ class CodePredictor:
         tables = safetensors_np.load(folder / "embedding.safetensors")
         self.embeddings = [tables[f"embedding_{i}"] for i in range(groups - 1)]
         self.kv = KVCache.for_decoder(cfg, max_batch, groups, self.engine)
-        self._drawn: dict[tuple[int, int], Any] = {}
+        self._drawn: dict[tuple[int, int], tuple[Any, list[Any]]] = {}  # buffer, its rows
         self._staging: dict[tuple[int, int], tuple[Any, Any, list[Any]]] = {}
-        self._drawn_rows: dict[tuple[int, int], list[Any]] = {}  # views of _drawn's rows
 
     def session(self, rows: int) -> DecoderSession:
         outputs: dict[str, tuple[int, ...]] = {"logits": (int(self.config["vocab_size"]),)}
@@ -163,13 +161,11 @@ class CodePredictor:
         split and [hidden, E(c0)] otherwise."""
         n = first.shape[0]
         past = np.zeros(n, np.int32)
-        if not self.split_prefill:
-            return past, np.concatenate([last_hidden[:, None, :], first], axis=1)
-        hidden = (
-            last_hidden[:, None, :]
-            if isinstance(last_hidden, np.ndarray)
-            else last_hidden.view((n, 1, self.hidden_size))
-        )
+        memory = self.engine.buffers
+        if not self.split_prefill:  # host arrays (where the engine's buffers are host arrays)
+            hidden = memory.to_host(last_hidden)[:, None, :]
+            return past, np.concatenate([hidden, memory.to_host(first)], axis=1)
+        hidden = memory.view(last_hidden, (n, 1, self.hidden_size))
         cp.run(hidden, text_positions(past, 1, False), past, q, np.zeros(n, np.int64), tag=0,
                wait=wait, lm_head_index=np.zeros(1, np.int64), **draw)  # fmt: skip
         return past + 1, first
@@ -179,10 +175,8 @@ class CodePredictor:
         """The engine sampler's inputs: greedy is top-k 1 at temperature 1 (and uniform 0)."""
         greedy = params.greedy
         return {
-            # a host array, or a row of a GPU frame's staged numbers (read where it is)
-            "sample_uniform": np.asarray(uniform, np.float64)
-            if isinstance(uniform, np.ndarray)
-            else uniform,
+            # float64: a host array, or a row of a GPU frame's staged numbers (read where it is)
+            "sample_uniform": uniform,
             "sample_temperature": np.array([1.0 if greedy else params.temperature]),
             "sample_top_k": np.array([1 if greedy else params.top_k], np.int64),
             "sample_top_p": np.array([1.0 if greedy else params.top_p]),
@@ -218,7 +212,8 @@ class CodePredictor:
         uniform_rows, e0_in = self._staged(uniforms, e0)
         past, x = self._prefill(cp, last_hidden, e0_in, q, self._draw_inputs(np.zeros(n), params),
                                 wait=False)  # fmt: skip
-        drawn = self._drawn_codes(steps, n)
+        drawn, drawn_rows = self._drawn_codes(steps, n)
+        memory = self.engine.buffers
         draw = self._draw_inputs(np.zeros(n), params)  # the same settings every step
         heads = self._lm_heads
         for group in range(1, self.groups):
@@ -227,15 +222,13 @@ class CodePredictor:
             out = cp.run(x, text_positions(past, width, False), past, q * width,
                          np.full(n, width - 1, np.int64), tag=group, wait=False,
                          lm_head_index=heads[group - 1], **draw)  # fmt: skip
-            ids = out.buffer("sampled_ids")  # copied aside before a later call can write it
-            if isinstance(drawn, np.ndarray):
-                drawn[group - 1] = ids
-            else:  # on the device, queued: the host waits once, below
-                self._drawn_rows[(steps, n)][group - 1].copy_from(ids)
+            # copied aside before a later call can write it (on a GPU, queued: the host waits
+            # once, below)
+            memory.copy_into(drawn_rows[group - 1], out.buffer("sampled_ids"))
             x = out.buffer("sampled_embeds")
-            x = x.reshape(n, 1, -1) if isinstance(x, np.ndarray) else x.view((n, 1, x.shape[-1]))
+            x = memory.view(x, (n, 1, x.shape[-1]))
             past = past + width
-        got = drawn if isinstance(drawn, np.ndarray) else drawn.download()
+        got = memory.to_host(drawn)
         codes = np.concatenate([code0[:, None], got.T], axis=1)
         if (codes[active] < 0).any():
             if rngs:
@@ -256,30 +249,34 @@ class CodePredictor:
         the host wait for each queued step and the GPU then wait for the host (the steps take
         them from these buffers device to device). On a CPU: host arrays."""
         steps, n = uniforms.shape
-        if self.engine.host_memory:
+        memory = self.engine.buffers
+        if memory.on_host:
             return list(uniforms), e0[:, None, :]
         key = (steps, n)
         staged = self._staging.get(key)
         if staged is None:
             dtype = self.engine.input_types.get("inputs_embeds", np.dtype(np.float32))
-            rows = self.engine.zeros((steps, n), np.float64)
+            rows = memory.zeros((steps, n), np.float64)
             staged = self._staging[key] = (
                 rows,
-                self.engine.zeros((n, 1, self.hidden_size), dtype),
-                [rows.rows(1, i).view((n,)) for i in range(steps)],  # made once, not per frame
+                memory.zeros((n, 1, self.hidden_size), dtype),
+                self._row_views(rows, steps, n),  # made once, not per frame
             )
         rows, first, views = staged
-        rows.upload(np.ascontiguousarray(uniforms, np.float64))
-        first.upload(np.ascontiguousarray(e0[:, None, :], first.dtype))
+        memory.upload(rows, np.ascontiguousarray(uniforms, np.float64))
+        memory.upload(first, np.ascontiguousarray(e0[:, None, :], first.dtype))
         return views, first
 
-    def _drawn_codes(self, steps: int, n: int) -> Any:
-        """Where a frame's drawn codes [steps, n] gather: device memory for a GPU engine (one
-        download per frame), kept per cohort size."""
-        buf = self._drawn.get((steps, n))
-        if buf is None:
-            buf = self.engine.zeros((steps, n), np.int64)
-            if not isinstance(buf, np.ndarray):
-                self._drawn_rows[(steps, n)] = [buf.rows(1, i).view((n,)) for i in range(steps)]
-            self._drawn[(steps, n)] = buf
-        return buf
+    def _row_views(self, buf: Any, steps: int, n: int) -> list[Any]:
+        """Each of a [steps, n] buffer's rows, as an [n] view."""
+        memory = self.engine.buffers
+        return [memory.view(memory.rows(buf, 1, i), (n,)) for i in range(steps)]
+
+    def _drawn_codes(self, steps: int, n: int) -> tuple[Any, list[Any]]:
+        """Where a frame's drawn codes [steps, n] gather, and a view of each step's row: the
+        engine's memory (on a GPU, one download per frame), kept per cohort size."""
+        got = self._drawn.get((steps, n))
+        if got is None:
+            buf = self.engine.buffers.zeros((steps, n), np.int64)
+            got = self._drawn[(steps, n)] = (buf, self._row_views(buf, steps, n))
+        return got

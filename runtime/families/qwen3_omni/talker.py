@@ -23,7 +23,7 @@ from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
 from edgeomni.runtime.decoder import StepOutputs, right_pad, text_positions
 from edgeomni.runtime.decoder_stage import DecoderStage, Slot
-from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import CodecFrames, Event, Finished, HiddenRows
 from edgeomni.runtime.families.qwen3_omni import STAGE_KEYS
 from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor, cp_artifact
@@ -243,17 +243,14 @@ class SpeechTalker(StageRunner):
         stage: Any,
         folder: Path,
         *,
-        threads: int | None = None,
-        cuda_graphs: bool = True,
-        spin: bool = False,
+        engines: Engines = DEFAULT_ENGINES,
     ) -> None:
-        """``spin`` is not taken: the talker's engine and its code predictor's take turns every
-        frame, so neither spins waiting for its next call."""
+        """``engines``' ``spin`` is not taken: the talker's engine and its code predictor's take
+        turns every frame, so neither spins waiting for its next call."""
         self.stage = stage
         self.stage_id: str = stage.id
         cfg = self.config = self.check(stage, folder).config
-        self.engine = open_engine(folder, cfg, threads=threads, cuda_graphs=cuda_graphs,
-                                  spin=False)  # fmt: skip
+        self.engine = engines.open(folder, cfg, spin=False)
         self.codec_embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         self.groups = int(cfg["num_code_groups"])
         self.ids: dict[str, int] = cfg["ids"]
@@ -266,7 +263,7 @@ class SpeechTalker(StageRunner):
         self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)
         self.cp = CodePredictor(
             (folder / cfg["code_predictor"]).resolve(), groups=self.groups,
-            max_batch=self.max_batch, threads=threads, cuda_graphs=cuda_graphs,
+            max_batch=self.max_batch, engines=engines,
         )  # fmt: skip
         self._cp_sessions: dict[int, Any] = {}
         # the talker may not emit the codec's control band, except the end of speech (a GPU

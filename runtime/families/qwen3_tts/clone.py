@@ -21,7 +21,7 @@ import numpy as np
 from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.audio import read_wav, resample
 from edgeomni.runtime.call_stage import CallStage
-from edgeomni.runtime.engine import open_engine
+from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.families.qwen3_tts.speaker_mel import speaker_mel
 from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
 
@@ -42,13 +42,12 @@ class _Encoder(StageRunner):
         stage: Any,
         folder: Path,
         *,
-        threads: int | None = None,
-        cuda_graphs: bool = True,
-        spin: bool = False,
+        engines: Engines = DEFAULT_ENGINES,
     ) -> None:
+        """One call per request: nothing of its engine is captured."""
         self.stage = stage
         self.config: dict[str, Any] = self.check(stage, folder).config
-        self.engine = open_engine(folder, self.config, threads=threads, spin=spin)
+        self.engine = engines.open(folder, self.config, replay=False)
         self.sample_rate = int(self.config["sample_rate"])
 
     @classmethod
