@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,14 @@ from edgeomni.runtime.requests import SPEECH_STAGE_KEYS
 from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
 from edgeomni.runtime.sampling import SamplingParams
 
-DEFAULT_MAX_FRAMES = 4096  # transformers' talker_max_new_tokens
+# transformers' Qwen3-Omni talker and code predictor settings (``SpeechTalker._sampling``)
+SAMPLING = MappingProxyType({
+    "do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0,
+    "repetition_penalty": 1.05, "max_new_tokens": 4096, "min_new_tokens": 0,
+    "subtalker_dosample": True, "subtalker_temperature": 1.0, "subtalker_top_k": 50,
+    "subtalker_top_p": 0.8,
+})  # fmt: skip
+GREEDY = SamplingParams(temperature=0.0, top_k=1, top_p=1.0)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -276,6 +284,41 @@ class SpeechTalker(StageRunner):
 
     def setup(self, folder: Path, cfg: dict[str, Any]) -> None:
         """The family's own tables and settings, read once the engines are open."""
+
+    # the residual codes are greedy when the talker is and no cp_* key says otherwise
+    # (transformers' Qwen3-Omni); False: they follow their own settings only (qwen-tts)
+    follows_talker = True
+
+    def sampling_defaults(self) -> Mapping[str, Any]:
+        """The family's settings under the keys' names without prefix (``SAMPLING``'s)."""
+        return SAMPLING
+
+    def _sampling(self, request: Any) -> tuple[SamplingParams, SamplingParams, int, int]:
+        """talker_* keys for the first code, cp_* (or subtalker_*) keys for the residual codes,
+        each over ``sampling_defaults``; its max and min frames. ``talker_do_sample`` /
+        ``cp_dosample`` false, a temperature 0 or a top-k 1 is greedy."""
+        given, defaults = request.stage_settings, self.sampling_defaults()
+
+        def talker(key: str) -> Any:
+            return given.get(f"talker_{key}", defaults[key])
+
+        def residual(key: str) -> Any:
+            return given.get(f"cp_{key}", given.get(f"subtalker_{key}", defaults[f"subtalker_{key}"]))
+
+        first = SamplingParams(
+            temperature=float(talker("temperature")) if talker("do_sample") else 0.0,
+            top_k=int(talker("top_k")),
+            top_p=float(talker("top_p")),
+            repetition_penalty=float(talker("repetition_penalty")),
+            seed=given.get("talker_seed", given.get("talker_sampling_seed", request.sampling.seed)),
+        )
+        cp_given = any(k.startswith(("cp_", "subtalker_")) for k in given)
+        if not residual("dosample") or (self.follows_talker and first.greedy and not cp_given):
+            rest = GREEDY
+        else:
+            rest = SamplingParams(temperature=float(residual("temperature")),
+                                  top_k=int(residual("top_k")), top_p=float(residual("top_p")))
+        return first, rest, int(talker("max_new_tokens")), int(talker("min_new_tokens"))
 
     def voice_of(self, state: RequestState) -> Any:
         """What a request's report says it spoke with."""
@@ -626,38 +669,3 @@ class Talker(SpeechTalker):
             elif j == p.fed:
                 rows[row] = self.tts_eos
         return rows
-
-    def _sampling(self, request: Any) -> tuple[SamplingParams, SamplingParams, int, int]:
-        """talker_* keys for the first code, cp_* (or subtalker_*) keys for the residual codes.
-
-        The residual codes follow the talker: greedy when it is greedy, otherwise transformers'
-        top_k 50 / top_p 0.8 unless cp_* keys say otherwise."""
-        extra = dict(request.stage_settings)
-        sample = bool(extra.get("talker_do_sample", True))  # false: greedy, as upstream's
-        talker = SamplingParams(
-            temperature=float(extra.get("talker_temperature", 0.9)) if sample else 0.0,
-            top_k=int(extra.get("talker_top_k", 50)),
-            top_p=float(extra.get("talker_top_p", 1.0)),
-            repetition_penalty=float(extra.get("talker_repetition_penalty", 1.05)),
-            seed=extra.get("talker_seed", extra.get("talker_sampling_seed", request.sampling.seed)),
-        )
-
-        def cp(key: str, default: float) -> float:
-            return extra.get(f"cp_{key}", extra.get(f"subtalker_{key}", default))
-
-        cp_sample = bool(extra.get("cp_dosample", extra.get("subtalker_dosample", True)))
-        cp_given = any(k.startswith(("cp_", "subtalker_")) for k in extra)
-        if not cp_sample or (talker.greedy and not cp_given):
-            residual = SamplingParams(temperature=0.0, top_k=1, top_p=1.0)
-        else:
-            residual = SamplingParams(
-                temperature=float(cp("temperature", 1.0)),
-                top_k=int(cp("top_k", 50)),
-                top_p=float(cp("top_p", 0.8)),
-            )
-        return (
-            talker,
-            residual,
-            int(extra.get("talker_max_new_tokens", DEFAULT_MAX_FRAMES)),
-            int(extra.get("talker_min_new_tokens", 0)),
-        )

@@ -24,7 +24,6 @@ from edgeomni.runtime.families.qwen3_omni.code_predictor import cp_artifact
 from edgeomni.runtime.families.qwen3_omni.talker import SpeechTalker
 from edgeomni.runtime.families.qwen3_tts import STAGE_KEYS
 from edgeomni.runtime.runners import RequestError, RequestState
-from edgeomni.runtime.sampling import SamplingParams
 
 __all__ = ["TtsTalker", "spoken_text"]
 
@@ -105,6 +104,7 @@ class TtsTalker(SpeechTalker):
     """Qwen3-TTS's talker: a graph's first stage, so a request starts as soon as it has a row."""
 
     mrope = False  # 1-D positions: the release's MRoPE gives every section the same ones
+    follows_talker = False  # upstream's talker and code predictor do not share settings
     # with no text model, repetition_penalty is the talker's (see Pipeline._as_read)
     reads = frozenset((*SpeechTalker.reads, *STAGE_KEYS, "repetition_penalty"))
 
@@ -145,6 +145,10 @@ class TtsTalker(SpeechTalker):
             (folder / cfg["code_predictor"]).resolve(), cp_artifact(cfg["num_code_groups"])
         )
         return checked
+
+    def sampling_defaults(self) -> dict[str, Any]:
+        """The checkpoint's generation_config.json (talker and subtalker_* settings)."""
+        return {**self.generation, "min_new_tokens": self.min_new_tokens}
 
     def voice_of(self, state: RequestState) -> Any:
         spoken = state.prepared[self.stage.id]
@@ -337,39 +341,3 @@ class TtsTalker(SpeechTalker):
             if active[row] and steps[row] < len(p.trailing):
                 rows[row] = p.trailing[steps[row]]
         return rows
-
-    def _sampling(self, request: Any) -> tuple[SamplingParams, SamplingParams, int, int]:
-        """talker_* keys for the first code, subtalker_* (or cp_*) for the residual codes, each
-        over the checkpoint's generation_config.json (upstream's: the talker and the code
-        predictor do not share settings). ``talker_do_sample`` / ``subtalker_dosample`` false,
-        a temperature 0 or a top-k 1 is greedy."""
-        extra, gen = dict(request.stage_settings), self.generation
-
-        def talker(key: str) -> Any:
-            return extra.get(f"talker_{key}", gen[key])
-
-        def residual(key: str) -> Any:
-            return extra.get(f"cp_{key}", extra.get(f"subtalker_{key}", gen[f"subtalker_{key}"]))
-
-        sample = bool(extra.get("talker_do_sample", gen["do_sample"]))
-        first = SamplingParams(
-            temperature=float(talker("temperature")) if sample else 0.0,
-            top_k=int(talker("top_k")),
-            top_p=float(talker("top_p")),
-            repetition_penalty=float(talker("repetition_penalty")),
-            seed=extra.get("talker_seed", extra.get("talker_sampling_seed", request.sampling.seed)),
-        )
-        sub = bool(
-            extra.get("cp_dosample", extra.get("subtalker_dosample", gen["subtalker_dosample"]))
-        )
-        rest = SamplingParams(
-            temperature=float(residual("temperature")) if sub else 0.0,
-            top_k=int(residual("top_k")),
-            top_p=float(residual("top_p")),
-        )
-        return (
-            first,
-            rest,
-            int(extra.get("talker_max_new_tokens", gen["max_new_tokens"])),
-            int(extra.get("talker_min_new_tokens", self.min_new_tokens)),
-        )
