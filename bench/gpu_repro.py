@@ -41,9 +41,9 @@ def main() -> None:
     from edgeomni.export.family import BuildArgs
     from edgeomni.export.tiny_omni import make_qwen3_omni
     from edgeomni.runtime.engine import Engines
-    from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
+    from edgeomni.runtime.speech.code_predictor import CodePredictor
 
     args.work.mkdir(parents=True, exist_ok=True)
     ckpt, engine = args.work / "ckpt", args.work / f"engine-{args.device}"

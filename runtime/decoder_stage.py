@@ -27,7 +27,7 @@ from edgeomni.runtime.events import Event, Finished
 from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.sampling import SamplingParams, StepLogits, log_softmax_top, sample_rows
 
-__all__ = ["DecoderSpec", "DecoderStage", "Slot", "rows_of"]
+__all__ = ["DecoderSpec", "DecoderStage", "Slot", "StepPlan", "plan_step", "prefill_runs", "rows_of"]
 
 _NONE = np.zeros(0, np.int64)
 
@@ -63,6 +63,46 @@ class Slot:
 
     def __post_init__(self) -> None:
         self.past = self.past or self.length
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One decode step as the stage runs it: the rows that step (ascending) and the call's
+    width (rows 0..width-1, up to the highest active row; the others sit it out with query
+    length 0, their cache untouched), with each row's cache length, position offset and
+    query length, as the engine is fed them."""
+
+    rows: tuple[int, ...]
+    width: int
+    past: np.ndarray  # int32 [width]
+    deltas: np.ndarray  # int32 [width]: decode positions are past + delta
+    query: np.ndarray  # int32 [width]: 1 for the rows that step
+
+
+def plan_step(slots: Mapping[int, Slot], can_step: Any) -> StepPlan | None:
+    """The step of these active slots (by row) whose ``can_step(slot)`` holds; None: none."""
+    rows = sorted(r for r, s in slots.items() if can_step(s))
+    if not rows:
+        return None
+    width = max(slots) + 1
+    past = np.zeros(width, np.int32)
+    deltas = np.zeros(width, np.int32)
+    for row, s in slots.items():
+        past[row], deltas[row] = s.past, s.delta
+    query = np.zeros(width, np.int32)
+    query[rows] = 1
+    return StepPlan(tuple(rows), width, past, deltas, query)
+
+
+def prefill_runs(slots: Sequence[Slot]) -> list[list[Slot]]:
+    """New slots (by ascending row) in runs of contiguous rows: each run is one prefill call."""
+    runs: list[list[Slot]] = []
+    for slot in slots:
+        if runs and slot.row == runs[-1][-1].row + 1:
+            runs[-1].append(slot)
+        else:
+            runs.append([slot])
+    return runs
 
 
 class DecoderSpec(Protocol):
@@ -157,11 +197,8 @@ class DecoderStage:
         """Prefill these requests into their rows (each contiguous run of rows one call) and
         draw each one's first token."""
         slots = self.spec.open(sorted(entries, key=lambda e: e[1]))
-        lo = 0
-        for hi in range(1, len(slots) + 1):
-            if hi == len(slots) or slots[hi].row != slots[hi - 1].row + 1:
-                self._prefill(slots[lo:hi])
-                lo = hi
+        for run in prefill_runs(slots):
+            self._prefill(run)
         return slots
 
     def _prefill(self, run: Sequence[Slot]) -> None:
@@ -182,24 +219,19 @@ class DecoderStage:
     def step(self, slots: Mapping[int, Slot]) -> None:
         """One decode step of every row that can step: rows [0, highest active] in one call."""
         spec = self.spec
-        rows = sorted(r for r, s in slots.items() if spec.can_step(s))
-        if not rows:
+        plan = plan_step(slots, spec.can_step)
+        if plan is None:
             return
+        rows, hi = list(plan.rows), plan.width
         ready = [slots[r] for r in rows]
         start = time.perf_counter()
-        hi = max(slots) + 1
         embeds = np.zeros((hi, 1, spec.hidden_size), np.float32)
         embeds[rows, 0] = spec.inputs(ready, slots, self._last)
-        past = np.zeros(hi, np.int32)
-        deltas = np.zeros(hi, np.int32)
-        for row, s in slots.items():
-            past[row], deltas[row] = s.past, s.delta
-        query = np.zeros(hi, np.int32)
-        query[rows] = 1
         session = self._decode_session(hi)
         engine = session.engine_seconds
-        out = session.run(embeds, text_positions(past + deltas, 1, spec.mrope), past, query,
-                          np.zeros(hi, np.int64), **spec.decode_feeds(hi))  # fmt: skip
+        out = session.run(embeds, text_positions(plan.past + plan.deltas, 1, spec.mrope),
+                          plan.past, plan.query, np.zeros(hi, np.int64),
+                          **spec.decode_feeds(hi))  # fmt: skip
         logits = out.logits()
         self._draw(ready, rows_of(logits, np.array(rows, np.int64)) if len(rows) != hi else logits)
         self._last = out

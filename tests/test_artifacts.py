@@ -13,11 +13,12 @@ import pytest
 
 from edgeomni.runtime.artifacts import Artifact, ArtifactError, check_folder
 from edgeomni.runtime.families.qwen3_omni import audio_encoder as audio
-from edgeomni.runtime.families.qwen3_omni import code2wav, talker
+from edgeomni.runtime.families.qwen3_omni import talker
 from edgeomni.runtime.families.qwen3_omni import visual_encoder as visual
-from edgeomni.runtime.families.qwen3_omni.code_predictor import cp_artifact
 from edgeomni.runtime.pipeline import Pipeline
 from edgeomni.runtime.runners import llm
+from edgeomni.runtime.speech import code2wav
+from edgeomni.runtime.speech.code_predictor import cp_artifact
 from edgeomni.runtime.tokenizer import TextTokenizer
 
 # (fixture, folder, its artifact); the code predictor's tables follow the talker's 16 groups

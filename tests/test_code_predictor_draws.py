@@ -13,9 +13,9 @@ import pytest
 
 from edgeomni.runtime.buffers import DeviceBuffers, HostBuffers
 from edgeomni.runtime.decoder import StepOutputs
-from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor
 from edgeomni.runtime.pipeline import Pipeline
 from edgeomni.runtime.requests import parse_request_file
+from edgeomni.runtime.speech.code_predictor import CodePredictor
 
 sys.path.insert(0, str(Path(__file__).parent))
 import omni_reference as ref  # noqa: E402
@@ -206,7 +206,7 @@ def test_the_frame_prefill_splits_where_its_inputs_are_device_buffers() -> None:
     cannot be joined on the host there); one two-token call on the CPU."""
     from types import SimpleNamespace
 
-    from edgeomni.runtime.families.qwen3_omni.code_predictor import splits_prefill
+    from edgeomni.runtime.speech.code_predictor import splits_prefill
 
     def engine(host: bool, graphs: bool) -> SimpleNamespace:
         buffers = HostBuffers() if host else DeviceBuffers()

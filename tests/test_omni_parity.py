@@ -131,9 +131,9 @@ def test_cohort_windows_are_vocoded_together(omni_engine, tmp_path, monkeypatch,
     """Requests stepping together complete their windows on the same frames: each step's
     windows go to code2wav as one batched call, and every request's audio equals its own run
     alone."""
-    from edgeomni.runtime.families.qwen3_omni import code2wav
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
+    from edgeomni.runtime.speech import code2wav
 
     windows = {"window_frames": 6, "first_window_frames": 3, "left_context_frames": 25}
     eng = ref.engine_with_vocoder(omni_engine, tmp_path / "eng", **windows)

@@ -147,7 +147,7 @@ def test_an_utterance_of_no_frames_gives_empty_codes_and_audio(tmp_path: Path) -
     from types import SimpleNamespace
 
     from edgeomni.runtime.decoder_stage import DecoderStage, Slot
-    from edgeomni.runtime.families.qwen3_omni.talker import SpeechTalker, _Speech
+    from edgeomni.runtime.speech.talker import SpeechTalker, _Speech
 
     talker = SpeechTalker.__new__(SpeechTalker)  # its spec's rules, no engine
     talker.stage_id, talker.consumes, talker.ids, talker.groups = (

@@ -31,7 +31,7 @@ from edgeomni.builder.onnxruntime import build_engine
 from edgeomni.export.families.qwen3_tts import code2wav as c2w
 from edgeomni.export.family import BuildArgs
 from edgeomni.graph_schema import Emit, Input, Stage
-from edgeomni.runtime.families.qwen3_omni.code2wav import Code2Wav
+from edgeomni.runtime.speech.code2wav import Code2Wav
 
 
 class HalfGraph(c2w.Code2WavGraph):

@@ -1,7 +1,7 @@
 """Qwen3-Omni at run time: the thinker's media preparation (its audio and visual encoders, log-mel
-features, image preprocessing and 3-axis rope positions), and its speech stages: the talker (its
-prompt layout from the thinker's handoff, its code predictor per frame) and code2wav (the
-vocoder), each with its cohort path and its slot stage for the in-flight scheduler."""
+features, image preprocessing and 3-axis rope positions), and its talker (its prompt layout
+from the thinker's rows); the code predictor and code2wav are the shared speech pieces
+(runtime/speech/)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from edgeomni.runtime.family import RuntimeFamily, register_family
 RUNNERS = (
     (TALKER_RUNNER, "autoregressive", "edgeomni.runtime.families.qwen3_omni.talker:Talker",
      {"codes": "codec"}),
-    (CODE2WAV_RUNNER, "iterative", "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav",
+    (CODE2WAV_RUNNER, "iterative", "edgeomni.runtime.speech.code2wav:Code2Wav",
      {"audio": "audio"}),
 )  # fmt: skip
 

@@ -11,7 +11,6 @@ thinker's accept-layer state), then the assistant prefix with the speaker's code
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,19 +21,15 @@ import numpy as np
 
 from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
-from edgeomni.runtime.decoder import StepOutputs, right_pad, text_positions
-from edgeomni.runtime.decoder_stage import DecoderStage, Slot
-from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
-from edgeomni.runtime.events import CodecFrames, Event, Finished, HiddenRows
+from edgeomni.runtime.decoder_stage import Slot
+from edgeomni.runtime.events import Event, Finished, HiddenRows
 from edgeomni.runtime.families.qwen3_omni import STAGE_KEYS
-from edgeomni.runtime.families.qwen3_omni.code_predictor import CodePredictor, cp_artifact
 from edgeomni.runtime.families.qwen3_omni.media import MEDIA_TOKENS
 from edgeomni.runtime.families.qwen3_omni.mrope import MropeIds, rope_index
-from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import PromptRows
-from edgeomni.runtime.requests import SPEECH_STAGE_KEYS
-from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
-from edgeomni.runtime.sampling import SamplingParams
+from edgeomni.runtime.runners import RequestError, RequestState, stage_source
+from edgeomni.runtime.speech.code_predictor import cp_artifact
+from edgeomni.runtime.speech.talker import SpeechTalker
 
 # transformers' Qwen3-Omni talker and code predictor settings (``SpeechTalker._sampling``)
 SAMPLING = MappingProxyType({
@@ -43,7 +38,6 @@ SAMPLING = MappingProxyType({
     "subtalker_dosample": True, "subtalker_temperature": 1.0, "subtalker_top_k": 50,
     "subtalker_top_p": 0.8,
 })  # fmt: skip
-GREEDY = SamplingParams(temperature=0.0, top_k=1, top_p=1.0)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -209,291 +203,6 @@ ARTIFACT = Artifact(
 )  # fmt: skip
 
 
-@dataclass
-class _Speech:
-    """A talker slot's own: its prefill (the family's: ``can_step``, ``embeds``, ``positions``,
-    ``delta``), its code predictor's settings, its frames so far."""
-
-    prefill: Any
-    residual: SamplingParams  # the code predictor's settings
-    max_frames: int
-    min_frames: int
-    # [H] the talker's latest state, the next frame's input, as a host array; None: it is row
-    # ``row`` of the last decode step's output, where the engine left it (on a GPU, the device)
-    hidden: np.ndarray | None = None
-    frames: np.ndarray | None = None  # completed frames [max_frames, G], the first ``made``
-    made: int = 0
-    sent: int = 0  # frames its events gave
-    cp_s: float = 0.0  # its code predictor calls'
-    cp_engine_s: float = 0.0
-    cp_steps_s: float = 0.0  # every code predictor call of the steps it took part in
-    host_frames: int = 0
-
-
-class SpeechTalker(StageRunner):
-    """The talker both Qwen3 speech families share, the decoder stage's spec for speech
-    (runtime/decoder_stage.py): the talker engine gives each frame's first code, the code
-    predictor (a per-step sub-stage) its residual codes, and the frame's summed embedding plus
-    the next text row is the talker's next input. A family's subclass builds the prefill and
-    text rows (``_plan``, ``_prefills``, ``_text_rows``), reads its settings (``_sampling``)
-    and says when a request can start (``ready``); ``setup`` reads its own tables."""
-
-    kind = "autoregressive"
-    # the talker's keys; the request's seed seeds it when talker_seed is not given
-    reads = frozenset((*SPEECH_STAGE_KEYS, "seed", "sampling_seed", *STAGE_KEYS))
-    mrope = True  # the talker engine takes 3-axis positions (Qwen3-Omni); False: 1-D
-    consumes = False
-    per_position: tuple[str, ...] = ()
-    prefill_fetch = ("last_hidden",)  # the first frame's input, read with the top-K
-
-    def __init__(
-        self,
-        stage: Any,
-        folder: Path,
-        *,
-        engines: Engines = DEFAULT_ENGINES,
-    ) -> None:
-        """``engines``' ``spin`` is not taken: the talker's engine and its code predictor's take
-        turns every frame, so neither spins waiting for its next call."""
-        self.stage = stage
-        self.stage_id: str = stage.id
-        cfg = self.config = self.check(stage, folder).config
-        self.engine = engines.open(folder, cfg, spin=False)
-        self.codec_embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
-        self.groups = int(cfg["num_code_groups"])
-        self.ids: dict[str, int] = cfg["ids"]
-        self.vocab_size = int(cfg["vocab_size"])
-        self.hidden_size = int(cfg["hidden_size"])
-        self.outputs = {"logits": (self.vocab_size,), "last_hidden": (self.hidden_size,)}
-        limits = cfg["builder_config"]
-        self.max_batch = int(limits["max_batch_size"])
-        self.capacity = int(limits["max_kv_cache_capacity"])
-        self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)
-        self.cp = CodePredictor(
-            (folder / cfg["code_predictor"]).resolve(), groups=self.groups,
-            max_batch=self.max_batch, engines=engines,
-        )  # fmt: skip
-        self._cp_sessions: dict[int, Any] = {}
-        # the talker may not emit the codec's control band, except the end of speech (a GPU
-        # build's engine keeps the same band out of its top-K)
-        band = np.arange(max(0, self.vocab_size - 1024), self.vocab_size)
-        self.suppressed = band[band != self.ids["codec_eos"]]
-        self._suppressed_and_eos = np.append(self.suppressed, self.ids["codec_eos"])
-        self.stream = False  # a request may start before its upstream is done (slot_stage)
-        self.setup(folder, cfg)
-
-    def setup(self, folder: Path, cfg: dict[str, Any]) -> None:
-        """The family's own tables and settings, read once the engines are open."""
-
-    # the residual codes are greedy when the talker is and no cp_* key says otherwise
-    # (transformers' Qwen3-Omni); False: they follow their own settings only (qwen-tts)
-    follows_talker = True
-
-    def sampling_defaults(self) -> Mapping[str, Any]:
-        """The family's settings under the keys' names without prefix (``SAMPLING``'s)."""
-        return SAMPLING
-
-    def _sampling(self, request: Any) -> tuple[SamplingParams, SamplingParams, int, int]:
-        """talker_* keys for the first code, cp_* (or subtalker_*) keys for the residual codes,
-        each over ``sampling_defaults``; its max and min frames. ``talker_do_sample`` /
-        ``cp_dosample`` false, a temperature 0 or a top-k 1 is greedy."""
-        given, defaults = request.stage_settings, self.sampling_defaults()
-
-        def talker(key: str) -> Any:
-            return given.get(f"talker_{key}", defaults[key])
-
-        def residual(key: str) -> Any:
-            return given.get(f"cp_{key}", given.get(f"subtalker_{key}", defaults[f"subtalker_{key}"]))
-
-        first = SamplingParams(
-            temperature=float(talker("temperature")) if talker("do_sample") else 0.0,
-            top_k=int(talker("top_k")),
-            top_p=float(talker("top_p")),
-            repetition_penalty=float(talker("repetition_penalty")),
-            seed=given.get("talker_seed", given.get("talker_sampling_seed", request.sampling.seed)),
-        )
-        cp_given = any(k.startswith(("cp_", "subtalker_")) for k in given)
-        if not residual("dosample") or (self.follows_talker and first.greedy and not cp_given):
-            rest = GREEDY
-        else:
-            rest = SamplingParams(temperature=float(residual("temperature")),
-                                  top_k=int(residual("top_k")), top_p=float(residual("top_p")))
-        return first, rest, int(talker("max_new_tokens")), int(talker("min_new_tokens"))
-
-    def voice_of(self, state: RequestState) -> Any:
-        """What a request's report says it spoke with."""
-        return state.prepared[self.stage.id]
-
-    def slot_stage(self, *, stream_upstream: bool = False) -> DecoderStage:
-        """This stage for the scheduler loop; ``stream_upstream``: a request may start before
-        its upstream stage is done with it (Qwen3-Omni's: at its reply's first token)."""
-        self.stream = stream_upstream
-        return DecoderStage(self)
-
-    # -- the decoder stage's spec (runtime/decoder_stage.py) ---------------------------------
-    def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
-        return upstream_done
-
-    def consume(self, slot: Slot, event: Event) -> None:
-        raise TypeError(f"{self.stage_id} takes no events")
-
-    def open(self, entries: Sequence[tuple[RequestState, int, Sequence[Event]]]) -> list[Slot]:
-        """Slots for these requests; one whose prompt the talker cannot speak is left out, its
-        error set. Every request's projections run in one call (``_prefills``)."""
-        plans, rows = [], []
-        for state, row, events in entries:
-            try:
-                plans.append(self._plan(state, events))
-            except RequestError as e:
-                state.error = f"{self.stage_id}: {e}"
-                continue
-            rows.append(row)
-        slots = []
-        for plan, prefill, row in zip(plans, self._prefills(plans), rows, strict=True):
-            talker, residual, max_frames, min_frames = self._sampling(plan.state.request)
-            max_frames = min(max_frames, self.capacity - len(prefill.embeds))
-            slots.append(Slot(
-                plan.state, row, _Speech(prefill, residual, max_frames, min_frames), talker,
-                np.random.default_rng(talker.seed), len(prefill.embeds), delta=prefill.delta,
-                history=np.zeros(max(max_frames, 1), np.int64),  # every first code drawn
-            ))  # fmt: skip
-        return slots
-
-    def prefill(self, run: Sequence[Slot]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-        embeds = right_pad([s.data.prefill.embeds for s in run])
-        positions = text_positions(np.zeros(len(run), np.int32), embeds.shape[1], self.mrope)
-        for j, s in enumerate(run):
-            if s.data.prefill.positions is not None:
-                positions[:, j, : s.length] = s.data.prefill.positions
-        return embeds, positions, {}
-
-    def prefilled(self, run: Sequence[Slot], out: StepOutputs) -> None:
-        for j, s in enumerate(run):  # the session is this call's alone: its states to the host
-            s.data.hidden = np.array(out["last_hidden"][j], np.float32)
-
-    def can_step(self, slot: Slot) -> bool:
-        return slot.data.prefill.can_step(slot.steps)
-
-    def _hidden(self, slot: Slot, last: Any) -> np.ndarray:
-        """A slot's latest talker state on the host."""
-        if slot.data.hidden is None:
-            slot.data.hidden = np.array(last["last_hidden"][slot.row], np.float32)
-        return slot.data.hidden
-
-    def _cp_session(self, rows: int) -> Any:
-        if rows not in self._cp_sessions:  # its cache lives for one frame: any rows will do
-            self._cp_sessions[rows] = self.cp.session(rows)
-        return self._cp_sessions[rows]
-
-    def inputs(self, ready: Sequence[Slot], slots: Mapping[int, Slot], last: Any) -> np.ndarray:
-        """Complete each ready row's frame (the code predictor over the ready rows, one call
-        per residual setting) and return its summed embedding plus the row's next text row."""
-        codes = np.empty((len(ready), self.groups), np.int64)
-        frame_embed = np.empty((len(ready), self.hidden_size), np.float32)
-        first = ready[0].data.residual  # mostly one setting: equal objects compare fast
-        if all(s.data.residual is first or s.data.residual == first for s in ready):
-            groups: dict[SamplingParams, list[int]] = {first: list(range(len(ready)))}
-        else:
-            groups = {}
-            for j, s in enumerate(ready):
-                groups.setdefault(s.data.residual, []).append(j)
-        # every row steps and reads the last decode step's states in place: the code predictor
-        # takes that output buffer as it is (on a GPU it never leaves the device)
-        in_place = (len(groups) == 1 and last is not None and len(ready) == last.rows
-                    and ready[-1].row == len(ready) - 1
-                    and all(s.data.hidden is None for s in ready))  # fmt: skip
-        cp_s = 0.0
-        for params, js in groups.items():  # one code predictor call per residual setting
-            part = [ready[j] for j in js]
-            session = self._cp_session(len(part))
-            code0 = np.array([s.generated[-1] for s in part], np.int64)
-            hidden = (last.buffer("last_hidden") if in_place
-                      else np.stack([self._hidden(s, last) for s in part]))  # fmt: skip
-            t0, e0 = time.perf_counter(), session.engine_seconds
-            got, embed, redrawn = self.cp.frame(
-                session, hidden, code0, self.codec_embedding[code0],
-                np.ones(len(part), bool), params, [s.rng for s in part],
-            )  # fmt: skip
-            spent, engine = time.perf_counter() - t0, session.engine_seconds - e0
-            cp_s += spent
-            codes[js], frame_embed[js] = got, embed
-            for s in part:
-                s.data.cp_s += spent
-                s.data.cp_engine_s += engine
-                s.data.host_frames += int(redrawn)
-        text = self._text_rows([s.data.prefill for s in ready], [s.steps for s in ready],
-                               np.ones(len(ready), bool))  # fmt: skip
-        stepping = {s.row for s in ready}
-        for s in slots.values():  # rows sitting out keep their state: the call overwrites it
-            if s.data.hidden is None and s.row not in stepping:
-                self._hidden(s, last)
-        for j, s in enumerate(ready):
-            speech = s.data
-            if speech.frames is None:
-                speech.frames = np.empty((max(speech.max_frames, 1), self.groups), np.int64)
-            speech.frames[speech.made] = codes[j]
-            speech.made += 1
-            speech.cp_steps_s += cp_s
-        return frame_embed + text
-
-    def decode_feeds(self, rows: int) -> dict[str, Any]:
-        return {}
-
-    def stepped(self, ready: Sequence[Slot]) -> None:
-        for s in ready:
-            s.data.hidden = None  # in this call's output, read when needed
-
-    def banned(self, slot: Slot) -> np.ndarray:
-        """The codec's control band; the end of speech too before min_new_tokens."""
-        if len(slot.generated) < slot.data.min_frames:
-            return self._suppressed_and_eos
-        return self.suppressed
-
-    def finished(self, slot: Slot) -> str | None:
-        """At the end of speech, or its frame limit."""
-        if slot.generated[-1] == self.ids["codec_eos"]:
-            return "eos"
-        return "length" if len(slot.generated) >= slot.data.max_frames else None
-
-    def events(self, slot: Slot) -> list[Event]:
-        """Its new frames (an utterance of no frames still gives one empty event: its codes
-        are empty, not absent)."""
-        speech = slot.data
-        if not (speech.made > speech.sent or (slot.finish is not None and not speech.made)):
-            return []
-        new = (speech.frames[speech.sent : speech.made].copy() if speech.frames is not None
-               else np.zeros((0, self.groups), np.int64))  # fmt: skip
-        speech.sent = speech.made
-        return [CodecFrames(slot.state.index, self.stage_id, new)]
-
-    def move(self, slot: Slot, last: Any) -> None:
-        self._hidden(slot, last)  # its state to the host first: it was found by its row
-
-    def retire(self, slot: Slot) -> None:
-        """A finished request's codes and report."""
-        state, speech = slot.state, slot.data
-        codes = (np.zeros((0, self.groups), np.int64) if speech.frames is None
-                 else speech.frames[: speech.made].copy())  # fmt: skip
-        state.outputs[f"{self.stage_id}:codes"] = codes
-        talker_s = slot.prefill_s + slot.decode_s - speech.cp_steps_s
-        state.details[self.stage_id] = {
-            "frames": len(codes),
-            "finish_reason": slot.finish,
-            "voice": self.voice_of(state),
-            "talker_ms": round(talker_s * 1e3, 3),
-            "code_predictor_ms": round(speech.cp_s * 1e3, 3),
-            "talker_engine_ms": round((slot.prefill_engine_s + slot.decode_engine_s) * 1e3, 3),
-            # drawing in the engine, calls are queued, not waited for: then this is the time to
-            # queue them, and the GPU's time is in code_predictor_ms
-            "code_predictor_engine_ms": round(speech.cp_engine_s * 1e3, 3),
-            "code_predictor_draws": "engine" if self.cp.draws_in_engine(speech.residual)
-            else "host",
-            "code_predictor_host_frames": speech.host_frames,
-            "cohort_size": slot.widest,
-            "full_logit_rows": slot.full_rows,
-        }
-
-
 class Talker(SpeechTalker):
     """Qwen3-Omni's talker: its prefill is read from the thinker's handoff (user turns, the
     assistant prefix with the speaker's codec rows, then the reply as the thinker writes it)."""
@@ -510,6 +219,11 @@ class Talker(SpeechTalker):
         self.tts_pad_token = int(cfg["tts_pad_token_id"])
 
     consumes = True  # its thinker's HiddenRows and Finished
+    reads = frozenset((*SpeechTalker.reads, *STAGE_KEYS))
+    follows_talker = True  # transformers': greedy residual codes under a greedy talker
+
+    def sampling_defaults(self) -> Mapping[str, Any]:
+        return SAMPLING
 
     def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
         """Done by the thinker; streamed, also once the reply's first token is fed."""

@@ -1,6 +1,6 @@
 """Qwen3-TTS at run time: a graph with no thinker. The talker speaks the request's text (its
-prompt built here as upstream's qwen-tts builds it), reusing Qwen3-Omni's talker loop, code
-predictor and code2wav; Base checkpoints add the clone encoders (speaker embedding, reference
+prompt built here as upstream's qwen-tts builds it) on the shared speech pieces
+(runtime/speech/: the talker's decoder spec, the code predictor and code2wav); Base checkpoints add the clone encoders (speaker embedding, reference
 codes) for requests that bring reference audio."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ RUNNERS = (
     (TALKER_RUNNER, "autoregressive", "edgeomni.runtime.families.qwen3_tts.talker:TtsTalker",
      {"codes": "codec"}),
     # the same vocoder runner as Qwen3-Omni's: the engine config says how it windows
-    (CODE2WAV_RUNNER, "iterative", "edgeomni.runtime.families.qwen3_omni.code2wav:Code2Wav",
+    (CODE2WAV_RUNNER, "iterative", "edgeomni.runtime.speech.code2wav:Code2Wav",
      {"audio": "audio"}),
     (SPEAKER_ENCODER_RUNNER, "iterative",
      "edgeomni.runtime.families.qwen3_tts.clone:SpeakerEncoder", {"xvector": "hidden"}),

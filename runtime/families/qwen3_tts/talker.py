@@ -6,7 +6,7 @@ auto, a dialect speaker's own language id, the speaker's codec row), then the te
 streamed (its first token in the prefill, the rest fed one per frame, then tts_eos) or whole in
 the prefill (each token over codec_pad, then tts_pad over codec_bos). Text rows are looked up in
 the talker folder's text table, already through text_projection at build time. The decoding
-loop, the code predictor and the slot stage are Qwen3-Omni's (``SpeechTalker``).
+loop and the code predictor are the shared speech talker's (runtime/speech/talker.py).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import numpy as np
 
 from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
-from edgeomni.runtime.families.qwen3_omni.code_predictor import cp_artifact
-from edgeomni.runtime.families.qwen3_omni.talker import SpeechTalker
 from edgeomni.runtime.families.qwen3_tts import STAGE_KEYS
 from edgeomni.runtime.runners import RequestError, RequestState
+from edgeomni.runtime.speech.code_predictor import cp_artifact
+from edgeomni.runtime.speech.talker import SpeechTalker
 
 __all__ = ["TtsTalker", "spoken_text"]
 

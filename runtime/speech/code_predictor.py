@@ -1,5 +1,5 @@
-"""Qwen3-Omni's code predictor, run by the talker's runner: the residual codes of a codec frame
-from the talker's hidden state and the frame's first code.
+"""The code predictor (Qwen3-Omni's and Qwen3-TTS's), run by the talker's stage: the residual
+codes of a codec frame from the talker's hidden state and the frame's first code.
 
 A dense decoder with one head per residual group; its KV cache lives for one frame. Each frame is
 a prefill ([hidden, E(code0)]) and one step per group. An engine built with a sampler

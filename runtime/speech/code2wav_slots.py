@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime.events import AudioChunk, CodecFrames, Event, Finished
-from edgeomni.runtime.families.qwen3_omni.code2wav import AudioStream, Whole, WindowBatch
 from edgeomni.runtime.runners import RequestState
+from edgeomni.runtime.speech.code2wav import AudioStream, Whole, WindowBatch
 
 __all__ = ["VocoderSlots"]
 

@@ -1,4 +1,4 @@
-"""qwen3_omni.code2wav: codec frames in, 24 kHz audio out, through the code2wav engine.
+"""The vocoder stage (Qwen3-Omni's and Qwen3-TTS's code2wav): codec frames in, 24 kHz audio out.
 
 Each request is vocoded in gap-free windows by default (runtime.vocoder), the windows of the
 requests stepping together that complete on the same frame in one call; or whole, when the
@@ -243,7 +243,7 @@ class Code2Wav(StageRunner):
     def slot_stage(self, *, stream_upstream: bool = False) -> Any:
         """This stage for the in-flight scheduler (windows vocoded as the talker's frames come,
         unless it vocodes whole utterances)."""
-        from edgeomni.runtime.families.qwen3_omni.code2wav_slots import VocoderSlots
+        from edgeomni.runtime.speech.code2wav_slots import VocoderSlots
 
         return VocoderSlots(self)
 
