@@ -29,7 +29,7 @@ from edgeomni.runtime.runners import (
     RequestState,
     check_emits,
 )
-from edgeomni.runtime.scheduler import PATIENCE, Arrivals, Cohorts, SlotStage, run_graph
+from edgeomni.runtime.scheduler import PATIENCE, Arrivals, Cohorts, SlotStage, failure, run_graph
 
 GRAPH_FILE = "multistage_config.json"
 BATCHING = ("inflight", "cohort")
@@ -149,11 +149,6 @@ class Interrupted(KeyboardInterrupt):
         super().__init__()
         self.signal = signal
         self.outcomes = outcomes
-
-
-def failure(e: BaseException) -> str:
-    """An unexpected exception as a request's error: its type and message."""
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 class Pipeline:

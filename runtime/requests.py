@@ -241,23 +241,17 @@ def _check_extra(key: str, value: Any) -> float | int:
         params = sampling_from_dict({key: value}, prefix=prefix)
         return getattr(params, "seed" if name == "sampling_seed" else name)
     if name == "max_new_tokens":
-        return _check_positive_int(key, value)
+        return _check_int(key, value)
     if name == "min_new_tokens":
-        return _check_min_length(key, value)
+        return _check_int(key, value, 0)
     if not isinstance(value, (int, float)):  # bool passes: a do-sample switch
         raise ValueError(f"{key} must be a number, got {value!r}")
     return value
 
 
-def _check_positive_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
-    return value
-
-
-def _check_min_length(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
+def _check_int(key: str, value: Any, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{key} must be an integer >= {least}, got {value!r}")
     return value
 
 
@@ -514,10 +508,10 @@ def _parse_request(
             raise ValueError(f"{key}: {why} by edgeomni")
     max_len = file["max_generate_length"]
     if "max_generate_length" in req:
-        max_len = _check_positive_int("max_generate_length", req["max_generate_length"])
+        max_len = _check_int("max_generate_length", req["max_generate_length"])
     min_len = file["min_generate_length"]
     if "min_generate_length" in req:
-        min_len = _check_min_length("min_generate_length", req["min_generate_length"])
+        min_len = _check_int("min_generate_length", req["min_generate_length"], 0)
     if min_len > max_len:
         raise ValueError(f"min_generate_length {min_len} exceeds max_generate_length {max_len}")
     params, extra = base, dict(extra_base)
@@ -648,13 +642,13 @@ def parse_request_file(
         extra_base.update({k: _check_extra(k, v) for k, v in obj.items() if _is_extra_key(k)})
         _audio_cap(obj, extra_base)
         if "batch_size" in obj:
-            settings["batch_size"] = _check_positive_int("batch_size", obj["batch_size"])
+            settings["batch_size"] = _check_int("batch_size", obj["batch_size"])
         max_len = DEFAULT_MAX_GENERATE_LENGTH
         if "max_generate_length" in obj:
-            max_len = _check_positive_int("max_generate_length", obj["max_generate_length"])
+            max_len = _check_int("max_generate_length", obj["max_generate_length"])
         min_len = 0
         if "min_generate_length" in obj:
-            min_len = _check_min_length("min_generate_length", obj["min_generate_length"])
+            min_len = _check_int("min_generate_length", obj["min_generate_length"], 0)
         flags = {k: _check_bool(k, obj[k]) if k in obj else v for k, v in _FLAG_DEFAULTS.items()}
         voice = _pick_voice(obj, "")
         stop = _check_stop(obj["stop"]) if "stop" in obj else ()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["CANCELLED", "PATIENCE", "Arrivals", "Cohorts", "SlotStage", "Stuck", "make_cohorts",
+__all__ = ["CANCELLED", "PATIENCE", "Arrivals", "Cohorts", "SlotStage", "Stuck", "failure", "make_cohorts",
            "run_graph"]  # fmt: skip
 CANCELLED = "cancelled"  # the error of a request its client gave up on
 # turns a later stage (the talker, the vocoder) waits for rows still on their way before it
@@ -289,7 +289,7 @@ def run_graph(
                 stage.retire(slot)
             except Exception as e:  # this request's own update failed: it leaves alone
                 log.debug("request %d failed in %s", state.index, sid, exc_info=True)
-                fail(state, sid, _failure(e))
+                fail(state, sid, failure(e))
                 continue
             del active[sid][row]
             del slot_of[sid][state.index]
@@ -335,7 +335,7 @@ def run_graph(
         except Exception as e:  # a prefill call failed: the requests it held fail
             log.debug("admitting into %s failed", sid, exc_info=True)
             for state, _, _ in entries:
-                fail(state, sid, _failure(e))
+                fail(state, sid, failure(e))
             return True
         taken = {id(slot.state) for slot in admitted}
         for state, _, _ in entries:
@@ -393,7 +393,7 @@ def run_graph(
                 except Exception as e:  # an engine call on these rows failed: they fail
                     log.debug("a step of %s failed", sid, exc_info=True)
                     for slot in list(active[sid].values()):
-                        fail(slot.state, sid, _failure(e))
+                        fail(slot.state, sid, failure(e))
                 else:
                     settle(sid, sorted(active[sid]))
                 if not to_come[sid] and not waiting[sid]:  # draining: rows move down
@@ -402,7 +402,7 @@ def run_graph(
         if not moved:  # nothing runs and nothing waiting can start: it never will
             for sid in order:
                 for state in list(waiting[sid]):
-                    fail(state, sid, _failure(Stuck("its upstream stage never made it ready")))
+                    fail(state, sid, failure(Stuck("its upstream stage never made it ready")))
 
 
 def compact(active: dict[int, Any], stage: SlotStage) -> None:
@@ -418,5 +418,6 @@ def compact(active: dict[int, Any], stage: SlotStage) -> None:
         active[dst] = slot
 
 
-def _failure(e: BaseException) -> str:
+def failure(e: BaseException) -> str:
+    """An unexpected exception as a request's error: its type and message."""
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

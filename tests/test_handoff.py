@@ -20,7 +20,7 @@ def test_rows_read_back_as_fed_across_growth() -> None:
     steps = [rng.standard_normal((1, 8)).astype(np.float32) for _ in range(300)]
     for row in steps:
         handoff.feed(row)
-    assert handoff.fed == 350 and handoff.prompt_len == 50
+    assert handoff.fed == 350 and len(handoff.prompt.ids) == 50
     np.testing.assert_array_equal(handoff.embeds(0, 50), prompt.astype(np.float32))
     np.testing.assert_array_equal(handoff.embeds(50, 350), np.concatenate(steps))
     np.testing.assert_array_equal(early, prompt.astype(np.float32))  # a read stays valid
@@ -46,7 +46,7 @@ def test_rows_are_rebuilt_from_the_thinkers_events() -> None:
               *[HiddenRows(0, "thinker", row) for row in steps]]  # fmt: skip
     assert ThinkerRows.of(events[1:]) is None  # its prompt has not come
     rows = ThinkerRows.of(events)
-    assert rows.fed == 7 and rows.prompt_len == 4 and not rows.done
+    assert rows.fed == 7 and len(rows.prompt.ids) == 4 and not rows.done
     np.testing.assert_array_equal(rows.embeds(0, 7), np.concatenate([prompt, *steps]))
     rows.take(Finished(0, "thinker", "eos"))
     assert rows.done

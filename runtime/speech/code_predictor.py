@@ -88,20 +88,19 @@ class CodePredictor:
         last_hidden: Any,
         code0: np.ndarray,
         e0: np.ndarray,
-        active: np.ndarray,
         params: SamplingParams,
-        rng: np.random.Generator | Sequence[np.random.Generator],
+        rngs: Sequence[np.random.Generator],
     ) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Codes [n, G] and the frame's summed embedding for every active row, and whether the
+        """Codes [n, G] and the frame's summed embedding for every row, and whether the
         host drew a frame the engine was to draw. ``last_hidden`` [n, H]: split, the talker's
         output buffer as it is (on a GPU it never leaves the device); otherwise a host array.
         ``e0``: the first codes' embeddings (the talker's table)."""
         if self.draws_in_engine(params):
-            drawn = self.engine_frame(cp, last_hidden, code0, e0, active, params, rng)
+            drawn = self.engine_frame(cp, last_hidden, code0, e0, params, rngs)
             if drawn is not None:
                 return (*drawn, False)
-            return (*self.host_frame(cp, last_hidden, code0, e0, active, params, rng), True)
-        return (*self.host_frame(cp, last_hidden, code0, e0, active, params, rng), False)
+            return (*self.host_frame(cp, last_hidden, code0, e0, params, rngs), True)
+        return (*self.host_frame(cp, last_hidden, code0, e0, params, rngs), False)
 
     def host_frame(
         self,
@@ -109,16 +108,15 @@ class CodePredictor:
         last_hidden: Any,
         code0: np.ndarray,
         e0: np.ndarray,
-        active: np.ndarray,
         params: SamplingParams,
-        rng: np.random.Generator | Sequence[np.random.Generator],
+        rngs: Sequence[np.random.Generator],
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The code predictor's loop for one frame of every active row: prefill [hidden, E(c0)],
+        """The code predictor's loop for one frame of every row: prefill [hidden, E(c0)],
         then one step per residual group; returns codes [n, G] and the frame's summed embedding.
         ``last_hidden`` [n, H]: split, the talker's output buffer as it is (on a GPU it never
         leaves the device); otherwise a host array."""
         n = len(code0)
-        q = active.astype(np.int32)
+        q = np.ones(n, np.int32)
         codes = np.zeros((n, self.groups), np.int64)
         codes[:, 0] = code0
         total = e0.astype(np.float32).copy()
@@ -138,7 +136,7 @@ class CodePredictor:
                 lm_head_index=np.array([group - 1], np.int64),
                 **draw,
             )
-            codes[:, group] = sample_step(out.logits(), params, rng)[0]
+            codes[:, group] = sample_step(out.logits(), params, rngs)[0]
             emb = self.embeddings[group - 1][codes[:, group]]
             total += emb
             past = past + width
@@ -188,27 +186,23 @@ class CodePredictor:
         last_hidden: Any,
         code0: np.ndarray,
         e0: np.ndarray,
-        active: np.ndarray,
         params: SamplingParams,
-        rng: np.random.Generator | Sequence[np.random.Generator],
+        rngs: Sequence[np.random.Generator],
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """``host_frame`` with the engine drawing each code and feeding its embedding to
         the next step where it is: on a GPU the frame's calls are queued back to back and the
         host waits once, for the codes. The uniform numbers are the ones the host path would
         draw, in its order (group by group, every row); None, with the generator put back, when
-        the engine could not decide an active row exactly (the caller then draws the frame on
+        the engine could not decide a row exactly (the caller then draws the frame on
         the host, as it would have)."""
         n = len(code0)
-        rngs = rng if isinstance(rng, (list, tuple)) else None
-        state = [r.bit_generator.state for r in rngs] if rngs else rng.bit_generator.state
+        state = [r.bit_generator.state for r in rngs]
         steps = self.groups - 1
         if params.greedy:
             uniforms = np.zeros((steps, n))
-        elif rngs:  # each row's numbers from its own generator, in group order
+        else:  # each row's numbers from its own generator, in group order
             uniforms = np.stack([r.random(steps) for r in rngs], axis=1)
-        else:
-            uniforms = rng.random((steps, n))
-        q = active.astype(np.int32)
+        q = np.ones(n, np.int32)
         uniform_rows, e0_in = self._staged(uniforms, e0)
         past, x = self._prefill(cp, last_hidden, e0_in, q, self._draw_inputs(np.zeros(n), params),
                                 wait=False)  # fmt: skip
@@ -230,12 +224,9 @@ class CodePredictor:
             past = past + width
         got = memory.to_host(drawn)
         codes = np.concatenate([code0[:, None], got.T], axis=1)
-        if (codes[active] < 0).any():
-            if rngs:
-                for r, saved in zip(rngs, state, strict=True):
-                    r.bit_generator.state = saved
-            else:
-                rng.bit_generator.state = state
+        if (codes < 0).any():
+            for r, saved in zip(rngs, state, strict=True):
+                r.bit_generator.state = saved
             return None
         total = e0.astype(np.float32)
         for group in range(1, self.groups):

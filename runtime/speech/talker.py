@@ -235,10 +235,9 @@ class SpeechTalker(StageRunner):
             hidden = (last.buffer("last_hidden") if in_place
                       else np.stack([self._hidden(s, last) for s in part]))  # fmt: skip
             t0, e0 = time.perf_counter(), session.engine_seconds
-            got, embed, redrawn = self.cp.frame(
-                session, hidden, code0, self.codec_embedding[code0],
-                np.ones(len(part), bool), params, [s.rng for s in part],
-            )  # fmt: skip
+            got, embed, redrawn = self.cp.frame(session, hidden, code0,
+                                                self.codec_embedding[code0], params,
+                                                [s.rng for s in part])  # fmt: skip
             spent, engine = time.perf_counter() - t0, session.engine_seconds - e0
             cp_s += spent
             codes[js], frame_embed[js] = got, embed

@@ -92,14 +92,6 @@ class ThinkerRows:
             rows.take(event)
         return rows
 
-    @property
-    def prompt_ids(self) -> np.ndarray:
-        return self.prompt.ids
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt.ids)
-
     def take(self, event: Event) -> None:
         """A thinker event: rows to append, or its end (other events change nothing)."""
         if isinstance(event, HiddenRows):
@@ -275,7 +267,8 @@ class Talker(SpeechTalker):
         th = ThinkerRows.of(events)
         if th is None:
             raise RequestError("no hidden rows came from the thinker")
-        prompt, hidden, prompt_len = th.prompt_ids, th.prompt.hidden, th.prompt_len
+        prompt, hidden = th.prompt.ids, th.prompt.hidden
+        prompt_len = len(prompt)
         ids_ = self.ids
         # user turns: a position belongs to the turn opened by the latest <|im_start|> before it
         starts = np.where(prompt == ids_["im_start"], np.arange(prompt_len), -1)
@@ -332,7 +325,7 @@ class Talker(SpeechTalker):
             )
             if th.prompt.image_grids:  # transformers' talker positions: ids and the grids
                 talker_ids = np.concatenate(
-                    [th.prompt_ids[plan.user], np.full(len(text_track), self.tts_pad_token)]
+                    [th.prompt.ids[plan.user], np.full(len(text_track), self.tts_pad_token)]
                 )
                 prefill.positions, prefill.delta = rope_index(
                     talker_ids.tolist(),
