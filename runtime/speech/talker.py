@@ -62,7 +62,7 @@ class SpeechTalker(StageRunner):
     and says when a request can start (``ready``); ``setup`` reads its own tables."""
 
     kind = "autoregressive"
-    # the talker's keys; the request's seed seeds it when talker_seed is not given
+    # the family's stage keys besides; the request's seed seeds it when the talker's is not given
     reads = frozenset((*SPEECH_STAGE_KEYS, "seed", "sampling_seed"))
     mrope = True  # the talker engine takes 3-axis positions; False: 1-D
     consumes = False
@@ -108,36 +108,40 @@ class SpeechTalker(StageRunner):
     def setup(self, folder: Path, cfg: dict[str, Any]) -> None:
         """The family's own tables and settings, read once the engines are open."""
 
-    # True: the residual codes are greedy when the talker is and no cp_* key says otherwise;
-    # False: they follow their own settings only
+    # True: the residual codes are greedy when the talker is and no code predictor key says
+    # otherwise; False: they follow their own settings only
     follows_talker = False
+    # the family's stage-key prefixes (its declaration's ``stage_prefixes``): the talker's
+    # first, then the code predictor's in order of precedence
+    prefixes: tuple[str, ...] = ()
 
-    def sampling_defaults(self) -> Mapping[str, Any]:
-        """The family's settings under the keys' names without their prefix: do_sample,
-        temperature, top_k, top_p, repetition_penalty, max_new_tokens, min_new_tokens and
-        subtalker_dosample, subtalker_temperature, subtalker_top_k, subtalker_top_p."""
+    def sampling_defaults(self) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        """The family's settings under the keys' names without their prefix: the talker's
+        (do_sample, temperature, top_k, top_p, repetition_penalty, max_new_tokens,
+        min_new_tokens) and the code predictor's (dosample, temperature, top_k, top_p)."""
         raise NotImplementedError
 
     def _sampling(self, request: Any) -> tuple[SamplingParams, SamplingParams, int, int]:
-        """talker_* keys for the first code, cp_* (or subtalker_*) keys for the residual codes,
-        each over ``sampling_defaults``; its max and min frames. ``talker_do_sample`` /
-        ``cp_dosample`` false, a temperature 0 or a top-k 1 is greedy."""
-        given, defaults = request.stage_settings, self.sampling_defaults()
+        """The talker's keys for the first code, the code predictor's for the residual codes,
+        each over ``sampling_defaults``; its max and min frames. A do_sample (dosample) false,
+        a temperature 0 or a top-k 1 is greedy."""
+        given = request.stage_settings
+        (own, *residuals), (first_defaults, rest_defaults) = self.prefixes, self.sampling_defaults()
 
         def talker(key: str) -> Any:
-            return given.get(f"talker_{key}", defaults[key])
+            return given.get(own + key, first_defaults[key])
 
         def residual(key: str) -> Any:
-            return given.get(f"cp_{key}", given.get(f"subtalker_{key}", defaults[f"subtalker_{key}"]))
+            return next((given[p + key] for p in residuals if p + key in given), rest_defaults[key])
 
         first = SamplingParams(
             temperature=float(talker("temperature")) if talker("do_sample") else 0.0,
             top_k=int(talker("top_k")),
             top_p=float(talker("top_p")),
             repetition_penalty=float(talker("repetition_penalty")),
-            seed=given.get("talker_seed", given.get("talker_sampling_seed", request.sampling.seed)),
+            seed=given.get(own + "seed", given.get(own + "sampling_seed", request.sampling.seed)),
         )
-        cp_given = any(k.startswith(("cp_", "subtalker_")) for k in given)
+        cp_given = any(k.startswith(tuple(residuals)) for k in given)
         if not residual("dosample") or (self.follows_talker and first.greedy and not cp_given):
             rest = GREEDY
         else:

@@ -23,7 +23,7 @@ from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
 from edgeomni.runtime.decoder_stage import Slot
 from edgeomni.runtime.events import Event, Finished, HiddenRows
-from edgeomni.runtime.families.qwen3_omni import STAGE_KEYS
+from edgeomni.runtime.families.qwen3_omni import PREFIXES, STAGE_KEYS
 from edgeomni.runtime.families.qwen3_omni.media import MEDIA_TOKENS
 from edgeomni.runtime.families.qwen3_omni.mrope import MropeIds, rope_index
 from edgeomni.runtime.prompt import PromptRows
@@ -35,9 +35,8 @@ from edgeomni.runtime.speech.talker import SpeechTalker
 SAMPLING = MappingProxyType({
     "do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0,
     "repetition_penalty": 1.05, "max_new_tokens": 4096, "min_new_tokens": 0,
-    "subtalker_dosample": True, "subtalker_temperature": 1.0, "subtalker_top_k": 50,
-    "subtalker_top_p": 0.8,
 })  # fmt: skip
+CP_SAMPLING = MappingProxyType({"dosample": True, "temperature": 1.0, "top_k": 50, "top_p": 0.8})
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -214,8 +213,10 @@ class Talker(SpeechTalker):
     reads = frozenset((*SpeechTalker.reads, *STAGE_KEYS))
     follows_talker = True  # transformers': greedy residual codes under a greedy talker
 
-    def sampling_defaults(self) -> Mapping[str, Any]:
-        return SAMPLING
+    prefixes = PREFIXES
+
+    def sampling_defaults(self) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        return SAMPLING, CP_SAMPLING
 
     def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
         """Done by the thinker; streamed, also once the reply's first token is fed."""

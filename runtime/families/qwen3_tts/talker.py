@@ -20,12 +20,14 @@ import numpy as np
 
 from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
-from edgeomni.runtime.families.qwen3_tts import STAGE_KEYS
+from edgeomni.runtime.families.qwen3_tts import FAMILY, STAGE_KEYS
 from edgeomni.runtime.runners import RequestError, RequestState
 from edgeomni.runtime.speech.code_predictor import cp_artifact
 from edgeomni.runtime.speech.talker import SpeechTalker
 
 __all__ = ["TtsTalker", "spoken_text"]
+
+CP = "subtalker_"  # generation_config.json's prefix of the code predictor's settings
 
 ARTIFACT = Artifact(
     keys=(
@@ -107,6 +109,7 @@ class TtsTalker(SpeechTalker):
     follows_talker = False  # upstream's talker and code predictor do not share settings
     # with no text model, repetition_penalty is the talker's (see Pipeline._as_read)
     reads = frozenset((*SpeechTalker.reads, *STAGE_KEYS, "repetition_penalty"))
+    prefixes = FAMILY.stage_prefixes
 
     def setup(self, folder: Path, cfg: dict[str, Any]) -> None:
         from edgeomni.runtime.tokenizer import TextTokenizer
@@ -146,9 +149,13 @@ class TtsTalker(SpeechTalker):
         )
         return checked
 
-    def sampling_defaults(self) -> dict[str, Any]:
-        """The checkpoint's generation_config.json (talker and subtalker_* settings)."""
-        return {**self.generation, "min_new_tokens": self.min_new_tokens}
+    def sampling_defaults(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The checkpoint's generation_config.json: the talker's settings and the code
+        predictor's (its subtalker_* keys)."""
+        gen = self.generation
+        cp = {k.removeprefix(CP): v for k, v in gen.items() if k.startswith(CP)}
+        talker = {k: v for k, v in gen.items() if not k.startswith(CP)}
+        return {**talker, "min_new_tokens": self.min_new_tokens}, cp
 
     def voice_of(self, state: RequestState) -> Any:
         spoken = state.prepared[self.stage.id]
