@@ -328,15 +328,14 @@ def _main(args: argparse.Namespace) -> int:
                     sys.stdout.flush()
             except OSError as e:
                 return _fail(f"cannot write the outputs: {_os_reason(e)}", EXIT_INTERNAL)
+    reply.end()
     if interrupt is not None:
-        reply.end()
         wrote = f"; wrote {args.output_file}" if finished and args.output_file else ""
         print(
             f"edge-infer: interrupted; {finished} of {len(entries)} requests had finished{wrote}",
             file=sys.stderr,
         )
         return exit_status(interrupt)
-    reply.end()
     _report(args, entries, reply.printed, audio_only=not pipeline.text_terminals())
     if args.dump_profile:
         print(json.dumps(pipeline.profile.as_dict(), indent=2), file=sys.stderr)
@@ -643,7 +642,6 @@ class _Reply:
         self.enabled = enabled
         self.stages = {port.split(":")[0] for port in text_ports}
         self.printed = False
-        self._open = False
 
     def show(self, event: Any) -> None:
         from edgeomni.runtime.events import TextDelta
@@ -651,14 +649,13 @@ class _Reply:
         if self.enabled and isinstance(event, TextDelta) and event.stage in self.stages:
             sys.stdout.write(event.text)
             sys.stdout.flush()
-            self.printed = self._open = True
+            self.printed = True
 
     def end(self) -> None:
-        """End the streamed line."""
-        if self._open:
+        """End the streamed line (once the run is over)."""
+        if self.printed:
             sys.stdout.write("\n")
             sys.stdout.flush()
-            self._open = False
 
 
 def _report(
