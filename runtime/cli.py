@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from edgeomni.builder.manifest import MANIFEST  # beside the files of an engine dir edge-build wrote
 from edgeomni.runtime.families import REQUEST_KEYS as FAMILY_KEYS
 from edgeomni.runtime.scheduler import PATIENCE
 
@@ -286,12 +287,11 @@ def _main(args: argparse.Namespace) -> int:
     batch_size = args.batch_size or settings.get("batch_size") or 1
     # text stages only, unless audio was asked for (a graph without text always speaks)
     requested = None if want_audio else (pipeline.text_terminals() or None)
-    for key, to in settings.get("fallbacks", {}).items():
-        if not (want_audio and pipeline.text_terminals()):
-            break
-        print(f"edge-infer: warning: the request file's {key} applies to the text model here; "
-              f"TensorRT Edge-LLM's llm_inference applies it to a later stage. Set {to} for "
-              "that stage", file=sys.stderr)  # fmt: skip
+    if want_audio and pipeline.text_terminals():
+        for key, to in settings["fallbacks"].items():
+            print(f"edge-infer: warning: the request file's {key} applies to the text model "
+                  f"here; TensorRT Edge-LLM's llm_inference applies it to a later stage. Set "
+                  f"{to} for that stage", file=sys.stderr)  # fmt: skip
     reply = _Reply(args.prompt is not None, pipeline.text_terminals())
     # each request's audio and codes are written from its events, the moment it is spoken
     writer = AudioWriter(
@@ -388,14 +388,11 @@ def usage_error(args: argparse.Namespace) -> str | None:
     problem = threads_error(args.threads)
     if problem:
         return problem
-    for flag, value in (
-        ("--batch-size", args.batch_size),
-        ("--max-generate-length", args.max_generate_length),
-    ):
-        if value is not None and value < 1:
-            return f"{flag} must be at least 1, got {value}"
-    if args.stage_patience is not None and args.stage_patience < 0:
-        return f"--stage-patience must be at least 0, got {args.stage_patience}"
+    for flag, value, least in (("--batch-size", args.batch_size, 1),
+                               ("--max-generate-length", args.max_generate_length, 1),
+                               ("--stage-patience", args.stage_patience, 0)):  # fmt: skip
+        if value is not None and value < least:
+            return f"{flag} must be at least {least}, got {value}"
     if (args.audio or args.image) and args.prompt is None:
         return "--audio and --image go with --prompt (put media in the request file)"
     if args.out_audio is not None and args.prompt is None:
@@ -520,7 +517,6 @@ def destination_error(
 STAGE_FILES = ("*.safetensors", "*.onnx", "*.data", "*.engine", "*.jinja", "config.json",
                "*_config.json", "tokenizer.json", "chat_template.json", "vocab.json",
                "merges.txt", "timing.cache")  # fmt: skip
-MANIFEST = "edgeomni_manifest.json"  # builder/manifest.py's: an engine dir edge-build wrote
 
 
 def engine_inputs(pipeline: Any) -> dict[str, str]:

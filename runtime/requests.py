@@ -255,11 +255,11 @@ def _check_voice(key: str, value: Any) -> str:
     return value
 
 
-def _pick_voice(d: Mapping[str, Any], where: str) -> str | None:
+def _pick_voice(d: Mapping[str, Any]) -> str | None:
     """``voice`` and ``speaker`` are synonyms (speaker is llm_inference's name)."""
-    given = {k: _check_voice(f"{where}{k}", d[k]) for k in ("voice", "speaker") if k in d}
+    given = {k: _check_voice(k, d[k]) for k in ("voice", "speaker") if k in d}
     if len(set(given.values())) > 1:
-        raise ValueError(f"{where}voice and {where}speaker disagree: {given}")
+        raise ValueError(f"voice and speaker disagree: {given}")
     return next(iter(given.values()), None)
 
 
@@ -521,7 +521,7 @@ def _parse_request(
             )
         params = seeded
     _audio_cap(req, extra)
-    voice = _pick_voice(req, "") or file["voice"]
+    voice = _pick_voice(req) or file["voice"]
     texts = _overrides(req, file, "stop", "logit_bias", "num_logprobs")
     for key in ("disable_spec_decode", "save_system_prompt_kv_cache"):
         if key in req:
@@ -627,7 +627,7 @@ def parse_request_file(
             settings["batch_size"] = _check_int("batch_size", obj["batch_size"])
         lengths = _overrides(obj, _DEFAULTS, "max_generate_length", "min_generate_length")
         flags = {k: _check_bool(k, obj[k]) if k in obj else v for k, v in _FLAG_DEFAULTS.items()}
-        voice = _pick_voice(obj, "")
+        voice = _pick_voice(obj)
         texts = _overrides(obj, _DEFAULTS, "stop", "logit_bias", "num_logprobs")
         speech = _speech(obj, {})
     except ValueError as e:

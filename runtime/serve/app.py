@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -223,7 +224,7 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
             request, make_speech,
             lambda p, fmt, seen: StreamingResponse(_audio_stream(p, fmt, seen),
                                                    media_type=AUDIO_TYPES[fmt]),
-            _audio_whole,
+            lambda p, fmt: _whole(server, p, model, fmt, speech=True),
         )  # fmt: skip
 
     async def metrics(request: HttpRequest) -> Response:
@@ -303,7 +304,11 @@ def _failure(event: Failed, pending: Pending) -> ApiError:
     return ApiError(500, f"{event.stage}: {error}", kind="server_error")
 
 
-async def _whole(server: Server, pending: Pending, model: str, fmt: str | None) -> Response:
+async def _whole(
+    server: Server, pending: Pending, model: str, fmt: str | None, *, speech: bool = False
+) -> Response:
+    """A request's answer once it has left: the chat completion (with ``fmt``, its spoken reply
+    in it), or with ``speech`` the audio alone, in ``fmt``."""
     rid = f"chatcmpl-{pending.index}"
     text, finish, failed, pieces, rate = [], "stop", None, [], 24000
     async for event in _events(pending):  # to the end: the request has left when it answers
@@ -318,13 +323,11 @@ async def _whole(server: Server, pending: Pending, model: str, fmt: str | None) 
             failed = _failure(event, pending)
     if failed is not None:
         return _error(failed)
+    samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    if speech:
+        return Response(encoded(samples, rate, fmt), media_type=AUDIO_TYPES[fmt])
     usage = usage_of(pending.state, server.texts)
-    audio = None
-    if fmt is not None:
-        import numpy as np
-
-        samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        audio = message_audio(rid, samples, rate, fmt, "".join(text))
+    audio = None if fmt is None else message_audio(rid, samples, rate, fmt, "".join(text))
     return JSONResponse(completion(rid, model, "".join(text), finish, usage, audio))
 
 
@@ -365,22 +368,6 @@ async def _sse(server: Server, pending: Pending, model: str, seen: list[Any]) ->
         return
     yield line(chunk(rid, model, {}, finish, usage_of(pending.state, server.texts)))
     yield "data: [DONE]\n\n"
-
-
-async def _audio_whole(pending: Pending, fmt: str) -> Response:
-    pieces, rate, failed = [], 24000, None
-    async for event in _events(pending):
-        if isinstance(event, AudioChunk):
-            pieces.append(event.samples)
-            rate = event.sample_rate
-        elif isinstance(event, Failed):
-            failed = _failure(event, pending)
-    if failed is not None:
-        return _error(failed)
-    import numpy as np
-
-    samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-    return Response(encoded(samples, rate, fmt), media_type=AUDIO_TYPES[fmt])
 
 
 def _wav_header(rate: int) -> bytes:

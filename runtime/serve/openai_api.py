@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import soundfile as sf
+
 from edgeomni.runtime.audio import encoded
 from edgeomni.runtime.families import REQUEST_KEYS as FAMILY_KEYS
 from edgeomni.runtime.families import STAGE_PREFIXES
@@ -141,8 +143,6 @@ class Media:
             raise ApiError(400, f"input_audio.format must be wav or flac, got {fmt!r}",
                            where + ".format")  # fmt: skip
         path = self._write(_b64(part["data"], where + ".data"), "." + fmt, where)
-        import soundfile as sf
-
         try:
             seconds = sf.info(str(path)).duration
         except Exception as e:
