@@ -275,7 +275,7 @@ def _main(args: argparse.Namespace) -> int:
         return _fail(problem, EXIT_BAD_CONFIG)
 
     want_audio = args.out_audio is not None or args.output_audio_dir is not None
-    for key, why in settings.get("ignored", {}).items():
+    for key, why in settings["ignored"].items():
         print(f"edge-infer: warning: ignoring the request file's {key}: {why}", file=sys.stderr)
     if want_audio and not pipeline.audio_terminals():
         return _fail("this graph has no audio output", EXIT_BAD_CONFIG)
@@ -286,7 +286,7 @@ def _main(args: argparse.Namespace) -> int:
         )
     batch_size = args.batch_size or settings.get("batch_size") or 1
     # text stages only, unless audio was asked for (a graph without text always speaks)
-    requested = None if want_audio else (pipeline.text_terminals() or None)
+    requested = None if want_audio else pipeline.text_terminals()
     if want_audio and pipeline.text_terminals():
         for key, to in settings["fallbacks"].items():
             print(f"edge-infer: warning: the request file's {key} applies to the text model "
