@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import math
 import os
 import tempfile
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-__all__ = ["log_mel", "mel_filter_bank", "read_wav", "resample", "write_wav"]
+__all__ = ["encoded", "log_mel", "mel_filter_bank", "pcm16", "read_wav", "resample", "write_wav"]
 
 # WhisperFeatureExtractor hard-codes the mel range to [0, 8000] Hz whatever the sampling rate.
 _MEL_F_MIN = 0.0
@@ -81,12 +82,12 @@ def write_wav(path: str | os.PathLike[str], audio: np.ndarray, rate: int) -> Non
         x = x.reshape(-1)
     if x.ndim != 1:
         raise ValueError(f"write_wav takes mono audio (1-D), got shape {x.shape}")
-    x = np.clip(np.nan_to_num(x.astype(np.float64), nan=0.0), -1.0, 1.0)
+    data = encoded(x, rate, "wav")
     dest = Path(os.path.realpath(path))  # through a symlink to its file, as ``>`` writes
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            sf.write(f, x, int(rate), format="WAV", subtype="PCM_16")
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
@@ -95,6 +96,26 @@ def write_wav(path: str | os.PathLike[str], audio: np.ndarray, rate: int) -> Non
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _clipped(audio: np.ndarray) -> np.ndarray:
+    """float64 samples in [-1, 1], NaN as 0 (PCM has no NaN)."""
+    return np.clip(np.nan_to_num(np.asarray(audio, np.float64), nan=0.0), -1.0, 1.0)
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    """Samples as raw 16-bit little-endian PCM: those ``write_wav`` writes (libsndfile's
+    conversion, floor(x * 32768) clipped)."""
+    return np.clip(np.floor(_clipped(audio) * 32768.0), -32768, 32767).astype("<i2").tobytes()
+
+
+def encoded(audio: np.ndarray, rate: int, fmt: str) -> bytes:
+    """A whole utterance as 16-bit ``fmt``: "pcm" (raw), "wav" or "flac"."""
+    if fmt == "pcm":
+        return pcm16(audio)
+    buf = io.BytesIO()
+    sf.write(buf, _clipped(audio), int(rate), format=fmt.upper(), subtype="PCM_16")
+    return buf.getvalue()
 
 
 # --------------------------------------------------------------------------------------------

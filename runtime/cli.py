@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from edgeomni.builder.manifest import MANIFEST  # beside the files of an engine dir edge-build wrote
 from edgeomni.runtime.families import REQUEST_KEYS as FAMILY_KEYS
 from edgeomni.runtime.scheduler import PATIENCE
 
@@ -274,7 +275,7 @@ def _main(args: argparse.Namespace) -> int:
         return _fail(problem, EXIT_BAD_CONFIG)
 
     want_audio = args.out_audio is not None or args.output_audio_dir is not None
-    for key, why in settings.get("ignored", {}).items():
+    for key, why in settings["ignored"].items():
         print(f"edge-infer: warning: ignoring the request file's {key}: {why}", file=sys.stderr)
     if want_audio and not pipeline.audio_terminals():
         return _fail("this graph has no audio output", EXIT_BAD_CONFIG)
@@ -285,13 +286,12 @@ def _main(args: argparse.Namespace) -> int:
         )
     batch_size = args.batch_size or settings.get("batch_size") or 1
     # text stages only, unless audio was asked for (a graph without text always speaks)
-    requested = None if want_audio else (pipeline.text_terminals() or None)
-    for key, to in settings.get("fallbacks", {}).items():
-        if not (want_audio and pipeline.text_terminals()):
-            break
-        print(f"edge-infer: warning: the request file's {key} applies to the text model here; "
-              f"TensorRT Edge-LLM's llm_inference applies it to a later stage. Set {to} for "
-              "that stage", file=sys.stderr)  # fmt: skip
+    requested = None if want_audio else pipeline.text_terminals()
+    if want_audio and pipeline.text_terminals():
+        for key, to in settings["fallbacks"].items():
+            print(f"edge-infer: warning: the request file's {key} applies to the text model "
+                  f"here; TensorRT Edge-LLM's llm_inference applies it to a later stage. Set "
+                  f"{to} for that stage", file=sys.stderr)  # fmt: skip
     reply = _Reply(args.prompt is not None, pipeline.text_terminals())
     # each request's audio and codes are written from its events, the moment it is spoken
     writer = AudioWriter(
@@ -328,15 +328,14 @@ def _main(args: argparse.Namespace) -> int:
                     sys.stdout.flush()
             except OSError as e:
                 return _fail(f"cannot write the outputs: {_os_reason(e)}", EXIT_INTERNAL)
+    reply.end()
     if interrupt is not None:
-        reply.end()
         wrote = f"; wrote {args.output_file}" if finished and args.output_file else ""
         print(
             f"edge-infer: interrupted; {finished} of {len(entries)} requests had finished{wrote}",
             file=sys.stderr,
         )
         return exit_status(interrupt)
-    reply.end()
     _report(args, entries, reply.printed, audio_only=not pipeline.text_terminals())
     if args.dump_profile:
         print(json.dumps(pipeline.profile.as_dict(), indent=2), file=sys.stderr)
@@ -389,14 +388,11 @@ def usage_error(args: argparse.Namespace) -> str | None:
     problem = threads_error(args.threads)
     if problem:
         return problem
-    for flag, value in (
-        ("--batch-size", args.batch_size),
-        ("--max-generate-length", args.max_generate_length),
-    ):
-        if value is not None and value < 1:
-            return f"{flag} must be at least 1, got {value}"
-    if args.stage_patience is not None and args.stage_patience < 0:
-        return f"--stage-patience must be at least 0, got {args.stage_patience}"
+    for flag, value, least in (("--batch-size", args.batch_size, 1),
+                               ("--max-generate-length", args.max_generate_length, 1),
+                               ("--stage-patience", args.stage_patience, 0)):  # fmt: skip
+        if value is not None and value < least:
+            return f"{flag} must be at least {least}, got {value}"
     if (args.audio or args.image) and args.prompt is None:
         return "--audio and --image go with --prompt (put media in the request file)"
     if args.out_audio is not None and args.prompt is None:
@@ -521,7 +517,6 @@ def destination_error(
 STAGE_FILES = ("*.safetensors", "*.onnx", "*.data", "*.engine", "*.jinja", "config.json",
                "*_config.json", "tokenizer.json", "chat_template.json", "vocab.json",
                "merges.txt", "timing.cache")  # fmt: skip
-MANIFEST = "edgeomni_manifest.json"  # builder/manifest.py's: an engine dir edge-build wrote
 
 
 def engine_inputs(pipeline: Any) -> dict[str, str]:
@@ -643,7 +638,6 @@ class _Reply:
         self.enabled = enabled
         self.stages = {port.split(":")[0] for port in text_ports}
         self.printed = False
-        self._open = False
 
     def show(self, event: Any) -> None:
         from edgeomni.runtime.events import TextDelta
@@ -651,14 +645,13 @@ class _Reply:
         if self.enabled and isinstance(event, TextDelta) and event.stage in self.stages:
             sys.stdout.write(event.text)
             sys.stdout.flush()
-            self.printed = self._open = True
+            self.printed = True
 
     def end(self) -> None:
-        """End the streamed line."""
-        if self._open:
+        """End the streamed line (once the run is over)."""
+        if self.printed:
             sys.stdout.write("\n")
             sys.stdout.flush()
-            self._open = False
 
 
 def _report(

@@ -22,7 +22,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -33,11 +33,9 @@ from .families import REQUEST_KEYS as FAMILY_KEYS
 from .sampling import DEFAULT_SAMPLING, SAMPLING_KEYS, SamplingParams, sampling_from_dict
 
 __all__ = [
-    "EXTRA_SAMPLING_PREFIXES",
     "FILE_KEYS",
     "REQUEST_KEYS",
     "SPEECH_KEYS",
-    "EXTRA_KEYS",
     "BadRequest",
     "Request",
     "bad_text",
@@ -52,9 +50,6 @@ __all__ = [
     "write_predictions",
 ]
 
-# the prefixes of the keys of later stages (a talker, a code predictor), as the families
-# declare them (runtime/family.py)
-EXTRA_SAMPLING_PREFIXES: tuple[str, ...] = STAGE_PREFIXES
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "audio", "image")
 # what a media part may carry besides its path (upstream's image preprocessing switch)
@@ -73,6 +68,8 @@ SPEECH_KEYS: Mapping[str, str] = MappingProxyType({k: v.meaning for k, v in FAMI
 # other names of stage keys, and what each is
 _ALIAS_KEYS = {key: meaning for key, (_, meaning) in ALIASES.items()}
 _PREFIXED = "/".join(f"{p}*" for p in STAGE_PREFIXES)
+# what an unknown-key message adds where the later stages' keys (runtime/family.py) are accepted
+_STAGE_KEYS_TOO = f" and keys starting with {', '.join(STAGE_PREFIXES)}"
 
 # Top-level keys for features edgeomni does not have: the key changes nothing (the file would
 # run the same without it) and is reported once.
@@ -206,36 +203,27 @@ class BadRequest:
     carry: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
 
-# the later stages' own keys, as the families declare them (<prefix><name>)
-EXTRA_KEYS: tuple[str, ...] = STAGE_KEYS
-
-
 def _is_extra_key(key: Any) -> bool:
     """A later stage's key (by its prefix; a family's request control is not, whatever its
     name)."""
-    return isinstance(key, str) and key.startswith(EXTRA_SAMPLING_PREFIXES) and (
-        key not in SPEECH_KEYS
-    )
+    return isinstance(key, str) and key.startswith(STAGE_PREFIXES) and key not in SPEECH_KEYS
 
 
 def _unknown(keys: Sequence[str], known: Sequence[str], what: str) -> str:
     """``unknown request keys ['temprature']; did you mean 'temperature'? accepted: ...``"""
-    hints = []
-    for key in keys:
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-        if close:
-            hints.append(f"{key!r} -> {close[0]!r}")
+    hints = [f"{key!r} -> {close[0]!r}" for key in keys
+             if (close := difflib.get_close_matches(key, known, n=1, cutoff=0.75))]  # fmt: skip
     did = f"; did you mean {', '.join(hints)}?" if hints else ""
     return f"unknown {what} {sorted(keys)}{did}; accepted: {', '.join(known)}"
 
 
 def _check_extra(key: str, value: Any) -> float | int:
     """Speech-stage keys: sampling names are range-checked, the rest must be numbers."""
-    prefix = next((p for p in EXTRA_SAMPLING_PREFIXES if key.startswith(p)), None)
+    prefix = next((p for p in STAGE_PREFIXES if key.startswith(p)), None)
     if prefix is None:
-        raise ValueError(f"{key} is not a speech-stage key ({', '.join(EXTRA_SAMPLING_PREFIXES)})")
-    if key not in EXTRA_KEYS:  # a key no stage reads would change nothing: a typo, say so
-        raise ValueError(_unknown([key], EXTRA_KEYS, "speech-stage key"))
+        raise ValueError(f"{key} is not a speech-stage key ({', '.join(STAGE_PREFIXES)})")
+    if key not in STAGE_KEYS:  # a key no stage reads would change nothing: a typo, say so
+        raise ValueError(_unknown([key], STAGE_KEYS, "speech-stage key"))
     name = key[len(prefix) :]
     if name in SAMPLING_KEYS:
         params = sampling_from_dict({key: value}, prefix=prefix)
@@ -267,11 +255,11 @@ def _check_voice(key: str, value: Any) -> str:
     return value
 
 
-def _pick_voice(d: Mapping[str, Any], where: str) -> str | None:
+def _pick_voice(d: Mapping[str, Any]) -> str | None:
     """``voice`` and ``speaker`` are synonyms (speaker is llm_inference's name)."""
-    given = {k: _check_voice(f"{where}{k}", d[k]) for k in ("voice", "speaker") if k in d}
+    given = {k: _check_voice(k, d[k]) for k in ("voice", "speaker") if k in d}
     if len(set(given.values())) > 1:
-        raise ValueError(f"{where}voice and {where}speaker disagree: {given}")
+        raise ValueError(f"voice and speaker disagree: {given}")
     return next(iter(given.values()), None)
 
 
@@ -314,6 +302,23 @@ def _check_num_logprobs(value: Any) -> int:
             f"num_logprobs must be an integer in [0, {MAX_NUM_LOGPROBS}], got {value!r}"
         )
     return value
+
+
+# the top-level keys a request's own replaces: each one's check and its default
+_OVERRIDES: Mapping[str, tuple[Callable[[Any], Any], Any]] = MappingProxyType({
+    "max_generate_length": (lambda v: _check_int("max_generate_length", v),
+                            DEFAULT_MAX_GENERATE_LENGTH),
+    "min_generate_length": (lambda v: _check_int("min_generate_length", v, 0), 0),
+    "stop": (_check_stop, ()),
+    "logit_bias": (_check_logit_bias, ()),
+    "num_logprobs": (_check_num_logprobs, 0),
+})  # fmt: skip
+_DEFAULTS = {key: default for key, (_, default) in _OVERRIDES.items()}
+
+
+def _overrides(d: Mapping[str, Any], base: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    """``keys`` (of ``_OVERRIDES``) as ``d`` gives them, checked, else as ``base`` has them."""
+    return {key: _OVERRIDES[key][0](d[key]) if key in d else base[key] for key in keys}
 
 
 def _speech(d: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
@@ -462,11 +467,7 @@ def parse_sampling(
         raise ValueError(f"sampling must be an object, got {type(obj).__name__}")
     unknown = [k for k in obj if k not in SAMPLING_KEYS and not _is_extra_key(k)]
     if unknown:
-        prefixes = ", ".join(EXTRA_SAMPLING_PREFIXES)
-        raise ValueError(
-            _unknown(unknown, SAMPLING_KEYS, "sampling keys")
-            + f" and keys starting with {prefixes}"
-        )
+        raise ValueError(_unknown(unknown, SAMPLING_KEYS, "sampling keys") + _STAGE_KEYS_TOO)
     params = sampling_from_dict(obj, base)
     extra = dict(extra_base)
     extra.update({k: _check_extra(k, v) for k, v in obj.items() if _is_extra_key(k)})
@@ -506,32 +507,22 @@ def _parse_request(
     for key, why in UNSUPPORTED_KEYS.items():
         if req.get(key, file.get(key)) not in (None, "", {}):
             raise ValueError(f"{key}: {why} by edgeomni")
-    max_len = file["max_generate_length"]
-    if "max_generate_length" in req:
-        max_len = _check_int("max_generate_length", req["max_generate_length"])
-    min_len = file["min_generate_length"]
-    if "min_generate_length" in req:
-        min_len = _check_int("min_generate_length", req["min_generate_length"], 0)
+    lengths = _overrides(req, file, "max_generate_length", "min_generate_length")
+    max_len, min_len = lengths["max_generate_length"], lengths["min_generate_length"]
     if min_len > max_len:
         raise ValueError(f"min_generate_length {min_len} exceeds max_generate_length {max_len}")
-    params, extra = base, dict(extra_base)
-    if "sampling" in req:
-        params, extra = parse_sampling(req["sampling"], base, extra_base)
+    inner = req.get("sampling", {})
+    params, extra = parse_sampling(inner, base, extra_base)
     if "sampling_seed" in req:
         seeded = sampling_from_dict({"sampling_seed": req["sampling_seed"]}, params)
-        inner = req.get("sampling", {})
         if any(k in inner for k in ("seed", "sampling_seed")) and seeded.seed != params.seed:
             raise ValueError(
                 f"sampling_seed {seeded.seed} and the sampling object's seed {params.seed} disagree"
             )
         params = seeded
     _audio_cap(req, extra)
-    voice = _pick_voice(req, "") or file["voice"]
-    stop = _check_stop(req["stop"]) if "stop" in req else file["stop"]
-    bias = _check_logit_bias(req["logit_bias"]) if "logit_bias" in req else file["logit_bias"]
-    logprobs = file["num_logprobs"]
-    if "num_logprobs" in req:
-        logprobs = _check_num_logprobs(req["num_logprobs"])
+    voice = _pick_voice(req) or file["voice"]
+    texts = _overrides(req, file, "stop", "logit_bias", "num_logprobs")
     for key in ("disable_spec_decode", "save_system_prompt_kv_cache"):
         if key in req:
             _check_bool(key, req[key])
@@ -542,18 +533,13 @@ def _parse_request(
     return Request(
         index=index,
         messages=messages,
-        max_generate_length=max_len,
-        min_generate_length=min_len,
+        **lengths,
         sampling=params,
         stage_settings=MappingProxyType(extra),
-        apply_chat_template=file["apply_chat_template"],
-        add_generation_prompt=file["add_generation_prompt"],
-        enable_thinking=file["enable_thinking"],
+        **{flag: file[flag] for flag in _FLAG_DEFAULTS},
         voice=voice,
-        stop=stop,
+        **texts,
         fields=frozenset(fields),
-        logit_bias=bias,
-        num_logprobs=logprobs,
         speech=MappingProxyType(speech),
         carry=_carry(req),
         given=given | _keys(req) | _keys(req.get("sampling")),
@@ -582,7 +568,7 @@ def inert_keys(
     runners' ``reads``), with why: a text model's keys on a graph without one, the speech
     stages' keys in a run that does not speak, a key the graph's stages do not read (the
     text mode of one family's talker on another's)."""
-    known = {*TEXT_MODEL_KEYS, *SPEECH_STAGE_KEYS, *EXTRA_KEYS, "repetition_penalty"}
+    known = {*TEXT_MODEL_KEYS, *SPEECH_STAGE_KEYS, *STAGE_KEYS, "repetition_penalty"}
     out: dict[str, str] = {}
     for key in sorted(set(given) & known - set(reads)):
         if key in (*TEXT_MODEL_KEYS, "repetition_penalty") and not text_model:
@@ -622,11 +608,7 @@ def parse_request_file(
     obj = {**{k: v for k, v in top.items() if not (k == "voice" and voiced)}, **obj}
     unknown = [k for k in obj if k not in FILE_KEYS and not _is_extra_key(k) and not _comment(k)]
     if unknown:
-        prefixes = ", ".join(EXTRA_SAMPLING_PREFIXES)
-        raise ValueError(
-            _unknown(unknown, tuple(FILE_KEYS), "top-level keys")
-            + f" and keys starting with {prefixes}"
-        )
+        raise ValueError(_unknown(unknown, tuple(FILE_KEYS), "top-level keys") + _STAGE_KEYS_TOO)
     if not isinstance(obj.get("requests"), list):
         raise ValueError("a request file needs a 'requests' list")
     problem = bad_text({k: v for k, v in obj.items() if k != "requests"}, "")
@@ -643,22 +625,14 @@ def parse_request_file(
         _audio_cap(obj, extra_base)
         if "batch_size" in obj:
             settings["batch_size"] = _check_int("batch_size", obj["batch_size"])
-        max_len = DEFAULT_MAX_GENERATE_LENGTH
-        if "max_generate_length" in obj:
-            max_len = _check_int("max_generate_length", obj["max_generate_length"])
-        min_len = 0
-        if "min_generate_length" in obj:
-            min_len = _check_int("min_generate_length", obj["min_generate_length"], 0)
+        lengths = _overrides(obj, _DEFAULTS, "max_generate_length", "min_generate_length")
         flags = {k: _check_bool(k, obj[k]) if k in obj else v for k, v in _FLAG_DEFAULTS.items()}
-        voice = _pick_voice(obj, "")
-        stop = _check_stop(obj["stop"]) if "stop" in obj else ()
-        bias = _check_logit_bias(obj["logit_bias"]) if "logit_bias" in obj else ()
-        logprobs = _check_num_logprobs(obj["num_logprobs"]) if "num_logprobs" in obj else 0
+        voice = _pick_voice(obj)
+        texts = _overrides(obj, _DEFAULTS, "stop", "logit_bias", "num_logprobs")
         speech = _speech(obj, {})
     except ValueError as e:
         raise ValueError(f"top level: {e}") from None
-    file = {"max_generate_length": max_len, "min_generate_length": min_len, "voice": voice,
-            "stop": stop, "logit_bias": bias, "num_logprobs": logprobs, "speech": speech,
+    file = {**lengths, "voice": voice, **texts, "speech": speech,
             "guided_decoding": obj.get("guided_decoding"), **flags}  # fmt: skip
     kept = ("max_generate_length", "min_generate_length", "voice", *_FLAG_DEFAULTS)
     settings.update({k: file[k] for k in kept if k in obj or (k == "voice" and voice)})
@@ -734,15 +708,12 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
         raise
     if hasattr(os, "O_DIRECTORY"):
         # Make the rename itself durable; best effort where directories cannot be opened.
-        try:
+        with contextlib.suppress(OSError):
             dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:
-            return
-        try:
-            with contextlib.suppress(OSError):
+            try:
                 os.fsync(dfd)
-        finally:
-            os.close(dfd)
+            finally:
+                os.close(dfd)
 
 
 def json_bytes(obj: Any) -> bytes:

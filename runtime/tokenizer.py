@@ -104,13 +104,8 @@ def _byte_to_unicode() -> dict[int, str]:
     """GPT-2's byte-level alphabet: each byte as the printable character BPE vocabularies
     spell it with."""
     keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table = {b: chr(b) for b in keep}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
+    moved = [b for b in range(256) if b not in keep]  # the others, past the first 256 code points
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(moved)}}
 
 
 _UNICODE_TO_BYTE = {c: b for b, c in _byte_to_unicode().items()}

@@ -353,7 +353,7 @@ def test_speech_equals_edge_infers_audio(tts_engine: Path) -> None:
     import numpy as np
     import soundfile as sf
 
-    from edgeomni.runtime.serve.openai_api import pcm16
+    from edgeomni.runtime.audio import pcm16
 
     text, voice = "Hello there, this is a test.", "vivian"
     requests, _ = parse_request_file({"requests": [
@@ -401,7 +401,7 @@ def test_omni_chat_speaks_its_reply(omni_engine: Path) -> None:
 
     import soundfile as sf
 
-    from edgeomni.runtime.serve.openai_api import pcm16
+    from edgeomni.runtime.audio import pcm16
 
     greedy = {"top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 12}
     prompt, voice = "Hello! How are you today?", "ethan"

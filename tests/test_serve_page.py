@@ -33,9 +33,9 @@ pytest.importorskip("uvicorn")
 
 from test_serve import GREEDY_SPEECH, start  # noqa: E402
 
+from edgeomni.runtime.audio import pcm16  # noqa: E402
 from edgeomni.runtime.pipeline import Pipeline  # noqa: E402
 from edgeomni.runtime.requests import parse_request_file  # noqa: E402
-from edgeomni.runtime.serve.openai_api import pcm16  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 WIDTH, HEIGHT = 1000, 900

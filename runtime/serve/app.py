@@ -28,16 +28,19 @@ import contextlib
 import json
 import secrets
 import shutil
+import struct
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from edgeomni.runtime.audio import encoded, pcm16
 from edgeomni.runtime.events import AudioChunk, Failed, Finished, TextDelta
 from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH, Request
 from edgeomni.runtime.serve.openai_api import (
@@ -48,9 +51,7 @@ from edgeomni.runtime.serve.openai_api import (
     check_unicode,
     chunk,
     completion,
-    encoded,
     message_audio,
-    pcm16,
     speech_request,
 )
 from edgeomni.runtime.serve.page import page_endpoint
@@ -66,6 +67,7 @@ from edgeomni.runtime.serve.server import (
 
 T = TypeVar("T")
 MAX_BODY = 32 << 20  # bytes of a request body (inline images and audio included)
+AUDIO_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}
 
 
 def make_app(server: Server, *, model: str, api_key: str | None = None,
@@ -100,10 +102,6 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         media files, the media folder, the engine dir (as the model's name)."""
         return {**engine_dirs, str(media_root()): "(inline media)", **labels}
 
-    def error(e: ApiError) -> JSONResponse:
-        headers = {"Retry-After": "1"} if e.status == 429 else None
-        return JSONResponse(e.body(), status_code=e.status, headers=headers)
-
     def authorised(request: HttpRequest) -> bool:
         if api_key is None:
             return True
@@ -117,19 +115,23 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
 
     async def models(request: HttpRequest) -> Response:
         if not authorised(request):
-            return error(ApiError(401, "a valid API key is required", kind="authentication_error"))
+            return _error(ApiError(401, "a valid API key is required", kind="authentication_error"))
         return JSONResponse({"object": "list", "data": [
             {"id": model, "object": "model", "created": 0, "owned_by": "edgeomni"}]})  # fmt: skip
 
-    async def take(
+    async def answer(
         request: HttpRequest,
         make: Callable[[Any, int, Media], tuple[Request, set[str] | None, Any]],
-    ) -> tuple[Pending, Any, bool] | Response:
-        """An API request into the server: the key, the JSON body, its model, ``make(body,
-        index, media)`` -> (request, terminals, what the answer needs), the stream flag; or the
-        error answer."""
+        streamed: Callable[[Pending, Any, list[Any]], Response],
+        whole: Callable[[Pending, Any], Awaitable[Response]],
+    ) -> Response:
+        """An API request into the server and its answer, or the error answer: the key, the
+        JSON body, its model, ``make(body, index, media)`` -> (request, terminals, what the
+        answer needs), then ``whole(pending, needs)``; or, streamed, ``streamed(pending, needs,
+        seen)`` once its first output came, so a request that fails before it is an error
+        status (raw audio bytes have no room for an error)."""
         if not authorised(request):
-            return error(ApiError(401, "a valid API key is required", kind="authentication_error"))
+            return _error(ApiError(401, "a valid API key is required", kind="authentication_error"))
         try:
             declared = request.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > MAX_BODY:  # refused before it is read
@@ -170,8 +172,14 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         except ApiError as e:
             if e.status in (400, 404, 413):
                 server.metrics.count("invalid")
-            return error(e)
-        return pending, extra, stream
+            return _error(e)
+        if not stream:
+            return await _until_disconnect(request, pending, whole(pending, extra))
+        seen = await _until_disconnect(request, pending, _until_output(pending))
+        failed = next((e for e in seen if isinstance(e, Failed)), None)
+        if failed is not None:
+            return _error(_failure(failed, pending))
+        return streamed(pending, extra, seen)
 
     def check_model(name: Any) -> None:
         """A body may leave out ``model``; one it names must be this server's (OpenAI's
@@ -195,19 +203,12 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         return req, terminals, fmt
 
     async def chat(request: HttpRequest) -> Response:
-        taken = await take(request, make_chat)
-        if isinstance(taken, Response):
-            return taken
-        pending, fmt, stream = taken
-        rid = f"chatcmpl-{pending.index}"
-        if stream:  # a request that fails before its first output is an error status
-            seen = await _until_disconnect(request, pending, _until_output(pending))
-            failed = next((e for e in seen if isinstance(e, Failed)), None)
-            if failed is not None:
-                return error(_failure(failed, pending))
-            return StreamingResponse(_sse(server, pending, rid, model, seen),
-                                     media_type="text/event-stream")  # fmt: skip
-        return await _until_disconnect(request, pending, _whole(server, pending, rid, model, fmt))
+        return await answer(
+            request, make_chat,
+            lambda p, fmt, seen: StreamingResponse(_sse(server, p, model, seen),
+                                                   media_type="text/event-stream"),
+            lambda p, fmt: _whole(server, p, model, fmt),
+        )  # fmt: skip
 
     def make_speech(body: Any, index: int, media: Media) -> tuple[Request, set[str], str]:
         if not server.audio or server.texts:
@@ -219,18 +220,12 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         return req, server.audio, fmt
 
     async def speech(request: HttpRequest) -> Response:
-        taken = await take(request, make_speech)
-        if isinstance(taken, Response):
-            return taken
-        pending, fmt, stream = taken
-        media = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}[fmt]
-        if stream:  # raw bytes have no room for an error: the status waits for the first audio
-            seen = await _until_disconnect(request, pending, _until_output(pending))
-            failed = next((e for e in seen if isinstance(e, Failed)), None)
-            if failed is not None:
-                return error(_failure(failed, pending))
-            return StreamingResponse(_audio_stream(pending, fmt, seen), media_type=media)
-        return await _until_disconnect(request, pending, _audio_whole(pending, fmt, media))
+        return await answer(
+            request, make_speech,
+            lambda p, fmt, seen: StreamingResponse(_audio_stream(p, fmt, seen),
+                                                   media_type=AUDIO_TYPES[fmt]),
+            lambda p, fmt: _whole(server, p, model, fmt, speech=True),
+        )  # fmt: skip
 
     async def metrics(request: HttpRequest) -> Response:
         text = server.metrics.render(server.in_flight, server.capacity, lambda: server.running)
@@ -247,6 +242,11 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
     ])  # fmt: skip
     app.state.media_root = None  # where requests' inline media are kept, once made
     return app
+
+
+def _error(e: ApiError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if e.status == 429 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 def parsed(raw: bytes) -> Any:
@@ -275,7 +275,7 @@ async def _events(pending: Pending, seen: list[Any] | None = None) -> AsyncItera
             yield event
     finally:
         if pending.state is None:  # the client left first: the loop drops it next turn
-            Server.cancel(pending)
+            pending.cancelled = True
 
 
 async def _until_disconnect(request: HttpRequest, pending: Pending, answer: Awaitable[T]) -> T:
@@ -287,7 +287,7 @@ async def _until_disconnect(request: HttpRequest, pending: Pending, answer: Awai
         while (await request.receive())["type"] != "http.disconnect":
             pass
         if pending.state is None:  # still in the graph: the loop drops it next turn
-            Server.cancel(pending)
+            pending.cancelled = True
 
     watcher = asyncio.create_task(watch())
     try:
@@ -305,8 +305,11 @@ def _failure(event: Failed, pending: Pending) -> ApiError:
 
 
 async def _whole(
-    server: Server, pending: Pending, rid: str, model: str, fmt: str | None
+    server: Server, pending: Pending, model: str, fmt: str | None, *, speech: bool = False
 ) -> Response:
+    """A request's answer once it has left: the chat completion (with ``fmt``, its spoken reply
+    in it), or with ``speech`` the audio alone, in ``fmt``."""
+    rid = f"chatcmpl-{pending.index}"
     text, finish, failed, pieces, rate = [], "stop", None, [], 24000
     async for event in _events(pending):  # to the end: the request has left when it answers
         if isinstance(event, TextDelta):
@@ -319,14 +322,12 @@ async def _whole(
         elif isinstance(event, Failed):
             failed = _failure(event, pending)
     if failed is not None:
-        return JSONResponse(failed.body(), status_code=failed.status)
+        return _error(failed)
+    samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    if speech:
+        return Response(encoded(samples, rate, fmt), media_type=AUDIO_TYPES[fmt])
     usage = usage_of(pending.state, server.texts)
-    audio = None
-    if fmt is not None:
-        import numpy as np
-
-        samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        audio = message_audio(rid, samples, rate, fmt, "".join(text))
+    audio = None if fmt is None else message_audio(rid, samples, rate, fmt, "".join(text))
     return JSONResponse(completion(rid, model, "".join(text), finish, usage, audio))
 
 
@@ -344,9 +345,9 @@ async def _until_output(pending: Pending) -> list[Any]:
             return seen
 
 
-async def _sse(
-    server: Server, pending: Pending, rid: str, model: str, seen: list[Any]
-) -> AsyncIterator[str]:
+async def _sse(server: Server, pending: Pending, model: str, seen: list[Any]) -> AsyncIterator[str]:
+    rid = f"chatcmpl-{pending.index}"
+
     def line(obj: Any) -> str:
         return f"data: {json.dumps(obj)}\n\n"
 
@@ -369,35 +370,11 @@ async def _sse(
     yield "data: [DONE]\n\n"
 
 
-async def _audio_whole(pending: Pending, fmt: str, media: str) -> Response:
-    pieces, rate, failed = [], 24000, None
-    async for event in _events(pending):
-        if isinstance(event, AudioChunk):
-            pieces.append(event.samples)
-            rate = event.sample_rate
-        elif isinstance(event, Failed):
-            failed = _failure(event, pending)
-    if failed is not None:
-        return JSONResponse(failed.body(), status_code=failed.status)
-    import numpy as np
-
-    samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-    return Response(encoded(samples, rate, fmt), media_type=media)
-
-
 def _wav_header(rate: int) -> bytes:
     """A 16-bit mono WAV header for a stream of unknown length (sizes at their maximum, as
     streaming players expect)."""
-    import struct
-
-    return (
-        b"RIFF"
-        + struct.pack("<I", 0xFFFFFFFF)
-        + b"WAVEfmt "
-        + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
-        + b"data"
-        + struct.pack("<I", 0xFFFFFFFF)
-    )
+    return struct.pack("<4sI8sIHHIIHH4sI", b"RIFF", 0xFFFFFFFF, b"WAVEfmt ",
+                       16, 1, 1, rate, rate * 2, 2, 16, b"data", 0xFFFFFFFF)  # fmt: skip
 
 
 async def _audio_stream(pending: Pending, fmt: str, seen: list[Any]) -> AsyncIterator[bytes]:

@@ -9,6 +9,7 @@ Needs the ``serve`` extra (Starlette and uvicorn): pip install 'edgeomni[serve]'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -165,39 +166,27 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"{e.name} is missing: pip install 'edgeomni[serve]'")
     from edgeomni.builder import interrupts
 
-    opened: list[Any] = []  # the socket and the server, closed if it ends before serving
-    try:
-        with interrupts.raised():
-            ready = _prepare(args, opened)
-            if isinstance(ready, int):
-                return ready
-            opened.clear()
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM before the port opened
-        print("edge-serve: interrupted", file=sys.stderr)
-        return interrupts.exit_status(e)
-    except Exception as e:  # a bug: one line; --verbose shows where
-        if args.verbose:
-            traceback.print_exc()
-        return _fail(f"internal error: {type(e).__name__}: {e}", 1)
-    finally:
-        _close(opened)
+    with contextlib.ExitStack() as opened:  # the socket and the server, if it ends before serving
+        try:
+            with interrupts.raised():
+                ready = _prepare(args, opened)
+                if isinstance(ready, int):
+                    return ready
+                opened.pop_all()  # _serve closes them
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM before the port opened
+            print("edge-serve: interrupted", file=sys.stderr)
+            return interrupts.exit_status(e)
+        except Exception as e:  # a bug: one line; --verbose shows where
+            if args.verbose:
+                traceback.print_exc()
+            return _fail(f"internal error: {type(e).__name__}: {e}", 1)
     return _serve(*ready)
 
 
-def _close(opened: list[Any]) -> None:
-    """What ``_prepare`` opened, when it ends before serving: the server's requests (the
-    warm-up's) are cut, its loop stopped; the socket closed."""
-    for thing in opened:
-        if isinstance(thing, socket.socket):
-            thing.close()
-        else:
-            thing.cancel_all()
-            thing.stop(timeout=10)
-
-
-def _prepare(args: argparse.Namespace, opened: list[Any]) -> int | tuple[Any, Any, Any]:
+def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tuple[Any, Any, Any]:
     """Everything before the port opens, cheapest first: the graph and the flags against its
-    build, the address, the engines, the warm-up. An exit status, or (socket, server, app)."""
+    build, the address, the engines, the warm-up. An exit status, or (socket, server, app);
+    what it opened is closed by ``opened`` unless it is served."""
     from edgeomni.graph_schema import GraphError
     from edgeomni.runtime.engine import Engines, threads_error
     from edgeomni.runtime.pipeline import Pipeline, resolve_config
@@ -227,7 +216,7 @@ def _prepare(args: argparse.Namespace, opened: list[Any]) -> int | tuple[Any, An
     except ValueError as e:
         return _fail(str(e))
     try:
-        opened.append(bind(args.host, args.port))
+        sock = opened.enter_context(bind(args.host, args.port))
     except AddressError as e:
         return _fail(str(e))
     try:
@@ -237,7 +226,8 @@ def _prepare(args: argparse.Namespace, opened: list[Any]) -> int | tuple[Any, An
     except (OSError, RuntimeError, ValueError) as e:
         return _fail(str(e))
     server.start()
-    opened.append(server)
+    opened.callback(server.stop, timeout=10)
+    opened.callback(server.cancel_all)  # first: the warm-up's requests are cut
     if args.warmup == "on" or (args.warmup == "auto" and warmup.needed(server)):
         try:
             warmup.warm_up(server, batch_size=min(batch_size, server.capacity))
@@ -252,7 +242,7 @@ def _prepare(args: argparse.Namespace, opened: list[Any]) -> int | tuple[Any, An
         max_audio_s=args.max_audio_seconds,
         max_pixels=args.max_image_pixels,
     )
-    return opened[0], server, app
+    return sock, server, app
 
 
 def _serve(sock: socket.socket, server: Any, app: Any) -> int:

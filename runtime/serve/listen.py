@@ -15,7 +15,6 @@ import errno
 import logging
 import signal
 import socket
-import threading
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -77,17 +76,10 @@ class Web(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """This server's handler for both signals while it runs; the old ones back after
-        (uvicorn's own would raise the signals again on the way out)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        old = {sig: signal.signal(sig, self.handle_exit) for sig in STOP}
-        try:
-            yield
-        finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
+        """Nothing: edge-serve's ``_serve`` sets ``handle_exit`` on both signals around the whole
+        run, before uvicorn starts and past its cleanup (uvicorn's own capture would put its
+        handlers in and raise the signals again on the way out)."""
+        yield
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.signals.append(sig)

@@ -8,6 +8,7 @@ first token and to first audio from submission.
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from collections.abc import Callable
 
@@ -27,11 +28,9 @@ class Histogram:
         self.n += 1
 
     def lines(self, name: str) -> list[str]:
-        out, running = [], 0
-        for bound, count in zip((*BUCKETS_S, float("inf")), self.counts, strict=True):
-            running += count
-            le = "+Inf" if bound == float("inf") else repr(bound)
-            out.append(f'{name}_bucket{{le="{le}"}} {running}')
+        bounds = [*map(repr, BUCKETS_S), "+Inf"]
+        out = [f'{name}_bucket{{le="{le}"}} {running}'
+               for le, running in zip(bounds, itertools.accumulate(self.counts), strict=True)]
         return [*out, f"{name}_sum {self.total:.6f}", f"{name}_count {self.n}"]
 
 

@@ -9,6 +9,8 @@ the audio/speech route maps the fields the families declare to their request con
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import re
 import time
@@ -16,17 +18,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import soundfile as sf
+
+from edgeomni.runtime.audio import encoded
 from edgeomni.runtime.families import REQUEST_KEYS as FAMILY_KEYS
-from edgeomni.runtime.requests import (
-    EXTRA_SAMPLING_PREFIXES,
-    BadRequest,
-    Request,
-    lone_surrogate,
-    parse_request_file,
-)
+from edgeomni.runtime.families import STAGE_PREFIXES
+from edgeomni.runtime.requests import BadRequest, Request, lone_surrogate, parse_request_file
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
-EXTRA_PREFIXES = EXTRA_SAMPLING_PREFIXES
 # fields OpenAI's clients send that change nothing here, or only at their default
 IGNORED = ("model", "user", "stream_options", "store", "metadata", "service_tier")
 DEFAULT_ONLY = {"n": 1, "logprobs": False, "presence_penalty": 0, "frequency_penalty": 0,
@@ -144,8 +143,6 @@ class Media:
             raise ApiError(400, f"input_audio.format must be wav or flac, got {fmt!r}",
                            where + ".format")  # fmt: skip
         path = self._write(_b64(part["data"], where + ".data"), "." + fmt, where)
-        import soundfile as sf
-
         try:
             seconds = sf.info(str(path)).duration
         except Exception as e:
@@ -164,9 +161,6 @@ def _reason(e: Exception, path: Path) -> str:
 
 
 def _b64(data: str, where: str) -> bytes:
-    import base64
-    import binascii
-
     try:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
@@ -190,12 +184,8 @@ def _media_message(msg: Any, i: int, media: Media | None) -> Any:
             url = url.get("url") if isinstance(url, Mapping) else url
             out.append({"type": "image", "image": media.image(url, where + ".image_url")})
         elif kind == "input_audio":
-            out.append(
-                {
-                    "type": "audio",
-                    "audio": media.audio(part.get("input_audio"), where + ".input_audio"),
-                }
-            )
+            path = media.audio(part.get("input_audio"), where + ".input_audio")
+            out.append({"type": "audio", "audio": path})
         elif kind in ("image", "audio"):  # the request file's own kinds take paths: not here
             raise ApiError(400, f"a {kind} part is image_url or input_audio here",
                            where + ".type")  # fmt: skip
@@ -204,16 +194,22 @@ def _media_message(msg: Any, i: int, media: Media | None) -> Any:
     return {**msg, "content": out}
 
 
+def _check_fields(body: Any, known: tuple[str, ...]) -> None:
+    """A 400 unless ``body`` is an object of Unicode text whose fields are all ``known`` or a
+    later stage's (by the prefixes the families declare)."""
+    if not isinstance(body, Mapping):
+        raise ApiError(400, "the body must be a JSON object")
+    check_unicode(body)
+    unknown = [k for k in body if k not in known and not k.startswith(STAGE_PREFIXES)]
+    if unknown:
+        raise ApiError(400, f"unknown field {unknown[0]!r}", unknown[0])
+
+
 def chat_request(body: Any, index: int, max_tokens: int, media: Media | None = None) -> Request:
     """The runtime request of a chat-completions body; an ApiError (400) naming the field at
     fault. ``max_tokens``: the default and the cap (the build's); ``media``: where inline
     images and audio go (None: none taken)."""
-    if not isinstance(body, Mapping):
-        raise ApiError(400, "the body must be a JSON object")
-    check_unicode(body)
-    unknown = [k for k in body if k not in KNOWN and not k.startswith(EXTRA_PREFIXES)]
-    if unknown:
-        raise ApiError(400, f"unknown field {unknown[0]!r}", unknown[0])
+    _check_fields(body, KNOWN)
     for key in UNSUPPORTED:
         if body.get(key) not in (None, [], {}):
             raise ApiError(400, f"{key} is not supported by this server", key)
@@ -239,7 +235,7 @@ def chat_request(body: Any, index: int, max_tokens: int, media: Media | None = N
     if body.get("stop") is not None:
         req["stop"] = body["stop"]
     sampling = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
-    sampling.update({k: v for k, v in body.items() if k.startswith(EXTRA_PREFIXES)})
+    sampling.update({k: v for k, v in body.items() if k.startswith(STAGE_PREFIXES)})
     if sampling:
         req["sampling"] = sampling
     file: dict[str, Any] = {"requests": [req], "max_generate_length": max_tokens}
@@ -254,8 +250,6 @@ def chat_request(body: Any, index: int, max_tokens: int, media: Media | None = N
 
 def message_audio(rid: str, samples: Any, rate: int, fmt: str, transcript: str) -> dict:
     """A reply's ``message.audio``: the whole utterance, base64."""
-    import base64
-
     data = encoded(samples, rate, "pcm" if fmt == "pcm16" else fmt)
     return {"id": f"audio-{rid}", "data": base64.b64encode(data).decode(), "expires_at": 0,
             "transcript": transcript}  # fmt: skip
@@ -315,12 +309,7 @@ SPEECH_FIELDS = ("model", "input", "voice", "response_format", "speed", "stream"
 def speech_request(body: Any, index: int) -> tuple[Request, str]:
     """The runtime request of an audio/speech body (the text to speak as the user message, as
     edge-infer's --prompt) and the response format; an ApiError (400) naming the field."""
-    if not isinstance(body, Mapping):
-        raise ApiError(400, "the body must be a JSON object")
-    check_unicode(body)
-    unknown = [k for k in body if k not in SPEECH_FIELDS and not k.startswith(EXTRA_PREFIXES)]
-    if unknown:
-        raise ApiError(400, f"unknown field {unknown[0]!r}", unknown[0])
+    _check_fields(body, SPEECH_FIELDS)
     text = body.get("input")
     if not isinstance(text, str) or not text.strip():
         raise ApiError(400, "input must be a non-empty string", "input")
@@ -337,7 +326,7 @@ def speech_request(body: Any, index: int) -> tuple[Request, str]:
     for theirs, ours in SPEECH_KEYS.items():
         if body.get(theirs) is not None:
             req[ours] = body[theirs]
-    extras = {k: v for k, v in body.items() if k.startswith(EXTRA_PREFIXES)}
+    extras = {k: v for k, v in body.items() if k.startswith(STAGE_PREFIXES)}
     if extras:
         req["sampling"] = extras
     try:
@@ -349,27 +338,3 @@ def speech_request(body: Any, index: int) -> tuple[Request, str]:
         word = _param(parsed.error, req)
         raise ApiError(400, parsed.error, mapped.get(word or "", word))
     return dataclasses.replace(parsed, index=index), fmt
-
-
-def pcm16(samples: Any) -> bytes:
-    """float samples in [-1, 1] as 16-bit little-endian PCM: the samples runtime.audio.write_wav
-    writes (libsndfile's conversion, floor(x * 32768) clipped)."""
-    import numpy as np
-
-    x = np.clip(np.nan_to_num(np.asarray(samples, np.float64), nan=0.0), -1.0, 1.0)
-    return np.clip(np.floor(x * 32768.0), -32768, 32767).astype("<i2").tobytes()
-
-
-def encoded(samples: Any, rate: int, fmt: str) -> bytes:
-    """A whole utterance in ``fmt`` (wav and flac through soundfile, 16-bit)."""
-    import io
-
-    import numpy as np
-    import soundfile as sf
-
-    if fmt == "pcm":
-        return pcm16(samples)
-    buf = io.BytesIO()
-    x = np.clip(np.nan_to_num(np.asarray(samples, np.float64), nan=0.0), -1.0, 1.0)
-    sf.write(buf, x, int(rate), format=fmt.upper(), subtype="PCM_16")
-    return buf.getvalue()

@@ -201,10 +201,6 @@ class Server:
         self._arrivals.put(Submission(request.index, request, wanted or None))
         return p
 
-    @staticmethod
-    def cancel(p: Pending) -> None:
-        p.cancelled = True
-
     def cancel_all(self) -> int:
         """Cancel every request in the server (a second Ctrl-C: the loop drops them at its
         next turn); returns how many there were. Without the lock, as ``in_flight``: copying
