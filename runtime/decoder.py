@@ -39,11 +39,9 @@ class StepOutputs(Mapping[str, np.ndarray]):
         self._host: dict[str, np.ndarray] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
-        got = self._host.get(name)
-        if got is None:
+        if name not in self._host:
             self.fetch(name)
-            got = self._host[name]
-        return got
+        return self._host[name]
 
     def buffer(self, name: str) -> Any:
         """The output where the engine left it (on a GPU, in device memory), for another engine
