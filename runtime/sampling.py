@@ -9,7 +9,7 @@ on the embedded board next to ONNX Runtime.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,39 +44,30 @@ _SEED_ALIASES = ("seed", "sampling_seed")
 _TOP_P_FIRST_GUESS = 256
 
 
+# each setting: the types it takes, the range it must lie in, and what an error says of each
+_RULES: dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool], str, str]] = {
+    "temperature": ((int, float), lambda v: math.isfinite(v) and v >= 0, "a number",
+                    "a finite number >= 0"),
+    "top_k": (int, lambda v: v >= 0, "an integer (0 turns top-k off)", ">= 0 (0 turns top-k off)"),
+    "top_p": ((int, float), lambda v: 0.0 < v <= 1.0, "a number", "in (0, 1]"),
+    "repetition_penalty": ((int, float), lambda v: math.isfinite(v) and v > 0, "a number",
+                           "a finite number > 0"),
+    "seed": (int, lambda v: v >= 0, "an integer >= 0 or null", "an integer >= 0 or null"),
+}  # fmt: skip
+
+
 def _check(name: str, key: str, value: Any) -> Any:
     """Validate one sampling value; ``key`` is the name the user wrote (used in messages)."""
-    if name == "temperature":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key} must be a number, got {value!r}")
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
-        return float(value)
-    if name == "top_k":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{key} must be an integer (0 turns top-k off), got {value!r}")
-        if value < 0:
-            raise ValueError(f"{key} must be >= 0 (0 turns top-k off), got {value!r}")
-        return int(value)
-    if name == "top_p":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key} must be a number, got {value!r}")
-        if not (0.0 < value <= 1.0):
-            raise ValueError(f"{key} must be in (0, 1], got {value!r}")
-        return float(value)
-    if name == "repetition_penalty":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key} must be a number, got {value!r}")
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{key} must be a finite number > 0, got {value!r}")
-        return float(value)
-    if name == "seed":
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{key} must be an integer >= 0 or null, got {value!r}")
-        return int(value)
-    raise ValueError(f"unknown sampling key {key!r}; accepted: {', '.join(SAMPLING_KEYS)}")
+    if name not in _RULES:
+        raise ValueError(f"unknown sampling key {key!r}; accepted: {', '.join(SAMPLING_KEYS)}")
+    if name == "seed" and value is None:
+        return None
+    types, inside, kind, bounds = _RULES[name]
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise ValueError(f"{key} must be {kind}, got {value!r}")
+    if not inside(value):
+        raise ValueError(f"{key} must be {bounds}, got {value!r}")
+    return int(value) if types is int else float(value)
 
 
 @dataclass(frozen=True)
