@@ -10,6 +10,7 @@ Stages reach these through an engine's ``buffers`` (runtime/buffers.py), never d
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Any
 
@@ -20,35 +21,25 @@ class DeviceError(RuntimeError):
     """No usable GPU, or a CUDA call failed."""
 
 
-_CUDART: Any = None
-
-
+@functools.cache
 def _cudart() -> Any:
     """cuda-python's runtime module, imported once (a code predictor frame makes ~100 calls)."""
-    global _CUDART
-    if _CUDART is None:
+    try:
+        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+    except ImportError:
         try:
-            from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+            from cuda import cudart  # older cuda-python
         except ImportError:
-            try:
-                from cuda import cudart  # older cuda-python
-            except ImportError:
-                raise DeviceError(
-                    "device buffers need cuda-python (pip install 'edgeomni[cuda]')"
-                ) from None
-        _CUDART = cudart
-    return _CUDART
+            raise DeviceError(
+                "device buffers need cuda-python (pip install 'edgeomni[cuda]')"
+            ) from None
+    return cudart
 
 
-_KINDS: dict[str, Any] = {}
-
-
+@functools.cache
 def _kind(name: str) -> Any:
     """A cudaMemcpyKind member, looked up once (each lookup builds an enum object)."""
-    kind = _KINDS.get(name)
-    if kind is None:
-        kind = _KINDS[name] = getattr(_cudart().cudaMemcpyKind, name)
-    return kind
+    return getattr(_cudart().cudaMemcpyKind, name)
 
 
 _STREAMS: dict[int, int] = {}  # device index -> its stream
