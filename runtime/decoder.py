@@ -39,11 +39,9 @@ class StepOutputs(Mapping[str, np.ndarray]):
         self._host: dict[str, np.ndarray] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
-        got = self._host.get(name)
-        if got is None:
+        if name not in self._host:
             self.fetch(name)
-            got = self._host[name]
-        return got
+        return self._host[name]
 
     def buffer(self, name: str) -> Any:
         """The output where the engine left it (on a GPU, in device memory), for another engine
@@ -118,7 +116,6 @@ class DecoderSession:
                 self._shapes[name] = (int(engine.output_shapes[name][-1]),)
         self._per_position = per_position
         self._slots: dict[int, _Slot] = {}  # by width, calls not graphed
-        self._graphs = engine.replays_steps
         # time inside the engine's run calls (on a GPU up to the end of its kernels, since ONNX
         # Runtime synchronises its providers at the end of a run); the rest is the host's work
         self.engine_seconds = 0.0
@@ -135,7 +132,7 @@ class DecoderSession:
         return _Slot(binding, out, self.engine.new_graph_id() if graphed else None)
 
     def _slot(self, width: int, feeds: Mapping[str, np.ndarray], tag: int | None) -> _Slot:
-        if not (self._graphs and width in GRAPH_WIDTHS):
+        if not (self.engine.replays_steps and width in GRAPH_WIDTHS):
             slot = self._slots.get(width)
             if slot is None:
                 slot = self._slots[width] = self._new_slot(width, False)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import Buffers, DeviceBuffers, FixedInputs, HostBuffers
 
 log = logging.getLogger(__name__)
@@ -105,17 +106,6 @@ def parse_device(device: Any) -> tuple[str, int]:
 
 
 TENSORRT = ("tensorrt", "tensorrt-rtx")
-_ORT_TYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 10, np.dtype(np.int64): 7}
-
-
-def gqa_lengths(past_lens: np.ndarray, query_lens: np.ndarray) -> dict[str, np.ndarray]:
-    """GroupQueryAttention's (the CUDA lowering's) length inputs, which the host fills: each
-    row's last position and the call's total length."""
-    total = past_lens.astype(np.int32) + query_lens.astype(np.int32)
-    return {
-        "gqa_seqlens_k": np.maximum(total - 1, 0).astype(np.int32),
-        "gqa_total_length": np.array(total.max(), np.int32),
-    }
 
 
 class OrtBinding:
@@ -182,19 +172,18 @@ class OrtBinding:
             self._io.bind_output(name, "cuda", self._device, array.dtype.type,
                                  list(array.shape), array.ptr)  # fmt: skip
 
-    def _lengths(self, feeds: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The feeds as the graph takes them: ``LENGTHS`` it lacks dropped, and the lowering's
-        own length inputs added, (per-row inputs, host scalars)."""
-        inputs = self._inputs
+    def _lengths(self, feeds: Mapping[str, Any]) -> tuple[dict[str, Any], np.ndarray | None]:
+        """The feeds as the graph takes them, ``LENGTHS`` it lacks dropped; and where the host
+        fills GroupQueryAttention's (the CUDA lowering's) lengths, each row's last position
+        added to them and the call's total length returned (a host scalar), else None."""
         if self._as_given or not ("past_lens" in feeds or "query_lens" in feeds):
-            return dict(feeds), {}
-        scalars: dict[str, Any] = {}
-        out = {n: v for n, v in feeds.items() if n in inputs or n not in LENGTHS}
-        if self._host_lengths and all(n in feeds for n in LENGTHS):
-            lengths = gqa_lengths(feeds["past_lens"], feeds["query_lens"])
-            out["gqa_seqlens_k"] = lengths["gqa_seqlens_k"]
-            scalars["gqa_total_length"] = lengths["gqa_total_length"]
-        return out, scalars
+            return dict(feeds), None
+        out = {n: v for n, v in feeds.items() if n in self._inputs or n not in LENGTHS}
+        if not (self._host_lengths and all(n in feeds for n in LENGTHS)):
+            return out, None
+        total = feeds["past_lens"].astype(np.int32) + feeds["query_lens"].astype(np.int32)
+        out["gqa_seqlens_k"] = np.maximum(total - 1, 0).astype(np.int32)
+        return out, np.array(total.max(), np.int32)
 
     def run(self, feeds: Mapping[str, Any], *, graph: int | None = None, wait: bool = True) -> None:
         """Feeds are host arrays, copied in by ONNX Runtime, or DeviceArrays, read in place.
@@ -204,17 +193,17 @@ class OrtBinding:
         length is frozen at the bound cache's capacity. ``wait=False``: return once the work
         is queued on the device's stream (a GPU engine), not when it is done; the next
         download waits for it."""
-        feeds, scalars = self._lengths(feeds)
+        feeds, total_length = self._lengths(feeds)
         captured = graph is not None and self._cuda_graphs
         if captured:
             put = self._fixed.put
             for name, array in feeds.items():
                 put(name, array)
-            if "gqa_total_length" in scalars:
-                scalars["gqa_total_length"] = np.array(self._capacity, np.int32)
-            feeds = scalars
-        else:
-            feeds.update(scalars)
+            feeds = {}
+            if total_length is not None:
+                total_length = np.array(self._capacity, np.int32)
+        if total_length is not None:
+            feeds["gqa_total_length"] = total_length
         for name, array in feeds.items():
             if isinstance(array, np.ndarray):
                 self._io.bind_cpu_input(name, np.ascontiguousarray(array))
@@ -236,6 +225,11 @@ class OrtBinding:
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
                 "tensor(double)": np.float64, "tensor(int64)": np.int64,
                 "tensor(int32)": np.int32}  # fmt: skip
+
+
+def _numpy_type(ort_type: str) -> np.dtype:
+    """An ONNX Runtime type name's numpy dtype (float32 for one not listed)."""
+    return np.dtype(_NUMPY_TYPES.get(ort_type, np.float32))
 
 
 class OrtEngine:
@@ -276,17 +270,12 @@ class OrtEngine:
         self.cuda_graphs = cuda_graphs  # whether run(graph=id) captures and replays
         self._graph_ids = 0
         self.buffers: Buffers = DeviceBuffers(index) if kind == "cuda" else HostBuffers()
-        self.input_names = tuple(i.name for i in self.session.get_inputs())
-        self.output_names = tuple(o.name for o in self.session.get_outputs())
-        self.input_types = {
-            i.name: np.dtype(_NUMPY_TYPES.get(i.type, np.float32))
-            for i in self.session.get_inputs()
-        }
-        self.output_types = {
-            o.name: np.dtype(_NUMPY_TYPES.get(o.type, np.float32))
-            for o in self.session.get_outputs()
-        }
-        self.output_shapes = {o.name: tuple(o.shape) for o in self.session.get_outputs()}
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        self.input_names = tuple(i.name for i in inputs)
+        self.output_names = tuple(o.name for o in outputs)
+        self.input_types = {i.name: _numpy_type(i.type) for i in inputs}
+        self.output_types = {o.name: _numpy_type(o.type) for o in outputs}
+        self.output_shapes = {o.name: tuple(o.shape) for o in outputs}
         host_lengths = "gqa_seqlens_k" in self.input_names
         # a captured graph freezes GroupQueryAttention's total length: decode steps are
         # replayed with it set to the cache's capacity
@@ -323,15 +312,13 @@ def _session(
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers: list[Any] = ["CPUExecutionProvider"]
     if device == "cuda":
-        from edgeomni.runtime.memory import stream
-
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # one stream for every engine and copy on this GPU. Convolutions pick cuDNN's
         # heuristic algorithm: the default exhaustive search runs again for every new input
         # shape, and on the H200 its choices made code2wav's windows 4-10x slower (docs/design.md)
         cuda = {
             "device_id": str(index),
-            "user_compute_stream": str(stream(index)),
+            "user_compute_stream": str(memory.stream(index)),
             "cudnn_conv_algo_search": "HEURISTIC",
         }
         if cuda_graphs:
@@ -369,24 +356,19 @@ def open_engine(
                      spin=spin)  # fmt: skip
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity where the OS says, as a container's
-    or a board's CPU set does)."""
+def threads_error(threads: int | None) -> str | None:
+    """Why ``--threads`` cannot be used, or None: at least 1, and at most the cores this process
+    may run on (each engine gets a pool of that size: 100000 asked of onnxruntime took 16 GB
+    before it ran)."""
     import os
 
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def threads_error(threads: int | None) -> str | None:
-    """Why ``--threads`` cannot be used, or None: at least 1, and at most the usable cores (each
-    engine gets a pool of that size: 100000 asked of onnxruntime took 16 GB before it ran)."""
     if threads is None:
         return None
     if threads < 1:
         return f"--threads must be at least 1, got {threads}"
-    cores = usable_cores()
+    # its affinity where the OS says (as a container's or a board's CPU set does)
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity else os.cpu_count() or 1
     if threads > cores:
         return f"--threads {threads} is more than the {cores} cores this process may use"
     return None

@@ -10,6 +10,7 @@ Stages reach these through an engine's ``buffers`` (runtime/buffers.py), never d
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Any
 
@@ -20,35 +21,25 @@ class DeviceError(RuntimeError):
     """No usable GPU, or a CUDA call failed."""
 
 
-_CUDART: Any = None
-
-
+@functools.cache
 def _cudart() -> Any:
     """cuda-python's runtime module, imported once (a code predictor frame makes ~100 calls)."""
-    global _CUDART
-    if _CUDART is None:
+    try:
+        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+    except ImportError:
         try:
-            from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+            from cuda import cudart  # older cuda-python
         except ImportError:
-            try:
-                from cuda import cudart  # older cuda-python
-            except ImportError:
-                raise DeviceError(
-                    "device buffers need cuda-python (pip install 'edgeomni[cuda]')"
-                ) from None
-        _CUDART = cudart
-    return _CUDART
+            raise DeviceError(
+                "device buffers need cuda-python (pip install 'edgeomni[cuda]')"
+            ) from None
+    return cudart
 
 
-_KINDS: dict[str, Any] = {}
-
-
+@functools.cache
 def _kind(name: str) -> Any:
     """A cudaMemcpyKind member, looked up once (each lookup builds an enum object)."""
-    kind = _KINDS.get(name)
-    if kind is None:
-        kind = _KINDS[name] = getattr(_cudart().cudaMemcpyKind, name)
-    return kind
+    return getattr(_cudart().cudaMemcpyKind, name)
 
 
 _STREAMS: dict[int, int] = {}  # device index -> its stream
@@ -167,13 +158,9 @@ class DeviceArray:
         src = np.ascontiguousarray(array, self.dtype)
         if src.shape != self.shape:
             raise ValueError(f"uploading {src.shape} into a device buffer of {self.shape}")
-        cudart = _cudart()
-        kind = _kind("cudaMemcpyHostToDevice")
-        use(self.device)
         # from pageable memory the call returns once src is staged, so src may be freed after
-        _check(cudart.cudaMemcpyAsync(self.ptr, src.ctypes.data, self.nbytes, kind,
-                                      stream(self.device)),
-               "cudaMemcpyAsync (host to device)")  # fmt: skip
+        self._host_copy(self.ptr, src.ctypes.data, "cudaMemcpyHostToDevice",
+                        "cudaMemcpyAsync (host to device)")  # fmt: skip
 
     def download(self, out: np.ndarray | None = None, *, sync: bool = True) -> np.ndarray:
         """Copy to the host after everything queued on this buffer's stream (a sync point;
@@ -182,15 +169,18 @@ class DeviceArray:
             out = np.empty(self.shape, self.dtype)
         elif out.shape != self.shape or out.dtype != self.dtype or not out.flags.c_contiguous:
             raise ValueError(f"downloading {self.shape} {self.dtype} into {out.shape} {out.dtype}")
-        cudart = _cudart()
-        kind = _kind("cudaMemcpyDeviceToHost")
-        use(self.device)
-        _check(cudart.cudaMemcpyAsync(out.ctypes.data, self.ptr, self.nbytes, kind,
-                                      stream(self.device)),
-               "cudaMemcpyAsync (device to host)")  # fmt: skip
+        self._host_copy(out.ctypes.data, self.ptr, "cudaMemcpyDeviceToHost",
+                        "cudaMemcpyAsync (device to host)")  # fmt: skip
         if sync:
             synchronize(self.device)
         return out
+
+    def _host_copy(self, dst: int, src: int, kind: str, what: str) -> None:
+        """This buffer's bytes copied between it and host memory (``kind``, a cudaMemcpyKind's
+        name), queued on its device's stream."""
+        use(self.device)
+        _check(_cudart().cudaMemcpyAsync(dst, src, self.nbytes, _kind(kind), stream(self.device)),
+               what)  # fmt: skip
 
     def __del__(self) -> None:
         if getattr(self, "_owner", False):

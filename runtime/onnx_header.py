@@ -10,6 +10,7 @@ blob, so the model is checked by skipping through it, never copying its weights.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from collections.abc import Iterator
@@ -110,11 +111,9 @@ def _tensor(buf: memoryview, start: int, end: int) -> External | None:
         elif number == _TENSOR_LOCATION and wire == 0:
             location = a
         elif number == _TENSOR_EXTERNAL_DATA and wire == 2:
-            key = value = ""
-            for n, w, x, y in _fields(buf, a, b):
-                if w == 2 and n in (1, 2):
-                    key, value = (_text(buf, x, y), value) if n == 1 else (key, _text(buf, x, y))
-            entries[key] = value
+            # a StringStringEntryProto: key (1) and value (2), the last of each counting
+            entry = {n: _text(buf, x, y) for n, w, x, y in _fields(buf, a, b) if w == 2}
+            entries[entry.get(1, "")] = entry.get(2, "")
     if location != _EXTERNAL:
         return None
     if not entries.get("location"):
@@ -125,10 +124,7 @@ def _tensor(buf: memoryview, start: int, end: int) -> External | None:
     except ValueError:
         raise OnnxFileError(f"initializer {name!r} has a malformed offset or length") from None
     if length is None and dtype in _BITS:
-        count = 1
-        for d in dims:
-            count *= d
-        length = (count * _BITS[dtype] + 7) // 8
+        length = (math.prod(dims) * _BITS[dtype] + 7) // 8
     return External(name, entries["location"], offset, length)
 
 

@@ -29,9 +29,23 @@ def header(path: str | Path) -> dict[str, dict]:
     """The file's tensor table (name -> dtype, shape, offsets), read without its data; a file
     too short for its header or for a tensor's bytes (truncated), or a header that is no JSON
     object of well-formed entries, is a ValueError."""
-    path = Path(path)
-    table, base = _header(path)
-    size = path.stat().st_size
+    return _header(Path(path))[0]
+
+
+def _header(path: Path) -> tuple[dict[str, dict], int]:
+    """``header``'s table, and where the data starts."""
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError("too short for a safetensors header")
+        (header_len,) = struct.unpack("<Q", head)
+        raw = f.read(header_len)
+    if len(raw) != header_len:
+        raise ValueError(f"header of {header_len} bytes, file ends after {len(raw)}")
+    table = json.loads(raw)
+    if not isinstance(table, dict):
+        raise ValueError("the header is not a JSON object")
+    base, size = 8 + header_len, path.stat().st_size
     for name, info in table.items():
         if name == "__metadata__":
             continue
@@ -49,33 +63,16 @@ def header(path: str | Path) -> dict[str, dict]:
                 f"tensor {name} needs bytes up to {base + offsets[1]}, but the file holds "
                 f"{size} (truncated?)"
             )
-    return table
-
-
-def _header(path: Path) -> tuple[dict[str, dict], int]:
-    """The tensor table and where the data starts."""
-    with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise ValueError("too short for a safetensors header")
-        (header_len,) = struct.unpack("<Q", head)
-        raw = f.read(header_len)
-    if len(raw) != header_len:
-        raise ValueError(f"header of {header_len} bytes, file ends after {len(raw)}")
-    table = json.loads(raw)
-    if not isinstance(table, dict):
-        raise ValueError("the header is not a JSON object")
-    return table, 8 + header_len
+    return table, base
 
 
 def load(path: str | Path) -> dict[str, np.ndarray]:
     """Every tensor of the file, as read-only memory-mapped arrays."""
     path = Path(path)
     try:
-        header(path)  # every tensor within the file, or a ValueError naming it
+        table, base = _header(path)  # every tensor within the file, or a ValueError naming it
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
-    table, base = _header(path)
     out: dict[str, np.ndarray] = {}
     for name, info in table.items():
         if name == "__metadata__":

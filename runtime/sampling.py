@@ -9,7 +9,7 @@ on the embedded board next to ONNX Runtime.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,39 +44,30 @@ _SEED_ALIASES = ("seed", "sampling_seed")
 _TOP_P_FIRST_GUESS = 256
 
 
+# each setting: the types it takes, the range it must lie in, and what an error says of each
+_RULES: dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool], str, str]] = {
+    "temperature": ((int, float), lambda v: math.isfinite(v) and v >= 0, "a number",
+                    "a finite number >= 0"),
+    "top_k": (int, lambda v: v >= 0, "an integer (0 turns top-k off)", ">= 0 (0 turns top-k off)"),
+    "top_p": ((int, float), lambda v: 0.0 < v <= 1.0, "a number", "in (0, 1]"),
+    "repetition_penalty": ((int, float), lambda v: math.isfinite(v) and v > 0, "a number",
+                           "a finite number > 0"),
+    "seed": (int, lambda v: v >= 0, "an integer >= 0 or null", "an integer >= 0 or null"),
+}  # fmt: skip
+
+
 def _check(name: str, key: str, value: Any) -> Any:
     """Validate one sampling value; ``key`` is the name the user wrote (used in messages)."""
-    if name == "temperature":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key} must be a number, got {value!r}")
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
-        return float(value)
-    if name == "top_k":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{key} must be an integer (0 turns top-k off), got {value!r}")
-        if value < 0:
-            raise ValueError(f"{key} must be >= 0 (0 turns top-k off), got {value!r}")
-        return int(value)
-    if name == "top_p":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key} must be a number, got {value!r}")
-        if not (0.0 < value <= 1.0):
-            raise ValueError(f"{key} must be in (0, 1], got {value!r}")
-        return float(value)
-    if name == "repetition_penalty":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key} must be a number, got {value!r}")
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{key} must be a finite number > 0, got {value!r}")
-        return float(value)
-    if name == "seed":
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{key} must be an integer >= 0 or null, got {value!r}")
-        return int(value)
-    raise ValueError(f"unknown sampling key {key!r}; accepted: {', '.join(SAMPLING_KEYS)}")
+    if name not in _RULES:
+        raise ValueError(f"unknown sampling key {key!r}; accepted: {', '.join(SAMPLING_KEYS)}")
+    if name == "seed" and value is None:
+        return None
+    types, inside, kind, bounds = _RULES[name]
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise ValueError(f"{key} must be {kind}, got {value!r}")
+    if not inside(value):
+        raise ValueError(f"{key} must be {bounds}, got {value!r}")
+    return int(value) if types is int else float(value)
 
 
 @dataclass(frozen=True)
@@ -231,10 +222,11 @@ def candidate_distribution(
     return ids, probs / probs.sum()
 
 
-def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """The index one draw from ``probs`` (normalised or not) picks: one ``rng.random()``."""
+def _draw(probs: np.ndarray, uniform: float) -> int:
+    """The index one draw from ``probs`` (normalised or not) picks, for ``uniform`` (one
+    ``rng.random()``)."""
     cdf = np.cumsum(probs)
-    return min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
+    return min(int(np.searchsorted(cdf, uniform * cdf[-1], side="right")), cdf.size - 1)
 
 
 def sample(
@@ -260,7 +252,7 @@ def sample(
     out = np.empty(x.shape[0], dtype=np.int64)
     for b in range(x.shape[0]):
         ids, probs = candidate_distribution(x[b], params)
-        out[b] = ids[_draw(probs, rng)]
+        out[b] = ids[_draw(probs, rng.random())]
     return out
 
 
@@ -280,37 +272,34 @@ class StepLogits:
     topk_indices: np.ndarray | None = None
 
 
-def _reduced_row(
-    values: np.ndarray,
-    indices: np.ndarray,
+def _topk_scores(
+    step: StepLogits,
     params: SamplingParams,
-    seen: np.ndarray | None,
-    banned: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """The candidates of one row from its top-K, sorted by id, or None when they might differ
-    from the full vocabulary's.
+    seen: Sequence[np.ndarray] | None,
+    banned: Sequence[np.ndarray | None] | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The engine's top-K after the bans and the penalty: scores [B, K] (float32), their ids,
+    each row's k-th best score and whether the top-K decides the row's draw exactly; None
+    without a top-K or with a top-k it cannot hold.
 
     Every token outside the K is at most the K-th value (the floor), or was kept out of the
     top-K by the engine and is in ``banned`` (the talker's control band); the penalty and bans
     only lower scores. So the draw is exact when the k-th best score after them is above the
     floor: no outside token can enter the top-k or tie with it.
     """
+    values, indices = step.topk_values, step.topk_indices
+    if values is None or indices is None:
+        return None
+    width = values.shape[1]
     k = 1 if params.greedy else params.top_k
-    if not 0 < k < values.size:
+    if not 0 < k < width:
         return None
-    x = values.astype(np.float32)
-    floor = x.min()
-    if banned is not None and banned.size:
-        x[np.isin(indices, banned)] = -np.inf
-    if seen is not None and params.repetition_penalty != 1.0:
-        hit = np.isin(indices, seen)
-        x[hit] = np.where(x[hit] < 0, x[hit] * params.repetition_penalty,
-                          x[hit] / params.repetition_penalty)  # fmt: skip
-    kth = np.partition(x, x.size - k)[x.size - k]
-    if not kth > floor:
-        return None
-    order = np.argsort(indices, kind="stable")
-    return indices[order].astype(np.int64), x[order]
+    x = np.asarray(values).astype(np.float32)
+    floor = x.min(axis=1)
+    ids = np.asarray(indices).astype(np.int64)
+    _ban_and_penalise(x, ids, params, seen, banned)
+    kth = np.partition(x, width - k, axis=1)[:, width - k]
+    return x, ids, kth, kth > floor
 
 
 def _ban_and_penalise(
@@ -320,9 +309,9 @@ def _ban_and_penalise(
     seen: Sequence[np.ndarray] | None,
     banned: Sequence[np.ndarray | None] | None,
 ) -> None:
-    """``_reduced_row``'s bans and penalty on every row of a top-K at once, in place: one
-    ``isin`` per distinct ban list (a cohort shares one or two), and the seen ids of all rows
-    as one table; float32 arithmetic as there."""
+    """The bans and penalty on every row of a top-K at once, in place: one ``isin`` per
+    distinct ban list (a cohort shares one or two), and the seen ids of all rows as one
+    table; float32 arithmetic, elementwise (a row's result is the one it gets alone)."""
     if banned is not None:
         groups: dict[int, list[int]] = {}
         for b, ban in enumerate(banned):
@@ -359,20 +348,11 @@ def _sample_topk_rows(
     the per-row path's, row for row: elementwise float32 for bans and penalty, a reduction along
     a row's own axis, a sort and a cumulative sum give the same bits as on that row alone, so
     the draws equal ``sample``'s (tests/test_sampling_step.py)."""
-    values, indices = step.topk_values, step.topk_indices
-    if values is None or indices is None:
+    scored = _topk_scores(step, params, seen, banned)
+    if scored is None or not scored[3].all():  # a row the K cannot decide
         return None
-    n, width = values.shape
-    k = 1 if params.greedy else params.top_k
-    if not 0 < k < width:
-        return None
-    x = np.asarray(values).astype(np.float32)
-    floor = x.min(axis=1)  # every token outside the K is at most this (or banned)
-    ids = np.asarray(indices).astype(np.int64)
-    _ban_and_penalise(x, ids, params, seen, banned)
-    kth = np.partition(x, width - k, axis=1)[:, width - k]
-    if not (kth > floor).all():  # a row the K cannot decide
-        return None
+    x, ids, kth, _ = scored
+    n = len(x)
     order = np.lexsort((ids, -x), axis=-1)  # _canonical, row by row
     x, ids = np.take_along_axis(x, order, axis=1), np.take_along_axis(ids, order, axis=1)
     if params.greedy:  # the best, the lowest id among equals: argmax over the full row's order
@@ -391,9 +371,7 @@ def _sample_topk_rows(
             m = _top_p_kept(probs, params.top_p)
             for j, b in enumerate(rows):
                 kept = probs[j, : m[j]]
-                cdf = np.cumsum(kept / kept.sum())
-                point = uniform[b] * cdf[-1]
-                pos[b] = min(int(np.searchsorted(cdf, point, side="right")), m[j] - 1)
+                pos[b] = _draw(kept / kept.sum(), uniform[b])
             continue
         # every row keeps its c candidates (the talker's case): drawn together, a row's sum,
         # cumulative sum and count along its own contiguous axis giving the bits it gives alone
@@ -445,47 +423,36 @@ def sample_step(
         fast = _sample_topk_rows(step, params, rng, seen if penalise else None, banned)
         if fast is not None:
             return fast, 0
-    picked: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n
-    if step.topk_values is not None and step.topk_indices is not None:
-        for b in range(n):
-            if biased[b]:
-                continue
-            picked[b] = _reduced_row(
-                step.topk_values[b],
-                step.topk_indices[b],
-                params,
-                seen[b] if penalise and seen is not None else None,
-                banned[b] if banned is not None else None,
-            )
+    # each row's (ids, scores): the candidates of a row the top-K decides, sorted by id; the
+    # full logits of the others (ids None: a score's position is its id)
+    picked: list[tuple[np.ndarray | None, np.ndarray] | None] = [None] * n
+    scored = _topk_scores(step, params, seen if penalise else None, banned)
+    if scored is not None:
+        scores, top_ids, _, decided = scored
+        for b in np.flatnonzero(decided):
+            if not biased[b]:
+                order = np.argsort(top_ids[b], kind="stable")
+                picked[b] = top_ids[b][order], scores[b][order]
     need = np.array([b for b in range(n) if picked[b] is None], np.int64)
-    full = None
     if need.size:
         full = np.array(step.full(need), np.float32)
         for j, b in enumerate(need):
             if biased[b]:
                 ids, values = bias[b]  # type: ignore[index, misc]
                 full[j, ids] += values
-        if banned is not None:
-            for j, b in enumerate(need):
-                if banned[b] is not None and banned[b].size:
-                    full[j, banned[b]] = -np.inf
+            if banned is not None and banned[b] is not None and banned[b].size:
+                full[j, banned[b]] = -np.inf
         if penalise and seen is not None:
             apply_repetition_penalty(full, [seen[b] for b in need], params.repetition_penalty)
+        for j, b in enumerate(need):
+            picked[b] = None, full[j]
     out = np.empty(n, np.int64)
-    j = 0
-    for b in range(n):
-        row = picked[b]
-        if row is None:
-            assert full is not None
-            ids, x = None, full[j]
-            j += 1
-        else:
-            ids, x = row
+    for b, (ids, x) in enumerate(picked):
         if params.greedy:
             pos = int(np.argmax(x))
         else:
             cand, probs = candidate_distribution(x, params)
-            pos = int(cand[_draw(probs, _row_rng(rng, b))])
+            pos = int(cand[_draw(probs, _row_rng(rng, b).random())])
         out[b] = pos if ids is None else ids[pos]
     return out, int(need.size)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
 from edgeomni.runtime.engine import LENGTHS, EngineError
 
@@ -70,8 +71,6 @@ class TrtEngine:
     ) -> None:
         """``device``: the GPU's index; the engine is deserialized and runs there, on that
         device's stream."""
-        from edgeomni.runtime import memory
-
         self.device_id = device
         self.stream = memory.stream(device)  # and the device is current, for the runtime
         memory._check(memory._cudart().cudaSetDevice(device), "cudaSetDevice")
@@ -127,9 +126,6 @@ class TrtEngine:
         if hasattr(engine, "get_device_memory_size_for_profile_v2"):
             return int(engine.get_device_memory_size_for_profile_v2(profile))
         return int(engine.device_memory_size_v2)
-
-    def profile_for(self, shapes: Mapping[str, tuple[int, ...]]) -> int:
-        return profile_for(self.profiles, self.input_names, shapes)
 
     def binding(self) -> TrtBinding:
         return TrtBinding(self)
@@ -195,12 +191,10 @@ class TrtBinding:
 
     def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None:
         self.bind_input(input_name, array)
-        self._addr[output_name] = array.ptr
+        self.bind_output(output_name, array)
 
     def bind_input(self, name: str, array: Any) -> None:
-        if isinstance(array, np.ndarray):
-            raise EngineError(f"{name}: a TensorRT engine binds device buffers, not numpy arrays")
-        self._addr[name] = array.ptr
+        self.bind_output(name, array)  # its address, as an output's
         self._shape[name] = tuple(array.shape)
 
     def bind_output(self, name: str, array: Any) -> None:
@@ -236,8 +230,6 @@ class TrtBinding:
         the engine has no input for dropped: its lowering computes its masks from them);
         ``graph`` captures the call once and replays it after, its feeds copied into buffers
         of this binding's at fixed addresses (host arrays only when they changed)."""
-        from edgeomni.runtime import memory
-
         engine = self._engine
         captured = graph is not None and engine.cuda_graphs
         for name, array in feeds.items():
@@ -255,7 +247,7 @@ class TrtBinding:
             memory._check(cudart.cudaGraphLaunch(self._graphs[graph], engine.stream),
                           "cudaGraphLaunch")  # fmt: skip
         else:
-            ctx = engine.contexts[engine.profile_for(self._shape)]
+            ctx = engine.contexts[profile_for(engine.profiles, engine.input_names, self._shape)]
             for name in engine.input_names:
                 if not ctx.set_input_shape(name, self._shape[name]):
                     raise EngineError(f"TensorRT refused shape {self._shape[name]} for {name}")
@@ -273,8 +265,6 @@ class TrtBinding:
 def _capture(ctx: Any, cudart: Any, s: int) -> Any:
     """Capture the context's call with its current shapes and addresses as a CUDA graph (after
     one ordinary run, which TensorRT needs before a capture), on stream ``s``."""
-    from edgeomni.runtime import memory
-
     mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
     memory._check(cudart.cudaStreamBeginCapture(s, mode), "cudaStreamBeginCapture")
     ok = ctx.execute_async_v3(s)

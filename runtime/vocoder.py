@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-Decode = Callable[
-    [np.ndarray], np.ndarray
-]  # codes int64 [1, Q, n] -> samples (any shape, n*S-trim)
+# codes int64 [1, Q, n] -> samples (any shape, n*S-trim)
+Decode = Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -81,17 +80,13 @@ class WindowedVocoder:
         self._done = 0  # frames whose audio has been emitted (the next window's start)
         self.windows = 0  # windows decoded so far
 
-    @property
-    def frames(self) -> int:
-        return self._count
-
     def push(self, frames: np.ndarray) -> np.ndarray:
         """Add frames [k, Q]; returns the samples of every window now complete (maybe none)."""
         self.add(frames)
         pieces = []
         while (window := self.pending()) is not None:
             pieces.append(self.accept(window, self._call(window.codes)))
-        return _concat(pieces)
+        return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
     def add(self, frames: np.ndarray) -> None:
         """Add frames [k, Q] without decoding (a caller that batches windows decodes them)."""
@@ -134,20 +129,14 @@ class WindowedVocoder:
         """The final audio of a decoded window (its samples [n*S - trim]); the next starts."""
         if window.start != self._done:
             raise ValueError(f"window at frame {window.start}, expected {self._done}")
-        samples = np.asarray(samples, np.float32).ravel()
-        n = len(window.codes)
-        if samples.size != n * self.samples_per_frame - self.trim:
-            raise ValueError(
-                f"the vocoder returned {samples.size} samples for {n} frames; expected "
-                f"{n * self.samples_per_frame - self.trim}"
-            )
+        samples = self._checked(samples, len(window.codes))
         s, trim, k = self.samples_per_frame, self.trim, window.context
         lo = k * s - trim if window.start > 0 else 0
         hi = (window.end - window.start + k) * s - trim
         self._done = window.end
         self.windows += 1
         # keep only what later windows read: their left context and the frames not yet decoded
-        kept = np.concatenate(self._frames) if len(self._frames) > 1 else self._frames[0]
+        kept = self._kept()
         first = max(self._base, window.end - self.left_context)
         self._frames = [kept[first - self._base :]]
         self._base = first
@@ -172,25 +161,26 @@ class WindowedVocoder:
     def _window(self, end: int) -> Window:
         start = self._done
         k = min(self.left_context, start)
-        kept = np.concatenate(self._frames) if len(self._frames) > 1 else self._frames[0]
-        return Window(kept[start - k - self._base : end - self._base], start, end, k)
+        return Window(self._kept()[start - k - self._base : end - self._base], start, end, k)
+
+    def _kept(self) -> np.ndarray:
+        """The frames kept, [k, Q], from frame ``_base`` on."""
+        return np.concatenate(self._frames) if len(self._frames) > 1 else self._frames[0]
 
     def _call(self, codes: np.ndarray) -> np.ndarray:
-        """One decode of frames [n, Q]; checks the vocoder's sample rule."""
-        n = len(codes)
-        samples = np.asarray(self.decode(np.ascontiguousarray(codes.T[None])), np.float32).ravel()
+        """One decode of frames [n, Q]."""
+        return self._checked(self.decode(np.ascontiguousarray(codes.T[None])), len(codes))
+
+    def _checked(self, samples: np.ndarray, n: int) -> np.ndarray:
+        """A decode's samples for ``n`` frames, flat float32, held to the vocoder's sample rule
+        (n*S - trim of them)."""
+        samples = np.asarray(samples, np.float32).ravel()
         expected = n * self.samples_per_frame - self.trim
         if samples.size != expected:
             raise ValueError(
                 f"the vocoder returned {samples.size} samples for {n} frames; expected {expected}"
             )
         return samples
-
-
-def _concat(pieces: list[np.ndarray]) -> np.ndarray:
-    if not pieces:
-        return np.zeros(0, np.float32)
-    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
 def playback_stall_s(arrivals: Sequence[tuple[float, int]], sample_rate: int) -> float:

@@ -231,27 +231,30 @@ def test_tts_calls_fit_the_profiles(tts_engine: Path, monkeypatch: pytest.Monkey
 
 
 def test_trt_engine_takes_the_first_profile_that_holds_a_call() -> None:
-    """TrtEngine's choice of context (runtime/tensorrt_engine.py), without TensorRT: decode
-    shapes go to the decode profile, anything else that fits to prefill, and a call outside
-    every profile names its shapes and the engine's ranges."""
+    """TrtEngine's choice of context (runtime/tensorrt_engine.py's profile_for), without
+    TensorRT: decode shapes go to the decode profile, anything else that fits to prefill, and a
+    call outside every profile names its shapes and the engine's ranges."""
     from edgeomni.runtime.engine import EngineError
-    from edgeomni.runtime.tensorrt_engine import TrtEngine
+    from edgeomni.runtime.tensorrt_engine import profile_for
 
-    engine = object.__new__(TrtEngine)
-    engine.input_names = ("inputs_embeds", "past_key_0")
-    engine.profiles = [
+    names = ("inputs_embeds", "past_key_0")
+    profiles = [
         {"inputs_embeds": ((1, 1, 8), (4, 1, 8), (4, 1, 8)),
          "past_key_0": ((1, 2, 64, 4), (4, 2, 64, 4), (4, 2, 64, 4))},
         {"inputs_embeds": ((1, 1, 8), (1, 32, 8), (4, 32, 8)),
          "past_key_0": ((1, 2, 64, 4), (1, 2, 64, 4), (4, 2, 64, 4))},
     ]  # fmt: skip
-    assert engine.profile_for({"inputs_embeds": (3, 1, 8), "past_key_0": (3, 2, 64, 4)}) == 0
-    assert engine.profile_for({"inputs_embeds": (1, 1, 8), "past_key_0": (1, 2, 64, 4)}) == 0
-    assert engine.profile_for({"inputs_embeds": (2, 17, 8), "past_key_0": (2, 2, 64, 4)}) == 1
+
+    def pick(shapes: dict[str, tuple[int, ...]]) -> int:
+        return profile_for(profiles, names, shapes)
+
+    assert pick({"inputs_embeds": (3, 1, 8), "past_key_0": (3, 2, 64, 4)}) == 0
+    assert pick({"inputs_embeds": (1, 1, 8), "past_key_0": (1, 2, 64, 4)}) == 0
+    assert pick({"inputs_embeds": (2, 17, 8), "past_key_0": (2, 2, 64, 4)}) == 1
     with pytest.raises(EngineError, match=r"inputs_embeds \(2, 33, 8\).*fits none.*\(4, 32, 8\)"):
-        engine.profile_for({"inputs_embeds": (2, 33, 8), "past_key_0": (2, 2, 64, 4)})
+        pick({"inputs_embeds": (2, 33, 8), "past_key_0": (2, 2, 64, 4)})
     with pytest.raises(EngineError, match="no buffer for input.*past_key_0"):
-        engine.profile_for({"inputs_embeds": (2, 3, 8)})
+        pick({"inputs_embeds": (2, 3, 8)})
 
 
 def test_tts_clone_encoders_calls_fit_the_profiles(tmp_path: Path,
