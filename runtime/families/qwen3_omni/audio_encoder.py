@@ -122,16 +122,7 @@ class AudioEncoder:
 
     def _run(self, padded: np.ndarray, lens: np.ndarray, longest: int, out: np.ndarray) -> None:
         """One engine call for whole windows; writes straight into ``out`` (contiguous rows)."""
-        window_index, window_lens, output_index = window_layout(
-            lens, longest, self.chunks_per_window
-        )
+        layout = window_layout(lens, longest, self.chunks_per_window)  # INPUTS' last three
         binding = self.engine.binding()
         binding.bind_output(OUTPUT, out)
-        binding.run(
-            {
-                "padded_feature": padded,
-                "window_index": window_index,
-                "window_lens": window_lens,
-                "output_index": output_index,
-            }
-        )
+        binding.run(dict(zip(INPUTS, (padded, *layout), strict=True)))
