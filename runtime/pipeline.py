@@ -72,8 +72,7 @@ class _Preparing:
             if error is None:
                 states.append(state)
                 continue
-            failed = RequestState(index=sub.index, request=sub.request, plan=None)
-            failed.error = error
+            failed = RequestState(index=sub.index, request=sub.request, plan=None, error=error)
             self.listener(Failed(sub.index, PREPARE, error))
             self.done(failed)
         return states

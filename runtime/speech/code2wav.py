@@ -376,10 +376,10 @@ class WindowBatch:
                     groups.setdefault(window.codes.shape, []).append((stream, window))
             if not groups:
                 return
-            size = self.runner.windows.batch_windows
             for group in groups.values():  # a cohort stepping together: one group
-                for lo in range(0, len(group), size or len(group)):
-                    part = group[lo : lo + (size or len(group))]
+                size = self.runner.windows.batch_windows or len(group)
+                for lo in range(0, len(group), size):
+                    part = group[lo : lo + size]
                     start = time.perf_counter()
                     codes = np.stack([w.codes.T for _, w in part])  # [B, Q, n]
                     samples = self.runner.decode_batch(codes)
@@ -456,7 +456,9 @@ class VocoderSlot:
     whole: Whole | None = None  # its utterance, vocoded with the others admitted with it
     sent: int = 0  # the stream's pieces its events gave
     offset: int = 0  # samples its events gave
-    complete: bool = False  # its codes are all made (its upstream is done with it)
+    # its codes are all made: at once where no stage is before it, else once its upstream's
+    # Finished comes (upstream done with it before it came here: among the events admit takes)
+    complete: bool = False
 
 
 class VocoderSlots:
@@ -466,11 +468,8 @@ class VocoderSlots:
         self.r = runner
         self.stage_id: str = runner.stage.id
         self.batch = WindowBatch(runner)
-        self._complete: set[int] = set()  # asked while their upstream was done with them
 
     def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
-        if upstream_done:
-            self._complete.add(state.index)
         return upstream_done or not self.r.whole
 
     def admit(
@@ -479,10 +478,8 @@ class VocoderSlots:
         slots = []
         for state, row, _ in entries:
             stream = None if self.r.whole else self.r.stream_for(state, self.batch)
-            slot = VocoderSlot(state, row, stream)
-            slot.complete = state.index in self._complete
-            self._complete.discard(state.index)
-            slots.append(slot)
+            first = state.plan.stages[0] == self.stage_id
+            slots.append(VocoderSlot(state, row, stream, complete=first))
         # vocoding whole utterances, the requests admitted together (a cohort's, which the
         # talker finished on the same step) share engine calls
         together = self.r.vocode_together([s.state for s in slots if s.stream is None])

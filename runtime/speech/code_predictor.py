@@ -207,11 +207,10 @@ class CodePredictor:
             uniforms = np.stack([r.random(steps) for r in rngs], axis=1)
         q = np.ones(n, np.int32)
         uniform_rows, e0_in = self._staged(uniforms, e0)
-        past, x = self._prefill(cp, last_hidden, e0_in, q, self._draw_inputs(np.zeros(n), params),
-                                wait=False)  # fmt: skip
+        draw = self._draw_inputs(np.zeros(n), params)  # the same settings every call
+        past, x = self._prefill(cp, last_hidden, e0_in, q, draw, wait=False)
         drawn, drawn_rows = self._drawn_codes(steps, n)
         memory = self.engine.buffers
-        draw = self._draw_inputs(np.zeros(n), params)  # the same settings every step
         for group in range(1, self.groups):
             draw["sample_uniform"] = uniform_rows[group - 1]
             out = self._step(cp, x, past, q, group, draw, wait=False)

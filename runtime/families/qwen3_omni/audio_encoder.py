@@ -18,7 +18,6 @@ chunks (whole windows, all padded to the clip's longest chunk): the result equal
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -69,8 +68,7 @@ class AudioEncoder:
         self, folder: Path, *, threads: int | None = None, chunks_per_call: int | None = None
     ) -> None:
         folder = Path(folder)
-        self.config: dict[str, Any] = check_folder(folder, ARTIFACT).config
-        cfg = self.config
+        self.config = cfg = check_folder(folder, ARTIFACT).config
         self.engine: Engine = open_engine(folder, cfg, threads=threads)
         missing = [n for n in INPUTS if n not in self.engine.input_names]
         missing += [n for n in (OUTPUT,) if n not in self.engine.output_names]
