@@ -9,6 +9,7 @@ shortcut even when audio is present).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,11 +57,8 @@ def rope_index(
     pieces: list[np.ndarray] = []
     st = 0
     image_idx = audio_idx = 0  # the media placed so far
-    n_images = sum(
-        1
-        for i, t in enumerate(tokens[:-1])
-        if t == ids.vision_start_token_id and tokens[i + 1] == ids.image_token_id
-    )
+    image_start = (ids.vision_start_token_id, ids.image_token_id)
+    n_images = sum(pair == image_start for pair in itertools.pairwise(tokens))
     n_audios = tokens.count(ids.audio_start_token_id)
 
     def next_start() -> int:
