@@ -72,8 +72,7 @@ class _Preparing:
             if error is None:
                 states.append(state)
                 continue
-            failed = RequestState(index=sub.index, request=sub.request, plan=None)
-            failed.error = error
+            failed = RequestState(index=sub.index, request=sub.request, plan=None, error=error)
             self.listener(Failed(sub.index, PREPARE, error))
             self.done(failed)
         return states
@@ -377,11 +376,10 @@ class Pipeline:
         self.open(set(self.graph.stage_ids))
         stages = {sid: self._slot_stage(sid) for sid in self.graph.stage_ids}
         prepared = _Preparing(self, feed, listener, done)
-        seconds: dict[str, float] = {}
         run_graph(
             stages, [], {sid: self._width(sid, batch_size) for sid in stages},
-            listener=listener, done=done, seconds=seconds, patience=self.patience,
-            feed=prepared, cancelled=cancelled,
+            listener=listener, done=done, patience=self.patience, feed=prepared,
+            cancelled=cancelled,
         )  # fmt: skip
 
     def _slot_stage(self, stage_id: str) -> SlotStage:
@@ -421,7 +419,10 @@ class Pipeline:
             )  # fmt: skip
         finally:
             for sid, spent in seconds.items():
-                self._count(sid, [s for s in states if sid in s.plan.stages], spent)
+                prof = self.profile.stages.setdefault(sid, StageProfile())
+                prof.calls += 1
+                prof.requests += sum(sid in s.plan.stages for s in states)
+                prof.seconds += spent
 
     def _prepare(self, state: RequestState) -> str | None:
         """Each planned stage's own per-request work (tokenizing, encoding media, checking
@@ -444,12 +445,6 @@ class Pipeline:
         width = min(batch_size, self.runner(stage_id).max_batch or batch_size)
         cap = self.graph.stage(stage_id).max_batch
         return max(1, min(width, cap) if cap else width)
-
-    def _count(self, stage_id: str, part: list[RequestState], seconds: float) -> None:
-        prof = self.profile.stages.setdefault(stage_id, StageProfile())
-        prof.calls += 1
-        prof.requests += len(part)
-        prof.seconds += seconds
 
     def _entries(
         self, requests: Sequence[Request | BadRequest], states: list[RequestState],

@@ -36,21 +36,16 @@ def make_cohorts(keys: Sequence[Hashable], width: int) -> list[list[int]]:
     """
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise ValueError(f"cohort width must be an integer >= 1, got {width!r}")
-    # Per key, its requests in input order: a cohort always takes from the front, so the
-    # front is the earliest unassigned request with that key.
+    # Per key, its unassigned requests in input order: a cohort always takes from the front,
+    # so a request is unassigned when the walk reaches it exactly if it is its queue's front.
     queues: dict[Hashable, deque[int]] = {}
     for i, key in enumerate(keys):
         queues.setdefault(key, deque()).append(i)
-    assigned = [False] * len(keys)
     cohorts: list[list[int]] = []
     for i, key in enumerate(keys):
-        if assigned[i]:
-            continue
         queue = queues[key]
-        cohort = [queue.popleft() for _ in range(min(width, len(queue)))]
-        for j in cohort:
-            assigned[j] = True
-        cohorts.append(cohort)
+        if queue and queue[0] == i:
+            cohorts.append([queue.popleft() for _ in range(min(width, len(queue)))])
     return cohorts
 
 
@@ -323,9 +318,8 @@ def run_graph(
             return False
         entries = [(state, row, held[sid].pop(state.index, []))  # as many as there are rows
                    for state, row in zip(chosen, free, strict=False)]  # fmt: skip
-        for state, _, _ in entries:
-            waiting[sid].remove(state)
         for state, row, _ in entries:
+            waiting[sid].remove(state)
             if state.plan.stages[0] == sid:  # its row in its first stage's batch; its start
                 state.batch_idx = row if state.batch_idx is None else state.batch_idx
                 state.started = state.started or time.perf_counter()
@@ -383,9 +377,7 @@ def run_graph(
             if active[sid] and idle[sid] < patience and len(active[sid]) < widths[sid] and coming:
                 idle[sid] += 1
                 moved = True
-                times[sid] = times.get(sid, 0.0) + time.perf_counter() - t
-                continue
-            if active[sid]:
+            elif active[sid]:
                 moved = True
                 idle[sid] = 0
                 try:

@@ -9,7 +9,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the table loads no engine module
+    from edgeomni.runtime.artifacts import Checked
+    from edgeomni.runtime.engine import Engine, Engines
 
 
 class RequestError(ValueError):
@@ -34,6 +39,19 @@ class StageRunner:
     # given that no stage of a run reads changes nothing, and edge-infer says so
     reads: frozenset[str] = frozenset()
     max_batch: int | None = None  # None: no engine limit on the rows of a call
+    stage: Any  # graph_schema.Stage
+    config: dict[str, Any]  # its folder's config.json
+    engine: Engine
+
+    def open_stage(self, stage: Any, folder: Path, engines: Engines, **options: Any) -> Checked:
+        """What a runner's constructor starts with: its folder checked (the class's ``check``),
+        then its engine opened (``options``: ``Engines.open``'s ``spin``, ``replay``). Returns
+        what the check read (a text model's tokenizer)."""
+        self.stage = stage
+        checked = self.check(stage, folder)
+        self.config = checked.config
+        self.engine = engines.open(folder, self.config, **options)
+        return checked
 
     def prepare(self, state: RequestState) -> Any:
         """This stage's own input for a request, made before any batch runs (None: none); a

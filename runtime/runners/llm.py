@@ -72,11 +72,8 @@ class LLMBackbone(StageRunner):
     ) -> None:
         """``engines``: how its engines open (its ``spin`` False when other stages' engines run
         between this one's steps)."""
-        self.stage = stage
-        checked = self.check(stage, folder)
-        self.config: dict[str, Any] = checked.config
+        checked = self.open_stage(stage, folder, engines)
         cfg = self.config
-        self.engine = engines.open(folder, cfg)
         self.embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         self.tokenizer: TextTokenizer = checked.tokenizer
         limits = cfg["builder_config"]
@@ -122,9 +119,8 @@ class LLMBackbone(StageRunner):
                 add_generation_prompt=request.add_generation_prompt,
                 enable_thinking=request.enable_thinking,
             )
-            lead = 0
-            while lead < len(messages) and messages[lead]["role"] == "system":
-                lead += 1
+            lead = next((i for i, m in enumerate(messages) if m["role"] != "system"),
+                        len(messages))  # fmt: skip
             system = ""
             if lead:
                 system = self.tokenizer.apply_chat_template(
@@ -135,9 +131,6 @@ class LLMBackbone(StageRunner):
         if request.apply_chat_template:
             raise RequestError("this engine has no chat template; set apply_chat_template false")
         return "".join(message_text(m) for m in request.messages), ""
-
-    def prompt_ids(self, request: Any) -> list[int]:
-        return self.tokenizer.encode(self.prompt_text(request)[0])
 
     def prepare(self, state: RequestState) -> Prompt:
         """Tokenize, encode media, and check the request against the build's limits, before any
@@ -177,13 +170,12 @@ class LLMBackbone(StageRunner):
 
     def prefill_feeds(
         self, prompts: Sequence[Prompt]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """One right-padded prefill call's ids [n, S], embeddings, positions and extra inputs:
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """One right-padded prefill call's embeddings [n, S, H], positions and extra inputs:
         media rows over their placeholders, 3-D positions, DeepStack features."""
         n = len(prompts)
-        ids = right_pad([p.ids for p in prompts])
-        width = ids.shape[1]
-        embeds = self.embedding[ids]
+        embeds = self.embedding[right_pad([p.ids for p in prompts])]
+        width = embeds.shape[1]
         positions = text_positions(np.zeros(n, np.int32), width, self.mrope)
         extra: dict[str, np.ndarray] = {}
         if self.deepstack:
@@ -198,7 +190,7 @@ class LLMBackbone(StageRunner):
                 extra["deepstack_embeds"][:, row, span] = deep[: self.deepstack]
             if p.positions is not None:
                 positions[:, row, : len(p)] = p.positions
-        return ids, embeds, positions, extra
+        return embeds, positions, extra
 
     def decode_feeds(self, rows: int) -> dict[str, np.ndarray]:
         """A decode step's extra inputs (DeepStack adds nothing after the prompt)."""
@@ -234,7 +226,7 @@ class LLMBackbone(StageRunner):
         return slots
 
     def prefill(self, run: Sequence[Slot]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-        _, embeds, positions, extra = self.prefill_feeds([s.data.prompt for s in run])
+        embeds, positions, extra = self.prefill_feeds([s.data.prompt for s in run])
         for j, slot in enumerate(run):
             slot.data.fed = embeds[j, : slot.length]  # the prompt's rows, handed on if wanted
         return embeds, positions, extra
@@ -334,9 +326,10 @@ class LLMBackbone(StageRunner):
 
     def finish_text(self, request: Any, out_ids: list[int], finish: str | None) -> str:
         """The reply's text: without the end-of-sequence token, cut at a stop string."""
-        text_ids = out_ids[:-1] if finish == "eos" else out_ids
-        text = self.tokenizer.decode(text_ids)
-        return _cut_at_stop(text, request.stop) if finish == "stop" else text
+        text = self.tokenizer.decode(out_ids[:-1] if finish == "eos" else out_ids)
+        if finish == "stop":
+            text = text[: min((text.find(s) for s in request.stop if s in text), default=len(text))]
+        return text
 
     def logprob_step(self, ids: np.ndarray, values: np.ndarray) -> list[dict[str, Any]]:
         """One generated token's candidates as llm_inference writes them: token_id, token (its
@@ -369,8 +362,3 @@ def request_bias(request: Any) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     ids, values = zip(*request.logit_bias, strict=True)
     return np.array(ids, np.int64), np.array(values, np.float32)
-
-
-def _cut_at_stop(text: str, stops: Sequence[str]) -> str:
-    cut = min((text.find(s) for s in stops if s in text), default=len(text))
-    return text[:cut]

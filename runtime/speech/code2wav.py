@@ -17,7 +17,7 @@ vocoder is causal, so its first n*S - trim samples do not depend on the padding.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime.artifacts import Artifact, Checked, check_folder
-from edgeomni.runtime.engine import DEFAULT_ENGINES, Engine, Engines
+from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import AudioChunk, CodecFrames, Event, Finished
 from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
 from edgeomni.runtime.vocoder import Window, WindowedVocoder, playback_stall_s
@@ -74,14 +74,20 @@ class Windows:
                 f"frames exceed the engine's max_frames {cfg['max_frames']}"
             )
         try:  # the vocoder's own checks (window sizes, context against the trim)
-            WindowedVocoder(
-                lambda codes: codes, window=window, left_context=out.left_context,
-                samples_per_frame=int(cfg["samples_per_frame"]), trim=int(cfg["trim"]),
-                first_window=first,
-            )  # fmt: skip
+            out.vocoder(lambda codes: codes, cfg)
         except ValueError as e:
             raise ValueError(f"{stage.id}: {e}") from None
         return out
+
+    def vocoder(
+        self, decode: Callable[[np.ndarray], np.ndarray], cfg: Mapping[str, Any]
+    ) -> WindowedVocoder:
+        """A fresh windowed vocoder over ``decode`` (one call: codes [1, Q, n] -> samples)."""
+        return WindowedVocoder(
+            decode, window=self.window, left_context=self.left_context,
+            samples_per_frame=int(cfg["samples_per_frame"]), trim=int(cfg["trim"]),
+            first_window=self.first_window,
+        )  # fmt: skip
 
 
 class Code2Wav(StageRunner):
@@ -99,27 +105,22 @@ class Code2Wav(StageRunner):
     ) -> None:
         """``engines``: how its engine opens (its ``spin`` False when other stages' engines run
         between this one's calls)."""
-        self.stage = stage
-        self.config: dict[str, Any] = self.check(stage, folder).config
+        self.open_stage(stage, folder, engines)
         cfg = self.config
-        self.engine: Engine = engines.open(folder, cfg)
         self.num_quantizers = int(cfg["num_quantizers"])
         self.codebook_size = int(cfg["codebook_size"])
         self.samples_per_frame = int(cfg["samples_per_frame"])
         self.trim = int(cfg["trim"])
         self.sample_rate = int(cfg["sample_rate"])
         self.max_frames = int(cfg["max_frames"])
-        windows = Windows.read(stage, cfg)
-        self.window, self.left_context = windows.window, windows.left_context
-        self.first_window, self.batch_windows = windows.first_window, windows.batch_windows
+        self.windows = Windows.read(stage, cfg)
         # an explicit runner option wins over the stage config
-        self.whole = windows.whole if whole_utterance is None else bool(whole_utterance)
-        voc = self.vocoder()
+        self.whole = self.windows.whole if whole_utterance is None else bool(whole_utterance)
         # the lengths windows run at where the engine prefers fixed shapes (a GPU; none: each
         # at its own), replayed from CUDA graphs where the engine has them: the first window's,
         # the growing ones', a full window with its left context
-        fixed = self.engine.prefers_fixed_shapes
-        self.fixed_lengths: tuple[int, ...] = tuple(sorted(voc.lengths())) if fixed else ()
+        lengths = sorted(self.vocoder().lengths()) if self.engine.prefers_fixed_shapes else ()
+        self.fixed_lengths: tuple[int, ...] = tuple(lengths)
         self._fixed: dict[tuple[int, int], _Fixed] = {}
         self.source = stage_source(stage, CODES_INPUT)
         # codes vocoded in front of the request's and cut off again (Qwen3-TTS's in-context
@@ -187,18 +188,16 @@ class Code2Wav(StageRunner):
 
     def vocoder(self) -> WindowedVocoder:
         """A fresh windowed vocoder over this engine (also what a streaming caller pushes into)."""
-        return WindowedVocoder(
-            self.decode,
-            window=self.window,
-            left_context=self.left_context,
-            samples_per_frame=self.samples_per_frame,
-            trim=self.trim,
-            first_window=self.first_window,
-        )
+        return self.windows.vocoder(self.decode, self.config)
 
     # -- per request -------------------------------------------------------------------------
-    def codes_of(self, state: RequestState) -> np.ndarray:
-        return self._checked(state, self.source)
+    def codes_of(self, state: RequestState) -> tuple[np.ndarray, int]:
+        """The request's codes with its prompt codes (if any) in front, and the prompt's
+        frames (vocoded with them, then cut off)."""
+        codes, prompt = self._checked(state, self.source), self.prompt_of(state)
+        if prompt is None:
+            return codes, 0
+        return np.concatenate([prompt, codes]), len(prompt)
 
     def prompt_of(self, state: RequestState) -> np.ndarray | None:
         """The codes vocoded in front of the request's (then cut off), if it has any."""
@@ -259,15 +258,14 @@ class Code2Wav(StageRunner):
         items: list[tuple[int, np.ndarray, int]] = []  # (index, codes with prompt, prompt len)
         for state in states:
             try:
-                codes, prompt = self.codes_of(state), self.prompt_of(state)
+                full, skip = self.codes_of(state)
             except RequestError:
                 continue
-            full = codes if prompt is None else np.concatenate([prompt, codes])
             if 0 < len(full) <= self.max_frames:
-                items.append((state.index, full, 0 if prompt is None else len(prompt)))
+                items.append((state.index, full, skip))
         items.sort(key=lambda item: len(item[1]))
         out: dict[int, Whole] = {}
-        cap = self.batch_windows or len(items)
+        cap = self.windows.batch_windows or len(items)
         while items:
             shortest = len(items[0][1])
             group = [i for i in items[:cap] if len(i[1]) <= 2 * shortest]
@@ -292,8 +290,8 @@ class Code2Wav(StageRunner):
         and the rest, ``whole`` (its utterance vocoded with others', ``vocode_together``), or
         the whole utterance when nothing streamed; writes its output and report (a
         RequestError for codes this engine cannot vocode)."""
-        codes = self.codes_of(state)
-        prompt = self.prompt_of(state)
+        full, skip = self.codes_of(state)
+        codes = full[skip:]
         start = time.perf_counter()
         stall = 0.0  # audio made in one go arrives at once
         rows = 1
@@ -303,12 +301,9 @@ class Code2Wav(StageRunner):
             audio, calls, mode = stream.finish(), stream.vocoder.windows, "streamed"
             seconds = stream.seconds + time.perf_counter() - start
             stall = playback_stall_s(stream.arrivals, self.sample_rate)
-        elif prompt is not None:  # the prompt's samples cut off the whole decode's front
-            audio, calls, mode = self.vocode(np.concatenate([prompt, codes]))
-            audio = audio[len(prompt) * self.samples_per_frame :]
-            seconds = time.perf_counter() - start
-        else:
-            audio, calls, mode = self.vocode(codes)
+        else:  # a prompt's samples cut off the whole decode's front
+            audio, calls, mode = self.vocode(full)
+            audio = audio[skip * self.samples_per_frame :]
             seconds = time.perf_counter() - start
         state.outputs[f"{self.stage.id}:{AUDIO_PORT}"] = audio
         first = getattr(stream, "first_audio", None) or time.perf_counter()
@@ -317,7 +312,7 @@ class Code2Wav(StageRunner):
             # a player starting at the first audio would then wait this long in all
             "stall_ms": round(stall * 1e3, 3),
             "frames": len(codes),
-            "prompt_frames": 0 if prompt is None else len(prompt),
+            "prompt_frames": skip,
             "samples": int(audio.size),
             "sample_rate": self.sample_rate,
             "duration_ms": round(audio.size / self.sample_rate * 1e3, 3),
@@ -325,9 +320,9 @@ class Code2Wav(StageRunner):
             "windows": calls,
             "mode": mode,
             "call_rows": rows,  # whole: the requests vocoded in its call
-            "window_frames": self.window,
-            "first_window_frames": self.first_window,
-            "left_context_frames": self.left_context,
+            "window_frames": self.windows.window,
+            "first_window_frames": self.windows.first_window,
+            "left_context_frames": self.windows.left_context,
             "fixed_lengths": list(self.fixed_lengths),
         }
         return audio
@@ -381,10 +376,10 @@ class WindowBatch:
                     groups.setdefault(window.codes.shape, []).append((stream, window))
             if not groups:
                 return
-            size = self.runner.batch_windows
             for group in groups.values():  # a cohort stepping together: one group
-                for lo in range(0, len(group), size or len(group)):
-                    part = group[lo : lo + (size or len(group))]
+                size = self.runner.windows.batch_windows or len(group)
+                for lo in range(0, len(group), size):
+                    part = group[lo : lo + size]
                     start = time.perf_counter()
                     codes = np.stack([w.codes.T for _, w in part])  # [B, Q, n]
                     samples = self.runner.decode_batch(codes)
@@ -399,6 +394,7 @@ class AudioStream:
     def __init__(self, vocoder: WindowedVocoder, batch: WindowBatch) -> None:
         self.vocoder = vocoder
         self.batch = batch
+        batch.streams.append(self)  # its windows are vocoded with the batch's
         self.pieces: list[np.ndarray] = []
         self.frames = 0
         self.seconds = 0.0
@@ -460,7 +456,9 @@ class VocoderSlot:
     whole: Whole | None = None  # its utterance, vocoded with the others admitted with it
     sent: int = 0  # the stream's pieces its events gave
     offset: int = 0  # samples its events gave
-    complete: bool = False  # its codes are all made (its upstream is done with it)
+    # its codes are all made: at once where no stage is before it, else once its upstream's
+    # Finished comes (upstream done with it before it came here: among the events admit takes)
+    complete: bool = False
 
 
 class VocoderSlots:
@@ -470,11 +468,8 @@ class VocoderSlots:
         self.r = runner
         self.stage_id: str = runner.stage.id
         self.batch = WindowBatch(runner)
-        self._complete: set[int] = set()  # asked while their upstream was done with them
 
     def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
-        if upstream_done:
-            self._complete.add(state.index)
         return upstream_done or not self.r.whole
 
     def admit(
@@ -483,12 +478,8 @@ class VocoderSlots:
         slots = []
         for state, row, _ in entries:
             stream = None if self.r.whole else self.r.stream_for(state, self.batch)
-            if stream is not None:
-                self.batch.streams.append(stream)
-            slot = VocoderSlot(state, row, stream)
-            slot.complete = state.index in self._complete
-            self._complete.discard(state.index)
-            slots.append(slot)
+            first = state.plan.stages[0] == self.stage_id
+            slots.append(VocoderSlot(state, row, stream, complete=first))
         # vocoding whole utterances, the requests admitted together (a cohort's, which the
         # talker finished on the same step) share engine calls
         together = self.r.vocode_together([s.state for s in slots if s.stream is None])

@@ -19,7 +19,7 @@ import numpy as np
 
 from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import Artifact, check_folder
-from edgeomni.runtime.decoder import DecoderSession, text_positions
+from edgeomni.runtime.decoder import DecoderSession, StepOutputs, text_positions
 from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.sampling import SamplingParams, sample_step
@@ -95,12 +95,11 @@ class CodePredictor:
         host drew a frame the engine was to draw. ``last_hidden`` [n, H]: split, the talker's
         output buffer as it is (on a GPU it never leaves the device); otherwise a host array.
         ``e0``: the first codes' embeddings (the talker's table)."""
-        if self.draws_in_engine(params):
-            drawn = self.engine_frame(cp, last_hidden, code0, e0, params, rngs)
-            if drawn is not None:
-                return (*drawn, False)
-            return (*self.host_frame(cp, last_hidden, code0, e0, params, rngs), True)
-        return (*self.host_frame(cp, last_hidden, code0, e0, params, rngs), False)
+        in_engine = self.draws_in_engine(params)
+        drawn = self.engine_frame(cp, last_hidden, code0, e0, params, rngs) if in_engine else None
+        if drawn is not None:
+            return (*drawn, False)
+        return (*self.host_frame(cp, last_hidden, code0, e0, params, rngs), in_engine)
 
     def host_frame(
         self,
@@ -119,29 +118,33 @@ class CodePredictor:
         q = np.ones(n, np.int32)
         codes = np.zeros((n, self.groups), np.int64)
         codes[:, 0] = code0
-        total = e0.astype(np.float32).copy()
         draw = self._draw_inputs(np.zeros(n), SamplingParams(temperature=0.0)) if self.draws else {}
         past, x = self._prefill(cp, last_hidden, e0[:, None, :], q, draw, wait=True)
         for group in range(1, self.groups):
-            width = x.shape[1]
-            out = cp.run(
-                x,
-                text_positions(past, width, False),
-                past,
-                q * width,
-                np.full(n, width - 1, np.int64),
-                # on a GPU each step has its own graph: its positions, lengths and head are
-                # sent once, and each frame sends only the new embedding
-                tag=group,
-                lm_head_index=np.array([group - 1], np.int64),
-                **draw,
-            )
+            out = self._step(cp, x, past, q, group, draw, wait=True)
             codes[:, group] = sample_step(out.logits(), params, rngs)[0]
-            emb = self.embeddings[group - 1][codes[:, group]]
-            total += emb
-            past = past + width
-            x = emb[:, None, :]
-        return codes, total
+            past = past + x.shape[1]
+            x = self.embeddings[group - 1][codes[:, group]][:, None, :]
+        return codes, self._summed(codes, e0)
+
+    def _step(
+        self, cp: DecoderSession, x: Any, past: np.ndarray, q: np.ndarray, group: int,
+        draw: dict[str, Any], *, wait: bool,
+    ) -> StepOutputs:  # fmt: skip
+        """The step that gives residual group ``group``'s code from ``x`` [n, width, H]. On a
+        GPU each step has its own graph: its positions, lengths and head are sent once, and
+        each frame sends only the new embedding."""
+        width = x.shape[1]
+        return cp.run(x, text_positions(past, width, False), past, q * width,
+                      np.full(len(q), width - 1, np.int64), tag=group, wait=wait,
+                      lm_head_index=self._lm_heads[group - 1], **draw)  # fmt: skip
+
+    def _summed(self, codes: np.ndarray, e0: np.ndarray) -> np.ndarray:
+        """A frame's summed code embeddings [n, H] (float32): E(c0) plus each residual's."""
+        total = e0.astype(np.float32)  # a copy
+        for group in range(1, self.groups):
+            total += self.embeddings[group - 1][codes[:, group]]
+        return total
 
     def _prefill(
         self,
@@ -204,34 +207,26 @@ class CodePredictor:
             uniforms = np.stack([r.random(steps) for r in rngs], axis=1)
         q = np.ones(n, np.int32)
         uniform_rows, e0_in = self._staged(uniforms, e0)
-        past, x = self._prefill(cp, last_hidden, e0_in, q, self._draw_inputs(np.zeros(n), params),
-                                wait=False)  # fmt: skip
+        draw = self._draw_inputs(np.zeros(n), params)  # the same settings every call
+        past, x = self._prefill(cp, last_hidden, e0_in, q, draw, wait=False)
         drawn, drawn_rows = self._drawn_codes(steps, n)
         memory = self.engine.buffers
-        draw = self._draw_inputs(np.zeros(n), params)  # the same settings every step
-        heads = self._lm_heads
         for group in range(1, self.groups):
-            width = x.shape[1]
             draw["sample_uniform"] = uniform_rows[group - 1]
-            out = cp.run(x, text_positions(past, width, False), past, q * width,
-                         np.full(n, width - 1, np.int64), tag=group, wait=False,
-                         lm_head_index=heads[group - 1], **draw)  # fmt: skip
+            out = self._step(cp, x, past, q, group, draw, wait=False)
             # copied aside before a later call can write it (on a GPU, queued: the host waits
             # once, below)
             memory.copy_into(drawn_rows[group - 1], out.buffer("sampled_ids"))
+            past = past + x.shape[1]
             x = out.buffer("sampled_embeds")
             x = memory.view(x, (n, 1, x.shape[-1]))
-            past = past + width
         got = memory.to_host(drawn)
         codes = np.concatenate([code0[:, None], got.T], axis=1)
         if (codes < 0).any():
             for r, saved in zip(rngs, state, strict=True):
                 r.bit_generator.state = saved
             return None
-        total = e0.astype(np.float32)
-        for group in range(1, self.groups):
-            total = total + self.embeddings[group - 1][codes[:, group]]
-        return codes, total
+        return codes, self._summed(codes, e0)
 
     def _staged(self, uniforms: np.ndarray, e0: np.ndarray) -> tuple[list[Any], Any]:
         """A frame's per-step uniform numbers and its first codes' embeddings [n, 1, H], where

@@ -18,7 +18,6 @@ chunks (whole windows, all padded to the clip's longest chunk): the result equal
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -69,8 +68,7 @@ class AudioEncoder:
         self, folder: Path, *, threads: int | None = None, chunks_per_call: int | None = None
     ) -> None:
         folder = Path(folder)
-        self.config: dict[str, Any] = check_folder(folder, ARTIFACT).config
-        cfg = self.config
+        self.config = cfg = check_folder(folder, ARTIFACT).config
         self.engine: Engine = open_engine(folder, cfg, threads=threads)
         missing = [n for n in INPUTS if n not in self.engine.input_names]
         missing += [n for n in (OUTPUT,) if n not in self.engine.output_names]
@@ -122,16 +120,7 @@ class AudioEncoder:
 
     def _run(self, padded: np.ndarray, lens: np.ndarray, longest: int, out: np.ndarray) -> None:
         """One engine call for whole windows; writes straight into ``out`` (contiguous rows)."""
-        window_index, window_lens, output_index = window_layout(
-            lens, longest, self.chunks_per_window
-        )
+        layout = window_layout(lens, longest, self.chunks_per_window)  # INPUTS' last three
         binding = self.engine.binding()
         binding.bind_output(OUTPUT, out)
-        binding.run(
-            {
-                "padded_feature": padded,
-                "window_index": window_index,
-                "window_lens": window_lens,
-                "output_index": output_index,
-            }
-        )
+        binding.run(dict(zip(INPUTS, (padded, *layout), strict=True)))

@@ -208,12 +208,11 @@ def preprocess(
     x = image.transpose(2, 0, 1)  # CHW, as the processor works
     if s.do_rescale:
         x = (x.astype(np.float64) * s.rescale_factor).astype(np.float32)
+    x = x.astype(np.float32, copy=False)
     if s.do_normalize:
-        x = x.astype(np.float32, copy=False)
         mean = np.asarray(s.image_mean, np.float32)[:, None, None]
         std = np.asarray(s.image_std, np.float32)[:, None, None]
         x = (x - mean) / std
-    x = x.astype(np.float32, copy=False)
     c, height, width = x.shape
     p, m, t = s.patch_size, s.merge_size, s.temporal_patch_size
     if height % (p * m) or width % (p * m):

@@ -71,18 +71,11 @@ class MediaEncoders:
         tokens = config.get("media_tokens") or {}
         self.audio_token = tokens.get("audio_token_id")
         self.image_token = tokens.get("image_token_id")
-        self.ids = (
-            MropeIds(
-                image_token_id=tokens["image_token_id"],
-                video_token_id=tokens["video_token_id"],
-                audio_token_id=tokens["audio_token_id"],
-                vision_start_token_id=tokens["vision_start_token_id"],
-                audio_start_token_id=tokens["audio_start_token_id"],
-                position_id_per_seconds=tokens.get("position_id_per_seconds") or 25,
-            )
-            if tokens
-            else None
-        )
+        self.ids: MropeIds | None = None  # no media_tokens: a build that reads text only
+        if tokens:  # MEDIA_TOKENS are MropeIds' token fields
+            per_second = tokens.get("position_id_per_seconds") or 25
+            self.ids = MropeIds(**{k: tokens[k] for k in MEDIA_TOKENS},
+                                position_id_per_seconds=per_second)  # fmt: skip
         self._encoders: dict[str, Any] = {}
 
     @classmethod

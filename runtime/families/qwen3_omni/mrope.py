@@ -9,6 +9,7 @@ shortcut even when audio is present).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,23 +49,17 @@ def rope_index(
 ) -> tuple[np.ndarray, int]:
     """Positions [3, S] (int64) for one prompt, and the delta decode positions add to past_len."""
     tokens = list(input_ids)
-    if not image_grids:
-        if ids.video_token_id in tokens:
-            raise ValueError("video inputs are not supported")
-        pos = np.broadcast_to(np.arange(len(tokens), dtype=np.int64), (3, len(tokens))).copy()
-        return pos, 0
     if ids.video_token_id in tokens:
         raise ValueError("video inputs are not supported")
+    if not image_grids:
+        pos = np.broadcast_to(np.arange(len(tokens), dtype=np.int64), (3, len(tokens))).copy()
+        return pos, 0
     pieces: list[np.ndarray] = []
     st = 0
-    image_idx = audio_idx = 0
-    n_images = sum(
-        1
-        for i, t in enumerate(tokens[:-1])
-        if t == ids.vision_start_token_id and tokens[i + 1] == ids.image_token_id
-    )
+    image_idx = audio_idx = 0  # the media placed so far
+    image_start = (ids.vision_start_token_id, ids.image_token_id)
+    n_images = sum(pair == image_start for pair in itertools.pairwise(tokens))
     n_audios = tokens.count(ids.audio_start_token_id)
-    remain_images, remain_audios = n_images, n_audios
 
     def next_start() -> int:
         return int(pieces[-1].max()) + 1 if pieces else 0
@@ -77,12 +72,12 @@ def rope_index(
         big = len(tokens) + 1
         ed_vision = (
             tokens.index(ids.vision_start_token_id, st)
-            if ids.image_token_id in tokens and remain_images > 0
+            if ids.image_token_id in tokens and image_idx < n_images
             else big
         )
         ed_audio = (
             tokens.index(ids.audio_start_token_id, st)
-            if ids.audio_token_id in tokens and remain_audios > 0
+            if ids.audio_token_id in tokens and audio_idx < n_audios
             else big
         )
         min_ed = min(ed_vision, ed_audio)
@@ -96,7 +91,6 @@ def rope_index(
             length = audio_output_length(audio_mel_frames[audio_idx], ids.audio_n_window)
             pieces.append(span(length, st_idx))
             audio_idx += 1
-            remain_audios -= 1
         else:
             t, h, w = image_grids[image_idx]
             m = ids.spatial_merge_size
@@ -107,7 +101,6 @@ def rope_index(
             pieces.append(np.stack([t_index, h_index, w_index]) + st_idx)
             length = t * h * w // (m * m)
             image_idx += 1
-            remain_images -= 1
         st += text_len + 1 + length + 1
         pieces.append(span(1, next_start()))  # the end token
     if st < len(tokens):

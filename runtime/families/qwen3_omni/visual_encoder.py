@@ -102,8 +102,7 @@ class VisualEncoder:
 
     def __init__(self, folder: str | Path, *, threads: int | None = None) -> None:
         folder = Path(folder)
-        self.config: dict[str, Any] = check_folder(folder, ARTIFACT).config
-        cfg = self.config
+        self.config = cfg = check_folder(folder, ARTIFACT).config
         self.engine: Engine = open_engine(folder, cfg, threads=threads)
         self.merge = int(cfg["spatial_merge_size"])
         self.side = int(cfg["num_grid_per_side"])

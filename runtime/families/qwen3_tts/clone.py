@@ -45,9 +45,7 @@ class _Encoder(StageRunner):
         engines: Engines = DEFAULT_ENGINES,
     ) -> None:
         """One call per request: nothing of its engine is captured."""
-        self.stage = stage
-        self.config: dict[str, Any] = self.check(stage, folder).config
-        self.engine = engines.open(folder, self.config, replay=False)
+        self.open_stage(stage, folder, engines, replay=False)
         self.sample_rate = int(self.config["sample_rate"])
 
     @classmethod

@@ -20,24 +20,24 @@ LOG_FLOOR = 1e-5  # dynamic_range_compression_torch's clip_val
 _BLOCK_FRAMES = 1024
 
 
+# librosa's slaney mel scale (htk=False): linear below 1 kHz, logarithmic above
+_F_SP = 200.0 / 3
+_MIN_LOG_MEL = 1000.0 / _F_SP
+_LOGSTEP = np.log(6.4) / 27.0
+
+
 def _hz_to_mel(freq: np.ndarray) -> np.ndarray:
-    """librosa's hz_to_mel (htk=False): linear below 1 kHz, logarithmic above."""
+    """librosa's hz_to_mel (htk=False)."""
     freq = np.asarray(freq, dtype=np.float64)
-    f_sp = 200.0 / 3
-    min_log_mel = 1000.0 / f_sp
-    logstep = np.log(6.4) / 27.0
-    log_mels = min_log_mel + np.log(np.maximum(freq, 1e-300) / 1000.0) / logstep
-    return np.where(freq >= 1000.0, log_mels, freq / f_sp)
+    log_mels = _MIN_LOG_MEL + np.log(np.maximum(freq, 1e-300) / 1000.0) / _LOGSTEP
+    return np.where(freq >= 1000.0, log_mels, freq / _F_SP)
 
 
 def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
     """librosa's mel_to_hz (htk=False), the inverse of :func:`_hz_to_mel`."""
     mels = np.asarray(mels, dtype=np.float64)
-    f_sp = 200.0 / 3
-    min_log_mel = 1000.0 / f_sp
-    logstep = np.log(6.4) / 27.0
     return np.where(
-        mels >= min_log_mel, 1000.0 * np.exp(logstep * (mels - min_log_mel)), f_sp * mels
+        mels >= _MIN_LOG_MEL, 1000.0 * np.exp(_LOGSTEP * (mels - _MIN_LOG_MEL)), _F_SP * mels
     )
 
 
