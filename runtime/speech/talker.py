@@ -78,10 +78,9 @@ class SpeechTalker(StageRunner):
     ) -> None:
         """``engines``' ``spin`` is not taken: the talker's engine and its code predictor's take
         turns every frame, so neither spins waiting for its next call."""
-        self.stage = stage
+        self.open_stage(stage, folder, engines, spin=False)
         self.stage_id: str = stage.id
-        cfg = self.config = self.check(stage, folder).config
-        self.engine = engines.open(folder, cfg, spin=False)
+        cfg = self.config
         self.codec_embedding = safetensors_np.load(folder / "embedding.safetensors")["embedding"]
         self.groups = int(cfg["num_code_groups"])
         self.ids: dict[str, int] = cfg["ids"]
