@@ -38,7 +38,7 @@ OP_TYPE = "CachedAttention"
 VERSION = 1
 INPUTS = ("q", "k", "v", "past_key", "past_value", "past_lens", "query_lens")
 OUTPUTS = ("out", "present_key", "present_value")
-# graph inputs a lowering may add, which the runtime then feeds (runtime.decoder.gqa_lengths)
+# graph inputs a lowering may add, which the runtime then feeds (runtime.engine.OrtBinding._lengths)
 LENGTH_INPUTS = ("gqa_seqlens_k", "gqa_total_length")
 
 
