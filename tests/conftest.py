@@ -6,6 +6,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from export_store import ExportStore
 
 
 @pytest.fixture(autouse=True)
@@ -19,6 +20,13 @@ def _signal_handlers():
 
 
 @pytest.fixture(scope="session")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> ExportStore:
+    """The session's raw ONNX exports (tests/export_store.py): a build inside
+    ``exports.reused()`` runs each distinct export once and reuses its files after."""
+    return ExportStore(tmp_path_factory.mktemp("exports"))
+
+
+@pytest.fixture(scope="session")
 def qwen3_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from edgeomni.export.tiny import make_qwen3
 
@@ -26,13 +34,16 @@ def qwen3_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def qwen3_engine(qwen3_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def qwen3_engine(
+    qwen3_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
     engine_dir = tmp_path_factory.mktemp("qwen3-engine") / "eng"
     args = BuildArgs(max_batch_size=3, max_input_len=64, max_kv_cache_capacity=128)
-    graph = build(qwen3_ckpt, engine_dir, args)
+    with exports.reused():
+        graph = build(qwen3_ckpt, engine_dir, args)
     assert graph is not None and graph.is_file()
     return engine_dir
 
@@ -45,18 +56,21 @@ def omni_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def omni_engine(omni_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def omni_engine(
+    omni_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
     engine_dir = tmp_path_factory.mktemp("omni-engine") / "eng"
     args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
-    assert build(omni_ckpt, engine_dir, args) is not None
+    with exports.reused():
+        assert build(omni_ckpt, engine_dir, args) is not None
     return engine_dir
 
 
 @pytest.fixture(scope="session")
-def tts_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tts_engine(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3-TTS CustomVoice checkpoint (export/tiny_tts.py), built for the CPU
     (edge-serve's tests: test_serve.py and test_serve_page.py share the build)."""
     from edgeomni.builder.build import build
@@ -66,7 +80,8 @@ def tts_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("serve-tts")
     ckpt = make_checkpoint(root / "ckpt", "custom_voice", "tiny")
     args = BuildArgs(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
-    assert build(ckpt, root / "eng", args) is not None
+    with exports.reused():
+        assert build(ckpt, root / "eng", args) is not None
     return root / "eng"
 
 
@@ -109,7 +124,9 @@ def qwen_tts_reference(qwen_tts_python: Path, tmp_path_factory: pytest.TempPathF
 
 
 @pytest.fixture(scope="session")
-def qwen_tts_engines(qwen_tts_reference: dict, tmp_path_factory: pytest.TempPathFactory):
+def qwen_tts_engines(
+    qwen_tts_reference: dict, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+):
     """Engine dirs built by edge-build's path from the reference's tiny Qwen3-TTS checkpoints:
     ``get(kind)`` (custom_voice, voice_design or base) builds one on first use (batch 3, input
     128, kv 256)."""
@@ -123,7 +140,8 @@ def qwen_tts_engines(qwen_tts_reference: dict, tmp_path_factory: pytest.TempPath
             ckpt = Path(qwen_tts_reference["checkpoints"][kind]["dir"])
             engine_dir = tmp_path_factory.mktemp(f"tts-{kind}") / "eng"
             args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
-            assert build(ckpt, engine_dir, args) is not None
+            with exports.reused():
+                assert build(ckpt, engine_dir, args) is not None
             built[kind] = engine_dir
         return built[kind]
 
