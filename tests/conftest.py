@@ -71,8 +71,9 @@ def omni_engine(
 
 @pytest.fixture(scope="session")
 def tts_engine(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen3-TTS CustomVoice checkpoint (export/tiny_tts.py), built for the CPU
-    (edge-serve's tests: test_serve.py and test_serve_page.py share the build)."""
+    """A tiny random Qwen3-TTS CustomVoice checkpoint (export/tiny_tts.py, in ``../ckpt``),
+    built for the CPU (edge-serve's tests, the family walk, the TensorRT profiles and upstream's
+    reading of the checkpoint share the build; read-only)."""
     from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
     from edgeomni.export.tiny_tts import make_checkpoint
