@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from export_store import ExportStore
+
+# The Qwen3-TTS reference run (make_reference.py: one thread, some 12 s), started as collection
+# ends when a selected test needs it and the venv is there, so that it runs beside the tests
+# before its first user; the qwen_tts_reference fixture waits for it.
+_early_reference: dict[str, Any] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly or not any(
+        "qwen_tts_reference" in getattr(item, "fixturenames", ()) for item in session.items
+    ):
+        return
+    from qwen_tts_reference import make_venv
+    from qwen_tts_reference.harness import Reference
+
+    ref = make_venv.default_ref_dir().expanduser().absolute()
+    if make_venv.is_ready(ref):  # else the fixtures make the venv, or say why they cannot
+        out = Path(tempfile.mkdtemp(prefix="edgeomni-qwen-tts-ref-"))
+        _early_reference.update(folder=out, run=Reference(make_venv.ref_python(ref), out))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if "run" in _early_reference:
+        _early_reference.pop("run").stop()
+    if "folder" in _early_reference:
+        shutil.rmtree(_early_reference.pop("folder"), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -117,10 +146,14 @@ def qwen_tts_reference(qwen_tts_python: Path, tmp_path_factory: pytest.TempPathF
 
     The manifest of tests/qwen_tts_reference/make_reference.py: ``modes[name]`` gives the
     checkpoint dir, the request and ``npz`` (codes int64 [frames, 16], wav float32 at 24 kHz;
-    Base adds spk_embedding and, for ICL, ref_codes).
+    Base adds spk_embedding and, for ICL, ref_codes). Started as collection ends where the venv
+    is ready (pytest_collection_finish above); here it is waited for.
     """
     from qwen_tts_reference.harness import run_reference
 
+    early = _early_reference.get("run")
+    if early is not None and early.python == qwen_tts_python:
+        return early.manifest()
     return run_reference(qwen_tts_python, tmp_path_factory.mktemp("qwen-tts-ref"))
 
 
