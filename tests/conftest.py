@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import signal
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,12 @@ def _signal_handlers():
 
 
 @pytest.fixture(scope="session")
-def exports(tmp_path_factory: pytest.TempPathFactory) -> ExportStore:
-    """The session's raw ONNX exports (tests/export_store.py): a build inside
-    ``exports.reused()`` runs each distinct export once and reuses its files after."""
-    return ExportStore(tmp_path_factory.mktemp("exports"))
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExportStore]:
+    """The session's raw ONNX exports (tests/export_store.py): a build by ``exports.build`` (or
+    inside ``exports.reused()``) runs each distinct export once and reuses its files after."""
+    store = ExportStore(tmp_path_factory.mktemp("exports"))
+    yield store
+    store.close()
 
 
 @pytest.fixture(scope="session")
@@ -66,13 +69,11 @@ def qwen3_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def qwen3_engine(
     qwen3_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
     engine_dir = tmp_path_factory.mktemp("qwen3-engine") / "eng"
     args = BuildArgs(max_batch_size=3, max_input_len=64, max_kv_cache_capacity=128)
-    with exports.reused():
-        graph = build(qwen3_ckpt, engine_dir, args)
+    graph = exports.build(qwen3_ckpt, engine_dir, args)
     assert graph is not None and graph.is_file()
     return engine_dir
 
@@ -88,13 +89,11 @@ def omni_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def omni_engine(
     omni_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
     engine_dir = tmp_path_factory.mktemp("omni-engine") / "eng"
     args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
-    with exports.reused():
-        assert build(omni_ckpt, engine_dir, args) is not None
+    assert exports.build(omni_ckpt, engine_dir, args) is not None
     return engine_dir
 
 
@@ -103,15 +102,13 @@ def tts_engine(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory) -
     """A tiny random Qwen3-TTS CustomVoice checkpoint (export/tiny_tts.py, in ``../ckpt``),
     built for the CPU (edge-serve's tests, the family walk, the TensorRT profiles and upstream's
     reading of the checkpoint share the build; read-only)."""
-    from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
     from edgeomni.export.tiny_tts import make_checkpoint
 
     root = tmp_path_factory.mktemp("serve-tts")
     ckpt = make_checkpoint(root / "ckpt", "custom_voice", "tiny")
     args = BuildArgs(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
-    with exports.reused():
-        assert build(ckpt, root / "eng", args) is not None
+    assert exports.build(ckpt, root / "eng", args) is not None
     return root / "eng"
 
 
@@ -164,7 +161,6 @@ def qwen_tts_engines(
     """Engine dirs built by edge-build's path from the reference's tiny Qwen3-TTS checkpoints:
     ``get(kind)`` (custom_voice, voice_design or base) builds one on first use (batch 3, input
     128, kv 256)."""
-    from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
     built: dict[str, Path] = {}
@@ -174,8 +170,7 @@ def qwen_tts_engines(
             ckpt = Path(qwen_tts_reference["checkpoints"][kind]["dir"])
             engine_dir = tmp_path_factory.mktemp(f"tts-{kind}") / "eng"
             args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
-            with exports.reused():
-                assert build(ckpt, engine_dir, args) is not None
+            assert exports.build(ckpt, engine_dir, args) is not None
             built[kind] = engine_dir
         return built[kind]
 

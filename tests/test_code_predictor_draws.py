@@ -35,15 +35,14 @@ def sampling_engine(
 ) -> Path:
     """The tiny Qwen3-Omni built for the CPU with engine sampling on (a cuda build's default;
     a CPU build draws on the host). Only the code predictor's export reads the flag: the other
-    components' raw ONNX is the session engine's (export_store.py)."""
-    from edgeomni.builder.build import build
+    components' exports are shared with the session engine's build (export_store.py)."""
     from edgeomni.export.family import BuildArgs
 
     engine_dir = tmp_path_factory.mktemp("omni-engine-sampling") / "eng"
     args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256,
                      engine_sampling=True)  # fmt: skip
-    with exports.reused():
-        assert build(omni_ckpt, engine_dir, args, ["llm", "talker", "code_predictor", "code2wav"])
+    assert exports.build(omni_ckpt, engine_dir, args,
+                         ["llm", "talker", "code_predictor", "code2wav"])  # fmt: skip
     return engine_dir
 
 

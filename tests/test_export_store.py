@@ -1,6 +1,7 @@
 """The session's store of raw exports (tests/export_store.py) hands back an export only to a call
 with the same checkpoint files, family and component and equal values of every args field the
-first call read; and a build through it is byte for byte the build without it."""
+first call read; an export made in its second process is the one made here; and a build through
+it is byte for byte the build without it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from export_store import Exporter, ExportStore
+from export_store import Exporter, ExportStore, export_in_worker
 
 
 @dataclass(frozen=True)
@@ -96,3 +97,26 @@ def test_a_build_through_the_store_is_the_build_without_it(
 
     reused, fresh = files(tmp_path / "reused"), files(tmp_path / "fresh")
     assert "llm.onnx" in fresh and reused == fresh
+
+
+def test_an_export_in_the_second_process_is_the_one_made_here(
+    qwen3_ckpt: Path, qwen3_engine: Path, exports: ExportStore, tmp_path: Path
+) -> None:
+    """The session engine's export (made here, or taken from the second process) against the
+    same export made there now: the same fields read, the same files."""
+    from edgeomni.export.families.qwen3 import hooks
+    from edgeomni.export.family import BuildArgs
+
+    args = BuildArgs(max_batch_size=3, max_input_len=64, max_kv_cache_capacity=128)  # conftest's
+    real = getattr(hooks.export_component, "__wrapped__", hooks.export_component)
+    call = (real.__module__, real.__qualname__, str(qwen3_ckpt), "llm", str(tmp_path), args)
+    read, model = exports.worker().submit(export_in_worker, *call).result()
+    (entry,) = [e for e in exports.entries if e.where[2].name == "llm"
+                and e.where[3] == str(qwen3_ckpt.resolve()) and e.read == read]  # fmt: skip
+    assert model == entry.model.as_posix() and "dtype" in read
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {p.relative_to(root).as_posix(): p.read_bytes()
+                for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
+
+    assert files(tmp_path) == files(entry.folder) and files(tmp_path)

@@ -32,11 +32,9 @@ def gpu_build_on_cpu(
     (GroupQueryAttention with host-fed lengths) instead. The tests here differ in the lowering
     only: the first exports each component, the others reuse its raw ONNX (export_store.py)."""
     from edgeomni.builder import onnxruntime as ort_builder
-    from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
-    # lower as for the onnxruntime-gpu we deploy on, but
-    with monkeypatch.context() as m, exports.reused():
+    with monkeypatch.context() as m:  # lower as for the onnxruntime-gpu we deploy on, but
         # without the q/k norms inside GroupQueryAttention, which the CPU provider cannot run
         # (test_attention_prologue_fuses_for_cuda below checks that fusion)
         m.setattr(lowering, "onnxruntime_options", lambda v=None: {
@@ -46,7 +44,7 @@ def gpu_build_on_cpu(
             lowered = ort_builder.cuda_lowering
             m.setattr(ort_builder, "cuda_lowering",
                       lambda model: {**lowered(model), "plain_attention": False})  # fmt: skip
-        assert build(ckpt, out, BuildArgs(3, 128, 256, device="cuda"), components)
+        assert exports.build(ckpt, out, BuildArgs(3, 128, 256, device="cuda"), components)
     for cfg_path in out.rglob("config.json"):
         cfg = json.loads(cfg_path.read_text())
         if cfg.get("device") == "cuda":
@@ -130,7 +128,7 @@ def embeds_inputs(model) -> dict[str, tuple[int, list[str]]]:
     return out
 
 
-def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) -> None:
+def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp, exports) -> None:
     """A float16 cuda build for onnxruntime-gpu 1.31+: each 1-D RoPE decoder layer's q/k norms
     and rotary run inside GroupQueryAttention (packed QKV, norm weights, a cos/sin table by
     position); MRoPE decoders (Qwen3-Omni's thinker and talker) keep theirs. Only the graph is
@@ -138,7 +136,6 @@ def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) 
     checked on a GPU (tests/test_gpu.py, against the CPU build)."""
     from safetensors.torch import load_file
 
-    from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
     with mp.context() as m:
@@ -146,9 +143,9 @@ def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) 
             "gqa_query_seqlens": False, "qk_norm_attention": True,
             "onnxruntime": ONNXRUNTIME_GPU})  # fmt: skip
         llm, omni = tmp_path / "llm", tmp_path / "omni"
-        assert build(qwen3_ckpt, llm, BuildArgs(2, 32, 64, device="cuda", dtype="float16"))
         args = BuildArgs(2, 32, 64, device="cuda", dtype="float16")
-        assert build(omni_ckpt, omni, args, ["llm", "talker", "code_predictor"])
+        assert exports.build(qwen3_ckpt, llm, args)
+        assert exports.build(omni_ckpt, omni, args, ["llm", "talker", "code_predictor"])
 
     hf = json.loads((qwen3_ckpt / "config.json").read_text())
     model = onnx.load(str(llm / "llm.onnx"))
@@ -303,11 +300,10 @@ def test_code2wav_can_be_captured_on_the_gpu(omni_ckpt, tmp_path, exports) -> No
     CUDA provider inserts no copies and captures it as a CUDA graph (tests/test_gpu.py runs the
     capture on a GPU). Its first version fed two: the window's query lengths (torch.full of a
     shape) and, in every attention layer, a bound taken from a shape."""
-    from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
-    with exports.reused():  # the export is test_omni_text_to_speech's: the lowering is checked
-        build(omni_ckpt, tmp_path / "eng", BuildArgs(2, 64, 128, device="cuda"), ["code2wav"])
+    # the export is test_omni_text_to_speech's (export_store.py): the lowering is checked
+    exports.build(omni_ckpt, tmp_path / "eng", BuildArgs(2, 64, 128, device="cuda"), ["code2wav"])
     model = onnx.load(
         str(tmp_path / "eng" / "code2wav" / "code2wav.onnx"), load_external_data=False
     )

@@ -26,17 +26,16 @@ def tensorrt_lowered_build(
     """An ONNX Runtime CPU build whose plugin ops are lowered as for TensorRT. The raw exports
     are the session engine's (the lowering, the subject here, comes after them)."""
     import edgeomni.plugins as plugins
-    from edgeomni.builder.build import build
     from edgeomni.builder.tensorrt import lowering_options
     from edgeomni.export.family import BuildArgs
 
     lower = plugins.lower_model
     native = lowering_options("native")  # what edge-build gives TensorRT >= 10.15
-    with monkeypatch.context() as m, exports.reused():
+    with monkeypatch.context() as m:
         m.setattr(plugins, "lower_model", lambda model, backend, options=None:
                   lower(model, "tensorrt", native))  # fmt: skip
-        assert build(ckpt, out, BuildArgs(max_batch_size=3, max_input_len=64,
-                                          max_kv_cache_capacity=128))  # fmt: skip
+        assert exports.build(ckpt, out, BuildArgs(max_batch_size=3, max_input_len=64,
+                                                  max_kv_cache_capacity=128))  # fmt: skip
     return out
 
 
