@@ -97,7 +97,26 @@ def tts_accepted_variants(env: Env) -> list[str]:
                                   "num_attention_heads": 4, "head_dim": 8},
         "speaker_encoder_config": {"enc_res2net_scale": 2, "enc_kernel_sizes": [3, 3, 3, 3, 1]},
     })  # fmt: skip
-    return env.argv(env.tmp / "eng", ckpt=ckpt)
+    argv = env.argv(env.tmp / "eng", ckpt=ckpt)
+    on_both_cores(env, ckpt, argv)
+    return argv
+
+
+def on_both_cores(env: Env, ckpt: Path, argv: list[str]) -> None:
+    """The build's exports shared with the session's second process (tests/export_store.py:
+    planned here, taken by edge-build's exports, which go through the store until the row ends)."""
+    from contextlib import ExitStack
+
+    from edgeomni.export.family import BuildArgs
+
+    exports = env.request.getfixturevalue("exports")
+    pairs = zip(argv, argv[1:], strict=False)
+    sizes = {flag: int(value) for flag, value in pairs if flag.startswith("--max-")}
+    exports.prefetch(ckpt, BuildArgs(sizes["--max-batch-size"], sizes["--max-input-len"],
+                                     sizes["--max-kv-cache-capacity"]))  # fmt: skip
+    stack = ExitStack()
+    stack.enter_context(exports.reused())
+    env.request.addfinalizer(stack.close)
 
 
 def clones_as_transformers_mimi(env: Env) -> None:

@@ -2,10 +2,41 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from export_store import ExportStore
+
+# The Qwen3-TTS reference run (make_reference.py: one thread, some 12 s), started as collection
+# ends when a selected test needs it and the venv is there, so that it runs beside the tests
+# before its first user; the qwen_tts_reference fixture waits for it.
+_early_reference: dict[str, Any] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly or not any(
+        "qwen_tts_reference" in getattr(item, "fixturenames", ()) for item in session.items
+    ):
+        return
+    from qwen_tts_reference import make_venv
+    from qwen_tts_reference.harness import Reference
+
+    ref = make_venv.default_ref_dir().expanduser().absolute()
+    if make_venv.is_ready(ref):  # else the fixtures make the venv, or say why they cannot
+        out = Path(tempfile.mkdtemp(prefix="edgeomni-qwen-tts-ref-"))
+        _early_reference.update(folder=out, run=Reference(make_venv.ref_python(ref), out))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if "run" in _early_reference:
+        _early_reference.pop("run").stop()
+    if "folder" in _early_reference:
+        shutil.rmtree(_early_reference.pop("folder"), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -19,6 +50,15 @@ def _signal_handlers():
 
 
 @pytest.fixture(scope="session")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExportStore]:
+    """The session's raw ONNX exports (tests/export_store.py): a build by ``exports.build`` (or
+    inside ``exports.reused()``) runs each distinct export once and reuses its files after."""
+    store = ExportStore(tmp_path_factory.mktemp("exports"))
+    yield store
+    store.close()
+
+
+@pytest.fixture(scope="session")
 def qwen3_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from edgeomni.export.tiny import make_qwen3
 
@@ -26,13 +66,14 @@ def qwen3_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def qwen3_engine(qwen3_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from edgeomni.builder.build import build
+def qwen3_engine(
+    qwen3_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     from edgeomni.export.family import BuildArgs
 
     engine_dir = tmp_path_factory.mktemp("qwen3-engine") / "eng"
     args = BuildArgs(max_batch_size=3, max_input_len=64, max_kv_cache_capacity=128)
-    graph = build(qwen3_ckpt, engine_dir, args)
+    graph = exports.build(qwen3_ckpt, engine_dir, args)
     assert graph is not None and graph.is_file()
     return engine_dir
 
@@ -45,28 +86,29 @@ def omni_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def omni_engine(omni_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from edgeomni.builder.build import build
+def omni_engine(
+    omni_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     from edgeomni.export.family import BuildArgs
 
     engine_dir = tmp_path_factory.mktemp("omni-engine") / "eng"
     args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
-    assert build(omni_ckpt, engine_dir, args) is not None
+    assert exports.build(omni_ckpt, engine_dir, args) is not None
     return engine_dir
 
 
 @pytest.fixture(scope="session")
-def tts_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen3-TTS CustomVoice checkpoint (export/tiny_tts.py), built for the CPU
-    (edge-serve's tests: test_serve.py and test_serve_page.py share the build)."""
-    from edgeomni.builder.build import build
+def tts_engine(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3-TTS CustomVoice checkpoint (export/tiny_tts.py, in ``../ckpt``),
+    built for the CPU (edge-serve's tests, the family walk, the TensorRT profiles and upstream's
+    reading of the checkpoint share the build; read-only)."""
     from edgeomni.export.family import BuildArgs
     from edgeomni.export.tiny_tts import make_checkpoint
 
     root = tmp_path_factory.mktemp("serve-tts")
     ckpt = make_checkpoint(root / "ckpt", "custom_voice", "tiny")
     args = BuildArgs(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
-    assert build(ckpt, root / "eng", args) is not None
+    assert exports.build(ckpt, root / "eng", args) is not None
     return root / "eng"
 
 
@@ -101,19 +143,24 @@ def qwen_tts_reference(qwen_tts_python: Path, tmp_path_factory: pytest.TempPathF
 
     The manifest of tests/qwen_tts_reference/make_reference.py: ``modes[name]`` gives the
     checkpoint dir, the request and ``npz`` (codes int64 [frames, 16], wav float32 at 24 kHz;
-    Base adds spk_embedding and, for ICL, ref_codes).
+    Base adds spk_embedding and, for ICL, ref_codes). Started as collection ends where the venv
+    is ready (pytest_collection_finish above); here it is waited for.
     """
     from qwen_tts_reference.harness import run_reference
 
+    early = _early_reference.get("run")
+    if early is not None and early.python == qwen_tts_python:
+        return early.manifest()
     return run_reference(qwen_tts_python, tmp_path_factory.mktemp("qwen-tts-ref"))
 
 
 @pytest.fixture(scope="session")
-def qwen_tts_engines(qwen_tts_reference: dict, tmp_path_factory: pytest.TempPathFactory):
+def qwen_tts_engines(
+    qwen_tts_reference: dict, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+):
     """Engine dirs built by edge-build's path from the reference's tiny Qwen3-TTS checkpoints:
     ``get(kind)`` (custom_voice, voice_design or base) builds one on first use (batch 3, input
     128, kv 256)."""
-    from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
     built: dict[str, Path] = {}
@@ -123,7 +170,7 @@ def qwen_tts_engines(qwen_tts_reference: dict, tmp_path_factory: pytest.TempPath
             ckpt = Path(qwen_tts_reference["checkpoints"][kind]["dir"])
             engine_dir = tmp_path_factory.mktemp(f"tts-{kind}") / "eng"
             args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
-            assert build(ckpt, engine_dir, args) is not None
+            assert exports.build(ckpt, engine_dir, args) is not None
             built[kind] = engine_dir
         return built[kind]
 

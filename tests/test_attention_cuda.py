@@ -296,8 +296,8 @@ def _gxx_reason() -> str | None:
 GXX_REASON = _gxx_reason()
 
 
-def emulate(cfg: ac.KernelConfig, case: Case, work: Path) -> tuple[np.ndarray, ...]:
-    """One call of the kernel source, compiled for the host: (out, key cache, value cache)."""
+def compile_host(cfg: ac.KernelConfig, work: Path) -> Path:
+    """The kernel source of ``cfg`` with the host shim, compiled by g++: the executable."""
     source = cfg.source()
     defines, body = source.split("\n#if IS_HALF\ntypedef", 1)  # the shim needs IS_HALF
     cpp = work / "attention_host.cpp"
@@ -311,6 +311,12 @@ def emulate(cfg: ac.KernelConfig, case: Case, work: Path) -> tuple[np.ndarray, .
         if "barrier" in build.stderr and "No such file" in build.stderr:
             pytest.skip("this g++ has no C++20 <barrier> for the host emulation")
         raise AssertionError(build.stderr[-4000:])
+    return exe
+
+
+def emulate(cfg: ac.KernelConfig, case: Case, work: Path, exe: Path) -> tuple[np.ndarray, ...]:
+    """One call of the kernel (``exe``, compile_host's of cfg) on the host: (out, key cache,
+    value cache)."""
     dt = NUMPY[cfg.dtype]
     arrays = {"q": case.q, "k": case.k, "v": case.v, "kc": case.past_key, "vc": case.past_value}
     for name, array in arrays.items():
@@ -342,9 +348,10 @@ def test_host_emulation_matches_reference(cfg: ac.KernelConfig, tmp_path: Path) 
     # decode (a full cache, an idle row), a chunk after a past, decode over 10 key chunks, and
     # a prefill of several position blocks
     shapes = [SHAPES["decode"], SHAPES["chunked"], (1, 300, [290], [1]), (37, 100, [50], [37])]
+    exe = compile_host(cfg, tmp_path)  # one source for every shape: compiled once
     for i, (seq, capacity, past, fresh) in enumerate(shapes):
         case = make_case(cfg, seq, capacity, past, fresh, seed=i)
-        assert_matches(cfg, case, *emulate(cfg, case, tmp_path))
+        assert_matches(cfg, case, *emulate(cfg, case, tmp_path, exe))
 
 
 # ---------------------------------------------------------------------------------------------

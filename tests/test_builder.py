@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from export_store import ExportStore
 
 from edgeomni.builder import cli, manifest
 from edgeomni.builder.build import GRAPH_FILE, build
@@ -99,7 +100,7 @@ def test_unknown_component(qwen3_ckpt: Path, tmp_path: Path, capsys) -> None:
 
 
 def test_failed_rebuild_keeps_previous_build(
-    qwen3_ckpt: Path, qwen3_engine: Path, tmp_path: Path, monkeypatch
+    qwen3_ckpt: Path, qwen3_engine: Path, tmp_path: Path, monkeypatch, exports: ExportStore
 ) -> None:
     eng = tmp_path / "eng"
     shutil.copytree(qwen3_engine, eng)
@@ -111,7 +112,8 @@ def test_failed_rebuild_keeps_previous_build(
         raise BuildError("simulated failure half way")
 
     monkeypatch.setattr(qwen3, "write_artifacts", boom)
-    with pytest.raises(BuildError, match="half way"):
+    # the export is the session engine's (export_store.py): the step after it fails here
+    with pytest.raises(BuildError, match="half way"), exports.reused():
         build(qwen3_ckpt, eng, ARGS)
     assert {p.name: p.read_bytes() for p in eng.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eng"]  # no workspace left

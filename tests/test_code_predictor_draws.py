@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from export_store import ExportStore
 
 from edgeomni.runtime.buffers import DeviceBuffers, HostBuffers
 from edgeomni.runtime.decoder import StepOutputs
@@ -29,16 +30,19 @@ GREEDY = {"top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 12}
 
 
 @pytest.fixture(scope="module")
-def sampling_engine(omni_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sampling_engine(
+    omni_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """The tiny Qwen3-Omni built for the CPU with engine sampling on (a cuda build's default;
-    a CPU build draws on the host)."""
-    from edgeomni.builder.build import build
+    a CPU build draws on the host). Only the code predictor's export reads the flag: the other
+    components' exports are shared with the session engine's build (export_store.py)."""
     from edgeomni.export.family import BuildArgs
 
     engine_dir = tmp_path_factory.mktemp("omni-engine-sampling") / "eng"
     args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256,
                      engine_sampling=True)  # fmt: skip
-    assert build(omni_ckpt, engine_dir, args, ["llm", "talker", "code_predictor", "code2wav"])
+    assert exports.build(omni_ckpt, engine_dir, args,
+                         ["llm", "talker", "code_predictor", "code2wav"])  # fmt: skip
     return engine_dir
 
 

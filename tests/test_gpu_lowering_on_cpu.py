@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from export_store import ExportStore
 
 from edgeomni.plugins import lowering
 
@@ -24,13 +25,13 @@ ONNXRUNTIME_GPU = "1.31.1"  # the newest onnxruntime-gpu on PyPI as of this writ
 
 
 def gpu_build_on_cpu(
-    ckpt: Path, out: Path, monkeypatch, components=None, gqa: bool = False
+    ckpt: Path, out: Path, monkeypatch, exports: ExportStore, components=None, gqa: bool = False
 ) -> Path:
     """A float32 ``--device cuda`` build (exact against the CPU build). Its attention is plain
     ops, as every float32 engine's on the CUDA provider; ``gqa`` lowers it as a float16 build's
-    (GroupQueryAttention with host-fed lengths) instead."""
+    (GroupQueryAttention with host-fed lengths) instead. The tests here differ in the lowering
+    only: the first exports each component, the others reuse its raw ONNX (export_store.py)."""
     from edgeomni.builder import onnxruntime as ort_builder
-    from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
     with monkeypatch.context() as m:  # lower as for the onnxruntime-gpu we deploy on, but
@@ -43,7 +44,7 @@ def gpu_build_on_cpu(
             lowered = ort_builder.cuda_lowering
             m.setattr(ort_builder, "cuda_lowering",
                       lambda model: {**lowered(model), "plain_attention": False})  # fmt: skip
-        assert build(ckpt, out, BuildArgs(3, 128, 256, device="cuda"), components)
+        assert exports.build(ckpt, out, BuildArgs(3, 128, 256, device="cuda"), components)
     for cfg_path in out.rglob("config.json"):
         cfg = json.loads(cfg_path.read_text())
         if cfg.get("device") == "cuda":
@@ -69,8 +70,8 @@ def run(engine: Path, body: dict, batch: int) -> list:
 PROMPTS = ["Hello! How are you today?", "Hi", "What is the capital of France?"]
 
 
-def test_llm(qwen3_ckpt, qwen3_engine, tmp_path, mp) -> None:
-    eng = gpu_build_on_cpu(qwen3_ckpt, tmp_path / "eng", mp, gqa=True)
+def test_llm(qwen3_ckpt, qwen3_engine, tmp_path, mp, exports) -> None:
+    eng = gpu_build_on_cpu(qwen3_ckpt, tmp_path / "eng", mp, exports, gqa=True)
     cfg = json.loads((eng / "config.json").read_text())
     assert cfg["lowering"]["gqa_query_seqlens"] is False  # the 3 prompts: one right-padded prefill
     model = onnx.load(str(eng / "llm.onnx"))
@@ -91,8 +92,8 @@ def test_llm(qwen3_ckpt, qwen3_engine, tmp_path, mp) -> None:
         )
 
 
-def test_omni_text_to_speech(omni_ckpt, omni_engine, tmp_path, mp) -> None:
-    eng = gpu_build_on_cpu(omni_ckpt, tmp_path / "eng", mp,
+def test_omni_text_to_speech(omni_ckpt, omni_engine, tmp_path, mp, exports) -> None:
+    eng = gpu_build_on_cpu(omni_ckpt, tmp_path / "eng", mp, exports,
                            ["llm", "talker", "code_predictor", "code2wav"])  # fmt: skip
     # float32 engines get plain-op attention (no float32 GroupQueryAttention kernel on the CUDA
     # provider): the decoders with their caches, and code2wav's sliding window
@@ -127,7 +128,7 @@ def embeds_inputs(model) -> dict[str, tuple[int, list[str]]]:
     return out
 
 
-def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) -> None:
+def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp, exports) -> None:
     """A float16 cuda build for onnxruntime-gpu 1.31+: each 1-D RoPE decoder layer's q/k norms
     and rotary run inside GroupQueryAttention (packed QKV, norm weights, a cos/sin table by
     position); MRoPE decoders (Qwen3-Omni's thinker and talker) keep theirs. Only the graph is
@@ -135,7 +136,6 @@ def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) 
     checked on a GPU (tests/test_gpu.py, against the CPU build)."""
     from safetensors.torch import load_file
 
-    from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
     with mp.context() as m:
@@ -143,9 +143,9 @@ def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) 
             "gqa_query_seqlens": False, "qk_norm_attention": True,
             "onnxruntime": ONNXRUNTIME_GPU})  # fmt: skip
         llm, omni = tmp_path / "llm", tmp_path / "omni"
-        assert build(qwen3_ckpt, llm, BuildArgs(2, 32, 64, device="cuda", dtype="float16"))
         args = BuildArgs(2, 32, 64, device="cuda", dtype="float16")
-        assert build(omni_ckpt, omni, args, ["llm", "talker", "code_predictor"])
+        assert exports.build(qwen3_ckpt, llm, args)
+        assert exports.build(omni_ckpt, omni, args, ["llm", "talker", "code_predictor"])
 
     hf = json.loads((qwen3_ckpt / "config.json").read_text())
     model = onnx.load(str(llm / "llm.onnx"))
@@ -216,7 +216,7 @@ def test_attention_prologue_fuses_for_cuda(qwen3_ckpt, omni_ckpt, tmp_path, mp) 
         ort.InferenceSession(str(omni / sub / "llm.onnx"), providers=["CPUExecutionProvider"])
 
 
-def test_mrope_rotary_folds_exactly(omni_ckpt, tmp_path, mp) -> None:
+def test_mrope_rotary_folds_exactly(omni_ckpt, tmp_path, mp, exports) -> None:
     """The MRoPE fold's rotary part on the CPU provider (which has GroupQueryAttention's rotary
     but not its q/k norms, so the norms stay outside here): the thinker and the talker with
     their rotary inside GroupQueryAttention, over the call's per-token cos/sin rows padded to
@@ -227,7 +227,7 @@ def test_mrope_rotary_folds_exactly(omni_ckpt, tmp_path, mp) -> None:
 
     from edgeomni.builder.ort_fusions import fuse_attention_prologue
 
-    eng = gpu_build_on_cpu(omni_ckpt, tmp_path / "eng", mp, ["llm", "talker"], gqa=True)
+    eng = gpu_build_on_cpu(omni_ckpt, tmp_path / "eng", mp, exports, ["llm", "talker"], gqa=True)
     for sub in (".", "talker"):
         folded = tmp_path / f"folded-{sub.strip('.') or 'thinker'}"
         shutil.copytree(eng / sub, folded)
@@ -295,15 +295,15 @@ def test_host_value_check_finds_a_copy() -> None:
     assert host_values_on_device(model) == ["Expand[0] <- sf"]
 
 
-def test_code2wav_can_be_captured_on_the_gpu(omni_ckpt, tmp_path) -> None:
+def test_code2wav_can_be_captured_on_the_gpu(omni_ckpt, tmp_path, exports) -> None:
     """A cuda build's code2wav feeds no host-computed value to the device, so onnxruntime's
     CUDA provider inserts no copies and captures it as a CUDA graph (tests/test_gpu.py runs the
     capture on a GPU). Its first version fed two: the window's query lengths (torch.full of a
     shape) and, in every attention layer, a bound taken from a shape."""
-    from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
-    build(omni_ckpt, tmp_path / "eng", BuildArgs(2, 64, 128, device="cuda"), ["code2wav"])
+    # the export is test_omni_text_to_speech's (export_store.py): the lowering is checked
+    exports.build(omni_ckpt, tmp_path / "eng", BuildArgs(2, 64, 128, device="cuda"), ["code2wav"])
     model = onnx.load(
         str(tmp_path / "eng" / "code2wav" / "code2wav.onnx"), load_external_data=False
     )
@@ -311,7 +311,8 @@ def test_code2wav_can_be_captured_on_the_gpu(omni_ckpt, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("model", ["qwen3", "omni"])
-def test_right_padded_prefill_equals_row_by_row(qwen3_ckpt, omni_ckpt, tmp_path, mp, model):
+def test_right_padded_prefill_equals_row_by_row(qwen3_ckpt, omni_ckpt, tmp_path, mp, exports,
+                                                model):  # fmt: skip
     """GroupQueryAttention without per-row query lengths (what onnxruntime-gpu 1.31 has): one
     right-padded prefill from an empty cache gives each row's logits, and leaves a cache the
     next decode step reads, as prefilling each row alone does: the LLM runner and the talker
@@ -319,10 +320,11 @@ def test_right_padded_prefill_equals_row_by_row(qwen3_ckpt, omni_ckpt, tmp_path,
     import prefill_check
 
     if model == "qwen3":
-        eng = gpu_build_on_cpu(qwen3_ckpt, tmp_path / "eng", mp, gqa=True)
+        eng = gpu_build_on_cpu(qwen3_ckpt, tmp_path / "eng", mp, exports, gqa=True)
         folders = [eng]
     else:
-        eng = gpu_build_on_cpu(omni_ckpt, tmp_path / "eng", mp, ["llm", "talker"], gqa=True)
+        eng = gpu_build_on_cpu(omni_ckpt, tmp_path / "eng", mp, exports, ["llm", "talker"],
+                               gqa=True)  # fmt: skip
         folders = [eng, eng / "talker"]
     for folder in folders:
         assert (

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from export_store import ExportStore
 
 from edgeomni.runtime import cli
 from edgeomni.runtime.engine import OrtEngine
@@ -76,13 +77,15 @@ def test_min_generate_length_holds_back_eos(qwen3_engine, tmp_path) -> None:
 
 
 @pytest.fixture(scope="module")
-def omni_topk_engine(omni_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from edgeomni.builder.build import build
+def omni_topk_engine(
+    omni_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """(Built by export_store.py's build: the exports on both cores.)"""
     from edgeomni.export.family import BuildArgs
 
     eng = tmp_path_factory.mktemp("omni-topk") / "eng"
     args = BuildArgs(3, 128, 256, logits_topk=16)
-    assert build(omni_ckpt, eng, args, ["llm", "talker", "code_predictor", "code2wav"])
+    assert exports.build(omni_ckpt, eng, args, ["llm", "talker", "code_predictor", "code2wav"])
     return eng
 
 

@@ -27,8 +27,13 @@ AUDIO_ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def references(omni_ckpt: Path) -> list[ref.OmniReference]:
-    bundle = ref.load_bundle(omni_ckpt)
+def bundle(omni_ckpt: Path) -> ref.OmniBundle:
+    """transformers' model of the checkpoint (loaded once: the references and media share it)."""
+    return ref.load_bundle(omni_ckpt)
+
+
+@pytest.fixture(scope="module")
+def references(bundle: ref.OmniBundle) -> list[ref.OmniReference]:
     return [
         ref.reference_text(bundle, p, max_new_tokens=MAX_NEW, max_frames=MAX_FRAMES)
         for p in PROMPTS
@@ -292,7 +297,7 @@ def test_missing_required_input_fails_only_those_requests(omni_engine, tmp_path)
 
 
 @pytest.fixture(scope="module")
-def media(omni_ckpt: Path, tmp_path_factory) -> dict:
+def media(bundle: ref.OmniBundle, tmp_path_factory) -> dict:
     """A 2 s, 16 kHz clip and a 64x96 image on disk, and transformers' answers to them."""
     from edgeomni.runtime.audio import write_wav
 
@@ -309,7 +314,6 @@ def media(omni_ckpt: Path, tmp_path_factory) -> dict:
     heard, _ = read_wav(folder / "q.wav")  # the 16-bit file both sides read
     image = (rng.random((64, 96, 3)) * 255).astype(np.uint8)
     Image.fromarray(image).save(folder / "i.png")
-    bundle = ref.load_bundle(omni_ckpt)
     kw = dict(max_new_tokens=MAX_NEW, max_frames=MAX_FRAMES)
     return {
         "audio": (folder / "q.wav", ref.reference_audio(bundle, heard, "Listen.", **kw)),

@@ -39,13 +39,6 @@ def picture(height: int, width: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
 
 
-@pytest.fixture(scope="session")
-def omni_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from edgeomni.export.tiny_omni import make_qwen3_omni
-
-    return make_qwen3_omni(tmp_path_factory.mktemp("qwen3-omni") / "ckpt")
-
-
 @pytest.fixture(scope="module")
 def bundle(omni_ckpt: Path) -> ref.OmniBundle:
     return ref.load_bundle(omni_ckpt)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from export_store import ExportStore
 from safetensors.torch import load_file, save_file
 
 from edgeomni.export.common.checkpoint import CheckpointError
@@ -113,15 +114,21 @@ ORT_MODES = ("cv_plain_stream", "vd_stream")  # 11 frames each
 
 
 @pytest.fixture(scope="module")
-def engine(qwen_tts_reference: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def engine(
+    qwen_tts_reference: dict, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+) -> dict:
+    """The decoder exported as edge-build exports it (export_code2wav of load_decoder, through
+    the family's export_component; the session's parity build of this checkpoint reuses it or
+    this reuses the build's: export_store.py), and its ONNX Runtime engine."""
     from edgeomni.builder.onnxruntime import build_engine
-    from edgeomni.export.families.qwen3_tts.code2wav import export_code2wav
     from edgeomni.export.family import BuildArgs
     from edgeomni.runtime.engine import OrtEngine
 
-    decoder = load_decoder(_tokenizer_dir(qwen_tts_reference, ORT_MODES[0]))
+    ckpt = _tokenizer_dir(qwen_tts_reference, ORT_MODES[0]).parent
+    decoder = load_decoder(ckpt / "speech_tokenizer")
     root = tmp_path_factory.mktemp("tts_code2wav")
-    raw = export_code2wav(decoder, root / "raw" / "code2wav.onnx")
+    raw = exports.component(ckpt, "code2wav", root / "raw", BuildArgs(1, 1, 1))
+    assert raw == root / "raw" / "code2wav.onnx"
     build_engine(raw, root / "code2wav.onnx", BuildArgs(1, 1, 1))
     return {"decoder": decoder, "raw": raw, "engine": OrtEngine(root / "code2wav.onnx", threads=2)}
 

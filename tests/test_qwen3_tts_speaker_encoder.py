@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from export_store import ExportStore
 from safetensors.torch import load_file, save_file
 
 from edgeomni.export.common.checkpoint import CheckpointError
@@ -98,20 +99,24 @@ def _start_upstream(python: str, tmp: Path, wav: str, checkpoint: str) -> subpro
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _build_engine(checkpoint: Path, root: Path) -> Any:
-    """Export and build the engine as edge-build would; the ORT session of the result."""
+def _build_engine(checkpoint: Path, root: Path, exports: ExportStore) -> Any:
+    """Export (export_speaker_encoder of load_speaker_encoder, through the family's
+    export_component and the session's store: export_store.py) and build the engine as
+    edge-build would; the ORT session of the result."""
     from edgeomni.builder.onnxruntime import build_engine
-    from edgeomni.export.families.qwen3_tts.speaker_encoder import export_speaker_encoder
     from edgeomni.export.family import BuildArgs
     from edgeomni.runtime.engine import OrtEngine
 
-    raw = export_speaker_encoder(load_speaker_encoder(checkpoint), root / "raw" / ENGINE)
+    raw = exports.component(checkpoint, "speaker_encoder", root / "raw", BuildArgs(1, 1, 1))
+    assert raw == root / "raw" / ENGINE
     build_engine(raw, root / ENGINE, BuildArgs(1, 1, 1))
     return OrtEngine(root / ENGINE, threads=2).session
 
 
 @pytest.fixture(scope="module")
-def _reference(qwen_tts_reference: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def _reference(
+    qwen_tts_reference: dict, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+) -> dict:
     """Upstream's numbers and the built engine, made once: the export runs while the reference
     venv imports qwen_tts (some 5 s) and computes."""
     m = qwen_tts_reference
@@ -119,7 +124,7 @@ def _reference(qwen_tts_reference: dict, tmp_path_factory: pytest.TempPathFactor
     tmp = tmp_path_factory.mktemp("tts_speaker")
     proc = _start_upstream(m["python"], tmp, m["ref_wav"], str(ckpt))
     try:
-        session = _build_engine(ckpt, tmp)
+        session = _build_engine(ckpt, tmp, exports)
         _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from export_store import ExportStore
 from safetensors.torch import load_file, save_file
 
 from edgeomni.export import tiny_tts
@@ -110,10 +111,19 @@ def upstream(qwen_tts_reference: dict, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.fixture(scope="module")
-def engine(encoder, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from edgeomni.export.families.qwen3_tts.speech_encoder import ENGINE, export_speech_encoder
+def engine(
+    qwen_tts_reference: dict, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The raw export of the encoder (export_speech_encoder of load_speech_encoder, through
+    the family's export_component and the session's store: export_store.py)."""
+    from edgeomni.export.families.qwen3_tts.speech_encoder import ENGINE
+    from edgeomni.export.family import BuildArgs
 
-    return export_speech_encoder(encoder, tmp_path_factory.mktemp("speech_encoder") / ENGINE)
+    work = tmp_path_factory.mktemp("speech_encoder")
+    ckpt = _tokenizer_dir(qwen_tts_reference).parent
+    path = exports.component(ckpt, "speech_tokenizer_encoder", work, BuildArgs(1, 1, 1))
+    assert path == work / ENGINE
+    return path
 
 
 @pytest.fixture(scope="module")

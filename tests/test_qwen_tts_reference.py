@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from qwen_tts_reference.harness import run_reference
+from qwen_tts_reference.harness import Reference
 
 BASE_MODES = ("cv_plain", "cv_dialect", "base_xvec", "base_icl", "base_icl2", "vd", "cv_instruct")
 STOPPED = "cv_instruct_nonstream"  # make_reference.make_stopping: EOS wins near frame 5
@@ -169,15 +169,24 @@ def test_modes_differ(qwen_tts_reference: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def rerun(qwen_tts_python: Path, qwen_tts_reference: dict, tmp_path_factory) -> dict:
-    """A second process on the first run's checkpoints (same checkpoint, same requests)."""
-    out = tmp_path_factory.mktemp("qwen-tts-rerun")
+def reruns(qwen_tts_python: Path, qwen_tts_reference: dict, tmp_path_factory) -> dict:
+    """Two more processes, side by side: ``again`` on the first run's checkpoints (same
+    checkpoint, same requests), ``rebuilt`` making its checkpoints afresh from their seeds."""
     only = ["cv_plain_stream", "base_icl_stream", "vd_nonstream"]
     earlier = qwen_tts_reference["out_dir"]
-    return run_reference(qwen_tts_python, out, "--checkpoints", earlier, "--only", *only)
+    runs = [Reference(qwen_tts_python, tmp_path_factory.mktemp("qwen-tts-rerun"),
+                      "--checkpoints", earlier, "--only", *only)]  # fmt: skip
+    try:
+        runs.append(Reference(qwen_tts_python, tmp_path_factory.mktemp("qwen-tts-rebuilt"),
+                              "--only", "cv_plain_stream"))  # fmt: skip
+        return {"again": runs[0].manifest(), "rebuilt": runs[1].manifest()}
+    finally:
+        for run in runs:  # one that failed leaves the other running
+            run.stop()
 
 
-def test_deterministic_on_the_same_checkpoint(qwen_tts_reference: dict, rerun: dict) -> None:
+def test_deterministic_on_the_same_checkpoint(qwen_tts_reference: dict, reruns: dict) -> None:
+    rerun = reruns["again"]
     assert sorted(rerun["modes"]) == ["base_icl_stream", "cv_plain_stream", "vd_nonstream"]
     for mode in rerun["modes"]:
         first, again = load(qwen_tts_reference, mode), load(rerun, mode)
@@ -186,11 +195,9 @@ def test_deterministic_on_the_same_checkpoint(qwen_tts_reference: dict, rerun: d
             np.testing.assert_array_equal(again[key], first[key], err_msg=f"{mode}: {key}")
 
 
-def test_checkpoints_rebuild_bit_identical(
-    qwen_tts_python: Path, qwen_tts_reference: dict, tmp_path: Path
-) -> None:
+def test_checkpoints_rebuild_bit_identical(qwen_tts_reference: dict, reruns: dict) -> None:
     """Seeded: a fresh build gives the same weights, hence the same codes."""
-    again = run_reference(qwen_tts_python, tmp_path, "--only", "cv_plain_stream")
+    again = reruns["rebuilt"]
     for kind, ckpt in qwen_tts_reference["checkpoints"].items():
         assert again["checkpoints"][kind]["sha256"] == ckpt["sha256"], kind
     assert again["codec_sha256"] == qwen_tts_reference["codec_sha256"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from export_store import ExportStore
 
 from edgeomni.builder import cli
 from edgeomni.builder import tensorrt as trt_builder
@@ -257,11 +258,11 @@ def test_trt_engine_takes_the_first_profile_that_holds_a_call() -> None:
         pick({"inputs_embeds": (2, 3, 8)})
 
 
-def test_tts_clone_encoders_calls_fit_the_profiles(tmp_path: Path,
+def test_tts_clone_encoders_calls_fit_the_profiles(tmp_path: Path, exports: ExportStore,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """A Base checkpoint's voice clone: the speaker encoder's mel frames and the speech
-    tokenizer's samples for a reference clip fit their 'clip' phases, as do the speech stages."""
-    from edgeomni.builder.build import build
+    tokenizer's samples for a reference clip fit their 'clip' phases, as do the speech stages.
+    (Built by export_store.py's build: the exports on both cores.)"""
     from edgeomni.export.family import BuildArgs
     from edgeomni.export.tiny_tts import make_checkpoint
     from edgeomni.runtime.audio import write_wav
@@ -270,7 +271,7 @@ def test_tts_clone_encoders_calls_fit_the_profiles(tmp_path: Path,
 
     ckpt = make_checkpoint(tmp_path / "ckpt", "base", "tiny")
     args = BuildArgs(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
-    assert build(ckpt, tmp_path / "eng", args) is not None
+    assert exports.build(ckpt, tmp_path / "eng", args) is not None
     t = np.arange(24000 * 3) / 24000
     write_wav(tmp_path / "ref.wav", (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000)
     clone = {"messages": [{"role": "assistant", "content": "Say this in my voice."}],

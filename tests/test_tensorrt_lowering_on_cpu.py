@@ -14,15 +14,18 @@ from pathlib import Path
 
 import onnx
 import pytest
+from export_store import ExportStore
 
 PROMPTS = ["Hello! How are you today?", "Hi", "What is the capital of France?",
            "Tell me a story about a fox.", "Count to ten."]  # fmt: skip
 
 
-def tensorrt_lowered_build(ckpt: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An ONNX Runtime CPU build whose plugin ops are lowered as for TensorRT."""
+def tensorrt_lowered_build(
+    ckpt: Path, out: Path, monkeypatch: pytest.MonkeyPatch, exports: ExportStore
+) -> Path:
+    """An ONNX Runtime CPU build whose plugin ops are lowered as for TensorRT. The raw exports
+    are the session engine's (the lowering, the subject here, comes after them)."""
     import edgeomni.plugins as plugins
-    from edgeomni.builder.build import build
     from edgeomni.builder.tensorrt import lowering_options
     from edgeomni.export.family import BuildArgs
 
@@ -31,8 +34,8 @@ def tensorrt_lowered_build(ckpt: Path, out: Path, monkeypatch: pytest.MonkeyPatc
     with monkeypatch.context() as m:
         m.setattr(plugins, "lower_model", lambda model, backend, options=None:
                   lower(model, "tensorrt", native))  # fmt: skip
-        assert build(ckpt, out, BuildArgs(max_batch_size=3, max_input_len=64,
-                                          max_kv_cache_capacity=128))  # fmt: skip
+        assert exports.build(ckpt, out, BuildArgs(max_batch_size=3, max_input_len=64,
+                                                  max_kv_cache_capacity=128))  # fmt: skip
     return out
 
 
@@ -45,9 +48,10 @@ def run(engine: Path, body: dict, batch: int) -> list:
 
 
 def test_qwen3_tokens_equal_the_onnxruntime_build(
-    qwen3_ckpt: Path, qwen3_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    qwen3_ckpt: Path, qwen3_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    exports: ExportStore,
 ) -> None:
-    eng = tensorrt_lowered_build(qwen3_ckpt, tmp_path / "eng", monkeypatch)
+    eng = tensorrt_lowered_build(qwen3_ckpt, tmp_path / "eng", monkeypatch, exports)
     model = onnx.load(str(eng / "llm.onnx"), load_external_data=False)
     ops = [n.op_type for n in model.graph.node]
     layers = sum(op == "Attention" for op in ops)
@@ -68,14 +72,15 @@ def test_qwen3_tokens_equal_the_onnxruntime_build(
 
 
 def test_omni_text_to_speech_equals_the_onnxruntime_build(
-    omni_ckpt: Path, omni_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    omni_ckpt: Path, omni_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    exports: ExportStore,
 ) -> None:
     """Every component of the tiny Qwen3-Omni lowered for TensorRT (the thinker's and talker's
     MoE as dense plain ops, code2wav's windowed attention, the encoders' bidirectional one):
     the thinker's tokens, the codec frames and the audio equal the ONNX Runtime build's."""
     import numpy as np
 
-    eng = tensorrt_lowered_build(omni_ckpt, tmp_path / "eng", monkeypatch)
+    eng = tensorrt_lowered_build(omni_ckpt, tmp_path / "eng", monkeypatch, exports)
     for sub, name in ((".", "llm.onnx"), ("talker", "llm.onnx"), ("code2wav", "code2wav.onnx"),
                       ("audio", None), ("visual", None)):  # fmt: skip
         files = [eng / sub / name] if name else sorted((eng / sub).glob("*.onnx"))
