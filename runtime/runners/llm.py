@@ -63,13 +63,7 @@ class LLMBackbone(StageRunner):
     per_position = ("hidden_states",)  # the prompt's accept-layer states, for its talker
     prefill_fetch: tuple[str, ...] = ()
 
-    def __init__(
-        self,
-        stage: Any,
-        folder: Path,
-        *,
-        engines: Engines = DEFAULT_ENGINES,
-    ) -> None:
+    def __init__(self, stage: Any, folder: Path, *, engines: Engines = DEFAULT_ENGINES) -> None:
         """``engines``: how its engines open (its ``spin`` False when other stages' engines run
         between this one's steps)."""
         checked = self.open_stage(stage, folder, engines)

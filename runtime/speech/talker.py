@@ -69,13 +69,7 @@ class SpeechTalker(StageRunner):
     per_position: tuple[str, ...] = ()
     prefill_fetch = ("last_hidden",)  # the first frame's input, read with the top-K
 
-    def __init__(
-        self,
-        stage: Any,
-        folder: Path,
-        *,
-        engines: Engines = DEFAULT_ENGINES,
-    ) -> None:
+    def __init__(self, stage: Any, folder: Path, *, engines: Engines = DEFAULT_ENGINES) -> None:
         """``engines``' ``spin`` is not taken: the talker's engine and its code predictor's take
         turns every frame, so neither spins waiting for its next call."""
         self.open_stage(stage, folder, engines, spin=False)

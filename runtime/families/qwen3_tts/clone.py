@@ -37,13 +37,7 @@ class _Encoder(StageRunner):
     artifact: Artifact
     port: str
 
-    def __init__(
-        self,
-        stage: Any,
-        folder: Path,
-        *,
-        engines: Engines = DEFAULT_ENGINES,
-    ) -> None:
+    def __init__(self, stage: Any, folder: Path, *, engines: Engines = DEFAULT_ENGINES) -> None:
         """One call per request: nothing of its engine is captured."""
         self.open_stage(stage, folder, engines, replay=False)
         self.sample_rate = int(self.config["sample_rate"])
