@@ -126,8 +126,14 @@ class TtsTalker(SpeechTalker):
         self.speakers: dict[str, int] = cfg["speakers"]
         self.languages: dict[str, int] = cfg["languages"]
         self.dialects: dict[str, str] = cfg["dialects"]
-        self.generation: dict[str, Any] = cfg["generation"]
-        self.min_new_tokens = int(cfg["min_new_tokens"])
+        # the checkpoint's generation_config.json: the talker's settings and the code
+        # predictor's (its subtalker_* keys), split once
+        gen: dict[str, Any] = cfg["generation"]
+        talker = {k: v for k, v in gen.items() if not k.startswith(CP)}
+        self._defaults = (
+            {**talker, "min_new_tokens": int(cfg["min_new_tokens"])},
+            {k.removeprefix(CP): v for k, v in gen.items() if k.startswith(CP)},
+        )
         self.max_input_len = int(cfg["builder_config"]["max_input_len"])
         # a Base graph's clone inputs (None: not in this graph)
         self.xvector_source = _optional_source(self.stage, "xvector")
@@ -150,12 +156,7 @@ class TtsTalker(SpeechTalker):
         return checked
 
     def sampling_defaults(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The checkpoint's generation_config.json: the talker's settings and the code
-        predictor's (its subtalker_* keys)."""
-        gen = self.generation
-        cp = {k.removeprefix(CP): v for k, v in gen.items() if k.startswith(CP)}
-        talker = {k: v for k, v in gen.items() if not k.startswith(CP)}
-        return {**talker, "min_new_tokens": self.min_new_tokens}, cp
+        return self._defaults
 
     def voice_of(self, state: RequestState) -> Any:
         spoken = state.prepared[self.stage.id]
