@@ -181,6 +181,7 @@ def _build_in(
         out_dir.mkdir(parents=True, exist_ok=True)
         with step(f"export {comp.name} to ONNX"):
             raw = hooks.export_component(ckpt, comp, ws.work / comp.name, args)
+        raw, quantized = quantize_component(raw, comp, args)
         with step(f"build {comp.name} engine ({args.backend}, {args.device})"):
             seeds = [ws.engine_dir / comp.subdir, *done]
             built = backend(raw, out_dir / comp.engine, args, dim_ranges(hooks, ckpt, comp, args),
@@ -188,8 +189,25 @@ def _build_in(
         done.append(out_dir)
         with step(f"write {comp.name} artifacts"):
             hooks.write_artifacts(ckpt, comp, out_dir, args)
-            record_build(out_dir, built)
+            record_build(out_dir, {**(built or {}), **quantized})
     return write_graph(hooks, ckpt, ws.staging, selected, args)
+
+
+def quantize_component(raw: Path, comp: Component, args: BuildArgs) -> tuple[Path, dict[str, Any]]:
+    """The exported graph with its weights quantized as --quantization asks (builder/quantize.py),
+    and the config.json field that says so; the graph as it is for a float build or a component
+    the pass leaves float."""
+    if not args.quantization:
+        return raw, {}
+    from edgeomni.builder import quantize
+
+    spec = quantize.Quantization(args.quantization, args.group_size, args.quantize_lm_head)
+    with step(f"quantize {comp.name} ({spec.method}, group {spec.group_size})"):
+        report = quantize.quantize_file(raw, raw.with_name(raw.stem + ".q4.onnx"), spec)
+    if report is None:
+        log.info("%s stays float: --quantization applies to decoders", comp.name)
+        return raw, {"quantization": None}
+    return raw.with_name(raw.stem + ".q4.onnx"), {"quantization": report}
 
 
 class NoGraph(BuildError):

@@ -95,6 +95,29 @@ def parser() -> argparse.ArgumentParser:
         "to the host instead of the vocabulary (default 64 with --device cuda, 0 = off on cpu)",
     )
     p.add_argument(
+        "--quantization",
+        choices=("int4_rtn",),
+        default=None,
+        help="weight-only quantization of the decoders' linear layers (the LLM or thinker, "
+        "talkers, code predictors): int4_rtn rounds each group of weights to 4 bits around 0, "
+        "one scale per group (symmetric; no calibration). Default: float weights (--dtype). "
+        "Encoders, the vocoder, norms and embeddings stay float; so does the lm_head unless "
+        "--quantize-lm-head",
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        choices=(32, 64, 128),
+        default=None,
+        help="weights per int4 scale along the input axis (default 32: ONNX Runtime's CPU fast "
+        "path and the best quality; 128 is TensorRT Edge-LLM's and 3%% smaller)",
+    )
+    p.add_argument(
+        "--quantize-lm-head",
+        action="store_true",
+        help="quantize the lm_head too (a large share of a small model's weights; default float)",
+    )
+    p.add_argument(
         "--components",
         default=None,
         help="comma-separated components to build, or 'all' (default)",
@@ -127,6 +150,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"edge-build: error: --logits-topk must be >= 0, got {args.logits_topk}",
               file=sys.stderr)  # fmt: skip
         return EXIT_BAD_INPUT
+    if not args.quantization and (args.group_size or args.quantize_lm_head):
+        print("edge-build: error: --group-size and --quantize-lm-head need --quantization",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_INPUT
     if args.graph_only:
         _warn_ignored(args)
         graph = graph_only(args.model_dir, args.engine_dir, raise_no_graph=True)
@@ -140,6 +167,9 @@ def _run(args: argparse.Namespace) -> int:
             or ("cuda" if (args.backend or "").startswith("tensorrt") else "cpu"),
             dtype=args.dtype or "float32",
             logits_topk=args.logits_topk,
+            quantization=args.quantization,
+            group_size=_or(args.group_size, 32),
+            quantize_lm_head=args.quantize_lm_head,
         )
         graph = build(
             args.model_dir,
@@ -206,6 +236,7 @@ def _warn_ignored(args: argparse.Namespace) -> None:
         "--device": args.device,
         "--dtype": args.dtype,
         "--logits-topk": args.logits_topk,
+        "--quantization": args.quantization,
         "--components": args.components,
     }
     given = [flag for flag, value in build_only.items() if value is not None]

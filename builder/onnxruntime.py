@@ -10,6 +10,10 @@ from edgeomni.builder.ort_fusions import fuse_attention_prologue, fuse_residual_
 from edgeomni.export.family import BuildArgs
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider"]}
+# MatMulNBits' compute type per provider: on the CPU, 4 quantizes each block of activations to
+# int8 and runs int8 dot products (4.3x fp32 at Qwen3-0.6B's sizes; docs/quantization.md has
+# its perplexity cost); the CUDA kernels dequantize to the activations' type whatever it says
+NBITS_ACCURACY_LEVEL = {"cpu": 4, "cuda": 0}
 
 
 def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]:
@@ -29,8 +33,8 @@ def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]:
         raise BuildError(f"device {args.device!r} is not supported by this build of edge-build")
     if args.device == "cuda":
         return _save_for_cuda(raw, out_path, args)
-    options = onnxruntime_options()
     model = onnx.load(str(raw), load_external_data=False)
+    options = {**onnxruntime_options(), **nbits_options(model, args.device)}
     lower_model(model, "onnxruntime", options)
     lowered = raw.with_name(raw.stem + ".lowered.onnx")
     onnx.save(model, str(lowered))  # external tensors keep pointing at raw's data file
@@ -53,6 +57,15 @@ def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]:
     if not out_path.is_file():
         raise BuildError(f"ONNX Runtime wrote no optimised model to {out_path}")
     return options
+
+
+def nbits_options(model: Any, device: str) -> dict[str, Any]:
+    """The accuracy level of a quantized model's MatMulNBits (nothing for a float model)."""
+    from edgeomni.plugins import quant_linear
+
+    if not any(n.op_type == quant_linear.OP_TYPE for n in model.graph.node):
+        return {}
+    return {"nbits_accuracy_level": NBITS_ACCURACY_LEVEL[device]}
 
 
 def cuda_lowering(model: Any) -> dict[str, Any]:
@@ -85,7 +98,7 @@ def _save_for_cuda(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]
     from edgeomni.plugins import lower_model
 
     model = onnx.load(str(raw))  # external weights in, so they can be written beside the engine
-    options = cuda_lowering(model)
+    options = {**cuda_lowering(model), **nbits_options(model, "cuda")}
     lower_model(model, "onnxruntime", options)
     options["fused_residual_norms"] = fuse_residual_rms_norm(model)
     if options.get("qk_norm_attention"):  # 1-D RoPE decoders (LLMs, Qwen3-Omni's code predictor)

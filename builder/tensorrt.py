@@ -128,14 +128,16 @@ def lowering_options(attention: str) -> dict[str, str]:
     return {"attention": attention, "rotary": "native" if attention == "native" else "plain"}
 
 
-def prepare(model: Any, ranges: DimRanges, attention: str) -> tuple[Profiles, dict[str, Any]]:
+def prepare(
+    model: Any, ranges: DimRanges, attention: str, base_dir: Path | None = None
+) -> tuple[Profiles, dict[str, Any]]:
     """A raw component model (edgeomni ops) as TensorRT's parser gets it, edited in place: plugin
     ops lowered, fixed dims static, the graph edits of builder/tensorrt_graph.py. Returns its
     optimisation profiles and the lowering record for config.json (without the version floor)."""
     from edgeomni.plugins import lower_model
 
     options = lowering_options(attention)
-    lower_model(model, "tensorrt", options)
+    lower_model(model, "tensorrt", options, base_dir=base_dir)
     profiles = input_profiles(model, ranges)
     fix_static_dims(model, ranges)
     return profiles, {
@@ -163,7 +165,7 @@ def build_engine(
     trt, flavour = load(args.backend)
     attention = flavour.attention(trt.__version__)
     model = onnx.load(str(raw), load_external_data=False)
-    profiles, lowering = prepare(model, ranges, attention)
+    profiles, lowering = prepare(model, ranges, attention, raw.parent)
     lowered = raw.with_name(raw.stem + ".tensorrt.onnx")
     onnx.save(model, str(lowered))  # external tensors keep pointing at raw's data file
 

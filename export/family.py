@@ -40,6 +40,11 @@ class BuildArgs:
     # engine (export/common/sampler.py). None: on cuda, where it spares a host round trip per
     # call; off on cpu, where the sampler's ~45 small ops cost more than drawing on the host
     engine_sampling: bool | None = None
+    # weight-only quantization of the decoders' linear layers (builder/quantize.py): None for
+    # float weights, else "int4_rtn"; the group size (K entries per scale); the lm_head too
+    quantization: str | None = None
+    group_size: int = 32
+    quantize_lm_head: bool = False
 
     def __post_init__(self) -> None:
         if self.logits_topk is None:

@@ -9,12 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.plugins import attention, moe, rotary
+from edgeomni.plugins import attention, moe, quant_linear, rotary
 
 # op_type -> {backend -> lowering(node, ctx) -> replacement nodes}
 PLUGINS: dict[str, dict[str, Callable[[Any, LoweringContext], list[Any]]]] = {
     attention.OP_TYPE: attention.LOWERINGS,
     moe.OP_TYPE: moe.LOWERINGS,
+    quant_linear.OP_TYPE: quant_linear.LOWERINGS,
     rotary.OP_TYPE: rotary.LOWERINGS,
 }
 BACKENDS = ("onnxruntime", "tensorrt")
@@ -36,6 +37,9 @@ class LoweringContext:
     initializers: list[Any] = field(default_factory=list)
     inputs: list[tuple[str, str, list[Any]]] = field(default_factory=list)
     opsets: dict[str, int] = field(default_factory=dict)
+    # the model's initializers by name, and the folder their external data is relative to
+    tensors: dict[str, Any] = field(default_factory=dict)
+    base_dir: str | None = None
     _counter: itertools.count = field(default_factory=itertools.count)
 
     def fresh(self, stem: str) -> str:
@@ -53,6 +57,14 @@ class LoweringContext:
     def require_opset(self, domain: str, version: int) -> None:
         """The lowered graph needs at least this version of ``domain`` (imported, or raised)."""
         self.opsets[domain] = max(version, self.opsets.get(domain, 0))
+
+    def tensor(self, name: str) -> np.ndarray:
+        """An initializer's value (read from its external data file when it has one)."""
+        from onnx import numpy_helper
+
+        if name not in self.tensors:
+            raise ValueError(f"{name!r} is not an initializer: a lowering needs its value")
+        return numpy_helper.to_array(self.tensors[name], self.base_dir or "")
 
     def emit(self, node: Any) -> None:
         self.prelude.append(node)
@@ -86,10 +98,14 @@ def onnxruntime_options(version: str | None = None) -> dict[str, Any]:
     }
 
 
-def lower_model(model: Any, backend: str, options: dict[str, Any] | None = None) -> Any:
+def lower_model(
+    model: Any, backend: str, options: dict[str, Any] | None = None, base_dir: Any = None
+) -> Any:
     """Lower every edgeomni op in ``model`` (an onnx.ModelProto, changed in place and returned).
 
-    ``options`` say what the target backend version supports (onnxruntime_options())."""
+    ``options`` say what the target backend version supports (onnxruntime_options());
+    ``base_dir`` is where the model's external data lies, for a lowering that re-lays weights.
+    Initializers no node reads any more (weights a lowering re-laid) are dropped."""
     from onnx import TensorProto, helper
 
     if backend not in BACKENDS:
@@ -102,7 +118,13 @@ def lower_model(model: Any, backend: str, options: dict[str, Any] | None = None)
     if options is None:
         options = onnxruntime_options() if backend == "onnxruntime" else {}
     inputs = frozenset(i.name for i in graph.input)
-    ctx = LoweringContext(taken=taken, options=dict(options), graph_inputs=inputs)
+    ctx = LoweringContext(
+        taken=taken,
+        options=dict(options),
+        graph_inputs=inputs,
+        tensors={t.name: t for t in graph.initializer},
+        base_dir=None if base_dir is None else str(base_dir),
+    )
     lowered = []
     replaced = 0
     for node in graph.node:
@@ -123,6 +145,8 @@ def lower_model(model: Any, backend: str, options: dict[str, Any] | None = None)
     del graph.node[:]
     graph.node.extend(lowered)
     graph.initializer.extend(ctx.initializers)
+    if replaced:
+        _drop_unread(graph)
     types = {"int32": TensorProto.INT32, "int64": TensorProto.INT64}
     for name, elem_type, shape in ctx.inputs:
         graph.input.append(helper.make_tensor_value_info(name, types[elem_type], shape))
@@ -141,3 +165,21 @@ def lower_model(model: Any, backend: str, options: dict[str, Any] | None = None)
     model.metadata_props.add(key="edgeomni.lowered_for", value=backend)
     model.metadata_props.add(key="edgeomni.plugin_nodes", value=str(replaced))
     return model
+
+
+def _drop_unread(graph: Any) -> None:
+    """Remove initializers that no node, subgraph or graph output reads."""
+    read = {o.name for o in graph.output} | {i.name for i in graph.input}
+
+    def walk(g: Any) -> None:
+        for node in g.node:
+            read.update(node.input)
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    walk(sub)
+
+    walk(graph)
+    keep = [t for t in graph.initializer if t.name in read]
+    if len(keep) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(keep)

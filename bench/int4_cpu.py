@@ -1,0 +1,143 @@
+"""int4 weights on this CPU: edgeomni's int4 engines against its fp32 engine and transformers.
+
+Builds a random-weight checkpoint at Qwen3-0.6B dimensions (no download; random weights measure
+speed, not quality: tests/test_trained_quality.py measures quality), then builds it three ways
+with edge-build (ONNX Runtime, CPU): fp32, ``--quantization int4_rtn`` and the same with
+``--quantize-lm-head``. It times greedy decode of one prompt at batch 1 through edge-infer's
+pipeline for each, and transformers' fp32 eager ``generate`` on the same checkpoint, and compares
+each engine's step with its bandwidth bound: the bytes it reads a step (its weights as stored in
+the engine, plus the KV cache at mid-generation) / the best measured read bandwidth.
+
+    python bench/int4_cpu.py [--work DIR] [--new-tokens 64] [--repeats 3] [--group-size 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llm_decode_cpu import (  # noqa: E402 - the fp32 bench's pieces, one definition each
+    QWEN3_06B,
+    make_checkpoint,
+    read_bandwidth_gbs,
+    time_edgeomni,
+    time_transformers,
+)
+
+
+def build(ckpt: Path, engine: Path, capacity: int, **quant: object) -> float:
+    from edgeomni.builder.build import build as edge_build
+    from edgeomni.export.family import BuildArgs
+
+    if (engine / "multistage_config.json").is_file():
+        return 0.0
+    start = time.perf_counter()
+    edge_build(ckpt, engine, BuildArgs(1, 256, capacity, **quant))  # type: ignore[arg-type]
+    return time.perf_counter() - start
+
+
+def engine_bytes(engine: Path) -> int:
+    """What the engine holds: the model file and its external data (weights, almost all)."""
+    return sum(p.stat().st_size for p in engine.glob("llm.onnx*"))
+
+
+def kv_bytes(layers: int, context: int) -> int:
+    c = QWEN3_06B
+    return 4 * 2 * layers * c["num_key_value_heads"] * c["head_dim"] * context
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-bench")
+    p.add_argument("--layers", type=int, default=28)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--group-size", type=int, default=32, choices=(32, 64, 128))
+    p.add_argument("--bandwidth-probes", type=int, default=5, help="before and after the runs")
+    p.add_argument("--no-transformers", action="store_true", help="skip the transformers run")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    args = p.parse_args()
+
+    ckpt = args.work / f"qwen3-0.6b-L{args.layers}"
+    make_checkpoint(ckpt, args.layers)
+    g = args.group_size
+    engines = {
+        "fp32": (args.work / f"engine-L{args.layers}", {}),
+        f"int4 g{g}": (
+            args.work / f"engine-L{args.layers}-int4-g{g}",
+            {"quantization": "int4_rtn", "group_size": g},
+        ),
+        f"int4 g{g} + lm_head": (
+            args.work / f"engine-L{args.layers}-int4-g{g}-head",
+            {"quantization": "int4_rtn", "group_size": g, "quantize_lm_head": True},
+        ),
+    }
+    build_s = {name: build(ckpt, path, 512, **q) for name, (path, q) in engines.items()}
+    probes = [read_bandwidth_gbs() for _ in range(args.bandwidth_probes)]
+    runs = {name: time_edgeomni(path, args.new_tokens, args.repeats)
+            for name, (path, _) in engines.items()}  # fmt: skip
+    eager = (
+        None
+        if args.no_transformers
+        else time_transformers(ckpt, engines["fp32"][0], "eager", args.new_tokens, args.repeats)
+    )
+    probes += [read_bandwidth_gbs() for _ in range(args.bandwidth_probes)]
+    best_bw = max(max(x.values()) for x in probes)
+    fp32 = runs["fp32"]
+    context = fp32["prompt_tokens"] + args.new_tokens // 2
+    rows = {}
+    for name, (path, _) in engines.items():
+        r = runs[name]
+        read = engine_bytes(path) + kv_bytes(args.layers, context)
+        bound_ms = read / (best_bw * 1e9) * 1e3
+        rows[name] = {
+            "engine_gb": round(engine_bytes(path) / 1e9, 3),
+            "step_ms": round(r["step_ms"], 2),
+            "step_ms_median": round(r["step_ms_median"], 2),
+            "tok_s": round(1e3 / r["step_ms"], 2),
+            "speedup_vs_fp32": round(fp32["step_ms"] / r["step_ms"], 2),
+            "speedup_vs_transformers_eager": (
+                round(eager["step_ms"] / r["step_ms"], 2) if eager else None
+            ),
+            "bytes_per_step_gb": round(read / 1e9, 3),
+            "bound_step_ms": round(bound_ms, 2),
+            "fraction_of_bandwidth_bound": round(bound_ms / r["step_ms"], 3),
+            "greedy_agreement_with_fp32": sum(
+                a == b for a, b in zip(r["tokens"], fp32["tokens"], strict=True)
+            ) / len(fp32["tokens"]),
+            "build_s": round(build_s[name], 1),
+        }
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "layers": args.layers,
+        "prompt_tokens": fp32["prompt_tokens"],
+        "new_tokens": args.new_tokens,
+        "best_read_bandwidth_gbs": round(best_bw, 2),
+        "transformers_eager_step_ms": round(eager["step_ms"], 2) if eager else None,
+        "transformers_tokens_equal_fp32": eager["tokens"] == fp32["tokens"] if eager else None,
+        "engines": rows,
+    }
+    print(json.dumps(result, indent=2))
+    print("\n| engine | GB | step ms | tok/s | vs fp32 | vs transformers eager | % of bound |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['engine_gb']} | {r['step_ms']} | {r['tok_s']} | "
+              f"{r['speedup_vs_fp32']}x | {r['speedup_vs_transformers_eager']}x | "
+              f"{100 * r['fraction_of_bandwidth_bound']:.0f}% |")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Weight-only int4: the builder's pass from an exported float graph to one with QuantMatMul.
+
+It runs between a family's export and the backend's lowering, on the ONNX graph, so a family
+declares nothing for it and every backend gets its own lowering of the same quantized graph
+(plugins/quant_linear.py). What it quantizes:
+
+- every MatMul whose weight is a 2-D float initializer [K, N] with K a multiple of the group
+  size, in a decoder (an engine with a KV cache: the LLM or thinker, talkers, code predictors);
+- not the lm_head (the MatMul that makes ``logits``) unless asked: see docs/quantization.md for
+  what it costs and saves;
+- nothing else: norms, embeddings (host tables), convolutions and other components stay float,
+  and so, for now, do mixture-of-experts blocks (a warning says so; ONNX Runtime's QMoE is the
+  planned lowering).
+
+Methods: ``int4_rtn`` rounds each group of K to the nearest of 15 levels around 0 (symmetric,
+scale = the group's largest magnitude / 7). ``int4_awq`` is not written yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeomni.builder.errors import BuildError
+
+log = logging.getLogger("edge-build")
+METHODS = ("int4_rtn",)
+GROUP_SIZES = (32, 64, 128)
+KV_CACHE_INPUT = "past_key_0"  # the runtime's name for a decoder's first cache input
+LOGITS = "logits"
+# A quantized graph is saved with its weights inline below this size (protobuf stops at 2 GB).
+INLINE_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """What --quantization asked for."""
+
+    method: str
+    group_size: int
+    lm_head: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise BuildError(f"--quantization {self.method!r}: choose {', '.join(METHODS)}")
+        if self.group_size not in GROUP_SIZES:
+            raise BuildError(
+                f"--group-size {self.group_size}: choose {', '.join(map(str, GROUP_SIZES))}"
+            )
+
+
+def is_decoder(model: Any) -> bool:
+    """A component with a KV cache (the runtime binds ``past_key_0`` and up)."""
+    return any(i.name == KV_CACHE_INPUT for i in model.graph.input)
+
+
+def lm_head_weight(model: Any) -> str | None:
+    """The weight of the MatMul that makes ``logits``: walk back from the output through
+    single-input-path ops (a Reshape, a Cast) to the first MatMul."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    name = LOGITS
+    for _ in range(16):
+        node = producer.get(name)
+        if node is None:
+            return None
+        if node.op_type == "MatMul":
+            return node.input[1]
+        name = node.input[0]
+    return None
+
+
+def quantize_file(raw: Path, out: Path, q: Quantization) -> dict[str, Any] | None:
+    """Quantize the exported graph at ``raw`` into ``out``; returns what was done, for the
+    engine's config.json, or None for a component the pass leaves float (``out`` unwritten)."""
+    import onnx
+
+    model = onnx.load(str(raw), load_external_data=False)
+    if not is_decoder(model):
+        return None
+    report = quantize_model(model, q, base_dir=raw.parent)
+    inline = sum(t.ByteSize() for t in model.graph.initializer) < INLINE_BYTES
+    if inline:
+        _load_remaining(model, raw.parent)
+    onnx.save_model(
+        model,
+        str(out),
+        save_as_external_data=not inline,
+        all_tensors_to_one_file=True,
+        location=out.name + ".data",
+        size_threshold=1024,
+    )
+    return report
+
+
+def _load_remaining(model: Any, base_dir: Path) -> None:
+    """Bring the float tensors still external (norms, biases) inline, so the saved graph is one
+    file that no longer points at the raw export's data."""
+    from onnx.external_data_helper import load_external_data_for_model
+
+    load_external_data_for_model(model, str(base_dir))
+
+
+def quantize_model(model: Any, q: Quantization, base_dir: Path | str = "") -> dict[str, Any]:
+    """Replace the model's eligible MatMuls with QuantMatMul (in place); returns the summary."""
+    from onnx import TensorProto, numpy_helper
+
+    from edgeomni.plugins import quant_linear
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    head = lm_head_weight(model)
+    floats = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
+    done: dict[str, tuple[str, str]] = {}  # weight -> (packed, scales) names
+    skipped: dict[str, str] = {}
+    float_bytes = quant_bytes = 0
+    nodes = []
+    for node in graph.node:
+        w = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
+        t = inits.get(w) if w else None
+        if t is None or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        why = _why_not(t, q, w == head, floats)
+        if why:
+            skipped[w] = why
+            nodes.append(node)
+            continue
+        k, n = (int(d) for d in t.dims)
+        if w not in done:
+            value = numpy_helper.to_array(t, str(base_dir))
+            packed, scales = quant_linear.quantize_symmetric(value, q.group_size, value.dtype)
+            names = (w + "_q4", w + "_q4_scales")
+            graph.initializer.extend(
+                [numpy_helper.from_array(packed, names[0]),
+                 numpy_helper.from_array(scales, names[1])]  # fmt: skip
+            )
+            done[w] = names
+            float_bytes += value.nbytes
+            quant_bytes += packed.nbytes + scales.nbytes
+        nodes.append(
+            quant_linear.make_node(
+                node.input[0], *done[w], None, node.output[0],
+                k=k, n=n, block_size=q.group_size, name=node.name or None,
+            )  # fmt: skip
+        )
+    del graph.node[:]
+    graph.node.extend(nodes)
+    _drop(graph, set(done))
+    if not any(o.domain == quant_linear.DOMAIN for o in model.opset_import):
+        model.opset_import.add(domain=quant_linear.DOMAIN, version=quant_linear.VERSION)
+    if skipped:
+        log.info("left float: %s", "; ".join(f"{k} ({v})" for k, v in skipped.items()))
+    moe = [n for n in graph.node if n.op_type == "MoE" and n.domain == quant_linear.DOMAIN]
+    if moe:
+        log.warning("%d mixture-of-experts blocks keep float experts: their int4 (QMoE) is not "
+                    "written yet", len(moe))  # fmt: skip
+    return {
+        "method": q.method,
+        "bits": 4,
+        "group_size": q.group_size,
+        "symmetric": True,
+        "lm_head": q.lm_head and head in done,
+        "weights": len(done),
+        "float_weights": sorted(skipped),
+        "float_moe_blocks": len(moe),
+        "weight_bytes": {"float": float_bytes, "int4": quant_bytes},
+    }
+
+
+def _why_not(t: Any, q: Quantization, is_head: bool, floats: dict[int, Any]) -> str | None:
+    """Why a MatMul weight stays float, or None when it is quantized."""
+    if is_head and not q.lm_head:
+        return "lm_head"
+    if t.data_type not in floats or len(t.dims) != 2:
+        return "not a 2-D float weight"
+    if t.dims[0] % q.group_size:
+        return f"K={t.dims[0]} is not a multiple of the group size {q.group_size}"
+    return None
+
+
+def _drop(graph: Any, names: set[str]) -> None:
+    """Remove the float weights that were quantized, unless something else still reads one."""
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    keep = [t for t in graph.initializer if t.name not in names or t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)

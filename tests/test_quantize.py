@@ -1,0 +1,211 @@
+"""edge-build --quantization: the pass over the exported graph, and what the engines it builds
+compute (the same tokens as float engines of the dequantized weights)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgeomni.builder import cli as build_cli
+from edgeomni.builder import onnxruntime as ort_backend
+from edgeomni.builder.quantize import Quantization, quantize_file, quantize_model
+from edgeomni.export.family import BuildArgs
+from edgeomni.plugins import quant_linear
+from edgeomni.runtime import cli
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROMPTS = ["Hello! How are you today?", "Hi", "The quick brown fox jumps over the lazy dog."]
+
+
+def dequantized_checkpoint(src: Path, dst: Path, group: int, lm_head: bool) -> Path:
+    """A copy of ``src`` whose decoder linear weights are replaced by their int4 RTN values; a
+    tied lm_head is untied first, so only the head (not the embedding table) is dequantized."""
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    for f in dst.glob("*.safetensors"):
+        tensors = load_file(f)
+        if lm_head and config.get("tie_word_embeddings") and "lm_head.weight" not in tensors:
+            tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+            config["tie_word_embeddings"] = False
+        for name, w in tensors.items():
+            layer = name.split(".")[-2] if name.endswith(".weight") else ""
+            if layer in LINEARS or (lm_head and name == "lm_head.weight"):
+                packed, scales = quant_linear.quantize_symmetric(w.T, group, w.dtype)
+                k = w.shape[1]
+                deq = quant_linear.dequantize(packed, scales, None, k=k, block_size=group)
+                tensors[name] = np.ascontiguousarray(deq.T)
+        save_file(tensors, f, metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def greedy(engine: Path, tmp_path: Path) -> list[list[int]]:
+    body = {
+        "temperature": 0,
+        "max_generate_length": 20,
+        "requests": [{"messages": [{"role": "user", "content": p}]} for p in PROMPTS],
+    }
+    req, pred = tmp_path / "req.json", tmp_path / "pred.json"
+    req.write_text(json.dumps(body))
+    code = cli.main(["--config", str(engine), "--input-file", str(req), "--output-file", str(pred)])
+    assert code == cli.EXIT_OK
+    return [r["stages"]["llm"]["output_tokens"] for r in json.loads(pred.read_text())["responses"]]
+
+
+ARGS = {"max_batch_size": 3, "max_input_len": 64, "max_kv_cache_capacity": 128}
+
+
+@pytest.mark.parametrize(("group", "lm_head"), [(32, False), (64, True)])
+def test_int4_engine_gives_the_dequantized_weights_tokens(
+    qwen3_ckpt: Path, exports, tmp_path: Path, monkeypatch, group: int, lm_head: bool
+) -> None:
+    """The int4 engine (MatMulNBits computing in float: accuracy level 0) and a float engine of
+    the same weights dequantized in numpy generate the same greedy tokens."""
+    monkeypatch.setitem(ort_backend.NBITS_ACCURACY_LEVEL, "cpu", 0)
+    q_args = BuildArgs(**ARGS, quantization="int4_rtn", group_size=group, quantize_lm_head=lm_head)
+    q_engine = tmp_path / "int4"
+    assert exports.build(qwen3_ckpt, q_engine, q_args) is not None
+    deq_ckpt = dequantized_checkpoint(qwen3_ckpt, tmp_path / "deq", group, lm_head)
+    f_engine = tmp_path / "float"
+    assert exports.build(deq_ckpt, f_engine, BuildArgs(**ARGS)) is not None
+
+    cfg = json.loads((q_engine / "config.json").read_text())
+    q = cfg["quantization"]
+    layers = json.loads((qwen3_ckpt / "config.json").read_text())["num_hidden_layers"]
+    # qkv and gate/up are one packed MatMul each: 4 per layer, and the lm_head when asked
+    assert q["weights"] == 4 * layers + lm_head
+    assert (q["method"], q["group_size"], q["lm_head"]) == ("int4_rtn", group, lm_head)
+    assert q["float_weights"] == ([] if lm_head else ["lm_head_t"])
+    assert cfg["lowering"]["nbits_accuracy_level"] == 0
+    model = onnx.load(str(q_engine / "llm.onnx"))
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("MatMulNBits") == q["weights"]
+    assert ops.count("MatMul") == (0 if lm_head else 1)
+    assert (q_engine / "llm.onnx").stat().st_size < 0.6 * (f_engine / "llm.onnx").stat().st_size
+
+    tokens = greedy(q_engine, tmp_path)
+    assert tokens == greedy(f_engine, tmp_path)
+    assert all(len(t) > 0 for t in tokens)
+
+
+def test_default_cpu_build_is_int8_compute(qwen3_ckpt: Path, exports, tmp_path: Path) -> None:
+    """Without the patch the CPU engine computes at accuracy level 4 (int8 activations) and
+    runs end to end; the level is recorded for the runtime and the reader."""
+    engine = tmp_path / "int4"
+    assert exports.build(qwen3_ckpt, engine, BuildArgs(**ARGS, quantization="int4_rtn")) is not None
+    assert json.loads((engine / "config.json").read_text())["lowering"]["nbits_accuracy_level"] == 4
+    tokens = greedy(engine, tmp_path)
+    assert [len(t) for t in tokens] and all(tokens)
+
+
+def _toy(k: int, n: int, *, kv_cache: bool = True) -> onnx.ModelProto:
+    """x [1, K] -> MatMul(W [K, N]) -> logits, with a KV cache input when it is a decoder."""
+    w = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])]
+    if kv_cache:
+        inputs.append(helper.make_tensor_value_info("past_key_0", TensorProto.FLOAT, [1]))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"]),
+         helper.make_node("MatMul", ["y", "w2"], ["logits"])],  # fmt: skip
+        "toy",
+        inputs,
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, n])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w[:n, :n].copy(), "w2")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def test_pass_leaves_what_it_cannot_quantize_float(caplog) -> None:
+    """K not a multiple of the group stays float, named in the report and the log; the lm_head
+    (the MatMul making logits) stays float by default."""
+    caplog.set_level("INFO", logger="edge-build")
+    model = _toy(96, 64)  # K=96: groups of 64 do not divide it; the lm_head's K=64 does
+    report = quantize_model(model, Quantization("int4_rtn", 64))
+    assert report["weights"] == 0
+    assert report["float_weights"] == ["w", "w2"]
+    assert "w (K=96 is not a multiple of the group size 64)" in caplog.text
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Relu", "MatMul"]
+    model = _toy(96, 64)
+    report = quantize_model(model, Quantization("int4_rtn", 32, lm_head=True))
+    assert report["weights"] == 2 and report["lm_head"] is True
+    assert [n.op_type for n in model.graph.node] == ["QuantMatMul", "Relu", "QuantMatMul"]
+    assert {t.name for t in model.graph.initializer} == {"w_q4", "w_q4_scales", "w2_q4",
+                                                          "w2_q4_scales"}  # fmt: skip
+
+
+def test_components_without_a_kv_cache_stay_float(tmp_path: Path) -> None:
+    raw = tmp_path / "enc.onnx"
+    onnx.save(_toy(64, 32, kv_cache=False), str(raw))
+    assert quantize_file(raw, tmp_path / "enc.q4.onnx", Quantization("int4_rtn", 32)) is None
+    assert not (tmp_path / "enc.q4.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--group-size", "64"], "--group-size and --quantize-lm-head need --quantization"),
+        (["--quantize-lm-head"], "need --quantization"),
+    ],
+)
+def test_cli_refuses_quantization_flags_alone(
+    tmp_path: Path, capsys, argv: list[str], message: str
+) -> None:
+    code = build_cli.main(
+        ["--model-dir", str(tmp_path), "--engine-dir", str(tmp_path / "e"), *argv]
+    )
+    assert code == build_cli.EXIT_BAD_INPUT
+    assert message in capsys.readouterr().err
+
+
+def test_cli_refuses_an_unknown_method_and_group(tmp_path: Path, capsys) -> None:
+    base = ["--model-dir", str(tmp_path), "--engine-dir", str(tmp_path / "e")]
+    for extra in (["--quantization", "int3"], ["--quantization", "int4_rtn", "--group-size", "48"]):
+        with pytest.raises(SystemExit) as e:
+            build_cli.main(base + extra)
+        assert e.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_omni_int4_quantizes_every_decoder_and_runs(
+    omni_ckpt: Path, exports, tmp_path: Path, caplog
+) -> None:
+    """Qwen3-Omni's thinker, talker and code predictor are quantized by the same pass (their MoE
+    experts stay float, with a warning); the encoders and code2wav stay float; a spoken reply
+    runs end to end."""
+    caplog.set_level("INFO", logger="edge-build")
+    engine = tmp_path / "omni-int4"
+    args = BuildArgs(max_batch_size=2, max_input_len=128, max_kv_cache_capacity=256,
+                     quantization="int4_rtn")  # fmt: skip
+    assert exports.build(omni_ckpt, engine, args) is not None
+    reports = {
+        p.parent.relative_to(engine).as_posix(): json.loads(p.read_text())["quantization"]
+        for p in engine.rglob("config.json")
+        if "component" in json.loads(p.read_text())
+    }
+    assert {k for k, v in reports.items() if v is None} == {"audio", "visual", "code2wav"}
+    for name in (".", "talker", "code_predictor"):
+        assert reports[name]["weights"] > 0, name
+        model = onnx.load(str(engine / name / "llm.onnx"), load_external_data=False)
+        ops = [n.op_type for n in model.graph.node]
+        assert ops.count("MatMulNBits") == reports[name]["weights"], name
+    assert reports["."]["float_moe_blocks"] > 0
+    assert "keep float experts" in caplog.text
+    body = {"max_generate_length": 8, "requests": [{"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Hello there"}]}]}]}  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps(body))
+    sampling = {"top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 8}
+    code = cli.main(["--config", str(engine), "--input-file", str(tmp_path / "r.json"),
+                     "--output-file", str(tmp_path / "p.json"), "--sampling",
+                     json.dumps(sampling), "--output-audio-dir", str(tmp_path / "a")])  # fmt: skip
+    assert code == cli.EXIT_OK
+    (entry,) = json.loads((tmp_path / "p.json").read_text())["responses"]
+    assert entry["ok"], entry["error"]
+    assert list((tmp_path / "a").glob("*.wav"))
