@@ -175,3 +175,19 @@ def qwen_tts_engines(
         return built[kind]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def trained_qwen3(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The trained tiny Qwen3 (tests/trained_qwen3/ckpt) built as a float32 engine, and that
+    engine's held-out scores: a trained_qwen3.perplexity.Baseline, the reference quantized
+    engines of the same checkpoint are measured against (read-only)."""
+    from trained_qwen3 import perplexity as ppl
+
+    from edgeomni.export.family import BuildArgs
+
+    engine_dir = tmp_path_factory.mktemp("trained-qwen3") / "fp32"
+    assert exports.build(ppl.CKPT, engine_dir, BuildArgs(**ppl.BUILD)) is not None
+    ids = ppl.heldout_ids(ppl.N_WINDOWS, ppl.WINDOW)
+    scores = ppl.engine_perplexity(engine_dir, ids, ppl.WINDOW, ppl.BATCH, keep_logprobs=True)
+    return ppl.Baseline(ppl.CKPT, engine_dir, ids, scores)
