@@ -2,13 +2,19 @@
 
 Builds a random-weight checkpoint at Qwen3-0.6B dimensions (no download; random weights measure
 speed, not quality: tests/test_trained_quality.py measures quality), then builds it three ways
-with edge-build (ONNX Runtime, CPU): fp32, ``--quantization int4_rtn`` and the same with
-``--quantize-lm-head``. It times greedy decode of one prompt at batch 1 through edge-infer's
+with edge-build (ONNX Runtime, CPU): fp32, ``--quantization int4_rtn`` (the lm_head int4 too, the
+default) and the same with ``--no-quantize-lm-head``. It times greedy decode of one prompt at batch 1 through edge-infer's
 pipeline for each, and transformers' fp32 eager ``generate`` on the same checkpoint, and compares
 each engine's step with its bandwidth bound: the bytes it reads a step (its weights as stored in
 the engine, plus the KV cache at mid-generation) / the best measured read bandwidth.
 
+With ``--tts``, instead: Qwen3-TTS CustomVoice at 0.6B dimensions (random weights, made by
+bench/qwen3_tts_cpu.py's upstream-class maker and cached there), built fp32 and int4 (talker and
+code predictor quantized; code2wav stays float), each run through edgeomni's pipeline for the
+same text, greedy, a fixed number of codec frames: RTF (wall / audio seconds) against fp32.
+
     python bench/int4_cpu.py [--work DIR] [--new-tokens 64] [--repeats 3] [--group-size 32]
+    python bench/int4_cpu.py --tts [--frames 60] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -65,18 +71,23 @@ def main() -> int:
     p.add_argument("--bandwidth-probes", type=int, default=5, help="before and after the runs")
     p.add_argument("--no-transformers", action="store_true", help="skip the transformers run")
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--tts", action="store_true", help="Qwen3-TTS 0.6B RTF instead (see above)")
+    p.add_argument("--frames", type=int, default=60, help="--tts: codec frames per utterance")
+    p.add_argument("--threads", type=int, default=2, help="--tts: intra-op threads")
     args = p.parse_args()
+    if args.tts:
+        return tts(args)
 
     ckpt = args.work / f"qwen3-0.6b-L{args.layers}"
     make_checkpoint(ckpt, args.layers)
     g = args.group_size
     engines = {
         "fp32": (args.work / f"engine-L{args.layers}", {}),
-        f"int4 g{g}": (
-            args.work / f"engine-L{args.layers}-int4-g{g}",
-            {"quantization": "int4_rtn", "group_size": g},
+        f"int4 g{g}, float lm_head": (
+            args.work / f"engine-L{args.layers}-int4-g{g}-float-head",
+            {"quantization": "int4_rtn", "group_size": g, "quantize_lm_head": False},
         ),
-        f"int4 g{g} + lm_head": (
+        f"int4 g{g}": (
             args.work / f"engine-L{args.layers}-int4-g{g}-head",
             {"quantization": "int4_rtn", "group_size": g, "quantize_lm_head": True},
         ),
@@ -113,7 +124,8 @@ def main() -> int:
             "fraction_of_bandwidth_bound": round(bound_ms / r["step_ms"], 3),
             "greedy_agreement_with_fp32": sum(
                 a == b for a, b in zip(r["tokens"], fp32["tokens"], strict=True)
-            ) / len(fp32["tokens"]),
+            )
+            / len(fp32["tokens"]),
             "build_s": round(build_s[name], 1),
         }
     result = {
@@ -134,6 +146,52 @@ def main() -> int:
         print(f"| {name} | {r['engine_gb']} | {r['step_ms']} | {r['tok_s']} | "
               f"{r['speedup_vs_fp32']}x | {r['speedup_vs_transformers_eager']}x | "
               f"{100 * r['fraction_of_bandwidth_bound']:.0f}% |")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def tts(args: argparse.Namespace) -> int:
+    """Qwen3-TTS CustomVoice 0.6B: fp32 against int4 engines, RTF through the pipeline."""
+    import statistics
+
+    import qwen3_tts_cpu as tb
+
+    work = Path(tempfile.gettempdir()) / "edgeomni-tts-bench" / "0.6b"
+    work.mkdir(parents=True, exist_ok=True)
+    ns = argparse.Namespace(size="0.6b", threads=args.threads, ref_seconds=5.0,
+                            frames=args.frames, sampled=False)  # fmt: skip
+    tb.checkpoints(ns, work, tb.reference_python())
+    body = tb.edgeomni_body(ns, None)
+    quant = {"quantization": "int4_rtn", "group_size": args.group_size}
+    rows = {}
+    for name, extra in (("fp32", {}), (f"int4 g{args.group_size}", quant)):
+        engine = work / ("custom_voice-engine" + ("-int4" if extra else "-fp32"))
+        if not (engine / "multistage_config.json").is_file():
+            spec = {"ckpt": str(work / "custom_voice"), "engine": str(engine),
+                    "limits": {**tb.LIMITS, **extra}}  # fmt: skip
+            built = tb.worker(sys.executable, "_build", spec, args.threads, timeout=7200)
+            if "error" in built:
+                raise SystemExit(built["error"])
+        spec = {"engine": str(engine), "body": body, "threads": args.threads, "whole": False,
+                "warmup": 1, "repeats": args.repeats}  # fmt: skip
+        run = tb.worker(sys.executable, "_edgeomni", spec, args.threads, timeout=7200)
+        if "error" in run:
+            raise SystemExit(run["error"])
+        wall = statistics.median(r["wall_s"] for r in run["runs"])
+        audio = run["runs"][0]["audio_s"]
+        rows[name] = {"engine_gib": tb.dir_gib(engine), "wall_s": wall, "audio_s": audio,
+                      "rtf": round(wall / audio, 3), "codes": run["codes"],
+                      "walls": [r["wall_s"] for r in run["runs"]]}  # fmt: skip
+    fp32 = rows["fp32"]
+    reference = fp32["codes"]
+    for r in rows.values():
+        r["speedup_vs_fp32"] = round(fp32["rtf"] / r["rtf"], 2)
+        same = sum(a == b for a, b in zip(r.pop("codes"), reference, strict=False))
+        r["frames_equal_fp32"] = f"{same}/{len(reference)}"
+    result = {"date": time.strftime("%Y-%m-%d"), "frames": args.frames,
+              "threads": args.threads, "engines": rows}  # fmt: skip
+    print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

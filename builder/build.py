@@ -156,6 +156,18 @@ def build(
     return engine_dir / GRAPH_FILE if graph_path else None
 
 
+def estimate_only(model_dir: Path, args: BuildArgs, components: Sequence[str] | None = None) -> str:
+    """edge-build --estimate: the memory table for this build, from config.json alone (no
+    weights read, nothing exported or written)."""
+    from edgeomni.builder import estimate
+
+    check_flags(args)
+    ckpt = open_checkpoint(model_dir)
+    hooks = family_for(ckpt.model_type).hooks()
+    selected = select_components(hooks.components(ckpt), components)
+    return estimate.report(model_dir, estimate.estimate(ckpt, hooks, selected, args), args)
+
+
 def ordinary_modes(root: Path) -> None:
     """Files 0644 and folders 0755, as a copied folder would have: some writers make theirs
     private (safetensors' save_file writes 0600), and an engine dir is often built by one

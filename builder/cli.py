@@ -37,7 +37,19 @@ def parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--model-dir", type=Path, required=True, help="HF checkpoint directory (local)")
-    p.add_argument("--engine-dir", type=Path, required=True, help="where engines and graph go")
+    p.add_argument(
+        "--engine-dir",
+        type=Path,
+        default=None,
+        help="where engines and graph go (required unless --estimate)",
+    )
+    p.add_argument(
+        "--estimate",
+        action="store_true",
+        help="build nothing: print each component's memory for this build (engine weights at "
+        "the chosen --dtype / --quantization, host embedding tables, the KV cache at "
+        "--max-batch-size x --max-kv-cache-capacity) and the total, from config.json alone",
+    )
     p.add_argument(
         "--graph-only",
         action="store_true",
@@ -101,8 +113,7 @@ def parser() -> argparse.ArgumentParser:
         help="weight-only quantization of the decoders' linear layers (the LLM or thinker, "
         "talkers, code predictors): int4_rtn rounds each group of weights to 4 bits around 0, "
         "one scale per group (symmetric; no calibration). Default: float weights (--dtype). "
-        "Encoders, the vocoder, norms and embeddings stay float; so does the lm_head unless "
-        "--quantize-lm-head",
+        "Encoders, the vocoder, norms and embeddings stay float",
     )
     p.add_argument(
         "--group-size",
@@ -114,8 +125,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--quantize-lm-head",
-        action="store_true",
-        help="quantize the lm_head too (a large share of a small model's weights; default float)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --quantization, the lm_head too (default: yes; it is a quarter of "
+        "Qwen3-0.6B's weights and cost 0.8%% perplexity in docs/quantization.md's measurement)",
     )
     p.add_argument(
         "--components",
@@ -143,15 +156,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from edgeomni.builder.build import build, graph_only
+    from edgeomni.builder.build import build, estimate_only, graph_only
     from edgeomni.export.family import BuildArgs
 
     if args.logits_topk is not None and args.logits_topk < 0:
         print(f"edge-build: error: --logits-topk must be >= 0, got {args.logits_topk}",
               file=sys.stderr)  # fmt: skip
         return EXIT_BAD_INPUT
-    if not args.quantization and (args.group_size or args.quantize_lm_head):
-        print("edge-build: error: --group-size and --quantize-lm-head need --quantization",
+    if not args.quantization and (args.group_size or args.quantize_lm_head is not None):
+        print("edge-build: error: --group-size and --[no-]quantize-lm-head need --quantization",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_INPUT
+    if args.engine_dir is None and not args.estimate:
+        print("edge-build: error: --engine-dir is required (unless --estimate)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.estimate and args.graph_only:
+        print("edge-build: error: --estimate and --graph-only exclude each other",
               file=sys.stderr)  # fmt: skip
         return EXIT_BAD_INPUT
     if args.graph_only:
@@ -169,14 +189,13 @@ def _run(args: argparse.Namespace) -> int:
             logits_topk=args.logits_topk,
             quantization=args.quantization,
             group_size=_or(args.group_size, 32),
-            quantize_lm_head=args.quantize_lm_head,
+            quantize_lm_head=args.quantize_lm_head is not False,
         )
-        graph = build(
-            args.model_dir,
-            args.engine_dir,
-            build_args,
-            [c.strip() for c in (args.components or "all").split(",") if c.strip()],
-        )
+        wanted = [c.strip() for c in (args.components or "all").split(",") if c.strip()]
+        if args.estimate:
+            print(estimate_only(args.model_dir, build_args, wanted))
+            return EXIT_OK
+        graph = build(args.model_dir, args.engine_dir, build_args, wanted)
     if graph is not None:
         print(f"edge-build: wrote {graph}", file=sys.stderr)
     return EXIT_OK

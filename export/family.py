@@ -24,6 +24,25 @@ DEFAULT_CUDA_TOPK = 64
 
 
 @dataclass(frozen=True)
+class KvShape:
+    """A decoder's KV cache: per slot, a key and a value of layers x kv_heads x head_dim."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class ComponentMemory:
+    """What a family's memory_plan hook returns for one component."""
+
+    module: Any  # the torch module the export starts from, on the meta device, in its dtype
+    tables: Mapping[str, tuple[tuple[int, ...], str]]  # host table -> (shape, dtype name)
+    kv: KvShape | None = None  # a decoder's cache; None for encoders and the vocoder
+    lm_head: str | None = "lm_head_t"  # the parameter that becomes the MatMul making logits
+
+
+@dataclass(frozen=True)
 class BuildArgs:
     """The limits and target of one build (None under --graph-only)."""
 
@@ -42,9 +61,10 @@ class BuildArgs:
     engine_sampling: bool | None = None
     # weight-only quantization of the decoders' linear layers (builder/quantize.py): None for
     # float weights, else "int4_rtn"; the group size (K entries per scale); the lm_head too
+    # (default: docs/quantization.md measures what it costs and saves)
     quantization: str | None = None
     group_size: int = 32
-    quantize_lm_head: bool = False
+    quantize_lm_head: bool = True
 
     def __post_init__(self) -> None:
         if self.logits_topk is None:
@@ -99,6 +119,10 @@ class OptionalFamilyHooks(Protocol):
     reason, so such a fault is reported in a second rather than after minutes of export. Without
     it the same faults surface when ``write_artifacts`` runs.
 
+    ``memory_plan`` gives what ``edge-build --estimate`` counts for one component, from the
+    config alone: the module its export starts from, built on the meta device, its host tables
+    and its KV cache (a ComponentMemory). Without it --estimate says the family has none.
+
     ``position_limits`` names, for each selected decoder whose KV cache --max-kv-cache-capacity
     sizes, the config key of its position limit and the value; edge-build warns when the
     capacity is past one. Without it nothing is checked.
@@ -111,6 +135,11 @@ class OptionalFamilyHooks(Protocol):
 
     def preflight(self, ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:
         """Raise CheckpointError for what the selected components' build would fail on later."""
+
+    def memory_plan(
+        self, ckpt: Checkpoint, component: Component, args: BuildArgs
+    ) -> ComponentMemory:
+        """The component's module (meta device), host tables and KV cache shape."""
 
     def position_limits(
         self, ckpt: Checkpoint, components: Sequence[Component]

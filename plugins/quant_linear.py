@@ -252,7 +252,11 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
     dq = ctx.fresh("quant_weight")
     return [
         helper.make_node(
-            "DequantizeLinear", [weight, scale_kn], [dq], axis=0, block_size=bs,
+            "DequantizeLinear",
+            [weight, scale_kn],
+            [dq],
+            axis=0,
+            block_size=bs,
             name=(node.name or dq) + "_dq",
         ),  # fmt: skip
         helper.make_node("MatMul", [node.input[0], dq], list(node.output), name=node.name or None),

@@ -119,7 +119,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dump-profile",
         action="store_true",
-        help="print per-stage times, peak memory and wall clock to stderr",
+        help="print per-stage times, peak memory and wall clock to stderr, and each built "
+        "component's memory (engine files, host tables, KV cache at the build's limits: "
+        "edge-build --estimate's columns, as built)",
     )
     p.add_argument(
         "--out-audio",
@@ -338,7 +340,10 @@ def _main(args: argparse.Namespace) -> int:
         return exit_status(interrupt)
     _report(args, entries, reply.printed, audio_only=not pipeline.text_terminals())
     if args.dump_profile:
-        print(json.dumps(pipeline.profile.as_dict(), indent=2), file=sys.stderr)
+        from edgeomni.runtime.footprint import footprint
+
+        profile = {**pipeline.profile.as_dict(), "memory": footprint(pipeline.engine_dir)}
+        print(json.dumps(profile, indent=2), file=sys.stderr)
     return EXIT_OK if all(e["ok"] for e in entries) else EXIT_REQUESTS_FAILED
 
 

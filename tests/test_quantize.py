@@ -113,8 +113,11 @@ def _toy(k: int, n: int, *, kv_cache: bool = True) -> onnx.ModelProto:
     if kv_cache:
         inputs.append(helper.make_tensor_value_info("past_key_0", TensorProto.FLOAT, [1]))
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"]),
-         helper.make_node("MatMul", ["y", "w2"], ["logits"])],  # fmt: skip
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("Relu", ["h"], ["y"]),
+            helper.make_node("MatMul", ["y", "w2"], ["logits"]),
+        ],  # fmt: skip
         "toy",
         inputs,
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, n])],
@@ -124,17 +127,17 @@ def _toy(k: int, n: int, *, kv_cache: bool = True) -> onnx.ModelProto:
 
 
 def test_pass_leaves_what_it_cannot_quantize_float(caplog) -> None:
-    """K not a multiple of the group stays float, named in the report and the log; the lm_head
-    (the MatMul making logits) stays float by default."""
+    """K not a multiple of the group stays float, named in the report and the log; so does the
+    lm_head (the MatMul making logits) when asked; by default it is quantized."""
     caplog.set_level("INFO", logger="edge-build")
     model = _toy(96, 64)  # K=96: groups of 64 do not divide it; the lm_head's K=64 does
-    report = quantize_model(model, Quantization("int4_rtn", 64))
+    report = quantize_model(model, Quantization("int4_rtn", 64, lm_head=False))
     assert report["weights"] == 0
     assert report["float_weights"] == ["w", "w2"]
     assert "w (K=96 is not a multiple of the group size 64)" in caplog.text
     assert [n.op_type for n in model.graph.node] == ["MatMul", "Relu", "MatMul"]
     model = _toy(96, 64)
-    report = quantize_model(model, Quantization("int4_rtn", 32, lm_head=True))
+    report = quantize_model(model, Quantization("int4_rtn", 32))
     assert report["weights"] == 2 and report["lm_head"] is True
     assert [n.op_type for n in model.graph.node] == ["QuantMatMul", "Relu", "QuantMatMul"]
     assert {t.name for t in model.graph.initializer} == {"w_q4", "w_q4_scales", "w2_q4",
@@ -151,8 +154,9 @@ def test_components_without_a_kv_cache_stay_float(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--group-size", "64"], "--group-size and --quantize-lm-head need --quantization"),
+        (["--group-size", "64"], "--group-size and --[no-]quantize-lm-head need --quantization"),
         (["--quantize-lm-head"], "need --quantization"),
+        (["--no-quantize-lm-head"], "need --quantization"),
     ],
 )
 def test_cli_refuses_quantization_flags_alone(

@@ -21,7 +21,7 @@ PROMPTS = ["Hello! How are you today?", "Hi", "What is the capital of France?",
 
 
 def tensorrt_lowered_build(
-    ckpt: Path, out: Path, monkeypatch: pytest.MonkeyPatch, exports: ExportStore
+    ckpt: Path, out: Path, monkeypatch: pytest.MonkeyPatch, exports: ExportStore, **quant: object
 ) -> Path:
     """An ONNX Runtime CPU build whose plugin ops are lowered as for TensorRT. The raw exports
     are the session engine's (the lowering, the subject here, comes after them)."""
@@ -32,10 +32,10 @@ def tensorrt_lowered_build(
     lower = plugins.lower_model
     native = lowering_options("native")  # what edge-build gives TensorRT >= 10.15
     with monkeypatch.context() as m:
-        m.setattr(plugins, "lower_model", lambda model, backend, options=None:
-                  lower(model, "tensorrt", native))  # fmt: skip
+        m.setattr(plugins, "lower_model", lambda model, backend, options=None, base_dir=None:
+                  lower(model, "tensorrt", native, base_dir))  # fmt: skip
         assert exports.build(ckpt, out, BuildArgs(max_batch_size=3, max_input_len=64,
-                                                  max_kv_cache_capacity=128))  # fmt: skip
+                                                  max_kv_cache_capacity=128, **quant))  # fmt: skip
     return out
 
 
@@ -98,3 +98,36 @@ def test_omni_text_to_speech_equals_the_onnxruntime_build(
                 == b.entry["stages"]["thinker"]["output_tokens"])  # fmt: skip
         np.testing.assert_array_equal(a.codes, b.codes)
         np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)
+
+
+def test_int4_qwen3_tokens_equal_the_onnxruntime_int4_build(
+    qwen3_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exports: ExportStore
+) -> None:
+    """int4 through the TensorRT lowering (a signed INT4 weight, DequantizeLinear blocked on
+    the input axis, MatMul) gives the ONNX Runtime int4 build's tokens: the same codes and
+    scales, re-laid. (ONNX Runtime's optimiser then fuses each DequantizeLinear + MatMul back
+    into MatMulNBits; TensorRT builds the pattern as its INT4 weight-only GEMM.)"""
+    import edgeomni.plugins as plugins
+    from edgeomni.builder.tensorrt import lowering_options
+    from edgeomni.export.family import BuildArgs
+
+    args = BuildArgs(max_batch_size=3, max_input_len=64, max_kv_cache_capacity=128,
+                     quantization="int4_rtn")  # fmt: skip
+    lower, lowered = plugins.lower_model, []
+
+    def as_tensorrt(model, backend, options=None, base_dir=None):  # noqa: ANN001, ANN202
+        lowered.append(lower(model, "tensorrt", lowering_options("native"), base_dir))
+        return lowered[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(plugins, "lower_model", as_tensorrt)
+        assert exports.build(qwen3_ckpt, tmp_path / "trt", args)
+    ops = [n.op_type for n in lowered[-1].graph.node]
+    int4 = [t for t in lowered[-1].graph.initializer if t.data_type == onnx.TensorProto.INT4]
+    assert ops.count("DequantizeLinear") == len(int4) > 0 and "QuantMatMul" not in ops
+    assert exports.build(qwen3_ckpt, tmp_path / "ort", args)
+    body = {"temperature": 0, "max_generate_length": 12,
+            "requests": [{"messages": [{"role": "user", "content": p}]} for p in PROMPTS]}  # fmt: skip
+    tokens = [[o.entry["stages"]["llm"]["output_tokens"] for o in run(tmp_path / e, body, 3)]
+              for e in ("trt", "ort")]  # fmt: skip
+    assert tokens[0] == tokens[1] and all(tokens[0])

@@ -11,11 +11,12 @@ from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
 from edgeomni.export.common.checkpoint import position_limits as position_limits_of
 from edgeomni.export.common.decoder import CausalLM
+from edgeomni.export.common.memory_plan import F32, decoder_memory, table_rows
 from edgeomni.export.common.onnx_export import export_causal_lm
 from edgeomni.export.common.shapes import DimRanges, decoder_ranges
 from edgeomni.export.families.qwen3.config import decoder_config
 from edgeomni.export.families.qwen3.weights import EMBEDDING, load_weights
-from edgeomni.export.family import BuildArgs, Component
+from edgeomni.export.family import BuildArgs, Component, ComponentMemory
 from edgeomni.export.registry import LLM_RUNNER
 
 LLM = Component(name="llm", subdir=".", engine="llm.onnx", runner=LLM_RUNNER)
@@ -42,6 +43,14 @@ def position_limits(
 def dim_ranges(ckpt: Checkpoint, component: Component, args: BuildArgs) -> DimRanges:
     """The sizes the llm is called with (export/common/shapes.py)."""
     return decoder_ranges(args.max_batch_size, args.max_input_len, args.max_kv_cache_capacity)
+
+
+def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> ComponentMemory:
+    """The llm as edge-build --estimate counts it: the exported module on the meta device, the
+    float32 embedding table, the KV cache."""
+    with torch.device("meta"):
+        module = CausalLM(decoder_config(ckpt.config)).to(_DTYPES.get(args.dtype, torch.float32))
+    return decoder_memory(module, {"embedding": (table_rows(module), F32)})
 
 
 def export_component(

@@ -37,15 +37,28 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 def components(ckpt: Checkpoint) -> tuple[Component, ...]:
-    """The thinker always, its encoders and the speech components when the checkpoint has them."""
+    """The thinker always, its encoders and the speech components when the checkpoint has them
+    (with its config files alone, for edge-build --estimate: when its config has their
+    sections)."""
     out = [LLM]
-    if any(ckpt.names("thinker.audio_tower.")):
+    if _has(ckpt, "thinker.audio_tower.", ("thinker_config", "audio_config")):
         out.append(AUDIO)
-    if any(ckpt.names("thinker.visual.")):
+    if _has(ckpt, "thinker.visual.", ("thinker_config", "vision_config")):
         out.append(VISUAL)
-    if ckpt.config.get("enable_audio_output", True) and any(ckpt.names("talker.")):
+    if ckpt.config.get("enable_audio_output", True) and _has(ckpt, "talker.", ("talker_config",)):
         out.extend(SPEECH)
     return tuple(out)
+
+
+def _has(ckpt: Checkpoint, prefix: str, config_section: tuple[str, ...]) -> bool:
+    try:
+        return any(ckpt.names(prefix))
+    except CheckpointError:  # no weight files: what the config describes
+        try:
+            section(ckpt.config, *config_section)
+        except CheckpointError:
+            return False
+        return True
 
 
 def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:

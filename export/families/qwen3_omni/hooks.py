@@ -7,6 +7,7 @@ from edgeomni.export.families.qwen3_omni.build import (
     preflight,
     write_artifacts,
 )
+from edgeomni.export.families.qwen3_omni.memory import memory_plan
 from edgeomni.export.families.qwen3_omni.shapes import dim_ranges
 from edgeomni.export.families.qwen3_omni.topology import multistage_topology
 
@@ -14,6 +15,7 @@ __all__ = [
     "components",
     "dim_ranges",
     "export_component",
+    "memory_plan",
     "position_limits",
     "preflight",
     "write_artifacts",

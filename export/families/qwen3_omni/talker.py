@@ -50,11 +50,20 @@ def suppressed_codes(cfg: dict[str, Any]) -> tuple[int, ...]:
     return tuple(i for i in range(max(0, vocab - 1024), vocab) if i != eos)
 
 
+def talker_module(config: dict[str, Any]) -> CausalLM:
+    """The talker's decoder as its config makes it, weights not loaded."""
+    text = section(config, "talker_config", "text_config")
+    return CausalLM(talker_decoder_config(config), lambda i: TalkerSparseMoE.from_config(text))
+
+
+def predictor_module(config: dict[str, Any]) -> CausalLM:
+    """The code predictor's decoder as its config makes it, weights not loaded."""
+    cfg = predictor_decoder_config(config)
+    return CausalLM(cfg, dense_mlp(cfg)).eval()
+
+
 def build_talker(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> CausalLM:
-    text = section(ckpt.config, "talker_config", "text_config")
-    module = CausalLM(
-        talker_decoder_config(ckpt.config), lambda i: TalkerSparseMoE.from_config(text)
-    )
+    module = talker_module(ckpt.config)
     load_decoder(
         module.eval(), ckpt.tensor, prefix=TALKER, lm_head="talker.codec_head.weight",
         dtype=dtype, where=str(ckpt.path),
@@ -63,8 +72,7 @@ def build_talker(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> Causal
 
 
 def build_predictor(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> CausalLM:
-    cfg = predictor_decoder_config(ckpt.config)
-    module = CausalLM(cfg, dense_mlp(cfg)).eval()
+    module = predictor_module(ckpt.config)
     load_decoder(
         module, ckpt.tensor, prefix=PREDICTOR, lm_head=PREDICTOR + "lm_head.{}.weight",
         dtype=dtype, where=str(ckpt.path),
@@ -80,17 +88,17 @@ def export_predictor(ckpt: Checkpoint, path: Path) -> Path:
     return export_causal_lm(build_predictor(ckpt), path)
 
 
+def projection_tensors_names() -> list[str]:
+    """The projections' tensors, as the talker's projections.safetensors names them (under
+    ``talker.`` in the checkpoint)."""
+    return [f"{proj}.{layer}.{kind}" for proj in PROJECTIONS
+            for layer in ("linear_fc1", "linear_fc2") for kind in ("weight", "bias")]  # fmt: skip
+
+
 def projection_tensors(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     """text_projection and hidden_projection (fc1, SiLU, fc2, with biases): run by the runtime
     while it assembles the talker's prefill, so they need no engine of their own."""
-    out = {}
-    for proj in PROJECTIONS:
-        for layer in ("linear_fc1", "linear_fc2"):
-            for kind in ("weight", "bias"):
-                out[f"{proj}.{layer}.{kind}"] = ckpt.tensor(
-                    f"{TALKER}{proj}.{layer}.{kind}"
-                ).float()
-    return out
+    return {name: ckpt.tensor(TALKER + name).float() for name in projection_tensors_names()}
 
 
 def predictor_embeddings(ckpt: Checkpoint, groups: int) -> dict[str, torch.Tensor]:

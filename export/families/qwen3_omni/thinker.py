@@ -21,16 +21,22 @@ PREFIX = "thinker."
 EMBEDDING = "thinker.model.embed_tokens.weight"
 
 
-def build_module(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> CausalLM:
-    text = section(ckpt.config, "thinker_config", "text_config")
-    cfg = thinker_decoder_config(ckpt.config)
+def thinker_module(config: dict[str, Any]) -> CausalLM:
+    """The thinker's decoder as its config makes it, weights not loaded (on the meta device for
+    edge-build --estimate)."""
+    text = section(config, "thinker_config", "text_config")
+    cfg = thinker_decoder_config(config)
 
     def mlp(layer: int) -> torch.nn.Module:
         if is_moe_layer(text, layer):
             return ThinkerSparseMoE.from_config(text)
         return MLP(cfg.hidden_size, cfg.intermediate_size)
 
-    module = CausalLM(cfg, mlp).eval()
+    return CausalLM(cfg, mlp).eval()
+
+
+def build_module(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> CausalLM:
+    module = thinker_module(ckpt.config)
     tied = section(ckpt.config, "thinker_config").get("tie_word_embeddings") or False
     head = EMBEDDING if tied or not ckpt.has("thinker.lm_head.weight") else "thinker.lm_head.weight"
     load_decoder(

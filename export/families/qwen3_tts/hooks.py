@@ -8,6 +8,7 @@ from edgeomni.export.families.qwen3_tts.build import (
     preflight,
     write_artifacts,
 )
+from edgeomni.export.families.qwen3_tts.memory import memory_plan
 from edgeomni.export.families.qwen3_tts.shapes import dim_ranges
 from edgeomni.export.families.qwen3_tts.topology import multistage_topology, no_graph_reason
 
@@ -15,6 +16,7 @@ __all__ = [
     "components",
     "dim_ranges",
     "export_component",
+    "memory_plan",
     "multistage_topology",
     "no_graph_reason",
     "position_limits",

@@ -1,0 +1,124 @@
+"""edge-build --estimate: the memory a build will need, from the checkpoint's config alone.
+
+Each family's optional ``memory_plan(ckpt, component, args)`` hook gives, per component, the
+torch module its export starts from, built on the meta device (shapes, no weights, no memory),
+the host tables its artifacts hold and its KV cache shape. This file turns that into bytes by the
+rules the build follows: weights at the build's dtype, the linear layers the quantization pass
+takes (builder/quantize.py) at plugins/quant_linear.py's packed size, tables as written, the KV
+cache at --max-batch-size x --max-kv-cache-capacity. Not counted: activations and the backend's
+workspace (small for decode at batch sizes an edge device runs; a long prefill adds its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edgeomni.builder.errors import BuildError
+from edgeomni.export.family import BuildArgs, Component, ComponentMemory
+
+GB = 1e9
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# memory of the edge devices users place models on (Jetson modules' unified memory)
+DEVICES = (("Jetson Orin Nano", 8), ("Orin NX", 16), ("AGX Orin", 32), ("AGX Orin", 64),
+           ("AGX Thor", 128))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Estimate:
+    component: str
+    engine_bytes: int  # the engine's weights as stored
+    quantized_bytes: int  # of which int4 codes, scales
+    float_params: int  # parameters left float
+    table_bytes: int  # host tables (embeddings the runtime memory-maps)
+    kv_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.engine_bytes + self.table_bytes + self.kv_bytes
+
+
+def estimate_component(mem: ComponentMemory, args: BuildArgs) -> tuple[int, int, int]:
+    """(engine bytes, of which quantized, float parameters) of one component's module."""
+    import torch
+
+    from edgeomni.plugins import quant_linear
+
+    quantize = args.quantization is not None and mem.kv is not None
+    linear = {id(m.weight): m for m in mem.module.modules() if isinstance(m, torch.nn.Linear)}
+    total = quantized = floats = 0
+    seen: set[int] = set()
+    tensors = [*mem.module.named_parameters(), *mem.module.named_buffers()]
+    for name, t in tensors:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        shape = None  # (K, N) of a MatMul weight the pass would quantize
+        if quantize and id(t) in linear:
+            shape = (int(t.shape[1]), int(t.shape[0]))  # nn.Linear stores [N, K]
+        elif quantize and name == mem.lm_head and t.dim() == 2 and args.quantize_lm_head:
+            shape = (int(t.shape[0]), int(t.shape[1]))  # stored [H, V]: already [K, N]
+        if shape and shape[0] % args.group_size == 0:
+            scale = t.element_size()
+            size = quant_linear.packed_bytes(*shape, args.group_size, scale, False)
+            total += size
+            quantized += size
+            continue
+        total += t.numel() * t.element_size()
+        floats += t.numel()
+    return total, quantized, floats
+
+
+def estimate(
+    ckpt: Any, hooks: Any, selected: Sequence[Component], args: BuildArgs
+) -> list[Estimate]:
+    plan = getattr(hooks, "memory_plan", None)
+    if not callable(plan):
+        raise BuildError(f"--estimate: the {ckpt.model_type} family gives no memory plan yet")
+    out = []
+    for comp in selected:
+        mem = plan(ckpt, comp, args)
+        engine, quantized, floats = estimate_component(mem, args)
+        tables = sum(_numel(shape) * DTYPE_BYTES[dtype] for shape, dtype in mem.tables.values())
+        kv = 0
+        if mem.kv is not None:
+            kv = (2 * mem.kv.layers * mem.kv.kv_heads * mem.kv.head_dim * args.max_batch_size
+                  * args.max_kv_cache_capacity * DTYPE_BYTES[args.dtype])  # fmt: skip
+        out.append(Estimate(comp.name, engine, quantized, floats, tables, kv))
+    return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def report(model_dir: Any, rows: Sequence[Estimate], args: BuildArgs) -> str:
+    """The table edge-build --estimate prints."""
+    weights = (
+        f"{args.quantization} group {args.group_size} "
+        f"(lm_head {'int4' if args.quantize_lm_head else 'float'})"
+        if args.quantization
+        else args.dtype
+    )
+    lines = [
+        f"memory estimate for {model_dir}: decoder weights {weights}, {args.dtype} KV cache "
+        f"{args.max_batch_size} x {args.max_kv_cache_capacity} slots",
+    ]
+    total = sum(r.total for r in rows)
+    unit, scale = ("GB", GB) if total >= GB else ("MB", 1e6)
+    lines.append(f"{'component':<16}" + "".join(f"{h + ' ' + unit:>16}" for h in
+                 ("engine", "tables", "KV cache", "total")))  # fmt: skip
+    sums = [sum(r.engine_bytes for r in rows), sum(r.table_bytes for r in rows),
+            sum(r.kv_bytes for r in rows), total]  # fmt: skip
+    for name, values in [*((r.component, [r.engine_bytes, r.table_bytes, r.kv_bytes, r.total])
+                           for r in rows), ("total", sums)]:  # fmt: skip
+        lines.append(f"{name:<16}" + "".join(f"{v / scale:>16.3f}" for v in values))
+    fits = [f"{name} {gb} GB {'yes' if total < gb * GB else 'no'}" for name, gb in DEVICES]
+    lines.append("fits (before the OS and activations): " + ", ".join(fits))
+    lines.append("GB = 1e9 bytes; engine = its weights as stored; tables = host embedding tables; "
+                 "not counted: activations and the backend's workspace")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,34 @@
+"""Pieces of the families' memory_plan hooks (edge-build --estimate): a component's module is
+built as its export builds it, on torch's meta device (shapes only, no weights, no memory)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeomni.export.family import ComponentMemory, KvShape
+
+F32 = "float32"
+Tables = dict[str, tuple[tuple[int, ...], str]]
+
+
+def module_shapes(module: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """name -> (shape, dtype) of every entry of a (meta) module's state dict."""
+    return {n: (tuple(t.shape), t.dtype) for n, t in module.state_dict().items()}
+
+
+def decoder_memory(module: Any, tables: Tables) -> ComponentMemory:
+    """A decoders.CausalLM with its host tables; its KV cache from its config."""
+    cfg = module.cfg
+    return ComponentMemory(module, tables, KvShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
+
+
+def float_memory(module: Any) -> ComponentMemory:
+    """An encoder or vocoder: float32 as built, no tables, no KV cache."""
+    import torch
+
+    return ComponentMemory(module.to(torch.float32), {}, None)
+
+
+def table_rows(module: Any) -> tuple[int, int]:
+    """A decoder's input table: a row of its input width per token of its vocabulary."""
+    return (module.cfg.vocab_size, module.cfg.embeds_size)

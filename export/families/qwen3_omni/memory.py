@@ -1,0 +1,69 @@
+"""What edge-build --estimate counts for each Qwen3-Omni component, from config.json alone: each
+component's module as the export builds it (the family's own constructors, on the meta device:
+shapes, no weights, no memory) and its host tables' shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from edgeomni.export.common.checkpoint import Checkpoint
+from edgeomni.export.common.memory_plan import (
+    F32,
+    decoder_memory,
+    float_memory,
+    module_shapes,
+    table_rows,
+)
+from edgeomni.export.families.qwen3_omni import audio, code2wav, talker, thinker, visual
+from edgeomni.export.families.qwen3_omni.build import (
+    AUDIO,
+    CODE2WAV,
+    CODE_PREDICTOR,
+    DTYPES,
+    LLM,
+    TALKER,
+    VISUAL,
+)
+from edgeomni.export.family import BuildArgs, Component, ComponentMemory
+
+
+def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> ComponentMemory:
+    config = ckpt.config
+    with torch.device("meta"):
+        if component is AUDIO:
+            return float_memory(audio.hf.Qwen3OmniMoeAudioEncoder(audio.audio_config(config)))
+        if component is VISUAL:
+            return float_memory(visual.hf.Qwen3OmniMoeVisionEncoder(visual.vision_config(config)))
+        if component is CODE2WAV:
+            return float_memory(code2wav.hf.Qwen3OmniMoeCode2Wav(code2wav.code2wav_config(config)))
+        dtype = DTYPES.get(args.dtype, torch.float32)
+        if component is LLM:
+            module = thinker.thinker_module(config).to(dtype)
+            return decoder_memory(module, {"embedding": (table_rows(module), F32)})
+        if component is TALKER:
+            module = talker.talker_module(config).to(dtype)
+            text = thinker.thinker_module(config).cfg.hidden_size
+            tables = {"embedding": (table_rows(module), F32), "tts_special": ((3, text), F32)}
+            tables.update(_projection_tables(config))
+            return decoder_memory(module, tables)
+        if component is CODE_PREDICTOR:
+            module = talker.predictor_module(config).to(dtype)
+            rows = table_rows(module)
+            tables = {f"embedding_{i}": (rows, F32) for i in range(module.cfg.lm_heads)}
+            return decoder_memory(module, tables)
+    raise ValueError(f"qwen3_omni_moe has no component {component.name!r}")
+
+
+def _projection_tables(config: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """text_projection and hidden_projection, as transformers' talker builds them."""
+    from transformers import Qwen3OmniMoeConfig
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
+
+    cfg = Qwen3OmniMoeConfig(**config).talker_config
+    out = {}
+    for proj in talker.PROJECTIONS:
+        shapes = module_shapes(hf.Qwen3OmniMoeTalkerResizeMLP(cfg))
+        out.update({f"{proj}.{name}": (shape, F32) for name, (shape, _) in shapes.items()})
+    return out

@@ -1,0 +1,56 @@
+"""What edge-build --estimate counts for each Qwen3-TTS component, from the config files alone
+(config.json and speech_tokenizer/config.json): each component's module as the export builds
+it, on the meta device (shapes, no weights, no memory), and its host tables' shapes."""
+
+from __future__ import annotations
+
+import torch
+
+from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError, open_checkpoint, section
+from edgeomni.export.common.decoder import CausalLM, dense_mlp
+from edgeomni.export.common.memory_plan import F32, decoder_memory, float_memory, table_rows
+from edgeomni.export.families.qwen3_tts import code2wav, speaker_encoder, speech_encoder
+from edgeomni.export.families.qwen3_tts.build import (
+    CODE2WAV,
+    CODE_PREDICTOR,
+    DTYPES,
+    SPEAKER_ENCODER,
+    SPEECH_ENCODER,
+    TALKER,
+    TOKENIZER,
+)
+from edgeomni.export.families.qwen3_tts.config import (
+    predictor_decoder_config,
+    talker_decoder_config,
+)
+from edgeomni.export.family import BuildArgs, Component, ComponentMemory
+
+
+def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> ComponentMemory:
+    config = ckpt.config
+    dtype = DTYPES.get(args.dtype, torch.float32)
+    with torch.device("meta"):
+        if component is TALKER:
+            cfg = talker_decoder_config(config)
+            module = CausalLM(cfg, dense_mlp(cfg)).to(dtype)
+            text_vocab = section(config, "talker_config").get("text_vocab_size")
+            if not isinstance(text_vocab, int):
+                raise CheckpointError("config.json: talker_config.text_vocab_size is missing")
+            tables = {"embedding": ((cfg.vocab_size, cfg.hidden_size), F32),
+                      "text_embedding": ((text_vocab, cfg.hidden_size), F32)}  # fmt: skip
+            return decoder_memory(module, tables)
+        if component is CODE_PREDICTOR:
+            cfg = predictor_decoder_config(config)
+            module = CausalLM(cfg, dense_mlp(cfg)).to(dtype)
+            tables = {f"embedding_{i}": (table_rows(module), F32) for i in range(cfg.lm_heads)}
+            return decoder_memory(module, tables)
+        if component is SPEAKER_ENCODER:
+            settings = speaker_encoder.check_config(section(config, "speaker_encoder_config"))
+            return float_memory(speaker_encoder.Qwen3TTSSpeakerEncoder(settings))
+        tokenizer = open_checkpoint(ckpt.path / TOKENIZER).config  # its config.json only
+        if component is CODE2WAV:
+            settings = code2wav.decoder_settings(tokenizer.get("decoder_config"))
+            return float_memory(code2wav.Qwen3TTSCode2Wav(settings))
+        if component is SPEECH_ENCODER:
+            return float_memory(speech_encoder.Qwen3TTSSpeechEncoder(tokenizer))
+    raise ValueError(f"qwen3_tts has no component {component.name!r}")

@@ -1,0 +1,52 @@
+"""What each built component holds, read from the engine dir: edge-infer --dump-profile's
+``memory`` section, the built counterpart of edge-build --estimate (same columns, same rules:
+engine files as stored, host tables, the KV cache at the build's limits)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+ENGINE_SUFFIXES = (".onnx", ".data", ".engine")
+
+
+def footprint(engine_dir: Path) -> dict[str, dict[str, Any]]:
+    """folder (relative to ``engine_dir``) -> component, engine_bytes, table_bytes,
+    kv_cache_bytes (None: no KV cache, or a build that did not record its limits), total_bytes;
+    for every folder whose config.json names a component."""
+    out: dict[str, dict[str, Any]] = {}
+    engine_dir = Path(engine_dir)
+    for config in sorted(engine_dir.rglob("config.json")):
+        try:
+            cfg = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("component"), str):
+            continue
+        folder = config.parent
+        files = [p for p in folder.iterdir() if p.is_file()]
+        engine = sum(p.stat().st_size for p in files if p.name.endswith(ENGINE_SUFFIXES))
+        tables = sum(p.stat().st_size for p in files if p.suffix == ".safetensors")
+        kv = kv_cache_bytes(cfg)
+        out[folder.relative_to(engine_dir).as_posix()] = {
+            "component": cfg["component"],
+            "engine_bytes": engine,
+            "table_bytes": tables,
+            "kv_cache_bytes": kv,
+            "total_bytes": engine + tables + (kv or 0),
+        }
+    return out
+
+
+def kv_cache_bytes(cfg: dict[str, Any]) -> int | None:
+    """2 x layers x kv heads x head dim x max batch x capacity x the dtype's bytes."""
+    limits = cfg.get("builder_config") or {}
+    keys = ("num_hidden_layers", "num_key_value_heads", "head_dim")
+    if not all(isinstance(cfg.get(k), int) for k in keys) or not limits:
+        return None
+    n = 2 * DTYPE_BYTES.get(str(cfg.get("dtype", "float32")), 4)
+    for k in keys:
+        n *= cfg[k]
+    return n * int(limits["max_batch_size"]) * int(limits["max_kv_cache_capacity"])

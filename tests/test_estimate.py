@@ -1,0 +1,188 @@
+"""edge-build --estimate: from config.json alone, each component's memory, checked against what
+builds of the same checkpoints hold (their ONNX initializers and host tables)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from edgeomni.builder import cli as build_cli
+from edgeomni.builder import estimate
+from edgeomni.export.common.checkpoint import open_checkpoint
+from edgeomni.export.family import BuildArgs
+from edgeomni.export.registry import family_for
+
+
+def built_bytes(engine_dir: Path, subdir: str, engine: str) -> tuple[int, int]:
+    """(initializer bytes of the engine, tensor bytes of its host tables) as built."""
+    from safetensors import safe_open
+
+    model = onnx.load(str(engine_dir / subdir / engine), load_external_data=True)
+    weights = 0
+    for t in model.graph.initializer:
+        if t.data_type == onnx.TensorProto.INT4:
+            weights += (int(np.prod(t.dims)) + 1) // 2
+        else:
+            weights += onnx.numpy_helper.to_array(t).nbytes
+    tables = 0
+    for f in (engine_dir / subdir).glob("*.safetensors"):
+        with safe_open(str(f), "np") as h:
+            tables += sum(h.get_tensor(k).nbytes for k in h.keys())  # noqa: SIM118 - not iterable
+    return weights, tables
+
+
+def config_only(ckpt: Path, tmp_path: Path) -> Path:
+    """The checkpoint's config files without a single weight: what --estimate needs."""
+    out = tmp_path / "config-only"
+    for f in ckpt.rglob("*.json"):
+        dst = out / f.relative_to(ckpt)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, dst)
+    return out
+
+
+def compare(ckpt: Path, engine_dir: Path, args: BuildArgs, tmp_path: Path) -> dict[str, tuple]:
+    """component -> (estimated engine, built engine, estimated tables, built tables)."""
+    meta = open_checkpoint(config_only(ckpt, tmp_path))
+    hooks = family_for(meta.model_type).hooks()
+    comps = {c.name: c for c in hooks.components(open_checkpoint(ckpt))
+             if (engine_dir / c.subdir / c.engine).is_file()}  # fmt: skip
+    rows = estimate.estimate(meta, hooks, list(comps.values()), args)
+    out = {}
+    for r in rows:
+        c = comps[r.component]
+        weights, tables = built_bytes(engine_dir, c.subdir, c.engine)
+        out[r.component] = (r.engine_bytes, weights, r.table_bytes, tables)
+    return out
+
+
+def assert_close(rows: dict[str, tuple], names: list[str], rel: float = 0.01) -> None:
+    for name in names:
+        est, built, est_tables, tables = rows[name]
+        assert abs(est / built - 1) < rel, (name, est, built)
+        assert est_tables == tables, (name, est_tables, tables)
+
+
+def test_qwen3_estimate_matches_the_build(qwen3_engine: Path, qwen3_ckpt: Path, tmp_path) -> None:
+    args = BuildArgs(max_batch_size=3, max_input_len=64, max_kv_cache_capacity=128)
+    assert_close(compare(qwen3_ckpt, qwen3_engine, args, tmp_path), ["llm"])
+
+
+def test_omni_estimate_matches_the_build(omni_engine: Path, omni_ckpt: Path, tmp_path) -> None:
+    """Every Qwen3-Omni component, encoders and code2wav included, from config.json alone."""
+    args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
+    rows = compare(omni_ckpt, omni_engine, args, tmp_path)
+    assert set(rows) == {"llm", "audio", "visual", "talker", "code_predictor", "code2wav"}
+    assert_close(rows, list(rows))
+
+
+def test_tts_estimate_matches_the_build(tts_engine: Path, tmp_path) -> None:
+    """The talker and code predictor exactly as built. code2wav is counted as its module holds
+    its codebooks (sums and usage counts), the export folds them into one table each: the
+    estimate is high by a few percent of code2wav (docs/quantization.md gives the figures)."""
+    ckpt = tts_engine.parent / "ckpt"
+    args = BuildArgs(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
+    rows = compare(ckpt, tts_engine, args, tmp_path)
+    assert_close(rows, ["talker", "code_predictor"])
+    est, built, _, _ = rows["code2wav"]
+    assert 1.0 <= est / built < 1.15
+
+
+def test_int4_estimate_matches_the_build(omni_ckpt: Path, exports, tmp_path) -> None:
+    """The estimate counts the int4 layers as the pass packs them (MoE experts stay float)."""
+    args = BuildArgs(max_batch_size=2, max_input_len=128, max_kv_cache_capacity=256,
+                     quantization="int4_rtn", group_size=32)  # fmt: skip
+    engine = tmp_path / "int4"
+    assert exports.build(omni_ckpt, engine, args, ["llm", "talker", "code_predictor"]) is not None
+    rows = compare(omni_ckpt, engine, args, tmp_path)
+    assert_close(rows, ["llm", "talker", "code_predictor"])
+
+
+def test_kv_cache_and_totals(qwen3_ckpt: Path) -> None:
+    ckpt = open_checkpoint(qwen3_ckpt)
+    hooks = family_for(ckpt.model_type).hooks()
+    cfg = json.loads((qwen3_ckpt / "config.json").read_text())
+    args = BuildArgs(max_batch_size=4, max_input_len=64, max_kv_cache_capacity=512)
+    (row,) = estimate.estimate(ckpt, hooks, hooks.components(ckpt), args)
+    kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4 * 512 * 4
+    assert row.kv_bytes == kv
+    assert row.total == row.engine_bytes + row.table_bytes + row.kv_bytes
+    half = estimate.estimate(ckpt, hooks, hooks.components(ckpt),
+                             BuildArgs(4, 64, 512, dtype="float16"))  # fmt: skip
+    assert half[0].kv_bytes == kv // 2
+
+
+def test_cli_prints_the_table_and_builds_nothing(qwen3_ckpt: Path, tmp_path, capsys) -> None:
+    code = build_cli.main(["--model-dir", str(config_only(qwen3_ckpt, tmp_path)), "--estimate",
+                           "--quantization", "int4_rtn", "--max-batch-size", "2"])  # fmt: skip
+    assert code == build_cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert "int4_rtn group 32 (lm_head int4)" in out and "2 x 4096 slots" in out
+    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    assert len(lines["llm"]) == 4 and lines["llm"] == lines["total"]
+    assert "Jetson Orin Nano 8 GB yes" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--estimate", "--graph-only"], "exclude each other"),
+        ([], "--engine-dir is required"),
+    ],
+)
+def test_cli_refuses(qwen3_ckpt: Path, capsys, argv: list[str], message: str) -> None:
+    assert build_cli.main(["--model-dir", str(qwen3_ckpt), *argv]) == build_cli.EXIT_BAD_INPUT
+    assert message in capsys.readouterr().err
+
+
+def test_a_family_without_a_memory_plan_says_so(tmp_path) -> None:
+    """tests/toy_family has no memory_plan hook: one line and exit 2, not a guess."""
+    import os
+    import subprocess
+    import sys
+
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "EDGEOMNI_FAMILIES": "toy_family",
+           "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    ckpt = tmp_path / "toy"
+    made = subprocess.run([sys.executable, "-m", "edgeomni.export.tiny", "edgeomni_toy", str(ckpt)],
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    code = "import sys; from edgeomni.builder.cli import main; sys.exit(main(sys.argv[1:]))"
+    run = subprocess.run([sys.executable, "-c", code, "--model-dir", str(ckpt), "--estimate"],
+                         env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == build_cli.EXIT_BAD_INPUT
+    assert "the edgeomni_toy family gives no memory plan yet" in run.stderr
+
+
+def test_dump_profile_reports_the_built_memory(omni_engine: Path, omni_ckpt: Path, capsys) -> None:
+    """edge-infer --dump-profile's memory section: every built component's files as they lie,
+    and a KV cache equal to the estimate's for the decoders that record their limits."""
+    from edgeomni.runtime import cli
+    from edgeomni.runtime.footprint import footprint
+
+    ckpt = open_checkpoint(omni_ckpt)
+    hooks = family_for(ckpt.model_type).hooks()
+    args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
+    rows = {r.component: r for r in estimate.estimate(ckpt, hooks, hooks.components(ckpt), args)}
+    built = footprint(omni_engine)
+    folders = {c.subdir: c for c in hooks.components(ckpt)}
+    assert set(built) == set(folders)
+    for folder, b in built.items():
+        c = folders[folder]
+        engine_file = omni_engine / c.subdir / c.engine
+        assert b["engine_bytes"] >= engine_file.stat().st_size > 0
+        if b["kv_cache_bytes"] is not None:
+            assert b["kv_cache_bytes"] == rows[c.name].kv_bytes, c.name
+    assert built["."]["kv_cache_bytes"] is not None  # the thinker records its limits
+    code = cli.main(["--config", str(omni_engine), "--prompt", "Hi", "--max-generate-length", "2",
+                     "--dump-profile", "--sampling", '{"top_k": 1}'])  # fmt: skip
+    assert code == cli.EXIT_OK
+    err = capsys.readouterr().err
+    profile = json.loads(err[err.index("{") :])
+    assert profile["memory"] == built
