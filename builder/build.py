@@ -85,6 +85,12 @@ def check_flags(args: BuildArgs) -> None:
             raise BuildError(f"{flag} must be at least 1, got {value}")
     if args.backend.startswith("tensorrt") and args.device != "cuda":
         raise BuildError(f"--backend {args.backend} builds engines for a GPU: use --device cuda")
+    if args.quantization:  # the method, the group and the calibration text, before any export
+        from edgeomni.builder import awq, quantize
+
+        quantize.Quantization(args.quantization, args.group_size, args.quantize_lm_head)
+        if args.quantization == "int4_awq":
+            awq.calibration_texts(Path(args.calibration) if args.calibration else None)
     if args.max_input_len > args.max_kv_cache_capacity:
         raise BuildError(
             f"--max-input-len {args.max_input_len} exceeds --max-kv-cache-capacity "
@@ -193,19 +199,22 @@ def _build_in(
         out_dir.mkdir(parents=True, exist_ok=True)
         with step(f"export {comp.name} to ONNX"):
             raw = hooks.export_component(ckpt, comp, ws.work / comp.name, args)
-        raw, quantized = quantize_component(raw, comp, args)
+        # the artifacts first: int4_awq calibrates with the stage's tokenizer and table
+        with step(f"write {comp.name} artifacts"):
+            hooks.write_artifacts(ckpt, comp, out_dir, args)
+        raw, quantized = quantize_component(raw, comp, args, out_dir)
         with step(f"build {comp.name} engine ({args.backend}, {args.device})"):
             seeds = [ws.engine_dir / comp.subdir, *done]
             built = backend(raw, out_dir / comp.engine, args, dim_ranges(hooks, ckpt, comp, args),
                             seeds)  # fmt: skip
         done.append(out_dir)
-        with step(f"write {comp.name} artifacts"):
-            hooks.write_artifacts(ckpt, comp, out_dir, args)
-            record_build(out_dir, {**(built or {}), **quantized})
+        record_build(out_dir, {**(built or {}), **quantized})
     return write_graph(hooks, ckpt, ws.staging, selected, args)
 
 
-def quantize_component(raw: Path, comp: Component, args: BuildArgs) -> tuple[Path, dict[str, Any]]:
+def quantize_component(
+    raw: Path, comp: Component, args: BuildArgs, artifacts: Path
+) -> tuple[Path, dict[str, Any]]:
     """The exported graph with its weights quantized as --quantization asks (builder/quantize.py),
     and the config.json field that says so; the graph as it is for a float build or a component
     the pass leaves float."""
@@ -213,9 +222,18 @@ def quantize_component(raw: Path, comp: Component, args: BuildArgs) -> tuple[Pat
         return raw, {}
     from edgeomni.builder import quantize
 
-    spec = quantize.Quantization(args.quantization, args.group_size, args.quantize_lm_head)
+    calibration = Path(args.calibration) if args.calibration else None
+    spec = quantize.Quantization(
+        args.quantization, args.group_size, args.quantize_lm_head, calibration
+    )
+    # int4_awq calibrates on text only where the text model's runner embeds tokens with the
+    # stage's own table; other decoders take what the graph hands them
+    from edgeomni.export.registry import LLM_RUNNER
+
+    text = artifacts if comp.runner == LLM_RUNNER else None
     with step(f"quantize {comp.name} ({spec.method}, group {spec.group_size})"):
-        report = quantize.quantize_file(raw, raw.with_name(raw.stem + ".q4.onnx"), spec)
+        out = raw.with_name(raw.stem + ".q4.onnx")
+        report = quantize.quantize_file(raw, out, spec, text)
     if report is None:
         log.info("%s stays float: --quantization applies to decoders", comp.name)
         return raw, {"quantization": None}

@@ -5,7 +5,8 @@ declares nothing for it and every backend gets its own lowering of the same quan
 (plugins/quant_linear.py). What it quantizes:
 
 - every MatMul whose weight is a 2-D float initializer [K, N] with K a multiple of the group
-  size (and every Gemm that is one: torch exports a Linear over 2-D inputs so), in a decoder (an engine with a KV cache: the LLM or thinker, talkers, code predictors);
+  size (and every Gemm that is one: torch exports a Linear over 2-D inputs so), in a decoder
+  (an engine with a KV cache: the LLM or thinker, talkers, code predictors);
 - the lm_head (the MatMul that makes ``logits``) unless asked not to: on the trained tiny Qwen3
   it adds 0.8% to int4's held-out perplexity, and it is a quarter of Qwen3-0.6B's weights
   (docs/quantization.md);
@@ -14,7 +15,8 @@ declares nothing for it and every backend gets its own lowering of the same quan
   planned lowering).
 
 Methods: ``int4_rtn`` rounds each group of K to the nearest of 15 levels around 0 (symmetric,
-scale = the group's largest magnitude / 7). ``int4_awq`` is not written yet.
+scale = the group's largest magnitude / 7). ``int4_awq`` first scales each input channel by a
+calibrated factor (builder/awq.py), then rounds the same way.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 from edgeomni.builder.errors import BuildError
 
 log = logging.getLogger("edge-build")
-METHODS = ("int4_rtn",)
+METHODS = ("int4_rtn", "int4_awq")
 GROUP_SIZES = (32, 64, 128)
 KV_CACHE_INPUT = "past_key_0"  # the runtime's name for a decoder's first cache input
 LOGITS = "logits"
@@ -44,6 +46,7 @@ class Quantization:
     method: str
     group_size: int
     lm_head: bool = True
+    calibration: Path | None = None  # int4_awq: a request file (None: the shipped text)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -74,15 +77,26 @@ def lm_head_weight(model: Any) -> str | None:
     return None
 
 
-def quantize_file(raw: Path, out: Path, q: Quantization) -> dict[str, Any] | None:
+def quantize_file(
+    raw: Path, out: Path, q: Quantization, artifacts: Path | None = None
+) -> dict[str, Any] | None:
     """Quantize the exported graph at ``raw`` into ``out``; returns what was done, for the
-    engine's config.json, or None for a component the pass leaves float (``out`` unwritten)."""
+    engine's config.json, or None for a component the pass leaves float (``out`` unwritten).
+    ``artifacts``: the folder of a text model as write_artifacts left it (int4_awq embeds its
+    calibration text with the tokenizer and table there); None for any other component."""
     import onnx
 
     model = onnx.load(str(raw), load_external_data=False)
     if not is_decoder(model):
         return None
-    report = quantize_model(model, q, base_dir=raw.parent)
+    scales, awq_report = None, None
+    if q.method == "int4_awq":
+        scales, awq_report = _calibrate(model, raw, artifacts, q)
+    report = quantize_model(model, q, base_dir=raw.parent, scales=scales)
+    if awq_report is not None:
+        report["awq"] = awq_report
+        if scales is None:
+            report["method"] = "int4_rtn"
     inline = sum(t.ByteSize() for t in model.graph.initializer) < INLINE_BYTES
     if inline:
         _load_remaining(model, raw.parent)
@@ -105,8 +119,131 @@ def _load_remaining(model: Any, base_dir: Path) -> None:
     load_external_data_for_model(model, str(base_dir))
 
 
-def quantize_model(model: Any, q: Quantization, base_dir: Path | str = "") -> dict[str, Any]:
-    """Replace the model's eligible MatMuls with QuantMatMul (in place); returns the summary."""
+def _calibrate(
+    model: Any, raw: Path, artifacts: Path | None, q: Quantization
+) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
+    """int4_awq's per-input scales (input name -> s [K]), or None with a warning when this
+    component cannot be calibrated; and what to record of it."""
+    from onnx import numpy_helper
+
+    from edgeomni.builder import awq
+
+    groups = _groups(model, q)
+    texts = awq.calibration_texts(q.calibration)
+    rows = (
+        "no artifacts"
+        if artifacts is None
+        else awq.calibration_rows(raw, artifacts, list(groups), texts)
+    )
+    if isinstance(rows, str):
+        log.warning("%s: int4_awq cannot calibrate it (%s); its weights are rounded plainly "
+                    "(int4_rtn)", raw.stem, rows)  # fmt: skip
+        return None, {"calibrated": False, "why": rows}
+    inits = {t.name: t for t in model.graph.initializer}
+    scales, ratios = {}, []
+    for x, members in groups.items():
+        weights = []
+        for w, transposed in members:
+            value = numpy_helper.to_array(inits[w], str(raw.parent))
+            weights.append(np.ascontiguousarray(value.T) if transposed else value)
+        s, alpha, ratio = awq.search_scale(rows[x], weights, q.group_size)
+        ratios.append(ratio)
+        if alpha > 0:
+            scales[x] = s
+    return scales, {
+        "calibrated": True,
+        "calibration": str(q.calibration) if q.calibration else "shipped",
+        "inputs": len(groups),
+        "scaled_inputs": len(scales),
+        "error_vs_rtn": round(float(np.mean(ratios)), 4) if ratios else None,
+    }
+
+
+def _groups(model: Any, q: Quantization) -> dict[str, list[tuple[str, bool]]]:
+    """The weights the pass will quantize, by the input they read: only inputs whose every
+    reader is such a weight, read by no other input (so one scale per input can be folded)."""
+    from onnx import TensorProto
+
+    inits = {t.name: t for t in model.graph.initializer}
+    head = lm_head_weight(model)
+    floats = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
+    readers: dict[str, int] = {}
+    weight_readers: dict[str, int] = {}
+    groups: dict[str, list[tuple[str, bool]]] = {}
+    for node in model.graph.node:
+        for i in set(node.input):
+            readers[i] = readers.get(i, 0) + 1
+        linear = _linear(node, inits)
+        if linear is None:
+            continue
+        x, w, transposed, _ = linear
+        weight_readers[w] = weight_readers.get(w, 0) + 1
+        if _why_not(inits[w], transposed, q, w == head, floats) is None:
+            groups.setdefault(x, []).append((w, transposed))
+    return {
+        x: ws for x, ws in groups.items()
+        if readers[x] == len(ws) and all(weight_readers[w] == 1 for w, _ in ws)
+    }  # fmt: skip
+
+
+def _apply_input_scales(model: Any, scales: dict[str, np.ndarray], consumers: set[str]) -> int:
+    """x -> x / s for each scaled input: folded into the RMSNormalization that makes x (a copy
+    of its weight, divided by s) when x is no graph output; else one Mul before its readers.
+    Returns how many were folded. ``consumers``: the names of the QuantMatMul nodes reading
+    a scaled input."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    outputs = {o.name for o in graph.output}
+    folded = 0
+    for x, s in scales.items():
+        norm = producer.get(x)
+        if (
+            norm is not None
+            and norm.op_type == "RMSNormalization"
+            and len(norm.input) > 1
+            and norm.input[1] in inits
+            and x not in outputs
+        ):
+            # a weight of its own (the exporter shares equal initializers between norms)
+            value = numpy_helper.to_array(inits[norm.input[1]])
+            own = numpy_helper.from_array((value / s).astype(value.dtype), x + "_awq_norm_weight")
+            graph.initializer.append(own)
+            norm.input[1] = own.name
+            folded += 1
+            continue
+        w_dtype = next(
+            numpy_helper.to_array(inits[n.input[2]]).dtype
+            for n in graph.node if n.name in consumers and n.input[0] == x
+        )  # fmt: skip
+        inv = numpy_helper.from_array((1.0 / s).astype(w_dtype), x + "_awq_inv_scale")
+        graph.initializer.append(inv)
+        scaled = x + "_awq"
+        nodes = []
+        placed = False
+        for n in graph.node:
+            if not placed and x in n.input:
+                nodes.append(helper.make_node("Mul", [x, inv.name], [scaled], name=scaled))
+                placed = True
+            if n.name in consumers and n.input[0] == x:
+                n.input[0] = scaled
+            nodes.append(n)
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return folded
+
+
+def quantize_model(
+    model: Any,
+    q: Quantization,
+    base_dir: Path | str = "",
+    scales: dict[str, np.ndarray] | None = None,
+) -> dict[str, Any]:
+    """Replace the model's eligible MatMuls with QuantMatMul (in place); returns the summary.
+    ``scales``: int4_awq's per-channel factors by input name (the weights reading one are
+    scaled before rounding and the input divided by it)."""
     from onnx import TensorProto, helper, numpy_helper
 
     from edgeomni.plugins import quant_linear
@@ -115,11 +252,14 @@ def quantize_model(model: Any, q: Quantization, base_dir: Path | str = "") -> di
     inits = {t.name: t for t in graph.initializer}
     head = lm_head_weight(model)
     floats = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
-    done: dict[str, tuple[str, str, int, int]] = {}  # weight -> packed, scales names, K, N
+    # (weight, stored [N, K]) -> packed and scales names, K, N
+    done: dict[tuple[str, bool], tuple[str, str, int, int]] = {}
     skipped: dict[str, str] = {}
     float_bytes = quant_bytes = 0
+    scales = scales or {}
+    scaled_readers: set[str] = set()
     nodes = []
-    for node in graph.node:
+    for index, node in enumerate(graph.node):
         linear = _linear(node, inits)
         if linear is None:
             nodes.append(node)
@@ -131,21 +271,24 @@ def quantize_model(model: Any, q: Quantization, base_dir: Path | str = "") -> di
             skipped[w] = why
             nodes.append(node)
             continue
-        if w not in done:
+        if (w, transposed) not in done:
             value = numpy_helper.to_array(t, str(base_dir))
             value = np.ascontiguousarray(value.T) if transposed else value  # [K, N]
-            packed, scales = quant_linear.quantize_symmetric(value, q.group_size, value.dtype)
-            names = (w + "_q4", w + "_q4_scales")
+            float_bytes += value.nbytes
+            if x in scales:
+                value = (value.astype(np.float32) * scales[x][:, None]).astype(value.dtype)
+            packed, block_scales = quant_linear.quantize_symmetric(value, q.group_size, value.dtype)
+            stem = w + ("_t" if transposed else "") + "_q4"
+            names = (stem, stem + "_scales")
             graph.initializer.extend(
                 [
                     numpy_helper.from_array(packed, names[0]),
-                    numpy_helper.from_array(scales, names[1]),
-                ]  # fmt: skip
+                    numpy_helper.from_array(block_scales, names[1]),
+                ]
             )
-            done[w] = (*names, *value.shape)
-            float_bytes += value.nbytes
-            quant_bytes += packed.nbytes + scales.nbytes
-        packed_name, scales_name, k, n = done[w]
+            done[w, transposed] = (*names, *value.shape)
+            quant_bytes += packed.nbytes + block_scales.nbytes
+        packed_name, scales_name, k, n = done[w, transposed]
         y = node.output[0] if bias is None else node.output[0] + "_nobias"
         nodes.append(
             quant_linear.make_node(
@@ -157,14 +300,17 @@ def quantize_model(model: Any, q: Quantization, base_dir: Path | str = "") -> di
                 k=k,
                 n=n,
                 block_size=q.group_size,
-                name=node.name or None,
-            )  # fmt: skip
+                name=node.name or f"quant_matmul_{index}",
+            )
         )
+        if x in scales:
+            scaled_readers.add(nodes[-1].name)
         if bias is not None:
             nodes.append(helper.make_node("Add", [y, bias], [node.output[0]]))
     del graph.node[:]
     graph.node.extend(nodes)
-    _drop(graph, set(done))
+    _drop(graph, {w for w, _ in done})
+    folded = _apply_input_scales(model, scales, scaled_readers) if scales else 0
     if not any(o.domain == quant_linear.DOMAIN for o in model.opset_import):
         model.opset_import.add(domain=quant_linear.DOMAIN, version=quant_linear.VERSION)
     if skipped:
@@ -178,11 +324,16 @@ def quantize_model(model: Any, q: Quantization, base_dir: Path | str = "") -> di
         "bits": 4,
         "group_size": q.group_size,
         "symmetric": True,
-        "lm_head": q.lm_head and head in done,
+        "lm_head": q.lm_head and any(w == head for w, _ in done),
         "weights": len(done),
         "float_weights": sorted(skipped),
         "float_moe_blocks": len(moe),
         "weight_bytes": {"float": float_bytes, "int4": quant_bytes},
+        **(
+            {"awq_scaled_inputs": {"folded_into_norms": folded, "mul": len(scales) - folded}}
+            if scales
+            else {}
+        ),  # fmt: skip
     }
 
 

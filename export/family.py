@@ -60,11 +60,12 @@ class BuildArgs:
     # call; off on cpu, where the sampler's ~45 small ops cost more than drawing on the host
     engine_sampling: bool | None = None
     # weight-only quantization of the decoders' linear layers (builder/quantize.py): None for
-    # float weights, else "int4_rtn"; the group size (K entries per scale); the lm_head too
+    # float weights, else "int4_rtn" or "int4_awq"; the group size (K entries per scale); the lm_head too
     # (default: docs/quantization.md measures what it costs and saves)
     quantization: str | None = None
     group_size: int = 32
     quantize_lm_head: bool = True
+    calibration: str | None = None  # int4_awq's request file (None: the shipped text)
 
     def __post_init__(self) -> None:
         if self.logits_topk is None:

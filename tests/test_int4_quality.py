@@ -1,39 +1,89 @@
 """What int4 weights cost, measured where it means something: the tiny Qwen3 trained on real text
 (tests/trained_qwen3), held-out perplexity through edgeomni's engines against its fp32 engine.
 
-The issue's bar: int4_rtn at group 32 within 5% of fp32's perplexity. The defaults are what a
-user gets: the lm_head quantized too, ONNX Runtime's CPU kernel computing in int8 (accuracy
-level 4). docs/quantization.md has the whole table (every group size, with and without the
-lm_head, on all 88 held-out windows)."""
+The issue's bars: int4_rtn at group 32 within 5% of fp32's perplexity; int4_awq no worse than
+int4_rtn. The defaults are what a user gets: the lm_head quantized too, ONNX Runtime's CPU kernel
+computing in int8 (accuracy level 4), int4_awq calibrated on the shipped text unless a
+--calibration file is given (tests/trained_qwen3/calibration.json: paragraphs of the model's
+training text). docs/quantization.md has the whole table, on all 88 held-out windows too."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from trained_qwen3 import perplexity as ppl
 
 from edgeomni.export.family import BuildArgs
 
+CALIBRATION = str(ppl.HERE / "calibration.json")
+BUILDS = {
+    "rtn g32": dict(quantization="int4_rtn", group_size=32),
+    "awq g32": dict(quantization="int4_awq", group_size=32),
+    "awq g32, own calibration": dict(quantization="int4_awq", group_size=32,
+                                     calibration=CALIBRATION),  # fmt: skip
+    "rtn g128": dict(quantization="int4_rtn", group_size=128),
+    "awq g128": dict(quantization="int4_awq", group_size=128),
+}
 
-@pytest.mark.parametrize(("group", "bound"), [(32, 0.05)])
-def test_int4_rtn_perplexity_is_within_bound_of_fp32(
-    trained_qwen3: ppl.Baseline, exports, tmp_path: Path, group: int, bound: float
-) -> None:
-    engine = tmp_path / f"int4-g{group}"
-    args = BuildArgs(**ppl.BUILD, quantization="int4_rtn", group_size=group)
-    assert exports.build(trained_qwen3.ckpt, engine, args) is not None
-    q = json.loads((engine / "config.json").read_text())["quantization"]
-    assert q["lm_head"] is True and q["float_weights"] == []
-    scores = ppl.engine_perplexity(engine, trained_qwen3.ids, ppl.WINDOW, ppl.BATCH,
-                                   keep_logprobs=True)  # fmt: skip
-    base = trained_qwen3.scores
-    ratio = scores["ppl"] / base["ppl"]
-    agreement = ppl.greedy_agreement(scores, base)
-    kl = ppl.mean_kl(base, scores)
-    print(f"int4_rtn g{group}: ppl {scores['ppl']:.3f} vs fp32 {base['ppl']:.3f} "
-          f"({100 * (ratio - 1):+.2f}%), greedy agreement {agreement:.3f}, KL {kl:.4f}")  # fmt: skip
-    assert 1.0 < ratio < 1 + bound  # int4 loses something, and not more than the bound
-    assert agreement > 0.75  # measured 0.84-0.86 (docs/quantization.md)
-    assert 0 < kl < 0.1
+
+@pytest.fixture(scope="module")
+def scores(trained_qwen3: ppl.Baseline, exports, tmp_path_factory) -> dict[str, Any]:
+    """Each build's held-out scores, and its engine's config.json quantization record."""
+    out = {}
+    root = tmp_path_factory.mktemp("int4-quality")
+    for name, quant in BUILDS.items():
+        engine = root / name.replace(" ", "-").replace(",", "")
+        assert exports.build(trained_qwen3.ckpt, engine, BuildArgs(**ppl.BUILD, **quant))
+        s = ppl.engine_perplexity(engine, trained_qwen3.ids, ppl.WINDOW, ppl.BATCH,
+                                  keep_logprobs=True)  # fmt: skip
+        s["record"] = json.loads((engine / "config.json").read_text())["quantization"]
+        base = trained_qwen3.scores
+        s["ratio"] = s["ppl"] / base["ppl"]
+        s["agreement"] = ppl.greedy_agreement(s, base)
+        s["kl"] = ppl.mean_kl(base, s)
+        print(f"{name}: ppl {s['ppl']:.3f} vs fp32 {base['ppl']:.3f} "
+              f"({100 * (s['ratio'] - 1):+.2f}%), greedy agreement {s['agreement']:.3f}, "
+              f"KL {s['kl']:.4f}")  # fmt: skip
+        out[name] = s
+    return out
+
+
+def test_int4_rtn_g32_is_within_5_percent_of_fp32(scores: dict[str, Any]) -> None:
+    s = scores["rtn g32"]
+    assert s["record"]["lm_head"] is True and s["record"]["float_weights"] == []
+    assert 1.0 < s["ratio"] < 1.05  # int4 loses something, and not more than the bound
+    assert s["agreement"] > 0.75  # measured 0.849
+    assert 0 < s["kl"] < 0.1
+
+
+@pytest.mark.parametrize(("awq", "rtn"), [("awq g32", "rtn g32"),
+                                          ("awq g32, own calibration", "rtn g32"),
+                                          ("awq g128", "rtn g128")])  # fmt: skip
+def test_int4_awq_is_no_worse_than_rtn(scores: dict[str, Any], awq: str, rtn: str) -> None:
+    """Measured on these windows: g32 +2.47% (shipped text) and +2.79% (own calibration)
+    against RTN's +3.60%; g128 +3.50% against +5.06%."""
+    record = scores[awq]["record"]
+    assert record["method"] == "int4_awq" and record["awq"]["calibrated"] is True
+    assert record["awq"]["error_vs_rtn"] < 1.0  # the search's own measure, on its own data
+    assert record["awq_scaled_inputs"]["folded_into_norms"] > 0
+    assert scores[awq]["ppl"] <= scores[rtn]["ppl"]
+
+
+def test_awq_without_a_text_input_rounds_plainly(exports, tmp_path: Path, caplog) -> None:
+    """A component whose inputs are not a stage's token embeddings (Qwen3-TTS's talker takes
+    the graph's own sums) is rounded as int4_rtn, with a warning and its config.json saying
+    so, not calibrated on made-up inputs."""
+    from edgeomni.export.tiny_tts import make_checkpoint
+
+    caplog.set_level("WARNING", logger="edge-build")
+    ckpt = make_checkpoint(tmp_path / "ckpt", "custom_voice", "tiny")
+    args = BuildArgs(max_batch_size=1, max_input_len=64, max_kv_cache_capacity=128,
+                     quantization="int4_awq")  # fmt: skip
+    assert exports.build(ckpt, tmp_path / "eng", args, ["talker", "code_predictor", "code2wav"])
+    for name in ("talker", "code_predictor"):
+        record = json.loads((tmp_path / "eng" / name / "config.json").read_text())["quantization"]
+        assert record["method"] == "int4_rtn" and record["awq"]["calibrated"] is False, name
+    assert "int4_awq cannot calibrate it" in caplog.text

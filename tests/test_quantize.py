@@ -213,3 +213,35 @@ def test_omni_int4_quantizes_every_decoder_and_runs(
     (entry,) = json.loads((tmp_path / "p.json").read_text())["responses"]
     assert entry["ok"], entry["error"]
     assert list((tmp_path / "a").glob("*.wav"))
+
+
+def test_a_gemm_with_bias_is_quantized_as_its_linear() -> None:
+    """torch exports a Linear over 2-D inputs as Gemm(x, W [N, K], b, transB=1): it becomes
+    QuantMatMul of W's transpose plus an Add of the bias, and computes x @ deq(W^T) + b."""
+    import onnxruntime as ort
+
+    from edgeomni.plugins import lower_model
+    from edgeomni.plugins.lowering import onnxruntime_options
+
+    rng = np.random.default_rng(5)
+    k, n = 64, 48
+    w, b = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)],
+        "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, k]),
+         helper.make_tensor_value_info("past_key_0", TensorProto.FLOAT, [1])],  # fmt: skip
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, n])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    report = quantize_model(model, Quantization("int4_rtn", 32))
+    assert report["weights"] == 1
+    assert [n.op_type for n in model.graph.node] == ["QuantMatMul", "Add"]
+    packed, scales = quant_linear.quantize_symmetric(np.ascontiguousarray(w.T), 32)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    expected = quant_linear.reference(x, packed, scales, K=k, N=n, block_size=32) + b
+    lower_model(model, "onnxruntime", {**onnxruntime_options(), "nbits_accuracy_level": 0})
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(["y"], {"x": x, "past_key_0": np.zeros(1, np.float32)})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
