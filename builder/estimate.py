@@ -4,7 +4,8 @@ Each family's optional ``memory_plan(ckpt, component, args)`` hook gives, per co
 torch module its export starts from, built on the meta device (shapes, no weights, no memory),
 the host tables its artifacts hold and its KV cache shape. This file turns that into bytes by the
 rules the build follows: weights at the build's dtype, the linear layers the quantization pass
-takes (builder/quantize.py) at plugins/quant_linear.py's packed size, tables as written, the KV
+takes (builder/quantize.py) at plugins/quant_linear.py's packed size and the MoE experts it
+takes at plugins/quant_moe.py's, tables as written, the KV
 cache at --max-batch-size x --max-kv-cache-capacity. Not counted: activations and the backend's
 workspace (small for decode at batch sizes an edge device runs; a long prefill adds its own).
 """
@@ -43,10 +44,12 @@ def estimate_component(mem: ComponentMemory, args: BuildArgs) -> tuple[int, int,
     """(engine bytes, of which quantized, float parameters) of one component's module."""
     import torch
 
-    from edgeomni.plugins import quant_linear
+    from edgeomni.plugins import quant_linear, quant_moe
 
     quantize = args.quantization is not None and mem.kv is not None
-    linear = {id(m.weight): m for m in mem.module.modules() if isinstance(m, torch.nn.Linear)}
+    experts, routers = _moe_weights(mem.module, args.group_size)
+    linear = {id(m.weight) for m in mem.module.modules()
+              if isinstance(m, torch.nn.Linear) and id(m.weight) not in routers}  # fmt: skip
     total = quantized = floats = 0
     seen: set[int] = set()
     tensors = [*mem.module.named_parameters(), *mem.module.named_buffers()]
@@ -55,19 +58,40 @@ def estimate_component(mem: ComponentMemory, args: BuildArgs) -> tuple[int, int,
             continue
         seen.add(id(t))
         shape = None  # (K, N) of a MatMul weight the pass would quantize
-        if quantize and id(t) in linear:
+        size = None  # its bytes packed
+        if quantize and id(t) in experts:  # [E, N, K]: the pass packs each expert's [K, N]
+            size = quant_moe.packed_bytes(*(int(d) for d in t.shape), args.group_size,
+                                          t.element_size())  # fmt: skip
+        elif quantize and id(t) in linear:
             shape = (int(t.shape[1]), int(t.shape[0]))  # nn.Linear stores [N, K]
         elif quantize and name == mem.lm_head and t.dim() == 2 and args.quantize_lm_head:
             shape = (int(t.shape[0]), int(t.shape[1]))  # stored [H, V]: already [K, N]
         if shape and shape[0] % args.group_size == 0:
-            scale = t.element_size()
-            size = quant_linear.packed_bytes(*shape, args.group_size, scale, False)
+            size = quant_linear.packed_bytes(*shape, args.group_size, t.element_size(), False)
+        if size is not None:
             total += size
             quantized += size
             continue
         total += t.numel() * t.element_size()
         floats += t.numel()
     return total, quantized, floats
+
+
+def _moe_weights(module: Any, group_size: int) -> tuple[set[int], set[int]]:
+    """ids of (the expert weights, fc1 [E, 2I, H] and fc2 [E, H, I], of the MoE blocks the pass
+    packs: those whose H and I are both multiples of the group size; every block's router
+    weight, which the pass leaves float)."""
+    from edgeomni.export.common.moe import ThinkerSparseMoE
+
+    experts: set[int] = set()
+    routers: set[int] = set()
+    for m in module.modules():
+        if not isinstance(m, ThinkerSparseMoE):
+            continue
+        routers.add(id(m.gate.weight))
+        if not (m.fc1.shape[2] % group_size or m.fc2.shape[2] % group_size):
+            experts.update((id(m.fc1), id(m.fc2)))
+    return experts, routers
 
 
 def estimate(

@@ -10,9 +10,10 @@ from edgeomni.builder.ort_fusions import fuse_attention_prologue, fuse_residual_
 from edgeomni.export.family import BuildArgs
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider"]}
-# MatMulNBits' compute type per provider: on the CPU, 4 quantizes each block of activations to
-# int8 and runs int8 dot products (4.3x fp32 at Qwen3-0.6B's sizes; docs/quantization.md has
-# its perplexity cost); the CUDA kernels dequantize to the activations' type whatever it says
+# MatMulNBits' (and QMoE's) compute type per provider: on the CPU, 4 quantizes each block of
+# activations to int8 and runs int8 dot products (4.3x fp32 at Qwen3-0.6B's sizes;
+# docs/quantization.md has its perplexity cost); the CUDA kernels dequantize to the activations'
+# type whatever it says
 NBITS_ACCURACY_LEVEL = {"cpu": 4, "cuda": 0}
 
 
@@ -60,10 +61,12 @@ def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]:
 
 
 def nbits_options(model: Any, device: str) -> dict[str, Any]:
-    """The accuracy level of a quantized model's MatMulNBits (nothing for a float model)."""
-    from edgeomni.plugins import quant_linear
+    """The accuracy level of a quantized model's MatMulNBits and QMoE (nothing for a float
+    model): QMoE's CPU kernel reads the level as MatMulNBits does."""
+    from edgeomni.plugins import quant_linear, quant_moe
 
-    if not any(n.op_type == quant_linear.OP_TYPE for n in model.graph.node):
+    quantized = (quant_linear.OP_TYPE, quant_moe.OP_TYPE)
+    if not any(n.op_type in quantized for n in model.graph.node):
         return {}
     return {"nbits_accuracy_level": NBITS_ACCURACY_LEVEL[device]}
 

@@ -10,13 +10,16 @@ declares nothing for it and every backend gets its own lowering of the same quan
 - the lm_head (the MatMul that makes ``logits``) unless asked not to: on the trained tiny Qwen3
   it adds 0.8% to int4's held-out perplexity, and it is a quarter of Qwen3-0.6B's weights
   (docs/quantization.md);
-- nothing else: norms, embeddings (host tables), convolutions and other components stay float,
-  and so, for now, do mixture-of-experts blocks (a warning says so; ONNX Runtime's QMoE is the
-  planned lowering).
+- the routed experts of each mixture-of-experts block (an edgeomni::MoE node becomes an
+  edgeomni::QuantMoE, plugins/quant_moe.py: ONNX Runtime's QMoE), grouped along each expert
+  matrix's input axis (H for fc1, the MoE intermediate size for fc2); a block where either is
+  not a multiple of the group size stays float, with the reason in the report and a warning;
+- nothing else: norms, embeddings (host tables), convolutions and other components stay float.
 
 Methods: ``int4_rtn`` rounds each group of K to the nearest of 15 levels around 0 (symmetric,
 scale = the group's largest magnitude / 7). ``int4_awq`` first scales each input channel by a
-calibrated factor (builder/awq.py), then rounds the same way.
+calibrated factor (builder/awq.py), then rounds the same way; it rounds MoE experts plainly (as
+int4_rtn: they are not calibrated yet), and the report's ``moe_method`` says so.
 """
 
 from __future__ import annotations
@@ -66,12 +69,29 @@ def lm_head_weight(model: Any) -> str | None:
     """The weight of the MatMul that makes ``logits``: walk back from the output through
     single-input-path ops (a Reshape, a Cast) to the first MatMul."""
     producer = {o: n for n in model.graph.node for o in n.output}
-    name = LOGITS
+    return _weight_behind(producer, LOGITS)
+
+
+def router_weights(model: Any) -> set[str]:
+    """The weights of the MatMuls (or Gemms) making each MoE block's router logits. They stay
+    float: E x H parameters, negligible memory, and rounding them moves tokens between experts
+    (on the tiny Qwen3-Omni it changed the thinker's logits by a third of their range)."""
+    from edgeomni.plugins import moe
+
+    producer = {o: n for n in model.graph.node for o in n.output}
+    found = (_weight_behind(producer, n.input[1], "Gemm") for n in model.graph.node
+             if n.op_type == moe.OP_TYPE and n.domain == moe.DOMAIN)  # fmt: skip
+    return {w for w in found if w}
+
+
+def _weight_behind(producer: dict[str, Any], name: str, *linear: str) -> str | None:
+    """Walk back from ``name`` through single-input-path ops to the first MatMul (or one of
+    ``linear``'s op types) and return its weight input."""
     for _ in range(16):
         node = producer.get(name)
         if node is None:
             return None
-        if node.op_type == "MatMul":
+        if node.op_type in ("MatMul", *linear):
             return node.input[1]
         name = node.input[0]
     return None
@@ -166,6 +186,7 @@ def _groups(model: Any, q: Quantization) -> dict[str, list[tuple[str, bool]]]:
 
     inits = {t.name: t for t in model.graph.initializer}
     head = lm_head_weight(model)
+    routers = router_weights(model)
     floats = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
     readers: dict[str, int] = {}
     weight_readers: dict[str, int] = {}
@@ -178,7 +199,7 @@ def _groups(model: Any, q: Quantization) -> dict[str, list[tuple[str, bool]]]:
             continue
         x, w, transposed, _ = linear
         weight_readers[w] = weight_readers.get(w, 0) + 1
-        if _why_not(inits[w], transposed, q, w == head, floats) is None:
+        if _why_not(inits[w], transposed, q, w == head, floats, w in routers) is None:
             groups.setdefault(x, []).append((w, transposed))
     return {
         x: ws for x, ws in groups.items()
@@ -246,11 +267,12 @@ def quantize_model(
     scaled before rounding and the input divided by it)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from edgeomni.plugins import quant_linear
+    from edgeomni.plugins import moe, quant_linear
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     head = lm_head_weight(model)
+    routers = router_weights(model)
     floats = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
     # (weight, stored [N, K]) -> packed and scales names, K, N
     done: dict[tuple[str, bool], tuple[str, str, int, int]] = {}
@@ -259,14 +281,29 @@ def quantize_model(
     scales = scales or {}
     scaled_readers: set[str] = set()
     nodes = []
+    experts: set[str] = set()  # the float fc1/fc2 of the MoE blocks made QuantMoE
+    moe_blocks, float_moe = 0, []
     for index, node in enumerate(graph.node):
+        if node.op_type == moe.OP_TYPE and node.domain == moe.DOMAIN:
+            quantized = _quantize_moe(node, index, inits, q, base_dir, skipped)
+            if quantized is None:
+                float_moe.append(f"{node.name or index}: {skipped[node.input[2]]}")
+                nodes.append(node)
+                continue
+            new, tensors, sizes = quantized
+            nodes.append(new)
+            graph.initializer.extend(tensors)
+            experts.update(node.input[2:4])
+            moe_blocks += 1
+            float_bytes, quant_bytes = float_bytes + sizes[0], quant_bytes + sizes[1]
+            continue
         linear = _linear(node, inits)
         if linear is None:
             nodes.append(node)
             continue
         x, w, transposed, bias = linear
         t = inits[w]
-        why = _why_not(t, transposed, q, w == head, floats)
+        why = _why_not(t, transposed, q, w == head, floats, w in routers)
         if why:
             skipped[w] = why
             nodes.append(node)
@@ -309,16 +346,18 @@ def quantize_model(
             nodes.append(helper.make_node("Add", [y, bias], [node.output[0]]))
     del graph.node[:]
     graph.node.extend(nodes)
-    _drop(graph, {w for w, _ in done})
+    _drop(graph, {w for w, _ in done} | experts)
     folded = _apply_input_scales(model, scales, scaled_readers) if scales else 0
     if not any(o.domain == quant_linear.DOMAIN for o in model.opset_import):
         model.opset_import.add(domain=quant_linear.DOMAIN, version=quant_linear.VERSION)
     if skipped:
         log.info("left float: %s", "; ".join(f"{k} ({v})" for k, v in skipped.items()))
-    moe = [n for n in graph.node if n.op_type == "MoE" and n.domain == quant_linear.DOMAIN]
-    if moe:
-        log.warning("%d mixture-of-experts blocks keep float experts: their int4 (QMoE) is not "
-                    "written yet", len(moe))  # fmt: skip
+    if float_moe:
+        log.warning("%d mixture-of-experts blocks keep float experts (%s)", len(float_moe),
+                    "; ".join(float_moe))  # fmt: skip
+    if moe_blocks and q.method == "int4_awq":
+        log.info("int4_awq: %d mixture-of-experts blocks are rounded plainly (int4_rtn): "
+                 "experts are not calibrated yet", moe_blocks)  # fmt: skip
     return {
         "method": q.method,
         "bits": 4,
@@ -327,7 +366,9 @@ def quantize_model(
         "lm_head": q.lm_head and any(w == head for w, _ in done),
         "weights": len(done),
         "float_weights": sorted(skipped),
-        "float_moe_blocks": len(moe),
+        "moe_blocks": moe_blocks,
+        "float_moe_blocks": len(float_moe),
+        **({"moe_method": "int4_rtn"} if moe_blocks else {}),
         "weight_bytes": {"float": float_bytes, "int4": quant_bytes},
         **(
             {"awq_scaled_inputs": {"folded_into_norms": folded, "mul": len(scales) - folded}}
@@ -335,6 +376,53 @@ def quantize_model(
             else {}
         ),  # fmt: skip
     }
+
+
+def _quantize_moe(
+    node: Any,
+    index: int,
+    inits: dict[str, Any],
+    q: Quantization,
+    base_dir: Path | str,
+    skipped: dict[str, str],
+) -> tuple[Any, list[Any], tuple[int, int]] | None:
+    """An edgeomni::MoE node as QuantMoE: (the node, its packed experts and scales, (float
+    bytes, int4 bytes)); or None, with why in ``skipped``, when its experts stay float."""
+    from onnx import TensorProto, numpy_helper
+
+    from edgeomni.plugins import quant_moe
+
+    fc1, fc2 = node.input[2:4]
+    why = None
+    if fc1 not in inits or fc2 not in inits:
+        why = "MoE experts that are not initializers"
+    elif any(inits[w].data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16)
+             or len(inits[w].dims) != 3 for w in (fc1, fc2)):  # fmt: skip
+        why = "MoE experts that are not 3-D float weights"
+    else:
+        h, i = inits[fc1].dims[2], inits[fc2].dims[2]
+        bad = [f"{n}={v}" for n, v in (("H", h), ("I", i)) if v % q.group_size]
+        if bad:
+            why = f"MoE {', '.join(bad)} not a multiple of the group size {q.group_size}"
+    if why:
+        skipped[fc1] = skipped[fc2] = why
+        return None
+    tensors, names, sizes = [], [], [0, 0]
+    for w in (fc1, fc2):
+        value = numpy_helper.to_array(inits[w], str(base_dir))
+        packed, scales = quant_moe.quantize_experts(value, q.group_size, value.dtype)
+        names += [w + "_q4", w + "_q4_scales"]
+        tensors += [numpy_helper.from_array(packed, names[-2]),
+                    numpy_helper.from_array(scales, names[-1])]  # fmt: skip
+        sizes[0] += value.nbytes
+        sizes[1] += packed.nbytes + scales.nbytes
+    attrs = {a.name: a.i for a in node.attribute}
+    new = quant_moe.make_node(
+        [*node.input[:2], *names], node.output[0], top_k=attrs["top_k"],
+        normalize_routing=attrs["normalize_routing"], block_size=q.group_size,
+        name=node.name or f"quant_moe_{index}",
+    )  # fmt: skip
+    return new, tensors, (sizes[0], sizes[1])
 
 
 def _linear(node: Any, inits: dict[str, Any]) -> tuple[str, str, bool, str | None] | None:
@@ -356,11 +444,14 @@ def _linear(node: Any, inits: dict[str, Any]) -> tuple[str, str, bool, str | Non
 
 
 def _why_not(
-    t: Any, transposed: bool, q: Quantization, is_head: bool, floats: dict[int, Any]
-) -> str | None:
+    t: Any, transposed: bool, q: Quantization, is_head: bool, floats: dict[int, Any],
+    is_router: bool = False,
+) -> str | None:  # fmt: skip
     """Why a MatMul weight stays float, or None when it is quantized."""
     if is_head and not q.lm_head:
         return "lm_head"
+    if is_router:
+        return "MoE router"
     if t.data_type not in floats or len(t.dims) != 2:
         return "not a 2-D float weight"
     k = t.dims[1] if transposed else t.dims[0]

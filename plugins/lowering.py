@@ -9,13 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.plugins import attention, moe, quant_linear, rotary
+from edgeomni.plugins import attention, moe, quant_linear, quant_moe, rotary
 
 # op_type -> {backend -> lowering(node, ctx) -> replacement nodes}
 PLUGINS: dict[str, dict[str, Callable[[Any, LoweringContext], list[Any]]]] = {
     attention.OP_TYPE: attention.LOWERINGS,
     moe.OP_TYPE: moe.LOWERINGS,
     quant_linear.OP_TYPE: quant_linear.LOWERINGS,
+    quant_moe.OP_TYPE: quant_moe.LOWERINGS,
     rotary.OP_TYPE: rotary.LOWERINGS,
 }
 BACKENDS = ("onnxruntime", "tensorrt")

@@ -177,21 +177,31 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
     """Rewrite into com.microsoft::MoE(x, router_logits, fc1, "", fc2).
 
     On CPU (ORT 1.32) interleaved SwiGLU (``swiglu_fusion=1``) is the only accepted fc1 layout,
-    which is why the op's fc1 is interleaved. alpha 1 and beta 0 make the activation
-    silu(g) * u; they are the defaults but are written out so a changed default cannot bite.
+    which is why the op's fc1 is interleaved.
+    """
+    if len(node.input) != len(INPUTS):
+        raise ValueError(f"{DOMAIN}::{OP_TYPE} node {node.name!r} has {len(node.input)} inputs")
+    x, router_logits, fc1, fc2 = node.input
+    return lower_contrib(node, ctx, "MoE", [x, router_logits, fc1, "", fc2])
+
+
+def lower_contrib(node: Any, ctx: Any, op_type: str, inputs: list[str], **extra: Any) -> list[Any]:
+    """One com.microsoft MoE-family node (MoE, or QMoE for plugins/quant_moe.py) computing
+    ``node``'s routing: SwiGLU with interleaved gate/up rows, softmax top-``top_k`` of input 1.
+
+    alpha 1 and beta 0 make the activation silu(g) * u; they are the defaults but are written
+    out so a changed default cannot bite. ``extra``: the op's own attributes.
     """
     from onnx import helper
 
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if len(node.input) != len(INPUTS):
-        raise ValueError(f"{DOMAIN}::{OP_TYPE} node {node.name!r} has {len(node.input)} inputs")
-    x, router_logits, fc1, fc2 = node.input
+    router_logits = node.input[1]
     k = int(attrs["top_k"])
     moe_out = node.output[0] if attrs["normalize_routing"] else ctx.fresh("moe_normalized")
     nodes = [
         helper.make_node(
-            "MoE",
-            [x, router_logits, fc1, "", fc2],
+            op_type,
+            inputs,
             [moe_out],
             name=node.name or None,
             domain="com.microsoft",
@@ -201,6 +211,7 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
             activation_alpha=1.0,
             activation_beta=0.0,
             normalize_routing_weights=1,
+            **extra,
         )
     ]
     if attrs["normalize_routing"]:
@@ -208,7 +219,8 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
     # Unnormalised weights (norm_topk_prob false: transformers' talker default) are the
     # normalised ones times the chosen experts' softmax mass S, so the op always normalises and
     # its output is scaled by S: with normalize_routing_weights=0 the CUDA provider's MoE gave a
-    # tiny talker's logits off by half their range while the CPU provider's matched.
+    # tiny talker's logits off by half their range while the CPU provider's matched, and the CPU
+    # provider's QMoE ignores the 0 (it renormalises anyway: tests/test_quant_moe.py).
     probs, top, mass = (ctx.fresh(f"moe_{n}") for n in ("probs", "top", "mass"))
     k_name = ctx.constant(f"moe_k{k}", np.array([k], np.int64))
     axis = ctx.constant("moe_axis_last", np.array([-1], np.int64))

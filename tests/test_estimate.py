@@ -94,7 +94,7 @@ def test_tts_estimate_matches_the_build(tts_engine: Path, tmp_path) -> None:
 
 
 def test_int4_estimate_matches_the_build(omni_ckpt: Path, exports, tmp_path) -> None:
-    """The estimate counts the int4 layers as the pass packs them (MoE experts stay float)."""
+    """The estimate counts the int4 layers as the pass packs them, MoE experts included."""
     args = BuildArgs(max_batch_size=2, max_input_len=128, max_kv_cache_capacity=256,
                      quantization="int4_rtn", group_size=32)  # fmt: skip
     engine = tmp_path / "int4"

@@ -47,7 +47,7 @@ def dequantized_checkpoint(src: Path, dst: Path, group: int, lm_head: bool) -> P
     return dst
 
 
-def greedy(engine: Path, tmp_path: Path) -> list[list[int]]:
+def greedy(engine: Path, tmp_path: Path, stage: str = "llm") -> list[list[int]]:
     body = {
         "temperature": 0,
         "max_generate_length": 20,
@@ -57,7 +57,8 @@ def greedy(engine: Path, tmp_path: Path) -> list[list[int]]:
     req.write_text(json.dumps(body))
     code = cli.main(["--config", str(engine), "--input-file", str(req), "--output-file", str(pred)])
     assert code == cli.EXIT_OK
-    return [r["stages"]["llm"]["output_tokens"] for r in json.loads(pred.read_text())["responses"]]
+    responses = json.loads(pred.read_text())["responses"]
+    return [r["stages"][stage]["output_tokens"] for r in responses]
 
 
 ARGS = {"max_batch_size": 3, "max_input_len": 64, "max_kv_cache_capacity": 128}
@@ -181,9 +182,9 @@ def test_cli_refuses_an_unknown_method_and_group(tmp_path: Path, capsys) -> None
 def test_omni_int4_quantizes_every_decoder_and_runs(
     omni_ckpt: Path, exports, tmp_path: Path, caplog
 ) -> None:
-    """Qwen3-Omni's thinker, talker and code predictor are quantized by the same pass (their MoE
-    experts stay float, with a warning); the encoders and code2wav stay float; a spoken reply
-    runs end to end."""
+    """Qwen3-Omni's thinker, talker and code predictor are quantized by the same pass, the
+    thinker's and talker's MoE experts too (QMoE); the encoders and code2wav stay float; a spoken
+    reply runs end to end."""
     caplog.set_level("INFO", logger="edge-build")
     engine = tmp_path / "omni-int4"
     args = BuildArgs(max_batch_size=2, max_input_len=128, max_kv_cache_capacity=256,
@@ -195,13 +196,17 @@ def test_omni_int4_quantizes_every_decoder_and_runs(
         if "component" in json.loads(p.read_text())
     }
     assert {k for k, v in reports.items() if v is None} == {"audio", "visual", "code2wav"}
+    config = json.loads((omni_ckpt / "config.json").read_text())
     for name in (".", "talker", "code_predictor"):
         assert reports[name]["weights"] > 0, name
         model = onnx.load(str(engine / name / "llm.onnx"), load_external_data=False)
         ops = [n.op_type for n in model.graph.node]
         assert ops.count("MatMulNBits") == reports[name]["weights"], name
-    assert reports["."]["float_moe_blocks"] > 0
-    assert "keep float experts" in caplog.text
+        assert ops.count("QMoE") == reports[name]["moe_blocks"], name
+        assert "MoE" not in ops and reports[name]["float_moe_blocks"] == 0, name
+    thinker = config["thinker_config"]["text_config"]["num_hidden_layers"]
+    assert reports["."]["moe_blocks"] == thinker and reports["talker"]["moe_blocks"] > 0
+    assert "keep float experts" not in caplog.text
     body = {"max_generate_length": 8, "requests": [{"messages": [
         {"role": "user", "content": [{"type": "text", "text": "Hello there"}]}]}]}  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps(body))
@@ -245,3 +250,26 @@ def test_a_gemm_with_bias_is_quantized_as_its_linear() -> None:
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     got = sess.run(["y"], {"x": x, "past_key_0": np.zeros(1, np.float32)})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_omni_int4_experts_give_the_dequantized_experts_tokens(
+    omni_ckpt: Path, exports, tmp_path: Path, monkeypatch
+) -> None:
+    """The thinker with int4 experts (QMoE) and int4 linears (MatMulNBits), both computing in
+    float (accuracy level 0), generates the greedy tokens of a float thinker whose experts and
+    linears were dequantized in numpy (per expert on disk: ``...experts.N.gate_proj.weight``,
+    rounded along each row's inputs exactly as the pass rounds fc1/fc2's rows)."""
+    monkeypatch.setitem(ort_backend.NBITS_ACCURACY_LEVEL, "cpu", 0)
+    args = {"max_batch_size": 3, "max_input_len": 128, "max_kv_cache_capacity": 256}
+    q_engine, f_engine = tmp_path / "int4", tmp_path / "float"
+    q_args = BuildArgs(**args, quantization="int4_rtn", quantize_lm_head=False)
+    assert exports.build(omni_ckpt, q_engine, q_args, ["llm"]) is not None
+    deq_ckpt = dequantized_checkpoint(omni_ckpt, tmp_path / "deq", 32, lm_head=False)
+    assert exports.build(deq_ckpt, f_engine, BuildArgs(**args), ["llm"]) is not None
+    q_bytes, f_bytes = ((e / "llm.onnx").stat().st_size for e in (q_engine, f_engine))
+    assert q_bytes < 0.5 * f_bytes, (q_bytes, f_bytes)
+    ops = [n.op_type for n in onnx.load(str(q_engine / "llm.onnx")).graph.node]
+    assert ops.count("QMoE") > 0 and "MoE" not in ops
+    tokens = greedy(q_engine, tmp_path, "thinker")
+    assert tokens == greedy(f_engine, tmp_path, "thinker")
+    assert all(len(t) > 0 for t in tokens)
