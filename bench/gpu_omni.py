@@ -496,6 +496,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="end after this phase (to split the work over several commands; the "
                    "work dir is reused)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quantization", choices=("int4_rtn",),
+                   help="build the decoders int4 (edge-build --quantization)")  # fmt: skip
     p.add_argument(
         "--batching",
         choices=("inflight", "cohort"),
@@ -562,7 +564,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
-    extra = {} if args.logits_topk is None else {"logits_topk": args.logits_topk}
+    extra: dict[str, Any] = {} if args.logits_topk is None else {"logits_topk": args.logits_topk}
+    if args.quantization:
+        extra["quantization"] = args.quantization
     build_args = BuildArgs(
         max_batch, max_input, capacity, device=args.device, dtype=args.dtype, **extra
     )
@@ -570,6 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = args.work / (
         f"engine-{tag}-{args.device}-{args.dtype}-b{max_batch}-i{max_input}-c{capacity}"
         + (f"-k{topk}" if topk is not None else "")
+        + (f"-{args.quantization}" if args.quantization else "")
     )
     components = ["llm", "talker", "code_predictor", "code2wav"]  # no audio/vision encoders
     reused_engine = (engine / "multistage_config.json").is_file()

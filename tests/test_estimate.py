@@ -184,5 +184,5 @@ def test_dump_profile_reports_the_built_memory(omni_engine: Path, omni_ckpt: Pat
                      "--dump-profile", "--sampling", '{"top_k": 1}'])  # fmt: skip
     assert code == cli.EXIT_OK
     err = capsys.readouterr().err
-    profile = json.loads(err[err.index("{") :])
+    profile = json.loads(err[err.index("{\n  \"wall_ms\"") :])  # the profile, after any log
     assert profile["memory"] == built
