@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -46,8 +46,11 @@ CORPUS = [
 ]
 
 
-def make_tokenizer(out_dir: Path, vocab_size: int = 320) -> Any:
-    """Train a byte-level BPE and save it with a ChatML chat template; returns the HF tokenizer."""
+def make_tokenizer(
+    out_dir: Path, vocab_size: int = 320, corpus: Iterable[str] | None = None
+) -> Any:
+    """Train a byte-level BPE (on ``corpus``, default the built-in sentences) and save it with a
+    ChatML chat template; returns the HF tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -60,7 +63,7 @@ def make_tokenizer(out_dir: Path, vocab_size: int = 320) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
+    tok.train_from_iterator(CORPUS * 4 if corpus is None else corpus, trainer=trainer)
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

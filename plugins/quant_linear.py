@@ -131,49 +131,8 @@ def packed_bytes(k: int, n: int, block_size: int, scale_bytes: int, zero_points:
 
 
 # ---------------------------------------------------------------------------------------------
-# ONNX schema (the op is written into exported graphs, never traced from torch)
+# The node (written into exported graphs by the pass, never traced from torch: no schema)
 # ---------------------------------------------------------------------------------------------
-_registered: dict[str, Any] = {}
-
-
-def register_onnx_schema() -> None:
-    """Declare edgeomni::QuantMatMul to onnx once per process (for checkers and shape
-    inference over a quantized graph before it is lowered)."""
-    if "schema" in _registered:
-        return
-    import onnx
-    from onnx.defs import OpSchema
-
-    fp = OpSchema.FormalParameter
-    optional = OpSchema.FormalParameterOption.Optional
-    schema = OpSchema(
-        OP_TYPE,
-        DOMAIN,
-        VERSION,
-        inputs=[
-            fp("x", "T"),
-            fp("packed", "Q"),
-            fp("scales", "T"),
-            fp("zero_points", "Q", param_option=optional),
-        ],
-        outputs=[fp("y", "T")],
-        type_constraints=[
-            ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "activations"),
-            ("Q", ["tensor(uint8)"], "packed 4-bit codes"),
-        ],
-        attributes=[
-            OpSchema.Attribute("K", OpSchema.AttrType.INT, "input features"),
-            OpSchema.Attribute("N", OpSchema.AttrType.INT, "output features"),
-            OpSchema.Attribute("block_size", OpSchema.AttrType.INT, "K entries per scale"),
-            OpSchema.Attribute("bits", OpSchema.AttrType.INT, "bits per code (4)"),
-        ],
-        doc=__doc__,
-    )
-    if not onnx.defs.has(OP_TYPE, DOMAIN):
-        onnx.defs.register_schema(schema)
-    _registered["schema"] = schema
-
-
 def make_node(
     x: str, packed: str, scales: str, zero_points: str | None, y: str, *,
     k: int, n: int, block_size: int, name: str | None = None,

@@ -118,43 +118,8 @@ def reference(
 
 
 # ---------------------------------------------------------------------------------------------
-# ONNX schema and node
+# The node (written by the pass, never traced from torch: no schema)
 # ---------------------------------------------------------------------------------------------
-_registered: dict[str, Any] = {}
-
-
-def register_onnx_schema() -> None:
-    """Declare edgeomni::QuantMoE to onnx once per process (checkers, shape inference)."""
-    if "schema" in _registered:
-        return
-    import onnx
-    from onnx.defs import OpSchema
-
-    fp = OpSchema.FormalParameter
-    int_attr = OpSchema.AttrType.INT
-    schema = OpSchema(
-        OP_TYPE,
-        DOMAIN,
-        VERSION,
-        inputs=[fp(n, "Q" if n in ("fc1", "fc2") else "T") for n in INPUTS],
-        outputs=[fp("y", "T")],
-        type_constraints=[
-            ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "activations"),
-            ("Q", ["tensor(uint8)"], "packed 4-bit codes"),
-        ],
-        attributes=[
-            OpSchema.Attribute("top_k", int_attr, "experts per token"),
-            OpSchema.Attribute("normalize_routing", int_attr, "renormalise the top-k weights"),
-            OpSchema.Attribute("block_size", int_attr, "inputs per scale"),
-            OpSchema.Attribute("bits", int_attr, "bits per code (4)"),
-        ],
-        doc=__doc__,
-    )
-    if not onnx.defs.has(OP_TYPE, DOMAIN):
-        onnx.defs.register_schema(schema)
-    _registered["schema"] = schema
-
-
 def make_node(
     inputs: list[str], y: str, *, top_k: int, normalize_routing: int, block_size: int,
     name: str | None = None,

@@ -34,7 +34,6 @@ def experts(block: int, dtype: type = np.float32, seed: int = 0) -> dict[str, np
 def model(weights: dict[str, np.ndarray], top_k: int, normalize: int, block: int,
           dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:  # fmt: skip
     """x, router_logits -> QuantMoE -> y, the experts as initializers; not yet lowered."""
-    quant_moe.register_onnx_schema()
     vi = helper.make_tensor_value_info
     node = quant_moe.make_node(
         list(quant_moe.INPUTS), "y", top_k=top_k, normalize_routing=normalize, block_size=block

@@ -52,13 +52,6 @@ from perplexity import torch_perplexity, unigram_nll  # noqa: E402
 
 LICENSES = Path("/usr/share/common-licenses")
 HELDOUT_DOCS = ("license:Apache-2.0", "topic:import", "topic:calls", "topic:objects")
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 VOCAB = 1024
 MODEL = dict(
     hidden_size=128,
@@ -131,26 +124,11 @@ def corpus() -> tuple[str, str, dict[str, Any]]:
 
 
 def make_tokenizer(train_text: str, out_dir: Path) -> Any:
-    """A byte-level BPE of VOCAB ids trained on the training paragraphs, saved the way
-    export/tiny.py saves its tokenizer (same specials, eos, pad and chat template)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """A byte-level BPE of VOCAB ids trained on the training paragraphs, saved as
+    export/tiny.py saves its own (same specials, eos, pad and chat template)."""
+    from edgeomni.export.tiny import make_tokenizer as tiny_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=list(SPECIALS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_paragraphs(train_text), trainer=trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                 pad_token="<|endoftext|>")  # fmt: skip
-    hf.chat_template = CHAT_TEMPLATE
-    hf.save_pretrained(out_dir)
-    return hf
+    return tiny_tokenizer(out_dir, VOCAB, _paragraphs(train_text))
 
 
 def _lr(step: int) -> float:
