@@ -149,6 +149,7 @@ def build(
     hooks = family.hooks()
     ckpt.weight_files  # noqa: B018 - fail on missing or unreadable weights before building
     selected = select_components(hooks.components(ckpt), components)
+    check_checkpoint_quantization(ckpt, args)
     preflight(hooks, ckpt, selected, args)
     warn_position_limits(hooks, ckpt, selected, args)
     engine_dir = engine_dir.resolve()
@@ -171,7 +172,9 @@ def estimate_only(model_dir: Path, args: BuildArgs, components: Sequence[str] | 
     ckpt = open_checkpoint(model_dir)
     hooks = family_for(ckpt.model_type).hooks()
     selected = select_components(hooks.components(ckpt), components)
-    return estimate.report(model_dir, estimate.estimate(ckpt, hooks, selected, args), args)
+    check_checkpoint_quantization(ckpt, args, log_it=False)
+    rows = estimate.estimate(ckpt, hooks, selected, args)
+    return estimate.report(model_dir, rows, args, ckpt)
 
 
 def ordinary_modes(root: Path) -> None:
@@ -202,22 +205,29 @@ def _build_in(
         # the artifacts first: int4_awq calibrates with the stage's tokenizer and table
         with step(f"write {comp.name} artifacts"):
             hooks.write_artifacts(ckpt, comp, out_dir, args)
-        raw, quantized = quantize_component(raw, comp, args, out_dir)
+        raw, quantized = quantize_component(raw, comp, args, out_dir, ckpt)
         with step(f"build {comp.name} engine ({args.backend}, {args.device})"):
             seeds = [ws.engine_dir / comp.subdir, *done]
             built = backend(raw, out_dir / comp.engine, args, dim_ranges(hooks, ckpt, comp, args),
                             seeds)  # fmt: skip
         done.append(out_dir)
         record_build(out_dir, {**(built or {}), **quantized})
+    warn_unplaced(ckpt, args)
     return write_graph(hooks, ckpt, ws.staging, selected, args)
 
 
 def quantize_component(
-    raw: Path, comp: Component, args: BuildArgs, artifacts: Path
+    raw: Path, comp: Component, args: BuildArgs, artifacts: Path, ckpt: Any = None
 ) -> tuple[Path, dict[str, Any]]:
-    """The exported graph with its weights quantized as --quantization asks (builder/quantize.py),
-    and the config.json field that says so; the graph as it is for a float build or a component
-    the pass leaves float."""
+    """The exported graph with its weights quantized as --quantization asks (builder/quantize.py)
+    or as the checkpoint stores them (builder/prequant.py), and the config.json field that says
+    so; the graph as it is for a float build or a component the pass leaves float."""
+    stored: dict[str, Any] = {}
+    pq = getattr(ckpt, "prequantized", None)
+    if pq is not None and pq.scheme.int4:
+        raw, stored = _prequantized(raw, comp, pq)
+        if not args.quantization:
+            return raw, ({"quantization": stored} if stored else {})
     if not args.quantization:
         return raw, {}
     from edgeomni.builder import quantize
@@ -232,12 +242,71 @@ def quantize_component(
 
     text = artifacts if comp.runner == LLM_RUNNER else None
     with step(f"quantize {comp.name} ({spec.method}, group {spec.group_size})"):
-        out = raw.with_name(raw.stem + ".q4.onnx")
+        out = raw.with_name(raw.stem + ".rounded.onnx")
         report = quantize.quantize_file(raw, out, spec, text)
     if report is None:
         log.info("%s stays float: --quantization applies to decoders", comp.name)
-        return raw, {"quantization": None}
-    return raw.with_name(raw.stem + ".q4.onnx"), {"quantization": report}
+        return raw, {"quantization": stored or None}
+    if stored:  # an int4 checkpoint's weights as stored, and what --quantization rounded
+        return out, {"quantization": {**stored, "rounded": report}}
+    return out, {"quantization": report}
+
+
+def _prequantized(raw: Path, comp: Component, pq: Any) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint's int4 weights of this component into its graph, as stored; and what
+    config.json records of them (empty when the component has none)."""
+    from edgeomni.builder import prequant
+
+    with step(f"int4 weights of {comp.name} from the checkpoint ({pq.scheme.method})"):
+        out = raw.with_name(raw.stem + ".stored.onnx")
+        if pq.row_index is None:
+            pq.row_index = prequant.RowIndex(pq.linear, pq.linear_names())
+        report = prequant.apply_file(raw, out, pq.row_index)
+    if report is None:
+        return raw, {}
+    pq.placed.update(report.pop("placed"))
+    report = {"method": pq.scheme.method, "source": "checkpoint", "bits": 4, **report}
+    return (out if report["weights"] else raw), report
+
+
+def warn_unplaced(ckpt: Any, args: BuildArgs) -> None:
+    """One line for the checkpoint's int4 weights that no engine holds as stored."""
+    pq = getattr(ckpt, "prequantized", None)
+    if pq is None or not pq.scheme.int4:
+        return
+    left = sorted((pq.served & set(pq.linear_names())) - pq.placed)
+    if left:
+        then = ("rounded anew by --quantization int4_rtn where it reaches them"
+                if args.quantization else "add --quantization int4_rtn to round them to int4")  # fmt: skip
+        log.warning(
+            "%d int4 weights of the checkpoint are not held as stored: they are read as their "
+            "dequantized float values (no MatMul of the graphs holds them as they are; MoE "
+            "experts are packed per block), %s; first: %s", len(left), then, ", ".join(left[:3]),
+        )  # fmt: skip
+
+
+def check_checkpoint_quantization(ckpt: Any, args: BuildArgs, log_it: bool = True) -> None:
+    """An int4 checkpoint builds with its weights as stored (--quantization int4_rtn rounds only
+    what it left float); an FP8 one is read to the engine's dtype."""
+    from edgeomni.export.common.prequantized import fp8_note
+
+    scheme = ckpt.quantization
+    if scheme is None:
+        return
+    if scheme.int4 and args.quantization and args.quantization != "int4_rtn":
+        raise BuildError(
+            f"--quantization {args.quantization}: {ckpt.path} is already quantized "
+            f"({scheme.describe()}) and builds with its own int4 weights; only int4_rtn may "
+            "round what it left float (drop the flag, or use int4_rtn)"
+        )
+    if not log_it:
+        return
+    if scheme.method == "fp8":
+        log.warning(fp8_note(ckpt, args.dtype))
+    else:
+        log.info("%s: %s weights, built as stored (no new rounding)%s", ckpt.path,
+                 scheme.describe(), "; --quantization int4_rtn rounds the float rest"
+                 if args.quantization else "")  # fmt: skip
 
 
 class NoGraph(BuildError):

@@ -116,7 +116,10 @@ def parser() -> argparse.ArgumentParser:
         "channel by a factor calibrated on text (--calibration) run through the component's "
         "float graph (the LLM or thinker; talkers and code predictors are rounded plainly, "
         "with a warning). Default: float weights (--dtype). Encoders, the vocoder, norms and "
-        "embeddings stay float",
+        "embeddings stay float. A pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors "
+        "int4; its config.json's quantization_config) builds with its own int4 weights "
+        "without this flag; int4_rtn then rounds only what it left float. FP8 checkpoints are "
+        "read to --dtype",
     )
     p.add_argument(
         "--calibration",

@@ -40,13 +40,20 @@ class Estimate:
         return self.engine_bytes + self.table_bytes + self.kv_bytes
 
 
-def estimate_component(mem: ComponentMemory, args: BuildArgs) -> tuple[int, int, int]:
-    """(engine bytes, of which quantized, float parameters) of one component's module."""
+def estimate_component(
+    mem: ComponentMemory, args: BuildArgs, stored: tuple[int, bool] | None = None
+) -> tuple[int, int, int]:
+    """(engine bytes, of which quantized, float parameters) of one component's module.
+    ``stored``: an int4 checkpoint's (group size, zero points): its decoders' linear layers
+    are counted at that layout (builder/prequant.py), what it leaves float as --quantization
+    says."""
     import torch
 
+    from edgeomni.builder.prequant import block_for
     from edgeomni.plugins import quant_linear, quant_moe
 
     quantize = args.quantization is not None and mem.kv is not None
+    held = stored is not None and mem.kv is not None
     experts, routers = _moe_weights(mem.module, args.group_size)
     linear = {id(m.weight) for m in mem.module.modules()
               if isinstance(m, torch.nn.Linear) and id(m.weight) not in routers}  # fmt: skip
@@ -62,6 +69,11 @@ def estimate_component(mem: ComponentMemory, args: BuildArgs) -> tuple[int, int,
         if quantize and id(t) in experts:  # [E, N, K]: the pass packs each expert's [K, N]
             size = quant_moe.packed_bytes(*(int(d) for d in t.shape), args.group_size,
                                           t.element_size())  # fmt: skip
+        elif held and id(t) in linear:  # the checkpoint's own int4
+            k, n = int(t.shape[1]), int(t.shape[0])
+            block = block_for(k if stored[0] == -1 else stored[0])  # type: ignore[index]
+            if block and k % block == 0:
+                size = quant_linear.packed_bytes(k, n, block, t.element_size(), stored[1])  # type: ignore[index]
         elif quantize and id(t) in linear:
             shape = (int(t.shape[1]), int(t.shape[0]))  # nn.Linear stores [N, K]
         elif quantize and name == mem.lm_head and t.dim() == 2 and args.quantize_lm_head:
@@ -100,10 +112,13 @@ def estimate(
     plan = getattr(hooks, "memory_plan", None)
     if not callable(plan):
         raise BuildError(f"--estimate: the {ckpt.model_type} family gives no memory plan yet")
+    from edgeomni.export.common.prequantized import stored_layout
+
+    stored = stored_layout(ckpt.config)
     out = []
     for comp in selected:
         mem = plan(ckpt, comp, args)
-        engine, quantized, floats = estimate_component(mem, args)
+        engine, quantized, floats = estimate_component(mem, args, stored)
         tables = sum(_numel(shape) * DTYPE_BYTES[dtype] for shape, dtype in mem.tables.values())
         kv = 0
         if mem.kv is not None:
@@ -120,7 +135,7 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def report(model_dir: Any, rows: Sequence[Estimate], args: BuildArgs) -> str:
+def report(model_dir: Any, rows: Sequence[Estimate], args: BuildArgs, ckpt: Any = None) -> str:
     """The table edge-build --estimate prints."""
     weights = (
         f"{args.quantization} group {args.group_size} "
@@ -128,6 +143,9 @@ def report(model_dir: Any, rows: Sequence[Estimate], args: BuildArgs) -> str:
         if args.quantization
         else args.dtype
     )
+    scheme = getattr(ckpt, "quantization", None) if ckpt is not None else None
+    if scheme is not None and scheme.int4:
+        weights = f"the checkpoint's {scheme.describe()} linears as stored, the rest " + weights
     lines = [
         f"memory estimate for {model_dir}: decoder weights {weights}, {args.dtype} KV cache "
         f"{args.max_batch_size} x {args.max_kv_cache_capacity} slots",

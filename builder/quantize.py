@@ -117,6 +117,14 @@ def quantize_file(
         report["awq"] = awq_report
         if scales is None:
             report["method"] = "int4_rtn"
+    save(model, raw, out)
+    return report
+
+
+def save(model: Any, raw: Path, out: Path) -> None:
+    """The rewritten graph at ``out``: one file when small enough, else with one data file."""
+    import onnx
+
     inline = sum(t.ByteSize() for t in model.graph.initializer) < INLINE_BYTES
     if inline:
         _load_remaining(model, raw.parent)
@@ -128,7 +136,6 @@ def quantize_file(
         location=out.name + ".data",
         size_threshold=1024,
     )
-    return report
 
 
 def _load_remaining(model: Any, base_dir: Path) -> None:

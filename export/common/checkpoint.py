@@ -37,6 +37,26 @@ class Checkpoint:
     generation_config: dict[str, Any]
     _weight_files: dict[str, Path] | None = field(default=None, repr=False)
     _handles: dict[Path, Any] = field(default_factory=dict, repr=False)
+    _prequantized: Any = field(default=None, repr=False)
+
+    @property
+    def quantization(self) -> Any:
+        """The checkpoint's own quantization (export/common/prequantized.Scheme), or None."""
+        from edgeomni.export.common.prequantized import scheme
+
+        return scheme(self.config)
+
+    @property
+    def prequantized(self) -> Any:
+        """The readers of a pre-quantized checkpoint (prequantized.Prequantized), or None: they
+        serve each quantized linear's ``<stem>.weight`` and keep its int4 form for the builder."""
+        if self._prequantized is None and self.quantization is not None:
+            from edgeomni.export.common.prequantized import Prequantized
+
+            self._prequantized = Prequantized(
+                self.quantization, set(self.weight_files), self.stored_tensor
+            )
+        return self._prequantized
 
     @property
     def weight_files(self) -> dict[str, Path]:
@@ -50,10 +70,19 @@ class Checkpoint:
         return str(self.config.get("model_type", ""))
 
     def has(self, name: str) -> bool:
-        return name in self.weight_files
+        pq = self.prequantized
+        return name in self.weight_files or (pq is not None and pq.serves(name))
 
     def tensor(self, name: str) -> Any:
-        """One tensor as a torch tensor (loaded on demand, shard files kept open)."""
+        """One tensor as a torch tensor (loaded on demand, shard files kept open); a quantized
+        linear's ``<stem>.weight`` is its dequantized float32 value."""
+        pq = self.prequantized
+        if pq is not None and pq.serves(name):
+            return pq.tensor(name)
+        return self.stored_tensor(name)
+
+    def stored_tensor(self, name: str) -> Any:
+        """One tensor exactly as the safetensors file holds it."""
         from safetensors import safe_open
 
         shard = self.weight_files.get(name)
@@ -64,7 +93,9 @@ class Checkpoint:
         return self._handles[shard].get_tensor(name)
 
     def names(self, prefix: str = "") -> Iterable[str]:
-        return (n for n in self.weight_files if n.startswith(prefix))
+        pq = self.prequantized
+        extra = pq.virtual() if pq is not None else set()
+        return (n for n in [*self.weight_files, *sorted(extra)] if n.startswith(prefix))
 
 
 def section(cfg: dict[str, Any], *path: str) -> dict[str, Any]:
@@ -109,7 +140,9 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
         raise CheckpointError(f"{cfg_path}: no model_type")
     gen_path = path / "generation_config.json"
     generation = read_json(gen_path) if gen_path.is_file() else {}
-    return Checkpoint(path, config, generation)
+    ckpt = Checkpoint(path, config, generation)
+    ckpt.quantization  # noqa: B018 - a quantization_config not read fails here, in one line
+    return ckpt
 
 
 def _weight_files(path: Path) -> dict[str, Path]:
