@@ -15,9 +15,9 @@ edgeomni calibrates on the exported graph itself:
 3. 1 / s is folded into the RMSNormalization that makes the input when the group are its only
    readers, else applied by one Mul before them.
 
-Not done (yet): AWQ's clipping search, and components whose inputs are not a stage's token
-embeddings (talkers and code predictors take what the graph hands them): those are rounded
-plainly, with a warning, and their config.json says int4_rtn.
+Components whose inputs are not a stage's token embeddings (talkers and code predictors take
+what the graph hands them) get their rows from builder/awq_graph.py instead. Not done (yet):
+AWQ's clipping search.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -197,23 +198,44 @@ def _build_in(
 ) -> Path | None:
     """Export, build and write each component into the workspace's staging dir, then the graph."""
     done: list[Path] = []
+    later = []  # int4_awq's decoders whose inputs the graph makes: calibrated once it is built
+
+    def build_engine(comp: Component, model: Path, out_dir: Path, fields: dict[str, Any]) -> None:
+        with step(f"build {comp.name} engine ({args.backend}, {args.device})"):
+            seeds = [ws.engine_dir / comp.subdir, *(d for d in done if d != out_dir)]
+            built = backend(model, out_dir / comp.engine, args,
+                            dim_ranges(hooks, ckpt, comp, args), seeds)  # fmt: skip
+        record_build(out_dir, {**(built or {}), **fields})
+
     for comp in selected:
         out_dir = ws.staging / comp.subdir
         out_dir.mkdir(parents=True, exist_ok=True)
         with step(f"export {comp.name} to ONNX"):
-            raw = hooks.export_component(ckpt, comp, ws.work / comp.name, args)
+            exported = hooks.export_component(ckpt, comp, ws.work / comp.name, args)
         # the artifacts first: int4_awq calibrates with the stage's tokenizer and table
         with step(f"write {comp.name} artifacts"):
             hooks.write_artifacts(ckpt, comp, out_dir, args)
-        raw, quantized = quantize_component(raw, comp, args, out_dir, ckpt)
-        with step(f"build {comp.name} engine ({args.backend}, {args.device})"):
-            seeds = [ws.engine_dir / comp.subdir, *done]
-            built = backend(raw, out_dir / comp.engine, args, dim_ranges(hooks, ckpt, comp, args),
-                            seeds)  # fmt: skip
+        raw, quantized = quantize_component(exported, comp, args, out_dir, ckpt)
+        build_engine(comp, raw, out_dir, quantized)
         done.append(out_dir)
-        record_build(out_dir, {**(built or {}), **quantized})
+        if _awq_in_graph(comp, args) and quantized.get("quantization"):
+            later.append((comp, exported, out_dir))
     warn_unplaced(ckpt, args)
-    return write_graph(hooks, ckpt, ws.staging, selected, args)
+    graph = write_graph(hooks, ckpt, ws.staging, selected, args)
+    if later:
+        from edgeomni.builder import awq_graph
+
+        hook = getattr(hooks, "calibration_fields", None)
+        fields = hook(ckpt) if callable(hook) else {}
+        awq_graph.requantize(ws.staging, graph, later, args, build_engine, fields)
+    return graph
+
+
+def _awq_in_graph(comp: Component, args: BuildArgs) -> bool:
+    """int4_awq on a decoder that is not the text model: its inputs are the graph's to make."""
+    from edgeomni.export.registry import LLM_RUNNER
+
+    return args.quantization == "int4_awq" and comp.runner != LLM_RUNNER
 
 
 def quantize_component(
@@ -241,6 +263,8 @@ def quantize_component(
     from edgeomni.export.registry import LLM_RUNNER
 
     text = artifacts if comp.runner == LLM_RUNNER else None
+    if _awq_in_graph(comp, args):  # rounded plainly now, calibrated once the graph is built
+        spec = dataclasses.replace(spec, method="int4_rtn")
     with step(f"quantize {comp.name} ({spec.method}, group {spec.group_size})"):
         out = raw.with_name(raw.stem + ".rounded.onnx")
         report = quantize.quantize_file(raw, out, spec, text)
@@ -512,8 +536,6 @@ def _read_json(path: Path) -> Any:
 
 def stamp_limits(graph: Any, engine_dir: Path) -> Any:
     """max_batch and max_seq of each stage come from the limits its engine was built with."""
-    import dataclasses
-
     stages = []
     for stage in graph.stages:
         cfg_path = engine_dir / stage.artifact / "config.json"

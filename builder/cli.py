@@ -114,8 +114,9 @@ def parser() -> argparse.ArgumentParser:
         "talkers, code predictors): int4_rtn rounds each group of weights to 4 bits around 0, "
         "one scale per group (symmetric; no calibration); int4_awq first scales each input "
         "channel by a factor calibrated on text (--calibration) run through the component's "
-        "float graph (the LLM or thinker; talkers and code predictors are rounded plainly, "
-        "with a warning). Default: float weights (--dtype). Encoders, the vocoder, norms and "
+        "float graph (the LLM or thinker); talkers and code predictors are calibrated on "
+        "their inputs as the built graph makes them, running the calibration requests on the "
+        "CPU (a build for cpu; other builds round them plainly, with a warning). Default: float weights (--dtype). Encoders, the vocoder, norms and "
         "embeddings stay float. A pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors "
         "int4; its config.json's quantization_config) builds with its own int4 weights "
         "without this flag; int4_rtn then rounds only what it left float. FP8 checkpoints are "
@@ -127,8 +128,10 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="int4_awq's calibration text: a request file (TensorRT Edge-LLM's format; each "
-        "message's text, tokenized plainly). Default: a few KB of varied English shipped with "
-        "edgeomni",
+        "message's text, tokenized plainly, for the text model; the requests as they are, "
+        "through the built graph, for talkers and code predictors: give what the checkpoint "
+        "needs, a Base checkpoint's ref_audio say). Default: a few KB of varied English "
+        "shipped with edgeomni",
     )
     p.add_argument(
         "--group-size",

@@ -98,12 +98,18 @@ def _weight_behind(producer: dict[str, Any], name: str, *linear: str) -> str | N
 
 
 def quantize_file(
-    raw: Path, out: Path, q: Quantization, artifacts: Path | None = None
+    raw: Path,
+    out: Path,
+    q: Quantization,
+    artifacts: Path | None = None,
+    rows: dict[str, np.ndarray] | None = None,
 ) -> dict[str, Any] | None:
     """Quantize the exported graph at ``raw`` into ``out``; returns what was done, for the
     engine's config.json, or None for a component the pass leaves float (``out`` unwritten).
     ``artifacts``: the folder of a text model as write_artifacts left it (int4_awq embeds its
-    calibration text with the tokenizer and table there); None for any other component."""
+    calibration text with the tokenizer and table there); None for any other component.
+    ``rows``: int4_awq's calibration rows by MatMul input, recorded elsewhere (builder/
+    awq_graph.py runs the built graph for a talker's or code predictor's)."""
     import onnx
 
     model = onnx.load(str(raw), load_external_data=False)
@@ -111,7 +117,7 @@ def quantize_file(
         return None
     scales, awq_report = None, None
     if q.method == "int4_awq":
-        scales, awq_report = _calibrate(model, raw, artifacts, q)
+        scales, awq_report = _calibrate(model, raw, artifacts, q, rows)
     report = quantize_model(model, q, base_dir=raw.parent, scales=scales)
     if awq_report is not None:
         report["awq"] = awq_report
@@ -147,7 +153,11 @@ def _load_remaining(model: Any, base_dir: Path) -> None:
 
 
 def _calibrate(
-    model: Any, raw: Path, artifacts: Path | None, q: Quantization
+    model: Any,
+    raw: Path,
+    artifacts: Path | None,
+    q: Quantization,
+    recorded: dict[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
     """int4_awq's per-input scales (input name -> s [K]), or None with a warning when this
     component cannot be calibrated; and what to record of it."""
@@ -157,11 +167,15 @@ def _calibrate(
 
     groups = _groups(model, q)
     texts = awq.calibration_texts(q.calibration)
-    rows = (
-        "no artifacts"
-        if artifacts is None
-        else awq.calibration_rows(raw, artifacts, list(groups), texts)
-    )
+    if recorded is not None:
+        rows: dict[str, np.ndarray] | str = recorded
+        missing = [x for x in groups if x not in recorded]
+        if missing:
+            rows = f"no calibration rows of {', '.join(missing[:3])}"
+    elif artifacts is None:
+        rows = "no artifacts"
+    else:
+        rows = awq.calibration_rows(raw, artifacts, list(groups), texts)
     if isinstance(rows, str):
         log.warning("%s: int4_awq cannot calibrate it (%s); its weights are rounded plainly "
                     "(int4_rtn)", raw.stem, rows)  # fmt: skip
@@ -180,6 +194,7 @@ def _calibrate(
     return scales, {
         "calibrated": True,
         "calibration": str(q.calibration) if q.calibration else "shipped",
+        "inputs_from": "the built graph's run" if recorded is not None else "text",
         "inputs": len(groups),
         "scaled_inputs": len(scales),
         "error_vs_rtn": round(float(np.mean(ratios)), 4) if ratios else None,

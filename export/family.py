@@ -127,6 +127,10 @@ class OptionalFamilyHooks(Protocol):
     ``position_limits`` names, for each selected decoder whose KV cache --max-kv-cache-capacity
     sizes, the config key of its position limit and the value; edge-build warns when the
     capacity is past one. Without it nothing is checked.
+
+    ``calibration_fields`` gives the top-level request fields the shipped calibration text needs
+    to run through the family's graph (a CustomVoice checkpoint's speaker), for int4_awq's
+    calibration of talkers and code predictors (builder/awq_graph.py). Without it none.
     """
 
     served_by: Mapping[str, str]
@@ -146,3 +150,6 @@ class OptionalFamilyHooks(Protocol):
         self, ckpt: Checkpoint, components: Sequence[Component]
     ) -> Mapping[str, tuple[str, int]]:
         """Component name -> (config key, the positions its config declares it takes)."""
+
+    def calibration_fields(self, ckpt: Checkpoint) -> Mapping[str, Any]:
+        """Request fields for calibration requests made of plain text."""

@@ -413,9 +413,16 @@ def send(p: Proc, route: str, body: Any, timeout: float = 60) -> httpx.Response:
     return httpx.post(p.url + route, json=body, timeout=timeout)
 
 
-def media_left(p: Proc) -> list[str]:
-    """Request folders still in the server's media folder (each goes as its request leaves)."""
-    return [q.name for q in p.tmp.glob("edge-serve-media-*/*")]
+def media_left(p: Proc, within: float = 10.0) -> list[str]:
+    """Request folders still in the server's media folder ``within`` seconds from now (each
+    goes as its request leaves, which for a streamed reply is just after its last bytes: on
+    a loaded machine the client can read them first)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = [q.name for q in p.tmp.glob("edge-serve-media-*/*")]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("row", HTTP_ROWS, ids=lambda r: r.id)

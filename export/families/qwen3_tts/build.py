@@ -296,6 +296,16 @@ def code2wav_settings(ckpt: Checkpoint) -> dict[str, Any]:
     return cfg
 
 
+def calibration_fields(ckpt: Checkpoint) -> dict[str, Any]:
+    """A CustomVoice checkpoint speaks the calibration text in its first speaker's voice; a
+    Base checkpoint needs a reference clip and a VoiceDesign one an instruction, which only the
+    user's --calibration request file can give."""
+    if tts_model_type(ckpt.config) != "custom_voice":
+        return {}
+    speakers = section(ckpt.config, "talker_config").get("spk_id") or {}
+    return {"voice": sorted(str(k).lower() for k in speakers)[0]} if speakers else {}
+
+
 def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:
     """What the talker runner needs: dimensions, the text and codec ids, languages, speakers,
     and the sampling defaults (generation_config.json over upstream's)."""

@@ -2,6 +2,7 @@
 clone encoders land here as they are built."""
 
 from edgeomni.export.families.qwen3_tts.build import (
+    calibration_fields,
     components,
     export_component,
     position_limits,
@@ -13,6 +14,7 @@ from edgeomni.export.families.qwen3_tts.shapes import dim_ranges
 from edgeomni.export.families.qwen3_tts.topology import multistage_topology, no_graph_reason
 
 __all__ = [
+    "calibration_fields",
     "components",
     "dim_ranges",
     "export_component",

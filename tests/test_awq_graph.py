@@ -1,0 +1,81 @@
+"""int4_awq for talkers and code predictors (builder/awq_graph.py): their MatMul inputs recorded
+while the built graph runs the calibration requests, then the calibrated rounding."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeomni.builder import awq_graph
+from edgeomni.export.family import BuildArgs
+from edgeomni.runtime import cli
+
+ARGS = {"max_batch_size": 2, "max_input_len": 64, "max_kv_cache_capacity": 128}
+
+
+def _reports(engine: Path) -> dict[str, dict]:
+    return {name: json.loads((engine / name / "config.json").read_text())["quantization"]
+            for name in ("talker", "code_predictor")}  # fmt: skip
+
+
+def test_speech_decoders_are_calibrated_in_the_built_graph(
+    tts_engine: Path, exports, tmp_path: Path
+) -> None:
+    """A CustomVoice checkpoint: the shipped text is spoken in its first voice through the
+    built graph; the talker's and code predictor's recorded inputs give scales that beat plain
+    rounding on them, and the calibrated engines run end to end."""
+    ckpt = tts_engine.parent / "ckpt"
+    engine = tmp_path / "awq"
+    assert exports.build(ckpt, engine, BuildArgs(**ARGS, quantization="int4_awq")) is not None
+    for name, report in _reports(engine).items():
+        awq = report["awq"]
+        assert report["method"] == "int4_awq", (name, report)
+        assert awq["calibrated"] and awq["inputs_from"] == "the built graph's run"
+        assert awq["scaled_inputs"] > 0 and awq["error_vs_rtn"] < 1.0, (name, awq)
+    out = tmp_path / "a.wav"
+    code = cli.main(["--config", str(engine), "--prompt", "Hello there.", "--voice", "vivian",
+                     "--out-audio", str(out), "--sampling", '{"talker_max_new_tokens": 6}'])  # fmt: skip
+    assert code == cli.EXIT_OK and out.stat().st_size > 44
+
+
+def test_a_graph_that_cannot_run_leaves_plain_rounding(
+    tts_engine: Path, exports, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """When the calibration run fails, the components keep their plain int4 rounding, and
+    the warning and config.json say why."""
+    monkeypatch.setattr(awq_graph, "record", lambda *a, **k: "the reason")
+    engine = tmp_path / "rtn"
+    with caplog.at_level(logging.WARNING, logger="edge-build"):
+        assert exports.build(tts_engine.parent / "ckpt", engine,
+                             BuildArgs(**ARGS, quantization="int4_awq")) is not None  # fmt: skip
+    for name, report in _reports(engine).items():
+        assert report["method"] == "int4_rtn" and report["weights"] > 0, name
+        assert report["awq"] == {"calibrated": False, "why": "the reason"}
+    assert sum("int4_awq cannot calibrate it (the reason)" in r.message
+               for r in caplog.records) == 2  # fmt: skip
+
+
+def test_real_rows_drop_idle_rows_padding_and_non_finite() -> None:
+    x = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    x[0, 0, 1] = np.nan
+    lens = np.array([2, 0])
+    rows = awq_graph.real_rows(x, lens)
+    np.testing.assert_array_equal(rows, x[0, 1:2])  # row 0's first is NaN, row 1 idle
+    flat = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(awq_graph.real_rows(flat, np.array([1, 0])), flat[:1])
+    np.testing.assert_array_equal(awq_graph.real_rows(flat, None), flat)
+
+
+@pytest.mark.parametrize("budget", [4, 9])
+def test_shipped_text_is_cut_to_the_build(budget: int) -> None:
+    """Requests of plain text stay within the budget (whole words), the family's fields on top."""
+    text = "one two three four five six seven eight nine ten eleven"
+    body = awq_graph.calibration_body([text], None, {"voice": "aiden"}, max_input_len=2 * budget)
+    assert body["voice"] == "aiden" and body["max_generate_length"] == awq_graph.MAX_TOKENS
+    pieces = [r["messages"][0]["content"] for r in body["requests"]]
+    assert " ".join(pieces) == text
+    assert all(len(p.split()) <= max(8, budget) for p in pieces)
