@@ -3,6 +3,7 @@ built as its export builds it, on torch's meta device (shapes only, no weights, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from edgeomni.export.family import ComponentMemory, KvShape
@@ -32,3 +33,17 @@ def float_memory(module: Any) -> ComponentMemory:
 def table_rows(module: Any) -> tuple[int, int]:
     """A decoder's input table: a row of its input width per token of its vocabulary."""
     return (module.cfg.vocab_size, module.cfg.embeds_size)
+
+
+def fold(owner: Any, stored: Mapping[str, tuple[int, ...]]) -> None:
+    """Count ``owner``'s own tensors (a meta module's, not its children's) as the float32 tables
+    ``stored`` (name -> shape) instead: for a forward that computes tables from these weights
+    alone (a codebook as a sum over usage counts, what a distance search multiplies by), which
+    the backend's constant folding stores in their place (ONNX Runtime's graph optimisation of
+    a CPU build)."""
+    import torch
+
+    for name in [*owner._parameters, *owner._buffers]:
+        delattr(owner, name)
+    for name, shape in stored.items():
+        owner.register_buffer(name, torch.empty(shape, dtype=torch.float32, device="meta"))

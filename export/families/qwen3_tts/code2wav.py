@@ -147,6 +147,7 @@ class _Codebook(nn.Module):
         self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, D, T]
+        # from the weights alone: a build stores the table, folded (memory.folded_code2wav)
         table = self.embedding_sum / self.cluster_usage.clamp(min=CODEBOOK_EPSILON)[:, None]
         return F.embedding(codes, table).transpose(1, 2)
 

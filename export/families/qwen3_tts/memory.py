@@ -1,6 +1,10 @@
 """What edge-build --estimate counts for each Qwen3-TTS component, from the config files alone
 (config.json and speech_tokenizer/config.json): each component's module as the export builds
-it, on the meta device (shapes, no weights, no memory), and its host tables' shapes."""
+it, on the meta device (shapes, no weights, no memory), and its host tables' shapes.
+
+The codec's codebooks are counted as the engines store them: code2wav and the speech-tokenizer
+encoder compute their tables from the codebooks' weights alone (sums over usage counts), which
+the backend folds into constants (memory_plan.fold)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import torch
 
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError, open_checkpoint, section
 from edgeomni.export.common.decoder import CausalLM, dense_mlp
-from edgeomni.export.common.memory_plan import F32, decoder_memory, float_memory, table_rows
+from edgeomni.export.common.memory_plan import F32, decoder_memory, float_memory, fold, table_rows
 from edgeomni.export.families.qwen3_tts import code2wav, speaker_encoder, speech_encoder
 from edgeomni.export.families.qwen3_tts.build import (
     CODE2WAV,
@@ -50,7 +54,38 @@ def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> Comp
         tokenizer = open_checkpoint(ckpt.path / TOKENIZER).config  # its config.json only
         if component is CODE2WAV:
             settings = code2wav.decoder_settings(tokenizer.get("decoder_config"))
-            return float_memory(code2wav.Qwen3TTSCode2Wav(settings))
+            return float_memory(folded_code2wav(code2wav.Qwen3TTSCode2Wav(settings)))
         if component is SPEECH_ENCODER:
-            return float_memory(speech_encoder.Qwen3TTSSpeechEncoder(tokenizer))
+            encoder = speech_encoder.Qwen3TTSSpeechEncoder(tokenizer)
+            return float_memory(folded_speech_encoder(encoder))
     raise ValueError(f"qwen3_tts has no component {component.name!r}")
+
+
+def folded_code2wav(module: code2wav.Qwen3TTSCode2Wav) -> code2wav.Qwen3TTSCode2Wav:
+    """Each codebook (``embedding_sum`` [size, dim], ``cluster_usage`` [size]) as the one table
+    [size, dim] its lookup reads (code2wav._Codebook.forward). In place; returns the module."""
+    q = module.quantizer
+    for group in (q.rvq_first, q.rvq_rest):
+        for layer in group.vq.layers:
+            book = layer._codebook
+            fold(book, {"table": tuple(book.embedding_sum.shape)})
+    return module
+
+
+def folded_speech_encoder(
+    module: speech_encoder.Qwen3TTSSpeechEncoder,
+) -> speech_encoder.Qwen3TTSSpeechEncoder:
+    """Each codebook (``embed_sum`` [size, dim], ``cluster_usage``, ``initialized``) as the
+    tables its search reads (speech_encoder._rvq_encode): the right-hand side of _nearest's
+    distance matmul, [e, 1, |e|^2] transposed to [dim + 2, size], and the table [size, dim]
+    whose picked rows leave the residual, but for a group's last codebook, whose residual is
+    never read. In place; returns the module."""
+    for rvq in module._groups():
+        last = len(rvq.layers) - 1
+        for i, layer in enumerate(rvq.layers):
+            size, dim = (int(d) for d in layer.codebook.embed_sum.shape)
+            stored = {"search": (dim + 2, size)}
+            if i < last:
+                stored["table"] = (size, dim)
+            fold(layer.codebook, stored)
+    return module

@@ -171,6 +171,8 @@ def _rvq_encode(rvq: hf.MimiResidualVectorQuantizer, latents: torch.Tensor) -> l
     # [B, T, d]: the matmul folds B into its rows, as Mimi's [B*T, d] reshape before cdist
     residual = projected.transpose(1, 2)
     codes = []
+    # the tables come from the weights alone: a build stores them, folded, in place of the
+    # codebooks (memory.folded_speech_encoder counts them so)
     for layer in rvq.layers:
         book = layer.codebook
         table = book.embed_sum / book.cluster_usage.clamp(min=book.epsilon)[:, None]
