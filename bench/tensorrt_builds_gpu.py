@@ -8,6 +8,8 @@ engine-layer column says so.
 
     python bench/tensorrt_builds_gpu.py --out DIR --size tiny          # Qwen3, Qwen3-Omni, Qwen3-TTS
     python bench/tensorrt_builds_gpu.py --out DIR --size real --work W  # Omni talker, predictor, code2wav
+    python bench/tensorrt_builds_gpu.py --out DIR --size tiny --quantization int4_rtn --no-ort
+        # the int4 decoders as TensorRT builds them (INT4 DequantizeLinear + MatMul)
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def engine_layers(engine: Path, cfg: dict[str, Any]) -> Any:
 
 
 def build_both(ckpt: Path, work: Path, backends: tuple[str, ...], dtype: str,
-               components: list[str] | None, limits: tuple[int, int, int]) -> list[dict[str, Any]]:  # fmt: skip
+               components: list[str] | None, limits: tuple[int, int, int],
+               quantization: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
     from edgeomni.builder.build import build
     from edgeomni.export.common.checkpoint import open_checkpoint
     from edgeomni.export.family import BuildArgs
@@ -74,9 +77,11 @@ def build_both(ckpt: Path, work: Path, backends: tuple[str, ...], dtype: str,
     for which, name in ((w, n) for w in backends for n in names):
         if components and name not in components:
             continue
-        out = work / f"{ckpt.name}-{which}-{name}"  # one build each: a failure loses no other
+        # one build each: a failure loses no other
+        out = work / f"{ckpt.name}-{which}-{name}" + (f"-{quantization}" if quantization else "")
         args = BuildArgs(max_batch_size=b, max_input_len=i, max_kv_cache_capacity=c,
-                         backend=which, device="cuda", dtype=dtype)  # fmt: skip
+                         backend=which, device="cuda", dtype=dtype,
+                         quantization=quantization)  # fmt: skip
         start = time.perf_counter()
         try:
             build(ckpt, out, args, [name])
@@ -94,6 +99,10 @@ def build_both(ckpt: Path, work: Path, backends: tuple[str, ...], dtype: str,
                 continue
             engine = cfg_path.parent / cfg["engine"]
             row = rows.setdefault(name, {"component": name})
+            q = cfg.get("quantization")
+            if q:
+                row["quantization"] = {k: q.get(k) for k in ("method", "group_size", "weights",
+                                                             "moe_blocks", "weight_bytes")}  # fmt: skip
             size = engine.stat().st_size + sum(
                 f.stat().st_size for f in cfg_path.parent.glob(cfg["engine"] + ".data")
             )
@@ -140,11 +149,14 @@ def main(argv: list[str] | None = None) -> int:
         help="TensorRT builds only (ONNX Runtime's node counts from an earlier run)",
     )
     p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--quantization", choices=("int4_rtn", "int4_awq"),
+                   help="edge-build --quantization for every build")  # fmt: skip
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"size": args.size, "backend": args.backend}
+    report: dict[str, Any] = {"size": args.size, "backend": args.backend,
+                              "quantization": args.quantization}  # fmt: skip
     backends = (args.backend,) if args.no_ort else (args.backend, "onnxruntime")
     wanted = args.components.split(",") if args.components else None
     if args.size == "tiny":
@@ -155,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 report[name] = {"error": f"no checkpoint: {type(e).__name__}: {e}"}
                 continue
             report[name] = build_both(ckpt, args.work, backends, "float32", wanted,
-                                      (args.max_batch_size, 64, 256))  # fmt: skip
+                                      (args.max_batch_size, 64, 256), args.quantization)  # fmt: skip
     else:
         import gpu_omni
 
@@ -164,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         report["checkpoint"] = made
         report["qwen3_omni_real"] = build_both(
             ckpt, args.work, backends, "float16", wanted or ["talker", "code_predictor", "code2wav"],
-            (args.max_batch_size, 64, 192))  # fmt: skip
-    (args.out / f"tensorrt_builds_{args.size}.json").write_text(json.dumps(report, indent=2))
+            (args.max_batch_size, 64, 192), args.quantization)  # fmt: skip
+    tag = f"_{args.quantization}" if args.quantization else ""
+    (args.out / f"tensorrt_builds_{args.size}{tag}.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 0
 

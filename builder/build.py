@@ -256,8 +256,9 @@ def quantize_component(
 
     calibration = Path(args.calibration) if args.calibration else None
     spec = quantize.Quantization(
-        args.quantization, args.group_size, args.quantize_lm_head, calibration
-    )
+        args.quantization, args.group_size, args.quantize_lm_head, calibration,
+        args.quantize_encoders,
+    )  # fmt: skip
     # int4_awq calibrates on text only where the text model's runner embeds tokens with the
     # stage's own table; other decoders take what the graph hands them
     from edgeomni.export.registry import LLM_RUNNER
@@ -269,7 +270,8 @@ def quantize_component(
         out = raw.with_name(raw.stem + ".rounded.onnx")
         report = quantize.quantize_file(raw, out, spec, text)
     if report is None:
-        log.info("%s stays float: --quantization applies to decoders", comp.name)
+        log.info("%s stays float: --quantization applies to decoders (and with "
+                 "--quantize-encoders to every component's linear layers)", comp.name)  # fmt: skip
         return raw, {"quantization": stored or None}
     if stored:  # an int4 checkpoint's weights as stored, and what --quantization rounded
         return out, {"quantization": {**stored, "rounded": report}}

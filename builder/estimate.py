@@ -52,7 +52,7 @@ def estimate_component(
     from edgeomni.builder.prequant import block_for
     from edgeomni.plugins import quant_linear, quant_moe
 
-    quantize = args.quantization is not None and mem.kv is not None
+    quantize = args.quantization is not None and (mem.kv is not None or args.quantize_encoders)
     held = stored is not None and mem.kv is not None
     experts, routers = _moe_weights(mem.module, args.group_size)
     linear = {id(m.weight) for m in mem.module.modules()

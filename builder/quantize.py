@@ -14,6 +14,8 @@ declares nothing for it and every backend gets its own lowering of the same quan
   edgeomni::QuantMoE, plugins/quant_moe.py: ONNX Runtime's QMoE), grouped along each expert
   matrix's input axis (H for fc1, the MoE intermediate size for fc2); a block where either is
   not a multiple of the group size stays float, with the reason in the report and a warning;
+- with ``--quantize-encoders``, the same MatMuls of the components without a KV cache (audio
+  and vision encoders, voice-clone encoders, code2wav's transformer), rounded plainly;
 - nothing else: norms, embeddings (host tables), convolutions and other components stay float.
 
 Methods: ``int4_rtn`` rounds each group of K to the nearest of 15 levels around 0 (symmetric,
@@ -50,6 +52,7 @@ class Quantization:
     group_size: int
     lm_head: bool = True
     calibration: Path | None = None  # int4_awq: a request file (None: the shipped text)
+    encoders: bool = False  # components without a KV cache too (rounded plainly)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -113,10 +116,13 @@ def quantize_file(
     import onnx
 
     model = onnx.load(str(raw), load_external_data=False)
-    if not is_decoder(model):
+    decoder = is_decoder(model)
+    if not decoder and not q.encoders:
         return None
     scales, awq_report = None, None
-    if q.method == "int4_awq":
+    if q.method == "int4_awq" and not decoder:  # nothing calibrates an encoder's inputs yet
+        awq_report = {"calibrated": False, "why": "encoders are rounded plainly"}
+    elif q.method == "int4_awq":
         scales, awq_report = _calibrate(model, raw, artifacts, q, rows)
     report = quantize_model(model, q, base_dir=raw.parent, scales=scales)
     if awq_report is not None:

@@ -65,6 +65,7 @@ class BuildArgs:
     quantization: str | None = None
     group_size: int = 32
     quantize_lm_head: bool = True
+    quantize_encoders: bool = False  # components without a KV cache too (encoders, vocoder)
     calibration: str | None = None  # int4_awq's request file (None: the shipped text)
 
     def __post_init__(self) -> None:

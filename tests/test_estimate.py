@@ -198,3 +198,33 @@ def test_dump_profile_reports_the_built_memory(omni_engine: Path, omni_ckpt: Pat
     err = capsys.readouterr().err
     profile = json.loads(err[err.index('{\n  "wall_ms"') :])  # the profile, after any log
     assert profile["memory"] == built
+
+
+def test_int4_encoders_estimate_matches_the_build(omni_ckpt: Path, exports, tmp_path) -> None:
+    """--quantize-encoders: the audio and vision encoders' linear layers int4 too (rounded
+    plainly), counted by the estimate as built; an audio and image request still runs."""
+    from edgeomni.runtime import cli
+
+    args = BuildArgs(max_batch_size=2, max_input_len=128, max_kv_cache_capacity=256,
+                     quantization="int4_awq", quantize_encoders=True)  # fmt: skip
+    engine = tmp_path / "int4"
+    assert exports.build(omni_ckpt, engine, args, ["llm", "audio", "visual"]) is not None
+    for name in ("audio", "visual"):
+        q = json.loads((engine / name / "config.json").read_text())["quantization"]
+        assert q["method"] == "int4_rtn" and q["weights"] > 0, q
+        assert q["awq"] == {"calibrated": False, "why": "encoders are rounded plainly"}
+        built = json.loads((engine / name / "config.json").read_text())["engine"]
+        ops = [n.op_type for n in onnx.load(str(engine / name / built)).graph.node]
+        assert ops.count("MatMulNBits") == q["weights"]
+    rows = compare(omni_ckpt, engine, args, tmp_path)
+    assert_close(rows, ["llm", "audio", "visual"], rel=0.02)
+    import soundfile as sf
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    sf.write(tmp_path / "a.wav", (0.1 * rng.standard_normal(16000)).astype(np.float32), 16000)
+    Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(tmp_path / "i.png")
+    code = cli.main(["--config", str(engine), "--prompt", "What is this?", "--audio",
+                     str(tmp_path / "a.wav"), "--image", str(tmp_path / "i.png"),
+                     "--max-generate-length", "4"])  # fmt: skip
+    assert code == cli.EXIT_OK
