@@ -2,8 +2,9 @@
 
 A random-weight Qwen3-TTS CustomVoice checkpoint at the release's 0.6B or 1.7B dimensions is
 written on the machine (export/tiny_tts.py, no download, no qwen-tts needed), edge-build builds
-it (ONNX Runtime CUDA, float16 talker and code predictor, float32 code2wav), and each side runs
-in a fresh process of its own, one after the other, at concurrency c = 1, 4, 16, 32:
+it (ONNX Runtime CUDA, float16 talker and code predictor, float32 code2wav; --quantization:
+their linear weights int4, --group-size weights a scale), and each side runs in a fresh
+process of its own, one after the other, at concurrency c = 1, 4, 16, 32:
 
 - edgeomni: c requests submitted together in one Pipeline.run (in-flight batching); first
   audio is each request's first AudioChunk with samples, from the submission; the vocoder runs
@@ -24,17 +25,19 @@ table, also printed), after each side, so a command cut short still leaves what 
 
     python bench/gpu_tts.py --size 0.6b --out OUT [--concurrency 1 4 16 32] [--frames 100]
         [--only edgeomni|upstream] [--stop-after checkpoint|build] [--time-limit 560]
+        [--quantization int4_rtn|int4_awq] [--group-size 32|64|128]
     python bench/gpu_tts.py --size tiny --device cpu --concurrency 1 2 --out /tmp/gpu_tts_tiny
+    python bench/gpu_tts.py --size 0.6b --only edgeomni --quantization int4_rtn --out OUT
 
-``--work`` keeps the checkpoint, the engines and each side's finished concurrencies (keyed by
-their settings), so a command stopped by a time limit continues where it stopped when run
-again (--fresh: measure again). ``--time-limit S``: stop starting work S seconds after the
-start (a worker is killed at the limit) and write what was measured; meant for a machine whose
-commands are cut at 10 minutes. On cuda the upstream worker runs this python with PYTHONPATH
-set to --upstream-pythonpath only (default /tmp/site-qwen-tts, staged by
-bench/stage_qwen_tts_gpu.sh); with --device cpu, the reference venv's python
-(tests/qwen_tts_reference/make_venv.py) without PYTHONPATH. Every other worker keeps this
-process's environment.
+``--work`` keeps the checkpoint, the engines (an int4 one in a folder of its own) and each
+side's finished concurrencies (keyed by their settings), so a command stopped by a time limit
+continues where it stopped when run again (--fresh: measure again). ``--time-limit S``: stop
+starting work S seconds after the start (a worker is killed at the limit) and write what was
+measured; meant for a machine whose commands are cut at 10 minutes. On cuda the upstream
+worker runs this python with PYTHONPATH set to --upstream-pythonpath only (default
+/tmp/site-qwen-tts, staged by bench/stage_qwen_tts_gpu.sh); with --device cpu, the reference
+venv's python (tests/qwen_tts_reference/make_venv.py) without PYTHONPATH. Every other worker
+keeps this process's environment.
 """
 
 from __future__ import annotations
@@ -45,10 +48,8 @@ import hashlib
 import json
 import math
 import os
-import platform
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,7 +61,18 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-from qwen3_tts_cpu import (  # noqa: E402  (standard library only at import: the upstream worker loads it too)
+# each standard library only at import: the upstream worker's interpreter loads them too
+from gpu_tts_report import (  # noqa: E402
+    PEERS,
+    SIDES,
+    TARGETS,
+    comparisons,
+    machine,
+    markdown,
+    same_codes,
+)
+from gpu_tts_workers import TAG, WORKERS, say, summarize  # noqa: E402
+from qwen3_tts_cpu import (  # noqa: E402
     GREEDY,
     LANGUAGE,
     RELEASE_SAMPLING,
@@ -68,458 +80,16 @@ from qwen3_tts_cpu import (  # noqa: E402  (standard library only at import: the
     SPEAKER,
     SR,
     TEXT,
-    compare_codes,
-    dist_version,
     reference_python,
     set_windows,
     source_fingerprint,
 )
 
-TAG = "[gpu_tts]"
-SIDES = ("edgeomni", "upstream")
-# what the project wants to show at 0.6B on one H200 (not a measurement)
-TARGETS = {"size": "0.6b", "rtf_p50_c1": 0.1, "ttfa_p50_ms_c1": 100.0, "audio_s_per_s_c32": 150.0}
-# published figures, printed beside ours; not reproduced here (other hardware and setups)
-PEERS = [
-    {"name": "faster-qwen3-tts", "setup": "0.6B on an H100, its CUDA-graph path",
-     "rtf_c1": 0.257, "first_audio_ms_c1": 228},
-    {"name": "vLLM-Omni", "setup": "Qwen3-TTS", "rtf_c1": 0.155,
-     "first_audio_ms_c1": 129, "first_audio_is": "first packet", "audio_s_per_s": 38.7,
-     "audio_s_per_s_at_c": 16},
-]  # fmt: skip
 PHASES: dict[str, float] = {}
 MIN_WORKER_S = 20.0  # no worker starts with less of the time limit left
 
 
-def say(message: str) -> None:
-    print(f"{TAG} {message}", flush=True)
-
-
-def p50(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-# -- workers (each in a fresh process; a JSON spec in, a JSON result out) ---------------------
-def work_make(spec: dict) -> dict:
-    """The random CustomVoice checkpoint (project python: torch + edgeomni)."""
-    import torch
-
-    from edgeomni.export.tiny_tts import make_checkpoint
-
-    start = time.perf_counter()
-    out = Path(spec["dir"])
-    make_checkpoint(out, "custom_voice", spec["size"], seed=spec["seed"])
-    seconds = time.perf_counter() - start
-    from safetensors import safe_open
-
-    params = {}
-    for name in ("model.safetensors", "speech_tokenizer/model.safetensors"):
-        with safe_open(str(out / name), "pt") as f:
-            params[name] = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
-    say(f"checkpoint: {sum(params.values()) / 1e6:.0f} M parameters in {seconds:.1f} s")
-    return {
-        "seconds": round(seconds, 1),
-        "parameters": params,
-        "bytes": sum(f.stat().st_size for f in out.rglob("*") if f.is_file()),
-        "torch": torch.__version__,
-    }
-
-
-def work_build(spec: dict) -> dict:
-    """edge-build of the checkpoint into spec["engine"]; the build's own log goes to the log."""
-    import logging
-
-    import onnx
-    import torch
-    import transformers
-
-    from edgeomni.builder.build import build
-    from edgeomni.builder.workspace import clean_stale
-    from edgeomni.export.family import BuildArgs
-
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("edge-build").setLevel(logging.INFO)
-    engine = Path(spec["engine"])
-    clean_stale(engine)  # a build killed by a time limit leaves its workspace beside it
-    scratch = engine.parent / "tmp"
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    tempfile.tempdir = str(scratch)
-    args = BuildArgs(**spec["build_args"])
-    start = time.perf_counter()
-    build(Path(spec["ckpt"]), engine, args)
-    seconds = time.perf_counter() - start
-    shutil.rmtree(scratch, ignore_errors=True)
-    say(f"edge-build: {seconds:.1f} s")
-    return {
-        "seconds": round(seconds, 1),
-        "build_args": {k: getattr(args, k) for k in vars(args)},
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "onnx": onnx.__version__,
-        },
-    }
-
-
-class Timeline:
-    """Each request's first audio (an AudioChunk with samples) and last event, from the
-    submission (the listener's creation, just before Pipeline.run)."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.first_audio: dict[int, float] = {}
-        self.last: dict[int, float] = {}
-
-    def __call__(self, event: Any) -> None:
-        now = time.perf_counter() - self.start
-        samples = getattr(event, "samples", None)
-        if type(event).__name__ == "AudioChunk" and samples is not None and samples.size:
-            self.first_audio.setdefault(event.index, now)
-        self.last[event.index] = now
-
-
-def gpu_memory_used_mib() -> float | None:
-    """This GPU's memory in use now (nvidia-smi), or None without one."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, check=True, timeout=20,
-        ).stdout.split()  # fmt: skip
-        return float(out[0]) if out else None
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-
-
-def save_partial(path: Path, side: str, key: dict, c: int, result: dict, meta: dict) -> None:
-    """Add concurrency c's result to the side's cache file (atomically)."""
-    cache = json.loads(path.read_text()) if path.is_file() else {"key": key, "runs": {}}
-    if cache.get("key") != key:
-        cache = {"key": key, "runs": {}}
-    cache["runs"][str(c)] = result
-    cache["meta"] = meta
-    cache["side"] = side
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cache) + "\n")
-    tmp.replace(path)
-
-
-def out_of_time(spec: dict, last_block_s: float | None) -> bool:
-    """Whether the next concurrency would likely run past the command's time limit."""
-    deadline = spec.get("deadline")
-    if deadline is None:
-        return False
-    need = 1.5 * last_block_s if last_block_s else 0.0
-    return time.time() + need > deadline
-
-
-def edgeomni_body(spec: dict, c: int) -> dict:
-    request = {
-        "messages": [{"role": "assistant", "content": spec["text"]}],
-        "speaker": SPEAKER,
-        "language": LANGUAGE,
-        "sampling": {"talker_non_streaming_mode": 1},
-    }
-    body: dict[str, Any] = {
-        "requests": [json.loads(json.dumps(request)) for _ in range(c)],
-        "talker_max_new_tokens": spec["frames"] + 1,  # the last sampled code gets no frame
-    }
-    if not spec["sampled"]:  # upstream's greedy: the talker and the code predictor each told so
-        body.update(talker_do_sample=0, subtalker_dosample=0)
-    return body
-
-
-def edgeomni_batch(pipe: Any, requests: list, c: int) -> dict:
-    """One Pipeline.run of c requests submitted together: per-request and per-stage numbers."""
-    import numpy as np
-
-    events = Timeline()
-    outcomes = pipe.run(requests, batch_size=c, listener=events)
-    wall = time.perf_counter() - events.start
-    rows, errors = [], []
-    for o in outcomes:
-        e = o.entry
-        if not e["ok"] or o.audio is None:
-            errors.append(str(e.get("error") or "no audio"))
-            continue
-        st, i = e["stages"], e["request_idx"]
-        audio_s = len(o.audio) / o.sample_rate
-        end = events.last.get(i, wall)
-        rows.append({
-            "request_idx": i,
-            "frames": st["talker"]["frames"],
-            "finish": st["talker"]["finish_reason"],
-            "audio_s": round(audio_s, 4),
-            "ttfa_ms": round(events.first_audio.get(i, end) * 1e3, 3),
-            "ttfa_ms_stage": st["code2wav"].get("first_audio_ms"),
-            "e2e_ms": round(end * 1e3, 3),
-            "rtf": round(end / audio_s, 5) if audio_s else None,
-            "stall_ms": st["code2wav"].get("stall_ms"),
-            "vocode_ms": st["code2wav"].get("vocode_ms"),
-            "vocoder_windows": st["code2wav"].get("windows"),
-            "cohort_size": st["talker"].get("cohort_size"),
-            "_codes": np.asarray(o.codes, dtype=np.int64),
-        })  # fmt: skip
-    first = outcomes[0].entry.get("stages", {}) if outcomes else {}
-    tk, cw = first.get("talker", {}), first.get("code2wav", {})
-    return {
-        "wall_ms": round(wall * 1e3, 3),
-        "audio_s": round(sum(r["audio_s"] for r in rows), 4),
-        "errors": errors,
-        "talker": {k: tk.get(k) for k in (
-            "talker_ms", "code_predictor_ms", "talker_engine_ms", "code_predictor_engine_ms",
-            "code_predictor_draws", "code_predictor_host_frames", "full_logit_rows", "batching",
-            "streamed_vocoder_ms")},
-        "code2wav": {k: cw.get(k) for k in (
-            "mode", "window_frames", "first_window_frames", "left_context_frames",
-            "fixed_lengths", "call_rows")},
-        "requests": rows,
-    }  # fmt: skip
-
-
-def work_edgeomni(spec: dict) -> dict:
-    """edgeomni's pipeline: open once; per concurrency a warm-up run and the timed runs."""
-    import numpy as np
-    import onnxruntime
-
-    from edgeomni.runtime.pipeline import Pipeline, Profile
-    from edgeomni.runtime.requests import BadRequest, parse_request_file
-
-    providers = onnxruntime.get_available_providers()
-    if spec["device"] == "cuda" and "CUDAExecutionProvider" not in providers:
-        raise SystemExit(
-            f"onnxruntime {onnxruntime.__version__} ({onnxruntime.__file__}) has no CUDA provider "
-            f"({providers}): stage onnxruntime-gpu (../shared/gpu/stage-ort-gpu.sh) and put "
-            "/tmp/site first on PYTHONPATH"
-        )
-    from edgeomni.runtime.engine import Engines
-
-    options = {"cuda_graphs": spec["cuda_graphs"], "batching": spec["batching"]}
-    if spec.get("whole_utterance"):
-        options["whole_utterance"] = True
-    if spec.get("threads"):
-        options["threads"] = spec["threads"]
-    start = time.perf_counter()
-    engines = Engines(threads=spec.get("threads") or None, cuda_graphs=spec["cuda_graphs"])
-    pipe = Pipeline(spec["engine"], engines=engines, batching=spec["batching"],
-                    whole_utterance=bool(spec.get("whole_utterance")))  # fmt: skip
-    meta: dict[str, Any] = {
-        "pipeline_options": options,
-        "versions": {
-            "onnxruntime": onnxruntime.__version__,
-            "numpy": np.__version__,
-            "python": platform.python_version(),
-        },
-        "onnxruntime_providers": providers,
-        "onnxruntime_path": str(Path(onnxruntime.__file__).parent),
-    }
-    out: dict[str, Any] = {"runs": {}, "skipped": []}
-    cache, block_s = Path(spec["cache"]), None
-    for c in spec["concurrency"]:
-        if out_of_time(spec, block_s):
-            out["skipped"].append(c)
-            say(f"edgeomni c={c}: skipped, the time limit is near")
-            continue
-        block = time.perf_counter()
-        requests, _ = parse_request_file(edgeomni_body(spec, c))
-        bad = [r.error for r in requests if isinstance(r, BadRequest)]
-        if bad:
-            raise SystemExit(f"the runtime rejected the requests: {bad[0]}")
-        load_before = pipe.profile.load_seconds
-        warm = [edgeomni_batch(pipe, requests, c) for _ in range(spec["warmup"])]
-        load_s = pipe.profile.load_seconds - load_before
-        batches = []
-        for _ in range(spec["repeats"]):
-            pipe.profile = Profile()
-            batches.append(edgeomni_batch(pipe, requests, c))
-        result = {
-            "concurrency": c,
-            "warmup_wall_ms": [w["wall_ms"] for w in warm],
-            "engine_load_s": round(load_s, 2),
-            "batches": batches,
-            "stage_totals_last_run": pipe.profile.as_dict()["stages"],
-            "gpu_memory_used_mib": gpu_memory_used_mib(),
-        }
-        codes = batches[0]["requests"][0]["_codes"] if batches[0]["requests"] else None
-        for b in batches:
-            for r in b["requests"]:
-                r["codes_head"] = r.pop("_codes")[:2].tolist()
-        if c == 1 and codes is not None:
-            result["codes"] = codes.tolist()
-        block_s = time.perf_counter() - block
-        meta["open_s"] = round(time.perf_counter() - start, 2)
-        save_partial(cache, "edgeomni", spec["key"], c, result, meta)
-        out["runs"][str(c)] = result
-        s = summarize(batches, spec["frames"])
-        say(f"edgeomni c={c}: first audio p50 {s['ttfa_p50_ms']:.1f} ms, RTF p50 "
-            f"{s['rtf_p50']:.3f}, {s['audio_s_per_s']:.1f} audio-s/s ({block_s:.1f} s)")  # fmt: skip
-    return {**out, "meta": meta}
-
-
-def work_upstream(spec: dict) -> dict:
-    """Upstream's wrapper: load (CPU, then moved to the GPU: no accelerate), then per
-    concurrency a warm-up call and the timed calls, each one batched generate_custom_voice."""
-    import numpy as np
-    import qwen_tts
-    import torch
-    import transformers
-
-    if transformers.__version__ != "4.57.3":
-        say(f"upstream: WARNING: transformers {transformers.__version__}, not the 4.57.3 "
-            f"qwen-tts 0.1.1 pins ({transformers.__file__})")  # fmt: skip
-    device = torch.device(spec["device"])
-    dtype = getattr(torch, spec["dtype"])
-    if spec.get("threads"):
-        torch.set_num_threads(spec["threads"])
-    start = time.perf_counter()
-    tts = qwen_tts.Qwen3TTSModel.from_pretrained(
-        spec["ckpt"], dtype=dtype, attn_implementation=spec["attn"]
-    )
-    if device.type != "cpu":  # device_map needs accelerate; .to() does the same here
-        tts.model.to(device)
-        tts.device = device
-        st = tts.model.speech_tokenizer
-        st.model.to(device)
-        st.device = device
-    load_s = time.perf_counter() - start
-    say(f"upstream: loaded in {load_s:.1f} s ({spec['dtype']}, {spec['attn']}, {device})")
-    checks = {
-        "model.safetensors": load_check(tts.model, Path(spec["ckpt"]) / "model.safetensors"),
-        "speech_tokenizer/model.safetensors": load_check(
-            tts.model.speech_tokenizer.model,
-            Path(spec["ckpt"]) / "speech_tokenizer" / "model.safetensors",
-        ),
-    }
-    for name, check in checks.items():
-        if check["missing"] or check["unexpected"]:
-            say(f"upstream: {name}: {len(check['missing'])} tensors missing (random), "
-                f"{len(check['unexpected'])} unexpected: {check}")  # fmt: skip
-    model = tts.model
-    captured: dict[str, Any] = {}
-    original = model.generate
-
-    def generate(*a: Any, **k: Any) -> Any:  # records the talker's codes, passes them on
-        codes_list, hiddens = original(*a, **k)
-        captured["codes"] = codes_list
-        return codes_list, hiddens
-
-    model.generate = generate
-    kw = {**(RELEASE_SAMPLING if spec["sampled"] else GREEDY), "max_new_tokens": spec["frames"] + 1}
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    def call(c: int, seed: int) -> dict:
-        torch.manual_seed(seed)
-        sync()
-        t0 = time.perf_counter()
-        wavs, sr = tts.generate_custom_voice(
-            text=[spec["text"]] * c, speaker=[SPEAKER] * c, language=[LANGUAGE] * c,
-            non_streaming_mode=True, **kw,
-        )  # fmt: skip
-        sync()
-        wall = time.perf_counter() - t0
-        rows = []
-        for i, (wav, codes) in enumerate(zip(wavs, captured["codes"], strict=True)):
-            audio_s = len(wav) / sr
-            rows.append({"request_idx": i, "frames": int(codes.shape[0]),
-                         "audio_s": round(audio_s, 4), "ttfa_ms": round(wall * 1e3, 3),
-                         "e2e_ms": round(wall * 1e3, 3),
-                         "rtf": round(wall / audio_s, 5) if audio_s else None})  # fmt: skip
-        return {"wall_ms": round(wall * 1e3, 3), "audio_s": round(sum(len(w) for w in wavs) / sr, 4),
-                "errors": [], "requests": rows}  # fmt: skip
-
-    meta: dict[str, Any] = {
-        "load_s": round(load_s, 2),
-        "load_check": checks,
-        "attn_implementation": getattr(model.config, "_attn_implementation", None),
-        "dtype": str(next(model.parameters()).dtype),
-        "device": str(next(model.parameters()).device),
-        "codec_device": str(next(model.speech_tokenizer.model.parameters()).device),
-        "versions": {
-            **{d: dist_version(d) for d in ("qwen-tts", "torchaudio", "librosa", "numba",
-                                            "scipy", "tokenizers", "huggingface-hub")},
-            "transformers": transformers.__version__, "torch": torch.__version__,
-            "numpy": np.__version__, "python": platform.python_version(),
-            "transformers_path": str(Path(transformers.__file__).parent),
-        },
-        "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-    }  # fmt: skip
-    out: dict[str, Any] = {"runs": {}, "skipped": []}
-    cache, block_s = Path(spec["cache"]), None
-    for c in spec["concurrency"]:
-        if out_of_time(spec, block_s):
-            out["skipped"].append(c)
-            say(f"upstream c={c}: skipped, the time limit is near")
-            continue
-        block = time.perf_counter()
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        warm = [call(c, 1000 + i) for i in range(spec["warmup"])]
-        batches = [call(c, i) for i in range(spec["repeats"])]
-        result: dict[str, Any] = {
-            "concurrency": c,
-            "warmup_wall_ms": [w["wall_ms"] for w in warm],
-            "batches": batches,
-            "gpu_memory_used_mib": gpu_memory_used_mib(),
-            "torch_max_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1)
-            if device.type == "cuda" else None,
-        }  # fmt: skip
-        if c == 1:
-            result["codes"] = captured["codes"][0].long().cpu().numpy().tolist()
-        block_s = time.perf_counter() - block
-        save_partial(cache, "upstream", spec["key"], c, result, meta)
-        out["runs"][str(c)] = result
-        s = summarize(batches, spec["frames"])
-        say(f"upstream c={c}: wall p50 {s['wall_ms_p50']:.0f} ms (= first audio), RTF p50 "
-            f"{s['rtf_p50']:.3f}, {s['audio_s_per_s']:.1f} audio-s/s ({block_s:.1f} s)")  # fmt: skip
-    return {**out, "meta": meta}
-
-
-def load_check(module: Any, path: Path) -> dict[str, list[str]]:
-    """The module's saved tensors that the file lacks (left as initialized) and the file's
-    tensors that the module has no place for (ignored)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        saved = set(f.keys())  # noqa: SIM118
-    expected = set(module.state_dict())
-    return {"missing": sorted(expected - saved), "unexpected": sorted(saved - expected)}
-
-
-WORKERS = {"_make": work_make, "_build": work_build, "_edgeomni": work_edgeomni,
-           "_upstream": work_upstream}  # fmt: skip
-
-
 # -- the driver -------------------------------------------------------------------------------
-def summarize(batches: list[dict], frames: int) -> dict:
-    """Pooled over the timed runs: first audio and RTF p50 over requests; audio-s/s = all audio
-    over all wall time."""
-    rows = [r for b in batches for r in b["requests"]]
-    if not rows:
-        return {"ok": False, "requests": 0}
-    wall = sum(b["wall_ms"] for b in batches) / 1e3
-    out = {
-        "ok": not any(b["errors"] for b in batches),
-        "requests": len(rows),
-        "ttfa_p50_ms": round(p50([r["ttfa_ms"] for r in rows]), 1),
-        "ttfa_max_ms": round(max(r["ttfa_ms"] for r in rows), 1),
-        "rtf_p50": round(p50([r["rtf"] for r in rows]), 4),
-        "audio_s_per_s": round(sum(b["audio_s"] for b in batches) / wall, 2),
-        "wall_ms_p50": round(p50([b["wall_ms"] for b in batches]), 1),
-        "e2e_p50_ms": round(p50([r["e2e_ms"] for r in rows]), 1),
-        "audio_s_per_request": round(p50([r["audio_s"] for r in rows]), 3),
-        "fixed_work": all(r["frames"] == frames for r in rows),
-        "frames": sorted({r["frames"] for r in rows}),
-    }
-    stalls = [r["stall_ms"] for r in rows if r.get("stall_ms") is not None]
-    if stalls:
-        out["stall_p50_ms"] = round(p50(stalls), 1)
-        out["stall_max_ms"] = round(max(stalls), 1)
-    return out
-
-
 def phase_start(name: str) -> float:
     say(f"{name} ...")
     return time.perf_counter()
@@ -644,9 +214,13 @@ def ensure_engine(args: argparse.Namespace, work: Path, ckpt: Path, log: Path, c
     build_args: dict[str, Any] = {**lim, "device": args.device, "dtype": args.dtype}
     if args.logits_topk is not None:
         build_args["logits_topk"] = args.logits_topk
+    if args.quantization:
+        build_args.update(quantization=args.quantization, group_size=args.group_size)
     name = (f"engine-{args.device}-{args.dtype}-b{lim['max_batch_size']}-i{lim['max_input_len']}"
             f"-c{lim['max_kv_cache_capacity']}" + (f"-k{args.logits_topk}"
                                                    if args.logits_topk is not None else ""))  # fmt: skip
+    if args.quantization:  # never a float engine's folder
+        name += f"-{args.quantization}-g{args.group_size}"
     engine = work / name
     stamp_path = engine / "bench_stamp.json"
     fingerprint = source_fingerprint()
@@ -703,6 +277,8 @@ def side_key(side: str, args: argparse.Namespace, engine: dict, windows: dict) -
                    windows=windows, cuda_graphs=not args.no_cuda_graphs, batching=args.batching,
                    whole_utterance=args.whole_utterance,
                    threads=args.threads if args.device == "cpu" else None)  # fmt: skip
+        if args.quantization:  # absent for float engines: their cached results stay valid
+            key.update(quantization=args.quantization, group_size=args.group_size)
     else:
         key.update(repeats=args.upstream_repeats, dtype=args.upstream_dtype,
                    attn=args.upstream_attn, checkpoint=engine["checkpoint"],
@@ -791,194 +367,6 @@ def run_side(side: str, args: argparse.Namespace, engine: dict, windows: dict, c
     return load_side(side, args, engine, windows, todo, error)
 
 
-def machine() -> dict:
-    info: dict[str, Any] = {"host": platform.node(), "arch": platform.machine(),
-                            "cores": os.cpu_count(), "python": platform.python_version()}  # fmt: skip
-    try:
-        info["cpu"] = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        info["cpu"] = platform.processor()
-    try:
-        smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-             "--format=csv,noheader"], capture_output=True, text=True, check=True, timeout=20,
-        ).stdout.strip()  # fmt: skip
-        info["gpus"] = smi.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        info["gpus"] = []
-    git = ["git", "-C", str(REPO)]
-    try:  # the GPU machine's copy of the tree may have no .git (or no git)
-        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=False).stdout.strip()  # fmt: skip
-        dirty = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True,
-                               check=False).stdout.strip()  # fmt: skip
-    except OSError:
-        head = dirty = ""
-    info["edgeomni_commit"] = head + ("+dirty" if dirty else "") if head else None
-    return info
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 2) if a and b else None
-
-
-def comparisons(report: dict) -> dict[str, dict]:
-    """Per concurrency: upstream / edgeomni for first audio and RTF, edgeomni / upstream for
-    throughput (each > 1 where edgeomni is ahead)."""
-    ed, up = report["sides"].get("edgeomni"), report["sides"].get("upstream")
-    out: dict[str, dict] = {}
-    for c in report["config"]["concurrency"]:
-        e = ed and ed["runs"].get(str(c), {}).get("summary")
-        u = up and up["runs"].get(str(c), {}).get("summary")
-        if e and u and e.get("requests") and u.get("requests"):
-            out[str(c)] = {
-                "first_audio_upstream_over_edgeomni": ratio(u["ttfa_p50_ms"], e["ttfa_p50_ms"]),
-                "rtf_upstream_over_edgeomni": ratio(u["rtf_p50"], e["rtf_p50"]),
-                "throughput_edgeomni_over_upstream": ratio(e["audio_s_per_s"], u["audio_s_per_s"]),
-            }
-    return out
-
-
-def same_codes(report: dict) -> dict | None:
-    """Whether the two sides' c=1 codes agree (greedy; the same only where the dtypes are)."""
-    try:
-        a = report["sides"]["edgeomni"]["runs"]["1"]["codes"]
-        b = report["sides"]["upstream"]["runs"]["1"]["codes"]
-    except (KeyError, TypeError):
-        return None
-    return compare_codes(a, b)
-
-
-def target_lines(report: dict) -> list[str]:
-    size = report["config"]["size"]
-    rows = []
-    for side in SIDES:
-        s = report["sides"].get(side)
-        if not s:
-            continue
-        c1 = s["runs"].get("1", {}).get("summary", {})
-        c32 = s["runs"].get("32", {}).get("summary", {})
-
-        def check(value: float | None, ok: bool, fmt: str) -> str:
-            return (
-                "not measured"
-                if value is None
-                else f"{fmt.format(value)} ({'met' if ok else 'not met'})"
-            )
-
-        rtf, ttfa, thr = c1.get("rtf_p50"), c1.get("ttfa_p50_ms"), c32.get("audio_s_per_s")
-        rows.append(
-            f"| {side} | {check(rtf, rtf is not None and rtf <= TARGETS['rtf_p50_c1'], '{:.3f}')} "
-            f"| {check(ttfa, ttfa is not None and ttfa < TARGETS['ttfa_p50_ms_c1'], '{:.1f} ms')} "
-            f"| {check(thr, thr is not None and thr >= TARGETS['audio_s_per_s_c32'], '{:.1f}')} |"
-        )  # fmt: skip
-    head = (f"Targets (at {TARGETS['size']} on one H200; this run: {size}, "
-            f"{report['machine'].get('gpus') or 'no GPU'}):")  # fmt: skip
-    return [head, "", "| side | RTF p50 c=1 <= 0.1 | first audio p50 c=1 < 100 ms | "
-            "audio-s/s c=32 >= 150 |", "|---|---|---|---|", *rows]  # fmt: skip
-
-
-def fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def markdown(report: dict) -> str:
-    cfg = report["config"]
-    frames = cfg["frames"]
-    gpu = ", ".join(report["machine"].get("gpus") or []) or f"CPU ({report['machine']['cpu']})"
-    win = cfg["windows"]
-    up_cfg = f"{cfg['upstream_dtype']}, attn {cfg['upstream_attn']}"
-    lines = [
-        f"Qwen3-TTS {cfg['size']} CustomVoice, random weights, on {gpu} ({report['date']}): "
-        f"{frames} frames a request ({frames * SAMPLES_PER_FRAME / SR:.2f} s of audio), "
-        f"{'sampled (release defaults)' if cfg['sampled'] else 'greedy'}, c requests submitted "
-        f"together; p50 over requests pooled over {cfg['repeats']} (edgeomni) / "
-        f"{cfg['upstream_repeats']} (upstream) timed runs after {cfg['warmup']} warm-up.",
-        "",
-        "| c | side | first audio p50 ms | first audio max ms | RTF p50 | audio-s/s | "
-        "wall p50 ms | stall max ms | frames |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in cfg["concurrency"]:
-        for side in SIDES:
-            s = report["sides"].get(side)
-            if s is None:
-                continue
-            run = s["runs"].get(str(c))
-            if run is None:
-                lines.append(f"| {c} | {side} | not measured | | | | | | |")
-                continue
-            m = run["summary"]
-            if not m.get("requests"):
-                lines.append(f"| {c} | {side} | failed | | | | | | |")
-                continue
-            first = fmt(m["ttfa_p50_ms"]) + (" (= wall)" if side == "upstream" else "")
-            ok = "ok" if m["fixed_work"] and m["ok"] else f"NOT {frames}: {m['frames']}"
-            lines.append(
-                f"| {c} | {side} | {first} | {fmt(m['ttfa_max_ms'])} | {fmt(m['rtf_p50'], 3)} | "
-                f"{fmt(m['audio_s_per_s'])} | {fmt(m['wall_ms_p50'], 0)} | "
-                f"{fmt(m.get('stall_max_ms'))} | {ok} |"
-            )
-    lines += ["", "| c | first audio upstream / edgeomni | RTF upstream / edgeomni | "
-              "audio-s/s edgeomni / upstream |", "|---|---|---|---|"]  # fmt: skip
-    for c, r in report["comparisons"].items():
-        lines.append(
-            f"| {c} | {fmt(r['first_audio_upstream_over_edgeomni'], 2)}x | "
-            f"{fmt(r['rtf_upstream_over_edgeomni'], 2)}x | "
-            f"{fmt(r['throughput_edgeomni_over_upstream'], 2)}x |"
-        )
-    lines += ["", *target_lines(report), "", "Published peers (not reproduced here):", ""]
-    for p in PEERS:
-        extra = (f"; {p['audio_s_per_s']} audio-s/s at c={p['audio_s_per_s_at_c']}"
-                 if "audio_s_per_s" in p else "")  # fmt: skip
-        lines.append(f"- {p['name']} ({p['setup']}): c=1 {p.get('first_audio_is', 'first audio')} "
-                     f"{p['first_audio_ms_c1']} ms, RTF {p['rtf_c1']}{extra}")  # fmt: skip
-    codes = report.get("same_codes_c1")
-    codes_s = ("n/a" if codes is None else "yes" if codes["same"]
-               else f"no (from frame {codes['first_differing_frame']})")  # fmt: skip
-    ed_meta = report["sides"].get("edgeomni", {}).get("meta", {})
-    up_meta = report["sides"].get("upstream", {}).get("meta", {})
-    lines += [
-        "",
-        f"- edgeomni: edge-build engines on {cfg['device']} ({cfg['dtype']} talker and code "
-        f"predictor, float32 code2wav; built for batch {cfg['limits']['max_batch_size']}, "
-        f"input {cfg['limits']['max_input_len']}, KV {cfg['limits']['max_kv_cache_capacity']}), "
-        f"ONNX Runtime {ed_meta.get('versions', {}).get('onnxruntime', '?')}, Pipeline "
-        f"{json.dumps(ed_meta.get('pipeline_options', {}))}; vocoder windows: "
-        + (
-            f"first {win.get('first_window_frames')} frames, doubling to "
-            f"{win.get('window_frames')} (left context {win.get('left_context_frames')}). "
-            if win
-            else "- (no engine). "
-        )
-        + "First audio: each request's "
-        "first AudioChunk with samples, from the submission; RTF: its last event / its audio.",
-        f"- upstream: qwen-tts {up_meta.get('versions', {}).get('qwen-tts', '?')} on transformers "
-        f"{up_meta.get('versions', {}).get('transformers', '?')}, torch "
-        f"{up_meta.get('versions', {}).get('torch', '?')}, {up_cfg}, one generate_custom_voice "
-        "call of c texts (a batch, left-padded); it returns whole audio only, so first audio = "
-        "the call's wall time and RTF = wall / audio.",
-        f"- both: the same checkpoint and text ({len(TEXT)} characters), non-streaming text mode, "
-        "repetition penalty 1.05, the codec EOS row zeroed (exactly the frames asked for). "
-        f"Same codes at c=1: {codes_s} (expected only where both sides run the same dtype). "
-        "Random weights: speed, not quality.",
-    ]
-    for side in SIDES:
-        s = report["sides"].get(side)
-        if s and (s["missing"] or s["error"]):
-            why = (s["error"] or "").splitlines()[0][:200] if s["error"] else "not run"
-            lines.append(f"- {side}: not measured at c={s['missing']}: {why}")
-    return "\n".join(lines) + "\n"
-
-
 def write(args: argparse.Namespace, report: dict, final: bool) -> None:
     report["phases_s"] = PHASES
     report["comparisons"] = comparisons(report)
@@ -1016,6 +404,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--first-window-frames", type=int, default=5,
                    help="edgeomni's first vocoder window (then doubling to --window-frames)")  # fmt: skip
     p.add_argument("--logits-topk", type=int, help="edge-build's (default: the builder's)")
+    p.add_argument("--quantization", choices=("int4_rtn", "int4_awq"),
+                   help="edgeomni's talker and code predictor weights int4 (edge-build "
+                   "--quantization; default: none, float weights)")  # fmt: skip
+    p.add_argument("--group-size", type=int, choices=(32, 64, 128),
+                   help="with --quantization: weights a scale (edge-build --group-size; "
+                   "default 32)")  # fmt: skip
     p.add_argument("--no-cuda-graphs", action="store_true", help="edgeomni without graph replay")
     p.add_argument("--batching", choices=("inflight", "cohort"), default="inflight")
     p.add_argument("--whole-utterance", action="store_true",
@@ -1044,6 +438,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "bfloat16" if args.device == "cuda" else "float32"
     )
     args.upstream_repeats = args.upstream_repeats or args.repeats
+    if args.group_size is not None and not args.quantization:
+        p.error("--group-size needs --quantization")
+    if args.quantization:
+        args.group_size = args.group_size or 32
     args.concurrency = sorted(set(args.concurrency))
     if args.max_batch is None:
         args.max_batch = (
@@ -1071,8 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     log = args.out / "gpu_tts.log"
     commands: list[dict] = []
-    say(f"Qwen3-TTS {args.size} on {args.device}, c={args.concurrency}, {args.frames} frames; "
-        f"work {work}; worker output in {log}")  # fmt: skip
+    quant = f" ({args.quantization} g{args.group_size})" if args.quantization else ""
+    say(f"Qwen3-TTS {args.size} on {args.device}{quant}, c={args.concurrency}, "
+        f"{args.frames} frames; work {work}; worker output in {log}")  # fmt: skip
 
     ckpt_info = ensure_checkpoint(args, work, log, commands, deadline)
     ckpt = Path(ckpt_info["dir"])
@@ -1109,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
             "windows": windows, "limits": limits(args), "seed": args.seed,
             "cuda_graphs": not args.no_cuda_graphs, "batching": args.batching,
             "whole_utterance": args.whole_utterance,
+            "quantization": args.quantization, "group_size": args.group_size,
             "checkpoint": ckpt_info, "engine": {k: v for k, v in engine.items()
                                                 if k != "results_dir"},
             "time_limit_s": args.time_limit,
