@@ -218,7 +218,7 @@ def _build_in(
         raw, quantized = quantize_component(exported, comp, args, out_dir, ckpt)
         build_engine(comp, raw, out_dir, quantized)
         done.append(out_dir)
-        if _awq_in_graph(comp, args) and quantized.get("quantization"):
+        if _awq_in_graph(comp, args, exported) and quantized.get("quantization"):
             later.append((comp, exported, out_dir))
     warn_unplaced(ckpt, args)
     graph = write_graph(hooks, ckpt, ws.staging, selected, args)
@@ -231,11 +231,16 @@ def _build_in(
     return graph
 
 
-def _awq_in_graph(comp: Component, args: BuildArgs) -> bool:
+def _awq_in_graph(comp: Component, args: BuildArgs, exported: Path) -> bool:
     """int4_awq on a decoder that is not the text model: its inputs are the graph's to make."""
+    import onnx
+
+    from edgeomni.builder.quantize import is_decoder
     from edgeomni.export.registry import LLM_RUNNER
 
-    return args.quantization == "int4_awq" and comp.runner != LLM_RUNNER
+    if args.quantization != "int4_awq" or comp.runner == LLM_RUNNER:
+        return False
+    return is_decoder(onnx.load(str(exported), load_external_data=False))
 
 
 def quantize_component(
@@ -264,7 +269,7 @@ def quantize_component(
     from edgeomni.export.registry import LLM_RUNNER
 
     text = artifacts if comp.runner == LLM_RUNNER else None
-    if _awq_in_graph(comp, args):  # rounded plainly now, calibrated once the graph is built
+    if _awq_in_graph(comp, args, raw):  # rounded plainly now, calibrated once the graph is built
         spec = dataclasses.replace(spec, method="int4_rtn")
     with step(f"quantize {comp.name} ({spec.method}, group {spec.group_size})"):
         out = raw.with_name(raw.stem + ".rounded.onnx")

@@ -27,15 +27,21 @@ def test_speech_decoders_are_calibrated_in_the_built_graph(
 ) -> None:
     """A CustomVoice checkpoint: the shipped text is spoken in its first voice through the
     built graph; the talker's and code predictor's recorded inputs give scales that beat plain
-    rounding on them, and the calibrated engines run end to end."""
+    rounding on them, and the calibrated engines (code2wav's transformer int4 too) run end to
+    end."""
     ckpt = tts_engine.parent / "ckpt"
     engine = tmp_path / "awq"
-    assert exports.build(ckpt, engine, BuildArgs(**ARGS, quantization="int4_awq")) is not None
+    args = BuildArgs(**ARGS, quantization="int4_awq", quantize_encoders=True)
+    assert exports.build(ckpt, engine, args) is not None
     for name, report in _reports(engine).items():
         awq = report["awq"]
         assert report["method"] == "int4_awq", (name, report)
         assert awq["calibrated"] and awq["inputs_from"] == "the built graph's run"
         assert awq["scaled_inputs"] > 0 and awq["error_vs_rtn"] < 1.0, (name, awq)
+    # code2wav (no KV cache) is rounded plainly under --quantize-encoders, not run for rows
+    vocoder = json.loads((engine / "code2wav" / "config.json").read_text())["quantization"]
+    assert vocoder["method"] == "int4_rtn" and vocoder["weights"] > 0
+    assert vocoder["awq"] == {"calibrated": False, "why": "encoders are rounded plainly"}
     out = tmp_path / "a.wav"
     code = cli.main(["--config", str(engine), "--prompt", "Hello there.", "--voice", "vivian",
                      "--out-audio", str(out), "--sampling", '{"talker_max_new_tokens": 6}'])  # fmt: skip
