@@ -22,13 +22,15 @@ from edgeomni.export.common import prequantized
 from edgeomni.export.common.checkpoint import CheckpointError, open_checkpoint
 from edgeomni.export.family import BuildArgs
 
-FORMATS = {
-    "awq-g32": lambda: writers.awq(32),
-    "gptq-v1-g64": lambda: writers.gptq(64),
-    "gptq-v2-per-channel": lambda: writers.gptq(-1, v1=False),
-    "compressed-tensors-sym-g32": lambda: writers.compressed_tensors(32, symmetric=True),
-    "compressed-tensors-asym-g64": lambda: writers.compressed_tensors(64, symmetric=False),
-}
+FORMATS = {  # id -> (quant_method, the writer)
+    "awq-g32": ("awq", lambda: writers.awq(32)),
+    "gptq-v1-g64": ("gptq", lambda: writers.gptq(64)),
+    "gptq-v2-per-channel": ("gptq", lambda: writers.gptq(-1, v1=False)),
+    "compressed-tensors-sym-g32": (
+        "compressed-tensors", lambda: writers.compressed_tensors(32, symmetric=True)),
+    "compressed-tensors-asym-g64": (
+        "compressed-tensors", lambda: writers.compressed_tensors(64, symmetric=False)),
+}  # fmt: skip
 
 
 def _layers(ckpt: Path) -> int:
@@ -44,7 +46,7 @@ def test_int4_checkpoint_gives_the_dequantized_weights_tokens(
     (MatMulNBits computing in float: accuracy level 0)."""
     monkeypatch.setitem(ort_backend.NBITS_ACCURACY_LEVEL, "cpu", 0)
     pre, deq = tmp_path / "pre", tmp_path / "deq"
-    writers.write_pair(qwen3_ckpt, pre, deq, FORMATS[fmt]())
+    writers.write_pair(qwen3_ckpt, pre, deq, FORMATS[fmt][1]())
     q_engine, f_engine = tmp_path / "q", tmp_path / "f"
     assert exports.build(pre, q_engine, BuildArgs(**ARGS)) is not None
     assert exports.build(deq, f_engine, BuildArgs(**ARGS)) is not None
@@ -53,8 +55,7 @@ def test_int4_checkpoint_gives_the_dequantized_weights_tokens(
     # q/k/v and gate/up are one packed MatMul each: 4 int4 MatMuls a layer; the head stays float
     assert report["weights"] == 4 * _layers(qwen3_ckpt)
     assert (report["source"], report["bits"]) == ("checkpoint", 4)
-    assert report["method"] == fmt.split("-g")[0].split("-v")[0].split("-sym")[0].split(
-        "-asym")[0]  # fmt: skip
+    assert report["method"] == FORMATS[fmt][0]
     asymmetric = fmt.startswith("awq") or "asym" in fmt
     assert report["zero_points"] is asymmetric
     assert report["float_weights"] == {}
@@ -266,7 +267,7 @@ def test_estimate_counts_the_stored_int4(qwen3_ckpt: Path, exports, tmp_path: Pa
     from test_estimate import compare
 
     pre, deq = tmp_path / "pre", tmp_path / "deq"
-    writers.write_pair(qwen3_ckpt, pre, deq, FORMATS[fmt]())
+    writers.write_pair(qwen3_ckpt, pre, deq, FORMATS[fmt][1]())
     engine = tmp_path / "eng"
     assert exports.build(pre, engine, BuildArgs(**ARGS)) is not None
     ((est, built, est_tables, tables),) = compare(pre, engine, BuildArgs(**ARGS), tmp_path).values()
