@@ -4,7 +4,8 @@ predictors): their MatMul inputs recorded while the built graph runs calibration
 A talker reads the thinker's hidden states and its own codec embeddings; a code predictor reads
 the talker's hidden state. Text through the component's own graph cannot make those, so once
 every engine of the build is written, the build runs the calibration requests through the
-whole graph (edgeomni's runtime, ONNX Runtime on this machine's CPU). Each component being
+whole graph (``edge-infer --record-taps``: edgeomni's runtime in a process of its own,
+ONNX Runtime on this machine's CPU; runtime/taps.py). Each component being
 calibrated runs there as its float graph, lowered for the CPU with the inputs of the MatMuls
 to quantize added as outputs, and every call's rows of those outputs are kept. The engines
 upstream are the build's own (the thinker already int4, as it will run).
@@ -15,122 +16,14 @@ builds (CUDA, TensorRT) round these components plainly, with a warning (docs/qua
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgeomni.builder.awq import ROWS
-from edgeomni.runtime.engine import Engines, OrtBinding, OrtEngine, open_engine
-
 REQUESTS = 8  # calibration requests run through the graph (the first of the texts)
 MAX_TOKENS = 48  # text tokens each may generate
-MAX_FRAMES = 48  # codec frames each may speak
-
-
-@dataclasses.dataclass(frozen=True)
-class Tap:
-    """One component's calibration model and what to record from it."""
-
-    model: Path  # the float graph, lowered for the CPU, the taps added as outputs
-    outputs: Sequence[str]
-    sink: Callable[[str, np.ndarray], None]
-
-
-class TapBinding(OrtBinding):
-    """An OrtBinding that also binds each tap output (ONNX Runtime allocates it on the host)
-    and hands its rows to the sink after each run. ONNX Runtime returns a binding's outputs in
-    the order their names were first bound, which this mirrors."""
-
-    tap: Tap
-    order: list[str]
-
-    def _bound(self, name: str) -> None:
-        if name not in self.order:
-            self.order.append(name)
-
-    def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None:
-        super().bind_in_place(input_name, output_name, array)
-        self._bound(output_name)
-
-    def bind_output(self, name: str, array: Any) -> None:
-        super().bind_output(name, array)
-        self._bound(name)
-
-    def run(self, feeds: Mapping[str, Any], *, graph: int | None = None, wait: bool = True) -> None:
-        for name in self.tap.outputs:
-            self._io.bind_output(name, "cpu")
-            self._bound(name)
-        super().run(feeds, graph=None, wait=True)
-        values = self._io.get_outputs()
-        lens = feeds.get("query_lens")
-        for name in self.tap.outputs:
-            self.tap.sink(name, real_rows(values[self.order.index(name)].numpy(), lens))
-
-
-def real_rows(array: np.ndarray, query_lens: Any) -> np.ndarray:
-    """A tap's rows [n, K] of the call's real tokens: a batch's idle rows (query length 0) and
-    padding positions (past a row's query length) dropped, where the shape tells them apart
-    ([B, S, K] or [B, K]); and any row that is not finite."""
-    if query_lens is not None:
-        lens = np.asarray(query_lens).reshape(-1)
-        if array.ndim == 3 and array.shape[0] == len(lens):
-            array = array[np.arange(array.shape[1])[None, :] < lens[:, None]]
-        elif array.ndim == 2 and array.shape[0] == len(lens):
-            array = array[lens > 0]
-    rows = array.reshape(-1, array.shape[-1])
-    return rows[np.isfinite(rows).all(axis=1)]
-
-
-class TapEngine(OrtEngine):
-    def __init__(self, tap: Tap, threads: int | None) -> None:
-        super().__init__(tap.model, device="cpu", threads=threads, spin=False)
-        self.tap = tap
-
-    def binding(self) -> TapBinding:
-        b = TapBinding(self.session, False, inputs=self.input_names, buffers=self.buffers)
-        b.tap, b.order = self.tap, []
-        return b
-
-
-@dataclasses.dataclass(frozen=True)
-class TapEngines(Engines):
-    """Engines opened on the CPU, the calibrated components' as their TapEngines."""
-
-    taps: Mapping[Path, Tap] = dataclasses.field(default_factory=dict)
-
-    def open(self, folder: Path, config: Mapping[str, Any], *, spin: bool | None = None,
-             replay: bool = True) -> Any:  # fmt: skip
-        tap = self.taps.get(Path(folder).resolve())
-        if tap is not None:
-            return TapEngine(tap, self.threads)
-        return open_engine(folder, config, threads=self.threads, cuda_graphs=False, spin=False)
-
-
-class Rows:
-    """Each tap's rows over the run, thinned at random to at most 4 x ROWS as they come."""
-
-    def __init__(self) -> None:
-        self.rows: dict[str, list[np.ndarray]] = {}
-        self.rng = np.random.default_rng(0)
-
-    def add(self, name: str, rows: np.ndarray) -> None:
-        parts = self.rows.setdefault(name, [])
-        parts.append(np.asarray(rows, np.float32).copy())
-        if sum(len(p) for p in parts) > 8 * ROWS:
-            x = np.concatenate(parts)
-            parts[:] = [x[np.sort(self.rng.choice(len(x), 4 * ROWS, replace=False))]]
-
-    def result(self) -> dict[str, np.ndarray]:
-        out = {}
-        for name, parts in self.rows.items():
-            x = np.concatenate(parts)
-            out[name] = (
-                x[np.sort(self.rng.choice(len(x), ROWS, replace=False))] if len(x) > ROWS else x
-            )
-        return out
 
 
 def tap_model(raw: Path, inputs: Sequence[str], out: Path) -> None:
@@ -155,17 +48,18 @@ def calibration_body(
 ) -> dict[str, Any]:  # fmt: skip
     """The requests run: the user's --calibration request file as it is, or REQUESTS pieces of
     the shipped text, each at most half the build's ``max_input_len`` in the graph's tokens
-    (``tokenizer``; the prompt's template adds its own), with the family's ``fields`` (a
-    CustomVoice speaker) at the top; token and frame counts capped."""
+    (``tokenizer``; the prompt's template adds its own). On top, where the file does not set
+    them: a token cap, seed 0 (the same rows every build) and the family's ``fields`` (a
+    CustomVoice speaker, a frame cap)."""
     import json
 
     if given is not None:
         body = json.loads(Path(given).read_text(encoding="utf-8"))
     else:
         pieces = [p for t in texts for p in _pieces(t, tokenizer, max(8, max_input_len // 2))]
-        body = {**(fields or {}), "requests": [{"messages": [{"role": "user", "content": p}]}
-                                               for p in pieces[:REQUESTS]]}  # fmt: skip
-    return {"max_generate_length": MAX_TOKENS, **body}
+        body = {"requests": [{"messages": [{"role": "user", "content": p}]}
+                             for p in pieces[:REQUESTS]]}  # fmt: skip
+    return {"max_generate_length": MAX_TOKENS, "seed": 0, **(fields or {}), **body}
 
 
 def _pieces(text: str, tokenizer: Path | None, budget: int) -> list[str]:
@@ -190,40 +84,53 @@ def record(
     engine_dir: Path, taps: Mapping[Path, tuple[Path, Sequence[str]]], body: dict[str, Any],
     batch_size: int,
 ) -> dict[Path, dict[str, np.ndarray]] | str:  # fmt: skip
-    """Run ``body``'s requests through the graph in ``engine_dir``; for each component folder
-    in ``taps`` (folder -> (its raw graph, the MatMul inputs to record)), those inputs' rows.
-    Or why it could not be done."""
-    from edgeomni.runtime.pipeline import Pipeline
-    from edgeomni.runtime.requests import parse_request_file, parse_sampling
+    """Run ``body``'s requests through the graph in ``engine_dir`` (edge-infer --record-taps,
+    in a process of its own: the runtime sits above the builder); for each component folder in
+    ``taps`` (folder -> (its raw graph, the MatMul inputs to record)), those inputs' rows. Or
+    why it could not be done."""
+    import json
+    import subprocess
+    import tempfile
 
-    rows = {folder: Rows() for folder in taps}
-    made: dict[Path, Tap] = {}
-    files = []
-    try:
-        for folder, (raw, inputs) in taps.items():
-            out = raw.with_name(raw.stem + ".taps.onnx")
-            files.append(out)
-            tap_model(raw, inputs, out)
-            made[folder.resolve()] = Tap(out, tuple(inputs), rows[folder].add)
-        sampling, extra = parse_sampling({"talker_max_new_tokens": MAX_FRAMES, "seed": 0})
-        requests, _ = parse_request_file(body, sampling, extra, ("talker_max_new_tokens", "seed"))
-        pipeline = Pipeline(
-            engine_dir, engines=TapEngines(threads=None, taps=made), batching="cohort"
-        )  # the same rows every build
-        outcomes = pipeline.run(requests, batch_size=batch_size, requested=None)
-    except Exception as e:  # noqa: BLE001 - any failure leaves the plain rounding, said why
-        return f"running the graph for calibration failed ({type(e).__name__}: {e})"
-    finally:
-        for f in files:
-            f.unlink(missing_ok=True)
-    failed = [o.entry.get("error") for o in outcomes if not o.entry.get("ok", True)]
-    if failed and len(failed) == len(outcomes):
-        return f"every calibration request failed ({failed[0]})"
-    result = {folder: r.result() for folder, r in rows.items()}
-    for folder, got in result.items():
-        if not got:
-            return f"{folder.name} was not called by the calibration requests"
-    return result
+    edge_infer = _edge_infer()
+    if edge_infer is None:
+        return "edge-infer, which runs the graph, is not installed beside this Python"
+    folders = list(taps)
+    with tempfile.TemporaryDirectory(prefix="edge-build-awq-") as tmp:
+        entries = []
+        for i, folder in enumerate(folders):
+            raw, inputs = taps[folder]
+            model = raw.with_name(f"{raw.stem}.taps{i}.onnx")  # beside raw: its data stays put
+            tap_model(raw, inputs, model)
+            entries.append({"folder": str(folder), "model": str(model), "outputs": list(inputs)})
+        spec = {"taps": entries, "body": body, "batch_size": batch_size,
+                "rows_file": str(Path(tmp) / "rows.npz")}  # fmt: skip
+        (Path(tmp) / "spec.json").write_text(json.dumps(spec))
+        try:
+            done = subprocess.run(
+                [edge_infer, "--config", str(engine_dir), "--record-taps",
+                 str(Path(tmp) / "spec.json")], capture_output=True, text=True,
+            )  # fmt: skip
+        finally:
+            for entry in entries:
+                Path(entry["model"]).unlink(missing_ok=True)
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            why = lines[-1].removeprefix("edge-infer: error: ") if lines else "no message"
+            return f"running the graph for calibration failed ({why})"
+        with np.load(spec["rows_file"]) as saved:
+            got = {k: saved[k] for k in saved.files}
+    return {folder: {name: got[f"{i}/{name}"] for name in taps[folder][1] if f"{i}/{name}" in got}
+            for i, folder in enumerate(folders)}  # fmt: skip
+
+
+def _edge_infer() -> str | None:
+    """The edge-infer this Python's edgeomni installed (its scripts folder, else PATH)."""
+    import shutil
+    import sysconfig
+
+    beside = Path(sysconfig.get_path("scripts")) / "edge-infer"
+    return str(beside) if beside.is_file() else shutil.which("edge-infer")
 
 
 def requantize(

@@ -110,6 +110,15 @@ def parser() -> argparse.ArgumentParser:
         "(with --input-file: apply_chat_template false, unless the file sets it)",
     )
     p.add_argument(
+        "--record-taps",
+        type=Path,
+        metavar="SPEC",
+        help="what edge-build --quantization int4_awq runs to calibrate talkers and code "
+        "predictors: SPEC's requests through this graph on the CPU, the engines SPEC names "
+        "replaced by its models, their extra outputs' rows written to SPEC's rows file "
+        "(runtime/taps.py), and exit",
+    )
+    p.add_argument(
         "--validate-config",
         action="store_true",
         help="check the graph (structure, runners, artifact paths) and what opening each stage "
@@ -172,7 +181,9 @@ def parser() -> argparse.ArgumentParser:
         "reach it one at a time)",
     )
     p.add_argument(
-        "--threads", type=int, help="CPU threads per engine, at most the usable cores (default: all)"
+        "--threads",
+        type=int,
+        help="CPU threads per engine, at most the usable cores (default: all)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log debug detail, with tracebacks")
     p.add_argument(
@@ -238,6 +249,8 @@ def _main(args: argparse.Namespace) -> int:
 
     if args.validate_config:
         return _validate(args.config)
+    if args.record_taps:
+        return _record_taps(args.record_taps, args.config)
     problem = usage_error(args)
     if problem:
         return _fail(problem, EXIT_BAD_CONFIG)
@@ -345,6 +358,16 @@ def _main(args: argparse.Namespace) -> int:
         profile = {**pipeline.profile.as_dict(), "memory": footprint(pipeline.engine_dir)}
         print(json.dumps(profile, indent=2), file=sys.stderr)
     return EXIT_OK if all(e["ok"] for e in entries) else EXIT_REQUESTS_FAILED
+
+
+def _record_taps(spec: Path, config: Path) -> int:
+    from edgeomni.runtime.taps import RecordError, record
+
+    try:
+        record(spec, config)
+    except (RecordError, OSError, ValueError, KeyError) as e:
+        return _fail(f"--record-taps: {e}", EXIT_BAD_CONFIG)
+    return EXIT_OK
 
 
 def _validate(config: Path) -> int:

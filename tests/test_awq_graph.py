@@ -12,7 +12,7 @@ import pytest
 
 from edgeomni.builder import awq_graph
 from edgeomni.export.family import BuildArgs
-from edgeomni.runtime import cli
+from edgeomni.runtime import cli, taps
 
 ARGS = {"max_batch_size": 2, "max_input_len": 64, "max_kv_cache_capacity": 128}
 
@@ -69,11 +69,11 @@ def test_real_rows_drop_idle_rows_padding_and_non_finite() -> None:
     x = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
     x[0, 0, 1] = np.nan
     lens = np.array([2, 0])
-    rows = awq_graph.real_rows(x, lens)
+    rows = taps.real_rows(x, lens)
     np.testing.assert_array_equal(rows, x[0, 1:2])  # row 0's first is NaN, row 1 idle
     flat = np.arange(8, dtype=np.float32).reshape(2, 4)
-    np.testing.assert_array_equal(awq_graph.real_rows(flat, np.array([1, 0])), flat[:1])
-    np.testing.assert_array_equal(awq_graph.real_rows(flat, None), flat)
+    np.testing.assert_array_equal(taps.real_rows(flat, np.array([1, 0])), flat[:1])
+    np.testing.assert_array_equal(taps.real_rows(flat, None), flat)
 
 
 @pytest.mark.parametrize("budget", [4, 9])
@@ -82,6 +82,7 @@ def test_shipped_text_is_cut_to_the_build(budget: int) -> None:
     text = "one two three four five six seven eight nine ten eleven"
     body = awq_graph.calibration_body([text], None, {"voice": "aiden"}, max_input_len=2 * budget)
     assert body["voice"] == "aiden" and body["max_generate_length"] == awq_graph.MAX_TOKENS
+    assert body["seed"] == 0
     pieces = [r["messages"][0]["content"] for r in body["requests"]]
     assert " ".join(pieces) == text
     assert all(len(p.split()) <= max(8, budget) for p in pieces)

@@ -10,7 +10,6 @@ training text). docs/quantization.md has the whole table, on all 88 held-out win
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,20 +69,3 @@ def test_int4_awq_is_no_worse_than_rtn(scores: dict[str, Any], awq: str, rtn: st
     assert record["awq"]["error_vs_rtn"] < 1.0  # the search's own measure, on its own data
     assert record["awq_scaled_inputs"]["folded_into_norms"] > 0
     assert scores[awq]["ppl"] <= scores[rtn]["ppl"]
-
-
-def test_awq_without_a_text_input_rounds_plainly(exports, tmp_path: Path, caplog) -> None:
-    """A component whose inputs are not a stage's token embeddings (Qwen3-TTS's talker takes
-    the graph's own sums) is rounded as int4_rtn, with a warning and its config.json saying
-    so, not calibrated on made-up inputs."""
-    from edgeomni.export.tiny_tts import make_checkpoint
-
-    caplog.set_level("WARNING", logger="edge-build")
-    ckpt = make_checkpoint(tmp_path / "ckpt", "custom_voice", "tiny")
-    args = BuildArgs(max_batch_size=1, max_input_len=64, max_kv_cache_capacity=128,
-                     quantization="int4_awq")  # fmt: skip
-    assert exports.build(ckpt, tmp_path / "eng", args, ["talker", "code_predictor", "code2wav"])
-    for name in ("talker", "code_predictor"):
-        record = json.loads((tmp_path / "eng" / name / "config.json").read_text())["quantization"]
-        assert record["method"] == "int4_rtn" and record["awq"]["calibrated"] is False, name
-    assert "int4_awq cannot calibrate it" in caplog.text

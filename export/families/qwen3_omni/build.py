@@ -187,6 +187,14 @@ def image_processor_settings(ckpt: Checkpoint) -> dict[str, Any]:
     raise CheckpointError(f"{ckpt.path}: no image processor settings (preprocessor_config.json)")
 
 
+CALIBRATION_FRAMES = 48  # frames each int4_awq calibration request speaks
+
+
+def calibration_fields(ckpt: Checkpoint) -> dict[str, Any]:
+    """int4_awq's calibration requests speak at most CALIBRATION_FRAMES frames."""
+    return {"talker_max_new_tokens": CALIBRATION_FRAMES}
+
+
 def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:
     """What the talker runner needs: dimensions, the token and codec ids, the speakers."""
     cfg = ckpt.config

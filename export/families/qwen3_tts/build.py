@@ -296,14 +296,18 @@ def code2wav_settings(ckpt: Checkpoint) -> dict[str, Any]:
     return cfg
 
 
+CALIBRATION_FRAMES = 48  # frames each int4_awq calibration request speaks
+
+
 def calibration_fields(ckpt: Checkpoint) -> dict[str, Any]:
-    """A CustomVoice checkpoint speaks the calibration text in its first speaker's voice; a
-    Base checkpoint needs a reference clip and a VoiceDesign one an instruction, which only the
-    user's --calibration request file can give."""
-    if tts_model_type(ckpt.config) != "custom_voice":
-        return {}
+    """int4_awq's calibration requests speak at most CALIBRATION_FRAMES frames; a CustomVoice
+    checkpoint's in its first speaker's voice. A Base checkpoint needs a reference clip and a
+    VoiceDesign one an instruction, which only the user's --calibration request file gives."""
+    fields: dict[str, Any] = {"talker_max_new_tokens": CALIBRATION_FRAMES}
     speakers = section(ckpt.config, "talker_config").get("spk_id") or {}
-    return {"voice": sorted(str(k).lower() for k in speakers)[0]} if speakers else {}
+    if tts_model_type(ckpt.config) == "custom_voice" and speakers:
+        fields["voice"] = sorted(str(k).lower() for k in speakers)[0]
+    return fields
 
 
 def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:
