@@ -83,6 +83,8 @@ def real_rows(array: np.ndarray, query_lens: Any) -> np.ndarray:
 
 
 class TapEngine(OrtEngine):
+    """A tap's model on the CPU, whose bindings record its extra outputs."""
+
     def __init__(self, tap: Tap, threads: int | None = None) -> None:
         super().__init__(tap.model, device="cpu", threads=threads, spin=False)
         self.tap = tap

@@ -86,3 +86,32 @@ def test_shipped_text_is_cut_to_the_build(budget: int) -> None:
     pieces = [r["messages"][0]["content"] for r in body["requests"]]
     assert " ".join(pieces) == text
     assert all(len(p.split()) <= max(8, budget) for p in pieces)
+
+
+def test_tap_binding_hands_each_call_its_own_rows(tmp_path: Path) -> None:
+    """A tap bound after the engine's own outputs (and bound again each call) gets that call's
+    values: ONNX Runtime's output order is the order names were first bound."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal((4, 4)).astype(np.float32) for _ in range(2))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4]),
+         helper.make_empty_tensor_value_info("h")],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )  # fmt: skip
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    got: list[np.ndarray] = []
+    engine = taps.TapEngine(taps.Tap(path, ("h",), lambda name, rows: got.append(rows)))
+    binding = engine.binding()
+    y = np.zeros((1, 2, 4), np.float32)
+    binding.bind_output("y", y)
+    for i in range(2):
+        x = rng.standard_normal((1, 2, 4)).astype(np.float32)
+        binding.run({"x": x, "query_lens": np.array([1 + i])})
+        np.testing.assert_allclose(got[-1], (x @ w1)[0, : 1 + i], rtol=1e-5)
+        np.testing.assert_allclose(y, x @ w1 @ w2, rtol=1e-5)
