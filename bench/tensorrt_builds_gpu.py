@@ -78,7 +78,7 @@ def build_both(ckpt: Path, work: Path, backends: tuple[str, ...], dtype: str,
         if components and name not in components:
             continue
         # one build each: a failure loses no other
-        out = work / f"{ckpt.name}-{which}-{name}" + (f"-{quantization}" if quantization else "")
+        out = work / (f"{ckpt.name}-{which}-{name}" + (f"-{quantization}" if quantization else ""))
         args = BuildArgs(max_batch_size=b, max_input_len=i, max_kv_cache_capacity=c,
                          backend=which, device="cuda", dtype=dtype,
                          quantization=quantization)  # fmt: skip

@@ -196,6 +196,12 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
             "--quantization int4_rtn from a float checkpoint"
         )
     packed, scales = ctx.tensor(node.input[1]), ctx.tensor(node.input[2])
+    scales = scales.reshape(n, k // bs)
+    if k == bs:
+        # one block along K: TensorRT-RTX 1.7 refuses the blocked mode with a [1, N] scale
+        # ("ScaleMode is illegal"); two half blocks sharing the scale are the same weight
+        bs //= 2
+        scales = np.repeat(scales, 2, axis=1)
     signed = unpack_codes(packed, k).astype(np.int16) - SYMMETRIC_ZERO  # [N, K] in -8..7
     nibbles = (signed.T.reshape(-1) & 0x0F).astype(np.uint8)  # [K, N] flat
     if nibbles.size % 2:
@@ -204,9 +210,7 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
     weight = ctx.fresh(node.input[1] + "_int4")
     ctx.initializers.append(helper.make_tensor(weight, TensorProto.INT4, [k, n], raw, raw=True))
     scale_kn = ctx.fresh(node.input[2] + "_kn")
-    ctx.initializers.append(
-        numpy_helper.from_array(np.ascontiguousarray(scales.reshape(n, k // bs).T), scale_kn)
-    )
+    ctx.initializers.append(numpy_helper.from_array(np.ascontiguousarray(scales.T), scale_kn))
     ctx.require_opset("", 21)
     dq = ctx.fresh("quant_weight")
     return [

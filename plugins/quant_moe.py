@@ -179,13 +179,16 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
             helper.make_tensor(weight, TensorProto.INT4, [e * n, 2 * half], raw, raw=True)
         )
         scale_2d = ctx.fresh(scales_name + "_2d")
-        ctx.initializers.append(numpy_helper.from_array(scales.reshape(e * n, -1), scale_2d))
+        scales, block = scales.reshape(e * n, -1), bs
+        if 2 * half == bs:  # one block along K: TensorRT-RTX refuses it (quant_linear's note)
+            scales, block = np.repeat(scales, 2, axis=1), bs // 2
+        ctx.initializers.append(numpy_helper.from_array(scales, scale_2d))
         flat, dense = ctx.fresh("quant_moe_flat"), ctx.fresh("quant_moe_weight")
         shape = ctx.constant(f"quant_moe_shape_{e}_{n}_{2 * half}",
                              np.array([e, n, 2 * half], np.int64))  # fmt: skip
         nodes += [
             helper.make_node(
-                "DequantizeLinear", [weight, scale_2d], [flat], axis=1, block_size=bs, name=flat
+                "DequantizeLinear", [weight, scale_2d], [flat], axis=1, block_size=block, name=flat
             ),  # fmt: skip
             helper.make_node("Reshape", [flat, shape], [dense], name=dense),
         ]

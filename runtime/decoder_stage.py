@@ -27,15 +27,7 @@ from edgeomni.runtime.events import Event, Finished
 from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.sampling import SamplingParams, StepLogits, log_softmax_top, sample_rows
 
-__all__ = [
-    "DecoderSpec",
-    "DecoderStage",
-    "Slot",
-    "StepPlan",
-    "plan_step",
-    "prefill_runs",
-    "rows_of",
-]
+__all__ = ["DecoderSpec", "DecoderStage", "Slot", "StepPlan", "plan_step", "prefill_runs", "rows_of"]
 
 _NONE = np.zeros(0, np.int64)
 

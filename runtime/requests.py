@@ -403,9 +403,7 @@ def lone_surrogate(value: Any, where: str = "") -> LoneSurrogate | None:
                 stack.append((inner, f"{at}.{name}" if at else str(name), False))
                 stack.append((name, at, True))
         elif isinstance(item, (list, tuple)):
-            stack.extend(
-                (inner, f"{at}[{i}]", False) for i, inner in reversed(list(enumerate(item)))
-            )
+            stack.extend((inner, f"{at}[{i}]", False) for i, inner in reversed(list(enumerate(item))))
     return None
 
 

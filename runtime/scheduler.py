@@ -356,7 +356,6 @@ def run_graph(
         return next((sid for sid in order if state in waiting[sid]), state.plan.stages[0])
 
     idle = dict.fromkeys(order, 0)  # turns each stage has waited with rows to step
-
     def busy() -> bool:
         return bool(pending) or any(waiting.values()) or any(active.values())
 

@@ -84,9 +84,7 @@ class TrtEngine:
         try:
             self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
         except Exception as e:  # TensorRT-RTX raises on a GPU it does not support
-            raise EngineError(
-                f"{trt.__name__} {trt.__version__} could not load {path}: {e}"
-            ) from None
+            raise EngineError(f"{trt.__name__} {trt.__version__} could not load {path}: {e}") from None
         if self.engine is None:
             raise EngineError(
                 f"{trt.__name__} {trt.__version__} could not load {path} (built on compute "

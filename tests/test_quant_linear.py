@@ -60,19 +60,24 @@ def test_rtn_float16_scales_are_what_the_codes_were_rounded_with() -> None:
 
 
 def _graph(
-    packed: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, bs: int, dtype: int
+    packed: np.ndarray,
+    scales: np.ndarray,
+    zeros: np.ndarray | None,
+    bs: int,
+    dtype: int,
+    k: int = K,
 ) -> onnx.ModelProto:
     """x [B, S, K] -> QuantMatMul -> y [B, S, N], the weights as initializers."""
     inits = [numpy_helper.from_array(packed, "w_q"), numpy_helper.from_array(scales, "w_s")]
     if zeros is not None:
         inits.append(numpy_helper.from_array(zeros, "w_z"))
     node = quant_linear.make_node(
-        "x", "w_q", "w_s", "w_z" if zeros is not None else None, "y", k=K, n=N, block_size=bs
+        "x", "w_q", "w_s", "w_z" if zeros is not None else None, "y", k=k, n=N, block_size=bs
     )
     graph = helper.make_graph(
         [node],
         "q",
-        [helper.make_tensor_value_info("x", dtype, ["b", "s", K])],
+        [helper.make_tensor_value_info("x", dtype, ["b", "s", k])],
         [helper.make_tensor_value_info("y", dtype, ["b", "s", N])],
         inits,
     )
@@ -159,6 +164,21 @@ def test_tensorrt_lowering_structure_and_numerics(bs: int) -> None:
     x = rng.standard_normal((2, 4, K)).astype(np.float32)
     expected = quant_linear.reference(x, packed, scales, K=K, N=N, block_size=bs)
     np.testing.assert_allclose(_run(model, x, optimize=False), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_tensorrt_lowering_of_a_single_block_is_two_half_blocks() -> None:
+    """K == block size: TensorRT-RTX 1.7 refuses a blocked DequantizeLinear whose scale is
+    [1, N] ("ScaleMode is illegal"), so the lowering uses half blocks, each with the block's
+    scale: the same weight."""
+    w = np.random.default_rng(3).standard_normal((32, N)).astype(np.float32)
+    packed, scales = quant_linear.quantize_symmetric(w, 32)
+    model = lower_model(_graph(packed, scales, None, 32, TensorProto.FLOAT, k=32), "tensorrt", {})
+    dq = model.graph.node[0]
+    assert {a.name: helper.get_attribute_value(a) for a in dq.attribute} == {
+        "axis": 0, "block_size": 16}  # fmt: skip
+    x = np.random.default_rng(4).standard_normal((1, 2, 32)).astype(np.float32)
+    expected = quant_linear.reference(x, packed, scales, K=32, N=N, block_size=32)
+    np.testing.assert_allclose(_run(model, x, optimize=False), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_tensorrt_lowering_refuses_zero_points() -> None:

@@ -155,9 +155,11 @@ def test_components_without_a_kv_cache_stay_float(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--group-size", "64"], "--group-size and --[no-]quantize-lm-head need --quantization"),
+        (["--group-size", "64"],
+         "--group-size, --[no-]quantize-lm-head and --quantize-encoders need --quantization"),
         (["--quantize-lm-head"], "need --quantization"),
         (["--no-quantize-lm-head"], "need --quantization"),
+        (["--quantize-encoders"], "need --quantization"),
     ],
 )
 def test_cli_refuses_quantization_flags_alone(

@@ -109,12 +109,8 @@ def _table() -> dict[str, RunnerDecl]:
     from edgeomni.runtime.families import FAMILIES
 
     decls = [
-        RunnerDecl(
-            LLM_RUNNER,
-            "autoregressive",
-            "edgeomni.runtime.runners.llm:LLMBackbone",
-            {"text": "text", "accept_hidden": "hidden"},
-        )  # fmt: skip
+        RunnerDecl(LLM_RUNNER, "autoregressive", "edgeomni.runtime.runners.llm:LLMBackbone",
+                   {"text": "text", "accept_hidden": "hidden"})  # fmt: skip
     ]
     decls += [RunnerDecl(*decl) for runners in FAMILIES.values() for decl in runners]
     return {decl.name: decl for decl in decls}
@@ -142,5 +138,6 @@ def check_emits(graph: Any) -> None:
             if emit.kind != makes[emit.id]:
                 raise GraphError(
                     f"{at}.kind",
-                    f"{emit.id!r} of runner {stage.runner!r} is {makes[emit.id]}, not {emit.kind}",
+                    f"{emit.id!r} of runner {stage.runner!r} is {makes[emit.id]}, not "
+                    f"{emit.kind}",
                 )

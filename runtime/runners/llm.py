@@ -260,9 +260,7 @@ class LLMBackbone(StageRunner):
 
     def banned(self, slot: Slot) -> np.ndarray | None:
         """No end of sequence before the request's min_generate_length."""
-        return (
-            self._eos_ids if len(slot.generated) < slot.state.request.min_generate_length else None
-        )
+        return self._eos_ids if len(slot.generated) < slot.state.request.min_generate_length else None
 
     def finished(self, slot: Slot) -> str | None:
         """eos, a stop string, or the request's max_generate_length."""

@@ -29,10 +29,8 @@ class Histogram:
 
     def lines(self, name: str) -> list[str]:
         bounds = [*map(repr, BUCKETS_S), "+Inf"]
-        out = [
-            f'{name}_bucket{{le="{le}"}} {running}'
-            for le, running in zip(bounds, itertools.accumulate(self.counts), strict=True)
-        ]
+        out = [f'{name}_bucket{{le="{le}"}} {running}'
+               for le, running in zip(bounds, itertools.accumulate(self.counts), strict=True)]
         return [*out, f"{name}_sum {self.total:.6f}", f"{name}_count {self.n}"]
 
 

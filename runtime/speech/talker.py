@@ -138,11 +138,8 @@ class SpeechTalker(StageRunner):
         if not residual("dosample") or (self.follows_talker and first.greedy and not cp_given):
             rest = GREEDY
         else:
-            rest = SamplingParams(
-                temperature=float(residual("temperature")),
-                top_k=int(residual("top_k")),
-                top_p=float(residual("top_p")),
-            )
+            rest = SamplingParams(temperature=float(residual("temperature")),
+                                  top_k=int(residual("top_k")), top_p=float(residual("top_p")))
         return first, rest, int(talker("max_new_tokens")), int(talker("min_new_tokens"))
 
     def voice_of(self, state: RequestState) -> Any:
@@ -310,8 +307,7 @@ class SpeechTalker(StageRunner):
             # drawing in the engine, calls are queued, not waited for: then this is the time to
             # queue them, and the GPU's time is in code_predictor_ms
             "code_predictor_engine_ms": round(speech.cp_engine_s * 1e3, 3),
-            "code_predictor_draws": "engine"
-            if self.cp.draws_in_engine(speech.residual)
+            "code_predictor_draws": "engine" if self.cp.draws_in_engine(speech.residual)
             else "host",
             "code_predictor_host_frames": speech.host_frames,
             "cohort_size": slot.widest,
