@@ -160,8 +160,11 @@ def apply(model: Any, index: RowIndex, base_dir: Path | str = "") -> dict[str, A
             n, k = w_nk.shape
             deq = quant_linear.dequantize(packed, scales, zeros, k=k, block_size=bs)
             if not np.array_equal(deq, np.ascontiguousarray(w_nk.T)):
-                raise AssertionError(f"{w}: the stored int4 weight does not dequantize to the "
-                                     "exported float weight")  # fmt: skip
+                # the scales in the engine's float type move the weight (bfloat16 scales in a
+                # float16 engine, say): it stays the float weight it was read as
+                skipped[w] = f"its scales are not exact in {value.dtype}"
+                nodes.append(node)
+                continue
             stem = w + ("_t" if transposed else "") + "_q4"
             graph.initializer.append(numpy_helper.from_array(packed, stem))
             graph.initializer.append(numpy_helper.from_array(scales, stem + "_scales"))

@@ -276,3 +276,29 @@ def test_estimate_counts_the_stored_int4(qwen3_ckpt: Path, exports, tmp_path: Pa
     assert exports.build(deq, float_engine, BuildArgs(**ARGS)) is not None
     ((f_est, f_built, _, _),) = compare(deq, float_engine, BuildArgs(**ARGS), tmp_path).values()
     assert built < 0.75 * f_built and est < 0.75 * f_est
+
+
+def test_scales_not_exact_in_the_engine_dtype_leave_the_weight_float() -> None:
+    """A float16 graph of a weight whose scales float16 cannot hold (1e-6: subnormal there)
+    keeps the float weight, with the reason, rather than an int4 weight that is not it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    q = prequantized.QuantizedLinear(
+        codes=rng.integers(0, 16, (8, 32), dtype=np.uint8),
+        scales=np.full((8, 1), 1.2345e-6, np.float32),
+        zeros=np.full((8, 1), 8, np.uint8),
+        group=32,
+    )
+    w = q.dequantized().T.astype(np.float16)  # [K, N] as a float16 export holds it
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 8])],
+        [numpy_helper.from_array(w, "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph)
+    report = prequant.apply(model, prequant.RowIndex({"lin.weight": q}.__getitem__, ["lin.weight"]))
+    assert report is not None and report["weights"] == 0
+    assert report["float_weights"] == {"w": "its scales are not exact in float16"}
+    assert [n.op_type for n in model.graph.node] == ["MatMul"]
