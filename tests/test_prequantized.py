@@ -199,7 +199,7 @@ def test_act_order_gptq_is_refused(qwen3_ckpt: Path, tmp_path: Path, capsys) -> 
     writers.write_pair(qwen3_ckpt, tmp_path / "pre", tmp_path / "deq",
                        writers.gptq(32, g_idx=shuffled))  # fmt: skip
     assert _edge_build(tmp_path / "pre", tmp_path / "eng") == 2
-    assert "act-order (desc_act) GPTQ weights" in capsys.readouterr().err
+    assert "g_idx: act-order (desc_act) weights" in capsys.readouterr().err
 
 
 def test_gptq_v1_zero_point_16_is_refused() -> None:

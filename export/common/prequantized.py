@@ -209,18 +209,22 @@ def read_gptq(get: Any, stem: str, v1_zeros: bool, has: Any) -> QuantizedLinear:
     _shape(scales, (zeros.shape[0], n), stem + "scales")
     group = _group(k, scales.shape[0], stem + "scales")
     if has(stem + "g_idx"):
-        g_idx = _np(get(stem + "g_idx")).astype(np.int64)
-        if not np.array_equal(g_idx, np.arange(k) // group):
-            raise CheckpointError(
-                f"{stem}g_idx: act-order (desc_act) GPTQ weights, whose groups are not "
-                "contiguous runs of K, are not read; quantize with desc_act=false"
-            )
+        _contiguous_groups(_np(get(stem + "g_idx")), k, group, stem + "g_idx")
     if v1_zeros:
         zeros = zeros + 1
         if zeros.max() > 15:
             raise CheckpointError(f"{stem}qzeros: a zero point of 16 (GPTQ v1 stores zero "
                                   "minus one; 0 wrapped) has no 4-bit form")  # fmt: skip
     return QuantizedLinear(codes.T.copy(), scales.T.copy(), zeros.astype(np.uint8).T.copy(), group)
+
+
+def _contiguous_groups(g_idx: np.ndarray, k: int, group: int, name: str) -> None:
+    """Refuse act-order weights: groups that are not contiguous runs of K."""
+    if not np.array_equal(g_idx.astype(np.int64).reshape(-1), np.arange(k) // group):
+        raise CheckpointError(
+            f"{name}: act-order (desc_act) weights, whose groups are not contiguous runs of "
+            "K, are not read; quantize without act-order"
+        )
 
 
 def read_compressed(get: Any, stem: str, has: Any) -> QuantizedLinear:
@@ -231,6 +235,8 @@ def read_compressed(get: Any, stem: str, has: Any) -> QuantizedLinear:
         scales = scales[:, None]
     _shape(codes, (n, k), stem + "weight_packed")
     group = _group(k, scales.shape[1], stem + "weight_scale")
+    if has(stem + "weight_g_idx"):
+        _contiguous_groups(_np(get(stem + "weight_g_idx")), k, group, stem + "weight_g_idx")
     if has(stem + "weight_zero_point"):
         zeros = nibbles(_np(get(stem + "weight_zero_point")), 0)[:n]
     else:
