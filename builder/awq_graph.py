@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from edgeomni.builder.awq import ROWS
+
 REQUESTS = 8  # calibration requests run through the graph (the first of the texts)
 MAX_TOKENS = 48  # text tokens each may generate
 
@@ -103,7 +105,7 @@ def record(
             model = raw.with_name(f"{raw.stem}.taps{i}.onnx")  # beside raw: its data stays put
             tap_model(raw, inputs, model)
             entries.append({"folder": str(folder), "model": str(model), "outputs": list(inputs)})
-        spec = {"taps": entries, "body": body, "batch_size": batch_size,
+        spec = {"taps": entries, "body": body, "batch_size": batch_size, "rows": ROWS,
                 "rows_file": str(Path(tmp) / "rows.npz")}  # fmt: skip
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         try:
@@ -177,10 +179,9 @@ def requantize(
             log.warning("%s: int4_awq cannot calibrate it (%s); its weights are rounded plainly "
                         "(int4_rtn)", comp.name, rows)  # fmt: skip
             path = out_dir / "config.json"
-            report = json.loads(path.read_text())["quantization"]
-            report["awq"] = {"calibrated": False, "why": rows}
-            path.write_text(json.dumps({**json.loads(path.read_text()),
-                                        "quantization": report}, indent=2) + "\n")  # fmt: skip
+            cfg = json.loads(path.read_text())
+            cfg["quantization"]["awq"] = {"calibrated": False, "why": rows}
+            path.write_text(json.dumps(cfg, indent=2) + "\n")
             continue
         out = raw.with_name(raw.stem + ".awq.onnx")
         report = quantize.quantize_file(raw, out, spec, rows=rows[out_dir])

@@ -215,10 +215,11 @@ def _build_in(
         # the artifacts first: int4_awq calibrates with the stage's tokenizer and table
         with step(f"write {comp.name} artifacts"):
             hooks.write_artifacts(ckpt, comp, out_dir, args)
-        raw, quantized = quantize_component(exported, comp, args, out_dir, ckpt)
+        in_graph = _awq_in_graph(comp, args, exported)  # rounded plainly now, calibrated later
+        raw, quantized = quantize_component(exported, comp, args, out_dir, ckpt, in_graph)
         build_engine(comp, raw, out_dir, quantized)
         done.append(out_dir)
-        if _awq_in_graph(comp, args, exported) and quantized.get("quantization"):
+        if in_graph and quantized.get("quantization"):
             later.append((comp, exported, out_dir))
     warn_unplaced(ckpt, args)
     graph = write_graph(hooks, ckpt, ws.staging, selected, args)
@@ -244,11 +245,13 @@ def _awq_in_graph(comp: Component, args: BuildArgs, exported: Path) -> bool:
 
 
 def quantize_component(
-    raw: Path, comp: Component, args: BuildArgs, artifacts: Path, ckpt: Any = None
-) -> tuple[Path, dict[str, Any]]:
+    raw: Path, comp: Component, args: BuildArgs, artifacts: Path, ckpt: Any = None,
+    plainly: bool = False,
+) -> tuple[Path, dict[str, Any]]:  # fmt: skip
     """The exported graph with its weights quantized as --quantization asks (builder/quantize.py)
     or as the checkpoint stores them (builder/prequant.py), and the config.json field that says
-    so; the graph as it is for a float build or a component the pass leaves float."""
+    so; the graph as it is for a float build or a component the pass leaves float.
+    ``plainly``: round as int4_rtn for now (int4_awq calibrates it once the graph is built)."""
     stored: dict[str, Any] = {}
     pq = getattr(ckpt, "prequantized", None)
     if pq is not None and pq.scheme.int4:
@@ -269,7 +272,7 @@ def quantize_component(
     from edgeomni.export.registry import LLM_RUNNER
 
     text = artifacts if comp.runner == LLM_RUNNER else None
-    if _awq_in_graph(comp, args, raw):  # rounded plainly now, calibrated once the graph is built
+    if plainly:  # int4_awq calibrates it once the graph is built (builder/awq_graph.py)
         spec = dataclasses.replace(spec, method="int4_rtn")
     with step(f"quantize {comp.name} ({spec.method}, group {spec.group_size})"):
         out = raw.with_name(raw.stem + ".rounded.onnx")

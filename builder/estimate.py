@@ -143,7 +143,7 @@ def report(model_dir: Any, rows: Sequence[Estimate], args: BuildArgs, ckpt: Any 
         if args.quantization
         else args.dtype
     )
-    scheme = getattr(ckpt, "quantization", None) if ckpt is not None else None
+    scheme = getattr(ckpt, "quantization", None)
     if scheme is not None and scheme.int4:
         weights = f"the checkpoint's {scheme.describe()} linears as stored, the rest " + weights
     lines = [

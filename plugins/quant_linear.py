@@ -180,6 +180,15 @@ def lower_onnxruntime(node: Any, ctx: Any) -> list[Any]:
     ]
 
 
+def tensorrt_blocks(scales: np.ndarray, k: int, bs: int) -> tuple[np.ndarray, int]:
+    """Row scales [rows, K/bs] and the block size as TensorRT takes them: a single block along
+    K becomes two half blocks sharing its scale (the same weight), since TensorRT-RTX 1.7
+    refuses a blocked DequantizeLinear whose scale has one block ("ScaleMode is illegal")."""
+    if k != bs:
+        return scales, bs
+    return np.repeat(scales, 2, axis=1), bs // 2
+
+
 def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
     """DequantizeLinear(INT4 [K, N], scales [K/bs, N], axis 0, block_size bs) -> MatMul.
 
@@ -196,12 +205,7 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
             "--quantization int4_rtn from a float checkpoint"
         )
     packed, scales = ctx.tensor(node.input[1]), ctx.tensor(node.input[2])
-    scales = scales.reshape(n, k // bs)
-    if k == bs:
-        # one block along K: TensorRT-RTX 1.7 refuses the blocked mode with a [1, N] scale
-        # ("ScaleMode is illegal"); two half blocks sharing the scale are the same weight
-        bs //= 2
-        scales = np.repeat(scales, 2, axis=1)
+    scales, bs = tensorrt_blocks(scales.reshape(n, k // bs), k, bs)
     signed = unpack_codes(packed, k).astype(np.int16) - SYMMETRIC_ZERO  # [N, K] in -8..7
     nibbles = (signed.T.reshape(-1) & 0x0F).astype(np.uint8)  # [K, N] flat
     if nibbles.size % 2:

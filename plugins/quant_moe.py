@@ -179,9 +179,7 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
             helper.make_tensor(weight, TensorProto.INT4, [e * n, 2 * half], raw, raw=True)
         )
         scale_2d = ctx.fresh(scales_name + "_2d")
-        scales, block = scales.reshape(e * n, -1), bs
-        if 2 * half == bs:  # one block along K: TensorRT-RTX refuses it (quant_linear's note)
-            scales, block = np.repeat(scales, 2, axis=1), bs // 2
+        scales, block = quant_linear.tensorrt_blocks(scales.reshape(e * n, -1), 2 * half, bs)
         ctx.initializers.append(numpy_helper.from_array(scales, scale_2d))
         flat, dense = ctx.fresh("quant_moe_flat"), ctx.fresh("quant_moe_weight")
         shape = ctx.constant(f"quant_moe_shape_{e}_{n}_{2 * half}",

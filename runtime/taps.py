@@ -6,11 +6,11 @@ makes.
 CPU. Each engine SPEC names is replaced by a model of its own (the component's float graph with
 the inputs of its MatMuls added as outputs, which the builder writes), and every call's rows of
 those outputs are kept: the call's real tokens only (idle batch rows and padding dropped), at
-most ROWS per output, chosen at random with a fixed seed. They are written to SPEC's rows file
+most SPEC's "rows" per output, chosen at random with a fixed seed. They are written to SPEC's rows file
 (.npz, keys ``<tap index>/<output>``).
 
 SPEC (JSON): {"taps": [{"folder": engine folder, "model": path, "outputs": [names]}],
-"body": a request file's object, "batch_size": N, "rows_file": path}.
+"body": a request file's object, "batch_size": N, "rows": kept per output, "rows_file": path}.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime.engine import Engines, OrtBinding, OrtEngine, open_engine
-
-ROWS = 512  # rows kept per output (builder/awq.py's, for the text model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,27 +108,26 @@ class TapEngines(Engines):
 
 
 class Rows:
-    """Each tap's rows over the run, thinned at random to at most 4 x ROWS as they come."""
+    """Each tap's rows over the run, thinned at random as they come (to 4 x ``keep`` once past
+    8 x), then ``keep`` of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
         self.rows: dict[str, list[np.ndarray]] = {}
         self.rng = np.random.default_rng(0)
 
     def add(self, name: str, rows: np.ndarray) -> None:
         parts = self.rows.setdefault(name, [])
         parts.append(np.asarray(rows, np.float32).copy())
-        if sum(len(p) for p in parts) > 8 * ROWS:
-            x = np.concatenate(parts)
-            parts[:] = [x[np.sort(self.rng.choice(len(x), 4 * ROWS, replace=False))]]
+        if sum(len(p) for p in parts) > 8 * self.keep:
+            parts[:] = [self._sample(np.concatenate(parts), 4 * self.keep)]
 
     def result(self) -> dict[str, np.ndarray]:
-        out = {}
-        for name, parts in self.rows.items():
-            x = np.concatenate(parts)
-            out[name] = (
-                x[np.sort(self.rng.choice(len(x), ROWS, replace=False))] if len(x) > ROWS else x
-            )
-        return out
+        return {name: self._sample(np.concatenate(parts), self.keep)
+                for name, parts in self.rows.items()}  # fmt: skip
+
+    def _sample(self, x: np.ndarray, n: int) -> np.ndarray:
+        return x[np.sort(self.rng.choice(len(x), n, replace=False))] if len(x) > n else x
 
 
 class RecordError(RuntimeError):
@@ -144,7 +141,7 @@ def record(spec_path: Path, engine_dir: Path) -> None:
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     taps = spec["taps"]
-    rows = [Rows() for _ in taps]
+    rows = [Rows(int(spec["rows"])) for _ in taps]
     made = {Path(t["folder"]).resolve(): Tap(Path(t["model"]), tuple(t["outputs"]), r.add)
             for t, r in zip(taps, rows, strict=True)}  # fmt: skip
     sampling, extra = parse_sampling({})
