@@ -217,7 +217,7 @@ def speech_in(ckpt: Path, engine: Path, work: Path, seconds: float, max_new: int
     )
 
     from edgeomni.runtime.audio import read_wav, write_wav
-    from edgeomni.runtime.families.qwen3_omni.audio_input import audio_token_count
+    from edgeomni.runtime.media.audio_input import audio_token_count
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
 

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from edgeomni.runtime.artifacts import Artifact, ArtifactError, check_folder
-from edgeomni.runtime.families.qwen3_omni import audio_encoder as audio
 from edgeomni.runtime.families.qwen3_omni import talker
-from edgeomni.runtime.families.qwen3_omni import visual_encoder as visual
+from edgeomni.runtime.media import audio_encoder as audio
+from edgeomni.runtime.media import visual_encoder as visual
 from edgeomni.runtime.pipeline import Pipeline
 from edgeomni.runtime.runners import llm
 from edgeomni.runtime.speech import code2wav

@@ -1,4 +1,4 @@
-"""runtime/audio.py and Qwen3-Omni's audio input (runtime/families/qwen3_omni/audio_input.py)
+"""runtime/audio.py and Qwen3-Omni's audio input (runtime/media/audio_input.py)
 against their references: transformers' Whisper extractor and Qwen3-Omni processor (log-mel),
 an ideal sine (resampling), soundfile (WAV I/O)."""
 
@@ -16,7 +16,7 @@ import pytest
 import soundfile as sf
 
 from edgeomni.runtime import audio
-from edgeomni.runtime.families.qwen3_omni import audio_input
+from edgeomni.runtime.media import audio_input
 
 SR = 16000
 # 0.3 s, 1.7 s and 4 s, plus a length that is not a multiple of the hop (frames = len // 160).

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from edgeomni.export.common import artifacts
-from edgeomni.export.families.qwen3_omni import audio as audio_export
-from edgeomni.runtime.families.qwen3_omni.audio_encoder import AudioEncoder, window_layout
-from edgeomni.runtime.families.qwen3_omni.audio_input import audio_token_count
+from edgeomni.export.media import audio_encoder as audio_export
+from edgeomni.runtime.media.audio_encoder import AudioEncoder, window_layout
+from edgeomni.runtime.media.audio_input import audio_token_count
 
 MELS, OUT_DIM = 128, 64
 # Mel lengths: one short chunk, one full chunk, a ragged tail, several windows (8 chunks each).

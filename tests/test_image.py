@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgeomni.runtime.families.qwen3_omni import image as im
+from edgeomni.runtime.media import image as im
 
 Image = pytest.importorskip("PIL.Image", reason="the parity tests compare against Pillow")
 # Pillow 13 picks the resize pass order by the scale factors (python-pillow/Pillow#9549); older

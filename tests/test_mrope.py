@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from edgeomni.runtime.families.qwen3_omni.mrope import MropeIds, audio_output_length, rope_index
+from edgeomni.runtime.media.mrope import MropeIds, audio_output_length, rope_index
 
 IDS = MropeIds(
     image_token_id=10,

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from edgeomni.export.common import artifacts
-from edgeomni.export.families.qwen3_omni import visual as vis
+from edgeomni.export.media import vision_encoder as vis
 from edgeomni.plugins import attention as attention_plugin
-from edgeomni.runtime.families.qwen3_omni import visual_encoder as rt
+from edgeomni.runtime.media import visual_encoder as rt
 
 GRIDS = [[1, 8, 12], [1, 16, 16], [1, 4, 6]]
 TOL = 5e-6  # relative to max|out|

@@ -15,14 +15,14 @@ from edgeomni.export.common.onnx_export import export_causal_lm
 from edgeomni.export.families.qwen3_omni import (
     CODE2WAV_RUNNER,
     TALKER_RUNNER,
-    audio,
     code2wav,
     talker,
     thinker,
-    visual,
 )
 from edgeomni.export.families.qwen3_omni.config import section
 from edgeomni.export.family import BuildArgs, Component
+from edgeomni.export.media import audio_encoder as audio
+from edgeomni.export.media import vision_encoder as visual
 from edgeomni.export.registry import LLM_RUNNER
 
 LLM = Component("llm", ".", "llm.onnx", LLM_RUNNER)

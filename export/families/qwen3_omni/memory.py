@@ -16,7 +16,7 @@ from edgeomni.export.common.memory_plan import (
     module_shapes,
     table_rows,
 )
-from edgeomni.export.families.qwen3_omni import audio, code2wav, talker, thinker, visual
+from edgeomni.export.families.qwen3_omni import code2wav, talker, thinker
 from edgeomni.export.families.qwen3_omni.build import (
     AUDIO,
     CODE2WAV,
@@ -27,6 +27,8 @@ from edgeomni.export.families.qwen3_omni.build import (
     VISUAL,
 )
 from edgeomni.export.family import BuildArgs, Component, ComponentMemory
+from edgeomni.export.media import audio_encoder as audio
+from edgeomni.export.media import vision_encoder as visual
 
 
 def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> ComponentMemory:

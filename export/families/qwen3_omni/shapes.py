@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from edgeomni.export.common.checkpoint import Checkpoint
 from edgeomni.export.common.shapes import DimRanges, decoder_ranges, upto, vocoder_ranges
-from edgeomni.export.families.qwen3_omni import audio, code2wav, talker, visual
+from edgeomni.export.families.qwen3_omni import code2wav, talker
 from edgeomni.export.family import BuildArgs, Component
+from edgeomni.export.media import audio_encoder as audio
+from edgeomni.export.media import vision_encoder as visual
 
 # rows the talker's prefill adds after a prompt's user rows: 3 reply tokens, 4 pads, bos and
 # the 4th reply token (runtime/families/qwen3_omni/talker.py, _prefills)

@@ -1,61 +1,26 @@
-"""Qwen3-Omni's media hook for its thinker (runtime/prompt.py says what a hook has): token ids
-with each audio or image placeholder expanded to its encoder's token count, the encoder rows to
-splice over those positions, and 3-axis positions when an image needs them (transformers'
-Qwen3-Omni processor and get_rope_index, done on the host). The encoders are found beside the
-thinker's folder and opened on first use."""
+"""Qwen3-Omni's media hook for its thinker: the shared hook (runtime/media/hook.py) with
+3-axis positions when an image needs them (transformers' Qwen3-Omni processor and
+get_rope_index, done on the host)."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from edgeomni.runtime.artifacts import CONFIG, ArtifactError, check_folder, require_keys
-from edgeomni.runtime.families.qwen3_omni.mrope import MropeIds, rope_index
-from edgeomni.runtime.prompt import MediaPart, Prompt, refuse_media
-from edgeomni.runtime.runners import RequestError
+from edgeomni.runtime.media.hook import MediaHook
+from edgeomni.runtime.media.mrope import MropeIds, rope_index
+from edgeomni.runtime.prompt import Prompt
 
 MEDIA_TOKENS = ("image_token_id", "video_token_id", "audio_token_id", "vision_start_token_id",
                 "audio_start_token_id")  # fmt: skip
-ENCODER_KINDS = ("audio", "visual")
 
 
-def encoder_dir(folder: Path, locations: Mapping[str, str] | None, kind: str) -> Path | None:
-    """Where a thinker's ``kind`` encoder is: the folder its stage config names, else
-    ``kind/`` beside it, else ``multimodal/kind/``; None when none holds a config.json."""
-    named = [folder / locations[kind]] if locations and kind in locations else []
-    for candidate in (*named, folder / kind, folder / "multimodal" / kind):
-        if (candidate / CONFIG).is_file():
-            return candidate
-    return None
+class MediaEncoders(MediaHook):
+    """Qwen3-Omni's media hook: the thinker's audio and visual encoders, and its 3-axis
+    positions."""
 
-
-def check_encoders(folder: Path, locations: Mapping[str, str] | None) -> None:
-    """The encoders found beside a thinker (and any its stage config names) can be opened."""
-    from edgeomni.runtime.families.qwen3_omni.audio_encoder import ARTIFACT as AUDIO
-    from edgeomni.runtime.families.qwen3_omni.visual_encoder import ARTIFACT as VISUAL
-
-    for kind, named in (locations or {}).items():
-        if kind not in ENCODER_KINDS:
-            raise ArtifactError(folder, f"the stage config names an unknown encoder {kind!r} "
-                                f"(known: {', '.join(ENCODER_KINDS)})")  # fmt: skip
-        if not (folder / named / CONFIG).is_file():
-            raise ArtifactError(
-                folder / named / CONFIG, f"missing: the stage config names {named!r} as its "
-                f"{kind} encoder"
-            )  # fmt: skip
-    for kind, artifact in (("audio", AUDIO), ("visual", VISUAL)):
-        where = encoder_dir(folder, locations, kind)
-        if where is not None:
-            check_folder(where, artifact)
-
-
-class MediaEncoders:
-    """Qwen3-Omni's media hook: the thinker's audio and visual encoders, found beside it and
-    opened on first use."""
+    TOKENS = MEDIA_TOKENS  # MropeIds' token fields
 
     def __init__(
         self,
@@ -65,133 +30,16 @@ class MediaEncoders:
         threads: int | None,
         locations: Mapping[str, str] | None = None,
     ) -> None:
-        self.folder = folder
-        self.locations = dict(locations or {})  # kind -> folder relative to the thinker's
-        self.threads = threads
-        tokens = config.get("media_tokens") or {}
-        self.audio_token = tokens.get("audio_token_id")
-        self.image_token = tokens.get("image_token_id")
+        super().__init__(folder, config, threads=threads, locations=locations)
         self.ids: MropeIds | None = None  # no media_tokens: a build that reads text only
-        if tokens:  # MEDIA_TOKENS are MropeIds' token fields
-            per_second = tokens.get("position_id_per_seconds") or 25
-            self.ids = MropeIds(**{k: tokens[k] for k in MEDIA_TOKENS},
+        if self.tokens:
+            per_second = self.tokens.get("position_id_per_seconds") or 25
+            self.ids = MropeIds(**{k: self.tokens[k] for k in MEDIA_TOKENS},
                                 position_id_per_seconds=per_second)  # fmt: skip
-        self._encoders: dict[str, Any] = {}
 
-    @classmethod
-    def check(
-        cls, folder: Path, config: Mapping[str, Any], locations: Mapping[str, str] | None
-    ) -> None:
-        """What opening reads, without loading an engine: the config's media_tokens, and the
-        encoders found beside the thinker (and any its stage config names)."""
-        if config.get("media_tokens"):
-            require_keys(folder / CONFIG, config["media_tokens"], MEDIA_TOKENS,
-                         within="media_tokens")  # fmt: skip
-        check_encoders(folder, locations)
-
-    def require(self, parts: Sequence[MediaPart]) -> None:
-        """A RequestError, before anything is rendered or encoded, for media parts this thinker
-        has no encoder for (a build without media_tokens reads text only)."""
-        if self.ids is None:
-            refuse_media(parts)
-        for kind in sorted({part.kind for part in parts}):
-            encoder = "audio" if kind == "audio" else "visual"
-            if encoder_dir(self.folder, self.locations, encoder) is None:
-                raise RequestError(
-                    f"this engine dir has no {encoder} encoder ({encoder}/ is missing) for the "
-                    f"request's {kind} parts"
-                )
-
-    def encoder(self, kind: str) -> Any:
-        if kind not in self._encoders:
-            where = encoder_dir(self.folder, self.locations, kind)
-            if where is None:
-                raise RequestError(f"this engine dir has no {kind} encoder ({kind}/ is missing)")
-            if kind == "audio":
-                from edgeomni.runtime.families.qwen3_omni.audio_encoder import AudioEncoder as cls
-            else:
-                from edgeomni.runtime.families.qwen3_omni.visual_encoder import (
-                    VisualEncoder as cls,
-                )
-            self._encoders[kind] = cls(where, threads=self.threads)
-        return self._encoders[kind]
-
-    def expand(self, ids: list[int], parts: list[MediaPart]) -> Prompt:
-        """Encode each part and expand its single placeholder token to the encoder's rows."""
-        if not parts:
-            return Prompt(np.asarray(ids, np.int64))
-        if self.ids is None:
-            refuse_media(parts)
-        encoded = [self._encode(part) for part in parts]
-        out: list[int] = []
-        prompt = Prompt(np.zeros(0, np.int64))
-        queue = list(zip(parts, encoded, strict=True))
-        for token in ids:
-            if token not in (self.audio_token, self.image_token):
-                out.append(token)
-                continue
-            if not queue:
-                raise RequestError("the prompt has more media placeholders than media parts")
-            (kind, path, _), (rows, deep, extent) = queue.pop(0)
-            want = self.audio_token if kind == "audio" else self.image_token
-            if token != want:
-                raise RequestError(f"media placeholders are out of order at {path}")
-            prompt.spans.append((len(out), rows))
-            if deep is not None:
-                prompt.deepstack.append((len(out), deep))
-            (prompt.audio_frames if kind == "audio" else prompt.image_grids).append(extent)
-            out.extend([token] * len(rows))
-        if queue:
-            raise RequestError("the chat template rendered no placeholder for some media parts")
-        prompt.ids = np.asarray(out, np.int64)
-        if prompt.image_grids:
-            pos, delta = rope_index(
-                out, self.ids, image_grids=prompt.image_grids, audio_mel_frames=prompt.audio_frames
-            )
-            prompt.positions, prompt.delta = pos, delta
-        return prompt
-
-    def _encode(self, part: MediaPart) -> tuple[np.ndarray, np.ndarray | None, Any]:
-        kind, path = part.kind, part.path
-        try:
-            if kind == "audio":
-                from edgeomni.runtime.audio import read_wav, resample
-                from edgeomni.runtime.families.qwen3_omni.audio_input import (
-                    SAMPLING_RATE,
-                    audio_features,
-                )
-
-                wav, rate = read_wav(path)
-                feats, frames = audio_features(resample(wav, rate, SAMPLING_RATE))
-                return self.encoder("audio").encode(feats), None, frames
-            from edgeomni.runtime.families.qwen3_omni.image import (
-                load_image,
-                preprocess,
-                smart_resize,
-            )
-
-            visual = self.encoder("visual")
-            settings = visual.image_settings
-            if settings is None:
-                raise RequestError("the visual engine folder has no image_processor settings")
-            image = load_image(path)
-            if not part.do_resize:  # the caller resized it: it must be the model's target size
-                height, width = image.shape[:2]
-                target = smart_resize(
-                    height, width, settings.patch_size * settings.merge_size,
-                    settings.min_pixels, settings.max_pixels,
-                )  # fmt: skip
-                if tuple(target) != (height, width):
-                    raise RequestError(
-                        f"image {path}: do_resize is false, so it must be the model's target "
-                        f"size for it, {target[1]}x{target[0]} (width x height); it is "
-                        f"{width}x{height}"
-                    )
-                settings = dataclasses.replace(settings, do_resize=False)
-            pixels, grid = preprocess(image, settings)
-            embeds, deep = visual.encode(pixels, grid)
-            return embeds, deep, tuple(int(g) for g in grid)
-        except (OSError, ValueError, ImportError) as e:  # ImportError: the image extra
-            if isinstance(e, RequestError):
-                raise
-            raise RequestError(f"{kind} {path}: {e}") from None
+    def positions(self, prompt: Prompt) -> None:
+        if prompt.image_grids and self.ids is not None:
+            prompt.positions, prompt.delta = rope_index(
+                prompt.ids.tolist(), self.ids, image_grids=prompt.image_grids,
+                audio_mel_frames=prompt.audio_frames,
+            )  # fmt: skip

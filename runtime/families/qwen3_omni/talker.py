@@ -25,7 +25,7 @@ from edgeomni.runtime.decoder_stage import Slot
 from edgeomni.runtime.events import Event, Finished, HiddenRows
 from edgeomni.runtime.families.qwen3_omni import PREFIXES, STAGE_KEYS
 from edgeomni.runtime.families.qwen3_omni.media import MEDIA_TOKENS
-from edgeomni.runtime.families.qwen3_omni.mrope import MropeIds, rope_index
+from edgeomni.runtime.media.mrope import MropeIds, rope_index
 from edgeomni.runtime.prompt import PromptRows
 from edgeomni.runtime.runners import RequestError, RequestState, stage_source
 from edgeomni.runtime.speech.code_predictor import cp_artifact

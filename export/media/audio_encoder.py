@@ -6,7 +6,7 @@ splits q/k/v with ``cu_seqlens.tolist()`` (a data-dependent guard), and its conv
 traced with one ``conv_chunksize`` split baked in, which breaks past 500 chunks.
 
 Ours takes everything data-dependent as inputs the runtime computes in numpy
-(runtime/families/qwen3_omni/audio_encoder.py) and runs the conv front end over all chunks
+(runtime/media/audio_encoder.py) and runs the conv front end over all chunks
 at once, so any number of chunks works (the runtime bounds memory by sending at most
 ``chunks_per_call`` chunks a call).
 HF's block-diagonal attention over windows of ``n_window_infer`` frames is laid out as rows of a
@@ -181,7 +181,7 @@ def export_audio_encoder(model: hf.Qwen3OmniMoeAudioEncoder, path: Path) -> Path
 def audio_engine_config(
     config: Any, *, backend: str = "onnxruntime", device: str = "cpu"
 ) -> dict[str, Any]:
-    """config.json fields the runtime's AudioEncoder (runtime/families/qwen3_omni/audio_encoder.py)
+    """config.json fields the runtime's AudioEncoder (runtime/media/audio_encoder.py)
     reads (write with artifacts.write_engine_config).
 
     ``chunks_per_call`` (whole windows) bounds the memory of one engine call; encoding in such

@@ -5,7 +5,7 @@ tensors load by name (``thinker.visual.<module path>``); only the forward is our
 derives its index tensors from ``grid_thw`` with ``repeat_interleave``/``.tolist()``, which do
 not trace, and its sdpa path splits attention per frame with ``cu_seqlens.tolist()`` (export
 fixes the split count). Here every index the runtime can compute in numpy is an engine input
-(runtime/families/qwen3_omni/visual_encoder.py builds them), and attention goes through the
+(runtime/media/visual_encoder.py builds them), and attention goes through the
 edgeomni::Attention plugin op with ``causal=0``: each frame (segment) is its own batch row,
 right-padded to the longest, with ``query_lens`` = its length, so attention is exactly
 block-diagonal.
@@ -218,7 +218,7 @@ def visual_engine_config(
     *,
     image_processor: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """config.json fields runtime/families/qwen3_omni/visual_encoder.py reads (write with
+    """config.json fields runtime/media/visual_encoder.py reads (write with
     artifacts.write_engine_config).
 
     ``image_processor``: the checkpoint's processor settings (preprocessor_config.json or

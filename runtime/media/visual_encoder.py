@@ -1,6 +1,6 @@
 """Qwen3-Omni's vision encoder: image/video patches -> merged embeddings + DeepStack features.
 
-The engine (export.families.qwen3_omni.visual) takes every data-dependent index as an input, so
+The engine (export.media.vision_encoder) takes every data-dependent index as an input, so
 they are computed here in numpy from ``grid_thw``, each equal to what transformers'
 ``vision_utils`` helpers compute in torch (same float32 operations for the interpolation
 weights):
@@ -24,7 +24,7 @@ import numpy as np
 
 from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.engine import Engine, open_engine
-from edgeomni.runtime.families.qwen3_omni.image import ImageSettings
+from edgeomni.runtime.media.image import ImageSettings
 
 __all__ = ["VisualEncoder", "interpolation_taps", "rotary_ids", "segment_layout"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeomni.runtime.audio import log_mel
-from edgeomni.runtime.families.qwen3_omni.mrope import audio_output_length
+from edgeomni.runtime.media.mrope import audio_output_length
 
 __all__ = [
     "HOP_LENGTH",

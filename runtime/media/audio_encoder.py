@@ -1,7 +1,7 @@
 """Qwen3-Omni's audio encoder at run time: log-mel [128, n] -> audio tokens [count, output_dim].
 
 Everything data-dependent is computed here in numpy and handed to the engine as index arrays
-(the engine I/O is in export/families/qwen3_omni/audio.py):
+(the engine I/O is in export/media/audio_encoder.py):
 
 - the mel is cut into chunks of ``2 * n_window`` frames (100) and every chunk is zero-padded to
   the LONGEST chunk of the call, as transformers does: padded frames change the last valid
