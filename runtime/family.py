@@ -66,8 +66,13 @@ class RuntimeFamily:
     that a graph without a text model gives to a stage key instead (qwen3_tts_inference reads
     ``repetition_penalty`` as the talker's), unless that stage key is given too.
     ``length_keys``: stage keys that, each set to n, make an utterance n frames long (how
-    edge-serve's warm-up runs the lengths traffic runs). ``label``:
-    the family's name in messages ("a <label> control")."""
+    edge-serve's warm-up runs the lengths traffic runs). ``transcription``: engine config
+    model_type -> "module:attribute" of its speech-to-text form (an ASR model's): an object
+    with ``messages(audio, language, prompt)`` (the request's chat messages for one audio file,
+    an optional forced language name and an optional context prompt; a ValueError for a
+    language it does not know) and ``parse(output_text)`` ((language or None, transcript) from
+    the model's decoded text); edge-serve's /v1/audio/transcriptions and edge-infer read it.
+    ``label``: the family's name in messages ("a <label> control")."""
 
     name: str
     label: str = ""
@@ -79,6 +84,7 @@ class RuntimeFamily:
     aliases: Mapping[str, tuple[str, str]] = field(default_factory=lambda: _EMPTY)
     text_fallbacks: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     length_keys: tuple[str, ...] = ()
+    transcription: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
 
     def __post_init__(self) -> None:
         for key in self.stage_keys:

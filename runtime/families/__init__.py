@@ -30,6 +30,11 @@ FAMILIES = {family.name: family.runners for family in DECLARED}
 # a family without media preparation declares no media
 MEDIA: dict[str, str] = {t: factory for family in DECLARED for t, factory in family.media.items()}
 
+# speech-to-text forms by model_type (RuntimeFamily.transcription): an ASR graph's
+TRANSCRIPTION: dict[str, str] = {
+    t: factory for family in DECLARED for t, factory in family.transcription.items()
+}
+
 # the request keys a family's later stages read (talker_*, cp_*...), and their prefixes
 STAGE_KEYS: tuple[str, ...] = tuple(dict.fromkeys(k for f in DECLARED for k in f.stage_keys))
 STAGE_PREFIXES: tuple[str, ...] = tuple(
