@@ -61,21 +61,25 @@ class _Preparing:
         return self.feed.closed
 
     def take(self, wait: bool) -> list[RequestState]:
-        states = []
-        for sub in self.feed.take(wait):
+        """The submissions that arrived, planned, then prepared together (their media encoded
+        in shared calls); those that fail go to the listener and ``done``."""
+        planned, errors = [], {}
+        subs = self.feed.take(wait)
+        for sub in subs:
             plan = self.pipe._plan(sub.request, sub.requested)
-            error = plan if isinstance(plan, str) else None
-            state = None
-            if error is None:
-                state = self.pipe._state(sub.index, sub.request, plan)
-                error = self.pipe._prepare(state)
-            if error is None:
-                states.append(state)
-                continue
-            failed = RequestState(index=sub.index, request=sub.request, plan=None, error=error)
-            self.listener(Failed(sub.index, PREPARE, error))
-            self.done(failed)
-        return states
+            if isinstance(plan, str):
+                errors[sub.index] = plan
+            else:
+                planned.append(self.pipe._state(sub.index, sub.request, plan))
+        errors.update(self.pipe._prepare(planned))
+        for sub in subs:
+            if sub.index in errors:
+                error = errors[sub.index]
+                failed = RequestState(index=sub.index, request=sub.request, plan=None,
+                                      error=error)  # fmt: skip
+                self.listener(Failed(sub.index, PREPARE, error))
+                self.done(failed)
+        return [s for s in planned if s.index not in errors]
 
 
 def resolve_config(path: str | Path) -> Path:
@@ -307,14 +311,11 @@ class Pipeline:
         done: set[int] = set(failed)
         try:
             self.open({sid for _, _, plan in planned for sid in plan.stages})
-            for pos, item, plan in planned:
-                state = self._state(pos, item, plan)
-                error = self._prepare(state)
-                if error is not None:
-                    failed[pos] = error
-                    done.add(pos)
-                    continue
-                states.append(state)
+            ready = [self._state(pos, item, plan) for pos, item, plan in planned]
+            errors = self._prepare(ready)
+            failed.update(errors)
+            done.update(errors)
+            states.extend(s for s in ready if s.index not in errors)
             if states:
                 self._run_graph(states, batch_size, listener, done)
         except KeyboardInterrupt as e:
@@ -424,20 +425,28 @@ class Pipeline:
                 prof.requests += sum(sid in s.plan.stages for s in states)
                 prof.seconds += spent
 
-    def _prepare(self, state: RequestState) -> str | None:
+    def _prepare(self, states: Sequence[RequestState]) -> dict[int, str]:
         """Each planned stage's own per-request work (tokenizing, encoding media, checking
-        limits and voices), before any cohort runs; the error that fails the request, if any."""
-        for stage_id in state.plan.stages:
-            try:
-                prepared = self.runner(stage_id).prepare(state)
-                if prepared is not None:
+        limits and voices), before any cohort runs, for requests that arrived together (a
+        stage batches its encoders across them); the error that fails each request that
+        fails, by its index."""
+        errors: dict[int, str] = {}
+        for stage_id in self.graph.stage_ids:
+            batch = [s for s in states if stage_id in s.plan.stages and s.index not in errors]
+            if not batch:
+                continue
+            for state, prepared in zip(
+                batch, self.runner(stage_id).prepare_many(batch), strict=True
+            ):
+                if isinstance(prepared, RequestError):
+                    errors[state.index] = str(prepared)
+                elif isinstance(prepared, Exception):
+                    log.debug("request %d failed in %s", state.index, stage_id,
+                              exc_info=prepared)  # fmt: skip
+                    errors[state.index] = f"{stage_id}: {failure(prepared)}"
+                elif prepared is not None:
                     state.prepared[stage_id] = prepared
-            except RequestError as e:
-                return str(e)
-            except Exception as e:
-                log.debug("request %d failed in %s", state.index, stage_id, exc_info=True)
-                return f"{stage_id}: {failure(e)}"
-        return None
+        return errors
 
     def _width(self, stage_id: str, batch_size: int) -> int:
         """Rows one call of this stage takes: the batch size, capped by the engine's build

@@ -58,6 +58,18 @@ class StageRunner:
         RequestError fails the request."""
         return None
 
+    def prepare_many(self, states: list[RequestState]) -> list[Any]:
+        """``prepare`` for requests that arrived together, one result each: the input, or the
+        exception that fails that request alone. A stage whose preparation runs an engine
+        (a media encoder) batches it across them here."""
+        out: list[Any] = []
+        for state in states:
+            try:
+                out.append(self.prepare(state))
+            except Exception as e:
+                out.append(e)
+        return out
+
     def slot_stage(self, *, stream_upstream: bool = False) -> Any:
         """This stage for the scheduler loop (scheduler.SlotStage); ``stream_upstream``: a
         request may start before its upstream stage is done with it, where the stage can."""

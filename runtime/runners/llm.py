@@ -52,6 +52,14 @@ ARTIFACT = Artifact(
 )  # fmt: skip
 
 
+def _attempt(call: Any, *args: Any) -> Any:
+    """``call(*args)``, or the exception that fails the one request it was for."""
+    try:
+        return call(*args)
+    except Exception as e:
+        return e
+
+
 class LLMBackbone(StageRunner):
     """The text model: a request's prompt (its media through the family's hook) prefilled into
     a cache row, then one token per step; the decoder stage's spec (runtime/decoder_stage.py)
@@ -129,6 +137,36 @@ class LLMBackbone(StageRunner):
     def prepare(self, state: RequestState) -> Prompt:
         """Tokenize, encode media, and check the request against the build's limits, before any
         cohort runs."""
+        (out,) = self.prepare_many([state])
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def prepare_many(self, states: list[RequestState]) -> list[Any]:
+        """``prepare`` for requests that arrived together: each rendered and tokenized, then
+        the media of all of them encoded by the hook in shared encoder calls
+        (``expand_many``), then each checked against the build's limits."""
+        out: list[Any] = [None] * len(states)
+        rendered = []
+        for i, state in enumerate(states):
+            try:
+                rendered.append((i, *self._render(state)))
+            except Exception as e:
+                out[i] = e
+        expand_many = getattr(self.media, "expand_many", None)
+        items = [(ids, parts) for _, ids, parts in rendered]
+        if expand_many is not None:
+            prompts = expand_many(items)
+        else:
+            prompts = [_attempt(self.media.expand, ids, parts) for ids, parts in items]
+        for (i, _, _), prompt in zip(rendered, prompts, strict=True):
+            if not isinstance(prompt, Exception):
+                prompt = _attempt(self._check_limits, states[i], prompt)
+            out[i] = prompt
+        return out
+
+    def _render(self, state: RequestState) -> tuple[list[int], list[Any]]:
+        """The request's prompt ids and media parts (rendered by its chat template)."""
         parts = media_parts(state.request.messages)
         if parts and not state.request.apply_chat_template:
             raise RequestError("audio and image parts need apply_chat_template")
@@ -144,7 +182,9 @@ class LLMBackbone(StageRunner):
             raise RequestError(
                 f"logit_bias names token {bias[-1][0]}; the vocabulary has {self.vocab_size}"
             )
-        prompt = self.media.expand(ids, parts)
+        return ids, parts
+
+    def _check_limits(self, state: RequestState, prompt: Prompt) -> Prompt:
         ids = prompt.ids
         if not len(ids):
             raise RequestError("the prompt is empty")

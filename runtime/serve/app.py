@@ -6,6 +6,9 @@
 - ``GET /metrics``: Prometheus's text format (serve/metrics.py).
 - ``POST /v1/audio/speech``: a graph that speaks a given text (Qwen3-TTS): wav, pcm or flac,
   whole or (``stream: true``) as raw bytes while the vocoder runs.
+- ``POST /v1/audio/transcriptions``: a graph whose text model transcribes speech (Qwen3-ASR):
+  OpenAI's multipart form in, json, text or verbose_json out, or streamed transcript deltas
+  (serve/transcribe.py).
 - ``POST /v1/chat/completions``: text in, text out, and with ``modalities: ["text", "audio"]``
   the spoken reply too (``message.audio``, base64); ``stream: true`` sends server-sent events,
   a chunk per text delta or audio delta (base64 pcm16) and a last one with the finish reason
@@ -63,6 +66,16 @@ from edgeomni.runtime.serve.server import (
     is_client_error,
     scrub,
     usage_of,
+)
+from edgeomni.runtime.serve.transcribe import (
+    Asked,
+    Deltas,
+    answer_body,
+    read_form,
+    sse,
+    transcript,
+    transcription_form,
+    transcription_request,
 )
 
 T = TypeVar("T")
@@ -124,12 +137,14 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         make: Callable[[Any, int, Media], tuple[Request, set[str] | None, Any]],
         streamed: Callable[[Pending, Any, list[Any]], Response],
         whole: Callable[[Pending, Any], Awaitable[Response]],
+        read: Callable[[HttpRequest], Awaitable[Any]] | None = None,
     ) -> Response:
         """An API request into the server and its answer, or the error answer: the key, the
         JSON body, its model, ``make(body, index, media)`` -> (request, terminals, what the
         answer needs), then ``whole(pending, needs)``; or, streamed, ``streamed(pending, needs,
         seen)`` once its first output came, so a request that fails before it is an error
-        status (raw audio bytes have no room for an error)."""
+        status (raw audio bytes have no room for an error). ``read``: the body from the
+        request, once its size is checked (default: JSON)."""
         if not authorised(request):
             return _error(ApiError(401, "a valid API key is required", kind="authentication_error"))
         try:
@@ -139,7 +154,7 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
             raw = await request.body()
             if len(raw) > MAX_BODY:
                 raise ApiError(413, f"the body is over {MAX_BODY} bytes")
-            body = parsed(raw)
+            body = parsed(raw) if read is None else await read(request)
             check_unicode(body)
             if isinstance(body, dict):
                 check_model(body.get("model"))
@@ -227,6 +242,25 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
             lambda p, fmt: _whole(server, p, model, fmt, speech=True),
         )  # fmt: skip
 
+    stt = transcription_form(server.pipe)
+
+    def make_transcription(body: Any, index: int, media: Media) -> tuple[Request, set, Asked]:
+        if stt is None:
+            raise ApiError(400, "this graph transcribes no speech (an ASR graph does)", "file")
+        media.folder.mkdir()
+        req, asked = transcription_request(body, index, media, max_tokens, stt)
+        return req, server.texts, asked
+
+    async def transcriptions(request: HttpRequest) -> Response:
+        return await answer(
+            request, make_transcription,
+            lambda p, asked, seen: StreamingResponse(
+                sse(_transcript_events(server, p, stt, asked, seen)),
+                media_type="text/event-stream"),
+            lambda p, asked: _whole_transcript(server, p, stt, asked),
+            read=read_form,
+        )  # fmt: skip
+
     async def metrics(request: HttpRequest) -> Response:
         text = server.metrics.render(server.in_flight, server.capacity, lambda: server.running)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
@@ -239,6 +273,7 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/audio/speech", speech, methods=["POST"]),
+        Route("/v1/audio/transcriptions", transcriptions, methods=["POST"]),
     ])  # fmt: skip
     app.state.media_root = None  # where requests' inline media are kept, once made
     return app
@@ -329,6 +364,43 @@ async def _whole(
     usage = usage_of(pending.state, server.texts)
     audio = None if fmt is None else message_audio(rid, samples, rate, fmt, "".join(text))
     return JSONResponse(completion(rid, model, "".join(text), finish, usage, audio))
+
+
+async def _whole_transcript(server: Server, pending: Pending, stt: Any, asked: Asked) -> Response:
+    """A transcription's answer once its request has left: json, text or verbose_json."""
+    text, failed = [], None
+    async for event in _events(pending):
+        if isinstance(event, TextDelta):
+            text.append(event.text)
+        elif isinstance(event, Failed):
+            failed = _failure(event, pending)
+    if failed is not None:
+        return _error(failed)
+    body = answer_body(stt, "".join(text), asked, usage_of(pending.state, server.texts))
+    if isinstance(body, str):
+        return PlainTextResponse(body)
+    return JSONResponse(body)
+
+
+async def _transcript_events(
+    server: Server, pending: Pending, stt: Any, asked: Asked, seen: list[Any]
+) -> AsyncIterator[tuple[str, Any]]:
+    """A streamed transcription's items: ("delta", text) as the transcript grows, ("done",
+    (transcript, usage)) at its end, or ("error", body) for a failure after the first output."""
+    deltas = Deltas(stt)
+    text = []
+    async for event in _events(pending, seen):
+        if isinstance(event, TextDelta) and event.text:
+            text.append(event.text)
+            if grown := deltas.add(event.text):
+                yield "delta", grown
+        elif isinstance(event, Failed):
+            yield "error", _failure(event, pending).body()
+            return
+    words = transcript(stt, "".join(text), asked)[1]
+    if rest := deltas.finish(words):
+        yield "delta", rest
+    yield "done", (words, usage_of(pending.state, server.texts))
 
 
 async def _until_output(pending: Pending) -> list[Any]:

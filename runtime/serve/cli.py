@@ -80,7 +80,8 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="edge-serve",
         description="Serve an engine dir's graph over OpenAI's API (GET /health, GET "
-        "/v1/models, POST /v1/chat/completions with text, streamed or not). Every request "
+        "/v1/models, POST /v1/chat/completions, streamed or not; POST /v1/audio/speech on a "
+        "speech graph, POST /v1/audio/transcriptions on an ASR graph). Every request "
         "joins one in-flight scheduler loop; a client that disconnects frees its slot.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -142,15 +142,26 @@ class Media:
         if fmt not in ("wav", "flac"):
             raise ApiError(400, f"input_audio.format must be wav or flac, got {fmt!r}",
                            where + ".format")  # fmt: skip
-        path = self._write(_b64(part["data"], where + ".data"), "." + fmt, where)
+        data = _b64(part["data"], where + ".data")
+        return self._sound(data, "." + fmt, where, where + ".data", f"{fmt} audio")[0]
+
+    def upload(self, data: bytes, name: str | None, where: str) -> tuple[str, float]:
+        """An uploaded audio file (any format soundfile reads): its path and seconds."""
+        suffix = Path(name or "audio").suffix.lower()
+        suffix = suffix if re.fullmatch(r"\.[a-z0-9]{1,5}", suffix) else ".audio"
+        return self._sound(data, suffix, where, where, "audio soundfile reads")
+
+    def _sound(self, data: bytes, suffix: str, where: str, field: str,
+               what: str) -> tuple[str, float]:  # fmt: skip
+        path = self._write(data, suffix, where)
         try:
             seconds = sf.info(str(path)).duration
         except Exception as e:
-            raise ApiError(400, f"not {fmt} audio: {_reason(e, path)}", where + ".data") from None
+            raise ApiError(400, f"not {what}: {_reason(e, path)}", field) from None
         if seconds > self.max_audio_s:
             raise ApiError(400, f"the audio is {seconds:.1f} s long; at most "
                            f"{self.max_audio_s:g} s here", where)  # fmt: skip
-        return str(path)
+        return str(path), seconds
 
 
 def _reason(e: Exception, path: Path) -> str:
