@@ -81,6 +81,16 @@ def build_limits(args: Any) -> dict[str, Any]:
     }
 
 
+def decoder_profiles(args: Any) -> dict[str, Any]:
+    """The shapes each phase of a decoder binds (the engine config's ``profiles``); a TensorRT
+    build turns these into optimisation profiles."""
+    return {
+        "prefill": {"batch": [1, args.max_batch_size], "seq": [1, args.max_input_len]},
+        "decode": {"batch": [1, args.max_batch_size], "seq": [1, 1]},
+        "kv_capacity": args.max_kv_cache_capacity,
+    }
+
+
 def write_engine_config(out_dir: Path, config: dict[str, Any]) -> None:
     body = {"format": FORMAT, **config}
     (out_dir / ENGINE_CONFIG).write_text(json.dumps(body, indent=2) + "\n")
