@@ -515,7 +515,8 @@ def destination_error(
         if isinstance(request, BadRequest):  # its messages are as written, not checked
             continue
         for part in media_parts(request.messages):
-            inputs.setdefault(os.path.realpath(part.path), f"the {part.kind} file {part.path}")
+            for path in part.files():
+                inputs.setdefault(os.path.realpath(path), f"the {part.kind} file {path}")
         for key in PATH_KEYS:
             ref = request.speech.get(key)
             if ref:

@@ -84,8 +84,9 @@ class LLMBackbone(StageRunner):
         self.hidden_layer = cfg.get("hidden_output_layer")
         # the family's media preparation for this model type, or text only (runtime/prompt.py)
         self.media = media_hook(cfg)(
-            folder, cfg, threads=engines.threads, locations=stage.config.get("encoders")
-        )
+            folder, cfg, threads=engines.threads, locations=stage.config.get("encoders"),
+            tokenizer=self.tokenizer,
+        )  # fmt: skip
         self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)
         self.stage_id: str = stage.id
         self._hidden_port = f"{stage.id}:accept_hidden"
@@ -131,7 +132,7 @@ class LLMBackbone(StageRunner):
         cohort runs."""
         parts = media_parts(state.request.messages)
         if parts and not state.request.apply_chat_template:
-            raise RequestError("audio and image parts need apply_chat_template")
+            raise RequestError("audio, image and video parts need apply_chat_template")
         self.media.require(parts)
         try:
             text, system = self.prompt_text(state.request)
