@@ -74,7 +74,11 @@ class TorchVideoProcessor:
 
 
 def load_bundle(ckpt: Path) -> VLBundle:
-    from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen3VLForConditionalGeneration
+    from transformers import (
+        AutoTokenizer,
+        Qwen2VLImageProcessorPil,
+        Qwen3VLForConditionalGeneration,
+    )
     from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 
     ckpt = Path(ckpt)
