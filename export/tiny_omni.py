@@ -156,13 +156,29 @@ def make_omni_tokenizer(
     return hf
 
 
-def processor_config() -> dict[str, Any]:
-    """``processor_config.json`` exactly as ``Qwen3OmniMoeProcessor.save_pretrained`` writes it.
+def tiny_vision_config() -> dict[str, Any]:
+    """The tiny ViT (Qwen3-Omni's and Qwen3-VL's): d32 x 2 layers, a DeepStack tap after each,
+    out 64 (the tiny LLMs' hidden size), a 16 x 16 position grid."""
+    return dict(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=4,
+        in_channels=3,
+        patch_size=PATCH,
+        spatial_merge_size=MERGE,
+        temporal_patch_size=TEMPORAL_PATCH,
+        out_hidden_size=64,
+        num_position_embeddings=256,
+        deepstack_visual_indexes=[0, 1],
+    )
 
-    Written by hand because the image and video processors need Pillow/torchvision to be
-    constructed, which this project does not depend on; the file loads where they exist.
-    """
-    vision = {
+
+def vision_processor_settings(
+    min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS
+) -> dict[str, Any]:
+    """What the tiny checkpoints' image and video processors share, as they save it."""
+    return {
         "do_convert_rgb": True,
         "do_normalize": True,
         "do_rescale": True,
@@ -173,9 +189,18 @@ def processor_config() -> dict[str, Any]:
         "patch_size": PATCH,
         "resample": 3,
         "rescale_factor": 1 / 255,
-        "size": {"longest_edge": MAX_PIXELS, "shortest_edge": MIN_PIXELS},
+        "size": {"longest_edge": max_pixels, "shortest_edge": min_pixels},
         "temporal_patch_size": TEMPORAL_PATCH,
     }
+
+
+def processor_config() -> dict[str, Any]:
+    """``processor_config.json`` exactly as ``Qwen3OmniMoeProcessor.save_pretrained`` writes it.
+
+    Written by hand because the image and video processors need Pillow/torchvision to be
+    constructed, which this project does not depend on; the file loads where they exist.
+    """
+    vision = vision_processor_settings()
     return {
         "feature_extractor": {
             "chunk_length": 30,
@@ -257,19 +282,7 @@ def omni_config(ids: dict[str, int]) -> Any:
         n_window_infer=800,
         conv_chunksize=500,
     )
-    vision_config = dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=4,
-        in_channels=3,
-        patch_size=PATCH,
-        spatial_merge_size=MERGE,
-        temporal_patch_size=TEMPORAL_PATCH,
-        out_hidden_size=64,  # = thinker hidden
-        num_position_embeddings=256,
-        deepstack_visual_indexes=[0, 1],
-    )
+    vision_config = tiny_vision_config()
     thinker_config = dict(
         text_config=text_config,
         audio_config=audio_config,

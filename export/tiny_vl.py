@@ -15,7 +15,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edgeomni.export.tiny_omni import ROLE_WORDS, make_omni_tokenizer, redraw_parameters
+from edgeomni.export.tiny_omni import (
+    MAX_PIXELS,
+    ROLE_WORDS,
+    make_omni_tokenizer,
+    redraw_parameters,
+    tiny_vision_config,
+    vision_processor_settings,
+)
 
 SPECIALS = (
     "<|endoftext|>",
@@ -59,55 +66,27 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 VOCAB = 512
-PATCH, MERGE, TEMPORAL_PATCH = 16, 2, 2
-MEAN = STD = [0.5, 0.5, 0.5]
-# images of 64x64 to 256x256 pixels; videos up to 8 frames of that (t * h * w pixels)
-MIN_PIXELS, MAX_PIXELS = 32 * 32 * 4, 32 * 32 * 64
-VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS = 32 * 32 * 4, 32 * 32 * 64 * 8
+# images of 64x64 to 256x256 pixels (tiny_omni's); videos up to 8 frames of that (t * h * w)
+VIDEO_MAX_PIXELS = MAX_PIXELS * 8
 
 
 def image_processor_config() -> dict[str, Any]:
     """``preprocessor_config.json`` as the release ships it (Qwen2-VL's image processor)."""
-    return {
-        "do_convert_rgb": True,
-        "do_normalize": True,
-        "do_rescale": True,
-        "do_resize": True,
-        "image_mean": MEAN,
-        "image_processor_type": "Qwen2VLImageProcessor",
-        "image_std": STD,
-        "merge_size": MERGE,
-        "patch_size": PATCH,
-        "processor_class": "Qwen3VLProcessor",
-        "resample": 3,
-        "rescale_factor": 1 / 255,
-        "size": {"longest_edge": MAX_PIXELS, "shortest_edge": MIN_PIXELS},
-        "temporal_patch_size": TEMPORAL_PATCH,
-    }
+    return {**vision_processor_settings(), "image_processor_type": "Qwen2VLImageProcessor",
+            "processor_class": "Qwen3VLProcessor"}  # fmt: skip
 
 
 def video_processor_config() -> dict[str, Any]:
     """``video_preprocessor_config.json`` as the release ships it (Qwen3VLVideoProcessor: 2
     frames a second sampled, 4 to 768 of them)."""
     return {
-        "do_convert_rgb": True,
-        "do_normalize": True,
-        "do_rescale": True,
-        "do_resize": True,
+        **vision_processor_settings(max_pixels=VIDEO_MAX_PIXELS),
         "do_sample_frames": True,
         "fps": 2,
-        "image_mean": MEAN,
-        "image_std": STD,
         "max_frames": 768,
-        "merge_size": MERGE,
         "min_frames": 4,
-        "patch_size": PATCH,
         "processor_class": "Qwen3VLProcessor",
-        "resample": 3,
-        "rescale_factor": 1 / 255,
         "return_metadata": False,
-        "size": {"longest_edge": VIDEO_MAX_PIXELS, "shortest_edge": VIDEO_MIN_PIXELS},
-        "temporal_patch_size": TEMPORAL_PATCH,
         "video_processor_type": "Qwen3VLVideoProcessor",
     }
 
@@ -131,22 +110,9 @@ def vl_config(ids: dict[str, int], **text: Any) -> Any:
         pad_token_id=ids["<|endoftext|>"],
         **text,
     )  # fmt: skip
-    vision_config = dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=4,
-        in_channels=3,
-        patch_size=PATCH,
-        spatial_merge_size=MERGE,
-        temporal_patch_size=TEMPORAL_PATCH,
-        out_hidden_size=64,  # = the LLM's hidden size
-        num_position_embeddings=256,
-        deepstack_visual_indexes=[0, 1],
-    )
     return Qwen3VLConfig(
         text_config=text_config,
-        vision_config=vision_config,
+        vision_config=tiny_vision_config(),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],

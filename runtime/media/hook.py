@@ -209,10 +209,7 @@ class MediaHook:
                 smart_resize,
             )
 
-            visual = self.encoder("visual")
-            settings = visual.image_settings
-            if settings is None:
-                raise RequestError("the visual engine folder has no image_processor settings")
+            visual, settings = self._visual("image")
             image = load_image(path)
             if not part.do_resize:  # the caller resized it: it must be the model's target size
                 height, width = image.shape[:2]
@@ -227,9 +224,7 @@ class MediaHook:
                         f"{width}x{height}"
                     )
                 settings = dataclasses.replace(settings, do_resize=False)
-            pixels, grid = preprocess(image, settings)
-            embeds, deep = visual.encode(pixels, grid)
-            return Encoded(embeds, deep, tuple(int(g) for g in grid))
+            return _through(visual, *preprocess(image, settings))
         except (OSError, ValueError, ImportError) as e:  # ImportError: the image/video extra
             if isinstance(e, RequestError):
                 raise
@@ -245,15 +240,25 @@ class MediaHook:
             read_video,
         )
 
-        visual = self.encoder("visual")
-        settings = visual.video_settings
-        if settings is None:
-            raise RequestError("the visual engine folder has no video_processor settings")
+        visual, settings = self._visual("video")
         if part.frames:
             video = load_frames(part.frames, part.fps, part.timestamps)
         else:
             video = read_video(part.path, settings, part.fps)
-        pixels, grid = preprocess_video(video.frames, settings)
-        embeds, deep = visual.encode(pixels, grid)
         times = frame_timestamps(video.indices, video.fps, settings.temporal_patch_size)
-        return Encoded(embeds, deep, tuple(int(g) for g in grid), tuple(times))
+        encoded = _through(visual, *preprocess_video(video.frames, settings))
+        return encoded._replace(times=tuple(times))
+
+    def _visual(self, kind: str) -> tuple[Any, Any]:
+        """The visual encoder and its ``kind`` ("image" or "video") processor settings."""
+        visual = self.encoder("visual")
+        settings = getattr(visual, f"{kind}_settings")
+        if settings is None:
+            raise RequestError(f"the visual engine folder has no {kind}_processor settings")
+        return visual, settings
+
+
+def _through(visual: Any, pixels: np.ndarray, grid: Sequence[int]) -> Encoded:
+    """Patches of one image or video through the visual encoder, with their grid."""
+    embeds, deep = visual.encode(pixels, grid)
+    return Encoded(embeds, deep, tuple(int(g) for g in grid))

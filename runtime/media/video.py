@@ -120,6 +120,17 @@ def read_video(path: str | os.PathLike[str], settings: VideoSettings,
         import av
     except ImportError:
         raise ImportError(f"reading video files needs PyAV: {VIDEO_EXTRA}") from None
+    try:
+        return _decode(av, path, settings, fps)
+    except av.FFmpegError as e:  # FFmpeg's errors that are no OSError or ValueError already
+        if isinstance(e, OSError | ValueError):
+            raise
+        raise ValueError(f"cannot decode: {e}") from None
+
+
+def _decode(av: Any, path: str | os.PathLike[str], settings: VideoSettings,
+            fps: float | None) -> Video:  # fmt: skip
+    """read_video's decoding (``av`` the PyAV module)."""
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         total = int(stream.frames)

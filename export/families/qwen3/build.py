@@ -76,12 +76,7 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
     artifacts.write_engine_config(
         out_dir,
         {
-            "component": component.name,
-            "model_type": ckpt.model_type,
-            "engine": component.engine,
-            "backend": args.backend,
-            "device": args.device,
-            "dtype": args.dtype,
+            **artifacts.engine_fields(ckpt, component, args),
             **artifacts.decoder_fields(dec),
             "eos_token_id": artifacts.eos_token_ids(ckpt, cfg),
             "pad_token_id": cfg.get("pad_token_id"),

@@ -125,8 +125,7 @@ def export_component(
 def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:
     from safetensors.torch import save_file
 
-    base = {"component": component.name, "model_type": ckpt.model_type, "engine": component.engine,
-            "backend": args.backend, "device": args.device, "dtype": args.dtype}  # fmt: skip
+    base = artifacts.engine_fields(ckpt, component, args)
     if component is LLM:
         artifacts.write_embedding(ckpt.tensor(thinker.EMBEDDING), out_dir)
         artifacts.write_tokenizer(ckpt, out_dir)
@@ -177,7 +176,9 @@ def image_processor_settings(ckpt: Checkpoint) -> dict[str, Any]:
     except ValueError as e:
         raise CheckpointError(str(e)) from None
     if settings is None:
-        raise CheckpointError(f"{ckpt.path}: no image processor settings (preprocessor_config.json)")
+        raise CheckpointError(
+            f"{ckpt.path}: no image processor settings (preprocessor_config.json)"
+        )
     return settings
 
 

@@ -135,12 +135,7 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
     artifacts.write_tokenizer(ckpt, out_dir)
     text = section(ckpt.config, "text_config")
     artifacts.write_engine_config(out_dir, {
-        "component": component.name,
-        "model_type": ckpt.model_type,
-        "engine": component.engine,
-        "backend": args.backend,
-        "device": args.device,
-        "dtype": args.dtype,
+        **artifacts.engine_fields(ckpt, component, args),
         **artifacts.decoder_fields(dec),
         "mrope_section": list(dec.mrope_section or ()),
         "deepstack_layers": dec.deepstack_layers,
