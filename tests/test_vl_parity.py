@@ -165,3 +165,18 @@ def test_validate_config_and_graph_only(vl_engine, vl_ckpt, tmp_path, capsys) ->
     assert [i["name"] for i in stage["inputs"]] == ["prompt"] and "encoders" not in stage.get(
         "config", {}
     )
+
+
+def test_do_resize_false_takes_an_image_of_the_target_size(vl_engine, media, references,
+                                                           tmp_path) -> None:  # fmt: skip
+    """Upstream's ``do_resize: false``: an image already at the model's target size (64x96)
+    gives the resized request's tokens; one that is not (80x100) fails alone, naming its size."""
+    parts = [[{"type": "image", "image": media["a_path"], "do_resize": False}],
+             [{"type": "image", "image": media["b_path"], "do_resize": False}]]  # fmt: skip
+    requests = [{"messages": [{"role": "user", "content": [*p, {"type": "text", "text": t}]}]}
+                for p, t in zip(parts, ("Describe it.", "Describe it."), strict=True)]  # fmt: skip
+    code, entries = run(vl_engine, tmp_path, requests, "--batch-size", "2")
+    assert code == cli.EXIT_REQUESTS_FAILED
+    assert entries[0]["stages"]["llm"]["output_tokens"] == references["image"][0]
+    assert not entries[1]["ok"] and "must be the model's target size" in entries[1]["error"]
+    assert "64x96 (width x height); it is 80x100" in entries[1]["error"]
