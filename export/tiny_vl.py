@@ -23,16 +23,10 @@ from edgeomni.export.tiny_omni import (
     tiny_vision_config,
     vision_processor_settings,
 )
+from edgeomni.export.tiny_omni import SPECIALS as OMNI_SPECIALS
 
-SPECIALS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-)
+# Qwen's text and vision special tokens: tiny_omni's first seven (no audio or speech ones)
+SPECIALS = OMNI_SPECIALS[:7]
 # the attributes Qwen3VLProcessor reads from the tokenizer (tokenizer.image_token, ...)
 TOKENIZER_MM_TOKENS = {
     "image_token": "<|image_pad|>",

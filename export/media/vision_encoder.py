@@ -253,10 +253,12 @@ PROCESSOR_FILES = {
 }
 
 
-def processor_settings(model_dir: Path, kind: str) -> dict[str, Any] | None:
+def processor_settings(model_dir: Path, kind: str, required: bool = False) -> dict[str, Any] | None:
     """The checkpoint's ``kind`` ("image" or "video") processor settings, which the visual
-    engine folder keeps, or None where it ships none."""
+    engine folder keeps, or None where it ships none (a CheckpointError when ``required``)."""
     import json
+
+    from edgeomni.export.common.checkpoint import CheckpointError
 
     own, key = PROCESSOR_FILES[kind]
     for name, sub in ((own, None), ("processor_config.json", key)):
@@ -265,10 +267,12 @@ def processor_settings(model_dir: Path, kind: str) -> dict[str, Any] | None:
             try:
                 data = json.loads(path.read_text())
             except ValueError as e:
-                raise ValueError(f"{path}: not valid JSON ({e})") from None
+                raise CheckpointError(f"{path}: not valid JSON ({e})") from None
             data = data.get(sub, {}) if sub and isinstance(data, dict) else data
             if isinstance(data, dict) and data:
                 return data
+    if required:
+        raise CheckpointError(f"{model_dir}: no {kind} processor settings ({own})")
     return None
 
 

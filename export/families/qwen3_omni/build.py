@@ -171,15 +171,7 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
 def image_processor_settings(ckpt: Checkpoint) -> dict[str, Any]:
     """The checkpoint's image processor settings (preprocessor_config.json, or the
     "image_processor" section of processor_config.json), which the visual engine folder keeps."""
-    try:
-        settings = visual.processor_settings(ckpt.path, "image")
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-    if settings is None:
-        raise CheckpointError(
-            f"{ckpt.path}: no image processor settings (preprocessor_config.json)"
-        )
-    return settings
+    return visual.processor_settings(ckpt.path, "image", required=True)
 
 
 CALIBRATION_FRAMES = 48  # frames each int4_awq calibration request speaks

@@ -105,16 +105,8 @@ def export_component(
 def processor_settings(ckpt: Checkpoint) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The image processor settings (required) and the video processor's (None: the build
     reads no video), as the checkpoint ships them."""
-    try:
-        image = visual.processor_settings(ckpt.path, "image")
-        video = visual.processor_settings(ckpt.path, "video")
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-    if image is None:
-        raise CheckpointError(
-            f"{ckpt.path}: no image processor settings (preprocessor_config.json)"
-        )
-    return image, video
+    image = visual.processor_settings(ckpt.path, "image", required=True)
+    return image, visual.processor_settings(ckpt.path, "video")
 
 
 def eos_ids(ckpt: Checkpoint) -> list[int]:
