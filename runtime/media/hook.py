@@ -96,6 +96,8 @@ class MediaHook:
         self.tokenizer = tokenizer  # the thinker's (runtime/tokenizer.py), for text a hook adds
         tokens = config.get("media_tokens") or {}
         self.tokens = dict(tokens)  # empty: a build that reads text only
+        self.audio_token = tokens.get("audio_token_id")
+        self.image_token = tokens.get("image_token_id")
         # each kind's placeholder token
         self.placeholders = {kind: tokens.get(f"{kind}_token_id") for kind in self.KINDS}
         self._encoders: dict[str, Any] = {}

@@ -1,6 +1,6 @@
 """llm.backbone: messages in, text out, through one decoder engine with an in-place KV cache.
 
-Generic: a request's audio and image parts go through the media hook the model's family
+Generic: a request's audio, image and video parts go through the media hook the model's family
 declares for its config's model_type (runtime/prompt.py); without one, the model reads text."""
 
 from __future__ import annotations
