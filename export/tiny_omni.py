@@ -110,8 +110,17 @@ IMAGE_MEAN = IMAGE_STD = [0.5, 0.5, 0.5]
 MIN_PIXELS, MAX_PIXELS = 32 * 32 * 4, 32 * 32 * 64
 
 
-def make_omni_tokenizer(out_dir: Path, vocab_size: int = THINKER_VOCAB) -> Any:
-    """Byte-level BPE of exactly ``vocab_size`` ids: BPE first, the 13 specials appended last.
+def make_omni_tokenizer(
+    out_dir: Path,
+    vocab_size: int = THINKER_VOCAB,
+    *,
+    specials: tuple[str, ...] = SPECIALS,
+    mm_tokens: dict[str, str] | None = None,
+    chat_template: str = CHAT_TEMPLATE,
+) -> Any:
+    """Byte-level BPE of exactly ``vocab_size`` ids: BPE first, the specials appended last
+    (Qwen3-Omni's 13 by default; ``mm_tokens``: the attributes the processor reads, default
+    Qwen3-Omni's; a family's tiny maker passes its own specials, attributes and template).
 
     The role words are trained in as whole tokens (as in Qwen's vocabulary) so that
     ``<|im_start|>user`` gives one id for ``user``; the config's user/assistant/system ids rely on it.
@@ -123,21 +132,21 @@ def make_omni_tokenizer(out_dir: Path, vocab_size: int = THINKER_VOCAB) -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(SPECIALS),
+        vocab_size=vocab_size - len(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(list(ROLE_WORDS) * 64 + CORPUS * 4, trainer=trainer)
-    if tok.get_vocab_size() != vocab_size - len(SPECIALS):
+    if tok.get_vocab_size() != vocab_size - len(specials):
         raise RuntimeError(f"BPE reached {tok.get_vocab_size()} ids, wanted {vocab_size}")
-    tok.add_special_tokens(list(SPECIALS))
+    tok.add_special_tokens(list(specials))
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        extra_special_tokens=TOKENIZER_MM_TOKENS,
+        extra_special_tokens=TOKENIZER_MM_TOKENS if mm_tokens is None else mm_tokens,
     )
-    hf.chat_template = CHAT_TEMPLATE
+    hf.chat_template = chat_template
     if len(hf) != vocab_size:
         raise RuntimeError(f"tokenizer has {len(hf)} ids, wanted {vocab_size}")
     for word in ROLE_WORDS:
@@ -147,13 +156,29 @@ def make_omni_tokenizer(out_dir: Path, vocab_size: int = THINKER_VOCAB) -> Any:
     return hf
 
 
-def processor_config() -> dict[str, Any]:
-    """``processor_config.json`` exactly as ``Qwen3OmniMoeProcessor.save_pretrained`` writes it.
+def tiny_vision_config() -> dict[str, Any]:
+    """The tiny ViT (Qwen3-Omni's and Qwen3-VL's): d32 x 2 layers, a DeepStack tap after each,
+    out 64 (the tiny LLMs' hidden size), a 16 x 16 position grid."""
+    return dict(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=4,
+        in_channels=3,
+        patch_size=PATCH,
+        spatial_merge_size=MERGE,
+        temporal_patch_size=TEMPORAL_PATCH,
+        out_hidden_size=64,
+        num_position_embeddings=256,
+        deepstack_visual_indexes=[0, 1],
+    )
 
-    Written by hand because the image and video processors need Pillow/torchvision to be
-    constructed, which this project does not depend on; the file loads where they exist.
-    """
-    vision = {
+
+def vision_processor_settings(
+    min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS
+) -> dict[str, Any]:
+    """What the tiny checkpoints' image and video processors share, as they save it."""
+    return {
         "do_convert_rgb": True,
         "do_normalize": True,
         "do_rescale": True,
@@ -164,9 +189,18 @@ def processor_config() -> dict[str, Any]:
         "patch_size": PATCH,
         "resample": 3,
         "rescale_factor": 1 / 255,
-        "size": {"longest_edge": MAX_PIXELS, "shortest_edge": MIN_PIXELS},
+        "size": {"longest_edge": max_pixels, "shortest_edge": min_pixels},
         "temporal_patch_size": TEMPORAL_PATCH,
     }
+
+
+def processor_config() -> dict[str, Any]:
+    """``processor_config.json`` exactly as ``Qwen3OmniMoeProcessor.save_pretrained`` writes it.
+
+    Written by hand because the image and video processors need Pillow/torchvision to be
+    constructed, which this project does not depend on; the file loads where they exist.
+    """
+    vision = vision_processor_settings()
     return {
         "feature_extractor": {
             "chunk_length": 30,
@@ -248,19 +282,7 @@ def omni_config(ids: dict[str, int]) -> Any:
         n_window_infer=800,
         conv_chunksize=500,
     )
-    vision_config = dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=4,
-        in_channels=3,
-        patch_size=PATCH,
-        spatial_merge_size=MERGE,
-        temporal_patch_size=TEMPORAL_PATCH,
-        out_hidden_size=64,  # = thinker hidden
-        num_position_embeddings=256,
-        deepstack_visual_indexes=[0, 1],
-    )
+    vision_config = tiny_vision_config()
     thinker_config = dict(
         text_config=text_config,
         audio_config=audio_config,
@@ -345,14 +367,11 @@ def omni_config(ids: dict[str, int]) -> Any:
     )
 
 
-def randomize_weights(model: Any, generator: Any, never_generated: list[int]) -> None:
+def redraw_parameters(model: Any, generator: Any) -> None:
     """Redraw every parameter so each path matters: matrices N(0, 1/fan_in), embeddings N(0, 1),
-    gains (norms, layer scales) 1 ± 0.1, biases and SnakeBeta log-parameters N(0, 0.1).
-
-    The routers become non-zero (HF inits the talker's to zeros); code2wav is then calibrated so
-    its audio stays inside the ±1 clamp (see ``calibrate_code2wav``). Any parameter no rule covers
-    raises, so a new transformers module cannot silently keep its HF init.
-    """
+    gains (norms, layer scales) 1 ± 0.1, biases and SnakeBeta log-parameters N(0, 0.1). Any
+    parameter no rule covers raises, so a new transformers module cannot silently keep its HF
+    init."""
     import torch
     from torch import nn
 
@@ -382,6 +401,16 @@ def randomize_weights(model: Any, generator: Any, never_generated: list[int]) ->
                     normal(p, 1.0, 0.1)  # norm weights, layer scales, ConvNeXt gammas
                 else:
                     raise RuntimeError(f"no rule for {mod_name}.{name} ({kind}, {tuple(p.shape)})")
+
+
+def randomize_weights(model: Any, generator: Any, never_generated: list[int]) -> None:
+    """``redraw_parameters``, then what Qwen3-Omni's paths need: the routers become non-zero (HF
+    inits the talker's to zeros); code2wav is calibrated so its audio stays inside the ±1 clamp
+    (see ``calibrate_code2wav``)."""
+    import torch
+
+    redraw_parameters(model, generator)
+    with torch.no_grad():
         calibrate_code2wav(model.code2wav, generator)
         # A random talker picks codec EOS about as often as any code and stopped after 4 frames on
         # some prompts; a shorter EOS row keeps EOS reachable but makes most replies run for tens

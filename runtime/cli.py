@@ -79,6 +79,15 @@ def parser() -> argparse.ArgumentParser:
         help="with --prompt: an image; repeatable",
     )
     p.add_argument(
+        "--video",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="with --prompt: a video file, its frames sampled as the model's video processor "
+        "samples them (needs PyAV, the 'video' extra; frames as images go in a request file's "
+        "video part); repeatable",
+    )
+    p.add_argument(
         "--output-file",
         type=Path,
         help="predictions.json to write (atomically), in llm_inference's fields plus ok, error "
@@ -421,8 +430,8 @@ def usage_error(args: argparse.Namespace) -> str | None:
                                ("--stage-patience", args.stage_patience, 0)):  # fmt: skip
         if value is not None and value < least:
             return f"{flag} must be at least {least}, got {value}"
-    if (args.audio or args.image) and args.prompt is None:
-        return "--audio and --image go with --prompt (put media in the request file)"
+    if (args.audio or args.image or args.video) and args.prompt is None:
+        return "--audio, --image and --video go with --prompt (put media in the request file)"
     if args.out_audio is not None and args.prompt is None:
         return "--out-audio goes with --prompt (use --output-audio-dir for a file)"
     if args.output_audio_dir is not None and args.input_file is None:
@@ -433,6 +442,7 @@ def usage_error(args: argparse.Namespace) -> str | None:
             out = "--out-audio" if args.input_file is None else "--output-audio-dir"
             return f"{flag} is for the speech of {out}; without {out} nothing speaks"
     media = [("--audio", a) for a in args.audio] + [("--image", i) for i in args.image]
+    media += [("--video", v) for v in args.video]
     media += [(flag, getattr(args, key)) for flag, key in SPEECH_FLAGS
               if key in PATH_KEYS and getattr(args, key) is not None]  # fmt: skip
     for flag, path in media:
@@ -472,6 +482,7 @@ def _prompt_body(args: argparse.Namespace) -> dict[str, Any]:
     """--prompt and its flags as a one-request request file."""
     media = [{"type": "audio", "audio": str(a)} for a in args.audio]
     media += [{"type": "image", "image": str(i)} for i in args.image]
+    media += [{"type": "video", "video": str(v)} for v in args.video]
     content = [*media, {"type": "text", "text": args.prompt}] if media else args.prompt
     request = {"messages": [{"role": "user", "content": content}]}
     return {**flag_defaults(args), "requests": [request]}
@@ -515,7 +526,8 @@ def destination_error(
         if isinstance(request, BadRequest):  # its messages are as written, not checked
             continue
         for part in media_parts(request.messages):
-            inputs.setdefault(os.path.realpath(part.path), f"the {part.kind} file {part.path}")
+            for path in part.files():
+                inputs.setdefault(os.path.realpath(path), f"the {part.kind} file {path}")
         for key in PATH_KEYS:
             ref = request.speech.get(key)
             if ref:

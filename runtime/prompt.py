@@ -11,9 +11,10 @@ A media hook is a class with
 
 - ``check(folder, config, locations)`` (a classmethod): what opening it reads beside the
   thinker's folder, checked without loading an engine (an ArtifactError naming the file);
-- ``__init__(folder, config, *, threads, locations)``: the thinker's folder and config.json,
-  the ONNX Runtime threads of its engines, and the stage config's ``encoders`` (kind -> folder
-  relative to the thinker's, or None);
+- ``__init__(folder, config, *, threads, locations, tokenizer)``: the thinker's folder and
+  config.json, the ONNX Runtime threads of its engines, the stage config's ``encoders`` (kind
+  -> folder relative to the thinker's, or None) and the thinker's tokenizer (for text a hook
+  puts into the prompt: Qwen3-VL's video timestamps);
 - ``require(parts)``: a RequestError, before anything is rendered or encoded, for media parts
   the thinker cannot read;
 - ``expand(ids, parts)``: the rendered prompt's ids and the request's media parts (in the
@@ -42,6 +43,7 @@ class Prompt:
     delta: int = 0  # decode positions are past_len + delta
     image_grids: list[tuple[int, int, int]] = field(default_factory=list)
     audio_frames: list[int] = field(default_factory=list)
+    video_grids: list[tuple[int, int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -60,25 +62,44 @@ class PromptRows:
 
 
 class MediaPart(NamedTuple):
-    """An audio or image part of a request: its file, and for an image whether it is resized
-    to the model's target size (upstream's ``do_resize``; false: it must be that size)."""
+    """An audio, image or video part of a request: its file, and for an image whether it is
+    resized to the model's target size (upstream's ``do_resize``; false: it must be that size).
+    A video is a file (``path``) or frame image files (``frames``, ``path`` their first),
+    with the frames' rate (``fps``) or each frame's time in seconds (``timestamps``)."""
 
     kind: str
     path: str
     do_resize: bool = True
+    frames: tuple[str, ...] = ()
+    fps: float | None = None
+    timestamps: tuple[float, ...] | None = None
+
+    def files(self) -> tuple[str, ...]:
+        """Every file the part reads."""
+        return self.frames or (self.path,)
+
+
+MEDIA_KINDS = ("audio", "image", "video")
 
 
 def media_parts(messages: Sequence[Mapping[str, Any]]) -> list[MediaPart]:
-    """Every audio and image part, in the order the template renders them."""
+    """Every audio, image and video part, in the order the template renders them."""
     out = []
     for message in messages:
         content = message.get("content")
         if isinstance(content, str):
             continue
         for part in content:
-            if part.get("type") in ("audio", "image"):
-                kind = part["type"]
-                out.append(MediaPart(kind, str(part[kind]), bool(part.get("do_resize", True))))
+            kind = part.get("type")
+            if kind not in MEDIA_KINDS:
+                continue
+            value = part[kind]
+            frames = tuple(str(f) for f in value) if isinstance(value, list | tuple) else ()
+            stamps = part.get("timestamps")
+            out.append(MediaPart(
+                kind, frames[0] if frames else str(value), bool(part.get("do_resize", True)),
+                frames, part.get("fps"), None if stamps is None else tuple(stamps),
+            ))  # fmt: skip
     return out
 
 
@@ -104,6 +125,7 @@ class TextOnly:
         *,
         threads: int | None = None,
         locations: Mapping[str, str] | None = None,
+        tokenizer: Any = None,
     ) -> None:
         self.folder = folder
 

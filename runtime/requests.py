@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import itertools
 import json
 import math
 import os
@@ -51,9 +52,13 @@ __all__ = [
 ]
 
 ROLES = ("system", "user", "assistant")
-PART_TYPES = ("text", "audio", "image")
-# what a media part may carry besides its path (upstream's image preprocessing switch)
-PART_OPTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType({"image": ("do_resize",)})
+PART_TYPES = ("text", "audio", "image", "video")
+# what a media part may carry besides its path: upstream's image preprocessing switch; a
+# video's frame rate (of the frames given, or frames sampled a second of a video file) or,
+# for frames given as images, each one's time in seconds
+PART_OPTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"image": ("do_resize",), "video": ("fps", "timestamps")}
+)
 DEFAULT_MAX_GENERATE_LENGTH = 256
 MAX_NUM_LOGPROBS = 50  # upstream's cap
 MAX_LOGIT_BIAS_ENTRIES = 1024  # upstream's cap per map
@@ -123,7 +128,8 @@ FILE_KEYS: Mapping[str, str] = MappingProxyType({
 })  # fmt: skip
 
 REQUEST_KEYS: Mapping[str, str] = MappingProxyType({
-    "messages": "the conversation: role and content (a string, or text, image and audio parts)",
+    "messages": "the conversation: role and content (a string, or text, image, video and audio "
+                "parts)",
     "prompt": "one user message as a string (instead of messages)",
     "max_generate_length": "overrides the top level's",
     "min_generate_length": "overrides the top level's",
@@ -361,6 +367,8 @@ def _parse_part(part: Any, where: str) -> dict[str, Any]:
         known = ["type", kind, *options]
         raise ValueError(f"{where}: " + _unknown(unknown, known, f"keys of a {kind} part"))
     value = part.get(kind)
+    if kind == "video":
+        return _parse_video(part, where)
     if not isinstance(value, str) or (kind != "text" and not value):
         what = "a string" if kind == "text" else "a non-empty path string"
         raise ValueError(f"{where}.{kind} must be {what}, got {value!r}")
@@ -368,6 +376,37 @@ def _parse_part(part: Any, where: str) -> dict[str, Any]:
     for key in options:
         if key in part:
             out[key] = _check_bool(f"{where}.{key}", part[key])
+    return out
+
+
+def _parse_video(part: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A video part: a video file's path, or its frames' image paths (a non-empty list), with
+    an optional fps (> 0) or, for frames, their timestamps (seconds, one a frame, ascending)."""
+    value = part.get("video")
+    frames = isinstance(value, list)
+    if not (isinstance(value, str) and value) and not (
+        frames and value and all(isinstance(f, str) and f for f in value)
+    ):
+        raise ValueError(f"{where}.video must be a non-empty path string or a non-empty list of "
+                         f"frame image paths, got {value!r}")  # fmt: skip
+    out: dict[str, Any] = {"type": "video", "video": list(value) if frames else value}
+    if "fps" in part:
+        fps = part["fps"]
+        if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps < math.inf:
+            raise ValueError(f"{where}.fps must be a number > 0, got {fps!r}")
+        out["fps"] = float(fps)
+    if "timestamps" in part:
+        stamps = part["timestamps"]
+        if not frames:
+            raise ValueError(f"{where}.timestamps go with frames (a list of images), not a file")
+        if "fps" in part:
+            raise ValueError(f"{where}: give fps or timestamps, not both")
+        if (not isinstance(stamps, list) or len(stamps) != len(value) or any(
+                isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < math.inf
+                for t in stamps) or any(b < a for a, b in itertools.pairwise(stamps))):  # fmt: skip
+            raise ValueError(f"{where}.timestamps must be {len(value)} numbers >= 0 in order (one "
+                             f"a frame, in seconds), got {stamps!r}")  # fmt: skip
+        out["timestamps"] = [float(t) for t in stamps]
     return out
 
 
@@ -527,7 +566,7 @@ def _parse_request(
         if key in req:
             _check_bool(key, req[key])
     speech = _speech(req, file["speech"])
-    fields = {"messages"} | (kinds & {"audio", "image"}) | set(speech)
+    fields = {"messages"} | (kinds & {"audio", "image", "video"}) | set(speech)
     if voice is not None:
         fields.add("voice")
     return Request(

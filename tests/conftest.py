@@ -98,6 +98,26 @@ def omni_engine(
 
 
 @pytest.fixture(scope="session")
+def vl_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edgeomni.export.tiny_vl import make_qwen3_vl
+
+    return make_qwen3_vl(tmp_path_factory.mktemp("vl") / "ckpt")
+
+
+@pytest.fixture(scope="session")
+def vl_engine(
+    vl_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The tiny Qwen3-VL built for the CPU (read-only): the llm and visual/."""
+    from edgeomni.export.family import BuildArgs
+
+    engine_dir = tmp_path_factory.mktemp("vl-engine") / "eng"
+    args = BuildArgs(max_batch_size=3, max_input_len=256, max_kv_cache_capacity=384)
+    assert exports.build(vl_ckpt, engine_dir, args) is not None
+    return engine_dir
+
+
+@pytest.fixture(scope="session")
 def tts_engine(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3-TTS CustomVoice checkpoint (export/tiny_tts.py, in ``../ckpt``),
     built for the CPU (edge-serve's tests, the family walk, the TensorRT profiles and upstream's

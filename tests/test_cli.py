@@ -118,7 +118,7 @@ def test_missing_engine_file_is_a_config_error(qwen3_engine: Path, tmp_path: Pat
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--input-file", "x.json", "--audio", "a.wav"], "--audio and --image go with --prompt"),
+        (["--input-file", "x.json", "--audio", "a.wav"], "--audio, --image and --video go with --prompt"),
         (["--input-file", "x.json", "--out-audio", "a.wav"], "--out-audio goes with --prompt"),
         (
             ["--prompt", "hi", "--output-audio-dir", "d"],

@@ -102,7 +102,7 @@ ROWS = [
     Row("image-flag-is-a-directory", lambda w: w.prompt("--image", str(w.root)), BAD_USAGE,
         "is a directory, not a file", engine="omni"),
     Row("audio-with-input-file", lambda w: w.run("--audio", w.p("q.wav")), BAD_USAGE,
-        "--audio and --image go with --prompt"),
+        "--audio, --image and --video go with --prompt"),
     Row("bad-sampling", lambda w: w.prompt("--sampling", '{"temprature": 1}'), BAD_USAGE,
         "--sampling: unknown sampling keys ['temprature']"),
     # -- the request file

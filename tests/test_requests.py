@@ -129,7 +129,7 @@ BAD_REQUESTS: list[tuple[Any, str]] = [
     ({"messages": [{"role": "robot", "content": "x"}]}, "role must be one of"),
     ({"messages": [{"role": "user"}]}, "no content"),
     ({"messages": [{"role": "user", "content": 5}]}, "content must be a string or a list"),
-    ({"messages": [{"role": "user", "content": [{"type": "video", "video": "v"}]}]}, "type must"),
+    ({"messages": [{"role": "user", "content": [{"type": "file", "file": "v"}]}]}, "type must"),
     ({"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, "audio must be"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, "text must be"),
     ({"messages": [{"role": "user", "content": "x", "name": "n"}]}, "unknown keys"),

@@ -213,6 +213,34 @@ def test_omni_calls_fit_the_profiles(omni_ckpt: Path, omni_engine: Path, tmp_pat
     assert seen == {"llm", "audio", "visual", "talker", "code_predictor", "code2wav"}
 
 
+def test_vl_calls_fit_the_profiles(vl_ckpt: Path, vl_engine: Path, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Qwen3-VL's llm and visual calls (an image, a video of 5 frames, text) fit its ranges."""
+    from PIL import Image
+
+    from edgeomni.export.family import BuildArgs
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    args = BuildArgs(max_batch_size=3, max_input_len=256, max_kv_cache_capacity=384)  # conftest
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (56, 84, 3), dtype=np.uint8)).save(tmp_path / "q.png")
+    frames = []
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 255, (40, 60, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+        frames.append(str(tmp_path / f"{i}.png"))
+    content = [{"type": "image", "image": str(tmp_path / "q.png")},
+               {"type": "video", "video": frames}, {"type": "text", "text": "What is this?"}]  # fmt: skip
+    body = {"max_generate_length": 6, "top_k": 1,
+            "requests": [{"messages": [{"role": "user", "content": content}]},
+                         {"messages": [{"role": "user", "content": "Hello there"}]}]}  # fmt: skip
+    calls = record_calls(monkeypatch)
+    requests, _ = parse_request_file(body)
+    results = Pipeline(vl_engine).run(requests, batch_size=3)
+    assert all(r.entry["ok"] for r in results), [r.entry for r in results]
+    assert check_calls_fit(vl_engine, vl_ckpt, args, calls) == {"llm", "visual"}
+
+
 def test_tts_calls_fit_the_profiles(tts_engine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from edgeomni.export.family import BuildArgs
     from edgeomni.runtime.pipeline import Pipeline

@@ -131,3 +131,35 @@ def test_int4_qwen3_tokens_equal_the_onnxruntime_int4_build(
     tokens = [[o.entry["stages"]["llm"]["output_tokens"] for o in run(tmp_path / e, body, 3)]
               for e in ("trt", "ort")]  # fmt: skip
     assert tokens[0] == tokens[1] and all(tokens[0])
+
+
+def test_vl_tokens_equal_the_onnxruntime_build(
+    vl_ckpt: Path, vl_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    exports: ExportStore,
+) -> None:
+    """The tiny Qwen3-VL lowered for TensorRT (the llm's cached attention, the ViT's
+    bidirectional one): an image, a video and text in one batch give the ONNX Runtime build's
+    tokens."""
+    import numpy as np
+    from PIL import Image
+
+    eng = tensorrt_lowered_build(vl_ckpt, tmp_path / "eng", monkeypatch, exports)
+    for f in (eng / "llm.onnx", eng / "visual" / "visual.onnx"):
+        ops = {n.op_type for n in onnx.load(str(f), load_external_data=False).graph.node}
+        assert "Attention" in ops and "GroupQueryAttention" not in ops, f
+    rng = np.random.default_rng(6)
+    Image.fromarray((rng.random((64, 96, 3)) * 255).astype(np.uint8)).save(tmp_path / "i.png")
+    frames = []
+    for i in range(4):
+        Image.fromarray((rng.random((40, 60, 3)) * 255).astype(np.uint8)).save(tmp_path / f"{i}.png")
+        frames.append(str(tmp_path / f"{i}.png"))
+    contents = [[{"type": "image", "image": str(tmp_path / "i.png")}],
+                [{"type": "video", "video": frames, "fps": 1}], []]  # fmt: skip
+    body = {"top_k": 1, "max_generate_length": 8, "requests": [
+        {"messages": [{"role": "user", "content": [*c, {"type": "text", "text": p}]}]}
+        for c, p in zip(contents, PROMPTS, strict=False)]}  # fmt: skip
+    ours, ref = run(eng, body, 3), run(vl_engine, body, 3)
+    for a, b in zip(ours, ref, strict=True):
+        assert a.entry["ok"], a.entry
+        tokens = a.entry["stages"]["llm"]["output_tokens"]
+        assert tokens == b.entry["stages"]["llm"]["output_tokens"] and len(tokens) > 0

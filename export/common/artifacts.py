@@ -60,6 +60,14 @@ def generation_defaults(ckpt: Checkpoint) -> dict[str, Any]:
     return {k: gen[k] for k in keys if isinstance(gen.get(k), (int, float))}
 
 
+def engine_fields(ckpt: Checkpoint, component: Any, args: Any) -> dict[str, Any]:
+    """What every engine config opens with: the component, its model type, its engine file and
+    what it was built for (export/family.py's Component and BuildArgs)."""
+    return {"component": component.name, "model_type": ckpt.model_type,
+            "engine": component.engine, "backend": args.backend, "device": args.device,
+            "dtype": args.dtype}  # fmt: skip
+
+
 def decoder_fields(cfg: Any) -> dict[str, Any]:
     """A decoder's dimensions (export.common.decoder.DecoderConfig) as engine-config keys."""
     return {
@@ -78,6 +86,16 @@ def build_limits(args: Any) -> dict[str, Any]:
         "max_batch_size": args.max_batch_size,
         "max_input_len": args.max_input_len,
         "max_kv_cache_capacity": args.max_kv_cache_capacity,
+    }
+
+
+def decoder_profiles(args: Any) -> dict[str, Any]:
+    """The shapes each phase of a decoder binds (the engine config's ``profiles``); a TensorRT
+    build turns these into optimisation profiles."""
+    return {
+        "prefill": {"batch": [1, args.max_batch_size], "seq": [1, args.max_input_len]},
+        "decode": {"batch": [1, args.max_batch_size], "seq": [1, 1]},
+        "kv_capacity": args.max_kv_cache_capacity,
     }
 
 

@@ -1,7 +1,10 @@
-"""Qwen3-Omni's vision encoder as one engine: patches -> merged image embeddings + DeepStack.
+"""The Qwen3 ViT with DeepStack taps as one engine: patches -> merged embeddings + DeepStack.
 
-The parameters are transformers' own ``Qwen3OmniMoeVisionEncoder`` modules, so checkpoint
-tensors load by name (``thinker.visual.<module path>``); only the forward is ours. HF's forward
+Qwen3-Omni's and Qwen3-VL's vision encoders are one network under two sets of names: a
+``VisionSpec`` says which transformers module and config class, which checkpoint prefix and
+which attribute holds the DeepStack mergers (``OMNI`` here; a family passes its own). The
+parameters are transformers' own modules, so checkpoint tensors load by name
+(``<prefix><module path>``); only the forward is ours. HF's forward
 derives its index tensors from ``grid_thw`` with ``repeat_interleave``/``.tolist()``, which do
 not trace, and its sdpa path splits attention per frame with ``cu_seqlens.tolist()`` (export
 fixes the split count). Here every index the runtime can compute in numpy is an engine input
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +36,33 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
 
 from edgeomni.export.common.hf_module import load_hf_module
 from edgeomni.export.common.onnx_export import export_onnx
+from edgeomni.export.common.shapes import DimRanges, upto
 from edgeomni.plugins import attention as attention_plugin
 
-PREFIX = "thinker.visual."
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """Where one family's ViT lives: its transformers module and config class, the config
+    sections above its vision config, its checkpoint prefix, the attribute holding its
+    DeepStack mergers, and the model_type its engine config records."""
+
+    module: Any
+    config: Any
+    sections: tuple[str, ...]
+    prefix: str
+    deepstack_mergers: str
+    model_type: str
+
+
+OMNI = VisionSpec(
+    module=hf.Qwen3OmniMoeVisionEncoder,
+    config=Qwen3OmniMoeVisionEncoderConfig,
+    sections=("thinker_config", "vision_config"),
+    prefix="thinker.visual.",
+    deepstack_mergers="merger_list",
+    model_type="qwen3_omni_moe",
+)
+PREFIX = OMNI.prefix
 ENGINE = "visual.onnx"
 INPUTS = (
     "pixel_values",  # float32 [N, 3*T*P*P]: patches in merge-block order (runtime's image.py)
@@ -48,30 +76,34 @@ INPUTS = (
 OUTPUTS = ("image_embeds", "deepstack")
 
 
-def vision_config(config: Any) -> Qwen3OmniMoeVisionEncoderConfig:
-    """A vision config from the config object, its dict, or a thinker or whole Qwen3-Omni dict."""
-    if isinstance(config, Qwen3OmniMoeVisionEncoderConfig):
+def vision_config(config: Any, spec: VisionSpec = OMNI) -> Any:
+    """A vision config from the config object, its dict, or the dict of the config sections
+    above it (a thinker's, a whole checkpoint's)."""
+    if isinstance(config, spec.config):
         return config
     if isinstance(config, Mapping):
-        sub = config.get("thinker_config", config)
-        sub = sub.get("vision_config", sub)
-        return Qwen3OmniMoeVisionEncoderConfig.from_dict(dict(sub))
+        sub = config
+        for key in spec.sections:
+            sub = sub.get(key, sub)
+        return spec.config.from_dict(dict(sub))
     raise TypeError(f"expected a vision config or dict, got {type(config).__name__}")
 
 
-def _inv_freq(cfg: Qwen3OmniMoeVisionEncoderConfig) -> torch.Tensor:
-    inv_freq, _ = hf.Qwen3OmniMoeVisionRotaryEmbedding.compute_axial_rope_parameters(cfg)
+def _inv_freq(model: nn.Module) -> torch.Tensor:
+    """The axial rotary frequencies, as the model's own rotary class computes them."""
+    rotary = type(model.rotary_pos_emb)
+    inv_freq, _ = rotary.compute_axial_rope_parameters(model.config)
     return inv_freq.float()
 
 
 def load_visual(
-    get_tensor: Callable[[str], torch.Tensor], config: Any
-) -> hf.Qwen3OmniMoeVisionEncoder:
-    """HF's module with every parameter read from ``get_tensor("thinker.visual." + name)``."""
-    cfg = vision_config(config)
-    module = load_hf_module(hf.Qwen3OmniMoeVisionEncoder, cfg, get_tensor, PREFIX)
+    get_tensor: Callable[[str], torch.Tensor], config: Any, spec: VisionSpec = OMNI
+) -> nn.Module:
+    """HF's module with every parameter read from ``get_tensor(spec.prefix + name)``."""
+    cfg = vision_config(config, spec)
+    module = load_hf_module(spec.module, cfg, get_tensor, spec.prefix)
     # the rotary frequencies are a non-persistent buffer, not in the checkpoint
-    module.rotary_pos_emb.inv_freq.copy_(_inv_freq(cfg))
+    module.rotary_pos_emb.inv_freq.copy_(_inv_freq(module))
     return module.eval()
 
 
@@ -81,18 +113,20 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class VisualGraph(nn.Module):
-    """The exported graph: HF's vision encoder with precomputed indices and plugin attention."""
+    """The exported graph: HF's vision encoder with precomputed indices and plugin attention.
+    ``mergers``: the attribute holding its DeepStack mergers (``VisionSpec.deepstack_mergers``)."""
 
-    def __init__(self, model: hf.Qwen3OmniMoeVisionEncoder) -> None:
+    def __init__(self, model: nn.Module, mergers: str = OMNI.deepstack_mergers) -> None:
         super().__init__()
         cfg = model.config
         if not cfg.deepstack_visual_indexes:
             raise ValueError("the vision encoder has no deepstack_visual_indexes")
         self.model = model
+        self.mergers = getattr(model, mergers)
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.hidden_size // cfg.num_heads
         self.deepstack = {layer: i for i, layer in enumerate(cfg.deepstack_visual_indexes)}
-        self.register_buffer("inv_freq", _inv_freq(cfg), persistent=False)
+        self.register_buffer("inv_freq", _inv_freq(model), persistent=False)
 
     def _rotary(self, rotary_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """HF's axial rope: (row, column) frequencies concatenated, then repeated: [N, 1, D]."""
@@ -155,11 +189,11 @@ class VisualGraph(nn.Module):
             x = x + self._attention(block.attn, block.norm1(x), rope, layout)
             x = x + block.mlp(block.norm2(x))
             if i in self.deepstack:
-                deepstack.append(m.merger_list[self.deepstack[i]](x))
+                deepstack.append(self.mergers[self.deepstack[i]](x))
         return m.merger(x), torch.stack(deepstack)
 
 
-def example_inputs(cfg: Qwen3OmniMoeVisionEncoderConfig) -> tuple[torch.Tensor, ...]:
+def example_inputs(cfg: Any) -> tuple[torch.Tensor, ...]:
     """Three images of 4x4, 4x6 and 2x4 patches: every dynamic axis has a distinct size > 1
     (torch.export specialises axes of size 1 and may tie axes of equal example size)."""
     merge = cfg.spatial_merge_size
@@ -183,7 +217,7 @@ def example_inputs(cfg: Qwen3OmniMoeVisionEncoderConfig) -> tuple[torch.Tensor, 
     )
 
 
-def export_visual(model: hf.Qwen3OmniMoeVisionEncoder, path: Path) -> Path:
+def export_visual(model: nn.Module, path: Path, spec: VisionSpec = OMNI) -> Path:
     """Export with dynamic tokens (a multiple of merge^2), frames and frame length (plugin op
     not yet lowered); returns the model path."""
     from torch.export import Dim
@@ -202,7 +236,7 @@ def export_visual(model: hf.Qwen3OmniMoeVisionEncoder, path: Path) -> Path:
         {0: tokens},
     )
     return export_onnx(
-        VisualGraph(model.eval()),
+        VisualGraph(model.eval(), spec.deepstack_mergers),
         example_inputs(cfg),
         Path(path),
         input_names=INPUTS,
@@ -211,27 +245,75 @@ def export_visual(model: hf.Qwen3OmniMoeVisionEncoder, path: Path) -> Path:
     )
 
 
+# where a checkpoint keeps each processor's settings: its own file, or a section of
+# processor_config.json (what transformers 5's processor save_pretrained writes)
+PROCESSOR_FILES = {
+    "image": ("preprocessor_config.json", "image_processor"),
+    "video": ("video_preprocessor_config.json", "video_processor"),
+}
+
+
+def processor_settings(model_dir: Path, kind: str, required: bool = False) -> dict[str, Any] | None:
+    """The checkpoint's ``kind`` ("image" or "video") processor settings, which the visual
+    engine folder keeps, or None where it ships none (a CheckpointError when ``required``)."""
+    import json
+
+    from edgeomni.export.common.checkpoint import CheckpointError
+
+    own, key = PROCESSOR_FILES[kind]
+    for name, sub in ((own, None), ("processor_config.json", key)):
+        path = Path(model_dir) / name
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except ValueError as e:
+                raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+            data = data.get(sub, {}) if sub and isinstance(data, dict) else data
+            if isinstance(data, dict) and data:
+                return data
+    if required:
+        raise CheckpointError(f"{model_dir}: no {kind} processor settings ({own})")
+    return None
+
+
+def visual_ranges(config: Any, prompt: int, segments: int, spec: VisionSpec = OMNI) -> DimRanges:
+    """The sizes one call of the visual engine takes (export/common/shapes.py): the patches of
+    one prompt's media (merge^2 patches per merged token, at most ``prompt`` merged tokens) in
+    at most ``segments`` frames."""
+    unit = vision_config(config, spec).spatial_merge_size ** 2
+    return {
+        "images": {
+            f"{unit}*merged_tokens": upto(unit * prompt, lo=unit),
+            "segments": upto(segments, opt=1),
+            "segment_len": upto(unit * prompt),
+        },
+    }
+
+
 def visual_engine_config(
     config: Any,
     backend: str = "onnxruntime",
     device: str = "cpu",
     *,
     image_processor: Mapping[str, Any] | None = None,
+    video_processor: Mapping[str, Any] | None = None,
+    spec: VisionSpec = OMNI,
 ) -> dict[str, Any]:
     """config.json fields runtime/media/visual_encoder.py reads (write with
     artifacts.write_engine_config).
 
-    ``image_processor``: the checkpoint's processor settings (preprocessor_config.json or
-    processor_config.json's "image_processor"), copied so the engine folder can preprocess alone.
+    ``image_processor`` and ``video_processor``: the checkpoint's processor settings
+    (preprocessor_config.json and video_preprocessor_config.json, or processor_config.json's
+    sections), copied so the engine folder can preprocess alone.
     """
-    cfg = vision_config(config)
+    cfg = vision_config(config, spec)
     side = int(math.isqrt(cfg.num_position_embeddings))
     if side * side != cfg.num_position_embeddings:
         raise ValueError(f"num_position_embeddings {cfg.num_position_embeddings} is not a square")
     patch_dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
     body: dict[str, Any] = {
         "component": "visual",
-        "model_type": "qwen3_omni_moe",
+        "model_type": spec.model_type,
         "engine": ENGINE,
         "backend": backend,
         "device": device,
@@ -265,4 +347,6 @@ def visual_engine_config(
     }
     if image_processor is not None:
         body["image_processor"] = dict(image_processor.get("image_processor", image_processor))
+    if video_processor is not None:
+        body["video_processor"] = dict(video_processor.get("video_processor", video_processor))
     return body

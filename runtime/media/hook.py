@@ -1,15 +1,17 @@
 """The media hook the Qwen3 families' hooks build on (runtime/prompt.py says what a hook has):
-token ids with each audio or image placeholder expanded to its encoder's token count, and the
-encoder rows (and DeepStack features) to splice over those positions. The encoders are found
-beside the LLM's folder and opened on first use. A family's hook subclasses ``MediaHook`` for
-its positions (``positions``) and the token ids its config must name (``TOKENS``)."""
+token ids with each audio, image or video placeholder expanded to its encoder's token count,
+and the encoder rows (and DeepStack features) to splice over those positions. The encoders are
+found beside the LLM's folder and opened on first use. A family's hook subclasses ``MediaHook``
+for the media kinds it reads (``KINDS``), the token ids its config must name (``TOKENS``), what
+a placeholder becomes (``pieces``: the encoder's rows, with text around them where the model
+reads some) and its positions (``positions``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -52,12 +54,32 @@ def check_encoders(folder: Path, locations: Mapping[str, str] | None) -> None:
             check_folder(where, artifact)
 
 
+class Encoded(NamedTuple):
+    """One media part through its encoder: rows [n, H] for its placeholder positions, their
+    DeepStack features [K, n, H] (or None), its extent (an audio's mel frames, an image's or a
+    video's grid (t, h, w)) and, for a video, the time of each temporal group in seconds."""
+
+    rows: np.ndarray
+    deepstack: np.ndarray | None
+    extent: Any
+    times: tuple[float, ...] = ()
+
+
+class Span(NamedTuple):
+    """Placeholder positions of one piece of a part: encoder rows and their DeepStack rows."""
+
+    rows: np.ndarray
+    deepstack: np.ndarray | None
+
+
 class MediaHook:
     """A media hook over the audio and visual encoders found beside the LLM, opened on first
     use. Its prompts have plain positions; a subclass sets them (``positions``)."""
 
     # the media_tokens its config must name (checked when the graph is opened)
     TOKENS: tuple[str, ...] = ("audio_token_id", "image_token_id")
+    # the kinds of media parts it reads
+    KINDS: tuple[str, ...] = ("audio", "image")
 
     def __init__(
         self,
@@ -66,14 +88,18 @@ class MediaHook:
         *,
         threads: int | None,
         locations: Mapping[str, str] | None = None,
+        tokenizer: Any = None,
     ) -> None:
         self.folder = folder
         self.locations = dict(locations or {})  # kind -> folder relative to the thinker's
         self.threads = threads
+        self.tokenizer = tokenizer  # the thinker's (runtime/tokenizer.py), for text a hook adds
         tokens = config.get("media_tokens") or {}
         self.tokens = dict(tokens)  # empty: a build that reads text only
         self.audio_token = tokens.get("audio_token_id")
         self.image_token = tokens.get("image_token_id")
+        # each kind's placeholder token
+        self.placeholders = {kind: tokens.get(f"{kind}_token_id") for kind in self.KINDS}
         self._encoders: dict[str, Any] = {}
 
     @classmethod
@@ -93,6 +119,9 @@ class MediaHook:
         if not self.tokens:
             refuse_media(parts)
         for kind in sorted({part.kind for part in parts}):
+            if kind not in self.KINDS:
+                raise RequestError(f"this model reads no {kind} (it reads "
+                                   f"{', '.join(self.KINDS)}); the request has {kind} parts")  # fmt: skip
             encoder = "audio" if kind == "audio" else "visual"
             if encoder_dir(self.folder, self.locations, encoder) is None:
                 raise RequestError(
@@ -115,7 +144,8 @@ class MediaHook:
         return self._encoders[kind]
 
     def expand(self, ids: list[int], parts: list[MediaPart]) -> Prompt:
-        """Encode each part and expand its single placeholder token to the encoder's rows."""
+        """Encode each part and expand its single placeholder token to the encoder's rows (and
+        the text the model reads around them, ``pieces``)."""
         if not parts:
             return Prompt(np.asarray(ids, np.int64))
         if not self.tokens:
@@ -123,33 +153,44 @@ class MediaHook:
         encoded = [self._encode(part) for part in parts]
         out: list[int] = []
         prompt = Prompt(np.zeros(0, np.int64))
+        extents = {"audio": prompt.audio_frames, "image": prompt.image_grids,
+                   "video": prompt.video_grids}  # fmt: skip
         queue = list(zip(parts, encoded, strict=True))
+        placeholders = {token: kind for kind, token in self.placeholders.items()}
         for token in ids:
-            if token not in (self.audio_token, self.image_token):
+            if token not in placeholders:
                 out.append(token)
                 continue
             if not queue:
                 raise RequestError("the prompt has more media placeholders than media parts")
-            (kind, path, _), (rows, deep, extent) = queue.pop(0)
-            want = self.audio_token if kind == "audio" else self.image_token
-            if token != want:
-                raise RequestError(f"media placeholders are out of order at {path}")
-            prompt.spans.append((len(out), rows))
-            if deep is not None:
-                prompt.deepstack.append((len(out), deep))
-            (prompt.audio_frames if kind == "audio" else prompt.image_grids).append(extent)
-            out.extend([token] * len(rows))
+            part, enc = queue.pop(0)
+            if token != self.placeholders.get(part.kind):
+                raise RequestError(f"media placeholders are out of order at {part.path}")
+            for piece in self.pieces(part, enc):
+                if isinstance(piece, Span):
+                    prompt.spans.append((len(out), piece.rows))
+                    if piece.deepstack is not None:
+                        prompt.deepstack.append((len(out), piece.deepstack))
+                    out.extend([token] * len(piece.rows))
+                else:
+                    out.extend(piece)
+            extents[part.kind].append(enc.extent)
         if queue:
             raise RequestError("the chat template rendered no placeholder for some media parts")
         prompt.ids = np.asarray(out, np.int64)
         self.positions(prompt)
         return prompt
 
+    def pieces(self, part: MediaPart, encoded: Encoded) -> list[Span | list[int]]:
+        """What a part's placeholder token becomes: token ids (text the model reads) and spans
+        of the encoder's rows; here its rows alone."""
+        return [Span(encoded.rows, encoded.deepstack)]
+
     def positions(self, prompt: Prompt) -> None:
         """Set ``prompt.positions`` and ``prompt.delta`` where the model's media need them;
         here none do (positions 0..S-1)."""
 
-    def _encode(self, part: MediaPart) -> tuple[np.ndarray, np.ndarray | None, Any]:
+    def _encode(self, part: MediaPart) -> Encoded:
         kind, path = part.kind, part.path
         try:
             if kind == "audio":
@@ -161,17 +202,16 @@ class MediaHook:
 
                 wav, rate = read_wav(path)
                 feats, frames = audio_features(resample(wav, rate, SAMPLING_RATE))
-                return self.encoder("audio").encode(feats), None, frames
+                return Encoded(self.encoder("audio").encode(feats), None, frames)
+            if kind == "video":
+                return self._encode_video(part)
             from edgeomni.runtime.media.image import (
                 load_image,
                 preprocess,
                 smart_resize,
             )
 
-            visual = self.encoder("visual")
-            settings = visual.image_settings
-            if settings is None:
-                raise RequestError("the visual engine folder has no image_processor settings")
+            visual, settings = self._visual("image")
             image = load_image(path)
             if not part.do_resize:  # the caller resized it: it must be the model's target size
                 height, width = image.shape[:2]
@@ -186,10 +226,41 @@ class MediaHook:
                         f"{width}x{height}"
                     )
                 settings = dataclasses.replace(settings, do_resize=False)
-            pixels, grid = preprocess(image, settings)
-            embeds, deep = visual.encode(pixels, grid)
-            return embeds, deep, tuple(int(g) for g in grid)
-        except (OSError, ValueError, ImportError) as e:  # ImportError: the image extra
+            return _through(visual, *preprocess(image, settings))
+        except (OSError, ValueError, ImportError) as e:  # ImportError: the image/video extra
             if isinstance(e, RequestError):
                 raise
             raise RequestError(f"{kind} {path}: {e}") from None
+
+    def _encode_video(self, part: MediaPart) -> Encoded:
+        """A video file (sampled as its processor samples) or frame files, through the visual
+        encoder, with each temporal group's time."""
+        from edgeomni.runtime.media.video import (
+            frame_timestamps,
+            load_frames,
+            preprocess_video,
+            read_video,
+        )
+
+        visual, settings = self._visual("video")
+        if part.frames:
+            video = load_frames(part.frames, part.fps, part.timestamps)
+        else:
+            video = read_video(part.path, settings, part.fps)
+        times = frame_timestamps(video.indices, video.fps, settings.temporal_patch_size)
+        encoded = _through(visual, *preprocess_video(video.frames, settings))
+        return encoded._replace(times=tuple(times))
+
+    def _visual(self, kind: str) -> tuple[Any, Any]:
+        """The visual encoder and its ``kind`` ("image" or "video") processor settings."""
+        visual = self.encoder("visual")
+        settings = getattr(visual, f"{kind}_settings")
+        if settings is None:
+            raise RequestError(f"the visual engine folder has no {kind}_processor settings")
+        return visual, settings
+
+
+def _through(visual: Any, pixels: np.ndarray, grid: Sequence[int]) -> Encoded:
+    """Patches of one image or video through the visual encoder, with their grid."""
+    embeds, deep = visual.encode(pixels, grid)
+    return Encoded(embeds, deep, tuple(int(g) for g in grid))

@@ -1,7 +1,8 @@
-"""Qwen3-Omni's image input path (read, resize, normalise, patchify) in numpy.
+"""The image input path of the Qwen3 vision encoders (read, resize, normalise, patchify) in
+numpy, shared by Qwen3-Omni and Qwen3-VL (whose video path, video.py, builds on it).
 
 The embedded board has no torch or torchvision, so what transformers' ``Qwen2VLImageProcessor``
-(the image processor Qwen3-Omni ships; its PIL backend, ``Qwen2VLImageProcessorPil``) does to an
+(the image processor both ship; its PIL backend, ``Qwen2VLImageProcessorPil``) does to an
 image is rebuilt here step for step, in the same dtypes, so the vision encoder sees the numbers
 it was exported against:
 
@@ -10,7 +11,9 @@ it was exported against:
 2. Pillow's BICUBIC resize of the uint8 image. It is reproduced here (``_pil_resize``) with
    Pillow 13's own fixed-point arithmetic (Resample.c: coefficients in 22 fractional bits, two
    one-axis passes, each rounded and clipped to uint8), bit for bit, so Pillow is needed only to
-   decode files, never to preprocess an array.
+   decode files, never to preprocess an array. ``torch_resize`` is the same arithmetic as
+   PyTorch's uint8 path runs it (what the torchvision processors, Qwen3-VL's video processor
+   among them, do to a frame).
 3. rescale by 1/255 in float64, cast to float32; normalise ``(x - mean) / std`` in float32.
 4. patchify in 2x2 merge-block order, the image repeated ``temporal_patch_size`` times in time:
    ``pixel_values [t*h*w, 3*2*16*16]`` and ``grid_thw (1, h, w)`` in patches.
@@ -22,11 +25,19 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["ImageSettings", "image_token_count", "load_image", "preprocess", "smart_resize"]
+__all__ = [
+    "ImageSettings",
+    "patchify",
+    "image_token_count",
+    "load_image",
+    "preprocess",
+    "smart_resize",
+    "torch_resize",
+]
 
 _PIL_BICUBIC = 3  # PIL.Image.Resampling.BICUBIC, the value preprocessor configs store
 _PRECISION_BITS = 22  # Pillow's 8-bit resampling: 32 - 8 - 2
@@ -51,15 +62,18 @@ class ImageSettings:
     do_rescale: bool = True
     do_normalize: bool = True
     resample: int = _PIL_BICUBIC
+    # the section of processor_config.json that holds these settings
+    SECTION: ClassVar[str] = "image_processor"
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ImageSettings:
-        """From preprocessor_config.json (flat) or processor_config.json ("image_processor").
+        """From preprocessor_config.json (flat) or processor_config.json (its ``SECTION``); a
+        subclass's defaults are its own.
 
         As in the processor, ``min_pixels``/``max_pixels`` override ``size``'s shortest_edge and
         longest_edge (both are pixel counts here, not edge lengths).
         """
-        cfg = dict(config.get("image_processor", config))
+        cfg = dict(config.get(cls.SECTION, config))
         size = dict(cfg.get("size") or {})
         min_pixels = cfg.get("min_pixels", size.get("shortest_edge", cls.min_pixels))
         max_pixels = cfg.get("max_pixels", size.get("longest_edge", cls.max_pixels))
@@ -138,9 +152,23 @@ def _bicubic(x: np.ndarray) -> np.ndarray:
     return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
 
 
-def _pil_coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+def _bicubic_torch(x: np.ndarray) -> np.ndarray:
+    """PyTorch's antialiased bicubic kernel (UpSampleKernel.cpp's aa_filter, Keys' a = -0.5),
+    in its operation order."""
+    a = -0.5
+    x = np.abs(x)
+    near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+
+
+def _coefficients(
+    in_size: int, out_size: int, kernel: Any = _bicubic, precision: int | None = _PRECISION_BITS
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Pillow's precompute_coeffs + normalize_coeffs_8bpc: per output pixel, the source
-    indices [out, ksize] and int32 weights in 22 fractional bits (0 past each pixel's taps)."""
+    indices [out, ksize] and int32 fixed-point weights (0 past each pixel's taps), and their
+    fractional bits: ``precision``, or with None PyTorch's rule for its uint8 path (the most
+    bits that keep the largest weight inside int16, _compute_index_ranges_int16_weights)."""
     scale = in_size / out_size
     filterscale = max(scale, 1.0)
     support = 2.0 * filterscale
@@ -149,28 +177,47 @@ def _pil_coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarr
     xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)  # C's (int): toward zero
     xmax = np.minimum((center + support + 0.5).astype(np.int64), in_size) - xmin
     taps = np.arange(ksize)
-    w = _bicubic(((taps[None] + xmin[:, None]) - center[:, None] + 0.5) * (1.0 / filterscale))
+    w = kernel(((taps[None] + xmin[:, None]) - center[:, None] + 0.5) * (1.0 / filterscale))
     w = np.where(taps[None] < xmax[:, None], w, 0.0)
     total = np.zeros(out_size)
     for j in range(ksize):  # Pillow sums the taps in order; keep its rounding
         total += w[:, j]
     w = np.where(total[:, None] != 0.0, w / np.where(total == 0.0, 1.0, total)[:, None], w)
-    fixed = np.where(w < 0, -0.5 + w * (1 << _PRECISION_BITS), 0.5 + w * (1 << _PRECISION_BITS))
+    if precision is None:
+        top = float(w.max(initial=0.0))
+        precision = 0
+        while precision < 22 and int(0.5 + top * (1 << (precision + 1))) < (1 << 15):
+            precision += 1
+    fixed = np.where(w < 0, -0.5 + w * (1 << precision), 0.5 + w * (1 << precision))
     index = np.minimum(xmin[:, None] + taps[None], in_size - 1)
-    return index, np.trunc(fixed).astype(np.int32)
+    return index, np.trunc(fixed).astype(np.int32), precision
 
 
-def _resample_width(image: np.ndarray, out_w: int) -> np.ndarray:
-    """One Pillow pass along axis 1 of uint8 [H, W, C], rounded and clipped to uint8."""
-    index, weights = _pil_coefficients(image.shape[1], out_w)
+def _resample_width(
+    image: np.ndarray, out_w: int, kernel: Any = _bicubic, precision: int | None = _PRECISION_BITS
+) -> np.ndarray:
+    """One fixed-point pass along axis 1 of uint8 [H, W, C], rounded and clipped to uint8."""
+    index, weights, bits = _coefficients(image.shape[1], out_w, kernel, precision)
     out = np.empty((image.shape[0], out_w, image.shape[2]), np.uint8)
     for r0 in range(0, image.shape[0], _ROW_BLOCK):
         rows = image[r0 : r0 + _ROW_BLOCK]
-        acc = np.full((rows.shape[0], out_w, rows.shape[2]), 1 << (_PRECISION_BITS - 1), np.int32)
+        acc = np.full((rows.shape[0], out_w, rows.shape[2]), 1 << (bits - 1), np.int32)
         for j in range(index.shape[1]):
             acc += rows[:, index[:, j]].astype(np.int32) * weights[None, :, j, None]
-        out[r0 : r0 + _ROW_BLOCK] = np.clip(acc >> _PRECISION_BITS, 0, 255)
+        out[r0 : r0 + _ROW_BLOCK] = np.clip(acc >> bits, 0, 255)
     return out
+
+
+def _resample(
+    image: np.ndarray, height: int, width: int, vertical_first: bool, **pass_: Any
+) -> np.ndarray:
+    """Two one-axis passes (each rounded to uint8) to [height, width], in the order given."""
+    for axis in ("h", "w") if vertical_first else ("w", "h"):
+        if axis == "w" and image.shape[1] != width:
+            image = _resample_width(image, width, **pass_)
+        elif axis == "h" and image.shape[0] != height:
+            image = _resample_width(image.transpose(1, 0, 2), height, **pass_).transpose(1, 0, 2)
+    return np.ascontiguousarray(image)
 
 
 def _pil_resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -182,12 +229,15 @@ def _pil_resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
     """
     in_h, in_w = image.shape[:2]
     vertical_first = in_h - height > 0 and in_h - height > (in_w - width) * 2
-    for axis in ("h", "w") if vertical_first else ("w", "h"):
-        if axis == "w" and image.shape[1] != width:
-            image = _resample_width(image, width)
-        elif axis == "h" and image.shape[0] != height:
-            image = _resample_width(image.transpose(1, 0, 2), height).transpose(1, 0, 2)
-    return np.ascontiguousarray(image)
+    return _resample(image, height, width, vertical_first)
+
+
+def torch_resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """torchvision's ``resize(uint8 tensor, BICUBIC, antialias=True)`` of uint8 [H, W, C] on a
+    CPU (PyTorch's uint8 path, a port of Pillow's: its kernel, int16 weights at a per-pass
+    precision, the horizontal pass first, each rounded to uint8): what transformers' torchvision
+    processors (Qwen3-VL's video processor) do to a frame."""
+    return _resample(image, height, width, False, kernel=_bicubic_torch, precision=None)
 
 
 def preprocess(
@@ -217,10 +267,21 @@ def preprocess(
     p, m, t = s.patch_size, s.merge_size, s.temporal_patch_size
     if height % (p * m) or width % (p * m):
         raise ValueError(f"image {height}x{width} is not a multiple of {p * m}; enable do_resize")
-    gh, gw = height // p, width // p
-    patches = x.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
-    patches = np.broadcast_to(patches[:, :, :, :, :, None], (*patches.shape[:5], t, p, p))
-    return np.ascontiguousarray(patches.reshape(gh * gw, c * t * p * p)), (1, gh, gw)
+    # one frame repeated temporal_patch_size times, as the processor tiles it
+    frames = np.broadcast_to(x[None], (t, c, height, width))
+    return patchify(frames, p, m, t), (1, height // p, width // p)
+
+
+def patchify(frames: np.ndarray, patch: int, merge: int, temporal: int) -> np.ndarray:
+    """float32 [T, C, H, W] (T a multiple of ``temporal``, H and W of ``patch * merge``) ->
+    [T/temporal * H/patch * W/patch, C * temporal * patch^2]: temporal groups in order, then
+    merge x merge blocks in raster order, then raster order inside a block; each patch's values
+    channel-major, then time, then its rows (the processors' patchify)."""
+    n, c, height, width = frames.shape
+    gt, gh, gw = n // temporal, height // patch, width // patch
+    x = frames.reshape(gt, temporal, c, gh // merge, merge, patch, gw // merge, merge, patch)
+    x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return np.ascontiguousarray(x.reshape(gt * gh * gw, c * temporal * patch * patch))
 
 
 def image_token_count(grid_thw: Sequence[int], merge_size: int) -> int:

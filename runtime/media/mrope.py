@@ -1,10 +1,13 @@
-"""3-axis MRoPE positions for Qwen3-Omni prompts, computed on the host in numpy.
+"""3-axis MRoPE positions for Qwen3-Omni and Qwen3-VL prompts, computed on the host in numpy.
 
-A port of transformers' ``get_rope_index`` for text, audio and image inputs: text and audio
-tokens advance all three axes together; an image's merged patches take (t, h, w) grid positions
-offset from the text before it, and the text after it resumes at the largest position + 1.
-Without an image, positions are plain 0..S-1 on all three axes (transformers takes the same
-shortcut even when audio is present).
+Ports of transformers' ``get_rope_index``. The rule the two share (``grid_positions``): text and
+audio tokens advance all three axes together; an image's merged patches take (t, h, w) grid
+positions offset from the text before it, and the text after it resumes at the largest
+position + 1. Without visual media, positions are plain 0..S-1 on all three axes (transformers
+takes the same shortcut even when audio is present). ``rope_index`` is Qwen3-Omni's (text, audio
+and images, found by their start tokens); ``vision_rope_index`` Qwen3-VL's (images and videos,
+found as runs of their placeholder tokens, a video's frames each a grid of one temporal step,
+as its processor separates them with timestamps).
 """
 
 from __future__ import annotations
@@ -38,6 +41,59 @@ def audio_output_length(mel_frames: int, n_window: int = 50) -> int:
     leave = mel_frames % chunk
     feat = (leave - 1) // 2 + 1
     return ((feat - 1) // 2 + 1 - 1) // 2 + 1 + (mel_frames // chunk) * 13
+
+
+def grid_positions(grid: Sequence[int], merge: int, start: int, time_scale: int = 1) -> np.ndarray:
+    """[3, t*h*w/merge^2] positions of one image's or video's merged patches: (t * time_scale,
+    row, column), each offset by ``start`` (transformers' get_vision_position_ids)."""
+    t, h, w = (int(v) for v in grid)
+    gh, gw = h // merge, w // merge
+    t_index = np.repeat(np.arange(t, dtype=np.int64) * time_scale, gh * gw)
+    h_index = np.tile(np.repeat(np.arange(gh, dtype=np.int64), gw), t)
+    w_index = np.tile(np.arange(gw, dtype=np.int64), t * gh)
+    return np.stack([t_index, h_index, w_index]) + start
+
+
+def vision_rope_index(
+    input_ids: Sequence[int],
+    image_token_id: int,
+    video_token_id: int,
+    *,
+    image_grids: Sequence[tuple[int, int, int]] = (),
+    video_grids: Sequence[tuple[int, int, int]] = (),
+    merge: int = 2,
+) -> tuple[np.ndarray, int]:
+    """Qwen3-VL's positions [3, S] (int64) for one prompt and its decode delta: each run of
+    image tokens is the next image's grid, each run of video tokens the next frame's (a video's
+    grid split into t grids of one step); everything else is text."""
+    tokens = np.asarray(input_ids, np.int64)
+    if not image_grids and not video_grids:
+        return np.broadcast_to(np.arange(len(tokens), dtype=np.int64), (3, len(tokens))).copy(), 0
+    frames = [(1, h, w) for t, h, w in video_grids for _ in range(t)]
+    grids = {image_token_id: iter(image_grids), video_token_id: iter(frames)}
+    kinds = np.where(np.isin(tokens, (image_token_id, video_token_id)), tokens, -1)
+    bounds = np.flatnonzero(np.diff(kinds)) + 1
+    pieces: list[np.ndarray] = []
+    pos = 0
+    for run in np.split(np.arange(len(tokens)), bounds):
+        kind = int(kinds[run[0]])
+        if kind == -1:
+            pieces.append(np.broadcast_to(np.arange(len(run), dtype=np.int64) + pos, (3, len(run))))
+            pos += len(run)
+            continue
+        grid = next(grids[kind], None)
+        if grid is None:
+            raise ValueError("the prompt has more image or video placeholders than media")
+        span = grid_positions(grid, merge, pos)
+        if span.shape[1] != len(run):
+            raise ValueError(f"placeholder tokens do not match the media: {len(run)} tokens for "
+                             f"a grid of {span.shape[1]}")  # fmt: skip
+        pieces.append(span)
+        pos += max(grid[1], grid[2]) // merge
+    if any(next(g, None) is not None for g in grids.values()):
+        raise ValueError("the prompt has fewer image or video placeholders than media")
+    positions = np.concatenate(pieces, axis=1)
+    return positions, int(positions.max()) + 1 - len(tokens)
 
 
 def rope_index(
@@ -94,11 +150,7 @@ def rope_index(
         else:
             t, h, w = image_grids[image_idx]
             m = ids.spatial_merge_size
-            gh, gw = h // m, w // m
-            t_index = np.repeat(np.arange(t, dtype=np.int64) * ids.position_id_per_seconds, gh * gw)
-            h_index = np.tile(np.repeat(np.arange(gh, dtype=np.int64), gw), t)
-            w_index = np.tile(np.arange(gw, dtype=np.int64), t * gh)
-            pieces.append(np.stack([t_index, h_index, w_index]) + st_idx)
+            pieces.append(grid_positions((t, h, w), m, st_idx, ids.position_id_per_seconds))
             length = t * h * w // (m * m)
             image_idx += 1
         st += text_len + 1 + length + 1

@@ -1,4 +1,5 @@
-"""Qwen3-Omni's vision encoder: image/video patches -> merged embeddings + DeepStack features.
+"""The Qwen3 vision encoder (Qwen3-Omni's, Qwen3-VL's): image/video patches -> merged
+embeddings + DeepStack features.
 
 The engine (export.media.vision_encoder) takes every data-dependent index as an input, so
 they are computed here in numpy from ``grid_thw``, each equal to what transformers'
@@ -25,6 +26,7 @@ import numpy as np
 from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.engine import Engine, open_engine
 from edgeomni.runtime.media.image import ImageSettings
+from edgeomni.runtime.media.video import VideoSettings
 
 __all__ = ["VisualEncoder", "interpolation_taps", "rotary_ids", "segment_layout"]
 
@@ -109,9 +111,12 @@ class VisualEncoder:
         self.patch_dim = int(cfg["patch_dim"])
         self.out_hidden = int(cfg["out_hidden_size"])
         self.deepstack_layers = len(cfg["deepstack_visual_indexes"])
-        # the checkpoint's image processor settings, when the build copied them (for image.py)
+        # the checkpoint's image and video processor settings, when the build copied them (for
+        # image.py and video.py)
         processor = cfg.get("image_processor")
         self.image_settings = ImageSettings.from_config(processor) if processor else None
+        video = cfg.get("video_processor")
+        self.video_settings = VideoSettings.from_config(video) if video else None
 
     def inputs(self, pixel_values: np.ndarray, grid_thw: Any) -> dict[str, np.ndarray]:
         """The engine's feeds: the patches plus every index computed from ``grid_thw``."""

@@ -1,6 +1,6 @@
 """llm.backbone: messages in, text out, through one decoder engine with an in-place KV cache.
 
-Generic: a request's audio and image parts go through the media hook the model's family
+Generic: a request's audio, image and video parts go through the media hook the model's family
 declares for its config's model_type (runtime/prompt.py); without one, the model reads text."""
 
 from __future__ import annotations
@@ -92,8 +92,9 @@ class LLMBackbone(StageRunner):
         self.hidden_layer = cfg.get("hidden_output_layer")
         # the family's media preparation for this model type, or text only (runtime/prompt.py)
         self.media = media_hook(cfg)(
-            folder, cfg, threads=engines.threads, locations=stage.config.get("encoders")
-        )
+            folder, cfg, threads=engines.threads, locations=stage.config.get("encoders"),
+            tokenizer=self.tokenizer,
+        )  # fmt: skip
         self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)
         self.stage_id: str = stage.id
         self._hidden_port = f"{stage.id}:accept_hidden"
@@ -169,7 +170,7 @@ class LLMBackbone(StageRunner):
         """The request's prompt ids and media parts (rendered by its chat template)."""
         parts = media_parts(state.request.messages)
         if parts and not state.request.apply_chat_template:
-            raise RequestError("audio and image parts need apply_chat_template")
+            raise RequestError("audio, image and video parts need apply_chat_template")
         self.media.require(parts)
         try:
             text, system = self.prompt_text(state.request)

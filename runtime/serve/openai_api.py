@@ -197,9 +197,9 @@ def _media_message(msg: Any, i: int, media: Media | None) -> Any:
         elif kind == "input_audio":
             path = media.audio(part.get("input_audio"), where + ".input_audio")
             out.append({"type": "audio", "audio": path})
-        elif kind in ("image", "audio"):  # the request file's own kinds take paths: not here
-            raise ApiError(400, f"a {kind} part is image_url or input_audio here",
-                           where + ".type")  # fmt: skip
+        elif kind in ("image", "audio", "video"):  # the request file's kinds take paths: not here
+            raise ApiError(400, f"a {kind} part takes a path, which is not served here (inline "
+                           f"media: image_url, input_audio)", where + ".type")  # fmt: skip
         else:
             out.append(part)
     return {**msg, "content": out}

@@ -76,22 +76,13 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
     artifacts.write_engine_config(
         out_dir,
         {
-            "component": component.name,
-            "model_type": ckpt.model_type,
-            "engine": component.engine,
-            "backend": args.backend,
-            "device": args.device,
-            "dtype": args.dtype,
+            **artifacts.engine_fields(ckpt, component, args),
             **artifacts.decoder_fields(dec),
             "eos_token_id": artifacts.eos_token_ids(ckpt, cfg),
             "pad_token_id": cfg.get("pad_token_id"),
             "generation_defaults": artifacts.generation_defaults(ckpt),
             # the shapes each phase binds; a TensorRT build turns these into optimisation profiles
-            "profiles": {
-                "prefill": {"batch": [1, args.max_batch_size], "seq": [1, args.max_input_len]},
-                "decode": {"batch": [1, args.max_batch_size], "seq": [1, 1]},
-                "kv_capacity": args.max_kv_cache_capacity,
-            },
+            "profiles": artifacts.decoder_profiles(args),
             "builder_config": artifacts.build_limits(args),
         },
     )

@@ -125,8 +125,7 @@ def export_component(
 def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:
     from safetensors.torch import save_file
 
-    base = {"component": component.name, "model_type": ckpt.model_type, "engine": component.engine,
-            "backend": args.backend, "device": args.device, "dtype": args.dtype}  # fmt: skip
+    base = artifacts.engine_fields(ckpt, component, args)
     if component is LLM:
         artifacts.write_embedding(ckpt.tensor(thinker.EMBEDDING), out_dir)
         artifacts.write_tokenizer(ckpt, out_dir)
@@ -172,19 +171,7 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
 def image_processor_settings(ckpt: Checkpoint) -> dict[str, Any]:
     """The checkpoint's image processor settings (preprocessor_config.json, or the
     "image_processor" section of processor_config.json), which the visual engine folder keeps."""
-    import json
-
-    for name, key in (
-        ("preprocessor_config.json", None),
-        ("processor_config.json", "image_processor"),
-    ):
-        path = ckpt.path / name
-        if path.is_file():
-            data = json.loads(path.read_text())
-            data = data.get(key, {}) if key else data
-            if data:
-                return data
-    raise CheckpointError(f"{ckpt.path}: no image processor settings (preprocessor_config.json)")
+    return visual.processor_settings(ckpt.path, "image", required=True)
 
 
 CALIBRATION_FRAMES = 48  # frames each int4_awq calibration request speaks

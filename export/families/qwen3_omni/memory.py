@@ -37,7 +37,7 @@ def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> Comp
         if component is AUDIO:
             return float_memory(audio.hf.Qwen3OmniMoeAudioEncoder(audio.audio_config(config)))
         if component is VISUAL:
-            return float_memory(visual.hf.Qwen3OmniMoeVisionEncoder(visual.vision_config(config)))
+            return float_memory(visual.OMNI.module(visual.vision_config(config)))
         if component is CODE2WAV:
             return float_memory(code2wav.hf.Qwen3OmniMoeCode2Wav(code2wav.code2wav_config(config)))
         dtype = DTYPES.get(args.dtype, torch.float32)

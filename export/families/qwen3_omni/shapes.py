@@ -40,14 +40,7 @@ def dim_ranges(ckpt: Checkpoint, component: Component, args: BuildArgs) -> DimRa
             },
         }
     if name == "visual":  # the images of one prompt: merge^2 patches per merged token
-        unit = visual.vision_config(ckpt.config).spatial_merge_size ** 2
-        return {
-            "images": {
-                f"{unit}*merged_tokens": upto(unit * prompt, lo=unit),
-                "segments": upto(VISUAL_SEGMENTS, opt=1),
-                "segment_len": upto(unit * prompt),
-            },
-        }
+        return visual.visual_ranges(ckpt.config, prompt, VISUAL_SEGMENTS)
     if name == "code2wav":  # streamed windows (with their left context), or whole utterances
         window = code2wav.WINDOW_FRAMES + code2wav.LEFT_CONTEXT_FRAMES
         return vocoder_ranges(batch, window, code2wav.MAX_FRAMES)

@@ -87,10 +87,6 @@ def engine_config(ckpt: Checkpoint, engine: str, args: BuildArgs) -> dict[str, A
                 "position_id_per_seconds",
             )
         },
-        "profiles": {
-            "prefill": {"batch": [1, args.max_batch_size], "seq": [1, args.max_input_len]},
-            "decode": {"batch": [1, args.max_batch_size], "seq": [1, 1]},
-            "kv_capacity": args.max_kv_cache_capacity,
-        },
+        "profiles": artifacts.decoder_profiles(args),
         "builder_config": artifacts.build_limits(args),
     }

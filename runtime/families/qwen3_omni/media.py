@@ -29,8 +29,10 @@ class MediaEncoders(MediaHook):
         *,
         threads: int | None,
         locations: Mapping[str, str] | None = None,
+        tokenizer: Any = None,
     ) -> None:
-        super().__init__(folder, config, threads=threads, locations=locations)
+        super().__init__(folder, config, threads=threads, locations=locations,
+                         tokenizer=tokenizer)  # fmt: skip
         self.ids: MropeIds | None = None  # no media_tokens: a build that reads text only
         if self.tokens:
             per_second = self.tokens.get("position_id_per_seconds") or 25

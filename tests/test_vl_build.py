@@ -1,0 +1,59 @@
+"""The tiny Qwen3-VL's builds beside the float one: edge-build --estimate from config.json
+alone matches what the build holds, and an int4 (int4_rtn) build answers image, video and text
+requests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_estimate import assert_close, compare  # noqa: E402
+
+from edgeomni.export.family import BuildArgs  # noqa: E402
+
+ARGS = {"max_batch_size": 3, "max_input_len": 256, "max_kv_cache_capacity": 384}
+
+
+def test_estimate_matches_the_build(vl_engine: Path, vl_ckpt: Path, tmp_path: Path) -> None:
+    rows = compare(vl_ckpt, vl_engine, BuildArgs(**ARGS), tmp_path)
+    assert set(rows) == {"llm", "visual"}
+    assert_close(rows, list(rows))
+
+
+def test_int4_build_answers_media_requests(vl_ckpt: Path, exports, tmp_path: Path) -> None:
+    """int4_rtn stores the llm's linear weights as int4 (the visual encoder stays float) and
+    the build answers an image, a video and text in one batch."""
+    import json
+
+    from PIL import Image
+
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    pytest.importorskip("PIL")
+    eng = tmp_path / "int4"
+    assert exports.build(vl_ckpt, eng, BuildArgs(**ARGS, quantization="int4_rtn"))
+    cfg = json.loads((eng / "config.json").read_text())
+    assert cfg["quantization"]["method"] == "int4_rtn"
+    assert json.loads((eng / "visual" / "config.json").read_text())["quantization"] is None
+    rng = np.random.default_rng(8)
+    Image.fromarray((rng.random((64, 64, 3)) * 255).astype(np.uint8)).save(tmp_path / "i.png")
+    frames = []
+    for i in range(3):
+        Image.fromarray((rng.random((32, 64, 3)) * 255).astype(np.uint8)).save(
+            tmp_path / f"{i}.png"
+        )
+        frames.append(str(tmp_path / f"{i}.png"))
+    parts = [[{"type": "image", "image": str(tmp_path / "i.png")}],
+             [{"type": "video", "video": frames}], []]  # fmt: skip
+    body = {"top_k": 1, "max_generate_length": 6, "requests": [
+        {"messages": [{"role": "user", "content": [*p, {"type": "text", "text": "Hi"}]}]}
+        for p in parts]}  # fmt: skip
+    requests, _ = parse_request_file(body)
+    for outcome in Pipeline(eng).run(requests, batch_size=3):
+        assert outcome.entry["ok"], outcome.entry["error"]
+        assert len(outcome.entry["stages"]["llm"]["output_tokens"]) == 6
