@@ -68,7 +68,7 @@ def toy_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_walk_finds_the_built_in_families_and_the_toy() -> None:
     names = {name for name, _, _ in FAMILIES}
-    assert {"qwen3", "qwen3_omni", "qwen3_tts", "edgeomni_toy"} <= names
+    assert {"qwen3", "qwen3_omni", "qwen3_tts", "qwen3_asr", "edgeomni_toy"} <= names
 
 
 # the session's engines (tests/conftest.py) built from the same tiny checkpoints, by
@@ -76,7 +76,8 @@ def test_the_walk_finds_the_built_in_families_and_the_toy() -> None:
 # here, or every family with EDGEOMNI_FULL_WALK=1, is built through edge-build here (the toy's
 # engine is: through python -m edgeomni.export.tiny and edge-build).
 SESSION_ENGINES = {"qwen3": "qwen3_engine", "qwen3_omni_moe": "omni_engine",
-                   "qwen3_tts": "tts_engine", "edgeomni_toy": "toy_engine"}  # fmt: skip
+                   "qwen3_tts": "tts_engine", "qwen3_asr": "asr_engine",
+                   "edgeomni_toy": "toy_engine"}  # fmt: skip
 
 
 @pytest.mark.slow
