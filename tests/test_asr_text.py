@@ -200,3 +200,21 @@ def test_audio_features_are_the_feature_extractors(n: int) -> None:
     assert out["input_features"].shape[-1] == -(-frames // 100) * 100
     assert np.abs(out["input_features"][0, :, :frames] - feats).max() < 1e-4
     assert not out["input_features"][0, :, frames:].any()
+
+
+@pytest.mark.parametrize(
+    ("reply", "streamed"),
+    [("language English<asr_text> Hello there, world.", True), ("Hello there, world.", True),
+     ("language None<asr_text>", True), ("lang", False), ("language German", False)],
+)  # fmt: skip
+def test_partial_transcripts_only_grow_into_the_parse(reply: str, streamed: bool) -> None:
+    """edge-serve streams what ``partial`` gives as the reply grows: each is the last one
+    extended and none is header text; the last is the parse's transcript, or (a reply that
+    never left what may be a header) nothing came and the end sends it whole."""
+    sent = ""
+    for n in range(len(reply) + 1):
+        so_far = Transcription.partial(reply[:n])
+        if so_far is not None:
+            assert so_far.rstrip().startswith(sent) and "language" not in so_far
+            sent = so_far.rstrip()
+    assert sent == (Transcription.parse(reply)[1] if streamed else "")

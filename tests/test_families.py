@@ -176,3 +176,18 @@ def test_every_declared_tiny_maker_imports() -> None:
 
     makers = [f.tiny_maker() for f in families() if f.tiny]
     assert len(makers) >= 3 and all(callable(m) for m in makers)
+
+
+def test_the_tensorrt_build_bench_makes_every_built_in_family() -> None:
+    """bench/tensorrt_builds_gpu.py --size tiny builds each built-in family's tiny checkpoint
+    (the ones under export/families/ that declare a maker)."""
+    import importlib.util
+
+    from edgeomni.export.registry import families
+
+    path = ROOT / "bench" / "tensorrt_builds_gpu.py"
+    spec = importlib.util.spec_from_file_location("tensorrt_builds_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    built_in = {f.name for f in families() if f.tiny and f.module.startswith("edgeomni.export")}
+    assert built_in <= set(bench.tiny_checkpoints(Path("/nonexistent")))

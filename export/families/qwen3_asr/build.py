@@ -167,29 +167,9 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
     cfg = ckpt.config
     artifacts.write_embedding(ckpt.tensor(EMBEDDING), out_dir)
     artifacts.write_tokenizer(ckpt, out_dir)
-    artifacts.write_engine_config(
-        out_dir,
-        {
-            "component": component.name,
-            "model_type": ckpt.model_type,
-            "engine": component.engine,
-            "backend": args.backend,
-            "device": args.device,
-            "dtype": args.dtype,
-            **artifacts.decoder_fields(text_config(cfg)),
-            "eos_token_id": artifacts.eos_token_ids(ckpt, cfg),
-            "pad_token_id": cfg.get("pad_token_id"),
-            "generation_defaults": artifacts.generation_defaults(ckpt),
-            # the runtime's media hook for this model type opens on these
-            "media_tokens": media_tokens(ckpt),
-            "profiles": {
-                "prefill": {"batch": [1, args.max_batch_size], "seq": [1, args.max_input_len]},
-                "decode": {"batch": [1, args.max_batch_size], "seq": [1, 1]},
-                "kv_capacity": args.max_kv_cache_capacity,
-            },
-            "builder_config": artifacts.build_limits(args),
-        },
-    )
+    config = artifacts.text_engine_config(ckpt, component, args, text_config(cfg), cfg)
+    # the runtime's media hook for this model type opens on these
+    artifacts.write_engine_config(out_dir, {**config, "media_tokens": media_tokens(ckpt)})
 
 
 def media_tokens(ckpt: Checkpoint) -> dict[str, int]:

@@ -24,6 +24,7 @@ LANGUAGE_CODE_TO_NAME = {
     "es": "Spanish", "sv": "Swedish", "th": "Thai", "tr": "Turkish", "vi": "Vietnamese",
 }  # fmt: skip
 MARKER = "<asr_text>"
+HEADER = "language "  # the reply's first line, before the marker
 # the parser's repetition fix: a character or a pattern of up to 20 characters repeated more
 # than 20 times in a row is kept once (the reference implementation's post-processing)
 REPEATS, PATTERN_CHARS = 20, 20
@@ -113,6 +114,21 @@ class Transcription:
                 language = line
             break  # the first non-empty line only
         return language or None, transcript.strip()
+
+    @staticmethod
+    def partial(text: str) -> str | None:
+        """The transcript so far of a reply still being written (edge-serve's streamed
+        deltas): the text after ``<asr_text>``; None while the text may still be the
+        ``language <Name>`` header; a reply that cannot be one (a forced language's: the
+        transcript from its first character) as it is. Unlike ``parse`` it does not collapse
+        repetitions, which could take back text already sent."""
+        head, marker, rest = text.partition(MARKER)
+        if marker:
+            return rest.lstrip()
+        start = head.lstrip()
+        if start.lower().startswith(HEADER) or HEADER.startswith(start.lower()):
+            return None
+        return start
 
 
 def collapse_runs(text: str, limit: int = REPEATS) -> str:
