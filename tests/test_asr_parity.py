@@ -286,3 +286,38 @@ def test_int4_build_transcribes(
     assert json.loads((eng / "audio" / "config.json").read_text()).get("quantization") is None
     code, (entry,) = run(eng, tmp_path / "run", [{"messages": [audio_message(clips["past"])]}])
     assert code == cli.EXIT_OK and len(tokens(entry)) > 0
+
+
+def test_served_transcriptions_equal_edge_infers(
+    asr_engine: Path, clips: dict, tmp_path: Path
+) -> None:
+    """edge-serve's /v1/audio/transcriptions on the ASR graph, through OpenAI's client: the
+    transcript (plain, forced to English, streamed) is edge-infer's ``transcript`` for the same
+    clip, language and prompt, and a forced language is verbose_json's."""
+    pytest.importorskip("openai")
+    pytest.importorskip("python_multipart")
+    from test_serve import MODEL, client, start
+
+    from edgeomni.runtime.families.qwen3_asr.transcription import Transcription
+
+    audio = clips["past"].read_bytes()
+    wanted = {}
+    for language in (None, "en"):
+        form = {"messages": Transcription.messages(str(clips["past"]), language, CONTEXT)}
+        _, (entry,) = run(asr_engine, tmp_path / str(language), [form],
+                          continue_final_message=True, max_generate_length=48)  # fmt: skip
+        wanted[language] = entry
+    served = start(asr_engine, batch_size=2, max_queue=4)
+    try:
+        c = client(served)
+        got = c.audio.transcriptions.create(model=MODEL, file=("a.wav", audio), prompt=CONTEXT,
+                                            temperature=0)  # fmt: skip
+        assert got.text == wanted[None]["transcript"]
+        forced = c.audio.transcriptions.create(model=MODEL, file=("a.wav", audio), language="en",
+                                               prompt=CONTEXT, response_format="verbose_json")  # fmt: skip
+        assert forced.text == wanted["en"]["transcript"] and wanted["en"]["language"] == "English"
+        events = list(c.audio.transcriptions.create(model=MODEL, file=("a.wav", audio),
+                                                    prompt=CONTEXT, stream=True))  # fmt: skip
+        assert "".join(e.delta for e in events[:-1]) == events[-1].text == got.text
+    finally:
+        served.stop()

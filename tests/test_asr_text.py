@@ -202,19 +202,52 @@ def test_audio_features_are_the_feature_extractors(n: int) -> None:
     assert not out["input_features"][0, :, frames:].any()
 
 
+LONG = "Hello there, world. This transcript is long enough to be streamed."
+
+
 @pytest.mark.parametrize(
-    ("reply", "streamed"),
-    [("language English<asr_text> Hello there, world.", True), ("Hello there, world.", True),
-     ("language None<asr_text>", True), ("lang", False), ("language German", False)],
+    ("reply", "lag"),
+    [(f"language English<asr_text> {LONG}", 40), (LONG, 40),
+     (f"language English<asr_text>{'stem' * 30} and then the end of the reply.", 40),
+     ("language None<asr_text>", 0), ("lang", None), ("language German", None)],
 )  # fmt: skip
-def test_partial_transcripts_only_grow_into_the_parse(reply: str, streamed: bool) -> None:
+def test_partial_transcripts_only_grow_into_the_parse(reply: str, lag: int | None) -> None:
     """edge-serve streams what ``partial`` gives as the reply grows: each is the last one
-    extended and none is header text; the last is the parse's transcript, or (a reply that
-    never left what may be a header) nothing came and the end sends it whole."""
+    extended, none is header text, and all are the start of the final parse's transcript,
+    repetitions folded as the parse folds them (the last ``lag`` characters wait, since they
+    may still start a repetition); a reply that never left what may be a header streams
+    nothing (the end sends it whole). The property over random replies: test_settled_*."""
     sent = ""
     for n in range(len(reply) + 1):
         so_far = Transcription.partial(reply[:n])
         if so_far is not None:
             assert so_far.rstrip().startswith(sent) and "language" not in so_far
             sent = so_far.rstrip()
-    assert sent == (Transcription.parse(reply)[1] if streamed else "")
+    final = Transcription.parse(reply)[1]
+    assert final.startswith(sent)
+    if lag is None:
+        assert sent == ""
+    else:
+        assert len(final) - len(sent) <= lag
+    if "stem" in reply:
+        assert sent.count("stem") == 1  # folded, never sent unfolded
+
+
+def test_settled_replies_are_the_start_of_every_parse() -> None:
+    """Over random replies full of repetitions: each prefix's partial transcript only grows
+    and is the start of the whole reply's parse."""
+    rng = random.Random(1)
+    pieces = ["a", "b", "ab", "abc ", "hi ", "x", " ", "stem", "word, ", ".", "z"]
+    for _ in range(200):
+        body = ""
+        while len(body) < rng.randint(0, 240):
+            unit = rng.choice(pieces)
+            body += unit * rng.randint(1, 45) if rng.random() < 0.3 else unit
+        reply = rng.choice(["language English<asr_text>", "", "language None<asr_text>"]) + body
+        final, sent = Transcription.parse(reply)[1], ""
+        for n in range(len(reply) + 1):
+            so_far = Transcription.partial(reply[:n])
+            if so_far is not None:
+                assert so_far.rstrip().startswith(sent), (reply, n)
+                sent = so_far.rstrip()
+        assert final.startswith(sent), reply

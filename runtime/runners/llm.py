@@ -122,8 +122,9 @@ class LLMBackbone(StageRunner):
         continued (``continue_final_message``, or a transcription form's control that starts
         the reply, such as a forced language)."""
         messages, continued = list(request.messages), request.continue_final_message
-        if self.transcription is not None:
-            forced = self.transcription.request_messages(messages, request.speech)
+        controls = getattr(self.transcription, "request_messages", None)
+        if controls is not None:
+            forced = controls(messages, request.speech)
             if forced is not None:
                 messages, continued = forced, True
         return messages, continued
@@ -365,8 +366,11 @@ class LLMBackbone(StageRunner):
         state, sid = slot.state, self.stage_id
         text = self.finish_text(state.request, slot.generated, slot.finish)
         state.outputs[f"{sid}:text"] = text
-        if self.transcription is not None:  # the whole reply: a forced start and the text
-            language, transcript = self.transcription.parse(slot.data.prompt.reply_start + text)
+        if self.transcription is not None:  # the reply parsed (as transformers' processor
+            language, transcript = self.transcription.parse(text)  # parses the new tokens)
+            start = slot.data.prompt.reply_start
+            if language is None and start:  # a forced language: the reply's given start names it
+                language = self.transcription.parse(start)[0]
             state.entry.update(language=language, transcript=transcript)
         if state.request.num_logprobs:
             state.entry["logprobs"] = [self.logprob_step(*pair) for pair in slot.logprobs]
@@ -424,7 +428,10 @@ def transcription_form(config: Mapping[str, Any]) -> Any:
     from edgeomni.runtime.families import TRANSCRIPTION
 
     factory = TRANSCRIPTION.get(str(config.get("model_type")))
-    return None if factory is None else load_factory(factory)
+    if factory is None:
+        return None
+    form = load_factory(factory)
+    return form() if isinstance(form, type) else form
 
 
 def request_bias(request: Any) -> tuple[np.ndarray, np.ndarray] | None:

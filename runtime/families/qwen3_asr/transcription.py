@@ -118,17 +118,19 @@ class Transcription:
     @staticmethod
     def partial(text: str) -> str | None:
         """The transcript so far of a reply still being written (edge-serve's streamed
-        deltas): the text after ``<asr_text>``; None while the text may still be the
-        ``language <Name>`` header; a reply that cannot be one (a forced language's: the
-        transcript from its first character) as it is. Unlike ``parse`` it does not collapse
-        repetitions, which could take back text already sent."""
-        head, marker, rest = text.partition(MARKER)
+        deltas): what ``parse`` will give of it whatever comes next, as far as that is
+        settled (the repetition fix may still fold the text's end into one pattern: that part
+        waits); None while the text may still be the ``language <Name>`` header. A reply that
+        cannot be one (a forced language's) is the transcript from its first character."""
+        raw = text.strip()  # as parse strips it (the end's whitespace may yet be followed)
+        if "assistant\n" in raw:
+            raw = raw.split("assistant\n", 1)[-1]
+        head, marker, rest = settled(raw).partition(MARKER)
         if marker:
             return rest.lstrip()
-        start = head.lstrip()
-        if start.lower().startswith(HEADER) or HEADER.startswith(start.lower()):
-            return None
-        return start
+        if MARKER in raw or raw.lower().startswith(HEADER) or HEADER.startswith(raw.lower()):
+            return None  # the header, or its marker not settled yet
+        return head
 
 
 def collapse_runs(text: str, limit: int = REPEATS) -> str:
@@ -155,10 +157,57 @@ def collapse_patterns(text: str, limit: int = REPEATS, longest: int = PATTERN_CH
         for k in range(1, longest + 1):
             if i + k * limit > n:
                 break
-            unit = text[i : i + k]
-            if all(text[i + r * k : i + (r + 1) * k] == unit for r in range(1, limit)):
-                end = i + limit * k
+            if _repeats(text, i, k, limit):
+                unit, end = text[i : i + k], i + limit * k
                 while end + k <= n and text[end : end + k] == unit:
                     end += k
                 return text[:i] + unit + collapse_patterns(text[end:], limit, longest)
     return text
+
+
+def settled(text: str, limit: int = REPEATS, longest: int = PATTERN_CHARS) -> str:
+    """The longest start of ``collapse_patterns(collapse_runs(text))`` that no continuation of
+    ``text`` changes: for a model's reply so far, what its parse will keep."""
+    runs = collapse_runs(text, limit)
+    tail = len(text) - len(text.rstrip(text[-1])) if text else 0
+    # a last run of at most `limit` characters may still grow past it (and fold to one)
+    known = runs[: len(runs) - tail] if tail <= limit else runs
+    return _settled_patterns(known, limit, longest)
+
+
+def _settled_patterns(text: str, limit: int, longest: int) -> str:
+    """``collapse_patterns`` of every continuation of ``text``, as far as they all agree. A
+    start where a pattern may still repeat ``limit`` times is open: the text from it repeats
+    some pattern so far, or repeats one ``limit`` times where collapse_patterns would not look
+    yet (fewer than ``2 * limit`` characters follow it, though more may come); the output
+    stops at the first open start. Its last ``longest`` characters are never settled."""
+    n = len(text)
+    for i in range(n):
+        for k in range(1, longest + 1):
+            if i + k * limit > n:  # not decided yet: open while the text so far repeats it
+                if _periodic(text, i, k):
+                    return text[:i]
+                continue
+            if _repeats(text, i, k, limit):
+                if i > n - 2 * limit:  # collapse_patterns looks here only once more follows
+                    return text[:i]
+                unit, end = text[i : i + k], i + limit * k
+                while end + k <= n and text[end : end + k] == unit:
+                    end += k
+                if unit.startswith(text[end:]):  # the repetition may go on
+                    return text[:i] + unit
+                return text[:i] + unit + _settled_patterns(text[end:], limit, longest)
+    return text
+
+
+def _periodic(text: str, i: int, k: int) -> bool:
+    """``text[i:]`` repeats its first ``k`` characters (or is shorter than them)."""
+    return text.startswith(text[i : len(text) - k], i + k) if len(text) - i > k else True
+
+
+def _repeats(text: str, i: int, k: int, limit: int) -> bool:
+    """``text[i:i+k]`` repeated ``limit`` times from ``i`` (all of it within ``text``)."""
+    if text[i + k] != text[i]:  # the usual answer, without slicing
+        return False
+    unit = text[i : i + k]
+    return all(text.startswith(unit, i + r * k) for r in range(1, limit))
