@@ -251,3 +251,27 @@ def test_settled_replies_are_the_start_of_every_parse() -> None:
                 assert so_far.rstrip().startswith(sent), (reply, n)
                 sent = so_far.rstrip()
         assert final.startswith(sent), reply
+
+
+def test_build_refuses_feature_settings_it_does_not_compute(
+    asr_ckpt: Path, tmp_path: Path, capsys
+) -> None:
+    """edge-build checks the feature extractor's settings before any export: one its log-mel
+    does not compute, or none at all, is exit 2 naming the file."""
+    import json
+    import shutil
+
+    from edgeomni.builder import cli as build_cli
+
+    ckpt = shutil.copytree(asr_ckpt, tmp_path / "ckpt")
+    config = ckpt / "processor_config.json"
+    data = json.loads(config.read_text())
+    data["feature_extractor"]["hop_length"] = 320
+    config.write_text(json.dumps(data))
+    argv = ["--model-dir", str(ckpt), "--engine-dir", str(tmp_path / "eng")]
+    assert build_cli.main(argv) == build_cli.EXIT_BAD_INPUT
+    assert f"{config}: hop_length is 320; edgeomni's log-mel takes 160" in capsys.readouterr().err
+    config.unlink()
+    assert build_cli.main(argv) == build_cli.EXIT_BAD_INPUT
+    assert "no feature extractor settings" in capsys.readouterr().err
+    assert not (tmp_path / "eng").exists()
