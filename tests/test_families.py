@@ -76,7 +76,7 @@ def test_the_walk_finds_the_built_in_families_and_the_toy() -> None:
 # here, or every family with EDGEOMNI_FULL_WALK=1, is built through edge-build here (the toy's
 # engine is: through python -m edgeomni.export.tiny and edge-build).
 SESSION_ENGINES = {"qwen3": "qwen3_engine", "qwen3_omni_moe": "omni_engine",
-                   "qwen3_tts": "tts_engine", "qwen3_asr": "asr_engine",
+                   "qwen3_tts": "tts_engine", "qwen3_asr": "asr_engine", "qwen3_vl": "vl_engine",
                    "edgeomni_toy": "toy_engine"}  # fmt: skip
 
 
