@@ -117,29 +117,33 @@ def make_omni_tokenizer(
     specials: tuple[str, ...] = SPECIALS,
     mm_tokens: dict[str, str] | None = None,
     chat_template: str = CHAT_TEMPLATE,
+    plain: tuple[str, ...] = (),
 ) -> Any:
     """Byte-level BPE of exactly ``vocab_size`` ids: BPE first, the specials appended last
     (Qwen3-Omni's 13 by default; ``mm_tokens``: the attributes the processor reads, default
-    Qwen3-Omni's; a family's tiny maker passes its own specials, attributes and template).
+    Qwen3-Omni's; a family's tiny maker passes its own specials, attributes and template), then
+    ``plain`` added tokens that decode as text (Qwen3-ASR's ``<asr_text>``).
 
     The role words are trained in as whole tokens (as in Qwen's vocabulary) so that
     ``<|im_start|>user`` gives one id for ``user``; the config's user/assistant/system ids rely on it.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    bpe = vocab_size - len(specials) - len(plain)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(specials),
+        vocab_size=bpe,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(list(ROLE_WORDS) * 64 + CORPUS * 4, trainer=trainer)
-    if tok.get_vocab_size() != vocab_size - len(specials):
+    if tok.get_vocab_size() != bpe:
         raise RuntimeError(f"BPE reached {tok.get_vocab_size()} ids, wanted {vocab_size}")
     tok.add_special_tokens(list(specials))
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

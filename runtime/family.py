@@ -69,9 +69,16 @@ class RuntimeFamily:
     edge-serve's warm-up runs the lengths traffic runs). ``transcription``: engine config
     model_type -> "module:attribute" of its speech-to-text form (an ASR model's): an object
     with ``messages(audio, language, prompt)`` (the request's chat messages for one audio file,
-    an optional forced language name and an optional context prompt; a ValueError for a
-    language it does not know) and ``parse(output_text)`` ((language or None, transcript) from
-    the model's decoded text); edge-serve's /v1/audio/transcriptions and edge-infer read it.
+    an optional forced language name and an optional context prompt, ending with the
+    assistant turn the reply continues: the request renders them with
+    ``continue_final_message``; a ValueError for a language it does not know),
+    ``parse(output_text)`` ((language or None, transcript) from the model's decoded text: the
+    text model's runner puts them in each predictions entry), and optionally
+    ``request_messages(messages, controls)`` (a request's messages with the family's request
+    controls applied, such as a forced language as the start of the reply, which is then
+    continued; None when none is given) and ``partial(text)`` (the transcript so far of a reply
+    being written, for streamed deltas); a class is instantiated once, without arguments;
+    edge-serve's /v1/audio/transcriptions and edge-infer read it.
     ``label``: the family's name in messages ("a <label> control")."""
 
     name: str

@@ -44,6 +44,7 @@ class Prompt:
     image_grids: list[tuple[int, int, int]] = field(default_factory=list)
     audio_frames: list[int] = field(default_factory=list)
     video_grids: list[tuple[int, int, int]] = field(default_factory=list)
+    reply_start: str = ""  # a continued assistant message's text: the reply's start, given
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -106,6 +106,8 @@ FILE_KEYS: Mapping[str, str] = MappingProxyType({
     "min_generate_length": "end of sequence is held back until this many tokens",
     "apply_chat_template": "render messages through the chat template (default true)",
     "add_generation_prompt": "end the prompt with the assistant turn's opening (default true)",
+    "continue_final_message": "end the prompt inside the last message, which the reply "
+                              "continues (default false; no generation prompt is added)",
     "enable_thinking": "passed to the chat template (default false)",
     "temperature": "the text model's sampling temperature (default 1.0; 0 is greedy)",
     "top_k": "the text model's top-k (default 50; 0 off, 1 greedy)",
@@ -152,6 +154,7 @@ _FLAG_DEFAULTS = {
     "apply_chat_template": True,
     "add_generation_prompt": True,
     "enable_thinking": False,
+    "continue_final_message": False,
 }
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -177,6 +180,9 @@ class Request:
     # (token id, bias) pairs added to the text model's logits, sorted by id
     logit_bias: tuple[tuple[int, float], ...] = ()
     num_logprobs: int = 0  # the top N log-probabilities of each generated token; 0: none
+    # the prompt ends inside the last message, which the reply continues (transformers'
+    # continue_final_message): no generation prompt
+    continue_final_message: bool = False
     # the families' request controls given (SPEECH_KEYS), each checked as its family declares:
     # read by the stage whose input is request:<key>
     speech: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
@@ -195,6 +201,7 @@ class Request:
             self.apply_chat_template,
             self.add_generation_prompt,
             self.enable_thinking,
+            self.continue_final_message,
         )
 
 
@@ -595,7 +602,8 @@ def _keys(obj: Any) -> frozenset[str]:
 # keys only a text model reads (a graph without one, Qwen3-TTS's, speaks the request's text)
 TEXT_MODEL_KEYS = ("temperature", "top_k", "top_p", "max_generate_length",
                    "min_generate_length", "stop", "logit_bias", "num_logprobs",
-                   "apply_chat_template", "add_generation_prompt", "enable_thinking")  # fmt: skip
+                   "apply_chat_template", "add_generation_prompt", "enable_thinking",
+                   "continue_final_message")  # fmt: skip
 # keys only the speech stages read
 SPEECH_STAGE_KEYS = ("voice", "speaker", *ALIASES)
 
@@ -666,6 +674,11 @@ def parse_request_file(
             settings["batch_size"] = _check_int("batch_size", obj["batch_size"])
         lengths = _overrides(obj, _DEFAULTS, "max_generate_length", "min_generate_length")
         flags = {k: _check_bool(k, obj[k]) if k in obj else v for k, v in _FLAG_DEFAULTS.items()}
+        if flags["continue_final_message"] and obj.get("add_generation_prompt") is True:
+            raise ValueError(
+                "continue_final_message and add_generation_prompt cannot both be true: the "
+                "reply either continues the last message or starts a new assistant turn"
+            )
         voice = _pick_voice(obj)
         texts = _overrides(obj, _DEFAULTS, "stop", "logit_bias", "num_logprobs")
         speech = _speech(obj, {})

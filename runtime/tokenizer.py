@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from edgeomni.export.common.text_files import generation_block
 from edgeomni.runtime.artifacts import ArtifactError, read_json
 
 
@@ -73,9 +74,13 @@ class TextTokenizer:
         *,
         add_generation_prompt: bool = True,
         enable_thinking: bool = False,
+        continue_final_message: bool = False,
     ) -> str:
         """The prompt text; a template that fails on these messages is a ValueError saying
-        so (the request fails, not the run)."""
+        so (the request fails, not the run). ``continue_final_message``: the prompt ends
+        inside the last message, which the model continues (no end of turn after it, no
+        generation prompt), as transformers' ``apply_chat_template`` does it: the message's
+        last text is rendered with a tag after it and the text is cut at the tag."""
         if self._template is None:
             raise ValueError("this engine has no chat template; send apply_chat_template: false")
         specials = {
@@ -85,9 +90,13 @@ class TextTokenizer:
         }
         from jinja2 import TemplateError
 
+        chat = [dict(m) for m in messages]
+        if continue_final_message:
+            final = _tag_final_message(chat)
+            add_generation_prompt = False
         try:
-            return self._template.render(
-                messages=[dict(m) for m in messages],
+            text = self._template.render(
+                messages=chat,
                 add_generation_prompt=add_generation_prompt,
                 enable_thinking=enable_thinking,
                 **specials,
@@ -98,6 +107,45 @@ class TextTokenizer:
             raise ValueError(
                 f"the chat template cannot render these messages ({type(e).__name__}: {e})"
             ) from None
+        return _cut_at_tag(text, final) if continue_final_message else text
+
+
+# transformers' marker for the end of the message to continue (chat_template_utils.py)
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _tag_final_message(chat: list[dict[str, Any]]) -> str:
+    """Put the tag after the last message's text (its last text part) and return that text;
+    a ValueError when it has no text to continue."""
+    if not chat:
+        raise ValueError("continue_final_message: there are no messages")
+    last = chat[-1]
+    content = last.get("content")
+    if isinstance(content, str):
+        last["content"] = content + _CONTINUE_TAG
+        return content
+    parts = [dict(p) for p in content or ()]
+    for part in reversed(parts):
+        if "text" in part:
+            text, part["text"] = part["text"], part["text"] + _CONTINUE_TAG
+            last["content"] = parts
+            return str(text)
+    raise ValueError("continue_final_message: the last message has no text to continue")
+
+
+def _cut_at_tag(text: str, final: str) -> str:
+    """The rendered chat up to the tag (trailing spaces dropped where the template trimmed
+    the message's), as transformers cuts it."""
+    tag = _CONTINUE_TAG.strip()
+    if final.strip() not in text or tag not in text:
+        raise ValueError(
+            "continue_final_message: the chat template does not render the last message's "
+            "text, so the prompt cannot end inside it"
+        )
+    at = text.rindex(tag)
+    if text[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+        return text[:at]
+    return text[:at].rstrip()
 
 
 def _byte_to_unicode() -> dict[int, str]:
@@ -116,14 +164,17 @@ class _TemplateRaised(Exception):
 
 
 def _compile(path: Path) -> Any:
-    """chat_template.jinja as transformers renders it: sandboxed, trim_blocks, lstrip_blocks."""
+    """chat_template.jinja as transformers renders it: sandboxed, trim_blocks, lstrip_blocks,
+    its ``{% generation %}`` blocks rendered as their bodies."""
     from jinja2 import TemplateSyntaxError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
         raise _TemplateRaised(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[generation_block()]
+    )
     env.globals["raise_exception"] = raise_exception
     env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(
         x, indent=indent, ensure_ascii=False

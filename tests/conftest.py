@@ -118,6 +118,27 @@ def vl_engine(
 
 
 @pytest.fixture(scope="session")
+def asr_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edgeomni.export.tiny_asr import make_qwen3_asr
+
+    return make_qwen3_asr(tmp_path_factory.mktemp("asr") / "ckpt")
+
+
+@pytest.fixture(scope="session")
+def asr_engine(
+    asr_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The tiny Qwen3-ASR built for the CPU: 3 rows, prompts of 128 tokens (about 9 s of
+    audio), 256 cache slots (read-only)."""
+    from edgeomni.export.family import BuildArgs
+
+    engine_dir = tmp_path_factory.mktemp("asr-engine") / "eng"
+    args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
+    assert exports.build(asr_ckpt, engine_dir, args) is not None
+    return engine_dir
+
+
+@pytest.fixture(scope="session")
 def tts_engine(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3-TTS CustomVoice checkpoint (export/tiny_tts.py, in ``../ckpt``),
     built for the CPU (edge-serve's tests, the family walk, the TensorRT profiles and upstream's

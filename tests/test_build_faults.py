@@ -520,7 +520,9 @@ TEXT_VARIANTS = {
     "syntax": {"chat_template.jinja": "{% for m in messages %}{{ m }"},
     # jinja2 looks a test up when it renders: a request then fails alone, as in edge-infer
     "unknown-test": {"chat_template.jinja": "{% if messages is nosuchtest %}{% endif %}"},
+    # transformers' {% generation %} blocks: their bodies, at build and at run time alike
     "generation-tag": {"chat_template.jinja": "{% generation %}x{% endgeneration %}"},
+    "unknown-tag": {"chat_template.jinja": "{% nosuchtag %}x{% endnosuchtag %}"},
     "not-utf8": {"chat_template.jinja": b"\xff"},
     "tokenizer-a-list": {"tokenizer.json": "[]"},
     "config-a-list": {"tokenizer_config.json": "[]"},
@@ -553,7 +555,9 @@ def test_the_build_opens_text_files_as_edge_infer_does(
         opens = True
     except ArtifactError:
         opens = False
-    assert builds == opens == (name in ("as-made", "tojson-and-raise", "unknown-test"))
+    assert builds == opens == (
+        name in ("as-made", "tojson-and-raise", "unknown-test", "generation-tag")
+    )
     if builds:  # and what the build writes opens too
         out = tmp_path / "out"
         out.mkdir()

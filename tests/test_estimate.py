@@ -81,6 +81,14 @@ def test_omni_estimate_matches_the_build(omni_engine: Path, omni_ckpt: Path, tmp
     assert_close(rows, list(rows))
 
 
+def test_asr_estimate_matches_the_build(asr_engine: Path, asr_ckpt: Path, tmp_path) -> None:
+    """The llm and the audio encoder with its projector, from the config files alone."""
+    args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
+    rows = compare(asr_ckpt, asr_engine, args, tmp_path)
+    assert set(rows) == {"llm", "audio"}
+    assert_close(rows, list(rows))
+
+
 def test_tts_estimate_matches_the_build(tts_engine: Path, tmp_path) -> None:
     """The talker, the code predictor and code2wav, code2wav's codebooks counted as the one
     table each that the build folds its sum and usage counts into."""

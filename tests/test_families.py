@@ -68,7 +68,7 @@ def toy_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_walk_finds_the_built_in_families_and_the_toy() -> None:
     names = {name for name, _, _ in FAMILIES}
-    assert {"qwen3", "qwen3_omni", "qwen3_tts", "edgeomni_toy"} <= names
+    assert {"qwen3", "qwen3_omni", "qwen3_tts", "qwen3_asr", "edgeomni_toy"} <= names
 
 
 # the session's engines (tests/conftest.py) built from the same tiny checkpoints, by
@@ -76,7 +76,8 @@ def test_the_walk_finds_the_built_in_families_and_the_toy() -> None:
 # here, or every family with EDGEOMNI_FULL_WALK=1, is built through edge-build here (the toy's
 # engine is: through python -m edgeomni.export.tiny and edge-build).
 SESSION_ENGINES = {"qwen3": "qwen3_engine", "qwen3_omni_moe": "omni_engine",
-                   "qwen3_tts": "tts_engine", "edgeomni_toy": "toy_engine"}  # fmt: skip
+                   "qwen3_tts": "tts_engine", "qwen3_asr": "asr_engine", "qwen3_vl": "vl_engine",
+                   "edgeomni_toy": "toy_engine"}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -175,3 +176,18 @@ def test_every_declared_tiny_maker_imports() -> None:
 
     makers = [f.tiny_maker() for f in families() if f.tiny]
     assert len(makers) >= 3 and all(callable(m) for m in makers)
+
+
+def test_the_tensorrt_build_bench_makes_every_built_in_family() -> None:
+    """bench/tensorrt_builds_gpu.py --size tiny builds each built-in family's tiny checkpoint
+    (the ones under export/families/ that declare a maker)."""
+    import importlib.util
+
+    from edgeomni.export.registry import families
+
+    path = ROOT / "bench" / "tensorrt_builds_gpu.py"
+    spec = importlib.util.spec_from_file_location("tensorrt_builds_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    built_in = {f.name for f in families() if f.tiny and f.module.startswith("edgeomni.export")}
+    assert built_in <= set(bench.tiny_checkpoints(Path("/nonexistent")))

@@ -82,8 +82,11 @@ ROWS = [
                            ["text"] for e in predictions(w)) or pytest.fail("templated")),
     Row("voice-without-out-audio", lambda w: w.prompt("--voice", "ethan"), BAD_USAGE,
         "--voice is for the speech of --out-audio; without --out-audio nothing speaks"),
-    Row("language-without-out-audio", lambda w: w.prompt("--language", "english"), BAD_USAGE,
-        "--language is for the speech of --out-audio"),
+    # --language is Qwen3-ASR's control too (its stage reads it without speaking): on a
+    # graph whose stages do not read it, the request fails saying so
+    Row("language-on-a-graph-without-its-stage", lambda w: w.prompt("--language", "english"),
+        BAD_REQUEST, "language: no stage of this graph reads it (a Qwen3-ASR or Qwen3-TTS "
+        "control; this graph runs llm)", opens=True),
     Row("instruct-with-input-file-without-speech", lambda w: w.run("--instruct", "Calm."),
         BAD_USAGE, "--instruct is for the speech of --output-audio-dir; without "
         "--output-audio-dir nothing speaks"),

@@ -312,3 +312,28 @@ def test_tts_clone_encoders_calls_fit_the_profiles(tmp_path: Path, exports: Expo
     assert all(r.entry["ok"] for r in results), [r.entry for r in results]
     seen = check_calls_fit(tmp_path / "eng", ckpt, args, calls)
     assert {"speaker_encoder", "speech_tokenizer_encoder", "talker", "code2wav"} <= seen
+
+
+def test_asr_calls_fit_the_profiles(asr_ckpt: Path, asr_engine: Path, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Clips of 0.3 s (padded to the extractor's minimum) and 8 s (four attention windows)
+    beside a text request."""
+    from edgeomni.export.family import BuildArgs
+    from edgeomni.runtime.audio import write_wav
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)  # conftest
+    requests = [{"prompt": "Hello there"}]
+    for seconds in (0.3, 8.0):
+        t = np.arange(int(16000 * seconds)) / 16000
+        wav = tmp_path / f"{seconds}.wav"
+        write_wav(wav, (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 16000)
+        content = [{"type": "audio", "audio": str(wav)}]
+        requests.append({"messages": [{"role": "user", "content": content}]})
+    body = {"max_generate_length": 10, "top_k": 1, "requests": requests}
+    calls = record_calls(monkeypatch)
+    parsed, _ = parse_request_file(body)
+    results = Pipeline(asr_engine).run(parsed, batch_size=3)
+    assert all(r.entry["ok"] for r in results), [r.entry for r in results]
+    assert check_calls_fit(asr_engine, asr_ckpt, args, calls) == {"llm", "audio"}

@@ -100,6 +100,36 @@ def test_omni_text_to_speech_equals_the_onnxruntime_build(
         np.testing.assert_allclose(a.audio, b.audio, atol=1e-5)
 
 
+def test_asr_tokens_equal_the_onnxruntime_build(
+    asr_ckpt: Path, asr_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    exports: ExportStore,
+) -> None:
+    """The tiny Qwen3-ASR lowered for TensorRT (the llm's attention and rotary as ONNX ops, the
+    audio encoder's windowed bidirectional attention): clips of 1.5 and 2.5 s (two attention
+    windows) batched with a text request give the ONNX Runtime build's tokens."""
+    import numpy as np
+
+    from edgeomni.runtime.audio import write_wav
+
+    eng = tensorrt_lowered_build(asr_ckpt, tmp_path / "eng", monkeypatch, exports)
+    for f in (eng / "llm.onnx", eng / "audio" / "audio_encoder.onnx"):
+        ops = {n.op_type for n in onnx.load(str(f), load_external_data=False).graph.node}
+        assert "Attention" in ops and "GroupQueryAttention" not in ops, f
+    requests: list[dict] = [{"prompt": PROMPTS[0]}]
+    for seconds in (1.5, 2.5):
+        wav = tmp_path / f"{seconds}.wav"
+        t = np.arange(int(16000 * seconds)) / 16000
+        write_wav(wav, (0.3 * np.sin(2 * np.pi * 300 * t * (1 + t))).astype(np.float32), 16000)
+        requests.append({"messages": [{"role": "user", "content": [{"type": "audio",
+                                                                   "audio": str(wav)}]}]})
+    body = {"top_k": 1, "max_generate_length": 10, "requests": requests}
+    ours, ref = run(eng, body, 3), run(asr_engine, body, 3)
+    for a, b in zip(ours, ref, strict=True):
+        assert a.entry["ok"], a.entry
+        tokens = a.entry["stages"]["llm"]["output_tokens"]
+        assert tokens == b.entry["stages"]["llm"]["output_tokens"] and len(tokens) > 0
+
+
 def test_int4_qwen3_tokens_equal_the_onnxruntime_int4_build(
     qwen3_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exports: ExportStore
 ) -> None:

@@ -1,8 +1,8 @@
 """TensorRT Edge-LLM's own request files run as they are, and predictions.json carries
 llm_inference's fields (issue 15): an LLM file with upstream's keys (logit_bias against
 transformers' sequence_bias, logprobs against transformers' logits, a LoRA request failing
-alone), a VLM request with a JPEG and a pre-resized PNG, ASR with FLAC and MP3, and an omni file
-that speaks, each entry's fields and types checked."""
+alone), a VLM request with a JPEG and a pre-resized PNG, ASR with FLAC and MP3 (on Qwen3-Omni
+and on Qwen3-ASR), and an omni file that speaks, each entry's fields and types checked."""
 
 from __future__ import annotations
 
@@ -250,6 +250,37 @@ def test_vlm_and_asr_requests_in_upstream_format(
     assert [e["stages"].get("thinker", {}).get("output_tokens") for e in again["responses"]] == (
         tokens
     )
+
+
+def test_asr_requests_in_upstream_format(
+    asr_engine: Path, media_files: dict[str, Path], tmp_path: Path
+) -> None:
+    """Upstream's ASR requests (a clip as WAV, FLAC and MP3 with an instruction) on the
+    Qwen3-ASR graph, with a forced language and a text-only request beside them: every request
+    answered, each entry with its parsed language and transcript, in flight as in cohorts."""
+    f = media_files
+    body = {
+        "top_k": 1, "max_generate_length": 6, "batch_size": 3,
+        "requests": [
+            _part("audio", f["wav"], "Transcribe."),
+            _part("audio", f["flac"], "Transcribe."),
+            _part("audio", f["mp3"], "Transcribe."),
+            {**_part("audio", f["wav"], ""), "language": "en"},
+            {"prompt": "Say hi."},
+        ],
+    }  # fmt: skip
+    code, pred = run(asr_engine, tmp_path, body)
+    assert code == cli.EXIT_OK
+    out = pred["responses"]
+    for i, e in enumerate(out):
+        check_entry(e, i)
+        assert isinstance(e["transcript"], str) and "language" in e
+    tokens = [e["stages"]["llm"]["output_tokens"] for e in out]
+    assert tokens[1] == tokens[0]  # FLAC holds the WAV's samples
+    assert out[3]["language"] == "English"
+    assert out[3]["formatted_complete_request"].endswith("language English<asr_text>")
+    code, again = run(asr_engine, tmp_path, body, "--batching", "cohort")
+    assert [e["stages"]["llm"]["output_tokens"] for e in again["responses"]] == tokens
 
 
 def test_omni_file_that_speaks(omni_engine: Path, tmp_path: Path, capsys) -> None:

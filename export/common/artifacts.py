@@ -80,6 +80,24 @@ def decoder_fields(cfg: Any) -> dict[str, Any]:
     }
 
 
+def text_engine_config(
+    ckpt: Checkpoint, component: Any, args: Any, decoder: Any, config: dict[str, Any]
+) -> dict[str, Any]:
+    """The config.json of a text decoder the generic text model's runner runs (a Qwen3 llm,
+    Qwen3-ASR's): its build, dimensions, end-of-sequence ids (``config``'s and the generation
+    config's), pad id, sampling defaults, the shapes each phase binds (a TensorRT build's
+    optimisation profiles) and the build's limits."""
+    return {
+        **engine_fields(ckpt, component, args),
+        **decoder_fields(decoder),
+        "eos_token_id": eos_token_ids(ckpt, config),
+        "pad_token_id": config.get("pad_token_id"),
+        "generation_defaults": generation_defaults(ckpt),
+        "profiles": decoder_profiles(args),
+        "builder_config": build_limits(args),
+    }
+
+
 def build_limits(args: Any) -> dict[str, Any]:
     """The build's limits (family.BuildArgs), the engine config's ``builder_config``."""
     return {

@@ -64,12 +64,30 @@ def chat_template(folder: Path) -> tuple[str | None, str]:
     return value or None, where
 
 
+def generation_block() -> Any:
+    """The jinja2 extension of transformers' ``{% generation %}...{% endgeneration %}`` tag
+    (it marks the assistant's tokens for training masks): rendered as its body, as
+    transformers renders it. The runtime compiles templates with it too."""
+    from jinja2.ext import Extension
+
+    class GenerationBlock(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    return GenerationBlock
+
+
 def compile_template(text: str) -> Any:
     """The template compiled as the runtime compiles it (runtime/tokenizer.py's _compile);
     jinja2's TemplateSyntaxError when it does not parse."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[generation_block()]
+    )
     env.globals["raise_exception"] = lambda message: None
     return env.from_string(text)
 

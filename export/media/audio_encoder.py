@@ -1,7 +1,11 @@
-"""Qwen3-Omni's audio encoder (``thinker.audio_tower``) as one engine: mel chunks -> audio tokens.
+"""The AuT audio encoder of the Qwen3 families as one engine: mel chunks -> audio tokens.
 
-The parameters are transformers' own ``Qwen3OmniMoeAudioEncoder`` modules, so checkpoint tensors
-load by name; only the forward is ours. HF's forward does not export: its non-flash attention
+Qwen3-Omni's (``thinker.audio_tower``, its projection proj1/act/proj2 inside the tower) and
+Qwen3-ASR's (``model.audio_tower``, the same encoder with a 13-row positional table and no
+projection, followed by the model's ``multi_modal_projector`` linear_1/act/linear_2) are one
+graph here: an ``AudioTower`` names what differs (weight prefixes, config class, where the
+projection lives, how chunks are padded). The parameters are transformers' own modules, so
+checkpoint tensors load by name; only the forward is ours. HF's forward does not export: its non-flash attention
 splits q/k/v with ``cu_seqlens.tolist()`` (a data-dependent guard), and its conv front end is
 traced with one ``conv_chunksize`` split baked in, which breaks past 500 chunks.
 
@@ -26,6 +30,7 @@ Engine I/O (C chunks, P the longest chunk's frames, W windows of at most S token
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,18 +57,51 @@ MAX_CHUNKS = 1 << 20
 WINDOWS_PER_CALL = 8
 
 
-def audio_config(config: Any) -> Qwen3OmniMoeAudioEncoderConfig:
-    """An audio encoder config from the config object, its dict, or a whole Qwen3-Omni dict."""
-    if isinstance(config, Qwen3OmniMoeAudioEncoderConfig):
+@dataclass(frozen=True)
+class AudioTower:
+    """What a family's AuT encoder is in its checkpoint and at run time.
+
+    ``encoder``/``config_class``: transformers' encoder module and its config class;
+    ``prefix``: the encoder's weight prefix; ``sections``: where its config sits in config.json
+    (each taken when present, so the encoder's own config dict works too); ``head``: the module
+    (built from the whole config) and weight prefix of a projection that follows the encoder
+    outside it (None: the encoder projects itself, proj1/act/proj2); ``model_type``: the engine
+    config's; ``chunk_padding``: how the runtime pads a call's chunks, "longest" (to the longest
+    chunk of the call: Qwen3-Omni's processor) or "full" (every chunk to 2 * n_window frames:
+    Qwen3-ASR's feature extractor pads the mel to a multiple of it)."""
+
+    encoder: Any
+    config_class: Any
+    prefix: str
+    sections: tuple[str, ...]
+    model_type: str
+    head: tuple[Callable[[Mapping[str, Any]], nn.Module], str] | None = None
+    chunk_padding: str = "longest"
+
+
+OMNI = AudioTower(
+    encoder=hf.Qwen3OmniMoeAudioEncoder,
+    config_class=Qwen3OmniMoeAudioEncoderConfig,
+    prefix=PREFIX,
+    sections=("thinker_config", "audio_config"),
+    model_type="qwen3_omni_moe",
+)
+
+
+def audio_config(config: Any, tower: AudioTower = OMNI) -> Any:
+    """An audio encoder config from the config object, its dict, or a whole checkpoint's dict
+    (the sections of ``tower``)."""
+    if isinstance(config, tower.config_class):
         return config
     if isinstance(config, Mapping):
-        sub = config.get("thinker_config", config)
-        sub = sub.get("audio_config", sub)
-        return Qwen3OmniMoeAudioEncoderConfig.from_dict(dict(sub))
+        sub = config
+        for key in tower.sections:
+            sub = sub.get(key, sub)
+        return tower.config_class.from_dict(dict(sub))
     raise TypeError(f"expected an audio encoder config or dict, got {type(config).__name__}")
 
 
-def chunks_per_window(cfg: Qwen3OmniMoeAudioEncoderConfig) -> int:
+def chunks_per_window(cfg: Any) -> int:
     """Chunks in one attention window (HF's n_window_infer // (2 * n_window))."""
     ratio = cfg.n_window_infer // (2 * cfg.n_window)
     if ratio < 1:
@@ -73,29 +111,42 @@ def chunks_per_window(cfg: Qwen3OmniMoeAudioEncoderConfig) -> int:
     return ratio
 
 
-def chunk_tokens(cfg: Qwen3OmniMoeAudioEncoderConfig) -> int:
+def chunk_tokens(cfg: Any) -> int:
     """Tokens of one whole chunk (2 * n_window frames) after the three stride-2 convolutions."""
     return (((2 * cfg.n_window + 1) // 2 + 1) // 2 + 1) // 2
 
 
 def load_audio_tower(
-    get_tensor: Callable[[str], torch.Tensor], config: Any
-) -> hf.Qwen3OmniMoeAudioEncoder:
-    """HF's module with every parameter read from ``get_tensor("thinker.audio_tower." + name)``."""
-    cfg = audio_config(config)
-    module = load_hf_module(hf.Qwen3OmniMoeAudioEncoder, cfg, get_tensor, PREFIX)
+    get_tensor: Callable[[str], torch.Tensor], config: Any, tower: AudioTower = OMNI
+) -> nn.Module:
+    """HF's module with every parameter read from ``get_tensor(tower.prefix + name)``."""
+    cfg = audio_config(config, tower)
+    module = load_hf_module(tower.encoder, cfg, get_tensor, tower.prefix)
     # the sinusoidal table is a non-persistent buffer: rebuild it as HF's _init_weights does
     table = module.positional_embedding
     table.positional_embedding.copy_(table.compute_default_singular_positional_embedding())
     return module.eval()
 
 
-class AudioEncoderGraph(nn.Module):
-    """The exported graph: HF's audio encoder, window-batched, attention through the plugin."""
+def load_head(
+    get_tensor: Callable[[str], torch.Tensor], config: Mapping[str, Any], tower: AudioTower
+) -> nn.Module | None:
+    """The projection after the encoder (``tower.head``) with its weights, or None."""
+    if tower.head is None:
+        return None
+    make, prefix = tower.head
+    return load_hf_module(lambda _cfg: make(config), None, get_tensor, prefix).eval()
 
-    def __init__(self, model: hf.Qwen3OmniMoeAudioEncoder) -> None:
+
+class AudioEncoderGraph(nn.Module):
+    """The exported graph: HF's audio encoder, window-batched, attention through the plugin,
+    then its projection: the encoder's own proj1/act/proj2, or ``head`` (Qwen3-ASR's
+    multi_modal_projector)."""
+
+    def __init__(self, model: nn.Module, head: nn.Module | None = None) -> None:
         super().__init__()
         self.model = model
+        self.head = head
         cfg = model.config
         self.num_heads = cfg.encoder_attention_heads
         self.head_dim = cfg.d_model // self.num_heads
@@ -141,10 +192,11 @@ class AudioEncoderGraph(nn.Module):
             h = h + self._attention(layer.self_attn, attn_in, window_lens)
             h = h + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(h))))
         h = h.reshape(w * s, -1).index_select(0, output_index)  # padding slots drop out here
-        return m.proj2(m.act(m.proj1(m.ln_post(h))))
+        h = m.ln_post(h)
+        return self.head(h) if self.head is not None else m.proj2(m.act(m.proj1(h)))
 
 
-def export_audio_encoder(model: hf.Qwen3OmniMoeAudioEncoder, path: Path) -> Path:
+def export_audio_encoder(model: nn.Module, path: Path, head: nn.Module | None = None) -> Path:
     """Export with dynamic chunks, frames, windows and tokens (plugin op not yet lowered).
 
     Example sizes are at least 2 and distinct on every axis (torch.export specialises size 1).
@@ -169,7 +221,7 @@ def export_audio_encoder(model: hf.Qwen3OmniMoeAudioEncoder, path: Path) -> Path
         {0: Dim("tokens")},
     )
     return export_onnx(
-        AudioEncoderGraph(model.eval()),
+        AudioEncoderGraph(model.eval(), head),
         args,
         Path(path),
         input_names=list(INPUTS),
@@ -179,7 +231,12 @@ def export_audio_encoder(model: hf.Qwen3OmniMoeAudioEncoder, path: Path) -> Path
 
 
 def audio_engine_config(
-    config: Any, *, backend: str = "onnxruntime", device: str = "cpu"
+    config: Any,
+    *,
+    backend: str = "onnxruntime",
+    device: str = "cpu",
+    tower: AudioTower = OMNI,
+    min_samples: int = 0,
 ) -> dict[str, Any]:
     """config.json fields the runtime's AudioEncoder (runtime/media/audio_encoder.py)
     reads (write with artifacts.write_engine_config).
@@ -187,12 +244,14 @@ def audio_engine_config(
     ``chunks_per_call`` (whole windows) bounds the memory of one engine call; encoding in such
     pieces equals the one-call result exactly, because windows never share tokens and every
     piece is padded to the audio's longest chunk. The graph itself takes any number of chunks.
+    ``chunk_padding`` is the tower's; ``min_samples``: 16 kHz samples a clip is zero-padded to
+    before its log-mel (Qwen3-ASR's feature extractor's ``min_length``; 0: none).
     """
-    cfg = audio_config(config)
+    cfg = audio_config(config, tower)
     per_window = chunks_per_window(cfg)
     return {
         "component": "audio_encoder",
-        "model_type": "qwen3_omni_moe",
+        "model_type": tower.model_type,
         "engine": ENGINE,
         "backend": backend,
         "device": device,
@@ -210,6 +269,26 @@ def audio_engine_config(
         "chunk_frames": 2 * cfg.n_window,
         "chunks_per_window": per_window,
         "chunks_per_call": WINDOWS_PER_CALL * per_window,
+        "chunk_padding": tower.chunk_padding,
+        "min_samples": min_samples,
         "d_model": cfg.d_model,
         "output_dim": cfg.output_dim,
+    }
+
+
+def audio_dim_ranges(cfg: Any) -> dict[str, Any]:
+    """The sizes the runtime calls an audio encoder with (export/common/shapes.py): one call
+    holds up to ``chunks_per_call`` chunks of one clip."""
+    from edgeomni.export.common.shapes import upto
+
+    per_window = chunks_per_window(cfg)
+    chunks, tokens = WINDOWS_PER_CALL * per_window, chunk_tokens(cfg)
+    return {
+        "clip": {
+            "chunks": upto(chunks),
+            "frames": upto(2 * cfg.n_window),
+            "windows": upto(WINDOWS_PER_CALL),
+            "window_len": upto(per_window * tokens),
+            "tokens": upto(chunks * tokens),
+        },
     }

@@ -1,11 +1,14 @@
-"""Qwen3-Omni's audio encoder at run time: log-mel [128, n] -> audio tokens [count, output_dim].
+"""The Qwen3 families' AuT audio encoder at run time: log-mel [128, n] -> audio tokens
+[count, output_dim].
 
 Everything data-dependent is computed here in numpy and handed to the engine as index arrays
 (the engine I/O is in export/media/audio_encoder.py):
 
 - the mel is cut into chunks of ``2 * n_window`` frames (100) and every chunk is zero-padded to
-  the LONGEST chunk of the call, as transformers does: padded frames change the last valid
-  tokens of a short chunk (conv bias + GELU), so padding a 60-frame clip to 100 would not match;
+  the LONGEST chunk of the call, as Qwen3-Omni's transformers code does: padded frames change the
+  last valid tokens of a short chunk (conv bias + GELU), so padding a 60-frame clip to 100 would
+  not match. Qwen3-ASR's feature extractor pads the mel to whole chunks instead, so its
+  encoder's config says ``chunk_padding: "full"`` and every chunk is padded to 100 frames;
 - chunk c's valid tokens are ``c * T_P + t`` for t below the chunk's conv output length, T_P
   being the conv output length of the longest chunk;
 - those tokens, in order, are cut into attention windows of ``T_P * chunks_per_window`` tokens
@@ -78,6 +81,13 @@ class AudioEncoder:
         self.chunk_frames = int(cfg["chunk_frames"])
         self.chunks_per_window = int(cfg["chunks_per_window"])
         self.output_dim = int(cfg["output_dim"])
+        # "longest" (Qwen3-Omni) or "full" (Qwen3-ASR): what each chunk is zero-padded to
+        self.chunk_padding = str(cfg.get("chunk_padding") or "longest")
+        if self.chunk_padding not in ("longest", "full"):
+            raise EngineError(f"{folder}: chunk_padding must be longest or full, "
+                              f"got {self.chunk_padding!r}")  # fmt: skip
+        # 16 kHz samples a shorter clip is zero-padded to before its log-mel (audio_input.py)
+        self.min_samples = int(cfg.get("min_samples") or 0)
         per_call = int(chunks_per_call or cfg["chunks_per_call"])
         # whole windows per call, at least one: a window split across calls would change it
         self.chunks_per_call = max(1, per_call // self.chunks_per_window) * self.chunks_per_window
@@ -102,7 +112,8 @@ class AudioEncoder:
         chunk_lens = np.full(full + (rest > 0), size, np.int64)
         if rest:
             chunk_lens[-1] = rest
-        longest = int(chunk_lens.max())  # HF pads every chunk to the longest one of the call
+        # HF pads every chunk to the longest one of the call (Qwen3-ASR's to a whole chunk)
+        longest = size if self.chunk_padding == "full" else int(chunk_lens.max())
         padded = np.zeros((chunk_lens.size, self.num_mel_bins, longest), np.float32)
         if full:
             whole = x[:, : full * size].reshape(self.num_mel_bins, full, size)

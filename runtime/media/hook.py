@@ -100,6 +100,8 @@ class MediaHook:
         self.image_token = tokens.get("image_token_id")
         # each kind's placeholder token
         self.placeholders = {kind: tokens.get(f"{kind}_token_id") for kind in self.KINDS}
+        # the prompt tokens the LLM was built for: a clip past it fails before it is encoded
+        self.max_input_len = int((config.get("builder_config") or {}).get("max_input_len") or 0)
         self._encoders: dict[str, Any] = {}
 
     @classmethod
@@ -190,6 +192,23 @@ class MediaHook:
         """Set ``prompt.positions`` and ``prompt.delta`` where the model's media need them;
         here none do (positions 0..S-1)."""
 
+    def _check_audio_length(self, path: str, encoder: Any, frames: int) -> None:
+        """A RequestError, before the clip is encoded, when its audio tokens alone pass the
+        prompt length the LLM was built for (the encoder itself takes any length, a call of
+        whole attention windows at a time)."""
+        from edgeomni.runtime.media.audio_input import HOP_LENGTH, SAMPLING_RATE
+
+        tokens = encoder.token_count(frames)
+        if not self.max_input_len or tokens <= self.max_input_len:
+            return
+        per_second = encoder.token_count(encoder.chunk_frames) * SAMPLING_RATE / (
+            encoder.chunk_frames * HOP_LENGTH)  # fmt: skip
+        raise RequestError(
+            f"audio {path}: {frames * HOP_LENGTH / SAMPLING_RATE:.2f} s of audio makes {tokens} "
+            f"audio tokens; the engine was built for at most {self.max_input_len} prompt "
+            f"tokens (--max-input-len), about {self.max_input_len / per_second:.1f} s of audio"
+        )
+
     def _encode(self, part: MediaPart) -> Encoded:
         kind, path = part.kind, part.path
         try:
@@ -200,9 +219,13 @@ class MediaHook:
                     audio_features,
                 )
 
+                encoder = self.encoder("audio")
                 wav, rate = read_wav(path)
-                feats, frames = audio_features(resample(wav, rate, SAMPLING_RATE))
-                return Encoded(self.encoder("audio").encode(feats), None, frames)
+                feats, frames = audio_features(
+                    resample(wav, rate, SAMPLING_RATE), min_samples=encoder.min_samples
+                )
+                self._check_audio_length(path, encoder, frames)
+                return Encoded(encoder.encode(feats), None, frames)
             if kind == "video":
                 return self._encode_video(part)
             from edgeomni.runtime.media.image import (

@@ -1,7 +1,11 @@
 """llm.backbone: messages in, text out, through one decoder engine with an in-place KV cache.
 
 Generic: a request's audio, image and video parts go through the media hook the model's family
-declares for its config's model_type (runtime/prompt.py); without one, the model reads text."""
+declares for its config's model_type (runtime/prompt.py); without one, the model reads text.
+A model type whose family declares a speech-to-text form (runtime/family.py's
+``transcription``: an ASR model's) also has it apply the request's controls to the messages
+(a forced language starts the reply) and parse each reply into its ``language`` and
+``transcript``, which the predictions entry carries beside ``output_text``."""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from edgeomni.runtime.events import Event, HiddenRows, TextDelta
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import Prompt, PromptRows, media_hook, media_parts
 from edgeomni.runtime.requests import TEXT_MODEL_KEYS
-from edgeomni.runtime.runners import RequestError, RequestState, StageRunner
+from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, load_factory
 from edgeomni.runtime.tokenizer import TextTokenizer
 
 
@@ -95,6 +99,7 @@ class LLMBackbone(StageRunner):
             folder, cfg, threads=engines.threads, locations=stage.config.get("encoders"),
             tokenizer=self.tokenizer,
         )  # fmt: skip
+        self.transcription = transcription_form(cfg)
         self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)
         self.stage_id: str = stage.id
         self._hidden_port = f"{stage.id}:accept_hidden"
@@ -112,15 +117,33 @@ class LLMBackbone(StageRunner):
         return checked
 
     # -- per request -------------------------------------------------------------------------
-    def prompt_text(self, request: Any) -> tuple[str, str]:
-        """The prompt as the model reads it, and the part its leading system messages make
-        (llm_inference's ``formatted_complete_request`` and ``formatted_system_prompt``)."""
+    def messages(self, request: Any) -> tuple[list[Mapping[str, Any]], bool]:
+        """The request's messages as the model reads them, and whether the last one is
+        continued (``continue_final_message``, or a transcription form's control that starts
+        the reply, such as a forced language)."""
+        messages, continued = list(request.messages), request.continue_final_message
+        controls = getattr(self.transcription, "request_messages", None)
+        if controls is not None:
+            forced = controls(messages, request.speech)
+            if forced is not None:
+                messages, continued = forced, True
+        return messages, continued
+
+    def prompt_text(self, request: Any) -> tuple[str, str, str]:
+        """The prompt as the model reads it, the part its leading system messages make
+        (llm_inference's ``formatted_complete_request`` and ``formatted_system_prompt``), and
+        the start of the reply it already holds (the text of a continued assistant message)."""
+        messages, continued = self.messages(request)
+        start = ""
+        if continued and messages[-1]["role"] == "assistant":
+            start = message_text(messages[-1])
         if request.apply_chat_template and self.tokenizer.has_chat_template:
-            messages = [template_message(m) for m in request.messages]
+            messages = [template_message(m) for m in messages]
             text = self.tokenizer.apply_chat_template(
                 messages,
                 add_generation_prompt=request.add_generation_prompt,
                 enable_thinking=request.enable_thinking,
+                continue_final_message=continued,
             )
             lead = next((i for i, m in enumerate(messages) if m["role"] != "system"),
                         len(messages))  # fmt: skip
@@ -130,10 +153,10 @@ class LLMBackbone(StageRunner):
                     messages[:lead], add_generation_prompt=False,
                     enable_thinking=request.enable_thinking,
                 )  # fmt: skip
-            return text, system
+            return text, system, start
         if request.apply_chat_template:
             raise RequestError("this engine has no chat template; set apply_chat_template false")
-        return "".join(message_text(m) for m in request.messages), ""
+        return "".join(message_text(m) for m in messages), "", start
 
     def prepare(self, state: RequestState) -> Prompt:
         """Tokenize, encode media, and check the request against the build's limits, before any
@@ -155,25 +178,27 @@ class LLMBackbone(StageRunner):
             except Exception as e:
                 out[i] = e
         expand_many = getattr(self.media, "expand_many", None)
-        items = [(ids, parts) for _, ids, parts in rendered]
+        items = [(ids, parts) for _, ids, parts, _ in rendered]
         if expand_many is not None:
             prompts = expand_many(items)
         else:
             prompts = [_attempt(self.media.expand, ids, parts) for ids, parts in items]
-        for (i, _, _), prompt in zip(rendered, prompts, strict=True):
+        for (i, _, _, start), prompt in zip(rendered, prompts, strict=True):
             if not isinstance(prompt, Exception):
+                prompt.reply_start = start
                 prompt = _attempt(self._check_limits, states[i], prompt)
             out[i] = prompt
         return out
 
-    def _render(self, state: RequestState) -> tuple[list[int], list[Any]]:
-        """The request's prompt ids and media parts (rendered by its chat template)."""
+    def _render(self, state: RequestState) -> tuple[list[int], list[Any], str]:
+        """The request's prompt ids and media parts (rendered by its chat template), and the
+        start of the reply its prompt already holds."""
         parts = media_parts(state.request.messages)
         if parts and not state.request.apply_chat_template:
             raise RequestError("audio, image and video parts need apply_chat_template")
         self.media.require(parts)
         try:
-            text, system = self.prompt_text(state.request)
+            text, system, start = self.prompt_text(state.request)
         except ValueError as e:  # the chat template's own error, or one rendering these parts
             raise RequestError(str(e)) from None
         state.entry.update(formatted_system_prompt=system, formatted_complete_request=text)
@@ -183,7 +208,7 @@ class LLMBackbone(StageRunner):
             raise RequestError(
                 f"logit_bias names token {bias[-1][0]}; the vocabulary has {self.vocab_size}"
             )
-        return ids, parts
+        return ids, parts, start
 
     def _check_limits(self, state: RequestState, prompt: Prompt) -> Prompt:
         ids = prompt.ids
@@ -339,8 +364,14 @@ class LLMBackbone(StageRunner):
     def retire(self, slot: Slot) -> None:
         """A finished request's text, logprobs and report."""
         state, sid = slot.state, self.stage_id
-        state.outputs[f"{sid}:text"] = self.finish_text(state.request, slot.generated,
-                                                        slot.finish)  # fmt: skip
+        text = self.finish_text(state.request, slot.generated, slot.finish)
+        state.outputs[f"{sid}:text"] = text
+        if self.transcription is not None:  # the reply parsed (as transformers' processor
+            language, transcript = self.transcription.parse(text)  # parses the new tokens)
+            start = slot.data.prompt.reply_start
+            if language is None and start:  # a forced language: the reply's given start names it
+                language = self.transcription.parse(start)[0]
+            state.entry.update(language=language, transcript=transcript)
         if state.request.num_logprobs:
             state.entry["logprobs"] = [self.logprob_step(*pair) for pair in slot.logprobs]
         decode_s = slot.decode_s
@@ -389,6 +420,18 @@ class _Text:
     pending: list[Event] = field(default_factory=list)  # HiddenRows not yet reported
     sent: str = ""  # the text its deltas gave so far
     sent_ids: int = 0  # the tokens its deltas covered
+
+
+def transcription_form(config: Mapping[str, Any]) -> Any:
+    """The speech-to-text form the family of this config.json's model_type declares
+    (runtime/family.py's ``transcription``), imported now; None when it declares none."""
+    from edgeomni.runtime.families import TRANSCRIPTION
+
+    factory = TRANSCRIPTION.get(str(config.get("model_type")))
+    if factory is None:
+        return None
+    form = load_factory(factory)
+    return form() if isinstance(form, type) else form
 
 
 def request_bias(request: Any) -> tuple[np.ndarray, np.ndarray] | None:

@@ -108,8 +108,13 @@ def transcription_request(
         raise ApiError(400, str(e), "language") from None
     req = {"messages": messages, "max_generate_length": max_tokens,
            "sampling": {"temperature": temp}}  # fmt: skip
+    body: dict[str, Any] = {"requests": [req], "max_generate_length": max_tokens}
+    if messages and messages[-1].get("role") == "assistant":
+        # the form's messages end with the reply's start (Qwen3-ASR's forced language, or an
+        # empty assistant turn), which the model continues, as its processor renders them
+        body["continue_final_message"] = True
     try:
-        (parsed,), _ = parse_request_file({"requests": [req], "max_generate_length": max_tokens})
+        (parsed,), _ = parse_request_file(body)
     except ValueError as e:
         raise ApiError(400, str(e)) from None
     if isinstance(parsed, BadRequest):

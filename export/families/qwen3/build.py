@@ -70,19 +70,8 @@ def export_component(
 
 def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:
     cfg = ckpt.config
-    dec = decoder_config(cfg)
     artifacts.write_embedding(ckpt.tensor(EMBEDDING), out_dir)
     artifacts.write_tokenizer(ckpt, out_dir)
     artifacts.write_engine_config(
-        out_dir,
-        {
-            **artifacts.engine_fields(ckpt, component, args),
-            **artifacts.decoder_fields(dec),
-            "eos_token_id": artifacts.eos_token_ids(ckpt, cfg),
-            "pad_token_id": cfg.get("pad_token_id"),
-            "generation_defaults": artifacts.generation_defaults(ckpt),
-            # the shapes each phase binds; a TensorRT build turns these into optimisation profiles
-            "profiles": artifacts.decoder_profiles(args),
-            "builder_config": artifacts.build_limits(args),
-        },
+        out_dir, artifacts.text_engine_config(ckpt, component, args, decoder_config(cfg), cfg)
     )

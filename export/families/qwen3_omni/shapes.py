@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from edgeomni.export.common.checkpoint import Checkpoint
-from edgeomni.export.common.shapes import DimRanges, decoder_ranges, upto, vocoder_ranges
+from edgeomni.export.common.shapes import DimRanges, decoder_ranges, vocoder_ranges
 from edgeomni.export.families.qwen3_omni import code2wav, talker
 from edgeomni.export.family import BuildArgs, Component
 from edgeomni.export.media import audio_encoder as audio
@@ -27,18 +27,7 @@ def dim_ranges(ckpt: Checkpoint, component: Component, args: BuildArgs) -> DimRa
         groups = talker.predictor_decoder_config(ckpt.config).lm_heads + 1
         return decoder_ranges(batch, groups, groups)
     if name == "audio":  # one call: up to chunks_per_call chunks of one clip
-        cfg = audio.audio_config(ckpt.config)
-        per_window = audio.chunks_per_window(cfg)
-        chunks, tokens = audio.WINDOWS_PER_CALL * per_window, audio.chunk_tokens(cfg)
-        return {
-            "clip": {
-                "chunks": upto(chunks),
-                "frames": upto(2 * cfg.n_window),
-                "windows": upto(audio.WINDOWS_PER_CALL),
-                "window_len": upto(per_window * tokens),
-                "tokens": upto(chunks * tokens),
-            },
-        }
+        return audio.audio_dim_ranges(audio.audio_config(ckpt.config))
     if name == "visual":  # the images of one prompt: merge^2 patches per merged token
         return visual.visual_ranges(ckpt.config, prompt, VISUAL_SEGMENTS)
     if name == "code2wav":  # streamed windows (with their left context), or whole utterances
