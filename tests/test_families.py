@@ -157,16 +157,20 @@ def test_generic_files_name_no_family_key() -> None:
     import ast
 
     from edgeomni.runtime import families
+    from edgeomni.runtime.serve.transcribe import FIELDS as TRANSCRIPTION_FIELDS
 
     literals = family_literals()
     files = [ROOT / "runtime" / n for n in ("requests.py", "cli.py", "pipeline.py")]
     files += sorted((ROOT / "runtime" / "serve").glob("*.py"))
     files += sorted((ROOT / "builder").glob("*.py"))
     for path in files:
+        # OpenAI's transcription form names its own fields (its "language" is the API's, handed
+        # to the family's form as an argument, not a Qwen3-TTS request key the route reads)
+        allowed = set(TRANSCRIPTION_FIELDS) if path.name == "transcribe.py" else set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 text = node.value
-                assert text not in literals, (path, node.lineno, text)
+                assert text not in literals - allowed, (path, node.lineno, text)
                 assert not (re.fullmatch(r"\w+", text) and text.startswith(
                     families.STAGE_PREFIXES)), (path, node.lineno, text)  # fmt: skip
 
