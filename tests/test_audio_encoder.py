@@ -112,6 +112,23 @@ def test_pieces_equal_one_call(built: dict[str, Any]) -> None:
     np.testing.assert_allclose(pieces, whole, rtol=0, atol=1e-6 * np.abs(whole).max())
 
 
+def test_clips_of_several_requests_in_shared_calls_equal_each_alone(built: dict[str, Any]) -> None:
+    """encode_many (requests prepared together): clips padded to the same chunk length share
+    calls, a short clip (its own padding) and one longer than a call go apart, and each clip's
+    rows equal ``encode`` of it alone; the shared calls are fewer than one per clip."""
+    encoder = AudioEncoder(built["folder"], threads=2, chunks_per_call=16)
+    clips = [mel(n, seed=i) for i, n in enumerate((57, 250, 801, 100, 1730, 57, 320))]
+    calls = []
+    run = encoder._call
+    encoder._call = lambda *a: (calls.append(a[0].shape[0]), run(*a))[1]
+    together = encoder.encode_many(clips)
+    assert len(calls) < len(clips) and max(calls) <= 16
+    encoder._call = run
+    for clip, rows in zip(clips, together, strict=True):
+        alone = encoder.encode(clip)
+        np.testing.assert_allclose(rows, alone, rtol=0, atol=1e-5 * np.abs(alone).max())
+
+
 def test_token_count_rule(built: dict[str, Any]) -> None:
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
         _get_feat_extract_output_lengths,

@@ -21,6 +21,7 @@ chunks (whole windows, all padded to the clip's longest chunk): the result equal
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,6 +100,49 @@ class AudioEncoder:
 
     def encode(self, features: np.ndarray) -> np.ndarray:
         """features [num_mel_bins, n_frames] -> float32 [token_count(n_frames), output_dim]."""
+        padded, chunk_lens, longest = self._chunks(features)
+        out = np.empty((int(conv_tokens(chunk_lens).sum()), self.output_dim), np.float32)
+        done = 0
+        for start in range(0, chunk_lens.size, self.chunks_per_call):
+            part = slice(start, start + self.chunks_per_call)
+            count = int(conv_tokens(chunk_lens[part]).sum())
+            self._run(padded[part], chunk_lens[part], longest, out[done : done + count])
+            done += count
+        return out
+
+    def encode_many(self, clips: list[np.ndarray]) -> list[np.ndarray]:
+        """``encode`` for several clips (of several requests) in as few calls as they fit:
+        clips whose chunks are padded to the same length share calls of at most
+        ``chunks_per_call`` chunks, each clip's windows rows of its own, so every clip comes
+        out as ``encode`` gives it alone (a clip longer than a call goes alone)."""
+        chunked = [self._chunks(x) for x in clips]
+        out: list[Any] = [None] * len(clips)
+        groups: dict[int, list[list[int]]] = {}
+        for i, (_, lens, longest) in enumerate(chunked):
+            if lens.size > self.chunks_per_call:
+                out[i] = self.encode(clips[i])
+                continue
+            calls = groups.setdefault(longest, [[]])
+            if sum(chunked[j][1].size for j in calls[-1]) + lens.size > self.chunks_per_call:
+                calls.append([])
+            calls[-1].append(i)
+        for longest, calls in groups.items():
+            for call in calls:
+                counts = [int(conv_tokens(chunked[i][1]).sum()) for i in call]
+                rows = np.empty((sum(counts), self.output_dim), np.float32)
+                layouts = [window_layout(chunked[i][1], longest, self.chunks_per_window)
+                           for i in call]  # fmt: skip
+                padded = np.concatenate([chunked[i][0] for i in call])
+                self._call(padded, _stacked(layouts, [chunked[i][1].size for i in call],
+                                            int(conv_tokens(longest))), rows)  # fmt: skip
+                bounds = np.cumsum([0, *counts])
+                for i, a, b in zip(call, bounds[:-1], bounds[1:], strict=True):
+                    out[i] = rows[a:b]
+        return out
+
+    def _chunks(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """A clip's mel as padded chunks [C, mels, longest], each chunk's frames, and the
+        length every chunk is padded to."""
         x = np.asarray(features, dtype=np.float32)
         if x.ndim != 2 or x.shape[0] != self.num_mel_bins:
             raise ValueError(
@@ -120,18 +164,35 @@ class AudioEncoder:
             padded[:full] = whole.transpose(1, 0, 2)
         if rest:
             padded[full, :, :rest] = x[:, full * size :]
-        out = np.empty((self.token_count(n), self.output_dim), np.float32)
-        done = 0
-        for start in range(0, chunk_lens.size, self.chunks_per_call):
-            part = slice(start, start + self.chunks_per_call)
-            count = int(conv_tokens(chunk_lens[part]).sum())
-            self._run(padded[part], chunk_lens[part], longest, out[done : done + count])
-            done += count
-        return out
+        return padded, chunk_lens, longest
 
     def _run(self, padded: np.ndarray, lens: np.ndarray, longest: int, out: np.ndarray) -> None:
         """One engine call for whole windows; writes straight into ``out`` (contiguous rows)."""
-        layout = window_layout(lens, longest, self.chunks_per_window)  # INPUTS' last three
+        self._call(padded, window_layout(lens, longest, self.chunks_per_window), out)
+
+    def _call(self, padded: np.ndarray, layout: tuple[np.ndarray, ...], out: np.ndarray) -> None:
         binding = self.engine.binding()
         binding.bind_output(OUTPUT, out)
         binding.run(dict(zip(INPUTS, (padded, *layout), strict=True)))
+
+
+def _stacked(
+    layouts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], chunks: list[int], per_chunk: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The window layouts of clips laid one after the other in one call: each clip's token
+    indices moved past the chunks before it, its windows rows after the rows before it, all
+    rows padded to the widest (padding slots read token 0, their output unused)."""
+    width = max(index.shape[1] for index, _, _ in layouts)
+    indices, lens, slots = [], [], []
+    chunk0 = row0 = 0
+    for (index, window_lens, slot), n_chunks in zip(layouts, chunks, strict=True):
+        rows, w = index.shape
+        wide = np.zeros((rows, width), np.int64)
+        wide[:, :w] = index + chunk0 * per_chunk
+        wide[:, w:] = 0
+        indices.append(wide)
+        lens.append(window_lens)
+        slots.append((slot // w + row0) * width + slot % w)
+        chunk0 += n_chunks
+        row0 += rows
+    return np.concatenate(indices), np.concatenate(lens), np.concatenate(slots).astype(np.int64)

@@ -72,6 +72,22 @@ class Span(NamedTuple):
     deepstack: np.ndarray | None
 
 
+class Loaded(NamedTuple):
+    """One media part read and preprocessed, before its encoder runs: for "audio" its log-mel
+    [mels, frames] and frame count, for "visual" its patches and grid (t, h, w) (and a
+    video's group times)."""
+
+    encoder: str  # "audio" or "visual"
+    data: np.ndarray
+    extent: Any
+    times: tuple[float, ...] = ()
+
+
+# patches one visual encoder call takes when it encodes the images and videos of several
+# requests together (an item larger than this goes alone): bounds the call's activations
+VISUAL_PATCHES_PER_CALL = 16384
+
+
 class MediaHook:
     """A media hook over the audio and visual encoders found beside the LLM, opened on first
     use. Its prompts have plain positions; a subclass sets them (``positions``)."""
@@ -152,7 +168,44 @@ class MediaHook:
             return Prompt(np.asarray(ids, np.int64))
         if not self.tokens:
             refuse_media(parts)
-        encoded = [self._encode(part) for part in parts]
+        encoded = self._encode_many([self._load(part) for part in parts])
+        for enc in encoded:
+            if isinstance(enc, Exception):
+                raise enc
+        return self._splice(ids, parts, encoded)
+
+    def expand_many(self, items: Sequence[tuple[list[int], list[MediaPart]]]) -> list[Any]:
+        """``expand`` for the prompts of requests that arrived together, one result each (a
+        Prompt, or the exception that fails that request alone): every part is read first,
+        then each encoder runs once for as many of them as a call takes (``_encode_many``)."""
+        out: list[Any] = [None] * len(items)
+        loaded: list[tuple[int, Loaded]] = []
+        for i, (ids, parts) in enumerate(items):
+            if not parts:
+                out[i] = Prompt(np.asarray(ids, np.int64))
+                continue
+            try:
+                if not self.tokens:
+                    refuse_media(parts)
+                loaded.extend((i, self._load(part)) for part in parts)
+            except Exception as e:
+                out[i] = e
+        loaded = [(i, item) for i, item in loaded if out[i] is None]
+        encoded: dict[int, list[Any]] = {}
+        for (i, _), enc in zip(loaded, self._encode_many([x for _, x in loaded]), strict=True):
+            encoded.setdefault(i, []).append(enc)
+        for i, encs in encoded.items():
+            failed = next((e for e in encs if isinstance(e, Exception)), None)
+            try:
+                if failed is not None:
+                    raise failed
+                out[i] = self._splice(items[i][0], items[i][1], encs)
+            except Exception as e:
+                out[i] = e
+        return out
+
+    def _splice(self, ids: list[int], parts: list[MediaPart], encoded: list[Encoded]) -> Prompt:
+        """The prompt: each placeholder token expanded to its part's ``pieces``."""
         out: list[int] = []
         prompt = Prompt(np.zeros(0, np.int64))
         extents = {"audio": prompt.audio_frames, "image": prompt.image_grids,
@@ -209,7 +262,63 @@ class MediaHook:
             f"tokens (--max-input-len), about {self.max_input_len / per_second:.1f} s of audio"
         )
 
+    def _encode_many(self, loaded: Sequence[Loaded]) -> list[Any]:
+        """Each loaded part through its encoder, the parts of one encoder in as few calls as
+        it takes (audio: AudioEncoder.encode_many; images and videos: packed up to
+        VISUAL_PATCHES_PER_CALL patches a call, the visual engine encoding the items of one call
+        exactly as alone: attention never crosses an item). One result per part: its Encoded,
+        or the exception of the call it was in."""
+        out: list[Any] = [None] * len(loaded)
+        audio = [i for i, x in enumerate(loaded) if x.encoder == "audio"]
+        if audio:
+            try:
+                rows = self.encoder("audio").encode_many([loaded[i].data for i in audio])
+                for i, r in zip(audio, rows, strict=True):
+                    out[i] = Encoded(r, None, loaded[i].extent)
+            except Exception as e:
+                for i in audio:
+                    out[i] = e
+        calls: list[list[int]] = []
+        patches = 0
+        for i, x in enumerate(loaded):
+            if x.encoder != "visual":
+                continue
+            if not calls or patches + len(x.data) > VISUAL_PATCHES_PER_CALL:
+                calls.append([])
+                patches = 0
+            calls[-1].append(i)
+            patches += len(x.data)
+        for call in calls:
+            try:
+                for i, enc in zip(call, self._visual_call([loaded[i] for i in call]), strict=True):
+                    out[i] = enc
+            except Exception as e:
+                for i in call:
+                    out[i] = e
+        return out
+
+    def _visual_call(self, items: Sequence[Loaded]) -> list[Encoded]:
+        """One visual encoder call for several images or videos, split back per item."""
+        visual = self.encoder("visual")
+        grids = [tuple(int(g) for g in x.extent) for x in items]
+        embeds, deep = visual.encode(np.concatenate([x.data for x in items]), grids)
+        unit = visual.merge * visual.merge
+        bounds = np.cumsum([0] + [t * h * w // unit for t, h, w in grids])
+        return [
+            Encoded(embeds[a:b], None if deep is None else deep[:, a:b], grid, x.times)
+            for x, grid, a, b in zip(items, grids, bounds[:-1], bounds[1:], strict=True)
+        ]
+
     def _encode(self, part: MediaPart) -> Encoded:
+        """One part through its encoder."""
+        (enc,) = self._encode_many([self._load(part)])
+        if isinstance(enc, Exception):
+            raise enc
+        return enc
+
+    def _load(self, part: MediaPart) -> Loaded:
+        """A part read and preprocessed for its encoder (a RequestError naming it when it
+        cannot be read); its audio checked against the build's prompt length first."""
         kind, path = part.kind, part.path
         try:
             if kind == "audio":
@@ -225,16 +334,16 @@ class MediaHook:
                     resample(wav, rate, SAMPLING_RATE), min_samples=encoder.min_samples
                 )
                 self._check_audio_length(path, encoder, frames)
-                return Encoded(encoder.encode(feats), None, frames)
+                return Loaded("audio", feats, frames)
             if kind == "video":
-                return self._encode_video(part)
+                return self._load_video(part)
             from edgeomni.runtime.media.image import (
                 load_image,
                 preprocess,
                 smart_resize,
             )
 
-            visual, settings = self._visual("image")
+            settings = self._visual("image")[1]
             image = load_image(path)
             if not part.do_resize:  # the caller resized it: it must be the model's target size
                 height, width = image.shape[:2]
@@ -249,15 +358,16 @@ class MediaHook:
                         f"{width}x{height}"
                     )
                 settings = dataclasses.replace(settings, do_resize=False)
-            return _through(visual, *preprocess(image, settings))
+            pixels, grid = preprocess(image, settings)
+            return Loaded("visual", pixels, tuple(int(g) for g in grid))
         except (OSError, ValueError, ImportError) as e:  # ImportError: the image/video extra
             if isinstance(e, RequestError):
                 raise
             raise RequestError(f"{kind} {path}: {e}") from None
 
-    def _encode_video(self, part: MediaPart) -> Encoded:
-        """A video file (sampled as its processor samples) or frame files, through the visual
-        encoder, with each temporal group's time."""
+    def _load_video(self, part: MediaPart) -> Loaded:
+        """A video file (sampled as its processor samples) or frame files, as the visual
+        encoder's patches, with each temporal group's time."""
         from edgeomni.runtime.media.video import (
             frame_timestamps,
             load_frames,
@@ -265,14 +375,14 @@ class MediaHook:
             read_video,
         )
 
-        visual, settings = self._visual("video")
+        settings = self._visual("video")[1]
         if part.frames:
             video = load_frames(part.frames, part.fps, part.timestamps)
         else:
             video = read_video(part.path, settings, part.fps)
         times = frame_timestamps(video.indices, video.fps, settings.temporal_patch_size)
-        encoded = _through(visual, *preprocess_video(video.frames, settings))
-        return encoded._replace(times=tuple(times))
+        pixels, grid = preprocess_video(video.frames, settings)
+        return Loaded("visual", pixels, tuple(int(g) for g in grid), tuple(times))
 
     def _visual(self, kind: str) -> tuple[Any, Any]:
         """The visual encoder and its ``kind`` ("image" or "video") processor settings."""
@@ -282,8 +392,3 @@ class MediaHook:
             raise RequestError(f"the visual engine folder has no {kind}_processor settings")
         return visual, settings
 
-
-def _through(visual: Any, pixels: np.ndarray, grid: Sequence[int]) -> Encoded:
-    """Patches of one image or video through the visual encoder, with their grid."""
-    embeds, deep = visual.encode(pixels, grid)
-    return Encoded(embeds, deep, tuple(int(g) for g in grid))
