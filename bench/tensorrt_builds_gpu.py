@@ -7,6 +7,7 @@ one kernel launch a call). TensorRT-RTX cannot load engines on the H200 (sm_90):
 engine-layer column says so.
 
     python bench/tensorrt_builds_gpu.py --out DIR --size tiny  # Qwen3, -Omni, -TTS, -VL, -ASR
+    python bench/tensorrt_builds_gpu.py --out DIR --size tiny --families qwen3_vl,qwen3_asr
     python bench/tensorrt_builds_gpu.py --out DIR --size real --work W  # Omni talker, predictor, code2wav
     python bench/tensorrt_builds_gpu.py --out DIR --size tiny --quantization int4_rtn --no-ort
         # the int4 decoders as TensorRT builds them (INT4 DequantizeLinear + MatMul)
@@ -152,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="TensorRT builds only (ONNX Runtime's node counts from an earlier run)",
     )
+    p.add_argument("--families", default=None,
+                   help="the tiny families to build, comma-separated (default: all)")  # fmt: skip
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--quantization", choices=("int4_rtn", "int4_awq"),
                    help="edge-build --quantization for every build")  # fmt: skip
@@ -164,7 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     backends = (args.backend,) if args.no_ort else (args.backend, "onnxruntime")
     wanted = args.components.split(",") if args.components else None
     if args.size == "tiny":
-        for name, make in tiny_checkpoints(args.work / "ckpt").items():
+        makers = tiny_checkpoints(args.work / "ckpt")
+        chosen = args.families.split(",") if args.families else list(makers)
+        unknown = sorted(set(chosen) - set(makers))
+        if unknown:
+            p.error(f"unknown families {unknown}; known: {', '.join(makers)}")
+        for name in chosen:
+            make = makers[name]
             try:
                 ckpt = make()
             except Exception as e:  # a transformers version without the model's config class

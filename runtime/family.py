@@ -77,7 +77,9 @@ class RuntimeFamily:
     ``request_messages(messages, controls)`` (a request's messages with the family's request
     controls applied, such as a forced language as the start of the reply, which is then
     continued; None when none is given) and ``partial(text)`` (the transcript so far of a reply
-    being written, for streamed deltas); a class is instantiated once, without arguments;
+    being written, for streamed deltas) and ``language_name(value)`` (a forced language's
+    name as the model writes it, for an answer whose reply does not repeat it); a class is
+    instantiated once, without arguments;
     edge-serve's /v1/audio/transcriptions and edge-infer read it.
     ``label``: the family's name in messages ("a <label> control")."""
 

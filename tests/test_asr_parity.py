@@ -316,6 +316,7 @@ def test_served_transcriptions_equal_edge_infers(
         forced = c.audio.transcriptions.create(model=MODEL, file=("a.wav", audio), language="en",
                                                prompt=CONTEXT, response_format="verbose_json")  # fmt: skip
         assert forced.text == wanted["en"]["transcript"] and wanted["en"]["language"] == "English"
+        assert forced.language == "english"  # OpenAI's form of the forced language's name
         events = list(c.audio.transcriptions.create(model=MODEL, file=("a.wav", audio),
                                                     prompt=CONTEXT, stream=True))  # fmt: skip
         assert "".join(e.delta for e in events[:-1]) == events[-1].text == got.text

@@ -127,7 +127,10 @@ def transcript(stt: Any, text: str, asked: Asked) -> tuple[str | None, str]:
     """(language, transcript) of the model's whole reply: the language it names, else the one
     the request forced (a forced language is not repeated in the reply)."""
     language, words = stt.parse(text)
-    return language or asked.language, words
+    if language is None and asked.language is not None:
+        name = getattr(stt, "language_name", None)  # the form's name for a code it was given
+        language = name(asked.language) if name is not None else asked.language
+    return language, words
 
 
 def answer_body(stt: Any, text: str, asked: Asked, usage: dict[str, int]) -> Any:

@@ -49,6 +49,8 @@ def forced_start(language: str | None) -> str:
 class Transcription:
     """Qwen3-ASR's transcription form; stateless (its methods are static)."""
 
+    language_name = staticmethod(language_name)  # a forced language's name, for the answer
+
     @staticmethod
     def messages(
         audio: str, language: str | None = None, prompt: str | None = None
