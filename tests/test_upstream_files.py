@@ -1,7 +1,8 @@
 """TensorRT Edge-LLM's own request files run as they are, and predictions.json carries
 llm_inference's fields (issue 15): an LLM file with upstream's keys (logit_bias against
 transformers' sequence_bias, logprobs against transformers' logits, a LoRA request failing
-alone), a VLM request with a JPEG and a pre-resized PNG, ASR with FLAC and MP3 (on Qwen3-Omni
+alone), a VLM request with a JPEG and a pre-resized PNG (on Qwen3-Omni and Qwen3-VL), ASR with
+FLAC and MP3 (on Qwen3-Omni
 and on Qwen3-ASR), and an omni file that speaks, each entry's fields and types checked."""
 
 from __future__ import annotations
@@ -248,6 +249,41 @@ def test_vlm_and_asr_requests_in_upstream_format(
     # these text-only media requests ran in-flight; fixed cohorts give the same tokens
     code, again = run(omni_engine, tmp_path, body, "--batching", "cohort")
     assert [e["stages"].get("thinker", {}).get("output_tokens") for e in again["responses"]] == (
+        tokens
+    )
+
+
+def test_vlm_requests_in_upstream_format_on_qwen3_vl(
+    vl_engine: Path, media_files: dict[str, Path], tmp_path: Path
+) -> None:
+    """llm_inference's VLM file on the Qwen3-VL graph: every request answered (a JPEG, a PNG,
+    a pre-resized one, two images in one turn, a system prompt, text only, upstream's
+    ``reference`` key), in flight and in fixed cohorts alike."""
+    f = media_files
+    two = _part("image", f["jpeg"], "Compare them.")
+    two["messages"][0]["content"].insert(1, {"type": "image", "image": str(f["png"])})
+    system = _part("image", f["png"], "What is in it?")
+    system["messages"].insert(0, {"role": "system", "content": "You describe images."})
+    body = {
+        "top_k": 1, "max_generate_length": 4, "batch_size": 3,
+        "requests": [
+            _part("image", f["jpeg"], "Describe this image."),
+            _part("image", f["png"], "Describe this image.", do_resize=False),
+            two, system,
+            {"messages": [{"role": "user", "content": "Say hi."}], "reference": "Hi!"},
+            _part("image", f["png"], "Describe this image."),
+        ],
+    }  # fmt: skip
+    code, pred = run(vl_engine, tmp_path, body)
+    out = pred["responses"]
+    assert code == 0, [e["error"] for e in out]
+    for i, e in enumerate(out):
+        check_entry(e, i)
+        assert e["ok"] and e["stages"]["llm"]["output_tokens"], e
+    tokens = [e["stages"]["llm"]["output_tokens"] for e in out]
+    assert tokens[1] == tokens[5]  # the pre-resized PNG read as it is, or resized to itself
+    code, again = run(vl_engine, tmp_path, body, "--batching", "cohort")
+    assert code == 0 and [e["stages"]["llm"]["output_tokens"] for e in again["responses"]] == (
         tokens
     )
 
