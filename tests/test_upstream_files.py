@@ -2,8 +2,8 @@
 llm_inference's fields (issue 15): an LLM file with upstream's keys (logit_bias against
 transformers' sequence_bias, logprobs against transformers' logits, a LoRA request failing
 alone), a VLM request with a JPEG and a pre-resized PNG (on Qwen3-Omni and Qwen3-VL), ASR with
-FLAC and MP3 (on Qwen3-Omni
-and on Qwen3-ASR), and an omni file that speaks, each entry's fields and types checked."""
+FLAC and MP3 (on Qwen3-Omni and on Qwen3-ASR), and an omni file that speaks, each entry's fields
+and types checked."""
 
 from __future__ import annotations
 
