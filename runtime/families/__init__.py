@@ -43,7 +43,6 @@ STAGE_PREFIXES: tuple[str, ...] = tuple(
 )
 
 
-
 def merged_keys(declared: tuple[RuntimeFamily, ...]) -> dict[str, RequestKey]:
     """Every family's request controls; a key several families declare (Qwen3-TTS's and
     Qwen3-ASR's ``language``) is one control each of their stages reads as it declares: its
