@@ -90,7 +90,7 @@ def vl_config(ids: dict[str, int], **text: Any) -> Any:
     with a DeepStack tap after each layer; ``text`` overrides text_config fields."""
     from transformers import Qwen3VLConfig
 
-    text_config = dict(
+    tiny = dict(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
@@ -102,8 +102,8 @@ def vl_config(ids: dict[str, int], **text: Any) -> Any:
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
                          "mrope_section": [4, 2, 2], "mrope_interleaved": True},
         pad_token_id=ids["<|endoftext|>"],
-        **text,
     )  # fmt: skip
+    text_config = {**tiny, **text}  # an override replaces the tiny value (dict(**) would raise)
     return Qwen3VLConfig(
         text_config=text_config,
         vision_config=tiny_vision_config(),

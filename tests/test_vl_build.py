@@ -57,3 +57,29 @@ def test_int4_build_answers_media_requests(vl_ckpt: Path, exports, tmp_path: Pat
     for outcome in Pipeline(eng).run(requests, batch_size=3):
         assert outcome.entry["ok"], outcome.entry["error"]
         assert len(outcome.entry["stages"]["llm"]["output_tokens"]) == 6
+
+
+def test_a_tied_checkpoint_builds_its_head_from_the_embedding(vl_ckpt: Path, tmp_path: Path):
+    """Qwen3-VL-2B ties its lm_head to the embedding and stores no lm_head: the llm's head is
+    the checkpoint's language-model embedding (its name was once prefixed twice, failing every
+    tied build)."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from edgeomni.export.common.checkpoint import open_checkpoint
+    from edgeomni.export.families.qwen3_vl.build import build_llm
+
+    tied = tmp_path / "tied"
+    shutil.copytree(vl_ckpt, tied)
+    weights = load_file(str(tied / "model.safetensors"))
+    del weights["lm_head.weight"]
+    save_file(weights, str(tied / "model.safetensors"))
+    config = json.loads((tied / "config.json").read_text())
+    config["tie_word_embeddings"] = config["text_config"]["tie_word_embeddings"] = True
+    (tied / "config.json").write_text(json.dumps(config))
+    llm = build_llm(open_checkpoint(tied))
+    head = dict(llm.named_parameters())["lm_head_t"].detach()  # [H, V]
+    assert torch.equal(head, weights["model.language_model.embed_tokens.weight"].t())

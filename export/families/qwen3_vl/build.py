@@ -79,9 +79,10 @@ def llm_module(config: dict[str, Any]) -> CausalLM:
 def build_llm(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> CausalLM:
     module = llm_module(ckpt.config)
 
-    def get(name: str) -> torch.Tensor:  # our "model.X" is the checkpoint's language_model's
-        full = TEXT_PREFIX + name[len("model.") :] if name.startswith("model.") else name
-        return ckpt.tensor(full)
+    def get(name: str) -> torch.Tensor:  # our "model.X" is the checkpoint's language_model's;
+        # the head (lm_head_name) is named as the checkpoint stores it (a tied one's embedding)
+        ours = name.startswith("model.") and not name.startswith(TEXT_PREFIX)
+        return ckpt.tensor(TEXT_PREFIX + name[len("model.") :] if ours else name)
 
     load_decoder(module, get, prefix="", lm_head=lm_head_name(ckpt), dtype=dtype,
                  where=str(ckpt.path))  # fmt: skip
