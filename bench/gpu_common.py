@@ -30,16 +30,17 @@ PEERS = {
 
 # -- phases ----------------------------------------------------------------------------------
 PHASES: dict[str, float] = {}
+TAG = ["gpu_omni"]  # the script name phase() prints (a script sets TAG[0])
 
 
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
     """Time and print one phase, so the output shows where the GPU machine's time goes."""
-    print(f"[gpu_omni] {name} ...", flush=True)
+    print(f"[{TAG[0]}] {name} ...", flush=True)
     start = time.perf_counter()
     yield
     PHASES[name] = round(PHASES.get(name, 0.0) + time.perf_counter() - start, 2)
-    print(f"[gpu_omni] {name} done in {time.perf_counter() - start:.1f} s", flush=True)
+    print(f"[{TAG[0]}] {name} done in {time.perf_counter() - start:.1f} s", flush=True)
 
 
 def cuda_available() -> bool:

@@ -158,9 +158,10 @@ def _timed(fn) -> float:  # noqa: ANN001
     return time.perf_counter() - start
 
 
-def bytes_per_step(layers: int, context: int) -> dict:
-    """fp32 bytes a decode step must read: every non-embedding weight, the LM head, the KV used."""
-    c = {**QWEN3_06B, "num_hidden_layers": layers}
+def bytes_per_step(layers: int, context: int, config: dict | None = None) -> dict:
+    """fp32 bytes a decode step must read: every non-embedding weight, the LM head, the KV used
+    (of Qwen3-0.6B, or of ``config``: a Qwen3 text config's fields)."""
+    c = {**(config or QWEN3_06B), "num_hidden_layers": layers}
     h, i, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
     q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h + 2 * d
