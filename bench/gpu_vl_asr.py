@@ -53,6 +53,19 @@ from vl_asr_cpu import (  # noqa: E402
     write_image,
 )
 
+NEEDS = {"vl": ("PIL", "Pillow"), "asr": ("soundfile", "soundfile")}  # media readers
+
+
+def preflight(models: list[str]) -> None:
+    """Stop before minutes of building when a model's media reader is not installed."""
+    import importlib.util
+
+    for model in models:
+        module, package = NEEDS[model]
+        if importlib.util.find_spec(module) is None:
+            raise SystemExit(f"gpu_vl_asr: --models {model} needs {package} (not importable); "
+                             f"install it into the staged site dir, or leave {model} out")  # fmt: skip
+
 
 def media_files(work: Path, model: str, count: int) -> list[Path]:
     """``count`` different images or clips (same size, so every prompt has the same length)."""
@@ -273,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     args = parse_args(argv)
+    preflight(args.models)
     TAG[0] = "gpu_vl_asr"
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("edge-build").setLevel(logging.INFO)

@@ -8,15 +8,23 @@ Runtime, CPU, float32) and run by edge-infer's pipeline; transformers runs the s
 in float32 with its own processor. Measured, each side alone in the process:
 
 - time to first token (TTFT): one request from its file on disk (the image or the WAV read,
-  preprocessed, encoded, the prompt prefilled, one token drawn) with max 1 new token;
+  preprocessed, encoded, the prompt prefilled, one token drawn) with max 1 new token, against
+  the compute bound (the FLOPs of that work, counted by torch's FlopCounterMode on
+  transformers' side / the measured float32 GEMM rate of this CPU);
 - decode: (wall of N tokens - wall of 1 token) / (N - 1), N fixed on both sides (end of
   sequence held back: ``min_generate_length`` / ``min_new_tokens``), against the memory
   bandwidth bound (bytes of weights and KV a step reads / measured read bandwidth);
 - ASR real-time factor: wall of the whole transcription of a 10 s clip (N tokens) / 10 s.
 
 Greedy tokens must be identical between the two (token ids: the tiny makers' tokenizer has
-512 ids, so most of the 151936 the model can draw decode to no text); the script exits 1 when
-they differ. Times are the best of ``--repeats`` after a warm-up.
+512 ids, so most of the 151936 the model can draw decode to no text), and so must the first
+token's top-5 candidates (their log-probabilities are printed side by side: random weights at
+these depths often repeat one token, so the top-5 is the stronger check); the script exits 1
+when either differs. Times are the best of ``--repeats`` after a warm-up.
+
+At real size the checkpoints are stored in bf16 (half the disk; both sides read the same
+values as float32). The two sides run one after the other in this process, each freed before
+the next loads (the 2B model is 8.5 GB in float32).
 
     python bench/vl_asr_cpu.py [--size real|tiny] [--models vl,asr] [--repeats 3] [--json F]
 """
@@ -84,6 +92,7 @@ IMAGE_PIXELS = 512  # square side
 AUDIO_SECONDS = 10.0
 SAMPLE_RATE = 16000
 VL_PROMPT = "Describe this image."
+TOP_K = 5  # the first token's candidates compared between the sides
 
 
 # -- checkpoints -----------------------------------------------------------------------------
@@ -281,6 +290,21 @@ class Reference:
                                       min_new_tokens=new_tokens, do_sample=False)  # fmt: skip
         return out[:, inputs["input_ids"].shape[1] :].tolist()
 
+    def first_step(self, inputs: dict[str, Any], k: int = TOP_K) -> tuple[float, list]:
+        """Untimed: the FLOPs of the work up to the first token (encoder, prefill, the last
+        row's head; torch's FlopCounterMode), and the first token's top-k (id, logprob)."""
+        import torch
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            out = self.model.generate(**inputs, max_new_tokens=1, do_sample=False,
+                                      output_logits=True, return_dict_in_generate=True)  # fmt: skip
+        logprobs = torch.log_softmax(out.logits[0][0].float(), -1)
+        values, ids = logprobs.topk(k)
+        return float(counter.get_total_flops()), list(
+            zip(ids.tolist(), values.tolist(), strict=True)
+        )
+
     def close(self) -> None:
         self.model = self.bundle = self.processor = None
         gc.collect()
@@ -301,8 +325,10 @@ def time_transformers(model: str, ckpt: Path, media: Path, new_tokens: int, repe
         ttft.append(once(1)[0])
         wall, tokens, prompt = once(new_tokens)
         full.append(wall)
+    flops, top = ref.first_step(ref.inputs([media]))
     ref.close()
-    return {"ttft_s": ttft, "full_s": full, "tokens": tokens, "prompt_tokens": prompt}
+    return {"ttft_s": ttft, "full_s": full, "tokens": tokens, "prompt_tokens": prompt,
+            "ttft_flops": flops, "top": top}  # fmt: skip
 
 
 # -- edgeomni --------------------------------------------------------------------------------
@@ -343,6 +369,9 @@ def time_edgeomni(model: str, engine: Path, media: Path, new_tokens: int, repeat
 
     once(first)  # warm-up: loads the engines
     once(full)
+    checked = parse({**request_body(model, [media], 1), "num_logprobs": TOP_K})
+    (outcome,) = pipe.run(checked, batch_size=1)
+    top = [(c["token_id"], c["logprob"]) for c in outcome.entry["logprobs"][0]]
     ttft, walls, detail = [], [], {}
     for _ in range(repeats):
         ttft.append(once(first)[0])
@@ -358,6 +387,7 @@ def time_edgeomni(model: str, engine: Path, media: Path, new_tokens: int, repeat
         # the runner's own split of the last full run
         "prefill_ms": detail["prefill_ms"],
         "decode_ms_per_step": round(detail["decode_ms"] / max(1, detail["decode_steps"]), 2),
+        "top": top,
     }
 
 
@@ -377,13 +407,46 @@ def summarize(side: dict[str, Any], new_tokens: int) -> dict[str, Any]:
     }
 
 
+def gemm_gflops(n: int = 2048, repeats: int = 5) -> dict[str, float]:
+    """Sustained float32 GEMM rate of this CPU, all cores: an [n, n] x [n, n] MatMul in ONNX
+    Runtime and in torch, best of ``repeats`` (the compute bound of prefill and encoders)."""
+    import onnxruntime as ort
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])],
+        [numpy_helper.from_array(w, "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.ones((n, n), np.float32)
+    a, b = torch.from_numpy(x), torch.from_numpy(w)
+    flop = 2 * n**3
+    out = {}
+    for name, fn in (("ort", lambda: sess.run(None, {"x": x})), ("torch", lambda: a @ b)):
+        fn()
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - start)
+        out[name] = flop / best / 1e9
+    return out
+
+
 def text_config(ckpt: Path) -> dict[str, Any]:
     cfg = json.loads((ckpt / "config.json").read_text())
     return cfg["text_config"]
 
 
-def compare(model: str, ckpt: Path, ours: dict, ref: dict, new_tokens: int, bw_gbs: float) -> dict:
+def compare(model: str, ckpt: Path, ours: dict, ref: dict, new_tokens: int, bw_gbs: float,
+            gflops: float) -> dict:  # fmt: skip
     o, r = summarize(ours, new_tokens), summarize(ref, new_tokens)
+    flop_ms = ref["ttft_flops"] / (gflops * 1e9) * 1e3
     c = text_config(ckpt)
     context = o["prompt_tokens"] + new_tokens // 2
     traffic = bytes_per_step(c["num_hidden_layers"], context, c)
@@ -403,7 +466,16 @@ def compare(model: str, ckpt: Path, ours: dict, ref: dict, new_tokens: int, bw_g
         "bound_ms_per_token": round(bound_ms, 2),
         "edgeomni_fraction_of_bound": round(bound_ms / o["decode_ms_per_token"], 3),
         "transformers_fraction_of_bound": round(bound_ms / r["decode_ms_per_token"], 3),
+        "ttft_gflop": round(ref["ttft_flops"] / 1e9, 1),
+        "ttft_compute_bound_ms": round(flop_ms, 1),
+        "edgeomni_ttft_fraction_of_compute_bound": round(flop_ms / o["ttft_ms"], 3),
+        "transformers_ttft_fraction_of_compute_bound": round(flop_ms / r["ttft_ms"], 3),
         "same_tokens": ours["tokens"] == ref["tokens"],
+        "first_token_top": {"edgeomni": ours["top"], "transformers": ref["top"]},
+        "same_top_ids": [i for i, _ in ours["top"]] == [i for i, _ in ref["top"]],
+        "top_logprob_max_diff": max(
+            abs(a[1] - b[1]) for a, b in zip(ours["top"], ref["top"], strict=True)
+        ),
         "edgeomni_tokens": ours["tokens"],
         "transformers_tokens": ref["tokens"],
     }
@@ -424,6 +496,9 @@ def table(results: dict[str, dict]) -> str:
         rows += [
             (f"{model} TTFT ({what}, {r['prompt_tokens']} prompt tokens)",
              f"{o['ttft_ms']:.0f} ms", f"{t['ttft_ms']:.0f} ms", f"{r['ttft_speedup']}x"),
+            (f"{model} TTFT / compute bound ({r['ttft_gflop']} GFLOP: {r['ttft_compute_bound_ms']} ms)",
+             f"{100 * r['edgeomni_ttft_fraction_of_compute_bound']:.0f}%",
+             f"{100 * r['transformers_ttft_fraction_of_compute_bound']:.0f}%", ""),
             (f"{model} decode", f"{o['decode_tok_s']} tok/s", f"{t['decode_tok_s']} tok/s",
              f"{r['decode_speedup']}x"),
             (f"{model} decode / bandwidth bound ({r['bound_ms_per_token']} ms)",
@@ -433,7 +508,9 @@ def table(results: dict[str, dict]) -> str:
         if model == "asr":
             rows.append((f"asr RTF ({r['new_tokens']} tokens)", f"{o['rtf']}", f"{t['rtf']}",
                          f"{r['rtf_speedup']}x"))  # fmt: skip
-        rows.append((f"{model} same greedy tokens", str(r["same_tokens"]), "", ""))
+        rows.append((f"{model} same greedy tokens; same first-token top-{TOP_K}",
+                     str(r["same_tokens"]), str(r["same_top_ids"]),
+                     f"logprobs within {r['top_logprob_max_diff']:.1e}"))  # fmt: skip
     width = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, width, strict=True)) for row in rows)
 
@@ -493,6 +570,7 @@ def main() -> int:
     if args.stop_after == "build":
         return 0
     probes = [read_bandwidth_gbs() for _ in range(args.bandwidth_probes)]
+    gemm = [gemm_gflops() for _ in range(args.bandwidth_probes)]
     results, raw = {}, {}
     for model in models:
         n = NEW_TOKENS[model]
@@ -502,9 +580,11 @@ def main() -> int:
         ref = time_transformers(model, ckpts[model], media[model], n, args.repeats)
         raw[model] = (ours, ref)
     probes += [read_bandwidth_gbs() for _ in range(args.bandwidth_probes)]
+    gemm += [gemm_gflops() for _ in range(args.bandwidth_probes)]
     bw = max(max(probe.values()) for probe in probes)
+    peak = max(max(probe.values()) for probe in gemm)
     for model, (ours, ref) in raw.items():
-        results[model] = compare(model, ckpts[model], ours, ref, NEW_TOKENS[model], bw)
+        results[model] = compare(model, ckpts[model], ours, ref, NEW_TOKENS[model], bw, peak)
     load["after"] = os.getloadavg()
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -516,6 +596,8 @@ def main() -> int:
         "audio_s": AUDIO_SECONDS,
         "build_s": built,
         "bandwidth_gbs_best": round(bw, 2),
+        "gemm_gflops_best": round(peak, 1),
+        "probes": {"bandwidth_gbs": probes, "gemm_gflops": gemm},
         "repeats": args.repeats,
         "results": results,
     }
@@ -523,7 +605,7 @@ def main() -> int:
     print("\n" + table(results))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    same = all(r["same_tokens"] for r in results.values())
+    same = all(r["same_tokens"] and r["same_top_ids"] for r in results.values())
     if not same:
         print("[vl_asr] FAILED: edgeomni's and transformers' greedy tokens differ", flush=True)
     return 0 if same else 1
