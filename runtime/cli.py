@@ -247,14 +247,8 @@ def _main(args: argparse.Namespace) -> int:
     from edgeomni.runtime.engine import Engines
     from edgeomni.runtime.outputs import AudioWriter
     from edgeomni.runtime.pipeline import INTERRUPTED, Interrupted, Pipeline, StageError
-    from edgeomni.runtime.requests import (
-        json_bytes,
-        load_request_file,
-        parse_request_file,
-        parse_sampling,
-        predictions,
-        write_predictions,
-    )
+    from edgeomni.runtime.predictions import json_bytes, predictions, write_predictions
+    from edgeomni.runtime.requests import load_request_file, parse_request_file, parse_sampling
 
     if args.validate_config:
         return _validate(args.config)

@@ -356,7 +356,7 @@ ROWS = [
         BAD_REQUEST, "unknown voice 'nobody'; this model's voices are", engine="omni",
         opens=True),
     Row("disk-full-writing-predictions",
-        lambda w: (w.monkeypatch.setattr("edgeomni.runtime.requests.write_json_atomic", disk_full),
+        lambda w: (w.monkeypatch.setattr("edgeomni.runtime.predictions.write_json_atomic", disk_full),
                    w.run())[1], cli.EXIT_INTERNAL,
         "cannot write the outputs: No space left on device", opens=True),
     Row("disk-full-writing-audio",

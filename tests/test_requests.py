@@ -11,14 +11,13 @@ from typing import Any
 
 import pytest
 
+from edgeomni.runtime.predictions import write_json_atomic, write_predictions
 from edgeomni.runtime.requests import (
     BadRequest,
     Request,
     load_request_file,
     parse_request_file,
     parse_sampling,
-    write_json_atomic,
-    write_predictions,
 )
 from edgeomni.runtime.sampling import SamplingParams
 
