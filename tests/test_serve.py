@@ -26,7 +26,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from edgeomni.runtime.pipeline import Pipeline  # noqa: E402
 from edgeomni.runtime.requests import parse_request_file  # noqa: E402
 from edgeomni.runtime.serve.app import make_app  # noqa: E402
-from edgeomni.runtime.serve.server import Server  # noqa: E402
+from edgeomni.runtime.serve.server import DONE, Server  # noqa: E402
 from edgeomni.runtime.serve.warmup import needed, warm_up  # noqa: E402
 
 PROMPTS = ["Hello! How are you?", "Tell me a story about a fox.", "What is two plus two?",
@@ -603,13 +603,27 @@ def test_warm_up_runs_every_batch_size_as_a_client_would(
     server = Server(Pipeline(engine), batch_size=2, max_queue=0)
     cohorts: list[int] = []
     audio: list[int] = []
+    unread: set[int] = set()  # requests whose end the warm-up has not yet read
     submit, event = server.submit, server._event
 
     def counted_submit(request: Any, loop: Any, terminals: Any = None, cleanup: Any = None) -> Any:
-        if not cohorts or server.in_flight == 0:
-            cohorts.append(0)  # a new cohort starts once the last has left
+        # a new cohort starts once the warm-up has read the end of every request before it
+        # (not once they have left the server: a tiny request can leave between two submits)
+        if not unread:
+            cohorts.append(0)
         cohorts[-1] += 1
-        return submit(request, loop, terminals, cleanup)
+        pending = submit(request, loop, terminals, cleanup)
+        unread.add(pending.index)
+        get = pending.events.get
+
+        async def counted_get() -> Any:
+            event = await get()
+            if event is DONE:
+                unread.discard(pending.index)
+            return event
+
+        pending.events.get = counted_get  # type: ignore[method-assign]
+        return pending
 
     def counted_event(e: Any) -> None:
         if isinstance(e, AudioChunk):

@@ -190,3 +190,39 @@ def test_video_file_request_equals_its_frames(vl_engine, tmp_path) -> None:
     a, b = (json.loads((tmp_path / f).read_text())["responses"][0] for f in ("p.json", "q.json"))
     assert a["stages"]["llm"]["output_tokens"] == b["stages"]["llm"]["output_tokens"]
     assert a["stages"]["llm"]["prompt_tokens"] == b["stages"]["llm"]["prompt_tokens"]
+
+
+class _Text:
+    """A tokenizer stand-in: a timestamp text is one token, 100 + its tenths of a second."""
+
+    def encode(self, text: str) -> list[int]:
+        return [100 + round(float(text[1:].split()[0]) * 10)]
+
+
+class _Visual:
+    merge = 2
+
+
+@pytest.mark.parametrize("wrapped", [True, False])
+def test_video_frames_replace_the_templates_wrapper(wrapped) -> None:
+    """A video's frames bring their own start and end tokens, so the template's pair around its
+    placeholder goes (as Qwen3VLProcessor drops it); a bare placeholder and an image's pair stay."""
+    from edgeomni.runtime.families.qwen3_vl.media import VisionMedia
+    from edgeomni.runtime.media.hook import Encoded
+    from edgeomni.runtime.prompt import MediaPart
+
+    start, end, image, video = 1, 2, 3, 4
+    tokens = {"image_token_id": image, "video_token_id": video,
+              "vision_start_token_id": start, "vision_end_token_id": end}  # fmt: skip
+    hook = VisionMedia(Path("."), {"media_tokens": tokens}, threads=1, tokenizer=_Text())
+    hook._encoders["visual"] = _Visual()
+    # two temporal groups of a 1x(2x2) grid, one row each after merging; an image of one row
+    frames = Encoded(np.ones((2, 8), np.float32), None, (2, 2, 2), (0.5, 1.5))
+    picture = Encoded(np.ones((1, 8), np.float32), None, (1, 2, 2))
+    around = [start, video, end] if wrapped else [video]
+    ids = [9, *around, 9, start, image, end]
+    parts = [MediaPart("video", "v.mp4"), MediaPart("image", "i.png")]
+    prompt = hook._splice(ids, parts, [frames, picture])
+    want = [9, 105, start, video, end, 115, start, video, end, 9, start, image, end]
+    assert prompt.ids.tolist() == want
+    assert [at for at, _ in prompt.spans] == [3, 7, 11]

@@ -212,7 +212,11 @@ class MediaHook:
                    "video": prompt.video_grids}  # fmt: skip
         queue = list(zip(parts, encoded, strict=True))
         placeholders = {token: kind for kind, token in self.placeholders.items()}
-        for token in ids:
+        skip_next = False
+        for i, token in enumerate(ids):
+            if skip_next:
+                skip_next = False
+                continue
             if token not in placeholders:
                 out.append(token)
                 continue
@@ -221,6 +225,10 @@ class MediaHook:
             part, enc = queue.pop(0)
             if token != self.placeholders.get(part.kind):
                 raise RequestError(f"media placeholders are out of order at {part.path}")
+            wrapper = self.wrapper(part)
+            if wrapper and out and out[-1] == wrapper[0] and ids[i + 1 : i + 2] == [wrapper[1]]:
+                out.pop()  # the pieces bring their own start and end tokens
+                skip_next = True
             for piece in self.pieces(part, enc):
                 if isinstance(piece, Span):
                     prompt.spans.append((len(out), piece.rows))
@@ -240,6 +248,11 @@ class MediaHook:
         """What a part's placeholder token becomes: token ids (text the model reads) and spans
         of the encoder's rows; here its rows alone."""
         return [Span(encoded.rows, encoded.deepstack)]
+
+    def wrapper(self, part: MediaPart) -> tuple[int, int] | None:
+        """The start and end tokens that, right around the part's placeholder in the rendered
+        template, its ``pieces`` replace too (they bring their own); here none."""
+        return None
 
     def positions(self, prompt: Prompt) -> None:
         """Set ``prompt.positions`` and ``prompt.delta`` where the model's media need them;

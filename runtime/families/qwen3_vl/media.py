@@ -1,6 +1,7 @@
 """Qwen3-VL's media hook for its LLM: the shared hook (runtime/media/hook.py) reading images and
 videos through the visual encoder, with Qwen3VLProcessor's video layout (each temporal group of
-frames ``<t seconds><|vision_start|>`` + its placeholder tokens + ``<|vision_end|>``) and
+frames ``<t seconds><|vision_start|>`` + its placeholder tokens + ``<|vision_end|>``, in place of
+the template's ``<|vision_start|><|video_pad|><|vision_end|>``) and
 get_rope_index's positions (runtime/media/mrope.py), done on the host."""
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ class VisionMedia(MediaHook):
             out += [self.tokenizer.encode(f"<{seconds:.1f} seconds>"), [start],
                     Span(encoded.rows[rows], deep), [end]]  # fmt: skip
         return out
+
+    def wrapper(self, part: MediaPart) -> tuple[int, int] | None:
+        """A video's frames each have a start and an end token, so the template's pair around the
+        video's placeholder goes, as Qwen3VLProcessor drops it (transformers >= 5.25, and the
+        model's original processor; 5.24 kept it)."""
+        if part.kind != "video":
+            return None
+        return self.tokens["vision_start_token_id"], self.tokens["vision_end_token_id"]
 
     def positions(self, prompt: Prompt) -> None:
         if prompt.image_grids or prompt.video_grids:
