@@ -11,7 +11,7 @@ import posixpath
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from edgeomni.builder import interrupts, manifest
 from edgeomni.builder.errors import BuildError
 from edgeomni.builder.workspace import Workspace, workspace
 from edgeomni.export.common.checkpoint import open_checkpoint
+from edgeomni.export.common.onnx_export import keeping_decoders
 from edgeomni.export.family import BuildArgs, Component
 from edgeomni.export.registry import family_for
 
@@ -30,7 +31,7 @@ log = logging.getLogger("edge-build")
 # engines built before (the replaced engine dir's, this build's earlier components') that a
 # backend may learn from (TensorRT's timing cache)
 Backend = Callable[[Path, Path, BuildArgs, Any, Sequence[Path]], dict[str, Any]]
-BACKENDS = ("onnxruntime", "tensorrt", "tensorrt-rtx")
+BACKENDS = ("onnxruntime", "tensorrt", "tensorrt-rtx", "fused")
 
 
 def _backend(name: str) -> Backend:
@@ -46,6 +47,13 @@ def _backend(name: str) -> Backend:
 
         tensorrt.load(name)  # before any export: a missing or old TensorRT is a bad input
         return tensorrt.build_engine
+    if name == "fused":
+        from edgeomni.builder import fused
+        from edgeomni.export.common.onnx_export import kept_decoders
+
+        return lambda raw, out, args, ranges, seeds: fused.build_engine(
+            kept_decoders(), raw, out, args, ranges, seeds
+        )
     raise BuildError(f"unknown backend {name!r}; choose {', '.join(BACKENDS)}")
 
 
@@ -86,6 +94,10 @@ def check_flags(args: BuildArgs) -> None:
             raise BuildError(f"{flag} must be at least 1, got {value}")
     if args.backend.startswith("tensorrt") and args.device != "cuda":
         raise BuildError(f"--backend {args.backend} builds engines for a GPU: use --device cuda")
+    if args.backend == "fused":
+        from edgeomni.builder import fused
+
+        fused.check_args(args)
     if args.quantization:  # the method, the group and the calibration text, before any export
         from edgeomni.builder import awq, quantize
 
@@ -154,7 +166,9 @@ def build(
     preflight(hooks, ckpt, selected, args)
     warn_position_limits(hooks, ckpt, selected, args)
     engine_dir = engine_dir.resolve()
-    with workspace(engine_dir) as ws:
+    # the fused backend lays out the decoder modules the export traced (builder/fused.py)
+    keep = keeping_decoders() if args.backend == "fused" else nullcontext()
+    with workspace(engine_dir) as ws, keep:
         log.info("building %s (%s family) into %s", model_dir, family.name, engine_dir)
         graph_path = _build_in(ws, hooks, ckpt, selected, backend, args)
         ordinary_modes(ws.staging)

@@ -74,14 +74,18 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--backend",
-        choices=("onnxruntime", "tensorrt", "tensorrt-rtx"),
+        choices=("onnxruntime", "tensorrt", "tensorrt-rtx", "fused"),
         default=None,
         help="engine backend (default onnxruntime). tensorrt: TensorRT 10.3 or later (module "
         "tensorrt; before 10.15 attention runs as edgeomni's plugin, before 10.9 a Python one "
         "that only edgeomni's runtime loads); tensorrt-rtx: TensorRT-RTX "
         "1.7 or later (module tensorrt_rtx). Both build "
         "on this machine's GPU, for GPUs of its compute capability, and need --device cuda "
-        "(their default). An engine runs only with the TensorRT version that built it",
+        "(their default). An engine runs only with the TensorRT version that built it. fused: "
+        "dense decoders (LLM, Qwen3-TTS talker, code predictors) run by edgeomni's own CUDA "
+        "kernels, compiled by NVRTC when loaded (cuda-python; --dtype float16 or float32, no "
+        "--quantization yet), the other components by ONNX Runtime's CUDA provider; needs "
+        "--device cuda (its default)",
     )
     p.add_argument(
         "--device",
@@ -217,7 +221,7 @@ def _run(args: argparse.Namespace) -> int:
             max_kv_cache_capacity=_or(args.max_kv_cache_capacity, 4096),
             backend=args.backend or "onnxruntime",
             device=args.device
-            or ("cuda" if (args.backend or "").startswith("tensorrt") else "cpu"),
+            or ("cuda" if (args.backend or "").startswith(("tensorrt", "fused")) else "cpu"),
             dtype=args.dtype or "float32",
             logits_topk=args.logits_topk,
             quantization=args.quantization,

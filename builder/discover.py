@@ -10,9 +10,10 @@ each component's engine may be, so a graph can be written for them without build
 - every other component: its own subdirectory, ``<name>/`` (``talker/``, ``code_predictor/``,
   ``code2wav/``), or the subdir its family builds it into when that differs.
 
-A place holds a component when it has the component's engine file (``Component.engine``, or the
-TensorRT engine of that name, ``llm.engine`` for ``llm.onnx``) and a ``config.json``. Any other
-engine file (``*.onnx``, ``*.engine``) up to two directory levels below the engine dir is left
+A place holds a component when it has the component's engine file (``Component.engine``, the
+TensorRT engine of that name, ``llm.engine`` for ``llm.onnx``, or the fused backend's
+``llm.fused.safetensors``) and a ``config.json``. Any other engine file (``*.onnx``,
+``*.engine``, ``*.fused.safetensors``) up to two directory levels below the engine dir is left
 out of the graph and reported, so a misplaced engine is never silently dropped.
 """
 
@@ -30,7 +31,8 @@ log = logging.getLogger("edge-build")
 BACKBONE = "llm"
 BACKBONE_PLACES = (".", "thinker", "llm")
 ENCODERS = ("audio", "visual")
-ENGINE_SUFFIXES = (".onnx", ".engine")
+FUSED_SUFFIX = ".fused.safetensors"  # the fused backend's engine files (builder/fused.py)
+ENGINE_SUFFIXES = (".onnx", ".engine", FUSED_SUFFIX)
 SCAN_DEPTH = 2  # directory levels below the engine dir that are scanned for stray engines
 
 
@@ -61,10 +63,19 @@ def shown(place: str) -> str:
     return "." if place == "." else f"{place}/"
 
 
-def _holds(engine_dir: Path, place: str, component: Component) -> bool:
+def engine_names(component: Component) -> tuple[str, ...]:
+    """The files that hold a component's engine: its ONNX file, the TensorRT engine of that
+    name, the fused backend's weights (``llm.fused.safetensors`` for ``llm.onnx``)."""
+    stem = Path(component.engine).stem
+    return (component.engine, f"{stem}.engine", f"{stem}{FUSED_SUFFIX}")
+
+
+def _engine_in(engine_dir: Path, place: str, component: Component) -> str | None:
+    """The component's engine file in this place (beside a config.json), or None."""
     folder = engine_dir / place
-    engines = (component.engine, Path(component.engine).with_suffix(".engine").name)
-    return any((folder / e).is_file() for e in engines) and (folder / "config.json").is_file()
+    if not (folder / "config.json").is_file():
+        return None
+    return next((e for e in engine_names(component) if (folder / e).is_file()), None)
 
 
 def scan(engine_dir: Path, depth: int = SCAN_DEPTH) -> Iterator[Path]:
@@ -112,12 +123,12 @@ def discover(engine_dir: Path, components: Sequence[Component]) -> Discovery:
     used: set[str] = set()
     for comp in components:
         where = places(comp)
-        hit = next((p for p in where if _holds(engine_dir, p, comp)), None)
+        hit = next((p for p in where if _engine_in(engine_dir, p, comp)), None)
         if hit is None:
             missing[comp.name] = where
             continue
         found[comp.name] = hit
-        used.add((Path(hit) / comp.engine).as_posix())
+        used.add((Path(hit) / str(_engine_in(engine_dir, hit, comp))).as_posix())
         log.info("found %s engine in %s", comp.name, shown(hit))
 
     left_out: list[str] = []

@@ -106,6 +106,7 @@ def parse_device(device: Any) -> tuple[str, int]:
 
 
 TENSORRT = ("tensorrt", "tensorrt-rtx")
+FUSED = "fused"  # edgeomni's own CUDA kernels for dense decoders (runtime/fused_engine.py)
 
 
 class OrtBinding:
@@ -347,6 +348,11 @@ def open_engine(
     engines' (see OrtEngine). Stages open engines through ``Engines.open``."""
     device = check_engine(folder, config)
     engine_file = folder / str(config["engine"])
+    if config.get("backend") == FUSED:
+        from edgeomni.runtime.fused_engine import FusedEngine
+
+        return FusedEngine(engine_file, config, cuda_graphs=cuda_graphs,
+                           device=parse_device(device)[1])  # fmt: skip
     if config.get("backend") in TENSORRT:
         from edgeomni.runtime.tensorrt_engine import TrtEngine
 
@@ -384,11 +390,11 @@ def check_engine(folder: Path, config: Mapping[str, Any]) -> str:
     except EngineError:
         kind = None
     ort = backend == "onnxruntime" and kind in ("cpu", "cuda")
-    if not (ort or (backend in TENSORRT and kind == "cuda")):
+    if not (ort or (backend in (*TENSORRT, FUSED) and kind == "cuda")):
         raise EngineError(
             f"engines for backend {backend!r} on device {device!r} are not supported by this "
-            "runtime (it runs onnxruntime engines on the CPU or a CUDA GPU, and TensorRT or "
-            "TensorRT-RTX engines on a CUDA GPU: cuda, or cuda:N for the GPU of index N)"
+            "runtime (it runs onnxruntime engines on the CPU or a CUDA GPU, and TensorRT, "
+            "TensorRT-RTX or fused engines on a CUDA GPU: cuda, or cuda:N for the GPU of index N)"
         )
     engine_file = folder / str(config.get("engine", ""))
     if not config.get("engine") or not engine_file.is_file():
@@ -422,6 +428,13 @@ def _check_cuda(engine_file: Path, backend: str, device: int = 0) -> None:
                 "CUDAExecutionProvider (install onnxruntime-gpu and run on a machine with an "
                 "NVIDIA GPU, or rebuild with --device cpu)"
             )
+    elif backend == FUSED:
+        if importlib.util.find_spec("cuda") is None or not _has_module("cuda.bindings"):
+            raise EngineError(
+                f"{engine_file.name} is a fused engine, whose kernels NVRTC compiles at load: "
+                "install cuda-python and NVRTC (pip install 'edgeomni[cuda]'; NVRTC comes "
+                "with the CUDA toolkit, or JetPack)"
+            )
     else:
         module = "tensorrt_rtx" if backend == "tensorrt-rtx" else "tensorrt"
         if importlib.util.find_spec(module) is None:
@@ -432,6 +445,15 @@ def _check_cuda(engine_file: Path, backend: str, device: int = 0) -> None:
     problem = cuda_device_problem(device)
     if problem:
         raise EngineError(f"{engine_file.name} was built for cuda, but {problem}")
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
 
 
 def cuda_device_problem(device: int = 0) -> str | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-ENGINE_SUFFIXES = (".onnx", ".data", ".engine")
+ENGINE_SUFFIXES = (".onnx", ".data", ".engine", ".fused.safetensors")  # the last: fused weights
 
 
 def footprint(engine_dir: Path) -> dict[str, dict[str, Any]]:
@@ -28,7 +28,8 @@ def footprint(engine_dir: Path) -> dict[str, dict[str, Any]]:
         folder = config.parent
         files = [p for p in folder.iterdir() if p.is_file()]
         engine = sum(p.stat().st_size for p in files if p.name.endswith(ENGINE_SUFFIXES))
-        tables = sum(p.stat().st_size for p in files if p.suffix == ".safetensors")
+        tables = sum(p.stat().st_size for p in files
+                     if p.suffix == ".safetensors" and not p.name.endswith(ENGINE_SUFFIXES))  # fmt: skip
         kv = kv_cache_bytes(cfg)
         out[folder.relative_to(engine_dir).as_posix()] = {
             "component": cfg["component"],

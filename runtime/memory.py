@@ -184,5 +184,30 @@ class DeviceArray:
 
     def __del__(self) -> None:
         if getattr(self, "_owner", False):
+            if _capturing:  # cudaFree would end a stream capture: freed once it is over
+                _deferred.append(self.ptr)
+                return
             with contextlib.suppress(Exception):  # at interpreter shutdown there is no runtime
                 _cudart().cudaFree(self.ptr)
+
+
+# buffers dropped while a CUDA graph is being captured (Python frees them whenever their last
+# reference goes, or the cyclic collector runs): cudaFree synchronises the device, which
+# invalidates the capture, so they are freed after it
+_capturing = 0
+_deferred: list[int] = []
+
+
+@contextlib.contextmanager
+def capturing() -> Any:
+    """Hold buffer frees back while the body captures a CUDA graph."""
+    global _capturing
+    _capturing += 1
+    try:
+        yield
+    finally:
+        _capturing -= 1
+        if not _capturing:
+            cudart = _cudart()
+            while _deferred:
+                cudart.cudaFree(_deferred.pop())

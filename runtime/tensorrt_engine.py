@@ -257,7 +257,8 @@ class TrtBinding:
             if not ctx.execute_async_v3(engine.stream):
                 raise EngineError("TensorRT could not run the engine (its log says why)")
             if captured:
-                self._graphs[graph] = _capture(ctx, cudart, engine.stream)
+                with memory.capturing():
+                    self._graphs[graph] = _capture(ctx, cudart, engine.stream)
         if wait:
             memory.synchronize(engine.device_id)
 

@@ -6,12 +6,45 @@ import contextlib
 import io
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 # Above this many parameter bytes the model goes to ONNX external data (protobuf stops at 2 GB).
 EXTERNAL_DATA_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class ExportedDecoder:
+    """A decoder.CausalLM as export_causal_lm exported it: what a backend that runs the module
+    itself, not its ONNX (edge-build --backend fused), lays out for its kernels."""
+
+    module: Any
+    logits_topk: int
+    topk_exclude: tuple[int, ...]
+    sampler: bool  # an in-engine sampler (export/common/sampler.py) was asked for
+    float32_embeds: bool  # the engine's float inputs are float32 whatever its weights
+
+
+# the decoders exported while ``keeping_decoders`` is open, by ONNX path
+_kept: dict[Path, ExportedDecoder] | None = None
+
+
+def kept_decoders() -> dict[Path, ExportedDecoder]:
+    """What the innermost open ``keeping_decoders`` recorded (empty outside one)."""
+    return _kept if _kept is not None else {}
+
+
+@contextlib.contextmanager
+def keeping_decoders() -> Iterator[dict[Path, ExportedDecoder]]:
+    """Within it, export_causal_lm also records each module it exports, by the path it wrote."""
+    global _kept
+    outer, _kept = _kept, {}
+    try:
+        yield _kept
+    finally:
+        _kept = outer
 
 
 def param_bytes(module: Any) -> int:
@@ -84,6 +117,11 @@ def export_causal_lm(
 
     from edgeomni.export.common.decoder import Float32Embeds, WithTopK
     from edgeomni.export.common.sampler import WithSampler
+
+    if _kept is not None:
+        topk = min(logits_topk, module.cfg.vocab_size)
+        _kept[path] = ExportedDecoder(module, topk, tuple(topk_exclude),
+                                      sampler_tables is not None, float32_embeds)  # fmt: skip
 
     if sampler_tables is not None:
         if topk_exclude:

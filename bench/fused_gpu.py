@@ -1,0 +1,256 @@
+"""Decoder steps on one GPU: the fused backend (runtime/fused_engine.py) against ONNX Runtime's
+CUDA provider, the same random float16 weights in one process, at real dimensions.
+
+Two decoders: Qwen3-0.6B (28 layers, decode at a context of ~64) and Qwen3-TTS 0.6B's code
+predictor (5 layers, 15 heads; a frame is 15 one-token steps, each with its own head). Both
+engines run through the runtime's DecoderSession with CUDA graphs (what a stage runs), fed host
+embeddings each step; the figure is wall time per call after warm-up (host work included, the
+sampling of the next token not). The HBM bound is the bytes a step must read (weights, the KV
+cache) over the measured device copy bandwidth. Run it on the GPU machine:
+
+    python bench/fused_gpu.py [--batch 1 8 32] [--steps 50] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+DECODERS = {
+    # name: DecoderConfig fields, the context decode steps run at, and steps per measured unit
+    "qwen3_0.6b": ({"hidden_size": 1024, "num_layers": 28, "num_heads": 16, "num_kv_heads": 8,
+                    "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936}, 64, 1),
+    "code_predictor": ({"hidden_size": 1024, "num_layers": 5, "num_heads": 16, "num_kv_heads": 8,
+                        "head_dim": 128, "intermediate_size": 3072, "vocab_size": 2048,
+                        "lm_heads": 15}, 2, 15),
+}  # fmt: skip
+
+
+def copy_bandwidth_gbs() -> float:
+    import torch
+
+    src = torch.empty(1 << 29, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(10):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def build(name: str, work: Path) -> tuple[Path, Path, dict]:
+    """Random float16 weights exported once: the ONNX Runtime CUDA engine and the fused one."""
+    import torch
+    from safetensors.numpy import save_file
+
+    from edgeomni.builder import fused
+    from edgeomni.builder.onnxruntime import build_engine
+    from edgeomni.export.common.decoder import CausalLM, DecoderConfig
+    from edgeomni.export.common.onnx_export import export_causal_lm, keeping_decoders
+    from edgeomni.export.family import BuildArgs
+
+    fields, _, _ = DECODERS[name]
+    cfg = DecoderConfig(rms_norm_eps=1e-6, rope_theta=1e6, **fields)
+    torch.manual_seed(0)
+    module = CausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.02) if p.dim() > 1 else p.uniform_(0.8, 1.2)
+    reference = copy.deepcopy(module)  # float32, for the logits both backends should give
+    module = module.half()
+    raw = work / name / "raw" / "model.onnx"
+    with keeping_decoders() as kept:
+        export_causal_lm(module, raw, logits_topk=64, float32_embeds=True)
+    args = BuildArgs(32, 64, 512, device="cuda", dtype="float16")
+    ort = work / name / "ort" / "model.onnx"
+    ort.parent.mkdir(parents=True, exist_ok=True)
+    build_engine(raw, ort, args)
+    tensors, spec = fused.layout(kept[raw], "float16")
+    path = work / name / "fused" / "model.fused.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path))
+    meta = {"num_hidden_layers": cfg.num_layers, "num_key_value_heads": cfg.num_kv_heads,
+            "head_dim": cfg.head_dim, "dtype": "float16", "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.hidden_size, "fused": spec,
+            # what one step reads: every weight but the heads it does not use
+            "weight_bytes": sum(p.numel() * 2 for p in module.parameters())
+            - (cfg.lm_heads - 1) * cfg.vocab_size * cfg.hidden_size * 2,
+            "reference": reference}  # fmt: skip
+    return ort, path, meta
+
+
+def inputs(meta: dict, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """The prefill embeddings and a step's, row r the same at every batch size."""
+    _, context, _ = DECODERS[meta["name"]]
+    rng = np.random.default_rng(0)
+    h = meta["hidden_size"]
+    x = (rng.standard_normal((32, context, h)) * 0.5).astype(np.float32)
+    step = (rng.standard_normal((32, 1, h)) * 0.5).astype(np.float32)
+    return x[:batch], step[:batch]
+
+
+def reference_logits(meta: dict) -> np.ndarray:
+    """Row 0's first-step logits from the float32 module on the CPU (the plugin ops' torch
+    versions), after the same prefill."""
+    import torch
+
+    module, cfg = meta["reference"], meta["reference"].cfg
+    x, step = inputs(meta, 1)
+    cache = [torch.zeros(1, cfg.num_kv_heads, 512, cfg.head_dim) for _ in range(2 * cfg.num_layers)]
+    head = (torch.zeros(1, dtype=torch.int64),) if cfg.lm_heads > 1 else ()
+    n = x.shape[1]
+    with torch.no_grad():
+        out = module(torch.from_numpy(x), torch.arange(n)[None], torch.zeros(1, dtype=torch.int32),
+                     torch.full((1,), n, dtype=torch.int32), torch.full((1,), n - 1),
+                     *head, *cache)  # fmt: skip
+        cache = list(out[1:])
+        out = module(torch.from_numpy(step), torch.full((1, 1), n), torch.full((1,), n, dtype=torch.int32),
+                     torch.ones(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
+                     *head, *cache)  # fmt: skip
+    return out[0].numpy()[0]
+
+
+def time_calls(engine, meta: dict, batch: int, steps: int) -> tuple[float, np.ndarray]:
+    """ms per measured unit (a decode step, or a code-predictor frame of 15 steps), and the
+    first unit's logits (for the backends' agreement)."""
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.kv import KVCache
+
+    name = meta["name"]
+    _, context, per_unit = DECODERS[name]
+    kv = KVCache.for_decoder(meta, batch, 512, engine)
+    session = DecoderSession(engine, kv, batch, {"logits": (meta["vocab_size"],)})
+    heads = "lm_head_index" in engine.input_names
+    x, step_x = inputs(meta, batch)
+    zero, n = np.zeros(batch, np.int32), np.full(batch, context, np.int32)
+    extra = {"lm_head_index": np.zeros(1, np.int64)} if heads else {}
+    session.run(x, text_positions(zero, context, False), zero, n, n - 1, **extra)
+    one = np.ones(batch, np.int32)
+
+    def unit(past: int) -> np.ndarray:
+        first = None
+        for j in range(per_unit):
+            p = np.full(batch, past + j, np.int32)
+            feeds = {"lm_head_index": np.array([j], np.int64)} if heads else {}
+            out = session.run(step_x, text_positions(p, 1, False), p, one,
+                              np.zeros(batch, np.int64), tag=j, **feeds)  # fmt: skip
+            if first is None:
+                first = np.array(out["logits"], np.float32)
+        return first
+
+    logits = unit(context)  # captures the graphs
+    start = time.perf_counter()
+    for _ in range(steps):
+        unit(context)  # the same positions: each unit overwrites the last's cache slots
+    wall = (time.perf_counter() - start) / steps * 1e3
+    fused = type(engine).__name__ == "FusedEngine"
+    return wall, logits, replay_ms(session, per_unit, steps) if fused else None
+
+
+def replay_ms(session, per_unit: int, steps: int) -> float | None:
+    """The device's time per unit: a fused engine's captured graphs replayed back to back,
+    no host work between them (None for other engines)."""
+    from edgeomni.runtime import memory
+
+    graphs = [g for slot in session.kv.graph_slots.values()
+              for g in getattr(slot.binding, "_graphs", {}).values()]  # fmt: skip
+    if not graphs:
+        return None
+    cudart, s = memory._cudart(), memory.stream(0)
+    memory.synchronize(0)
+    start = time.perf_counter()
+    for _ in range(steps):
+        for g in graphs:
+            memory._check(cudart.cudaGraphLaunch(g, s), "cudaGraphLaunch")
+    memory.synchronize(0)
+    return (time.perf_counter() - start) / steps / len(graphs) * per_unit * 1e3
+
+
+def ort_version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--decoders", nargs="+", default=list(DECODERS))
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-fused")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--no-onnxruntime", action="store_true",
+                   help="the fused engine alone (where onnxruntime-gpu is not installed)")
+    args = p.parse_args()
+
+    from edgeomni.runtime.engine import OrtEngine
+    from edgeomni.runtime.fused_engine import FusedEngine
+
+    bw = copy_bandwidth_gbs()
+    rows = []
+    for name in args.decoders:
+        start = time.perf_counter()
+        ort_path, fused_path, meta = build(name, args.work)
+        meta["name"] = name
+        built_s = time.perf_counter() - start
+        start = time.perf_counter()
+        fused = FusedEngine(fused_path, meta, cuda_graphs=True)
+        load_s = time.perf_counter() - start
+        ort = None if args.no_onnxruntime else OrtEngine(ort_path, device="cuda", cuda_graphs=True)
+        _, context, per_unit = DECODERS[name]
+        truth = reference_logits(meta)
+        for batch in args.batch:
+            fused_ms, fused_logits, fused_device = time_calls(fused, meta, batch, args.steps)
+            ort_ms, ort_logits = float("nan"), fused_logits
+            if ort is not None:
+                ort_ms, ort_logits, _ = time_calls(ort, meta, batch, args.steps)
+            scale = np.abs(truth).max()
+            errors = {k: float(f"{np.abs(v[0] - truth).max() / scale:.2e}")
+                      for k, v in (("onnxruntime", ort_logits), ("fused", fused_logits))}  # fmt: skip
+            kv_bytes = 2 * meta["num_hidden_layers"] * meta["num_key_value_heads"] * 128 * 2
+            traffic = per_unit * (meta["weight_bytes"] + kv_bytes * (context + 8) * batch)
+            bound = traffic / (bw * 1e9) * 1e3
+            diff = np.abs(fused_logits - ort_logits).max() / np.abs(ort_logits).max()
+            rows.append({
+                "decoder": name, "batch": batch, "unit": "frame" if per_unit > 1 else "step",
+                "onnxruntime_ms": round(ort_ms, 3), "fused_ms": round(fused_ms, 3),
+                "speedup": round(ort_ms / fused_ms, 2), "hbm_bound_ms": round(bound, 3),
+                "fused_over_bound": round(fused_ms / bound, 2),
+                "onnxruntime_over_bound": round(ort_ms / bound, 2),
+                "logits_rel_diff": float(f"{diff:.2e}"),
+                "row0_error_vs_float32": errors,
+                "fused_device_ms": None if fused_device is None else round(fused_device, 3),
+                "same_argmax": bool((fused_logits.argmax(-1) == ort_logits.argmax(-1)).all()),
+            })  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+        print(json.dumps({"decoder": name, "export_and_build_s": round(built_s, 1),
+                          "fused_load_s": round(load_s, 1)}), flush=True)  # fmt: skip
+    import torch
+
+    result = {
+        "date": time.strftime("%Y-%m-%d"), "command": shlex.join([sys.executable, *sys.argv]),
+        "gpu": torch.cuda.get_device_name(0), "host": platform.machine(),
+        "onnxruntime": None if args.no_onnxruntime else ort_version(), "copy_bandwidth_gbs": round(bw, 1), "rows": rows,
+    }  # fmt: skip
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "fused_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

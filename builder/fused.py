@@ -1,0 +1,136 @@
+"""edge-build --backend fused: dense decoders laid out for edgeomni's CUDA kernels, the other
+components built with ONNX Runtime for the CUDA provider.
+
+A decoder (export/common/decoder.py's CausalLM) whose every layer has a dense MLP, and which
+draws no tokens in the engine, becomes ``<component>.fused.safetensors``: the tensors
+runtime/fused_engine.py reads, taken from the same module the ONNX export traced (so the
+family's weight mapping is the one the ONNX build uses), and a ``fused`` table of dimensions in
+its config.json. Everything else (encoders, the vocoder, mixture-of-experts decoders) is built
+as ``--backend onnxruntime --device cuda`` builds it; the log says which backend each component
+got, and each config.json's ``backend`` records it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeomni.builder.discover import FUSED_SUFFIX as SUFFIX
+from edgeomni.builder.errors import BuildError
+from edgeomni.export.common.onnx_export import ExportedDecoder
+from edgeomni.export.family import BuildArgs
+
+log = logging.getLogger("edge-build")
+DTYPES = {"float16": np.float16, "float32": np.float32}
+
+
+def check_args(args: BuildArgs) -> None:
+    """What a fused build needs, before anything is exported."""
+    if args.device != "cuda":
+        raise BuildError("--backend fused builds engines for a GPU: use --device cuda")
+    if args.quantization:
+        raise BuildError("--backend fused has float16 and float32 weights only (int4 is not in "
+                         "its kernels yet): drop --quantization or use --backend onnxruntime")  # fmt: skip
+    if args.dtype not in DTYPES:
+        raise BuildError(f"--backend fused takes --dtype float16 or float32, not {args.dtype}")
+
+
+def uncovered(decoder: ExportedDecoder | None) -> str | None:
+    """Why the fused kernels cannot run this component, or None."""
+    from edgeomni.export.common.decoder import MLP
+
+    if decoder is None:
+        return "not a decoder"
+    if decoder.sampler:
+        return "it draws its tokens in the engine"
+    if not all(isinstance(layer.mlp, MLP) for layer in decoder.module.model.layers):
+        return "a mixture-of-experts decoder"
+    return None
+
+
+def build_engine(
+    kept: Mapping[Path, ExportedDecoder], raw: Path, out_path: Path, args: BuildArgs,
+    ranges: Any, seeds: Sequence[Path],
+) -> dict[str, Any]:  # fmt: skip
+    """The fused engine of a decoder exported to ``raw`` (found in ``kept``), or the ONNX
+    Runtime CUDA build of anything else; returns the config.json fields."""
+    decoder = kept.get(raw)
+    why = uncovered(decoder)
+    if why is not None:
+        from edgeomni.builder.onnxruntime import build_engine as ort_build
+
+        log.info("%s: onnxruntime (cuda), since the fused kernels do not cover it (%s)",
+                 out_path.stem, why)  # fmt: skip
+        return {"backend": "onnxruntime", "lowering": ort_build(raw, out_path, args)}
+    assert decoder is not None
+    tensors, spec = layout(decoder, args.dtype)
+    path = out_path.with_name(out_path.stem + SUFFIX)
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(path))
+    log.info("%s: fused, %d layers, %.1f MB of weights", out_path.stem, spec["num_layers"],
+             sum(t.nbytes for t in tensors.values()) / 1e6)  # fmt: skip
+    return {"backend": "fused", "engine": path.name, "fused": spec}
+
+
+def layout(decoder: ExportedDecoder, dtype: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The fused engine's tensors (matrices [out, in] in ``dtype``, norms and rotary tables in
+    float32) and its ``fused`` config table."""
+    import torch
+
+    module, cfg = decoder.module, decoder.module.cfg
+    wt = DTYPES[dtype]
+
+    def mat(t: torch.Tensor) -> np.ndarray:
+        return np.ascontiguousarray(t.detach().float().cpu().numpy().astype(wt))
+
+    def vec(t: torch.Tensor) -> np.ndarray:
+        return np.ascontiguousarray(t.detach().float().cpu().numpy().astype(np.float32))
+
+    out: dict[str, np.ndarray] = {}
+    for n, layer in enumerate(module.model.layers):
+        p, attn = f"layers.{n}.", layer.self_attn
+        out[p + "qkv"] = mat(attn.qkv_proj.weight)
+        out[p + "o"] = mat(attn.o_proj.weight)
+        out[p + "gate_up"] = mat(layer.mlp.gate_up_proj.weight)
+        out[p + "down"] = mat(layer.mlp.down_proj.weight)
+        out[p + "input_norm"] = vec(layer.input_layernorm.weight)
+        out[p + "post_norm"] = vec(layer.post_attention_layernorm.weight)
+        if cfg.qk_norm:
+            out[p + "q_norm"] = vec(attn.q_norm.weight)
+            out[p + "k_norm"] = vec(attn.k_norm.weight)
+        if cfg.attention_bias:
+            out[p + "qkv_bias"] = vec(attn.qkv_proj.bias)
+            out[p + "o_bias"] = vec(attn.o_proj.bias)
+    out["norm"] = vec(module.model.norm.weight)
+    rotary = module.model.rotary
+    out["inv_freq"] = vec(rotary.inv_freq)
+    if cfg.mrope_section is not None:  # each frequency's axis, from the export's one-hot
+        out["freq_axis"] = rotary.axis_onehot[:, 0, 0, :].argmax(0).numpy().astype(np.int32)
+    out["lm_head"] = mat(module.lm_head_t.transpose(-1, -2))  # [(N,) V, H]
+    if cfg.input_size is not None:
+        out["input_proj"] = mat(module.input_proj.weight)
+        out["input_proj_bias"] = vec(module.input_proj.bias)
+    if decoder.topk_exclude:
+        bias = np.zeros(cfg.vocab_size, np.float32)
+        bias[list(decoder.topk_exclude)] = -np.inf
+        out["topk_bias"] = bias
+    spec = {
+        "dtype": dtype, "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
+        "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.rms_norm_eps, "qk_norm": cfg.qk_norm,
+        "attention_bias": cfg.attention_bias, "mrope": cfg.mrope_section is not None,
+        "hidden_output_layer": cfg.hidden_output_layer,
+        "last_hidden_output": cfg.last_hidden_output, "deepstack_layers": cfg.deepstack_layers,
+        "lm_heads": cfg.lm_heads, "input_size": cfg.input_size or 0,
+        "logits_topk": decoder.logits_topk,
+        # the ONNX build's float input type (inputs_embeds, deepstack_embeds); its float
+        # outputs are in ``dtype``
+        "embeds_dtype": "float32" if decoder.float32_embeds else dtype,
+    }  # fmt: skip
+    return out, spec

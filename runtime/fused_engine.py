@@ -1,0 +1,474 @@
+"""The fused backend: a dense Qwen3-style decoder (export/common/decoder.py's CausalLM) run by
+edgeomni's own CUDA kernels (plugins/decoder_cuda.py, plugins/attention_cuda.py) behind the
+Engine interface, with the ONNX build's tensor names, so stages call it as they call an ONNX
+Runtime or TensorRT decoder.
+
+edge-build --backend fused writes the decoder's weights as laid out for the kernels
+(``<component>.fused.safetensors``: per layer the packed q/k/v, o, packed gate/up and down
+matrices [out, in], the norms in float32; the LM head [V, H]) and the dimensions under
+config.json's ``fused``. At load the kernels are compiled by NVRTC for this GPU and the weights
+copied to it; nothing else is needed on the board (no torch, no ONNX Runtime).
+
+A call runs five kernels a layer (see plugins/decoder_cuda.py), then the final norm and LM head
+over each row's last position, and the top-K on the device. Activations are float32, weights and
+the KV cache float16 or float32 (the build's --dtype); inputs and outputs have the ONNX build's
+types (float16 logits and hidden states in a float16 build; inputs_embeds float32 where that
+build casts them inside), so fused and ONNX Runtime engines feed each other as they are. Decode steps
+(``graph=id``) are captured once as CUDA graphs and replayed, as the other GPU engines do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeomni.runtime import memory
+from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
+from edgeomni.runtime.engine import EngineError
+
+log = logging.getLogger(__name__)
+
+# the float types a build writes its weights and cache in
+DTYPES = ("float16", "float32")
+
+
+class FusedSpec:
+    """config.json's ``fused`` table: the decoder's dimensions and options, checked."""
+
+    def __init__(self, table: Mapping[str, Any], where: str) -> None:
+        def need(key: str) -> int:
+            if not isinstance(table.get(key), int) or table[key] <= 0:
+                raise EngineError(f"{where}: fused.{key} must be a positive integer")
+            return int(table[key])
+
+        self.hidden = need("hidden_size")
+        self.layers = need("num_layers")
+        self.heads = need("num_heads")
+        self.kv_heads = need("num_kv_heads")
+        self.head_dim = need("head_dim")
+        self.intermediate = need("intermediate_size")
+        self.vocab = need("vocab_size")
+        self.eps = float(table.get("rms_norm_eps", 1e-6))
+        self.dtype = str(table.get("dtype", "float16"))
+        if self.dtype not in DTYPES:
+            raise EngineError(f"{where}: fused.dtype {self.dtype!r} is not one of {DTYPES}")
+        self.input_size = int(table.get("input_size") or 0)
+        self.lm_heads = int(table.get("lm_heads") or 1)
+        self.mrope = bool(table.get("mrope"))
+        hidden_layer = table.get("hidden_output_layer")
+        self.hidden_output_layer = None if hidden_layer is None else int(hidden_layer)
+        self.last_hidden = bool(table.get("last_hidden_output"))
+        self.deepstack_layers = int(table.get("deepstack_layers") or 0)
+        self.topk = int(table.get("logits_topk") or 0)
+        self.embeds_dtype = str(table.get("embeds_dtype", "float32"))
+        if self.embeds_dtype not in DTYPES:
+            raise EngineError(f"{where}: fused.embeds_dtype {self.embeds_dtype!r} is not one of "
+                              f"{DTYPES}")  # fmt: skip
+        self.qk_norm = bool(table.get("qk_norm", True))
+        self.bias = bool(table.get("attention_bias"))
+        vec = 8 if self.dtype == "float16" else 4
+        widths = {"hidden_size": self.hidden, "intermediate_size": self.intermediate,
+                  "num_heads * head_dim": self.heads * self.head_dim}  # fmt: skip
+        if self.input_size:
+            widths["input_size"] = self.input_size
+        for name, n in widths.items():
+            if n % vec:
+                raise EngineError(f"{where}: {name} {n} is not a multiple of {vec}, as the "
+                                  "fused kernels read weight rows 16 bytes at a time")  # fmt: skip
+        if self.head_dim > 512 or self.head_dim % 2:
+            raise EngineError(f"{where}: head_dim {self.head_dim} must be even and at most 512")
+
+
+def _names(spec: FusedSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ONNX build's input and output names (export/common/decoder.py, CausalLM.io_names)."""
+    inputs = ["inputs_embeds", "position_ids", "past_lens", "query_lens", "last_indices"]
+    if spec.lm_heads > 1:
+        inputs.append("lm_head_index")
+    if spec.deepstack_layers:
+        inputs.append("deepstack_embeds")
+    outputs = ["logits"]
+    if spec.topk:
+        outputs += ["topk_values", "topk_indices"]
+    if spec.hidden_output_layer is not None:
+        outputs.append("hidden_states")
+    if spec.last_hidden:
+        outputs.append("last_hidden")
+    kv = [f"{{}}_{kind}_{i}" for i in range(spec.layers) for kind in ("key", "value")]
+    return (tuple(inputs + [n.format("past") for n in kv]),
+            tuple(outputs + [n.format("present") for n in kv]))  # fmt: skip
+
+
+KV_PREFIXES = ("past_key_", "past_value_", "present_key_", "present_value_")
+
+
+def io_types(
+    spec: FusedSpec,
+) -> tuple[dict[str, np.dtype], dict[str, np.dtype], dict[str, tuple[Any, ...]]]:
+    """The ONNX build's input types, output types and output shapes: float inputs in
+    ``embeds_dtype``, float outputs and the cache in ``dtype``, the lengths and indices as
+    export/common/decoder.py declares them."""
+    inputs, outputs = _names(spec)
+    floats, kv = np.dtype(spec.embeds_dtype), np.dtype(spec.dtype)
+    ints = {"position_ids": np.dtype(np.int64), "past_lens": np.dtype(np.int32),
+            "query_lens": np.dtype(np.int32), "last_indices": np.dtype(np.int64),
+            "lm_head_index": np.dtype(np.int64), "topk_indices": np.dtype(np.int64)}  # fmt: skip
+    cache = ("batch", spec.kv_heads, "capacity", spec.head_dim)
+    shapes: dict[str, tuple[Any, ...]] = {
+        "logits": ("batch", spec.vocab), "topk_values": ("batch", spec.topk),
+        "topk_indices": ("batch", spec.topk), "hidden_states": ("batch", "seq", spec.hidden),
+        "last_hidden": ("batch", spec.hidden),
+    }  # fmt: skip
+
+    def kind(name: str, default: np.dtype) -> np.dtype:
+        return kv if name.startswith(KV_PREFIXES) else ints.get(name, default)
+
+    return ({n: kind(n, floats) for n in inputs}, {n: kind(n, kv) for n in outputs},
+            {n: cache if n.startswith(KV_PREFIXES) else shapes[n] for n in outputs})  # fmt: skip
+
+
+class FusedEngine:
+    """A fused decoder on one GPU; see the module docstring."""
+
+    device = "cuda"
+    prefers_fixed_shapes = False  # a call of any shape costs only its kernels
+
+    def __init__(
+        self, path: Path, config: Mapping[str, Any], *, cuda_graphs: bool = False, device: int = 0
+    ) -> None:
+        from edgeomni.plugins import attention_cuda as ac
+        from edgeomni.plugins import decoder_cuda as dc
+        from edgeomni.runtime import safetensors_np
+
+        self.device_id = device
+        self.stream = memory.stream(device)  # and the device is current, for the runtime
+        memory._check(memory._cudart().cudaSetDevice(device), "cudaSetDevice")
+        memory._check(memory._cudart().cudaFree(0), "cudaFree")  # the primary context, current
+        self.buffers = DeviceBuffers(device)
+        self.spec = spec = FusedSpec(config.get("fused") or {}, str(path.parent / "config.json"))
+        self.input_names, self.output_names = _names(spec)
+        self.input_types, self.output_types, self.output_shapes = io_types(spec)
+        try:
+            tensors = safetensors_np.load(path)
+        except (OSError, ValueError) as e:
+            raise EngineError(f"cannot read the fused weights {path}: {e}") from None
+        self.weights = {name: self._upload(name, t) for name, t in tensors.items()}
+        self._check_weights(path)
+        if spec.topk:
+            chunks = -(-spec.vocab // dc.TOPK_CHUNK)
+            if spec.topk > dc.TOPK_MAX or chunks * spec.topk > dc.TOPK_CHUNK:
+                raise EngineError(f"{path}: logits top-{spec.topk} of {spec.vocab} is more than "
+                                  "the fused top-K kernels take")  # fmt: skip
+        try:
+            self.kernels = dc.kernels_for(dc.Variant(spec.dtype, spec.dtype))
+            self.attention = ac.CudaAttention(
+                ac.KernelConfig(spec.heads, spec.kv_heads, spec.head_dim, dtype=spec.dtype)
+            )
+        except ac.KernelError as e:
+            raise EngineError(f"{path}: the fused kernels could not be loaded: {e}") from None
+        self.cu_stream = ac.stream_handle(self.stream)
+        self.cuda_graphs = cuda_graphs
+        self.replays_steps = cuda_graphs
+        self._graph_ids = 0
+
+    def _upload(self, name: str, tensor: np.ndarray) -> Any:
+        buf = self.buffers.zeros(tensor.shape, tensor.dtype)
+        buf.upload(tensor)
+        return buf
+
+    def _check_weights(self, path: Path) -> None:
+        spec = self.spec
+        w = np.dtype(spec.dtype)
+        h, d, i = spec.hidden, spec.head_dim, spec.intermediate
+        qkv = (spec.heads + 2 * spec.kv_heads) * d
+        want: dict[str, tuple[tuple[int, ...], np.dtype]] = {
+            "norm": ((h,), np.dtype(np.float32)),
+            "inv_freq": ((d // 2,), np.dtype(np.float32)),
+            "lm_head": ((*((spec.lm_heads,) if spec.lm_heads > 1 else ()), spec.vocab, h), w),
+        }
+        for n in range(spec.layers):
+            p = f"layers.{n}."
+            want[p + "qkv"] = ((qkv, h), w)
+            want[p + "o"] = ((h, spec.heads * d), w)
+            want[p + "gate_up"] = ((2 * i, h), w)
+            want[p + "down"] = ((h, i), w)
+            want[p + "input_norm"] = ((h,), np.dtype(np.float32))
+            want[p + "post_norm"] = ((h,), np.dtype(np.float32))
+            if spec.qk_norm:
+                want[p + "q_norm"] = ((d,), np.dtype(np.float32))
+                want[p + "k_norm"] = ((d,), np.dtype(np.float32))
+            if spec.bias:
+                want[p + "qkv_bias"] = ((qkv,), np.dtype(np.float32))
+                want[p + "o_bias"] = ((h,), np.dtype(np.float32))
+        if spec.input_size:
+            want["input_proj"] = ((h, spec.input_size), w)
+            want["input_proj_bias"] = ((h,), np.dtype(np.float32))
+        if spec.mrope:
+            want["freq_axis"] = ((d // 2,), np.dtype(np.int32))
+        for name, (shape, dtype) in want.items():
+            got = self.weights.get(name)
+            if got is None:
+                raise EngineError(f"{path} has no tensor {name!r}")
+            if got.shape != shape or got.dtype != dtype:
+                raise EngineError(f"{path}: {name} is {got.shape} {got.dtype}, the config "
+                                  f"says {shape} {dtype}")  # fmt: skip
+
+    def binding(self) -> FusedBinding:
+        return FusedBinding(self)
+
+    def new_graph_id(self) -> int:
+        self._graph_ids += 1
+        return self._graph_ids
+
+
+class FusedBinding:
+    """Buffers for one user of a fused engine, as TrtBinding keeps them: bound buffers stay,
+    host feeds go through staging buffers, outputs not bound and the activations live in
+    scratch buffers of this binding's (a captured graph replays against their addresses)."""
+
+    def __init__(self, engine: FusedEngine) -> None:
+        self._engine = engine
+        self._arrays: dict[str, Any] = {}  # every input and output by name, device buffers
+        self._staging: dict[str, Any] = {}
+        self._scratch: dict[str, Any] = {}
+        self._graphs: dict[int, Any] = {}
+        self._fixed = FixedInputs(engine.buffers, self.bind_input)
+
+    def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None:
+        self.bind_input(input_name, array)
+        self.bind_output(output_name, array)
+
+    def bind_input(self, name: str, array: Any) -> None:
+        self.bind_output(name, array)
+
+    def bind_output(self, name: str, array: Any) -> None:
+        if isinstance(array, np.ndarray):
+            raise EngineError(f"{name}: a fused engine binds device buffers, not numpy arrays")
+        self._arrays[name] = array
+
+    def _stage(self, name: str, array: np.ndarray) -> None:
+        dtype = self._engine.input_types[name]
+        held = self._staging.get(name)
+        if held is None or held.nbytes < array.size * dtype.itemsize:
+            held = self._staging[name] = self._engine.buffers.zeros((max(array.size, 1),), dtype)
+            self._graphs.clear()  # captured graphs read the old buffer
+        view = held.rows(array.size).view(array.shape)
+        view.upload(array.astype(dtype, copy=False))
+        self._arrays[name] = view
+
+    def _buffer(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A scratch buffer of this shape (reused while large enough; a new one drops the
+        captured graphs that read the old)."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        held = self._scratch.get(name)
+        if held is None or held.nbytes < nbytes:
+            held = self._scratch[name] = self._engine.buffers.zeros((max(nbytes, 1),), np.uint8)
+            self._graphs.clear()
+        return held.ptr
+
+    def run(self, feeds: Mapping[str, Any], *, graph: int | None = None, wait: bool = True) -> None:
+        """As the other engines' bindings: host feeds are copied in, device feeds read in
+        place; ``graph`` captures the call once and replays it after, its feeds copied into
+        fixed buffers of this binding's."""
+        engine = self._engine
+        captured = graph is not None and engine.cuda_graphs
+        for name, array in feeds.items():
+            if name not in engine.input_types:
+                raise EngineError(f"the fused engine has no input {name!r}")
+            if captured:
+                self._fixed.put(name, array)
+            elif isinstance(array, np.ndarray):
+                self._stage(name, np.ascontiguousarray(array))
+            else:
+                self.bind_input(name, array)
+        missing = [n for n in engine.input_names if n not in self._arrays]
+        if missing:
+            raise EngineError(f"no buffer for input(s) {', '.join(missing)}")
+        cudart = memory._cudart()
+        memory.use(engine.device_id)
+        if captured and graph in self._graphs:
+            memory._check(cudart.cudaGraphLaunch(self._graphs[graph], engine.stream),
+                          "cudaGraphLaunch")  # fmt: skip
+        elif captured:
+            self._plan()  # scratch allocated before the capture (no cudaMalloc inside it)
+            mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+            s = engine.stream
+            with memory.capturing():
+                memory._check(cudart.cudaStreamBeginCapture(s, mode), "cudaStreamBeginCapture")
+                try:
+                    self._enqueue()
+                finally:
+                    g = memory._check(cudart.cudaStreamEndCapture(s), "cudaStreamEndCapture")
+            self._graphs[graph] = memory._check(cudart.cudaGraphInstantiate(g, 0),
+                                                "cudaGraphInstantiate")  # fmt: skip
+            memory._check(cudart.cudaGraphLaunch(self._graphs[graph], s), "cudaGraphLaunch")
+        else:
+            self._plan()
+            self._enqueue()
+        if wait:
+            memory.synchronize(engine.device_id)
+
+    def _plan(self) -> None:
+        """The call's shapes, its scratch buffers and the outputs it was not given."""
+        engine, spec = self._engine, self._engine.spec
+        embeds = self._arrays["inputs_embeds"]
+        self.batch, self.seq = int(embeds.shape[0]), int(embeds.shape[1])
+        width = spec.input_size or spec.hidden
+        if tuple(embeds.shape[2:]) != (width,):
+            raise EngineError(f"inputs_embeds is {tuple(embeds.shape)}; the engine takes "
+                              f"[batch, seq, {width}]")  # fmt: skip
+        self.capacity = int(self._arrays["past_key_0"].shape[2])
+        tokens = self.batch * self.seq
+        d, at = spec.head_dim, np.dtype(spec.dtype)
+        f4 = np.float32
+        self.ptrs = {
+            "h": self._buffer("h", (tokens, spec.hidden), f4),
+            "qkv": self._buffer("qkv", (tokens, (spec.heads + 2 * spec.kv_heads) * d), f4),
+            "q": self._buffer("q", (tokens, spec.heads * d), at),
+            "k": self._buffer("k", (tokens, spec.kv_heads * d), at),
+            "v": self._buffer("v", (tokens, spec.kv_heads * d), at),
+            "attn": self._buffer("attn", (tokens, spec.heads * d), at),
+            "act": self._buffer("act", (tokens, spec.intermediate), f4),
+        }
+        if spec.dtype == "float16":  # float32 results, cast into the float16 outputs at the end
+            self.ptrs["logits32"] = self._buffer("logits32", (self.batch, spec.vocab), f4)
+            self.ptrs["topk32"] = self._buffer("topk32", (self.batch, max(spec.topk, 1)), f4)
+            self.ptrs["last32"] = self._buffer("last32", (self.batch, spec.hidden), f4)
+        if spec.topk:
+            from edgeomni.plugins.decoder_cuda import TOPK_CHUNK
+
+            chunks = -(-spec.vocab // TOPK_CHUNK)
+            self.ptrs["cand_v"] = self._buffer("cand_v", (self.batch, chunks * spec.topk), f4)
+            self.ptrs["cand_i"] = self._buffer("cand_i", (self.batch, chunks * spec.topk), np.int32)
+        shapes = {"logits": (self.batch, spec.vocab), "topk_values": (self.batch, spec.topk),
+                  "topk_indices": (self.batch, spec.topk),
+                  "hidden_states": (self.batch, self.seq, spec.hidden),
+                  "last_hidden": (self.batch, spec.hidden)}  # fmt: skip
+        for name in engine.output_names:
+            if name in shapes:  # the caller's buffer, or one of this binding's
+                bound = self._arrays.get(name)
+                self.ptrs[name] = (
+                    bound.ptr if bound is not None
+                    else self._buffer("out:" + name, shapes[name], engine.output_types[name])
+                )  # fmt: skip
+
+    def _enqueue(self) -> None:
+        """Queue the call's kernels on the engine's stream."""
+        from edgeomni.plugins import decoder_cuda as dc
+        from edgeomni.plugins.decoder_cuda import f32, i32, i64, ptr
+
+        engine, spec, p = self._engine, self._engine.spec, self.ptrs
+        kernels, stream, w = engine.kernels, engine.cu_stream, engine.weights
+        a = {n: self._arrays[n].ptr for n in self._arrays}
+        b, s = self.batch, self.seq
+        tokens = b * s
+        half_attn = spec.dtype == "float16"
+
+        def wp(name: str) -> int | None:
+            t = w.get(name)
+            return None if t is None else t.ptr
+
+        def linear(x: int, weight: str, out: int, k: int, n: int, *, rows: int = tokens,
+                   norm: str | None = None, bias: str | None = None, swiglu: bool = False,
+                   resid: bool = False, half_x: bool = False, rowmap: int | None = None,
+                   head_stride: int = 0, head_index: int | None = None) -> None:  # fmt: skip
+            r = dc.rows_variant(rows)
+            grid = (-(-n // dc.WARPS), -(-rows // r))
+            args = [ptr(x), ptr(rowmap), i32(s), ptr(wp(norm) if norm else None), f32(spec.eps),
+                    ptr(wp(weight)), i64(head_stride), ptr(head_index),
+                    ptr(wp(bias) if bias else None), ptr(out), i32(rows), i32(k), i32(n),
+                    i32(swiglu), i32(resid)]  # fmt: skip
+            kernels.launch(dc.linear_name(r, half_x), grid, 32 * dc.WARPS, args, stream=stream)
+
+        h = p["h"]
+        half_in = spec.embeds_dtype == "float16"
+        half_out = spec.dtype == "float16"
+        hidden_bytes = tokens * spec.hidden * 4
+
+        def elementwise(name: str, dst: int, src: int, count: int) -> None:
+            kernels.launch(name, (-(-count // 256),), 256, [ptr(dst), ptr(src), i64(count)],
+                           stream=stream)  # fmt: skip
+
+        def output(name: str, src: int, count: int) -> None:
+            """A float32 result into its output, cast where the output is float16."""
+            if half_out:
+                elementwise("float_to_half", p[name], src, count)
+            elif p[name] != src:
+                self._copy(p[name], src, count * 4)
+
+        if spec.input_size:
+            linear(a["inputs_embeds"], "input_proj", h, spec.input_size, spec.hidden,
+                   bias="input_proj_bias", half_x=half_in)  # fmt: skip
+        elif half_in:
+            elementwise("half_to_float", h, a["inputs_embeds"], tokens * spec.hidden)
+        else:
+            self._copy(h, a["inputs_embeds"], hidden_bytes)
+        if spec.hidden_output_layer == 0:
+            output("hidden_states", h, tokens * spec.hidden)
+        d = spec.head_dim
+        qkv_n = (spec.heads + 2 * spec.kv_heads) * d
+        warps = min(8, spec.heads + 2 * spec.kv_heads)
+        axis = wp("freq_axis")
+        for n in range(spec.layers):
+            pre = f"layers.{n}."
+            linear(h, pre + "qkv", p["qkv"], spec.hidden, qkv_n, norm=pre + "input_norm",
+                   bias=pre + "qkv_bias" if spec.bias else None)  # fmt: skip
+            qn, kn = (wp(pre + "q_norm"), wp(pre + "k_norm")) if spec.qk_norm else (None, None)
+            kernels.launch(
+                "qk_rope", (tokens,), 32 * warps,
+                [ptr(p["qkv"]), ptr(a["position_ids"]), i32(tokens), ptr(qn), ptr(kn),
+                 f32(spec.eps), ptr(wp("inv_freq")), ptr(axis), ptr(p["q"]), ptr(p["k"]),
+                 ptr(p["v"]), i32(spec.heads), i32(spec.kv_heads), i32(d)],
+                shared=warps * d * 4, stream=stream,
+            )  # fmt: skip
+            key, value = a[f"past_key_{n}"], a[f"past_value_{n}"]
+            engine.attention.launch(
+                p["q"], p["k"], p["v"], key, value, a["past_lens"], a["query_lens"], p["attn"],
+                batch=b, seq=s, capacity=self.capacity, stream=stream,
+            )  # fmt: skip
+            linear(p["attn"], pre + "o", h, spec.heads * d, spec.hidden, resid=True,
+                   half_x=half_attn, bias=pre + "o_bias" if spec.bias else None)  # fmt: skip
+            linear(h, pre + "gate_up", p["act"], spec.hidden, spec.intermediate,
+                   norm=pre + "post_norm", swiglu=True)  # fmt: skip
+            linear(p["act"], pre + "down", h, spec.intermediate, spec.hidden, resid=True)
+            if spec.hidden_output_layer == n + 1:
+                output("hidden_states", h, tokens * spec.hidden)
+            if n < spec.deepstack_layers:
+                count = tokens * spec.hidden
+                deep = a["deepstack_embeds"] + n * count * (2 if half_in else 4)
+                elementwise("add_into_h" if half_in else "add_into", h, deep, count)
+        # float32 logits: the output itself where it is float32, else cast into it after
+        logits = p["logits32"] if half_out else p["logits"]
+        heads = a.get("lm_head_index")
+        linear(h, "lm_head", logits, spec.hidden, spec.vocab, rows=b, norm="norm",
+               rowmap=a["last_indices"], head_stride=spec.vocab * spec.hidden,
+               head_index=heads if spec.lm_heads > 1 else None)  # fmt: skip
+        output("logits", logits, b * spec.vocab)
+        if spec.last_hidden:
+            last = p["last32"] if half_out else p["last_hidden"]
+            kernels.launch("rms_rows", (b,), 256,
+                           [ptr(h), ptr(a["last_indices"]), i32(s), ptr(wp("norm")),
+                            f32(spec.eps), ptr(last), i32(spec.hidden)],
+                           stream=stream)  # fmt: skip
+            output("last_hidden", last, b * spec.hidden)
+        if spec.topk:
+            chunks = -(-spec.vocab // dc.TOPK_CHUNK)
+            values = p["topk32"] if half_out else p["topk_values"]
+            kernels.launch("topk_chunks", (chunks, b), 512,
+                           [ptr(logits), ptr(wp("topk_bias")), i32(spec.vocab),
+                            i32(spec.topk), ptr(p["cand_v"]), ptr(p["cand_i"])],
+                           stream=stream)  # fmt: skip
+            kernels.launch("topk_merge", (b,), 512,
+                           [ptr(p["cand_v"]), ptr(p["cand_i"]), i32(chunks * spec.topk),
+                            i32(spec.topk), ptr(values), ptr(p["topk_indices"])],
+                           stream=stream)  # fmt: skip
+            output("topk_values", values, b * spec.topk)
+
+    def _copy(self, dst: int, src: int, nbytes: int) -> None:
+        cudart = memory._cudart()
+        kind = memory._kind("cudaMemcpyDeviceToDevice")
+        memory._check(cudart.cudaMemcpyAsync(dst, src, nbytes, kind, self._engine.stream),
+                      "cudaMemcpyAsync (device to device)")  # fmt: skip

@@ -1,0 +1,150 @@
+"""edge-build --backend fused where no GPU is: the build's layout and config, its refusals, and
+the engine's order of operations (tests/fused_reference.py, each kernel as its numpy reference)
+against the ONNX Runtime CPU engine of the same checkpoint: logits within float rounding, over a
+ragged prefill and decode steps. The kernels themselves run in tests/test_fused_gpu.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeomni.builder.build import build
+from edgeomni.builder.errors import BuildError
+from edgeomni.export.family import BuildArgs
+from edgeomni.runtime import cli
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fused_reference import FusedReference  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def fused_engine(qwen3_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    eng = tmp_path_factory.mktemp("fused") / "eng"
+    args = BuildArgs(3, 64, 128, backend="fused", device="cuda", dtype="float32")
+    assert build(qwen3_ckpt, eng, args) is not None
+    return eng
+
+
+def test_build_writes_the_fused_layout(fused_engine: Path) -> None:
+    cfg = json.loads((fused_engine / "config.json").read_text())
+    assert cfg["backend"] == "fused" and cfg["engine"] == "llm.fused.safetensors"
+    assert not (fused_engine / "llm.onnx").exists()
+    spec = cfg["fused"]
+    assert spec["dtype"] == "float32" and spec["logits_topk"] == 64  # 64: the cuda default
+    manifest = json.loads((fused_engine / "edgeomni_manifest.json").read_text())
+    assert "llm.fused.safetensors" in json.dumps(manifest)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [({"device": "cpu"}, "use --device cuda"), ({"quantization": "int4_rtn"}, "int4"),
+     ({"dtype": "bfloat16"}, "float16 or float32")],
+)  # fmt: skip
+def test_bad_fused_builds_are_refused(qwen3_ckpt, tmp_path, changes, message) -> None:
+    args = {"backend": "fused", "device": "cuda", "dtype": "float16", **changes}
+    with pytest.raises(BuildError, match=message):
+        build(qwen3_ckpt, tmp_path / "eng", BuildArgs(3, 64, 128, **args))
+    assert not (tmp_path / "eng").exists()
+
+
+def test_fused_cli_defaults_to_cuda(qwen3_ckpt, tmp_path) -> None:
+    from edgeomni.builder import cli as build_cli
+
+    code = build_cli.main(["--model-dir", str(qwen3_ckpt), "--engine-dir", str(tmp_path / "e"),
+                           "--backend", "fused", "--max-batch-size", "2", "--max-input-len",
+                           "16", "--max-kv-cache-capacity", "32"])  # fmt: skip
+    assert code == 0
+    assert json.loads((tmp_path / "e" / "config.json").read_text())["device"] == "cuda"
+
+
+def test_the_fused_steps_equal_the_onnx_engine(fused_engine, qwen3_engine) -> None:
+    """A ragged prefill (rows of 5 and 3 tokens, one row idle) and four decode steps: the
+    reference of the fused engine's calls gives the ONNX Runtime CPU engine's logits."""
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.pipeline import Pipeline
+
+    runner = Pipeline(qwen3_engine).runner("llm")
+    ref = FusedReference(fused_engine)
+    rows, capacity = 3, 32
+    cache = ref.cache(rows, capacity)
+    session = DecoderSession(runner.engine, runner.kv, rows, {"logits": (runner.vocab_size,)})
+    rng = np.random.default_rng(0)
+    lens = np.array([5, 3, 0], np.int32)
+    ids = rng.integers(3, runner.vocab_size, (rows, 5))
+    past = np.zeros(rows, np.int32)
+    for step in range(5):
+        embeds = runner.embedding[ids].astype(np.float32)
+        positions = text_positions(past, ids.shape[1], False)
+        last = np.maximum(lens - 1, 0).astype(np.int64)
+        want = np.asarray(session.run(embeds, positions, past, lens, last)["logits"], np.float64)
+        got = ref.run(embeds, positions, past, lens, last, cache)
+        live = lens > 0
+        scale = np.abs(want[live]).max()
+        assert np.abs(got["logits"][live] - want[live]).max() <= 1e-4 * scale, step
+        values, indices = got["topk_values"], got["topk_indices"]
+        assert (indices[live, 0] == want[live].argmax(-1)).all()
+        assert (np.diff(values, axis=1) <= 0).all()
+        past = past + lens
+        ids = want.argmax(-1)[:, None] if step else got["logits"].argmax(-1)[:, None]
+        lens = np.array([1, 1, 1 if step else 0], np.int32)
+
+
+def test_validate_config_names_what_a_fused_engine_needs(fused_engine, capsys) -> None:
+    """Here (no GPU) the graph is read and the engine refused with its reason, not run."""
+    code = cli.main(["--config", str(fused_engine), "--validate-config"])
+    err = capsys.readouterr().err
+    assert code != cli.EXIT_OK
+    assert "fused" in err or "cuda" in err
+
+
+def test_graph_only_and_the_footprint_find_the_fused_engine(fused_engine, qwen3_ckpt,
+                                                            tmp_path) -> None:  # fmt: skip
+    import shutil
+
+    from edgeomni.builder.build import graph_only
+    from edgeomni.runtime.footprint import footprint
+
+    eng = tmp_path / "eng"
+    shutil.copytree(fused_engine, eng)
+    (eng / "multistage_config.json").unlink()
+    assert graph_only(qwen3_ckpt, eng) == eng / "multistage_config.json"
+    graph = json.loads((eng / "multistage_config.json").read_text())
+    assert [s["id"] for s in graph["stages"]] == ["llm"]
+    weights = (eng / "llm.fused.safetensors").stat().st_size
+    assert footprint(eng)["."]["engine_bytes"] == weights
+    assert footprint(eng)["."]["table_bytes"] == (eng / "embedding.safetensors").stat().st_size
+
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_fused_io_is_the_onnx_builds(qwen3_ckpt, tmp_path, dtype) -> None:
+    """The fused engine declares the ONNX cuda build's names, types and output shapes (what
+    stages bind and feed), from its config alone: integer lengths stay integers."""
+    import onnx
+
+    from edgeomni.runtime.fused_engine import FusedSpec, _names, io_types
+
+    types = {1: np.float32, 10: np.float16, 6: np.int32, 7: np.int64}
+    fused = tmp_path / "fused"
+    build(qwen3_ckpt, fused, BuildArgs(3, 64, 128, backend="fused", device="cuda", dtype=dtype))
+    build(qwen3_ckpt, tmp_path / "ort", BuildArgs(3, 64, 128, device="cuda", dtype=dtype))
+    model = onnx.load(str(tmp_path / "ort" / "llm.onnx"), load_external_data=False)
+    spec = FusedSpec(json.loads((fused / "config.json").read_text())["fused"], "config.json")
+    inputs, outputs = _names(spec)
+    # the stages' inputs (the lowering's own, gqa_*, its binding derives from the lengths)
+    graph_inputs = [i for i in model.graph.input if not i.name.startswith("gqa_")]
+    assert list(inputs) == [i.name for i in graph_inputs]
+    assert list(outputs) == [o.name for o in model.graph.output]
+    ins, outs, shapes = io_types(spec)
+    for value, table in [*((i, ins) for i in graph_inputs),
+                         *((o, outs) for o in model.graph.output)]:  # fmt: skip
+        assert table[value.name] == np.dtype(types[value.type.tensor_type.elem_type]), value.name
+    for o in model.graph.output:
+        dims = [d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim]
+        ours = shapes[o.name]
+        assert len(ours) == len(dims), o.name
+        assert [a for a in ours if isinstance(a, int)] == [d for d in dims if isinstance(d, int)]

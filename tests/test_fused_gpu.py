@@ -1,0 +1,329 @@
+"""The fused backend on a GPU (``pytest -m gpu``): each kernel of plugins/decoder_cuda.py
+against its numpy reference, the engine against tests/fused_reference.py's reference of its
+calls, and fused builds against ONNX Runtime's CUDA builds of the same tiny checkpoints (greedy
+tokens and codes identical in float32; float16 at least as close to float32 as ONNX Runtime's
+float16 build is). Skipped, with the reason, where cuda-python, NVRTC or a GPU is missing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fused_reference import FusedReference  # noqa: E402
+
+
+def _reason() -> str | None:
+    try:
+        from edgeomni.plugins import attention_cuda as ac
+
+        ac.compile_ptx("extern \"C\" __global__ void k() {}")
+        from edgeomni.runtime.memory import DeviceArray
+
+        DeviceArray.zeros((1,), np.float32)
+    except Exception as e:  # no cuda-python, no NVRTC, no driver or no device
+        return f"no CUDA device with cuda-python and NVRTC here: {e}"
+    return None
+
+
+REASON = _reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+
+
+def _ort_cuda() -> bool:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+needs_ort_cuda = pytest.mark.skipif(not _ort_cuda(), reason="onnxruntime has no CUDA provider")
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels against their references
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=["float16", "float32"])
+def kernels(request):
+    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.runtime import memory
+
+    memory.stream(0)
+    return dc.DecoderKernels(dc.Variant(request.param, request.param))
+
+
+def dev(array: np.ndarray):
+    from edgeomni.runtime.memory import DeviceArray
+
+    buf = DeviceArray.zeros(array.shape, array.dtype)
+    buf.upload(array)
+    return buf
+
+
+def launch(kernels, name, grid, block, args, shared=0):
+    from edgeomni.plugins import attention_cuda as ac
+    from edgeomni.runtime import memory
+
+    kernels.launch(name, grid, block, args, shared=shared, stream=ac.stream_handle(memory.stream(0)))
+    memory.synchronize(0)
+
+
+MODES = {
+    "plain": {}, "norm": {"norm": True}, "swiglu": {"norm": True, "swiglu": True},
+    "residual": {"resid": True}, "bias": {"bias": True}, "half_input": {"half_x": True},
+    "last_rows": {"rowmap": True, "norm": True}, "heads": {"heads": True},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 17, 40])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_linear_matches_its_reference(kernels, rows, mode) -> None:
+    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.plugins.decoder_cuda import f32, i32, i64, ptr
+
+    m = MODES[mode]
+    wt = np.dtype(kernels.variant.weights)
+    rng = np.random.default_rng(rows)
+    k, n, seq = 136 if wt == np.float16 else 132, 72, 3
+    heads = 3 if m.get("heads") else 1
+    w = (rng.standard_normal((heads, (2 if m.get("swiglu") else 1) * n, k)) * 0.1).astype(wt)
+    xrows = rows * seq if m.get("rowmap") else rows
+    x = rng.standard_normal((xrows, k)).astype(np.float16 if m.get("half_x") else np.float32)
+    g = rng.standard_normal(k).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    last = rng.integers(0, seq, rows).astype(np.int64)
+    out0 = rng.standard_normal((rows, n)).astype(np.float32)
+    head = np.array([2 if heads > 1 else 0], np.int64)
+    bufs = {"x": dev(x), "w": dev(w), "g": dev(g), "b": dev(bias), "last": dev(last),
+            "out": dev(out0), "head": dev(head)}  # fmt: skip
+    r = dc.rows_variant(rows)
+    args = [ptr(bufs["x"].ptr), ptr(bufs["last"].ptr if m.get("rowmap") else None), i32(seq),
+            ptr(bufs["g"].ptr if m.get("norm") else None), f32(1e-6), ptr(bufs["w"].ptr),
+            i64(w.shape[1] * k), ptr(bufs["head"].ptr if heads > 1 else None),
+            ptr(bufs["b"].ptr if m.get("bias") else None), ptr(bufs["out"].ptr), i32(rows),
+            i32(k), i32(n), i32(bool(m.get("swiglu"))), i32(bool(m.get("resid")))]  # fmt: skip
+    launch(kernels, dc.linear_name(r, bool(m.get("half_x"))), (-(-n // dc.WARPS), -(-rows // r)),
+           32 * dc.WARPS, args)  # fmt: skip
+    got = bufs["out"].download()
+    xs = x.reshape(rows, seq, k)[np.arange(rows), last] if m.get("rowmap") else x
+    want = dc.linear_reference(
+        xs, w[head[0]], norm_w=g if m.get("norm") else None, eps=1e-6,
+        bias=bias if m.get("bias") else None, swiglu=bool(m.get("swiglu")),
+        residual=out0 if m.get("resid") else None,
+    )  # fmt: skip
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "mrope"),
+                         [(4, 2, 16, False), (16, 8, 128, False), (4, 2, 32, True)])  # fmt: skip
+@pytest.mark.parametrize("norm", [True, False])
+def test_qk_rope_matches_its_reference(kernels, heads, kv_heads, head_dim, mrope, norm) -> None:
+    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.plugins.decoder_cuda import f32, i32, ptr
+
+    at = np.dtype(kernels.variant.attention)
+    rng = np.random.default_rng(head_dim)
+    t, d = 7, head_dim
+    qkv = rng.standard_normal((t, (heads + 2 * kv_heads) * d)).astype(np.float32)
+    axes = 3 if mrope else 1
+    pos = rng.integers(0, 3000, (axes, t)).astype(np.int64)
+    inv = (1.0 / 1e6 ** (np.arange(0, d, 2) / d)).astype(np.float32)
+    axis = (np.arange(d // 2) % 3).astype(np.int32) if mrope else None
+    qn, kn = (rng.standard_normal(d).astype(np.float32) for _ in range(2))
+    q, k, v = (dev(np.zeros((t, h * d), at)) for h in (heads, kv_heads, kv_heads))
+    src, p, iv = dev(qkv), dev(pos), dev(inv)
+    ax, qb, kb = (dev(axis) if mrope else None), dev(qn), dev(kn)
+    warps = min(8, heads + 2 * kv_heads)
+    launch(kernels, "qk_rope", (t,), 32 * warps,
+           [ptr(src.ptr), ptr(p.ptr), i32(t), ptr(qb.ptr if norm else None),
+            ptr(kb.ptr if norm else None), f32(1e-6), ptr(iv.ptr), ptr(ax.ptr if ax else None),
+            ptr(q.ptr), ptr(k.ptr), ptr(v.ptr), i32(heads), i32(kv_heads), i32(d)],
+           shared=warps * d * 4)  # fmt: skip
+    want = dc.qk_rope_reference(qkv, pos, heads=heads, kv_heads=kv_heads, head_dim=d,
+                                inv_freq=inv, q_norm=qn if norm else None,
+                                k_norm=kn if norm else None, freq_axis=axis)  # fmt: skip
+    tol = 2e-3 if at == np.float16 else 2e-5  # cosf of angles up to 3000 rad, then the type
+    for got, ref in zip((q, k, v), want, strict=True):
+        assert np.abs(got.download().astype(np.float64) - ref).max() <= tol * max(1, np.abs(ref).max())
+
+
+@pytest.mark.parametrize(("rows", "vocab", "k"), [(1, 384, 64), (3, 151936, 64), (2, 3072, 8)])
+def test_topk_matches_its_reference(kernels, rows, vocab, k) -> None:
+    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.plugins.decoder_cuda import i32, ptr
+
+    rng = np.random.default_rng(vocab)
+    logits = np.round(rng.standard_normal((rows, vocab)) * 4).astype(np.float32)  # many ties
+    bias = np.zeros(vocab, np.float32)
+    bias[rng.integers(0, vocab, 20)] = -np.inf
+    chunks = -(-vocab // dc.TOPK_CHUNK)
+    lg, bb = dev(logits), dev(bias)
+    cv, ci = dev(np.zeros((rows, chunks * k), np.float32)), dev(np.zeros((rows, chunks * k), np.int32))
+    ov, oi = dev(np.zeros((rows, k), np.float32)), dev(np.zeros((rows, k), np.int64))
+    launch(kernels, "topk_chunks", (chunks, rows), 512,
+           [ptr(lg.ptr), ptr(bb.ptr), i32(vocab), i32(k), ptr(cv.ptr), ptr(ci.ptr)])
+    launch(kernels, "topk_merge", (rows,), 512,
+           [ptr(cv.ptr), ptr(ci.ptr), i32(chunks * k), i32(k), ptr(ov.ptr), ptr(oi.ptr)])
+    values, indices = dc.topk_reference(logits, k, bias)
+    np.testing.assert_array_equal(oi.download(), indices)
+    np.testing.assert_array_equal(ov.download(), values)
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine and whole builds
+# ---------------------------------------------------------------------------------------------
+def fused_build(ckpt: Path, folder: Path, dtype: str, components=None) -> Path:
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+
+    args = BuildArgs(3, 64, 128, backend="fused", device="cuda", dtype=dtype)
+    assert build(ckpt, folder, args, components) is not None
+    return folder
+
+
+def cuda_build(ckpt: Path, folder: Path, dtype: str, components=None) -> Path:
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+
+    assert build(ckpt, folder, BuildArgs(3, 64, 128, device="cuda", dtype=dtype), components)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def fused32(qwen3_ckpt, tmp_path_factory) -> Path:
+    return fused_build(qwen3_ckpt, tmp_path_factory.mktemp("f32") / "eng", "float32")
+
+
+@pytest.fixture(scope="module")
+def fused16(qwen3_ckpt, tmp_path_factory) -> Path:
+    return fused_build(qwen3_ckpt, tmp_path_factory.mktemp("f16") / "eng", "float16")
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_engine_equals_the_reference_of_its_calls(fused32, graphs) -> None:
+    """A ragged prefill (5 and 3 tokens, one row idle) then decode steps, graphed or not."""
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.engine import open_engine
+    from edgeomni.runtime.kv import KVCache
+
+    cfg = json.loads((fused32 / "config.json").read_text())
+    engine = open_engine(fused32, cfg, cuda_graphs=graphs)
+    rows, capacity = 3, 32
+    kv = KVCache.for_decoder(cfg, rows, capacity, engine)
+    session = DecoderSession(engine, kv, rows, {"logits": (cfg["vocab_size"],)})
+    ref = FusedReference(fused32)
+    cache = ref.cache(rows, capacity)
+    rng = np.random.default_rng(1)
+    lens, past = np.array([5, 3, 0], np.int32), np.zeros(rows, np.int32)
+    for step in range(6):
+        x = (rng.standard_normal((rows, int(lens.max()), cfg["hidden_size"])) * 0.5).astype(np.float32)
+        pos = text_positions(past, x.shape[1], False)
+        last = np.maximum(lens - 1, 0).astype(np.int64)
+        out = session.run(x, pos, past, lens, last)
+        want = ref.run(x, pos, past, lens, last, cache)
+        live = lens > 0
+        got = np.asarray(out["logits"], np.float64)
+        assert np.abs(got[live] - want["logits"][live]).max() <= 1e-4 * np.abs(want["logits"]).max()
+        np.testing.assert_array_equal(out["topk_indices"][live], want["topk_indices"][live])
+        past, lens = past + lens, np.array([1, 1, 1 if step else 0], np.int32)
+    keys = kv.keys[0].download()
+    np.testing.assert_allclose(keys[:, :, :8], cache[0][:, :, :8], atol=1e-5)
+
+
+def greedy(engine: Path, tmp: Path) -> list[list[int]]:
+    """test_gpu.py's greedy run of a few prompts in one cohort of 3, in its own folder."""
+    from test_gpu import greedy as run_greedy
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    prompts = ["Hello! How are you today?", "Hi", "What is the capital of France?", "Why?"]
+    return run_greedy(engine, tmp, prompts)
+
+
+@needs_ort_cuda
+def test_fused_float32_tokens_equal_onnxruntime_cuda(fused32, qwen3_ckpt, tmp_path) -> None:
+    ort32 = cuda_build(qwen3_ckpt, tmp_path / "ort32", "float32")
+    assert greedy(fused32, tmp_path / "a") == greedy(ort32, tmp_path / "b")
+
+
+@needs_ort_cuda
+def test_fused_float16_is_as_close_to_float32_as_onnxruntime(fused16, fused32, qwen3_ckpt,
+                                                             tmp_path) -> None:  # fmt: skip
+    from test_gpu import engine_logits
+
+    ort16 = cuda_build(qwen3_ckpt, tmp_path / "ort16", "float16")
+    exact = engine_logits(fused32)
+    ours = np.abs(engine_logits(fused16) - exact).max()
+    theirs = np.abs(engine_logits(ort16) - exact).max()
+    print(f"float16 against float32: fused {ours:.2e}, onnxruntime {theirs:.2e}")
+    assert ours <= 1.25 * theirs
+    assert greedy(fused16, tmp_path / "a") == greedy(ort16, tmp_path / "b")
+
+
+def speech(engine: Path, body: dict) -> list[np.ndarray]:
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    requests, _ = parse_request_file(body)
+    outcomes = Pipeline(engine).run(requests, batch_size=2)
+    for o in outcomes:
+        assert o.entry["ok"], o.entry
+    return [o.codes for o in outcomes]
+
+
+@needs_ort_cuda
+def test_tts_codes_equal_onnxruntime_cuda(tmp_path) -> None:
+    from edgeomni.export.tiny_tts import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    fused = fused_build(ckpt, tmp_path / "fused", "float32")
+    ort = cuda_build(ckpt, tmp_path / "ort", "float32")
+    backends = {json.loads(p.read_text())["component"]: json.loads(p.read_text())["backend"]
+                for p in fused.rglob("config.json")}  # fmt: skip
+    assert backends["talker"] == backends["code_predictor"] == "fused"
+    assert backends["code2wav"] == "onnxruntime"
+    body = {"talker_top_k": 1, "talker_max_new_tokens": 30, "voice": "vivian",
+            "language": "english",
+            "requests": [{"messages": [{"role": "user", "content": t}]}
+                         for t in ("Hello world", "A longer sentence to speak.")]}  # fmt: skip
+    for a, b in zip(speech(fused, body), speech(ort, body), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_ort_cuda
+def test_omni_codes_equal_onnxruntime_cuda(omni_ckpt, tmp_path) -> None:
+    parts = ["llm", "talker", "code_predictor", "code2wav"]
+    fused = fused_build(omni_ckpt, tmp_path / "fused", "float32", parts)
+    ort = cuda_build(omni_ckpt, tmp_path / "ort", "float32", parts)
+    assert json.loads((fused / "code_predictor" / "config.json").read_text())["backend"] == "fused"
+    body = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 1,
+            "talker_max_new_tokens": 21,
+            "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": p}]}]}
+                         for p in ("Hello there", "What is the capital of France?")]}  # fmt: skip
+    for a, b in zip(speech(fused, body), speech(ort, body), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_ort_cuda
+def test_omni_float16_onnxruntime_talker_feeds_the_fused_code_predictor(omni_ckpt,
+                                                                        tmp_path) -> None:  # fmt: skip
+    """In a float16 build the MoE talker stays on ONNX Runtime and hands its float16 hidden
+    state to the fused code predictor on the device, as the ONNX build's types say: the frames
+    come out whole, and mostly the ONNX Runtime build's own."""
+    parts = ["llm", "talker", "code_predictor", "code2wav"]
+    fused = fused_build(omni_ckpt, tmp_path / "fused", "float16", parts)
+    ort = cuda_build(omni_ckpt, tmp_path / "ort", "float16", parts)
+    cfg = json.loads((fused / "code_predictor" / "config.json").read_text())
+    assert cfg["backend"] == "fused" and cfg["fused"]["embeds_dtype"] == "float16"
+    body = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 1,
+            "talker_max_new_tokens": 21,
+            "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": p}]}]}
+                         for p in ("Hello there", "What is the capital of France?")]}  # fmt: skip
+    pairs = zip(speech(fused, body), speech(ort, body), strict=True)
+    same = [np.mean(a[: len(b)] == b[: len(a)]) for a, b in pairs]
+    print(f"float16 codes equal to onnxruntime's: {same}")
+    assert min(same) >= 0.5
