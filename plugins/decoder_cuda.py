@@ -78,12 +78,15 @@ def rows_variant(rows: int) -> int:
 _BODY = r"""
 typedef unsigned short half_t;
 #define NEG_INF __int_as_float(0xff800000)
+#ifndef DECODER_HOST_EMULATION  // tests/test_fused_kernels_host.py defines these for g++
 __device__ __forceinline__ float h2f(half_t h) {
     float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
 }
 __device__ __forceinline__ half_t f2h(float f) {
     half_t h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
+#define DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
 #if W_HALF
 typedef half_t wt_t;
 #define WVEC 8
@@ -233,7 +236,7 @@ extern "C" __global__ void qk_rope(
     const float* __restrict__ inv_freq, const int* __restrict__ freq_axis,
     at_t* q, at_t* k, at_t* v, int HQ, int HKV, int D)
 {
-    extern __shared__ float buf[];
+    DYNAMIC_SHARED(float, buf);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int t = blockIdx.x, heads = HQ + 2 * HKV, half = D / 2;
     float* hb = buf + warp * D;

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+import fused_kernel_cases as cases  # noqa: E402
 from fused_reference import FusedReference  # noqa: E402
 
 
@@ -48,7 +49,10 @@ needs_ort_cuda = pytest.mark.skipif(not _ort_cuda(), reason="onnxruntime has no 
 # ---------------------------------------------------------------------------------------------
 # kernels against their references
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module", params=["float16", "float32"])
+CASES = {dtype: cases.all_cases(dtype) for dtype in ("float16", "float32")}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
 def kernels(request):
     from edgeomni.plugins import decoder_cuda as dc
     from edgeomni.runtime import memory
@@ -57,121 +61,33 @@ def kernels(request):
     return dc.DecoderKernels(dc.Variant(request.param, request.param))
 
 
-def dev(array: np.ndarray):
+def run_case(kernels, case: cases.KernelCase) -> dict[str, np.ndarray]:
+    """The case's launches on the GPU; its buffers after them."""
+    from edgeomni.plugins import attention_cuda as ac
+    from edgeomni.plugins.decoder_cuda import f32, i32, i64, ptr
+    from edgeomni.runtime import memory
     from edgeomni.runtime.memory import DeviceArray
 
-    buf = DeviceArray.zeros(array.shape, array.dtype)
-    buf.upload(array)
-    return buf
-
-
-def launch(kernels, name, grid, block, args, shared=0):
-    from edgeomni.plugins import attention_cuda as ac
-    from edgeomni.runtime import memory
-
-    kernels.launch(name, grid, block, args, shared=shared, stream=ac.stream_handle(memory.stream(0)))
+    bufs = {}
+    for name, array in case.buffers.items():
+        bufs[name] = DeviceArray.zeros(array.shape, array.dtype)
+        bufs[name].upload(array)
+    make = {"buf": lambda n: ptr(bufs[n].ptr), "null": lambda: ptr(None), "i32": i32,
+            "i64": i64, "f32": f32}  # fmt: skip
+    stream = ac.stream_handle(memory.stream(0))
+    for launch in case.launches:
+        args = [make[kind](*rest) for kind, *rest in launch.args]
+        kernels.launch(launch.kernel, launch.grid, launch.block, args, shared=launch.shared,
+                       stream=stream)  # fmt: skip
     memory.synchronize(0)
+    return {name: b.download() for name, b in bufs.items()}
 
 
-MODES = {
-    "plain": {}, "norm": {"norm": True}, "swiglu": {"norm": True, "swiglu": True},
-    "residual": {"resid": True}, "bias": {"bias": True}, "half_input": {"half_x": True},
-    "last_rows": {"rowmap": True, "norm": True}, "heads": {"heads": True},
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("rows", [1, 2, 3, 8, 17, 40])
-@pytest.mark.parametrize("mode", list(MODES))
-def test_linear_matches_its_reference(kernels, rows, mode) -> None:
-    from edgeomni.plugins import decoder_cuda as dc
-    from edgeomni.plugins.decoder_cuda import f32, i32, i64, ptr
-
-    m = MODES[mode]
-    wt = np.dtype(kernels.variant.weights)
-    rng = np.random.default_rng(rows)
-    k, n, seq = 136 if wt == np.float16 else 132, 72, 3
-    heads = 3 if m.get("heads") else 1
-    w = (rng.standard_normal((heads, (2 if m.get("swiglu") else 1) * n, k)) * 0.1).astype(wt)
-    xrows = rows * seq if m.get("rowmap") else rows
-    x = rng.standard_normal((xrows, k)).astype(np.float16 if m.get("half_x") else np.float32)
-    g = rng.standard_normal(k).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32)
-    last = rng.integers(0, seq, rows).astype(np.int64)
-    out0 = rng.standard_normal((rows, n)).astype(np.float32)
-    head = np.array([2 if heads > 1 else 0], np.int64)
-    bufs = {"x": dev(x), "w": dev(w), "g": dev(g), "b": dev(bias), "last": dev(last),
-            "out": dev(out0), "head": dev(head)}  # fmt: skip
-    r = dc.rows_variant(rows)
-    args = [ptr(bufs["x"].ptr), ptr(bufs["last"].ptr if m.get("rowmap") else None), i32(seq),
-            ptr(bufs["g"].ptr if m.get("norm") else None), f32(1e-6), ptr(bufs["w"].ptr),
-            i64(w.shape[1] * k), ptr(bufs["head"].ptr if heads > 1 else None),
-            ptr(bufs["b"].ptr if m.get("bias") else None), ptr(bufs["out"].ptr), i32(rows),
-            i32(k), i32(n), i32(bool(m.get("swiglu"))), i32(bool(m.get("resid")))]  # fmt: skip
-    launch(kernels, dc.linear_name(r, bool(m.get("half_x"))), (-(-n // dc.WARPS), -(-rows // r)),
-           32 * dc.WARPS, args)  # fmt: skip
-    got = bufs["out"].download()
-    xs = x.reshape(rows, seq, k)[np.arange(rows), last] if m.get("rowmap") else x
-    want = dc.linear_reference(
-        xs, w[head[0]], norm_w=g if m.get("norm") else None, eps=1e-6,
-        bias=bias if m.get("bias") else None, swiglu=bool(m.get("swiglu")),
-        residual=out0 if m.get("resid") else None,
-    )  # fmt: skip
-    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
-
-
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "mrope"),
-                         [(4, 2, 16, False), (16, 8, 128, False), (4, 2, 32, True)])  # fmt: skip
-@pytest.mark.parametrize("norm", [True, False])
-def test_qk_rope_matches_its_reference(kernels, heads, kv_heads, head_dim, mrope, norm) -> None:
-    from edgeomni.plugins import decoder_cuda as dc
-    from edgeomni.plugins.decoder_cuda import f32, i32, ptr
-
-    at = np.dtype(kernels.variant.attention)
-    rng = np.random.default_rng(head_dim)
-    t, d = 7, head_dim
-    qkv = rng.standard_normal((t, (heads + 2 * kv_heads) * d)).astype(np.float32)
-    axes = 3 if mrope else 1
-    pos = rng.integers(0, 3000, (axes, t)).astype(np.int64)
-    inv = (1.0 / 1e6 ** (np.arange(0, d, 2) / d)).astype(np.float32)
-    axis = (np.arange(d // 2) % 3).astype(np.int32) if mrope else None
-    qn, kn = (rng.standard_normal(d).astype(np.float32) for _ in range(2))
-    q, k, v = (dev(np.zeros((t, h * d), at)) for h in (heads, kv_heads, kv_heads))
-    src, p, iv = dev(qkv), dev(pos), dev(inv)
-    ax, qb, kb = (dev(axis) if mrope else None), dev(qn), dev(kn)
-    warps = min(8, heads + 2 * kv_heads)
-    launch(kernels, "qk_rope", (t,), 32 * warps,
-           [ptr(src.ptr), ptr(p.ptr), i32(t), ptr(qb.ptr if norm else None),
-            ptr(kb.ptr if norm else None), f32(1e-6), ptr(iv.ptr), ptr(ax.ptr if ax else None),
-            ptr(q.ptr), ptr(k.ptr), ptr(v.ptr), i32(heads), i32(kv_heads), i32(d)],
-           shared=warps * d * 4)  # fmt: skip
-    want = dc.qk_rope_reference(qkv, pos, heads=heads, kv_heads=kv_heads, head_dim=d,
-                                inv_freq=inv, q_norm=qn if norm else None,
-                                k_norm=kn if norm else None, freq_axis=axis)  # fmt: skip
-    tol = 2e-3 if at == np.float16 else 2e-5  # cosf of angles up to 3000 rad, then the type
-    for got, ref in zip((q, k, v), want, strict=True):
-        assert np.abs(got.download().astype(np.float64) - ref).max() <= tol * max(1, np.abs(ref).max())
-
-
-@pytest.mark.parametrize(("rows", "vocab", "k"), [(1, 384, 64), (3, 151936, 64), (2, 3072, 8)])
-def test_topk_matches_its_reference(kernels, rows, vocab, k) -> None:
-    from edgeomni.plugins import decoder_cuda as dc
-    from edgeomni.plugins.decoder_cuda import i32, ptr
-
-    rng = np.random.default_rng(vocab)
-    logits = np.round(rng.standard_normal((rows, vocab)) * 4).astype(np.float32)  # many ties
-    bias = np.zeros(vocab, np.float32)
-    bias[rng.integers(0, vocab, 20)] = -np.inf
-    chunks = -(-vocab // dc.TOPK_CHUNK)
-    lg, bb = dev(logits), dev(bias)
-    cv, ci = dev(np.zeros((rows, chunks * k), np.float32)), dev(np.zeros((rows, chunks * k), np.int32))
-    ov, oi = dev(np.zeros((rows, k), np.float32)), dev(np.zeros((rows, k), np.int64))
-    launch(kernels, "topk_chunks", (chunks, rows), 512,
-           [ptr(lg.ptr), ptr(bb.ptr), i32(vocab), i32(k), ptr(cv.ptr), ptr(ci.ptr)])
-    launch(kernels, "topk_merge", (rows,), 512,
-           [ptr(cv.ptr), ptr(ci.ptr), i32(chunks * k), i32(k), ptr(ov.ptr), ptr(oi.ptr)])
-    values, indices = dc.topk_reference(logits, k, bias)
-    np.testing.assert_array_equal(oi.download(), indices)
-    np.testing.assert_array_equal(ov.download(), values)
+@pytest.mark.parametrize("index", range(len(CASES["float16"])),
+                         ids=[c.name.replace("float16-", "") for c in CASES["float16"]])  # fmt: skip
+def test_kernel_matches_its_reference(kernels, index) -> None:
+    case = CASES[kernels.variant.weights][index]
+    case.check(run_case(kernels, case))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,195 @@
+"""Calls of plugins/decoder_cuda.py's kernels, as data, each with the check of its results
+against the kernel's numpy reference: run on a GPU (tests/test_fused_gpu.py) and, compiled by
+g++ with a thread per CUDA thread, on the CPU (tests/test_fused_kernels_host.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeomni.plugins import decoder_cuda as dc
+
+# an argument: ("buf", name), ("null",), ("i32", v), ("i64", v) or ("f32", v)
+Arg = tuple[Any, ...]
+
+
+@dataclass
+class Launch:
+    kernel: str
+    grid: tuple[int, ...]
+    block: int
+    args: list[Arg]
+    shared: int = 0  # dynamic shared memory, bytes
+
+
+@dataclass
+class KernelCase:
+    name: str
+    buffers: dict[str, np.ndarray]
+    launches: list[Launch]
+    check: Callable[[dict[str, np.ndarray]], None] = field(repr=False)
+
+
+def buf(name: str | None) -> Arg:
+    return ("buf", name) if name else ("null",)
+
+
+LINEAR_MODES = {
+    "plain": {}, "norm": {"norm": True}, "swiglu": {"norm": True, "swiglu": True},
+    "residual": {"resid": True}, "bias": {"bias": True}, "half_input": {"half_x": True},
+    "last_rows": {"rowmap": True, "norm": True}, "heads": {"heads": True},
+}  # fmt: skip
+
+
+def linear_case(dtype: str, rows: int, mode: str, n: int = 72) -> KernelCase:
+    m = LINEAR_MODES[mode]
+    wt = np.dtype(dtype)
+    rng = np.random.default_rng(rows)
+    k, seq = (136 if wt == np.float16 else 132), 3
+    heads = 3 if m.get("heads") else 1
+    w = (rng.standard_normal((heads, (2 if m.get("swiglu") else 1) * n, k)) * 0.1).astype(wt)
+    xrows = rows * seq if m.get("rowmap") else rows
+    x = rng.standard_normal((xrows, k)).astype(np.float16 if m.get("half_x") else np.float32)
+    g = rng.standard_normal(k).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    last = rng.integers(0, seq, rows).astype(np.int64)
+    out0 = rng.standard_normal((rows, n)).astype(np.float32)
+    head = np.array([2 if heads > 1 else 0], np.int64)
+    r = dc.rows_variant(rows)
+    args = [buf("x"), buf("last" if m.get("rowmap") else None), ("i32", seq),
+            buf("g" if m.get("norm") else None), ("f32", 1e-6), buf("w"),
+            ("i64", w.shape[1] * k), buf("head" if heads > 1 else None),
+            buf("bias" if m.get("bias") else None), buf("out"), ("i32", rows), ("i32", k),
+            ("i32", n), ("i32", int(bool(m.get("swiglu")))),
+            ("i32", int(bool(m.get("resid"))))]  # fmt: skip
+    launch = Launch(dc.linear_name(r, bool(m.get("half_x"))), (-(-n // dc.WARPS), -(-rows // r)),
+                    32 * dc.WARPS, args)  # fmt: skip
+
+    def check(got: dict[str, np.ndarray]) -> None:
+        xs = x.reshape(rows, seq, k)[np.arange(rows), last] if m.get("rowmap") else x
+        want = dc.linear_reference(
+            xs, w[head[0]], norm_w=g if m.get("norm") else None, eps=1e-6,
+            bias=bias if m.get("bias") else None, swiglu=bool(m.get("swiglu")),
+            residual=out0 if m.get("resid") else None,
+        )  # fmt: skip
+        assert np.abs(got["out"] - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+    buffers = {"x": x, "w": w, "g": g, "bias": bias, "last": last, "out": out0, "head": head}
+    return KernelCase(f"linear-{dtype}-{mode}-{rows}", buffers, [launch], check)
+
+
+ROPE_SHAPES = [(4, 2, 16, False), (16, 8, 128, False), (4, 2, 32, True)]
+
+
+def rope_case(dtype: str, heads: int, kv_heads: int, d: int, mrope: bool, norm: bool) -> KernelCase:
+    at = np.dtype(dtype)
+    rng = np.random.default_rng(d)
+    t = 7
+    qkv = rng.standard_normal((t, (heads + 2 * kv_heads) * d)).astype(np.float32)
+    pos = rng.integers(0, 3000, (3 if mrope else 1, t)).astype(np.int64)
+    inv = (1.0 / 1e6 ** (np.arange(0, d, 2) / d)).astype(np.float32)
+    axis = (np.arange(d // 2) % 3).astype(np.int32)
+    qn, kn = (rng.standard_normal(d).astype(np.float32) for _ in range(2))
+    buffers = {"qkv": qkv, "pos": pos, "inv": inv, "axis": axis, "qn": qn, "kn": kn,
+               **{name: np.zeros((t, h * d), at)
+                  for name, h in (("q", heads), ("k", kv_heads), ("v", kv_heads))}}  # fmt: skip
+    warps = min(8, heads + 2 * kv_heads)
+    args = [buf("qkv"), buf("pos"), ("i32", t), buf("qn" if norm else None),
+            buf("kn" if norm else None), ("f32", 1e-6), buf("inv"),
+            buf("axis" if mrope else None), buf("q"), buf("k"), buf("v"), ("i32", heads),
+            ("i32", kv_heads), ("i32", d)]  # fmt: skip
+
+    def check(got: dict[str, np.ndarray]) -> None:
+        want = dc.qk_rope_reference(
+            qkv, pos, heads=heads, kv_heads=kv_heads, head_dim=d, inv_freq=inv,
+            q_norm=qn if norm else None, k_norm=kn if norm else None,
+            freq_axis=axis if mrope else None,
+        )  # fmt: skip
+        tol = 2e-3 if at == np.float16 else 2e-5  # cosf of angles up to 3000 rad, then the type
+        for name, ref in zip("qkv", want, strict=True):
+            err = np.abs(got[name].astype(np.float64) - ref).max()
+            assert err <= tol * max(1, np.abs(ref).max()), name
+
+    name = f"rope-{dtype}-{heads}x{d}-{'mrope' if mrope else '1d'}-{'norm' if norm else 'plain'}"
+    return KernelCase(name, buffers, [Launch("qk_rope", (t,), 32 * warps, args, warps * d * 4)],
+                      check)  # fmt: skip
+
+
+def topk_case(rows: int, vocab: int, k: int) -> KernelCase:
+    rng = np.random.default_rng(vocab)
+    logits = np.round(rng.standard_normal((rows, vocab)) * 4).astype(np.float32)  # many ties
+    bias = np.zeros(vocab, np.float32)
+    bias[rng.integers(0, vocab, 20)] = -np.inf
+    chunks = -(-vocab // dc.TOPK_CHUNK)
+    buffers = {"logits": logits, "bias": bias,
+               "cand_v": np.zeros((rows, chunks * k), np.float32),
+               "cand_i": np.zeros((rows, chunks * k), np.int32),
+               "out_v": np.zeros((rows, k), np.float32), "out_i": np.zeros((rows, k), np.int64)}
+    launches = [
+        Launch("topk_chunks", (chunks, rows), 512, [buf("logits"), buf("bias"), ("i32", vocab),
+               ("i32", k), buf("cand_v"), buf("cand_i")]),
+        Launch("topk_merge", (rows,), 512, [buf("cand_v"), buf("cand_i"), ("i32", chunks * k),
+               ("i32", k), buf("out_v"), buf("out_i")]),
+    ]  # fmt: skip
+
+    def check(got: dict[str, np.ndarray]) -> None:
+        values, indices = dc.topk_reference(logits, k, bias)
+        np.testing.assert_array_equal(got["out_i"], indices)
+        np.testing.assert_array_equal(got["out_v"], values)
+
+    return KernelCase(f"topk-{rows}x{vocab}-{k}", buffers, launches, check)
+
+
+def cast_case(dtype: str) -> KernelCase:
+    """The float16 boundary kernels: embeddings in, outputs out, DeepStack added."""
+    rng = np.random.default_rng(7)
+    n = 1000
+    half = rng.standard_normal(n).astype(np.float16)
+    f = rng.standard_normal(n).astype(np.float32)
+    h = rng.standard_normal(n).astype(np.float32)
+    buffers = {"half": half, "f": f, "to_f": np.zeros(n, np.float32),
+               "to_h": np.zeros(n, np.float16), "h": h.copy(), "h2": h.copy()}
+    grid = (-(-n // 256),)
+    launches = [Launch("half_to_float", grid, 256, [buf("to_f"), buf("half"), ("i64", n)]),
+                Launch("float_to_half", grid, 256, [buf("to_h"), buf("f"), ("i64", n)]),
+                Launch("add_into", grid, 256, [buf("h"), buf("f"), ("i64", n)]),
+                Launch("add_into_h", grid, 256, [buf("h2"), buf("half"), ("i64", n)])]  # fmt: skip
+
+    def check(got: dict[str, np.ndarray]) -> None:
+        np.testing.assert_array_equal(got["to_f"], half.astype(np.float32))
+        np.testing.assert_array_equal(got["to_h"], f.astype(np.float16))
+        np.testing.assert_allclose(got["h"], h + f, rtol=1e-6)
+        np.testing.assert_allclose(got["h2"], h + half.astype(np.float32), rtol=1e-6)
+
+    return KernelCase(f"casts-{dtype}", buffers, launches, check)
+
+
+def rms_rows_case(rows: int = 3, seq: int = 4, hidden: int = 200) -> KernelCase:
+    """last_hidden: each row's last position, normed."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((rows * seq, hidden)).astype(np.float32)
+    w = rng.standard_normal(hidden).astype(np.float32)
+    last = rng.integers(0, seq, rows).astype(np.int64)
+    buffers = {"x": x, "w": w, "last": last, "out": np.zeros((rows, hidden), np.float32)}
+    args = [buf("x"), buf("last"), ("i32", seq), buf("w"), ("f32", 1e-6), buf("out"),
+            ("i32", hidden)]  # fmt: skip
+
+    def check(got: dict[str, np.ndarray]) -> None:
+        picked = x.reshape(rows, seq, hidden)[np.arange(rows), last].astype(np.float64)
+        want = picked * dc.rms_scale(picked, 1e-6) * w
+        np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-6)
+
+    return KernelCase("rms_rows", buffers, [Launch("rms_rows", (rows,), 256, args)], check)
+
+
+def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
+              topk: tuple[tuple[int, int, int], ...] = ((1, 384, 64), (3, 151936, 64),
+                                                        (2, 3072, 8))) -> list[KernelCase]:  # fmt: skip
+    """Every case for one dtype's kernels."""
+    cases = [linear_case(dtype, r, mode) for mode in LINEAR_MODES for r in rows]
+    cases += [rope_case(dtype, *shape, norm) for shape in ROPE_SHAPES for norm in (True, False)]
+    cases += [topk_case(*t) for t in topk]
+    return [*cases, cast_case(dtype), rms_rows_case()]

@@ -1,0 +1,180 @@
+"""The fused backend's CUDA kernels (plugins/decoder_cuda.py) on the CPU: the same source,
+compiled by g++ with one std::thread per CUDA thread (warp shuffles and block barriers as
+std::barrier), runs tests/fused_kernel_cases.py's calls and their checks against the numpy
+references, in CI where no GPU is. Index arithmetic, masks, the row and head offsets, the
+reductions and the top-K's ordering are the GPU's; float16 conversion is g++'s _Float16
+(round to nearest, as cvt.rn). tests/test_fused_gpu.py runs the same cases on a GPU."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeomni.plugins import decoder_cuda as dc
+
+sys.path.insert(0, str(Path(__file__).parent))
+import fused_kernel_cases as cases  # noqa: E402
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ for the emulation")
+
+SHIM = r"""
+#define DECODER_HOST_EMULATION 1
+#include <barrier>
+#include <cmath>
+#include <math.h>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+struct uint4 { unsigned x, y, z, w; };
+struct float4 { float x, y, z, w; };
+struct dim3 { unsigned x, y, z; };
+static thread_local dim3 threadIdx, blockIdx;
+static dim3 blockDim, gridDim;
+static thread_local int t_warp;
+static std::barrier<>* g_block;
+static std::vector<std::barrier<>*> g_warps;
+static float g_exchange[64][32];
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define DYNAMIC_SHARED(type, name) static type name[65536]
+inline void __syncthreads() { g_block->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { g_warps[t_warp]->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float x, int mask) {
+    const int lane = threadIdx.x & 31;
+    g_exchange[t_warp][lane] = x;
+    __syncwarp();
+    const float r = g_exchange[t_warp][lane ^ mask];
+    __syncwarp();
+    return r;
+}
+template <class V> inline V __ldg(const V* p) { return *p; }
+inline float __int_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+typedef unsigned short half_t;
+inline float h2f(half_t h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
+inline half_t f2h(float f) { _Float16 x = (_Float16)f; half_t h; std::memcpy(&h, &x, 2); return h; }
+"""
+
+MAIN = r"""
+struct Any {
+    void* p;
+    template <class T> operator T*() const { return (T*)p; }
+};
+static void* slurp(const char* path, size_t n) {
+    void* p = std::calloc(n ? n : 1, 1);
+    FILE* f = std::fopen(path, "rb");
+    if (!f || std::fread(p, 1, n, f) != n) { std::fprintf(stderr, "reading %s\n", path); std::exit(2); }
+    std::fclose(f);
+    return p;
+}
+static void spit(const char* path, const void* p, size_t n) {
+    FILE* f = std::fopen(path, "wb");
+    std::fwrite(p, 1, n, f);
+    std::fclose(f);
+}
+// blocks one after another (a static __shared__ array is one block's), a block's threads at once
+template <class F> static void grid(dim3 g, unsigned threads, F call) {
+    gridDim = g;
+    blockDim = dim3{threads, 1, 1};
+    for (unsigned z = 0; z < g.z; ++z)
+    for (unsigned y = 0; y < g.y; ++y)
+    for (unsigned x = 0; x < g.x; ++x) {
+        std::barrier<> block(threads);
+        g_block = &block;
+        g_warps.clear();
+        for (unsigned w = 0; w < threads / 32; ++w) g_warps.push_back(new std::barrier<>(32));
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < threads; ++t)
+            pool.emplace_back([=] {
+                threadIdx = dim3{t, 0, 0};
+                blockIdx = dim3{x, y, z};
+                t_warp = t / 32;
+                call();
+            });
+        for (auto& t : pool) t.join();
+        for (auto* w : g_warps) delete w;
+    }
+}
+"""
+
+
+def _source(variant: dc.Variant, all_cases: list[cases.KernelCase]) -> str:
+    """The kernels with the shim, and a main that runs case argv[1] on the files in argv[2]."""
+    source = variant.source()
+    head, body = source.split("typedef unsigned short half_t;\n", 1)
+    out = [head, SHIM, body, MAIN, "int main(int argc, char** argv) {",
+           "  const int which = std::atoi(argv[1]);", "  const std::string dir = argv[2];"]
+    for i, case in enumerate(all_cases):
+        out.append(f"  if (which == {i}) {{")
+        names = list(case.buffers)
+        for j, name in enumerate(names):
+            size = case.buffers[name].nbytes
+            out.append(f'    void* b{j} = slurp((dir + "/{name}.bin").c_str(), {size});')
+        for launch in case.launches:
+            grid = (*launch.grid, 1, 1)[:3]
+            args = ", ".join(_arg(a, names) for a in launch.args)
+            out.append(f"    grid(dim3{{{grid[0]}, {grid[1]}, {grid[2]}}}, {launch.block}, "
+                       f"[=] {{ {launch.kernel}({args}); }});")  # fmt: skip
+        for j, name in enumerate(names):
+            size = case.buffers[name].nbytes
+            out.append(f'    spit((dir + "/{name}.bin").c_str(), b{j}, {size});')
+        out.append("  }")
+    out.append("  return 0;\n}\n")
+    return "\n".join(out).replace("#include <vector>", "#include <vector>\n#include <string>", 1)
+
+
+def _arg(arg: cases.Arg, names: list[str]) -> str:
+    kind, *rest = arg
+    if kind == "buf":
+        return f"Any{{b{names.index(rest[0])}}}"
+    if kind == "null":
+        return "Any{nullptr}"
+    if kind == "f32":
+        return f"{float(rest[0])!r}f"
+    return f"{int(rest[0])}{'LL' if kind == 'i64' else ''}"
+
+
+CASES = {
+    dtype: cases.all_cases(dtype, rows=(1, 3, 17), topk=((1, 384, 64), (2, 9000, 8)))
+    for dtype in ("float16", "float32")
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def emulator(request, tmp_path_factory) -> tuple[Path, str]:
+    dtype = request.param
+    work = tmp_path_factory.mktemp(f"host-{dtype}")
+    cpp, exe = work / "kernels.cpp", work / "kernels"
+    cpp.write_text(_source(dc.Variant(dtype, dtype), CASES[dtype]))
+    build = subprocess.run(
+        ["g++", "-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas", "-o", str(exe), str(cpp)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if build.returncode:
+        if "barrier" in build.stderr and "No such file" in build.stderr:
+            pytest.skip("this g++ has no C++20 <barrier> for the emulation")
+        raise AssertionError(build.stderr[-4000:])
+    return exe, dtype
+
+
+@pytest.mark.parametrize("index", range(len(CASES["float16"])),
+                         ids=[c.name.replace("float16-", "") for c in CASES["float16"]])  # fmt: skip
+def test_kernel_matches_its_reference_on_the_cpu(emulator, index, tmp_path) -> None:
+    exe, dtype = emulator
+    case = CASES[dtype][index]
+    for name, array in case.buffers.items():
+        np.ascontiguousarray(array).tofile(tmp_path / f"{name}.bin")
+    run = subprocess.run([str(exe), str(index), str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    got = {name: np.fromfile(tmp_path / f"{name}.bin", a.dtype).reshape(a.shape)
+           for name, a in case.buffers.items()}  # fmt: skip
+    case.check(got)
