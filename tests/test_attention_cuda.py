@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ import pytest
 
 from edgeomni.plugins import attention_cuda as ac
 from edgeomni.plugins.attention import reference
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cuda_host import SHIM_CORE  # noqa: E402
 
 # a NaN pattern for cache slots the call must neither read (it would spread) nor write
 SENTINEL = {"float16": (np.uint16, 0x7E5A), "float32": (np.uint32, 0x7FC05A5A)}
@@ -184,50 +188,10 @@ def test_nvrtc_errors_carry_the_log() -> None:
 # ---------------------------------------------------------------------------------------------
 # host emulation: the same source under g++
 # ---------------------------------------------------------------------------------------------
-SHIM = r"""
-#define ATTN_HOST_EMULATION 1
-#include <algorithm>
-#include <barrier>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <thread>
-#include <vector>
-using std::max;
-using std::min;
-struct uint4 { unsigned x, y, z, w; };
-struct uint2 { unsigned x, y; };
-struct float4 { float x, y, z, w; };
-struct dim3 { unsigned x, y, z; };
-static thread_local dim3 threadIdx, blockIdx;
-static thread_local int t_warp;
-static std::barrier<>* g_block;
-static std::vector<std::barrier<>*> g_warps;
-static float g_exchange[64][32];
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __shared__ static
-#define __align__(n) __attribute__((aligned(n)))
-inline void __syncthreads() { g_block->arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { g_warps[t_warp]->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float x, int mask) {
-    const int lane = threadIdx.x & 31;
-    g_exchange[t_warp][lane] = x;
-    __syncwarp();
-    const float r = g_exchange[t_warp][lane ^ mask];
-    __syncwarp();
-    return r;
-}
-template <class V> inline V __ldg(const V* p) { return *p; }
-inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+SHIM = "#define ATTN_HOST_EMULATION 1\n" + SHIM_CORE + r"""
 #if IS_HALF
-inline float to_f(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
-inline unsigned short from_f(float f) {
-    _Float16 x = (_Float16)f; unsigned short h; std::memcpy(&h, &x, 2); return h;
-}
+inline float to_f(unsigned short h) { return half_to_f(h); }
+inline unsigned short from_f(float f) { return f_to_half(f); }
 #else
 inline float to_f(float x) { return x; }
 inline float from_f(float x) { return x; }

@@ -19,49 +19,15 @@ from edgeomni.plugins import decoder_cuda as dc
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fused_kernel_cases as cases  # noqa: E402
+from cuda_host import SHIM_CORE  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ for the emulation")
 
-SHIM = r"""
-#define DECODER_HOST_EMULATION 1
-#include <barrier>
-#include <cmath>
-#include <math.h>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <thread>
-#include <vector>
-struct uint4 { unsigned x, y, z, w; };
-struct float4 { float x, y, z, w; };
-struct dim3 { unsigned x, y, z; };
-static thread_local dim3 threadIdx, blockIdx;
-static dim3 blockDim, gridDim;
-static thread_local int t_warp;
-static std::barrier<>* g_block;
-static std::vector<std::barrier<>*> g_warps;
-static float g_exchange[64][32];
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __shared__ static
+SHIM = "#define DECODER_HOST_EMULATION 1\n" + SHIM_CORE + r"""
 #define DYNAMIC_SHARED(type, name) static type name[65536]
-inline void __syncthreads() { g_block->arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { g_warps[t_warp]->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float x, int mask) {
-    const int lane = threadIdx.x & 31;
-    g_exchange[t_warp][lane] = x;
-    __syncwarp();
-    const float r = g_exchange[t_warp][lane ^ mask];
-    __syncwarp();
-    return r;
-}
-template <class V> inline V __ldg(const V* p) { return *p; }
-inline float __int_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 typedef unsigned short half_t;
-inline float h2f(half_t h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
-inline half_t f2h(float f) { _Float16 x = (_Float16)f; half_t h; std::memcpy(&h, &x, 2); return h; }
+inline float h2f(half_t h) { return half_to_f(h); }
+inline half_t f2h(float f) { return f_to_half(f); }
 """
 
 MAIN = r"""
@@ -129,7 +95,7 @@ def _source(variant: dc.Variant, all_cases: list[cases.KernelCase]) -> str:
             out.append(f'    spit((dir + "/{name}.bin").c_str(), b{j}, {size});')
         out.append("  }")
     out.append("  return 0;\n}\n")
-    return "\n".join(out).replace("#include <vector>", "#include <vector>\n#include <string>", 1)
+    return "\n".join(out)
 
 
 def _arg(arg: cases.Arg, names: list[str]) -> str:
