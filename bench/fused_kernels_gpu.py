@@ -1,0 +1,161 @@
+"""Where a fused decoder step's device time goes: each kernel of one Qwen3-0.6B layer, the LM
+head and the top-K, timed alone at real dimensions (float16 weights), with the bytes it must
+read and the bandwidth that makes. Run it on the GPU machine:
+
+    python bench/fused_kernels_gpu.py [--batch 1 8 32] [--context 64] [--repeats 200] [--out DIR]
+
+Each kernel is launched ``--repeats`` times back to back between two CUDA events on the
+runtime's stream (no graph: a launch's own overhead, ~2-4 us, is in the figure, as it is in a
+graph replay's); the step estimate is 28 layers of the per-layer kernels plus the head and the
+top-K, beside the measured copy bandwidth's bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+H, HEADS, KV, D, INTER, VOCAB, LAYERS = 1024, 16, 8, 128, 3072, 151936, 28
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--context", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+
+    from edgeomni.plugins import attention_cuda as ac
+    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.plugins.decoder_cuda import f32, i32, i64, ptr
+    from edgeomni.runtime import memory
+    from edgeomni.runtime.memory import DeviceArray
+
+    memory.stream(0)
+    cudart = memory._cudart()
+    stream = memory.stream(0)
+    cu_stream = ac.stream_handle(stream)
+    kernels = dc.DecoderKernels(dc.Variant("float16", "float16"))
+    attention = ac.CudaAttention(ac.KernelConfig(HEADS, KV, D, dtype="float16"))
+    rng = np.random.default_rng(0)
+
+    def dev(shape: tuple[int, ...], dtype, scale: float = 0.02) -> DeviceArray:
+        buf = DeviceArray.zeros(shape, dtype)
+        if np.dtype(dtype).kind == "f":
+            buf.upload((rng.standard_normal(shape) * scale).astype(dtype))
+        return buf
+
+    def timed(launch) -> float:
+        """ms per launch, ``args.repeats`` of them back to back."""
+        start = memory._check(cudart.cudaEventCreate(), "cudaEventCreate")
+        end = memory._check(cudart.cudaEventCreate(), "cudaEventCreate")
+        launch()
+        memory.synchronize(0)
+        memory._check(cudart.cudaEventRecord(start, stream), "cudaEventRecord")
+        for _ in range(args.repeats):
+            launch()
+        memory._check(cudart.cudaEventRecord(end, stream), "cudaEventRecord")
+        memory._check(cudart.cudaEventSynchronize(end), "cudaEventSynchronize")
+        ms = memory._check(cudart.cudaEventElapsedTime(start, end), "cudaEventElapsedTime")
+        return ms / args.repeats
+
+    qkv_n = (HEADS + 2 * KV) * D
+    weights = {"qkv": dev((qkv_n, H), np.float16), "o": dev((H, HEADS * D), np.float16),
+               "gate_up": dev((2 * INTER, H), np.float16), "down": dev((H, INTER), np.float16),
+               "lm_head": dev((VOCAB, H), np.float16)}  # fmt: skip
+    norm = dev((H,), np.float32, 1.0)
+    rows_out = []
+    def one_batch(batch: int) -> None:
+        t = batch
+        h = dev((t, H), np.float32, 1.0)
+        qkv = dev((t, qkv_n), np.float32, 1.0)
+        q, k, v = (dev((t, n * D), np.float16, 1.0) for n in (HEADS, KV, KV))
+        attn = dev((t, HEADS * D), np.float16, 1.0)
+        act = dev((t, INTER), np.float32, 1.0)
+        logits = dev((batch, VOCAB), np.float32, 1.0)
+        cache_k, cache_v = (dev((batch, KV, 4096, D), np.float16, 1.0) for _ in range(2))
+        past = DeviceArray.zeros((batch,), np.int32)
+        past.upload(np.full(batch, args.context, np.int32))
+        ones = DeviceArray.zeros((batch,), np.int32)
+        ones.upload(np.ones(batch, np.int32))
+        pos = DeviceArray.zeros((1, t), np.int64)
+        pos.upload(np.full((1, t), args.context, np.int64))
+        last = DeviceArray.zeros((batch,), np.int64)
+        inv = dev((D // 2,), np.float32, 1.0)
+        qn = dev((D,), np.float32, 1.0)
+        chunks = -(-VOCAB // dc.TOPK_CHUNK)
+        cand_v, cand_i = dev((batch, chunks * 64), np.float32), dev((batch, chunks * 64), np.int32)
+        top_v, top_i = dev((batch, 64), np.float32), dev((batch, 64), np.int64)
+
+        def linear(x, w, out, kk, n, *, normed=False, swiglu=False, resid=False, half_x=False,
+                   rows=t, rowmap=None):  # noqa: ANN001, ANN202
+            r = dc.rows_variant(rows)
+            a = [ptr(x.ptr), ptr(rowmap.ptr if rowmap else None), i32(1),
+                 ptr(norm.ptr if normed else None), f32(1e-6), ptr(w.ptr), i64(0), ptr(None),
+                 ptr(None), ptr(out.ptr), i32(rows), i32(kk), i32(n), i32(swiglu), i32(resid)]
+            name = dc.linear_name(r, half_x)
+            grid = (-(-n // dc.WARPS), -(-rows // r))
+            return lambda: kernels.launch(name, grid, 32 * dc.WARPS, a, stream=cu_stream)
+
+        warps = 8
+        rope_args = [ptr(qkv.ptr), ptr(pos.ptr), i32(t), ptr(qn.ptr), ptr(qn.ptr), f32(1e-6),
+                     ptr(inv.ptr), ptr(None), ptr(q.ptr), ptr(k.ptr), ptr(v.ptr), i32(HEADS),
+                     i32(KV), i32(D)]  # fmt: skip
+        parts = {
+            "qkv (norm fused)": (linear(h, weights["qkv"], qkv, H, qkv_n, normed=True),
+                                 qkv_n * H * 2),
+            "qk_rope": (lambda: kernels.launch("qk_rope", (t,), 32 * warps, rope_args,
+                                               shared=warps * D * 4, stream=cu_stream), 0),
+            "attention": (lambda: attention.launch(
+                q.ptr, k.ptr, v.ptr, cache_k.ptr, cache_v.ptr, past.ptr, ones.ptr, attn.ptr,
+                batch=batch, seq=1, capacity=4096, stream=cu_stream),
+                2 * batch * KV * (args.context + 1) * D * 2),
+            "o (+residual)": (linear(attn, weights["o"], h, HEADS * D, H, resid=True,
+                                     half_x=True), H * HEADS * D * 2),
+            "gate_up (norm, SwiGLU)": (linear(h, weights["gate_up"], act, H, INTER, normed=True,
+                                              swiglu=True), 2 * INTER * H * 2),
+            "down (+residual)": (linear(act, weights["down"], h, INTER, H, resid=True),
+                                 H * INTER * 2),
+            "lm_head (norm fused)": (linear(h, weights["lm_head"], logits, H, VOCAB, normed=True,
+                                            rows=batch, rowmap=last), VOCAB * H * 2),
+            "topk (2 kernels)": (lambda: (
+                kernels.launch("topk_chunks", (chunks, batch), 512,
+                               [ptr(logits.ptr), ptr(None), i32(VOCAB), i32(64), ptr(cand_v.ptr),
+                                ptr(cand_i.ptr)], stream=cu_stream),
+                kernels.launch("topk_merge", (batch,), 512,
+                               [ptr(cand_v.ptr), ptr(cand_i.ptr), i32(chunks * 64), i32(64),
+                                ptr(top_v.ptr), ptr(top_i.ptr)], stream=cu_stream)), 0),
+        }  # fmt: skip
+        per_layer = ("qkv (norm fused)", "qk_rope", "attention", "o (+residual)",
+                     "gate_up (norm, SwiGLU)", "down (+residual)")  # fmt: skip
+        step = 0.0
+        for name, (launch, nbytes) in parts.items():
+            ms = timed(launch)
+            times = LAYERS if name in per_layer else 1
+            step += ms * times
+            row = {"batch": batch, "kernel": name, "us": round(ms * 1e3, 2),
+                   "gb_s": round(nbytes / (ms * 1e-3) / 1e9, 1) if nbytes else None,
+                   "per_step_ms": round(ms * times, 3)}  # fmt: skip
+            rows_out.append(row)
+            print(json.dumps(row), flush=True)
+        print(json.dumps({"batch": batch, "estimated_step_ms": round(step, 3)}), flush=True)
+
+    for batch in args.batch:
+        one_batch(batch)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "fused_kernels_gpu.json").write_text(json.dumps(
+            {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+             "rows": rows_out}, indent=2) + "\n")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
