@@ -224,9 +224,10 @@ def agreement(a: list[int] | None, b: list[int] | None) -> dict[str, Any] | None
 
 def markdown(result: dict[str, Any]) -> str:
     cfg = result["config"]
+    what = ("Qwen3-VL-2B / Qwen3-ASR-0.6B dimensions" if cfg["size"] == "real"
+            else "Tiny Qwen3-VL / Qwen3-ASR (smoke)")  # fmt: skip
     lines = [
-        f"### Qwen3-VL-2B / Qwen3-ASR-0.6B dimensions, {result['machine'].get('gpu', 'CPU')} "
-        f"({result['date']})",
+        f"### {what}, {result['machine'].get('gpu', 'CPU')} ({result['date']})",
         "",
         f"`{result['command']}`",
         "",

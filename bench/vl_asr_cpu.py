@@ -242,7 +242,7 @@ class Reference:
         if model == "vl":
             import vl_reference
 
-            self.bundle = vl_reference.load_bundle(ckpt)  # float32, eager attention
+            self.bundle = vl_reference.load_bundle(ckpt)  # float32, sdpa attention
             self.model = self.bundle.model.to(device=device, dtype=torch_dtype)
         else:
             from transformers import Qwen3ASRForConditionalGeneration, Qwen3ASRProcessor
@@ -575,10 +575,14 @@ def main() -> int:
     for model in models:
         n = NEW_TOKENS[model]
         print(f"[vl_asr] {model}: edgeomni ...", flush=True)
+        start = os.getloadavg()[0]
         ours = time_edgeomni(model, engines[model], media[model], n, args.repeats)
         print(f"[vl_asr] {model}: transformers ...", flush=True)
+        middle = os.getloadavg()[0]
         ref = time_transformers(model, ckpts[model], media[model], n, args.repeats)
         raw[model] = (ours, ref)
+        # 1-minute load averages around each side (2 cores: above ~2, another process ran)
+        load[model] = {"edgeomni": (start, middle), "transformers": (middle, os.getloadavg()[0])}
     probes += [read_bandwidth_gbs() for _ in range(args.bandwidth_probes)]
     gemm += [gemm_gflops() for _ in range(args.bandwidth_probes)]
     bw = max(max(probe.values()) for probe in probes)
