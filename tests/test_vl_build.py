@@ -83,3 +83,28 @@ def test_a_tied_checkpoint_builds_its_head_from_the_embedding(vl_ckpt: Path, tmp
     llm = build_llm(open_checkpoint(tied))
     head = dict(llm.named_parameters())["lm_head_t"].detach()  # [H, V]
     assert torch.equal(head, weights["model.language_model.embed_tokens.weight"].t())
+
+
+def test_tying_is_the_top_levels_as_transformers_reads_it(vl_ckpt: Path, tmp_path: Path):
+    """text_config alone saying tied does not tie (transformers reads the top level): the
+    stored head is used; untied without a head is an error naming both."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from edgeomni.export.common.checkpoint import CheckpointError, open_checkpoint
+    from edgeomni.export.families.qwen3_vl.config import lm_head_name
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(vl_ckpt, ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    config["text_config"]["tie_word_embeddings"] = True
+    (ckpt / "config.json").write_text(json.dumps(config))
+    assert lm_head_name(open_checkpoint(ckpt)) == "lm_head.weight"
+    weights = load_file(str(ckpt / "model.safetensors"))
+    del weights["lm_head.weight"]
+    save_file(weights, str(ckpt / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="tie_word_embeddings.*lm_head"):
+        lm_head_name(open_checkpoint(ckpt))

@@ -76,8 +76,18 @@ def media_tokens(cfg: dict[str, Any]) -> dict[str, int]:
 
 
 def lm_head_name(ckpt: Checkpoint) -> str:
-    """Tied checkpoints (Qwen3-VL-2B) store no lm_head: the embedding table serves both."""
-    tied = ckpt.config.get("tie_word_embeddings") or (ckpt.config.get("text_config") or {}).get(
-        "tie_word_embeddings"
-    )
-    return EMBEDDING if tied or not ckpt.has(LM_HEAD) else LM_HEAD
+    """Tied checkpoints (Qwen3-VL-2B) store no lm_head: the embedding table serves both.
+    Tying is the top level's ``tie_word_embeddings``, as transformers reads it for
+    Qwen3VLForConditionalGeneration (text_config's only where the top level has none); an
+    untied checkpoint without an lm_head is an error, not a silent tie."""
+    cfg = ckpt.config
+    text = cfg.get("text_config") or {}
+    tied = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    if tied:
+        return EMBEDDING
+    if not ckpt.has(LM_HEAD):
+        raise CheckpointError(
+            f"{ckpt.path}: config.json does not tie the word embeddings (tie_word_embeddings), "
+            f"and the weights have no {LM_HEAD}"
+        )
+    return LM_HEAD
