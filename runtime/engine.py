@@ -429,7 +429,7 @@ def _check_cuda(engine_file: Path, backend: str, device: int = 0) -> None:
                 "NVIDIA GPU, or rebuild with --device cpu)"
             )
     elif backend == FUSED:
-        if importlib.util.find_spec("cuda") is None or not _has_module("cuda.bindings"):
+        if not _has_module("cuda.bindings"):
             raise EngineError(
                 f"{engine_file.name} is a fused engine, whose kernels NVRTC compiles at load: "
                 "install cuda-python and NVRTC (pip install 'edgeomni[cuda]'; NVRTC comes "
