@@ -207,6 +207,10 @@ class Code2Wav(StageRunner):
             self._fixed_lengths = tuple(sorted(self.vocoder().lengths())) if fixed else ()
         return self._fixed_lengths
 
+    @fixed_lengths.setter
+    def fixed_lengths(self, lengths: tuple[int, ...]) -> None:
+        self._fixed_lengths = tuple(lengths)
+
     @classmethod
     def check(cls, stage: Any, folder: Path) -> Checked:
         """What opening this stage reads, without loading its engine: the config, the stage's

@@ -2,7 +2,7 @@
 so every frame is decoded once (the windows decode each window again with its left context).
 
 The step engine (its folder's config.json: ``state``, ``state_inputs``, ``state_outputs``,
-``delay_samples``, ``max_chunk_frames``; export/families/qwen3_omni/code2wav_stream.py makes it)
+``delay_samples``, ``max_chunk_frames``; the export's code2wav_stream module makes it)
 takes a chunk of new codes [B, Q, n] with each row's valid frames (``chunk_lens``) and one state
 input per tensor of the declared layout; it returns the chunk's samples [B, 1, n*S] and the new
 state. A request's state starts as zeros (``StepEngine.fresh``) and lives in the engine's
