@@ -201,6 +201,30 @@ def test_the_state_layout_is_declared_and_delays_are_the_trims(omni_engine, tts_
             (engine / "code2wav" / "config.json").read_text())["trim"]  # fmt: skip
 
 
+def test_the_cuda_lowering_runs_the_same_stream(omni_ckpt, exports, wholes, tmp_path) -> None:
+    """A cuda build's step engine (plain-op attention over its in-graph cache: float32), run on
+    the CPU provider, streams the whole decode too."""
+    import onnxruntime as ort
+
+    exports.build(omni_ckpt, tmp_path / "eng", BuildArgs(2, 64, 128, device="cuda"),
+                  ["code2wav_stream"])  # fmt: skip
+    folder = tmp_path / "eng" / "code2wav_stream"
+    cfg = json.loads((folder / "config.json").read_text())
+    session = ort.InferenceSession(str(folder / cfg["engine"]), providers=["CPUExecutionProvider"])
+    codes, whole = max(wholes["omni"].values(), key=lambda item: len(item[0]))
+    state = {"state_" + t["name"]: np.zeros((1, *t["shape"]), t["dtype"]) for t in cfg["state"]}
+    pieces, at = [], 0
+    for n in (1, 2, 4, 8, 8, 8, 6):
+        out = session.run(None, {"codes": codes[at : at + n].T[None], "chunk_lens": np.array([n]),
+                                 **state})  # fmt: skip
+        pieces.append(out[0].ravel())
+        state = dict(zip(state, out[1:], strict=True))
+        at += n
+    assert at == len(codes)
+    audio = np.concatenate(pieces)[cfg["delay_samples"] :]
+    assert np.abs(audio - whole).max() < TOL
+
+
 # -- limits ------------------------------------------------------------------------------------
 def test_a_chunk_past_the_engines_capacity_is_refused(omni_engine) -> None:
     runner = stateful(omni_engine)
