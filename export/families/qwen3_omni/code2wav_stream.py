@@ -128,18 +128,13 @@ def _rows_from(x: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor
     return torch.gather(x, 2, index.expand(-1, x.shape[1], -1, x.shape[3]))
 
 
-class StreamGraph(nn.Module):
-    """The exported step: HF's code2wav (``model``) run on a chunk with state. A family's
-    subclass gives its input stage (``_hidden``) and the transformer's output (``_latent``)."""
+class StreamGraph(omni.Code2WavGraph):
+    """The exported step: HF's code2wav (``model``) run on a chunk with state (the window
+    graph's dimensions and rotary; its own forward). A family's subclass gives its input stage
+    (``_hidden``) and the transformer's output (``_latent``)."""
 
     def __init__(self, model: nn.Module, cfg: Any = None) -> None:
-        super().__init__()
-        self.model = model
-        cfg = model.config if cfg is None else cfg
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
-        self.window = int(cfg.sliding_window or 0)
+        super().__init__(model, cfg)
         if self.window < 1:
             raise ValueError(
                 "code2wav without a sliding window attends to every frame before: its state "
@@ -216,10 +211,7 @@ class StreamGraph(nn.Module):
         for i, layer in enumerate(pre.layers):
             x = layer.input_layernorm(h)
             attn = layer.self_attn
-            q = attn.q_proj(x).view(b, n, self.num_heads, self.head_dim)
-            k = attn.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim)
-            q = q * cos + omni._rotate_half(q) * sin
-            k = k * cos + omni._rotate_half(k) * sin
+            q, k = self._rotated(attn, x, cos, sin)
             caches = []
             for kind in ("key", "value"):
                 fresh = x.new_zeros(b, self.num_kv_heads, n, self.head_dim)
