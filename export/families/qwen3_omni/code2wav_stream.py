@@ -6,7 +6,7 @@ A call takes ``codes`` [B, Q, n], ``chunk_lens`` [B] (the valid frames of each r
 rows are right-padded, 0 sits a row out) and one ``state_<name>`` per state tensor; it returns
 ``waveform`` [B, 1, n*S] (row b's first ``chunk_lens[b]*S`` samples are its audio) and one
 ``next_state_<name>`` per state tensor, the state after the row's valid frames. The state of a
-request, per row (``state_layout``; config.json declares it, the runtime allocates it zeroed):
+request, per row (``StreamGraph.layout``; config.json declares it, the runtime allocates it zeroed):
 
 - ``frames``: frames decoded so far: rotary positions, how much of the attention state is
   valid, where a stream's first samples are;
@@ -25,7 +25,7 @@ on the left (Qwen3-Omni's decoder blocks: stride r, kernel 2r, ``left_pad`` r) w
 stream's first block be samples the whole decode cuts off. The stream keeps them and counts them
 instead: after a transposed conv, the first ``delay`` samples of each stream (``delay =
 delay_in*stride + left_pad``) are not audio, and every time-mixing op after it reads them as
-zeros (``_masked``), which is what the whole decode's zero padding is; the whole decode's right
+zeros (``_Call.masked``), which is what the whole decode's zero padding is; the whole decode's right
 trim (``kernel - stride``) is exactly the block the stream never makes. A stream thus starts
 with ``delay_samples`` samples that are not audio (Qwen3-Omni: 480 + 60 + 12 + 3 = 555, the
 whole decode's ``trim``; Qwen3-TTS, whose transposed convs trim on the right only: 0), which the
