@@ -188,8 +188,8 @@ def measure(name: str, folder: Path, args: argparse.Namespace) -> list[dict[str,
         utterances = [rng.integers(0, cfg["codebook_size"], (args.frames, cfg["num_quantizers"]))
                       for _ in range(b)]  # fmt: skip
         refs = [whole.vocode(u)[0] for u in utterances]
-        vocode(modes["stateful"], utterances[:1])  # warm-up: sessions, allocations
-        vocode(modes["windows"], utterances[:1])
+        for r in modes.values():  # warm-up: sessions, allocations (a window and a chunk more)
+            vocode(r, [utterances[0][: args.window + 1]])
         for mode, r in modes.items():
             runs = [vocode(r, utterances) for _ in range(args.repeats)]
             audio, _, _, calls = runs[0]

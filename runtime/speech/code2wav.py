@@ -444,6 +444,7 @@ class Code2Wav(StageRunner):
         }
         return audio
 
+
 def padded_length(n: int, lengths: Sequence[int]) -> int | None:
     """The fixed length a window of n frames runs at: the shortest of ``lengths`` that holds it,
     if that is at most twice the work; None: run it at its own length."""
