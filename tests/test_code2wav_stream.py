@@ -180,6 +180,12 @@ def test_chunks_of_any_size_equal_the_whole_decode(family: str, wholes, request)
     assert np.abs(audio - whole).max() < TOL
 
 
+def test_an_utterance_of_no_frames_is_empty_audio(omni_engine) -> None:
+    runner = stateful(omni_engine)
+    stream = runner.stream_for(RequestState(0, None, None), runner.stream_batch())
+    assert stream.finish().shape == (0,) and runner.step.calls == 0
+
+
 def test_the_state_layout_is_declared_and_delays_are_the_trims(omni_engine, tts_engine) -> None:
     """config.json declares every state tensor the step engine takes and returns; a stream's
     first samples that are not audio are Qwen3-Omni's trim (its blocks cut them off the front
