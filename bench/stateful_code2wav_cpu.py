@@ -164,6 +164,8 @@ def vocode(r: Any, utterances: list[np.ndarray]) -> tuple[list[np.ndarray], floa
     for stream, codes in zip(streams, utterances, strict=True):
         stream(codes[r.chunks.first if r.chunks else r.windows.first_window :])
     batch.decode_ready()
+    for stream in streams:  # the talker finished them together: their tails share a call
+        stream.close()
     audio = [stream.finish() for stream in streams]
     wall = time.perf_counter() - start
     if r.step is None:

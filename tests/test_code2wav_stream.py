@@ -161,6 +161,18 @@ def test_a_batch_joining_and_leaving_equals_whole_utterances(
     assert runner._engine is None  # streaming stateful loads only the step engine
 
 
+def test_requests_finishing_together_share_their_last_call(omni_engine, wholes) -> None:
+    """Two requests the talker speaks in step: every chunk of theirs, the tails the talker's
+    last step leaves included, is one call of two rows."""
+    runner = stateful(omni_engine, first_chunk_frames=2, chunk_frames=4)
+    calls = record_calls(runner)
+    codes, whole = wholes["omni"][11]
+    states = run_batch(runner, [codes, codes.copy()], width=2)
+    assert calls == [[2, 2], [4, 4], [4, 4], [1, 1]]
+    for state in states:
+        assert np.abs(state.outputs["code2wav:audio"] - whole).max() < TOL
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_chunks_of_any_size_equal_the_whole_decode(family: str, wholes, request) -> None:
     """One request's frames pushed in uneven bursts, chunked as they come and at the end."""

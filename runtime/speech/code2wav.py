@@ -537,6 +537,9 @@ class AudioStream:
         """Engine calls its windows took part in."""
         return self.vocoder.windows
 
+    def close(self) -> None:
+        """No more frames will come (its last window is flushed by ``finish``)."""
+
     def take(self, piece: np.ndarray, seconds: float) -> None:
         self.seconds += seconds
         if self.skip:
@@ -617,6 +620,8 @@ class VocoderSlots:
             slot.stream(event.codes)
         elif isinstance(event, Finished):
             slot.complete = True
+            if slot.stream is not None:  # its tail goes with the step's other chunks
+                slot.stream.close()
 
     def step(self, slots: Mapping[int, VocoderSlot]) -> None:
         """The windows completed since the last step, all requests' together."""

@@ -220,10 +220,16 @@ class ChunkStream:
             if self.first_audio is None:
                 self.first_audio = now
 
-    def finish(self) -> np.ndarray:
-        """Once the request's frames are all in: the rest vocoded, all its audio."""
+    def close(self) -> None:
+        """No more frames will come: what is left is its last chunk, which the batch's next
+        ``decode_ready`` vocodes with the other requests' ready chunks (requests the talker
+        finishes on one step share that call)."""
         self.closing = True
         self.batch.fresh = True
+
+    def finish(self) -> np.ndarray:
+        """Once the request's frames are all in: the rest vocoded, all its audio."""
+        self.close()
         self.batch.decode_ready()
         if self.first_audio is None:
             self.first_audio = time.perf_counter()

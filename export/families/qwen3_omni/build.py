@@ -116,6 +116,11 @@ def export_component(
         raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3_omni_moe")
     dtype = DTYPES[args.dtype]  # the decoders; encoders and code2wav stay float32
     path = work_dir / component.engine
+    if component in (CODE2WAV, CODE2WAV_STREAM):  # reads no other flag: the same for any device
+        model = code2wav.load_code2wav(ckpt.tensor, ckpt.config)
+        if component is CODE2WAV_STREAM:
+            return code2wav_stream.export_omni(model, path)
+        return code2wav.export_code2wav(model, path)
     topk = args.logits_topk or 0
     if component is LLM:
         # the runner looks its inputs up in a float32 table (artifacts.write_embedding)
@@ -143,10 +148,7 @@ def export_component(
         return audio.export_audio_encoder(audio.load_audio_tower(ckpt.tensor, ckpt.config), path)
     if component is VISUAL:
         return visual.export_visual(visual.load_visual(ckpt.tensor, ckpt.config), path)
-    model = code2wav.load_code2wav(ckpt.tensor, ckpt.config)
-    if component is CODE2WAV_STREAM:
-        return code2wav_stream.export_omni(model, path)
-    return code2wav.export_code2wav(model, path)
+    raise CheckpointError(f"qwen3_omni_moe has no component {component.name!r}")
 
 
 def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:
