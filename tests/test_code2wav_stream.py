@@ -266,6 +266,9 @@ def test_modes_and_what_they_need(omni_engine, tmp_path: Path) -> None:
     assert Code2Wav(stage(), folder, whole_utterance=True).mode == "whole"
     with pytest.raises(ValueError, match="needs the stateful step engine.*--code2wav-streaming"):
         Code2Wav(stage(streaming="stateful"), folder)
+    # a runner option that needs no step engine opens without one
+    assert Code2Wav(stage(streaming="stateful"), folder, streaming="windows").step is None
+    assert Code2Wav(stage(streaming="stateful"), folder, whole_utterance=True).mode == "whole"
     with pytest.raises(ValueError, match="streaming 'chunked': choose stateful or windows"):
         Code2Wav(stage(streaming="chunked"), folder)
 

@@ -140,6 +140,19 @@ def check_stream(stage: Any, where: Path, cfg: Mapping[str, Any]) -> Checked:
     return checked
 
 
+def _checked(stage: Any, folder: Path, stateful: bool) -> tuple[Checked, Checked | None]:
+    """The stage's folder (its codes input, windows that fit its engine) and, when it streams
+    stateful, the step engine's folder (chunks that fit it)."""
+    stage_source(stage, CODES_INPUT)
+    checked = check_folder(folder, ARTIFACT)
+    Windows.read(stage, checked.config)
+    if not stateful:
+        return checked, None
+    stream = check_stream(stage, stream_folder(stage, folder), checked.config)
+    Chunks.read(stage, stream.config)
+    return checked, stream
+
+
 class Code2Wav(StageRunner):
     """Vocode each request's codes [frames, Q] (int64) into float32 samples."""
 
@@ -159,7 +172,12 @@ class Code2Wav(StageRunner):
         config's. Only the engine the mode runs is loaded (the step engine when stateful, the
         codes -> waveform one otherwise)."""
         self.stage = stage
-        self.config = cfg = self.check(stage, folder).config
+        self.streaming = streaming_of(stage, streaming)
+        # an explicit runner option wins over the stage config
+        whole = bool(stage.config.get("whole_utterance", False))
+        self.whole = whole if whole_utterance is None else bool(whole_utterance)
+        checked, stream = _checked(stage, folder, self.streaming == "stateful" and not self.whole)
+        self.config = cfg = checked.config
         self.folder, self._engines, self._engine = folder, engines, None
         self.num_quantizers = int(cfg["num_quantizers"])
         self.codebook_size = int(cfg["codebook_size"])
@@ -168,16 +186,11 @@ class Code2Wav(StageRunner):
         self.sample_rate = int(cfg["sample_rate"])
         self.max_frames = int(cfg["max_frames"])
         self.windows = Windows.read(stage, cfg)
-        # an explicit runner option wins over the stage config
-        self.whole = self.windows.whole if whole_utterance is None else bool(whole_utterance)
-        self.streaming = streaming_of(stage, streaming)
         self.step: StepEngine | None = None
         self.chunks: Chunks | None = None
-        if self.streaming == "stateful" and not self.whole:
-            where = stream_folder(stage, folder)
-            checked = check_stream(stage, where, cfg)
-            self.chunks = Chunks.read(stage, checked.config)
-            self.step = StepEngine(where, checked.config, engines)
+        if stream is not None:
+            self.chunks = Chunks.read(stage, stream.config)
+            self.step = StepEngine(stream.folder, stream.config, engines)
         self._fixed_lengths: tuple[int, ...] | None = None
         self._fixed: dict[tuple[int, int], _Fixed] = {}
         self.source = stage_source(stage, CODES_INPUT)
@@ -216,13 +229,9 @@ class Code2Wav(StageRunner):
         """What opening this stage reads, without loading its engine: the config, the stage's
         codes input, windows that fit the engine, and for the stateful mode the step engine's
         folder and chunks that fit it."""
-        stage_source(stage, CODES_INPUT)
-        checked = check_folder(folder, ARTIFACT)
-        Windows.read(stage, checked.config)
-        if streaming_of(stage) == "stateful":
-            where = stream_folder(stage, folder)
-            Chunks.read(stage, check_stream(stage, where, checked.config).config)
-        return checked
+        opts = stage.config
+        stateful = streaming_of(stage) == "stateful" and not opts.get("whole_utterance", False)
+        return _checked(stage, folder, stateful)[0]
 
     # -- engine ------------------------------------------------------------------------------
     def decode(self, codes: np.ndarray) -> np.ndarray:
