@@ -32,6 +32,7 @@ log = logging.getLogger("edge-build")
 # backend may learn from (TensorRT's timing cache)
 Backend = Callable[[Path, Path, BuildArgs, Any, Sequence[Path]], dict[str, Any]]
 BACKENDS = ("onnxruntime", "tensorrt", "tensorrt-rtx", "fused")
+CODE2WAV_STREAMING = ("stateful", "windows")
 
 
 def _backend(name: str) -> Backend:
@@ -68,12 +69,20 @@ def step(what: str) -> Any:
 
 
 def select_components(
-    available: Sequence[Component], wanted: Sequence[str] | None
+    available: Sequence[Component],
+    wanted: Sequence[str] | None,
+    left_out: Mapping[str, str] | None = None,
 ) -> list[Component]:
+    """The components to build: ``wanted`` by name, or all of them but those ``left_out``
+    (name -> why this build leaves it out, which naming it reports)."""
+    left_out = left_out or {}
     if not wanted or list(wanted) == ["all"]:
-        return list(available)
+        return [c for c in available if c.name not in left_out]
     if "all" in wanted:
         raise BuildError("--components: 'all' cannot be combined with component names")
+    refused = [f"{w} ({left_out[w]})" for w in wanted if w in left_out]
+    if refused:
+        raise BuildError(f"--components: this build leaves out {', '.join(refused)}")
     by_name = {c.name: c for c in available}
     unknown = [w for w in wanted if w not in by_name]
     if unknown:
@@ -98,6 +107,16 @@ def check_flags(args: BuildArgs) -> None:
         from edgeomni.builder import fused
 
         fused.check_args(args)
+    if args.code2wav_streaming not in CODE2WAV_STREAMING:
+        raise BuildError(
+            f"--code2wav-streaming {args.code2wav_streaming!r}: choose "
+            f"{' or '.join(CODE2WAV_STREAMING)}"
+        )
+    if args.code2wav_streaming == "stateful" and args.backend.startswith("tensorrt"):
+        raise BuildError(
+            f"--code2wav-streaming stateful: the stateful code2wav step has no {args.backend} "
+            "lowering yet; build it with --backend onnxruntime, or use windows"
+        )
     if args.quantization:  # the method, the group and the calibration text, before any export
         from edgeomni.builder import awq, quantize
 
@@ -109,6 +128,12 @@ def check_flags(args: BuildArgs) -> None:
             f"--max-input-len {args.max_input_len} exceeds --max-kv-cache-capacity "
             f"{args.max_kv_cache_capacity}: a prompt must fit in the KV cache"
         )
+
+
+def left_out(hooks: Any, ckpt: Any, args: BuildArgs) -> Mapping[str, str]:
+    """The family's optional ``left_out``: components these args leave out, with the reason."""
+    hook = getattr(hooks, "left_out", None)
+    return hook(ckpt, args) if callable(hook) else {}
 
 
 def preflight(hooks: Any, ckpt: Any, selected: Sequence[Component], args: BuildArgs) -> None:
@@ -161,7 +186,7 @@ def build(
     family = family_for(ckpt.model_type)
     hooks = family.hooks()
     ckpt.weight_files  # noqa: B018 - fail on missing or unreadable weights before building
-    selected = select_components(hooks.components(ckpt), components)
+    selected = select_components(hooks.components(ckpt), components, left_out(hooks, ckpt, args))
     check_checkpoint_quantization(ckpt, args)
     preflight(hooks, ckpt, selected, args)
     warn_position_limits(hooks, ckpt, selected, args)
@@ -186,7 +211,7 @@ def estimate_only(model_dir: Path, args: BuildArgs, components: Sequence[str] | 
     check_flags(args)
     ckpt = open_checkpoint(model_dir)
     hooks = family_for(ckpt.model_type).hooks()
-    selected = select_components(hooks.components(ckpt), components)
+    selected = select_components(hooks.components(ckpt), components, left_out(hooks, ckpt, args))
     check_checkpoint_quantization(ckpt, args, log_it=False)
     rows = estimate.estimate(ckpt, hooks, selected, args)
     return estimate.report(model_dir, rows, args, ckpt)

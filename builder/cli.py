@@ -164,6 +164,19 @@ def parser() -> argparse.ArgumentParser:
         "tiny encoders' features by about 20%% (docs/quantization.md)",
     )
     p.add_argument(
+        "--code2wav-streaming",
+        choices=("stateful", "windows"),
+        default=None,
+        help="how a speech graph's vocoder (Qwen3-Omni's, Qwen3-TTS's code2wav) streams: "
+        "stateful (default with onnxruntime on the cpu; opt-in with --device cuda, where it "
+        "has not run yet) also builds its stateful step engine "
+        "(code2wav_stream/: each frame decoded once, the convolutions' and attention's state "
+        "carried from call to call), which the graph then streams with; windows (default with "
+        "--device cuda, and the only choice with the TensorRT backends) builds only the codes -> "
+        "waveform engine, "
+        "which streams windows with left context. Whole-utterance vocoding works with either",
+    )
+    p.add_argument(
         "--components",
         default=None,
         help="comma-separated components to build, or 'all' (default)",
@@ -229,6 +242,7 @@ def _run(args: argparse.Namespace) -> int:
             quantize_lm_head=args.quantize_lm_head is not False,
             quantize_encoders=bool(args.quantize_encoders),
             calibration=str(args.calibration) if args.calibration else None,
+            code2wav_streaming=args.code2wav_streaming,
         )
         wanted = [c.strip() for c in (args.components or "all").split(",") if c.strip()]
         if args.estimate:
@@ -296,6 +310,7 @@ def _warn_ignored(args: argparse.Namespace) -> None:
         "--logits-topk": args.logits_topk,
         "--quantization": args.quantization,
         "--components": args.components,
+        "--code2wav-streaming": args.code2wav_streaming,
     }
     given = [flag for flag, value in build_only.items() if value is not None]
     if given:

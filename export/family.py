@@ -67,8 +67,17 @@ class BuildArgs:
     quantize_lm_head: bool = True
     quantize_encoders: bool = False  # components without a KV cache too (encoders, vocoder)
     calibration: str | None = None  # int4_awq's request file (None: the shipped text)
+    # how a speech family's vocoder streams (Qwen3-Omni's and Qwen3-TTS's code2wav): "stateful"
+    # builds its stateful step engine too (component code2wav_stream), "windows" only the
+    # codes -> waveform engine that windows with left context use. None: stateful for the CPU;
+    # windows for a GPU (the step has not run on one yet: it is opt-in there) and with TensorRT
+    # (whose lowering of the step graph is not written yet)
+    code2wav_streaming: str | None = None
 
     def __post_init__(self) -> None:
+        if self.code2wav_streaming is None:
+            windows = self.backend.startswith("tensorrt") or self.device != "cpu"
+            object.__setattr__(self, "code2wav_streaming", "windows" if windows else "stateful")
         if self.logits_topk is None:
             object.__setattr__(
                 self, "logits_topk", DEFAULT_CUDA_TOPK if self.device == "cuda" else 0
@@ -131,6 +140,11 @@ class OptionalFamilyHooks(Protocol):
     sizes, the config key of its position limit and the value; edge-build warns when the
     capacity is past one. Without it nothing is checked.
 
+    ``left_out`` names the components a build with these args leaves out of "all", each with
+    the reason (Qwen3-Omni's and Qwen3-TTS's code2wav_stream under ``code2wav_streaming``
+    windows); naming one in --components is then an error giving that reason. Without it a
+    build's "all" is every component.
+
     ``calibration_fields`` gives the top-level request fields the shipped calibration text needs
     to run through the family's graph (a CustomVoice checkpoint's speaker), for int4_awq's
     calibration of talkers and code predictors (builder/awq_graph.py). Without it none.
@@ -156,3 +170,6 @@ class OptionalFamilyHooks(Protocol):
 
     def calibration_fields(self, ckpt: Checkpoint) -> Mapping[str, Any]:
         """Request fields for calibration requests made of plain text."""
+
+    def left_out(self, ckpt: Checkpoint, args: BuildArgs) -> Mapping[str, str]:
+        """Component name -> why a build with ``args`` leaves it out of "all"."""

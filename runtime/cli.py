@@ -167,8 +167,18 @@ def parser() -> argparse.ArgumentParser:
         "--whole-utterance",
         action="store_true",
         help="vocode each utterance in one pass after the talker finishes, when it fits the "
-        "vocoder engine; utterances finished together share calls (default: in windows with "
-        "left context while the talker runs, for the first audio sooner)",
+        "vocoder engine; utterances finished together share calls (default: streamed while "
+        "the talker runs, for the first audio sooner; see --code2wav-streaming)",
+    )
+    p.add_argument(
+        "--code2wav-streaming",
+        choices=("stateful", "windows"),
+        default=None,
+        help="how the vocoder streams: stateful (each frame decoded once, in chunks, with the "
+        "state carried from call to call; needs an engine dir built with edge-build "
+        "--code2wav-streaming stateful, the default for onnxruntime) or windows (each window "
+        "decoded again with left context). Default: what the graph's code2wav stage config "
+        "says (streaming), stateful where the build made the step engine",
     )
     p.add_argument(
         "--batching",
@@ -280,6 +290,7 @@ def _main(args: argparse.Namespace) -> int:
             args.config,
             engines=Engines(threads=args.threads, cuda_graphs=not args.no_cuda_graphs),
             whole_utterance=args.whole_utterance,
+            code2wav_streaming=args.code2wav_streaming,
             stream_stages=args.stage_streaming,
             batching=args.batching,
             patience=PATIENCE if args.stage_patience is None else args.stage_patience,
@@ -646,6 +657,7 @@ def _warn_inert(
     inert = inert_keys(given, reads=reads, text_model=text_model, speaks=speaks)
     if not speaks:
         flags = (("--whole-utterance", args.whole_utterance),
+                 ("--code2wav-streaming", args.code2wav_streaming is not None),
                  ("--stage-streaming", args.stage_streaming))  # fmt: skip
         inert.update({flag: "this run does not speak" for flag, on in flags if on})
     if args.stage_patience is not None and args.batching == "cohort":

@@ -161,12 +161,15 @@ class Pipeline:
         *,
         engines: Engines | None = None,
         whole_utterance: bool = False,
+        code2wav_streaming: str | None = None,
         stream_stages: bool = False,
         batching: str = "inflight",
         patience: int = PATIENCE,
     ) -> None:
         """``engines``: how the stages open their engines (CPU threads, CUDA graphs; by default
         Engines()'s).
+        ``whole_utterance``, ``code2wav_streaming``: how the stages that make audio vocode (set
+        in their stage config: whole utterances; streaming stateful or in windows).
         ``stream_stages``: a stage that reads the next one's output as it is made (the talker
         the thinker's) starts before that stage finishes; otherwise stages run one after another.
         ``batching``: ``inflight`` (requests join and leave each stage's running batch) or
@@ -179,11 +182,16 @@ class Pipeline:
             raise ValueError(f"patience must be >= 0 turns, got {patience}")
         self.patience = patience
         self.engine_dir, self.graph = load_graph(config)
+        vocoding: dict[str, Any] = {}
         if whole_utterance:  # the stages that make audio vocode after the talker, in one pass
+            vocoding["whole_utterance"] = True
+        if code2wav_streaming is not None:  # how they stream: stateful or windows
+            vocoding["streaming"] = code2wav_streaming
+        if vocoding:
             self.graph = dataclasses.replace(
                 self.graph,
                 stages=tuple(
-                    dataclasses.replace(s, config={**s.config, "whole_utterance": True})
+                    dataclasses.replace(s, config={**s.config, **vocoding})
                     if any(e.kind == "audio" for e in s.emits)
                     else s
                     for s in self.graph.stages

@@ -80,8 +80,8 @@ IGNORED_FILE_KEYS: Mapping[str, str] = MappingProxyType({
     "spec_proposal_sampling": "there is no speculative decoding",
     "diffusion_config": "diffusion language models are not supported",
     "streaming": "the talker starts after the thinker unless --stage-streaming is given, and "
-                 "the code2wav stage's config sets the vocoder windows (the same tokens and "
-                 "codes either way)",
+                 "the code2wav stage's config (or --code2wav-streaming) sets how the vocoder "
+                 "streams (the same tokens and codes either way)",
 })  # fmt: skip
 
 # Keys whose feature changes a request's output: a request that needs one fails alone.

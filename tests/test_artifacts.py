@@ -28,6 +28,7 @@ FOLDERS = [
     ("omni_engine", "talker", talker.ARTIFACT),
     ("omni_engine", "code_predictor", cp_artifact(16)),
     ("omni_engine", "code2wav", code2wav.ARTIFACT),
+    ("omni_engine", "code2wav_stream", code2wav.STREAM_ARTIFACT),
     ("omni_engine", "audio", audio.ARTIFACT),
     ("omni_engine", "visual", visual.ARTIFACT),
 ]

@@ -74,10 +74,12 @@ def test_qwen3_estimate_matches_the_build(qwen3_engine: Path, qwen3_ckpt: Path, 
 
 
 def test_omni_estimate_matches_the_build(omni_engine: Path, omni_ckpt: Path, tmp_path) -> None:
-    """Every Qwen3-Omni component, encoders and code2wav included, from config.json alone."""
+    """Every Qwen3-Omni component, encoders and code2wav (both engines) included, from
+    config.json alone."""
     args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
     rows = compare(omni_ckpt, omni_engine, args, tmp_path)
-    assert set(rows) == {"llm", "audio", "visual", "talker", "code_predictor", "code2wav"}
+    assert set(rows) == {"llm", "audio", "visual", "talker", "code_predictor", "code2wav",
+                         "code2wav_stream"}  # fmt: skip
     assert_close(rows, list(rows))
 
 
@@ -90,12 +92,12 @@ def test_asr_estimate_matches_the_build(asr_engine: Path, asr_ckpt: Path, tmp_pa
 
 
 def test_tts_estimate_matches_the_build(tts_engine: Path, tmp_path) -> None:
-    """The talker, the code predictor and code2wav, code2wav's codebooks counted as the one
-    table each that the build folds its sum and usage counts into."""
+    """The talker, the code predictor and code2wav (both engines), code2wav's codebooks
+    counted as the one table each that the build folds its sum and usage counts into."""
     ckpt = tts_engine.parent / "ckpt"
     args = BuildArgs(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
     rows = compare(ckpt, tts_engine, args, tmp_path)
-    assert set(rows) == {"talker", "code_predictor", "code2wav"}
+    assert set(rows) == {"talker", "code_predictor", "code2wav", "code2wav_stream"}
     assert_close(rows, list(rows))
 
 

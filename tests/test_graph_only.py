@@ -22,7 +22,7 @@ from edgeomni.builder.discover import discover, tensor_parallel_markers
 from edgeomni.export.common.checkpoint import open_checkpoint
 from edgeomni.export.family import Component
 
-SPEECH = ("talker", "code_predictor", "code2wav")
+SPEECH = ("talker", "code_predictor", "code2wav", "code2wav_stream")
 
 
 def copy_engines(src: Path, dst: Path) -> Path:

@@ -219,7 +219,9 @@ def test_seeded_speech_draws_the_same_alone_and_beside_others(
     omni_engine: Path, batching: str
 ) -> None:
     """The talker's and code predictor's draws come from each request's own generator: a
-    request's codes (all 16 groups) and audio are what it gives alone, beside two others."""
+    request's codes (all 16 groups) are what it gives alone, beside two others, and its audio
+    too, to float rounding (the vocoder's calls take the chunks that are ready together, so a
+    row is computed in a batch of another size)."""
     import numpy as np
 
     obj = {
@@ -234,7 +236,8 @@ def test_seeded_speech_draws_the_same_alone_and_beside_others(
     for i in range(3):
         (one,) = run(omni_engine, {**obj, "requests": [obj["requests"][i]]}, 1, batching)
         np.testing.assert_array_equal(beside[i].codes, one.codes)
-        np.testing.assert_array_equal(beside[i].audio, one.audio)
+        assert beside[i].audio.shape == one.audio.shape
+        assert np.abs(beside[i].audio - one.audio).max() < 1e-5
 
 
 def test_stage_patience_flag(qwen3_engine: Path, capsys) -> None:

@@ -150,7 +150,11 @@ def test_speech_request_failing_mid_run_leaves_alone(omni_engine, alone, monkeyp
     assert [e for e in events if isinstance(e, Failed)] == [
         Failed(2, "talker", "talker: RuntimeError: boom")
     ]
-    assert not [e for e in events if e.index == 2 and e.stage == "code2wav"]
+    # what the vocoder streamed of the frames made before the failure may have gone out (the
+    # stateful stream vocodes a first chunk of 2 frames at once); nothing more, and no Finished
+    mine = [e for e in events if e.index == 2 and e.stage == "code2wav"]
+    assert not [e for e in mine if isinstance(e, Finished)]
+    assert sum(e.samples.size for e in mine) <= 3 * 1920
     for i in (0, 1, 3, 4):
         same(got[i], alone[i])
 

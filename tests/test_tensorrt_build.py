@@ -210,7 +210,8 @@ def test_omni_calls_fit_the_profiles(omni_ckpt: Path, omni_engine: Path, tmp_pat
         results = Pipeline(omni_engine, whole_utterance=whole).run(requests, batch_size=3)
         assert all(r.entry["ok"] for r in results), [r.entry for r in results]
     seen = check_calls_fit(omni_engine, omni_ckpt, args, calls)
-    assert seen == {"llm", "audio", "visual", "talker", "code_predictor", "code2wav"}
+    assert seen == {"llm", "audio", "visual", "talker", "code_predictor", "code2wav",
+                    "code2wav_stream"}  # fmt: skip
 
 
 def test_vl_calls_fit_the_profiles(vl_ckpt: Path, vl_engine: Path, tmp_path: Path,
@@ -252,11 +253,12 @@ def test_tts_calls_fit_the_profiles(tts_engine: Path, monkeypatch: pytest.Monkey
                           "language": "English", "speaker": "vivian"}
                          for text in ("Hello there.", "A second, longer sentence to say.")]}  # fmt: skip
     calls = record_calls(monkeypatch)
-    requests, _ = parse_request_file(body)
-    results = Pipeline(tts_engine).run(requests, batch_size=2)
-    assert all(r.entry["ok"] for r in results), [r.entry for r in results]
+    for streaming in ("stateful", "windows"):
+        requests, _ = parse_request_file(body)
+        results = Pipeline(tts_engine, code2wav_streaming=streaming).run(requests, batch_size=2)
+        assert all(r.entry["ok"] for r in results), [r.entry for r in results]
     seen = check_calls_fit(tts_engine, tts_engine.parent / "ckpt", args, calls)
-    assert seen == {"talker", "code_predictor", "code2wav"}
+    assert seen == {"talker", "code_predictor", "code2wav", "code2wav_stream"}
 
 
 def test_trt_engine_takes_the_first_profile_that_holds_a_call() -> None:
@@ -311,7 +313,7 @@ def test_tts_clone_encoders_calls_fit_the_profiles(tmp_path: Path, exports: Expo
     results = Pipeline(tmp_path / "eng").run(requests, batch_size=2)
     assert all(r.entry["ok"] for r in results), [r.entry for r in results]
     seen = check_calls_fit(tmp_path / "eng", ckpt, args, calls)
-    assert {"speaker_encoder", "speech_tokenizer_encoder", "talker", "code2wav"} <= seen
+    assert {"speaker_encoder", "speech_tokenizer_encoder", "talker", "code2wav_stream"} <= seen
 
 
 def test_asr_calls_fit_the_profiles(asr_ckpt: Path, asr_engine: Path, tmp_path: Path,

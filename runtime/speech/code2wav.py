@@ -1,10 +1,19 @@
 """The vocoder stage (Qwen3-Omni's and Qwen3-TTS's code2wav): codec frames in, 24 kHz audio out.
 
-Each request is vocoded in gap-free windows by default (runtime.vocoder), the windows of the
-requests stepping together that complete on the same frame in one call; or whole, when the
-stage config or the runner option ``whole_utterance`` asks for it and the utterance fits the
-engine's ``max_frames``: the requests whose codes are complete together (a cohort's, or those
-the talker finished on one step) then share calls, each padded to the longest of its call.
+Three modes (the stage config's ``streaming`` and ``whole_utterance``, or the runner options
+of the same names, which win):
+
+- ``stateful`` (what a build with the step engine writes in its graph): each request's frames
+  are vocoded once, in chunks, with the state the step engine carries from one call to the next
+  (runtime/speech/code2wav_stream.py); the chunks of the requests stepping together that are
+  ready on one step share calls. Only the step engine is loaded.
+- ``windows`` (a graph without ``streaming``): gap-free windows with left context
+  (runtime.vocoder), the windows of the requests stepping together that complete on the same
+  frame in one call.
+- whole utterances (``whole_utterance``): once a request's codes are complete, when the
+  utterance fits the engine's ``max_frames``: the requests whose codes are complete together (a
+  cohort's, or those the talker finished on one step) then share calls, each padded to the
+  longest of its call.
 
 On a GPU, windows run at a few fixed lengths (the first window's, and a full window with its
 left context), with CUDA graphs each captured once per batch size and replayed. Each convolution
@@ -24,15 +33,23 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.runtime.artifacts import Artifact, Checked, check_folder
+from edgeomni.runtime.artifacts import Artifact, ArtifactError, Checked, check_folder
 from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import AudioChunk, CodecFrames, Event, Finished
 from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
+from edgeomni.runtime.speech.code2wav_stream import (
+    STREAM_ARTIFACT,
+    Chunks,
+    ChunkStream,
+    StepEngine,
+    StreamBatch,
+)
 from edgeomni.runtime.vocoder import Window, WindowedVocoder, playback_stall_s
 
 CODES_INPUT = "codes"
 PROMPT_INPUT = "prompt_codes"
 AUDIO_PORT = "audio"
+STREAMING = ("stateful", "windows")  # the stage config's ``streaming`` (absent: windows)
 
 
 ARTIFACT = Artifact(
@@ -90,6 +107,52 @@ class Windows:
         )  # fmt: skip
 
 
+def streaming_of(stage: Any, override: str | None = None) -> str:
+    """The streaming mode: ``override`` (a runner option) or the stage config's ``streaming``
+    (absent: windows, what a graph without the step engine streams with)."""
+    value = override if override is not None else stage.config.get("streaming", "windows")
+    if value not in STREAMING:
+        raise ValueError(f"{stage.id}: streaming {value!r}: choose {' or '.join(STREAMING)}")
+    return str(value)
+
+
+def stream_folder(stage: Any, folder: Path) -> Path:
+    """The step engine's folder: the stage config's ``stream``, relative to the stage's."""
+    where = stage.config.get("stream")
+    if not where:
+        raise ValueError(
+            f"{stage.id}: streaming stateful needs the stateful step engine, which this graph "
+            "does not name (its config's stream): build it with edge-build "
+            "--code2wav-streaming stateful, or stream in windows"
+        )
+    return (folder / str(where)).resolve()
+
+
+def check_stream(stage: Any, where: Path, cfg: Mapping[str, Any]) -> Checked:
+    """The step engine's folder, and that it vocodes what this stage's engine does."""
+    checked = check_folder(where, STREAM_ARTIFACT)
+    for key in ("num_quantizers", "codebook_size", "samples_per_frame", "sample_rate"):
+        if checked.config[key] != cfg[key]:
+            raise ArtifactError(
+                where / "config.json",
+                f"{key} {checked.config[key]} is not the {stage.id} engine's {cfg[key]}",
+            )
+    return checked
+
+
+def _checked(stage: Any, folder: Path, stateful: bool) -> tuple[Checked, Checked | None]:
+    """The stage's folder (its codes input, windows that fit its engine) and, when it streams
+    stateful, the step engine's folder (chunks that fit it)."""
+    stage_source(stage, CODES_INPUT)
+    checked = check_folder(folder, ARTIFACT)
+    Windows.read(stage, checked.config)
+    if not stateful:
+        return checked, None
+    stream = check_stream(stage, stream_folder(stage, folder), checked.config)
+    Chunks.read(stage, stream.config)
+    return checked, stream
+
+
 class Code2Wav(StageRunner):
     """Vocode each request's codes [frames, Q] (int64) into float32 samples."""
 
@@ -102,11 +165,20 @@ class Code2Wav(StageRunner):
         *,
         engines: Engines = DEFAULT_ENGINES,
         whole_utterance: bool | None = None,
+        streaming: str | None = None,
     ) -> None:
         """``engines``: how its engine opens (its ``spin`` False when other stages' engines run
-        between this one's calls)."""
-        self.open_stage(stage, folder, engines)
-        cfg = self.config
+        between this one's calls). ``whole_utterance``, ``streaming``: the mode, over the stage
+        config's. Only the engine the mode runs is loaded (the step engine when stateful, the
+        codes -> waveform one otherwise)."""
+        self.stage = stage
+        self.streaming = streaming_of(stage, streaming)
+        # an explicit runner option wins over the stage config
+        whole = bool(stage.config.get("whole_utterance", False))
+        self.whole = whole if whole_utterance is None else bool(whole_utterance)
+        checked, stream = _checked(stage, folder, self.streaming == "stateful" and not self.whole)
+        self.config = cfg = checked.config
+        self.folder, self._engines, self._engine = folder, engines, None
         self.num_quantizers = int(cfg["num_quantizers"])
         self.codebook_size = int(cfg["codebook_size"])
         self.samples_per_frame = int(cfg["samples_per_frame"])
@@ -114,27 +186,52 @@ class Code2Wav(StageRunner):
         self.sample_rate = int(cfg["sample_rate"])
         self.max_frames = int(cfg["max_frames"])
         self.windows = Windows.read(stage, cfg)
-        # an explicit runner option wins over the stage config
-        self.whole = self.windows.whole if whole_utterance is None else bool(whole_utterance)
-        # the lengths windows run at where the engine prefers fixed shapes (a GPU; none: each
-        # at its own), replayed from CUDA graphs where the engine has them: the first window's,
-        # the growing ones', a full window with its left context
-        lengths = sorted(self.vocoder().lengths()) if self.engine.prefers_fixed_shapes else ()
-        self.fixed_lengths: tuple[int, ...] = tuple(lengths)
+        self.step: StepEngine | None = None
+        self.chunks: Chunks | None = None
+        if stream is not None:
+            self.chunks = Chunks.read(stage, stream.config)
+            self.step = StepEngine(stream.folder, stream.config, engines)
+        self._fixed_lengths: tuple[int, ...] | None = None
         self._fixed: dict[tuple[int, int], _Fixed] = {}
         self.source = stage_source(stage, CODES_INPUT)
         # codes vocoded in front of the request's and cut off again (Qwen3-TTS's in-context
         # clone: upstream decodes the reference codes with the new ones); None: no such input
         self.prompt_source = next((i.source for i in stage.inputs if i.name == PROMPT_INPUT), None)
 
+    @property
+    def mode(self) -> str:
+        """How it vocodes: whole, stateful or windows."""
+        return "whole" if self.whole else self.streaming
+
+    @property
+    def engine(self) -> Any:
+        """The codes -> waveform engine (windows, whole utterances), opened on first use."""
+        if self._engine is None:
+            self._engine = self._engines.open(self.folder, self.config)
+        return self._engine
+
+    @property
+    def fixed_lengths(self) -> tuple[int, ...]:
+        """The lengths windows run at where the engine prefers fixed shapes (a GPU; none: each
+        at its own), replayed from CUDA graphs where the engine has them: the first window's,
+        the growing ones', a full window with its left context."""
+        if self._fixed_lengths is None:
+            fixed = self.engine.prefers_fixed_shapes
+            self._fixed_lengths = tuple(sorted(self.vocoder().lengths())) if fixed else ()
+        return self._fixed_lengths
+
+    @fixed_lengths.setter
+    def fixed_lengths(self, lengths: tuple[int, ...]) -> None:
+        self._fixed_lengths = tuple(lengths)
+
     @classmethod
     def check(cls, stage: Any, folder: Path) -> Checked:
         """What opening this stage reads, without loading its engine: the config, the stage's
-        codes input, and windows that fit the engine."""
-        stage_source(stage, CODES_INPUT)
-        checked = check_folder(folder, ARTIFACT)
-        Windows.read(stage, checked.config)
-        return checked
+        codes input, windows that fit the engine, and for the stateful mode the step engine's
+        folder and chunks that fit it."""
+        opts = stage.config
+        stateful = streaming_of(stage) == "stateful" and not opts.get("whole_utterance", False)
+        return _checked(stage, folder, stateful)[0]
 
     # -- engine ------------------------------------------------------------------------------
     def decode(self, codes: np.ndarray) -> np.ndarray:
@@ -223,9 +320,24 @@ class Code2Wav(StageRunner):
             )
         return codes.astype(np.int64, copy=False)
 
-    def stream_for(self, state: RequestState, batch: WindowBatch) -> AudioStream:
-        """A request's stream of windows, its prompt codes (if any) already in front."""
-        stream = AudioStream(self.vocoder(), batch)
+    def stream_batch(self) -> WindowBatch | StreamBatch:
+        """Where the streams of the requests in this stage are vocoded together: their chunks
+        with their state (stateful), or their windows."""
+        if self.step is None or self.chunks is None:
+            return WindowBatch(self)
+        fixed = self.chunks.sizes() if self.step.engine.prefers_fixed_shapes else ()
+        return StreamBatch(self.step, max_rows=self.windows.batch_windows, fixed=fixed)
+
+    def stream_for(
+        self, state: RequestState, batch: WindowBatch | StreamBatch
+    ) -> AudioStream | ChunkStream:
+        """A request's stream (of chunks with its state, or of windows), its prompt codes (if
+        any) already in front."""
+        if isinstance(batch, StreamBatch):
+            assert self.step is not None and self.chunks is not None
+            stream: AudioStream | ChunkStream = ChunkStream(self.step, self.chunks, batch)
+        else:
+            stream = AudioStream(self.vocoder(), batch)
         prompt = self.prompt_of(state)
         if prompt is not None:
             stream.prime(prompt, len(prompt) * self.samples_per_frame)
@@ -233,12 +345,25 @@ class Code2Wav(StageRunner):
 
     def vocode(self, codes: np.ndarray) -> tuple[np.ndarray, int, str]:
         """(samples, engine calls, mode): whole utterance when asked for and it fits the engine's
-        max_frames, windows otherwise."""
+        max_frames, else in chunks with state (stateful) or in windows."""
+        if self.step is not None and self.chunks is not None:
+            stream = ChunkStream(self.step, self.chunks, StreamBatch(self.step))
+            stream(codes)
+            return stream.finish(), stream.calls, "stateful"
         voc = self.vocoder()
         if self.whole and len(codes) <= self.max_frames:
             return voc.decode_whole(codes), voc.windows, "whole"
         audio = np.concatenate([voc.push(codes), voc.flush()])
         return audio, voc.windows, "windowed" if not self.whole else "windowed (over max_frames)"
+
+    def settings(self) -> dict[str, Any]:
+        """What a request's report says of how this stage vocodes."""
+        if self.chunks is not None:
+            return {"first_chunk_frames": self.chunks.first, "chunk_frames": self.chunks.size}
+        return {"window_frames": self.windows.window,
+                "first_window_frames": self.windows.first_window,
+                "left_context_frames": self.windows.left_context,
+                "fixed_lengths": list(self.fixed_lengths)}  # fmt: skip
 
     def slot_stage(self, *, stream_upstream: bool = False) -> VocoderSlots:
         """This stage for the scheduler loop (windows vocoded as the talker's frames come,
@@ -284,7 +409,10 @@ class Code2Wav(StageRunner):
         return out
 
     def finish_request(
-        self, state: RequestState, stream: AudioStream | None, whole: Whole | None = None
+        self,
+        state: RequestState,
+        stream: AudioStream | ChunkStream | None,
+        whole: Whole | None = None,
     ) -> np.ndarray:
         """A request's audio once its codes are complete: what ``stream`` vocoded as they came
         and the rest, ``whole`` (its utterance vocoded with others', ``vocode_together``), or
@@ -298,7 +426,8 @@ class Code2Wav(StageRunner):
         if whole is not None:
             audio, calls, mode, seconds, rows = whole.audio, 1, "whole", whole.seconds, whole.rows
         elif stream is not None and stream.frames == len(codes):
-            audio, calls, mode = stream.finish(), stream.vocoder.windows, "streamed"
+            audio, calls = stream.finish(), stream.calls
+            mode = "stateful" if isinstance(stream, ChunkStream) else "streamed"
             seconds = stream.seconds + time.perf_counter() - start
             stall = playback_stall_s(stream.arrivals, self.sample_rate)
         else:  # a prompt's samples cut off the whole decode's front
@@ -320,12 +449,10 @@ class Code2Wav(StageRunner):
             "windows": calls,
             "mode": mode,
             "call_rows": rows,  # whole: the requests vocoded in its call
-            "window_frames": self.windows.window,
-            "first_window_frames": self.windows.first_window,
-            "left_context_frames": self.windows.left_context,
-            "fixed_lengths": list(self.fixed_lengths),
+            **self.settings(),
         }
         return audio
+
 
 def padded_length(n: int, lengths: Sequence[int]) -> int | None:
     """The fixed length a window of n frames runs at: the shortest of ``lengths`` that holds it,
@@ -414,6 +541,14 @@ class AudioStream:
         self.vocoder.add(np.asarray(frames, np.int64))
         self.batch.fresh = True
 
+    @property
+    def calls(self) -> int:
+        """Engine calls its windows took part in."""
+        return self.vocoder.windows
+
+    def close(self) -> None:
+        """No more frames will come (its last window is flushed by ``finish``)."""
+
     def take(self, piece: np.ndarray, seconds: float) -> None:
         self.seconds += seconds
         if self.skip:
@@ -450,7 +585,7 @@ class AudioStream:
 class VocoderSlot:
     state: RequestState
     row: int
-    stream: AudioStream | None  # None: vocoded whole once its codes are complete
+    stream: AudioStream | ChunkStream | None  # None: vocoded whole once its codes are complete
     finish: str | None = None
     audio: np.ndarray | None = None
     whole: Whole | None = None  # its utterance, vocoded with the others admitted with it
@@ -467,7 +602,7 @@ class VocoderSlots:
     def __init__(self, runner: Any) -> None:
         self.r = runner
         self.stage_id: str = runner.stage.id
-        self.batch = WindowBatch(runner)
+        self.batch = runner.stream_batch()
 
     def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
         return upstream_done or not self.r.whole
@@ -494,6 +629,8 @@ class VocoderSlots:
             slot.stream(event.codes)
         elif isinstance(event, Finished):
             slot.complete = True
+            if slot.stream is not None:  # its tail goes with the step's other chunks
+                slot.stream.close()
 
     def step(self, slots: Mapping[int, VocoderSlot]) -> None:
         """The windows completed since the last step, all requests' together."""

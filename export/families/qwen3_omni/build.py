@@ -16,6 +16,7 @@ from edgeomni.export.families.qwen3_omni import (
     CODE2WAV_RUNNER,
     TALKER_RUNNER,
     code2wav,
+    code2wav_stream,
     talker,
     thinker,
 )
@@ -32,7 +33,11 @@ VISUAL = Component("visual", "visual", visual.ENGINE, LLM_RUNNER)
 TALKER = Component("talker", "talker", "llm.onnx", TALKER_RUNNER)
 CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", TALKER_RUNNER)
 CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, CODE2WAV_RUNNER)
-SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV)
+# the stateful step engine the code2wav stage streams with (--code2wav-streaming stateful)
+CODE2WAV_STREAM = Component(
+    code2wav_stream.COMPONENT, code2wav_stream.COMPONENT, code2wav_stream.ENGINE, CODE2WAV_RUNNER
+)
+SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV, CODE2WAV_STREAM)
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
@@ -61,15 +66,35 @@ def _has(ckpt: Checkpoint, prefix: str, config_section: tuple[str, ...]) -> bool
         return True
 
 
+def left_out(ckpt: Checkpoint, args: BuildArgs) -> dict[str, str]:
+    """The stateful code2wav step is built unless --code2wav-streaming windows."""
+    if args.code2wav_streaming == "windows":
+        return {CODE2WAV_STREAM.name: "--code2wav-streaming windows"}
+    return {}
+
+
 def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:
     """What write_artifacts reads of config.json and the small files (tokenizer, speakers and
-    ids, image processor settings), checked before any export."""
+    ids, image processor settings, a code2wav the step can stream), checked before any
+    export."""
     if LLM in components:
         artifacts.require_tokenizer(ckpt)
     if TALKER in components:
         talker_fields(ckpt)
     if VISUAL in components:
         image_processor_settings(ckpt)
+    if CODE2WAV_STREAM in components:
+        stream_config(ckpt, args)
+
+
+def stream_config(ckpt: Checkpoint, args: BuildArgs) -> dict[str, Any]:
+    """The step engine's config.json fields; a CheckpointError for a code2wav it cannot step."""
+    try:
+        return code2wav_stream.omni_engine_config(
+            ckpt.config, backend=args.backend, device=args.device
+        )
+    except ValueError as e:
+        raise CheckpointError(f"config.json: code2wav_config: {e}") from None
 
 
 def position_limits(
@@ -91,6 +116,11 @@ def export_component(
         raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3_omni_moe")
     dtype = DTYPES[args.dtype]  # the decoders; encoders and code2wav stay float32
     path = work_dir / component.engine
+    if component in (CODE2WAV, CODE2WAV_STREAM):  # reads no other flag: the same for any device
+        model = code2wav.load_code2wav(ckpt.tensor, ckpt.config)
+        if component is CODE2WAV_STREAM:
+            return code2wav_stream.export_omni(model, path)
+        return code2wav.export_code2wav(model, path)
     topk = args.logits_topk or 0
     if component is LLM:
         # the runner looks its inputs up in a float32 table (artifacts.write_embedding)
@@ -118,8 +148,7 @@ def export_component(
         return audio.export_audio_encoder(audio.load_audio_tower(ckpt.tensor, ckpt.config), path)
     if component is VISUAL:
         return visual.export_visual(visual.load_visual(ckpt.tensor, ckpt.config), path)
-    model = code2wav.load_code2wav(ckpt.tensor, ckpt.config)
-    return code2wav.export_code2wav(model, path)
+    raise CheckpointError(f"qwen3_omni_moe has no component {component.name!r}")
 
 
 def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:
@@ -161,6 +190,8 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
         artifacts.write_engine_config(
             out_dir, {**base, **artifacts.decoder_fields(cfg), "num_code_groups": cfg.lm_heads + 1}
         )
+    elif component is CODE2WAV_STREAM:
+        artifacts.write_engine_config(out_dir, stream_config(ckpt, args))
     else:
         artifacts.write_engine_config(
             out_dir,

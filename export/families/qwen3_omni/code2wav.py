@@ -136,15 +136,21 @@ class Code2WavGraph(nn.Module):
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.window = int(cfg.sliding_window or 0)
 
+    def _rotated(
+        self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's queries [B, T, Hq, D] and keys [B, T, Hkv, D], rotary applied."""
+        b, t, _ = x.shape
+        q = attn.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = attn.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
     def _attention(
         self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
         attn = layer.self_attn
         b, t, _ = x.shape
-        q = attn.q_proj(x).view(b, t, self.num_heads, self.head_dim)
-        k = attn.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k = self._rotated(attn, x, cos, sin)
         # an empty cache of capacity T, made in the graph: one call attends over the whole window
         scratch_k = x.new_zeros(b, self.num_kv_heads, t, self.head_dim)
         scratch_v = x.new_zeros(b, self.num_kv_heads, t, self.head_dim)

@@ -20,6 +20,7 @@ from edgeomni.export.families.qwen3_omni import code2wav, talker, thinker
 from edgeomni.export.families.qwen3_omni.build import (
     AUDIO,
     CODE2WAV,
+    CODE2WAV_STREAM,
     CODE_PREDICTOR,
     DTYPES,
     LLM,
@@ -38,7 +39,7 @@ def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> Comp
             return float_memory(audio.hf.Qwen3OmniMoeAudioEncoder(audio.audio_config(config)))
         if component is VISUAL:
             return float_memory(visual.OMNI.module(visual.vision_config(config)))
-        if component is CODE2WAV:
+        if component in (CODE2WAV, CODE2WAV_STREAM):  # the same weights, each engine its own
             return float_memory(code2wav.hf.Qwen3OmniMoeCode2Wav(code2wav.code2wav_config(config)))
         dtype = DTYPES.get(args.dtype, torch.float32)
         if component is LLM:

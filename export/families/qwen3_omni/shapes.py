@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from edgeomni.export.common.checkpoint import Checkpoint
 from edgeomni.export.common.shapes import DimRanges, decoder_ranges, vocoder_ranges
-from edgeomni.export.families.qwen3_omni import code2wav, talker
+from edgeomni.export.families.qwen3_omni import code2wav, code2wav_stream, talker
 from edgeomni.export.family import BuildArgs, Component
 from edgeomni.export.media import audio_encoder as audio
 from edgeomni.export.media import vision_encoder as visual
@@ -33,4 +33,6 @@ def dim_ranges(ckpt: Checkpoint, component: Component, args: BuildArgs) -> DimRa
     if name == "code2wav":  # streamed windows (with their left context), or whole utterances
         window = code2wav.WINDOW_FRAMES + code2wav.LEFT_CONTEXT_FRAMES
         return vocoder_ranges(batch, window, code2wav.MAX_FRAMES)
+    if name == code2wav_stream.COMPONENT:  # chunks of new frames, each row with its state
+        return code2wav_stream.dim_ranges(batch)
     raise ValueError(f"no dimension ranges for component {name!r}")

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from edgeomni.export.common.checkpoint import Checkpoint
 from edgeomni.export.families.qwen3_omni import CODE2WAV_RUNNER, TALKER_RUNNER
+from edgeomni.export.families.qwen3_omni.code2wav_stream import stage_config
 from edgeomni.export.family import BuildArgs
 from edgeomni.export.registry import LLM_RUNNER
 from edgeomni.graph_schema import SCHEMA_VERSION, Emit, Graph, Input, Stage
@@ -65,5 +66,6 @@ def multistage_topology(
         kind="iterative",
         inputs=(Input("codes", "talker:codes", "fail"),),
         emits=(Emit("audio", "audio", "chunk_stream", terminal=True),),
+        config=stage_config(components),
     )
     return Graph(SCHEMA_VERSION, ("thinker:text", "code2wav:audio"), (thinker, talker, vocoder))

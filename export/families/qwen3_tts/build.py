@@ -42,7 +42,11 @@ from edgeomni.export.family import BuildArgs, Component
 TALKER = Component("talker", "talker", "llm.onnx", TALKER_RUNNER)
 CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", TALKER_RUNNER)
 CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, CODE2WAV_RUNNER)
-SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV)
+# the stateful step engine the code2wav stage streams with (--code2wav-streaming stateful)
+CODE2WAV_STREAM = Component(
+    code2wav.stream.COMPONENT, code2wav.stream.COMPONENT, code2wav.stream.ENGINE, CODE2WAV_RUNNER
+)
+SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV, CODE2WAV_STREAM)
 # Base checkpoints' clone encoders: stages of their own, planned only for requests with ref_audio
 SPEAKER_ENCODER = Component(
     "speaker_encoder", "speaker_encoder", speaker_encoder.ENGINE, SPEAKER_ENCODER_RUNNER
@@ -72,6 +76,13 @@ def components(ckpt: Checkpoint) -> tuple[Component, ...]:
     return SPEECH
 
 
+def left_out(ckpt: Checkpoint, args: BuildArgs) -> dict[str, str]:
+    """The stateful code2wav step is built unless --code2wav-streaming windows."""
+    if args.code2wav_streaming == "windows":
+        return {CODE2WAV_STREAM.name: "--code2wav-streaming windows"}
+    return {}
+
+
 def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:
     """config.json's dimensions, ids and speakers, the tokenizer and the codec's config, checked
     before any export: every key each component's export and engine config read, over
@@ -81,6 +92,8 @@ def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs
     check_tokenizer(ckpt)
     settings = code2wav_settings(ckpt)
     code2wav.code2wav_engine_config(settings)
+    if CODE2WAV_STREAM in components:
+        code2wav.stream_engine_config(settings)
     groups = num_code_groups(ckpt.config)
     frame = code2wav.decoder_settings(settings["decoder_config"])["num_quantizers"]
     if frame != groups:  # upstream's decoder refuses the talker's frames
@@ -140,6 +153,8 @@ def export_component(
         )  # fmt: skip
     if component is CODE2WAV:
         return code2wav.export_code2wav(code2wav.load_decoder(ckpt.path / TOKENIZER), path)
+    if component is CODE2WAV_STREAM:
+        return code2wav.export_stream(code2wav.load_decoder(ckpt.path / TOKENIZER), path)
     if component is SPEAKER_ENCODER:
         return speaker_encoder.export_speaker_encoder(
             speaker_encoder.load_speaker_encoder(ckpt.path), path
@@ -178,6 +193,11 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
     elif component is CODE2WAV:
         artifacts.write_engine_config(out_dir, {
             **code2wav.code2wav_engine_config(code2wav_settings(ckpt)),
+            "backend": args.backend, "device": args.device,
+        })  # fmt: skip
+    elif component is CODE2WAV_STREAM:
+        artifacts.write_engine_config(out_dir, {
+            **code2wav.stream_engine_config(code2wav_settings(ckpt)),
             "backend": args.backend, "device": args.device,
         })  # fmt: skip
     elif component is SPEAKER_ENCODER:

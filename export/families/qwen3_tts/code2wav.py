@@ -40,6 +40,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
 from edgeomni.export.common.checkpoint import CheckpointError, open_checkpoint
 from edgeomni.export.common.hf_module import load_hf_module
 from edgeomni.export.families.qwen3_omni import code2wav as omni
+from edgeomni.export.families.qwen3_omni import code2wav_stream as stream
 
 PREFIX = "decoder."
 # Encoder-side projections of the quantizer (audio -> codes); decoding never reads them.
@@ -337,3 +338,36 @@ def code2wav_engine_config(
         "max_frames": max_frames,
         "profiles": {"batch": [1, 1], "frames": [1, max_frames]},
     }
+
+
+class StreamGraph(stream.StreamGraph):
+    """The stateful step (export/families/qwen3_omni/code2wav_stream.py) of this decoder: its
+    split RVQ and causal ``pre_conv`` (2 frames of state) before the transformer, the
+    projections around it; its transposed convs trim on the right only, so a stream's samples
+    are all audio (``delay_samples`` 0)."""
+
+    def __init__(self, decoder: Qwen3TTSCode2Wav) -> None:
+        super().__init__(decoder.eval(), decoder.pre_transformer.config)
+
+    def _hidden(self, c: Any, codes: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        x = self._conv(c, m.pre_conv, m.quantizer(codes)).transpose(1, 2)  # [B, n, latent]
+        return m.pre_transformer.input_proj(x)
+
+    def _latent(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.pre_transformer.output_proj(h).permute(0, 2, 1)
+
+
+def export_stream(decoder: Qwen3TTSCode2Wav, path: Path) -> Path:
+    """The stateful step engine's graph (code2wav_stream.export_stream)."""
+    cfg = decoder.pre_transformer.config
+    return stream.export_stream(StreamGraph(decoder), cfg.codebook_size, path)
+
+
+def stream_engine_config(tokenizer_cfg: dict[str, Any]) -> dict[str, Any]:
+    """config.json fields of the step engine, from ``speech_tokenizer/config.json`` (its state
+    layout from a dry run of the decoder built on the meta device: no weights read)."""
+    base = code2wav_engine_config(tokenizer_cfg)
+    with torch.device("meta"):
+        decoder = Qwen3TTSCode2Wav(decoder_settings(tokenizer_cfg.get("decoder_config")))
+    return stream.stream_engine_config(StreamGraph(decoder), base)

@@ -16,6 +16,7 @@ from edgeomni.export.common.memory_plan import F32, decoder_memory, float_memory
 from edgeomni.export.families.qwen3_tts import code2wav, speaker_encoder, speech_encoder
 from edgeomni.export.families.qwen3_tts.build import (
     CODE2WAV,
+    CODE2WAV_STREAM,
     CODE_PREDICTOR,
     DTYPES,
     SPEAKER_ENCODER,
@@ -52,7 +53,7 @@ def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> Comp
             settings = speaker_encoder.check_config(section(config, "speaker_encoder_config"))
             return float_memory(speaker_encoder.Qwen3TTSSpeakerEncoder(settings))
         tokenizer = open_checkpoint(ckpt.path / TOKENIZER).config  # its config.json only
-        if component is CODE2WAV:
+        if component in (CODE2WAV, CODE2WAV_STREAM):  # the same weights, each engine its own
             settings = code2wav.decoder_settings(tokenizer.get("decoder_config"))
             return float_memory(folded_code2wav(code2wav.Qwen3TTSCode2Wav(settings)))
         if component is SPEECH_ENCODER:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from edgeomni.export.common.checkpoint import Checkpoint, section
 from edgeomni.export.common.shapes import DimRanges, decoder_ranges, upto, vocoder_ranges
 from edgeomni.export.families.qwen3_omni import code2wav as omni
+from edgeomni.export.families.qwen3_omni import code2wav_stream as stream
 from edgeomni.export.families.qwen3_tts import speaker_encoder, speech_encoder
 from edgeomni.export.families.qwen3_tts.config import predictor_decoder_config
 from edgeomni.export.family import BuildArgs, Component
@@ -24,6 +25,8 @@ def dim_ranges(ckpt: Checkpoint, component: Component, args: BuildArgs) -> DimRa
     if name == "code2wav":  # streamed windows (with their left context), or whole utterances
         window = omni.WINDOW_FRAMES + omni.LEFT_CONTEXT_FRAMES
         return vocoder_ranges(batch, window, omni.MAX_FRAMES)
+    if name == stream.COMPONENT:  # chunks of new frames, each row with its state
+        return stream.dim_ranges(batch)
     if name == "speaker_encoder":  # a reference clip's mel frames, one clip a call
         cfg = {**speaker_encoder.DEFAULTS, **section(ckpt.config, "speaker_encoder_config")}
         frames = REFERENCE_SECONDS * int(cfg["sample_rate"]) // speaker_encoder.HOP_SIZE + 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from edgeomni.export.common.checkpoint import Checkpoint
+from edgeomni.export.families.qwen3_omni.code2wav_stream import stage_config
 from edgeomni.export.families.qwen3_tts import (
     CODE2WAV_RUNNER,
     SPEAKER_ENCODER_RUNNER,
@@ -69,6 +70,7 @@ def multistage_topology(
             ),
         ),
         emits=(Emit("audio", "audio", "chunk_stream", terminal=True),),
+        config=stage_config(components),
     )
     return Graph(SCHEMA_VERSION, ("code2wav:audio",), (*encoders, talker, vocoder))
 

@@ -1,0 +1,284 @@
+"""Stateful streaming vocoding: each request's code2wav state carried from one call to the next,
+so every frame is decoded once (the windows decode each window again with its left context).
+
+The step engine (its folder's config.json: ``state``, ``state_inputs``, ``state_outputs``,
+``delay_samples``, ``max_chunk_frames``; the export's code2wav_stream module makes it)
+takes a chunk of new codes [B, Q, n] with each row's valid frames (``chunk_lens``) and one state
+input per tensor of the declared layout; it returns the chunk's samples [B, 1, n*S] and the new
+state. A request's state starts as zeros (``StepEngine.fresh``) and lives in the engine's
+buffers; rows stepping together are one call (their states gathered into the call's inputs,
+each row's new state a row of its outputs). A stream drops its first ``delay_samples`` (not
+audio: Qwen3-Omni's decoder blocks trim them off the front of the whole decode); after them its
+samples are the whole-utterance decode's.
+
+Chunks: the first has ``first_chunk_frames`` (1 or 2: the first audio one or two frames after
+the talker's first), the next ones double up to ``chunk_frames`` (so a player that started on
+the first chunk does not wait for a long second one when frames come at least twice as fast as
+real time), and the last holds what is left when the talker is done. Codes put in front of a
+request's (Qwen3-TTS's reference codes) go first, in chunks of up to ``max_chunk_frames``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeomni.runtime.artifacts import Artifact, ArtifactError
+from edgeomni.runtime.engine import Engines
+
+CODES, LENS, OUTPUT = "codes", "chunk_lens", "waveform"
+STREAM_ARTIFACT = Artifact(
+    keys=("num_quantizers", "codebook_size", "samples_per_frame", "sample_rate", "state",
+          "state_inputs", "state_outputs", "delay_samples", "max_chunk_frames",
+          "first_chunk_frames", "chunk_frames"),
+)  # fmt: skip
+DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """Frames per call: the first chunk, the size later chunks double up to, the engine's most."""
+
+    first: int
+    size: int
+    most: int
+
+    @classmethod
+    def read(cls, stage: Any, cfg: Mapping[str, Any]) -> Chunks:
+        """The step engine's defaults, overridden by the stage config; a ValueError naming the
+        stage and key for sizes the engine cannot take."""
+        opts, most = stage.config, int(cfg["max_chunk_frames"])
+        first = int(opts.get("first_chunk_frames", cfg["first_chunk_frames"]))
+        size = int(opts.get("chunk_frames", cfg["chunk_frames"]))
+        for key, value in (("first_chunk_frames", first), ("chunk_frames", size)):
+            if not 1 <= value <= most:
+                raise ValueError(
+                    f"{stage.id}: {key} {value} must be 1..{most} (the step engine's "
+                    "max_chunk_frames)"
+                )
+        return cls(first, max(size, first), most)
+
+    def of(self, index: int) -> int:
+        """Frames of chunk ``index`` (0: the first)."""
+        return self.first if index == 0 else min(self.size, self.first << min(index, 30))
+
+    def sizes(self) -> list[int]:
+        """Every chunk size but a last partial one, smallest first."""
+        out, index = [], 0
+        while not out or out[-1] < self.size:
+            out.append(self.of(index))
+            index += 1
+        return out
+
+
+class StepEngine:
+    """The step engine and its state layout: a zeroed state for a new request, one call for a
+    batch of rows."""
+
+    def __init__(self, folder: Path, cfg: Mapping[str, Any], engines: Engines) -> None:
+        path = folder / "config.json"
+        try:
+            self.layout = [(str(t["name"]), tuple(int(s) for s in t["shape"]), DTYPES[t["dtype"]])
+                           for t in cfg["state"]]  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise ArtifactError(
+                path, f"state is not a list of {{name, shape, dtype}} ({e})"
+            ) from None
+        self.inputs = [str(cfg["state_inputs"]) + name for name, _, _ in self.layout]
+        self.outputs = [str(cfg["state_outputs"]) + name for name, _, _ in self.layout]
+        self.engine = engines.open(folder, cfg)
+        names = set(getattr(self.engine, "input_names", ()) or ())
+        missing = [n for n in (CODES, LENS, *self.inputs) if names and n not in names]
+        if missing:
+            raise ArtifactError(path, f"its state does not match the engine: no inputs {missing}")
+        self.samples_per_frame = int(cfg["samples_per_frame"])
+        self.delay = int(cfg["delay_samples"])
+        self.max_chunk = int(cfg["max_chunk_frames"])
+        self.calls = 0
+
+    def fresh(self) -> list[Any]:
+        """A new request's state: zeros, one row."""
+        memory = self.engine.buffers
+        return [memory.zeros((1, *shape), dtype) for _, shape, dtype in self.layout]
+
+    def run(
+        self, codes: np.ndarray, lens: np.ndarray, states: Sequence[Sequence[Any]]
+    ) -> tuple[np.ndarray, list[list[Any]]]:
+        """One call: codes int64 [B, Q, n] (rows right-padded), each row's valid frames, each
+        row's state -> samples float32 [B, n*S] and each row's new state (rows of the call's
+        outputs)."""
+        b, _, n = codes.shape
+        if n > self.max_chunk:
+            raise ValueError(
+                f"a chunk of {n} frames is more than the step engine's max_chunk_frames "
+                f"{self.max_chunk} (its build limit)"
+            )
+        memory = self.engine.buffers
+        binding = self.engine.binding()
+        for i, (name, (_, shape, dtype)) in enumerate(zip(self.inputs, self.layout, strict=True)):
+            if b == 1:
+                rows = states[0][i]
+            else:  # the rows' states side by side
+                rows = memory.zeros((b, *shape), dtype)
+                for r, state in enumerate(states):
+                    memory.copy_into(memory.rows(rows, 1, r), state[i])
+            binding.bind_input(name, rows)
+        wave = memory.zeros((b, 1, n * self.samples_per_frame), np.float32)
+        binding.bind_output(OUTPUT, wave)
+        outs = [memory.zeros((b, *shape), dtype) for _, shape, dtype in self.layout]
+        for name, out in zip(self.outputs, outs, strict=True):
+            binding.bind_output(name, out)
+        feeds = {CODES: np.ascontiguousarray(codes, np.int64), LENS: lens.astype(np.int64)}
+        binding.run(feeds)
+        self.calls += 1
+        samples = memory.download(wave)[:, 0]
+        return samples, [[memory.rows(o, 1, r) for o in outs] for r in range(b)]
+
+
+class ChunkStream:
+    """One request's stateful stream while its frames arrive: its state, the frames not yet
+    vocoded, the audio made (pieces, timing, first-audio time)."""
+
+    def __init__(self, step: StepEngine, chunks: Chunks, batch: StreamBatch) -> None:
+        self.step = step
+        self.chunks = chunks
+        self.batch = batch
+        batch.streams.append(self)
+        self.state = step.fresh()
+        self._codes: list[np.ndarray] = []  # frames not yet vocoded, in order
+        self.waiting = 0  # their count
+        self.primed = 0  # frames put in front still to vocode (prompt codes)
+        self.index = 0  # the request's own chunks vocoded
+        self.closing = False  # no more frames will come: the rest is one last chunk
+        self.skip = step.delay  # samples still to cut from the front
+        self.frames = 0  # the request's own frames received
+        self.calls = 0  # engine calls its chunks took part in
+        self.pieces: list[np.ndarray] = []
+        self.seconds = 0.0
+        self.first_audio: float | None = None
+        self.arrivals: list[tuple[float, int]] = []  # (perf_counter, samples) per audio piece
+
+    def prime(self, codes: np.ndarray, samples: int) -> None:
+        """Codes vocoded in front of the request's (not counted in ``frames``), their
+        ``samples`` cut off the audio."""
+        codes = np.asarray(codes, np.int64)
+        if len(codes):
+            self._codes.append(codes)
+            self.waiting += len(codes)
+            self.primed += len(codes)
+            self.skip += samples
+            self.batch.fresh = True
+
+    def __call__(self, frames: np.ndarray) -> None:
+        frames = np.asarray(frames, np.int64)
+        if frames.ndim == 1:
+            frames = frames[None, :]
+        self.frames += len(frames)
+        if len(frames):
+            self._codes.append(frames)
+            self.waiting += len(frames)
+            self.batch.fresh = True
+
+    def ready(self) -> int:
+        """Frames of the next chunk if it can be vocoded now, else 0."""
+        if self.primed:
+            return min(self.primed, self.chunks.most)
+        size = self.chunks.of(self.index)
+        if self.waiting >= size:
+            return size
+        return self.waiting if self.closing else 0
+
+    def take(self, n: int) -> np.ndarray:
+        """The next ``n`` waiting frames [n, Q]."""
+        codes = np.concatenate(self._codes) if len(self._codes) > 1 else self._codes[0]
+        out, rest = codes[:n], codes[n:]
+        self._codes = [rest] if len(rest) else []
+        self.waiting -= n
+        if self.primed:
+            self.primed -= n
+        else:
+            self.index += 1
+        return out
+
+    def accept(self, samples: np.ndarray, state: list[Any], seconds: float) -> None:
+        """A chunk's samples and the state after it."""
+        self.state = state
+        self.calls += 1
+        self.seconds += seconds
+        if self.skip:
+            cut = min(self.skip, samples.size)
+            samples, self.skip = samples[cut:], self.skip - cut
+        if samples.size:
+            self.pieces.append(np.ascontiguousarray(samples, np.float32))
+            now = time.perf_counter()
+            self.arrivals.append((now, int(samples.size)))
+            if self.first_audio is None:
+                self.first_audio = now
+
+    def close(self) -> None:
+        """No more frames will come: what is left is its last chunk, which the batch's next
+        ``decode_ready`` vocodes with the other requests' ready chunks (requests the talker
+        finishes on one step share that call)."""
+        self.closing = True
+        self.batch.fresh = True
+
+    def finish(self) -> np.ndarray:
+        """Once the request's frames are all in: the rest vocoded, all its audio."""
+        self.close()
+        self.batch.decode_ready()
+        if self.first_audio is None:
+            self.first_audio = time.perf_counter()
+        if not self.pieces:  # no frames: the talker ended speech at its first code
+            return np.zeros(0, np.float32)
+        return np.concatenate(self.pieces)
+
+
+class StreamBatch:
+    """The streams of the requests in a stage: their ready chunks vocoded together, rows of
+    equal chunk length in one call (a call's cost is its rows times its longest chunk on a CPU;
+    where the engine prefers fixed shapes, a chunk is padded to the chunk size that holds it)."""
+
+    def __init__(self, step: StepEngine, *, max_rows: int = 0, fixed: Sequence[int] = ()) -> None:
+        self.step = step
+        self.max_rows = max_rows  # rows per call (0: no cap)
+        self.fixed = tuple(sorted(fixed))
+        self.streams: list[ChunkStream] = []
+        self.fresh = False  # frames came since the last look
+
+    def decode_ready(self) -> None:
+        from edgeomni.runtime.speech.code2wav import padded_length
+
+        if not self.fresh:
+            return
+        self.fresh = False
+        while True:
+            groups: dict[int, list[tuple[ChunkStream, int]]] = {}
+            for stream in self.streams:
+                n = stream.ready()
+                if n:
+                    length = padded_length(n, self.fixed) or n
+                    groups.setdefault(length, []).append((stream, n))
+            if not groups:
+                return
+            for length, group in sorted(groups.items()):
+                size = self.max_rows or len(group)
+                for lo in range(0, len(group), size):
+                    self._call(length, group[lo : lo + size])
+
+    def _call(self, length: int, part: list[tuple[ChunkStream, int]]) -> None:
+        start = time.perf_counter()
+        chunks = [stream.take(n) for stream, n in part]
+        codes = np.zeros((len(part), chunks[0].shape[1], length), np.int64)
+        for row, chunk in enumerate(chunks):
+            codes[row, :, : len(chunk)] = chunk.T
+        lens = np.array([n for _, n in part], np.int64)
+        samples, states = self.step.run(codes, lens, [s.state for s, _ in part])
+        share = (time.perf_counter() - start) / len(part)
+        spf = self.step.samples_per_frame
+        for row, ((stream, n), state) in enumerate(zip(part, states, strict=True)):
+            stream.accept(samples[row, : n * spf], state, share)

@@ -1,0 +1,333 @@
+"""The stateful streaming code2wav (issue 34): each frame decoded once, its state carried from
+call to call, equal to the whole-utterance decode within 1e-4 on the CPU for Qwen3-Omni and
+Qwen3-TTS, whatever the chunking, for requests joining and leaving a batch; through the
+runner, the scheduler loop and edge-infer.
+
+The engines are the session's tiny Qwen3-Omni and Qwen3-TTS builds (tests/conftest.py), whose
+graphs stream with the step engine (edge-build's default). Their windows: Qwen3-Omni's
+code2wav attends over 8 frames, Qwen3-TTS's over 72, so the utterances here run past them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edgeomni.builder.build import check_flags, select_components
+from edgeomni.builder.errors import BuildError
+from edgeomni.export.family import BuildArgs
+from edgeomni.graph_schema import Emit, Input, Stage
+from edgeomni.runtime.engine import Engines
+from edgeomni.runtime.events import CodecFrames, Finished
+from edgeomni.runtime.runners import RequestState
+from edgeomni.runtime.scheduler import run_graph
+from edgeomni.runtime.speech.code2wav import Code2Wav
+
+TOL = 1e-4  # absolute, on audio in [-1, 1]
+FAMILIES = {"omni": "omni_engine", "tts": "tts_engine"}
+# frames of the requests of a batch: past each family's window, odd, one and two frames
+LENGTHS = {"omni": [37, 11, 23, 1, 2], "tts": [90, 30, 75, 1, 2]}
+
+
+def stage(**config: Any) -> Stage:
+    return Stage(id="code2wav", runner="qwen3_omni.code2wav", artifact="code2wav",
+                 kind="iterative", inputs=(Input("codes", "talker:codes"),),
+                 emits=(Emit("audio", "audio", terminal=True),), config=config)  # fmt: skip
+
+
+def stateful(engine: Path, **config: Any) -> Code2Wav:
+    """The runner streaming with the step engine (the graph's stage config, chunks as given)."""
+    graph = json.loads((engine / "multistage_config.json").read_text())
+    built = next(s for s in graph["stages"] if s["id"] == "code2wav")["config"]
+    return Code2Wav(stage(**{**built, **config}), engine / "code2wav", engines=Engines(threads=2))
+
+
+@pytest.fixture(scope="module")
+def wholes(request) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """Each family's random codes per length and their whole-utterance audio (one call each,
+    through the codes -> waveform engine)."""
+    out = {}
+    for family, fixture in FAMILIES.items():
+        engine = request.getfixturevalue(fixture)
+        runner = Code2Wav(stage(), engine / "code2wav", engines=Engines(threads=2),
+                          whole_utterance=True)  # fmt: skip
+        rng = np.random.default_rng(len(family))
+        out[family] = {}
+        for n in LENGTHS[family]:
+            codes = rng.integers(0, runner.codebook_size, (n, runner.num_quantizers))
+            audio, calls, mode = runner.vocode(codes)
+            assert (calls, mode) == (1, "whole")
+            out[family][n] = (codes, audio)
+    return out
+
+
+# -- a talker stand-in: one frame per step for each of its rows ----------------------------------
+@dataclass
+class _Slot:
+    state: RequestState
+    row: int
+    at: int = 0
+    finish: str | None = None
+
+
+class FrameSource:
+    """The talker's place in the loop: each request's codes one frame a step, then Finished."""
+
+    stage_id, consumes = "talker", False
+
+    def ready(self, state, upstream_done, events) -> bool:
+        return True
+
+    def admit(self, entries) -> list[_Slot]:
+        return [_Slot(state, row) for state, row, _ in entries]
+
+    def step(self, slots) -> None:
+        for slot in slots.values():
+            slot.at += 1
+
+    def update(self, slot: _Slot, events: bool) -> list[Any]:
+        codes = slot.state.prepared["codes"]
+        out: list[Any] = [CodecFrames(slot.state.index, "talker", codes[slot.at - 1 : slot.at])]
+        if slot.at == len(codes):
+            slot.state.outputs["talker:codes"] = codes
+            slot.finish = "eos"
+            out.append(Finished(slot.state.index, "talker", "eos"))
+        return out if slot.at else []
+
+    def consume(self, slot, event) -> None: ...
+    def move(self, slot, row) -> None:
+        slot.row = row
+
+    def retire(self, slot) -> None: ...
+    def discard(self, slot) -> None: ...
+
+
+def run_batch(runner: Code2Wav, codes: list[np.ndarray], width: int) -> list[RequestState]:
+    """The requests through a talker stand-in and the runner's stage, ``width`` rows each:
+    later requests join as earlier ones leave."""
+    states = [RequestState(index=i, request=None, plan=SimpleNamespace(stages=("talker",
+              "code2wav")), prepared={"codes": c}) for i, c in enumerate(codes)]  # fmt: skip
+    stages = {"talker": FrameSource(), "code2wav": runner.slot_stage()}
+    run_graph(stages, states, {"talker": width, "code2wav": width})
+    for state in states:
+        assert state.error is None, state.error
+    return states
+
+
+def record_calls(runner: Code2Wav) -> list[list[int]]:
+    """Each step engine call's valid frames per row, as the runner makes them."""
+    calls: list[list[int]] = []
+    run = runner.step.run
+
+    def recording(codes, lens, states):
+        calls.append([int(n) for n in lens])
+        return run(codes, lens, states)
+
+    runner.step.run = recording
+    return calls
+
+
+# -- equal to the whole decode ---------------------------------------------------------------
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize(("first", "size"), [(1, 4), (2, 5), (1, 3), (2, 25)])
+def test_a_batch_joining_and_leaving_equals_whole_utterances(
+    family: str, first: int, size: int, wholes, request
+) -> None:
+    """Five requests of different lengths through three rows (two join as others leave),
+    each frame vocoded once, in chunks of ``first`` then doubling up to ``size`` frames, rows
+    ready together in one call: each request's audio is its whole-utterance decode."""
+    runner = stateful(request.getfixturevalue(FAMILIES[family]), first_chunk_frames=first,
+                      chunk_frames=size)  # fmt: skip
+    calls = record_calls(runner)
+    items = list(wholes[family].values())
+    states = run_batch(runner, [codes for codes, _ in items], width=3)
+    for state, (codes, whole) in zip(states, items, strict=True):
+        audio = state.outputs["code2wav:audio"]
+        assert audio.shape == whole.shape
+        assert np.abs(audio - whole).max() < TOL, (family, len(codes))
+        report = state.details["code2wav"]
+        assert report["mode"] == "stateful"
+        assert (report["first_chunk_frames"], report["chunk_frames"]) == (first, max(size, first))
+    total = sum(len(codes) for codes, _ in items)
+    assert sum(map(sum, calls)) == total  # each frame decoded once
+    assert max(n for call in calls for n in call) <= max(size, first)
+    assert any(len(call) > 1 for call in calls)  # rows stepping together share calls
+    assert runner._engine is None  # streaming stateful loads only the step engine
+
+
+def test_requests_finishing_together_share_their_last_call(omni_engine, wholes) -> None:
+    """Two requests the talker speaks in step: every chunk of theirs, the tails the talker's
+    last step leaves included, is one call of two rows."""
+    runner = stateful(omni_engine, first_chunk_frames=2, chunk_frames=4)
+    calls = record_calls(runner)
+    codes, whole = wholes["omni"][11]
+    states = run_batch(runner, [codes, codes.copy()], width=2)
+    assert calls == [[2, 2], [4, 4], [4, 4], [1, 1]]
+    for state in states:
+        assert np.abs(state.outputs["code2wav:audio"] - whole).max() < TOL
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_chunks_of_any_size_equal_the_whole_decode(family: str, wholes, request) -> None:
+    """One request's frames pushed in uneven bursts, chunked as they come and at the end."""
+    runner = stateful(request.getfixturevalue(FAMILIES[family]), first_chunk_frames=2,
+                      chunk_frames=7)  # fmt: skip
+    codes, whole = max(wholes[family].values(), key=lambda item: len(item[0]))
+    batch = runner.stream_batch()
+    stream = runner.stream_for(RequestState(0, None, None), batch)
+    at = 0
+    for burst in (1, 3, 1, 11, 2, 20, 5, 40):
+        stream(codes[at : at + burst])
+        batch.decode_ready()
+        at += burst
+    stream(codes[at:])
+    audio = stream.finish()
+    assert audio.shape == whole.shape
+    assert np.abs(audio - whole).max() < TOL
+
+
+def test_an_utterance_of_no_frames_is_empty_audio(omni_engine) -> None:
+    runner = stateful(omni_engine)
+    stream = runner.stream_for(RequestState(0, None, None), runner.stream_batch())
+    assert stream.finish().shape == (0,) and runner.step.calls == 0
+
+
+def test_the_state_layout_is_declared_and_delays_are_the_trims(omni_engine, tts_engine) -> None:
+    """config.json declares every state tensor the step engine takes and returns; a stream's
+    first samples that are not audio are Qwen3-Omni's trim (its blocks cut them off the front
+    of the whole decode) and none for Qwen3-TTS."""
+    import onnx
+
+    for engine, delay in ((omni_engine, 555), (tts_engine, 0)):
+        cfg = json.loads((engine / "code2wav_stream" / "config.json").read_text())
+        model = onnx.load(str(engine / "code2wav_stream" / cfg["engine"]),
+                          load_external_data=False)  # fmt: skip
+        names = [t["name"] for t in cfg["state"]]
+        assert [i.name for i in model.graph.input] == ["codes", "chunk_lens",
+                                                       *("state_" + n for n in names)]  # fmt: skip
+        assert [o.name for o in model.graph.output] == ["waveform",
+                                                        *("next_state_" + n for n in names)]  # fmt: skip
+        assert names[0] == "frames" and {"key_0", "value_0", "conv_0"} <= set(names)
+        assert cfg["delay_samples"] == delay
+        assert cfg["delay_samples"] == json.loads(
+            (engine / "code2wav" / "config.json").read_text())["trim"]  # fmt: skip
+
+
+def test_the_cuda_lowering_runs_the_same_stream(omni_ckpt, exports, wholes, tmp_path) -> None:
+    """A cuda build's step engine (plain-op attention over its in-graph cache: float32), run on
+    the CPU provider, streams the whole decode too."""
+    import onnxruntime as ort
+
+    args = BuildArgs(2, 64, 128, device="cuda", code2wav_streaming="stateful")  # opt-in there
+    exports.build(omni_ckpt, tmp_path / "eng", args, ["code2wav_stream"])
+    folder = tmp_path / "eng" / "code2wav_stream"
+    cfg = json.loads((folder / "config.json").read_text())
+    session = ort.InferenceSession(str(folder / cfg["engine"]), providers=["CPUExecutionProvider"])
+    codes, whole = max(wholes["omni"].values(), key=lambda item: len(item[0]))
+    state = {"state_" + t["name"]: np.zeros((1, *t["shape"]), t["dtype"]) for t in cfg["state"]}
+    pieces, at = [], 0
+    for n in (1, 2, 4, 8, 8, 8, 6):
+        out = session.run(None, {"codes": codes[at : at + n].T[None], "chunk_lens": np.array([n]),
+                                 **state})  # fmt: skip
+        pieces.append(out[0].ravel())
+        state = dict(zip(state, out[1:], strict=True))
+        at += n
+    assert at == len(codes)
+    audio = np.concatenate(pieces)[cfg["delay_samples"] :]
+    assert np.abs(audio - whole).max() < TOL
+
+
+# -- limits ------------------------------------------------------------------------------------
+def test_a_chunk_past_the_engines_capacity_is_refused(omni_engine) -> None:
+    runner = stateful(omni_engine)
+    most = runner.step.max_chunk
+    codes = np.zeros((1, runner.num_quantizers, most + 1), np.int64)
+    with pytest.raises(ValueError, match=f"{most + 1} frames is more than the step engine's "
+                                         f"max_chunk_frames {most}"):  # fmt: skip
+        runner.step.run(codes, np.array([most + 1]), [runner.step.fresh()])
+    with pytest.raises(ValueError, match=f"code2wav: chunk_frames {most + 1} must be 1..{most}"):
+        stateful(omni_engine, chunk_frames=most + 1)
+    with pytest.raises(ValueError, match="first_chunk_frames 0 must be"):
+        stateful(omni_engine, first_chunk_frames=0)
+
+
+def test_modes_and_what_they_need(omni_engine, tmp_path: Path) -> None:
+    """Windows and whole utterances stay options (runner option or stage config) and load only
+    the codes -> waveform engine; stateful without a step engine named is one clear error."""
+    folder = omni_engine / "code2wav"
+    windows = stateful(omni_engine, streaming="windows")
+    assert (windows.mode, windows.step) == ("windows", None)
+    assert Code2Wav(stage(), folder, whole_utterance=True).mode == "whole"
+    with pytest.raises(ValueError, match="needs the stateful step engine.*--code2wav-streaming"):
+        Code2Wav(stage(streaming="stateful"), folder)
+    # a runner option that needs no step engine opens without one
+    assert Code2Wav(stage(streaming="stateful"), folder, streaming="windows").step is None
+    assert Code2Wav(stage(streaming="stateful"), folder, whole_utterance=True).mode == "whole"
+    with pytest.raises(ValueError, match="streaming 'chunked': choose stateful or windows"):
+        Code2Wav(stage(streaming="chunked"), folder)
+
+
+def test_the_build_choice(omni_ckpt) -> None:
+    """--code2wav-streaming windows leaves the step engine out of "all" (naming it is an
+    error saying why); the TensorRT backends default to windows and refuse stateful."""
+    from edgeomni.builder.build import left_out
+    from edgeomni.export.common.checkpoint import open_checkpoint
+    from edgeomni.export.registry import family_for
+
+    ckpt = open_checkpoint(omni_ckpt)
+    hooks = family_for(ckpt.model_type).hooks()
+    names = [c.name for c in hooks.components(ckpt)]
+    assert names[-2:] == ["code2wav", "code2wav_stream"]
+    windows = BuildArgs(2, 64, 128, code2wav_streaming="windows")
+    picked = select_components(hooks.components(ckpt), None, left_out(hooks, ckpt, windows))
+    assert [c.name for c in picked] == names[:-1]
+    with pytest.raises(BuildError, match=r"leaves out code2wav_stream \(--code2wav-streaming "):
+        select_components(hooks.components(ckpt), ["code2wav_stream"],
+                          left_out(hooks, ckpt, windows))  # fmt: skip
+    assert BuildArgs(2, 64, 128).code2wav_streaming == "stateful"
+    trt = BuildArgs(2, 64, 128, backend="tensorrt", device="cuda")
+    assert trt.code2wav_streaming == "windows"
+    check_flags(trt)
+    with pytest.raises(BuildError, match="no tensorrt lowering yet"):
+        check_flags(BuildArgs(2, 64, 128, backend="tensorrt", device="cuda",
+                              code2wav_streaming="stateful"))  # fmt: skip
+
+
+# -- end to end ------------------------------------------------------------------------------
+E2E = {
+    "omni": (["--voice", "ethan"], {"top_k": 1, "talker_top_k": 1}),
+    "tts": (["--voice", "vivian", "--language", "english"],
+            {"talker_top_k": 1, "subtalker_top_k": 1}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_edge_infer_streams_stateful_as_the_whole_utterance(
+    family: str, request, tmp_path: Path
+) -> None:
+    """edge-infer --out-audio: the graph's default (stateful, the talker's frames vocoded as
+    they come) writes the audio --whole-utterance writes, within 1e-4 (the WAVs are 16-bit)."""
+    import soundfile as sf
+
+    from edgeomni.runtime import cli
+
+    engine = request.getfixturevalue(FAMILIES[family])
+    flags, sampling = E2E[family]
+    sampling = json.dumps({**sampling, "talker_max_new_tokens": 40})
+    audio = {}
+    for mode, extra in (("stateful", []), ("whole", ["--whole-utterance"])):
+        wav = tmp_path / f"{mode}.wav"
+        code = cli.main(["--config", str(engine), "--prompt", "Hello there", *flags,
+                         "--out-audio", str(wav), "--max-generate-length", "8",
+                         "--sampling", sampling, *extra])  # fmt: skip
+        assert code == cli.EXIT_OK
+        audio[mode] = sf.read(wav, dtype="float32")[0]
+    assert audio["stateful"].size > 24000 // 2  # some frames past the first chunks
+    assert audio["stateful"].shape == audio["whole"].shape
+    assert np.abs(audio["stateful"] - audio["whole"]).max() < TOL
