@@ -155,8 +155,8 @@ class FusedEngine:
             tensors = safetensors_np.load(path)
         except (OSError, ValueError) as e:
             raise EngineError(f"cannot read the fused weights {path}: {e}") from None
-        self.weights = {name: self._upload(name, t) for name, t in tensors.items()}
-        self._check_weights(path)
+        self._check_weights(path, tensors)  # on the host: nothing allocated for a bad file
+        self.weights = {name: self._upload(t) for name, t in tensors.items()}
         if spec.topk:
             chunks = -(-spec.vocab // dc.TOPK_CHUNK)
             if spec.topk > dc.TOPK_MAX or chunks * spec.topk > dc.TOPK_CHUNK:
@@ -174,12 +174,13 @@ class FusedEngine:
         self.replays_steps = cuda_graphs
         self._graph_ids = 0
 
-    def _upload(self, name: str, tensor: np.ndarray) -> Any:
+    def _upload(self, tensor: np.ndarray) -> Any:
         buf = self.buffers.zeros(tensor.shape, tensor.dtype)
         buf.upload(tensor)
         return buf
 
-    def _check_weights(self, path: Path) -> None:
+    def _check_weights(self, path: Path, tensors: Mapping[str, np.ndarray]) -> None:
+        """Every tensor the config's dimensions need, of its shape and type."""
         spec = self.spec
         w = np.dtype(spec.dtype)
         h, d, i = spec.hidden, spec.head_dim, spec.intermediate
@@ -209,7 +210,7 @@ class FusedEngine:
         if spec.mrope:
             want["freq_axis"] = ((d // 2,), np.dtype(np.int32))
         for name, (shape, dtype) in want.items():
-            got = self.weights.get(name)
+            got = tensors.get(name)
             if got is None:
                 raise EngineError(f"{path} has no tensor {name!r}")
             if got.shape != shape or got.dtype != dtype:

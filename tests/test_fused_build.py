@@ -148,3 +148,25 @@ def test_fused_io_is_the_onnx_builds(qwen3_ckpt, tmp_path, dtype) -> None:
         ours = shapes[o.name]
         assert len(ours) == len(dims), o.name
         assert [a for a in ours if isinstance(a, int)] == [d for d in dims if isinstance(d, int)]
+
+
+def test_the_engine_accepts_the_builds_weights_and_names_what_is_wrong(fused_engine) -> None:
+    """What the engine checks before anything goes to the GPU: every tensor its config needs,
+    of its shape and type (the build's layout and the engine's expectations agree)."""
+    from types import SimpleNamespace
+
+    from edgeomni.runtime import safetensors_np
+    from edgeomni.runtime.engine import EngineError
+    from edgeomni.runtime.fused_engine import FusedEngine, FusedSpec
+
+    cfg = json.loads((fused_engine / "config.json").read_text())
+    path = fused_engine / cfg["engine"]
+    tensors = safetensors_np.load(path)
+    engine = SimpleNamespace(spec=FusedSpec(cfg["fused"], "config.json"))
+    FusedEngine._check_weights(engine, path, tensors)  # type: ignore[arg-type]
+    with pytest.raises(EngineError, match="no tensor 'layers.1.down'"):
+        FusedEngine._check_weights(engine, path, {k: v for k, v in tensors.items()  # type: ignore[arg-type]
+                                                  if k != "layers.1.down"})  # fmt: skip
+    bad = {**tensors, "norm": tensors["norm"].astype(np.float16)}
+    with pytest.raises(EngineError, match="norm is"):
+        FusedEngine._check_weights(engine, path, bad)  # type: ignore[arg-type]
