@@ -48,4 +48,17 @@ inline float half_to_f(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); r
 inline unsigned short f_to_half(float f) {
     _Float16 x = (_Float16)f; unsigned short h; std::memcpy(&h, &x, 2); return h;
 }
+// a buffer read whole from a file, and written back
+static void* slurp(const char* path, size_t n) {
+    void* p = std::malloc(n ? n : 1);
+    FILE* f = std::fopen(path, "rb");
+    if (!f || std::fread(p, 1, n, f) != n) { std::fprintf(stderr, "reading %s\n", path); std::exit(2); }
+    std::fclose(f);
+    return p;
+}
+static void spit(const char* path, const void* p, size_t n) {
+    FILE* f = std::fopen(path, "wb");
+    std::fwrite(p, 1, n, f);
+    std::fclose(f);
+}
 """

@@ -199,18 +199,6 @@ inline float from_f(float x) { return x; }
 """
 
 MAIN = r"""
-static void* slurp(const char* path, size_t n) {
-    void* p = std::malloc(n ? n : 1);
-    FILE* f = std::fopen(path, "rb");
-    if (!f || std::fread(p, 1, n, f) != n) { std::fprintf(stderr, "reading %s\n", path); std::exit(2); }
-    std::fclose(f);
-    return p;
-}
-static void spit(const char* path, const void* p, size_t n) {
-    FILE* f = std::fopen(path, "wb");
-    std::fwrite(p, 1, n, f);
-    std::fclose(f);
-}
 // blocks one after another (so a static __shared__ array is one block's), threads concurrent
 int main(int argc, char** argv) {
     const int B = std::atoi(argv[1]), S = std::atoi(argv[2]), C = std::atoi(argv[3]);

@@ -35,18 +35,6 @@ struct Any {
     void* p;
     template <class T> operator T*() const { return (T*)p; }
 };
-static void* slurp(const char* path, size_t n) {
-    void* p = std::calloc(n ? n : 1, 1);
-    FILE* f = std::fopen(path, "rb");
-    if (!f || std::fread(p, 1, n, f) != n) { std::fprintf(stderr, "reading %s\n", path); std::exit(2); }
-    std::fclose(f);
-    return p;
-}
-static void spit(const char* path, const void* p, size_t n) {
-    FILE* f = std::fopen(path, "wb");
-    std::fwrite(p, 1, n, f);
-    std::fclose(f);
-}
 // blocks one after another (a static __shared__ array is one block's), a block's threads at once
 template <class F> static void grid(dim3 g, unsigned threads, F call) {
     gridDim = g;
