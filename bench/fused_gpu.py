@@ -5,7 +5,8 @@ Two decoders: Qwen3-0.6B (28 layers, decode at a context of ~64) and Qwen3-TTS 0
 predictor (5 layers, 15 heads; a frame is 15 one-token steps, each with its own head). Both
 engines run through the runtime's DecoderSession with CUDA graphs (what a stage runs), fed host
 embeddings each step; the figure is wall time per call after warm-up (host work included, the
-sampling of the next token not). The HBM bound is the bytes a step must read (weights, the KV
+sampling of the next token not). The fused engine is timed with programmatic dependent launch
+(its default on sm_90+) and again without. The HBM bound is the bytes a step must read (weights, the KV
 cache) over the measured device copy bandwidth. Run it on the GPU machine:
 
     python bench/fused_gpu.py [--batch 1 8 32] [--steps 50] [--out DIR]
@@ -209,11 +210,18 @@ def main() -> int:
         start = time.perf_counter()
         fused = FusedEngine(fused_path, meta, cuda_graphs=True)
         load_s = time.perf_counter() - start
+        overlap_on = fused.overlap
         ort = None if args.no_onnxruntime else OrtEngine(ort_path, device="cuda", cuda_graphs=True)
         _, context, per_unit = DECODERS[name]
         truth = reference_logits(meta)
         for batch in args.batch:
+            fused.overlap = overlap_on
             fused_ms, fused_logits, fused_device = time_calls(fused, meta, batch, args.steps)
+            plain_ms = plain_device = None
+            if overlap_on:  # the same without programmatic dependent launch, for the record
+                fused.overlap = False
+                plain_ms, _, plain_device = time_calls(fused, meta, batch, args.steps)
+                fused.overlap = True
             ort_ms, ort_logits = float("nan"), fused_logits
             if ort is not None:
                 ort_ms, ort_logits, _ = time_calls(ort, meta, batch, args.steps)
@@ -233,6 +241,10 @@ def main() -> int:
                 "logits_rel_diff": float(f"{diff:.2e}"),
                 "row0_error_vs_float32": errors,
                 "fused_device_ms": None if fused_device is None else round(fused_device, 3),
+                "fused_overlap": overlap_on,
+                "fused_no_overlap_ms": None if plain_ms is None else round(plain_ms, 3),
+                "fused_no_overlap_device_ms": (None if plain_device is None
+                                               else round(plain_device, 3)),
                 "same_argmax": bool((fused_logits.argmax(-1) == ort_logits.argmax(-1)).all()),
             })  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)

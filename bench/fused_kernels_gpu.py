@@ -4,10 +4,12 @@ read and the bandwidth that makes. Run it on the GPU machine:
 
     python bench/fused_kernels_gpu.py [--batch 1 8 32] [--context 64] [--repeats 200] [--out DIR]
 
-Each kernel is launched ``--repeats`` times back to back between two CUDA events on the
-runtime's stream (no graph: a launch's own overhead, ~2-4 us, is in the figure, as it is in a
-graph replay's); the step estimate is 28 layers of the per-layer kernels plus the head and the
-top-K, beside the measured copy bandwidth's bound.
+Each kernel is launched ``--repeats`` times back to back in one captured CUDA graph, timed by
+two CUDA events around its replay (a launch's device-side gap is in the figure, as it is in
+the engine's graphs), once plainly and once as programmatic dependent launches (``overlap``: each
+launch may start while the one before runs, as the engine queues them on sm_90+); each linear
+is timed again at every split of K over 1 to 8 warps. The step estimate is 28 layers of the
+per-layer kernels plus the head and the top-K.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> int:
 
     from edgeomni.plugins import attention_cuda as ac
     from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.plugins import decoder_linear_cuda as lc
     from edgeomni.plugins.decoder_cuda import f32, i32, i64, ptr
     from edgeomni.runtime import memory
     from edgeomni.runtime.memory import DeviceArray
@@ -53,14 +56,23 @@ def main() -> int:
         return buf
 
     def timed(launch) -> float:
-        """ms per launch, ``args.repeats`` of them back to back."""
+        """ms per launch: ``args.repeats`` of them captured back to back in one CUDA graph,
+        the graph replayed (Python's ~10 us a launch would otherwise be what is measured)."""
         start = memory._check(cudart.cudaEventCreate(), "cudaEventCreate")
         end = memory._check(cudart.cudaEventCreate(), "cudaEventCreate")
         launch()
         memory.synchronize(0)
+        mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        memory._check(cudart.cudaStreamBeginCapture(stream, mode), "cudaStreamBeginCapture")
+        try:
+            for _ in range(args.repeats):
+                launch()
+        finally:
+            graph = memory._check(cudart.cudaStreamEndCapture(stream), "cudaStreamEndCapture")
+        replay = memory._check(cudart.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        memory._check(cudart.cudaGraphLaunch(replay, stream), "cudaGraphLaunch")  # warm
         memory._check(cudart.cudaEventRecord(start, stream), "cudaEventRecord")
-        for _ in range(args.repeats):
-            launch()
+        memory._check(cudart.cudaGraphLaunch(replay, stream), "cudaGraphLaunch")
         memory._check(cudart.cudaEventRecord(end, stream), "cudaEventRecord")
         memory._check(cudart.cudaEventSynchronize(end), "cudaEventSynchronize")
         ms = memory._check(cudart.cudaEventElapsedTime(start, end), "cudaEventElapsedTime")
@@ -96,13 +108,20 @@ def main() -> int:
 
         def linear(x, w, out, kk, n, *, normed=False, swiglu=False, resid=False, half_x=False,
                    rows=t, rowmap=None):  # noqa: ANN001, ANN202
-            r = dc.rows_variant(rows)
             a = [ptr(x.ptr), ptr(rowmap.ptr if rowmap else None), i32(1),
                  ptr(norm.ptr if normed else None), f32(1e-6), ptr(w.ptr), i64(0), ptr(None),
-                 ptr(None), ptr(out.ptr), i32(rows), i32(kk), i32(n), i32(swiglu), i32(resid)]
-            name = dc.linear_name(r, half_x)
-            grid = (-(-n // dc.WARPS), -(-rows // r))
-            return lambda: kernels.launch(name, grid, 32 * dc.WARPS, a, stream=cu_stream)
+                 ptr(None), ptr(out.ptr), i32(rows), i32(kk), i32(n), i32(resid)]
+
+            def run(warps: int | None = None, overlap: bool = False) -> None:
+                plan = lc.linear_launch("float16", rows, kk, n, half_input=half_x,
+                                        swiglu=swiglu, warps=warps)  # fmt: skip
+                kernels.launch(plan.name, plan.grid, plan.block, a, stream=cu_stream,
+                               overlap=overlap)  # fmt: skip
+
+            run.k = kk  # type: ignore[attr-defined]
+            run.default_warps = lc.linear_launch(  # type: ignore[attr-defined]
+                "float16", rows, kk, n, half_input=half_x, swiglu=swiglu).block // 32
+            return run
 
         warps = 8
         rope_args = [ptr(qkv.ptr), ptr(pos.ptr), i32(t), ptr(qn.ptr), ptr(qn.ptr), f32(1e-6),
@@ -111,8 +130,9 @@ def main() -> int:
         parts = {
             "qkv (norm fused)": (linear(h, weights["qkv"], qkv, H, qkv_n, normed=True),
                                  qkv_n * H * 2),
-            "qk_rope": (lambda: kernels.launch("qk_rope", (t,), 32 * warps, rope_args,
-                                               shared=warps * D * 4, stream=cu_stream), 0),
+            "qk_rope": (lambda overlap=False: kernels.launch(
+                "qk_rope", (t,), 32 * warps, rope_args, shared=warps * D * 4, stream=cu_stream,
+                overlap=overlap), 0),
             "attention": (lambda: attention.launch(
                 q.ptr, k.ptr, v.ptr, cache_k.ptr, cache_v.ptr, past.ptr, ones.ptr, attn.ptr,
                 batch=batch, seq=1, capacity=4096, stream=cu_stream),
@@ -125,27 +145,48 @@ def main() -> int:
                                  H * INTER * 2),
             "lm_head (norm fused)": (linear(h, weights["lm_head"], logits, H, VOCAB, normed=True,
                                             rows=batch, rowmap=last), VOCAB * H * 2),
-            "topk (2 kernels)": (lambda: (
+            "topk (2 kernels)": (lambda overlap=False: (
                 kernels.launch("topk_chunks", (chunks, batch), 512,
                                [ptr(logits.ptr), ptr(None), i32(VOCAB), i32(64), ptr(cand_v.ptr),
-                                ptr(cand_i.ptr)], stream=cu_stream),
+                                ptr(cand_i.ptr)], stream=cu_stream, overlap=overlap),
                 kernels.launch("topk_merge", (batch,), 512,
                                [ptr(cand_v.ptr), ptr(cand_i.ptr), i32(chunks * 64), i32(64),
-                                ptr(top_v.ptr), ptr(top_i.ptr)], stream=cu_stream)), 0),
+                                ptr(top_v.ptr), ptr(top_i.ptr)], stream=cu_stream,
+                               overlap=overlap)), 0),
         }  # fmt: skip
         per_layer = ("qkv (norm fused)", "qk_rope", "attention", "o (+residual)",
                      "gate_up (norm, SwiGLU)", "down (+residual)")  # fmt: skip
-        step = 0.0
+        step = {False: 0.0, True: 0.0}
         for name, (launch, nbytes) in parts.items():
-            ms = timed(launch)
             times = LAYERS if name in per_layer else 1
-            step += ms * times
-            row = {"batch": batch, "kernel": name, "us": round(ms * 1e3, 2),
-                   "gb_s": round(nbytes / (ms * 1e-3) / 1e9, 1) if nbytes else None,
-                   "per_step_ms": round(ms * times, 3)}  # fmt: skip
-            rows_out.append(row)
-            print(json.dumps(row), flush=True)
-        print(json.dumps({"batch": batch, "estimated_step_ms": round(step, 3)}), flush=True)
+            for overlap in (False, True):
+                if name == "attention" and overlap:
+                    continue  # plugins/attention_cuda.py's kernel has no GRID_WAIT
+                go = (launch if name == "attention"
+                      else lambda launch=launch, overlap=overlap: launch(overlap=overlap))
+                ms = timed(go)
+                step[overlap] += ms * times
+                row = {"batch": batch, "kernel": name, "overlap": overlap,
+                       "us": round(ms * 1e3, 2),
+                       "gb_s": round(nbytes / (ms * 1e-3) / 1e9, 1) if nbytes else None,
+                       "per_step_ms": round(ms * times, 3)}  # fmt: skip
+                if name == "attention":
+                    step[True] += ms * times
+                rows_out.append(row)
+                print(json.dumps(row), flush=True)
+            inner = getattr(launch, "k", None)  # (not ``k``: the attention's keys are k)
+            if inner is None:
+                continue
+            for warps in range(1, lc.MAX_WARPS + 1):  # the other splits of K, for the record
+                ms = timed(lambda launch=launch, warps=warps: launch(warps=warps, overlap=True))
+                row = {"batch": batch, "kernel": name, "overlap": True, "warps": warps,
+                       "default_warps": launch.default_warps,
+                       "us": round(ms * 1e3, 2),
+                       "gb_s": round(nbytes / (ms * 1e-3) / 1e9, 1)}  # fmt: skip
+                rows_out.append(row)
+                print(json.dumps(row), flush=True)
+        print(json.dumps({"batch": batch, "estimated_step_ms": round(step[False], 3),
+                          "estimated_step_ms_overlap": round(step[True], 3)}), flush=True)
 
     for batch in args.batch:
         one_batch(batch)

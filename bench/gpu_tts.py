@@ -25,7 +25,7 @@ table, also printed), after each side, so a command cut short still leaves what 
 
     python bench/gpu_tts.py --size 0.6b --out OUT [--concurrency 1 4 16 32] [--frames 100]
         [--only edgeomni|upstream] [--stop-after checkpoint|build] [--time-limit 560]
-        [--quantization int4_rtn|int4_awq] [--group-size 32|64|128]
+        [--quantization int4_rtn|int4_awq] [--group-size 32|64|128] [--backend fused]
     python bench/gpu_tts.py --size tiny --device cpu --concurrency 1 2 --out /tmp/gpu_tts_tiny
     python bench/gpu_tts.py --size 0.6b --only edgeomni --quantization int4_rtn --out OUT
 
@@ -216,11 +216,15 @@ def ensure_engine(args: argparse.Namespace, work: Path, ckpt: Path, log: Path, c
         build_args["logits_topk"] = args.logits_topk
     if args.quantization:
         build_args.update(quantization=args.quantization, group_size=args.group_size)
+    if args.backend != "onnxruntime":
+        build_args["backend"] = args.backend
     name = (f"engine-{args.device}-{args.dtype}-b{lim['max_batch_size']}-i{lim['max_input_len']}"
             f"-c{lim['max_kv_cache_capacity']}" + (f"-k{args.logits_topk}"
                                                    if args.logits_topk is not None else ""))  # fmt: skip
     if args.quantization:  # never a float engine's folder
         name += f"-{args.quantization}-g{args.group_size}"
+    if args.backend != "onnxruntime":
+        name += f"-{args.backend}"
     engine = work / name
     stamp_path = engine / "bench_stamp.json"
     fingerprint = source_fingerprint()
@@ -410,6 +414,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, choices=(32, 64, 128),
                    help="with --quantization: weights a scale (edge-build --group-size; "
                    "default 32)")  # fmt: skip
+    p.add_argument("--backend", choices=("onnxruntime", "fused"), default="onnxruntime",
+                   help="edge-build's --backend: fused runs the talker and code predictor on "
+                        "edgeomni's kernels, the rest on ONNX Runtime CUDA")  # fmt: skip
     p.add_argument("--no-cuda-graphs", action="store_true", help="edgeomni without graph replay")
     p.add_argument("--batching", choices=("inflight", "cohort"), default="inflight")
     p.add_argument("--whole-utterance", action="store_true",
@@ -442,6 +449,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--group-size needs --quantization")
     if args.quantization:
         args.group_size = args.group_size or 32
+    if args.backend == "fused" and (args.quantization or args.device != "cuda"):
+        p.error("--backend fused: float weights on cuda only (no --quantization, no cpu)")
     args.concurrency = sorted(set(args.concurrency))
     if args.max_batch is None:
         args.max_batch = (

@@ -3,8 +3,9 @@
 The fused backend (runtime/fused_engine.py) runs each layer of a ``decoder.CausalLM`` as five
 launches of these kernels and the attention kernel of plugins/attention_cuda.py:
 
-1. ``linear`` with the input norm: ``qkv = rmsnorm(h) @ Wqkv^T`` (the norm's row scale comes
-   from the same pass over ``h`` that feeds the dot products: no normed copy is written);
+1. ``linear`` (plugins/decoder_linear_cuda.py) with the input norm: ``qkv = rmsnorm(h) @
+   Wqkv^T`` (the norm's row scale comes from the same pass over ``h`` that feeds the dot
+   products: no normed copy is written);
 2. ``qk_rope``: q/k RMSNorm per head, rotary (1-D or interleaved MRoPE), q, k and v in the cache's
    type, ready for the attention kernel, which writes the new keys and values into the cache in
    place and attends;
@@ -14,13 +15,14 @@ launches of these kernels and the attention kernel of plugins/attention_cuda.py:
 5. ``linear`` with the residual: ``h += act @ Wdown^T``.
 
 The last norm and the LM head are one more ``linear`` over each row's ``last_indices`` position,
-and ``topk_chunks`` + ``topk_merge`` reduce the logits to each row's top K on the device.
+and ``topk_chunks`` + ``topk_merge`` reduce the logits to each row's top K on the device: each
+block radix-selects its chunk's K best (8 bits at a time, then the lowest ids among equals) and
+sorts only those.
 
-``linear`` is a GEMV for a few rows: one warp an output column, each lane 16 bytes of the
-weight row at a time, every row of the block (R of them: 1, 2, 4, 8 or 16) multiplied with it,
-so a weight byte is read once per R rows. Activations are float32 (the residual stream, q/k
-before rotary, SwiGLU's output); weights are float16 or float32, read as stored; accumulation
-is float32. Each kernel has a numpy ``*_reference`` here giving its meaning.
+Activations are float32 (the residual stream, q/k before rotary, SwiGLU's output); weights are
+float16 or float32, read as stored; accumulation is float32. Every kernel calls GRID_LAUNCH and
+GRID_WAIT first, so the engine queues them as programmatic dependent launches on sm_90+. Each
+kernel has a numpy ``*_reference`` (here or in decoder_linear_cuda.py) giving its meaning.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from typing import Any
 import numpy as np
 
 from edgeomni.plugins import attention_cuda as ac
+from edgeomni.plugins import decoder_linear_cuda as lc
+from edgeomni.plugins.decoder_linear_cuda import rms_scale
 
-ROWS = (1, 2, 4, 8, 16)  # rows per block of ``linear`` variants
-WARPS = 8  # output columns per block of ``linear``
 TOPK_CHUNK = 4096  # logits per block of the top-K's first pass
 TOPK_MAX = 256
 MAX_HEAD_DIM = 512
@@ -59,23 +61,14 @@ class Variant:
 
     def source(self) -> str:
         defines = {"W_HALF": int(self.weights == "float16"),
-                   "A_HALF": int(self.attention == "float16"), "WARPS": WARPS,
+                   "A_HALF": int(self.attention == "float16"), "MAX_KW": lc.MAX_WARPS,
                    "TOPK_CHUNK": TOPK_CHUNK, "TOPK_MAX": TOPK_MAX}  # fmt: skip
         head = "// edgeomni fused decoder kernels (plugins/decoder_cuda.py)\n"
-        return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + _BODY
+        body = _HEAD + lc.SOURCE + _TAIL
+        return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
 
-def linear_name(rows: int, half_input: bool) -> str:
-    return f"linear_{'h' if half_input else 'f'}{rows}"
-
-
-def rows_variant(rows: int) -> int:
-    """The ``linear`` variant for a call of ``rows`` rows: the smallest R >= rows, at most 16
-    (more rows run as several blocks along y)."""
-    return next((r for r in ROWS if r >= rows), ROWS[-1])
-
-
-_BODY = r"""
+_HEAD = r"""
 typedef unsigned short half_t;
 #define NEG_INF __int_as_float(0xff800000)
 #ifndef DECODER_HOST_EMULATION  // tests/test_fused_kernels_host.py defines these for g++
@@ -102,32 +95,27 @@ typedef float at_t;
 __device__ __forceinline__ at_t to_at(float f) { return f; }
 #endif
 
-__device__ __forceinline__ void load_w(const wt_t* p, float* out) {
-    uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-#if W_HALF
-    const half_t* e = reinterpret_cast<const half_t*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = h2f(e[i]);
+#if defined(DECODER_HOST_EMULATION) || !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+#define GRID_WAIT()
+#define GRID_LAUNCH()
 #else
-    const float* e = reinterpret_cast<const float*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = e[i];
+// programmatic dependent launch (sm_90+): a kernel launched with the attribute may start while
+// the kernel before it runs; it reads only weights and the call's inputs before GRID_WAIT(),
+// which returns once everything queued before it has finished and its writes are visible
+#define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define GRID_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" :::)
 #endif
-}
 
 template <bool XHALF>
-__device__ __forceinline__ void load_x(const void* base, long long at, float* out) {
+__device__ __forceinline__ void load_x4(const void* base, long long at, float* out) {
     if (XHALF) {
-        const half_t* p = reinterpret_cast<const half_t*>(base) + at;
+        uint2 raw = *reinterpret_cast<const uint2*>(reinterpret_cast<const half_t*>(base) + at);
+        const half_t* e = reinterpret_cast<const half_t*>(&raw);
 #pragma unroll
-        for (int i = 0; i < WVEC; ++i) out[i] = h2f(p[i]);
+        for (int i = 0; i < 4; ++i) out[i] = h2f(e[i]);
     } else {
-        const float* p = reinterpret_cast<const float*>(base) + at;
-#pragma unroll
-        for (int i = 0; i < WVEC; i += 4) {
-            float4 v = *reinterpret_cast<const float4*>(p + i);
-            out[i] = v.x; out[i + 1] = v.y; out[i + 2] = v.z; out[i + 3] = v.w;
-        }
+        float4 v = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(base) + at);
+        out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
     }
 }
 
@@ -137,95 +125,9 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// out[r, n] (float32, row stride N) for rows r of the call:
-//   v = (x_r * norm_w) . W[n] * rms_scale(x_r)   (norm_w given), else x_r . W[n]
-//   swiglu: gate = that with W[n], up = with W[n + N]; v = silu(gate) * up
-//   + bias[n]; resid: out += v, else out = v.
-// x_r is row r of x (stride K) or, with rowmap, row r * seq + rowmap[r]. With head_index the
-// weights start at W + head_index[0] * head_stride (one of several stacked heads).
-template <int R, bool XHALF>
-__device__ void linear_body(
-    const void* __restrict__ x, const long long* __restrict__ rowmap, int seq,
-    const float* __restrict__ norm_w, float eps,
-    const wt_t* __restrict__ w, long long head_stride, const long long* __restrict__ head_index,
-    const float* __restrict__ bias, float* out, int rows, int K, int N, int swiglu, int resid)
-{
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n = blockIdx.x * WARPS + warp;
-    if (n >= N) return;
-    const int r0 = blockIdx.y * R;
-    const wt_t* wb = w + (head_index ? head_index[0] * head_stride : 0LL);
-    const wt_t* w1 = wb + (long long)n * K;
-    const wt_t* w2 = wb + (long long)(n + N) * K;
-    long long src[R];
-    bool valid[R];
-    float acc[R], acc2[R], ss[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        int rr = r0 + r;
-        valid[r] = rr < rows;
-        long long row = valid[r] ? (rowmap ? (long long)rr * seq + rowmap[rr] : rr) : 0;
-        src[r] = row * K;
-        acc[r] = 0.f; acc2[r] = 0.f; ss[r] = 0.f;
-    }
-#pragma unroll 4
-    for (int k = lane * WVEC; k < K; k += 32 * WVEC) {  // unrolled: loads in flight together
-        float wv[WVEC], wv2[WVEC], g[WVEC];
-        load_w(w1 + k, wv);
-        if (swiglu) load_w(w2 + k, wv2);
-        if (norm_w) {
-#pragma unroll
-            for (int i = 0; i < WVEC; ++i) g[i] = norm_w[k + i];
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            if (!valid[r]) continue;
-            float xv[WVEC];
-            load_x<XHALF>(x, src[r] + k, xv);
-            if (norm_w) {
-#pragma unroll
-                for (int i = 0; i < WVEC; ++i) { ss[r] += xv[i] * xv[i]; xv[i] *= g[i]; }
-            }
-            float a = 0.f, b = 0.f;
-#pragma unroll
-            for (int i = 0; i < WVEC; ++i) a += xv[i] * wv[i];
-            if (swiglu) {
-#pragma unroll
-                for (int i = 0; i < WVEC; ++i) b += xv[i] * wv2[i];
-            }
-            acc[r] += a; acc2[r] += b;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (!valid[r]) continue;  // the same for every lane: no divergent shuffle
-        float a = warp_sum(acc[r]);
-        float b = swiglu ? warp_sum(acc2[r]) : 0.f;
-        float s = norm_w ? warp_sum(ss[r]) : 0.f;
-        if (lane != 0) continue;
-        if (norm_w) {
-            float scale = 1.0f / sqrtf(s / (float)K + eps);
-            a *= scale; b *= scale;
-        }
-        float v = swiglu ? a / (1.0f + expf(-a)) * b : a;
-        if (bias) v += bias[n];
-        float* o = out + (long long)(r0 + r) * N + n;
-        *o = resid ? *o + v : v;
-    }
-}
+"""
 
-#define LINEAR(R, XH, NAME) \
-extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME( \
-    const void* x, const long long* rowmap, int seq, const float* norm_w, float eps, \
-    const wt_t* w, long long head_stride, const long long* head_index, const float* bias, \
-    float* out, int rows, int K, int N, int swiglu, int resid) { \
-    linear_body<R, XH>(x, rowmap, seq, norm_w, eps, w, head_stride, head_index, bias, out, \
-                       rows, K, N, swiglu, resid); }
-LINEAR(1, false, linear_f1) LINEAR(2, false, linear_f2) LINEAR(4, false, linear_f4)
-LINEAR(8, false, linear_f8) LINEAR(16, false, linear_f16)
-LINEAR(1, true, linear_h1) LINEAR(2, true, linear_h2) LINEAR(4, true, linear_h4)
-LINEAR(8, true, linear_h8) LINEAR(16, true, linear_h16)
-
+_TAIL = r"""
 // One block a token, one warp a head (looping): q and k heads get their RMSNorm (weights qn,
 // kn; none when null) and rotary, v heads are copied; all written in the attention's type.
 // Frequency j's angle is position * inv_freq[j], the position taken from axis freq_axis[j] of
@@ -237,6 +139,8 @@ extern "C" __global__ void qk_rope(
     at_t* q, at_t* k, at_t* v, int HQ, int HKV, int D)
 {
     DYNAMIC_SHARED(float, buf);
+    GRID_LAUNCH();
+    GRID_WAIT();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int t = blockIdx.x, heads = HQ + 2 * HKV, half = D / 2;
     float* hb = buf + warp * D;
@@ -275,6 +179,8 @@ extern "C" __global__ void rms_rows(
     const float* __restrict__ w, float eps, float* __restrict__ out, int H)
 {
     __shared__ float part[32];
+    GRID_LAUNCH();
+    GRID_WAIT();
     const int r = blockIdx.x;
     const float* src = x + ((long long)r * seq + rowmap[r]) * H;
     float ss = 0.f;
@@ -294,20 +200,28 @@ extern "C" __global__ void rms_rows(
 
 // h[i] += d[i] (DeepStack's features after a layer), d float32 or float16
 extern "C" __global__ void add_into(float* h, const float* __restrict__ d, long long n) {
+    GRID_LAUNCH();
+    GRID_WAIT();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) h[i] += d[i];
 }
 extern "C" __global__ void add_into_h(float* h, const half_t* __restrict__ d, long long n) {
+    GRID_LAUNCH();
+    GRID_WAIT();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) h[i] += h2f(d[i]);
 }
 
 // the engine's float16 inputs and outputs (the ONNX build's types) to and from float32
 extern "C" __global__ void half_to_float(float* out, const half_t* __restrict__ in, long long n) {
+    GRID_LAUNCH();
+    GRID_WAIT();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = h2f(in[i]);
 }
 extern "C" __global__ void float_to_half(half_t* out, const float* __restrict__ in, long long n) {
+    GRID_LAUNCH();
+    GRID_WAIT();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f2h(in[i]);
 }
@@ -337,50 +251,161 @@ __device__ void bitonic(float* val, int* idx, int n) {
     __syncthreads();
 }
 
-// pass 1: block (c, b) sorts logits [b, c*CHUNK .. +CHUNK) (+ bias: -inf for ids held out) and
+// the float's order as an unsigned key: a larger float, a larger key
+__device__ __forceinline__ unsigned order_key(float v) {
+    unsigned u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+#define TOPK_THREADS 512
+#define TOPK_PER (TOPK_CHUNK / TOPK_THREADS)
+
+// Radix select, one 8-bit digit at a time from the top: the digit d of the keys matching
+// (key & mask) == prefix at which the count of keys, from the best digit down, reaches need
+// (DESC: the largest keys are the best; else the smallest). Warp 0 finds d from the block's
+// histogram; every thread returns it with the count of keys strictly better (in *above) and
+// equal (in *equal) at this digit.
+template <bool DESC>
+__device__ int select_digit(const unsigned* keys, unsigned prefix, unsigned mask, int shift,
+                            int need, int* hist, int* scratch, int* above, int* equal) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < TOPK_PER; ++j)
+        if ((keys[j] & mask) == prefix) atomicAdd(&hist[(keys[j] >> shift) & 255u], 1);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        // lane l holds the 8 digits of rank 8l .. 8l+7 in best-first order
+        int sum = 0;
+        for (int r = 0; r < 8; ++r) sum += hist[DESC ? 255 - (8 * lane + r) : 8 * lane + r];
+        scratch[lane] = sum;
+        __syncwarp();
+        int before_me = 0;
+        for (int l = 0; l < lane; ++l) before_me += scratch[l];
+        if (before_me < need && before_me + sum >= need) {
+            int acc = before_me;
+            for (int r = 0; r < 8; ++r) {
+                const int d = DESC ? 255 - (8 * lane + r) : 8 * lane + r;
+                if (acc + hist[d] >= need) { scratch[32] = d; scratch[33] = acc; break; }
+                acc += hist[d];
+            }
+        }
+    }
+    __syncthreads();
+    const int d = scratch[32];
+    *above = scratch[33];
+    *equal = hist[d];
+    __syncthreads();  // hist and scratch are reused by the next call
+    return d;
+}
+
+// The kk best of the block's TOPK_CHUNK (value, id) pairs, TOPK_PER a thread (the higher value,
+// then the lower id, first), written sorted to out_v/out_i[0 .. kk). Radix select finds the
+// kk-th best key (and among its equals the lowest ids), the chosen kk are gathered and sorted:
+// a few hundred shared-memory operations a thread, where sorting all 4096 took ~80 passes.
+template <typename IdT>
+__device__ void block_topk(const float* v, const int* id, int kk, float* out_v, IdT* out_i) {
+    __shared__ int hist[256];
+    __shared__ int scratch[34];
+    __shared__ float sv[TOPK_MAX];
+    __shared__ int si[TOPK_MAX];
+    __shared__ int taken, taken_eq;
+    unsigned keys[TOPK_PER], ids[TOPK_PER];
+#pragma unroll
+    for (int j = 0; j < TOPK_PER; ++j) { keys[j] = order_key(v[j]); ids[j] = (unsigned)id[j]; }
+    unsigned prefix = 0u, mask = 0u;
+    int need = kk, above = 0, equal = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        const int d = select_digit<true>(keys, prefix, mask, shift, need, hist, scratch, &above,
+                                         &equal);
+        prefix |= (unsigned)d << shift;
+        mask |= 255u << shift;
+        need -= above;
+    }
+    const unsigned t = prefix;  // the kk-th best key: take every better one and need of its equals
+    unsigned id_prefix = 0u, id_mask = 0u;
+    int id_need = need;
+    const bool ties = equal > need;
+    if (ties) {  // the lowest ids among keys == t: the same select over the ids, smallest first
+        unsigned masked[TOPK_PER];
+#pragma unroll
+        for (int j = 0; j < TOPK_PER; ++j) masked[j] = keys[j] == t ? ids[j] : 0xffffffffu;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            const int d = select_digit<false>(masked, id_prefix, id_mask, shift, id_need, hist,
+                                              scratch, &above, &equal);
+            id_prefix |= (unsigned)d << shift;
+            id_mask |= 255u << shift;
+            id_need -= above;
+        }
+    }
+    int p2 = 1;
+    while (p2 < kk) p2 <<= 1;
+    if (threadIdx.x == 0) { taken = 0; taken_eq = 0; }
+    for (int i = threadIdx.x; i < p2; i += blockDim.x) { sv[i] = NEG_INF; si[i] = 0x7fffffff; }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < TOPK_PER; ++j) {
+        bool take = keys[j] > t;
+        if (keys[j] == t) {
+            if (!ties) take = true;
+            else if (ids[j] < id_prefix) take = true;
+            else if (ids[j] == id_prefix) take = atomicAdd(&taken_eq, 1) < id_need;
+        }
+        if (take) {
+            const int slot = atomicAdd(&taken, 1);
+            if (slot < kk) { sv[slot] = key_value(keys[j]); si[slot] = (int)ids[j]; }
+        }
+    }
+    bitonic(sv, si, p2);
+    for (int i = threadIdx.x; i < kk; i += blockDim.x) { out_v[i] = sv[i]; out_i[i] = (IdT)si[i]; }
+}
+
+// pass 1: block (c, b) takes logits [b, c*CHUNK .. +CHUNK) (+ bias: -inf for ids held out) and
 // keeps its best kk in cand_v/cand_i [b, c, kk]
-extern "C" __global__ void __launch_bounds__(512) topk_chunks(
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_chunks(
     const float* __restrict__ logits, const float* __restrict__ bias, int V, int kk,
     float* cand_v, int* cand_i)
 {
-    __shared__ float val[TOPK_CHUNK];
-    __shared__ int idx[TOPK_CHUNK];
+    GRID_LAUNCH();
+    GRID_WAIT();
     const int c = blockIdx.x, b = blockIdx.y, chunks = gridDim.x;
-    for (int i = threadIdx.x; i < TOPK_CHUNK; i += blockDim.x) {
-        int id = c * TOPK_CHUNK + i;
+    float v[TOPK_PER];
+    int id[TOPK_PER];
+#pragma unroll
+    for (int j = 0; j < TOPK_PER; ++j) {
+        const int i = c * TOPK_CHUNK + threadIdx.x + j * TOPK_THREADS;
         float s = NEG_INF;
-        if (id < V) {
-            s = logits[(long long)b * V + id] + (bias ? bias[id] : 0.f);
+        if (i < V) {
+            s = logits[(long long)b * V + i] + (bias ? bias[i] : 0.f);
             if (s != s) s = NEG_INF;
         }
-        val[i] = s; idx[i] = id < V ? id : 0x7fffffff;
+        v[j] = s; id[j] = i < V ? i : 0x7fffffff;
     }
-    bitonic(val, idx, TOPK_CHUNK);
-    for (int i = threadIdx.x; i < kk; i += blockDim.x) {
-        cand_v[((long long)b * chunks + c) * kk + i] = val[i];
-        cand_i[((long long)b * chunks + c) * kk + i] = idx[i];
-    }
+    const long long at = ((long long)b * chunks + c) * kk;
+    block_topk<int>(v, id, kk, cand_v + at, cand_i + at);
 }
 
-// pass 2: block b sorts its rows' n candidates (n <= TOPK_CHUNK) and writes the best kk
-extern "C" __global__ void __launch_bounds__(512) topk_merge(
+// pass 2: block b takes its row's n candidates (n <= TOPK_CHUNK) and writes the best kk
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_merge(
     const float* __restrict__ cand_v, const int* __restrict__ cand_i, int n, int kk,
     float* out_v, long long* out_i)
 {
-    __shared__ float val[TOPK_CHUNK];
-    __shared__ int idx[TOPK_CHUNK];
+    GRID_LAUNCH();
+    GRID_WAIT();
     const int b = blockIdx.x;
-    int p = 1;
-    while (p < n) p <<= 1;
-    for (int i = threadIdx.x; i < p; i += blockDim.x) {
-        val[i] = i < n ? cand_v[(long long)b * n + i] : NEG_INF;
-        idx[i] = i < n ? cand_i[(long long)b * n + i] : 0x7fffffff;
+    float v[TOPK_PER];
+    int id[TOPK_PER];
+#pragma unroll
+    for (int j = 0; j < TOPK_PER; ++j) {
+        const int i = threadIdx.x + j * TOPK_THREADS;
+        v[j] = i < n ? cand_v[(long long)b * n + i] : NEG_INF;
+        id[j] = i < n ? cand_i[(long long)b * n + i] : 0x7fffffff;
     }
-    bitonic(val, idx, p);
-    for (int i = threadIdx.x; i < kk; i += blockDim.x) {
-        out_v[(long long)b * kk + i] = val[i];
-        out_i[(long long)b * kk + i] = idx[i];
-    }
+    block_topk<long long>(v, id, kk, out_v + (long long)b * kk, out_i + (long long)b * kk);
 }
 """
 
@@ -388,28 +413,6 @@ extern "C" __global__ void __launch_bounds__(512) topk_merge(
 # ---------------------------------------------------------------------------------------------
 # numpy references: what each kernel computes
 # ---------------------------------------------------------------------------------------------
-def rms_scale(x: np.ndarray, eps: float) -> np.ndarray:
-    x = x.astype(np.float64)
-    return 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
-
-
-def linear_reference(
-    x: np.ndarray, w: np.ndarray, *, norm_w: np.ndarray | None = None, eps: float = 1e-6,
-    bias: np.ndarray | None = None, swiglu: bool = False, residual: np.ndarray | None = None,
-) -> np.ndarray:  # fmt: skip
-    """``linear`` for rows x [T, K], w [N or 2N, K] (float64 result)."""
-    x = x.astype(np.float64)
-    if norm_w is not None:
-        x = x * rms_scale(x, eps) * norm_w.astype(np.float64)
-    y = x @ w.astype(np.float64).T
-    if swiglu:
-        gate, up = np.split(y, 2, axis=-1)
-        y = gate / (1.0 + np.exp(-gate)) * up
-    if bias is not None:
-        y = y + bias
-    return y if residual is None else residual.astype(np.float64) + y
-
-
 def rotary_angles(
     positions: np.ndarray, inv_freq: np.ndarray, freq_axis: np.ndarray | None
 ) -> np.ndarray:
@@ -514,17 +517,35 @@ class DecoderKernels:
 
     def launch(
         self, name: str, grid: Sequence[int], block: int, args: Sequence[Any], *,
-        shared: int = 0, stream: Any = 0,
+        shared: int = 0, stream: Any = 0, overlap: bool = False,
     ) -> None:  # fmt: skip
+        """``overlap``: a programmatic dependent launch (sm_90+), which may start while the
+        kernel queued before it still runs: it fetches its first weights, then waits in
+        GRID_WAIT() for everything queued before it. Only for kernels of this module queued
+        after another kernel of this module (the one before must call GRID_LAUNCH for any
+        overlap to happen; one that does not simply finishes first)."""
         cu = ac._driver()
         values = list(args)
         ptrs = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         gx, gy, gz = (*grid, 1, 1)[:3]
-        ac.check(
-            cu.cuLaunchKernel(self.function(name), gx, gy, gz, block, 1, 1, shared, stream,
-                              ctypes.addressof(ptrs), 0),
-            f"cuLaunchKernel {name} grid {tuple(grid)} block {block}",
-        )  # fmt: skip
+        where = f"{name} grid {tuple(grid)} block {block}"
+        if not overlap:
+            ac.check(cu.cuLaunchKernel(self.function(name), gx, gy, gz, block, 1, 1, shared,
+                                       stream, ctypes.addressof(ptrs), 0),
+                     f"cuLaunchKernel {where}")  # fmt: skip
+            return
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+        config.sharedMemBytes = shared
+        config.hStream = stream
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config.attrs = [attr]
+        config.numAttrs = 1
+        ac.check(cu.cuLaunchKernelEx(config, self.function(name), ctypes.addressof(ptrs), 0),
+                 f"cuLaunchKernelEx {where}")  # fmt: skip
 
     def close(self) -> None:
         if getattr(self, "module", None) is not None:

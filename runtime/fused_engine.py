@@ -20,6 +20,7 @@ build casts them inside), so fused and ONNX Runtime engines feed each other as t
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,13 @@ class FusedEngine:
         except (OSError, ValueError) as e:
             raise EngineError(f"cannot read the fused weights {path}: {e}") from None
         self._check_weights(path, tensors)  # on the host: nothing allocated for a bad file
+        step = 8 if spec.dtype == "float16" else 4  # the kernels read 16 bytes of a weight row
+        inner = {"hidden_size": spec.hidden, "heads x head_dim": spec.heads * spec.head_dim,
+                 "intermediate_size": spec.intermediate, "input size": spec.input_size or step}
+        for what, k in inner.items():
+            if k % step:
+                raise EngineError(f"{path}: {what} = {k} is not a multiple of {step}, as the "
+                                  f"fused kernels read {spec.dtype} weights")  # fmt: skip
         self.weights = {name: self._upload(t) for name, t in tensors.items()}
         if spec.topk:
             chunks = -(-spec.vocab // dc.TOPK_CHUNK)
@@ -170,6 +178,9 @@ class FusedEngine:
         except ac.KernelError as e:
             raise EngineError(f"{path}: the fused kernels could not be loaded: {e}") from None
         self.cu_stream = ac.stream_handle(self.stream)
+        # programmatic dependent launch on sm_90+ (EDGEOMNI_FUSED_OVERLAP=0: off, to measure)
+        self.overlap = (dc.compute_capability() >= (9, 0)
+                        and os.environ.get("EDGEOMNI_FUSED_OVERLAP", "1") != "0")  # fmt: skip
         self.cuda_graphs = cuda_graphs
         self.replays_steps = cuda_graphs
         self._graph_ids = 0
@@ -359,6 +370,7 @@ class FusedBinding:
     def _enqueue(self) -> None:
         """Queue the call's kernels on the engine's stream."""
         from edgeomni.plugins import decoder_cuda as dc
+        from edgeomni.plugins import decoder_linear_cuda as lc
         from edgeomni.plugins.decoder_cuda import f32, i32, i64, ptr
 
         engine, spec, p = self._engine, self._engine.spec, self.ptrs
@@ -368,6 +380,21 @@ class FusedBinding:
         tokens = b * s
         half_attn = spec.dtype == "float16"
 
+        follows_ours = False  # the last thing queued was one of decoder_cuda's kernels
+
+        def launch(name: str, grid: tuple[int, ...], block: int, args: list[Any],
+                   shared: int = 0) -> None:  # fmt: skip
+            """A kernel of decoder_cuda's, overlapping the one before where that is one too."""
+            nonlocal follows_ours
+            kernels.launch(name, grid, block, args, shared=shared, stream=stream,
+                           overlap=engine.overlap and follows_ours)  # fmt: skip
+            follows_ours = True
+
+        def copy(dst: int, src: int, nbytes: int) -> None:
+            nonlocal follows_ours
+            self._copy(dst, src, nbytes)
+            follows_ours = False
+
         def wp(name: str) -> int | None:
             t = w.get(name)
             return None if t is None else t.ptr
@@ -376,13 +403,13 @@ class FusedBinding:
                    norm: str | None = None, bias: str | None = None, swiglu: bool = False,
                    resid: bool = False, half_x: bool = False, rowmap: int | None = None,
                    head_stride: int = 0, head_index: int | None = None) -> None:  # fmt: skip
-            r = dc.rows_variant(rows)
-            grid = (-(-n // dc.WARPS), -(-rows // r))
+            plan = lc.linear_launch(kernels.variant.weights, rows, k, n, half_input=half_x,
+                                    swiglu=swiglu)  # fmt: skip
             args = [ptr(x), ptr(rowmap), i32(s), ptr(wp(norm) if norm else None), f32(spec.eps),
                     ptr(wp(weight)), i64(head_stride), ptr(head_index),
                     ptr(wp(bias) if bias else None), ptr(out), i32(rows), i32(k), i32(n),
-                    i32(swiglu), i32(resid)]  # fmt: skip
-            kernels.launch(dc.linear_name(r, half_x), grid, 32 * dc.WARPS, args, stream=stream)
+                    i32(resid)]  # fmt: skip
+            launch(plan.name, plan.grid, plan.block, args)
 
         h = p["h"]
         half_in = spec.embeds_dtype == "float16"
@@ -390,15 +417,14 @@ class FusedBinding:
         hidden_bytes = tokens * spec.hidden * 4
 
         def elementwise(name: str, dst: int, src: int, count: int) -> None:
-            kernels.launch(name, (-(-count // 256),), 256, [ptr(dst), ptr(src), i64(count)],
-                           stream=stream)  # fmt: skip
+            launch(name, (-(-count // 256),), 256, [ptr(dst), ptr(src), i64(count)])
 
         def output(name: str, src: int, count: int) -> None:
             """A float32 result into its output, cast where the output is float16."""
             if half_out:
                 elementwise("float_to_half", p[name], src, count)
             elif p[name] != src:
-                self._copy(p[name], src, count * 4)
+                copy(p[name], src, count * 4)
 
         if spec.input_size:
             linear(a["inputs_embeds"], "input_proj", h, spec.input_size, spec.hidden,
@@ -406,7 +432,7 @@ class FusedBinding:
         elif half_in:
             elementwise("half_to_float", h, a["inputs_embeds"], tokens * spec.hidden)
         else:
-            self._copy(h, a["inputs_embeds"], hidden_bytes)
+            copy(h, a["inputs_embeds"], hidden_bytes)
         if spec.hidden_output_layer == 0:
             output("hidden_states", h, tokens * spec.hidden)
         d = spec.head_dim
@@ -418,18 +444,19 @@ class FusedBinding:
             linear(h, pre + "qkv", p["qkv"], spec.hidden, qkv_n, norm=pre + "input_norm",
                    bias=pre + "qkv_bias" if spec.bias else None)  # fmt: skip
             qn, kn = (wp(pre + "q_norm"), wp(pre + "k_norm")) if spec.qk_norm else (None, None)
-            kernels.launch(
+            launch(
                 "qk_rope", (tokens,), 32 * warps,
                 [ptr(p["qkv"]), ptr(a["position_ids"]), i32(tokens), ptr(qn), ptr(kn),
                  f32(spec.eps), ptr(wp("inv_freq")), ptr(axis), ptr(p["q"]), ptr(p["k"]),
                  ptr(p["v"]), i32(spec.heads), i32(spec.kv_heads), i32(d)],
-                shared=warps * d * 4, stream=stream,
+                shared=warps * d * 4,
             )  # fmt: skip
             key, value = a[f"past_key_{n}"], a[f"past_value_{n}"]
             engine.attention.launch(
                 p["q"], p["k"], p["v"], key, value, a["past_lens"], a["query_lens"], p["attn"],
                 batch=b, seq=s, capacity=self.capacity, stream=stream,
             )  # fmt: skip
+            follows_ours = False
             linear(p["attn"], pre + "o", h, spec.heads * d, spec.hidden, resid=True,
                    half_x=half_attn, bias=pre + "o_bias" if spec.bias else None)  # fmt: skip
             linear(h, pre + "gate_up", p["act"], spec.hidden, spec.intermediate,
@@ -450,22 +477,19 @@ class FusedBinding:
         output("logits", logits, b * spec.vocab)
         if spec.last_hidden:
             last = p["last32"] if half_out else p["last_hidden"]
-            kernels.launch("rms_rows", (b,), 256,
-                           [ptr(h), ptr(a["last_indices"]), i32(s), ptr(wp("norm")),
-                            f32(spec.eps), ptr(last), i32(spec.hidden)],
-                           stream=stream)  # fmt: skip
+            launch("rms_rows", (b,), 256,
+                   [ptr(h), ptr(a["last_indices"]), i32(s), ptr(wp("norm")), f32(spec.eps),
+                    ptr(last), i32(spec.hidden)])  # fmt: skip
             output("last_hidden", last, b * spec.hidden)
         if spec.topk:
             chunks = -(-spec.vocab // dc.TOPK_CHUNK)
             values = p["topk32"] if half_out else p["topk_values"]
-            kernels.launch("topk_chunks", (chunks, b), 512,
-                           [ptr(logits), ptr(wp("topk_bias")), i32(spec.vocab),
-                            i32(spec.topk), ptr(p["cand_v"]), ptr(p["cand_i"])],
-                           stream=stream)  # fmt: skip
-            kernels.launch("topk_merge", (b,), 512,
-                           [ptr(p["cand_v"]), ptr(p["cand_i"]), i32(chunks * spec.topk),
-                            i32(spec.topk), ptr(values), ptr(p["topk_indices"])],
-                           stream=stream)  # fmt: skip
+            launch("topk_chunks", (chunks, b), 512,
+                   [ptr(logits), ptr(wp("topk_bias")), i32(spec.vocab), i32(spec.topk),
+                    ptr(p["cand_v"]), ptr(p["cand_i"])])  # fmt: skip
+            launch("topk_merge", (b,), 512,
+                   [ptr(p["cand_v"]), ptr(p["cand_i"]), i32(chunks * spec.topk),
+                    i32(spec.topk), ptr(values), ptr(p["topk_indices"])])  # fmt: skip
             output("topk_values", values, b * spec.topk)
 
     def _copy(self, dst: int, src: int, nbytes: int) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.plugins import decoder_cuda as dc
+from edgeomni.plugins import decoder_linear_cuda as lc
 
 # an argument: ("buf", name), ("null",), ("i32", v), ("i64", v) or ("f32", v)
 Arg = tuple[Any, ...]
@@ -44,11 +45,15 @@ LINEAR_MODES = {
 }  # fmt: skip
 
 
-def linear_case(dtype: str, rows: int, mode: str, n: int = 72) -> KernelCase:
+def linear_case(dtype: str, rows: int, mode: str, n: int = 72, k: int | None = None,
+                warps: int | None = None) -> KernelCase:  # fmt: skip
+    """``k`` (default a little over one pass of the lanes) and ``warps`` (default the engine's
+    split of K) pick how many warps a block has and how many passes each takes."""
     m = LINEAR_MODES[mode]
     wt = np.dtype(dtype)
     rng = np.random.default_rng(rows)
-    k, seq = (136 if wt == np.float16 else 132), 3
+    k = k or (136 if wt == np.float16 else 132)
+    seq = 3
     heads = 3 if m.get("heads") else 1
     w = (rng.standard_normal((heads, (2 if m.get("swiglu") else 1) * n, k)) * 0.1).astype(wt)
     xrows = rows * seq if m.get("rowmap") else rows
@@ -58,27 +63,30 @@ def linear_case(dtype: str, rows: int, mode: str, n: int = 72) -> KernelCase:
     last = rng.integers(0, seq, rows).astype(np.int64)
     out0 = rng.standard_normal((rows, n)).astype(np.float32)
     head = np.array([2 if heads > 1 else 0], np.int64)
-    r = dc.rows_variant(rows)
+    plan = lc.linear_launch(dtype, rows, k, n,
+                            half_input=bool(m.get("half_x")), swiglu=bool(m.get("swiglu")),
+                            warps=warps)  # fmt: skip
     args = [buf("x"), buf("last" if m.get("rowmap") else None), ("i32", seq),
             buf("g" if m.get("norm") else None), ("f32", 1e-6), buf("w"),
             ("i64", w.shape[1] * k), buf("head" if heads > 1 else None),
             buf("bias" if m.get("bias") else None), buf("out"), ("i32", rows), ("i32", k),
-            ("i32", n), ("i32", int(bool(m.get("swiglu")))),
-            ("i32", int(bool(m.get("resid"))))]  # fmt: skip
-    launch = Launch(dc.linear_name(r, bool(m.get("half_x"))), (-(-n // dc.WARPS), -(-rows // r)),
-                    32 * dc.WARPS, args)  # fmt: skip
+            ("i32", n), ("i32", int(bool(m.get("resid"))))]  # fmt: skip
+    launch = Launch(plan.name, plan.grid, plan.block, args)
 
     def check(got: dict[str, np.ndarray]) -> None:
         xs = x.reshape(rows, seq, k)[np.arange(rows), last] if m.get("rowmap") else x
-        want = dc.linear_reference(
+        want = lc.linear_reference(
             xs, w[head[0]], norm_w=g if m.get("norm") else None, eps=1e-6,
             bias=bias if m.get("bias") else None, swiglu=bool(m.get("swiglu")),
             residual=out0 if m.get("resid") else None,
+            half_x=lc.linear_uses_mma(dtype, rows),
         )  # fmt: skip
         assert np.abs(got["out"] - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
 
     buffers = {"x": x, "w": w, "g": g, "bias": bias, "last": last, "out": out0, "head": head}
-    return KernelCase(f"linear-{dtype}-{mode}-{rows}", buffers, [launch], check)
+    long_k = f"-k{k}-n{n}-w{plan.block // 32}" if k > 200 else ""
+    name = f"linear-{dtype}-{mode}-{rows}{long_k}"
+    return KernelCase(name, buffers, [launch], check)
 
 
 ROPE_SHAPES = [(4, 2, 16, False), (16, 8, 128, False), (4, 2, 32, True)]
@@ -118,9 +126,13 @@ def rope_case(dtype: str, heads: int, kv_heads: int, d: int, mrope: bool, norm: 
                       check)  # fmt: skip
 
 
-def topk_case(rows: int, vocab: int, k: int) -> KernelCase:
+def topk_case(rows: int, vocab: int, k: int, flat: bool = False) -> KernelCase:
+    """``flat``: every logit equal (the top K is the lowest ids); a vocabulary just over a
+    chunk leaves the last chunk fewer ids than K (its padding is among its candidates)."""
     rng = np.random.default_rng(vocab)
     logits = np.round(rng.standard_normal((rows, vocab)) * 4).astype(np.float32)  # many ties
+    if flat:
+        logits[:] = 1.5
     bias = np.zeros(vocab, np.float32)
     bias[rng.integers(0, vocab, 20)] = -np.inf
     chunks = -(-vocab // dc.TOPK_CHUNK)
@@ -140,7 +152,8 @@ def topk_case(rows: int, vocab: int, k: int) -> KernelCase:
         np.testing.assert_array_equal(got["out_i"], indices)
         np.testing.assert_array_equal(got["out_v"], values)
 
-    return KernelCase(f"topk-{rows}x{vocab}-{k}", buffers, launches, check)
+    return KernelCase(f"topk-{rows}x{vocab}-{k}{'-flat' if flat else ''}", buffers, launches,
+                      check)  # fmt: skip
 
 
 def cast_case(dtype: str) -> KernelCase:
@@ -179,7 +192,7 @@ def rms_rows_case(rows: int = 3, seq: int = 4, hidden: int = 200) -> KernelCase:
 
     def check(got: dict[str, np.ndarray]) -> None:
         picked = x.reshape(rows, seq, hidden)[np.arange(rows), last].astype(np.float64)
-        want = picked * dc.rms_scale(picked, 1e-6) * w
+        want = picked * lc.rms_scale(picked, 1e-6) * w
         np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-6)
 
     return KernelCase("rms_rows", buffers, [Launch("rms_rows", (rows,), 256, args)], check)
@@ -190,6 +203,13 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
                                                         (2, 3072, 8))) -> list[KernelCase]:  # fmt: skip
     """Every case for one dtype's kernels."""
     cases = [linear_case(dtype, r, mode) for mode in LINEAR_MODES for r in rows]
+    # a long K: several warps a block, each one pass (the engine's split) or several (2 warps);
+    # N not a multiple of a block's columns
+    cases += [linear_case(dtype, r, mode, n=n, k=1096, warps=warps)
+              for r, n in ((1, 75), (3, 75), (17, 11))
+              for mode in ("norm", "swiglu", "half_input", "residual")
+              for warps in (None, 2)]  # fmt: skip
     cases += [rope_case(dtype, *shape, norm) for shape in ROPE_SHAPES for norm in (True, False)]
     cases += [topk_case(*t) for t in topk]
+    cases += [topk_case(2, dc.TOPK_CHUNK + 5, 8), topk_case(1, 5000, 64, flat=True)]
     return [*cases, cast_case(dtype), rms_rows_case()]

@@ -12,6 +12,7 @@ import numpy as np
 
 from edgeomni.plugins import attention
 from edgeomni.plugins import decoder_cuda as dc
+from edgeomni.plugins import decoder_linear_cuda as lc
 from edgeomni.runtime import safetensors_np
 
 
@@ -38,7 +39,7 @@ class FusedReference:
         eps, d = s["rms_norm_eps"], s["head_dim"]
         x = embeds.reshape(t, -1).astype(np.float64)
         if s["input_size"]:
-            h = dc.linear_reference(x, w["input_proj"], bias=w["input_proj_bias"])
+            h = lc.linear_reference(x, w["input_proj"], bias=w["input_proj_bias"])
         else:
             h = x
         pos = positions.reshape(-1 if positions.ndim == 2 else 3, t)
@@ -46,7 +47,7 @@ class FusedReference:
         out: dict[str, np.ndarray] = {}
         for n in range(s["num_layers"]):
             p = f"layers.{n}."
-            qkv = dc.linear_reference(h, w[p + "qkv"], norm_w=w[p + "input_norm"], eps=eps)
+            qkv = lc.linear_reference(h, w[p + "qkv"], norm_w=w[p + "input_norm"], eps=eps)
             q, k, v = dc.qk_rope_reference(
                 qkv, pos, heads=s["num_heads"], kv_heads=s["num_kv_heads"], head_dim=d,
                 inv_freq=w["inv_freq"], q_norm=w.get(p + "q_norm"), k_norm=w.get(p + "k_norm"),
@@ -57,15 +58,15 @@ class FusedReference:
                 cache[2 * n], cache[2 * n + 1], past_lens, query_lens,
                 num_heads=s["num_heads"], kv_num_heads=s["num_kv_heads"],
             )  # fmt: skip
-            h = dc.linear_reference(o.reshape(t, -1), w[p + "o"], residual=h)
-            act = dc.linear_reference(h, w[p + "gate_up"], norm_w=w[p + "post_norm"], eps=eps,
+            h = lc.linear_reference(o.reshape(t, -1), w[p + "o"], residual=h)
+            act = lc.linear_reference(h, w[p + "gate_up"], norm_w=w[p + "post_norm"], eps=eps,
                                       swiglu=True)  # fmt: skip
-            h = dc.linear_reference(act, w[p + "down"], residual=h)
+            h = lc.linear_reference(act, w[p + "down"], residual=h)
         rows = h.reshape(b, seq, -1)[np.arange(b), last]
         lm = w["lm_head"] if s["lm_heads"] == 1 else w["lm_head"][head]
-        out["logits"] = dc.linear_reference(rows, lm, norm_w=w["norm"], eps=eps)
+        out["logits"] = lc.linear_reference(rows, lm, norm_w=w["norm"], eps=eps)
         if s["last_hidden_output"]:
-            out["last_hidden"] = rows * dc.rms_scale(rows, eps) * w["norm"]
+            out["last_hidden"] = rows * lc.rms_scale(rows, eps) * w["norm"]
         if s["logits_topk"]:
             out["topk_values"], out["topk_indices"] = dc.topk_reference(
                 out["logits"], s["logits_topk"], w.get("topk_bias")

@@ -170,3 +170,47 @@ def test_the_engine_accepts_the_builds_weights_and_names_what_is_wrong(fused_eng
     bad = {**tensors, "norm": tensors["norm"].astype(np.float16)}
     with pytest.raises(EngineError, match="norm is"):
         FusedEngine._check_weights(engine, path, bad)  # type: ignore[arg-type]
+
+
+def test_the_tts_talker_and_code_predictor_layouts_equal_their_onnx_engines(tts_engine,
+                                                                            tmp_path) -> None:  # fmt: skip
+    """Qwen3-TTS's fused components: the talker (its normed last hidden state feeds the code
+    predictor) and the code predictor (its input projection from the talker's width, one of 15
+    heads a step) give the ONNX Runtime CPU engines' logits and hidden state, prefill and
+    decode, through the reference of the fused engine's calls."""
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.engine import open_engine
+    from edgeomni.runtime.kv import KVCache
+
+    fused = tmp_path / "fused"
+    args = BuildArgs(2, 64, 128, backend="fused", device="cuda", dtype="float32")
+    build(tts_engine.parent / "ckpt", fused, args, ["talker", "code_predictor"])  # no graph:
+    # code2wav is not among the parts
+    for comp in ("talker", "code_predictor"):
+        cfg = json.loads((tts_engine / comp / "config.json").read_text())
+        ref = FusedReference(fused / comp)
+        spec = ref.spec
+        assert spec["last_hidden_output"] == (comp == "talker")
+        assert (spec["lm_heads"] > 1, bool(spec["input_size"])) == ((comp != "talker"),) * 2
+        engine = open_engine(tts_engine / comp, cfg)
+        outputs = {"logits": (cfg["vocab_size"],)}
+        if spec["last_hidden_output"]:
+            outputs["last_hidden"] = (spec["hidden_size"],)
+        rows, capacity = 2, 32
+        session = DecoderSession(engine, KVCache.for_decoder(cfg, rows, capacity, engine), rows,
+                                 outputs)  # fmt: skip
+        cache = ref.cache(rows, capacity)
+        rng = np.random.default_rng(0)
+        width = spec["input_size"] or spec["hidden_size"]
+        lens, past = np.array([4, 2], np.int32), np.zeros(rows, np.int32)
+        for step in range(3):
+            x = (rng.standard_normal((rows, int(lens.max()), width)) * 0.5).astype(np.float32)
+            pos = text_positions(past, x.shape[1], False)
+            last = np.maximum(lens - 1, 0).astype(np.int64)
+            head = {"lm_head_index": np.array([step], np.int64)} if spec["lm_heads"] > 1 else {}
+            want = session.run(x, pos, past, lens, last, **head)
+            got = ref.run(x, pos, past, lens, last, cache, head=step)
+            for name in outputs:
+                w = np.asarray(want[name], np.float64)
+                assert np.abs(got[name] - w).max() <= 1e-4 * np.abs(w).max(), (comp, name, step)
+            past, lens = past + lens, np.ones(rows, np.int32)

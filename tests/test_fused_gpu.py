@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -99,42 +100,78 @@ def test_kernel_matches_its_reference(kernels, index) -> None:
 # ---------------------------------------------------------------------------------------------
 # the engine and whole builds
 # ---------------------------------------------------------------------------------------------
-def fused_build(ckpt: Path, folder: Path, dtype: str, components=None) -> Path:
+# Engines built elsewhere (``python tests/prebuild_fused_gpu.py DIR`` on a machine whose torch
+# exports the tiny checkpoints), named by the keys below: the GPU machine's image may carry a
+# torch that cannot (on the H200 image, torch 2.11's export failed on them under pytest).
+PREBUILT = os.environ.get("EDGEOMNI_GPU_PREBUILT")
+OMNI_PARTS = ["llm", "talker", "code_predictor", "code2wav"]
+
+
+def _build(ckpt: Path | None, folder: Path, dtype: str, backend: str, components, key: str):
     from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
-    args = BuildArgs(3, 64, 128, backend="fused", device="cuda", dtype=dtype)
+    if PREBUILT:
+        engine = Path(PREBUILT) / key
+        assert (engine / "multistage_config.json").is_file(), f"{engine}: not prebuilt"
+        return engine
+    args = BuildArgs(3, 64, 128, backend=backend, device="cuda", dtype=dtype)
     assert build(ckpt, folder, args, components) is not None
     return folder
 
 
-def cuda_build(ckpt: Path, folder: Path, dtype: str, components=None) -> Path:
-    from edgeomni.builder.build import build
-    from edgeomni.export.family import BuildArgs
+def fused_build(ckpt: Path | None, folder: Path, dtype: str, components=None, *,
+                model: str = "qwen3") -> Path:  # fmt: skip
+    return _build(ckpt, folder, dtype, "fused", components, f"{model}-fused-{dtype}")
 
-    assert build(ckpt, folder, BuildArgs(3, 64, 128, device="cuda", dtype=dtype), components)
-    return folder
+
+def cuda_build(ckpt: Path | None, folder: Path, dtype: str, components=None, *,
+               model: str = "qwen3") -> Path:  # fmt: skip
+    return _build(ckpt, folder, dtype, "onnxruntime", components, f"{model}-onnxruntime-{dtype}")
+
+
+def tts_checkpoint(folder: Path) -> Path | None:
+    from edgeomni.export.tiny_tts import make_checkpoint
+
+    return None if PREBUILT else make_checkpoint(folder)
+
+
+def checkpoint(request, name: str) -> Path | None:
+    """A conftest checkpoint fixture's folder, unless the engines are prebuilt."""
+    return None if PREBUILT else request.getfixturevalue(name)
 
 
 @pytest.fixture(scope="module")
-def fused32(qwen3_ckpt, tmp_path_factory) -> Path:
-    return fused_build(qwen3_ckpt, tmp_path_factory.mktemp("f32") / "eng", "float32")
+def qwen3(request) -> Path | None:
+    return checkpoint(request, "qwen3_ckpt")
 
 
 @pytest.fixture(scope="module")
-def fused16(qwen3_ckpt, tmp_path_factory) -> Path:
-    return fused_build(qwen3_ckpt, tmp_path_factory.mktemp("f16") / "eng", "float16")
+def omni(request) -> Path | None:
+    return checkpoint(request, "omni_ckpt")
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_engine_equals_the_reference_of_its_calls(fused32, graphs) -> None:
-    """A ragged prefill (5 and 3 tokens, one row idle) then decode steps, graphed or not."""
+@pytest.fixture(scope="module")
+def fused32(qwen3, tmp_path_factory) -> Path:
+    return fused_build(qwen3, tmp_path_factory.mktemp("f32") / "eng", "float32")
+
+
+@pytest.fixture(scope="module")
+def fused16(qwen3, tmp_path_factory) -> Path:
+    return fused_build(qwen3, tmp_path_factory.mktemp("f16") / "eng", "float16")
+
+
+@pytest.mark.parametrize(("graphs", "overlap"), [(False, False), (False, True), (True, True)])
+def test_engine_equals_the_reference_of_its_calls(fused32, graphs, overlap) -> None:
+    """A ragged prefill (5 and 3 tokens, one row idle) then decode steps, graphed or not, the
+    kernels queued as programmatic dependent launches or not (where the GPU has them)."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
     from edgeomni.runtime.kv import KVCache
 
     cfg = json.loads((fused32 / "config.json").read_text())
     engine = open_engine(fused32, cfg, cuda_graphs=graphs)
+    engine.overlap = engine.overlap and overlap
     rows, capacity = 3, 32
     kv = KVCache.for_decoder(cfg, rows, capacity, engine)
     session = DecoderSession(engine, kv, rows, {"logits": (cfg["vocab_size"],)})
@@ -167,17 +204,17 @@ def greedy(engine: Path, tmp: Path) -> list[list[int]]:
 
 
 @needs_ort_cuda
-def test_fused_float32_tokens_equal_onnxruntime_cuda(fused32, qwen3_ckpt, tmp_path) -> None:
-    ort32 = cuda_build(qwen3_ckpt, tmp_path / "ort32", "float32")
+def test_fused_float32_tokens_equal_onnxruntime_cuda(fused32, qwen3, tmp_path) -> None:
+    ort32 = cuda_build(qwen3, tmp_path / "ort32", "float32")
     assert greedy(fused32, tmp_path / "a") == greedy(ort32, tmp_path / "b")
 
 
 @needs_ort_cuda
-def test_fused_float16_is_as_close_to_float32_as_onnxruntime(fused16, fused32, qwen3_ckpt,
+def test_fused_float16_is_as_close_to_float32_as_onnxruntime(fused16, fused32, qwen3,
                                                              tmp_path) -> None:  # fmt: skip
     from test_gpu import engine_logits
 
-    ort16 = cuda_build(qwen3_ckpt, tmp_path / "ort16", "float16")
+    ort16 = cuda_build(qwen3, tmp_path / "ort16", "float16")
     exact = engine_logits(fused32)
     ours = np.abs(engine_logits(fused16) - exact).max()
     theirs = np.abs(engine_logits(ort16) - exact).max()
@@ -199,16 +236,15 @@ def speech(engine: Path, body: dict) -> list[np.ndarray]:
 
 @needs_ort_cuda
 def test_tts_codes_equal_onnxruntime_cuda(tmp_path) -> None:
-    from edgeomni.export.tiny_tts import make_checkpoint
-
-    ckpt = make_checkpoint(tmp_path / "ckpt")
-    fused = fused_build(ckpt, tmp_path / "fused", "float32")
-    ort = cuda_build(ckpt, tmp_path / "ort", "float32")
+    ckpt = tts_checkpoint(tmp_path / "ckpt")
+    fused = fused_build(ckpt, tmp_path / "fused", "float32", model="tts")
+    ort = cuda_build(ckpt, tmp_path / "ort", "float32", model="tts")
     backends = {json.loads(p.read_text())["component"]: json.loads(p.read_text())["backend"]
                 for p in fused.rglob("config.json")}  # fmt: skip
     assert backends["talker"] == backends["code_predictor"] == "fused"
     assert backends["code2wav"] == "onnxruntime"
-    body = {"talker_top_k": 1, "talker_max_new_tokens": 30, "voice": "vivian",
+    body = {"talker_top_k": 1, "subtalker_top_k": 1, "talker_max_new_tokens": 30,
+            "voice": "vivian",
             "language": "english",
             "requests": [{"messages": [{"role": "user", "content": t}]}
                          for t in ("Hello world", "A longer sentence to speak.")]}  # fmt: skip
@@ -217,10 +253,9 @@ def test_tts_codes_equal_onnxruntime_cuda(tmp_path) -> None:
 
 
 @needs_ort_cuda
-def test_omni_codes_equal_onnxruntime_cuda(omni_ckpt, tmp_path) -> None:
-    parts = ["llm", "talker", "code_predictor", "code2wav"]
-    fused = fused_build(omni_ckpt, tmp_path / "fused", "float32", parts)
-    ort = cuda_build(omni_ckpt, tmp_path / "ort", "float32", parts)
+def test_omni_codes_equal_onnxruntime_cuda(omni, tmp_path) -> None:
+    fused = fused_build(omni, tmp_path / "fused", "float32", OMNI_PARTS, model="omni")
+    ort = cuda_build(omni, tmp_path / "ort", "float32", OMNI_PARTS, model="omni")
     assert json.loads((fused / "code_predictor" / "config.json").read_text())["backend"] == "fused"
     body = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 1,
             "talker_max_new_tokens": 21,
@@ -231,14 +266,13 @@ def test_omni_codes_equal_onnxruntime_cuda(omni_ckpt, tmp_path) -> None:
 
 
 @needs_ort_cuda
-def test_omni_float16_onnxruntime_talker_feeds_the_fused_code_predictor(omni_ckpt,
+def test_omni_float16_onnxruntime_talker_feeds_the_fused_code_predictor(omni,
                                                                         tmp_path) -> None:  # fmt: skip
     """In a float16 build the MoE talker stays on ONNX Runtime and hands its float16 hidden
     state to the fused code predictor on the device, as the ONNX build's types say: the frames
     come out whole, and mostly the ONNX Runtime build's own."""
-    parts = ["llm", "talker", "code_predictor", "code2wav"]
-    fused = fused_build(omni_ckpt, tmp_path / "fused", "float16", parts)
-    ort = cuda_build(omni_ckpt, tmp_path / "ort", "float16", parts)
+    fused = fused_build(omni, tmp_path / "fused", "float16", OMNI_PARTS, model="omni")
+    ort = cuda_build(omni, tmp_path / "ort", "float16", OMNI_PARTS, model="omni")
     cfg = json.loads((fused / "code_predictor" / "config.json").read_text())
     assert cfg["backend"] == "fused" and cfg["fused"]["embeds_dtype"] == "float16"
     body = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 1,

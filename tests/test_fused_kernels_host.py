@@ -28,6 +28,32 @@ SHIM = "#define DECODER_HOST_EMULATION 1\n" + SHIM_CORE + r"""
 typedef unsigned short half_t;
 inline float h2f(half_t h) { return half_to_f(h); }
 inline half_t f2h(float f) { return f_to_half(f); }
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+// mma.sync.m16n8k16.row.col f32 += f16 x f16 over a warp: each lane's fragments exchanged, each
+// lane's four results summed from them by PTX's fragment layout (float32 sums in k order)
+static unsigned g_mma_a[64][32][4], g_mma_b[64][32][2];
+inline void mma16816(float* c, const unsigned* a, const unsigned* b) {
+    const int lane = threadIdx.x & 31, w = t_warp;
+    for (int i = 0; i < 4; ++i) g_mma_a[w][lane][i] = a[i];
+    g_mma_b[w][lane][0] = b[0];
+    g_mma_b[w][lane][1] = b[1];
+    __syncwarp();
+    const int g = lane >> 2, t = lane & 3;
+    for (int j = 0; j < 4; ++j) {
+        const int row = g + 8 * (j >> 1), col = 2 * t + (j & 1);
+        float sum = 0.f;
+        for (int k = 0; k < 16; ++k) {
+            const unsigned aw = g_mma_a[w][(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)];
+            const unsigned bw = g_mma_b[w][col * 4 + (k % 8) / 2][k >= 8];
+            sum += half_to_f((aw >> (16 * (k % 2))) & 0xffffu)
+                 * half_to_f((bw >> (16 * (k % 2))) & 0xffffu);
+        }
+        c[j] += sum;
+    }
+    __syncwarp();
+}
 """
 
 MAIN = r"""

@@ -1,0 +1,465 @@
+"""The fused backend's ``linear`` kernels (CUDA C, compiled into plugins/decoder_cuda.py's
+module): ``out = (x * norm_w) @ W^T * rms_scale(x)`` for a few rows of x, with the epilogues a
+decoder layer needs fused in (SwiGLU over packed gate/up rows, bias, residual add, each row's
+last position, one of several stacked heads).
+
+Two families of variants, picked by ``linear_launch``:
+
+- SIMT, for 1 to 7 rows and for float32 weights (``linear_{f,h}{R}[s]``): a block computes C
+  output columns for R rows with kw warps splitting K. A lane reads 16 bytes of each of the C
+  weight rows per pass and multiplies them with all R rows (x read once for the C columns);
+  the first pass's weights are requested before GRID_WAIT, so under programmatic dependent
+  launch they are in flight while the kernel before still runs.
+- Tensor cores, for 8 rows and more with float16 weights (``linear_m{f,h}{8,16,32}[s]``):
+  ``mma.sync.m16n8k16`` tiles of 16 weight rows by 8 x rows, x (times the norm's weight)
+  rounded to float16 as ONNX Runtime's float16 build rounds its activations.
+
+Partial sums from the warps meet in shared memory in warp order, and kw depends on K and the
+weights' type only: within one family a row's result does not depend on the rows beside it.
+Accumulation is float32; ``linear_reference`` gives the meaning in numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ROWS = (1, 2, 4, 8, 16)  # rows per block of ``linear`` variants
+# output columns per block of a ``linear`` variant by its rows, bounded by the registers a lane
+# holds (a 16-byte weight vector a column, SwiGLU two, and R x columns sums): SwiGLU at 16 rows
+# takes 1
+COLUMNS = {1: 8, 2: 8, 4: 4, 8: 2, 16: 2}
+MAX_WARPS = 8  # warps splitting K in a ``linear`` block
+
+
+def linear_name(rows: int, half_input: bool, swiglu: bool = False) -> str:
+    if half_input and swiglu:
+        raise ValueError("linear: no SwiGLU variant takes float16 input")
+    return f"linear_{'h' if half_input else 'f'}{rows}{'s' if swiglu else ''}"
+
+
+def linear_columns(rows: int, swiglu: bool) -> int:
+    """Output columns a block of the R = ``rows`` variant computes."""
+    return 1 if swiglu and rows == 16 else COLUMNS[rows]
+
+
+def linear_warps(k: int, weights: str) -> int:
+    """Warps splitting K = ``k`` in a ``linear`` block: a pass of 32 lanes x 16 bytes each, up
+    to MAX_WARPS passes at once. A function of K and the weights' type only, so that a row's
+    sums are added in the same order whatever the rows beside it (batch invariance)."""
+    per_pass = 32 * (8 if weights == "float16" else 4)
+    return max(1, min(MAX_WARPS, -(-k // per_pass)))
+
+
+MMA_ROWS = (8, 16, 32)  # rows per block of the tensor-core ``linear`` variants
+
+
+def linear_uses_mma(weights: str, rows: int) -> bool:
+    """Float16 weights and 8 rows or more run on tensor cores (x rounded to float16)."""
+    return weights == "float16" and rows >= 8
+
+
+@dataclass(frozen=True)
+class LinearLaunch:
+    name: str
+    grid: tuple[int, int]
+    block: int
+
+
+def linear_launch(
+    weights: str, rows: int, k: int, n: int, *, half_input: bool = False,
+    swiglu: bool = False, warps: int | None = None,
+) -> LinearLaunch:  # fmt: skip
+    """The kernel, grid and block of a ``linear`` call of ``rows`` rows, K = ``k``, N = ``n``,
+    ``weights`` the matrix's type (``warps``: a benchmark's other split of K; the engine leaves
+    it to ``linear_warps``)."""
+    if half_input and swiglu:
+        raise ValueError("linear: no SwiGLU variant takes float16 input")
+    wvec = 8 if weights == "float16" else 4
+    if k % wvec:
+        raise ValueError(f"linear: K = {k} is not a multiple of {wvec} ({weights})")
+    if linear_uses_mma(weights, rows):
+        r = next((r for r in MMA_ROWS if r >= rows), MMA_ROWS[-1])
+        kw = warps or max(1, min(MAX_WARPS, -(-k // 32)))
+        if not 1 <= kw <= MAX_WARPS:
+            raise ValueError(f"linear: {kw} warps; 1 to {MAX_WARPS}")
+        name = f"linear_m{'h' if half_input else 'f'}{r}{'s' if swiglu else ''}"
+        return LinearLaunch(name, (-(-n // 16), -(-rows // r)), 32 * kw)
+    r = rows_variant(rows)
+    kw = warps or linear_warps(k, weights)
+    if not 1 <= kw <= MAX_WARPS:
+        raise ValueError(f"linear: {kw} warps; 1 to {MAX_WARPS}")
+    cols = linear_columns(r, swiglu)
+    return LinearLaunch(linear_name(r, half_input, swiglu), (-(-n // cols), -(-rows // r)),
+                        32 * kw)  # fmt: skip
+
+
+def rows_variant(rows: int) -> int:
+    """The ``linear`` variant for a call of ``rows`` rows: the smallest R >= rows, at most 16
+    (more rows run as several blocks along y)."""
+    return next((r for r in ROWS if r >= rows), ROWS[-1])
+
+
+SOURCE = r"""
+// WVEC weights (16 bytes) of one row at p, zeros where the row or the position is out of range
+__device__ __forceinline__ uint4 fetch_w(const wt_t* p, bool ok) {
+    if (!ok) { uint4 z; z.x = z.y = z.z = z.w = 0u; return z; }
+    return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+// elements j .. j+3 of a 16-byte weight vector as floats
+__device__ __forceinline__ void unpack4(const uint4& raw, int j, float* out) {
+#if W_HALF
+    const half_t* e = reinterpret_cast<const half_t*>(&raw) + j;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = h2f(e[i]);
+#else
+    const float* e = reinterpret_cast<const float*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = e[i];
+#endif
+}
+
+#define PASS (32 * WVEC)
+// A block's results from its warps' partial sums (warp i's at part[i * PW + col * R + r], the
+// up rows' at col C + c; row sums of squares at part_ss[i * R + r]), added in warp order, then
+// the norm's row scale, SwiGLU, the bias and the residual: what both families end with.
+template <int R, int C, bool SWIGLU>
+__device__ __forceinline__ void linear_finish(
+    const float* part, const float* part_ss, int kw, int n0, int r0, int rows, int K, int N,
+    const float* norm_w, float eps, const float* bias, float* out, int resid)
+{
+    constexpr int PW = (SWIGLU ? 2 : 1) * C * R;
+    for (int t = threadIdx.x; t < C * R; t += blockDim.x) {
+        const int c = t % C, r = t / C, n = n0 + c;
+        if (n >= N || r0 + r >= rows) continue;
+        float a = 0.f, b = 0.f, s = 0.f;
+        for (int i = 0; i < kw; ++i) {
+            a += part[i * PW + c * R + r];
+            if (SWIGLU) b += part[i * PW + (C + c) * R + r];
+            if (norm_w) s += part_ss[i * R + r];
+        }
+        if (norm_w) {
+            const float scale = 1.0f / sqrtf(s / (float)K + eps);
+            a *= scale; b *= scale;
+        }
+        float v = SWIGLU ? a / (1.0f + expf(-a)) * b : a;
+        if (bias) v += bias[n];
+        float* o = out + (long long)(r0 + r) * N + n;
+        *o = resid ? *o + v : v;
+    }
+}
+
+// out[r, n] (float32, row stride N) for rows r of the call and output columns n:
+//   v = (x_r * norm_w) . W[n] * rms_scale(x_r)   (norm_w given), else x_r . W[n]
+//   SWIGLU: gate = that with W[n], up = with W[n + N]; v = silu(gate) * up
+//   + bias[n]; resid: out += v, else out = v.
+// x_r is row r of x (stride K) or, with rowmap, row r * seq + rowmap[r]. With head_index the
+// weights start at W + head_index[0] * head_stride (one of several stacked heads).
+// A block: C columns (n0 ..), R rows (r0 ..), kw = blockDim.x / 32 warps splitting K: K is
+// cut in passes of 32 lanes x WVEC, warp w takes passes [w P / kw, (w + 1) P / kw), and each
+// lane reads the C (SWIGLU: 2C) weight rows' 16 bytes of a pass together, once for all R rows.
+// Partial sums meet in shared memory, warps in order: a row's result depends on K and kw only,
+// never on R, C or the rows beside it (the engine picks kw from K: batch-invariant).
+template <int R, int C, bool XHALF, bool SWIGLU>
+__device__ __forceinline__ void linear_body(
+    const void* __restrict__ x, const long long* __restrict__ rowmap, int seq,
+    const float* __restrict__ norm_w, float eps,
+    const wt_t* __restrict__ w, long long head_stride, const long long* __restrict__ head_index,
+    const float* __restrict__ bias, float* out, int rows, int K, int N, int resid)
+{
+    constexpr int CW = SWIGLU ? 2 * C : C;  // weight rows a lane reads a pass
+    __shared__ float part[MAX_KW][CW * R];
+    __shared__ float part_ss[MAX_KW][R];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = blockDim.x >> 5;
+    const int n0 = blockIdx.x * C, r0 = blockIdx.y * R;
+    const int passes = (K + PASS - 1) / PASS;
+    const int p0 = warp * passes / kw, p1 = (warp + 1) * passes / kw;
+    const wt_t* wb = w + (head_index ? head_index[0] * head_stride : 0LL);
+    uint4 wr[CW];
+    // the first pass's weights are requested before waiting on the kernel before this one
+    {
+        const int k = p0 * PASS + lane * WVEC;
+#pragma unroll
+        for (int c = 0; c < CW; ++c) {
+            const int n = n0 + (c % C);
+            const long long row = c < C ? n : (long long)n + N;
+            wr[c] = fetch_w(wb + row * K + k, p0 < p1 && n < N && k < K);
+        }
+    }
+    GRID_LAUNCH();
+    GRID_WAIT();
+    long long src[R];
+    bool valid[R];
+    float acc[CW][R], ss[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int rr = r0 + r;
+        valid[r] = rr < rows;
+        const long long row = valid[r] ? (rowmap ? (long long)rr * seq + rowmap[rr] : rr) : 0;
+        src[r] = row * K;
+        ss[r] = 0.f;
+#pragma unroll
+        for (int c = 0; c < CW; ++c) acc[c][r] = 0.f;
+    }
+    for (int p = p0; p < p1; ++p) {
+        const int k = p * PASS + lane * WVEC;
+        if (k < K) {
+#pragma unroll
+            for (int j = 0; j < WVEC; j += 4) {  // 4 elements at a time: few registers for x
+                float g[4], xv[R][4];
+                if (norm_w) {
+                    float4 gv = *reinterpret_cast<const float4*>(norm_w + k + j);
+                    g[0] = gv.x; g[1] = gv.y; g[2] = gv.z; g[3] = gv.w;
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    if (!valid[r]) { xv[r][0] = xv[r][1] = xv[r][2] = xv[r][3] = 0.f; continue; }
+                    load_x4<XHALF>(x, src[r] + k + j, xv[r]);
+                    if (norm_w) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) { ss[r] += xv[r][i] * xv[r][i]; xv[r][i] *= g[i]; }
+                    }
+                }
+#pragma unroll
+                for (int c = 0; c < CW; ++c) {
+                    float wf[4];
+                    unpack4(wr[c], j, wf);
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+                        acc[c][r] += xv[r][0] * wf[0] + xv[r][1] * wf[1] + xv[r][2] * wf[2]
+                                   + xv[r][3] * wf[3];
+                }
+            }
+        }
+        if (p + 1 < p1) {  // the next pass's weights (a warp of a long K has several)
+            const int kn = k + PASS;
+#pragma unroll
+            for (int c = 0; c < CW; ++c) {
+                const int n = n0 + (c % C);
+                const long long row = c < C ? n : (long long)n + N;
+                wr[c] = fetch_w(wb + row * K + kn, n < N && kn < K);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int c = 0; c < CW; ++c) {
+            const float v = warp_sum(acc[c][r]);
+            if (lane == 0) part[warp][c * R + r] = v;
+        }
+        if (norm_w) {
+            const float s = warp_sum(ss[r]);
+            if (lane == 0) part_ss[warp][r] = s;
+        }
+    }
+    __syncthreads();
+    linear_finish<R, C, SWIGLU>(&part[0][0], &part_ss[0][0], kw, n0, r0, rows, K, N, norm_w, eps,
+                                bias, out, resid);
+}
+
+#define LINEAR(R, C, XH, SW, NAME) \
+extern "C" __global__ void __launch_bounds__(32 * MAX_KW) NAME( \
+    const void* x, const long long* rowmap, int seq, const float* norm_w, float eps, \
+    const wt_t* w, long long head_stride, const long long* head_index, const float* bias, \
+    float* out, int rows, int K, int N, int resid) { \
+    linear_body<R, C, XH, SW>(x, rowmap, seq, norm_w, eps, w, head_stride, head_index, bias, \
+                              out, rows, K, N, resid); }
+LINEAR(1, 8, false, false, linear_f1) LINEAR(2, 8, false, false, linear_f2)
+LINEAR(4, 4, false, false, linear_f4) LINEAR(8, 2, false, false, linear_f8)
+LINEAR(16, 2, false, false, linear_f16)
+LINEAR(1, 8, false, true, linear_f1s) LINEAR(2, 8, false, true, linear_f2s)
+LINEAR(4, 4, false, true, linear_f4s) LINEAR(8, 2, false, true, linear_f8s)
+LINEAR(16, 1, false, true, linear_f16s)
+LINEAR(1, 8, true, false, linear_h1) LINEAR(2, 8, true, false, linear_h2)
+LINEAR(4, 4, true, false, linear_h4) LINEAR(8, 2, true, false, linear_h8)
+LINEAR(16, 2, true, false, linear_h16)
+
+#if W_HALF
+// Tensor cores for 8 rows and more (float16 weights): out^T = W x^T as mma.m16n8k16 tiles, 16
+// output columns (W rows) by 8 rows of x, fp16 products summed in float32. A lane reads 16
+// bytes of each of its two W rows (g, g + 8) and 16 bytes of its x row (g) per 32 columns of
+// K; the k order inside a tile is permuted alike in both operands, which a sum allows, so
+// every load is 16 bytes wide. x (after the norm's weight) is rounded to float16 first, as
+// ONNX Runtime's float16 build rounds its activations. K is split over kw warps in steps of
+// 32, partial sums meeting in shared memory as in linear_body.
+#ifndef DECODER_HOST_EMULATION
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, const unsigned* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+__device__ __forceinline__ unsigned pack_h2(float lo, float hi) {
+    return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16);
+}
+
+// the mma's A words for k half h of a 32-wide step: rows g (wa) and g + 8 (wb)
+__device__ __forceinline__ void a_frag(const uint4& wa, const uint4& wb, int h, unsigned* a) {
+    const unsigned* pa = reinterpret_cast<const unsigned*>(&wa);
+    const unsigned* pb = reinterpret_cast<const unsigned*>(&wb);
+    a[0] = pa[2 * h]; a[1] = pb[2 * h]; a[2] = pa[2 * h + 1]; a[3] = pb[2 * h + 1];
+}
+
+template <int RG, bool XHALF, bool SWIGLU>
+__device__ __forceinline__ void linear_mma_body(
+    const void* __restrict__ x, const long long* __restrict__ rowmap, int seq,
+    const float* __restrict__ norm_w, float eps,
+    const wt_t* __restrict__ w, long long head_stride, const long long* __restrict__ head_index,
+    const float* __restrict__ bias, float* out, int rows, int K, int N, int resid)
+{
+    constexpr int R = 8 * RG, T = SWIGLU ? 2 : 1;  // rows a block; W tiles (gate, up) a step
+    __shared__ float part[MAX_KW][T * 16 * R];
+    __shared__ float part_ss[MAX_KW][R];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, r0 = blockIdx.y * R;
+    const int steps = (K + 31) / 32;
+    const int s0 = warp * steps / kw, s1 = (warp + 1) * steps / kw;
+    const wt_t* wb = w + (head_index ? head_index[0] * head_stride : 0LL);
+    uint4 wr[T][2];  // this lane's 16 bytes of W rows g and g + 8 (and the up rows)
+    auto fetch = [&](int s) {
+        const int k = s * 32 + 8 * t;
+#pragma unroll
+        for (int u = 0; u < T; ++u)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int n = n0 + g + 8 * i;
+                const long long row = (long long)n + u * N;
+                wr[u][i] = fetch_w(wb + row * K + k, s < s1 && n < N && k < K);
+            }
+    };
+    fetch(s0);
+    GRID_LAUNCH();
+    GRID_WAIT();
+    long long src[RG];
+    bool valid[RG];
+#pragma unroll
+    for (int q = 0; q < RG; ++q) {
+        const int rr = r0 + q * 8 + g;
+        valid[q] = rr < rows;
+        const long long row = valid[q] ? (rowmap ? (long long)rr * seq + rowmap[rr] : rr) : 0;
+        src[q] = row * K;
+    }
+    float acc[T][RG][4], ss[RG];
+#pragma unroll
+    for (int q = 0; q < RG; ++q) {
+        ss[q] = 0.f;
+#pragma unroll
+        for (int u = 0; u < T; ++u)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[u][q][i] = 0.f;
+    }
+    for (int s = s0; s < s1; ++s) {
+        const int k = s * 32 + 8 * t;
+        float gw[8];
+        if (norm_w && k < K) {
+            float4 g0 = *reinterpret_cast<const float4*>(norm_w + k);
+            float4 g1 = *reinterpret_cast<const float4*>(norm_w + k + 4);
+            gw[0] = g0.x; gw[1] = g0.y; gw[2] = g0.z; gw[3] = g0.w;
+            gw[4] = g1.x; gw[5] = g1.y; gw[6] = g1.z; gw[7] = g1.w;
+        }
+#pragma unroll
+        for (int q = 0; q < RG; ++q) {
+            unsigned b[4] = {0u, 0u, 0u, 0u};  // x row q*8+g, k .. k+7, as float16 pairs
+            if (valid[q] && k < K) {
+                if (XHALF && !norm_w) {
+                    uint4 raw = *reinterpret_cast<const uint4*>(
+                        reinterpret_cast<const half_t*>(x) + src[q] + k);
+                    b[0] = raw.x; b[1] = raw.y; b[2] = raw.z; b[3] = raw.w;
+                } else {
+                    float xv[8];
+                    load_x4<XHALF>(x, src[q] + k, xv);
+                    load_x4<XHALF>(x, src[q] + k + 4, xv + 4);
+                    if (norm_w) {
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) { ss[q] += xv[i] * xv[i]; xv[i] *= gw[i]; }
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) b[i] = pack_h2(xv[2 * i], xv[2 * i + 1]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < T; ++u)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    unsigned a[4];
+                    a_frag(wr[u][0], wr[u][1], h, a);
+                    mma16816(acc[u][q], a, b + 2 * h);
+                }
+        }
+        if (s + 1 < s1) fetch(s + 1);
+    }
+    // C fragment: acc[u][q][j] is column n0 + g + 8 (j >> 1), row q*8 + 2t + (j & 1)
+#pragma unroll
+    for (int u = 0; u < T; ++u)
+#pragma unroll
+        for (int q = 0; q < RG; ++q)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int col = u * 16 + g + 8 * (j >> 1), r = q * 8 + 2 * t + (j & 1);
+                part[warp][col * R + r] = acc[u][q][j];
+            }
+    if (norm_w) {
+#pragma unroll
+        for (int q = 0; q < RG; ++q) {
+            float v = ss[q];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            if (t == 0) part_ss[warp][q * 8 + g] = v;
+        }
+    }
+    __syncthreads();
+    linear_finish<R, 16, SWIGLU>(&part[0][0], &part_ss[0][0], kw, n0, r0, rows, K, N, norm_w, eps,
+                                 bias, out, resid);
+}
+
+#define LINEAR_MMA(RG, XH, SW, NAME) \
+extern "C" __global__ void __launch_bounds__(32 * MAX_KW) NAME( \
+    const void* x, const long long* rowmap, int seq, const float* norm_w, float eps, \
+    const wt_t* w, long long head_stride, const long long* head_index, const float* bias, \
+    float* out, int rows, int K, int N, int resid) { \
+    linear_mma_body<RG, XH, SW>(x, rowmap, seq, norm_w, eps, w, head_stride, head_index, bias, \
+                                out, rows, K, N, resid); }
+LINEAR_MMA(1, false, false, linear_mf8) LINEAR_MMA(2, false, false, linear_mf16)
+LINEAR_MMA(4, false, false, linear_mf32)
+LINEAR_MMA(1, false, true, linear_mf8s) LINEAR_MMA(2, false, true, linear_mf16s)
+LINEAR_MMA(4, false, true, linear_mf32s)
+LINEAR_MMA(1, true, false, linear_mh8) LINEAR_MMA(2, true, false, linear_mh16)
+LINEAR_MMA(4, true, false, linear_mh32)
+#endif
+"""
+
+
+def rms_scale(x: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    return 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+
+
+def linear_reference(
+    x: np.ndarray, w: np.ndarray, *, norm_w: np.ndarray | None = None, eps: float = 1e-6,
+    bias: np.ndarray | None = None, swiglu: bool = False, residual: np.ndarray | None = None,
+    half_x: bool = False,
+) -> np.ndarray:  # fmt: skip
+    """``linear`` for rows x [T, K], w [N or 2N, K] (float64 result). ``half_x``: the tensor
+    core variants' rounding of x (times the norm's weight) to float16; the RMS scale, a
+    factor of each row's sums, applies after the products as in the kernels."""
+    x = x.astype(np.float64)
+    scale = 1.0
+    if norm_w is not None:
+        scale = rms_scale(x, eps)
+        x = (x.astype(np.float32) * norm_w.astype(np.float32)).astype(np.float64)
+    if half_x:
+        x = x.astype(np.float16).astype(np.float64)
+    y = (x @ w.astype(np.float64).T) * scale
+    if swiglu:
+        gate, up = np.split(y, 2, axis=-1)
+        y = gate / (1.0 + np.exp(-gate)) * up
+    if bias is not None:
+        y = y + bias
+    return y if residual is None else residual.astype(np.float64) + y

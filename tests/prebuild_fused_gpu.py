@@ -1,0 +1,41 @@
+"""Build tests/test_fused_gpu.py's engines here, for a GPU machine whose torch cannot export the
+tiny checkpoints (the H200 image's torch 2.11 failed to under pytest): CUDA builds need no GPU.
+
+    python tests/prebuild_fused_gpu.py DIR
+    EDGEOMNI_GPU_PREBUILT=DIR pytest -m gpu tests/test_fused_gpu.py   # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+OMNI_PARTS = ["llm", "talker", "code_predictor", "code2wav"]
+
+
+def main(out: Path) -> None:
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+    from edgeomni.export.tiny import make_qwen3
+    from edgeomni.export.tiny_omni import make_qwen3_omni
+    from edgeomni.export.tiny_tts import make_checkpoint
+
+    work = Path(tempfile.mkdtemp())
+    models = {  # the same makers and components as the tests' fixtures
+        "qwen3": (make_qwen3(work / "qwen3"), None, ("float32", "float16")),
+        "tts": (make_checkpoint(work / "tts"), None, ("float32",)),
+        "omni": (make_qwen3_omni(work / "omni"), OMNI_PARTS, ("float32", "float16")),
+    }
+    for model, (ckpt, parts, dtypes) in models.items():
+        for dtype in dtypes:
+            for backend in ("fused", "onnxruntime"):
+                engine = out / f"{model}-{backend}-{dtype}"
+                args = BuildArgs(3, 64, 128, backend=backend, device="cuda", dtype=dtype)
+                if build(ckpt, engine, args, parts) is None:
+                    raise SystemExit(f"building {engine.name} failed")
+                print(engine, flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
