@@ -123,7 +123,7 @@ def main() -> int:
                 "float16", rows, kk, n, half_input=half_x, swiglu=swiglu).block // 32
             return run
 
-        warps = 8
+        rope = dc.rope_launch(t, HEADS + 2 * KV, D)
         rope_args = [ptr(qkv.ptr), ptr(pos.ptr), i32(t), ptr(qn.ptr), ptr(qn.ptr), f32(1e-6),
                      ptr(inv.ptr), ptr(None), ptr(q.ptr), ptr(k.ptr), ptr(v.ptr), i32(HEADS),
                      i32(KV), i32(D)]  # fmt: skip
@@ -131,11 +131,11 @@ def main() -> int:
             "qkv (norm fused)": (linear(h, weights["qkv"], qkv, H, qkv_n, normed=True),
                                  qkv_n * H * 2),
             "qk_rope": (lambda overlap=False: kernels.launch(
-                "qk_rope", (t,), 32 * warps, rope_args, shared=warps * D * 4, stream=cu_stream,
+                "qk_rope", rope[0], rope[1], rope_args, shared=rope[2], stream=cu_stream,
                 overlap=overlap), 0),
-            "attention": (lambda: attention.launch(
+            "attention": (lambda overlap=False: attention.launch(
                 q.ptr, k.ptr, v.ptr, cache_k.ptr, cache_v.ptr, past.ptr, ones.ptr, attn.ptr,
-                batch=batch, seq=1, capacity=4096, stream=cu_stream),
+                batch=batch, seq=1, capacity=4096, stream=cu_stream, overlap=overlap),
                 2 * batch * KV * (args.context + 1) * D * 2),
             "o (+residual)": (linear(attn, weights["o"], h, HEADS * D, H, resid=True,
                                      half_x=True), H * HEADS * D * 2),
@@ -160,18 +160,13 @@ def main() -> int:
         for name, (launch, nbytes) in parts.items():
             times = LAYERS if name in per_layer else 1
             for overlap in (False, True):
-                if name == "attention" and overlap:
-                    continue  # plugins/attention_cuda.py's kernel has no GRID_WAIT
-                go = (launch if name == "attention"
-                      else lambda launch=launch, overlap=overlap: launch(overlap=overlap))
+                go = lambda launch=launch, overlap=overlap: launch(overlap=overlap)  # noqa: E731
                 ms = timed(go)
                 step[overlap] += ms * times
                 row = {"batch": batch, "kernel": name, "overlap": overlap,
                        "us": round(ms * 1e3, 2),
                        "gb_s": round(nbytes / (ms * 1e-3) / 1e9, 1) if nbytes else None,
                        "per_step_ms": round(ms * times, 3)}  # fmt: skip
-                if name == "attention":
-                    step[True] += ms * times
                 rows_out.append(row)
                 print(json.dumps(row), flush=True)
             inner = getattr(launch, "k", None)  # (not ``k``: the attention's keys are k)

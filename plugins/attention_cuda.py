@@ -353,6 +353,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(
     int batch, int seq, int capacity,
     T* __restrict__ out, T* present_key, T* present_value) {
     __shared__ __align__(16) float smem[SMEM_FLOATS];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // a dependent launch (sm_90+) waits here for what was queued before; else both no-ops
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     const float NEG_INF = __int_as_float(0xff800000);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int b = blockIdx.z;
@@ -683,6 +688,30 @@ def stream_handle(stream: int) -> Any:
     return _driver().CUstream(int(stream))
 
 
+def launch_kernel(
+    function: Any, grid: Sequence[int], block: int, shared: int, stream: Any, params: int, *,
+    overlap: bool = False, what: str = "kernel",
+) -> None:  # fmt: skip
+    """Queue ``function`` (parameters at address ``params``); ``overlap``: a programmatic
+    dependent launch (sm_90+), which may start while the kernel before it runs and so must
+    first wait (griddepcontrol.wait), as this module's and decoder_cuda.py's kernels do."""
+    cu = _driver()
+    gx, gy, gz = (*grid, 1, 1)[:3]
+    where = f"{what} grid {tuple(grid)} block {block}"
+    if not overlap:  # check's value is None: the launch returns nothing
+        return check(cu.cuLaunchKernel(function, gx, gy, gz, block, 1, 1, shared, stream,
+                                       params, 0), f"cuLaunchKernel {where}")  # fmt: skip
+    config = cu.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+    config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+    config.sharedMemBytes, config.hStream = shared, stream
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    config.attrs, config.numAttrs = [attr], 1
+    check(cu.cuLaunchKernelEx(config, function, params, 0), f"cuLaunchKernelEx {where}")
+
+
 def check(result: Any, what: str) -> Any:
     """A cuda.bindings.driver call's value, or KernelError naming the CUresult."""
     cu = _driver()
@@ -751,22 +780,19 @@ class CudaAttention:
         seq: int,
         capacity: int,
         stream: Any = 0,
+        overlap: bool = False,
     ) -> None:
         """Queue one call on ``stream`` (device pointers as ints). The cache is updated in
-        place: present_key/present_value are past_key/past_value."""
-        cu = _driver()
+        place: present_key/present_value are past_key/past_value. ``overlap``: as a
+        programmatic dependent launch (see ``launch_kernel``)."""
         grid, block, shared = self.config.launch_params(batch, seq, capacity)
         pointers = (q, k, v, past_key, past_value, past_lens, query_lens)
         values: list[Any] = [ctypes.c_void_p(int(p)) for p in pointers]
         values += [ctypes.c_int32(int(n)) for n in (batch, seq, capacity)]
         values += [ctypes.c_void_p(int(p)) for p in (out, past_key, past_value)]
         args = (ctypes.c_void_p * len(values))(*[ctypes.addressof(x) for x in values])
-        check(
-            cu.cuLaunchKernel(
-                self.function, *grid, *block, shared, stream, ctypes.addressof(args), 0
-            ),
-            f"cuLaunchKernel {KERNEL_NAME} grid {grid} block {block}",
-        )
+        launch_kernel(self.function, grid, block[0], shared, stream, ctypes.addressof(args),
+                      overlap=overlap, what=KERNEL_NAME)  # fmt: skip
 
     def close(self) -> None:
         if getattr(self, "module", None) is not None:

@@ -128,8 +128,10 @@ __device__ __forceinline__ float warp_sum(float v) {
 """
 
 _TAIL = r"""
-// One block a token, one warp a head (looping): q and k heads get their RMSNorm (weights qn,
-// kn; none when null) and rotary, v heads are copied; all written in the attention's type.
+// Block (t, y) takes token t's heads y * warps, + warps * gridDim.y, ..., one warp a head
+// (several blocks a token: one token's heads at once, where one block took 4 in turn): q and k
+// heads get their RMSNorm (weights qn, kn; none when null) and rotary, v heads are copied; all
+// written in the attention's type.
 // Frequency j's angle is position * inv_freq[j], the position taken from axis freq_axis[j] of
 // pos [axes, tokens] (1-D RoPE: axes 1, freq_axis null).
 extern "C" __global__ void qk_rope(
@@ -144,7 +146,7 @@ extern "C" __global__ void qk_rope(
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int t = blockIdx.x, heads = HQ + 2 * HKV, half = D / 2;
     float* hb = buf + warp * D;
-    for (int h = warp; h < heads; h += warps) {
+    for (int h = blockIdx.y * warps + warp; h < heads; h += warps * gridDim.y) {
         const float* src = qkv + ((long long)t * heads + h) * D;
         if (h >= HQ + HKV) {
             at_t* dst = v + ((long long)t * HKV + (h - HQ - HKV)) * D;
@@ -522,35 +524,25 @@ class DecoderKernels:
         """``overlap``: a programmatic dependent launch (sm_90+), which may start while the
         kernel queued before it still runs: it fetches its first weights, then waits in
         GRID_WAIT() for everything queued before it. Only for kernels of this module queued
-        after another kernel of this module (the one before must call GRID_LAUNCH for any
-        overlap to happen; one that does not simply finishes first)."""
-        cu = ac._driver()
+        after another kernel of this module or the attention kernel (the one before must call
+        GRID_LAUNCH for any overlap to happen; one that does not simply finishes first)."""
         values = list(args)
         ptrs = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-        gx, gy, gz = (*grid, 1, 1)[:3]
-        where = f"{name} grid {tuple(grid)} block {block}"
-        if not overlap:
-            ac.check(cu.cuLaunchKernel(self.function(name), gx, gy, gz, block, 1, 1, shared,
-                                       stream, ctypes.addressof(ptrs), 0),
-                     f"cuLaunchKernel {where}")  # fmt: skip
-            return
-        config = cu.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
-        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
-        config.sharedMemBytes = shared
-        config.hStream = stream
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
-        config.attrs = [attr]
-        config.numAttrs = 1
-        ac.check(cu.cuLaunchKernelEx(config, self.function(name), ctypes.addressof(ptrs), 0),
-                 f"cuLaunchKernelEx {where}")  # fmt: skip
+        ac.launch_kernel(self.function(name), grid, block, shared, stream,
+                         ctypes.addressof(ptrs), overlap=overlap, what=name)  # fmt: skip
 
     def close(self) -> None:
         if getattr(self, "module", None) is not None:
             ac.check(ac._driver().cuModuleUnload(self.module), "cuModuleUnload")
             self.module = None
+
+
+def rope_launch(tokens: int, heads: int, head_dim: int,
+                warps: int | None = None) -> tuple[tuple[int, int], int, int]:  # fmt: skip
+    """``qk_rope``'s grid, block and dynamic shared memory for ``heads`` q, k and v heads a
+    token: a block a token and group of ``warps`` heads (default up to 8), a warp a head."""
+    warps = warps or min(8, heads)
+    return (tokens, -(-heads // warps)), 32 * warps, warps * head_dim * 4
 
 
 def compute_capability() -> tuple[int, int]:

@@ -380,7 +380,7 @@ class FusedBinding:
         tokens = b * s
         half_attn = spec.dtype == "float16"
 
-        follows_ours = False  # the last thing queued was one of decoder_cuda's kernels
+        follows_ours = False  # the last thing queued was a kernel of ours (decoder_cuda, attention)
 
         def launch(name: str, grid: tuple[int, ...], block: int, args: list[Any],
                    shared: int = 0) -> None:  # fmt: skip
@@ -437,7 +437,8 @@ class FusedBinding:
             output("hidden_states", h, tokens * spec.hidden)
         d = spec.head_dim
         qkv_n = (spec.heads + 2 * spec.kv_heads) * d
-        warps = min(8, spec.heads + 2 * spec.kv_heads)
+        rope_grid, rope_block, rope_shared = dc.rope_launch(
+            tokens, spec.heads + 2 * spec.kv_heads, d)
         axis = wp("freq_axis")
         for n in range(spec.layers):
             pre = f"layers.{n}."
@@ -445,18 +446,19 @@ class FusedBinding:
                    bias=pre + "qkv_bias" if spec.bias else None)  # fmt: skip
             qn, kn = (wp(pre + "q_norm"), wp(pre + "k_norm")) if spec.qk_norm else (None, None)
             launch(
-                "qk_rope", (tokens,), 32 * warps,
+                "qk_rope", rope_grid, rope_block,
                 [ptr(p["qkv"]), ptr(a["position_ids"]), i32(tokens), ptr(qn), ptr(kn),
                  f32(spec.eps), ptr(wp("inv_freq")), ptr(axis), ptr(p["q"]), ptr(p["k"]),
                  ptr(p["v"]), i32(spec.heads), i32(spec.kv_heads), i32(d)],
-                shared=warps * d * 4,
+                shared=rope_shared,
             )  # fmt: skip
             key, value = a[f"past_key_{n}"], a[f"past_value_{n}"]
             engine.attention.launch(
                 p["q"], p["k"], p["v"], key, value, a["past_lens"], a["query_lens"], p["attn"],
                 batch=b, seq=s, capacity=self.capacity, stream=stream,
+                overlap=engine.overlap and follows_ours,
             )  # fmt: skip
-            follows_ours = False
+            follows_ours = True  # the attention kernel waits and triggers as ours do
             linear(p["attn"], pre + "o", h, spec.heads * d, spec.hidden, resid=True,
                    half_x=half_attn, bias=pre + "o_bias" if spec.bias else None)  # fmt: skip
             linear(h, pre + "gate_up", p["act"], spec.hidden, spec.intermediate,

@@ -92,7 +92,9 @@ def linear_case(dtype: str, rows: int, mode: str, n: int = 72, k: int | None = N
 ROPE_SHAPES = [(4, 2, 16, False), (16, 8, 128, False), (4, 2, 32, True)]
 
 
-def rope_case(dtype: str, heads: int, kv_heads: int, d: int, mrope: bool, norm: bool) -> KernelCase:
+def rope_case(dtype: str, heads: int, kv_heads: int, d: int, mrope: bool, norm: bool,
+              warps: int | None = None) -> KernelCase:  # fmt: skip
+    """``warps``: heads a block (default the engine's): 3 for 8 heads leaves the last block 2."""
     at = np.dtype(dtype)
     rng = np.random.default_rng(d)
     t = 7
@@ -104,7 +106,7 @@ def rope_case(dtype: str, heads: int, kv_heads: int, d: int, mrope: bool, norm: 
     buffers = {"qkv": qkv, "pos": pos, "inv": inv, "axis": axis, "qn": qn, "kn": kn,
                **{name: np.zeros((t, h * d), at)
                   for name, h in (("q", heads), ("k", kv_heads), ("v", kv_heads))}}  # fmt: skip
-    warps = min(8, heads + 2 * kv_heads)
+    grid, block, shared = dc.rope_launch(t, heads + 2 * kv_heads, d, warps)
     args = [buf("qkv"), buf("pos"), ("i32", t), buf("qn" if norm else None),
             buf("kn" if norm else None), ("f32", 1e-6), buf("inv"),
             buf("axis" if mrope else None), buf("q"), buf("k"), buf("v"), ("i32", heads),
@@ -122,8 +124,8 @@ def rope_case(dtype: str, heads: int, kv_heads: int, d: int, mrope: bool, norm: 
             assert err <= tol * max(1, np.abs(ref).max()), name
 
     name = f"rope-{dtype}-{heads}x{d}-{'mrope' if mrope else '1d'}-{'norm' if norm else 'plain'}"
-    return KernelCase(name, buffers, [Launch("qk_rope", (t,), 32 * warps, args, warps * d * 4)],
-                      check)  # fmt: skip
+    name += f"-w{warps}" if warps else ""
+    return KernelCase(name, buffers, [Launch("qk_rope", grid, block, args, shared)], check)
 
 
 def topk_case(rows: int, vocab: int, k: int, flat: bool = False) -> KernelCase:
@@ -210,6 +212,8 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
               for mode in ("norm", "swiglu", "half_input", "residual")
               for warps in (None, 2)]  # fmt: skip
     cases += [rope_case(dtype, *shape, norm) for shape in ROPE_SHAPES for norm in (True, False)]
+    cases += [rope_case(dtype, 4, 2, 16, False, True, warps=3),
+              rope_case(dtype, 4, 2, 32, True, True, warps=2)]
     cases += [topk_case(*t) for t in topk]
     cases += [topk_case(2, dc.TOPK_CHUNK + 5, 8), topk_case(1, 5000, 64, flat=True)]
     return [*cases, cast_case(dtype), rms_rows_case()]

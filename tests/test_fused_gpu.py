@@ -2,7 +2,9 @@
 against its numpy reference, the engine against tests/fused_reference.py's reference of its
 calls, and fused builds against ONNX Runtime's CUDA builds of the same tiny checkpoints (greedy
 tokens and codes identical in float32; float16 at least as close to float32 as ONNX Runtime's
-float16 build is). Skipped, with the reason, where cuda-python, NVRTC or a GPU is missing."""
+float16 build is). Skipped, with the reason, where cuda-python, NVRTC or a GPU is missing.
+With EDGEOMNI_GPU_PREBUILT=DIR the builds are DIR's (tests/prebuild_fused_gpu.py), for a GPU
+machine whose torch cannot export the tiny checkpoints."""
 
 from __future__ import annotations
 

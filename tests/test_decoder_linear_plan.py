@@ -1,0 +1,61 @@
+"""plugins/decoder_linear_cuda.py's choice of kernel, grid and block: what keeps a row's sums
+in one order whatever the batch, and the calls it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgeomni.plugins import decoder_cuda as dc
+from edgeomni.plugins import decoder_linear_cuda as lc
+
+
+@pytest.mark.parametrize("weights", ["float16", "float32"])
+def test_the_split_of_k_depends_on_k_alone(weights) -> None:
+    """Within one family (SIMT below 8 rows, tensor cores from 8 with float16 weights) the
+    warps splitting K, hence the order a row's partial sums are added in, are the same at
+    every batch size; float32 weights stay SIMT at any size."""
+    for k, n in ((1024, 4096), (3072, 1024), (136, 72)):
+        simt = {lc.linear_launch(weights, rows, k, n).block for rows in range(1, 8)}
+        assert len(simt) == 1
+        wide = {lc.linear_launch(weights, rows, k, n) for rows in (8, 17, 32, 40, 300)}
+        assert len({p.block for p in wide}) == 1
+        mma = all(p.name.startswith("linear_m") for p in wide)
+        assert mma == (weights == "float16")
+    assert lc.linear_launch("float16", 1, 1024, 4096).block == 32 * 4  # 4 passes of 256
+
+
+def test_grids_cover_every_row_and_column() -> None:
+    plan = lc.linear_launch("float16", 40, 1024, 75)  # tensor cores: 16 columns, 32 rows a block
+    assert plan.grid == (5, 2) and plan.name == "linear_mf32"
+    plan = lc.linear_launch("float16", 3, 1024, 75, swiglu=True)  # SIMT R=4: 4 columns a block
+    assert plan.grid == (19, 1) and plan.name == "linear_f4s"
+    plan = lc.linear_launch("float32", 20, 64, 10, swiglu=True)  # SIMT R=16 SwiGLU: 1 column
+    assert plan.grid == (10, 2) and plan.name == "linear_f16s"
+
+
+def test_every_planned_kernel_is_in_the_source() -> None:
+    source = {w: dc.Variant(w, w).source() for w in ("float16", "float32")}
+    for w, src in source.items():
+        for rows in (1, 2, 3, 5, 8, 16, 17, 32, 33):
+            for half_input, swiglu in ((False, False), (False, True), (True, False)):
+                name = lc.linear_launch(w, rows, 1024, 64, half_input=half_input,
+                                        swiglu=swiglu).name  # fmt: skip
+                assert f" {name})" in src, (w, name)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("float16", 1, 1020, 8), "not a multiple of 8"),
+    (("float32", 1, 1022, 8), "not a multiple of 4"),
+])  # fmt: skip
+def test_a_k_the_kernels_cannot_read_is_refused(args, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        lc.linear_launch(*args)
+
+
+def test_no_swiglu_over_float16_input_and_no_split_beyond_eight_warps() -> None:
+    with pytest.raises(ValueError, match="SwiGLU"):
+        lc.linear_launch("float16", 1, 1024, 64, half_input=True, swiglu=True)
+    with pytest.raises(ValueError, match="warps"):
+        lc.linear_launch("float16", 1, 1024, 64, warps=9)
+    with pytest.raises(ValueError, match="warps"):
+        lc.linear_launch("float16", 9, 1024, 64, warps=9)
