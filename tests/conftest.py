@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import signal
 import tempfile
@@ -232,3 +233,10 @@ def trained_qwen3(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
     ids = ppl.heldout_ids(ppl.N_WINDOWS, ppl.WINDOW)
     scores = ppl.engine_perplexity(engine_dir, ids, ppl.WINDOW, ppl.BATCH, keep_logprobs=True)
     return ppl.Baseline(ppl.CKPT, engine_dir, ids, scores)
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """edge-build's log, from INFO (tests/test_build_faults.py, tests/test_build_swap.py)."""
+    caplog.set_level(logging.INFO, logger="edge-build")
+    return caplog

@@ -10,33 +10,24 @@ Qwen3 in a subprocess and signal them while they export.
 from __future__ import annotations
 
 import errno
-import fcntl
-import getpass
 import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import build_fault_cases as c
 import pytest
+from build_checks import manifest_matches, snapshot
 
-from edgeomni.builder import cli, interrupts, manifest
+from edgeomni.builder import cli, manifest
 from edgeomni.builder.build import GRAPH_FILE
-from edgeomni.builder.errors import BuildError
-from edgeomni.builder.workspace import clean_stale, workspace
 from edgeomni.export import tiny, tiny_tts
 
 MANIFEST = manifest.MANIFEST
 SIZES = ("--max-batch-size", "2", "--max-input-len", "32", "--max-kv-cache-capacity", "64")
-# what torch and onnxruntime leave in TMPDIR on every run (a cache dir, a session id file)
-LIBRARY_TMP = {f"torchinductor_{getpass.getuser()}", ".ses"}
 
 
 @dataclass
@@ -80,27 +71,6 @@ class Fault:
     command: Callable[[list[str]], int] = cli.main  # edge-build, or another writer of files
 
 
-def snapshot(root: Path, changes: tuple[str, ...] = ()) -> dict[str, object]:
-    """Every path under root with its bytes (or link target), but those under `changes`."""
-    out: dict[str, object] = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if any(rel == c or rel.startswith(c + "/") for c in changes):
-            continue
-        if path.is_symlink():
-            out[rel] = f"-> {os.readlink(path)}"
-        else:
-            out[rel] = path.read_bytes() if path.is_file() else "dir"
-    return out
-
-
-def manifest_matches(eng: Path) -> None:
-    """The manifest lists exactly the files in eng, with their sizes and digests."""
-    files = manifest.read(eng)
-    assert files is not None
-    on_disk = {p.relative_to(eng).as_posix() for p in eng.rglob("*") if p.is_file()}
-    assert set(files) == on_disk - {MANIFEST}
-    assert manifest.changed(eng, files) == [] and manifest.foreign(eng, files) == []
 
 
 # ---- setups: each builds a situation under env.tmp and returns the command line
@@ -610,194 +580,3 @@ def test_big_files_are_checked_by_size_only(tmp_path: Path, monkeypatch) -> None
     (tmp_path / "sub" / "mine.txt").write_text("x")
     assert manifest.changed(tmp_path, files) == ["config.json"]
     assert manifest.foreign(tmp_path, files) == ["sub/mine.txt"]
-
-
-# ---- stale workspaces, the second check and the held swap (no build: fast)
-
-
-def stale(eng: Path, pid: int = 999_999_999) -> Path:
-    ws = eng.parent / f".{eng.name}.edge-build-{pid}"
-    (ws / "staging").mkdir(parents=True)
-    (ws / "lock").touch()
-    return ws
-
-
-@pytest.fixture
-def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    caplog.set_level(logging.INFO, logger="edge-build")
-    return caplog
-
-
-def test_split_swap_is_undone(qwen3_engine: Path, tmp_path: Path, logs) -> None:
-    """Killed between the swap's two renames: the engine dir is gone, its build in previous/."""
-    eng = tmp_path / "eng"
-    ws = stale(eng)
-    shutil.copytree(qwen3_engine, ws / "previous")
-    clean_stale(eng)
-    assert snapshot(eng) == snapshot(qwen3_engine)
-    assert os.listdir(tmp_path) == ["eng"]
-    assert f"removed {ws}, left by a build that did not finish; put its previous build" in logs.text
-
-
-def test_stale_after_the_swap_is_removed(qwen3_engine: Path, tmp_path: Path, logs) -> None:
-    eng = shutil.copytree(qwen3_engine, tmp_path / "eng")
-    ws = stale(eng)
-    shutil.rmtree(ws / "staging")  # renamed to eng: the swap was done
-    shutil.copytree(qwen3_engine, ws / "previous")
-    clean_stale(eng)
-    assert os.listdir(tmp_path) == ["eng"] and snapshot(eng) == snapshot(qwen3_engine)
-
-
-def test_split_swap_with_a_new_engine_dir_keeps_the_previous_build(
-    qwen3_engine: Path, tmp_path: Path, logs
-) -> None:
-    eng = tmp_path / "eng"
-    ws = stale(eng)
-    shutil.copytree(qwen3_engine, ws / "previous")
-    eng.mkdir()  # someone made it again
-    clean_stale(eng)
-    assert snapshot(ws / "previous") == snapshot(qwen3_engine)
-    assert "exists again: kept it" in logs.text
-
-
-def test_live_workspaces_are_left_alone(tmp_path: Path, logs) -> None:
-    eng = tmp_path / "eng"
-    held = stale(eng, 1)
-    lock = os.open(held / "lock", os.O_RDWR)
-    fcntl.flock(lock, fcntl.LOCK_EX)  # a build that runs
-    making = stale(eng, os.getpid())
-    (making / "lock").unlink()  # a build making its workspace right now: no lock file yet
-    old = tmp_path / ".eng.partial-k2j4h5l6"  # the previous edge-build's staging dir
-    old.mkdir()
-    try:
-        before = snapshot(tmp_path)
-        clean_stale(eng)
-        assert snapshot(tmp_path) == before
-    finally:
-        os.close(lock)
-    assert f"{old} was left by an older edge-build; remove it if no edge-build is running" in (
-        logs.text
-    )
-    assert "removed" not in logs.text
-
-
-def test_files_added_during_the_build_stop_the_swap(qwen3_engine: Path, tmp_path: Path) -> None:
-    eng = shutil.copytree(qwen3_engine, tmp_path / "eng")
-    with pytest.raises(BuildError, match="did not write: predictions.json"), workspace(eng) as ws:
-        (ws.staging / "llm.onnx").write_text("new")
-        (eng / "predictions.json").write_text("[]")  # while the build ran
-        ws.commit()
-    (eng / "predictions.json").unlink()
-    assert snapshot(eng) == snapshot(qwen3_engine) and os.listdir(tmp_path) == ["eng"]
-
-
-def test_a_signal_cannot_split_the_swap(qwen3_engine: Path, tmp_path: Path, monkeypatch, logs):
-    from edgeomni.builder import workspace as ws_module
-
-    eng = shutil.copytree(qwen3_engine, tmp_path / "eng")
-    rename = os.rename
-
-    def rename_then_signal(src: Path, dst: Path) -> None:
-        rename(src, dst)
-        os.kill(os.getpid(), signal.SIGTERM)  # between the two renames
-
-    monkeypatch.setattr(ws_module.os, "rename", rename_then_signal)
-    with interrupts.raised(), workspace(eng) as ws:
-        (ws.staging / "new.txt").write_text("the new build")
-        ws.commit()
-        assert interrupts.taken() is None
-    assert os.listdir(eng) == ["new.txt"] and os.listdir(tmp_path) == ["eng"]
-    assert "interrupted while the new build was being put in place; it is in place" in logs.text
-
-
-def test_a_second_signal_cannot_cut_the_cleanup_short(tmp_path: Path, monkeypatch) -> None:
-    from edgeomni.builder import workspace as ws_module
-
-    eng = tmp_path / "eng"
-    remove = ws_module.remove_workspace
-
-    def signal_then_remove(path: Path, engine_dir: Path) -> bool | None:
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the SIGTERM's cleanup runs
-        return remove(path, engine_dir)
-
-    monkeypatch.setattr(ws_module, "remove_workspace", signal_then_remove)
-    handlers = {sig: signal.getsignal(sig) for sig in interrupts.STOP}
-    try:
-        with pytest.raises(interrupts.Terminated), interrupts.raised(), workspace(eng):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)  # the handler raises before this ends
-        assert os.listdir(tmp_path) == []  # the workspace went all the same
-        # the exiting process now ignores both, so no late signal changes its exit status
-        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-
-
-def test_help_tells_the_exit_statuses(capsys) -> None:
-    with pytest.raises(SystemExit):
-        cli.main(["--help"])
-    out = " ".join(capsys.readouterr().out.split())
-    assert "130 (SIGINT) or 143 (SIGTERM) interrupted, ENG left as it was" in out
-    assert "1 internal error (one line; -v shows the traceback) or a system error" in out
-    assert "kept as multistage_config.json.orig" in out and "edgeomni_manifest.json" in out
-
-
-# ---- real builds, interrupted (subprocess)
-
-
-def start(ckpt: Path, eng: Path, tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
-    """edge-build in a subprocess, its TMPDIR and stderr under tmp; returns once it exports."""
-    tmpdir, log = tmp / "tmpdir", tmp / "stderr.txt"
-    tmpdir.mkdir()
-    cmd = [sys.executable, "-m", "edgeomni.builder.cli",
-           "--model-dir", str(ckpt), "--engine-dir", str(eng), *SIZES]  # fmt: skip
-    with log.open("w") as err:
-        proc = subprocess.Popen(cmd, stderr=err, env={**os.environ, "TMPDIR": str(tmpdir)})
-    ws = eng.parent / f".{eng.name}.edge-build-{proc.pid}"
-    deadline = time.monotonic() + 120
-    while not (ws.is_dir() and "export llm to ONNX ..." in log.read_text()):
-        assert proc.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, "the build never started its export"
-        time.sleep(0.05)
-    return proc, tmpdir, log
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("sig", "code"),
-    [
-        pytest.param(signal.SIGINT, 130, id="SIGINT"),
-        pytest.param(signal.SIGTERM, 143, id="SIGTERM"),
-    ],
-)
-def test_interrupted_build_leaves_nothing(
-    qwen3_ckpt: Path, qwen3_engine: Path, tmp_path: Path, sig: int, code: int
-) -> None:
-    eng = shutil.copytree(qwen3_engine, tmp_path / "out" / "eng")
-    before = snapshot(eng)
-    proc, tmpdir, log = start(qwen3_ckpt, eng, tmp_path)
-    proc.send_signal(sig)
-    # its stderr on failure: once (CI, 2026-12-02) SIGINT killed it outright (status -2)
-    assert proc.wait(timeout=60) == code, log.read_text()[-2000:]
-    lines = log.read_text().splitlines()
-    after = lines[lines.index("edge-build: export llm to ONNX ...") + 1 :]
-    assert after == [f"edge-build: interrupted; {eng} was left as it was"]
-    assert "Traceback" not in log.read_text()
-    assert os.listdir(eng.parent) == ["eng"] and snapshot(eng) == before
-    assert not set(os.listdir(tmpdir)) - LIBRARY_TMP
-
-
-@pytest.mark.slow
-def test_killed_build_is_cleaned_by_the_next(
-    qwen3_ckpt: Path, qwen3_engine: Path, tmp_path: Path, logs
-) -> None:
-    eng = shutil.copytree(qwen3_engine, tmp_path / "out" / "eng")
-    proc, _, _ = start(qwen3_ckpt, eng, tmp_path)
-    proc.kill()
-    proc.wait(timeout=60)
-    (ws,) = [p for p in eng.parent.iterdir() if p.name != "eng"]
-    assert cli.main(["--model-dir", str(qwen3_ckpt), "--engine-dir", str(eng), *SIZES]) == OK
-    assert f"removed {ws}, left by a build that did not finish" in logs.text
-    assert os.listdir(eng.parent) == ["eng"]
-    manifest_matches(eng)

@@ -8,7 +8,6 @@ session's tiny builds, drop their graph, rearrange them as such tools would, and
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,12 +44,6 @@ def run_cli(capsys, *argv: str) -> tuple[int, str]:
 
 def graph_json(eng: Path) -> dict:
     return json.loads((eng / GRAPH_FILE).read_text())
-
-
-@pytest.fixture
-def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    caplog.set_level(logging.INFO, logger="edge-build")
-    return caplog
 
 
 # ---- discovery rules, on empty files (no checkpoint needed)
