@@ -34,8 +34,6 @@ MAX_WARPS = 8  # warps splitting K in a ``linear`` block
 
 
 def linear_name(rows: int, half_input: bool, swiglu: bool = False) -> str:
-    if half_input and swiglu:
-        raise ValueError("linear: no SwiGLU variant takes float16 input")
     return f"linear_{'h' if half_input else 'f'}{rows}{'s' if swiglu else ''}"
 
 
@@ -44,11 +42,12 @@ def linear_columns(rows: int, swiglu: bool) -> int:
     return 1 if swiglu and rows == 16 else COLUMNS[rows]
 
 
-def linear_warps(k: int, weights: str) -> int:
-    """Warps splitting K = ``k`` in a ``linear`` block: a pass of 32 lanes x 16 bytes each, up
-    to MAX_WARPS passes at once. A function of K and the weights' type only, so that a row's
-    sums are added in the same order whatever the rows beside it (batch invariance)."""
-    per_pass = 32 * (8 if weights == "float16" else 4)
+def linear_warps(k: int, weights: str, mma: bool = False) -> int:
+    """Warps splitting K = ``k`` in a ``linear`` block: a pass (32 lanes x 16 bytes; a tensor
+    core step: 32 columns) each, up to MAX_WARPS. A function of K, the weights' type and the
+    family only, so that a row's sums are added in the same order whatever the rows beside it
+    (batch invariance within a family)."""
+    per_pass = 32 if mma else 32 * (8 if weights == "float16" else 4)
     return max(1, min(MAX_WARPS, -(-k // per_pass)))
 
 
@@ -79,17 +78,15 @@ def linear_launch(
     wvec = 8 if weights == "float16" else 4
     if k % wvec:
         raise ValueError(f"linear: K = {k} is not a multiple of {wvec} ({weights})")
-    if linear_uses_mma(weights, rows):
+    mma = linear_uses_mma(weights, rows)
+    kw = warps or linear_warps(k, weights, mma)
+    if not 1 <= kw <= MAX_WARPS:
+        raise ValueError(f"linear: {kw} warps; 1 to {MAX_WARPS}")
+    if mma:
         r = next((r for r in MMA_ROWS if r >= rows), MMA_ROWS[-1])
-        kw = warps or max(1, min(MAX_WARPS, -(-k // 32)))
-        if not 1 <= kw <= MAX_WARPS:
-            raise ValueError(f"linear: {kw} warps; 1 to {MAX_WARPS}")
         name = f"linear_m{'h' if half_input else 'f'}{r}{'s' if swiglu else ''}"
         return LinearLaunch(name, (-(-n // 16), -(-rows // r)), 32 * kw)
     r = rows_variant(rows)
-    kw = warps or linear_warps(k, weights)
-    if not 1 <= kw <= MAX_WARPS:
-        raise ValueError(f"linear: {kw} warps; 1 to {MAX_WARPS}")
     cols = linear_columns(r, swiglu)
     return LinearLaunch(linear_name(r, half_input, swiglu), (-(-n // cols), -(-rows // r)),
                         32 * kw)  # fmt: skip

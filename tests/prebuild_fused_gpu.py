@@ -14,6 +14,11 @@ from pathlib import Path
 OMNI_PARTS = ["llm", "talker", "code_predictor", "code2wav"]
 
 
+def engine_key(model: str, backend: str, dtype: str) -> str:
+    """The folder under DIR of one build, as tests/test_fused_gpu.py looks it up."""
+    return f"{model}-{backend}-{dtype}"
+
+
 def main(out: Path) -> None:
     from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
@@ -30,7 +35,7 @@ def main(out: Path) -> None:
     for model, (ckpt, parts, dtypes) in models.items():
         for dtype in dtypes:
             for backend in ("fused", "onnxruntime"):
-                engine = out / f"{model}-{backend}-{dtype}"
+                engine = out / engine_key(model, backend, dtype)
                 args = BuildArgs(3, 64, 128, backend=backend, device="cuda", dtype=dtype)
                 if build(ckpt, engine, args, parts) is None:
                     raise SystemExit(f"building {engine.name} failed")

@@ -20,6 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import fused_kernel_cases as cases  # noqa: E402
 from fused_reference import FusedReference  # noqa: E402
+from prebuild_fused_gpu import OMNI_PARTS, engine_key  # noqa: E402
 
 
 def _reason() -> str | None:
@@ -106,7 +107,6 @@ def test_kernel_matches_its_reference(kernels, index) -> None:
 # exports the tiny checkpoints), named by the keys below: the GPU machine's image may carry a
 # torch that cannot (on the H200 image, torch 2.11's export failed on them under pytest).
 PREBUILT = os.environ.get("EDGEOMNI_GPU_PREBUILT")
-OMNI_PARTS = ["llm", "talker", "code_predictor", "code2wav"]
 
 
 def _build(ckpt: Path | None, folder: Path, dtype: str, backend: str, components, key: str):
@@ -124,12 +124,13 @@ def _build(ckpt: Path | None, folder: Path, dtype: str, backend: str, components
 
 def fused_build(ckpt: Path | None, folder: Path, dtype: str, components=None, *,
                 model: str = "qwen3") -> Path:  # fmt: skip
-    return _build(ckpt, folder, dtype, "fused", components, f"{model}-fused-{dtype}")
+    return _build(ckpt, folder, dtype, "fused", components, engine_key(model, "fused", dtype))
 
 
 def cuda_build(ckpt: Path | None, folder: Path, dtype: str, components=None, *,
                model: str = "qwen3") -> Path:  # fmt: skip
-    return _build(ckpt, folder, dtype, "onnxruntime", components, f"{model}-onnxruntime-{dtype}")
+    key = engine_key(model, "onnxruntime", dtype)
+    return _build(ckpt, folder, dtype, "onnxruntime", components, key)
 
 
 def tts_checkpoint(folder: Path) -> Path | None:
