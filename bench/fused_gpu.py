@@ -3,9 +3,12 @@ CUDA provider, the same random float16 weights in one process, at real dimension
 
 Two decoders: Qwen3-0.6B (28 layers, decode at a context of ~64) and Qwen3-TTS 0.6B's code
 predictor (5 layers, 15 heads; a frame is 15 one-token steps, each with its own head). Both
-engines run through the runtime's DecoderSession with CUDA graphs (what a stage runs), fed host
-embeddings each step; the figure is wall time per call after warm-up (host work included, the
-sampling of the next token not). The fused engine is timed with programmatic dependent launch
+engines run through the runtime's DecoderSession with CUDA graphs (what a stage runs). An LLM
+step is fed host embeddings and waited for; the sampling of the next token is not timed. The
+code predictor is built with its in-engine sampler, as a cuda build is: a frame's steps are
+queued back to back as runtime/speech/code_predictor.py queues them (each step fed the embedding
+of the code the one before drew, on the device; the drawn codes copied aside) and the host
+waits once, at the end of the frame. The figure is wall time per unit after warm-up. The fused engine is timed with programmatic dependent launch
 (its default on sm_90+) and again without. The HBM bound is the bytes a step must read (weights, the KV
 cache) over the measured device copy bandwidth. Run it on the GPU machine:
 
@@ -32,7 +35,7 @@ DECODERS = {
                     "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936}, 64, 1),
     "code_predictor": ({"hidden_size": 1024, "num_layers": 5, "num_heads": 16, "num_kv_heads": 8,
                         "head_dim": 128, "intermediate_size": 3072, "vocab_size": 2048,
-                        "lm_heads": 15}, 2, 15),
+                        "lm_heads": 15, "sampler": True}, 2, 15),
 }  # fmt: skip
 
 
@@ -63,6 +66,8 @@ def build(name: str, work: Path) -> tuple[Path, Path, dict]:
     from edgeomni.export.family import BuildArgs
 
     fields, _, _ = DECODERS[name]
+    fields = dict(fields)
+    sampler = fields.pop("sampler", False)
     cfg = DecoderConfig(rms_norm_eps=1e-6, rope_theta=1e6, **fields)
     torch.manual_seed(0)
     module = CausalLM(cfg).eval()
@@ -72,8 +77,13 @@ def build(name: str, work: Path) -> tuple[Path, Path, dict]:
     reference = copy.deepcopy(module)  # float32, for the logits both backends should give
     module = module.half()
     raw = work / name / "raw" / "model.onnx"
+    tables = None
+    if sampler:  # each head's code embeddings (the next step's input), float16 as the module
+        tables = torch.randn(cfg.lm_heads, cfg.vocab_size, cfg.hidden_size).half()
     with keeping_decoders() as kept:
-        export_causal_lm(module, raw, logits_topk=64, float32_embeds=True)
+        # a sampler's embeddings feed the next call: its inputs stay float16, as in a build
+        export_causal_lm(module, raw, logits_topk=64, float32_embeds=not sampler,
+                         sampler_tables=tables)  # fmt: skip
     args = BuildArgs(32, 64, 512, device="cuda", dtype="float16")
     ort = work / name / "ort" / "model.onnx"
     ort.parent.mkdir(parents=True, exist_ok=True)
@@ -132,26 +142,43 @@ def time_calls(engine, meta: dict, batch: int, steps: int) -> tuple[float, np.nd
     name = meta["name"]
     _, context, per_unit = DECODERS[name]
     kv = KVCache.for_decoder(meta, batch, 512, engine)
-    session = DecoderSession(engine, kv, batch, {"logits": (meta["vocab_size"],)})
+    outputs = {"logits": (meta["vocab_size"],)}
+    draws = "sampled_ids" in engine.output_names
+    if draws:
+        outputs.update(sampled_ids=(), sampled_embeds=(meta["hidden_size"],))
+    session = DecoderSession(engine, kv, batch, outputs)
     heads = "lm_head_index" in engine.input_names
-    x, step_x = inputs(meta, batch)
+    x, step_x = (a.astype(engine.input_types["inputs_embeds"]) for a in inputs(meta, batch))
+    memory = engine.buffers
+    # greedy, as the engine takes it: top-k 1 at temperature 1, uniform 0 (host arrays, uploaded
+    # once: they do not change)
+    greedy = {"sample_uniform": np.zeros(batch), "sample_temperature": np.ones(1),
+              "sample_top_k": np.ones(1, np.int64), "sample_top_p": np.ones(1)} if draws else {}
+    drawn = memory.zeros((per_unit, batch), np.int64) if draws else None
     zero, n = np.zeros(batch, np.int32), np.full(batch, context, np.int32)
     extra = {"lm_head_index": np.zeros(1, np.int64)} if heads else {}
-    session.run(x, text_positions(zero, context, False), zero, n, n - 1, **extra)
+    session.run(x, text_positions(zero, context, False), zero, n, n - 1, **extra, **greedy)
     one = np.ones(batch, np.int32)
 
-    def unit(past: int) -> np.ndarray:
-        first = None
+    def unit(past: int, first: bool = False) -> np.ndarray | None:
+        """A unit's calls; with ``first``, the first call's logits (read after it)."""
+        logits, x = None, step_x
         for j in range(per_unit):
             p = np.full(batch, past + j, np.int32)
             feeds = {"lm_head_index": np.array([j], np.int64)} if heads else {}
-            out = session.run(step_x, text_positions(p, 1, False), p, one,
-                              np.zeros(batch, np.int64), tag=j, **feeds)  # fmt: skip
-            if first is None:
-                first = np.array(out["logits"], np.float32)
-        return first
+            out = session.run(x, text_positions(p, 1, False), p, one, np.zeros(batch, np.int64),
+                              tag=j, wait=not draws, **feeds, **greedy)  # fmt: skip
+            if first and j == 0:
+                logits = np.array(out["logits"], np.float32)
+            if draws:  # the next step's input where the engine left it; the code set aside
+                memory.copy_into(memory.view(memory.rows(drawn, 1, j), (batch,)),
+                                 out.buffer("sampled_ids"))  # fmt: skip
+                x = memory.view(out.buffer("sampled_embeds"), (batch, 1, meta["hidden_size"]))
+        if draws:
+            memory.to_host(drawn)  # the frame's codes: the one wait
+        return logits
 
-    logits = unit(context)  # captures the graphs
+    logits = unit(context, first=True)  # captures the graphs
     start = time.perf_counter()
     for _ in range(steps):
         unit(context)  # the same positions: each unit overwrites the last's cache slots

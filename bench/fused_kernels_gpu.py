@@ -9,7 +9,8 @@ two CUDA events around its replay (a launch's device-side gap is in the figure, 
 the engine's graphs), once plainly and once as programmatic dependent launches (``overlap``: each
 launch may start while the one before runs, as the engine queues them on sm_90+); each linear
 is timed again at every split of K over 1 to 8 warps. The step estimate is 28 layers of the
-per-layer kernels plus the head and the top-K.
+per-layer kernels plus the head and the top-K. The code predictor's tail (a top 64 of 2048 codes
+and the in-engine draw, one kernel) is timed for the record, outside the estimate.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 H, HEADS, KV, D, INTER, VOCAB, LAYERS = 1024, 16, 8, 128, 3072, 151936, 28
+CP_VOCAB = 2048  # Qwen3-TTS's code predictor: its top-K and draw, timed for the record
 
 
 def main() -> int:
@@ -105,12 +107,25 @@ def main() -> int:
         chunks = -(-VOCAB // dc.TOPK_CHUNK)
         cand_v, cand_i = dev((batch, chunks * 64), np.float32), dev((batch, chunks * 64), np.int32)
         top_v, top_i = dev((batch, 64), np.float32), dev((batch, 64), np.int64)
+        top_h, logits_h = dev((batch, 64), np.float16), dev((batch, CP_VOCAB), np.float16)
+        no_draw = [ptr(None)] * 6 + [i32(0), ptr(None), ptr(None)]
+        scalars = {"u": (np.full(batch, 0.5), np.float64), "t": (np.ones(1), np.float64),
+                   "k": (np.full(1, 50), np.int64), "p": (np.full(1, 0.8), np.float64),
+                   "head": (np.zeros(1), np.int64)}  # fmt: skip
+        held = {}
+        for key, (value, dtype) in scalars.items():
+            held[key] = DeviceArray.zeros(value.shape, dtype)
+            held[key].upload(value.astype(dtype))
+        tables = dev((CP_VOCAB, H), np.float16, 1.0)
+        drawn, embeds = dev((batch,), np.int64), dev((batch, H), np.float16)
+        draw = [*(ptr(held[key].ptr) for key in scalars), ptr(tables.ptr), i32(H),
+                ptr(drawn.ptr), ptr(embeds.ptr)]
 
-        def linear(x, w, out, kk, n, *, normed=False, swiglu=False, resid=False, half_x=False,
-                   rows=t, rowmap=None):  # noqa: ANN001, ANN202
+        def linear(x, w, out, kk, n, *, normed=False, swiglu=False, store=lc.STORE_SET,
+                   half_x=False, rows=t, rowmap=None):  # noqa: ANN001, ANN202
             a = [ptr(x.ptr), ptr(rowmap.ptr if rowmap else None), i32(1),
                  ptr(norm.ptr if normed else None), f32(1e-6), ptr(w.ptr), i64(0), ptr(None),
-                 ptr(None), ptr(out.ptr), i32(rows), i32(kk), i32(n), i32(resid)]
+                 ptr(None), ptr(out.ptr), i32(rows), i32(kk), i32(n), i32(store)]
 
             def run(warps: int | None = None, overlap: bool = False) -> None:
                 plan = lc.linear_launch("float16", rows, kk, n, half_input=half_x,
@@ -123,6 +138,7 @@ def main() -> int:
                 "float16", rows, kk, n, half_input=half_x, swiglu=swiglu).block // 32
             return run
 
+        mma = lc.linear_uses_mma("float16", t)
         rope = dc.rope_launch(t, HEADS + 2 * KV, D)
         rope_args = [ptr(qkv.ptr), ptr(pos.ptr), i32(t), ptr(qn.ptr), ptr(qn.ptr), f32(1e-6),
                      ptr(inv.ptr), ptr(None), ptr(q.ptr), ptr(k.ptr), ptr(v.ptr), i32(HEADS),
@@ -137,22 +153,32 @@ def main() -> int:
                 q.ptr, k.ptr, v.ptr, cache_k.ptr, cache_v.ptr, past.ptr, ones.ptr, attn.ptr,
                 batch=batch, seq=1, capacity=4096, stream=cu_stream, overlap=overlap),
                 2 * batch * KV * (args.context + 1) * D * 2),
-            "o (+residual)": (linear(attn, weights["o"], h, HEADS * D, H, resid=True,
+            "o (+residual)": (linear(attn, weights["o"], h, HEADS * D, H, store=lc.STORE_ADD,
                                      half_x=True), H * HEADS * D * 2),
+            # as the engine runs them: SwiGLU's output in float16 where down is on tensor cores
             "gate_up (norm, SwiGLU)": (linear(h, weights["gate_up"], act, H, INTER, normed=True,
-                                              swiglu=True), 2 * INTER * H * 2),
-            "down (+residual)": (linear(act, weights["down"], h, INTER, H, resid=True),
-                                 H * INTER * 2),
+                                              swiglu=True,
+                                              store=lc.STORE_HALF if mma else lc.STORE_SET),
+                                       2 * INTER * H * 2),
+            "down (+residual)": (linear(act, weights["down"], h, INTER, H, store=lc.STORE_ADD,
+                                        half_x=mma), H * INTER * 2),
             "lm_head (norm fused)": (linear(h, weights["lm_head"], logits, H, VOCAB, normed=True,
                                             rows=batch, rowmap=last), VOCAB * H * 2),
             "topk (2 kernels)": (lambda overlap=False: (
                 kernels.launch("topk_chunks", (chunks, batch), 512,
-                               [ptr(logits.ptr), ptr(None), i32(VOCAB), i32(64), ptr(cand_v.ptr),
-                                ptr(cand_i.ptr)], stream=cu_stream, overlap=overlap),
+                               [ptr(logits.ptr), ptr(None), i32(VOCAB), i32(64), ptr(None),
+                                ptr(cand_v.ptr), ptr(cand_i.ptr)], stream=cu_stream,
+                               overlap=overlap),
                 kernels.launch("topk_merge", (batch,), 512,
                                [ptr(cand_v.ptr), ptr(cand_i.ptr), i32(chunks * 64), i32(64),
-                                ptr(top_v.ptr), ptr(top_i.ptr)], stream=cu_stream,
-                               overlap=overlap)), 0),
+                                ptr(top_v.ptr), ptr(top_i.ptr), ptr(None), i32(VOCAB),
+                                *no_draw], stream=cu_stream, overlap=overlap)), 0),
+            # the code predictor's tail: a top 64 of 2048 codes, float16 copies, the draw
+            "topk_one + draw (V 2048)": (lambda overlap=False: kernels.launch(
+                "topk_one", (1, batch), 512,
+                [ptr(logits.ptr), ptr(None), i32(CP_VOCAB), i32(64), ptr(logits_h.ptr),
+                 ptr(top_v.ptr), ptr(top_i.ptr), ptr(top_h.ptr), *draw], stream=cu_stream,
+                overlap=overlap), 0),
         }  # fmt: skip
         per_layer = ("qkv (norm fused)", "qk_rope", "attention", "o (+residual)",
                      "gate_up (norm, SwiGLU)", "down (+residual)")  # fmt: skip
@@ -162,7 +188,8 @@ def main() -> int:
             for overlap in (False, True):
                 go = lambda launch=launch, overlap=overlap: launch(overlap=overlap)  # noqa: E731
                 ms = timed(go)
-                step[overlap] += ms * times
+                if not name.startswith("topk_one"):
+                    step[overlap] += ms * times
                 row = {"batch": batch, "kernel": name, "overlap": overlap,
                        "us": round(ms * 1e3, 2),
                        "gb_s": round(nbytes / (ms * 1e-3) / 1e9, 1) if nbytes else None,

@@ -1,11 +1,12 @@
 """edge-build --backend fused: dense decoders laid out for edgeomni's CUDA kernels, the other
 components built with ONNX Runtime for the CUDA provider.
 
-A decoder (export/common/decoder.py's CausalLM) whose every layer has a dense MLP, and which
-draws no tokens in the engine, becomes ``<component>.fused.safetensors``: the tensors
+A decoder (export/common/decoder.py's CausalLM) whose every layer has a dense MLP becomes
+``<component>.fused.safetensors``: the tensors
 runtime/fused_engine.py reads, taken from the same module the ONNX export traced (so the
 family's weight mapping is the one the ONNX build uses), and a ``fused`` table of dimensions in
-its config.json. Everything else (encoders, the vocoder, mixture-of-experts decoders) is built
+its config.json. A decoder that draws its tokens in the engine (the code predictor on cuda,
+export/common/sampler.py) also gets its sampler's embedding tables. Everything else (encoders, the vocoder, mixture-of-experts decoders) is built
 as ``--backend onnxruntime --device cuda`` builds it; the log says which backend each component
 got, and each config.json's ``backend`` records it.
 """
@@ -45,8 +46,8 @@ def uncovered(decoder: ExportedDecoder | None) -> str | None:
 
     if decoder is None:
         return "not a decoder"
-    if decoder.sampler:
-        return "it draws its tokens in the engine"
+    if decoder.sampler_tables is not None and decoder.float32_embeds:
+        return "its in-engine sampler feeds float32 inputs"
     if not all(isinstance(layer.mlp, MLP) for layer in decoder.module.model.layers):
         return "a mixture-of-experts decoder"
     return None
@@ -115,6 +116,8 @@ def layout(decoder: ExportedDecoder, dtype: str) -> tuple[dict[str, np.ndarray],
     if cfg.input_size is not None:
         out["input_proj"] = mat(module.input_proj.weight)
         out["input_proj_bias"] = vec(module.input_proj.bias)
+    if decoder.sampler_tables is not None:  # [heads, V, H]: what each head's drawn id feeds
+        out["sampler_tables"] = mat(decoder.sampler_tables)
     if decoder.topk_exclude:
         bias = np.zeros(cfg.vocab_size, np.float32)
         bias[list(decoder.topk_exclude)] = -np.inf
@@ -128,7 +131,7 @@ def layout(decoder: ExportedDecoder, dtype: str) -> tuple[dict[str, np.ndarray],
         "hidden_output_layer": cfg.hidden_output_layer,
         "last_hidden_output": cfg.last_hidden_output, "deepstack_layers": cfg.deepstack_layers,
         "lm_heads": cfg.lm_heads, "input_size": cfg.input_size or 0,
-        "logits_topk": decoder.logits_topk,
+        "logits_topk": decoder.logits_topk, "sampler": decoder.sampler_tables is not None,
         # the ONNX build's float input type (inputs_embeds, deepstack_embeds); its float
         # outputs are in ``dtype``
         "embeds_dtype": "float32" if decoder.float32_embeds else dtype,

@@ -83,9 +83,7 @@ class BuildArgs:
                 self, "logits_topk", DEFAULT_CUDA_TOPK if self.device == "cuda" else 0
             )
         if self.engine_sampling is None:
-            # the fused backend draws on the host for now
-            sampling = self.device == "cuda" and self.backend != "fused"
-            object.__setattr__(self, "engine_sampling", sampling)
+            object.__setattr__(self, "engine_sampling", self.device == "cuda")
         if self.logits_topk < 0:
             raise ValueError(f"logits_topk must be >= 0, got {self.logits_topk}")
 

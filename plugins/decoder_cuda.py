@@ -15,9 +15,11 @@ launches of these kernels and the attention kernel of plugins/attention_cuda.py:
 5. ``linear`` with the residual: ``h += act @ Wdown^T``.
 
 The last norm and the LM head are one more ``linear`` over each row's ``last_indices`` position,
-and ``topk_chunks`` + ``topk_merge`` reduce the logits to each row's top K on the device: each
-block radix-selects its chunk's K best (8 bits at a time, then the lowest ids among equals) and
-sorts only those.
+and ``topk_one`` (a vocabulary of one chunk) or ``topk_chunks`` + ``topk_merge`` reduce the
+logits to each row's top K on the device: each block radix-selects its chunk's K best (8 bits at
+a time, then the lowest ids among equals) and sorts only those. The same kernels write a float16
+build's float16 logits and top-K values, and, in a build with an in-engine sampler, draw each
+row's next id from its top K (``draw_row``) and gather that id's embedding for the next call.
 
 Activations are float32 (the residual stream, q/k before rotary, SwiGLU's output); weights are
 float16 or float32, read as stored; accumulation is float32. Every kernel calls GRID_LAUNCH and
@@ -233,21 +235,35 @@ __device__ __forceinline__ bool before(float av, int ai, float bv, int bi) {
     return av > bv || (av == bv && ai < bi);
 }
 
+__device__ __forceinline__ void bitonic_step(float* val, int* idx, int i, int size, int stride) {
+    int lo = 2 * i - (i & (stride - 1));
+    int hi = lo + stride;
+    bool up = (lo & size) == 0;  // this run sorts "before" first
+    bool swap = up ? before(val[hi], idx[hi], val[lo], idx[lo])
+                   : before(val[lo], idx[lo], val[hi], idx[hi]);
+    if (swap) {
+        float tv = val[lo]; val[lo] = val[hi]; val[hi] = tv;
+        int ti = idx[lo]; idx[lo] = idx[hi]; idx[hi] = ti;
+    }
+}
+
 __device__ void bitonic(float* val, int* idx, int n) {
+    if (n <= 64) {  // one warp's work (K <= 64): warp barriers between its passes
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            for (int size = 2; size <= n; size <<= 1)
+                for (int stride = size >> 1; stride > 0; stride >>= 1) {
+                    __syncwarp();
+                    if ((int)threadIdx.x < n / 2) bitonic_step(val, idx, threadIdx.x, size, stride);
+                }
+        }
+        __syncthreads();
+        return;
+    }
     for (int size = 2; size <= n; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             __syncthreads();
-            for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
-                int lo = 2 * i - (i & (stride - 1));
-                int hi = lo + stride;
-                bool up = (lo & size) == 0;  // this run sorts "before" first
-                bool swap = up ? before(val[hi], idx[hi], val[lo], idx[lo])
-                               : before(val[lo], idx[lo], val[hi], idx[hi]);
-                if (swap) {
-                    float tv = val[lo]; val[lo] = val[hi]; val[hi] = tv;
-                    int ti = idx[lo]; idx[lo] = idx[hi]; idx[hi] = ti;
-                }
-            }
+            for (int i = threadIdx.x; i < n / 2; i += blockDim.x) bitonic_step(val, idx, i, size, stride);
         }
     }
     __syncthreads();
@@ -275,9 +291,16 @@ __device__ int select_digit(const unsigned* keys, unsigned prefix, unsigned mask
                             int need, int* hist, int* scratch, int* above, int* equal) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
     __syncthreads();
+    // one atomic a warp and digit: the lanes with the same digit counted by their first (keys
+    // of one chunk share few top digits, and padding one: lane by lane they serialised)
 #pragma unroll
-    for (int j = 0; j < TOPK_PER; ++j)
-        if ((keys[j] & mask) == prefix) atomicAdd(&hist[(keys[j] >> shift) & 255u], 1);
+    for (int j = 0; j < TOPK_PER; ++j) {
+        const bool match = (keys[j] & mask) == prefix;
+        const unsigned digit = match ? (keys[j] >> shift) & 255u : 256u;
+        const unsigned peers = __match_any_sync(0xffffffffu, digit);
+        if (match && (int)(threadIdx.x & 31) == __ffs(peers) - 1)
+            atomicAdd(&hist[digit], __popc(peers));
+    }
     __syncthreads();
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
@@ -310,7 +333,8 @@ __device__ int select_digit(const unsigned* keys, unsigned prefix, unsigned mask
 // kk-th best key (and among its equals the lowest ids), the chosen kk are gathered and sorted:
 // a few hundred shared-memory operations a thread, where sorting all 4096 took ~80 passes.
 template <typename IdT>
-__device__ void block_topk(const float* v, const int* id, int kk, float* out_v, IdT* out_i) {
+__device__ void block_topk(const float* v, const int* id, int kk, float* out_v, IdT* out_i,
+                           half_t* out_h) {
     __shared__ int hist[256];
     __shared__ int scratch[34];
     __shared__ float sv[TOPK_MAX];
@@ -363,38 +387,145 @@ __device__ void block_topk(const float* v, const int* id, int kk, float* out_v, 
         }
     }
     bitonic(sv, si, p2);
-    for (int i = threadIdx.x; i < kk; i += blockDim.x) { out_v[i] = sv[i]; out_i[i] = (IdT)si[i]; }
+    for (int i = threadIdx.x; i < kk; i += blockDim.x) {
+        out_v[i] = sv[i];
+        out_i[i] = (IdT)si[i];
+        if (out_h) out_h[i] = f2h(sv[i]);
+    }
 }
 
-// pass 1: block (c, b) takes logits [b, c*CHUNK .. +CHUNK) (+ bias: -inf for ids held out) and
-// keeps its best kk in cand_v/cand_i [b, c, kk]
+// Block (c, b)'s TOPK_PER logits a thread, of logits [b, c*CHUNK .. +CHUNK) (+ bias: -inf for ids
+// held out; NaN as -inf); each logit also goes to logits_h in float16 where that is given (a
+// float16 build's logits output, written here rather than by a kernel of its own).
+__device__ __forceinline__ void load_chunk(const float* __restrict__ logits,
+                                           const float* __restrict__ bias, int V, int c, int b,
+                                           half_t* logits_h, float* v, int* id) {
+#pragma unroll
+    for (int j = 0; j < TOPK_PER; ++j) {
+        const int i = c * TOPK_CHUNK + threadIdx.x + j * TOPK_THREADS;
+        float s = NEG_INF;
+        if (i < V) {
+            const float raw = logits[(long long)b * V + i];
+            if (logits_h) logits_h[(long long)b * V + i] = f2h(raw);
+            s = raw + (bias ? bias[i] : 0.f);
+            if (s != s) s = NEG_INF;
+        }
+        v[j] = s; id[j] = i < V ? i : 0x7fffffff;
+    }
+}
+
+// Row b's draw from its top K as the top-K kernels leave it (values descending, the lower id
+// first among equals), as runtime/sampling.py draws from the same candidates and export/common/
+// sampler.py does in an ONNX engine: the candidates are the values >= the top_k-th (ties stay),
+// their softmax at the temperature in float64, top-p keeps those whose preceding mass is below
+// top_p, and uniform[b] picks one of the kept by their renormalised cumulative mass. A row the
+// K cannot decide (its top_k-th value equals the K-th: an id outside the K may tie it) draws -1.
+// The drawn id's embedding, row head * V + id of tables [heads * V, H] (id 0 for -1), goes to
+// embeds [B, H] for the next call. The whole block calls it after its top-K is written (and
+// synchronised); the exponentials and divisions are spread over its threads, the running sums
+// are thread 0's, in candidate order.
+#define DRAW_PARAMS const double* __restrict__ uniform, const double* __restrict__ temperature, \
+    const long long* __restrict__ top_k, const double* __restrict__ top_p, \
+    const long long* __restrict__ head, const wt_t* __restrict__ tables, int H, \
+    long long* __restrict__ drawn, wt_t* __restrict__ embeds
+#define DRAW_ARGS uniform, temperature, top_k, top_p, head, tables, H, drawn, embeds
+__device__ void draw_row(int b, const float* x, const long long* ids, int K, int V, DRAW_PARAMS) {
+    __shared__ double e[TOPK_MAX];
+    __shared__ double total;
+    __shared__ int kept;
+    __shared__ long long pick;
+    long long kk = top_k[0];
+    kk = kk < 1 ? 1 : (kk > K ? K : kk);
+    const float kth = x[kk - 1];
+    const double t = temperature[0];
+    const double z0 = (double)x[0] / t;
+    for (int i = threadIdx.x; i < K; i += blockDim.x)
+        e[i] = x[i] >= kth ? exp((double)x[i] / t - z0) : 0.0;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int i = 0; i < K; ++i) s += e[i];
+        total = s;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < K; i += blockDim.x) e[i] = e[i] / total;  // p
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int count = 0;
+        while (count < K && x[count] >= kth) ++count;  // the candidates: a prefix
+        int m = count;
+        if (top_p[0] < 1.0) {  // each candidate whose preceding mass (cumsum - p) is below top_p
+            double run = 0.0;
+            m = 0;
+            for (int i = 0; i < count; ++i) {
+                run += e[i];
+                m += (run - e[i]) < top_p[0];
+            }
+        }
+        double s = 0.0;
+        for (int i = 0; i < m; ++i) s += e[i];
+        total = s;
+        kept = m;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kept; i += blockDim.x) e[i] = e[i] / total;  // q
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double run = 0.0;
+        for (int i = 0; i < kept; ++i) { run += e[i]; e[i] = run; }  // the cdf
+        const double point = uniform[b] * run;
+        int below = 0;
+        for (int i = 0; i < kept; ++i) below += e[i] <= point;
+        below = below < kept - 1 ? below : kept - 1;
+        pick = kth > x[K - 1] ? ids[below] : -1LL;
+        drawn[b] = pick;
+    }
+    __syncthreads();
+    const long long row = (head ? head[0] : 0LL) * V + (pick < 0 ? 0LL : pick);
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+        embeds[(long long)b * H + i] = tables[row * H + i];
+}
+
+// One block a row, where the logits are one chunk (V <= TOPK_CHUNK): the row's best kk written
+// sorted to out_v/out_i (and out_h in float16, where given), then its draw where uniform is
+// given (DRAW_PARAMS; null: no draw).
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_one(
+    const float* __restrict__ logits, const float* __restrict__ bias, int V, int kk,
+    half_t* logits_h, float* out_v, long long* out_i, half_t* out_h, DRAW_PARAMS)
+{
+    GRID_LAUNCH();
+    GRID_WAIT();
+    const int b = blockIdx.y;
+    float v[TOPK_PER];
+    int id[TOPK_PER];
+    load_chunk(logits, bias, V, 0, b, logits_h, v, id);
+    const long long at = (long long)b * kk;
+    block_topk<long long>(v, id, kk, out_v + at, out_i + at, out_h ? out_h + at : nullptr);
+    __syncthreads();
+    if (uniform) draw_row(b, out_v + at, out_i + at, kk, V, DRAW_ARGS);
+}
+
+// pass 1 of a larger vocabulary: block (c, b) keeps the best kk of its chunk in cand_v/cand_i
+// [b, c, kk]
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_chunks(
     const float* __restrict__ logits, const float* __restrict__ bias, int V, int kk,
-    float* cand_v, int* cand_i)
+    half_t* logits_h, float* cand_v, int* cand_i)
 {
     GRID_LAUNCH();
     GRID_WAIT();
     const int c = blockIdx.x, b = blockIdx.y, chunks = gridDim.x;
     float v[TOPK_PER];
     int id[TOPK_PER];
-#pragma unroll
-    for (int j = 0; j < TOPK_PER; ++j) {
-        const int i = c * TOPK_CHUNK + threadIdx.x + j * TOPK_THREADS;
-        float s = NEG_INF;
-        if (i < V) {
-            s = logits[(long long)b * V + i] + (bias ? bias[i] : 0.f);
-            if (s != s) s = NEG_INF;
-        }
-        v[j] = s; id[j] = i < V ? i : 0x7fffffff;
-    }
+    load_chunk(logits, bias, V, c, b, logits_h, v, id);
     const long long at = ((long long)b * chunks + c) * kk;
-    block_topk<int>(v, id, kk, cand_v + at, cand_i + at);
+    block_topk<int>(v, id, kk, cand_v + at, cand_i + at, nullptr);
 }
 
-// pass 2: block b takes its row's n candidates (n <= TOPK_CHUNK) and writes the best kk
+// pass 2: block b takes its row's n candidates (n <= TOPK_CHUNK) and writes the best kk (and,
+// where given, their float16 values and the row's draw, as topk_one)
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_merge(
     const float* __restrict__ cand_v, const int* __restrict__ cand_i, int n, int kk,
-    float* out_v, long long* out_i)
+    float* out_v, long long* out_i, half_t* out_h, int V, DRAW_PARAMS)
 {
     GRID_LAUNCH();
     GRID_WAIT();
@@ -407,7 +538,10 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_merge(
         v[j] = i < n ? cand_v[(long long)b * n + i] : NEG_INF;
         id[j] = i < n ? cand_i[(long long)b * n + i] : 0x7fffffff;
     }
-    block_topk<long long>(v, id, kk, out_v + (long long)b * kk, out_i + (long long)b * kk);
+    const long long at = (long long)b * kk;
+    block_topk<long long>(v, id, kk, out_v + at, out_i + at, out_h ? out_h + at : nullptr);
+    __syncthreads();
+    if (uniform) draw_row(b, out_v + at, out_i + at, kk, V, DRAW_ARGS);
 }
 """
 
@@ -455,6 +589,33 @@ def topk_reference(
     order = np.lexsort((np.broadcast_to(np.arange(scores.shape[1]), scores.shape), -scores))
     order = order[:, :k]
     return np.take_along_axis(scores, order, 1), order.astype(np.int64)
+
+
+def sample_reference(
+    values: np.ndarray, ids: np.ndarray, uniform: np.ndarray, *, temperature: float,
+    top_k: int, top_p: float, tables: np.ndarray | None = None, head: int = 0,
+) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+    """``draw_row`` (after ``topk_one`` or ``topk_merge``): each row's drawn id from its sorted top K (values [B, K] descending,
+    ids [B, K]), -1 where the K cannot decide, and the drawn ids' rows of ``tables`` [heads, V,
+    H] (row 0 for -1). Sums run in candidate order, as the kernel's thread 0 adds them."""
+    n, k = values.shape
+    kk = min(max(int(top_k), 1), k)
+    out = np.empty(n, np.int64)
+    for b in range(n):
+        x = values[b].astype(np.float64)
+        kth = x[kk - 1]
+        e = np.where(x >= kth, np.exp(x / temperature - x[0] / temperature), 0.0)
+        p = e / np.cumsum(e)[-1]
+        count = int(np.count_nonzero(x >= kth))
+        m = count
+        if top_p < 1.0:
+            m = int(np.count_nonzero(np.cumsum(p[:count]) - p[:count] < top_p))
+        q = p[:m] / np.cumsum(p[:m])[-1]
+        cdf = np.cumsum(q)
+        below = min(int(np.count_nonzero(cdf <= uniform[b] * cdf[-1])), m - 1)
+        out[b] = ids[b, below] if kth > x[-1] else -1
+    rows = None if tables is None else tables[head][np.maximum(out, 0)]
+    return out, rows
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ Two families of variants, picked by ``linear_launch``:
   ``mma.sync.m16n8k16`` tiles of 16 weight rows by 8 x rows, x (times the norm's weight)
   rounded to float16 as ONNX Runtime's float16 build rounds its activations.
 
-Partial sums from the warps meet in shared memory in warp order, and kw depends on K and the
+Both end in ``linear_finish``: the norm's row scale, SwiGLU, the bias, and the store (float32, added
+into float32, or float16: SwiGLU's output feeds the down projection's tensor cores as the float16
+they would round it to). Partial sums from the warps meet in shared memory in warp order, and kw depends on K and the
 weights' type only: within one family a row's result does not depend on the rows beside it.
 Accumulation is float32; ``linear_reference`` gives the meaning in numpy.
 """
@@ -31,6 +33,9 @@ ROWS = (1, 2, 4, 8, 16)  # rows per block of ``linear`` variants
 # takes 1
 COLUMNS = {1: 8, 2: 8, 4: 4, 8: 2, 16: 2}
 MAX_WARPS = 8  # warps splitting K in a ``linear`` block
+# how a ``linear`` stores its results (its ``store`` argument): write float32, add into float32
+# (the residual), write float16 (SwiGLU's output for a linear on tensor cores)
+STORE_SET, STORE_ADD, STORE_HALF = 0, 1, 2
 
 
 def linear_name(rows: int, half_input: bool, swiglu: bool = False) -> str:
@@ -121,11 +126,16 @@ __device__ __forceinline__ void unpack4(const uint4& raw, int j, float* out) {
 #define PASS (32 * WVEC)
 // A block's results from its warps' partial sums (warp i's at part[i * PW + col * R + r], the
 // up rows' at col C + c; row sums of squares at part_ss[i * R + r]), added in warp order, then
-// the norm's row scale, SwiGLU, the bias and the residual: what both families end with.
+// the norm's row scale, SwiGLU, the bias, then the store: STORE_SET writes float32, STORE_ADD adds
+// into float32 (the residual), STORE_HALF writes float16 (SwiGLU's output where the next linear
+// runs on tensor cores, which round it to float16 anyway): what both families end with.
+#define STORE_SET 0
+#define STORE_ADD 1
+#define STORE_HALF 2
 template <int R, int C, bool SWIGLU>
 __device__ __forceinline__ void linear_finish(
     const float* part, const float* part_ss, int kw, int n0, int r0, int rows, int K, int N,
-    const float* norm_w, float eps, const float* bias, float* out, int resid)
+    const float* norm_w, float eps, const float* bias, float* out, int store)
 {
     constexpr int PW = (SWIGLU ? 2 : 1) * C * R;
     for (int t = threadIdx.x; t < C * R; t += blockDim.x) {
@@ -143,15 +153,19 @@ __device__ __forceinline__ void linear_finish(
         }
         float v = SWIGLU ? a / (1.0f + expf(-a)) * b : a;
         if (bias) v += bias[n];
-        float* o = out + (long long)(r0 + r) * N + n;
-        *o = resid ? *o + v : v;
+        const long long at = (long long)(r0 + r) * N + n;
+        if (store == STORE_HALF) {
+            reinterpret_cast<half_t*>(out)[at] = f2h(v);
+        } else {
+            out[at] = store == STORE_ADD ? out[at] + v : v;
+        }
     }
 }
 
 // out[r, n] (float32, row stride N) for rows r of the call and output columns n:
 //   v = (x_r * norm_w) . W[n] * rms_scale(x_r)   (norm_w given), else x_r . W[n]
 //   SWIGLU: gate = that with W[n], up = with W[n + N]; v = silu(gate) * up
-//   + bias[n]; resid: out += v, else out = v.
+//   + bias[n]; then stored by ``store`` (linear_finish).
 // x_r is row r of x (stride K) or, with rowmap, row r * seq + rowmap[r]. With head_index the
 // weights start at W + head_index[0] * head_stride (one of several stacked heads).
 // A block: C columns (n0 ..), R rows (r0 ..), kw = blockDim.x / 32 warps splitting K: K is
@@ -164,7 +178,7 @@ __device__ __forceinline__ void linear_body(
     const void* __restrict__ x, const long long* __restrict__ rowmap, int seq,
     const float* __restrict__ norm_w, float eps,
     const wt_t* __restrict__ w, long long head_stride, const long long* __restrict__ head_index,
-    const float* __restrict__ bias, float* out, int rows, int K, int N, int resid)
+    const float* __restrict__ bias, float* out, int rows, int K, int N, int store)
 {
     constexpr int CW = SWIGLU ? 2 * C : C;  // weight rows a lane reads a pass
     __shared__ float part[MAX_KW][CW * R];
@@ -254,16 +268,16 @@ __device__ __forceinline__ void linear_body(
     }
     __syncthreads();
     linear_finish<R, C, SWIGLU>(&part[0][0], &part_ss[0][0], kw, n0, r0, rows, K, N, norm_w, eps,
-                                bias, out, resid);
+                                bias, out, store);
 }
 
 #define LINEAR(R, C, XH, SW, NAME) \
 extern "C" __global__ void __launch_bounds__(32 * MAX_KW) NAME( \
     const void* x, const long long* rowmap, int seq, const float* norm_w, float eps, \
     const wt_t* w, long long head_stride, const long long* head_index, const float* bias, \
-    float* out, int rows, int K, int N, int resid) { \
+    float* out, int rows, int K, int N, int store) { \
     linear_body<R, C, XH, SW>(x, rowmap, seq, norm_w, eps, w, head_stride, head_index, bias, \
-                              out, rows, K, N, resid); }
+                              out, rows, K, N, store); }
 LINEAR(1, 8, false, false, linear_f1) LINEAR(2, 8, false, false, linear_f2)
 LINEAR(4, 4, false, false, linear_f4) LINEAR(8, 2, false, false, linear_f8)
 LINEAR(16, 2, false, false, linear_f16)
@@ -308,7 +322,7 @@ __device__ __forceinline__ void linear_mma_body(
     const void* __restrict__ x, const long long* __restrict__ rowmap, int seq,
     const float* __restrict__ norm_w, float eps,
     const wt_t* __restrict__ w, long long head_stride, const long long* __restrict__ head_index,
-    const float* __restrict__ bias, float* out, int rows, int K, int N, int resid)
+    const float* __restrict__ bias, float* out, int rows, int K, int N, int store)
 {
     constexpr int R = 8 * RG, T = SWIGLU ? 2 : 1;  // rows a block; W tiles (gate, up) a step
     __shared__ float part[MAX_KW][T * 16 * R];
@@ -319,8 +333,12 @@ __device__ __forceinline__ void linear_mma_body(
     const int steps = (K + 31) / 32;
     const int s0 = warp * steps / kw, s1 = (warp + 1) * steps / kw;
     const wt_t* wb = w + (head_index ? head_index[0] * head_stride : 0LL);
-    uint4 wr[T][2];  // this lane's 16 bytes of W rows g and g + 8 (and the up rows)
-    auto fetch = [&](int s) {
+    // this lane's 16 bytes of W rows g and g + 8 (and the up rows) for U steps: a ring of the
+    // warp's next U steps, each refilled as soon as it is used, so that U steps' weights are
+    // in flight at once (one step's were too few to keep HBM busy from 64 blocks)
+    constexpr int U = (T == 2 || RG >= 4) ? 4 : 8;  // within the registers of 2 blocks an SM
+    uint4 wr[U][T][2];
+    auto fetch = [&](int s, int slot) {
         const int k = s * 32 + 8 * t;
 #pragma unroll
         for (int u = 0; u < T; ++u)
@@ -328,10 +346,11 @@ __device__ __forceinline__ void linear_mma_body(
             for (int i = 0; i < 2; ++i) {
                 const int n = n0 + g + 8 * i;
                 const long long row = (long long)n + u * N;
-                wr[u][i] = fetch_w(wb + row * K + k, s < s1 && n < N && k < K);
+                wr[slot][u][i] = fetch_w(wb + row * K + k, s < s1 && n < N && k < K);
             }
     };
-    fetch(s0);
+#pragma unroll
+    for (int slot = 0; slot < U; ++slot) fetch(s0 + slot, slot);
     GRID_LAUNCH();
     GRID_WAIT();
     long long src[RG];
@@ -352,7 +371,11 @@ __device__ __forceinline__ void linear_mma_body(
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[u][q][i] = 0.f;
     }
-    for (int s = s0; s < s1; ++s) {
+    for (int base = s0; base < s1; base += U)
+#pragma unroll
+    for (int slot = 0; slot < U; ++slot) {
+        const int s = base + slot;
+        if (s >= s1) break;
         const int k = s * 32 + 8 * t;
         float gw[8];
         if (norm_w && k < K) {
@@ -386,11 +409,11 @@ __device__ __forceinline__ void linear_mma_body(
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     unsigned a[4];
-                    a_frag(wr[u][0], wr[u][1], h, a);
+                    a_frag(wr[slot][u][0], wr[slot][u][1], h, a);
                     mma16816(acc[u][q], a, b + 2 * h);
                 }
         }
-        if (s + 1 < s1) fetch(s + 1);
+        if (s + U < s1) fetch(s + U, slot);
     }
     // C fragment: acc[u][q][j] is column n0 + g + 8 (j >> 1), row q*8 + 2t + (j & 1)
 #pragma unroll
@@ -413,16 +436,16 @@ __device__ __forceinline__ void linear_mma_body(
     }
     __syncthreads();
     linear_finish<R, 16, SWIGLU>(&part[0][0], &part_ss[0][0], kw, n0, r0, rows, K, N, norm_w, eps,
-                                 bias, out, resid);
+                                 bias, out, store);
 }
 
 #define LINEAR_MMA(RG, XH, SW, NAME) \
 extern "C" __global__ void __launch_bounds__(32 * MAX_KW) NAME( \
     const void* x, const long long* rowmap, int seq, const float* norm_w, float eps, \
     const wt_t* w, long long head_stride, const long long* head_index, const float* bias, \
-    float* out, int rows, int K, int N, int resid) { \
+    float* out, int rows, int K, int N, int store) { \
     linear_mma_body<RG, XH, SW>(x, rowmap, seq, norm_w, eps, w, head_stride, head_index, bias, \
-                                out, rows, K, N, resid); }
+                                out, rows, K, N, store); }
 LINEAR_MMA(1, false, false, linear_mf8) LINEAR_MMA(2, false, false, linear_mf16)
 LINEAR_MMA(4, false, false, linear_mf32)
 LINEAR_MMA(1, false, true, linear_mf8s) LINEAR_MMA(2, false, true, linear_mf16s)

@@ -10,7 +10,9 @@ config.json's ``fused``. At load the kernels are compiled by NVRTC for this GPU 
 copied to it; nothing else is needed on the board (no torch, no ONNX Runtime).
 
 A call runs five kernels a layer (see plugins/decoder_cuda.py), then the final norm and LM head
-over each row's last position, and the top-K on the device. Activations are float32, weights and
+over each row's last position, and the top-K on the device; a build with an in-engine sampler
+(the code predictor on cuda) also draws each row's next id from it and gathers its embedding
+for the next call, so a frame's steps run without the host. Activations are float32, weights and
 the KV cache float16 or float32 (the build's --dtype); inputs and outputs have the ONNX build's
 types (float16 logits and hidden states in a float16 build; inputs_embeds float32 where that
 build casts them inside), so fused and ONNX Runtime engines feed each other as they are. Decode steps
@@ -69,6 +71,12 @@ class FusedSpec:
         if self.embeds_dtype not in DTYPES:
             raise EngineError(f"{where}: fused.embeds_dtype {self.embeds_dtype!r} is not one of "
                               f"{DTYPES}")  # fmt: skip
+        # draws each row's next id from its top-K and outputs its embedding
+        # (export/common/sampler.py's inputs and outputs)
+        self.sampler = bool(table.get("sampler"))
+        if self.sampler and (self.topk < 2 or self.embeds_dtype != self.dtype):
+            raise EngineError(f"{where}: an in-engine sampler needs logits_topk >= 2 and "
+                              "embeds_dtype equal to dtype (its embeddings feed the next call)")
         self.qk_norm = bool(table.get("qk_norm", True))
         self.bias = bool(table.get("attention_bias"))
         vec = 8 if self.dtype == "float16" else 4
@@ -89,11 +97,15 @@ def _names(spec: FusedSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
     inputs = ["inputs_embeds", "position_ids", "past_lens", "query_lens", "last_indices"]
     if spec.lm_heads > 1:
         inputs.append("lm_head_index")
+    if spec.sampler:
+        inputs += SAMPLER_INPUTS
     if spec.deepstack_layers:
         inputs.append("deepstack_embeds")
     outputs = ["logits"]
     if spec.topk:
         outputs += ["topk_values", "topk_indices"]
+    if spec.sampler:
+        outputs += SAMPLER_OUTPUTS
     if spec.hidden_output_layer is not None:
         outputs.append("hidden_states")
     if spec.last_hidden:
@@ -103,6 +115,9 @@ def _names(spec: FusedSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
             tuple(outputs + [n.format("present") for n in kv]))  # fmt: skip
 
 
+# export/common/sampler.py's names (that module needs torch; the runtime does not)
+SAMPLER_INPUTS = ("sample_uniform", "sample_temperature", "sample_top_k", "sample_top_p")
+SAMPLER_OUTPUTS = ("sampled_ids", "sampled_embeds")
 KV_PREFIXES = ("past_key_", "past_value_", "present_key_", "present_value_")
 
 
@@ -116,12 +131,16 @@ def io_types(
     floats, kv = np.dtype(spec.embeds_dtype), np.dtype(spec.dtype)
     ints = {"position_ids": np.dtype(np.int64), "past_lens": np.dtype(np.int32),
             "query_lens": np.dtype(np.int32), "last_indices": np.dtype(np.int64),
-            "lm_head_index": np.dtype(np.int64), "topk_indices": np.dtype(np.int64)}  # fmt: skip
+            "lm_head_index": np.dtype(np.int64), "topk_indices": np.dtype(np.int64),
+            "sample_uniform": np.dtype(np.float64), "sample_temperature": np.dtype(np.float64),
+            "sample_top_k": np.dtype(np.int64), "sample_top_p": np.dtype(np.float64),
+            "sampled_ids": np.dtype(np.int64)}  # fmt: skip
     cache = ("batch", spec.kv_heads, "capacity", spec.head_dim)
     shapes: dict[str, tuple[Any, ...]] = {
         "logits": ("batch", spec.vocab), "topk_values": ("batch", spec.topk),
         "topk_indices": ("batch", spec.topk), "hidden_states": ("batch", "seq", spec.hidden),
-        "last_hidden": ("batch", spec.hidden),
+        "last_hidden": ("batch", spec.hidden), "sampled_ids": ("batch",),
+        "sampled_embeds": ("batch", spec.input_size or spec.hidden),
     }  # fmt: skip
 
     def kind(name: str, default: np.dtype) -> np.dtype:
@@ -218,6 +237,9 @@ class FusedEngine:
         if spec.input_size:
             want["input_proj"] = ((h, spec.input_size), w)
             want["input_proj_bias"] = ((h,), np.dtype(np.float32))
+        if spec.sampler:
+            width = spec.input_size or h
+            want["sampler_tables"] = ((spec.lm_heads, spec.vocab, width), w)
         if spec.mrope:
             want["freq_axis"] = ((d // 2,), np.dtype(np.int32))
         for name, (shape, dtype) in want.items():
@@ -358,7 +380,8 @@ class FusedBinding:
         shapes = {"logits": (self.batch, spec.vocab), "topk_values": (self.batch, spec.topk),
                   "topk_indices": (self.batch, spec.topk),
                   "hidden_states": (self.batch, self.seq, spec.hidden),
-                  "last_hidden": (self.batch, spec.hidden)}  # fmt: skip
+                  "last_hidden": (self.batch, spec.hidden), "sampled_ids": (self.batch,),
+                  "sampled_embeds": (self.batch, spec.input_size or spec.hidden)}  # fmt: skip
         for name in engine.output_names:
             if name in shapes:  # the caller's buffer, or one of this binding's
                 bound = self._arrays.get(name)
@@ -401,17 +424,20 @@ class FusedBinding:
 
         def linear(x: int, weight: str, out: int, k: int, n: int, *, rows: int = tokens,
                    norm: str | None = None, bias: str | None = None, swiglu: bool = False,
-                   resid: bool = False, half_x: bool = False, rowmap: int | None = None,
+                   store: int = lc.STORE_SET, half_x: bool = False, rowmap: int | None = None,
                    head_stride: int = 0, head_index: int | None = None) -> None:  # fmt: skip
             plan = lc.linear_launch(kernels.variant.weights, rows, k, n, half_input=half_x,
                                     swiglu=swiglu)  # fmt: skip
             args = [ptr(x), ptr(rowmap), i32(s), ptr(wp(norm) if norm else None), f32(spec.eps),
                     ptr(wp(weight)), i64(head_stride), ptr(head_index),
                     ptr(wp(bias) if bias else None), ptr(out), i32(rows), i32(k), i32(n),
-                    i32(resid)]  # fmt: skip
+                    i32(store)]  # fmt: skip
             launch(plan.name, plan.grid, plan.block, args)
 
         h = p["h"]
+        # SwiGLU's output in float16 where the down projection runs on tensor cores (which
+        # round it to float16 anyway): half the bytes it reads, no conversion
+        half_act = lc.linear_uses_mma(kernels.variant.weights, tokens)
         half_in = spec.embeds_dtype == "float16"
         half_out = spec.dtype == "float16"
         hidden_bytes = tokens * spec.hidden * 4
@@ -459,40 +485,58 @@ class FusedBinding:
                 overlap=engine.overlap and follows_ours,
             )  # fmt: skip
             follows_ours = True  # the attention kernel waits and triggers as ours do
-            linear(p["attn"], pre + "o", h, spec.heads * d, spec.hidden, resid=True,
+            linear(p["attn"], pre + "o", h, spec.heads * d, spec.hidden, store=lc.STORE_ADD,
                    half_x=half_attn, bias=pre + "o_bias" if spec.bias else None)  # fmt: skip
             linear(h, pre + "gate_up", p["act"], spec.hidden, spec.intermediate,
-                   norm=pre + "post_norm", swiglu=True)  # fmt: skip
-            linear(p["act"], pre + "down", h, spec.intermediate, spec.hidden, resid=True)
+                   norm=pre + "post_norm", swiglu=True,
+                   store=lc.STORE_HALF if half_act else lc.STORE_SET)  # fmt: skip
+            linear(p["act"], pre + "down", h, spec.intermediate, spec.hidden, store=lc.STORE_ADD,
+                   half_x=half_act)  # fmt: skip
             if spec.hidden_output_layer == n + 1:
                 output("hidden_states", h, tokens * spec.hidden)
             if n < spec.deepstack_layers:
                 count = tokens * spec.hidden
                 deep = a["deepstack_embeds"] + n * count * (2 if half_in else 4)
                 elementwise("add_into_h" if half_in else "add_into", h, deep, count)
-        # float32 logits: the output itself where it is float32, else cast into it after
+        # float32 logits: the output itself where it is float32, else cast into it after (by
+        # the top-K kernels, which read them anyway, where the build has a top-K)
         logits = p["logits32"] if half_out else p["logits"]
         heads = a.get("lm_head_index")
         linear(h, "lm_head", logits, spec.hidden, spec.vocab, rows=b, norm="norm",
                rowmap=a["last_indices"], head_stride=spec.vocab * spec.hidden,
                head_index=heads if spec.lm_heads > 1 else None)  # fmt: skip
-        output("logits", logits, b * spec.vocab)
         if spec.last_hidden:
             last = p["last32"] if half_out else p["last_hidden"]
             launch("rms_rows", (b,), 256,
                    [ptr(h), ptr(a["last_indices"]), i32(s), ptr(wp("norm")), f32(spec.eps),
                     ptr(last), i32(spec.hidden)])  # fmt: skip
             output("last_hidden", last, b * spec.hidden)
-        if spec.topk:
-            chunks = -(-spec.vocab // dc.TOPK_CHUNK)
-            values = p["topk32"] if half_out else p["topk_values"]
-            launch("topk_chunks", (chunks, b), 512,
+        if not spec.topk:
+            output("logits", logits, b * spec.vocab)
+            return
+        chunks = -(-spec.vocab // dc.TOPK_CHUNK)
+        values = p["topk32"] if half_out else p["topk_values"]
+        # float16 copies of the logits and values, written by the same kernels
+        logits_h, values_h = (p["logits"], p["topk_values"]) if half_out else (None, None)
+        if spec.sampler:  # each row's draw from its top K, and the drawn id's embedding
+            draw = [ptr(a["sample_uniform"]), ptr(a["sample_temperature"]),
+                    ptr(a["sample_top_k"]), ptr(a["sample_top_p"]), ptr(heads),
+                    ptr(wp("sampler_tables")), i32(spec.input_size or spec.hidden),
+                    ptr(p["sampled_ids"]), ptr(p["sampled_embeds"])]  # fmt: skip
+        else:
+            draw = [ptr(None)] * 6 + [i32(0), ptr(None), ptr(None)]
+        found = [ptr(values), ptr(p["topk_indices"]), ptr(values_h)]
+        if chunks == 1:
+            launch("topk_one", (1, b), 512,
                    [ptr(logits), ptr(wp("topk_bias")), i32(spec.vocab), i32(spec.topk),
-                    ptr(p["cand_v"]), ptr(p["cand_i"])])  # fmt: skip
-            launch("topk_merge", (b,), 512,
-                   [ptr(p["cand_v"]), ptr(p["cand_i"]), i32(chunks * spec.topk),
-                    i32(spec.topk), ptr(values), ptr(p["topk_indices"])])  # fmt: skip
-            output("topk_values", values, b * spec.topk)
+                    ptr(logits_h), *found, *draw])  # fmt: skip
+            return
+        launch("topk_chunks", (chunks, b), 512,
+               [ptr(logits), ptr(wp("topk_bias")), i32(spec.vocab), i32(spec.topk),
+                ptr(logits_h), ptr(p["cand_v"]), ptr(p["cand_i"])])  # fmt: skip
+        launch("topk_merge", (b,), 512,
+               [ptr(p["cand_v"]), ptr(p["cand_i"]), i32(chunks * spec.topk), i32(spec.topk),
+                *found, i32(spec.vocab), *draw])  # fmt: skip
 
     def _copy(self, dst: int, src: int, nbytes: int) -> None:
         cudart = memory._cudart()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import math
 from typing import Any
 
@@ -200,14 +201,21 @@ _deferred: list[int] = []
 
 @contextlib.contextmanager
 def capturing() -> Any:
-    """Hold buffer frees back while the body captures a CUDA graph."""
+    """Hold buffer frees back while the body captures a CUDA graph, and Python's cycle collector
+    too: a collection inside the capture may finalise another library's GPU objects (an ONNX
+    Runtime session left in a cycle frees its pinned memory, cudaFreeHost, which a capture
+    forbids: CUDA error 900 and an abort)."""
     global _capturing
     _capturing += 1
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
+        if collecting:
+            gc.enable()
         _capturing -= 1
-        if not _capturing:
+        if not _capturing and _deferred:
             cudart = _cudart()
             while _deferred:
                 cudart.cudaFree(_deferred.pop())

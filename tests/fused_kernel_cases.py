@@ -42,6 +42,8 @@ LINEAR_MODES = {
     "plain": {}, "norm": {"norm": True}, "swiglu": {"norm": True, "swiglu": True},
     "residual": {"resid": True}, "bias": {"bias": True}, "half_input": {"half_x": True},
     "last_rows": {"rowmap": True, "norm": True}, "heads": {"heads": True},
+    # SwiGLU's output stored in float16 (for a down projection on tensor cores)
+    "swiglu_half": {"norm": True, "swiglu": True, "half_out": True},
 }  # fmt: skip
 
 
@@ -61,7 +63,7 @@ def linear_case(dtype: str, rows: int, mode: str, n: int = 72, k: int | None = N
     g = rng.standard_normal(k).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     last = rng.integers(0, seq, rows).astype(np.int64)
-    out0 = rng.standard_normal((rows, n)).astype(np.float32)
+    out0 = rng.standard_normal((rows, n)).astype(np.float16 if m.get("half_out") else np.float32)
     head = np.array([2 if heads > 1 else 0], np.int64)
     plan = lc.linear_launch(dtype, rows, k, n,
                             half_input=bool(m.get("half_x")), swiglu=bool(m.get("swiglu")),
@@ -70,7 +72,8 @@ def linear_case(dtype: str, rows: int, mode: str, n: int = 72, k: int | None = N
             buf("g" if m.get("norm") else None), ("f32", 1e-6), buf("w"),
             ("i64", w.shape[1] * k), buf("head" if heads > 1 else None),
             buf("bias" if m.get("bias") else None), buf("out"), ("i32", rows), ("i32", k),
-            ("i32", n), ("i32", int(bool(m.get("resid"))))]  # fmt: skip
+            ("i32", n), ("i32", lc.STORE_HALF if m.get("half_out")
+                            else lc.STORE_ADD if m.get("resid") else lc.STORE_SET)]  # fmt: skip
     launch = Launch(plan.name, plan.grid, plan.block, args)
 
     def check(got: dict[str, np.ndarray]) -> None:
@@ -81,6 +84,11 @@ def linear_case(dtype: str, rows: int, mode: str, n: int = 72, k: int | None = N
             residual=out0 if m.get("resid") else None,
             half_x=lc.linear_uses_mma(dtype, rows),
         )  # fmt: skip
+        if m.get("half_out"):  # the float32 result rounded once to float16
+            scale = max(1.0, np.abs(want).max())
+            assert np.abs(got["out"] - want).max() <= 1e-3 * scale
+            assert np.mean(got["out"] == want.astype(np.float16)) > 0.95
+            return
         assert np.abs(got["out"] - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
 
     buffers = {"x": x, "w": w, "g": g, "bias": bias, "last": last, "out": out0, "head": head}
@@ -128,34 +136,79 @@ def rope_case(dtype: str, heads: int, kv_heads: int, d: int, mrope: bool, norm: 
     return KernelCase(name, buffers, [Launch("qk_rope", grid, block, args, shared)], check)
 
 
-def topk_case(rows: int, vocab: int, k: int, flat: bool = False) -> KernelCase:
+SAMPLE_SETTINGS = [(0.0, 1, 1.0), (1.0, 50, 0.8), (1.3, 10, 1.0), (0.6, 63, 0.3), (0.9, 2, 0.95)]
+
+
+def topk_case(dtype: str, rows: int, vocab: int, k: int, flat: bool = False,
+              draw: tuple[float, int, float] | None = None) -> KernelCase:  # fmt: skip
     """``flat``: every logit equal (the top K is the lowest ids); a vocabulary just over a
-    chunk leaves the last chunk fewer ids than K (its padding is among its candidates)."""
+    chunk leaves the last chunk fewer ids than K (its padding is among its candidates). One
+    chunk runs ``topk_one``, more ``topk_chunks`` + ``topk_merge``; both also write the float16
+    logits and values. ``draw`` (temperature, top_k, top_p; temperature 0: greedy as the engine
+    feeds it, top-k 1 at temperature 1 and uniform 0): each row's draw and its embedding too,
+    with one row all equal (undecided: -1) and one with its best value repeated."""
     rng = np.random.default_rng(vocab)
     logits = np.round(rng.standard_normal((rows, vocab)) * 4).astype(np.float32)  # many ties
     if flat:
         logits[:] = 1.5
     bias = np.zeros(vocab, np.float32)
-    bias[rng.integers(0, vocab, 20)] = -np.inf
+    if draw is None:
+        bias[rng.integers(0, vocab, 20)] = -np.inf
+    else:  # float16-valued logits, as a GPU engine gives them: equal values are common
+        logits = (rng.standard_normal((rows, vocab)) * 2).astype(np.float16).astype(np.float32)
+        logits[1] = 0.5
+        logits[2, rng.choice(vocab, 5, replace=False)] = logits[2].max()
     chunks = -(-vocab // dc.TOPK_CHUNK)
-    buffers = {"logits": logits, "bias": bias,
+    heads, width = 3, 40
+    temperature, top_k, top_p = draw or (1.0, 1, 1.0)
+    greedy = temperature == 0.0
+    t, kk, tp = (1.0, 1, 1.0) if greedy else (temperature, top_k, top_p)
+    uniform = np.zeros(rows) if greedy else rng.random(rows)
+    tables = rng.standard_normal((heads, vocab, width)).astype(dtype)
+    buffers = {"logits": logits, "bias": bias, "logits_h": np.zeros((rows, vocab), np.float16),
                "cand_v": np.zeros((rows, chunks * k), np.float32),
                "cand_i": np.zeros((rows, chunks * k), np.int32),
-               "out_v": np.zeros((rows, k), np.float32), "out_i": np.zeros((rows, k), np.int64)}
-    launches = [
-        Launch("topk_chunks", (chunks, rows), 512, [buf("logits"), buf("bias"), ("i32", vocab),
-               ("i32", k), buf("cand_v"), buf("cand_i")]),
-        Launch("topk_merge", (rows,), 512, [buf("cand_v"), buf("cand_i"), ("i32", chunks * k),
-               ("i32", k), buf("out_v"), buf("out_i")]),
-    ]  # fmt: skip
+               "out_v": np.zeros((rows, k), np.float32), "out_i": np.zeros((rows, k), np.int64),
+               "out_h": np.zeros((rows, k), np.float16), "u": uniform, "t": np.array([t]),
+               "k": np.array([kk], np.int64), "p": np.array([tp]),
+               "head": np.array([1], np.int64), "tables": tables,
+               "drawn": np.zeros(rows, np.int64), "embeds": np.zeros((rows, width), dtype)}  # fmt: skip
+    if draw is None:
+        draws: list[Arg] = [buf(None)] * 6 + [("i32", 0), buf(None), buf(None)]
+    else:
+        draws = [buf("u"), buf("t"), buf("k"), buf("p"), buf("head"), buf("tables"),
+                 ("i32", width), buf("drawn"), buf("embeds")]  # fmt: skip
+    outs = [buf("out_v"), buf("out_i"), buf("out_h")]
+    if chunks == 1:
+        launches = [Launch("topk_one", (1, rows), 512, [buf("logits"), buf("bias"),
+                           ("i32", vocab), ("i32", k), buf("logits_h"), *outs, *draws])]  # fmt: skip
+    else:
+        launches = [
+            Launch("topk_chunks", (chunks, rows), 512, [buf("logits"), buf("bias"),
+                   ("i32", vocab), ("i32", k), buf("logits_h"), buf("cand_v"), buf("cand_i")]),
+            Launch("topk_merge", (rows,), 512, [buf("cand_v"), buf("cand_i"),
+                   ("i32", chunks * k), ("i32", k), *outs, ("i32", vocab), *draws]),
+        ]  # fmt: skip
 
     def check(got: dict[str, np.ndarray]) -> None:
         values, indices = dc.topk_reference(logits, k, bias)
         np.testing.assert_array_equal(got["out_i"], indices)
         np.testing.assert_array_equal(got["out_v"], values)
+        np.testing.assert_array_equal(got["out_h"], values.astype(np.float16))
+        np.testing.assert_array_equal(got["logits_h"], logits.astype(np.float16))
+        if draw is None:
+            assert not got["drawn"].any() and not got["embeds"].any()
+            return
+        want, rows_of = dc.sample_reference(values, indices, uniform, temperature=t, top_k=kk,
+                                            top_p=tp, tables=tables, head=1)  # fmt: skip
+        assert want[1] == -1 and (want >= 0).sum() >= rows - 2
+        np.testing.assert_array_equal(got["drawn"], want)
+        np.testing.assert_array_equal(got["embeds"], rows_of)
 
-    return KernelCase(f"topk-{rows}x{vocab}-{k}{'-flat' if flat else ''}", buffers, launches,
-                      check)  # fmt: skip
+    name = f"topk-{rows}x{vocab}-{k}{'-flat' if flat else ''}"
+    if draw is not None:
+        name = f"draw-{dtype}-{vocab}-T{temperature}-k{top_k}-p{top_p}"
+    return KernelCase(name, buffers, launches, check)
 
 
 def cast_case(dtype: str) -> KernelCase:
@@ -214,6 +267,10 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
     cases += [rope_case(dtype, *shape, norm) for shape in ROPE_SHAPES for norm in (True, False)]
     cases += [rope_case(dtype, 4, 2, 16, False, True, warps=3),
               rope_case(dtype, 4, 2, 32, True, True, warps=2)]
-    cases += [topk_case(*t) for t in topk]
-    cases += [topk_case(2, dc.TOPK_CHUNK + 5, 8), topk_case(1, 5000, 64, flat=True)]
+    cases += [topk_case(dtype, *t) for t in topk]
+    cases += [topk_case(dtype, 2, dc.TOPK_CHUNK + 5, 8), topk_case(dtype, 1, 5000, 64, flat=True),
+              topk_case(dtype, 2, 3000, 128)]  # K over 64: the block-wide sort
+    # the draw after a one-chunk top-K, and after a merge
+    cases += [topk_case(dtype, 6, 300, 64, draw=settings) for settings in SAMPLE_SETTINGS]
+    cases += [topk_case(dtype, 6, dc.TOPK_CHUNK + 300, 64, draw=SAMPLE_SETTINGS[1])]
     return [*cases, cast_case(dtype), rms_rows_case()]

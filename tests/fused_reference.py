@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +31,10 @@ class FusedReference:
 
     def run(self, embeds: np.ndarray, positions: np.ndarray, past_lens: np.ndarray,
             query_lens: np.ndarray, last: np.ndarray, cache: list[np.ndarray],
-            head: int = 0) -> dict[str, np.ndarray]:  # fmt: skip
+            head: int = 0, draw: dict[str, Any] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
         """One call: embeds [B, S, E], positions [B, S] or [3, B, S]; the cache updated in
-        place. Returns logits [B, V] and, where configured, last_hidden and topk."""
+        place. Returns logits [B, V] and, where configured, last_hidden, topk and (a sampler's
+        build, given ``draw``: uniform [B], temperature, top_k, top_p) the draw."""
         s, w = self.spec, self.w
         b, seq = embeds.shape[:2]
         t = b * seq
@@ -71,4 +73,10 @@ class FusedReference:
             out["topk_values"], out["topk_indices"] = dc.topk_reference(
                 out["logits"], s["logits_topk"], w.get("topk_bias")
             )
+        if s.get("sampler") and draw is not None:
+            out["sampled_ids"], out["sampled_embeds"] = dc.sample_reference(
+                out["topk_values"], out["topk_indices"], draw["uniform"],
+                temperature=draw["temperature"], top_k=draw["top_k"], top_p=draw["top_p"],
+                tables=w["sampler_tables"], head=head,
+            )  # fmt: skip
         return out

@@ -3,6 +3,7 @@ sampler (runtime/sampling.py) draws from the same logits and uniform numbers, on
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,9 @@ ort = pytest.importorskip("onnxruntime")
 from edgeomni.export.common.onnx_export import export_onnx  # noqa: E402
 from edgeomni.export.common.sampler import draw_from_topk  # noqa: E402
 from edgeomni.runtime.sampling import SamplingParams, sample  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sampling_cases import SETTINGS, Fixed, settings_id  # noqa: E402
 
 K = 64
 
@@ -48,16 +52,6 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-class _Fixed:
-    """A generator whose next uniform numbers are given (the engine's uniform input)."""
-
-    def __init__(self, values: np.ndarray) -> None:
-        self.values = list(values)
-
-    def random(self) -> float:
-        return float(self.values.pop(0))
-
-
 def _engine_draw(
     sess: ort.InferenceSession, logits: np.ndarray, u: np.ndarray, params: SamplingParams,
     gen: np.random.Generator,
@@ -78,17 +72,7 @@ def _engine_draw(
     })[0]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        SamplingParams(temperature=0.0),
-        SamplingParams(temperature=1.0, top_k=50, top_p=0.8),  # the code predictor's defaults
-        SamplingParams(temperature=1.3, top_k=10, top_p=1.0),
-        SamplingParams(temperature=0.6, top_k=63, top_p=0.3),
-        SamplingParams(temperature=0.9, top_k=2, top_p=0.95),
-    ],
-    ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}",
-)
+@pytest.mark.parametrize("params", SETTINGS, ids=settings_id)
 def test_engine_draws_what_the_host_draws(
     session: ort.InferenceSession, params: SamplingParams
 ) -> None:
@@ -107,7 +91,7 @@ def test_engine_draws_what_the_host_draws(
                 assert got[b] == -1
                 undecided += 1
                 continue
-            want = sample(logits[b : b + 1], params, _Fixed(u[b : b + 1]))[0]  # type: ignore[arg-type]
+            want = sample(logits[b : b + 1], params, Fixed(u[b : b + 1]))[0]  # type: ignore[arg-type]
             assert got[b] == want, (trial, b)
         tied += int((srt[:, k] == srt[:, k - 1]).sum())
         rows += 16

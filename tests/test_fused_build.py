@@ -124,15 +124,29 @@ def test_graph_only_and_the_footprint_find_the_fused_engine(fused_engine, qwen3_
 def test_fused_io_is_the_onnx_builds(qwen3_ckpt, tmp_path, dtype) -> None:
     """The fused engine declares the ONNX cuda build's names, types and output shapes (what
     stages bind and feed), from its config alone: integer lengths stay integers."""
+    fused = tmp_path / "fused"
+    build(qwen3_ckpt, fused, BuildArgs(3, 64, 128, backend="fused", device="cuda", dtype=dtype))
+    build(qwen3_ckpt, tmp_path / "ort", BuildArgs(3, 64, 128, device="cuda", dtype=dtype))
+    _same_io(fused, tmp_path / "ort" / "llm.onnx")
+
+
+def test_the_fused_code_predictors_io_is_the_onnx_samplers(tts_engine, tts_fused,
+                                                           tmp_path) -> None:  # fmt: skip
+    """With its in-engine sampler too: the draw's inputs after lm_head_index, its outputs after
+    the top-K, of the ONNX cuda build's types."""
+    ort = tmp_path / "ort"
+    build(tts_engine.parent / "ckpt", ort, BuildArgs(2, 64, 128, device="cuda"),
+          ["code_predictor"])  # fmt: skip
+    _same_io(tts_fused / "code_predictor", ort / "code_predictor" / "llm.onnx")
+
+
+def _same_io(fused: Path, onnx_path: Path) -> None:
     import onnx
 
     from edgeomni.runtime.fused_engine import FusedSpec, _names, io_types
 
-    types = {1: np.float32, 10: np.float16, 6: np.int32, 7: np.int64}
-    fused = tmp_path / "fused"
-    build(qwen3_ckpt, fused, BuildArgs(3, 64, 128, backend="fused", device="cuda", dtype=dtype))
-    build(qwen3_ckpt, tmp_path / "ort", BuildArgs(3, 64, 128, device="cuda", dtype=dtype))
-    model = onnx.load(str(tmp_path / "ort" / "llm.onnx"), load_external_data=False)
+    types = {1: np.float32, 10: np.float16, 6: np.int32, 7: np.int64, 11: np.float64}
+    model = onnx.load(str(onnx_path), load_external_data=False)
     spec = FusedSpec(json.loads((fused / "config.json").read_text())["fused"], "config.json")
     inputs, outputs = _names(spec)
     # the stages' inputs (the lowering's own, gqa_*, its binding derives from the lengths)
@@ -172,8 +186,18 @@ def test_the_engine_accepts_the_builds_weights_and_names_what_is_wrong(fused_eng
         FusedEngine._check_weights(engine, path, bad)  # type: ignore[arg-type]
 
 
+@pytest.fixture(scope="module")
+def tts_fused(tts_engine: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3-TTS's talker and code predictor built for the fused backend (the code predictor
+    with its in-engine sampler, a cuda build's default); no graph, as code2wav is not built."""
+    fused = tmp_path_factory.mktemp("tts-fused") / "eng"
+    args = BuildArgs(2, 64, 128, backend="fused", device="cuda", dtype="float32")
+    build(tts_engine.parent / "ckpt", fused, args, ["talker", "code_predictor"])
+    return fused
+
+
 def test_the_tts_talker_and_code_predictor_layouts_equal_their_onnx_engines(tts_engine,
-                                                                            tmp_path) -> None:  # fmt: skip
+                                                                            tts_fused) -> None:  # fmt: skip
     """Qwen3-TTS's fused components: the talker (its normed last hidden state feeds the code
     predictor) and the code predictor (its input projection from the talker's width, one of 15
     heads a step) give the ONNX Runtime CPU engines' logits and hidden state, prefill and
@@ -182,10 +206,7 @@ def test_the_tts_talker_and_code_predictor_layouts_equal_their_onnx_engines(tts_
     from edgeomni.runtime.engine import open_engine
     from edgeomni.runtime.kv import KVCache
 
-    fused = tmp_path / "fused"
-    args = BuildArgs(2, 64, 128, backend="fused", device="cuda", dtype="float32")
-    build(tts_engine.parent / "ckpt", fused, args, ["talker", "code_predictor"])  # no graph:
-    # code2wav is not among the parts
+    fused = tts_fused
     for comp in ("talker", "code_predictor"):
         cfg = json.loads((tts_engine / comp / "config.json").read_text())
         ref = FusedReference(fused / comp)
@@ -214,3 +235,52 @@ def test_the_tts_talker_and_code_predictor_layouts_equal_their_onnx_engines(tts_
                 w = np.asarray(want[name], np.float64)
                 assert np.abs(got[name] - w).max() <= 1e-4 * np.abs(w).max(), (comp, name, step)
             past, lens = past + lens, np.ones(rows, np.int32)
+
+
+def test_the_fused_code_predictors_draws_equal_the_onnx_samplers(tts_engine, tts_fused,
+                                                                 tmp_path) -> None:  # fmt: skip
+    """The fused code predictor's in-engine draw (its sampler tables and the draw after the
+    top-K) gives the ONNX engine's sampler's ids and next embeddings, step by step: greedy and
+    the code predictor's sampling, each step fed the embedding the step before drew."""
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.engine import open_engine
+    from edgeomni.runtime.kv import KVCache
+
+    onnx = tmp_path / "onnx"
+    args = BuildArgs(2, 64, 128, dtype="float32", engine_sampling=True)
+    build(tts_engine.parent / "ckpt", onnx, args, ["code_predictor"])
+    cfg = json.loads((onnx / "code_predictor" / "config.json").read_text())
+    ref = FusedReference(tts_fused / "code_predictor")
+    spec = ref.spec
+    assert spec["sampler"] and ref.w["sampler_tables"].shape[0] == spec["lm_heads"]
+    engine = open_engine(onnx / "code_predictor", cfg)
+    width = spec["input_size"]
+    outputs = {"logits": (cfg["vocab_size"],), "sampled_ids": (), "sampled_embeds": (width,)}
+    rows, capacity = 2, 32
+    rng = np.random.default_rng(3)
+    drawn = 0
+    for temperature, top_k, top_p in ((1.0, 1, 1.0), (1.0, 50, 0.8), (0.7, 5, 1.0)):
+        session = DecoderSession(engine, KVCache.for_decoder(cfg, rows, capacity, engine), rows,
+                                 outputs)  # fmt: skip
+        cache = ref.cache(rows, capacity)
+        x = (rng.standard_normal((rows, 2, width)) * 0.5).astype(np.float32)
+        past, lens = np.zeros(rows, np.int32), np.full(rows, 2, np.int32)
+        for step in range(4):
+            draw = {"uniform": rng.random(rows) if top_k > 1 else np.zeros(rows),
+                    "temperature": temperature, "top_k": top_k, "top_p": top_p}  # fmt: skip
+            feeds = {"lm_head_index": np.array([step], np.int64),
+                     "sample_uniform": draw["uniform"],
+                     "sample_temperature": np.array([temperature]),
+                     "sample_top_k": np.array([top_k], np.int64),
+                     "sample_top_p": np.array([top_p])}  # fmt: skip
+            pos = text_positions(past, x.shape[1], False)
+            last = (lens - 1).astype(np.int64)
+            want = session.run(x, pos, past, lens, last, **feeds)
+            got = ref.run(x, pos, past, lens, last, cache, head=step, draw=draw)
+            np.testing.assert_array_equal(got["sampled_ids"], want["sampled_ids"])
+            np.testing.assert_allclose(got["sampled_embeds"], want["sampled_embeds"], rtol=1e-6)
+            drawn += int((got["sampled_ids"] >= 0).sum())
+            # a copy: the session writes its next output where this one is
+            x = np.array(want["sampled_embeds"], np.float32)[:, None, :]
+            past, lens = past + lens, np.ones(rows, np.int32)
+    assert drawn >= 20  # the K decided most rows

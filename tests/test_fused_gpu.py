@@ -256,6 +256,67 @@ def test_tts_codes_equal_onnxruntime_cuda(tmp_path) -> None:
 
 
 @needs_ort_cuda
+def test_tts_sampled_codes_equal_onnxruntime_cuda(tmp_path) -> None:
+    """The code predictor sampling (top-k 50, top-p 0.8): the fused engine's in-engine draw and
+    the ONNX engine's sampler take the same uniform numbers from the request's seed and draw
+    the same codes (both run whole frames on the device)."""
+    ckpt = tts_checkpoint(tmp_path / "ckpt")
+    fused = fused_build(ckpt, tmp_path / "fused", "float32", model="tts")
+    ort = cuda_build(ckpt, tmp_path / "ort", "float32", model="tts")
+    assert json.loads((fused / "code_predictor" / "config.json").read_text())["fused"]["sampler"]
+    body = {"talker_top_k": 1, "subtalker_top_k": 50, "subtalker_top_p": 0.8,
+            "subtalker_temperature": 0.9, "talker_max_new_tokens": 30, "seed": 7,
+            "voice": "vivian", "language": "english",
+            "requests": [{"messages": [{"role": "user", "content": t}]}
+                         for t in ("Hello world", "A longer sentence to speak.")]}  # fmt: skip
+    for a, b in zip(speech(fused, body), speech(ort, body), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_the_code_predictors_draws_equal_the_reference(tmp_path, graphs) -> None:
+    """The fused code predictor's in-engine draw on the GPU: each step's ids and next
+    embeddings are the reference's (tests/fused_reference.py), each step fed the embedding the
+    one before drew on the device, greedy and sampled, eager and from captured graphs."""
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.engine import open_engine
+    from edgeomni.runtime.kv import KVCache
+
+    folder = fused_build(tts_checkpoint(tmp_path / "ckpt"), tmp_path / "fused", "float32",
+                         model="tts") / "code_predictor"  # fmt: skip
+    cfg = json.loads((folder / "config.json").read_text())
+    engine = open_engine(folder, cfg, cuda_graphs=graphs)
+    ref = FusedReference(folder)
+    width = ref.spec["input_size"]
+    outputs = {"logits": (cfg["vocab_size"],), "sampled_ids": (), "sampled_embeds": (width,)}
+    rows, capacity = 3, 32
+    rng = np.random.default_rng(3)
+    for temperature, top_k, top_p in ((1.0, 1, 1.0), (0.9, 50, 0.8)):
+        session = DecoderSession(engine, KVCache.for_decoder(cfg, rows, capacity, engine), rows,
+                                 outputs)  # fmt: skip
+        cache = ref.cache(rows, capacity)
+        x = (rng.standard_normal((rows, 1, width)) * 0.5).astype(np.float32)
+        past, lens = np.zeros(rows, np.int32), np.ones(rows, np.int32)
+        for step in range(5):
+            u = rng.random(rows) if top_k > 1 else np.zeros(rows)
+            feeds = {"lm_head_index": np.array([step], np.int64), "sample_uniform": u,
+                     "sample_temperature": np.array([temperature]),
+                     "sample_top_k": np.array([top_k], np.int64),
+                     "sample_top_p": np.array([top_p])}  # fmt: skip
+            pos = text_positions(past, 1, False)
+            last = np.zeros(rows, np.int64)
+            out = session.run(x, pos, past, lens, last, tag=step, **feeds)
+            want = ref.run(x, pos, past, lens, last, cache, head=step,
+                           draw={"uniform": u, "temperature": temperature, "top_k": top_k,
+                                 "top_p": top_p})  # fmt: skip
+            np.testing.assert_array_equal(out["sampled_ids"], want["sampled_ids"])
+            embeds = np.array(out["sampled_embeds"], np.float32)
+            np.testing.assert_allclose(embeds, want["sampled_embeds"], rtol=1e-6)
+            x = embeds[:, None, :]
+            past = past + 1
+
+
+@needs_ort_cuda
 def test_omni_codes_equal_onnxruntime_cuda(omni, tmp_path) -> None:
     fused = fused_build(omni, tmp_path / "fused", "float32", OMNI_PARTS, model="omni")
     ort = cuda_build(omni, tmp_path / "ort", "float32", OMNI_PARTS, model="omni")

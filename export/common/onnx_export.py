@@ -23,7 +23,8 @@ class ExportedDecoder:
     module: Any
     logits_topk: int
     topk_exclude: tuple[int, ...]
-    sampler: bool  # an in-engine sampler (export/common/sampler.py) was asked for
+    # an in-engine sampler's tables [heads, V, H] (export/common/sampler.py), None without one
+    sampler_tables: Any
     float32_embeds: bool  # the engine's float inputs are float32 whatever its weights
 
 
@@ -118,16 +119,17 @@ def export_causal_lm(
     from edgeomni.export.common.decoder import Float32Embeds, WithTopK
     from edgeomni.export.common.sampler import WithSampler
 
+    sampled = sampler_tables is not None
+    # a sampler draws from a top-K of its own (64 unless asked)
+    topk = min(logits_topk or (64 if sampled else 0), module.cfg.vocab_size)
     if _kept is not None:
-        topk = min(logits_topk, module.cfg.vocab_size)
-        _kept[path] = ExportedDecoder(module, topk, tuple(topk_exclude),
-                                      sampler_tables is not None, float32_embeds)  # fmt: skip
+        _kept[path] = ExportedDecoder(module, topk, tuple(topk_exclude), sampler_tables,
+                                      float32_embeds)  # fmt: skip
 
-    if sampler_tables is not None:
+    if sampled:
         if topk_exclude:
             raise ValueError("an in-engine sampler takes no excluded ids")
-        k = min(logits_topk or 64, module.cfg.vocab_size)
-        module = WithSampler(module, k, sampler_tables)
+        module = WithSampler(module, topk, sampler_tables)
     elif logits_topk:
         module = WithTopK(module, min(logits_topk, module.cfg.vocab_size), tuple(topk_exclude))
     cfg = module.cfg
