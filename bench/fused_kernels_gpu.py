@@ -173,11 +173,17 @@ def main() -> int:
                                [ptr(cand_v.ptr), ptr(cand_i.ptr), i32(chunks * 64), i32(64),
                                 ptr(top_v.ptr), ptr(top_i.ptr), ptr(None), i32(VOCAB),
                                 *no_draw], stream=cu_stream, overlap=overlap)), 0),
-            # the code predictor's tail: a top 64 of 2048 codes, float16 copies, the draw
+            # the code predictor's tail: a top 64 of 2048 codes, float16 copies, the draw (and
+            # without the draw, to tell the two apart)
             "topk_one + draw (V 2048)": (lambda overlap=False: kernels.launch(
                 "topk_one", (1, batch), 512,
                 [ptr(logits.ptr), ptr(None), i32(CP_VOCAB), i32(64), ptr(logits_h.ptr),
                  ptr(top_v.ptr), ptr(top_i.ptr), ptr(top_h.ptr), *draw], stream=cu_stream,
+                overlap=overlap), 0),
+            "topk_one (V 2048)": (lambda overlap=False: kernels.launch(
+                "topk_one", (1, batch), 512,
+                [ptr(logits.ptr), ptr(None), i32(CP_VOCAB), i32(64), ptr(logits_h.ptr),
+                 ptr(top_v.ptr), ptr(top_i.ptr), ptr(top_h.ptr), *no_draw], stream=cu_stream,
                 overlap=overlap), 0),
         }  # fmt: skip
         per_layer = ("qkv (norm fused)", "qk_rope", "attention", "o (+residual)",

@@ -13,7 +13,7 @@ machine's time and disk: the output says so and adds an estimate scaled to 48 la
 checkpoint and engines stay in --work and are reused, so a machine whose commands are limited
 to 10 minutes can run `--stop-after build` first and the same command without it next.
 
-    python bench/gpu_omni.py --out DIR [--thinker-layers 4] [--concurrency 1 4 16]
+    python bench/gpu_omni.py --out DIR [--thinker-layers 4] [--concurrency 1 4 16] [--backend fused]
     python bench/gpu_omni.py --size tiny --device cpu --concurrency 1 2 --frames 12 \\
         --new-tokens 8 --out /tmp/gpu_omni_tiny            # the script's logic, on a CPU
 """
@@ -509,8 +509,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="the talker streams the thinker's reply (edge-infer's flag)",
     )
+    p.add_argument("--backend", choices=("onnxruntime", "fused"), default="onnxruntime",
+                   help="edge-build's --backend: fused runs the dense code predictor on edgeomni's "
+                        "CUDA kernels (the MoE thinker and talker stay on ONNX Runtime)")  # fmt: skip
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-gpu-omni")
     args = p.parse_args(argv)
+    if args.backend == "fused" and (args.quantization or args.device != "cuda"):
+        p.error("--backend fused: float weights on cuda only (no --quantization, no cpu)")
     if args.size == "tiny":
         args.thinker_layers = 4  # make_qwen3_omni's thinker
     if args.thinker_layers < 2:
@@ -567,6 +572,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra: dict[str, Any] = {} if args.logits_topk is None else {"logits_topk": args.logits_topk}
     if args.quantization:
         extra["quantization"] = args.quantization
+    if args.backend != "onnxruntime":
+        extra["backend"] = args.backend
     build_args = BuildArgs(
         max_batch, max_input, capacity, device=args.device, dtype=args.dtype, **extra
     )
@@ -575,6 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"engine-{tag}-{args.device}-{args.dtype}-b{max_batch}-i{max_input}-c{capacity}"
         + (f"-k{topk}" if topk is not None else "")
         + (f"-{args.quantization}" if args.quantization else "")
+        + (f"-{args.backend}" if args.backend != "onnxruntime" else "")
     )
     components = ["llm", "talker", "code_predictor", "code2wav"]  # no audio/vision encoders
     reused_engine = (engine / "multistage_config.json").is_file()

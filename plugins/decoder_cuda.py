@@ -248,18 +248,6 @@ __device__ __forceinline__ void bitonic_step(float* val, int* idx, int i, int si
 }
 
 __device__ void bitonic(float* val, int* idx, int n) {
-    if (n <= 64) {  // one warp's work (K <= 64): warp barriers between its passes
-        __syncthreads();
-        if (threadIdx.x < 32) {
-            for (int size = 2; size <= n; size <<= 1)
-                for (int stride = size >> 1; stride > 0; stride >>= 1) {
-                    __syncwarp();
-                    if ((int)threadIdx.x < n / 2) bitonic_step(val, idx, threadIdx.x, size, stride);
-                }
-        }
-        __syncthreads();
-        return;
-    }
     for (int size = 2; size <= n; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             __syncthreads();
@@ -291,16 +279,9 @@ __device__ int select_digit(const unsigned* keys, unsigned prefix, unsigned mask
                             int need, int* hist, int* scratch, int* above, int* equal) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
     __syncthreads();
-    // one atomic a warp and digit: the lanes with the same digit counted by their first (keys
-    // of one chunk share few top digits, and padding one: lane by lane they serialised)
 #pragma unroll
-    for (int j = 0; j < TOPK_PER; ++j) {
-        const bool match = (keys[j] & mask) == prefix;
-        const unsigned digit = match ? (keys[j] >> shift) & 255u : 256u;
-        const unsigned peers = __match_any_sync(0xffffffffu, digit);
-        if (match && (int)(threadIdx.x & 31) == __ffs(peers) - 1)
-            atomicAdd(&hist[digit], __popc(peers));
-    }
+    for (int j = 0; j < TOPK_PER; ++j)
+        if ((keys[j] & mask) == prefix) atomicAdd(&hist[(keys[j] >> shift) & 255u], 1);
     __syncthreads();
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
@@ -395,8 +376,10 @@ __device__ void block_topk(const float* v, const int* id, int kk, float* out_v, 
 }
 
 // Block (c, b)'s TOPK_PER logits a thread, of logits [b, c*CHUNK .. +CHUNK) (+ bias: -inf for ids
-// held out; NaN as -inf); each logit also goes to logits_h in float16 where that is given (a
-// float16 build's logits output, written here rather than by a kernel of its own).
+// held out; NaN as -inf). Where logits_h is given (a float16 build's logits output, written here
+// rather than by a kernel of its own) each logit goes there in float16 and the top K is of
+// those float16 values: the top K of the logits the engine outputs, with their ties, as the
+// host would take it from them and as an ONNX float16 build's TopK does.
 __device__ __forceinline__ void load_chunk(const float* __restrict__ logits,
                                            const float* __restrict__ bias, int V, int c, int b,
                                            half_t* logits_h, float* v, int* id) {
@@ -405,8 +388,12 @@ __device__ __forceinline__ void load_chunk(const float* __restrict__ logits,
         const int i = c * TOPK_CHUNK + threadIdx.x + j * TOPK_THREADS;
         float s = NEG_INF;
         if (i < V) {
-            const float raw = logits[(long long)b * V + i];
-            if (logits_h) logits_h[(long long)b * V + i] = f2h(raw);
+            float raw = logits[(long long)b * V + i];
+            if (logits_h) {
+                const half_t h = f2h(raw);
+                logits_h[(long long)b * V + i] = h;
+                raw = h2f(h);
+            }
             s = raw + (bias ? bias[i] : 0.f);
             if (s != s) s = NEG_INF;
         }

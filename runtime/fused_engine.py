@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 # the float types a build writes its weights and cache in
 DTYPES = ("float16", "float32")
+# calls of fewer tokens than this queue their kernels as programmatic dependent launches
+OVERLAP_MAX_TOKENS = 8
 
 
 class FusedSpec:
@@ -404,13 +406,18 @@ class FusedBinding:
         half_attn = spec.dtype == "float16"
 
         follows_ours = False  # the last thing queued was a kernel of ours (decoder_cuda, attention)
+        # dependent launches for calls of few tokens only: a kernel launched early holds SM slots
+        # while it waits, which the kernel before needs once its grid is large (on the H200,
+        # session 25's kernels timed alone were slower with them at 8 and 32 rows, faster at 1;
+        # docs/benchmarks.md, issue 34's third slice, has this session's, faster at 8 too)
+        overlap = engine.overlap and tokens < OVERLAP_MAX_TOKENS
 
         def launch(name: str, grid: tuple[int, ...], block: int, args: list[Any],
                    shared: int = 0) -> None:  # fmt: skip
             """A kernel of decoder_cuda's, overlapping the one before where that is one too."""
             nonlocal follows_ours
             kernels.launch(name, grid, block, args, shared=shared, stream=stream,
-                           overlap=engine.overlap and follows_ours)  # fmt: skip
+                           overlap=overlap and follows_ours)  # fmt: skip
             follows_ours = True
 
         def copy(dst: int, src: int, nbytes: int) -> None:
@@ -482,7 +489,7 @@ class FusedBinding:
             engine.attention.launch(
                 p["q"], p["k"], p["v"], key, value, a["past_lens"], a["query_lens"], p["attn"],
                 batch=b, seq=s, capacity=self.capacity, stream=stream,
-                overlap=engine.overlap and follows_ours,
+                overlap=overlap and follows_ours,
             )  # fmt: skip
             follows_ours = True  # the attention kernel waits and triggers as ours do
             linear(p["attn"], pre + "o", h, spec.heads * d, spec.hidden, store=lc.STORE_ADD,

@@ -140,17 +140,21 @@ SAMPLE_SETTINGS = [(0.0, 1, 1.0), (1.0, 50, 0.8), (1.3, 10, 1.0), (0.6, 63, 0.3)
 
 
 def topk_case(dtype: str, rows: int, vocab: int, k: int, flat: bool = False,
-              draw: tuple[float, int, float] | None = None) -> KernelCase:  # fmt: skip
+              draw: tuple[float, int, float] | None = None, half: bool = True,
+              spread: bool = False) -> KernelCase:  # fmt: skip
     """``flat``: every logit equal (the top K is the lowest ids); a vocabulary just over a
     chunk leaves the last chunk fewer ids than K (its padding is among its candidates). One
-    chunk runs ``topk_one``, more ``topk_chunks`` + ``topk_merge``; both also write the float16
-    logits and values. ``draw`` (temperature, top_k, top_p; temperature 0: greedy as the engine
+    chunk runs ``topk_one``, more ``topk_chunks`` + ``topk_merge``. ``half``: they also write the
+    float16 logits and values, and select among the float16 logits (a float16 build); else
+    among the float32 ones. ``spread``: logits float16 cannot hold, so the two differ. ``draw`` (temperature, top_k, top_p; temperature 0: greedy as the engine
     feeds it, top-k 1 at temperature 1 and uniform 0): each row's draw and its embedding too,
     with one row all equal (undecided: -1) and one with its best value repeated."""
     rng = np.random.default_rng(vocab)
     logits = np.round(rng.standard_normal((rows, vocab)) * 4).astype(np.float32)  # many ties
     if flat:
         logits[:] = 1.5
+    if spread:  # close values float16 rounds together: its ties are not float32's
+        logits = (1.0 + rng.random((rows, vocab)) * 1e-3).astype(np.float32)
     bias = np.zeros(vocab, np.float32)
     if draw is None:
         bias[rng.integers(0, vocab, 20)] = -np.inf
@@ -178,24 +182,29 @@ def topk_case(dtype: str, rows: int, vocab: int, k: int, flat: bool = False,
     else:
         draws = [buf("u"), buf("t"), buf("k"), buf("p"), buf("head"), buf("tables"),
                  ("i32", width), buf("drawn"), buf("embeds")]  # fmt: skip
-    outs = [buf("out_v"), buf("out_i"), buf("out_h")]
+    outs = [buf("out_v"), buf("out_i"), buf("out_h" if half else None)]
+    logits_h = buf("logits_h" if half else None)
     if chunks == 1:
         launches = [Launch("topk_one", (1, rows), 512, [buf("logits"), buf("bias"),
-                           ("i32", vocab), ("i32", k), buf("logits_h"), *outs, *draws])]  # fmt: skip
+                           ("i32", vocab), ("i32", k), logits_h, *outs, *draws])]  # fmt: skip
     else:
         launches = [
             Launch("topk_chunks", (chunks, rows), 512, [buf("logits"), buf("bias"),
-                   ("i32", vocab), ("i32", k), buf("logits_h"), buf("cand_v"), buf("cand_i")]),
+                   ("i32", vocab), ("i32", k), logits_h, buf("cand_v"), buf("cand_i")]),
             Launch("topk_merge", (rows,), 512, [buf("cand_v"), buf("cand_i"),
                    ("i32", chunks * k), ("i32", k), *outs, ("i32", vocab), *draws]),
         ]  # fmt: skip
 
     def check(got: dict[str, np.ndarray]) -> None:
-        values, indices = dc.topk_reference(logits, k, bias)
+        chosen = logits.astype(np.float16).astype(np.float32) if half else logits
+        values, indices = dc.topk_reference(chosen, k, bias)
         np.testing.assert_array_equal(got["out_i"], indices)
         np.testing.assert_array_equal(got["out_v"], values)
-        np.testing.assert_array_equal(got["out_h"], values.astype(np.float16))
-        np.testing.assert_array_equal(got["logits_h"], logits.astype(np.float16))
+        if half:
+            np.testing.assert_array_equal(got["out_h"], values.astype(np.float16))
+            np.testing.assert_array_equal(got["logits_h"], logits.astype(np.float16))
+        else:
+            assert not got["out_h"].any() and not got["logits_h"].any()
         if draw is None:
             assert not got["drawn"].any() and not got["embeds"].any()
             return
@@ -205,7 +214,8 @@ def topk_case(dtype: str, rows: int, vocab: int, k: int, flat: bool = False,
         np.testing.assert_array_equal(got["drawn"], want)
         np.testing.assert_array_equal(got["embeds"], rows_of)
 
-    name = f"topk-{rows}x{vocab}-{k}{'-flat' if flat else ''}"
+    name = f"topk-{rows}x{vocab}-{k}{'-flat' if flat else ''}{'' if half else '-f32'}"
+    name += "-spread" if spread else ""
     if draw is not None:
         name = f"draw-{dtype}-{vocab}-T{temperature}-k{top_k}-p{top_p}"
     return KernelCase(name, buffers, launches, check)
@@ -270,6 +280,10 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
     cases += [topk_case(dtype, *t) for t in topk]
     cases += [topk_case(dtype, 2, dc.TOPK_CHUNK + 5, 8), topk_case(dtype, 1, 5000, 64, flat=True),
               topk_case(dtype, 2, 3000, 128)]  # K over 64: the block-wide sort
+    # float16 builds select among float16 logits, float32 builds among float32 ones
+    cases += [topk_case(dtype, 2, 3000, 64, spread=True, half=half) for half in (True, False)]
+    cases += [topk_case(dtype, 2, dc.TOPK_CHUNK + 300, 16, spread=True, half=half)
+              for half in (True, False)]
     # the draw after a one-chunk top-K, and after a merge
     cases += [topk_case(dtype, 6, 300, 64, draw=settings) for settings in SAMPLE_SETTINGS]
     cases += [topk_case(dtype, 6, dc.TOPK_CHUNK + 300, 64, draw=SAMPLE_SETTINGS[1])]

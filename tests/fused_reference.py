@@ -69,9 +69,12 @@ class FusedReference:
         out["logits"] = lc.linear_reference(rows, lm, norm_w=w["norm"], eps=eps)
         if s["last_hidden_output"]:
             out["last_hidden"] = rows * lc.rms_scale(rows, eps) * w["norm"]
-        if s["logits_topk"]:
+        if s["logits_topk"]:  # a float16 build's top K is of its float16 logits
+            logits = out["logits"]
+            if s["dtype"] == "float16":
+                logits = logits.astype(np.float16).astype(np.float64)
             out["topk_values"], out["topk_indices"] = dc.topk_reference(
-                out["logits"], s["logits_topk"], w.get("topk_bias")
+                logits, s["logits_topk"], w.get("topk_bias")
             )
         if s.get("sampler") and draw is not None:
             out["sampled_ids"], out["sampled_embeds"] = dc.sample_reference(

@@ -12,6 +12,10 @@ import tempfile
 from pathlib import Path
 
 OMNI_PARTS = ["llm", "talker", "code_predictor", "code2wav"]
+# the ONNX Runtime CPU float32 build, the speech tests' exact float32 reference: ONNX Runtime's
+# CUDA float32 build differs from it (TF32 matrix products, the CUDA provider's default, is the
+# likely cause), the fused float32 build does not
+CPU_REFERENCE = "onnxruntime-cpu"
 
 
 def engine_key(model: str, backend: str, dtype: str) -> str:
@@ -33,13 +37,17 @@ def main(out: Path) -> None:
         "omni": (make_qwen3_omni(work / "omni"), OMNI_PARTS, ("float32", "float16")),
     }
     for model, (ckpt, parts, dtypes) in models.items():
-        for dtype in dtypes:
-            for backend in ("fused", "onnxruntime"):
-                engine = out / engine_key(model, backend, dtype)
-                args = BuildArgs(3, 64, 128, backend=backend, device="cuda", dtype=dtype)
-                if build(ckpt, engine, args, parts) is None:
-                    raise SystemExit(f"building {engine.name} failed")
-                print(engine, flush=True)
+        builds = [(backend, "cuda", dtype) for dtype in dtypes
+                  for backend in ("fused", "onnxruntime")]  # fmt: skip
+        if model != "qwen3":  # the exact float32 reference of the speech tests (CPU_REFERENCE)
+            builds.append(("onnxruntime", "cpu", "float32"))
+        for backend, device, dtype in builds:
+            name = backend if device == "cuda" else CPU_REFERENCE
+            engine = out / engine_key(model, name, dtype)
+            args = BuildArgs(3, 64, 128, backend=backend, device=device, dtype=dtype)
+            if build(ckpt, engine, args, parts) is None:
+                raise SystemExit(f"building {engine.name} failed")
+            print(engine, flush=True)
 
 
 if __name__ == "__main__":

@@ -173,6 +173,30 @@ def test_requests_finishing_together_share_their_last_call(omni_engine, wholes) 
         assert np.abs(state.outputs["code2wav:audio"] - whole).max() < TOL
 
 
+def test_an_onnxruntime_without_batched_past_attention_steps_one_row_a_call(
+    omni_engine, wholes, monkeypatch
+) -> None:
+    """onnxruntime 1.31 refuses the step engine's attention with past context for two rows of
+    more than one frame: under an onnxruntime older than ORT_BATCHED_GQA (here: made newer
+    than this one), the rows of a call are split into calls of one row (the same audio); 1.32
+    and later take them together."""
+    import onnxruntime
+
+    from edgeomni.runtime.speech import code2wav_stream
+
+    have = tuple(int(x) for x in onnxruntime.__version__.split(".")[:2])
+    assert stateful(omni_engine).step.max_rows == (1 if have < (1, 32) else 0)
+    monkeypatch.setattr(code2wav_stream, "ORT_BATCHED_GQA", (have[0], have[1] + 1))
+    runner = stateful(omni_engine, first_chunk_frames=2, chunk_frames=4)
+    assert runner.step.max_rows == 1
+    calls = record_calls(runner)
+    codes, whole = wholes["omni"][11]
+    states = run_batch(runner, [codes, codes.copy()], width=2)
+    assert calls == [[2], [2], [4], [4], [4], [4], [1], [1]]
+    for state in states:
+        assert np.abs(state.outputs["code2wav:audio"] - whole).max() < TOL
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_chunks_of_any_size_equal_the_whole_decode(family: str, wholes, request) -> None:
     """One request's frames pushed in uneven bursts, chunked as they come and at the end."""

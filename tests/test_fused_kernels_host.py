@@ -29,19 +29,6 @@ typedef unsigned short half_t;
 inline float h2f(half_t h) { return half_to_f(h); }
 inline half_t f2h(float f) { return f_to_half(f); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-// the lanes of this warp holding the same value, as a bit mask
-static unsigned g_match[64][32];
-inline unsigned __match_any_sync(unsigned, unsigned v) {
-    const int lane = threadIdx.x & 31;
-    g_match[t_warp][lane] = v;
-    __syncwarp();
-    unsigned peers = 0u;
-    for (int l = 0; l < 32; ++l) peers |= (g_match[t_warp][l] == v ? 1u : 0u) << l;
-    __syncwarp();
-    return peers;
-}
-inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
-inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 // mma.sync.m16n8k16.row.col f32 += f16 x f16 over a warp: each lane's fragments exchanged, each
