@@ -235,23 +235,21 @@ __device__ __forceinline__ bool before(float av, int ai, float bv, int bi) {
     return av > bv || (av == bv && ai < bi);
 }
 
-__device__ __forceinline__ void bitonic_step(float* val, int* idx, int i, int size, int stride) {
-    int lo = 2 * i - (i & (stride - 1));
-    int hi = lo + stride;
-    bool up = (lo & size) == 0;  // this run sorts "before" first
-    bool swap = up ? before(val[hi], idx[hi], val[lo], idx[lo])
-                   : before(val[lo], idx[lo], val[hi], idx[hi]);
-    if (swap) {
-        float tv = val[lo]; val[lo] = val[hi]; val[hi] = tv;
-        int ti = idx[lo]; idx[lo] = idx[hi]; idx[hi] = ti;
-    }
-}
-
 __device__ void bitonic(float* val, int* idx, int n) {
     for (int size = 2; size <= n; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             __syncthreads();
-            for (int i = threadIdx.x; i < n / 2; i += blockDim.x) bitonic_step(val, idx, i, size, stride);
+            for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+                int lo = 2 * i - (i & (stride - 1));
+                int hi = lo + stride;
+                bool up = (lo & size) == 0;  // this run sorts "before" first
+                bool swap = up ? before(val[hi], idx[hi], val[lo], idx[lo])
+                               : before(val[lo], idx[lo], val[hi], idx[hi]);
+                if (swap) {
+                    float tv = val[lo]; val[lo] = val[hi]; val[hi] = tv;
+                    int ti = idx[lo]; idx[lo] = idx[hi]; idx[hi] = ti;
+                }
+            }
         }
     }
     __syncthreads();

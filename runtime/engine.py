@@ -252,6 +252,9 @@ class OrtEngine:
         if not path.is_file():
             raise EngineError(f"engine file {path} is missing")
         self.device, self.device_id = kind, index = parse_device(device)
+        # rows a call may take where its attention has past context and more than one token
+        # (0: no cap; the stateful code2wav's step engine)
+        self.rows_with_past = _rows_with_past()
         if kind == "cuda":
             _check_cuda(path, "onnxruntime", index)
         cuda_graphs = cuda_graphs and kind == "cuda"
@@ -477,6 +480,19 @@ def cuda_device_problem(device: int = 0) -> str | None:
     if device >= count.value:
         return f"this machine has {count.value} CUDA device(s): there is no cuda:{device}"
     return None
+
+
+# onnxruntime before this version refuses GroupQueryAttention with past context for more than one
+# row when a call has more than one token ("batch_size must be 1 when sequence_length > 1 and past
+# context is given", 1.31.1 on the CPU)
+BATCHED_PAST_ATTENTION = (1, 32)
+
+
+def _rows_with_past() -> int:
+    import onnxruntime as ort
+
+    have = tuple(int(x) for x in ort.__version__.split(".")[:2])
+    return 1 if have < BATCHED_PAST_ATTENTION else 0
 
 
 def _check_lowering(folder: Path, lowering: Mapping[str, Any]) -> None:

@@ -177,16 +177,16 @@ def test_an_onnxruntime_without_batched_past_attention_steps_one_row_a_call(
     omni_engine, wholes, monkeypatch
 ) -> None:
     """onnxruntime 1.31 refuses the step engine's attention with past context for two rows of
-    more than one frame: under an onnxruntime older than ORT_BATCHED_GQA (here: made newer
-    than this one), the rows of a call are split into calls of one row (the same audio); 1.32
-    and later take them together."""
+    more than one frame: under an onnxruntime older than BATCHED_PAST_ATTENTION (here: made
+    newer than this one), the rows of a call are split into calls of one row (the same audio);
+    1.32 and later take them together."""
     import onnxruntime
 
-    from edgeomni.runtime.speech import code2wav_stream
+    from edgeomni.runtime import engine
 
     have = tuple(int(x) for x in onnxruntime.__version__.split(".")[:2])
     assert stateful(omni_engine).step.max_rows == (1 if have < (1, 32) else 0)
-    monkeypatch.setattr(code2wav_stream, "ORT_BATCHED_GQA", (have[0], have[1] + 1))
+    monkeypatch.setattr(engine, "BATCHED_PAST_ATTENTION", (have[0], have[1] + 1))
     runner = stateful(omni_engine, first_chunk_frames=2, chunk_frames=4)
     assert runner.step.max_rows == 1
     calls = record_calls(runner)

@@ -38,22 +38,6 @@ STREAM_ARTIFACT = Artifact(
           "first_chunk_frames", "chunk_frames"),
 )  # fmt: skip
 DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
-# onnxruntime before this version refuses GroupQueryAttention with past context for more than one
-# row when a call has more than one token ("batch_size must be 1 when sequence_length > 1 and past
-# context is given", 1.31.1 on the CPU): the step engine's calls then take one row each
-ORT_BATCHED_GQA = (1, 32)
-
-
-def rows_cap(engine: Any) -> int:
-    """Rows a step-engine call may take on this engine (0: no cap)."""
-    from edgeomni.runtime.engine import OrtEngine
-
-    if not isinstance(engine, OrtEngine):
-        return 0
-    import onnxruntime as ort
-
-    have = tuple(int(x) for x in ort.__version__.split(".")[:2])
-    return 1 if have < ORT_BATCHED_GQA else 0
 
 
 @dataclass(frozen=True)
@@ -115,7 +99,8 @@ class StepEngine:
         self.samples_per_frame = int(cfg["samples_per_frame"])
         self.delay = int(cfg["delay_samples"])
         self.max_chunk = int(cfg["max_chunk_frames"])
-        self.max_rows = rows_cap(self.engine)  # rows a call (0: no cap)
+        # rows a call (0: no cap): its attention has past context and more than one token
+        self.max_rows = int(getattr(self.engine, "rows_with_past", 0))
         self.calls = 0
 
     def fresh(self) -> list[Any]:
