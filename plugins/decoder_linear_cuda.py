@@ -132,19 +132,22 @@ __device__ __forceinline__ void unpack4(const uint4& raw, int j, float* out) {
 #define STORE_SET 0
 #define STORE_ADD 1
 #define STORE_HALF 2
-template <int R, int C, bool SWIGLU>
+// Column c, row r of warp i's sums is part[i * PW + c * CS + r * RS] (the up rows' at column
+// C + c): SIMT blocks write them column by column (CS = R, RS = 1), tensor-core blocks row by
+// row with a padded stride (CS = 1, RS > columns), which their fragments store without bank
+// conflicts.
+template <int R, int C, bool SWIGLU, int CS = R, int RS = 1, int PW = (SWIGLU ? 2 : 1) * C * R>
 __device__ __forceinline__ void linear_finish(
     const float* part, const float* part_ss, int kw, int n0, int r0, int rows, int K, int N,
     const float* norm_w, float eps, const float* bias, float* out, int store)
 {
-    constexpr int PW = (SWIGLU ? 2 : 1) * C * R;
     for (int t = threadIdx.x; t < C * R; t += blockDim.x) {
         const int c = t % C, r = t / C, n = n0 + c;
         if (n >= N || r0 + r >= rows) continue;
         float a = 0.f, b = 0.f, s = 0.f;
         for (int i = 0; i < kw; ++i) {
-            a += part[i * PW + c * R + r];
-            if (SWIGLU) b += part[i * PW + (C + c) * R + r];
+            a += part[i * PW + c * CS + r * RS];
+            if (SWIGLU) b += part[i * PW + (C + c) * CS + r * RS];
             if (norm_w) s += part_ss[i * R + r];
         }
         if (norm_w) {
@@ -325,7 +328,10 @@ __device__ __forceinline__ void linear_mma_body(
     const float* __restrict__ bias, float* out, int rows, int K, int N, int store)
 {
     constexpr int R = 8 * RG, T = SWIGLU ? 2 : 1;  // rows a block; W tiles (gate, up) a step
-    __shared__ float part[MAX_KW][T * 16 * R];
+    // a warp's sums row by row, T * 16 columns and 4 of padding: rows 2t and 2t + 2 of a
+    // fragment store 8 banks apart, so a warp's 32 stores meet no bank twice
+    constexpr int RS = T * 16 + 4;
+    __shared__ float part[MAX_KW][R * RS];
     __shared__ float part_ss[MAX_KW][R];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -336,7 +342,8 @@ __device__ __forceinline__ void linear_mma_body(
     // this lane's 16 bytes of W rows g and g + 8 (and the up rows) for U steps: a ring of the
     // warp's next U steps, each refilled as soon as it is used, so that U steps' weights are
     // in flight at once (one step's were too few to keep HBM busy from 64 blocks)
-    constexpr int U = (T == 2 || RG >= 4) ? 4 : 8;  // within the registers of 2 blocks an SM
+    // within the registers of 2 blocks an SM (SwiGLU at 32 rows spilled with 4)
+    constexpr int U = (T == 2 && RG >= 4) ? 2 : (T == 2 || RG >= 4) ? 4 : 8;
     uint4 wr[U][T][2];
     auto fetch = [&](int s, int slot) {
         const int k = s * 32 + 8 * t;
@@ -423,7 +430,7 @@ __device__ __forceinline__ void linear_mma_body(
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int col = u * 16 + g + 8 * (j >> 1), r = q * 8 + 2 * t + (j & 1);
-                part[warp][col * R + r] = acc[u][q][j];
+                part[warp][r * RS + col] = acc[u][q][j];
             }
     if (norm_w) {
 #pragma unroll
@@ -435,12 +442,14 @@ __device__ __forceinline__ void linear_mma_body(
         }
     }
     __syncthreads();
-    linear_finish<R, 16, SWIGLU>(&part[0][0], &part_ss[0][0], kw, n0, r0, rows, K, N, norm_w, eps,
-                                 bias, out, store);
+    linear_finish<R, 16, SWIGLU, 1, RS, R * RS>(&part[0][0], &part_ss[0][0], kw, n0, r0, rows, K,
+                                                N, norm_w, eps, bias, out, store);
 }
 
+// two blocks an SM at least (128 registers a thread): SwiGLU at 32 rows took 162, one block an
+// SM, and its 192 blocks of a 0.6B model's gate_up then ran in two waves on 132 SMs
 #define LINEAR_MMA(RG, XH, SW, NAME) \
-extern "C" __global__ void __launch_bounds__(32 * MAX_KW) NAME( \
+extern "C" __global__ void __launch_bounds__(32 * MAX_KW, 2) NAME( \
     const void* x, const long long* rowmap, int seq, const float* norm_w, float eps, \
     const wt_t* w, long long head_stride, const long long* head_index, const float* bias, \
     float* out, int rows, int K, int N, int store) { \

@@ -245,10 +245,12 @@ class OrtEngine:
         threads: int | None = None,
         cuda_graphs: bool = False,
         spin: bool = True,
+        tf32: bool = False,
     ) -> None:
         """``device``: "cpu", "cuda" or "cuda:N". ``spin``: CPU worker threads wait for the
         next call spinning (best when this engine's calls come back to back; off when engines
-        take turns)."""
+        take turns). ``tf32``: the CUDA provider may run float32 matrix products and
+        convolutions on TF32 tensor cores (10-bit mantissas); off, float32 is float32."""
         if not path.is_file():
             raise EngineError(f"engine file {path} is missing")
         self.device, self.device_id = kind, index = parse_device(device)
@@ -259,7 +261,7 @@ class OrtEngine:
             _check_cuda(path, "onnxruntime", index)
         cuda_graphs = cuda_graphs and kind == "cuda"
         try:
-            self.session = _session(path, kind, index, threads, cuda_graphs, spin)
+            self.session = _session(path, kind, index, threads, cuda_graphs, spin, tf32)
         except Exception as e:  # ORT raises its own exception types
             message = str(e).lower()
             if not (cuda_graphs and ("capture" in message or "cuda graph" in message)):
@@ -268,7 +270,7 @@ class OrtEngine:
             log.warning("%s: no CUDA graphs for this engine (%s)", path.name, e)
             cuda_graphs = False
             try:
-                self.session = _session(path, kind, index, threads, False, spin)
+                self.session = _session(path, kind, index, threads, False, spin, tf32)
             except Exception as e2:
                 raise EngineError(f"ONNX Runtime could not load {path}: {e2}") from None
         self.cuda_graphs = cuda_graphs  # whether run(graph=id) captures and replays
@@ -299,8 +301,9 @@ class OrtEngine:
 
 
 def _session(
-    path: Path, device: str, index: int, threads: int | None, cuda_graphs: bool, spin: bool = True
-) -> Any:
+    path: Path, device: str, index: int, threads: int | None, cuda_graphs: bool, spin: bool = True,
+    tf32: bool = False,
+) -> Any:  # fmt: skip
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -324,6 +327,11 @@ def _session(
             "device_id": str(index),
             "user_compute_stream": str(memory.stream(index)),
             "cudnn_conv_algo_search": "HEURISTIC",
+            # the provider's default runs float32 products on TF32 tensor cores: a float32
+            # decoder's greedy tokens then left the CPU's (and the fused engine's) a few steps
+            # in on the H200. Exact float32 unless the engine's config allows TF32 (code2wav:
+            # audio within its tolerance, convolutions several times faster)
+            "use_tf32": "1" if tf32 else "0",
         }
         if cuda_graphs:
             cuda["enable_cuda_graph"] = "1"
@@ -362,7 +370,7 @@ def open_engine(
         return TrtEngine(engine_file, config, cuda_graphs=cuda_graphs,
                          device=parse_device(device)[1])  # fmt: skip
     return OrtEngine(engine_file, device=device, threads=threads, cuda_graphs=cuda_graphs,
-                     spin=spin)  # fmt: skip
+                     spin=spin, tf32=bool(config.get("tf32", False)))  # fmt: skip
 
 
 def threads_error(threads: int | None) -> str | None:

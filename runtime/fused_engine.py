@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 
 # the float types a build writes its weights and cache in
 DTYPES = ("float16", "float32")
-# calls of fewer tokens than this queue their kernels as programmatic dependent launches
-OVERLAP_MAX_TOKENS = 8
+# calls of fewer tokens than this (decode steps of up to 63 rows) queue their kernels as
+# programmatic dependent launches; longer calls (prefills: large grids, unmeasured) do not
+OVERLAP_MAX_TOKENS = 64
 
 
 class FusedSpec:
@@ -406,10 +407,10 @@ class FusedBinding:
         half_attn = spec.dtype == "float16"
 
         follows_ours = False  # the last thing queued was a kernel of ours (decoder_cuda, attention)
-        # dependent launches for calls of few tokens only: a kernel launched early holds SM slots
-        # while it waits, which the kernel before needs once its grid is large (on the H200,
-        # session 25's kernels timed alone were slower with them at 8 and 32 rows, faster at 1;
-        # docs/benchmarks.md, issue 34's third slice, has this session's, faster at 8 too)
+        # dependent launches for decode-sized calls: with session 27's kernels (padded
+        # tensor-core partial sums, two blocks an SM) whole steps were faster with them at 1, 8
+        # and 32 rows on the H200 (session 25's kernels were slower with them at 8 and 32 rows;
+        # docs/benchmarks.md, issue 34's fourth slice)
         overlap = engine.overlap and tokens < OVERLAP_MAX_TOKENS
 
         def launch(name: str, grid: tuple[int, ...], block: int, args: list[Any],

@@ -12,9 +12,8 @@ import tempfile
 from pathlib import Path
 
 OMNI_PARTS = ["llm", "talker", "code_predictor", "code2wav"]
-# the ONNX Runtime CPU float32 build, the speech tests' exact float32 reference: ONNX Runtime's
-# CUDA float32 build differs from it (TF32 matrix products, the CUDA provider's default, is the
-# likely cause), the fused float32 build does not
+# the ONNX Runtime CPU float32 build, the speech tests' float32 reference beside the CUDA one
+# (which differed from it while the CUDA provider ran TF32 matrix products, its default)
 CPU_REFERENCE = "onnxruntime-cpu"
 
 

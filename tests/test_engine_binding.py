@@ -85,3 +85,41 @@ def test_a_feed_that_is_an_output_is_told_apart_from_a_fresh_one() -> None:
     assert _aliases(dev(1000, 64), device) and _aliases(dev(1032, 16), device)
     assert not _aliases(dev(1064, 64), device) and not _aliases(dev(0, 1000), device)
     assert not DeviceBuffers().overlaps(embeds, device.values())  # a host array never does
+
+
+@pytest.mark.parametrize(("config", "want"), [({}, "0"), ({"tf32": True}, "1")])
+def test_cuda_sessions_run_exact_float32_unless_the_engine_allows_tf32(
+    monkeypatch, tmp_path, config, want
+) -> None:
+    """The CUDA provider's default runs float32 products on TF32 tensor cores; an engine runs
+    exact float32 unless its config.json says ``"tf32": true`` (the vocoders' do)."""
+    from edgeomni.runtime import engine as eng
+
+    seen: dict[str, Any] = {}
+
+    class _Fake:
+        def __init__(self, path: str, options: Any, providers: list[Any]) -> None:
+            seen.update(dict(p for p in providers if isinstance(p, tuple)))
+
+        def disable_fallback(self) -> None:
+            pass
+
+        def get_providers(self) -> list[str]:
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+    monkeypatch.setattr(ort, "InferenceSession", _Fake)
+    monkeypatch.setattr(eng.memory, "stream", lambda index: 0)
+    eng._session(tmp_path / "m.onnx", "cuda", 0, None, False, tf32=bool(config.get("tf32")))
+    assert seen["CUDAExecutionProvider"]["use_tf32"] == want
+
+
+def test_the_vocoders_allow_tf32_and_the_decoders_do_not(omni_engine, tts_engine) -> None:
+    """What edge-build writes: code2wav's config allows TF32 (its audio stays within its
+    tolerance of float32 on the GPU, tests/test_gpu.py); the decoders' do not."""
+    import json
+
+    for root in (omni_engine, tts_engine):
+        configs = {json.loads(p.read_text())["component"]: json.loads(p.read_text())
+                   for p in root.rglob("config.json")}  # fmt: skip
+        assert configs["code2wav"]["tf32"] is True
+        assert not any(configs[c].get("tf32") for c in ("talker", "code_predictor"))

@@ -136,10 +136,10 @@ def cuda_build(ckpt: Path | None, folder: Path, dtype: str, components=None, *,
 
 
 def cpu_reference(ckpt: Path | None, folder: Path, components=None, *, model: str) -> Path:
-    """The ONNX Runtime CPU float32 build: the speech tests' exact float32 reference. ONNX
-    Runtime's CUDA float32 build is not one: its codes left the CPU build's (and the fused
-    build's) a few frames in, on the H200 (TF32 matrix products, the CUDA provider's default,
-    the likely cause); the tests print how far they agree with it."""
+    """The ONNX Runtime CPU float32 build: the speech tests' float32 reference beside the CUDA
+    build. With the CUDA provider's default TF32 matrix products, the CUDA build's codes left
+    the CPU build's (and the fused build's) a few frames in, on the H200; decoders now run it
+    with TF32 off (runtime/engine.py), and all three give the same codes."""
     key = engine_key(model, CPU_REFERENCE, "float32")
     return _build(ckpt, folder, "float32", "onnxruntime", components, key, device="cpu")
 
@@ -268,10 +268,11 @@ def test_tts_codes_equal_the_float32_reference(tmp_path) -> None:
             "language": "english",
             "requests": [{"messages": [{"role": "user", "content": t}]}
                          for t in ("Hello world", "A longer sentence to speak.")]}  # fmt: skip
-    ours, want = speech(fused, body), speech(cpu, body)
-    print(f"codes equal to onnxruntime cuda's: {agreement(ours, speech(ort, body))}")
-    for a, b in zip(ours, want, strict=True):
+    ours, want, theirs = speech(fused, body), speech(cpu, body), speech(ort, body)
+    print(f"codes equal to onnxruntime cuda's: {agreement(ours, theirs)}")
+    for a, b, c in zip(ours, want, theirs, strict=True):
         np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)  # the CUDA provider without TF32: exact float32
 
 
 @needs_ort_cuda

@@ -312,7 +312,8 @@ def stream_engine_config(
     model type, codebook, rates) with the step's inputs, outputs and state layout."""
     layout = graph.layout
     out = {key: base[key] for key in ("model_type", "num_quantizers", "codebook_size",
-                                      "samples_per_frame", "sample_rate", "backend", "device")
+                                      "samples_per_frame", "sample_rate", "backend", "device",
+                                      "tf32")
            if key in base}  # fmt: skip
     return {
         **out,
