@@ -255,7 +255,10 @@ def _build_in(
         with step(f"write {comp.name} artifacts"):
             hooks.write_artifacts(ckpt, comp, out_dir, args)
         in_graph = _awq_in_graph(comp, args, exported)  # rounded plainly now, calibrated later
-        raw, quantized = quantize_component(exported, comp, args, out_dir, ckpt, in_graph)
+        if _fused_covers(args, exported, ckpt):  # int4 in the fused layout (builder/fused.py)
+            raw, quantized = exported, {}
+        else:
+            raw, quantized = quantize_component(exported, comp, args, out_dir, ckpt, in_graph)
         build_engine(comp, raw, out_dir, quantized)
         done.append(out_dir)
         if in_graph and quantized.get("quantization"):
@@ -269,6 +272,19 @@ def _build_in(
         fields = hook(ckpt) if callable(hook) else {}
         awq_graph.requantize(ws.staging, graph, later, args, build_engine, fields)
     return graph
+
+
+def _fused_covers(args: BuildArgs, exported: Path, ckpt: Any) -> bool:
+    """A fused build's decoder its kernels run: quantized in the fused layout, not as ONNX. A
+    pre-quantized checkpoint's decoders keep their own int4 weights: ONNX Runtime builds them,
+    as before the fused kernels took int4."""
+    pq = getattr(ckpt, "prequantized", None)
+    if args.backend != "fused" or (pq is not None and pq.scheme.int4):
+        return False
+    from edgeomni.builder import fused
+    from edgeomni.export.common.onnx_export import kept_decoders
+
+    return fused.uncovered(kept_decoders().get(exported)) is None
 
 
 def _awq_in_graph(comp: Component, args: BuildArgs, exported: Path) -> bool:

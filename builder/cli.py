@@ -83,9 +83,10 @@ def parser() -> argparse.ArgumentParser:
         "on this machine's GPU, for GPUs of its compute capability, and need --device cuda "
         "(their default). An engine runs only with the TensorRT version that built it. fused: "
         "dense decoders (LLM, Qwen3-TTS talker, code predictors) run by edgeomni's own CUDA "
-        "kernels, compiled by NVRTC when loaded (cuda-python; --dtype float16 or float32, no "
-        "--quantization yet), the other components by ONNX Runtime's CUDA provider; needs "
-        "--device cuda (its default)",
+        "kernels, compiled by NVRTC when loaded (cuda-python; --dtype float16 or float32; "
+        "--quantization int4_rtn with --dtype float16 and --group-size 32, 64 or 128), the "
+        "other components (and a pre-quantized checkpoint's decoders) by ONNX Runtime's CUDA "
+        "provider; needs --device cuda (its default)",
     )
     p.add_argument(
         "--device",

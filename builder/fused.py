@@ -27,17 +27,23 @@ from edgeomni.export.family import BuildArgs
 
 log = logging.getLogger("edge-build")
 DTYPES = {"float16": np.float16, "float32": np.float32}
+INT4_GROUPS = (32, 64, 128)  # the group sizes the int4 kernels take
 
 
 def check_args(args: BuildArgs) -> None:
     """What a fused build needs, before anything is exported."""
     if args.device != "cuda":
         raise BuildError("--backend fused builds engines for a GPU: use --device cuda")
-    if args.quantization:
-        raise BuildError("--backend fused has float16 and float32 weights only (int4 is not in "
-                         "its kernels yet): drop --quantization or use --backend onnxruntime")  # fmt: skip
     if args.dtype not in DTYPES:
         raise BuildError(f"--backend fused takes --dtype float16 or float32, not {args.dtype}")
+    if args.quantization and args.quantization != "int4_rtn":
+        raise BuildError(f"--backend fused quantizes with int4_rtn only ({args.quantization}'s "
+                         "scales are not in its kernels): use int4_rtn or --backend onnxruntime")  # fmt: skip
+    if args.quantization and args.dtype != "float16":
+        raise BuildError("--backend fused runs int4 weights in float16 builds: add --dtype float16")
+    if args.quantization and args.group_size not in INT4_GROUPS:
+        raise BuildError(f"--backend fused takes an int4 --group-size of "
+                         f"{', '.join(map(str, INT4_GROUPS))}, not {args.group_size}")  # fmt: skip
 
 
 def uncovered(decoder: ExportedDecoder | None) -> str | None:
@@ -69,6 +75,8 @@ def build_engine(
         return {"backend": "onnxruntime", "lowering": ort_build(raw, out_path, args)}
     assert decoder is not None
     tensors, spec = layout(decoder, args.dtype)
+    if args.quantization:
+        quantize(tensors, spec, args.group_size, args.quantize_lm_head, out_path.stem)
     path = out_path.with_name(out_path.stem + SUFFIX)
     from safetensors.numpy import save_file
 
@@ -137,3 +145,30 @@ def layout(decoder: ExportedDecoder, dtype: str) -> tuple[dict[str, np.ndarray],
         "embeds_dtype": "float32" if decoder.float32_embeds else dtype,
     }  # fmt: skip
     return out, spec
+
+
+def quantize(
+    tensors: dict[str, np.ndarray], spec: dict[str, Any], group: int, lm_head: bool, name: str
+) -> None:
+    """int4_rtn in place: each layer's qkv, o, gate_up and down (and the LM head with
+    ``lm_head``) become codes [rows, K / 2] and float16 scales [rows, K / group] under
+    ``<name>.scales`` (plugins/quant_linear.py's symmetric rounding, the ONNX build's, of the
+    float16 weights), and ``spec`` says so (runtime/fused_engine.py's FusedSpec)."""
+    from edgeomni.plugins.decoder_linear_cuda import INT4_MATRICES
+    from edgeomni.plugins.quant_linear import quantize_symmetric
+
+    names = [n for n in tensors
+             if n.startswith("layers.") and n.rsplit(".", 1)[-1] in INT4_MATRICES]  # fmt: skip
+    names += ["lm_head"] if lm_head else []
+    for matrix in names:
+        w = tensors[matrix]
+        k = w.shape[-1]
+        if k % group:
+            raise BuildError(f"{name}: {matrix} has K = {k}, not a multiple of the int4 "
+                             f"--group-size {group}")  # fmt: skip
+        flat = w.reshape(-1, k).astype(np.float32)
+        packed, scales = quantize_symmetric(flat.T, group, np.float16)
+        tensors[matrix] = np.ascontiguousarray(packed.reshape(*w.shape[:-1], k // 2))
+        tensors[matrix + ".scales"] = np.ascontiguousarray(scales.reshape(*w.shape[:-1], -1))
+    spec["int4"] = {"group_size": group, "lm_head": lm_head}
+

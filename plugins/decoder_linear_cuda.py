@@ -14,6 +14,9 @@ Two families of variants, picked by ``linear_launch``:
   ``mma.sync.m16n8k16`` tiles of 16 weight rows by 8 x rows, x (times the norm's weight)
   rounded to float16 as ONNX Runtime's float16 build rounds its activations.
 
+int4 matrices (``linear_q{f,h}{R}[s]``, in float16 modules) run SIMT at every row count: a lane
+reads 4 bytes (8 weights of one group) a pass and their float16 scale.
+
 Both end in ``linear_finish``: the norm's row scale, SwiGLU, the bias, and the store (float32, added
 into float32, or float16: SwiGLU's output feeds the down projection's tensor cores as the float16
 they would round it to). Partial sums from the warps meet in shared memory in warp order, and kw depends on K and the
@@ -38,8 +41,8 @@ MAX_WARPS = 8  # warps splitting K in a ``linear`` block
 STORE_SET, STORE_ADD, STORE_HALF = 0, 1, 2
 
 
-def linear_name(rows: int, half_input: bool, swiglu: bool = False) -> str:
-    return f"linear_{'h' if half_input else 'f'}{rows}{'s' if swiglu else ''}"
+def linear_name(rows: int, half_input: bool, swiglu: bool = False, int4: bool = False) -> str:
+    return f"linear_{'q' if int4 else ''}{'h' if half_input else 'f'}{rows}{'s' if swiglu else ''}"
 
 
 def linear_columns(rows: int, swiglu: bool) -> int:
@@ -73,17 +76,19 @@ class LinearLaunch:
 
 def linear_launch(
     weights: str, rows: int, k: int, n: int, *, half_input: bool = False,
-    swiglu: bool = False, warps: int | None = None,
+    swiglu: bool = False, warps: int | None = None, int4: bool = False,
 ) -> LinearLaunch:  # fmt: skip
     """The kernel, grid and block of a ``linear`` call of ``rows`` rows, K = ``k``, N = ``n``,
-    ``weights`` the matrix's type (``warps``: a benchmark's other split of K; the engine leaves
-    it to ``linear_warps``)."""
+    ``weights`` the module's float type (``int4``: this matrix is int4, in a float16 module;
+    ``warps``: a benchmark's other split of K; the engine leaves it to ``linear_warps``)."""
     if half_input and swiglu:
         raise ValueError("linear: no SwiGLU variant takes float16 input")
+    if int4 and weights != "float16":
+        raise ValueError("linear: int4 weights are in float16 modules only")
     wvec = 8 if weights == "float16" else 4
     if k % wvec:
         raise ValueError(f"linear: K = {k} is not a multiple of {wvec} ({weights})")
-    mma = linear_uses_mma(weights, rows)
+    mma = linear_uses_mma(weights, rows) and not int4  # int4: SIMT at every row count
     kw = warps or linear_warps(k, weights, mma)
     if not 1 <= kw <= MAX_WARPS:
         raise ValueError(f"linear: {kw} warps; 1 to {MAX_WARPS}")
@@ -93,7 +98,7 @@ def linear_launch(
         return LinearLaunch(name, (-(-n // 16), -(-rows // r)), 32 * kw)
     r = rows_variant(rows)
     cols = linear_columns(r, swiglu)
-    return LinearLaunch(linear_name(r, half_input, swiglu), (-(-n // cols), -(-rows // r)),
+    return LinearLaunch(linear_name(r, half_input, swiglu, int4), (-(-n // cols), -(-rows // r)),
                         32 * kw)  # fmt: skip
 
 
@@ -176,12 +181,19 @@ __device__ __forceinline__ void linear_finish(
 // lane reads the C (SWIGLU: 2C) weight rows' 16 bytes of a pass together, once for all R rows.
 // Partial sums meet in shared memory, warps in order: a row's result depends on K and kw only,
 // never on R, C or the rows beside it (the engine picks kw from K: batch-invariant).
-template <int R, int C, bool XHALF, bool SWIGLU>
+//
+// Q4 (float16 builds): W is int4, ``w`` its codes (two a byte, the lower k in the low nibble,
+// [rows, K / 2]) and ``scales`` one float16 scale a row and ``group`` (a multiple of 8) of K:
+// W[n, k] = (code - 8) * scale, exact in float32. A lane reads 4 bytes (8 weights, one group)
+// of each weight row a pass and their scale, so the passes and the split of K are the float16
+// variants' (rows of head h start at h * head_stride weights).
+template <int R, int C, bool XHALF, bool SWIGLU, bool Q4 = false>
 __device__ __forceinline__ void linear_body(
     const void* __restrict__ x, const long long* __restrict__ rowmap, int seq,
     const float* __restrict__ norm_w, float eps,
     const wt_t* __restrict__ w, long long head_stride, const long long* __restrict__ head_index,
-    const float* __restrict__ bias, float* out, int rows, int K, int N, int store)
+    const float* __restrict__ bias, float* out, int rows, int K, int N, int store,
+    const half_t* __restrict__ scales = nullptr, int group = 0)
 {
     constexpr int CW = SWIGLU ? 2 * C : C;  // weight rows a lane reads a pass
     __shared__ float part[MAX_KW][CW * R];
@@ -190,17 +202,31 @@ __device__ __forceinline__ void linear_body(
     const int n0 = blockIdx.x * C, r0 = blockIdx.y * R;
     const int passes = (K + PASS - 1) / PASS;
     const int p0 = warp * passes / kw, p1 = (warp + 1) * passes / kw;
-    const wt_t* wb = w + (head_index ? head_index[0] * head_stride : 0LL);
+    const long long head = head_index ? head_index[0] * head_stride : 0LL;
+    const wt_t* wb = w + (Q4 ? 0LL : head);
+    const unsigned char* qb = reinterpret_cast<const unsigned char*>(w) + (Q4 ? head / 2 : 0LL);
+    const half_t* sb = Q4 ? scales + head / group : nullptr;
     uint4 wr[CW];
+    unsigned wq[CW];  // Q4: a pass's 8 codes of each weight row, and their scale
+    float sc[CW];
+    // a pass's weights of weight row c (column n0 + c % C; SwiGLU's up rows from C) at k
+    auto load = [&](int c, int k, bool ok) {
+        const int n = n0 + (c % C);
+        const long long row = c < C ? n : (long long)n + N;
+        ok = ok && n < N && k < K;
+        if (Q4) {
+            const long long at = row * K + k;
+            wq[c] = ok ? __ldg(reinterpret_cast<const unsigned*>(qb + at / 2)) : 0u;
+            sc[c] = ok ? h2f(sb[at / group]) : 0.f;
+        } else {
+            wr[c] = fetch_w(wb + row * K + k, ok);
+        }
+    };
     // the first pass's weights are requested before waiting on the kernel before this one
     {
         const int k = p0 * PASS + lane * WVEC;
 #pragma unroll
-        for (int c = 0; c < CW; ++c) {
-            const int n = n0 + (c % C);
-            const long long row = c < C ? n : (long long)n + N;
-            wr[c] = fetch_w(wb + row * K + k, p0 < p1 && n < N && k < K);
-        }
+        for (int c = 0; c < CW; ++c) load(c, k, p0 < p1);
     }
     GRID_LAUNCH();
     GRID_WAIT();
@@ -239,7 +265,13 @@ __device__ __forceinline__ void linear_body(
 #pragma unroll
                 for (int c = 0; c < CW; ++c) {
                     float wf[4];
-                    unpack4(wr[c], j, wf);
+                    if (Q4) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            wf[i] = (float)((int)((wq[c] >> (4 * (j + i))) & 15u) - 8) * sc[c];
+                    } else {
+                        unpack4(wr[c], j, wf);
+                    }
 #pragma unroll
                     for (int r = 0; r < R; ++r)
                         acc[c][r] += xv[r][0] * wf[0] + xv[r][1] * wf[1] + xv[r][2] * wf[2]
@@ -248,13 +280,8 @@ __device__ __forceinline__ void linear_body(
             }
         }
         if (p + 1 < p1) {  // the next pass's weights (a warp of a long K has several)
-            const int kn = k + PASS;
 #pragma unroll
-            for (int c = 0; c < CW; ++c) {
-                const int n = n0 + (c % C);
-                const long long row = c < C ? n : (long long)n + N;
-                wr[c] = fetch_w(wb + row * K + kn, n < N && kn < K);
-            }
+            for (int c = 0; c < CW; ++c) load(c, k + PASS, true);
         }
     }
 #pragma unroll
@@ -290,6 +317,26 @@ LINEAR(16, 1, false, true, linear_f16s)
 LINEAR(1, 8, true, false, linear_h1) LINEAR(2, 8, true, false, linear_h2)
 LINEAR(4, 4, true, false, linear_h4) LINEAR(8, 2, true, false, linear_h8)
 LINEAR(16, 2, true, false, linear_h16)
+
+#if W_HALF
+// int4 weights (Q4), every row count: SIMT, K read as the float16 variants read it
+#define LINEAR_Q4(R, C, XH, SW, NAME) \
+extern "C" __global__ void __launch_bounds__(32 * MAX_KW) NAME( \
+    const void* x, const long long* rowmap, int seq, const float* norm_w, float eps, \
+    const wt_t* w, long long head_stride, const long long* head_index, const float* bias, \
+    float* out, int rows, int K, int N, int store, const half_t* scales, int group) { \
+    linear_body<R, C, XH, SW, true>(x, rowmap, seq, norm_w, eps, w, head_stride, head_index, \
+                                    bias, out, rows, K, N, store, scales, group); }
+LINEAR_Q4(1, 8, false, false, linear_qf1) LINEAR_Q4(2, 8, false, false, linear_qf2)
+LINEAR_Q4(4, 4, false, false, linear_qf4) LINEAR_Q4(8, 2, false, false, linear_qf8)
+LINEAR_Q4(16, 2, false, false, linear_qf16)
+LINEAR_Q4(1, 8, false, true, linear_qf1s) LINEAR_Q4(2, 8, false, true, linear_qf2s)
+LINEAR_Q4(4, 4, false, true, linear_qf4s) LINEAR_Q4(8, 2, false, true, linear_qf8s)
+LINEAR_Q4(16, 1, false, true, linear_qf16s)
+LINEAR_Q4(1, 8, true, false, linear_qh1) LINEAR_Q4(2, 8, true, false, linear_qh2)
+LINEAR_Q4(4, 4, true, false, linear_qh4) LINEAR_Q4(8, 2, true, false, linear_qh8)
+LINEAR_Q4(16, 2, true, false, linear_qh16)
+#endif
 
 #if W_HALF
 // Tensor cores for 8 rows and more (float16 weights): out^T = W x^T as mma.m16n8k16 tiles, 16
@@ -463,6 +510,22 @@ LINEAR_MMA(1, true, false, linear_mh8) LINEAR_MMA(2, true, false, linear_mh16)
 LINEAR_MMA(4, true, false, linear_mh32)
 #endif
 """
+
+
+INT4_ZERO = 8  # the code of 0.0 (plugins/quant_linear.py's symmetric layout)
+INT4_MATRICES = ("qkv", "o", "gate_up", "down")  # a layer's matrices an int4 build quantizes
+
+
+def int4_weights(codes: np.ndarray, scales: np.ndarray, group: int) -> np.ndarray:
+    """The float32 matrix [rows, K] of the Q4 variants' ``codes`` [rows, K / 2] (two a byte,
+    the lower k in the low nibble) and ``scales`` [rows, K / group]: (code - 8) * scale."""
+    from edgeomni.plugins.quant_linear import unpack_codes
+
+    rows = codes.shape[0]
+    k = codes.shape[-1] * 2
+    q = unpack_codes(codes.reshape(rows, -1), k).astype(np.float32) - INT4_ZERO
+    s = np.repeat(scales.reshape(rows, -1).astype(np.float32), group, axis=1)
+    return q * s
 
 
 def rms_scale(x: np.ndarray, eps: float) -> np.ndarray:

@@ -93,6 +93,33 @@ class FusedSpec:
                                   "fused kernels read weight rows 16 bytes at a time")  # fmt: skip
         if self.head_dim > 512 or self.head_dim % 2:
             raise EngineError(f"{where}: head_dim {self.head_dim} must be even and at most 512")
+        # int4 matrices (edge-build --quantization int4_rtn): each layer's four, and the LM head
+        # where ``lm_head`` says so; codes [rows, K / 2] under the matrix's name, one float16
+        # scale a row and group of K under ``<name>.scales``
+        int4 = table.get("int4")
+        self.int4_group = 0
+        self.int4_lm_head = False
+        if int4 is not None:
+            group = int4.get("group_size") if isinstance(int4, Mapping) else None
+            if self.dtype != "float16" or group not in (32, 64, 128):
+                raise EngineError(f"{where}: fused.int4 needs dtype float16 and a group_size of "
+                                  "32, 64 or 128")  # fmt: skip
+            for name, n in widths.items():
+                if n % group:
+                    raise EngineError(f"{where}: {name} {n} is not a multiple of the int4 group "
+                                      f"size {group}")  # fmt: skip
+            self.int4_group = int(group)
+            self.int4_lm_head = bool(int4.get("lm_head"))
+
+    def int4(self, matrix: str) -> bool:
+        """Whether the weight ``matrix`` (a tensor name) is int4."""
+        from edgeomni.plugins import decoder_linear_cuda as lc
+
+        if not self.int4_group:
+            return False
+        if matrix == "lm_head":
+            return self.int4_lm_head
+        return matrix.startswith("layers.") and matrix.rsplit(".", 1)[-1] in lc.INT4_MATRICES
 
 
 def _names(spec: FusedSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -245,6 +272,11 @@ class FusedEngine:
             want["sampler_tables"] = ((spec.lm_heads, spec.vocab, width), w)
         if spec.mrope:
             want["freq_axis"] = ((d // 2,), np.dtype(np.int32))
+        for name in [n for n in want if spec.int4(n)]:  # codes, and their scales
+            shape = want[name][0]
+            want[name] = ((*shape[:-1], shape[-1] // 2), np.dtype(np.uint8))
+            want[name + ".scales"] = ((*shape[:-1], shape[-1] // spec.int4_group),
+                                      np.dtype(np.float16))  # fmt: skip
         for name, (shape, dtype) in want.items():
             got = tensors.get(name)
             if got is None:
@@ -434,12 +466,15 @@ class FusedBinding:
                    norm: str | None = None, bias: str | None = None, swiglu: bool = False,
                    store: int = lc.STORE_SET, half_x: bool = False, rowmap: int | None = None,
                    head_stride: int = 0, head_index: int | None = None) -> None:  # fmt: skip
+            int4 = spec.int4(weight)
             plan = lc.linear_launch(kernels.variant.weights, rows, k, n, half_input=half_x,
-                                    swiglu=swiglu)  # fmt: skip
+                                    swiglu=swiglu, int4=int4)  # fmt: skip
             args = [ptr(x), ptr(rowmap), i32(s), ptr(wp(norm) if norm else None), f32(spec.eps),
                     ptr(wp(weight)), i64(head_stride), ptr(head_index),
                     ptr(wp(bias) if bias else None), ptr(out), i32(rows), i32(k), i32(n),
                     i32(store)]  # fmt: skip
+            if int4:  # the codes' scales, one a row and group of K
+                args += [ptr(wp(weight + ".scales")), i32(spec.int4_group)]
             launch(plan.name, plan.grid, plan.block, args)
 
         h = p["h"]

@@ -48,9 +48,10 @@ LINEAR_MODES = {
 
 
 def linear_case(dtype: str, rows: int, mode: str, n: int = 72, k: int | None = None,
-                warps: int | None = None) -> KernelCase:  # fmt: skip
+                warps: int | None = None, group: int = 0) -> KernelCase:  # fmt: skip
     """``k`` (default a little over one pass of the lanes) and ``warps`` (default the engine's
-    split of K) pick how many warps a block has and how many passes each takes."""
+    split of K) pick how many warps a block has and how many passes each takes. ``group``:
+    the matrix is int4 with one scale a row and ``group`` of K (float16 modules)."""
     m = LINEAR_MODES[mode]
     wt = np.dtype(dtype)
     rng = np.random.default_rng(rows)
@@ -65,15 +66,25 @@ def linear_case(dtype: str, rows: int, mode: str, n: int = 72, k: int | None = N
     last = rng.integers(0, seq, rows).astype(np.int64)
     out0 = rng.standard_normal((rows, n)).astype(np.float16 if m.get("half_out") else np.float32)
     head = np.array([2 if heads > 1 else 0], np.int64)
+    wq = None  # int4: the codes and scales the kernel reads, w the matrix they stand for
+    if group:
+        from edgeomni.plugins.quant_linear import quantize_symmetric
+
+        flat = w.reshape(-1, k)
+        packed, scales = quantize_symmetric(flat.astype(np.float32).T, group, np.float16)
+        wq = {"w": packed.reshape(len(flat), k // 2), "scales": scales}
+        w = lc.int4_weights(wq["w"], scales, group).reshape(w.shape)
     plan = lc.linear_launch(dtype, rows, k, n,
                             half_input=bool(m.get("half_x")), swiglu=bool(m.get("swiglu")),
-                            warps=warps)  # fmt: skip
+                            warps=warps, int4=bool(group))  # fmt: skip
     args = [buf("x"), buf("last" if m.get("rowmap") else None), ("i32", seq),
             buf("g" if m.get("norm") else None), ("f32", 1e-6), buf("w"),
             ("i64", w.shape[1] * k), buf("head" if heads > 1 else None),
             buf("bias" if m.get("bias") else None), buf("out"), ("i32", rows), ("i32", k),
             ("i32", n), ("i32", lc.STORE_HALF if m.get("half_out")
                             else lc.STORE_ADD if m.get("resid") else lc.STORE_SET)]  # fmt: skip
+    if group:
+        args += [buf("scales"), ("i32", group)]
     launch = Launch(plan.name, plan.grid, plan.block, args)
 
     def check(got: dict[str, np.ndarray]) -> None:
@@ -82,7 +93,7 @@ def linear_case(dtype: str, rows: int, mode: str, n: int = 72, k: int | None = N
             xs, w[head[0]], norm_w=g if m.get("norm") else None, eps=1e-6,
             bias=bias if m.get("bias") else None, swiglu=bool(m.get("swiglu")),
             residual=out0 if m.get("resid") else None,
-            half_x=lc.linear_uses_mma(dtype, rows),
+            half_x=lc.linear_uses_mma(dtype, rows) and not group,
         )  # fmt: skip
         if m.get("half_out"):  # the float32 result rounded once to float16
             scale = max(1.0, np.abs(want).max())
@@ -91,9 +102,10 @@ def linear_case(dtype: str, rows: int, mode: str, n: int = 72, k: int | None = N
             return
         assert np.abs(got["out"] - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
 
-    buffers = {"x": x, "w": w, "g": g, "bias": bias, "last": last, "out": out0, "head": head}
+    buffers = {"x": x, "w": w, "g": g, "bias": bias, "last": last, "out": out0, "head": head,
+               **(wq or {})}  # fmt: skip
     long_k = f"-k{k}-n{n}-w{plan.block // 32}" if k > 200 else ""
-    name = f"linear-{dtype}-{mode}-{rows}{long_k}"
+    name = f"linear-{dtype}-{'int4-g' + str(group) + '-' if group else ''}{mode}-{rows}{long_k}"
     return KernelCase(name, buffers, [launch], check)
 
 
@@ -287,4 +299,12 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
     # the draw after a one-chunk top-K, and after a merge
     cases += [topk_case(dtype, 6, 300, 64, draw=settings) for settings in SAMPLE_SETTINGS]
     cases += [topk_case(dtype, 6, dc.TOPK_CHUNK + 300, 64, draw=SAMPLE_SETTINGS[1])]
-    return [*cases, cast_case(dtype), rms_rows_case()]
+    cases += [cast_case(dtype), rms_rows_case()]
+    if dtype == "float16":  # int4 matrices (float16 modules only, last: the lists share indices
+        # up to here): SIMT at every row count, groups of 32 and 128
+        cases += [linear_case(dtype, r, mode, k=320, group=32)
+                  for mode in LINEAR_MODES for r in (1, 3, 17)]
+        cases += [linear_case(dtype, r, mode, n=75, k=1152, warps=warps, group=128)
+                  for r in (1, 17) for mode in ("swiglu", "residual", "heads")
+                  for warps in (None, 2)]  # fmt: skip
+    return cases

@@ -23,6 +23,12 @@ class FusedReference:
         self.spec = cfg["fused"]
         self.w = {k: v.astype(np.float64) if v.dtype.kind == "f" else v
                   for k, v in safetensors_np.load(folder / cfg["engine"]).items()}  # fmt: skip
+        group = (self.spec.get("int4") or {}).get("group_size")
+        for name in [k for k in self.w if k + ".scales" in self.w]:  # int4: the matrix it codes
+            codes = self.w[name]
+            flat = lc.int4_weights(codes.reshape(-1, codes.shape[-1]),
+                                   self.w.pop(name + ".scales"), group)  # fmt: skip
+            self.w[name] = flat.reshape(*codes.shape[:-1], -1).astype(np.float64)
 
     def cache(self, rows: int, capacity: int) -> list[np.ndarray]:
         s = self.spec

@@ -15,6 +15,7 @@ OMNI_PARTS = ["llm", "talker", "code_predictor", "code2wav"]
 # the ONNX Runtime CPU float32 build, the speech tests' float32 reference beside the CUDA one
 # (which differed from it while the CUDA provider ran TF32 matrix products, its default)
 CPU_REFERENCE = "onnxruntime-cpu"
+INT4_KEY = "qwen3-fused-int4"  # the tiny Qwen3, float16 with int4 matrices (groups of 32)
 
 
 def engine_key(model: str, backend: str, dtype: str) -> str:
@@ -47,6 +48,11 @@ def main(out: Path) -> None:
             if build(ckpt, engine, args, parts) is None:
                 raise SystemExit(f"building {engine.name} failed")
             print(engine, flush=True)
+    int4 = BuildArgs(3, 64, 128, backend="fused", device="cuda", dtype="float16",
+                     quantization="int4_rtn", group_size=32)  # fmt: skip
+    if build(models["qwen3"][0], out / INT4_KEY, int4) is None:
+        raise SystemExit(f"building {INT4_KEY} failed")
+    print(out / INT4_KEY, flush=True)
 
 
 if __name__ == "__main__":

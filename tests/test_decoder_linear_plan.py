@@ -41,6 +41,12 @@ def test_every_planned_kernel_is_in_the_source() -> None:
                 name = lc.linear_launch(w, rows, 1024, 64, half_input=half_input,
                                         swiglu=swiglu).name  # fmt: skip
                 assert f" {name})" in src, (w, name)
+                if w == "float16":  # int4 matrices: SIMT at every row count
+                    name = lc.linear_launch(w, rows, 1024, 64, half_input=half_input,
+                                            swiglu=swiglu, int4=True).name  # fmt: skip
+                    assert name.startswith("linear_q") and f" {name})" in src, name
+    with pytest.raises(ValueError, match="float16 modules"):
+        lc.linear_launch("float32", 1, 1024, 64, int4=True)
 
 
 @pytest.mark.parametrize(("args", "message"), [

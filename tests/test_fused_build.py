@@ -41,8 +41,10 @@ def test_build_writes_the_fused_layout(fused_engine: Path) -> None:
 
 @pytest.mark.parametrize(
     ("changes", "message"),
-    [({"device": "cpu"}, "use --device cuda"), ({"quantization": "int4_rtn"}, "int4"),
-     ({"dtype": "bfloat16"}, "float16 or float32")],
+    [({"device": "cpu"}, "use --device cuda"), ({"dtype": "bfloat16"}, "float16 or float32"),
+     ({"quantization": "int4_awq"}, "int4_rtn only"),
+     ({"quantization": "int4_rtn", "dtype": "float32"}, "add --dtype float16"),
+     ({"quantization": "int4_rtn", "group_size": 16}, "group-size of 32, 64, 128")],
 )  # fmt: skip
 def test_bad_fused_builds_are_refused(qwen3_ckpt, tmp_path, changes, message) -> None:
     args = {"backend": "fused", "device": "cuda", "dtype": "float16", **changes}
@@ -284,3 +286,66 @@ def test_the_fused_code_predictors_draws_equal_the_onnx_samplers(tts_engine, tts
             x = np.array(want["sampled_embeds"], np.float32)[:, None, :]
             past, lens = past + lens, np.ones(rows, np.int32)
     assert drawn >= 20  # the K decided most rows
+
+
+@pytest.fixture(scope="module")
+def fused_int4(qwen3_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    eng = tmp_path_factory.mktemp("fused-int4") / "eng"
+    args = BuildArgs(3, 64, 128, backend="fused", device="cuda", dtype="float16",
+                     quantization="int4_rtn", group_size=32)  # fmt: skip
+    assert build(qwen3_ckpt, eng, args) is not None
+    return eng
+
+
+def test_an_int4_fused_build_stores_codes_and_scales(fused_int4: Path) -> None:
+    """Each layer's four matrices and the LM head as int4 codes (two a byte) and one float16
+    scale a row and group of 32; norms, rotary tables stay as they were."""
+    from edgeomni.runtime import safetensors_np
+
+    cfg = json.loads((fused_int4 / "config.json").read_text())
+    spec = cfg["fused"]
+    assert spec["int4"] == {"group_size": 32, "lm_head": True} and spec["dtype"] == "float16"
+    w = safetensors_np.load(fused_int4 / cfg["engine"])
+    h = spec["hidden_size"]
+    assert w["lm_head"].dtype == np.uint8 and w["lm_head"].shape == (spec["vocab_size"], h // 2)
+    assert w["lm_head.scales"].dtype == np.float16
+    assert w["lm_head.scales"].shape == (spec["vocab_size"], h // 32)
+    assert w["layers.0.down"].shape == (h, spec["intermediate_size"] // 2)
+    assert w["layers.0.input_norm"].dtype == np.float32
+
+
+def test_the_int4_fused_steps_match_the_int4_onnx_engine(fused_int4, qwen3_ckpt, qwen3_engine,
+                                                         tmp_path) -> None:  # fmt: skip
+    """The int4 fused build's calls (its reference, the codes dequantized) against ONNX
+    Runtime's int4_rtn CPU build of the same checkpoint and group size, which rounds the
+    weights alike (from float32 there, float16 here) and also rounds the activations to int8
+    (its CPU kernels' accuracy level 4): the logits sit far closer to that build's than to the
+    float build's, which a wrong nibble order, scale index or group would not."""
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.pipeline import Pipeline
+
+    onnx_int4 = tmp_path / "ort"
+    assert build(qwen3_ckpt, onnx_int4, BuildArgs(3, 64, 128, quantization="int4_rtn",
+                                                 group_size=32)) is not None  # fmt: skip
+    ref = FusedReference(fused_int4)
+    rows = 2
+    ids = np.random.default_rng(1).integers(3, ref.spec["vocab_size"], (rows, 6))
+    lens, past = np.array([6, 4], np.int32), np.zeros(rows, np.int32)
+    positions = text_positions(past, ids.shape[1], False)
+    last = (lens - 1).astype(np.int64)
+
+    def logits(engine_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+        runner = Pipeline(engine_dir).runner("llm")
+        session = DecoderSession(runner.engine, runner.kv, rows, {"logits": (runner.vocab_size,)})
+        embeds = runner.embedding[ids].astype(np.float32)
+        out = session.run(embeds, positions, past, lens, last)["logits"]
+        return np.asarray(out, np.float64), embeds
+
+    want, embeds = logits(onnx_int4)
+    floats, _ = logits(qwen3_engine)
+    got = ref.run(embeds, positions, past, lens, last, ref.cache(rows, 32))["logits"]
+    scale = np.abs(want).max()
+    err, off = np.abs(got - want).max() / scale, np.abs(got - floats).max() / scale
+    print(f"int4 fused reference against int4 ONNX Runtime {err:.2e}, against float {off:.2e}")
+    assert err <= 0.25 * off
+    assert (got.argmax(-1) == want.argmax(-1)).all()

@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import fused_kernel_cases as cases  # noqa: E402
 from fused_reference import FusedReference  # noqa: E402
-from prebuild_fused_gpu import CPU_REFERENCE, OMNI_PARTS, engine_key  # noqa: E402
+from prebuild_fused_gpu import CPU_REFERENCE, INT4_KEY, OMNI_PARTS, engine_key  # noqa: E402
 
 
 def _reason() -> str | None:
@@ -97,6 +97,8 @@ def run_case(kernels, case: cases.KernelCase) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("index", range(len(CASES["float16"])),
                          ids=[c.name.replace("float16-", "") for c in CASES["float16"]])  # fmt: skip
 def test_kernel_matches_its_reference(kernels, index) -> None:
+    if index >= len(CASES[kernels.variant.weights]):
+        pytest.skip("a float16 module's case (int4 weights): float32 modules have none")
     case = CASES[kernels.variant.weights][index]
     case.check(run_case(kernels, case))
 
@@ -111,7 +113,7 @@ PREBUILT = os.environ.get("EDGEOMNI_GPU_PREBUILT")
 
 
 def _build(ckpt: Path | None, folder: Path, dtype: str, backend: str, components, key: str,
-           device: str = "cuda"):  # fmt: skip
+           device: str = "cuda", **extra):  # fmt: skip
     from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
@@ -119,7 +121,7 @@ def _build(ckpt: Path | None, folder: Path, dtype: str, backend: str, components
         engine = Path(PREBUILT) / key
         assert (engine / "multistage_config.json").is_file(), f"{engine}: not prebuilt"
         return engine
-    args = BuildArgs(3, 64, 128, backend=backend, device=device, dtype=dtype)
+    args = BuildArgs(3, 64, 128, backend=backend, device=device, dtype=dtype, **extra)
     assert build(ckpt, folder, args, components) is not None
     return folder
 
@@ -180,14 +182,28 @@ def fused16(qwen3, tmp_path_factory) -> Path:
     return fused_build(qwen3, tmp_path_factory.mktemp("f16") / "eng", "float16")
 
 
-@pytest.mark.parametrize(("graphs", "overlap"), [(False, False), (False, True), (True, True)])
-def test_engine_equals_the_reference_of_its_calls(fused32, graphs, overlap) -> None:
+@pytest.fixture(scope="module")
+def fused_int4(qwen3, tmp_path_factory) -> Path:
+    """float16 with int4 matrices (groups of 32), the LM head too."""
+    return _build(qwen3, tmp_path_factory.mktemp("f4") / "eng", "float16", "fused", None,
+                  INT4_KEY, quantization="int4_rtn", group_size=32)  # fmt: skip
+
+
+@pytest.mark.parametrize(("build", "graphs", "overlap"), [
+    ("fused32", False, False), ("fused32", False, True), ("fused32", True, True),
+    ("fused_int4", True, True),
+])  # fmt: skip
+def test_engine_equals_the_reference_of_its_calls(request, build, graphs, overlap) -> None:
     """A ragged prefill (5 and 3 tokens, one row idle) then decode steps, graphed or not, the
-    kernels queued as programmatic dependent launches or not (where the GPU has them)."""
+    kernels queued as programmatic dependent launches or not (where the GPU has them). The
+    int4 build (float16 activations and cache) against its reference's float64: within 2e-2
+    of the logits' peak, where the float32 build is within 1e-4 and picks the same top K."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
     from edgeomni.runtime.kv import KVCache
 
+    fused32 = request.getfixturevalue(build)
+    exact = build == "fused32"
     cfg = json.loads((fused32 / "config.json").read_text())
     engine = open_engine(fused32, cfg, cuda_graphs=graphs)
     engine.overlap = engine.overlap and overlap
@@ -206,11 +222,13 @@ def test_engine_equals_the_reference_of_its_calls(fused32, graphs, overlap) -> N
         want = ref.run(x, pos, past, lens, last, cache)
         live = lens > 0
         got = np.asarray(out["logits"], np.float64)
-        assert np.abs(got[live] - want["logits"][live]).max() <= 1e-4 * np.abs(want["logits"]).max()
-        np.testing.assert_array_equal(out["topk_indices"][live], want["topk_indices"][live])
+        bound = (1e-4 if exact else 2e-2) * np.abs(want["logits"]).max()
+        assert np.abs(got[live] - want["logits"][live]).max() <= bound, step
+        if exact:
+            np.testing.assert_array_equal(out["topk_indices"][live], want["topk_indices"][live])
         past, lens = past + lens, np.array([1, 1, 1 if step else 0], np.int32)
-    keys = kv.keys[0].download()
-    np.testing.assert_allclose(keys[:, :, :8], cache[0][:, :, :8], atol=1e-5)
+    keys = kv.keys[0].download().astype(np.float64)
+    np.testing.assert_allclose(keys[:, :, :8], cache[0][:, :, :8], atol=1e-5 if exact else 1e-2)
 
 
 def greedy(engine: Path, tmp: Path) -> list[list[int]]:

@@ -150,6 +150,8 @@ def emulator(request, tmp_path_factory) -> tuple[Path, str]:
                          ids=[c.name.replace("float16-", "") for c in CASES["float16"]])  # fmt: skip
 def test_kernel_matches_its_reference_on_the_cpu(emulator, index, tmp_path) -> None:
     exe, dtype = emulator
+    if index >= len(CASES[dtype]):
+        pytest.skip(f"a float16 module's case (int4 weights): {dtype} modules have none")
     case = CASES[dtype][index]
     for name, array in case.buffers.items():
         np.ascontiguousarray(array).tofile(tmp_path / f"{name}.bin")
