@@ -104,8 +104,8 @@ class FusedSpec:
             if self.dtype != "float16" or group not in (32, 64, 128):
                 raise EngineError(f"{where}: fused.int4 needs dtype float16 and a group_size of "
                                   "32, 64 or 128")  # fmt: skip
-            for name, n in widths.items():
-                if n % group:
+            for name, n in widths.items():  # the int4 matrices' K (input_proj stays float)
+                if name != "input_size" and n % group:
                     raise EngineError(f"{where}: {name} {n} is not a multiple of the int4 group "
                                       f"size {group}")  # fmt: skip
             self.int4_group = int(group)
