@@ -10,10 +10,11 @@ queued back to back as runtime/speech/code_predictor.py queues them (each step f
 of the code the one before drew, on the device; the drawn codes copied aside) and the host
 waits once, at the end of the frame. The figure is wall time per unit after warm-up. The fused
 engine is timed as it runs (programmatic dependent launch on sm_90+ for calls of fewer than
-OVERLAP_MAX_TOKENS rows) and again with the other choice (off below, on from there). The HBM bound is the bytes a step must read (weights, the KV
-cache) over the measured device copy bandwidth. Run it on the GPU machine:
+OVERLAP_MAX_TOKENS rows) and again with the other choice (off below, on from there). The HBM
+bound is the bytes a step must read (weights, the KV cache) over the measured device copy
+bandwidth. ``--int4 GROUP`` builds both sides with int4_rtn matrices. Run it on the GPU machine:
 
-    python bench/fused_gpu.py [--batch 1 8 32] [--steps 50] [--out DIR]
+    python bench/fused_gpu.py [--batch 1 8 32] [--steps 50] [--int4 32] [--out DIR]
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ def copy_bandwidth_gbs() -> float:
     return 2 * src.numel() * 4 / best / 1e9
 
 
-def build(name: str, work: Path) -> tuple[Path, Path, dict]:
-    """Random float16 weights exported once: the ONNX Runtime CUDA engine and the fused one."""
+def build(name: str, work: Path, int4: int = 0) -> tuple[Path, Path, dict]:
+    """Random float16 weights exported once: the ONNX Runtime CUDA engine and the fused one;
+    ``int4`` (a group size): both with int4_rtn matrices, the LM head too (MatMulNBits on ONNX
+    Runtime's side, the fused layout's int4 codes on the other)."""
     import torch
     from safetensors.numpy import save_file
 
@@ -88,8 +91,16 @@ def build(name: str, work: Path) -> tuple[Path, Path, dict]:
     args = BuildArgs(32, 64, 512, device="cuda", dtype="float16")
     ort = work / name / "ort" / "model.onnx"
     ort.parent.mkdir(parents=True, exist_ok=True)
-    build_engine(raw, ort, args)
+    graph = raw
+    if int4:
+        from edgeomni.builder.quantize import Quantization, quantize_file
+
+        graph = raw.with_name("model.int4.onnx")
+        quantize_file(raw, graph, Quantization("int4_rtn", int4))
+    build_engine(graph, ort, args)
     tensors, spec = fused.layout(kept[raw], "float16")
+    if int4:
+        fused.quantize(tensors, spec, int4, True, name)
     path = work / name / "fused" / "model.fused.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path))
@@ -97,10 +108,22 @@ def build(name: str, work: Path) -> tuple[Path, Path, dict]:
             "head_dim": cfg.head_dim, "dtype": "float16", "vocab_size": cfg.vocab_size,
             "hidden_size": cfg.hidden_size, "fused": spec,
             # what one step reads: every weight but the heads it does not use
-            "weight_bytes": sum(p.numel() * 2 for p in module.parameters())
-            - (cfg.lm_heads - 1) * cfg.vocab_size * cfg.hidden_size * 2,
+            "weight_bytes": weight_bytes(module, cfg, int4),
             "reference": reference}  # fmt: skip
     return ort, path, meta
+
+
+def weight_bytes(module, cfg, int4: int) -> int:  # noqa: ANN001
+    """What one step reads of the weights: all but the LM heads it does not use; with int4
+    the matrices at half a byte a weight and 2 bytes a group's scale."""
+    total = 0
+    for name, p in module.named_parameters():
+        n = p.numel()
+        if name.startswith("lm_head"):
+            n //= cfg.lm_heads
+        matrix = p.dim() > 1 and "embed" not in name
+        total += n // 2 + n // int4 * 2 if int4 and matrix else n * 2
+    return total
 
 
 def inputs(meta: dict, batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -221,6 +244,8 @@ def main() -> int:
     p.add_argument("--decoders", nargs="+", default=list(DECODERS))
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-fused")
     p.add_argument("--out", type=Path)
+    p.add_argument("--int4", type=int, choices=(32, 64, 128), default=0, metavar="GROUP",
+                   help="int4_rtn matrices on both sides, one scale a row and GROUP weights")
     p.add_argument("--no-onnxruntime", action="store_true",
                    help="the fused engine alone (where onnxruntime-gpu is not installed)")
     args = p.parse_args()
@@ -233,7 +258,8 @@ def main() -> int:
     rows = []
     for name in args.decoders:
         start = time.perf_counter()
-        ort_path, fused_path, meta = build(name, args.work)
+        ort_path, fused_path, meta = build(name, args.work / (f"int4-{args.int4}" if args.int4
+                                                              else "float16"), args.int4)  # fmt: skip
         meta["name"] = name
         built_s = time.perf_counter() - start
         start = time.perf_counter()
