@@ -8,9 +8,11 @@ step is fed host embeddings and waited for; the sampling of the next token is no
 code predictor is built with its in-engine sampler, as a cuda build is: a frame's steps are
 queued back to back as runtime/speech/code_predictor.py queues them (each step fed the embedding
 of the code the one before drew, on the device; the drawn codes copied aside) and the host
-waits once, at the end of the frame. The figure is wall time per unit after warm-up. The fused
-engine is timed as it runs (programmatic dependent launch on sm_90+ for calls of fewer than
-OVERLAP_MAX_TOKENS rows) and again with the other choice (off below, on from there). The HBM
+waits once, at the end of the frame; the fused engine runs the frame as one CUDA graph, as the
+runtime does (``fused_calls_ms``: a graph a call). The figure is wall time per unit after
+warm-up. The fused engine is timed as it runs (programmatic dependent launch on sm_90+ for
+calls of fewer than OVERLAP_MAX_TOKENS rows) and again with the other choice (off below, on
+from there). The HBM
 bound is the bytes a step must read (weights, the KV cache) over the measured device copy
 bandwidth. ``--int4 GROUP`` builds both sides with int4_rtn matrices. Run it on the GPU machine:
 
@@ -157,9 +159,11 @@ def reference_logits(meta: dict) -> np.ndarray:
     return out[0].numpy()[0]
 
 
-def time_calls(engine, meta: dict, batch: int, steps: int) -> tuple[float, np.ndarray]:
-    """ms per measured unit (a decode step, or a code-predictor frame of 15 steps), and the
-    first unit's logits (for the backends' agreement)."""
+def time_calls(engine, meta: dict, batch: int, steps: int) -> tuple:
+    """ms per measured unit (a decode step, or a code-predictor frame of 15 steps), the first
+    unit's logits (for the backends' agreement), the device's ms per unit (fused) and, where
+    the engine captures a frame's calls as one graph (the fused code predictor, as
+    runtime/speech/code_predictor.py runs it), ms per frame that way."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.kv import KVCache
 
@@ -184,7 +188,7 @@ def time_calls(engine, meta: dict, batch: int, steps: int) -> tuple[float, np.nd
     session.run(x, text_positions(zero, context, False), zero, n, n - 1, **extra, **greedy)
     one = np.ones(batch, np.int32)
 
-    def unit(past: int, first: bool = False) -> np.ndarray | None:
+    def unit(past: int, first: bool = False, download: bool = True) -> np.ndarray | None:
         """A unit's calls; with ``first``, the first call's logits (read after it)."""
         logits, x = None, step_x
         for j in range(per_unit):
@@ -198,17 +202,31 @@ def time_calls(engine, meta: dict, batch: int, steps: int) -> tuple[float, np.nd
                 memory.copy_into(memory.view(memory.rows(drawn, 1, j), (batch,)),
                                  out.buffer("sampled_ids"))  # fmt: skip
                 x = memory.view(out.buffer("sampled_embeds"), (batch, 1, meta["hidden_size"]))
-        if draws:
+        if draws and download:
             memory.to_host(drawn)  # the frame's codes: the one wait
         return logits
 
+    def timed(run) -> float:  # noqa: ANN001
+        start = time.perf_counter()
+        for _ in range(steps):
+            run()  # the same positions: each unit overwrites the last's cache slots
+        return (time.perf_counter() - start) / steps * 1e3
+
     logits = unit(context, first=True)  # captures the graphs
-    start = time.perf_counter()
-    for _ in range(steps):
-        unit(context)  # the same positions: each unit overwrites the last's cache slots
-    wall = (time.perf_counter() - start) / steps * 1e3
+    wall = timed(lambda: unit(context))
     fused = type(engine).__name__ == "FusedEngine"
-    return wall, logits, replay_ms(session, per_unit, steps) if fused else None
+    device = replay_ms(session, per_unit, steps) if fused else None
+    graph_ms = None
+    if draws and getattr(engine, "captures_sequences", False):
+        graph = engine.sequence_graph(lambda: unit(context, download=False))
+
+        def frame() -> None:
+            graph.launch()
+            memory.to_host(drawn)
+
+        frame()
+        graph_ms = timed(frame)
+    return wall, logits, device, graph_ms
 
 
 def replay_ms(session, per_unit: int, steps: int) -> float | None:
@@ -271,7 +289,9 @@ def main() -> int:
         truth = reference_logits(meta)
         for batch in args.batch:
             fused.overlap = overlap_on
-            fused_ms, fused_logits, fused_device = time_calls(fused, meta, batch, args.steps)
+            calls_ms, fused_logits, fused_device, graph_ms = time_calls(fused, meta, batch,
+                                                                        args.steps)  # fmt: skip
+            fused_ms = calls_ms if graph_ms is None else graph_ms  # as the runtime runs it
             alt_ms = alt_device = alt_overlap = None
             if overlap_on:  # the other choice of programmatic dependent launch, for the record:
                 # off below OVERLAP_MAX_TOKENS rows (where the engine uses it), on from there
@@ -279,13 +299,14 @@ def main() -> int:
                 held, fe.OVERLAP_MAX_TOKENS = fe.OVERLAP_MAX_TOKENS, 1 << 30
                 fused.overlap = alt_overlap
                 try:
-                    alt_ms, _, alt_device = time_calls(fused, meta, batch, args.steps)
+                    alt_calls, _, alt_device, alt_graph = time_calls(fused, meta, batch, args.steps)
+                    alt_ms = alt_calls if alt_graph is None else alt_graph
                 finally:
                     fe.OVERLAP_MAX_TOKENS = held
                 fused.overlap = True
             ort_ms, ort_logits = float("nan"), fused_logits
             if ort is not None:
-                ort_ms, ort_logits, _ = time_calls(ort, meta, batch, args.steps)
+                ort_ms, ort_logits, _, _ = time_calls(ort, meta, batch, args.steps)
             scale = np.abs(truth).max()
             errors = {k: float(f"{np.abs(v[0] - truth).max() / scale:.2e}")
                       for k, v in (("onnxruntime", ort_logits), ("fused", fused_logits))}  # fmt: skip
@@ -302,6 +323,8 @@ def main() -> int:
                 "logits_rel_diff": float(f"{diff:.2e}"),
                 "row0_error_vs_float32": errors,
                 "fused_device_ms": None if fused_device is None else round(fused_device, 3),
+                # a frame's calls each from its own graph, where fused_ms is the frame's graph
+                "fused_calls_ms": None if graph_ms is None else round(calls_ms, 3),
                 "fused_overlap": overlap_on and batch < fe.OVERLAP_MAX_TOKENS,
                 "fused_other_overlap": alt_overlap,
                 "fused_other_ms": None if alt_ms is None else round(alt_ms, 3),

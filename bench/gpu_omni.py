@@ -483,6 +483,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--window-frames", type=int, default=25, help="edgeomni vocoder window")
     p.add_argument("--first-window-frames", type=int, help="a shorter first window (default: same)")
+    p.add_argument("--code2wav-streaming", choices=("windows", "stateful"), default="windows",
+                   help="edge-build's --code2wav-streaming: windows (the cuda default) or the "
+                   "stateful step, each frame decoded once in chunks")  # fmt: skip
+    p.add_argument("--first-chunk-frames", type=int, choices=(1, 2),
+                   help="stateful: frames of the first chunk (default: the build's, 2)")
     p.add_argument("--greedy-talker", action="store_true", help="greedy talker on both sides")
     p.add_argument("--logits-topk", type=int,
                    help="engines output each row's K best logits (default: the builder's, 64 "
@@ -514,8 +519,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "CUDA kernels (the MoE thinker and talker stay on ONNX Runtime)")  # fmt: skip
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-gpu-omni")
     args = p.parse_args(argv)
-    if args.backend == "fused" and (args.quantization or args.device != "cuda"):
-        p.error("--backend fused: float weights on cuda only (no --quantization, no cpu)")
+    if args.backend == "fused" and args.device != "cuda":
+        p.error("--backend fused: on cuda only")
+    if args.first_chunk_frames is not None and args.code2wav_streaming != "stateful":
+        p.error("--first-chunk-frames needs --code2wav-streaming stateful")
     if args.size == "tiny":
         args.thinker_layers = 4  # make_qwen3_omni's thinker
     if args.thinker_layers < 2:
@@ -525,6 +532,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.dtype = args.dtype or ("float16" if args.device == "cuda" else "float32")
     args.concurrency = sorted(set(args.concurrency))
     return args
+
+
+def set_first_chunk(engine: Path, frames: int | None) -> None:
+    """The stateful vocoder's first chunk in the graph's code2wav stage config (None: the
+    build's)."""
+    path = engine / "multistage_config.json"
+    graph = json.loads(path.read_text())
+    stage = next(s for s in graph["stages"] if s["runner"] == "qwen3_omni.code2wav")
+    config = stage.setdefault("config", {})
+    if config.get("streaming") != "stateful":
+        raise SystemExit(f"{engine}: its code2wav stage does not stream stateful")
+    if frames is not None:
+        config["first_chunk_frames"] = frames
+    path.write_text(json.dumps(graph, indent=2) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -574,6 +595,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra["quantization"] = args.quantization
     if args.backend != "onnxruntime":
         extra["backend"] = args.backend
+    stateful = args.code2wav_streaming == "stateful"
+    if stateful:
+        extra["code2wav_streaming"] = "stateful"
     build_args = BuildArgs(
         max_batch, max_input, capacity, device=args.device, dtype=args.dtype, **extra
     )
@@ -583,15 +607,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (f"-k{topk}" if topk is not None else "")
         + (f"-{args.quantization}" if args.quantization else "")
         + (f"-{args.backend}" if args.backend != "onnxruntime" else "")
+        + ("-stateful" if stateful else "")
     )
-    components = ["llm", "talker", "code_predictor", "code2wav"]  # no audio/vision encoders
+    # no audio/vision encoders
+    components = ["llm", "talker", "code_predictor", "code2wav"] + (
+        ["code2wav_stream"] if stateful else [])  # fmt: skip
     reused_engine = (engine / "multistage_config.json").is_file()
     if not reused_engine:
         clear_leftovers(args.work)
         check_disk(args.work, made["bytes_on_disk"])
         with phase("build"):
             build(ckpt, engine, build_args, components)
-    set_window(engine, args.window_frames, args.first_window_frames)
+    if stateful:
+        set_first_chunk(engine, args.first_chunk_frames)
+    else:
+        set_window(engine, args.window_frames, args.first_window_frames)
     if args.stop_after == "build":
         return 0
 
@@ -623,6 +653,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "engine_dtype": args.dtype,
             "build_args": vars(build_args),
             "components": components,
+            "code2wav_streaming": args.code2wav_streaming,
+            "first_chunk_frames": args.first_chunk_frames,
             "window_frames": args.window_frames,
             "first_window_frames": args.first_window_frames or args.window_frames,
             "concurrency": args.concurrency,

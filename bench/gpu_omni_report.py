@@ -98,9 +98,15 @@ def describe(result: dict[str, Any]) -> str:
         f"{talker}.",
         f"edgeomni: {cfg['engine_dtype']} engines on ONNX Runtime ({cfg['engine_device']}"
         + (f", top-{topk} logits from the engine" if topk else "")
-        + f"), vocoder windows of {cfg['window_frames']} frames (the first "
-        f"{cfg.get('first_window_frames', cfg['window_frames'])}, then doubling up to the full "
-        "size), c requests submitted together"
+        + (
+            "), the stateful vocoder step (each frame decoded once; first chunk "
+            f"{cfg.get('first_chunk_frames') or 'the build default'}, then doubling)"
+            if cfg.get("code2wav_streaming") == "stateful"
+            else f"), vocoder windows of {cfg['window_frames']} frames (the first "
+            f"{cfg.get('first_window_frames', cfg['window_frames'])}, then doubling up to the "
+            "full size)"
+        )
+        + ", c requests submitted together"
         + ("; the talker streams the thinker's reply (--stage-streaming)." if streaming else "."),
         f"transformers: {hf.get('dtype', '-')}, sdpa, one request at a time; its first audio "
         "is its wall time (generate returns all audio at the end).",

@@ -9,7 +9,9 @@ process of its own, one after the other, at concurrency c = 1, 4, 16, 32:
 - edgeomni: c requests submitted together in one Pipeline.run (in-flight batching); first
   audio is each request's first AudioChunk with samples, from the submission; the vocoder runs
   in windows while the talker runs (first window --first-window-frames, then doubling up to
-  --window-frames), or (--whole-utterance) each utterance whole once its codes are complete,
+  --window-frames), or (--code2wav-streaming stateful) as the stateful step, each frame decoded
+  once in chunks (the first --first-chunk-frames, then doubling), or (--whole-utterance) each
+  utterance whole once its codes are complete,
   the requests the talker finishes together in shared calls. A request's RTF is its last
   event's time over its audio.
 - upstream: qwen-tts 0.1.1's Qwen3TTSModel (transformers 4.57.3, PyTorch eager, bf16, sdpa),
@@ -218,6 +220,8 @@ def ensure_engine(args: argparse.Namespace, work: Path, ckpt: Path, log: Path, c
         build_args.update(quantization=args.quantization, group_size=args.group_size)
     if args.backend != "onnxruntime":
         build_args["backend"] = args.backend
+    if args.code2wav_streaming == "stateful":
+        build_args["code2wav_streaming"] = "stateful"
     name = (f"engine-{args.device}-{args.dtype}-b{lim['max_batch_size']}-i{lim['max_input_len']}"
             f"-c{lim['max_kv_cache_capacity']}" + (f"-k{args.logits_topk}"
                                                    if args.logits_topk is not None else ""))  # fmt: skip
@@ -225,6 +229,8 @@ def ensure_engine(args: argparse.Namespace, work: Path, ckpt: Path, log: Path, c
         name += f"-{args.quantization}-g{args.group_size}"
     if args.backend != "onnxruntime":
         name += f"-{args.backend}"
+    if args.code2wav_streaming == "stateful":
+        name += "-stateful"
     engine = work / name
     stamp_path = engine / "bench_stamp.json"
     fingerprint = source_fingerprint()
@@ -260,11 +266,23 @@ def ensure_engine(args: argparse.Namespace, work: Path, ckpt: Path, log: Path, c
 
 
 def engine_windows(engine: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Set the vocoder's windows in the graph's code2wav stage; the settings in force, with the
-    build's left context."""
-    windows = set_windows(engine, args.window_frames, args.first_window_frames)
-    graph = json.loads((engine / "multistage_config.json").read_text())
+    """Set the vocoder's windows (or, streaming stateful, its first chunk) in the graph's
+    code2wav stage; the settings in force, with the build's left context (or chunk sizes)."""
+    path = engine / "multistage_config.json"
+    graph = json.loads(path.read_text())
     stage = next(s for s in graph["stages"] if s["runner"].endswith(".code2wav"))
+    if args.code2wav_streaming == "stateful":
+        config = stage.setdefault("config", {})
+        if config.get("streaming") != "stateful":
+            raise SystemExit(f"{engine}: its code2wav stage does not stream stateful")
+        if args.first_chunk_frames is not None:
+            config["first_chunk_frames"] = args.first_chunk_frames
+        path.write_text(json.dumps(graph, indent=2) + "\n")
+        step = json.loads((engine / stage["artifact"] / config["stream"] / "config.json")
+                          .read_text())  # fmt: skip
+        return {"streaming": "stateful",
+                **{k: config.get(k, step[k]) for k in ("first_chunk_frames", "chunk_frames")}}
+    windows = set_windows(engine, args.window_frames, args.first_window_frames)
     built = engine / stage["artifact"] / "config.json"
     if "left_context_frames" not in windows and built.is_file():
         windows["left_context_frames"] = json.loads(built.read_text()).get("left_context_frames")
@@ -407,6 +425,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--window-frames", type=int, default=25, help="edgeomni's vocoder window")
     p.add_argument("--first-window-frames", type=int, default=5,
                    help="edgeomni's first vocoder window (then doubling to --window-frames)")  # fmt: skip
+    p.add_argument("--code2wav-streaming", choices=("windows", "stateful"), default="windows",
+                   help="edge-build's --code2wav-streaming: windows (the cuda default, set by "
+                   "--window-frames and --first-window-frames) or the stateful step, each frame "
+                   "decoded once in chunks (the first --first-chunk-frames)")  # fmt: skip
+    p.add_argument("--first-chunk-frames", type=int, choices=(1, 2),
+                   help="stateful: frames of the first chunk (default: the build's, 2)")
     p.add_argument("--logits-topk", type=int, help="edge-build's (default: the builder's)")
     p.add_argument("--quantization", choices=("int4_rtn", "int4_awq"),
                    help="edgeomni's talker and code predictor weights int4 (edge-build "
@@ -449,8 +473,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--group-size needs --quantization")
     if args.quantization:
         args.group_size = args.group_size or 32
-    if args.backend == "fused" and (args.quantization or args.device != "cuda"):
-        p.error("--backend fused: float weights on cuda only (no --quantization, no cpu)")
+    if args.backend == "fused" and (args.quantization == "int4_awq" or args.device != "cuda"):
+        p.error("--backend fused: on cuda only, float16 or int4_rtn weights")
+    if args.first_chunk_frames is not None and args.code2wav_streaming != "stateful":
+        p.error("--first-chunk-frames needs --code2wav-streaming stateful")
     args.concurrency = sorted(set(args.concurrency))
     if args.max_batch is None:
         args.max_batch = (

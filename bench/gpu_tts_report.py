@@ -195,12 +195,15 @@ def markdown(report: dict) -> str:
         f"predictor{quant_s}, float32 code2wav; built for batch {cfg['limits']['max_batch_size']}, "
         f"input {cfg['limits']['max_input_len']}, KV {cfg['limits']['max_kv_cache_capacity']}), "
         f"ONNX Runtime {ed_meta.get('versions', {}).get('onnxruntime', '?')}, Pipeline "
-        f"{json.dumps(ed_meta.get('pipeline_options', {}))}; vocoder windows: "
+        f"{json.dumps(ed_meta.get('pipeline_options', {}))}; vocoder "
         + (
-            f"first {win.get('first_window_frames')} frames, doubling to "
+            f"stateful: each frame decoded once, first chunk {win.get('first_chunk_frames')} "
+            f"frames, doubling to {win.get('chunk_frames')}. "
+            if win.get("streaming") == "stateful"
+            else f"windows: first {win.get('first_window_frames')} frames, doubling to "
             f"{win.get('window_frames')} (left context {win.get('left_context_frames')}). "
             if win
-            else "- (no engine). "
+            else "windows: - (no engine). "
         )
         + "First audio: each request's "
         "first AudioChunk with samples, from the submission; RTF: its last event / its audio.",

@@ -14,8 +14,9 @@ Two families of variants, picked by ``linear_launch``:
   ``mma.sync.m16n8k16`` tiles of 16 weight rows by 8 x rows, x (times the norm's weight)
   rounded to float16 as ONNX Runtime's float16 build rounds its activations.
 
-int4 matrices (``linear_q{f,h}{R}[s]``, in float16 modules) run SIMT at every row count: a lane
-reads 4 bytes (8 weights of one group) a pass and their float16 scale.
+int4 matrices (in float16 modules) run as the float16 ones do, from 16 bytes of codes a lane
+(32 weights of one group) and their float16 scale: SIMT under 8 rows (``linear_q{f,h}{R}[s]``),
+tensor cores from 8 (``linear_mq{f,h}{8,16,32}[s]``, each weight rounded to float16 first).
 
 Both end in ``linear_finish``: the norm's row scale, SwiGLU, the bias, and the store (float32, added
 into float32, or float16: SwiGLU's output feeds the down projection's tensor cores as the float16
@@ -50,12 +51,15 @@ def linear_columns(rows: int, swiglu: bool) -> int:
     return 1 if swiglu and rows == 16 else COLUMNS[rows]
 
 
-def linear_warps(k: int, weights: str, mma: bool = False) -> int:
+def linear_warps(k: int, weights: str, mma: bool = False, int4: bool = False) -> int:
     """Warps splitting K = ``k`` in a ``linear`` block: a pass (32 lanes x 16 bytes; a tensor
-    core step: 32 columns) each, up to MAX_WARPS. A function of K, the weights' type and the
-    family only, so that a row's sums are added in the same order whatever the rows beside it
-    (batch invariance within a family)."""
-    per_pass = 32 if mma else 32 * (8 if weights == "float16" else 4)
+    core step: 32 columns, 128 of int4 codes) each, up to MAX_WARPS. A function of K, the
+    weights' type and the family only, so that a row's sums are added in the same order
+    whatever the rows beside it (batch invariance within a family)."""
+    if int4:  # 16 bytes of codes a lane: 32 weights
+        per_pass = 128 if mma else 32 * 32
+    else:
+        per_pass = 32 if mma else 32 * (8 if weights == "float16" else 4)
     return max(1, min(MAX_WARPS, -(-k // per_pass)))
 
 
@@ -88,13 +92,13 @@ def linear_launch(
     wvec = 8 if weights == "float16" else 4
     if k % wvec:
         raise ValueError(f"linear: K = {k} is not a multiple of {wvec} ({weights})")
-    mma = linear_uses_mma(weights, rows) and not int4  # int4: SIMT at every row count
-    kw = warps or linear_warps(k, weights, mma)
+    mma = linear_uses_mma(weights, rows)
+    kw = warps or linear_warps(k, weights, mma, int4)
     if not 1 <= kw <= MAX_WARPS:
         raise ValueError(f"linear: {kw} warps; 1 to {MAX_WARPS}")
     if mma:
         r = next((r for r in MMA_ROWS if r >= rows), MMA_ROWS[-1])
-        name = f"linear_m{'h' if half_input else 'f'}{r}{'s' if swiglu else ''}"
+        name = f"linear_m{'q' if int4 else ''}{'h' if half_input else 'f'}{r}{'s' if swiglu else ''}"
         return LinearLaunch(name, (-(-n // 16), -(-rows // r)), 32 * kw)
     r = rows_variant(rows)
     cols = linear_columns(r, swiglu)
@@ -128,7 +132,12 @@ __device__ __forceinline__ void unpack4(const uint4& raw, int j, float* out) {
 #endif
 }
 
-#define PASS (32 * WVEC)
+// (code & 15) - 8 as a float, exactly: the code's bits under 2^23's exponent, less 2^23 + 8
+// (an OR and an add; an int-to-float conversion issues at a quarter of their rate)
+__device__ __forceinline__ float dequant4(unsigned code) {
+    return __uint_as_float(0x4B000000u | (code & 15u)) - 8388616.0f;
+}
+
 // A block's results from its warps' partial sums (warp i's at part[i * PW + col * R + r], the
 // up rows' at col C + c; row sums of squares at part_ss[i * R + r]), added in warp order, then
 // the norm's row scale, SwiGLU, the bias, then the store: STORE_SET writes float32, STORE_ADD adds
@@ -183,10 +192,11 @@ __device__ __forceinline__ void linear_finish(
 // never on R, C or the rows beside it (the engine picks kw from K: batch-invariant).
 //
 // Q4 (float16 builds): W is int4, ``w`` its codes (two a byte, the lower k in the low nibble,
-// [rows, K / 2]) and ``scales`` one float16 scale a row and ``group`` (a multiple of 8) of K:
-// W[n, k] = (code - 8) * scale, exact in float32. A lane reads 4 bytes (8 weights, one group)
-// of each weight row a pass and their scale, so the passes and the split of K are the float16
-// variants' (rows of head h start at h * head_stride weights).
+// [rows, K / 2]) and ``scales`` one float16 scale a row and ``group`` (a multiple of 32) of K:
+// W[n, k] = (code - 8) * scale, exact in float32. A lane reads 16 bytes of codes (32 weights,
+// one group) of each weight row a pass and their scale: a pass is 1024 weights of K, and as
+// many bytes in flight a load as the float16 variants' (rows of head h start at h *
+// head_stride weights).
 template <int R, int C, bool XHALF, bool SWIGLU, bool Q4 = false>
 __device__ __forceinline__ void linear_body(
     const void* __restrict__ x, const long long* __restrict__ rowmap, int seq,
@@ -196,19 +206,19 @@ __device__ __forceinline__ void linear_body(
     const half_t* __restrict__ scales = nullptr, int group = 0)
 {
     constexpr int CW = SWIGLU ? 2 * C : C;  // weight rows a lane reads a pass
+    constexpr int VEC = Q4 ? 32 : WVEC, STEP = 32 * VEC;  // weights a lane and a warp read a pass
     __shared__ float part[MAX_KW][CW * R];
     __shared__ float part_ss[MAX_KW][R];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = blockDim.x >> 5;
     const int n0 = blockIdx.x * C, r0 = blockIdx.y * R;
-    const int passes = (K + PASS - 1) / PASS;
+    const int passes = (K + STEP - 1) / STEP;
     const int p0 = warp * passes / kw, p1 = (warp + 1) * passes / kw;
     const long long head = head_index ? head_index[0] * head_stride : 0LL;
     const wt_t* wb = w + (Q4 ? 0LL : head);
     const unsigned char* qb = reinterpret_cast<const unsigned char*>(w) + (Q4 ? head / 2 : 0LL);
     const half_t* sb = Q4 ? scales + head / group : nullptr;
-    uint4 wr[CW];
-    unsigned wq[CW];  // Q4: a pass's 8 codes of each weight row, and their scale
-    float sc[CW];
+    uint4 wr[CW];  // a pass's weights (Q4: codes) of each weight row
+    float sc[CW];  // Q4: their scale
     // a pass's weights of weight row c (column n0 + c % C; SwiGLU's up rows from C) at k
     auto load = [&](int c, int k, bool ok) {
         const int n = n0 + (c % C);
@@ -216,7 +226,7 @@ __device__ __forceinline__ void linear_body(
         ok = ok && n < N && k < K;
         if (Q4) {
             const long long at = row * K + k;
-            wq[c] = ok ? __ldg(reinterpret_cast<const unsigned*>(qb + at / 2)) : 0u;
+            wr[c] = fetch_w(reinterpret_cast<const wt_t*>(qb + at / 2), ok);
             sc[c] = ok ? h2f(sb[at / group]) : 0.f;
         } else {
             wr[c] = fetch_w(wb + row * K + k, ok);
@@ -224,7 +234,7 @@ __device__ __forceinline__ void linear_body(
     };
     // the first pass's weights are requested before waiting on the kernel before this one
     {
-        const int k = p0 * PASS + lane * WVEC;
+        const int k = p0 * STEP + lane * VEC;
 #pragma unroll
         for (int c = 0; c < CW; ++c) load(c, k, p0 < p1);
     }
@@ -244,10 +254,10 @@ __device__ __forceinline__ void linear_body(
         for (int c = 0; c < CW; ++c) acc[c][r] = 0.f;
     }
     for (int p = p0; p < p1; ++p) {
-        const int k = p * PASS + lane * WVEC;
+        const int k = p * STEP + lane * VEC;
         if (k < K) {
 #pragma unroll
-            for (int j = 0; j < WVEC; j += 4) {  // 4 elements at a time: few registers for x
+            for (int j = 0; j < VEC; j += 4) {  // 4 elements at a time: few registers for x
                 float g[4], xv[R][4];
                 if (norm_w) {
                     float4 gv = *reinterpret_cast<const float4*>(norm_w + k + j);
@@ -265,10 +275,11 @@ __device__ __forceinline__ void linear_body(
 #pragma unroll
                 for (int c = 0; c < CW; ++c) {
                     float wf[4];
-                    if (Q4) {
+                    if (Q4) {  // codes j .. j + 3 of the 32, in word j / 8
+                        const unsigned word = reinterpret_cast<const unsigned*>(&wr[c])[j >> 3];
 #pragma unroll
                         for (int i = 0; i < 4; ++i)
-                            wf[i] = (float)((int)((wq[c] >> (4 * (j + i))) & 15u) - 8) * sc[c];
+                            wf[i] = dequant4(word >> (4 * ((j & 7) + i))) * sc[c];
                     } else {
                         unpack4(wr[c], j, wf);
                     }
@@ -281,7 +292,7 @@ __device__ __forceinline__ void linear_body(
         }
         if (p + 1 < p1) {  // the next pass's weights (a warp of a long K has several)
 #pragma unroll
-            for (int c = 0; c < CW; ++c) load(c, k + PASS, true);
+            for (int c = 0; c < CW; ++c) load(c, k + STEP, true);
         }
     }
 #pragma unroll
@@ -346,6 +357,10 @@ LINEAR_Q4(16, 2, true, false, linear_qh16)
 // every load is 16 bytes wide. x (after the norm's weight) is rounded to float16 first, as
 // ONNX Runtime's float16 build rounds its activations. K is split over kw warps in steps of
 // 32, partial sums meeting in shared memory as in linear_body.
+// Q4 (int4 codes and scales as in linear_body): a lane reads 16 bytes of codes of each W row,
+// 32 weights of one group (k = 128 s + 32 t ..), per step of 128, and runs that step's four
+// mma tiles from them, each weight (code - 8) * scale rounded to float16 (a float16 GEMM over
+// the dequantized matrix rounds it so); the A and B words pair k with k + 4 there (both alike).
 #ifndef DECODER_HOST_EMULATION
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a, const unsigned* b) {
     asm volatile(
@@ -367,12 +382,13 @@ __device__ __forceinline__ void a_frag(const uint4& wa, const uint4& wb, int h, 
     a[0] = pa[2 * h]; a[1] = pb[2 * h]; a[2] = pa[2 * h + 1]; a[3] = pb[2 * h + 1];
 }
 
-template <int RG, bool XHALF, bool SWIGLU>
+template <int RG, bool XHALF, bool SWIGLU, bool Q4 = false>
 __device__ __forceinline__ void linear_mma_body(
     const void* __restrict__ x, const long long* __restrict__ rowmap, int seq,
     const float* __restrict__ norm_w, float eps,
     const wt_t* __restrict__ w, long long head_stride, const long long* __restrict__ head_index,
-    const float* __restrict__ bias, float* out, int rows, int K, int N, int store)
+    const float* __restrict__ bias, float* out, int rows, int K, int N, int store,
+    const half_t* __restrict__ scales = nullptr, int group = 0)
 {
     constexpr int R = 8 * RG, T = SWIGLU ? 2 : 1;  // rows a block; W tiles (gate, up) a step
     // a warp's sums row by row, T * 16 columns and 4 of padding: rows 2t and 2t + 2 of a
@@ -383,24 +399,38 @@ __device__ __forceinline__ void linear_mma_body(
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, r0 = blockIdx.y * R;
-    const int steps = (K + 31) / 32;
+    constexpr int KS = Q4 ? 128 : 32, TILES = KS / 32;  // K a step covers; its mma k-pairs
+    const int steps = (K + KS - 1) / KS;
     const int s0 = warp * steps / kw, s1 = (warp + 1) * steps / kw;
-    const wt_t* wb = w + (head_index ? head_index[0] * head_stride : 0LL);
+    const long long head = head_index ? head_index[0] * head_stride : 0LL;
+    const wt_t* wb = w + (Q4 ? 0LL : head);
+    const unsigned char* qb = reinterpret_cast<const unsigned char*>(w) + (Q4 ? head / 2 : 0LL);
+    const half_t* sb = Q4 ? scales + head / group : nullptr;
     // this lane's 16 bytes of W rows g and g + 8 (and the up rows) for U steps: a ring of the
     // warp's next U steps, each refilled as soon as it is used, so that U steps' weights are
     // in flight at once (one step's were too few to keep HBM busy from 64 blocks)
     // within the registers of 2 blocks an SM (SwiGLU at 32 rows spilled with 4)
-    constexpr int U = (T == 2 && RG >= 4) ? 2 : (T == 2 || RG >= 4) ? 4 : 8;
+    // (Q4: a step is 128 of K, its dequantized tiles take registers too: half as many steps)
+    constexpr int U = Q4 ? ((T == 2 && RG >= 4) ? 1 : (T == 2 || RG >= 4) ? 2 : 4)
+                         : (T == 2 && RG >= 4) ? 2 : (T == 2 || RG >= 4) ? 4 : 8;
     uint4 wr[U][T][2];
+    float sc[Q4 ? U : 1][T][2];  // Q4: the codes' scales
     auto fetch = [&](int s, int slot) {
-        const int k = s * 32 + 8 * t;
+        const int k = s * KS + (KS / 4) * t;
 #pragma unroll
         for (int u = 0; u < T; ++u)
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const int n = n0 + g + 8 * i;
                 const long long row = (long long)n + u * N;
-                wr[slot][u][i] = fetch_w(wb + row * K + k, s < s1 && n < N && k < K);
+                const bool ok = s < s1 && n < N && k < K;
+                if (Q4) {
+                    const long long at = row * K + k;
+                    wr[slot][u][i] = fetch_w(reinterpret_cast<const wt_t*>(qb + at / 2), ok);
+                    sc[Q4 ? slot : 0][u][i] = ok ? h2f(sb[at / group]) : 0.f;
+                } else {
+                    wr[slot][u][i] = fetch_w(wb + row * K + k, ok);
+                }
             }
     };
 #pragma unroll
@@ -430,42 +460,60 @@ __device__ __forceinline__ void linear_mma_body(
     for (int slot = 0; slot < U; ++slot) {
         const int s = base + slot;
         if (s >= s1) break;
-        const int k = s * 32 + 8 * t;
-        float gw[8];
-        if (norm_w && k < K) {
-            float4 g0 = *reinterpret_cast<const float4*>(norm_w + k);
-            float4 g1 = *reinterpret_cast<const float4*>(norm_w + k + 4);
-            gw[0] = g0.x; gw[1] = g0.y; gw[2] = g0.z; gw[3] = g0.w;
-            gw[4] = g1.x; gw[5] = g1.y; gw[6] = g1.z; gw[7] = g1.w;
-        }
 #pragma unroll
-        for (int q = 0; q < RG; ++q) {
-            unsigned b[4] = {0u, 0u, 0u, 0u};  // x row q*8+g, k .. k+7, as float16 pairs
-            if (valid[q] && k < K) {
-                if (XHALF && !norm_w) {
-                    uint4 raw = *reinterpret_cast<const uint4*>(
-                        reinterpret_cast<const half_t*>(x) + src[q] + k);
-                    b[0] = raw.x; b[1] = raw.y; b[2] = raw.z; b[3] = raw.w;
-                } else {
-                    float xv[8];
-                    load_x4<XHALF>(x, src[q] + k, xv);
-                    load_x4<XHALF>(x, src[q] + k + 4, xv + 4);
-                    if (norm_w) {
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) { ss[q] += xv[i] * xv[i]; xv[i] *= gw[i]; }
-                    }
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) b[i] = pack_h2(xv[2 * i], xv[2 * i + 1]);
-                }
-            }
+        for (int tile = 0; tile < TILES; ++tile) {
+            const int k = Q4 ? s * KS + 32 * t + 8 * tile : s * 32 + 8 * t;
+            uint4 wt[T][2];  // the tile's weights of rows g and g + 8, float16
 #pragma unroll
             for (int u = 0; u < T; ++u)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    unsigned a[4];
-                    a_frag(wr[slot][u][0], wr[slot][u][1], h, a);
-                    mma16816(acc[u][q], a, b + 2 * h);
+                for (int i = 0; i < 2; ++i) {
+                    if (!Q4) { wt[u][i] = wr[slot][u][i]; continue; }
+                    const unsigned word = reinterpret_cast<const unsigned*>(&wr[slot][u][i])[tile];
+                    const float scale = sc[Q4 ? slot : 0][u][i];
+                    unsigned* h = reinterpret_cast<unsigned*>(&wt[u][i]);
+#pragma unroll
+                    for (int m = 0; m < 4; ++m)  // weights m and m + 4 of the tile's 8
+                        h[m] = pack_h2(dequant4(word >> (4 * m)) * scale,
+                                       dequant4(word >> (4 * m + 16)) * scale);
                 }
+            float gw[8];
+            if (norm_w && k < K) {
+                float4 g0 = *reinterpret_cast<const float4*>(norm_w + k);
+                float4 g1 = *reinterpret_cast<const float4*>(norm_w + k + 4);
+                gw[0] = g0.x; gw[1] = g0.y; gw[2] = g0.z; gw[3] = g0.w;
+                gw[4] = g1.x; gw[5] = g1.y; gw[6] = g1.z; gw[7] = g1.w;
+            }
+#pragma unroll
+            for (int q = 0; q < RG; ++q) {
+                unsigned b[4] = {0u, 0u, 0u, 0u};  // x row q*8+g, k .. k+7, as float16 pairs
+                if (valid[q] && k < K) {
+                    if (XHALF && !norm_w && !Q4) {
+                        uint4 raw = *reinterpret_cast<const uint4*>(
+                            reinterpret_cast<const half_t*>(x) + src[q] + k);
+                        b[0] = raw.x; b[1] = raw.y; b[2] = raw.z; b[3] = raw.w;
+                    } else {
+                        float xv[8];
+                        load_x4<XHALF>(x, src[q] + k, xv);
+                        load_x4<XHALF>(x, src[q] + k + 4, xv + 4);
+                        if (norm_w) {
+#pragma unroll
+                            for (int i = 0; i < 8; ++i) { ss[q] += xv[i] * xv[i]; xv[i] *= gw[i]; }
+                        }
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)  // Q4 pairs k with k + 4, as its weights
+                            b[i] = Q4 ? pack_h2(xv[i], xv[i + 4]) : pack_h2(xv[2 * i], xv[2 * i + 1]);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < T; ++u)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        unsigned a[4];
+                        a_frag(wt[u][0], wt[u][1], h, a);
+                        mma16816(acc[u][q], a, b + 2 * h);
+                    }
+            }
         }
         if (s + U < s1) fetch(s + U, slot);
     }
@@ -508,6 +556,21 @@ LINEAR_MMA(1, false, true, linear_mf8s) LINEAR_MMA(2, false, true, linear_mf16s)
 LINEAR_MMA(4, false, true, linear_mf32s)
 LINEAR_MMA(1, true, false, linear_mh8) LINEAR_MMA(2, true, false, linear_mh16)
 LINEAR_MMA(4, true, false, linear_mh32)
+
+// int4 weights (Q4) on tensor cores
+#define LINEAR_MMA_Q4(RG, XH, SW, NAME) \
+extern "C" __global__ void __launch_bounds__(32 * MAX_KW, 2) NAME( \
+    const void* x, const long long* rowmap, int seq, const float* norm_w, float eps, \
+    const wt_t* w, long long head_stride, const long long* head_index, const float* bias, \
+    float* out, int rows, int K, int N, int store, const half_t* scales, int group) { \
+    linear_mma_body<RG, XH, SW, true>(x, rowmap, seq, norm_w, eps, w, head_stride, head_index, \
+                                      bias, out, rows, K, N, store, scales, group); }
+LINEAR_MMA_Q4(1, false, false, linear_mqf8) LINEAR_MMA_Q4(2, false, false, linear_mqf16)
+LINEAR_MMA_Q4(4, false, false, linear_mqf32)
+LINEAR_MMA_Q4(1, false, true, linear_mqf8s) LINEAR_MMA_Q4(2, false, true, linear_mqf16s)
+LINEAR_MMA_Q4(4, false, true, linear_mqf32s)
+LINEAR_MMA_Q4(1, true, false, linear_mqh8) LINEAR_MMA_Q4(2, true, false, linear_mqh16)
+LINEAR_MMA_Q4(4, true, false, linear_mqh32)
 #endif
 """
 

@@ -184,3 +184,7 @@ class FixedInputs:
         if self._sent.get(name) != sent:
             buf.upload(value)
             self._sent[name] = sent
+
+    def holds(self, name: str, value: np.ndarray) -> bool:
+        """Whether ``name``'s buffer holds this host array, as last uploaded."""
+        return name in self.held and self._sent.get(name) == (value.dtype, value.tobytes())

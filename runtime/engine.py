@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,9 +58,17 @@ class Engine(Protocol):
     # preferences (what costs less on it; any call runs either way):
     replays_steps: bool  # one-token calls run with graph=id are captured once and replayed
     prefers_fixed_shapes: bool  # calls cost less at a few fixed shapes than at each one's own
+    # sequence_graph(queue) captures the calls queue makes through its bindings as one graph
+    captures_sequences: bool
 
     def binding(self) -> Binding: ...
     def new_graph_id(self) -> int: ...
+    def sequence_graph(self, queue: Callable[[], None]) -> Any: ...
+
+
+def no_sequence_graph(backend: str) -> EngineError:
+    """What an engine that cannot capture a sequence of its calls answers sequence_graph."""
+    return EngineError(f"{backend} engines run calls one at a time: captures_sequences is False")
 
 
 @dataclass(frozen=True)
@@ -290,6 +298,7 @@ class OrtEngine:
         # whenever its input shape differs from its last call's; with host-fed attention
         # lengths a call could not be replayed at a padded length anyway
         self.prefers_fixed_shapes = kind == "cuda" and not host_lengths
+        self.captures_sequences = False  # ONNX Runtime captures its own graphs, a run each
 
     def binding(self) -> OrtBinding:
         return OrtBinding(self.session, self.cuda_graphs, device=self.device_id,
@@ -298,6 +307,9 @@ class OrtEngine:
     def new_graph_id(self) -> int:
         self._graph_ids += 1
         return self._graph_ids
+
+    def sequence_graph(self, queue: Callable[[], None]) -> Any:
+        raise no_sequence_graph("ONNX Runtime")
 
 
 def _session(

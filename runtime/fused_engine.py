@@ -15,15 +15,18 @@ over each row's last position, and the top-K on the device; a build with an in-e
 for the next call, so a frame's steps run without the host. Activations are float32, weights and
 the KV cache float16 or float32 (the build's --dtype); inputs and outputs have the ONNX build's
 types (float16 logits and hidden states in a float16 build; inputs_embeds float32 where that
-build casts them inside), so fused and ONNX Runtime engines feed each other as they are. Decode steps
-(``graph=id``) are captured once as CUDA graphs and replayed, as the other GPU engines do.
+build casts them inside), so fused and ONNX Runtime engines feed each other as they are. Decode
+steps (``graph=id``) are captured once as CUDA graphs and replayed, as the other GPU engines do;
+``sequence_graph`` captures a sequence of calls that repeats with the same buffers (a code
+predictor's frame: its prefill, its steps and their draws) as one graph.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +235,13 @@ class FusedEngine:
                         and os.environ.get("EDGEOMNI_FUSED_OVERLAP", "1") != "0")  # fmt: skip
         self.cuda_graphs = cuda_graphs
         self.replays_steps = cuda_graphs
+        # EDGEOMNI_FUSED_SEQUENCE_GRAPHS=0: a call a graph only (to measure what it saves)
+        self.captures_sequences = (cuda_graphs and
+                                   os.environ.get("EDGEOMNI_FUSED_SEQUENCE_GRAPHS", "1") != "0")  # fmt: skip
         self._graph_ids = 0
+        # while sequence_graph runs its queue: "load" or "capture", and the bindings it called
+        self._sequence_mode: str | None = None
+        self._sequence: list[FusedBinding] = []
 
     def _upload(self, tensor: np.ndarray) -> Any:
         buf = self.buffers.zeros(tensor.shape, tensor.dtype)
@@ -292,6 +301,77 @@ class FusedEngine:
         self._graph_ids += 1
         return self._graph_ids
 
+    def sequence_graph(self, queue: Callable[[], None]) -> SequenceGraph:
+        """The calls ``queue`` makes through this engine's bindings, and the device copies it
+        queues between them, as one CUDA graph: one launch for what is otherwise a launch a
+        call and the host's work around each (a code-predictor frame: 16 calls, 15 draws).
+        ``queue`` runs twice: first to load each call's host feeds into its binding's fixed
+        buffers and size its scratch (no kernel runs; the copies it queues do), then under
+        stream capture. Every feed is copied into the binding's fixed buffers inside the graph,
+        so the device buffers ``queue`` passes are read at their addresses at each launch (the
+        caller keeps them), and host feeds are frozen: one that differs between the two runs is
+        an error (feed what changes from a device buffer)."""
+        if self._sequence_mode is not None:
+            raise EngineError("a sequence graph is already being captured")
+        cudart = memory._cudart()
+        memory.use(self.device_id)
+        self._sequence, self._sequence_mode = [], "load"
+        try:
+            queue()
+            bindings = list(self._sequence)
+            generations = [b.generation for b in bindings]
+            self._sequence_mode = "capture"
+            mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+            with memory.capturing():
+                memory._check(cudart.cudaStreamBeginCapture(self.stream, mode),
+                              "cudaStreamBeginCapture")  # fmt: skip
+                done = False
+                try:
+                    queue()
+                    done = True
+                finally:
+                    g = memory._check(cudart.cudaStreamEndCapture(self.stream),
+                                      "cudaStreamEndCapture")  # fmt: skip
+                    if not done:
+                        cudart.cudaGraphDestroy(g)
+        finally:
+            self._sequence_mode, self._sequence = None, []
+        if [b.generation for b in bindings] != generations:
+            cudart.cudaGraphDestroy(g)
+            raise EngineError("a call's buffers changed between loading and capturing a "
+                              "sequence graph")  # fmt: skip
+        try:
+            graph = memory._check(cudart.cudaGraphInstantiate(g, 0), "cudaGraphInstantiate")
+        finally:
+            cudart.cudaGraphDestroy(g)
+        return SequenceGraph(self, graph, bindings)
+
+
+class SequenceGraph:
+    """FusedEngine.sequence_graph's graph: valid while none of its calls' bindings has
+    reallocated a buffer it reads (it holds them, and so every buffer they bind)."""
+
+    def __init__(self, engine: FusedEngine, graph: Any, bindings: list[FusedBinding]) -> None:
+        self._engine, self._graph = engine, graph
+        self._bindings = [(b, b.generation) for b in bindings]
+
+    def valid(self) -> bool:
+        return all(b.generation == g for b, g in self._bindings)
+
+    def launch(self) -> None:
+        """Queued on the engine's stream; the host does not wait."""
+        if not self.valid():
+            raise EngineError("a call of this sequence graph has new buffers: capture it again")
+        memory.use(self._engine.device_id)
+        memory._check(memory._cudart().cudaGraphLaunch(self._graph, self._engine.stream),
+                      "cudaGraphLaunch")  # fmt: skip
+
+    def __del__(self) -> None:
+        graph = getattr(self, "_graph", None)
+        if graph is not None:
+            with contextlib.suppress(Exception):  # at interpreter shutdown there is no runtime
+                memory._cudart().cudaGraphExecDestroy(graph)
+
 
 class FusedBinding:
     """Buffers for one user of a fused engine, as TrtBinding keeps them: bound buffers stay,
@@ -305,6 +385,8 @@ class FusedBinding:
         self._scratch: dict[str, Any] = {}
         self._graphs: dict[int, Any] = {}
         self._fixed = FixedInputs(engine.buffers, self.bind_input)
+        # counts the times a buffer a captured graph may read was replaced (SequenceGraph.valid)
+        self.generation = 0
 
     def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None:
         self.bind_input(input_name, array)
@@ -316,6 +398,9 @@ class FusedBinding:
     def bind_output(self, name: str, array: Any) -> None:
         if isinstance(array, np.ndarray):
             raise EngineError(f"{name}: a fused engine binds device buffers, not numpy arrays")
+        held = self._arrays.get(name)
+        if held is not None and (held.ptr, held.nbytes) != (array.ptr, array.nbytes):
+            self.generation += 1
         self._arrays[name] = array
 
     def _stage(self, name: str, array: np.ndarray) -> None:
@@ -324,6 +409,7 @@ class FusedBinding:
         if held is None or held.nbytes < array.size * dtype.itemsize:
             held = self._staging[name] = self._engine.buffers.zeros((max(array.size, 1),), dtype)
             self._graphs.clear()  # captured graphs read the old buffer
+            self.generation += 1
         view = held.rows(array.size).view(array.shape)
         view.upload(array.astype(dtype, copy=False))
         self._arrays[name] = view
@@ -336,6 +422,7 @@ class FusedBinding:
         if held is None or held.nbytes < nbytes:
             held = self._scratch[name] = self._engine.buffers.zeros((max(nbytes, 1),), np.uint8)
             self._graphs.clear()
+            self.generation += 1
         return held.ptr
 
     def run(self, feeds: Mapping[str, Any], *, graph: int | None = None, wait: bool = True) -> None:
@@ -343,6 +430,9 @@ class FusedBinding:
         place; ``graph`` captures the call once and replays it after, its feeds copied into
         fixed buffers of this binding's."""
         engine = self._engine
+        if engine._sequence_mode is not None:
+            self._sequenced(feeds, engine._sequence_mode == "load")
+            return
         captured = graph is not None and engine.cuda_graphs
         for name, array in feeds.items():
             if name not in engine.input_types:
@@ -379,6 +469,28 @@ class FusedBinding:
             self._enqueue()
         if wait:
             memory.synchronize(engine.device_id)
+
+    def _sequenced(self, feeds: Mapping[str, Any], loading: bool) -> None:
+        """A call inside FusedEngine.sequence_graph: every feed through the fixed buffers;
+        ``loading``, host feeds uploaded and the scratch sized, else the device feeds' copies
+        and the kernels queued (under capture)."""
+        engine = self._engine
+        for name, array in feeds.items():
+            if name not in engine.input_types:
+                raise EngineError(f"the fused engine has no input {name!r}")
+            if loading or not isinstance(array, np.ndarray):
+                self._fixed.put(name, array)
+            elif not self._fixed.holds(name, array):
+                raise EngineError(f"{name}: a host feed differs between loading and capturing a "
+                                  "sequence graph, which freezes it")  # fmt: skip
+        missing = [n for n in engine.input_names if n not in self._arrays]
+        if missing:
+            raise EngineError(f"no buffer for input(s) {', '.join(missing)}")
+        self._plan()
+        if loading:
+            engine._sequence.append(self)
+        else:
+            self._enqueue()
 
     def _plan(self) -> None:
         """The call's shapes, its scratch buffers and the outputs it was not given."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import numpy as np
 
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
-from edgeomni.runtime.engine import LENGTHS, EngineError
+from edgeomni.runtime.engine import LENGTHS, EngineError, no_sequence_graph
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ class TrtEngine:
             ctx.set_optimization_profile_async(p, self.stream)
         self.cuda_graphs = cuda_graphs  # whether run(graph=id) captures and replays
         self.replays_steps = cuda_graphs
+        self.captures_sequences = False  # not tried: TensorRT's bindings capture a call each
         self._graph_ids = 0
 
     def _scratch_size(self, profile: int) -> int:
@@ -133,6 +134,9 @@ class TrtEngine:
     def new_graph_id(self) -> int:
         self._graph_ids += 1
         return self._graph_ids
+
+    def sequence_graph(self, queue: Callable[[], None]) -> Any:
+        raise no_sequence_graph("TensorRT")
 
 
 def profile_for(

@@ -87,13 +87,16 @@ def linear_case(dtype: str, rows: int, mode: str, n: int = 72, k: int | None = N
         args += [buf("scales"), ("i32", group)]
     launch = Launch(plan.name, plan.grid, plan.block, args)
 
+    mma = lc.linear_uses_mma(dtype, rows)
+    # on tensor cores x is rounded to float16, and int4 weights too once dequantized
+    wref = w.astype(np.float16).astype(np.float32) if group and mma else w
+
     def check(got: dict[str, np.ndarray]) -> None:
         xs = x.reshape(rows, seq, k)[np.arange(rows), last] if m.get("rowmap") else x
         want = lc.linear_reference(
-            xs, w[head[0]], norm_w=g if m.get("norm") else None, eps=1e-6,
+            xs, wref[head[0]], norm_w=g if m.get("norm") else None, eps=1e-6,
             bias=bias if m.get("bias") else None, swiglu=bool(m.get("swiglu")),
-            residual=out0 if m.get("resid") else None,
-            half_x=lc.linear_uses_mma(dtype, rows) and not group,
+            residual=out0 if m.get("resid") else None, half_x=mma,
         )  # fmt: skip
         if m.get("half_out"):  # the float32 result rounded once to float16
             scale = max(1.0, np.abs(want).max())
@@ -301,9 +304,9 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
     cases += [topk_case(dtype, 6, dc.TOPK_CHUNK + 300, 64, draw=SAMPLE_SETTINGS[1])]
     cases += [cast_case(dtype), rms_rows_case()]
     if dtype == "float16":  # int4 matrices (float16 modules only, last: the lists share indices
-        # up to here): SIMT at every row count, groups of 32 and 128
+        # up to here): SIMT under 8 rows, tensor cores from 8 (each variant), groups of 32, 128
         cases += [linear_case(dtype, r, mode, k=320, group=32)
-                  for mode in LINEAR_MODES for r in (1, 3, 17)]
+                  for mode in LINEAR_MODES for r in (1, 3, 8, 12, 17)]
         cases += [linear_case(dtype, r, mode, n=75, k=1152, warps=warps, group=128)
                   for r in (1, 17) for mode in ("swiglu", "residual", "heads")
                   for warps in (None, 2)]  # fmt: skip

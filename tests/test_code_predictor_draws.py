@@ -219,3 +219,87 @@ def test_the_frame_prefill_splits_where_its_inputs_are_device_buffers() -> None:
     assert not splits_prefill(engine(host=True, graphs=False))
     assert splits_prefill(engine(host=False, graphs=True))
     assert splits_prefill(engine(host=False, graphs=False))
+
+
+def test_a_frame_graph_is_captured_once_a_cohort_shape(monkeypatch) -> None:
+    """Where the engine captures sequences of calls (the fused backend, faked here), a frame's
+    calls are captured as one graph at a cohort shape's first frame and launched for each frame
+    after; every frame copies the talker's hidden state into the buffer the graph reads, the
+    draw settings go to the device only when they change, and a graph whose buffers changed
+    is captured again."""
+    from types import SimpleNamespace
+
+    from edgeomni.runtime import memory
+    from edgeomni.runtime.sampling import SamplingParams
+
+    uploads: list[tuple[float, ...]] = []
+
+    class Dev:
+        def __init__(self, shape, dtype, data=None):  # noqa: ANN001
+            self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+            self.data = np.zeros(shape, dtype) if data is None else data
+
+        @classmethod
+        def zeros(cls, shape, dtype, device=0):  # noqa: ANN001, ANN206
+            return cls(shape, dtype)
+
+        def view(self, shape: tuple[int, ...]) -> Dev:
+            return Dev(shape, self.dtype, self.data.reshape(shape))
+
+        def upload(self, array: np.ndarray) -> None:  # in its dtype, as DeviceArray's
+            assert array.shape == self.shape
+            self.data[...] = array
+            if array.size == 1:  # a setting
+                uploads.append(tuple(array.ravel()))
+
+        def copy_from(self, src: Dev) -> None:
+            self.data[...] = src.data
+
+    class Graph:
+        def __init__(self, queue) -> None:  # noqa: ANN001
+            self.queue, self.ok, self.launches = queue, True, 0
+
+        def valid(self) -> bool:
+            return self.ok
+
+        def launch(self) -> None:
+            self.launches += 1
+
+    monkeypatch.setattr(memory, "DeviceArray", Dev)
+    graphs: list[Graph] = []
+    cp = CodePredictor.__new__(CodePredictor)
+    cp.engine = SimpleNamespace(
+        buffers=DeviceBuffers(),
+        input_types={"inputs_embeds": np.dtype(np.float16), "sample_temperature": np.dtype(np.float64)},
+        sequence_graph=lambda queue: graphs.append(Graph(queue)) or graphs[-1],
+    )  # fmt: skip
+    cp.hidden_size, cp._frames, cp._settings, cp._settings_sent = 4, {}, {}, ()
+    queued: list[tuple] = []
+    cp._queue_frame = lambda *args: queued.append(args)  # what a capture would queue
+    rows = [Dev((3,), np.float64) for _ in range(15)]
+    greedy, sampled = SamplingParams(temperature=0.0), SamplingParams(0.9, 50, 0.8)
+
+    def frame(n: int, params: SamplingParams, value: float) -> None:
+        # the talker's output buffer (a new one), or its rows' states gathered on the host
+        last = (Dev((n, 4), np.float16, np.full((n, 4), value, np.float16)) if value != 2
+                else np.full((n, 4), value, np.float32))  # fmt: skip
+        cp._graphed_frame(SimpleNamespace(rows=n, first_row=0), last, "e0", np.ones(n, np.int32),
+                          params, rows, ["drawn"])  # fmt: skip
+
+    for i, params in enumerate((greedy, greedy, sampled, sampled)):
+        frame(3, params, i)
+    assert len(graphs) == 1 and graphs[0].launches == 4
+    assert uploads == [(1.0,), (1,), (1.0,), (0.9,), (50,), (0.8,)]  # greedy: top-k 1 at 1.0
+    graphs[0].queue()
+    session, hidden, e0, _, draw, uniform_rows, drawn = queued[0]
+    assert hidden is cp._frames[(3, 0, 3)][1] and np.all(hidden.data == 3)  # the last frame's
+    assert hidden.shape == (3, 1, 4) and hidden.dtype == np.float16
+    assert (e0, drawn) == ("e0", ["drawn"])
+    assert draw["sample_uniform"] is rows[0] and uniform_rows is rows
+    assert {k: v.data.item() for k, v in draw.items() if k != "sample_uniform"} == {
+        "sample_temperature": 0.9, "sample_top_k": 50, "sample_top_p": 0.8}
+    frame(1, sampled, 0)  # another cohort shape: its own graph
+    assert len(graphs) == 2 and graphs[1].launches == 1
+    graphs[0].ok = False  # a binding reallocated a buffer the graph reads
+    frame(3, sampled, 0)
+    assert len(graphs) == 3 and graphs[0].launches == 4 and graphs[2].launches == 1

@@ -354,6 +354,62 @@ def test_the_code_predictors_draws_equal_the_reference(tmp_path, graphs) -> None
             past = past + 1
 
 
+def test_a_code_predictor_frame_graph_draws_what_its_calls_draw(tmp_path) -> None:
+    """A code-predictor frame captured as one CUDA graph (FusedEngine.sequence_graph) draws
+    the codes its calls draw with a graph each: two cohort sizes, greedy and sampled, the draw
+    settings changing between frames (the graph reads them from device buffers), the talker's
+    hidden state in a new device buffer or a host array each frame. One capture a cohort shape;
+    a host feed that changes under capture is refused."""
+    from edgeomni.runtime.engine import EngineError
+    from edgeomni.runtime.memory import DeviceArray
+    from edgeomni.runtime.sampling import SamplingParams
+    from edgeomni.runtime.speech.code_predictor import CodePredictor
+
+    folder = fused_build(tts_checkpoint(tmp_path / "ckpt"), tmp_path / "fused", "float32",
+                         model="tts") / "code_predictor"  # fmt: skip
+    cfg = json.loads((folder / "config.json").read_text())
+    groups = cfg["fused"]["lm_heads"] + 1
+    graphed, steps = (CodePredictor(folder, groups=groups, max_batch=4) for _ in range(2))
+    steps.frame_graphs = False
+    assert graphed.frame_graphs, "the fused engine captures sequences where it replays steps"
+    captures = []
+    capture = graphed.engine.sequence_graph
+    graphed.engine.sequence_graph = lambda queue: captures.append(1) or capture(queue)
+    width, vocab = graphed.hidden_size, int(cfg["vocab_size"])
+    rng = np.random.default_rng(5)
+    settings = [SamplingParams(temperature=0.0), SamplingParams(0.9, 50, 0.8),
+                SamplingParams(0.7, 20, 0.95), SamplingParams(temperature=0.0)]  # fmt: skip
+    for n in (3, 1):
+        for frame, params in enumerate(settings):
+            hidden = (rng.standard_normal((n, width)) * 0.5).astype(np.float32)
+            code0 = rng.integers(0, vocab, n)
+            e0 = (rng.standard_normal((n, width)) * 0.5).astype(np.float32)
+            got = []
+            for cp in (graphed, steps):
+                last = hidden  # the talker's rows gathered on the host, or its output buffer
+                if frame % 2:
+                    last = DeviceArray.zeros(hidden.shape, np.float32)  # a new one each frame
+                    last.upload(hidden)
+                rngs = [np.random.default_rng(100 * frame + r) for r in range(n)]
+                codes, summed, fell_back = cp.frame(cp.session(n), last, code0, e0, params, rngs)
+                assert not fell_back
+                got.append((codes, summed))
+            np.testing.assert_array_equal(got[0][0], got[1][0], err_msg=f"n={n} frame {frame}")
+            np.testing.assert_array_equal(got[0][1], got[1][1])
+    assert len(captures) == 2, captures  # one a cohort shape
+    session, calls = graphed.session(2), iter(range(2))
+    hidden = DeviceArray.zeros((2, 1, width), np.float32)  # not inside the capture
+
+    def changing() -> None:  # its host feed differs in the second (captured) run
+        session.run(hidden, np.zeros((2, 1), np.int64), np.zeros(2, np.int32),
+                    np.ones(2, np.int32), np.zeros(2, np.int64), tag=0,
+                    lm_head_index=np.array([next(calls)], np.int64),
+                    **graphed._draw_inputs(np.zeros(2), SamplingParams(temperature=0.0)))  # fmt: skip
+
+    with pytest.raises(EngineError, match="lm_head_index: a host feed differs"):
+        capture(changing)
+
+
 @needs_ort_cuda
 def test_omni_codes_equal_the_float32_reference(omni, tmp_path) -> None:
     fused = fused_build(omni, tmp_path / "fused", "float32", OMNI_PARTS, model="omni")

@@ -4,7 +4,8 @@ codes of a codec frame from the talker's hidden state and the frame's first code
 A dense decoder with one head per residual group; its KV cache lives for one frame. Each frame is
 a prefill ([hidden, E(code0)]) and one step per group. An engine built with a sampler
 (export/common/sampler.py, cuda builds) draws each code itself and feeds the next step the drawn
-code's embedding on the device, so a frame's steps run back to back (``engine_frame``); otherwise,
+code's embedding on the device, so a frame's steps run back to back (``engine_frame``), captured
+as one CUDA graph where the engine captures sequences of calls (the fused backend); otherwise,
 or when the engine cannot draw a frame exactly, the host draws each code from the step's logits
 (``host_frame``). Both draw the same codes from the same generator.
 """
@@ -61,6 +62,12 @@ class CodePredictor:
         # code embedding the one before drew, on the device
         self.draws = "sampled_ids" in self.engine.output_names
         self.topk = int(self.engine.output_shapes["topk_values"][-1]) if self.draws else 0
+        # a frame's calls as one graph a cohort shape: the talker's hidden state and the draw
+        # settings copied into buffers the graph reads (see _graphed_frame)
+        self.frame_graphs = self.draws and self.split_prefill and self.engine.captures_sequences
+        self._frames: dict[tuple[int, int, int], tuple[Any, Any]] = {}  # graph, its hidden in
+        self._settings: dict[str, Any] = {}
+        self._settings_sent: tuple[float, ...] = ()
         self.groups = groups
         self._lm_heads = [np.array([g], np.int64) for g in range(groups - 1)]  # made once
         # its inputs' width: the talker's (Qwen3-TTS maps them to its own width in the engine)
@@ -207,26 +214,82 @@ class CodePredictor:
             uniforms = np.stack([r.random(steps) for r in rngs], axis=1)
         q = np.ones(n, np.int32)
         uniform_rows, e0_in = self._staged(uniforms, e0)
-        draw = self._draw_inputs(np.zeros(n), params)  # the same settings every call
-        past, x = self._prefill(cp, last_hidden, e0_in, q, draw, wait=False)
         drawn, drawn_rows = self._drawn_codes(steps, n)
-        memory = self.engine.buffers
-        for group in range(1, self.groups):
-            draw["sample_uniform"] = uniform_rows[group - 1]
-            out = self._step(cp, x, past, q, group, draw, wait=False)
-            # copied aside before a later call can write it (on a GPU, queued: the host waits
-            # once, below)
-            memory.copy_into(drawn_rows[group - 1], out.buffer("sampled_ids"))
-            past = past + x.shape[1]
-            x = out.buffer("sampled_embeds")
-            x = memory.view(x, (n, 1, x.shape[-1]))
-        got = memory.to_host(drawn)
+        if self.frame_graphs:
+            self._graphed_frame(cp, last_hidden, e0_in, q, params, uniform_rows, drawn_rows)
+        else:  # the same settings every call
+            draw = self._draw_inputs(np.zeros(n), params)
+            self._queue_frame(cp, last_hidden, e0_in, q, draw, uniform_rows, drawn_rows)
+        got = self.engine.buffers.to_host(drawn)
         codes = np.concatenate([code0[:, None], got.T], axis=1)
         if (codes < 0).any():
             for r, saved in zip(rngs, state, strict=True):
                 r.bit_generator.state = saved
             return None
         return codes, self._summed(codes, e0)
+
+    def _queue_frame(
+        self, cp: DecoderSession, last_hidden: Any, e0_in: Any, q: np.ndarray,
+        draw: dict[str, Any], uniform_rows: list[Any], drawn_rows: list[Any],
+    ) -> None:  # fmt: skip
+        """A frame's calls with the engine drawing, queued: the prefill, then each step fed the
+        embedding of the code the one before drew, its code copied aside before a later call
+        can write it (on a GPU the host waits once, for all of them)."""
+        memory = self.engine.buffers
+        n = len(q)
+        past, x = self._prefill(cp, last_hidden, e0_in, q, draw, wait=False)
+        for group in range(1, self.groups):
+            out = self._step(cp, x, past, q, group,
+                             {**draw, "sample_uniform": uniform_rows[group - 1]}, wait=False)  # fmt: skip
+            memory.copy_into(drawn_rows[group - 1], out.buffer("sampled_ids"))
+            past = past + x.shape[1]
+            x = out.buffer("sampled_embeds")
+            x = memory.view(x, (n, 1, x.shape[-1]))
+
+    def _graphed_frame(
+        self, cp: DecoderSession, last_hidden: Any, e0_in: Any, q: np.ndarray,
+        params: SamplingParams, uniform_rows: list[Any], drawn_rows: list[Any],
+    ) -> None:  # fmt: skip
+        """``_queue_frame`` as one graph (Engine.sequence_graph), captured at a cohort shape's
+        first frame and launched for each: one launch instead of 16 calls and 15 copies, each
+        with the host's work around it. Everything the graph reads lives at fixed addresses:
+        the staged uniforms and first embeddings, the talker's hidden state (copied into a
+        buffer of the frame's, or uploaded there), the draw settings (uploaded when they
+        change)."""
+        memory = self.engine.buffers
+        n = len(q)
+        # the prefill's draw is not read: its uniform may be any of the staged rows
+        draw = {**self._device_settings(params), "sample_uniform": uniform_rows[0]}
+        key = (cp.rows, cp.first_row, n)
+        frame = self._frames.get(key)
+        if frame is None or not frame[0].valid():
+            dtype = self.engine.input_types.get("inputs_embeds", np.dtype(np.float32))
+            hidden = memory.zeros((n, 1, self.hidden_size), dtype)
+            graph = self.engine.sequence_graph(lambda: self._queue_frame(
+                cp, hidden, e0_in, q, draw, uniform_rows, drawn_rows))  # fmt: skip
+            frame = self._frames[key] = (graph, hidden)
+        graph, hidden = frame
+        # the talker's output buffer (copied on the device), or its rows' states gathered on
+        # the host (uploaded in the engine's type)
+        memory.copy_into(hidden, memory.view(last_hidden, hidden.shape))
+        graph.launch()
+
+    def _device_settings(self, params: SamplingParams) -> dict[str, Any]:
+        """The draw settings (temperature, top-k, top-p) in device buffers a frame graph reads,
+        uploaded when they differ from the last frame's."""
+        host = self._draw_inputs(None, params)
+        del host["sample_uniform"]
+        memory = self.engine.buffers
+        if not self._settings:
+            types = self.engine.input_types
+            self._settings = {k: memory.zeros(v.shape, types.get(k, v.dtype))
+                              for k, v in host.items()}  # fmt: skip
+        sent = tuple(float(v[0]) for v in host.values())
+        if sent != self._settings_sent:
+            for name, value in host.items():
+                memory.upload(self._settings[name], value.astype(self._settings[name].dtype))
+            self._settings_sent = sent
+        return dict(self._settings)
 
     def _staged(self, uniforms: np.ndarray, e0: np.ndarray) -> tuple[list[Any], Any]:
         """A frame's per-step uniform numbers and its first codes' embeddings [n, 1, H], where
