@@ -14,7 +14,9 @@ warm-up. The fused engine is timed as it runs (programmatic dependent launch on 
 calls of fewer than OVERLAP_MAX_TOKENS rows) and again with the other choice (off below, on
 from there). The HBM
 bound is the bytes a step must read (weights, the KV cache) over the measured device copy
-bandwidth. ``--int4 GROUP`` builds both sides with int4_rtn matrices. Run it on the GPU machine:
+bandwidth. ``fused_qk_rope_apart_ms``: the fused engine with qk_rope a kernel of its own before
+the attention (as before decode attention did it). ``--int4 GROUP`` builds both sides with
+int4_rtn matrices. Run it on the GPU machine:
 
     python bench/fused_gpu.py [--batch 1 8 32] [--steps 50] [--int4 32] [--out DIR]
 """
@@ -304,6 +306,13 @@ def main() -> int:
                 finally:
                     fe.OVERLAP_MAX_TOKENS = held
                 fused.overlap = True
+            # decode steps with qk_rope then attention (the attention kernel not doing them)
+            held, fused.attention_qk = fused.attention_qk, None
+            try:
+                split_calls, _, _, split_graph = time_calls(fused, meta, batch, args.steps)
+            finally:
+                fused.attention_qk = held
+            split_ms = split_calls if split_graph is None else split_graph
             ort_ms, ort_logits = float("nan"), fused_logits
             if ort is not None:
                 ort_ms, ort_logits, _, _ = time_calls(ort, meta, batch, args.steps)
@@ -329,6 +338,7 @@ def main() -> int:
                 "fused_other_overlap": alt_overlap,
                 "fused_other_ms": None if alt_ms is None else round(alt_ms, 3),
                 "fused_other_device_ms": None if alt_device is None else round(alt_device, 3),
+                "fused_qk_rope_apart_ms": round(split_ms, 3),
                 "same_argmax": bool((fused_logits.argmax(-1) == ort_logits.argmax(-1)).all()),
             })  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)

@@ -35,16 +35,27 @@ present_value``. ``present_*`` must be the same buffers as ``past_*`` (the op's 
 contract, TensorRT's aliased plugin I/O): the kernel writes only the new slots.
 
 No torch, CuPy or Triton: ``cuda.bindings.nvrtc`` compiles, ``cuda.bindings.driver`` loads and
-launches (``CudaAttention``, for tests and benchmarks).
+launches (``CudaAttention``, for tests and benchmarks; plugins/cuda_driver.py, re-exported here).
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from edgeomni.plugins.cuda_driver import (  # noqa: F401 (re-exported: callers use ac.*)
+    KernelError,
+    _driver,
+    _nvrtc,
+    check,
+    compile_cubin,
+    compile_ptx,
+    launch_kernel,
+    stream_handle,
+)
 
 KERNEL_NAME = "edgeomni_cached_attention"
 DTYPES = {"float16": 2, "float32": 4}
@@ -53,10 +64,6 @@ PARAMS = ("q", "k", "v", "past_key", "past_value", "past_lens", "query_lens",
           "batch", "seq", "capacity", "out", "present_key", "present_value")  # fmt: skip
 _STATIC_SHARED_LIMIT = 48 * 1024  # static shared memory needs no opt-in attribute up to this
 _LOG2E = 1.0 / math.log(2.0)
-
-
-class KernelError(RuntimeError):
-    """NVRTC could not compile the kernel, or a CUDA driver call failed."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,9 @@ class KernelConfig:
     causal: int = 1
     heads_per_block: int = 0
     warps: int = 8
+    # decode calls (seq 1) take q, k and v as the decoder's qkv projection (float32) and do
+    # plugins/decoder_cuda.py's qk_rope themselves (edgeomni's fused backend; not the op's)
+    fused_qk: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -92,6 +102,8 @@ class KernelConfig:
             raise ValueError(f"causal must be 0 or 1, not {self.causal}")
         if self.warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"warps {self.warps}: one of 1, 2, 4, 8, 16")
+        if self.fused_qk not in (0, 1) or (self.fused_qk and self.head_dim % 2):
+            raise ValueError(f"fused_qk {self.fused_qk}: 0, or 1 with an even head size")
         hb = self.block_heads
         if hb <= 0 or self.group % hb or hb & (hb - 1) or hb > 8:
             raise ValueError(
@@ -134,7 +146,7 @@ class KernelConfig:
         """Static shared memory: per warp its queries (float) and one chunk's probabilities;
         after the key loop the same memory holds the split merge's partial states."""
         hb, d, w = self.block_heads, self.head_dim, self.warps
-        main = w * hb * (d + 32)
+        main = w * hb * (d + 32) + (w * d if self.fused_qk else 0)  # fused: a row a warp staged
         merge = max(w // 2, 1) * hb * (d + 2)
         return 4 * max(main, merge)
 
@@ -258,6 +270,8 @@ def _defines(cfg: KernelConfig) -> dict[str, Any]:
         "VPL": vecs_per_lane,
         "PREFETCH_V": int(regs_per_value_chunk <= 64),
         "SMEM_FLOATS": cfg.shared_bytes // 4,
+        "FUSED_QK": cfg.fused_qk,
+        "STAGE_AT": cfg.warps * cfg.block_heads * (cfg.head_dim + 32),  # fused: staged rows
     }
 
 
@@ -267,7 +281,42 @@ def _source(cfg: KernelConfig) -> str:
         f"// {cfg}\n"
     )
     lines = [f"#define {k} {v}" for k, v in _defines(cfg).items()]
-    return head + "\n".join(lines) + f"\n#define KERNEL_NAME {KERNEL_NAME}\n" + _BODY
+    body = _BODY.replace("// ROPE_SOURCE\n", ROPE_SOURCE if cfg.fused_qk else "")
+    return head + "\n".join(lines) + f"\n#define KERNEL_NAME {KERNEL_NAME}\n" + body
+
+
+# q/k RMSNorm and rotary of one head row, shared by plugins/decoder_cuda.py's qk_rope and the
+# fused decode attention (so both compute the same bits). A warp stages the row (float32, D
+# values at src) in hb and gets its norm scale; element i of the result is then rope_elem's.
+# Frequency j's angle is position * inv_freq[j], the position taken from axis freq_axis[j] of
+# pos [axes, tokens] (1-D RoPE: axes 1, freq_axis null).
+ROPE_SOURCE = r"""
+__device__ __forceinline__ float stage_row(const float* src, float* hb, int D, const float* nw,
+                                           float eps) {
+    const int lane = threadIdx.x & 31;
+    __syncwarp();  // the row staged before is read no more
+    float ss = 0.f;
+    for (int i = lane; i < D; i += 32) { float e = src[i]; hb[i] = e; ss += e * e; }
+    ss = warp_sum(ss);
+    __syncwarp();
+    return nw ? 1.0f / sqrtf(ss / (float)D + eps) : 1.0f;
+}
+
+__device__ __forceinline__ float rope_elem(const float* hb, int i, int D, float scale,
+                                           const float* nw, const long long* pos,
+                                           long long tokens, long long t,
+                                           const float* inv_freq, const int* freq_axis) {
+    const int half = D / 2;
+    const int j = i < half ? i : i - half;
+    const int axis = freq_axis ? freq_axis[j] : 0;
+    const float angle = (float)pos[(long long)axis * tokens + t] * inv_freq[j];
+    const float c = cosf(angle), s = sinf(angle);
+    const float a = hb[i] * scale * (nw ? nw[i] : 1.0f);
+    const int p = i < half ? i + half : i - half;
+    const float b = hb[p] * scale * (nw ? nw[p] : 1.0f);
+    return i < half ? a * c - b * s : a * c + b * s;
+}
+"""
 
 
 _BODY = r"""
@@ -311,8 +360,13 @@ __device__ __forceinline__ float from_f(float x) { return x; }
 #endif
 
 // read-only loads: keys below past are never written by this launch, new tokens come from k/v
+// (FUSED_QK: from the cache, where this block wrote them: coherent loads)
 __device__ __forceinline__ vec_t load_vec(const T* p) {
+#if FUSED_QK
+    return *reinterpret_cast<const vec_t*>(p);
+#else
     return __ldg(reinterpret_cast<const vec_t*>(p));
+#endif
 }
 
 __device__ __forceinline__ vec_t zero_vec() {
@@ -334,6 +388,7 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
+// ROPE_SOURCE
 // exp2(m_old - m_new), 0 for a state that has seen nothing (m_old = -inf)
 __device__ __forceinline__ float rescale(float m_old, float m_new) {
     return m_old == __int_as_float(0xff800000) ? 0.f : exp2f(m_old - m_new);
@@ -351,7 +406,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(
     const T* past_key, const T* past_value,
     const int* __restrict__ past_lens, const int* __restrict__ query_lens,
     int batch, int seq, int capacity,
-    T* __restrict__ out, T* present_key, T* present_value) {
+    T* __restrict__ out, T* present_key, T* present_value
+#if FUSED_QK
+    , const float* __restrict__ qkv, const long long* __restrict__ pos,
+    const float* __restrict__ qn, const float* __restrict__ kn, float eps,
+    const float* __restrict__ inv_freq, const int* __restrict__ freq_axis
+#endif
+    ) {
     __shared__ __align__(16) float smem[SMEM_FLOATS];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // a dependent launch (sm_90+) waits here for what was queued before; else both no-ops
@@ -381,6 +442,39 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(
     const bool active = slot < npos;
     const bool valid = active && i < fresh;
 
+#if FUSED_QK
+    // decode (seq 1): qk_rope's work for this block from qkv [batch, heads + 2 kv heads, D],
+    // rounded to T as qk_rope's outputs are: its HB query heads into qs (one copy: every warp
+    // serves the one position) and its kv head's new key and value into the cache (by every
+    // block of that kv head, the same bits; read back from there after the barrier). Rows
+    // shared out among the warps: q heads 0 .. HB-1, then the key, then the value.
+    float* qs = smem;
+    if (valid) {
+        float* hb = smem + STAGE_AT + warp * HEAD_DIM;
+        const long long t = b, rows = (long long)NUM_HEADS + 2 * KV_HEADS;
+        const size_t dst = (((size_t)b * KV_HEADS + hk) * capacity + past) * HEAD_DIM;
+        for (int r = warp; r < HB + 2; r += WARPS) {
+            if (r == HB + 1) {
+                const float* vsrc = qkv + (t * rows + NUM_HEADS + KV_HEADS + hk) * HEAD_DIM;
+                for (int e = lane; e < HEAD_DIM; e += 32) present_value[dst + e] = from_f(vsrc[e]);
+                continue;
+            }
+            const bool key = r == HB;
+            const float* nw = key ? kn : qn;
+            const long long row = key ? NUM_HEADS + hk : h0 + r;
+            const float scale = stage_row(qkv + (t * rows + row) * HEAD_DIM, hb, HEAD_DIM, nw, eps);
+            for (int e = lane; e < HEAD_DIM; e += 32) {
+                const T x = from_f(rope_elem(hb, e, HEAD_DIM, scale, nw, pos, batch, t, inv_freq,
+                                             freq_axis));
+                if (key) present_key[dst + e] = x;
+                else qs[r * HEAD_DIM + e] = to_f(x) * SCALE_LOG2;
+            }
+        }
+    }
+    __syncthreads();  // the new key and value are in the cache for every warp
+    const int kv_past = past + fresh;  // every key from the cache
+#else
+    const int kv_past = past;  // new tokens' keys and values from k and v
     // the new token's key and value into the cache: one block per (row, kv head, token)
     if (slice == 0 && valid && split == 0) {
         const size_t src = ((size_t)b * seq + i) * KV_HEADS * HEAD_DIM + (size_t)hk * HEAD_DIM;
@@ -393,7 +487,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(
         }
     }
 
+#endif
+#if !FUSED_QK
     float* qs = smem + warp * (HB * HEAD_DIM);                   // [HB][HEAD_DIM], scaled
+#endif
     float* ps = smem + WARPS * (HB * HEAD_DIM) + warp * (32 * HB);  // [32 keys][HB]
     const int g = lane / LPR, c = lane % LPR;  // value phase: key group, vector column
 
@@ -407,6 +504,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(
     }
 
     if (valid) {
+#if !FUSED_QK
         const T* qrow = q + (((size_t)b * seq + i) * NUM_HEADS + h0) * HEAD_DIM;
         for (int e = lane; e < HB * NV; e += 32) {
             Vec x;
@@ -414,6 +512,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(
 #pragma unroll
             for (int t = 0; t < VL; ++t) qs[e * VL + t] = to_f(x.e[t]) * SCALE_LOG2;
         }
+#endif
         __syncwarp();
         const int pos = past + i;
         const int hi = CAUSAL ? pos + 1 : past + fresh;
@@ -427,7 +526,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(
 #pragma unroll
             for (int st = 0; st < LPR; ++st) {
                 const int j = j0 + st * KPS + g;
-                const T* vrow = kv_row(past_value, v, j, past, b, hk, seq, capacity);
+                const T* vrow = kv_row(past_value, v, j, kv_past, b, hk, seq, capacity);
 #pragma unroll
                 for (int u = 0; u < VPL; ++u) {
                     const int vi = c + u * LPR;
@@ -438,7 +537,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(
             // scores: lane <-> key j0 + lane
             const int j = j0 + lane;
             const bool in_range = j < hi;
-            const T* krow = kv_row(past_key, k, j, past, b, hk, seq, capacity);
+            const T* krow = kv_row(past_key, k, j, kv_past, b, hk, seq, capacity);
             float s[HB];
 #pragma unroll
             for (int h = 0; h < HB; ++h) s[h] = 0.f;
@@ -489,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(
                 vec_t vrow_regs[VPL];
                 {
                     const int jv = j0 + kk;
-                    const T* vrow = kv_row(past_value, v, jv, past, b, hk, seq, capacity);
+                    const T* vrow = kv_row(past_value, v, jv, kv_past, b, hk, seq, capacity);
 #pragma unroll
                     for (int u = 0; u < VPL; ++u) {
                         const int vi = c + u * LPR;
@@ -612,117 +711,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(
 """
 
 
-# ---------------------------------------------------------------------------------------------
-# NVRTC
-# ---------------------------------------------------------------------------------------------
-def _nvrtc() -> Any:
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError as e:
-        raise KernelError(f"compiling the attention kernel needs cuda-python's NVRTC: {e}") from e
-    return nvrtc
+@dataclass(frozen=True)
+class FusedQK:
+    """A fused_qk call's inputs (device pointers as ints, 0 for none): the qkv projection
+    [batch, heads + 2 kv heads, D] (float32), positions [axes, batch], the q/k norms' weights,
+    their epsilon, the rotary frequencies and each frequency's position axis (MRoPE)."""
 
-
-def _nvrtc_check(nvrtc: Any, result: Any, what: str, log: str = "") -> Any:
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        _, text = nvrtc.nvrtcGetErrorString(err)
-        name = text.decode() if isinstance(text, bytes) else str(err)
-        raise KernelError(f"{what} failed: {name}" + (f"\n{log}" if log else ""))
-    return rest[0] if len(rest) == 1 else rest
-
-
-def _compile(source: str, arch: str, cubin: bool, options: Sequence[str] = ()) -> bytes:
-    nvrtc = _nvrtc()
-    prog = _nvrtc_check(
-        nvrtc, nvrtc.nvrtcCreateProgram(source.encode(), b"attention.cu", 0, [], []),
-        "nvrtcCreateProgram",
-    )  # fmt: skip
-    try:
-        opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17"]
-        opts += [o.encode() for o in options]
-        result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        size = _nvrtc_check(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        log = b" " * size
-        _nvrtc_check(nvrtc, nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
-        text = log.rstrip(b"\x00 ").decode(errors="replace")
-        _nvrtc_check(nvrtc, result, f"NVRTC compiling {KERNEL_NAME} for {arch}", text)
-        get_size, get = (
-            (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
-            if cubin
-            else (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
-        )
-        size = _nvrtc_check(nvrtc, get_size(prog), get_size.__name__)
-        image = b" " * size
-        _nvrtc_check(nvrtc, get(prog, image), get.__name__)
-        return image
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-
-
-def compile_ptx(source: str, arch: str = "compute_90", options: Sequence[str] = ()) -> bytes:
-    """PTX for a virtual architecture (``compute_87``: Orin, ``compute_90``: H100/H200), what a
-    TensorRT AOT plugin returns; NUL-terminated, as cuModuleLoadData wants it. The driver that
-    loads it must be at least as new as this NVRTC (PTX ISA version)."""
-    return _compile(source, arch, cubin=False, options=options)
-
-
-def compile_cubin(source: str, arch: str = "sm_90", options: Sequence[str] = ()) -> bytes:
-    """Machine code for one GPU (``sm_90``): loads on any driver of the same CUDA major."""
-    return _compile(source, arch, cubin=True, options=options)
-
-
-# ---------------------------------------------------------------------------------------------
-# CUDA driver: load and launch
-# ---------------------------------------------------------------------------------------------
-def _driver() -> Any:
-    try:
-        from cuda.bindings import driver
-    except ImportError as e:
-        raise KernelError(f"launching the attention kernel needs cuda-python: {e}") from e
-    return driver
-
-
-def stream_handle(stream: int) -> Any:
-    """A stream handle TensorRT gives as an int, as cuLaunchKernel takes it."""
-    return _driver().CUstream(int(stream))
-
-
-def launch_kernel(
-    function: Any, grid: Sequence[int], block: int, shared: int, stream: Any, params: int, *,
-    overlap: bool = False, what: str = "kernel",
-) -> None:  # fmt: skip
-    """Queue ``function`` (parameters at address ``params``); ``overlap``: a programmatic
-    dependent launch (sm_90+), which may start while the kernel before it runs and so must
-    first wait (griddepcontrol.wait), as this module's and decoder_cuda.py's kernels do."""
-    cu = _driver()
-    gx, gy, gz = (*grid, 1, 1)[:3]
-    where = f"{what} grid {tuple(grid)} block {block}"
-    if not overlap:  # check's value is None: the launch returns nothing
-        return check(cu.cuLaunchKernel(function, gx, gy, gz, block, 1, 1, shared, stream,
-                                       params, 0), f"cuLaunchKernel {where}")  # fmt: skip
-    config = cu.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
-    config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
-    config.sharedMemBytes, config.hStream = shared, stream
-    attr = cu.CUlaunchAttribute()
-    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
-    config.attrs, config.numAttrs = [attr], 1
-    check(cu.cuLaunchKernelEx(config, function, params, 0), f"cuLaunchKernelEx {where}")
-
-
-def check(result: Any, what: str) -> Any:
-    """A cuda.bindings.driver call's value, or KernelError naming the CUresult."""
-    cu = _driver()
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        _, name = cu.cuGetErrorName(err)
-        text = name.decode() if isinstance(name, bytes) else str(err)
-        raise KernelError(f"{what} failed: {text}")
-    if not rest:
-        return None
-    return rest[0] if len(rest) == 1 else rest
+    qkv: int
+    pos: int
+    q_norm: int
+    k_norm: int
+    eps: float
+    inv_freq: int
+    freq_axis: int = 0
 
 
 class CudaAttention:
@@ -732,7 +733,12 @@ class CudaAttention:
     By default it loads a cubin for the current device, which needs no PTX JIT and so no driver
     as new as NVRTC; ``ptx=True`` loads PTX instead, as TensorRT would."""
 
-    def __init__(self, config: KernelConfig, *, ptx: bool = False) -> None:
+    def __init__(
+        self, config: KernelConfig, *, ptx: bool = False,
+        cubin: Callable[[str, str], bytes] | None = None,
+    ) -> None:  # fmt: skip
+        """``cubin``: how to get the cubin for (source, arch) (default: compile it; the fused
+        backend passes its kernel cache)."""
         cu = _driver()
         self.config = config
         self.source = config.source()
@@ -749,7 +755,7 @@ class CudaAttention:
         if ptx:
             self.image = compile_ptx(self.source, f"compute_{major}{minor}")
         else:
-            self.image = compile_cubin(self.source, f"sm_{major}{minor}")
+            self.image = (cubin or compile_cubin)(self.source, f"sm_{major}{minor}")
         self.module = check(cu.cuModuleLoadData(self.image), "cuModuleLoadData")
         self.function = check(
             cu.cuModuleGetFunction(self.module, KERNEL_NAME.encode()), "cuModuleGetFunction"
@@ -781,15 +787,25 @@ class CudaAttention:
         capacity: int,
         stream: Any = 0,
         overlap: bool = False,
+        qk: FusedQK | None = None,
     ) -> None:
         """Queue one call on ``stream`` (device pointers as ints). The cache is updated in
         place: present_key/present_value are past_key/past_value. ``overlap``: as a
-        programmatic dependent launch (see ``launch_kernel``)."""
+        programmatic dependent launch (see ``launch_kernel``). A ``fused_qk`` kernel takes
+        decode calls only, ``qk`` instead of q, k and v (pass 0 for those)."""
+        if bool(self.config.fused_qk) != (qk is not None):
+            raise ValueError("qk: given exactly when the kernel is fused_qk")
+        if qk is not None and seq != 1:
+            raise ValueError(f"a fused_qk kernel takes decode calls (seq 1), not seq {seq}")
         grid, block, shared = self.config.launch_params(batch, seq, capacity)
         pointers = (q, k, v, past_key, past_value, past_lens, query_lens)
         values: list[Any] = [ctypes.c_void_p(int(p)) for p in pointers]
         values += [ctypes.c_int32(int(n)) for n in (batch, seq, capacity)]
         values += [ctypes.c_void_p(int(p)) for p in (out, past_key, past_value)]
+        if qk is not None:
+            values += [ctypes.c_void_p(int(p)) for p in (qk.qkv, qk.pos, qk.q_norm, qk.k_norm)]
+            values += [ctypes.c_float(qk.eps)]
+            values += [ctypes.c_void_p(int(p)) for p in (qk.inv_freq, qk.freq_axis)]
         args = (ctypes.c_void_p * len(values))(*[ctypes.addressof(x) for x in values])
         launch_kernel(self.function, grid, block[0], shared, stream, ctypes.addressof(args),
                       overlap=overlap, what=KERNEL_NAME)  # fmt: skip

@@ -66,7 +66,7 @@ class Variant:
                    "A_HALF": int(self.attention == "float16"), "MAX_KW": lc.MAX_WARPS,
                    "TOPK_CHUNK": TOPK_CHUNK, "TOPK_MAX": TOPK_MAX}  # fmt: skip
         head = "// edgeomni fused decoder kernels (plugins/decoder_cuda.py)\n"
-        body = _HEAD + lc.SOURCE + _TAIL
+        body = _HEAD + lc.SOURCE + ac.ROPE_SOURCE + _TAIL
         return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
 
@@ -133,9 +133,7 @@ _TAIL = r"""
 // Block (t, y) takes token t's heads y * warps, + warps * gridDim.y, ..., one warp a head
 // (several blocks a token: one token's heads at once, where one block took 4 in turn): q and k
 // heads get their RMSNorm (weights qn, kn; none when null) and rotary, v heads are copied; all
-// written in the attention's type.
-// Frequency j's angle is position * inv_freq[j], the position taken from axis freq_axis[j] of
-// pos [axes, tokens] (1-D RoPE: axes 1, freq_axis null).
+// written in the attention's type (stage_row and rope_elem: the fused decode attention's too).
 extern "C" __global__ void qk_rope(
     const float* __restrict__ qkv, const long long* __restrict__ pos, int tokens,
     const float* __restrict__ qn, const float* __restrict__ kn, float eps,
@@ -146,7 +144,7 @@ extern "C" __global__ void qk_rope(
     GRID_LAUNCH();
     GRID_WAIT();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    const int t = blockIdx.x, heads = HQ + 2 * HKV, half = D / 2;
+    const int t = blockIdx.x, heads = HQ + 2 * HKV;
     float* hb = buf + warp * D;
     for (int h = blockIdx.y * warps + warp; h < heads; h += warps * gridDim.y) {
         const float* src = qkv + ((long long)t * heads + h) * D;
@@ -156,24 +154,11 @@ extern "C" __global__ void qk_rope(
             continue;
         }
         const float* nw = h < HQ ? qn : kn;
-        float ss = 0.f;
-        for (int i = lane; i < D; i += 32) { float e = src[i]; hb[i] = e; ss += e * e; }
-        ss = warp_sum(ss);
-        float scale = nw ? 1.0f / sqrtf(ss / (float)D + eps) : 1.0f;
-        __syncwarp();
+        const float scale = stage_row(src, hb, D, nw, eps);
         at_t* dst = h < HQ ? q + ((long long)t * HQ + h) * D
                            : k + ((long long)t * HKV + (h - HQ)) * D;
-        for (int i = lane; i < D; i += 32) {
-            int j = i < half ? i : i - half;
-            int axis = freq_axis ? freq_axis[j] : 0;
-            float angle = (float)pos[(long long)axis * tokens + t] * inv_freq[j];
-            float c = cosf(angle), s = sinf(angle);
-            float a = hb[i] * scale * (nw ? nw[i] : 1.0f);
-            int p = i < half ? i + half : i - half;
-            float b = hb[p] * scale * (nw ? nw[p] : 1.0f);
-            dst[i] = to_at(i < half ? a * c - b * s : a * c + b * s);
-        }
-        __syncwarp();
+        for (int i = lane; i < D; i += 32)
+            dst[i] = to_at(rope_elem(hb, i, D, scale, nw, pos, tokens, t, inv_freq, freq_axis));
     }
 }
 

@@ -9,7 +9,8 @@ matrices [out, in], the norms in float32; the LM head [V, H]) and the dimensions
 config.json's ``fused``. At load the kernels are compiled by NVRTC for this GPU and the weights
 copied to it; nothing else is needed on the board (no torch, no ONNX Runtime).
 
-A call runs five kernels a layer (see plugins/decoder_cuda.py), then the final norm and LM head
+A call runs five kernels a layer (see plugins/decoder_cuda.py; four in decode calls, whose
+attention kernel does the q/k norm and rotary itself), then the final norm and LM head
 over each row's last position, and the top-K on the device; a build with an in-engine sampler
 (the code predictor on cuda) also draws each row's next id from it and gathers its embedding
 for the next call, so a frame's steps run without the host. Activations are float32, weights and
@@ -24,6 +25,7 @@ predictor's frame: its prefill, its steps and their draws) as one graph.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -222,11 +224,17 @@ class FusedEngine:
             if spec.topk > dc.TOPK_MAX or chunks * spec.topk > dc.TOPK_CHUNK:
                 raise EngineError(f"{path}: logits top-{spec.topk} of {spec.vocab} is more than "
                                   "the fused top-K kernels take")  # fmt: skip
+        attention = ac.KernelConfig(spec.heads, spec.kv_heads, spec.head_dim, dtype=spec.dtype)
         try:
             self.kernels = dc.kernels_for(dc.Variant(spec.dtype, spec.dtype))
-            self.attention = ac.CudaAttention(
-                ac.KernelConfig(spec.heads, spec.kv_heads, spec.head_dim, dtype=spec.dtype)
-            )
+            self.attention = ac.CudaAttention(attention, cubin=dc.cubin)
+            # decode calls: q/k norm and rotary inside the attention kernel (one kernel a layer
+            # fewer; the same bits). EDGEOMNI_FUSED_QK=0: qk_rope then attention, to measure
+            self.attention_qk = None
+            if os.environ.get("EDGEOMNI_FUSED_QK", "1") != "0":
+                with contextlib.suppress(ValueError):  # a head too large for its shared memory
+                    fused = dataclasses.replace(attention, fused_qk=1)
+                    self.attention_qk = ac.CudaAttention(fused, cubin=dc.cubin)
         except ac.KernelError as e:
             raise EngineError(f"{path}: the fused kernels could not be loaded: {e}") from None
         self.cu_stream = ac.stream_handle(self.stream)
@@ -539,6 +547,7 @@ class FusedBinding:
 
     def _enqueue(self) -> None:
         """Queue the call's kernels on the engine's stream."""
+        from edgeomni.plugins import attention_cuda as ac
         from edgeomni.plugins import decoder_cuda as dc
         from edgeomni.plugins import decoder_linear_cuda as lc
         from edgeomni.plugins.decoder_cuda import f32, i32, i64, ptr
@@ -621,24 +630,34 @@ class FusedBinding:
         rope_grid, rope_block, rope_shared = dc.rope_launch(
             tokens, spec.heads + 2 * spec.kv_heads, d)
         axis = wp("freq_axis")
+        fused_qk = engine.attention_qk if s == 1 else None  # decode: q/k norm, rotary inside
         for n in range(spec.layers):
             pre = f"layers.{n}."
             linear(h, pre + "qkv", p["qkv"], spec.hidden, qkv_n, norm=pre + "input_norm",
                    bias=pre + "qkv_bias" if spec.bias else None)  # fmt: skip
             qn, kn = (wp(pre + "q_norm"), wp(pre + "k_norm")) if spec.qk_norm else (None, None)
-            launch(
-                "qk_rope", rope_grid, rope_block,
-                [ptr(p["qkv"]), ptr(a["position_ids"]), i32(tokens), ptr(qn), ptr(kn),
-                 f32(spec.eps), ptr(wp("inv_freq")), ptr(axis), ptr(p["q"]), ptr(p["k"]),
-                 ptr(p["v"]), i32(spec.heads), i32(spec.kv_heads), i32(d)],
-                shared=rope_shared,
-            )  # fmt: skip
             key, value = a[f"past_key_{n}"], a[f"past_value_{n}"]
-            engine.attention.launch(
-                p["q"], p["k"], p["v"], key, value, a["past_lens"], a["query_lens"], p["attn"],
-                batch=b, seq=s, capacity=self.capacity, stream=stream,
-                overlap=overlap and follows_ours,
-            )  # fmt: skip
+            if fused_qk is not None:
+                qk = ac.FusedQK(p["qkv"], a["position_ids"], qn or 0, kn or 0, spec.eps,
+                                w["inv_freq"].ptr, axis or 0)  # fmt: skip
+                fused_qk.launch(
+                    0, 0, 0, key, value, a["past_lens"], a["query_lens"], p["attn"], batch=b,
+                    seq=1, capacity=self.capacity, stream=stream,
+                    overlap=overlap and follows_ours, qk=qk,
+                )  # fmt: skip
+            else:
+                launch(
+                    "qk_rope", rope_grid, rope_block,
+                    [ptr(p["qkv"]), ptr(a["position_ids"]), i32(tokens), ptr(qn), ptr(kn),
+                     f32(spec.eps), ptr(wp("inv_freq")), ptr(axis), ptr(p["q"]), ptr(p["k"]),
+                     ptr(p["v"]), i32(spec.heads), i32(spec.kv_heads), i32(d)],
+                    shared=rope_shared,
+                )  # fmt: skip
+                engine.attention.launch(
+                    p["q"], p["k"], p["v"], key, value, a["past_lens"], a["query_lens"],
+                    p["attn"], batch=b, seq=s, capacity=self.capacity, stream=stream,
+                    overlap=overlap and follows_ours,
+                )  # fmt: skip
             follows_ours = True  # the attention kernel waits and triggers as ours do
             linear(p["attn"], pre + "o", h, spec.heads * d, spec.hidden, store=lc.STORE_ADD,
                    half_x=half_attn, bias=pre + "o_bias" if spec.bias else None)  # fmt: skip

@@ -196,23 +196,9 @@ inline unsigned short from_f(float f) { return f_to_half(f); }
 inline float to_f(float x) { return x; }
 inline float from_f(float x) { return x; }
 #endif
-"""
-
-MAIN = r"""
-// blocks one after another (so a static __shared__ array is one block's), threads concurrent
-int main(int argc, char** argv) {
-    const int B = std::atoi(argv[1]), S = std::atoi(argv[2]), C = std::atoi(argv[3]);
-    const unsigned gx = std::atoi(argv[4]), gy = std::atoi(argv[5]), gz = std::atoi(argv[6]);
-    const size_t nq = (size_t)B * S * NUM_HEADS * HEAD_DIM, nk = (size_t)B * S * KV_HEADS * HEAD_DIM;
-    const size_t nc = (size_t)B * KV_HEADS * C * HEAD_DIM;
-    T* q = (T*)slurp("q.bin", nq * sizeof(T));
-    T* k = (T*)slurp("k.bin", nk * sizeof(T));
-    T* v = (T*)slurp("v.bin", nk * sizeof(T));
-    T* kc = (T*)slurp("kc.bin", nc * sizeof(T));
-    T* vc = (T*)slurp("vc.bin", nc * sizeof(T));
-    int* past = (int*)slurp("past.bin", B * 4);
-    int* fresh = (int*)slurp("fresh.bin", B * 4);
-    T* out = (T*)slurp("out.bin", nq * sizeof(T));
+// blocks one after another (so a static __shared__ array is one block's), threads concurrent,
+// each thread calling kernel()
+template <class F> void run_grid(unsigned gx, unsigned gy, unsigned gz, F kernel) {
     for (unsigned z = 0; z < gz; ++z)
     for (unsigned y = 0; y < gy; ++y)
     for (unsigned x = 0; x < gx; ++x) {
@@ -226,11 +212,29 @@ int main(int argc, char** argv) {
                 threadIdx = dim3{(unsigned)t, 0, 0};
                 blockIdx = dim3{x, y, z};
                 t_warp = t / 32;
-                KERNEL_NAME(q, k, v, kc, vc, past, fresh, B, S, C, out, kc, vc);
+                kernel();
             });
         for (auto& t : threads) t.join();
         for (auto* w : g_warps) delete w;
     }
+}
+"""
+
+MAIN = r"""
+int main(int argc, char** argv) {
+    const int B = std::atoi(argv[1]), S = std::atoi(argv[2]), C = std::atoi(argv[3]);
+    const unsigned gx = std::atoi(argv[4]), gy = std::atoi(argv[5]), gz = std::atoi(argv[6]);
+    const size_t nq = (size_t)B * S * NUM_HEADS * HEAD_DIM, nk = (size_t)B * S * KV_HEADS * HEAD_DIM;
+    const size_t nc = (size_t)B * KV_HEADS * C * HEAD_DIM;
+    T* q = (T*)slurp("q.bin", nq * sizeof(T));
+    T* k = (T*)slurp("k.bin", nk * sizeof(T));
+    T* v = (T*)slurp("v.bin", nk * sizeof(T));
+    T* kc = (T*)slurp("kc.bin", nc * sizeof(T));
+    T* vc = (T*)slurp("vc.bin", nc * sizeof(T));
+    int* past = (int*)slurp("past.bin", B * 4);
+    int* fresh = (int*)slurp("fresh.bin", B * 4);
+    T* out = (T*)slurp("out.bin", nq * sizeof(T));
+    run_grid(gx, gy, gz, [=] { KERNEL_NAME(q, k, v, kc, vc, past, fresh, B, S, C, out, kc, vc); });
     spit("out.bin", out, nq * sizeof(T));
     spit("kc.bin", kc, nc * sizeof(T));
     spit("vc.bin", vc, nc * sizeof(T));
@@ -248,12 +252,13 @@ def _gxx_reason() -> str | None:
 GXX_REASON = _gxx_reason()
 
 
-def compile_host(cfg: ac.KernelConfig, work: Path) -> Path:
-    """The kernel source of ``cfg`` with the host shim, compiled by g++: the executable."""
+def compile_host(cfg: ac.KernelConfig, work: Path, main: str = MAIN) -> Path:
+    """The kernel source of ``cfg`` with the host shim and ``main``, compiled by g++: the
+    executable."""
     source = cfg.source()
     defines, body = source.split("\n#if IS_HALF\ntypedef", 1)  # the shim needs IS_HALF
     cpp = work / "attention_host.cpp"
-    cpp.write_text(defines + SHIM + "\n#if IS_HALF\ntypedef" + body + MAIN)
+    cpp.write_text(defines + SHIM + "\n#if IS_HALF\ntypedef" + body + main)
     exe = work / "attention_host"
     build = subprocess.run(
         ["g++", "-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas", "-o", str(exe), str(cpp)],

@@ -231,6 +231,38 @@ def test_engine_equals_the_reference_of_its_calls(request, build, graphs, overla
     np.testing.assert_allclose(keys[:, :, :8], cache[0][:, :, :8], atol=1e-5 if exact else 1e-2)
 
 
+@pytest.mark.parametrize("build", ["fused32", "fused16"])
+def test_decode_attention_doing_qk_rope_equals_qk_rope_then_attention(request, build) -> None:
+    """Decode calls run the q/k norm and rotary inside the attention kernel (one kernel a layer
+    fewer): bit for bit what qk_rope then attention give, logits and cache, graphed."""
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.engine import open_engine
+    from edgeomni.runtime.kv import KVCache
+
+    folder = request.getfixturevalue(build)
+    cfg = json.loads((folder / "config.json").read_text())
+    engine = open_engine(folder, cfg, cuda_graphs=True)
+    assert engine.attention_qk is not None
+    held, runs = engine.attention_qk, []
+    for fused in (True, False):
+        engine.attention_qk = held if fused else None
+        rows, capacity = 3, 32
+        kv = KVCache.for_decoder(cfg, rows, capacity, engine)
+        session = DecoderSession(engine, kv, rows, {"logits": (cfg["vocab_size"],)})
+        rng = np.random.default_rng(2)
+        lens, past, logits = np.array([5, 3, 0], np.int32), np.zeros(rows, np.int32), []
+        for _ in range(5):  # a prefill (qk_rope either way), then decode steps with an idle row
+            x = (rng.standard_normal((rows, int(lens.max()), cfg["hidden_size"])) * 0.5)
+            out = session.run(x.astype(np.float32), text_positions(past, x.shape[1], False),
+                              past, lens, np.maximum(lens - 1, 0).astype(np.int64))  # fmt: skip
+            logits.append(np.array(out["logits"]))
+            past, lens = past + lens, np.array([1, 1, 0], np.int32)
+        runs.append((logits, [k.download() for k in kv.keys + kv.values]))
+    engine.attention_qk = held
+    for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def greedy(engine: Path, tmp: Path) -> list[list[int]]:
     """test_gpu.py's greedy run of a few prompts in one cohort of 3, in its own folder."""
     from test_gpu import greedy as run_greedy
