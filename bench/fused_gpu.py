@@ -62,8 +62,9 @@ def copy_bandwidth_gbs() -> float:
 
 def build(name: str, work: Path, int4: int = 0) -> tuple[Path, Path, dict]:
     """Random float16 weights exported once: the ONNX Runtime CUDA engine and the fused one;
-    ``int4`` (a group size): both with int4_rtn matrices, the LM head too (MatMulNBits on ONNX
-    Runtime's side, the fused layout's int4 codes on the other)."""
+    ``int4`` (a group size): both with int4_rtn matrices, a single LM head too (MatMulNBits on
+    ONNX Runtime's side, the fused layout's int4 codes on the other; the code predictor's
+    stacked heads stay float16 on both)."""
     import torch
     from safetensors.numpy import save_file
 
@@ -119,13 +120,14 @@ def build(name: str, work: Path, int4: int = 0) -> tuple[Path, Path, dict]:
 
 def weight_bytes(module, cfg, int4: int) -> int:  # noqa: ANN001
     """What one step reads of the weights: all but the LM heads it does not use; with int4
-    the matrices at half a byte a weight and 2 bytes a group's scale."""
+    the matrices at half a byte a weight and 2 bytes a group's scale (stacked heads float)."""
     total = 0
     for name, p in module.named_parameters():
         n = p.numel()
         if name.startswith("lm_head"):
             n //= cfg.lm_heads
         matrix = p.dim() > 1 and "embed" not in name
+        matrix = matrix and not (name.startswith("lm_head") and cfg.lm_heads > 1)
         total += n // 2 + n // int4 * 2 if int4 and matrix else n * 2
     return total
 

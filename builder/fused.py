@@ -150,7 +150,7 @@ def layout(decoder: ExportedDecoder, dtype: str) -> tuple[dict[str, np.ndarray],
 def quantize(
     tensors: dict[str, np.ndarray], spec: dict[str, Any], group: int, lm_head: bool, name: str
 ) -> None:
-    """int4_rtn in place: each layer's qkv, o, gate_up and down (and the LM head with
+    """int4_rtn in place: each layer's qkv, o, gate_up and down (and a single LM head with
     ``lm_head``) become codes [rows, K / 2] and float16 scales [rows, K / group] under
     ``<name>.scales`` (plugins/quant_linear.py's symmetric rounding, the ONNX build's, of the
     float16 weights), and ``spec`` says so (runtime/fused_engine.py's FusedSpec)."""
@@ -159,6 +159,9 @@ def quantize(
 
     names = [n for n in tensors
              if n.startswith("layers.") and n.rsplit(".", 1)[-1] in INT4_MATRICES]  # fmt: skip
+    # stacked heads (a code predictor's, one a residual group) stay float16, as the ONNX pass
+    # leaves them (a Gather of the head, then a MatMul by it: no constant weight to quantize)
+    lm_head = lm_head and int(spec.get("lm_heads") or 1) == 1
     names += ["lm_head"] if lm_head else []
     for matrix in names:
         w = tensors[matrix]

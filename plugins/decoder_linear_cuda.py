@@ -14,9 +14,10 @@ Two families of variants, picked by ``linear_launch``:
   ``mma.sync.m16n8k16`` tiles of 16 weight rows by 8 x rows, x (times the norm's weight)
   rounded to float16 as ONNX Runtime's float16 build rounds its activations.
 
-int4 matrices (in float16 modules) run as the float16 ones do, from 16 bytes of codes a lane
-(32 weights of one group) and their float16 scale: SIMT under 8 rows (``linear_q{f,h}{R}[s]``),
-tensor cores from 8 (``linear_mq{f,h}{8,16,32}[s]``, each weight rounded to float16 first).
+int4 matrices (in float16 modules) run as the float16 ones do: SIMT under 8 rows
+(``linear_q{f,h}{R}[s]``, 4 bytes of codes a lane, 8 weights of one group, and their float16
+scale), tensor cores from 8 (``linear_mq{f,h}{8,16,32}[s]``, 16 bytes of codes a lane, each
+weight rounded to float16 first).
 
 Both end in ``linear_finish``: the norm's row scale, SwiGLU, the bias, and the store (float32, added
 into float32, or float16: SwiGLU's output feeds the down projection's tensor cores as the float16
@@ -56,10 +57,8 @@ def linear_warps(k: int, weights: str, mma: bool = False, int4: bool = False) ->
     core step: 32 columns, 128 of int4 codes) each, up to MAX_WARPS. A function of K, the
     weights' type and the family only, so that a row's sums are added in the same order
     whatever the rows beside it (batch invariance within a family)."""
-    if int4:  # 16 bytes of codes a lane: 32 weights
-        per_pass = 128 if mma else 32 * 32
-    else:
-        per_pass = 32 if mma else 32 * (8 if weights == "float16" else 4)
+    step = 128 if int4 else 32  # int4 on tensor cores: 16 bytes of codes a lane, 32 weights
+    per_pass = step if mma else 32 * (8 if weights == "float16" else 4)
     return max(1, min(MAX_WARPS, -(-k // per_pass)))
 
 
@@ -193,10 +192,11 @@ __device__ __forceinline__ void linear_finish(
 //
 // Q4 (float16 builds): W is int4, ``w`` its codes (two a byte, the lower k in the low nibble,
 // [rows, K / 2]) and ``scales`` one float16 scale a row and ``group`` (a multiple of 32) of K:
-// W[n, k] = (code - 8) * scale, exact in float32. A lane reads 16 bytes of codes (32 weights,
-// one group) of each weight row a pass and their scale: a pass is 1024 weights of K, and as
-// many bytes in flight a load as the float16 variants' (rows of head h start at h *
-// head_stride weights).
+// W[n, k] = (code - 8) * scale, exact in float32. A lane reads 4 bytes of codes (8 weights, one
+// group) of each weight row a pass and their scale, so the passes and the split of K are the
+// float16 variants' (rows of head h start at h * head_stride weights). (16 bytes a lane, 32
+// weights, made whole steps at 1 row 20-30% slower on the H200: a pass of 1024 weights left
+// one warp a block for K = 1024.)
 template <int R, int C, bool XHALF, bool SWIGLU, bool Q4 = false>
 __device__ __forceinline__ void linear_body(
     const void* __restrict__ x, const long long* __restrict__ rowmap, int seq,
@@ -206,7 +206,7 @@ __device__ __forceinline__ void linear_body(
     const half_t* __restrict__ scales = nullptr, int group = 0)
 {
     constexpr int CW = SWIGLU ? 2 * C : C;  // weight rows a lane reads a pass
-    constexpr int VEC = Q4 ? 32 : WVEC, STEP = 32 * VEC;  // weights a lane and a warp read a pass
+    constexpr int VEC = WVEC, STEP = 32 * VEC;  // weights a lane and a warp read a pass
     __shared__ float part[MAX_KW][CW * R];
     __shared__ float part_ss[MAX_KW][R];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = blockDim.x >> 5;
@@ -217,8 +217,9 @@ __device__ __forceinline__ void linear_body(
     const wt_t* wb = w + (Q4 ? 0LL : head);
     const unsigned char* qb = reinterpret_cast<const unsigned char*>(w) + (Q4 ? head / 2 : 0LL);
     const half_t* sb = Q4 ? scales + head / group : nullptr;
-    uint4 wr[CW];  // a pass's weights (Q4: codes) of each weight row
-    float sc[CW];  // Q4: their scale
+    uint4 wr[CW];  // a pass's weights of each weight row
+    unsigned wq[CW];  // Q4: a pass's 8 codes of each weight row, and their scale
+    float sc[CW];
     // a pass's weights of weight row c (column n0 + c % C; SwiGLU's up rows from C) at k
     auto load = [&](int c, int k, bool ok) {
         const int n = n0 + (c % C);
@@ -226,7 +227,7 @@ __device__ __forceinline__ void linear_body(
         ok = ok && n < N && k < K;
         if (Q4) {
             const long long at = row * K + k;
-            wr[c] = fetch_w(reinterpret_cast<const wt_t*>(qb + at / 2), ok);
+            wq[c] = ok ? __ldg(reinterpret_cast<const unsigned*>(qb + at / 2)) : 0u;
             sc[c] = ok ? h2f(sb[at / group]) : 0.f;
         } else {
             wr[c] = fetch_w(wb + row * K + k, ok);
@@ -275,11 +276,9 @@ __device__ __forceinline__ void linear_body(
 #pragma unroll
                 for (int c = 0; c < CW; ++c) {
                     float wf[4];
-                    if (Q4) {  // codes j .. j + 3 of the 32, in word j / 8
-                        const unsigned word = reinterpret_cast<const unsigned*>(&wr[c])[j >> 3];
+                    if (Q4) {  // codes j .. j + 3 of the 8
 #pragma unroll
-                        for (int i = 0; i < 4; ++i)
-                            wf[i] = dequant4(word >> (4 * ((j & 7) + i))) * sc[c];
+                        for (int i = 0; i < 4; ++i) wf[i] = dequant4(wq[c] >> (4 * (j + i))) * sc[c];
                     } else {
                         unpack4(wr[c], j, wf);
                     }

@@ -314,6 +314,23 @@ def test_an_int4_fused_build_stores_codes_and_scales(fused_int4: Path) -> None:
     assert w["layers.0.input_norm"].dtype == np.float32
 
 
+def test_int4_leaves_stacked_lm_heads_float_as_the_onnx_pass_does() -> None:
+    """A code predictor's stacked heads (a Gather of the head, then a MatMul: nothing the ONNX
+    pass quantizes) stay float16 in an int4 fused build, so both backends run the same heads;
+    a single LM head is quantized unless --no-quantize-lm-head."""
+    from edgeomni.builder import fused
+
+    rng = np.random.default_rng(0)
+    for heads, want in ((3, False), (1, True)):
+        lm = rng.standard_normal((heads, 8, 64) if heads > 1 else (8, 64)).astype(np.float16)
+        tensors = {"lm_head": lm, "layers.0.o": rng.standard_normal((64, 64)).astype(np.float16)}
+        spec = {"lm_heads": heads}
+        fused.quantize(tensors, spec, 32, True, "cp")
+        assert spec["int4"] == {"group_size": 32, "lm_head": want}
+        assert (tensors["lm_head"].dtype == np.uint8) == want and ("lm_head.scales" in tensors) == want
+        assert tensors["layers.0.o"].dtype == np.uint8
+
+
 def test_the_int4_fused_steps_match_the_int4_onnx_engine(fused_int4, qwen3_ckpt, qwen3_engine,
                                                          tmp_path) -> None:  # fmt: skip
     """The int4 fused build's calls (its reference, the codes dequantized) against ONNX
