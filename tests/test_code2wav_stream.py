@@ -216,6 +216,39 @@ def test_chunks_of_any_size_equal_the_whole_decode(family: str, wholes, request)
     assert np.abs(audio - whole).max() < TOL
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_chunks_padded_to_fixed_sizes_equal_the_whole_decode(family: str, wholes, request) -> None:
+    """Where the engine prefers fixed shapes (ONNX Runtime's CUDA provider) a chunk runs padded
+    to the chunk size that holds it, its valid frames in chunk_lens: the same audio (the GPU
+    path, run here on the CPU)."""
+    runner = stateful(request.getfixturevalue(FAMILIES[family]), first_chunk_frames=2,
+                      chunk_frames=8)  # fmt: skip
+    runner.step.engine.prefers_fixed_shapes = True
+    widths: list[tuple[int, int]] = []
+    run = runner.step.run
+
+    def recording(codes, lens, states):  # noqa: ANN001, ANN202
+        widths.extend((codes.shape[-1], int(n)) for n in lens)
+        return run(codes, lens, states)
+
+    runner.step.run = recording
+    # after chunks of 2, 4 and 8s, a last one of 7 (Qwen3-Omni) or 5 (Qwen3-TTS): padded to 8
+    codes, whole = wholes[family][{"omni": 37, "tts": 75}[family]]
+    batch = runner.stream_batch()
+    stream = runner.stream_for(RequestState(0, None, None), batch)
+    at = 0
+    for burst in (1, 3, 1, 5, 2, 7, 3):
+        stream(codes[at : at + burst])
+        batch.decode_ready()
+        at += burst
+    stream(codes[at:])
+    audio = stream.finish()
+    assert {w for w, _ in widths} <= {2, 4, 8, *(n for _, n in widths if n > 8)}
+    assert any(n < w for w, n in widths), widths  # some chunks ran padded
+    assert audio.shape == whole.shape
+    assert np.abs(audio - whole).max() < TOL
+
+
 def test_an_utterance_of_no_frames_is_empty_audio(omni_engine) -> None:
     runner = stateful(omni_engine)
     stream = runner.stream_for(RequestState(0, None, None), runner.stream_batch())
