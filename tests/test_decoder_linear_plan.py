@@ -41,10 +41,13 @@ def test_every_planned_kernel_is_in_the_source() -> None:
                 name = lc.linear_launch(w, rows, 1024, 64, half_input=half_input,
                                         swiglu=swiglu).name  # fmt: skip
                 assert f" {name})" in src, (w, name)
-                if w == "float16":  # int4 matrices: SIMT at every row count
-                    name = lc.linear_launch(w, rows, 1024, 64, half_input=half_input,
-                                            swiglu=swiglu, int4=True).name  # fmt: skip
-                    assert name.startswith("linear_q") and f" {name})" in src, name
+                if w == "float16":  # int4 matrices: SIMT under 8 rows, tensor cores from 8
+                    plan = lc.linear_launch(w, rows, 1024, 64, half_input=half_input,
+                                            swiglu=swiglu, int4=True)  # fmt: skip
+                    family = "linear_mq" if rows >= 8 else "linear_q"
+                    assert plan.name.startswith(family) and f" {plan.name})" in src, plan.name
+                    # a step of 128 of K a warp on tensor cores, a pass of 256 on SIMT
+                    assert plan.block == 32 * (8 if rows >= 8 else 4), (rows, plan.block)
     with pytest.raises(ValueError, match="float16 modules"):
         lc.linear_launch("float32", 1, 1024, 64, int4=True)
 
