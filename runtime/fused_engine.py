@@ -244,8 +244,8 @@ class FusedEngine:
         self.cuda_graphs = cuda_graphs
         self.replays_steps = cuda_graphs
         # EDGEOMNI_FUSED_SEQUENCE_GRAPHS=0: a call a graph only (to measure what it saves)
-        self.captures_sequences = (cuda_graphs and
-                                   os.environ.get("EDGEOMNI_FUSED_SEQUENCE_GRAPHS", "1") != "0")  # fmt: skip
+        sequences = os.environ.get("EDGEOMNI_FUSED_SEQUENCE_GRAPHS", "1") != "0"
+        self.captures_sequences = cuda_graphs and sequences
         self._graph_ids = 0
         # while sequence_graph runs its queue: "load" or "capture", and the bindings it called
         self._sequence_mode: str | None = None
