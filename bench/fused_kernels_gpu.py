@@ -9,8 +9,10 @@ two CUDA events around its replay (a launch's device-side gap is in the figure, 
 the engine's graphs), once plainly and once as programmatic dependent launches (``overlap``: each
 launch may start while the one before runs, as the engine queues them on sm_90+); each linear
 is timed again at every split of K over 1 to 8 warps. The step estimate is 28 layers of the
-per-layer kernels plus the head and the top-K. The code predictor's tail (a top 64 of 2048 codes
-and the in-engine draw, one kernel) is timed for the record, outside the estimate.
+per-layer kernels plus the head and the top-K (qk_rope and attention apart, as prefills run
+them). The decode attention with the q/k norm and rotary inside (what decode calls run instead
+of those two) and the code predictor's tail (a top 64 of 2048 codes and the in-engine draw, one
+kernel) are timed for the record, outside the estimate.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def main() -> int:
     cu_stream = ac.stream_handle(stream)
     kernels = dc.DecoderKernels(dc.Variant("float16", "float16"))
     attention = ac.CudaAttention(ac.KernelConfig(HEADS, KV, D, dtype="float16"))
+    # decode calls' attention as the engine runs it: q/k norm and rotary inside (no qk_rope)
+    attention_qk = ac.CudaAttention(ac.KernelConfig(HEADS, KV, D, dtype="float16", fused_qk=1))
     rng = np.random.default_rng(0)
 
     def dev(shape: tuple[int, ...], dtype, scale: float = 0.02) -> DeviceArray:
@@ -153,6 +157,11 @@ def main() -> int:
                 q.ptr, k.ptr, v.ptr, cache_k.ptr, cache_v.ptr, past.ptr, ones.ptr, attn.ptr,
                 batch=batch, seq=1, capacity=4096, stream=cu_stream, overlap=overlap),
                 2 * batch * KV * (args.context + 1) * D * 2),
+            "attention with q/k norm, rotary (decode)": (lambda overlap=False: attention_qk.launch(
+                0, 0, 0, cache_k.ptr, cache_v.ptr, past.ptr, ones.ptr, attn.ptr, batch=batch,
+                seq=1, capacity=4096, stream=cu_stream, overlap=overlap,
+                qk=ac.FusedQK(qkv.ptr, pos.ptr, qn.ptr, qn.ptr, 1e-6, inv.ptr)),
+                2 * batch * KV * (args.context + 1) * D * 2),
             "o (+residual)": (linear(attn, weights["o"], h, HEADS * D, H, store=lc.STORE_ADD,
                                      half_x=True), H * HEADS * D * 2),
             # as the engine runs them: SwiGLU's output in float16 where down is on tensor cores
@@ -194,7 +203,7 @@ def main() -> int:
             for overlap in (False, True):
                 go = lambda launch=launch, overlap=overlap: launch(overlap=overlap)  # noqa: E731
                 ms = timed(go)
-                if not name.startswith("topk_one"):
+                if not name.startswith(("topk_one", "attention with")):  # (reported apart)
                     step[overlap] += ms * times
                 row = {"batch": batch, "kernel": name, "overlap": overlap,
                        "us": round(ms * 1e3, 2),
