@@ -123,3 +123,18 @@ def test_the_vocoders_allow_tf32_and_the_decoders_do_not(omni_engine, tts_engine
                    for p in root.rglob("config.json")}  # fmt: skip
         assert configs["code2wav"]["tf32"] is True
         assert not any(configs[c].get("tf32") for c in ("talker", "code_predictor"))
+
+
+def test_only_the_fused_engine_captures_sequences_of_calls(tts_engine) -> None:
+    """Engine.sequence_graph (a code predictor's frame as one graph) is the fused backend's:
+    an ONNX Runtime engine says so (captures_sequences False) and refuses the call by name, so
+    a stage that asked anyway would learn why rather than run uncaptured."""
+    import json
+
+    from edgeomni.runtime.engine import EngineError, open_engine
+
+    folder = tts_engine / "code_predictor"
+    engine = open_engine(folder, json.loads((folder / "config.json").read_text()))
+    assert engine.captures_sequences is False
+    with pytest.raises(EngineError, match="ONNX Runtime engines run calls one at a time"):
+        engine.sequence_graph(lambda: None)
