@@ -329,7 +329,7 @@ LINEAR(4, 4, true, false, linear_h4) LINEAR(8, 2, true, false, linear_h8)
 LINEAR(16, 2, true, false, linear_h16)
 
 #if W_HALF
-// int4 weights (Q4), every row count: SIMT, K read as the float16 variants read it
+// int4 weights (Q4) under 8 rows: SIMT, K read as the float16 variants read it
 #define LINEAR_Q4(R, C, XH, SW, NAME) \
 extern "C" __global__ void __launch_bounds__(32 * MAX_KW) NAME( \
     const void* x, const long long* rowmap, int seq, const float* norm_w, float eps, \
