@@ -150,37 +150,51 @@ def test_a_cpu_build_draws_on_the_host_with_the_same_codes(
         np.testing.assert_array_equal(a.codes, b.codes)
 
 
-def test_a_gpu_frame_stages_its_host_inputs_once(monkeypatch) -> None:
+class FakeDevice:
+    """A device buffer on the host (memory.DeviceArray faked): views share its data; each
+    upload is recorded (the array sent and the buffer's dtype) in ``uploads``."""
+
+    uploads: list[tuple[np.ndarray, np.dtype]] = []
+
+    def __init__(self, shape, dtype, data=None):  # noqa: ANN001
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.data = np.zeros(shape, dtype) if data is None else data
+
+    @classmethod
+    def zeros(cls, shape, dtype, device=0):  # noqa: ANN001, ANN206
+        return cls(shape, dtype)
+
+    def rows(self, n: int, start: int = 0) -> FakeDevice:
+        return FakeDevice((n, *self.shape[1:]), self.dtype, self.data[start : start + n])
+
+    def view(self, shape: tuple[int, ...]) -> FakeDevice:
+        return FakeDevice(shape, self.dtype, self.data.reshape(shape))
+
+    def upload(self, array: np.ndarray) -> None:  # converted to its dtype, as DeviceArray's
+        assert array.shape == self.shape
+        self.data[...] = array
+        FakeDevice.uploads.append((np.array(array), self.dtype))
+
+    def copy_from(self, src: FakeDevice) -> None:
+        self.data[...] = src.data
+
+
+@pytest.fixture
+def fake_device(monkeypatch) -> list[tuple[np.ndarray, np.dtype]]:
+    """memory.DeviceArray faked by FakeDevice; the uploads made."""
+    from edgeomni.runtime import memory
+
+    monkeypatch.setattr(memory, "DeviceArray", FakeDevice)
+    monkeypatch.setattr(FakeDevice, "uploads", [])
+    return FakeDevice.uploads
+
+
+def test_a_gpu_frame_stages_its_host_inputs_once(fake_device) -> None:
     """On a GPU (faked here) a frame's uniform numbers and E(c0) go to the device in one upload
     each, before its first call, into buffers kept per cohort size; each step reads its row
     there (a copy from pageable memory would wait for the stream before every step)."""
     from types import SimpleNamespace
 
-    from edgeomni.runtime import memory
-
-    uploads: list[tuple[int, ...]] = []
-
-    class Dev:
-        def __init__(self, shape, dtype, data=None):  # noqa: ANN001
-            self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-            self.data = np.zeros(shape, dtype) if data is None else data
-
-        @classmethod
-        def zeros(cls, shape, dtype, device=0):  # noqa: ANN001, ANN206
-            return cls(shape, dtype)
-
-        def rows(self, n: int, start: int = 0) -> Dev:
-            return Dev((n, *self.shape[1:]), self.dtype, self.data[start : start + n])
-
-        def view(self, shape: tuple[int, ...]) -> Dev:
-            return Dev(shape, self.dtype, self.data.reshape(shape))
-
-        def upload(self, array: np.ndarray) -> None:
-            assert array.shape == self.shape and array.dtype == self.dtype
-            self.data[...] = array
-            uploads.append(array.shape)
-
-    monkeypatch.setattr(memory, "DeviceArray", Dev)
     cp = CodePredictor.__new__(CodePredictor)
     cp.engine = SimpleNamespace(buffers=DeviceBuffers(),
                                 input_types={"inputs_embeds": np.dtype(np.float16)})  # fmt: skip
@@ -195,7 +209,9 @@ def test_a_gpu_frame_stages_its_host_inputs_once(monkeypatch) -> None:
             np.testing.assert_array_equal(row.data, uniforms[i])
         np.testing.assert_array_equal(first.data, e0[:, None, :].astype(np.float16))
         staged.append(first)
-    assert uploads == [(15, 3), (3, 1, 4)] * 2  # two uploads a frame, none per step
+    # two uploads a frame, none per step, each already in its buffer's type
+    assert [a.shape for a, _ in fake_device] == [(15, 3), (3, 1, 4)] * 2
+    assert all(a.dtype == dtype for a, dtype in fake_device)
     assert staged[0] is staged[1] and len(cp._staging) == 1  # the same buffers, reused
     cpu = CodePredictor.__new__(CodePredictor)
     cpu.engine = SimpleNamespace(buffers=HostBuffers())
@@ -221,7 +237,7 @@ def test_the_frame_prefill_splits_where_its_inputs_are_device_buffers() -> None:
     assert splits_prefill(engine(host=False, graphs=False))
 
 
-def test_a_frame_graph_is_captured_once_a_cohort_shape(monkeypatch) -> None:
+def test_a_frame_graph_is_captured_once_a_cohort_shape(fake_device) -> None:
     """Where the engine captures sequences of calls (the fused backend, faked here), a frame's
     calls are captured as one graph at a cohort shape's first frame and launched for each frame
     after; every frame copies the talker's hidden state into the buffer the graph reads, the
@@ -229,31 +245,7 @@ def test_a_frame_graph_is_captured_once_a_cohort_shape(monkeypatch) -> None:
     is captured again."""
     from types import SimpleNamespace
 
-    from edgeomni.runtime import memory
     from edgeomni.runtime.sampling import SamplingParams
-
-    uploads: list[tuple[float, ...]] = []
-
-    class Dev:
-        def __init__(self, shape, dtype, data=None):  # noqa: ANN001
-            self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-            self.data = np.zeros(shape, dtype) if data is None else data
-
-        @classmethod
-        def zeros(cls, shape, dtype, device=0):  # noqa: ANN001, ANN206
-            return cls(shape, dtype)
-
-        def view(self, shape: tuple[int, ...]) -> Dev:
-            return Dev(shape, self.dtype, self.data.reshape(shape))
-
-        def upload(self, array: np.ndarray) -> None:  # in its dtype, as DeviceArray's
-            assert array.shape == self.shape
-            self.data[...] = array
-            if array.size == 1:  # a setting
-                uploads.append(tuple(array.ravel()))
-
-        def copy_from(self, src: Dev) -> None:
-            self.data[...] = src.data
 
     class Graph:
         def __init__(self, queue) -> None:  # noqa: ANN001
@@ -265,7 +257,6 @@ def test_a_frame_graph_is_captured_once_a_cohort_shape(monkeypatch) -> None:
         def launch(self) -> None:
             self.launches += 1
 
-    monkeypatch.setattr(memory, "DeviceArray", Dev)
     graphs: list[Graph] = []
     cp = CodePredictor.__new__(CodePredictor)
     cp.engine = SimpleNamespace(
@@ -276,12 +267,12 @@ def test_a_frame_graph_is_captured_once_a_cohort_shape(monkeypatch) -> None:
     cp.hidden_size, cp._frames, cp._settings, cp._settings_sent = 4, {}, {}, ()
     queued: list[tuple] = []
     cp._queue_frame = lambda *args: queued.append(args)  # what a capture would queue
-    rows = [Dev((3,), np.float64) for _ in range(15)]
+    rows = [FakeDevice((3,), np.float64) for _ in range(15)]
     greedy, sampled = SamplingParams(temperature=0.0), SamplingParams(0.9, 50, 0.8)
 
     def frame(n: int, params: SamplingParams, value: float) -> None:
         # the talker's output buffer (a new one), or its rows' states gathered on the host
-        last = (Dev((n, 4), np.float16, np.full((n, 4), value, np.float16)) if value != 2
+        last = (FakeDevice((n, 4), np.float16, np.full((n, 4), value, np.float16)) if value != 2
                 else np.full((n, 4), value, np.float32))  # fmt: skip
         cp._graphed_frame(SimpleNamespace(rows=n, first_row=0), last, "e0", np.ones(n, np.int32),
                           params, rows, ["drawn"])  # fmt: skip
@@ -289,7 +280,8 @@ def test_a_frame_graph_is_captured_once_a_cohort_shape(monkeypatch) -> None:
     for i, params in enumerate((greedy, greedy, sampled, sampled)):
         frame(3, params, i)
     assert len(graphs) == 1 and graphs[0].launches == 4
-    assert uploads == [(1.0,), (1,), (1.0,), (0.9,), (50,), (0.8,)]  # greedy: top-k 1 at 1.0
+    settings = [tuple(a.ravel()) for a, _ in fake_device if a.size == 1]
+    assert settings == [(1.0,), (1,), (1.0,), (0.9,), (50,), (0.8,)]  # greedy: top-k 1 at 1.0
     graphs[0].queue()
     session, hidden, e0, _, draw, uniform_rows, drawn = queued[0]
     assert hidden is cp._frames[(3, 0, 3)][1] and np.all(hidden.data == 3)  # the last frame's
