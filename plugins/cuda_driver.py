@@ -23,6 +23,15 @@ def _nvrtc() -> Any:
     return nvrtc
 
 
+def _out_buffer(size: int) -> bytes:
+    """A new bytes object of ``size`` (at least 2) for NVRTC to write into. Not ``b" " * size``:
+    at size 1 (an empty log) that is CPython's shared one-byte ``b" "``, and the NUL NVRTC
+    wrote into it made every ``b" "`` of the process ``b"\\x00"`` (on the H200, after a kernel
+    compile, Jinja's compiled chat templates lost the spaces around their operators and print's
+    separators came out as NULs). A 2-byte or longer result of ``bytes(n)`` is never shared."""
+    return bytes(max(size, 2))
+
+
 def _nvrtc_check(nvrtc: Any, result: Any, what: str, log: str = "") -> Any:
     err, *rest = result if isinstance(result, tuple) else (result,)
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
@@ -43,7 +52,7 @@ def _compile(source: str, arch: str, cubin: bool, options: Sequence[str] = ()) -
         opts += [o.encode() for o in options]
         result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _nvrtc_check(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        log = b" " * size
+        log = _out_buffer(size)
         _nvrtc_check(nvrtc, nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
         text = log.rstrip(b"\x00 ").decode(errors="replace")
         _nvrtc_check(nvrtc, result, f"NVRTC compiling for {arch}", text)
@@ -53,9 +62,9 @@ def _compile(source: str, arch: str, cubin: bool, options: Sequence[str] = ()) -
             else (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
         )
         size = _nvrtc_check(nvrtc, get_size(prog), get_size.__name__)
-        image = b" " * size
+        image = _out_buffer(size)
         _nvrtc_check(nvrtc, get(prog, image), get.__name__)
-        return image
+        return image[:size]
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 

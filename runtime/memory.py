@@ -97,13 +97,22 @@ class DeviceArray:
     are ordered on that device's stream."""
 
     def __init__(
-        self, shape: tuple[int, ...], dtype: Any, ptr: int, owner: bool, device: int = 0
+        self,
+        shape: tuple[int, ...],
+        dtype: Any,
+        ptr: int,
+        owner: bool,
+        device: int = 0,
+        base: DeviceArray | None = None,
     ) -> None:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.ptr = int(ptr)
         self.device = device
         self._owner = owner
+        # a view keeps its allocation alive, as a numpy view does: a view returned from a
+        # function whose buffer went out of scope (a call's new state rows) stays valid
+        self.base = base
         # plain ints: views and copies are made per engine call, and numpy's prod of a tuple
         # costs microseconds each time
         self.nbytes = math.prod(self.shape) * self.dtype.itemsize
@@ -126,11 +135,13 @@ class DeviceArray:
             raise ValueError(f"rows {start}..{start + n} of a buffer with {self.shape[0]}")
         row = self.nbytes // self.shape[0]
         return DeviceArray((n, *self.shape[1:]), self.dtype, self.ptr + start * row,
-                           owner=False, device=self.device)  # fmt: skip
+                           owner=False, device=self.device, base=self.base or self)  # fmt: skip
 
     def view(self, shape: tuple[int, ...]) -> DeviceArray:
         """The same memory under another shape of as many entries: a view, not owned."""
-        view = DeviceArray(shape, self.dtype, self.ptr, owner=False, device=self.device)
+        view = DeviceArray(
+            shape, self.dtype, self.ptr, owner=False, device=self.device, base=self.base or self
+        )
         if view.nbytes != self.nbytes:
             raise ValueError(f"a {self.shape} buffer cannot be viewed as {tuple(shape)}")
         return view

@@ -10,12 +10,23 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 OMNI_PARTS = ["llm", "talker", "code_predictor", "code2wav"]
 # the ONNX Runtime CPU float32 build, the speech tests' float32 reference beside the CUDA one
 # (which differed from it while the CUDA provider ran TF32 matrix products, its default)
 CPU_REFERENCE = "onnxruntime-cpu"
 INT4_KEY = "qwen3-fused-int4"  # the tiny Qwen3, float16 with int4 matrices (groups of 32)
+# the tiny Qwen3-Omni's vocoders on ONNX Runtime CUDA, float32, with the stateful step engine
+# (no graph: the test runs the code2wav stage's runner itself)
+STATEFUL_KEY = "omni-onnxruntime-stateful"
+STATEFUL_PARTS = ["code2wav", "code2wav_stream"]
+
+
+def stateful_args() -> Any:
+    from edgeomni.export.family import BuildArgs
+
+    return BuildArgs(3, 64, 128, device="cuda", dtype="float32", code2wav_streaming="stateful")
 
 
 def engine_key(model: str, backend: str, dtype: str) -> str:
@@ -53,6 +64,10 @@ def main(out: Path) -> None:
     if build(models["qwen3"][0], out / INT4_KEY, int4) is None:
         raise SystemExit(f"building {INT4_KEY} failed")
     print(out / INT4_KEY, flush=True)
+    build(models["omni"][0], out / STATEFUL_KEY, stateful_args(), STATEFUL_PARTS)
+    if not (out / STATEFUL_KEY / "code2wav_stream" / "config.json").is_file():
+        raise SystemExit(f"building {STATEFUL_KEY} failed")
+    print(out / STATEFUL_KEY, flush=True)
 
 
 if __name__ == "__main__":

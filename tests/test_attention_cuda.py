@@ -185,6 +185,49 @@ def test_nvrtc_errors_carry_the_log() -> None:
         ac.compile_ptx(ac.KernelConfig(8, 2, 64).source() + "\nint broken = undefined_name;\n")
 
 
+def test_nvrtc_writes_into_buffers_of_its_own(monkeypatch) -> None:
+    """NVRTC writes the log and the image into the bytes objects it is given: each must be new.
+    ``b" " * 1`` (the buffer of an empty log, once) is CPython's shared one-byte object, and
+    NVRTC's NUL in it turned every ``b" "`` of the process into ``b"\\x00"``. A fake NVRTC
+    records the buffers (checked before anything is written into them)."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from edgeomni.plugins import cuda_driver
+
+    given: list[bytes] = []
+    ok = SimpleNamespace(NVRTC_SUCCESS=0)
+
+    def write(buf: bytes, text: bytes) -> tuple[int]:
+        assert buf is not b" " * 1 and len(buf) >= 2, "NVRTC handed a shared bytes object"
+        given.append(buf)
+        ctypes.memmove(ctypes.c_char_p(buf), text, min(len(text), len(buf)))
+        return (0,)
+
+    fake = SimpleNamespace(
+        nvrtcResult=ok,
+        nvrtcCreateProgram=lambda *a: (0, "prog"),
+        nvrtcCompileProgram=lambda *a: (0,),
+        nvrtcGetProgramLogSize=lambda prog: (0, 1),  # an empty log: its NUL
+        nvrtcGetProgramLog=lambda prog, buf: write(buf, b"\x00"),
+        nvrtcGetPTXSize=lambda prog: (0, 4),
+        nvrtcGetPTX=lambda prog, buf: write(buf, b"ptx\x00"),
+        nvrtcDestroyProgram=lambda prog: (0,),
+    )
+    monkeypatch.setattr(cuda_driver, "_nvrtc", lambda: fake)
+    assert cuda_driver.compile_ptx("// nothing") == b"ptx\x00"
+    assert len(given) == 2 and given[0] is not given[1]
+    space = chr(32)
+    assert bytes([32]) == b" " * 1 and space.encode() == bytes([32])
+
+
+@needs_nvrtc
+def test_a_real_compile_leaves_the_shared_space_alone() -> None:
+    ac.compile_ptx('extern "C" __global__ void k() {}')  # an empty log
+    words = "a" + chr(32) + "b"
+    assert bytes([32]) == b" " * 1 and words.encode().split() == [b"a", b"b"]
+
+
 # ---------------------------------------------------------------------------------------------
 # host emulation: the same source under g++
 # ---------------------------------------------------------------------------------------------

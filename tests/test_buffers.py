@@ -177,3 +177,25 @@ def test_a_binding_feeds_its_lowerings_lengths() -> None:
         {"codes": np.zeros(2), **lengths}
     )
     assert set(session.io.cpu) == {"codes", "gqa_seqlens_k", "gqa_total_length"}
+
+
+def test_a_device_view_keeps_its_allocation() -> None:
+    """A view of a device buffer (rows, reshaped) holds the allocation, as a numpy view holds
+    its base: a function may return rows of a buffer it made (the stateful vocoder's new
+    states) and the memory is not freed under them. Built over a pointer it does not own: no
+    CUDA here."""
+    import gc
+    import weakref
+
+    from edgeomni.runtime.memory import DeviceArray
+
+    whole = DeviceArray((4, 3), np.float32, ptr=4096, owner=False)
+    gone = weakref.ref(whole)
+    row = whole.rows(1, 2).view((3,))
+    assert row.ptr == 4096 + 2 * 12 and row.base is whole
+    del whole
+    gc.collect()
+    assert gone() is not None and row.base is gone()
+    del row
+    gc.collect()
+    assert gone() is None

@@ -388,3 +388,35 @@ def test_edge_infer_streams_stateful_as_the_whole_utterance(
     assert audio["stateful"].size > 24000 // 2  # some frames past the first chunks
     assert audio["stateful"].shape == audio["whole"].shape
     assert np.abs(audio["stateful"] - audio["whole"]).max() < TOL
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_gpu_paths_fixed_buffers_equal_the_whole_decode(family: str, wholes, request) -> None:
+    """The step's GPU path (a call's buffers kept per batch size and length, the rows' states
+    copied in and their new states copied back into the rows' own buffers), run here over host
+    buffers: two requests sharing calls stream the whole decode, and no call allocates."""
+    from edgeomni.runtime.buffers import HostBuffers
+
+    class Device(HostBuffers):
+        on_host = False  # what sends StepEngine.run down the GPU path
+
+    runner = stateful(request.getfixturevalue(FAMILIES[family]), first_chunk_frames=2,
+                      chunk_frames=4)  # fmt: skip
+    runner.step.engine.buffers = Device()
+    codes = [item for n, item in wholes[family].items() if n > 10][:2]
+    batch = runner.stream_batch()
+    streams = [runner.stream_for(RequestState(i, None, None), batch) for i in range(2)]
+    owned = [[id(b) for b in s.state] for s in streams]
+    for at in range(0, 40, 5):
+        for stream, (c, _) in zip(streams, codes, strict=True):
+            stream(c[at : at + 5])
+        batch.decode_ready()
+    audio = []
+    for stream, (c, _) in zip(streams, codes, strict=True):
+        stream(c[40:])
+        audio.append(stream.finish())
+    assert [[id(b) for b in s.state] for s in streams] == owned  # written in place
+    assert any(b == 2 for b, _ in runner.step._slots)  # rows shared calls
+    for got, (_, whole) in zip(audio, codes, strict=True):
+        assert got.shape == whole.shape
+        assert np.abs(got - whole).max() < TOL

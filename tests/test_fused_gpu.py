@@ -21,7 +21,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import fused_kernel_cases as cases  # noqa: E402
 from fused_reference import FusedReference  # noqa: E402
-from prebuild_fused_gpu import CPU_REFERENCE, INT4_KEY, OMNI_PARTS, engine_key  # noqa: E402
+from prebuild_fused_gpu import (  # noqa: E402
+    CPU_REFERENCE,
+    INT4_KEY,
+    OMNI_PARTS,
+    STATEFUL_KEY,
+    STATEFUL_PARTS,
+    engine_key,
+    stateful_args,
+)
 
 
 def _reason() -> str | None:
@@ -475,3 +483,48 @@ def test_omni_float16_onnxruntime_talker_feeds_the_fused_code_predictor(omni,
     same = agreement(speech(fused, body), speech(ort, body))
     print(f"float16 codes equal to onnxruntime's: {same}")
     assert min(same) >= 0.5
+
+
+@needs_ort_cuda
+def test_the_stateful_vocoder_streams_on_the_gpu(omni, tmp_path) -> None:
+    """The stateful step engine on ONNX Runtime's CUDA provider, run as the code2wav stage runs
+    it (states in device buffers, each call's new state rows of its outputs, chunks padded to
+    fixed sizes): the CPU float32 build's whole-utterance audio, within the convolutions'
+    TF32 error. Each call's outputs go out of scope while the next call reads its state rows:
+    an illegal address, before device views kept their allocation (the TTS pipeline's first
+    stateful run on the H200). Here, not in test_gpu.py, for the prebuilt engines."""
+    from edgeomni.builder.build import build
+    from edgeomni.graph_schema import Emit, Input, Stage
+    from edgeomni.runtime.runners import RequestState
+    from edgeomni.runtime.speech.code2wav import Code2Wav
+
+    if PREBUILT:
+        engine = Path(PREBUILT) / STATEFUL_KEY
+    else:
+        engine = tmp_path / "stateful"
+        build(omni, engine, stateful_args(), STATEFUL_PARTS)  # the engines, no graph
+    cpu = cpu_reference(omni, tmp_path / "cpu", OMNI_PARTS, model="omni")
+
+    def stage(**config) -> Stage:  # noqa: ANN003
+        return Stage(id="code2wav", runner="qwen3_omni.code2wav", artifact="code2wav",
+                     kind="iterative", inputs=(Input("codes", "talker:codes"),),
+                     emits=(Emit("audio", "audio", terminal=True),), config=config)  # fmt: skip
+
+    codes = np.random.default_rng(7).integers(0, 64, (37, 16))
+    whole, _, mode = Code2Wav(stage(), cpu / "code2wav", whole_utterance=True).vocode(codes)
+    assert mode == "whole"
+    runner = Code2Wav(stage(streaming="stateful", stream="../code2wav_stream",
+                            first_chunk_frames=1, chunk_frames=8), engine / "code2wav")  # fmt: skip
+    assert not runner.step.engine.buffers.on_host
+    batch = runner.stream_batch()
+    stream = runner.stream_for(RequestState(0, None, None), batch)
+    at = 0
+    for burst in (1, 3, 1, 5, 2, 7, 3):
+        stream(codes[at : at + burst])
+        batch.decode_ready()
+        at += burst
+    stream(codes[at:])
+    audio = stream.finish()
+    print(f"stateful on the GPU vs whole on the CPU: {np.abs(audio - whole).max():.2e}")
+    assert audio.shape == whole.shape and runner.step.calls >= 6
+    assert np.abs(audio - whole).max() < 2e-2 * np.abs(whole).max()

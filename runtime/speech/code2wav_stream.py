@@ -7,7 +7,9 @@ takes a chunk of new codes [B, Q, n] with each row's valid frames (``chunk_lens`
 input per tensor of the declared layout; it returns the chunk's samples [B, 1, n*S] and the new
 state. A request's state starts as zeros (``StepEngine.fresh``) and lives in the engine's
 buffers; rows stepping together are one call (their states gathered into the call's inputs,
-each row's new state a row of its outputs). A stream drops its first ``delay_samples`` (not
+each row's new state a row of its outputs; on a GPU the call's buffers are kept per batch size
+and length and each row's new state is copied back into the row's own buffers, so no call
+allocates device memory). A stream drops its first ``delay_samples`` (not
 audio: Qwen3-Omni's decoder blocks trim them off the front of the whole decode); after them its
 samples are the whole-utterance decode's.
 
@@ -101,7 +103,10 @@ class StepEngine:
         self.max_chunk = int(cfg["max_chunk_frames"])
         # rows a call (0: no cap): its attention has past context and more than one token
         self.max_rows = int(getattr(self.engine, "rows_with_past", 0))
+        self.quantizers = int(cfg["num_quantizers"])
         self.calls = 0
+        self._slots: dict[tuple[int, int], _StepSlot] = {}  # a GPU's, per batch size and length
+        self._states: tuple[int, list[Any], list[Any]] | None = None  # rows, inputs, outputs
 
     def fresh(self) -> list[Any]:
         """A new request's state: zeros, one row."""
@@ -112,14 +117,17 @@ class StepEngine:
         self, codes: np.ndarray, lens: np.ndarray, states: Sequence[Sequence[Any]]
     ) -> tuple[np.ndarray, list[list[Any]]]:
         """One call: codes int64 [B, Q, n] (rows right-padded), each row's valid frames, each
-        row's state -> samples float32 [B, n*S] and each row's new state (rows of the call's
-        outputs)."""
+        row's state -> samples float32 [B, n*S] and each row's new state (on the host, rows of
+        the call's outputs; on a GPU, the rows' own buffers, written in place)."""
         b, _, n = codes.shape
         if n > self.max_chunk:
             raise ValueError(
                 f"a chunk of {n} frames is more than the step engine's max_chunk_frames "
                 f"{self.max_chunk} (its build limit)"
             )
+        self.calls += 1
+        if not self.engine.buffers.on_host:
+            return self._run_fixed(codes, lens, states)
         memory = self.engine.buffers
         binding = self.engine.binding()
         for i, (name, (_, shape, dtype)) in enumerate(zip(self.inputs, self.layout, strict=True)):
@@ -137,9 +145,76 @@ class StepEngine:
             binding.bind_output(name, out)
         feeds = {CODES: np.ascontiguousarray(codes, np.int64), LENS: lens.astype(np.int64)}
         binding.run(feeds)
-        self.calls += 1
         samples = memory.download(wave)[:, 0]
         return samples, [[memory.rows(o, 1, r) for o in outs] for r in range(b)]
+
+    def _run_fixed(
+        self, codes: np.ndarray, lens: np.ndarray, states: Sequence[Sequence[Any]]
+    ) -> tuple[np.ndarray, list[list[Any]]]:
+        """``run`` on a GPU: the call's buffers kept per batch size and chunk length (no
+        allocation a call: cudaFree waits for the device) and the call replayed from a CUDA
+        graph where the engine captures one; the rows' states copied in on the device, and
+        their new states copied back into the rows' own buffers."""
+        b, _, n = codes.shape
+        memory = self.engine.buffers
+        slot = self._slots.get((b, n))
+        if slot is None:
+            slot = self._slots[(b, n)] = _StepSlot.new(self, b, n, *self._state_rows(b))
+        for i, state_in in enumerate(slot.states_in):
+            for r, state in enumerate(states):
+                memory.copy_into(memory.rows(state_in, 1, r), state[i])
+        memory.upload(slot.codes, np.ascontiguousarray(codes, np.int64))
+        memory.upload(slot.lens, lens.astype(np.int64))
+        slot.binding.run({}, graph=slot.graph)
+        for i, state_out in enumerate(slot.states_out):
+            for r, state in enumerate(states):
+                memory.copy_into(state[i], memory.rows(state_out, 1, r))
+        samples = memory.download(slot.wave)[:, 0]  # waits for the call and the copies
+        return samples, [list(state) for state in states]
+
+    def _state_rows(self, b: int) -> tuple[list[Any], list[Any]]:
+        """The first ``b`` rows of the state buffers every slot binds (the states do not depend
+        on the chunk length, so the slots of all lengths share one pair, as large as the most
+        rows a call has had: memory for the widest call, not for each batch size and length)."""
+        memory = self.engine.buffers
+        if self._states is None or self._states[0] < b:
+            self._slots.clear()  # their bindings hold the smaller buffers
+            pair = [[memory.zeros((b, *shape), dtype) for _, shape, dtype in self.layout]
+                    for _ in range(2)]  # fmt: skip
+            self._states = (b, pair[0], pair[1])
+        _, ins, outs = self._states
+        return [memory.rows(x, b) for x in ins], [memory.rows(x, b) for x in outs]
+
+
+@dataclass
+class _StepSlot:
+    """A step call's buffers at fixed addresses (what a captured graph replays against)."""
+
+    binding: Any
+    codes: Any
+    lens: Any
+    wave: Any
+    states_in: list[Any]
+    states_out: list[Any]
+    graph: int | None
+
+    @classmethod
+    def new(cls, step: StepEngine, b: int, n: int, states_in: list[Any],
+            states_out: list[Any]) -> _StepSlot:  # fmt: skip
+        memory, engine = step.engine.buffers, step.engine
+        binding = engine.binding()
+        codes = memory.zeros((b, step.quantizers, n), np.int64)
+        lens = memory.zeros((b,), np.int64)
+        wave = memory.zeros((b, 1, n * step.samples_per_frame), np.float32)
+        binding.bind_input(CODES, codes)
+        binding.bind_input(LENS, lens)
+        binding.bind_output(OUTPUT, wave)
+        for name, buf in zip(step.inputs, states_in, strict=True):
+            binding.bind_input(name, buf)
+        for name, buf in zip(step.outputs, states_out, strict=True):
+            binding.bind_output(name, buf)
+        graph = engine.new_graph_id() if getattr(engine, "cuda_graphs", False) else None
+        return cls(binding, codes, lens, wave, states_in, states_out, graph)
 
 
 class ChunkStream:
