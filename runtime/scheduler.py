@@ -160,6 +160,7 @@ def run_graph(
     feed: Arrivals | None = None,
     cancelled: Callable[[Any], bool] | None = None,
     cohorts: Cohorts | None = None,
+    idle: Callable[[], None] | None = None,
 ) -> None:
     """Run every request through the stages of its plan (``state.plan.stages``, each one of
     ``stages``, which are in graph order), each stage with at most ``widths[id]`` in flight.
@@ -187,6 +188,11 @@ def run_graph(
 
     ``cohorts``: requests enter the graph a cohort at a time and each stage admits a cohort's
     requests together (``Cohorts``); there is then nothing to wait for (no patience).
+
+    ``idle``: called at the end of a turn in which only stages that ``polls`` (an attribute,
+    true for a stage whose rows wait on another process: edge-serve's relays) stepped, and
+    none of their steps took anything in (their ``step`` returns whether it did); it waits
+    a while for something to come, so the loop does not spin on empty polls.
     """
     from edgeomni.runtime.events import Failed, HiddenRows
 
@@ -355,14 +361,18 @@ def run_graph(
                 return sid
         return next((sid for sid in order if state in waiting[sid]), state.plan.stages[0])
 
-    idle = dict.fromkeys(order, 0)  # turns each stage has waited with rows to step
+    waited = dict.fromkeys(order, 0)  # turns each stage has waited with rows to step
     def busy() -> bool:
         return bool(pending) or any(waiting.values()) or any(active.values())
 
+    polls = {sid for sid in order if getattr(stages[sid], "polls", False)}
+    relays = {sid for sid in order if getattr(stages[sid], "relay", False)}  # no patience
     while busy() or (feed is not None and not feed.closed):
+        worked = False  # something besides empty polls happened this turn
         if feed is not None:  # with nothing in the graph, wait for the next request
             for state in feed.take(wait=not live and not pending):
                 enter(state)
+                worked = True
         next_cohort()
         if not live:
             continue
@@ -372,16 +382,20 @@ def run_graph(
         moved = False
         for sid in order:
             t = time.perf_counter()
-            moved = admit(sid) or moved
+            admitted = admit(sid)
+            moved = admitted or moved
+            worked = worked or admitted
             coming = to_come[sid] or waiting[sid]  # more rows are on their way: wait a while
-            if active[sid] and idle[sid] < patience and len(active[sid]) < widths[sid] and coming:
-                idle[sid] += 1
-                moved = True
+            full = len(active[sid]) >= widths[sid] or sid in relays
+            if active[sid] and waited[sid] < patience and not full and coming:
+                waited[sid] += 1
+                moved = worked = True
             elif active[sid]:
                 moved = True
-                idle[sid] = 0
+                waited[sid] = 0
                 try:
-                    stages[sid].step(active[sid])
+                    took = stages[sid].step(active[sid])
+                    worked = worked or sid not in polls or bool(took)
                 except Exception as e:  # an engine call on these rows failed: they fail
                     log.debug("a step of %s failed", sid, exc_info=True)
                     for slot in list(active[sid].values()):
@@ -391,6 +405,8 @@ def run_graph(
                 if not to_come[sid] and not waiting[sid]:  # draining: rows move down
                     compact(active[sid], stages[sid])
             times[sid] = times.get(sid, 0.0) + time.perf_counter() - t
+        if idle is not None and not worked and live:
+            idle()
         if not moved:  # nothing runs and nothing waiting can start: it never will
             for sid in order:
                 for state in list(waiting[sid]):

@@ -15,14 +15,7 @@ TOP = ("graph_schema", "export", "plugins", "builder", "runtime")
 
 
 def imported_modules(folder: Path) -> set[str]:
-    names: set[str] = set()
-    for path in folder.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module.split(".")[0])
-    return names
+    return set().union(*(imported_modules_of(path) for path in folder.rglob("*.py")))
 
 
 def in_fresh_python(*statements: str) -> None:
@@ -46,6 +39,30 @@ def test_runtime_never_imports_torch_or_transformers() -> None:
         "bad = [m for m in ('torch', 'transformers', 'onnx') if m in sys.modules]",
         "assert not bad, bad",
     )
+
+
+def test_only_the_ray_front_imports_ray() -> None:
+    """Ray is an optional extra: edge-serve's --ray front (serve/ray_app.py, and serve/cli.py
+    checking it is installed) imports it, inside functions, and importing every runtime
+    module loads none of it."""
+    users = [p.relative_to(ROOT).as_posix() for p in (ROOT / "runtime").rglob("*.py")
+             if "ray" in imported_modules_of(p)]  # fmt: skip
+    assert sorted(users) == ["runtime/serve/cli.py", "runtime/serve/ray_app.py"]
+    in_fresh_python(
+        "import importlib, pkgutil, sys, edgeomni.runtime as r",
+        "[importlib.import_module(m.name) for m in pkgutil.walk_packages(r.__path__, 'edgeomni.runtime.')]",
+        "assert 'ray' not in sys.modules",
+    )
+
+
+def imported_modules_of(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
 
 
 def test_lower_layers_do_not_import_higher_ones() -> None:

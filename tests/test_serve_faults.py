@@ -126,6 +126,12 @@ CLI_ROWS = [
            "--threads 100000 is more than the"),
     CliRow("warmup-unknown", flags("--warmup", "maybe"), 2, "argument --warmup: invalid choice"),
     CliRow("unknown-flag", flags("--colour", "red"), 2, "unrecognized arguments: --colour red"),
+    CliRow("placement-without-ray", flags("--placement", "p.json"), 2,
+           "--placement, --ray-address and --ray-cpus go with --ray"),
+    CliRow("ray-address-and-local-cpus", flags("--ray", "--ray-address", "auto", "--ray-cpus", "2"),
+           2, "--ray-cpus sizes a local cluster; --ray-address joins one"),
+    CliRow("placement-unreadable", flags("--ray", "--placement", "/nonexistent/p.json"), 2,
+           "/nonexistent/p.json: $: cannot read /nonexistent/p.json"),
     CliRow("no-config", lambda eng, port: ["--port", str(port)], 2,
            "the following arguments are required: --config"),
     # -- the engine dir and the flags against its build, before the address

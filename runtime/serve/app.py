@@ -63,6 +63,7 @@ from edgeomni.runtime.serve.server import (
     Busy,
     Pending,
     Server,
+    is_busy,
     is_client_error,
     scrub,
     usage_of,
@@ -332,6 +333,8 @@ async def _until_disconnect(request: HttpRequest, pending: Pending, answer: Awai
 
 
 def _failure(event: Failed, pending: Pending) -> ApiError:
+    if is_busy(event):
+        return ApiError(429, f"{event.error}; retry later", kind="rate_limit_error")
     error = scrub(event.error, pending.labels)  # no server-side path reaches the client
     if is_client_error(event):  # a media part it names is the field at fault
         parts = [w for path, w in pending.labels.items() if path in event.error]

@@ -1,9 +1,12 @@
-"""edge-serve: the graph of an engine dir behind OpenAI's chat-completions API, in one process.
+"""edge-serve: the graph of an engine dir behind OpenAI's chat-completions API, in one process
+(or, ``--ray``, its stage groups as Ray Serve deployments behind this process).
 
     edge-serve --config ENG [--host 127.0.0.1] [--port 8000] [--batch-size N] [--max-queue 64]
         [--api-key KEY] [--max-tokens 256] [--max-audio-seconds 60] [--max-image-pixels N]
+        [--ray [--ray-address ADDR] [--placement FILE]]
 
-Needs the ``serve`` extra (Starlette and uvicorn): pip install 'edgeomni[serve]'.
+Needs the ``serve`` extra (Starlette and uvicorn): pip install 'edgeomni[serve]'; ``--ray``
+also the ``ray`` extra (the stages as Ray Serve deployments: serve/ray_app.py).
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ BATCH_SIZE = 8  # --batch-size where the build names no max batch
 EPILOG = """\
 exit status:
   0    stopped by SIGTERM or Ctrl-C once the requests in flight had finished
-  2    a bad flag, an engine dir it cannot serve (or --batch-size above its build), or an
-       address it cannot listen on (a port in use, a host that is not this machine's or does
-       not resolve): one line, before any port opens
-  1    the warm-up failed, the scheduler loop stopped on an error, or an internal error
+  2    a bad flag, an engine dir it cannot serve (or --batch-size above its build), a
+       --placement file it cannot use (its JSON path named), or an address it cannot listen
+       on (a port in use, a host that is not this machine's or does not resolve): one line,
+       before any port opens
+  1    the warm-up failed, the scheduler loop stopped on an error, deploying on Ray Serve
+       failed (--ray), or an internal error
   130  Ctrl-C again while draining (the requests in flight are cut, the line says how many),
        or Ctrl-C before the port opened (loading, warming up); 143 the same for SIGTERM
 """
@@ -82,7 +87,8 @@ def parser() -> argparse.ArgumentParser:
         description="Serve an engine dir's graph over OpenAI's API (GET /health, GET "
         "/v1/models, POST /v1/chat/completions, streamed or not; POST /v1/audio/speech on a "
         "speech graph, POST /v1/audio/transcriptions on an ASR graph). Every request "
-        "joins one in-flight scheduler loop; a client that disconnects frees its slot.",
+        "joins one in-flight scheduler loop (with --ray, the loop of each group of stages, a "
+        "Ray Serve deployment); a client that disconnects frees its slot.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -121,6 +127,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_int_at_least(1),
                    help="CPU threads per engine, at most the usable cores (default: "
                    "onnxruntime's)")  # fmt: skip
+    ray = p.add_argument_group(
+        "Ray Serve", "the graph's stages as Ray Serve deployments, this process the front (needs "
+        "the ray extra: pip install 'edgeomni[ray]')")  # fmt: skip
+    ray.add_argument("--ray", action="store_true",
+                     help="serve through Ray Serve: each group of stages a deployment (default: "
+                     "every stage in one group)")  # fmt: skip
+    ray.add_argument("--ray-address", metavar="ADDR",
+                     help="the Ray cluster to join (ray.init's address, e.g. auto or "
+                     "ray://HEAD:10001; default: start a local one)")  # fmt: skip
+    ray.add_argument("--placement", type=Path, metavar="FILE",
+                     help="which stages go together, their replicas and resources (JSON, see "
+                     "docs/ray.md)")  # fmt: skip
+    ray.add_argument("--ray-cpus", type=_int_at_least(1), metavar="N",
+                     help="CPUs of the local cluster --ray starts (default: all)")  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -198,6 +218,16 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
 
     if threads_error(args.threads):
         return _fail(str(threads_error(args.threads)))
+    if not args.ray and (args.placement or args.ray_address or args.ray_cpus):
+        return _fail("--placement, --ray-address and --ray-cpus go with --ray")
+    if args.ray and args.ray_address and args.ray_cpus:
+        return _fail("--ray-cpus sizes a local cluster; --ray-address joins one (give one)")
+    if args.ray:
+        try:
+            import ray  # noqa: F401
+            from ray import serve  # noqa: F401
+        except ImportError as e:
+            return _fail(f"{e.name} is missing: pip install 'edgeomni[ray]'")
     try:
         config = resolve_config(args.config)
         engines = Engines(threads=args.threads, cuda_graphs=not args.no_cuda_graphs)
@@ -211,7 +241,22 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
     if most is not None and batch_size > most:  # the 429 limit is computed from it
         return _fail(f"--batch-size {batch_size} is over the build's max batch, {most} "
                      f"(edge-build --max-batch-size); give at most {most}")  # fmt: skip
-    server = Server(pipe, batch_size=batch_size, max_queue=args.max_queue)
+    if args.ray:
+        from edgeomni.runtime.serve import placement
+        from edgeomni.runtime.serve.ray_app import RayServer
+
+        try:
+            where = (placement.load(args.placement, pipe.graph) if args.placement
+                     else placement.single(pipe.graph))  # fmt: skip
+        except placement.PlacementError as e:
+            return _fail(f"{args.placement}: {e}")
+        server: Server = RayServer(
+            pipe, where, batch_size=batch_size, max_queue=args.max_queue,
+            address=args.ray_address, num_cpus=args.ray_cpus,
+            engines={"threads": args.threads, "cuda_graphs": not args.no_cuda_graphs},
+        )  # fmt: skip
+    else:
+        server = Server(pipe, batch_size=batch_size, max_queue=args.max_queue)
     try:
         max_tokens = token_limit(server, args.max_tokens)
     except ValueError as e:
@@ -220,13 +265,19 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
         sock = opened.enter_context(bind(args.host, args.port))
     except AddressError as e:
         return _fail(str(e))
-    try:
-        pipe.open(set(pipe.graph.stage_ids))  # every engine loads before the port opens
-    except GraphError as e:
-        return _fail(f"invalid graph: {e}")
-    except (OSError, RuntimeError, ValueError) as e:
-        return _fail(str(e))
-    server.start()
+    if args.ray:  # the replicas load the engines; the port opens once they all have
+        try:
+            server.start()
+        except Exception as e:  # noqa: BLE001 (Ray's own errors: a replica that would not start)
+            return _fail(f"deploying on Ray Serve failed: {type(e).__name__}: {e}", 1)
+    else:
+        try:
+            pipe.open(set(pipe.graph.stage_ids))  # every engine loads before the port opens
+        except GraphError as e:
+            return _fail(f"invalid graph: {e}")
+        except (OSError, RuntimeError, ValueError) as e:
+            return _fail(str(e))
+        server.start()
     opened.callback(server.stop, timeout=10)
     opened.callback(server.cancel_all)  # first: the warm-up's requests are cut
     if args.warmup == "on" or (args.warmup == "auto" and warmup.needed(server)):

@@ -51,6 +51,7 @@ class Pending:
     cleanup: Callable[[], None] = lambda: None  # run once nothing reads its inline media
     # server-side paths in its errors -> what the client knows them by (its media parts)
     labels: dict[str, str] = field(default_factory=dict)
+    route: dict[str, str] = field(default_factory=dict)  # --ray: group -> the replica holding it
 
     def post(self, item: Any) -> None:
         """Hand an event to the request's response; dropped once the HTTP side has shut down
@@ -60,6 +61,9 @@ class Pending:
 
 
 DONE = object()  # the last item of a request's queue
+# the error of a request a group's queue had no room for (edge-serve --ray: Ray Serve's
+# max_queued_requests), answered 429 as a full server is
+BUSY = "busy: a deployment's queue is full"
 
 
 def scrub(text: str, labels: dict[str, str]) -> str:
@@ -187,6 +191,15 @@ class Server:
     ) -> Pending:
         """Put a request into the loop (its index from ``next_index``), for ``terminals``
         (default: the graph's text); Busy when full. ``cleanup`` runs once it has left."""
+        p = self._take(request, loop, cleanup)
+        # the text the graph makes unless told (a speech graph's audio is not asked for)
+        wanted = self.texts if terminals is None else terminals
+        self._arrivals.put(Submission(request.index, request, wanted or None))
+        return p
+
+    def _take(self, request: Request, loop: asyncio.AbstractEventLoop,
+              cleanup: Callable[[], None] | None) -> Pending:  # fmt: skip
+        """The request's place in the server, if it has room (Busy if not)."""
         if not self.running:
             raise RuntimeError("the server's scheduler loop is not running")
         with self._lock:
@@ -196,9 +209,6 @@ class Server:
             p = self._pending[request.index] = Pending(request.index, loop)
             if cleanup is not None:
                 p.cleanup = cleanup
-        # the text the graph makes unless told (a speech graph's audio is not asked for)
-        wanted = self.texts if terminals is None else terminals
-        self._arrivals.put(Submission(request.index, request, wanted or None))
         return p
 
     def cancel_all(self) -> int:
@@ -249,6 +259,11 @@ def usage_of(state: RequestState | None, texts: set[str]) -> dict[str, int]:
             completion = int(report.get("generated_tokens", completion) or 0)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}  # fmt: skip
+
+
+def is_busy(event: Failed) -> bool:
+    """A request the server had no room for after it was taken in (``BUSY``)."""
+    return event.stage == "server" and event.error == BUSY
 
 
 def is_client_error(event: Failed) -> bool:

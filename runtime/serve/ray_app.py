@@ -1,0 +1,261 @@
+"""edge-serve --ray: the graph's stage groups as Ray Serve deployments behind edge-serve's own
+OpenAI-compatible front (needs the ``ray`` extra; the embedded runtime never imports this).
+
+Each group of the placement (serve/placement.py) is a deployment whose replicas each run a
+``GroupLoop`` (serve/relay.py) over the group's stages. A request's way: the front calls the
+last group the request visits with a streamed call; that replica submits the request to its
+loop and, for the stages before its own, calls the group before it the same way, and so on
+back to the first. Each group's stream carries its own client events, the events its last
+stage hands the next group (for that group's inbox), and at the end the request as it left.
+So every call of a request goes to one replica of each group, chosen once (Ray Serve's
+router), and a request's items only ever travel on its own calls: nothing is keyed by a
+batch position. A client that goes away cancels the front's call; Ray Serve cancels the
+replica's generator, which cancels the request in its loop and its call upstream. A replica
+that dies fails the requests whose calls it held; the others go on, and Ray Serve starts a
+new replica for later requests. ``max_ongoing_requests`` / ``max_queued_requests`` bound each
+group; a full queue is answered 429 at the front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copyreg
+import logging
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from edgeomni import graph_schema
+from edgeomni.runtime.events import Failed
+from edgeomni.runtime.pipeline import PREPARE, Pipeline
+from edgeomni.runtime.requests import Request
+from edgeomni.runtime.runners import RequestState
+from edgeomni.runtime.scheduler import CANCELLED, failure
+from edgeomni.runtime.serve.placement import Placement
+from edgeomni.runtime.serve.relay import Envelope, GroupLoop, Item, Upstream, chain_of
+from edgeomni.runtime.serve.server import BUSY, Pending, Server
+
+log = logging.getLogger("edge-serve")
+APP = "edgeomni"
+# a request's fields are read-only mappings (types.MappingProxyType), which pickle cannot take:
+# they cross to the replicas as dicts and are read-only mappings again there
+copyreg.pickle(types.MappingProxyType, lambda m: (types.MappingProxyType, (dict(m),)))
+
+
+def deployment_name(group: str) -> str:
+    return f"edgeomni-{group}"
+
+
+class GroupReplica:
+    """One replica of a group's deployment: its Pipeline over the engine dir, its loop, and
+    handles to the groups before it."""
+
+    def __init__(self, group: str, engine_dir: str, stages: Sequence[str], batch_size: int,
+                 engines: Mapping[str, Any], upstream: Mapping[str, Any]) -> None:  # fmt: skip
+        from ray import serve
+
+        from edgeomni.runtime.engine import Engines
+
+        pipe = Pipeline(engine_dir, engines=Engines(**engines))
+        self.loop = GroupLoop(pipe, stages, batch_size=batch_size)
+        self.loop.start()
+        self.upstream = dict(upstream)
+        self.group = group
+        self.replica = serve.get_replica_context().replica_id.unique_id
+
+    def status(self) -> dict[str, Any]:
+        """What this replica holds: its group, its id, the requests in its loop."""
+        return {"group": self.group, "replica": self.replica, "in_flight": self.loop.in_flight,
+                "running": self.loop.running}  # fmt: skip
+
+    def check_health(self) -> None:
+        """Ray Serve's health check: a replica whose loop stopped is replaced."""
+        if not self.loop.running:
+            raise RuntimeError(f"the loop over {self.loop.stages} stopped: {self.loop.error}")
+
+    async def run(self, chain: list[tuple[str, Envelope]]):  # noqa: ANN201 (an async generator)
+        """A request's items from this group (``chain[-1]`` its envelope here; the groups
+        before it, the rest), its upstream groups' client events passed on: lists of items,
+        each what was ready when the last was sent."""
+        _, env = chain[-1]
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue[Item] = asyncio.Queue()
+        self.loop.submit(env, lambda item: loop.call_soon_threadsafe(items.put_nowait, item))
+        pull = asyncio.create_task(self._pull(chain, items)) if len(chain) > 1 else None
+        left = False
+        try:
+            yield [("accepted", self.group, self.replica)]  # which replica holds it, for the front
+            while not left:
+                # what is ready goes as one streamed item (each costs the transport about a
+                # millisecond: a thinker's hidden rows and text deltas of one step travel together)
+                got = [await items.get()]
+                while not items.empty():
+                    got.append(items.get_nowait())
+                left = got[-1][0] == "left"
+                yield got
+        finally:
+            if not left:  # the caller went away (or this replica is going): drop it here too
+                self.loop.cancel(env.index)
+            if pull is not None:
+                pull.cancel()
+
+    async def _pull(self, chain: list[tuple[str, Envelope]], items: asyncio.Queue) -> None:
+        _, env = chain[-1]
+        name = chain[-2][0]
+        upstream = Upstream(self.loop, env.index, str(env.upstream))
+        stream = self.upstream[name].options(stream=True).run.remote(chain[:-1])
+        try:
+            async for got in stream:
+                for item in got:
+                    passed = upstream.take(item)
+                    if passed is not None:
+                        items.put_nowait(passed)
+        except asyncio.CancelledError:
+            stream.cancel()
+            raise
+        except Exception as e:  # noqa: BLE001 (its replica died, say: the request fails here)
+            upstream.fail(f"{name}: {failure(e)}")
+
+
+def application(engine_dir: str, placement: Placement, batch_size: int,
+                engines: Mapping[str, Any]) -> Any:  # fmt: skip
+    """The placement as a Ray Serve application: one deployment a group, each bound to the
+    groups before it (the last group is the application's ingress)."""
+    from ray import serve
+
+    bound: dict[str, Any] = {}
+    for group in placement.groups:
+        options: dict[str, Any] = {
+            "name": deployment_name(group.name),
+            "num_replicas": group.replicas,
+            "max_ongoing_requests": group.max_ongoing_requests,
+            "ray_actor_options": {"num_gpus": group.num_gpus, "num_cpus": group.num_cpus,
+                                  "resources": dict(group.resources)},
+        }  # fmt: skip
+        if group.max_queued_requests >= 0:
+            options["max_queued_requests"] = group.max_queued_requests
+        deployment = serve.deployment(GroupReplica).options(**options)
+        bound[group.name] = deployment.bind(group.name, engine_dir, list(group.stages),
+                                            batch_size, dict(engines), dict(bound))  # fmt: skip
+    return bound[placement.groups[-1].name]
+
+
+class RayServer(Server):
+    """edge-serve's ``Server`` with the graph's groups on Ray Serve: the same requests, events
+    and results for the HTTP side (serve/app.py), no scheduler loop of its own."""
+
+    def __init__(self, pipe: Pipeline, placement: Placement, *, batch_size: int, max_queue: int,
+                 address: str | None = None, engines: Mapping[str, Any] | None = None,
+                 num_cpus: int | None = None, app: str = APP) -> None:  # fmt: skip
+        super().__init__(pipe, batch_size=batch_size, max_queue=max_queue)
+        self.app = app
+        self.placement = placement
+        self.address = address
+        self.engines = dict(engines or {})
+        self.num_cpus = num_cpus
+        self.handles: dict[str, Any] = {}
+        self._up = False
+        self._tasks: set[asyncio.Future] = set()
+
+    def start(self) -> None:
+        """Connect to Ray (``address``, or a local cluster), deploy the groups, and wait for
+        their replicas (every engine loads before the port opens)."""
+        import ray
+        from ray import serve
+
+        if not ray.is_initialized():
+            ray.init(address=self.address, num_cpus=self.num_cpus, namespace="edgeomni",
+                     log_to_driver=False)  # fmt: skip
+        serve.start(proxy_location="Disabled")
+        app = application(str(self.pipe.engine_dir), self.placement, self.batch_size,
+                          self.engines)  # fmt: skip
+        serve.run(app, name=self.app, route_prefix=None)
+        self.handles = {g.name: serve.get_deployment_handle(deployment_name(g.name), self.app)
+                        for g in self.placement.groups}  # fmt: skip
+        self._up = True
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Take no more requests, and remove the application (its replicas stop)."""
+        if not self._up:
+            return
+        self._up = False
+        from ray import serve
+
+        with contextlib.suppress(Exception):  # a cluster already gone has nothing to remove
+            serve.delete(self.app)
+
+    @property
+    def running(self) -> bool:
+        return self._up
+
+    def submit(self, request: Request, loop: asyncio.AbstractEventLoop,
+               terminals: set[str] | None = None, cleanup: Any = None) -> Pending:  # fmt: skip
+        p = self._take(request, loop, cleanup)
+        wanted = self.texts if terminals is None else terminals
+        task = asyncio.run_coroutine_threadsafe(self._drive(p, request, wanted or None), loop)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return p
+
+    async def _drive(self, p: Pending, request: Request, wanted: set[str] | None) -> None:
+        """The request's call to the last group it visits, its items into the front's events."""
+        plan = graph_schema.plan(self.pipe.graph, request.fields, wanted)
+        state = RequestState(index=request.index, request=request, plan=plan)
+        if not plan.ok:
+            return self._leave(state, PREPARE, plan.error or "the graph cannot serve this request")
+        try:
+            chain = chain_of(self.placement, plan, request.index, request,
+                             sorted(wanted) if wanted is not None else None)  # fmt: skip
+        except ValueError as e:
+            return self._leave(state, PREPARE, str(e))
+        stream = self.handles[chain[-1][0]].options(stream=True).run.remote(chain)
+        watcher = asyncio.ensure_future(self._watch(p, stream))
+        try:
+            async for got in stream:
+                for kind, *rest in got:
+                    if kind == "event":
+                        self._event(rest[0])
+                    elif kind == "accepted":
+                        p.route[rest[0]] = rest[1]
+                    elif kind == "left":
+                        summary = rest[0]
+                        state.outputs.update(summary.outputs)
+                        state.details.update(summary.details)
+                        state.entry.update(summary.entry)
+                        state.error = summary.error
+                        self._done(state)
+                        return
+            raise RuntimeError("the group's stream ended before the request left it")
+        except asyncio.CancelledError:
+            stream.cancel()
+            self._leave(state, "server", CANCELLED)
+        except Exception as e:  # noqa: BLE001 (a full queue, a replica that died: this one fails)
+            from ray.serve.exceptions import BackPressureError, RequestCancelledError
+
+            if isinstance(e, RequestCancelledError) or p.cancelled:
+                self._leave(state, "server", CANCELLED)
+            elif isinstance(e, BackPressureError):
+                self._leave(state, "server", BUSY)
+            else:
+                log.warning("request %d failed in Ray Serve: %s", request.index, failure(e))
+                self._leave(state, "server", failure(e))
+        finally:
+            watcher.cancel()
+
+    async def _watch(self, p: Pending, stream: Any) -> None:
+        """Cancel the request's call once its client has gone (the HTTP side marks it)."""
+        while not p.cancelled:
+            await asyncio.sleep(0.05)
+        stream.cancel()
+
+    def _leave(self, state: RequestState, stage: str, error: str) -> None:
+        state.error = error
+        self._event(Failed(state.index, stage, error))
+        self._done(state)
+
+    def cancel_all(self) -> int:
+        pending = list(self._pending.values())
+        for p in pending:
+            p.cancelled = True
+        return len(pending)

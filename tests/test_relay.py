@@ -1,0 +1,190 @@
+"""Stage groups in loops of their own (runtime/serve/relay.py, what edge-serve --ray deploys):
+a request split across groups, its upstream's events handed through proxies, gives what one
+process gives (text, codes, audio), under concurrency, each request its own; a failure or a
+cancel in one group ends the request in every group. In one process, without Ray: the relay's
+semantics, which the Ray deployments carry over streamed calls."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edgeomni import graph_schema
+from edgeomni.runtime.events import AudioChunk, Failed, TextDelta
+from edgeomni.runtime.pipeline import Pipeline
+from edgeomni.runtime.requests import parse_request_file
+from edgeomni.runtime.serve import placement as pl
+from edgeomni.runtime.serve.relay import GroupLoop, chain_of, stream
+
+sys.path.insert(0, str(Path(__file__).parent))
+import omni_reference as ref  # noqa: E402
+
+PROMPTS = ["Hello! How are you today?", "The quick brown fox.", "What is the capital of France?",
+           "Hi", "Count to ten, slowly please."]  # fmt: skip
+LENGTHS = [9, 5, 7, 3, 6]
+BODY = {"top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 12,
+        "requests": [{"messages": ref.messages_for(p), "max_generate_length": n}
+                     for p, n in zip(PROMPTS, LENGTHS, strict=True)]}  # fmt: skip
+SPLITS = {
+    "two": [{"name": "text", "stages": ["thinker"]},
+            {"name": "speech", "stages": ["talker", "code2wav"]}],
+    "three": [{"name": "text", "stages": ["thinker"]}, {"name": "talker", "stages": ["talker"]},
+              {"name": "vocoder", "stages": ["code2wav"]}],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference(omni_engine: Path) -> list:
+    requests, _ = parse_request_file(BODY)
+    return Pipeline(omni_engine).run(requests, batch_size=2)
+
+
+class Split:
+    """The engine dir's graph in groups, each group's loop over a Pipeline of its own."""
+
+    def __init__(self, engine: Path, groups: list[dict], batch_size: int = 2) -> None:
+        self.pipe = Pipeline(engine)
+        self.placement = pl.parse({"groups": groups}, self.pipe.graph)
+        self.loops = {g.name: GroupLoop(Pipeline(engine), g.stages, batch_size=batch_size)
+                      for g in self.placement.groups}  # fmt: skip
+        for loop in self.loops.values():
+            loop.start()
+
+    def chain(self, index: int, request: Any, requested=None) -> list:
+        plan = graph_schema.plan(self.pipe.graph, request.fields, requested)
+        return chain_of(self.placement, plan, index, request, requested)
+
+    def run(self, index: int, request: Any) -> list:
+        return list(stream(self.loops, self.chain(index, request)))
+
+    def close(self) -> None:
+        for loop in self.loops.values():
+            loop.stop(10)
+
+
+def check(items: list, want: Any) -> None:
+    """A request's items against its one-process outcome: its text (in the deltas and the
+    output), its codes and audio (in the chunks and the output)."""
+    kind, summary = items[-1]
+    assert kind == "left" and summary.error is None, summary.error
+    assert [i for i in items[:-1] if i[0] != "event"] == []  # edges stay between the groups
+    events = [e for _, e in items[:-1]]
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text == summary.outputs["thinker:text"] == want.entry["output_text"]
+    np.testing.assert_array_equal(summary.outputs["talker:codes"], want.codes)
+    audio = np.concatenate([e.samples for e in events if isinstance(e, AudioChunk)])
+    np.testing.assert_allclose(audio, want.audio, atol=1e-5)
+    np.testing.assert_allclose(summary.outputs["code2wav:audio"], want.audio, atol=1e-5)
+    assert {"thinker", "talker", "code2wav"} <= set(summary.details)
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+def test_a_split_graph_gives_what_one_process_gives(omni_engine, reference, split) -> None:
+    """Five requests at once through two or three groups (threads, as concurrent clients)."""
+    requests, _ = parse_request_file(BODY)
+    split_ = Split(omni_engine, SPLITS[split])
+    got: dict[int, list] = {}
+    try:
+        threads = [threading.Thread(target=lambda i=i, r=r: got.__setitem__(i, split_.run(
+            1000 + i, r))) for i, r in enumerate(requests)]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        split_.close()
+    assert sorted(got) == list(range(len(requests)))
+    for i, want in enumerate(reference):
+        check(got[i], want)
+
+
+def test_a_failure_upstream_fails_the_request_downstream_alone(omni_engine, reference) -> None:
+    """A request whose thinker fails (a prompt past its engine's input) fails in the speech
+    group too, with the thinker's error; the others are unaffected."""
+    requests, _ = parse_request_file({**BODY, "requests": [
+        BODY["requests"][0], {"messages": ref.messages_for("word " * 400)}]})  # fmt: skip
+    split = Split(omni_engine, SPLITS["two"])
+    try:
+        ok, bad = split.run(1, requests[0]), split.run(2, requests[1])
+        check(ok, reference[0])
+        kind, summary = bad[-1]
+        assert kind == "left" and summary.error is not None
+        failed = [e for k, e in bad if k == "event" and isinstance(e, Failed)]
+        assert failed and failed[0].error == summary.error
+        # no slot is left behind in either group: a new request runs
+        check(split.run(3, requests[0]), reference[0])
+    finally:
+        split.close()
+
+
+def test_a_request_cancelled_midway_frees_its_rows_in_every_group(omni_engine, reference) -> None:
+    """Closing a request's stream after its first audio cancels it in both groups; the next
+    requests still run (their rows were freed)."""
+    requests, _ = parse_request_file(BODY)
+    split = Split(omni_engine, SPLITS["two"], batch_size=1)
+    try:
+        items = stream(split.loops, split.chain(7, requests[0]))
+        for kind, event in items:
+            if kind == "event" and isinstance(event, AudioChunk):
+                break
+        items.close()
+        for i in (1, 2):
+            check(split.run(10 + i, requests[i]), reference[i])
+    finally:
+        split.close()
+
+
+def test_placement_errors_name_their_path(omni_engine) -> None:
+    """Each fault of a placement file, at its JSON path; and the graph's order kept."""
+    graph = Pipeline(omni_engine).graph
+    cases = [
+        ({"groups": [{"name": "a", "stages": ["thinker", "talker"]}]}, "$.groups",
+         "code2wav"),
+        ({"groups": [{"name": "a", "stages": ["thinker", "code2wav"]},
+                     {"name": "b", "stages": ["talker"]}]}, "$.groups[0].stages", "talker"),
+        ({"groups": [{"name": "b", "stages": ["talker", "code2wav"]},
+                     {"name": "a", "stages": ["thinker"]}]}, "$.groups[1].stages", "order"),
+        ({"groups": [{"name": "a", "stages": ["thinker", "talker", "code2wav"],
+                      "num_gpus": -1}]}, "$.groups[0].num_gpus", ">= 0"),
+        ({"groups": [{"name": "a", "stages": ["thinker", "tolker", "code2wav"]}]},
+         "$.groups[0].stages[1]", "no stage"),
+        ({"groups": [{"name": "a", "stages": ["thinker", "talker", "code2wav"], "gpus": 1}]},
+         "$.groups[0].gpus", "unknown key"),
+        ({"groups": []}, "$.groups", "non-empty"),
+    ]  # fmt: skip
+    for data, path, words in cases:
+        with pytest.raises(pl.PlacementError) as e:
+            pl.parse(data, graph)
+        assert e.value.path == path and words in e.value.message, e.value
+
+
+def test_an_upstream_finish_waits_for_its_outputs() -> None:
+    """The upstream's Finished and its outputs may come in different batches: the inbox hands
+    the next stage the Finished only with the outputs (in one process a stage sees its
+    upstream finish only once the outputs are written, and may read them then)."""
+    import threading as th
+    from types import SimpleNamespace
+
+    from edgeomni.runtime.events import CodecFrames, Finished
+    from edgeomni.runtime.runners import RequestState
+    from edgeomni.runtime.serve.relay import Inbox
+
+    inbox = Inbox("talker", th.Event())
+    state = RequestState(index=5, request=None, plan=SimpleNamespace(stages=("talker",)))
+    (slot,) = inbox.admit([(state, 0, ())])
+    frames = CodecFrames(5, "talker", np.zeros((2, 16), np.int64))
+    inbox.put(5, ("edge", frames))
+    inbox.put(5, ("edge", Finished(5, "talker", "eos")))
+    assert inbox.step({0: slot}) is True
+    assert inbox.update(slot, True) == [frames] and slot.finish is None
+    inbox.put(5, ("edge-done", {"talker:codes": np.ones((2, 16))}, {"talker": {"n": 1}}, {}))
+    inbox.step({0: slot})
+    out = inbox.update(slot, True)
+    assert [type(e) for e in out] == [Finished] and slot.finish == "complete"
+    assert state.outputs["talker:codes"].shape == (2, 16) and state.details["talker"] == {"n": 1}
+    assert inbox.step({0: slot}) is False
