@@ -169,19 +169,25 @@ def main() -> int:
         finally:
             server.stop()
     base = {r["c"]: r for r in rows if r["setup"] == "process"}
-    print("\n| setup | edges | c | first text p50 | first audio p50 | end p50 | req/s | "
-          "audio-s/s | vs process (audio-s/s) |\n|---|---|---|---|---|---|---|---|---|")
+    print(
+        "\n| setup | edges | c | first text p50 | first audio p50 | end p50 | req/s | "
+        "audio-s/s | vs process (audio-s/s) |\n|---|---|---|---|---|---|---|---|---|"
+    )
     for r in rows:
         ref = base.get(r["c"])
         ratio = f"{r['audio_s_per_s'] / ref['audio_s_per_s']:.2f}" if ref else "-"
-        print(f"| {r['setup']} | {r['edges']} | {r['c']} | {r['first_text_ms']} ms | "
-              f"{r['first_audio_ms']} ms | {r['end_ms']} ms | {r['requests_per_s']} | "
-              f"{r['audio_s_per_s']} | {ratio} |")
+        print(
+            f"| {r['setup']} | {r['edges']} | {r['c']} | {r['first_text_ms']} ms | "
+            f"{r['first_audio_ms']} ms | {r['end_ms']} ms | {r['requests_per_s']} | "
+            f"{r['audio_s_per_s']} | {ratio} |"
+        )
     for r in rows:
         ref = base.get(r["c"])
         if r["c"] == 1 and r["edges"] and ref:
-            print(f"{r['setup']}: {(r['first_audio_ms'] - ref['first_audio_ms']) / r['edges']:.1f} "
-                  "ms of first audio per edge crossed (c=1, against the process)")
+            print(
+                f"{r['setup']}: {(r['first_audio_ms'] - ref['first_audio_ms']) / r['edges']:.1f} "
+                "ms of first audio per edge crossed (c=1, against the process)"
+            )
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "ray_serve_cpu.json").write_text(json.dumps({

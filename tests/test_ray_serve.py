@@ -87,7 +87,8 @@ def same(events: list, state: Any, expected: Any) -> None:
     assert text == state.outputs["thinker:text"] == expected.entry["output_text"]
     np.testing.assert_array_equal(state.outputs["talker:codes"], expected.codes)
     audio = np.concatenate([e.samples for e in events if isinstance(e, AudioChunk)])
-    np.testing.assert_allclose(audio, expected.audio, atol=1e-5)
+    # the vocoder chunks as the frames come, which a split changes: the stateful tolerance
+    np.testing.assert_allclose(audio, expected.audio, atol=1e-4)
     assert state.details["talker"]["finish_reason"] == expected.entry["stages"]["talker"][
         "finish_reason"]  # fmt: skip
     assert {e.index for e in events} == {state.index}  # nothing of another request
@@ -155,6 +156,7 @@ def test_a_replica_that_dies_fails_only_its_own_requests(cluster, omni_engine) -
     requests, _ = parse_request_file({**LONG, "requests": LONG["requests"] * 2})
     want = Pipeline(omni_engine).run(requests, batch_size=3)
     try:
+
         async def scenario() -> tuple[list, set, str]:
             pending = [submit(server, r) for r in requests]
             tasks = [asyncio.ensure_future(drain(p)) for p in pending]
@@ -176,7 +178,36 @@ def test_a_replica_that_dies_fails_only_its_own_requests(cluster, omni_engine) -
                     e.stage for e in events if isinstance(e, Failed)]  # fmt: skip
             else:
                 same(events, state, expected)
-        (events, state), = asyncio.run(ask(server, requests[:1]))
+        ((events, state),) = asyncio.run(ask(server, requests[:1]))
         same(events, state, want[0])
     finally:
         server.stop()
+
+
+def test_a_full_deployment_queue_is_busy(cluster, omni_engine) -> None:
+    """A group that takes one request and queues one more, three at once: what finds the queue
+    full (the caller's queue holds requests not yet assigned a replica, so one or two of
+    them) is answered busy (429 at the HTTP side, as a full edge-serve); what it took is
+    edge-infer's."""
+    from edgeomni.runtime.serve.ray_app import RayServer
+    from edgeomni.runtime.serve.server import BUSY, is_busy
+
+    pipe = Pipeline(omni_engine)
+    groups = [{"name": "all", "stages": ["thinker", "talker", "code2wav"], "num_cpus": 0.25,
+               "max_ongoing_requests": 1, "max_queued_requests": 1}]  # fmt: skip
+    server = RayServer(pipe, pl.parse({"groups": groups}, pipe.graph), batch_size=3,
+                       max_queue=16, engines={"threads": 1}, app="edgeomni-busy")  # fmt: skip
+    server.start()
+    requests, _ = parse_request_file({**BODY, "requests": BODY["requests"][:3]})
+    want = Pipeline(omni_engine).run(requests, batch_size=3)
+    try:
+        got = asyncio.run(ask(server, requests))
+    finally:
+        server.stop()
+    busy = [i for i, (_, state) in enumerate(got) if state.error == BUSY]
+    assert 1 <= len(busy) <= 2
+    for i, ((events, state), expected) in enumerate(zip(got, want, strict=True)):
+        if i in busy:
+            assert [is_busy(e) for e in events if isinstance(e, Failed)] == [True]
+        else:
+            same(events, state, expected)

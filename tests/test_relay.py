@@ -78,8 +78,9 @@ def check(items: list, want: Any) -> None:
     assert text == summary.outputs["thinker:text"] == want.entry["output_text"]
     np.testing.assert_array_equal(summary.outputs["talker:codes"], want.codes)
     audio = np.concatenate([e.samples for e in events if isinstance(e, AudioChunk)])
-    np.testing.assert_allclose(audio, want.audio, atol=1e-5)
-    np.testing.assert_allclose(summary.outputs["code2wav:audio"], want.audio, atol=1e-5)
+    # the vocoder chunks as the frames come, which a split changes: the stateful tolerance
+    np.testing.assert_allclose(audio, want.audio, atol=1e-4)
+    np.testing.assert_allclose(summary.outputs["code2wav:audio"], want.audio, atol=1e-4)
     assert {"thinker", "talker", "code2wav"} <= set(summary.details)
 
 
@@ -188,3 +189,20 @@ def test_an_upstream_finish_waits_for_its_outputs() -> None:
     assert [type(e) for e in out] == [Finished] and slot.finish == "complete"
     assert state.outputs["talker:codes"].shape == (2, 16) and state.details["talker"] == {"n": 1}
     assert inbox.step({0: slot}) is False
+
+
+def test_an_upstream_group_that_is_gone_fails_the_request_here(omni_engine) -> None:
+    """The text group's loop has stopped (its replica died): the speech group fails the request
+    with that group's error, and tells the client (a Failed event before its result)."""
+    requests, _ = parse_request_file(BODY)
+    split = Split(omni_engine, SPLITS["two"])
+    try:
+        split.loops["text"].stop(10)
+        items = split.run(1, requests[0])
+        kind, summary = items[-1]
+        assert kind == "left" and summary.error is not None
+        assert summary.error.startswith("text: RuntimeError: the group's loop is not running")
+        failed = [e for k, e in items if k == "event" and isinstance(e, Failed)]
+        assert [e.error for e in failed] == [summary.error]
+    finally:
+        split.close()

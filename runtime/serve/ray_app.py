@@ -214,7 +214,11 @@ class RayServer(Server):
         try:
             async for got in stream:
                 for kind, *rest in got:
-                    if kind == "event":
+                    if kind == "event" and isinstance(rest[0], Failed):
+                        if not state.error:  # the first: the groups after it report it again
+                            state.error = rest[0].error
+                            self._event(rest[0])
+                    elif kind == "event":
                         self._event(rest[0])
                     elif kind == "accepted":
                         p.route[rest[0]] = rest[1]
@@ -250,8 +254,9 @@ class RayServer(Server):
         stream.cancel()
 
     def _leave(self, state: RequestState, stage: str, error: str) -> None:
+        if not state.error:  # no Failed passed on yet
+            self._event(Failed(state.index, stage, error))
         state.error = error
-        self._event(Failed(state.index, stage, error))
         self._done(state)
 
     def cancel_all(self) -> int:

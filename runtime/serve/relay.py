@@ -357,8 +357,10 @@ class GroupLoop:
             sink(item)
 
     def _event(self, event: Event) -> None:
-        if event.stage in self.inboxes or event.stage in self.outboxes:
+        if event.stage in self.inboxes and not isinstance(event, Failed):
             return  # an upstream's events as this group's inbox replays them: sent already
+        # (its failure is sent: where the upstream's replica died, no one else tells it; the
+        # front passes on a request's first Failed only)
         if isinstance(event, CLIENT_EVENTS):
             self._send(event.index, ("event", event))
 
