@@ -206,3 +206,34 @@ def test_an_upstream_group_that_is_gone_fails_the_request_here(omni_engine) -> N
         assert [e.error for e in failed] == [summary.error]
     finally:
         split.close()
+
+
+def test_media_files_are_written_here_and_named_in_the_messages(tmp_path) -> None:
+    """What a group does with the bytes that came with a request: each file under its folder,
+    the messages naming the copies (video frames too), every other part as it was."""
+    from edgeomni.runtime.prompt import media_parts
+    from edgeomni.runtime.serve.relay import media_files, with_files
+
+    front = tmp_path / "front"
+    front.mkdir()
+    for name in ("a.wav", "b.png", "f0.png", "f1.png"):
+        (front / name).write_bytes(name.encode())
+    body = {"requests": [{"messages": [{"role": "user", "content": [
+        {"type": "audio", "audio": str(front / "a.wav")},
+        {"type": "image", "image": str(front / "b.png")},
+        {"type": "video", "video": [str(front / "f0.png"), str(front / "f1.png")], "fps": 2.0},
+        {"type": "text", "text": "What is this?"}]}]}]}  # fmt: skip
+    (request,), _ = parse_request_file(body)
+    files = media_files(request)
+    assert sorted(Path(f).name for f in files) == ["a.wav", "b.png", "f0.png", "f1.png"]
+    here = tmp_path / "group"
+    here.mkdir()
+    moved = with_files(request, files, str(here))
+    parts = media_parts(moved.messages)
+    assert [p.kind for p in parts] == ["audio", "image", "video"]
+    for part, name in zip(parts, ("a.wav", "b.png", "f0.png"), strict=True):
+        assert Path(part.path).parent == here and Path(part.path).suffix == Path(name).suffix
+        assert Path(part.path).read_bytes() == name.encode()
+    assert [Path(f).read_bytes() for f in parts[2].frames] == [b"f0.png", b"f1.png"]
+    assert parts[2].fps == 2.0 and moved.messages[0]["content"][3]["text"] == "What is this?"
+    assert moved.messages[0]["role"] == "user" and moved.fields == request.fields

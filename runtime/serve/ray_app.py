@@ -33,7 +33,14 @@ from edgeomni.runtime.requests import Request
 from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.scheduler import CANCELLED, failure
 from edgeomni.runtime.serve.placement import Placement
-from edgeomni.runtime.serve.relay import Envelope, GroupLoop, Item, Upstream, chain_of
+from edgeomni.runtime.serve.relay import (
+    Envelope,
+    GroupLoop,
+    Item,
+    Upstream,
+    chain_of,
+    media_files,
+)
 from edgeomni.runtime.serve.server import BUSY, Pending, Server
 
 log = logging.getLogger("edge-serve")
@@ -116,6 +123,8 @@ class GroupReplica:
             raise
         except Exception as e:  # noqa: BLE001 (its replica died, say: the request fails here)
             upstream.fail(f"{name}: {failure(e)}")
+        else:  # (a no-op once the upstream's edge ended: the usual way)
+            upstream.fail(f"{name}: its stream ended before the request's stage there did")
 
 
 def application(engine_dir: str, placement: Placement, batch_size: int,
@@ -193,20 +202,30 @@ class RayServer(Server):
                terminals: set[str] | None = None, cleanup: Any = None) -> Pending:  # fmt: skip
         p = self._take(request, loop, cleanup)
         wanted = self.texts if terminals is None else terminals
-        task = asyncio.run_coroutine_threadsafe(self._drive(p, request, wanted or None), loop)
+        try:  # read now: the media may be on this machine only, and go once the request leaves
+            files = media_files(request)
+        except OSError as e:
+            files = e
+        task = asyncio.run_coroutine_threadsafe(self._drive(p, request, wanted or None, files),
+                                                loop)  # fmt: skip
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return p
 
-    async def _drive(self, p: Pending, request: Request, wanted: set[str] | None) -> None:
-        """The request's call to the last group it visits, its items into the front's events."""
+    async def _drive(self, p: Pending, request: Request, wanted: set[str] | None,
+                     files: dict[str, bytes] | OSError) -> None:  # fmt: skip
+        """The request's call to the last group it visits, its items into the front's events;
+        its media files go with it to the groups that read them."""
         plan = graph_schema.plan(self.pipe.graph, request.fields, wanted)
         state = RequestState(index=request.index, request=request, plan=plan)
         if not plan.ok:
             return self._leave(state, PREPARE, plan.error or "the graph cannot serve this request")
+        if isinstance(files, OSError):
+            return self._leave(state, PREPARE, f"a media file could not be read: {files}")
         try:
             chain = chain_of(self.placement, plan, request.index, request,
-                             sorted(wanted) if wanted is not None else None)  # fmt: skip
+                             sorted(wanted) if wanted is not None else None,
+                             self.pipe.graph, files)  # fmt: skip
         except ValueError as e:
             return self._leave(state, PREPARE, str(e))
         stream = self.handles[chain[-1][0]].options(stream=True).run.remote(chain)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
+import shutil
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -58,6 +60,51 @@ class Envelope:
     path: tuple[str, ...]
     upstream: str | None = None
     downstream: str | None = None
+    # the request's media files by the path its messages name them (for a group whose stages
+    # read them: the group may run on another machine than the front that wrote them)
+    files: Mapping[str, bytes] = field(default_factory=dict)
+
+
+def media_files(request: Request) -> dict[str, bytes]:
+    """Every media file the request's messages name, read (the front, as it takes it in)."""
+    from pathlib import Path
+
+    from edgeomni.runtime.prompt import media_parts
+
+    return {f: Path(f).read_bytes() for part in media_parts(request.messages)
+            for f in part.files()}  # fmt: skip
+
+
+def with_files(request: Request, files: Mapping[str, bytes], folder: str) -> Request:
+    """The request with its media files written under ``folder`` and its messages naming those
+    copies (each kept under its own name's suffix, which the readers go by)."""
+    from pathlib import Path
+
+    from edgeomni.runtime.prompt import MEDIA_KINDS
+
+    local = {}
+    for i, (path, data) in enumerate(files.items()):
+        copy = Path(folder) / f"{i}{Path(path).suffix}"
+        copy.write_bytes(data)
+        local[path] = str(copy)
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, str):
+            return local.get(value, value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(moved(v) for v in value)
+        return value
+
+    messages = []
+    for message in request.messages:
+        content = message.get("content")
+        if not isinstance(content, (list, tuple)):
+            messages.append(message)
+            continue
+        parts = [{**part, **{k: moved(part[k]) for k in MEDIA_KINDS if k in part}}
+                 for part in content]  # fmt: skip
+        messages.append({**message, "content": type(content)(parts)})
+    return dataclasses.replace(request, messages=tuple(messages))
 
 
 @dataclass(frozen=True)
@@ -253,8 +300,9 @@ class _Arrivals(Arrivals):
 
 class GroupLoop:
     """One group's scheduler loop on a thread of its own. ``submit(envelope, sink)`` puts a
-    request in (its items go to ``sink``, called on the loop's thread); ``feed(index, item)``
-    hands it an item its upstream group sent; ``cancel(index)`` drops it at the next turn."""
+    request in (its items go to ``sink``, called on the loop's thread); ``feed(index,
+    upstream, item)`` hands it an item the stage ``upstream`` of another group sent;
+    ``cancel(index)`` drops it at the next turn."""
 
     IDLE_WAIT_S = 0.05  # how long a turn with only empty polls waits for an item
 
@@ -277,6 +325,7 @@ class GroupLoop:
         self._sinks: dict[int, Sink] = {}
         self._downstream: dict[int, str] = {}
         self._cancelled: set[int] = set()
+        self._folders: dict[int, str] = {}  # a request's media files here, by its index
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -378,9 +427,23 @@ class GroupLoop:
         self._end(state.index, sink, Summary(outputs, state.details, dict(state.entry),
                                              state.error))  # fmt: skip
 
+    def _local(self, env: Envelope) -> Envelope:
+        """The envelope with its media files here (a folder of the request's, removed as it
+        leaves the group)."""
+        if not env.files:
+            return env
+        folder = tempfile.mkdtemp(prefix="edgeomni-group-media-")
+        with self._lock:
+            self._folders[env.index] = folder
+        return dataclasses.replace(env, request=with_files(env.request, env.files, folder),
+                                   files={})  # fmt: skip
+
     def _end(self, index: int, sink: Sink, summary: Summary) -> None:
         with self._lock:
             self._sinks.pop(index, None)
+            folder = self._folders.pop(index, None)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
         for inbox in self.inboxes.values():
             inbox.drop(index)
         sink(("left", summary))
@@ -401,8 +464,16 @@ class _GroupFeed:
     def take(self, wait: bool) -> list[RequestState]:
         group, pipe = self.group, self.group.pipe
         ready, errors = [], {}
-        envelopes = group._arrivals.take(wait)
+        envelopes = []
+        for env in group._arrivals.take(wait):
+            try:
+                envelopes.append(group._local(env))
+            except OSError as e:  # this machine's disk: the request fails, not the loop
+                envelopes.append(env)
+                errors[env.index] = f"its media files could not be written here: {e}"
         for env in envelopes:
+            if env.index in errors:
+                continue
             plan = pipe._plan(env.request, env.requested)
             if isinstance(plan, str):
                 errors[env.index] = plan
@@ -483,8 +554,16 @@ class Upstream:
 
 
 def chain_of(placement: Any, plan: graph_schema.Plan, index: int, request: Request,
-             requested: Sequence[str] | None) -> list[tuple[str, Envelope]]:  # fmt: skip
-    """A request's envelope for each group it visits, in order (group name, envelope)."""
+             requested: Sequence[str] | None, graph: graph_schema.Graph | None = None,
+             files: Mapping[str, bytes] | None = None) -> list[tuple[str, Envelope]]:  # fmt: skip
+    """A request's envelope for each group it visits, in order (group name, envelope);
+    ``files`` (``media_files``) go to the groups with a stage that reads a media field of the
+    request (``graph``'s inputs say which)."""
+    from edgeomni.runtime.prompt import MEDIA_KINDS
+
+    reads = set()
+    if files and graph is not None:
+        reads = {s.id for s in graph.stages for i in s.inputs if i.request_field in MEDIA_KINDS}
     segments = placement.segments(plan.stages)
     stages = list(plan.stages)
     chain = []
@@ -495,6 +574,7 @@ def chain_of(placement: Any, plan: graph_schema.Plan, index: int, request: Reque
             index, request, tuple(requested) if requested is not None else None, path,
             upstream=stages[at - 1] if at else None,
             downstream=stages[end] if end < len(stages) else None,
+            files=dict(files or {}) if reads & set(path) else {},
         )))  # fmt: skip
     return chain
 
@@ -522,6 +602,9 @@ def stream(
                         items.put(passed)
             except Exception as e:  # noqa: BLE001 (a broken upstream fails the request)
                 upstream.fail(f"{chain[-2][0]}: {failure(e)}")
+            else:  # (a no-op once the upstream's edge ended: the usual way)
+                upstream.fail(f"{chain[-2][0]}: its stream ended before the request's stage "
+                              "there did")  # fmt: skip
 
         pull = threading.Thread(target=relay, daemon=True)
         pull.start()
