@@ -13,7 +13,9 @@ Everything here is plain Python and picklable: the transport (Ray Serve's stream
 in a test a queue) moves ``Envelope``s and items between loops. Items a request's group sends:
 
 - ``("event", event)``: a TextDelta, AudioChunk, Finished or Failed of one of the group's own
-  stages, for the client (the front).
+  stages, for the client (the front); also the Failed of a request whose upstream failed it
+  (where the upstream's replica died, nobody else tells the client; the front passes on a
+  request's first Failed only).
 - ``("edge", event)``: an event of the group's last stage for the next group's first stage;
   ``("edge-done", outputs, details, entry)`` once that stage has finished (the request's
   outputs so far); ``("edge-failed", error)`` if the request failed in this group.
