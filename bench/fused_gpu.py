@@ -35,6 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from backend_pair import copy_bandwidth_gbs  # noqa: E402
+
 DECODERS = {
     # name: DecoderConfig fields, the context decode steps run at, and steps per measured unit
     "qwen3_0.6b": ({"hidden_size": 1024, "num_layers": 28, "num_heads": 16, "num_kv_heads": 8,
@@ -43,21 +46,6 @@ DECODERS = {
                         "head_dim": 128, "intermediate_size": 3072, "vocab_size": 2048,
                         "lm_heads": 15, "sampler": True}, 2, 15),
 }  # fmt: skip
-
-
-def copy_bandwidth_gbs() -> float:
-    import torch
-
-    src = torch.empty(1 << 29, dtype=torch.float32, device="cuda")
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(10):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.numel() * 4 / best / 1e9
 
 
 def build(name: str, work: Path, int4: int = 0) -> tuple[Path, Path, dict]:

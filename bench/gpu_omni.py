@@ -14,6 +14,7 @@ checkpoint and engines stay in --work and are reused, so a machine whose command
 to 10 minutes can run `--stop-after build` first and the same command without it next.
 
     python bench/gpu_omni.py --out DIR [--thinker-layers 4] [--concurrency 1 4 16] [--backend fused]
+    python bench/gpu_omni.py --out DIR --backend onnxruntime fused --skip-transformers  # both
     python bench/gpu_omni.py --size tiny --device cpu --concurrency 1 2 --frames 12 \\
         --new-tokens 8 --out /tmp/gpu_omni_tiny            # the script's logic, on a CPU
 """
@@ -34,6 +35,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from backend_pair import (  # noqa: E402
+    BACKENDS,
+    compare,
+    copy_bandwidth_gbs,
+    omni_traffic,
+    run_backends,
+    write_pair,
+)
 from gpu_common import (  # noqa: E402
     PEERS,
     PHASES,
@@ -514,12 +523,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="the talker streams the thinker's reply (edge-infer's flag)",
     )
-    p.add_argument("--backend", choices=("onnxruntime", "fused"), default="onnxruntime",
+    p.add_argument("--backend", choices=BACKENDS, nargs="+", default=["onnxruntime"],
                    help="edge-build's --backend: fused runs the dense code predictor on edgeomni's "
-                        "CUDA kernels (the MoE thinker and talker stay on ONNX Runtime)")  # fmt: skip
+                        "CUDA kernels (the MoE thinker and talker stay on ONNX Runtime); two "
+                        "(onnxruntime fused): the run once with each, in this process "
+                        "(OUT/<backend>; transformers with the first only), then the two side by "
+                        "side with the ratios and the fraction of the HBM bound (OUT/backends.md; "
+                        "bench/backend_pair.py)")  # fmt: skip
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-gpu-omni")
     args = p.parse_args(argv)
-    if args.backend == "fused" and args.device != "cuda":
+    if len(set(args.backend)) != len(args.backend):
+        p.error("--backend: each backend once")
+    args.backends, args.backend = args.backend, args.backend[0]
+    if "fused" in args.backends and args.device != "cuda":
         p.error("--backend fused: on cuda only")
     if args.first_chunk_frames is not None and args.code2wav_streaming != "stateful":
         p.error("--first-chunk-frames needs --code2wav-streaming stateful")
@@ -548,10 +564,41 @@ def set_first_chunk(engine: Path, frames: int | None) -> None:
     path.write_text(json.dumps(graph, indent=2) + "\n")
 
 
+def both_backends(args: argparse.Namespace, argv: list[str]) -> int:
+    """The run once with each backend (one checkpoint; transformers with the first only), then
+    the two side by side: OUT/backends.json and OUT/backends.md."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    codes = run_backends(main, argv, args.backends, args.out, later=["--skip-transformers"])
+    if args.stop_after is not None:  # nothing measured to set side by side
+        return max(codes.values())
+    runs, ckpt, prompt = {}, None, args.prompt_tokens
+    for backend in args.backends:
+        path = args.out / backend / "gpu_omni.json"
+        if not path.is_file():
+            continue
+        result = json.loads(path.read_text())
+        edge = result.get("edgeomni") or {"runs": {}}
+        runs[backend] = {c: r["summary"] for c, r in edge["runs"].items()}
+        ckpt, prompt = Path(result["config"]["checkpoint"]), result["config"]["prompt_tokens_p50"]
+    bandwidth = copy_bandwidth_gbs() if args.device == "cuda" else None
+    rows = compare(runs, lambda c: omni_traffic(ckpt, c, args.frames, args.new_tokens, prompt),
+                   args.new_tokens, args.frames, bandwidth if ckpt else None)  # fmt: skip
+    title = (f"Qwen3-Omni {args.size} ({args.thinker_layers} thinker layers, measured; no 48-layer "
+             f"estimate here) on {args.device}, {args.new_tokens} thinker tokens and {args.frames} "
+             f"frames a request, {args.code2wav_streaming} vocoder: {' and '.join(args.backends)} "
+             f"in one run ({time.strftime('%Y-%m-%d %H:%M %Z')})")  # fmt: skip
+    write_pair(args.out, "backends", title, rows, bandwidth, codes,
+          {"command": shlex.join([sys.executable, *sys.argv]), "checkpoint": str(ckpt)})
+    return max(codes.values())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
     args = parse_args(argv)
+    if len(args.backends) > 1:
+        return both_backends(args, list(sys.argv[1:] if argv is None else argv))
+    PHASES.clear()  # a run's own phases (both_backends runs main once a backend)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("edge-build").setLevel(logging.INFO)  # the build's steps, with times
     args.out.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ table, also printed), after each side, so a command cut short still leaves what 
     python bench/gpu_tts.py --size 0.6b --out OUT [--concurrency 1 4 16 32] [--frames 100]
         [--only edgeomni|upstream] [--stop-after checkpoint|build] [--time-limit 560]
         [--quantization int4_rtn|int4_awq] [--group-size 32|64|128] [--backend fused]
+    python bench/gpu_tts.py --size 0.6b --backend onnxruntime fused --out OUT   # both, one run
     python bench/gpu_tts.py --size tiny --device cpu --concurrency 1 2 --out /tmp/gpu_tts_tiny
     python bench/gpu_tts.py --size 0.6b --only edgeomni --quantization int4_rtn --out OUT
 
@@ -64,6 +65,14 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 # each standard library only at import: the upstream worker's interpreter loads them too
+from backend_pair import (  # noqa: E402
+    BACKENDS,
+    compare,
+    copy_bandwidth_gbs,
+    run_backends,
+    tts_traffic,
+    write_pair,
+)
 from gpu_tts_report import (  # noqa: E402
     PEERS,
     SIDES,
@@ -438,9 +447,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, choices=(32, 64, 128),
                    help="with --quantization: weights a scale (edge-build --group-size; "
                    "default 32)")  # fmt: skip
-    p.add_argument("--backend", choices=("onnxruntime", "fused"), default="onnxruntime",
+    p.add_argument("--backend", choices=BACKENDS, nargs="+", default=["onnxruntime"],
                    help="edge-build's --backend: fused runs the talker and code predictor on "
-                        "edgeomni's kernels, the rest on ONNX Runtime CUDA")  # fmt: skip
+                        "edgeomni's kernels, the rest on ONNX Runtime CUDA; two (onnxruntime "
+                        "fused): edgeomni's side once with each, in this run (OUT/<backend>), "
+                        "then the two side by side with the ratios and the fraction of the HBM "
+                        "bound (OUT/backends.md; bench/backend_pair.py)")  # fmt: skip
     p.add_argument("--no-cuda-graphs", action="store_true", help="edgeomni without graph replay")
     p.add_argument("--batching", choices=("inflight", "cohort"), default="inflight")
     p.add_argument("--whole-utterance", action="store_true",
@@ -469,11 +481,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "bfloat16" if args.device == "cuda" else "float32"
     )
     args.upstream_repeats = args.upstream_repeats or args.repeats
+    if len(set(args.backend)) != len(args.backend):
+        p.error("--backend: each backend once")
+    args.backends, args.backend = args.backend, args.backend[0]
+    if len(args.backends) > 1 and (args.only == "upstream" or args.stop_after == "checkpoint"):
+        p.error("--backend with two backends measures edgeomni's side with each (no --only "
+                "upstream, no --stop-after checkpoint)")  # fmt: skip
     if args.group_size is not None and not args.quantization:
         p.error("--group-size needs --quantization")
     if args.quantization:
         args.group_size = args.group_size or 32
-    if args.backend == "fused" and (args.quantization == "int4_awq" or args.device != "cuda"):
+    if "fused" in args.backends and (args.quantization == "int4_awq" or args.device != "cuda"):
         p.error("--backend fused: on cuda only, float16 or int4_rtn weights")
     if args.first_chunk_frames is not None and args.code2wav_streaming != "stateful":
         p.error("--first-chunk-frames needs --code2wav-streaming stateful")
@@ -491,12 +509,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def both_backends(args: argparse.Namespace, argv: list[str]) -> int:
+    """edgeomni's side once with each backend (their engines built from one checkpoint), then
+    the two side by side: OUT/backends.json and OUT/backends.md."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    codes = run_backends(main, [*argv, "--only", "edgeomni"], args.backends, args.out)
+    if args.stop_after is not None:  # nothing measured to set side by side
+        return max(codes.values())
+    runs, ckpt = {}, None
+    for backend in args.backends:
+        path = args.out / backend / "gpu_tts.json"
+        if not path.is_file():
+            continue
+        report = json.loads(path.read_text())
+        side = report["sides"].get("edgeomni") or {"runs": {}}
+        runs[backend] = {c: r["summary"] for c, r in side["runs"].items()}
+        ckpt = Path(report["config"]["checkpoint"]["dir"])
+    bandwidth = copy_bandwidth_gbs() if args.device == "cuda" else None
+    rows = compare(runs, lambda c: tts_traffic(ckpt, c, args.frames), 0, args.frames,
+                   bandwidth if ckpt else None)  # fmt: skip
+    mode = ("stateful vocoder" if args.code2wav_streaming == "stateful"
+            else "whole utterance" if args.whole_utterance else "vocoder windows")  # fmt: skip
+    title = (f"Qwen3-TTS {args.size} on {args.device}, {args.frames} frames a request, {mode}: "
+             f"{' and '.join(args.backends)} in one run ({time.strftime('%Y-%m-%d %H:%M %Z')})")
+    write_pair(args.out, "backends", title, rows, bandwidth, codes,
+          {"command": shlex.join([sys.executable, *sys.argv]), "checkpoint": str(ckpt)})
+    return max(codes.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None and len(sys.argv) == 4 and sys.argv[1] in WORKERS:  # a worker process
         spec = json.loads(Path(sys.argv[2]).read_text())
         Path(sys.argv[3]).write_text(json.dumps(WORKERS[sys.argv[1]](spec), default=str))
         return 0
     args = parse_args(argv)
+    if len(args.backends) > 1:
+        return both_backends(args, list(sys.argv[1:] if argv is None else argv))
+    PHASES.clear()  # a run's own phases (both_backends runs main once a backend)
     started = time.time()
     deadline = None if args.time_limit is None else started + args.time_limit
     args.out.mkdir(parents=True, exist_ok=True)

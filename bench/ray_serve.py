@@ -1,5 +1,6 @@
 """edge-serve --ray against edge-serve's own loop, same requests, same process: the cost of the
-stage edges that cross deployments, and the throughput, on this CPU.
+stage edges that cross deployments, and the throughput, on a CPU or on one GPU that the
+deployments share (``--num-gpus F``: each group's replica asks Ray for F of the GPU).
 
 Each setup serves the same greedy requests (fixed reply and speech lengths) through edge-serve's
 ``Server`` interface (what its HTTP side calls; HTTP itself is the same in both and left out):
@@ -10,15 +11,16 @@ Each setup serves the same greedy requests (fixed reply and speech lengths) thro
 - ``three``: thinker, talker and code2wav each in a deployment of their own.
 
 The Ray setups run on a local cluster this script starts (``--ray-cpus``, default 2), each
-deployment one replica of a fraction of a CPU. At each concurrency c the c requests are
+deployment one replica of half a CPU (and ``--num-gpus``). At each concurrency c the c requests are
 submitted together, ``--repeats`` times after one warm-up run; per request: the first text,
 the first audio and the end, from its submission. The edge cost is (first audio p50 of a
 setup - the process's) / the edges its requests cross, at c = 1.
 
-    python bench/ray_serve_cpu.py --tiny-omni --concurrency 1 8 32 --out OUT
-    python bench/ray_serve_cpu.py --engine ENG [--setups process two] ...
+    python bench/ray_serve.py --tiny-omni --concurrency 1 8 32 --out OUT
+    python bench/ray_serve.py --engine ENG [--setups process two] ...
+    python bench/ray_serve.py --engine ENG --num-gpus 0.3 --ray-cpus 8 --batch-size 32 ...
 
-Writes OUT/ray_serve_cpu.json (every request's times, settings, machine) and prints a table.
+Writes OUT/ray_serve.json (every request's times, settings, machine) and prints a table.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -69,7 +72,7 @@ async def batch(server: Any, requests: list) -> tuple[float, list[dict[str, floa
         audio = 0
         while (event := await pending.events.get()) is not DONE:
             now = time.perf_counter() - t0
-            if isinstance(event, TextDelta) and event.text:
+            if isinstance(event, TextDelta) and (event.text or event.token_ids):  # a token
                 times.setdefault("first_text", now)
             elif isinstance(event, AudioChunk) and event.samples.size:
                 times.setdefault("first_audio", now)
@@ -85,7 +88,7 @@ async def batch(server: Any, requests: list) -> tuple[float, list[dict[str, floa
     return time.perf_counter() - start, list(got)
 
 
-def serve_setup(name: str, engine: Path, batch_size: int, ray_cpus: int) -> Any:
+def serve_setup(name: str, engine: Path, batch_size: int, ray_cpus: int, gpus: float) -> Any:
     from edgeomni.runtime.engine import Engines
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.serve import placement as pl
@@ -100,12 +103,28 @@ def serve_setup(name: str, engine: Path, batch_size: int, ray_cpus: int) -> Any:
     from edgeomni.runtime.serve.ray_app import RayServer
 
     split = SPLITS[name] or [list(pl.single(pipe.graph).groups[0].stages)]
-    groups = [{"name": f"g{i}", "stages": s, "num_cpus": 0.5} for i, s in enumerate(split)]
+    groups = [{"name": f"g{i}", "stages": s, "num_cpus": 0.5, "num_gpus": gpus}
+              for i, s in enumerate(split)]  # fmt: skip
+    if gpus:  # Ray is told of the GPU rather than trusted to find it
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(num_cpus=ray_cpus, num_gpus=1, namespace="edgeomni", log_to_driver=False)
     where = pl.parse({"groups": groups}, pipe.graph)
     server = RayServer(pipe, where, batch_size=batch_size, max_queue=64, num_cpus=ray_cpus,
                        engines={"threads": 1}, app=f"bench-{name}")  # fmt: skip
     server.start()
     return server
+
+
+def gpu_name() -> str | None:
+    """The GPU's name and driver (nvidia-smi), or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip() or None
 
 
 def p50(xs: list[float]) -> float:
@@ -125,6 +144,9 @@ def main() -> int:
     p.add_argument("--frames", type=int, default=16, help="codec frames a reply")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--ray-cpus", type=int, default=2)
+    p.add_argument("--num-gpus", type=float, default=0.0,
+                   help="each group's replica's share of the GPU (the engines built for cuda); "
+                   "at most 1 / the groups of a setup")  # fmt: skip
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     if (a.engine is None) == (not a.tiny_omni):
@@ -145,7 +167,7 @@ def main() -> int:
     rows, raw = [], []
     for setup in a.setups:
         started = time.perf_counter()
-        server = serve_setup(setup, engine, a.batch_size, a.ray_cpus)
+        server = serve_setup(setup, engine, a.batch_size, a.ray_cpus, a.num_gpus)
         ready_s = time.perf_counter() - started
         try:
             for c in a.concurrency:
@@ -158,7 +180,8 @@ def main() -> int:
                     times += got
                 audio = sum(t["audio_s"] for t in times)
                 row = {"setup": setup, "edges": EDGES[setup], "c": c, "ready_s": round(ready_s, 1),
-                       "first_text_ms": round(p50([t["first_text"] for t in times]) * 1e3, 1),
+                       "first_text_ms": round(p50([t["first_text"] for t in times
+                                                   if "first_text" in t]) * 1e3, 1),
                        "first_audio_ms": round(p50([t["first_audio"] for t in times]) * 1e3, 1),
                        "end_ms": round(p50([t["end"] for t in times]) * 1e3, 1),
                        "requests_per_s": round(len(times) / sum(walls), 2),
@@ -190,9 +213,9 @@ def main() -> int:
             )
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "ray_serve_cpu.json").write_text(json.dumps({
+        (a.out / "ray_serve.json").write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores", "gpu": gpu_name(),
             "settings": vars(a) | {"engine": str(engine), "out": str(a.out)}, "rows": raw},
             indent=1, default=str) + "\n")  # fmt: skip
     return 0
