@@ -588,7 +588,7 @@ def both_backends(args: argparse.Namespace, argv: list[str]) -> int:
              f"frames a request, {args.code2wav_streaming} vocoder: {' and '.join(args.backends)} "
              f"in one run ({time.strftime('%Y-%m-%d %H:%M %Z')})")  # fmt: skip
     write_pair(args.out, "backends", title, rows, bandwidth, codes,
-          {"command": shlex.join([sys.executable, *sys.argv]), "checkpoint": str(ckpt)})
+               {"command": shlex.join([sys.executable, *sys.argv]), "checkpoint": str(ckpt)})
     return max(codes.values())
 
 

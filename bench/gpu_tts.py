@@ -533,7 +533,7 @@ def both_backends(args: argparse.Namespace, argv: list[str]) -> int:
     title = (f"Qwen3-TTS {args.size} on {args.device}, {args.frames} frames a request, {mode}: "
              f"{' and '.join(args.backends)} in one run ({time.strftime('%Y-%m-%d %H:%M %Z')})")
     write_pair(args.out, "backends", title, rows, bandwidth, codes,
-          {"command": shlex.join([sys.executable, *sys.argv]), "checkpoint": str(ckpt)})
+               {"command": shlex.join([sys.executable, *sys.argv]), "checkpoint": str(ckpt)})
     return max(codes.values())
 
 

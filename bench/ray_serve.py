@@ -12,7 +12,7 @@ Each setup serves the same greedy requests (fixed reply and speech lengths) thro
 
 The Ray setups run on a local cluster this script starts (``--ray-cpus``, default 2), each
 deployment one replica of half a CPU (and ``--num-gpus``). At each concurrency c the c requests are
-submitted together, ``--repeats`` times after one warm-up run; per request: the first text,
+submitted together, ``--repeats`` times after ``--warmup`` untimed runs; per request: the first text,
 the first audio and the end, from its submission. The edge cost is (first audio p50 of a
 setup - the process's) / the edges its requests cross, at c = 1.
 
@@ -140,6 +140,7 @@ def main() -> int:
                    choices=["process", *SPLITS])  # fmt: skip
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs first, per concurrency")
     p.add_argument("--tokens", type=int, default=12, help="text tokens a reply")
     p.add_argument("--frames", type=int, default=16, help="codec frames a reply")
     p.add_argument("--batch-size", type=int, default=8)
@@ -172,7 +173,8 @@ def main() -> int:
         try:
             for c in a.concurrency:
                 requests, _ = parse_request_file(body(c, a.tokens, a.frames))
-                asyncio.run(batch(server, requests))  # warm-up
+                for _ in range(a.warmup):
+                    asyncio.run(batch(server, requests))
                 walls, times = [], []
                 for _ in range(a.repeats):
                     wall, got = asyncio.run(batch(server, requests))

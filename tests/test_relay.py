@@ -157,11 +157,18 @@ def test_placement_errors_name_their_path(omni_engine) -> None:
         ({"groups": [{"name": "a", "stages": ["thinker", "talker", "code2wav"], "gpus": 1}]},
          "$.groups[0].gpus", "unknown key"),
         ({"groups": []}, "$.groups", "non-empty"),
+        ({"groups": [{"name": "a", "stages": ["thinker", "talker", "code2wav"],
+                      "max_ongoing_requests": 0}]}, "$.groups[0].max_ongoing_requests", ">= 1"),
     ]  # fmt: skip
     for data, path, words in cases:
         with pytest.raises(pl.PlacementError) as e:
             pl.parse(data, graph)
         assert e.value.path == path and words in e.value.message, e.value
+    # unsaid, a replica holds every request the front admits (ray_app.application)
+    every = {"name": "a", "stages": ["thinker", "talker", "code2wav"]}
+    assert pl.parse({"groups": [every]}, graph).groups[0].max_ongoing_requests is None
+    said = pl.parse({"groups": [{**every, "max_ongoing_requests": 4}]}, graph)
+    assert said.groups[0].max_ongoing_requests == 4
 
 
 def test_an_upstream_finish_waits_for_its_outputs() -> None:
@@ -237,3 +244,73 @@ def test_media_files_are_written_here_and_named_in_the_messages(tmp_path) -> Non
     assert [Path(f).read_bytes() for f in parts[2].frames] == [b"f0.png", b"f1.png"]
     assert parts[2].fps == 2.0 and moved.messages[0]["content"][3]["text"] == "What is this?"
     assert moved.messages[0]["role"] == "user" and moved.fields == request.fields
+
+
+def test_text_and_edge_events_after_the_first_of_their_kind_may_wait_for_company() -> None:
+    from edgeomni.runtime.events import Finished, HiddenRows
+    from edgeomni.runtime.serve.relay import FIRST_AT_ONCE, Summary, urgent
+
+    seen: dict[str, int] = {}
+    text = ("event", TextDelta(0, "thinker", "a", (1,)))
+    rows = ("edge", HiddenRows(0, "thinker", np.zeros((1, 4), np.float32)))
+    # a request's first words and first rows go at once, the rest may wait
+    assert [urgent(text, seen) for _ in range(FIRST_AT_ONCE + 2)] == [True] * FIRST_AT_ONCE + [False] * 2
+    assert [urgent(rows, seen) for _ in range(FIRST_AT_ONCE + 1)] == [True] * FIRST_AT_ONCE + [False]
+    audio = ("event", AudioChunk(0, "code2wav", np.zeros(8, np.float32), 0, 24000))
+    assert all(urgent(audio, seen) for _ in range(FIRST_AT_ONCE + 1))  # audio never waits
+    for item in [("event", Finished(0, "talker", "stop")), ("edge", Finished(0, "thinker", "stop")),
+                 ("event", Failed(0, "talker", "x")), ("edge-done", {}, {}, {}),
+                 ("edge-failed", "x"), ("left", Summary()), ("accepted", "g0", "r")]:  # fmt: skip
+        assert urgent(item, seen), item
+    assert not urgent(text, seen) and not urgent(rows, seen)  # ends did not reset the counts
+
+
+def test_a_replica_streams_text_in_batches_and_audio_at_once() -> None:
+    """GroupReplica.run (no Ray needed to drive it): text deltas after the first wait for
+    company up to COALESCE_S; audio and the request's end go at once."""
+    import asyncio
+    import time
+
+    from edgeomni.runtime.serve.ray_app import GroupReplica
+    from edgeomni.runtime.serve.relay import FIRST_AT_ONCE, Envelope, Summary
+
+    class Loop:  # a GroupLoop's surface: the sink a request's items go to
+        def submit(self, env: Any, sink: Any) -> None:
+            self.sink = sink
+
+        def cancel(self, index: int) -> None:
+            raise AssertionError("the request left: nothing to cancel")
+
+    replica = object.__new__(GroupReplica)
+    replica.loop, replica.group, replica.replica, replica.upstream = Loop(), "g", "r", {}
+    replica.COALESCE_S = 0.5
+    audio = AudioChunk(0, "code2wav", np.zeros(8, np.float32), 0, 24000)
+    put_audio_at: list[float] = []
+
+    def produce() -> None:
+        for i in range(50):
+            replica.loop.sink(("event", TextDelta(0, "thinker", str(i), (i,))))
+        time.sleep(0.05)
+        put_audio_at.append(time.perf_counter())
+        replica.loop.sink(("event", audio))
+        replica.loop.sink(("left", Summary()))
+
+    async def collect() -> list[tuple[float, list]]:
+        got = []
+        env = Envelope(0, None, None, ("code2wav",))  # type: ignore[arg-type]
+        async for items in replica.run([("g", env)]):
+            got.append((time.perf_counter(), items))
+            if len(got) == 1:
+                threading.Thread(target=produce).start()
+        return got
+
+    got = asyncio.run(collect())
+    flat = [item for _, items in got for item in items]
+    assert flat[0][0] == "accepted" and flat[-1][0] == "left"
+    texts = [item[1].text for item in flat if item[0] == "event" and isinstance(item[1], TextDelta)]
+    assert texts == [str(i) for i in range(50)]  # all of them, in order
+    # accepted, the first FIRST_AT_ONCE texts (at most one list each), the rest with the
+    # audio, left; one a text would be 53
+    assert len(got) <= FIRST_AT_ONCE + 3
+    sent_audio = next(t for t, items in got if any(i[0] == "event" and i[1] is audio for i in items))
+    assert sent_audio - put_audio_at[0] < 0.3  # it did not wait out the half second

@@ -51,7 +51,8 @@ class PlacementError(ValueError):
 @dataclass(frozen=True)
 class Group:
     """One deployment: its stages (in graph order), replicas and each replica's resources.
-    ``max_queued_requests`` -1: Ray Serve's default (no limit)."""
+    ``max_ongoing_requests`` None: every request edge-serve admits (its batch size + queue;
+    ray_app.application); ``max_queued_requests`` -1: Ray Serve's default (no limit)."""
 
     name: str
     stages: tuple[str, ...]
@@ -59,7 +60,7 @@ class Group:
     num_gpus: float = 0.0
     num_cpus: float = 1.0
     resources: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    max_ongoing_requests: int = 16
+    max_ongoing_requests: int | None = None
     max_queued_requests: int = -1
 
 
@@ -178,8 +179,8 @@ def _group(at: str, item: Any, rank: Mapping[str, int], seen: dict[str, str],
         num_gpus=_amount(f"{at}.num_gpus", item.get("num_gpus", 0.0)),
         num_cpus=_amount(f"{at}.num_cpus", item.get("num_cpus", 1.0)),
         resources=MappingProxyType({k: float(v) for k, v in resources.items()}),
-        max_ongoing_requests=_count(f"{at}.max_ongoing_requests",
-                                    item.get("max_ongoing_requests", 16), 1),
+        max_ongoing_requests=None if item.get("max_ongoing_requests") is None else _count(
+            f"{at}.max_ongoing_requests", item["max_ongoing_requests"], 1),
         max_queued_requests=_count(f"{at}.max_queued_requests",
                                    item.get("max_queued_requests", -1), -1),
     )  # fmt: skip

@@ -23,7 +23,7 @@ import contextlib
 import copyreg
 import logging
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from edgeomni import graph_schema
@@ -40,6 +40,7 @@ from edgeomni.runtime.serve.relay import (
     Upstream,
     chain_of,
     media_files,
+    urgent,
 )
 from edgeomni.runtime.serve.server import BUSY, Pending, Server
 
@@ -57,6 +58,8 @@ def deployment_name(group: str) -> str:
 class GroupReplica:
     """One replica of a group's deployment: its Pipeline over the engine dir, its loop, and
     handles to the groups before it."""
+
+    COALESCE_S = 0.03  # how long a request's text deltas and edge events may wait for company
 
     def __init__(self, group: str, engine_dir: str, stages: Sequence[str], batch_size: int,
                  engines: Mapping[str, Any], upstream: Mapping[str, Any]) -> None:  # fmt: skip
@@ -88,18 +91,30 @@ class GroupReplica:
         _, env = chain[-1]
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Item] = asyncio.Queue()
-        self.loop.submit(env, lambda item: loop.call_soon_threadsafe(items.put_nowait, item))
-        pull = asyncio.create_task(self._pull(chain, items)) if len(chain) > 1 else None
-        left = False
+        hurry, seen = asyncio.Event(), {}
+
+        def put(item: Item) -> None:  # on this event loop's thread
+            items.put_nowait(item)
+            if urgent(item, seen):
+                hurry.set()
+
+        self.loop.submit(env, lambda item: loop.call_soon_threadsafe(put, item))
+        pull = asyncio.create_task(self._pull(chain, put)) if len(chain) > 1 else None
+        left, sent = False, loop.time()
         try:
             yield [("accepted", self.group, self.replica)]  # which replica holds it, for the front
             while not left:
-                # what is ready goes as one streamed item (each costs the transport about a
-                # millisecond: a thinker's hidden rows and text deltas of one step travel together)
+                # what is ready goes as one streamed item; unless something urgent is among it,
+                # it waits until COALESCE_S after the last one for more (relay.urgent says why)
                 got = [await items.get()]
+                if not hurry.is_set() and (wait := sent + self.COALESCE_S - loop.time()) > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(hurry.wait(), wait)
+                hurry.clear()
                 while not items.empty():
                     got.append(items.get_nowait())
                 left = got[-1][0] == "left"
+                sent = loop.time()
                 yield got
         finally:
             if not left:  # the caller went away (or this replica is going): drop it here too
@@ -107,7 +122,7 @@ class GroupReplica:
             if pull is not None:
                 pull.cancel()
 
-    async def _pull(self, chain: list[tuple[str, Envelope]], items: asyncio.Queue) -> None:
+    async def _pull(self, chain: list[tuple[str, Envelope]], put: Callable[[Item], None]) -> None:
         _, env = chain[-1]
         name = chain[-2][0]
         upstream = Upstream(self.loop, env.index, str(env.upstream))
@@ -117,7 +132,7 @@ class GroupReplica:
                 for item in got:
                     passed = upstream.take(item)
                     if passed is not None:
-                        items.put_nowait(passed)
+                        put(passed)
         except asyncio.CancelledError:
             stream.cancel()
             raise
@@ -128,9 +143,12 @@ class GroupReplica:
 
 
 def application(engine_dir: str, placement: Placement, batch_size: int,
-                engines: Mapping[str, Any]) -> Any:  # fmt: skip
+                engines: Mapping[str, Any], admitted: int | None = None) -> Any:  # fmt: skip
     """The placement as a Ray Serve application: one deployment a group, each bound to the
-    groups before it (the last group is the application's ingress)."""
+    groups before it (the last group is the application's ingress). A group's replica holds
+    at most ``max_ongoing_requests`` requests, unsaid every one the front admits (``admitted``:
+    its batch size + queue; default the batch size): its own loop queues what its rows cannot hold yet and takes them in as rows
+    free, where Ray Serve's router would hand them over later (it retries with backoff)."""
     from ray import serve
 
     bound: dict[str, Any] = {}
@@ -138,7 +156,7 @@ def application(engine_dir: str, placement: Placement, batch_size: int,
         options: dict[str, Any] = {
             "name": deployment_name(group.name),
             "num_replicas": group.replicas,
-            "max_ongoing_requests": group.max_ongoing_requests,
+            "max_ongoing_requests": group.max_ongoing_requests or admitted or batch_size,
             "ray_actor_options": {"num_gpus": group.num_gpus, "num_cpus": group.num_cpus,
                                   "resources": dict(group.resources)},
         }  # fmt: skip
@@ -178,7 +196,7 @@ class RayServer(Server):
                      log_to_driver=False)  # fmt: skip
         serve.start(proxy_location="Disabled")
         app = application(str(self.pipe.engine_dir), self.placement, self.batch_size,
-                          self.engines)  # fmt: skip
+                          self.engines, self.capacity)  # fmt: skip
         serve.run(app, name=self.app, route_prefix=None)
         self.handles = {g.name: serve.get_deployment_handle(deployment_name(g.name), self.app)
                         for g in self.placement.groups}  # fmt: skip

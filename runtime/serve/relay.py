@@ -121,6 +121,29 @@ class Summary:
     error: str | None = None
 
 
+FIRST_AT_ONCE = 8  # a request's first items of each kind that never wait (urgent)
+
+
+def urgent(item: Item, seen: dict[str, int]) -> bool:
+    """Whether ``item`` leaves at once rather than waiting a little to travel with the items
+    after it (each streamed item costs the transport about a millisecond of the sending
+    process, whose loop shares the interpreter with it: at GPU speed, one item a token or a
+    frame per request starves the loop). Urgent: the first FIRST_AT_ONCE items of each kind for
+    the request (its first words, hidden rows, the codes of the vocoder's first window), audio,
+    and whatever ends something (a Finished, a Failed, edge-done, edge-failed, left).
+    ``seen``: how many of each kind were sent for the request."""
+    kind = item[0]
+    if kind not in ("event", "edge"):
+        return True
+    if kind == "event" and not isinstance(item[1], TextDelta):
+        return True  # audio, and a request's Finished or Failed
+    if kind == "edge" and isinstance(item[1], (Finished, Failed)):
+        return True
+    key = f"{kind}:{type(item[1]).__name__}"
+    seen[key] = seen.get(key, 0) + 1
+    return seen[key] <= FIRST_AT_ONCE
+
+
 def host(value: Any) -> Any:
     """A value as it can leave the process: device buffers downloaded."""
     if isinstance(value, np.ndarray) or not hasattr(value, "download"):
