@@ -146,9 +146,10 @@ def application(engine_dir: str, placement: Placement, batch_size: int,
                 engines: Mapping[str, Any], admitted: int | None = None) -> Any:  # fmt: skip
     """The placement as a Ray Serve application: one deployment a group, each bound to the
     groups before it (the last group is the application's ingress). A group's replica holds
-    at most ``max_ongoing_requests`` requests, unsaid every one the front admits (``admitted``:
-    its batch size + queue; default the batch size): its own loop queues what its rows cannot hold yet and takes them in as rows
-    free, where Ray Serve's router would hand them over later (it retries with backoff)."""
+    at most ``max_ongoing_requests`` requests, unsaid every one the front admits
+    (``admitted``: its batch size + queue; default the batch size): its own loop queues what
+    its rows cannot hold yet and takes each in as a row frees, where Ray Serve's router would
+    hand it over later (it retries with backoff)."""
     from ray import serve
 
     bound: dict[str, Any] = {}
