@@ -1,6 +1,7 @@
 """edge-serve --ray against edge-serve's own loop, same requests, same process: the cost of the
 stage edges that cross deployments, and the throughput, on a CPU or on one GPU that the
-deployments share (``--num-gpus F``: each group's replica asks Ray for F of the GPU).
+deployments share (``--num-gpus F``: each group's replica asks Ray for F of a GPU; with
+``--cluster-gpus 2 --num-gpus 1`` the ``two`` split puts each group on a GPU of its own).
 
 Each setup serves the same greedy requests (fixed reply and speech lengths) through edge-serve's
 ``Server`` interface (what its HTTP side calls; HTTP itself is the same in both and left out):
@@ -88,7 +89,8 @@ async def batch(server: Any, requests: list) -> tuple[float, list[dict[str, floa
     return time.perf_counter() - start, list(got)
 
 
-def serve_setup(name: str, engine: Path, batch_size: int, ray_cpus: int, gpus: float) -> Any:
+def serve_setup(name: str, engine: Path, batch_size: int, ray_cpus: int, gpus: float,
+                cluster_gpus: int) -> Any:  # fmt: skip
     from edgeomni.runtime.engine import Engines
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.serve import placement as pl
@@ -105,11 +107,12 @@ def serve_setup(name: str, engine: Path, batch_size: int, ray_cpus: int, gpus: f
     split = SPLITS[name] or [list(pl.single(pipe.graph).groups[0].stages)]
     groups = [{"name": f"g{i}", "stages": s, "num_cpus": 0.5, "num_gpus": gpus}
               for i, s in enumerate(split)]  # fmt: skip
-    if gpus:  # Ray is told of the GPU rather than trusted to find it
+    if gpus:  # Ray is told of the GPUs rather than trusted to find them
         import ray
 
         if not ray.is_initialized():
-            ray.init(num_cpus=ray_cpus, num_gpus=1, namespace="edgeomni", log_to_driver=False)
+            ray.init(num_cpus=ray_cpus, num_gpus=cluster_gpus, namespace="edgeomni",
+                     log_to_driver=False)  # fmt: skip
     where = pl.parse({"groups": groups}, pipe.graph)
     server = RayServer(pipe, where, batch_size=batch_size, max_queue=64, num_cpus=ray_cpus,
                        engines={"threads": 1}, app=f"bench-{name}")  # fmt: skip
@@ -145,9 +148,11 @@ def main() -> int:
     p.add_argument("--frames", type=int, default=16, help="codec frames a reply")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--ray-cpus", type=int, default=2)
+    p.add_argument("--cluster-gpus", type=int, default=1,
+                   help="the GPUs the local Ray cluster is given (with --num-gpus)")
     p.add_argument("--num-gpus", type=float, default=0.0,
-                   help="each group's replica's share of the GPU (the engines built for cuda); "
-                   "at most 1 / the groups of a setup")  # fmt: skip
+                   help="each group's replica's share of a GPU (the engines built for cuda); "
+                   "a setup's groups together at most --cluster-gpus")  # fmt: skip
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     if (a.engine is None) == (not a.tiny_omni):
@@ -168,7 +173,7 @@ def main() -> int:
     rows, raw = [], []
     for setup in a.setups:
         started = time.perf_counter()
-        server = serve_setup(setup, engine, a.batch_size, a.ray_cpus, a.num_gpus)
+        server = serve_setup(setup, engine, a.batch_size, a.ray_cpus, a.num_gpus, a.cluster_gpus)
         ready_s = time.perf_counter() - started
         try:
             for c in a.concurrency:
