@@ -64,7 +64,11 @@ def parser() -> argparse.ArgumentParser:
         "--max-batch-size", type=int, default=None, help="requests per cohort (default 4)"
     )
     p.add_argument(
-        "--max-input-len", type=int, default=None, help="longest prompt in tokens (default 1024)"
+        "--max-input-len",
+        type=int,
+        default=None,
+        help="longest prompt in tokens (default 1024, or --max-kv-cache-capacity when that is "
+        "smaller)",
     )
     p.add_argument(
         "--max-kv-cache-capacity",
@@ -229,10 +233,12 @@ def _run(args: argparse.Namespace) -> int:
         _warn_ignored(args)
         graph = graph_only(args.model_dir, args.engine_dir, raise_no_graph=True)
     else:
+        capacity = _or(args.max_kv_cache_capacity, 4096)
         build_args = BuildArgs(
             max_batch_size=_or(args.max_batch_size, 4),
-            max_input_len=_or(args.max_input_len, 1024),
-            max_kv_cache_capacity=_or(args.max_kv_cache_capacity, 4096),
+            # a prompt must fit the cache: the default never exceeds a smaller capacity given
+            max_input_len=_or(args.max_input_len, max(1, min(1024, capacity))),
+            max_kv_cache_capacity=capacity,
             backend=args.backend or "onnxruntime",
             device=args.device
             or ("cuda" if (args.backend or "").startswith(("tensorrt", "fused")) else "cpu"),
@@ -270,6 +276,9 @@ def _failed(e: BaseException, args: argparse.Namespace, signum: int | None) -> i
     if isinstance(e, (BuildError, CheckpointError, UnknownModelType)):
         print(f"edge-build: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if _config_class_refused(e):  # the encoders' config sections, read by transformers' classes
+        print(f"edge-build: error: config.json: {one_line(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if isinstance(e, OSError):  # the system's fault (a full disk), not the input's
         print(f"edge-build: error: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -281,6 +290,16 @@ def _failed(e: BaseException, args: argparse.Namespace, signum: int | None) -> i
     hint = "" if args.verbose else " (-v shows where)"
     print(f"edge-build: internal error: {one_line(e)}{hint}", file=sys.stderr)
     return EXIT_FAILED
+
+
+def _config_class_refused(e: BaseException) -> bool:
+    """A config.json value of the wrong type that a transformers config class (built from the
+    sections edgeomni hands on as they are: the encoders') refused, naming the field."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return False
+    return isinstance(e, StrictDataclassError)
 
 
 def one_line(e: BaseException) -> str:

@@ -334,7 +334,7 @@ ISSUE_30 = [
         ("config.json", "speaker_encoder_config.enc_dilations", [1, 2, 1],
          "enc_channels, enc_kernel_sizes, enc_dilations must be lists of one length"),
         ("config.json", "talker_config.rms_norm_eps", "x",
-         "config.json: talker_config: a key of the wrong kind (could not convert string"),
+         "config.json: talker_config.rms_norm_eps must be a number > 0, got 'x'"),
         ("config.json", "talker_config.use_sliding_window", True,
          "talker_config.use_sliding_window true: sliding-window layers are not supported"),
     )),

@@ -162,6 +162,70 @@ def test_cli_refuses(qwen3_ckpt: Path, capsys, argv: list[str], message: str) ->
     assert message in capsys.readouterr().err
 
 
+def test_readme_estimate_below_the_default_prompt_length(qwen3_ckpt: Path, capsys) -> None:
+    """The README's --estimate line with a cache under 1024 slots: --max-input-len, not given,
+    defaults to the capacity instead of refusing a flag the user never wrote."""
+    code = build_cli.main(["--model-dir", str(qwen3_ckpt), "--estimate",
+                           "--max-kv-cache-capacity", "512"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == build_cli.EXIT_OK, captured.err
+    assert "4 x 512 slots" in captured.out
+    given = build_cli.main(["--model-dir", str(qwen3_ckpt), "--estimate", "--max-input-len",
+                            "1024", "--max-kv-cache-capacity", "512"])  # fmt: skip
+    assert given == build_cli.EXIT_BAD_INPUT
+    assert "--max-input-len 1024 exceeds --max-kv-cache-capacity 512" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("fixture", "component", "key", "value", "message"),
+    [
+        ("qwen3_ckpt", "all", "num_hidden_layers", -2,
+         "config.json: num_hidden_layers must be an integer >= 1, got -2"),
+        ("qwen3_ckpt", "all", "num_attention_heads", 0,
+         "config.json: num_attention_heads must be an integer >= 1, got 0"),
+        ("qwen3_ckpt", "all", "hidden_size", "wide",
+         "config.json: hidden_size must be an integer >= 1, got 'wide'"),
+        ("qwen3_ckpt", "all", "num_key_value_heads", 0,
+         "config.json: num_key_value_heads must be an integer >= 1, got 0"),
+        ("qwen3_ckpt", "all", "rms_norm_eps", "tiny",
+         "config.json: rms_norm_eps must be a number > 0, got 'tiny'"),
+        ("qwen3_ckpt", "all", "vocab_size", 1.5, "config.json: vocab_size must be an integer >= 1"),
+        ("omni_ckpt", "llm", "thinker_config.text_config.num_hidden_layers", -1,
+         "config.json: thinker_config.text_config.num_hidden_layers must be an integer >= 1"),
+        ("omni_ckpt", "talker", "talker_config.text_config.head_dim", "x",
+         "config.json: talker_config.text_config.head_dim must be an integer >= 1, got 'x'"),
+        ("omni_ckpt", "code_predictor", "talker_config.code_predictor_config.num_hidden_layers",
+         0, "config.json: talker_config.code_predictor_config.num_hidden_layers must be an "
+         "integer >= 1, got 0"),
+        ("omni_ckpt", "code_predictor", "talker_config.code_predictor_config.vocab_size", None,
+         "config.json: talker_config.code_predictor_config.vocab_size is missing"),
+        # the encoders' sections go to transformers' config classes, which name the field
+        ("omni_ckpt", "all", "thinker_config.audio_config.num_mel_bins", "many",
+         "config.json: StrictDataclassFieldValidationError: Validation error for field "
+         "'num_mel_bins'"),
+    ],
+)
+def test_each_config_value_is_checked_by_name(
+    request, tmp_path, capsys, fixture: str, component: str, key: str, value: object,
+    message: str,
+) -> None:  # fmt: skip
+    """A bad config.json value is exit 2 naming its key, not an internal error or a negative
+    total that fits every device."""
+    ckpt = config_only(request.getfixturevalue(fixture), tmp_path)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    *path, last = key.split(".")
+    node = cfg
+    for part in path:
+        node = node[part]
+    node[last] = value
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()  # what making the session's checkpoint printed
+    code = build_cli.main(["--model-dir", str(ckpt), "--estimate", "--components", component])
+    err = capsys.readouterr().err
+    assert code == build_cli.EXIT_BAD_INPUT, err
+    assert message in err and "internal error" not in err
+
+
 def test_a_family_without_a_memory_plan_says_so(tmp_path) -> None:
     """tests/toy_family has no memory_plan hook: one line and exit 2, not a guess."""
     import os

@@ -149,13 +149,27 @@ def stored_layout(config: dict[str, Any]) -> tuple[int, bool] | None:
     if found is None or not found.int4:
         return None
     qc = config["quantization_config"]
+    where = "quantization_config."
     if found.method == "awq":
-        return int(qc.get("group_size", qc.get("q_group_size", 128))), True
+        key = "group_size" if "group_size" in qc else "q_group_size"
+        return _group_size(qc, key, where), True
     if found.method == "gptq":
-        return int(qc.get("group_size", 128)), not qc.get("sym", True)
-    weights = next(iter((qc.get("config_groups") or {}).values()), {}).get("weights") or {}
-    group = -1 if weights.get("strategy") == "channel" else int(weights.get("group_size") or -1)
+        return _group_size(qc, "group_size", where), not qc.get("sym", True)
+    name, group_ = next(iter((qc.get("config_groups") or {}).items()), ("", {}))
+    weights = (group_ or {}).get("weights") or {}
+    if weights.get("strategy") == "channel" or weights.get("group_size") is None:
+        return -1, not weights.get("symmetric", True)
+    group = _group_size(weights, "group_size", f"{where}config_groups.{name}.weights.")
     return group, not weights.get("symmetric", True)
+
+
+def _group_size(sec: dict[str, Any], key: str, where: str) -> int:
+    """A group size: an integer >= 1, or -1 for a whole row (128 where the key is absent)."""
+    value = sec.get(key, 128)
+    if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
+        raise CheckpointError(f"config.json: {where}{key} must be an integer >= 1 (or -1 for "
+                              f"a whole row), got {value!r}")  # fmt: skip
+    return value
 
 
 def _bits(value: Any, where: str) -> None:

@@ -11,34 +11,50 @@ from __future__ import annotations
 from typing import Any
 
 from edgeomni.export.common.checkpoint import CheckpointError
+from edgeomni.export.common.config_values import attention_dims, integer, number
 from edgeomni.export.common.decoder import DecoderConfig
 
 
-def rope(text: dict[str, Any], default_theta: float = 1e6) -> tuple[float, tuple[int, ...] | None]:
+def rope(
+    text: dict[str, Any], default_theta: float = 1e6, where: str = ""
+) -> tuple[float, tuple[int, ...] | None]:
     """(rope_theta, mrope_section or None); ``default_theta`` where the section names none (the
     config class's default)."""
-    params = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    key = "rope_parameters" if text.get("rope_parameters") else "rope_scaling"
+    params = text.get(key) or {}
+    if not isinstance(params, dict):
+        raise CheckpointError(f"config.json: {where}{key} must be an object, got {params!r}")
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
         raise CheckpointError(f"rope type {rope_type!r} is not supported yet")
-    theta = params.get("rope_theta", text.get("rope_theta", default_theta))
+    if "rope_theta" in params:
+        theta = number(params, "rope_theta", f"{where}{key}.", default=default_theta)
+    else:
+        theta = number(text, "rope_theta", where, default=default_theta)
     section_ = params.get("mrope_section")
-    return float(theta), tuple(section_) if section_ else None
+    if section_ and not (isinstance(section_, list)
+                         and all(isinstance(v, int) and v > 0 for v in section_)):  # fmt: skip
+        raise CheckpointError(f"config.json: {where}{key}.mrope_section must be a list of "
+                              f"integers > 0, got {section_!r}")  # fmt: skip
+    return theta, tuple(section_) if section_ else None
 
 
-def decoder_config(text: dict[str, Any], default_theta: float = 1e6, **extra: Any) -> DecoderConfig:
-    """A text_config section as decoder dimensions; ``extra``: DecoderConfig's other fields."""
-    heads = int(text["num_attention_heads"])
-    theta, _ = rope(text, default_theta)
+def decoder_config(
+    text: dict[str, Any], default_theta: float = 1e6, where: str = "", **extra: Any
+) -> DecoderConfig:
+    """A text_config section as decoder dimensions, each value checked by name (``where``: the
+    section's dotted path); ``extra``: DecoderConfig's other fields."""
+    hidden, heads, kv_heads, head_dim = attention_dims(text, where)
+    theta, _ = rope(text, default_theta, where)
     return DecoderConfig(
-        hidden_size=int(text["hidden_size"]),
-        num_layers=int(text["num_hidden_layers"]),
+        hidden_size=hidden,
+        num_layers=integer(text, "num_hidden_layers", where),
         num_heads=heads,
-        num_kv_heads=int(text.get("num_key_value_heads") or heads),
-        head_dim=int(text.get("head_dim") or text["hidden_size"] // heads),
-        intermediate_size=int(text.get("intermediate_size") or 0),
-        vocab_size=int(text["vocab_size"]),
-        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=integer(text, "intermediate_size", where, least=0, default=0),
+        vocab_size=integer(text, "vocab_size", where),
+        rms_norm_eps=number(text, "rms_norm_eps", where, default=1e-6),
         rope_theta=theta,
         attention_bias=bool(text.get("attention_bias", False)),
         **extra,

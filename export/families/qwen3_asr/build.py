@@ -74,7 +74,7 @@ def components(ckpt: Checkpoint) -> tuple[Component, ...]:
 
 def text_config(cfg: Mapping[str, Any]) -> Any:
     """The llm's dimensions (its text_config, a Qwen3 config)."""
-    return decoder_config(section(dict(cfg), "text_config"), where="config.json: text_config")
+    return decoder_config(section(dict(cfg), "text_config"), where="text_config.")
 
 
 def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
+from edgeomni.export.common.config_values import integer
 from edgeomni.export.common.decoder import CausalLM, DecoderConfig, dense_mlp
 from edgeomni.export.common.decoder_weights import load_decoder
 from edgeomni.export.common.moe import TalkerSparseMoE
@@ -28,8 +29,10 @@ PROJECTIONS = ("text_projection", "hidden_projection")
 
 def talker_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
     text = section(cfg, "talker_config", "text_config")
-    _, mrope = rope(text)
-    return decoder_config(text, mrope_section=mrope or (24, 20, 20), last_hidden_output=True)
+    where = "talker_config.text_config."
+    _, mrope = rope(text, where=where)
+    return decoder_config(text, where=where, mrope_section=mrope or (24, 20, 20),
+                          last_hidden_output=True)  # fmt: skip
 
 
 def predictor_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
@@ -38,8 +41,12 @@ def predictor_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
         raise CheckpointError(
             "code predictor layers with sliding-window attention are not supported yet"
         )
-    groups = int(cp.get("num_code_groups") or section(cfg, "talker_config")["num_code_groups"])
-    return decoder_config(cp, lm_heads=groups - 1)
+    if cp.get("num_code_groups"):
+        groups = integer(cp, "num_code_groups", "talker_config.code_predictor_config.", least=2)
+    else:
+        groups = integer(section(cfg, "talker_config"), "num_code_groups", "talker_config.",
+                         least=2)  # fmt: skip
+    return decoder_config(cp, where="talker_config.code_predictor_config.", lm_heads=groups - 1)
 
 
 def suppressed_codes(cfg: dict[str, Any]) -> tuple[int, ...]:

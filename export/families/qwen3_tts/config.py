@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeomni.export.common.checkpoint import CheckpointError, section
+from edgeomni.export.common.config_values import attention_dims, integer, number
 from edgeomni.export.common.decoder import DecoderConfig
 
 TTS_MODEL_TYPES = ("base", "custom_voice", "voice_design")
@@ -43,7 +44,10 @@ def _rope_theta(sec: dict[str, Any], where: str) -> float:
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type != "default":
         raise CheckpointError(f"config.json: {where} rope type {rope_type!r} is not supported")
-    return float(sec.get("rope_theta", scaling.get("rope_theta", ROPE_THETA)))
+    if "rope_theta" in sec:
+        return number(sec, "rope_theta", where, default=ROPE_THETA)
+    key = "rope_scaling" if sec.get("rope_scaling") else "rope_parameters"
+    return number(scaling, "rope_theta", f"{where}{key}.", default=ROPE_THETA)
 
 
 def _decoder(
@@ -61,24 +65,20 @@ def _decoder(
         )
     if sec.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"config.json: {where}hidden_act {sec['hidden_act']!r} is not silu")
-    heads = need(sec, "num_attention_heads", where)
-    hidden = need(sec, "hidden_size", where)
-    try:  # the optional keys, where a value of the wrong kind is the config's fault
-        return DecoderConfig(
-            hidden_size=hidden,
-            num_layers=need(sec, "num_hidden_layers", where),
-            num_heads=heads,
-            num_kv_heads=int(sec.get("num_key_value_heads", kv_heads) or heads),
-            head_dim=int(sec.get("head_dim") or head_dim or hidden // heads),
-            intermediate_size=need(sec, "intermediate_size", where),
-            vocab_size=need(sec, "vocab_size", where),
-            rms_norm_eps=float(sec.get("rms_norm_eps", 1e-6)),
-            rope_theta=_rope_theta(sec, where),
-            attention_bias=bool(sec.get("attention_bias", False)),
-            **extra,
-        )
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"config.json: {where[:-1]}: a key of the wrong kind ({e})") from None
+    hidden, heads, kv, dim = attention_dims(sec, where, kv_heads=kv_heads, head_dim=head_dim)
+    return DecoderConfig(
+        hidden_size=hidden,
+        num_layers=integer(sec, "num_hidden_layers", where),
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=dim,
+        intermediate_size=integer(sec, "intermediate_size", where),
+        vocab_size=integer(sec, "vocab_size", where),
+        rms_norm_eps=number(sec, "rms_norm_eps", where, default=1e-6),
+        rope_theta=_rope_theta(sec, where),
+        attention_bias=bool(sec.get("attention_bias", False)),
+        **extra,
+    )
 
 
 def talker_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:

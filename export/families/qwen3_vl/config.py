@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError, section
+from edgeomni.export.common.config_values import attention_dims, integer
 from edgeomni.export.common.decoder import DecoderConfig
 from edgeomni.export.common.text_config import decoder_config, rope
 from edgeomni.export.media.vision_encoder import VisionSpec
@@ -50,18 +51,19 @@ def text_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
     if text.get("num_experts"):
         raise CheckpointError("config.json: text_config has experts; Qwen3-VL MoE "
                               "(qwen3_vl_moe) is not supported yet")  # fmt: skip
-    _, mrope = rope(text, DEFAULT_THETA)
+    _, mrope = rope(text, DEFAULT_THETA, "text_config.")
     mrope = mrope or DEFAULT_MROPE
-    head_dim = int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
+    head_dim = attention_dims(text, "text_config.")[3]
     if 2 * sum(mrope) != head_dim:
         raise CheckpointError(f"config.json: mrope_section {list(mrope)} does not sum to "
                               f"head_dim / 2 ({head_dim // 2})")  # fmt: skip
     deepstack = (cfg.get("vision_config") or {}).get("deepstack_visual_indexes")
     layers = len(deepstack if deepstack is not None else (8, 16, 24))  # the class default
-    if layers > int(text["num_hidden_layers"]):
+    if layers > integer(text, "num_hidden_layers", "text_config."):
         raise CheckpointError(f"config.json: {layers} DeepStack taps for "
                               f"{text['num_hidden_layers']} text layers")  # fmt: skip
-    return decoder_config(text, DEFAULT_THETA, mrope_section=mrope, deepstack_layers=layers)
+    return decoder_config(text, DEFAULT_THETA, "text_config.", mrope_section=mrope,
+                          deepstack_layers=layers)  # fmt: skip
 
 
 def media_tokens(cfg: dict[str, Any]) -> dict[str, int]:
