@@ -40,26 +40,36 @@ CHUNK = 256  # tokens per calibration call
 
 
 def calibration_texts(path: Path | None) -> list[str]:
-    """The shipped text (paragraphs), or a request file's message texts (TensorRT Edge-LLM's
-    format: {"requests": [{"messages": [{"role", "content"}]}]})."""
+    """The shipped text (paragraphs), or a request file's message texts, read as edge-infer's
+    --input-file reads it (read_requests)."""
     if path is None:
         return [p for p in DEFAULT_CALIBRATION.read_text().split("\n\n") if p.strip()]
-    try:
-        body = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise BuildError(f"--calibration {path}: cannot be read as a request file ({e})") from None
-    texts = []
-    requests = body.get("requests") if isinstance(body, dict) else None
-    for req in requests if isinstance(requests, list) else []:
-        for msg in req.get("messages", []) if isinstance(req, dict) else []:
-            content = msg.get("content") if isinstance(msg, dict) else None
-            if isinstance(content, str):
-                texts.append(content)
-            elif isinstance(content, list):
-                texts += [p["text"] for p in content if isinstance(p, dict) and "text" in p]
+    texts = [t for r in read_requests(path) for t in r["texts"]]
     if not any(t.strip() for t in texts):
         raise BuildError(f"--calibration {path}: no message text in its requests")
     return texts
+
+
+def read_requests(path: Path) -> list[dict[str, Any]]:
+    """Each request of the request file at ``path`` ({"texts": its messages' texts, "given":
+    the keys it sets, its file's top level's too}), read by the reader edge-infer runs files
+    with (runtime/requests.py, which sits above the builder: asked through edge-infer
+    --read-requests), so a file one takes the other takes, and a typo is named alike."""
+    import subprocess
+
+    from edgeomni.builder.awq_graph import edge_infer
+
+    command = edge_infer()
+    if command is None:
+        raise BuildError("--calibration: edge-infer, which reads request files, is not "
+                         "installed beside this Python")  # fmt: skip
+    done = subprocess.run([command, "--read-requests", str(path)], capture_output=True,
+                          text=True)  # fmt: skip
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        why = lines[-1].removeprefix("edge-infer: error: ") if lines else "no message"
+        raise BuildError(f"--calibration: {why}")
+    return list(json.loads(done.stdout)["requests"])
 
 
 def calibration_rows(

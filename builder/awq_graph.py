@@ -94,8 +94,8 @@ def record(
     import subprocess
     import tempfile
 
-    edge_infer = _edge_infer()
-    if edge_infer is None:
+    command = edge_infer()
+    if command is None:
         return "edge-infer, which runs the graph, is not installed beside this Python"
     folders = list(taps)
     with tempfile.TemporaryDirectory(prefix="edge-build-awq-") as tmp:
@@ -110,7 +110,7 @@ def record(
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         try:
             done = subprocess.run(
-                [edge_infer, "--config", str(engine_dir), "--record-taps",
+                [command, "--config", str(engine_dir), "--record-taps",
                  str(Path(tmp) / "spec.json")], capture_output=True, text=True,
             )  # fmt: skip
         finally:
@@ -126,7 +126,7 @@ def record(
             for i, folder in enumerate(folders)}  # fmt: skip
 
 
-def _edge_infer() -> str | None:
+def edge_infer() -> str | None:
     """The edge-infer this Python's edgeomni installed (its scripts folder, else PATH)."""
     import shutil
     import sysconfig

@@ -136,7 +136,8 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="FILE",
-        help="int4_awq's calibration text: a request file (TensorRT Edge-LLM's format; each "
+        help="int4_awq's calibration text: a request file (TensorRT Edge-LLM's format, read as "
+        "edge-infer reads --input-file, prompt shorthand included; each "
         "message's text, tokenized plainly, for the text model; the requests as they are, "
         "through the built graph, for talkers and code predictors: give what the checkpoint "
         "needs, a Base checkpoint's ref_audio say). Default: a few KB of varied English "

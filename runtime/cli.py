@@ -49,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--config", required=True, type=Path, help="engine dir, or its multistage_config.json"
+        "--config", type=Path, help="engine dir, or its multistage_config.json (required)"
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument(
@@ -126,6 +126,14 @@ def parser() -> argparse.ArgumentParser:
         "predictors: SPEC's requests through this graph on the CPU, the engines SPEC names "
         "replaced by its models, their extra outputs' rows written to SPEC's rows file "
         "(runtime/taps.py), and exit",
+    )
+    p.add_argument(
+        "--read-requests",
+        type=Path,
+        metavar="FILE",
+        help="what edge-build --calibration reads its request file with (no --config): FILE "
+        "read as --input-file reads it, each request's message texts and the keys it sets "
+        "printed as JSON, and exit (2 naming a malformed file or the first bad request)",
     )
     p.add_argument(
         "--validate-config",
@@ -229,7 +237,10 @@ def _fail(message: str, code: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
+    if args.config is None and args.read_requests is None:
+        cli.error("the following arguments are required: --config")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(name)s: %(message)s",
@@ -260,6 +271,8 @@ def _main(args: argparse.Namespace) -> int:
     from edgeomni.runtime.predictions import json_bytes, predictions, write_predictions
     from edgeomni.runtime.requests import load_request_file, parse_request_file, parse_sampling
 
+    if args.read_requests:
+        return _read_requests(args.read_requests)
     if args.validate_config:
         return _validate(args.config)
     if args.record_taps:
@@ -381,6 +394,34 @@ def _record_taps(spec: Path, config: Path) -> int:
         record(spec, config)
     except (RecordError, OSError, ValueError, KeyError) as e:
         return _fail(f"--record-taps: {e}", EXIT_BAD_CONFIG)
+    return EXIT_OK
+
+
+def _read_requests(path: Path) -> int:
+    """A request file read by the reader --input-file uses, for edge-build --calibration (the
+    builder sits below the runtime, so it asks this command): {"requests": [{"texts": each
+    message's text, "given": the keys the request sets, its file's top level's too}]}."""
+    from edgeomni.runtime.requests import BadRequest, load_request_file
+
+    try:
+        entries, _ = load_request_file(path)
+    except ValueError as e:
+        return _fail(str(e), EXIT_BAD_CONFIG)
+    except OSError as e:
+        return _fail(_os_reason(e), EXIT_BAD_CONFIG)
+    bad = next((e for e in entries if isinstance(e, BadRequest)), None)
+    if bad is not None:
+        return _fail(f"{path}: request {bad.index}: {bad.error}", EXIT_BAD_CONFIG)
+    out = []
+    for request in entries:
+        texts = []
+        for msg in request.messages:
+            content = msg["content"]
+            parts = [content] if isinstance(content, str) else [
+                p["text"] for p in content if p["type"] == "text"]  # fmt: skip
+            texts += parts
+        out.append({"texts": texts, "given": sorted(request.given)})
+    print(json.dumps({"requests": out}))
     return EXIT_OK
 
 

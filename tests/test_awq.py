@@ -4,6 +4,7 @@ text, and the graph edit that divides each scaled input (folded into its norm, o
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +58,34 @@ def test_calibration_texts(tmp_path: Path) -> None:
     with pytest.raises(BuildError, match="no message text"):
         awq.calibration_texts(tmp_path / "empty.json")
     (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(BuildError, match="cannot be read as a request file"):
+    with pytest.raises(BuildError, match="bad.json: invalid JSON at line 1 column 2"):
         awq.calibration_texts(tmp_path / "bad.json")
+
+
+def test_calibration_files_are_read_as_edge_infer_reads_them(tmp_path: Path, capsys) -> None:
+    """Issue 50: the README's prompt shorthand is calibration text too, and a typo'd key is
+    named as edge-infer names it (its request-file reader reads both), exit 2 before any
+    export."""
+    from edgeomni.export.tiny import make_qwen3
+    from edgeomni.runtime.requests import load_request_file
+
+    (tmp_path / "prompt.json").write_text(json.dumps(
+        {"requests": [{"prompt": "one"}, {"messages": [{"role": "user", "content": "two"}]}]}))  # fmt: skip
+    assert awq.calibration_texts(tmp_path / "prompt.json") == ["one", "two"]
+    typo = tmp_path / "typo.json"
+    typo.write_text('{"requests": [{"mesages": [{"role": "user", "content": "x"}]}]}')
+    named = "request 0: unknown request keys ['mesages']; did you mean 'mesages' -> 'messages'?"
+    with pytest.raises(BuildError, match=re.escape(named)):
+        awq.calibration_texts(typo)
+    (entry,), _ = load_request_file(typo)  # edge-infer's own words for the same request
+    assert named.removeprefix("request 0: ") in entry.error
+    engine = tmp_path / "e"
+    ckpt = make_qwen3(tmp_path / "ckpt")
+    code = build_cli.main(["--model-dir", str(ckpt), "--engine-dir", str(engine),
+                           "--quantization", "int4_awq", "--calibration", str(typo)])  # fmt: skip
+    assert code == build_cli.EXIT_BAD_INPUT
+    assert f"edge-build: error: --calibration: {typo}: {named}" in capsys.readouterr().err
+    assert not engine.exists()
 
 
 def _model(with_norm: bool) -> tuple:
@@ -112,5 +139,5 @@ def test_cli_checks_calibration_before_exporting(tmp_path: Path, capsys) -> None
     code = build_cli.main([*base, "--quantization", "int4_awq", "--calibration",
                            str(tmp_path / "bad.json")])  # fmt: skip
     assert code == build_cli.EXIT_BAD_INPUT
-    assert "cannot be read as a request file" in capsys.readouterr().err
+    assert "bad.json: invalid JSON at line 1 column 2" in capsys.readouterr().err
     assert not (tmp_path / "e").exists()  # refused before anything was exported
