@@ -135,6 +135,43 @@ def edge_infer() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("edge-infer")
 
 
+def runs_here(args: Any) -> bool:
+    """Whether this build's engines run on this machine's CPU, so the calibration requests can
+    run through its graph (else its talkers and code predictors are rounded plainly)."""
+    return args.backend == "onnxruntime" and str(args.device).partition(":")[0] == "cpu"
+
+
+def check_requests(hooks: Any, ckpt: Any, selected: Sequence[Any], args: Any) -> None:
+    """Before any export: the calibration requests can run through the graph of ``selected``,
+    setting every request key the family's optional ``calibration_needs`` names (a
+    voice-clone checkpoint's reference clip, which the shipped text cannot give)."""
+    from edgeomni.builder import awq
+    from edgeomni.builder.errors import BuildError
+
+    hook = getattr(hooks, "calibration_needs", None)
+    if args.quantization != "int4_awq" or not runs_here(args) or not callable(hook):
+        return
+    needs = dict(hook(ckpt, tuple(selected)))
+    if not needs:
+        return
+    keys = " and ".join(needs)
+    what = "; ".join(f"{key}: {meaning}" for key, meaning in needs.items())
+    if args.calibration is None:
+        raise BuildError(
+            f"--quantization int4_awq: the talkers and code predictors of {ckpt.path} are "
+            f"calibrated by running requests through the built graph, and each request needs "
+            f"{keys} ({what}), which the shipped calibration text cannot give: pass "
+            f"--calibration FILE, a request file whose requests set {keys}"
+        )
+    for i, request in enumerate(awq.read_requests(Path(args.calibration))):
+        missing = [key for key in needs if key not in request["given"]]
+        if missing:
+            raise BuildError(
+                f"--calibration {args.calibration}: request {i} sets no {', '.join(missing)} "
+                f"({what}); the calibration requests run through {ckpt.path}'s graph need it"
+            )
+
+
 def requantize(
     staging: Path, graph: Path | None, later: Sequence[tuple[Any, Path, Path]], args: Any,
     build_engine: Callable[[Any, Path, Path, dict[str, Any]], None],
@@ -159,7 +196,7 @@ def requantize(
     why = None
     if graph is None:
         why = "no graph was written to run"
-    elif args.backend != "onnxruntime" or str(args.device).partition(":")[0] != "cpu":
+    elif not runs_here(args):
         why = (f"their calibration runs the built graph on this machine's CPU, and this build "
                f"is for {args.backend} on {args.device}")  # fmt: skip
     rows: dict[Path, dict[str, np.ndarray]] | str = why or ""

@@ -189,6 +189,10 @@ def build(
     selected = select_components(hooks.components(ckpt), components, left_out(hooks, ckpt, args))
     check_checkpoint_quantization(ckpt, args)
     preflight(hooks, ckpt, selected, args)
+    if args.quantization == "int4_awq":
+        from edgeomni.builder import awq_graph
+
+        awq_graph.check_requests(hooks, ckpt, selected, args)
     warn_position_limits(hooks, ckpt, selected, args)
     engine_dir = engine_dir.resolve()
     # the fused backend lays out the decoder modules the export traced (builder/fused.py)

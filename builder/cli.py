@@ -140,7 +140,8 @@ def parser() -> argparse.ArgumentParser:
         "edge-infer reads --input-file, prompt shorthand included; each "
         "message's text, tokenized plainly, for the text model; the requests as they are, "
         "through the built graph, for talkers and code predictors: give what the checkpoint "
-        "needs, a Base checkpoint's ref_audio say). Default: a few KB of varied English "
+        "needs, a Base checkpoint's ref_audio say; a CPU build refuses one whose requests leave it "
+        "out, and the default, before any export). Default: a few KB of varied English "
         "shipped with edgeomni",
     )
     p.add_argument(

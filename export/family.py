@@ -146,6 +146,11 @@ class OptionalFamilyHooks(Protocol):
     ``calibration_fields`` gives the top-level request fields the shipped calibration text needs
     to run through the family's graph (a CustomVoice checkpoint's speaker), for int4_awq's
     calibration of talkers and code predictors (builder/awq_graph.py). Without it none.
+
+    ``calibration_needs`` names the request keys those calibration requests must set for the
+    selected components to run at all (a voice-clone checkpoint's reference clip), each with
+    what it is: int4_awq without --calibration is then refused before any export, and a
+    --calibration file whose requests leave one out. Without it none.
     """
 
     served_by: Mapping[str, str]
@@ -168,6 +173,11 @@ class OptionalFamilyHooks(Protocol):
 
     def calibration_fields(self, ckpt: Checkpoint) -> Mapping[str, Any]:
         """Request fields for calibration requests made of plain text."""
+
+    def calibration_needs(
+        self, ckpt: Checkpoint, components: Sequence[Component]
+    ) -> Mapping[str, str]:
+        """Request key -> what it is, for calibration requests through these components."""
 
     def left_out(self, ckpt: Checkpoint, args: BuildArgs) -> Mapping[str, str]:
         """Component name -> why a build with ``args`` leaves it out of "all"."""

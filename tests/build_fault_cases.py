@@ -226,3 +226,30 @@ def export_error_with_cause(env: Env) -> list[str]:
 
     env.monkeypatch.setattr(qwen3, "export_component", broken)
     return env.argv(env.engine())
+
+
+def tts_base_awq(calibration: dict[str, Any] | None) -> Setup:
+    """Issue 50: int4_awq on the tiny Base Qwen3-TTS, whose calibration requests must clone a
+    voice, with or without a --calibration file holding ``calibration``."""
+
+    def setup(env: Env) -> list[str]:
+        extra = ["--quantization", "int4_awq"]
+        if calibration is not None:
+            (env.tmp / "calib.json").write_text(json.dumps(calibration))
+            extra += ["--calibration", str(env.tmp / "calib.json")]
+        ckpt = env.request.getfixturevalue("tts_base_ckpt")
+        return env.argv(env.tmp / "eng", *extra, ckpt=ckpt)
+
+    return setup
+
+
+def qwen3_config(key: str, value: object) -> Setup:
+    """Issue 50: the tiny Qwen3 with one config.json key set to ``value``."""
+
+    def setup(env: Env) -> list[str]:
+        ckpt = env.ckpt()
+        cfg = json.loads((ckpt / "config.json").read_text())
+        (ckpt / "config.json").write_text(json.dumps({**cfg, key: value}))
+        return env.argv(env.tmp / "eng", ckpt=ckpt)
+
+    return setup

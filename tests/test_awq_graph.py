@@ -115,3 +115,32 @@ def test_tap_binding_hands_each_call_its_own_rows(tmp_path: Path) -> None:
         binding.run({"x": x, "query_lens": np.array([1 + i])})
         np.testing.assert_allclose(got[-1], (x @ w1)[0, : 1 + i], rtol=1e-5)
         np.testing.assert_allclose(y, x @ w1 @ w2, rtol=1e-5)
+
+
+def test_calibration_needs_are_checked_only_where_the_graph_runs(tmp_path: Path) -> None:
+    """Issue 50: the family's calibration_needs (a Base Qwen3-TTS's ref_audio) refuse int4_awq
+    without --calibration, accept a file that sets them at the top level or per request, and
+    do not apply where the calibration does not run the graph (a CUDA build rounds plainly)."""
+    from edgeomni.builder.errors import BuildError
+    from edgeomni.export.common.checkpoint import open_checkpoint
+    from edgeomni.export.families.qwen3_tts import hooks
+    from edgeomni.export.tiny_tts import make_checkpoint
+
+    ckpt = open_checkpoint(make_checkpoint(tmp_path / "ckpt", "base", "tiny"))
+    selected = hooks.components(ckpt)
+    cpu = BuildArgs(**ARGS, quantization="int4_awq")
+    with pytest.raises(BuildError, match="each request needs ref_audio"):
+        awq_graph.check_requests(hooks, ckpt, selected, cpu)
+    clip = tmp_path / "ref.wav"
+    clip.write_bytes(b"RIFF")  # read when a request runs, not when the file is checked
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"ref_audio": str(clip), "requests": [
+        {"prompt": "one"}, {"prompt": "two", "ref_audio": str(clip), "ref_text": "x"}]}))  # fmt: skip
+    awq_graph.check_requests(hooks, ckpt, selected, BuildArgs(**ARGS, quantization="int4_awq",
+                                                              calibration=str(good)))  # fmt: skip
+    cuda = BuildArgs(**ARGS, quantization="int4_awq", device="cuda")
+    awq_graph.check_requests(hooks, ckpt, selected, cuda)  # rounded plainly there: no requests
+    code2wav_only = [c for c in selected if c.name == "code2wav"]
+    awq_graph.check_requests(hooks, ckpt, code2wav_only, cpu)
+    voice = open_checkpoint(make_checkpoint(tmp_path / "cv", "custom_voice", "tiny"))
+    awq_graph.check_requests(hooks, voice, hooks.components(voice), cpu)

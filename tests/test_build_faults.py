@@ -361,6 +361,20 @@ ISSUE_30 = [
     pytest.param(Fault(c.past_positions, BAD, "exists and is not a directory",
                        after=c.warned_of_positions), id="kv-capacity-past-the-position-limit"),
 ]  # fmt: skip
+# issue 50: int4_awq's calibration requests that cannot run through a Base Qwen3-TTS graph, and
+# config values of the wrong kind, refused before any export
+ISSUE_50 = [
+    pytest.param(Fault(c.tts_base_awq(None), BAD, "each request needs ref_audio (ref_audio: a "
+                       "clip (any WAV) whose voice the Base checkpoint's talker clones; ref_text, "
+                       "its transcript, is optional), which the shipped calibration text cannot "
+                       "give: pass --calibration FILE"), id="awq-tts-base-without-calibration"),
+    pytest.param(Fault(c.tts_base_awq({"requests": [{"prompt": "Hello there."}]}), BAD,
+                       "calib.json: request 0 sets no ref_audio"),
+                 id="awq-tts-base-calibration-without-ref-audio"),
+    pytest.param(Fault(c.qwen3_config("num_hidden_layers", -1), BAD,
+                       "config.json: num_hidden_layers must be an integer >= 1, got -1"),
+                 id="config-negative-layers"),
+]  # fmt: skip
 FAULTS = [
     pytest.param(Fault(issue_repro, BAD, "looks like a build by an older edgeomni"), id="issue14"),
     pytest.param(
@@ -443,6 +457,7 @@ FAULTS = [
     pytest.param(Fault(unknown_component, BAD, "unknown talker"), id="unknown-component"),
     pytest.param(Fault(no_checkpoint, BAD, "no such checkpoint directory"), id="no-checkpoint"),
     *ISSUE_30,
+    *ISSUE_50,
 ]
 
 

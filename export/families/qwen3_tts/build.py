@@ -330,6 +330,18 @@ def calibration_fields(ckpt: Checkpoint) -> dict[str, Any]:
     return fields
 
 
+def calibration_needs(ckpt: Checkpoint, components: Sequence[Component]) -> dict[str, str]:
+    """The request keys int4_awq's calibration requests must set to run through the graph: a
+    Base checkpoint's talker speaks only in a voice cloned from each request's clip, which the
+    shipped text cannot give."""
+    if tts_model_type(ckpt.config) != "base":
+        return {}
+    if not {c.name for c in components} & {TALKER.name, CODE_PREDICTOR.name}:
+        return {}
+    return {"ref_audio": "a clip (any WAV) whose voice the Base checkpoint's talker clones; "
+                         "ref_text, its transcript, is optional"}  # fmt: skip
+
+
 def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:
     """What the talker runner needs: dimensions, the text and codec ids, languages, speakers,
     and the sampling defaults (generation_config.json over upstream's)."""

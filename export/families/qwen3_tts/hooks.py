@@ -3,6 +3,7 @@ clone encoders land here as they are built."""
 
 from edgeomni.export.families.qwen3_tts.build import (
     calibration_fields,
+    calibration_needs,
     components,
     export_component,
     left_out,
@@ -16,6 +17,7 @@ from edgeomni.export.families.qwen3_tts.topology import multistage_topology, no_
 
 __all__ = [
     "calibration_fields",
+    "calibration_needs",
     "components",
     "dim_ranges",
     "export_component",
