@@ -380,12 +380,23 @@ def warn_unplaced(ckpt: Any, args: BuildArgs) -> None:
 
 def check_checkpoint_quantization(ckpt: Any, args: BuildArgs, log_it: bool = True) -> None:
     """An int4 checkpoint builds with its weights as stored (--quantization int4_rtn rounds only
-    what it left float); an FP8 one is read to the engine's dtype."""
-    from edgeomni.export.common.prequantized import fp8_note
+    what it left float); an FP8 one is read to the engine's dtype. Its tensors must be stored
+    as its quantization_config declares (checked from the shards' headers; an --estimate of a
+    checkpoint without its weights goes by the config alone)."""
+    from edgeomni.export.common.checkpoint import CheckpointError
+    from edgeomni.export.common.prequantized import check_stored, fp8_note, stored_dtypes
 
     scheme = ckpt.quantization
     if scheme is None:
         return
+    try:
+        files = ckpt.weight_files
+    except CheckpointError:
+        if log_it:  # a build needs them (it read them before this); an estimate does not
+            raise
+        files = None
+    if files is not None:
+        check_stored(scheme, stored_dtypes(files))
     if scheme.int4 and args.quantization and args.quantization != "int4_rtn":
         raise BuildError(
             f"--quantization {args.quantization}: {ckpt.path} is already quantized "

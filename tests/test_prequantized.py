@@ -302,3 +302,40 @@ def test_scales_not_exact_in_the_engine_dtype_leave_the_weight_float() -> None:
     assert report is not None and report["weights"] == 0
     assert report["float_weights"] == {"w": "its scales are not exact in float16"}
     assert [n.op_type for n in model.graph.node] == ["MatMul"]
+
+
+def test_declared_format_is_checked_against_the_tensors(
+    qwen3_ckpt: Path, tmp_path: Path, capsys
+) -> None:
+    """Issue 50: a quantization_config saying AWQ over float tensors is exit 2 naming the key
+    and a float linear, for a build (before any export) and for --estimate, which would
+    otherwise count int4 that the build never makes; a stored AWQ tensor of the wrong dtype
+    is named too."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(qwen3_ckpt, ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    _, awq_config = writers.awq(32)
+    (ckpt / "config.json").write_text(json.dumps({**config, "quantization_config": awq_config}))
+    says = ("config.json: quantization_config.quant_method 'awq' declares awq int4 weights, "
+            "but no tensor is stored so (its linears are <linear>.qweight I32")  # fmt: skip
+    capsys.readouterr()
+    assert _edge_build(ckpt, tmp_path / "eng") == 2
+    err = capsys.readouterr().err
+    assert says in err and "proj.weight is F32" in err and not (tmp_path / "eng").exists()
+    assert build_cli.main(["--model-dir", str(ckpt), "--estimate"]) == 2
+    assert says in capsys.readouterr().err
+    pre = tmp_path / "pre"
+    writers.write_pair(qwen3_ckpt, pre, tmp_path / "deq", writers.awq(32))
+    (shard,) = pre.glob("*.safetensors")
+    tensors = load_file(str(shard))
+    name = next(n for n in sorted(tensors) if n.endswith(".qzeros"))
+    tensors[name] = tensors[name].float()
+    save_file(tensors, str(shard))
+    capsys.readouterr()
+    assert _edge_build(pre, tmp_path / "eng") == 2
+    assert f"quantization_config.quant_method 'awq': {name} is F32, not I32" in (
+        capsys.readouterr().err)  # fmt: skip

@@ -172,6 +172,62 @@ def _group_size(sec: dict[str, Any], key: str, where: str) -> int:
     return value
 
 
+# what a declared format's linears are stored as: suffix -> the safetensors dtypes it may have
+# (the marker first; the others must sit beside each marker)
+FLOATS = ("F16", "BF16", "F32")
+STORED_AS: dict[str, dict[str, tuple[str, ...]]] = {
+    "awq": {"qweight": ("I32",), "qzeros": ("I32",), "scales": FLOATS},
+    "gptq": {"qweight": ("I32",), "qzeros": ("I32",), "scales": FLOATS},
+    "compressed-tensors": {"weight_packed": ("I32",), "weight_scale": FLOATS,
+                           "weight_shape": ("I32", "I64")},
+    "fp8": {"weight_scale_inv": FLOATS, "weight": ("F8_E4M3",)},
+}  # fmt: skip
+
+
+def check_stored(found: Scheme, dtypes: dict[str, str]) -> None:
+    """The checkpoint's tensors (name -> safetensors dtype) hold what its quantization_config
+    declares: at least one linear stored in the format, each with its companions of the
+    format's dtypes. Else a CheckpointError naming the config key and a tensor that disagrees:
+    a float checkpoint with a stale quantization_config would build float while the estimate
+    and the log said int4."""
+    where = "config.json: quantization_config.quant_method"
+    layout = STORED_AS[found.method]
+    marker = next(iter(layout))
+    stems = [n[: -len(marker)] for n in dtypes if n.endswith("." + marker)]
+    listed = ", ".join(f"<linear>.{k} {'/'.join(v)}" for k, v in layout.items())
+    if not stems:
+        floats = [n for n, d in dtypes.items() if n.endswith("proj.weight") and d in FLOATS]
+        example = f"; {floats[0]} is {dtypes[floats[0]]}" if floats else ""
+        raise CheckpointError(
+            f"{where} {found.method!r} declares {found.describe()} weights, but no tensor is "
+            f"stored so (its linears are {listed}){example}: a float checkpoint builds without "
+            "quantization_config"
+        )
+    for stem in stems:
+        for suffix, allowed in layout.items():
+            name = stem + suffix
+            if name not in dtypes:
+                raise CheckpointError(f"{where} {found.method!r}: {stem}{marker} has no "
+                                      f"{name} beside it ({listed})")  # fmt: skip
+            if dtypes[name] not in allowed:
+                raise CheckpointError(f"{where} {found.method!r}: {name} is {dtypes[name]}, "
+                                      f"not {' or '.join(allowed)} ({listed})")  # fmt: skip
+
+
+def stored_dtypes(weight_files: dict[str, Any]) -> dict[str, str]:
+    """Tensor name -> its safetensors dtype ("I32", "F16", ...), from the shards' headers."""
+    from safetensors import safe_open
+
+    out: dict[str, str] = {}
+    by_shard: dict[Any, list[str]] = {}
+    for name, shard in weight_files.items():
+        by_shard.setdefault(shard, []).append(name)
+    for shard, names in by_shard.items():
+        with safe_open(str(shard), framework="pt") as f:
+            out.update((n, f.get_slice(n).get_dtype()) for n in names)
+    return out
+
+
 def _bits(value: Any, where: str) -> None:
     if value != 4:
         raise CheckpointError(f"{where}: {value}-bit weights are not read (4-bit are)")
