@@ -127,13 +127,14 @@ def apply(model: Any, index: RowIndex, base_dir: Path | str = "") -> dict[str, A
     for the engine's config.json, or None when no weight of this graph is int4 in it."""
     from onnx import helper, numpy_helper
 
-    from edgeomni.builder.quantize import _drop, _linear
+    from edgeomni.builder.quantize import _drop, _linear, weight_name
     from edgeomni.plugins import quant_linear
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     done: dict[tuple[str, bool], tuple[str, str, str | None, int, int, int]] = {}
     skipped: dict[str, str] = {}
+    names: dict[str, str] = {}  # initializer -> the weight it is, as the log names it
     used: set[str] = set()
     sizes = [0, 0]
     nodes = []
@@ -153,7 +154,7 @@ def apply(model: Any, index: RowIndex, base_dir: Path | str = "") -> dict[str, A
             made = assemble(segments, value.dtype) if segments is not None else why
             if isinstance(made, str):
                 if made:
-                    skipped[w] = made
+                    skipped[w], names[w] = made, weight_name(node, w)
                 nodes.append(node)
                 continue
             packed, scales, zeros, bs = made
@@ -163,6 +164,7 @@ def apply(model: Any, index: RowIndex, base_dir: Path | str = "") -> dict[str, A
                 # the scales in the engine's float type move the weight (bfloat16 scales in a
                 # float16 engine, say): it stays the float weight it was read as
                 skipped[w] = f"its scales are not exact in {value.dtype}"
+                names[w] = weight_name(node, w)
                 nodes.append(node)
                 continue
             stem = w + ("_t" if transposed else "") + "_q4"
@@ -189,6 +191,7 @@ def apply(model: Any, index: RowIndex, base_dir: Path | str = "") -> dict[str, A
     _drop(graph, {w for w, _ in done})
     if not any(o.domain == quant_linear.DOMAIN for o in model.opset_import):
         model.opset_import.add(domain=quant_linear.DOMAIN, version=quant_linear.VERSION)
+    skipped = {names[k]: v for k, v in skipped.items()}
     if skipped:
         log.warning("int4 in the checkpoint but built float: %s",
                     "; ".join(f"{k} ({v})" for k, v in skipped.items()))  # fmt: skip

@@ -284,6 +284,24 @@ def _apply_input_scales(model: Any, scales: dict[str, np.ndarray], consumers: se
     return folded
 
 
+def weight_name(node: Any, initializer: str) -> str:
+    """The weight a MatMul reads, as the checkpoint's module path names it where the exporter
+    gave its initializer a name of its own (``val_6``: a transposed copy), from the node's
+    ``pkg.torch.onnx.name_scopes`` (the innermost module); else the initializer's name."""
+    import ast
+
+    if "." in initializer:  # a parameter's own name (model.layers.0.mlp.down_proj.weight)
+        return initializer
+    scopes = next((p.value for p in node.metadata_props
+                   if p.key == "pkg.torch.onnx.name_scopes"), None)  # fmt: skip
+    try:
+        names = ast.literal_eval(scopes) if scopes else []
+    except (ValueError, SyntaxError):
+        return initializer
+    modules = [n for n in names[:-1] if isinstance(n, str) and n]  # the last is the op itself
+    return f"{modules[-1]}.weight" if modules else initializer
+
+
 def quantize_model(
     model: Any,
     q: Quantization,
@@ -333,7 +351,7 @@ def quantize_model(
         t = inits[w]
         why = _why_not(t, transposed, q, w == head, floats, w in routers)
         if why:
-            skipped[w] = why
+            skipped[weight_name(node, w)] = why
             nodes.append(node)
             continue
         if (w, transposed) not in done:

@@ -127,6 +127,21 @@ def _toy(k: int, n: int, *, kv_cache: bool = True) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
 
 
+def test_left_float_names_the_weight_not_the_exporters_copy(caplog) -> None:
+    """Issue 50: torch's exporter stores a linear's weight transposed as an initializer of its
+    own (val_6); the log and the report name the module's weight, from the node's name
+    scopes, as a real export of the tiny Qwen3 carries them."""
+    caplog.set_level("INFO", logger="edge-build")
+    model = _toy(96, 64)
+    model.graph.initializer[0].name = model.graph.node[0].input[1] = "val_6"
+    scopes = "['', 'model.layers.0', 'model.layers.0.mlp.down_proj', 'linear']"
+    model.graph.node[0].metadata_props.add(key="pkg.torch.onnx.name_scopes", value=scopes)
+    report = quantize_model(model, Quantization("int4_rtn", 64, lm_head=False))
+    assert report["float_weights"] == ["model.layers.0.mlp.down_proj.weight", "w2"]
+    assert "left float: model.layers.0.mlp.down_proj.weight (K=96 is not a multiple" in caplog.text
+    assert "val_6" not in caplog.text
+
+
 def test_pass_leaves_what_it_cannot_quantize_float(caplog) -> None:
     """K not a multiple of the group stays float, named in the report and the log; so does the
     lm_head (the MatMul making logits) when asked; by default it is quantized."""
