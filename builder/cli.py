@@ -48,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="build nothing: print each component's memory for this build (engine weights at "
         "the chosen --dtype / --quantization, host embedding tables, the KV cache at "
-        "--max-batch-size x --max-kv-cache-capacity) and the total, from config.json alone",
+        "--max-batch-size x --max-kv-cache-capacity) and the total, from config.json alone (and "
+        "a pre-quantized checkpoint's tensor headers, where its weights are there)",
     )
     p.add_argument(
         "--graph-only",
