@@ -31,8 +31,8 @@ exit status:
   0    every request succeeded (or --validate-config found the graph and engine dir valid)
   2    bad usage (a flag, its text, a media file it names), a bad graph or engine dir (what
        --validate-config checks), a malformed request file, or an output destination that
-       cannot or may not be written (a file the run reads, a place inside an engine dir
-       edge-build wrote); nothing ran
+       cannot or may not be written (a file the run reads, an engine dir edge-build
+       wrote or a place inside one); nothing ran
   3    the run finished but one or more requests failed (see predictions: ok, error)
   130  interrupted (Ctrl-C), 143 terminated (SIGTERM): the requests that had finished are
        written, the others fail as interrupted
@@ -151,7 +151,7 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help="with --input-file: run the speech stages too and write audio_req<i>.wav and the "
         "codec codes rvq_req<i>.safetensors (rvq_codes, int32 [frames, codes]) here (made if "
-        "missing, in a folder that exists)",
+        "missing, in a folder that exists; not an engine dir edge-build wrote, nor inside one)",
     )
     p.add_argument(
         "--voice",
@@ -547,7 +547,7 @@ def destination_error(
         return f"--output-file and --out-audio are the same file ({args.out_audio})"
     folder = args.output_audio_dir
     if folder is not None:
-        problem = _dir_destination(folder) or _in_engine_dir(folder)
+        problem = _dir_destination(folder) or _in_engine_dir(folder, folder=True)
         for i in range(len(requests)):
             for name in (f"audio_req{i}.wav", f"rvq_req{i}.safetensors"):
                 clash = _is_input(folder / name, inputs)
@@ -590,15 +590,17 @@ def engine_inputs(pipeline: Any) -> dict[str, str]:
     return out
 
 
-def _in_engine_dir(path: Path) -> str | None:
-    """An output inside an engine dir that edge-build wrote (its manifest beside its files):
-    refused, since it could replace a file of the build and would stop its next rebuild."""
-    for folder in Path(os.path.realpath(path)).parents:
-        if (folder / MANIFEST).is_file():
-            return (
-                f"lies inside {folder}, an engine dir edge-build wrote; write outputs "
-                "elsewhere (a rebuild refuses a dir holding files it did not write)"
-            )
+def _in_engine_dir(path: Path, folder: bool = False) -> str | None:
+    """An output inside an engine dir that edge-build wrote (its manifest beside its files),
+    or with ``folder`` an output folder that is one: refused, since it could replace a file of
+    the build and would stop its next rebuild."""
+    real = Path(os.path.realpath(path))
+    why = "write outputs elsewhere (a rebuild refuses a dir holding files it did not write)"
+    if folder and (real / MANIFEST).is_file():
+        return f"is an engine dir edge-build wrote; {why}"
+    for parent in real.parents:
+        if (parent / MANIFEST).is_file():
+            return f"lies inside {parent}, an engine dir edge-build wrote; {why}"
     return None
 
 
