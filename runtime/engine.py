@@ -438,36 +438,41 @@ def check_engine(folder: Path, config: Mapping[str, Any]) -> str:
 
 
 def _check_cuda(engine_file: Path, backend: str, device: int = 0) -> None:
-    """A GPU engine needs its runtime's GPU support and an NVIDIA GPU on this machine: found
-    here, before anything loads, never by falling back to the CPU."""
-    import importlib.util
+    """A GPU engine needs an NVIDIA GPU on this machine and its runtime's GPU support: found
+    here, before anything loads, never by falling back to the CPU; what is missing is named
+    once, all of it (cuda_missing)."""
+    missing = cuda_missing(backend, device)
+    if missing:
+        raise EngineError(f"{engine_file.name} was built for cuda, but {' and '.join(missing)}")
 
+
+def cuda_missing(backend: str, device: int = 0) -> list[str]:
+    """What this machine lacks to run a ``backend`` engine on GPU ``device``, each a clause:
+    the GPU (its driver, the device) first, then the runtime's GPU support; empty when it has
+    both. Asked at once, so a user installs what is missing in one go."""
+    module = _gpu_support_problem(backend)
+    return [p for p in (cuda_device_problem(device), module) if p]
+
+
+def _gpu_support_problem(backend: str) -> str | None:
+    """Why this Python cannot run ``backend``'s engines on a GPU (its module), or None."""
     if backend == "onnxruntime":
         import onnxruntime as ort
 
         if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise EngineError(
-                f"{engine_file.name} was built for cuda, but this onnxruntime has no "
-                "CUDAExecutionProvider (install onnxruntime-gpu and run on a machine with an "
-                "NVIDIA GPU, or rebuild with --device cpu)"
-            )
-    elif backend == FUSED:
+            return ("this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu and "
+                    "run on a machine with an NVIDIA GPU, or rebuild with --device cpu)")  # fmt: skip
+        return None
+    if backend == FUSED:
         if not _has_module("cuda.bindings"):
-            raise EngineError(
-                f"{engine_file.name} is a fused engine, whose kernels NVRTC compiles at load: "
-                "install cuda-python and NVRTC (pip install 'edgeomni[cuda]'; NVRTC comes "
-                "with the CUDA toolkit, or JetPack)"
-            )
-    else:
-        module = "tensorrt_rtx" if backend == "tensorrt-rtx" else "tensorrt"
-        if importlib.util.find_spec(module) is None:
-            raise EngineError(
-                f"{engine_file.name} is a {backend} engine, but the module {module!r} is not "
-                "installed here"
-            )
-    problem = cuda_device_problem(device)
-    if problem:
-        raise EngineError(f"{engine_file.name} was built for cuda, but {problem}")
+            return ("this Python has no cuda-python, whose NVRTC compiles a fused engine's "
+                    "kernels at load (pip install 'edgeomni[cuda]'; NVRTC comes with the CUDA "
+                    "toolkit, or JetPack)")  # fmt: skip
+        return None
+    module = "tensorrt_rtx" if backend == "tensorrt-rtx" else "tensorrt"
+    if not _has_module(module):
+        return f"the module {module!r}, which runs {backend} engines, is not installed here"
+    return None
 
 
 def _has_module(name: str) -> bool:
