@@ -125,6 +125,13 @@ ROWS = [
         lambda w: (w.req.write_text('{"requests": [{"prompt": "a", "reference": ' + "[" * 100000
                                     + "]" * 100000 + "}]}"), w.run())[1],
         BAD_USAGE, "r.json: nested too deeply to read"),
+    Row("requests-given-twice", lambda w: (w.req.write_text(
+        '{"requests": [{"prompt": "a"}], "requests": [{"prompt": "b"}]}'), w.run())[1],
+        BAD_USAGE, "r.json: top level: the key 'requests' is given more than once"),
+    Row("a-message-key-given-twice", lambda w: (w.req.write_text(
+        '{"requests": [{"prompt": "a"}, {"messages": [{"role": "user", "content": "x", '
+        '"content": "y"}]}]}'), w.run())[1],
+        BAD_USAGE, "r.json: requests[1].messages[0]: the key 'content' is given more than once"),
     Row("requests-not-a-list", lambda w: (w.req.write_text('{"requests": 5}'), w.run())[1],
         BAD_USAGE, "needs a 'requests' list"),
     # -- output destinations, checked before any stage is opened
