@@ -709,17 +709,19 @@ def _report(
     *,
     audio_only: bool = False,
 ) -> None:
-    """--prompt: the reply on stdout unless it was streamed there (or why it failed; on a
-    graph that only speaks, what it wrote); a request file: a summary."""
+    """--prompt: the reply on stdout unless it was streamed there or the graph only speaks (or
+    why it failed), and on stderr the audio file it wrote, whatever the family; a request
+    file: a summary."""
     if args.prompt is not None:
         entry = entries[0]
         if not entry["ok"]:
             print(f"edge-infer: request failed: {entry['error']}", file=sys.stderr)
-        elif audio_only:
+            return
+        if not (audio_only or streamed):
+            print(entry.get("output_text", ""))
+        if "audio_file" in entry:
             seconds = entry.get("audio_duration_ms", 0) / 1e3
             print(f"edge-infer: wrote {args.out_audio} ({seconds:.2f} s of audio)", file=sys.stderr)
-        elif not streamed:
-            print(entry.get("output_text", ""))
         return
     bad = [e for e in entries if not e["ok"]]
     print(

@@ -286,6 +286,9 @@ ROWS = [
         lambda w: omni_talker_params(w, subtalker_dosample=False, talker_top_k=1),
         cli.EXIT_OK, "1 of 1 requests succeeded", engine="omni", opens=True, writes=OMNI_SPOKE,
         then=greedy_talker),
+    Row("omni-prompt-says-what-it-wrote", lambda w: w.prompt("--out-audio", w.p("a.wav")),
+        cli.EXIT_OK, "edge-infer: wrote {}/a.wav (", engine="omni", opens=True,
+        writes=("a.wav",)),
     Row("omni-talker-text-mode-says-so",
         lambda w: omni_talker_params(w, talker_non_streaming_mode=1), cli.EXIT_OK,
         "warning: talker_non_streaming_mode changes nothing here: no stage of this graph reads "
