@@ -97,8 +97,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-size",
         type=int,
-        help="requests per cohort, also capped by the build's max_batch (default: the request "
-        "file's batch_size, else 1)",
+        help="requests each stage runs together (a cohort's, with --batching cohort), also "
+        "capped by the build's max_batch (default: the request file's batch_size, else 1: one "
+        "at a time, whatever the build allows)",
     )
     p.add_argument(
         "--sampling",

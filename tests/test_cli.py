@@ -137,3 +137,30 @@ def test_audio_on_a_text_only_graph(qwen3_engine: Path, tmp_path: Path, capsys) 
     )
     assert code == cli.EXIT_BAD_CONFIG
     assert "no audio output" in capsys.readouterr().err
+
+
+def test_the_batch_size_default_of_1_is_said_in_help_and_readme(
+    qwen3_engine: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Neither --batch-size nor the file's batch_size: requests run one at a time, whatever
+    the build allows; --help and the README's edge-infer section say so."""
+    import re
+
+    from edgeomni.runtime.pipeline import Pipeline
+
+    seen: list[int] = []
+
+    def run(self, requests, *, batch_size, **kwargs):
+        seen.append(batch_size)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(Pipeline, "run", run)
+    req = tmp_path / "r.json"
+    req.write_text(json.dumps({"requests": [{"prompt": "a"}, {"prompt": "b"}]}))
+    assert cli.main(["--config", str(qwen3_engine), "--input-file", str(req)]) == cli.EXIT_INTERNAL
+    assert seen == [1]
+    action = next(a for a in cli.parser()._actions if a.dest == "batch_size")
+    assert "batch_size, else 1" in action.help
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    section = text[text.index("`edge-infer --config") : text.index("`edge-serve --config")]
+    assert re.search(r"`--batch-size` defaults to the request file's `batch_size`, else 1", section)
