@@ -259,7 +259,12 @@ def _main(args: argparse.Namespace) -> int:
     from edgeomni.runtime.outputs import AudioWriter
     from edgeomni.runtime.pipeline import INTERRUPTED, Interrupted, Pipeline, StageError
     from edgeomni.runtime.predictions import json_bytes, predictions, write_predictions
-    from edgeomni.runtime.requests import load_request_file, parse_request_file, parse_sampling
+    from edgeomni.runtime.requests import (
+        load_request_file,
+        loads_once,
+        parse_request_file,
+        parse_sampling,
+    )
 
     if args.validate_config:
         return _validate(args.config)
@@ -269,7 +274,7 @@ def _main(args: argparse.Namespace) -> int:
     if problem:
         return _fail(problem, EXIT_BAD_CONFIG)
     try:
-        raw = json.loads(args.sampling)
+        raw = loads_once(args.sampling)
         sampling, extra = parse_sampling(raw)
     except (ValueError, TypeError) as e:
         return _fail(f"--sampling: {e}", EXIT_BAD_CONFIG)

@@ -132,6 +132,8 @@ ROWS = [
         '{"requests": [{"prompt": "a"}, {"messages": [{"role": "user", "content": "x", '
         '"content": "y"}]}]}'), w.run())[1],
         BAD_USAGE, "r.json: requests[1].messages[0]: the key 'content' is given more than once"),
+    Row("sampling-key-given-twice", lambda w: w.prompt("--sampling", '{"top_k": 1, "top_k": 5}'),
+        BAD_USAGE, "--sampling: top level: the key 'top_k' is given more than once"),
     Row("requests-not-a-list", lambda w: (w.req.write_text('{"requests": 5}'), w.run())[1],
         BAD_USAGE, "needs a 'requests' list"),
     # -- output destinations, checked before any stage is opened
