@@ -261,7 +261,7 @@ def _note_gpu(backend: str, device: str) -> None:
     """A cuda build made where its engines cannot run (no GPU, no cuda-python): legitimate
     (built for another machine), so one note, not an error, naming all this machine lacks,
     as edge-infer would refuse the engines here."""
-    from edgeomni.runtime.engine import cuda_missing
+    from edgeomni.plugins.gpu_check import cuda_missing
 
     missing = cuda_missing(backend, 0) if device == "cuda" else []
     if missing:
