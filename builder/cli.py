@@ -91,7 +91,8 @@ def parser() -> argparse.ArgumentParser:
         "kernels, compiled by NVRTC when loaded (cuda-python; --dtype float16 or float32; "
         "--quantization int4_rtn with --dtype float16 and --group-size 32, 64 or 128), the "
         "other components (and a pre-quantized checkpoint's decoders) by ONNX Runtime's CUDA "
-        "provider; needs --device cuda (its default)",
+        "provider; needs --device cuda (its default). Builds without a GPU (a note then says "
+        "what this machine lacks to run the engines)",
     )
     p.add_argument(
         "--device",
@@ -259,9 +260,22 @@ def _run(args: argparse.Namespace) -> int:
             print(estimate_only(args.model_dir, build_args, wanted))
             return EXIT_OK
         graph = build(args.model_dir, args.engine_dir, build_args, wanted)
+        _note_gpu(build_args.backend, build_args.device)
     if graph is not None:
         print(f"edge-build: wrote {graph}", file=sys.stderr)
     return EXIT_OK
+
+
+def _note_gpu(backend: str, device: str) -> None:
+    """A cuda build made where its engines cannot run (no GPU, no cuda-python): legitimate
+    (built for another machine), so one note, not an error, naming all this machine lacks,
+    as edge-infer would refuse the engines here."""
+    from edgeomni.plugins.gpu_check import cuda_missing
+
+    missing = cuda_missing(backend, 0) if device == "cuda" else []
+    if missing:
+        print(f"edge-build: note: these cuda engines cannot run here: {' and '.join(missing)}",
+              file=sys.stderr)  # fmt: skip
 
 
 def _failed(e: BaseException, args: argparse.Namespace, signum: int | None) -> int:

@@ -5,8 +5,9 @@ is a byte-level BPE trained here on a few sentences.
 
     python -m edgeomni.export.tiny MODEL_TYPE OUT_DIR [--seed 0] [--force]
 
-MODEL_TYPE: a registered family's (qwen3, qwen3_omni_moe, qwen3_tts: its CustomVoice kind;
-export/tiny_tts.py makes the others).
+MODEL_TYPE: one per registered family that declares a tiny maker (export/registry.py), listed
+below with its maker, whose default kind it writes (a maker's module may write other kinds
+itself: python -m MODULE --help).
 
 OUT_DIR must be new or empty: a checkpoint's files have common names (config.json,
 model.safetensors, tokenizer.json) that would replace yours, so a non-empty OUT_DIR is refused
@@ -209,10 +210,21 @@ def write_checkpoint(prog: str, out_dir: Path, force: bool, make: Callable[[], A
     return 0
 
 
+def model_types_help() -> str:
+    """--help's list of every MODEL_TYPE, from the registry: a family added there is listed."""
+    from edgeomni.export.registry import tiny_makers
+
+    rows = [f"  {t:<16} family {f.name}, written by {f.tiny}"
+            for t, f in sorted(tiny_makers().items())]  # fmt: skip
+    return "model types (MODEL_TYPE):\n" + "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     prog = "python -m edgeomni.export.tiny"
-    p = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("family", choices=sorted(MAKERS))
+    p = Parser(prog=prog, description=__doc__, epilog=model_types_help(),
+               formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("family", metavar="MODEL_TYPE", choices=sorted(MAKERS),
+                   help="the checkpoint's model_type: one of those listed below")  # fmt: skip
     p.add_argument("out_dir", type=Path)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help=FORCE_HELP)

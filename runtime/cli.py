@@ -31,8 +31,8 @@ exit status:
   0    every request succeeded (or --validate-config found the graph and engine dir valid)
   2    bad usage (a flag, its text, a media file it names), a bad graph or engine dir (what
        --validate-config checks), a malformed request file, or an output destination that
-       cannot or may not be written (a file the run reads, a place inside an engine dir
-       edge-build wrote); nothing ran
+       cannot or may not be written (a file the run reads, an engine dir edge-build
+       wrote or a place inside one); nothing ran
   3    the run finished but one or more requests failed (see predictions: ok, error)
   130  interrupted (Ctrl-C), 143 terminated (SIGTERM): the requests that had finished are
        written, the others fail as interrupted
@@ -97,8 +97,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-size",
         type=int,
-        help="requests per cohort, also capped by the build's max_batch (default: the request "
-        "file's batch_size, else 1)",
+        help="requests each stage runs together (a cohort's, with --batching cohort), also "
+        "capped by the build's max_batch (default: the request file's batch_size, else 1: one "
+        "at a time, whatever the build allows)",
     )
     p.add_argument(
         "--sampling",
@@ -159,7 +160,7 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help="with --input-file: run the speech stages too and write audio_req<i>.wav and the "
         "codec codes rvq_req<i>.safetensors (rvq_codes, int32 [frames, codes]) here (made if "
-        "missing, in a folder that exists)",
+        "missing, in a folder that exists; not an engine dir edge-build wrote, nor inside one)",
     )
     p.add_argument(
         "--voice",
@@ -269,7 +270,12 @@ def _main(args: argparse.Namespace) -> int:
     from edgeomni.runtime.outputs import AudioWriter
     from edgeomni.runtime.pipeline import INTERRUPTED, Interrupted, Pipeline, StageError
     from edgeomni.runtime.predictions import json_bytes, predictions, write_predictions
-    from edgeomni.runtime.requests import load_request_file, parse_request_file, parse_sampling
+    from edgeomni.runtime.requests import (
+        load_request_file,
+        loads_once,
+        parse_request_file,
+        parse_sampling,
+    )
 
     if args.read_requests:
         return _read_requests(args.read_requests)
@@ -281,7 +287,7 @@ def _main(args: argparse.Namespace) -> int:
     if problem:
         return _fail(problem, EXIT_BAD_CONFIG)
     try:
-        raw = json.loads(args.sampling)
+        raw = loads_once(args.sampling)
         sampling, extra = parse_sampling(raw)
     except (ValueError, TypeError) as e:
         return _fail(f"--sampling: {e}", EXIT_BAD_CONFIG)
@@ -588,7 +594,7 @@ def destination_error(
         return f"--output-file and --out-audio are the same file ({args.out_audio})"
     folder = args.output_audio_dir
     if folder is not None:
-        problem = _dir_destination(folder) or _in_engine_dir(folder)
+        problem = _dir_destination(folder) or _in_engine_dir(folder, folder=True)
         for i in range(len(requests)):
             for name in (f"audio_req{i}.wav", f"rvq_req{i}.safetensors"):
                 clash = _is_input(folder / name, inputs)
@@ -631,15 +637,17 @@ def engine_inputs(pipeline: Any) -> dict[str, str]:
     return out
 
 
-def _in_engine_dir(path: Path) -> str | None:
-    """An output inside an engine dir that edge-build wrote (its manifest beside its files):
-    refused, since it could replace a file of the build and would stop its next rebuild."""
-    for folder in Path(os.path.realpath(path)).parents:
-        if (folder / MANIFEST).is_file():
-            return (
-                f"lies inside {folder}, an engine dir edge-build wrote; write outputs "
-                "elsewhere (a rebuild refuses a dir holding files it did not write)"
-            )
+def _in_engine_dir(path: Path, folder: bool = False) -> str | None:
+    """An output inside an engine dir that edge-build wrote (its manifest beside its files),
+    or with ``folder`` an output folder that is one: refused, since it could replace a file of
+    the build and would stop its next rebuild."""
+    real = Path(os.path.realpath(path))
+    why = "write outputs elsewhere (a rebuild refuses a dir holding files it did not write)"
+    if folder and (real / MANIFEST).is_file():
+        return f"is an engine dir edge-build wrote; {why}"
+    for parent in real.parents:
+        if (parent / MANIFEST).is_file():
+            return f"lies inside {parent}, an engine dir edge-build wrote; {why}"
     return None
 
 
@@ -748,17 +756,19 @@ def _report(
     *,
     audio_only: bool = False,
 ) -> None:
-    """--prompt: the reply on stdout unless it was streamed there (or why it failed; on a
-    graph that only speaks, what it wrote); a request file: a summary."""
+    """--prompt: the reply on stdout unless it was streamed there or the graph only speaks (or
+    why it failed), and on stderr the audio file it wrote, whatever the family; a request
+    file: a summary."""
     if args.prompt is not None:
         entry = entries[0]
         if not entry["ok"]:
             print(f"edge-infer: request failed: {entry['error']}", file=sys.stderr)
-        elif audio_only:
+            return
+        if not (audio_only or streamed):
+            print(entry.get("output_text", ""))
+        if "audio_file" in entry:
             seconds = entry.get("audio_duration_ms", 0) / 1e3
             print(f"edge-infer: wrote {args.out_audio} ({seconds:.2f} s of audio)", file=sys.stderr)
-        elif not streamed:
-            print(entry.get("output_text", ""))
         return
     bad = [e for e in entries if not e["ok"]]
     print(

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from edgeomni.plugins.gpu_check import cuda_device_problem, cuda_missing  # noqa: F401 (re-exported)
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import Buffers, DeviceBuffers, FixedInputs, HostBuffers
 
@@ -438,68 +439,12 @@ def check_engine(folder: Path, config: Mapping[str, Any]) -> str:
 
 
 def _check_cuda(engine_file: Path, backend: str, device: int = 0) -> None:
-    """A GPU engine needs its runtime's GPU support and an NVIDIA GPU on this machine: found
-    here, before anything loads, never by falling back to the CPU."""
-    import importlib.util
-
-    if backend == "onnxruntime":
-        import onnxruntime as ort
-
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise EngineError(
-                f"{engine_file.name} was built for cuda, but this onnxruntime has no "
-                "CUDAExecutionProvider (install onnxruntime-gpu and run on a machine with an "
-                "NVIDIA GPU, or rebuild with --device cpu)"
-            )
-    elif backend == FUSED:
-        if not _has_module("cuda.bindings"):
-            raise EngineError(
-                f"{engine_file.name} is a fused engine, whose kernels NVRTC compiles at load: "
-                "install cuda-python and NVRTC (pip install 'edgeomni[cuda]'; NVRTC comes "
-                "with the CUDA toolkit, or JetPack)"
-            )
-    else:
-        module = "tensorrt_rtx" if backend == "tensorrt-rtx" else "tensorrt"
-        if importlib.util.find_spec(module) is None:
-            raise EngineError(
-                f"{engine_file.name} is a {backend} engine, but the module {module!r} is not "
-                "installed here"
-            )
-    problem = cuda_device_problem(device)
-    if problem:
-        raise EngineError(f"{engine_file.name} was built for cuda, but {problem}")
-
-
-def _has_module(name: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:  # its parent package is missing
-        return False
-
-
-def cuda_device_problem(device: int = 0) -> str | None:
-    """Why this machine cannot run CUDA work on GPU ``device`` (no driver library, no such
-    device), or None: asked of the driver itself (libcuda), which every CUDA runtime needs, so
-    it holds on Jetson too."""
-    import ctypes
-
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return "this machine has no NVIDIA driver (libcuda.so.1 cannot be loaded)"
-    count = ctypes.c_int(0)
-    status = cuda.cuInit(0)
-    if status == 0:
-        status = cuda.cuDeviceGetCount(ctypes.byref(count))
-    if status != 0:
-        return f"the NVIDIA driver cannot be initialised (CUDA error {status})"
-    if count.value == 0:
-        return "this machine has no CUDA device"
-    if device >= count.value:
-        return f"this machine has {count.value} CUDA device(s): there is no cuda:{device}"
-    return None
+    """A GPU engine needs an NVIDIA GPU on this machine and its runtime's GPU support: found
+    here, before anything loads, never by falling back to the CPU; what is missing is named
+    once, all of it (cuda_missing)."""
+    missing = cuda_missing(backend, device)
+    if missing:
+        raise EngineError(f"{engine_file.name} was built for cuda, but {' and '.join(missing)}")
 
 
 # onnxruntime before this version refuses GroupQueryAttention with past context for more than one

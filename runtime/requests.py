@@ -707,13 +707,16 @@ def load_request_file(
     given: Collection[str] = (),
     top: Mapping[str, Any] = _EMPTY,
 ) -> tuple[list[Request | BadRequest], dict[str, Any]]:
-    """Read and parse a request file; JSON errors become ``ValueError`` with line and column."""
+    """Read and parse a request file; JSON errors become ``ValueError`` with line and column,
+    and so does a key given twice in one object (JSON would keep the last, unsaid)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e})") from None
     try:
-        obj = json.loads(text)
+        obj = loads_once(text)
+    except KeyGivenTwice as e:
+        raise ValueError(f"{path}: {e}") from None
     except json.JSONDecodeError as e:
         raise ValueError(
             f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
@@ -725,3 +728,41 @@ def load_request_file(
         return parse_request_file(obj, defaults, extra_defaults, given, top)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
+
+
+class KeyGivenTwice(ValueError):
+    """A JSON object gives a key more than once."""
+
+
+def loads_once(text: str) -> Any:
+    """``json.loads``, but a key given twice in one object (JSON would keep the last, unsaid)
+    raises KeyGivenTwice, naming the key and where it is."""
+    twice: dict[int, str] = {}  # id of an object read -> its first key given again
+
+    def pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) < len(pairs):
+            keys = [k for k, _ in pairs]
+            twice[id(obj)] = next(k for i, k in enumerate(keys) if k in keys[:i])
+        return obj
+
+    obj = json.loads(text, object_pairs_hook=pairs_hook)
+    if twice:
+        where, key = _given_twice(obj, twice)
+        raise KeyGivenTwice(f"{where or 'top level'}: the key {key!r} is given more than once "
+                            "(JSON would keep only the last); give it once")  # fmt: skip
+    return obj
+
+
+def _given_twice(obj: Any, twice: Mapping[int, str]) -> tuple[str, str]:
+    """The first object (in the file's order) ``twice`` names: its path and its key."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:  # not recursive: a file as deep as the decoder reads must not overflow here
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            if id(value) in twice:
+                return where, twice[id(value)]
+            stack += [(f"{where}.{k}" if where else k, v) for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [(f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value)))]
+    raise AssertionError("an object read with a key given twice is not in the file")

@@ -234,6 +234,13 @@ def foreign(w: World) -> World:
     return w
 
 
+def another_engine_dir(w: World) -> list[str]:
+    """--output-audio-dir naming an engine dir other than the one run (its manifest)."""
+    (w.root / "other").mkdir()
+    shutil.copy(w.eng / "edgeomni_manifest.json", w.root / "other")
+    return w.run("--output-audio-dir", w.p("other"))
+
+
 def with_external_data(w: World, keep: int | None = None) -> None:
     """llm.onnx with its weights in llm.onnx.data (the first ``keep`` bytes of it, if given)."""
     import onnx

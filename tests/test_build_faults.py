@@ -354,7 +354,7 @@ ISSUE_30 = [
         ("tiny-out-is-a-file", tiny.main, c.tiny_out_is_a_file, BAD,
          "TMP/f exists and is not a directory", (), None),
         ("tiny-bad-family", tiny.main, c.tiny_args("qwen9", "TMP/d"), BAD,
-         "argument family: invalid choice: 'qwen9'", (), None),
+         "argument MODEL_TYPE: invalid choice: 'qwen9'", (), None),
         ("tiny-tts-bad-seed", tiny_tts.main, c.tiny_args("TMP/d", "--seed", "x"), BAD,
          "argument --seed: invalid int value: 'x'", (), None),
     )),

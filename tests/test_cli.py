@@ -137,3 +137,56 @@ def test_audio_on_a_text_only_graph(qwen3_engine: Path, tmp_path: Path, capsys) 
     )
     assert code == cli.EXIT_BAD_CONFIG
     assert "no audio output" in capsys.readouterr().err
+
+
+def test_the_batch_size_default_of_1_is_said_in_help_and_readme(
+    qwen3_engine: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Neither --batch-size nor the file's batch_size: requests run one at a time, whatever
+    the build allows; --help and the README's edge-infer section say so."""
+    import re
+
+    from edgeomni.runtime.pipeline import Pipeline
+
+    seen: list[int] = []
+
+    def run(self, requests, *, batch_size, **kwargs):
+        seen.append(batch_size)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(Pipeline, "run", run)
+    req = tmp_path / "r.json"
+    req.write_text(json.dumps({"requests": [{"prompt": "a"}, {"prompt": "b"}]}))
+    assert cli.main(["--config", str(qwen3_engine), "--input-file", str(req)]) == cli.EXIT_INTERNAL
+    assert seen == [1]
+    action = next(a for a in cli.parser()._actions if a.dest == "batch_size")
+    assert "batch_size, else 1" in action.help
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    section = text[text.index("`edge-infer --config") : text.index("`edge-serve --config")]
+    assert re.search(r"`--batch-size` defaults to the request file's `batch_size`, else 1", section)
+
+
+def test_the_readme_one_liners_make_the_media_they_name(tmp_path: Path) -> None:
+    """Each README one-liner that hands edge-infer an --image or --audio file makes it first,
+    with what the setup installs: its ``python -c`` steps run here (in a scratch folder for
+    /tmp/edgeomni-demo), and the file they write is one edge-infer reads."""
+    import shlex
+    import subprocess
+    import sys
+
+    from edgeomni.runtime.audio import read_wav
+    from edgeomni.runtime.media.image import load_image
+
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    lines = [x for x in text.splitlines() if "edge-infer " in x and ("--image " in x or "--audio " in x)]
+    assert len(lines) >= 2
+    for line in lines:
+        line = line.replace("/tmp/edgeomni-demo", str(tmp_path))
+        *before, infer = [shlex.split(step) for step in line.split(" && ")]
+        for argv in before:
+            if argv[:2] == [".venv/bin/python", "-c"]:
+                subprocess.run([sys.executable, *argv[1:]], check=True, timeout=120)
+        for flag, read in (("--image", load_image), ("--audio", read_wav)):
+            for i in [i for i, a in enumerate(infer) if a == flag]:
+                assert Path(infer[i + 1]).is_file(), f"{line[:60]}...: {infer[i + 1]} is not made"
+                read(infer[i + 1])  # a file edge-infer reads

@@ -175,6 +175,17 @@ def test_generic_files_name_no_family_key() -> None:
                     families.STAGE_PREFIXES)), (path, node.lineno, text)  # fmt: skip
 
 
+def test_the_tiny_writers_help_lists_every_family_it_accepts() -> None:
+    """python -m edgeomni.export.tiny --help names each model type it takes (the toy's
+    included), from the registry: a family registered later is listed too."""
+    out = run(sys.executable, "-m", "edgeomni.export.tiny", "--help")
+    assert out.returncode == 0, out.stderr
+    listed = out.stdout.split("model types (MODEL_TYPE):", 1)[1]
+    for name, model_type, _ in FAMILIES:
+        assert re.search(rf"^  {model_type} +family {name}, written by ", listed, re.M), listed
+    assert "edgeomni_toy" in listed
+
+
 def test_every_declared_tiny_maker_imports() -> None:
     from edgeomni.export.registry import families
 

@@ -53,14 +53,49 @@ def test_bad_fused_builds_are_refused(qwen3_ckpt, tmp_path, changes, message) ->
     assert not (tmp_path / "eng").exists()
 
 
-def test_fused_cli_defaults_to_cuda(qwen3_ckpt, tmp_path) -> None:
+NO_DRIVER = "this machine has no NVIDIA driver (libcuda.so.1 cannot be loaded)"
+
+
+def lacking(monkeypatch: pytest.MonkeyPatch, driver: bool, cuda_python: bool) -> None:
+    """This machine as one with or without an NVIDIA driver and cuda-python."""
+    from edgeomni.plugins import gpu_check
+
+    monkeypatch.setattr(gpu_check, "cuda_device_problem", lambda device=0: None if driver
+                        else NO_DRIVER)  # fmt: skip
+    monkeypatch.setattr(gpu_check, "_has_module", lambda name: cuda_python)
+
+
+def test_fused_cli_defaults_to_cuda_and_notes_what_this_machine_lacks(
+    qwen3_ckpt, tmp_path, monkeypatch, capsys
+) -> None:
+    """A build for another machine is legitimate: exit 0, and one note naming all this one
+    lacks to run it, the driver first."""
     from edgeomni.builder import cli as build_cli
 
+    lacking(monkeypatch, driver=False, cuda_python=False)
     code = build_cli.main(["--model-dir", str(qwen3_ckpt), "--engine-dir", str(tmp_path / "e"),
                            "--backend", "fused", "--max-batch-size", "2", "--max-input-len",
                            "16", "--max-kv-cache-capacity", "32"])  # fmt: skip
     assert code == 0
     assert json.loads((tmp_path / "e" / "config.json").read_text())["device"] == "cuda"
+    notes = [x for x in capsys.readouterr().err.splitlines() if x.startswith("edge-build: note:")]
+    assert len(notes) == 1, notes
+    assert notes[0].index("no NVIDIA driver") < notes[0].index("no cuda-python"), notes
+
+
+@pytest.mark.parametrize(("driver", "cuda_python"), [(False, False), (True, False), (False, True)])
+def test_a_fused_engine_is_refused_naming_all_the_machine_lacks_once(
+    fused_engine, monkeypatch, capsys, driver, cuda_python
+) -> None:
+    """edge-infer names the driver and cuda-python in one error, in that order, not the
+    module first and the driver only once it is installed."""
+    lacking(monkeypatch, driver, cuda_python)
+    code = cli.main(["--config", str(fused_engine), "--prompt", "hi"])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_CONFIG and err.count("\n") == 1, err
+    assert ("no NVIDIA driver" in err) != driver and ("no cuda-python" in err) != cuda_python
+    if not (driver or cuda_python):
+        assert err.index("no NVIDIA driver") < err.index("no cuda-python"), err
 
 
 def test_the_fused_steps_equal_the_onnx_engine(fused_engine, qwen3_engine) -> None:

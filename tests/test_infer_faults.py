@@ -25,6 +25,7 @@ from infer_fault_cases import (  # the rows' setups and checks
     Row,
     World,
     a_bug,
+    another_engine_dir,
     audio_dir_over_input,
     disk_full,
     escaped_echo,
@@ -124,6 +125,15 @@ ROWS = [
         lambda w: (w.req.write_text('{"requests": [{"prompt": "a", "reference": ' + "[" * 100000
                                     + "]" * 100000 + "}]}"), w.run())[1],
         BAD_USAGE, "r.json: nested too deeply to read"),
+    Row("requests-given-twice", lambda w: (w.req.write_text(
+        '{"requests": [{"prompt": "a"}], "requests": [{"prompt": "b"}]}'), w.run())[1],
+        BAD_USAGE, "r.json: top level: the key 'requests' is given more than once"),
+    Row("a-message-key-given-twice", lambda w: (w.req.write_text(
+        '{"requests": [{"prompt": "a"}, {"messages": [{"role": "user", "content": "x", '
+        '"content": "y"}]}]}'), w.run())[1],
+        BAD_USAGE, "r.json: requests[1].messages[0]: the key 'content' is given more than once"),
+    Row("sampling-key-given-twice", lambda w: w.prompt("--sampling", '{"top_k": 1, "top_k": 5}'),
+        BAD_USAGE, "--sampling: top level: the key 'top_k' is given more than once"),
     Row("requests-not-a-list", lambda w: (w.req.write_text('{"requests": 5}'), w.run())[1],
         BAD_USAGE, "needs a 'requests' list"),
     # -- output destinations, checked before any stage is opened
@@ -181,6 +191,10 @@ ROWS = [
     Row("output-audio-dir-in-the-engine-dir",
         lambda w: w.run("--output-audio-dir", str(w.eng / "talker" / "out")), BAD_USAGE,
         "lies inside", engine="omni"),
+    Row("output-audio-dir-is-the-engine-dir", lambda w: w.run("--output-audio-dir", str(w.eng)),
+        BAD_USAGE, "--output-audio-dir {eng}: is an engine dir edge-build wrote", engine="omni"),
+    Row("output-audio-dir-is-another-engine-dir", another_engine_dir, BAD_USAGE,
+        "other: is an engine dir edge-build wrote", engine="omni"),
     Row("output-file-in-a-foreign-engine-dir",
         lambda w: (foreign(w), [*w.run()[:5], str(w.eng / "p.json"), *w.run()[6:]])[1],
         cli.EXIT_OK, "2 of 2 requests succeeded", opens=True, writes=("eng/p.json",)),
@@ -218,8 +232,7 @@ ROWS = [
         "embedding.safetensors: not a readable safetensors file (tensor", opens=True),
     Row("cuda-build-without-cuda",
         lambda w: (w.edit("config.json", lambda c: c.update(device="cuda")), w.run())[1],
-        BAD_USAGE, "llm.onnx was built for cuda, but this onnxruntime has no "
-        "CUDAExecutionProvider", opens=True),
+        BAD_USAGE, "this onnxruntime has no CUDAExecutionProvider", opens=True),
     Row("tokenizer-missing", lambda w: ((w.eng / "tokenizer.json").unlink(), w.run())[1],
         BAD_USAGE, "tokenizer.json: missing", opens=True),
     Row("tokenizer-garbage", lambda w: ((w.eng / "tokenizer.json").write_text("{}"), w.run())[1],
@@ -275,6 +288,9 @@ ROWS = [
         lambda w: omni_talker_params(w, subtalker_dosample=False, talker_top_k=1),
         cli.EXIT_OK, "1 of 1 requests succeeded", engine="omni", opens=True, writes=OMNI_SPOKE,
         then=greedy_talker),
+    Row("omni-prompt-says-what-it-wrote", lambda w: w.prompt("--out-audio", w.p("a.wav")),
+        cli.EXIT_OK, "edge-infer: wrote {}/a.wav (", engine="omni", opens=True,
+        writes=("a.wav",)),
     Row("omni-talker-text-mode-says-so",
         lambda w: omni_talker_params(w, talker_non_streaming_mode=1), cli.EXIT_OK,
         "warning: talker_non_streaming_mode changes nothing here: no stage of this graph reads "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -249,6 +250,21 @@ def test_load_request_file(tmp_path: Path) -> None:
         load_request_file(path)
     path.write_text('{"requests": 1}', encoding="utf-8")
     with pytest.raises(ValueError, match="req.json"):
+        load_request_file(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [('{"requests": [{"prompt": "a"}], "requests": [{"prompt": "b"}]}', "top level: the key 'requests'"),
+     ('{"requests": [{"prompt": "a", "top_k": 1, "top_k": 5}]}', "requests[0]: the key 'top_k'"),
+     ('{"requests": [{"prompt": "a", "reference": {"x": [{"y": 1, "y": 2}]}}], "top_k": 1}',
+      "requests[0].reference.x[0]: the key 'y'")],
+)  # fmt: skip
+def test_a_key_given_twice_is_refused_where_it_is(tmp_path: Path, text: str, where: str) -> None:
+    """JSON would keep the last of a key given twice, unsaid: the file is refused instead."""
+    path = tmp_path / "req.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=re.escape(f"req.json: {where} is given more than once")):
         load_request_file(path)
 
 
