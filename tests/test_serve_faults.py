@@ -127,7 +127,7 @@ CLI_ROWS = [
     CliRow("warmup-unknown", flags("--warmup", "maybe"), 2, "argument --warmup: invalid choice"),
     CliRow("unknown-flag", flags("--colour", "red"), 2, "unrecognized arguments: --colour red"),
     CliRow("placement-without-ray", flags("--placement", "p.json"), 2,
-           "--placement, --ray-address and --ray-cpus go with --ray"),
+           "--placement, --ray-address, --ray-cpus and --ray-start-timeout go with --ray"),
     CliRow("ray-address-and-local-cpus", flags("--ray", "--ray-address", "auto", "--ray-cpus", "2"),
            2, "--ray-cpus sizes a local cluster; --ray-address joins one"),
     CliRow("placement-unreadable", flags("--ray", "--placement", "/nonexistent/p.json"), 2,
