@@ -164,9 +164,9 @@ def full_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def deploying(address: str, engine: Path, root: Path, *flags: str) -> tuple[subprocess.Popen,
-                                                                             Path]:  # fmt: skip
-    """edge-serve joining ``address``, once it has said it deploys (its log, its process)."""
+def joining(address: str, engine: Path, root: Path, *flags: str) -> tuple[subprocess.Popen,
+                                                                           Path]:  # fmt: skip
+    """edge-serve joining ``address`` (its process, its log), once it has connected."""
     log = root / "edge-serve.txt"
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgeomni.runtime.serve.cli", "--config", str(engine),
@@ -176,7 +176,7 @@ def deploying(address: str, engine: Path, root: Path, *flags: str) -> tuple[subp
         env={**os.environ, "RAY_AUTH_MODE": "disabled"},
     )  # fmt: skip
     deadline = time.time() + 120
-    while "on Ray Serve; waiting" not in log.read_text(errors="replace"):
+    while "Connected to Ray cluster" not in log.read_text(errors="replace"):
         assert proc.poll() is None and time.time() < deadline, log.read_text(errors="replace")
         time.sleep(0.1)
     return proc, log
@@ -200,7 +200,7 @@ def test_groups_the_cluster_cannot_place_are_given_up_on(full_cluster, qwen3_eng
                                                           tmp_path) -> None:  # fmt: skip
     """A replica that waits for a CPU: --ray-start-timeout ends the wait with one line naming
     the group, exit 1, nothing left deployed on the cluster, the port never opened."""
-    proc, log = deploying(full_cluster, qwen3_engine, tmp_path, "--ray-start-timeout", "3")
+    proc, log = joining(full_cluster, qwen3_engine, tmp_path, "--ray-start-timeout", "3")
     assert proc.wait(120) == 1, log.read_text()
     out = log.read_text()
     errors = [line for line in out.splitlines() if line.startswith("edge-serve: error:")]
@@ -214,11 +214,35 @@ def test_groups_the_cluster_cannot_place_are_given_up_on(full_cluster, qwen3_eng
 def test_sigterm_while_the_groups_deploy_exits_143(full_cluster, qwen3_engine, tmp_path) -> None:
     """SIGTERM while edge-serve waits for its replicas: 'interrupted' and 143 as documented,
     no C++ stack dump of Ray's, and what it deployed removed from the cluster."""
-    proc, log = deploying(full_cluster, qwen3_engine, tmp_path)
-    time.sleep(1)
+    proc, log = joining(full_cluster, qwen3_engine, tmp_path)
+    deadline = time.time() + 30  # its replica waits for a CPU forever: till it says it waits
+    while "on Ray Serve; waiting" not in log.read_text() and time.time() < deadline:
+        time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(120) == 143, log.read_text()
     out = log.read_text()
     assert "edge-serve: interrupted" in out, out
     assert "SIGTERM received" not in out and "Traceback" not in out, out
     no_app_left(full_cluster)
+
+
+def test_a_placement_the_joined_cluster_cannot_hold_is_refused(full_cluster, qwen3_engine,
+                                                               tmp_path) -> None:  # fmt: skip
+    """--ray-address: the placement against the resources of the cluster it joined (here, no
+    GPU): one line at the group's JSON path, exit 2, nothing deployed (without the check, Ray
+    Serve waited for the GPU forever; hence the time limit)."""
+    placement = tmp_path / "p.json"
+    placement.write_text(json.dumps({"groups": [{"name": "all", "stages": ["llm"],
+                                                 "num_gpus": 1}]}))  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "edgeomni.runtime.serve.cli", "--config", str(qwen3_engine),
+         "--port", str(free_port()), "--ray", "--ray-address", full_cluster, "--placement",
+         str(placement)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last == (f"edge-serve: error: {placement}: $.groups[0].num_gpus: group 'all' needs 1 "
+                    "GPU a replica; the cluster has 0 GPU"), run.stderr  # fmt: skip
+    assert "deploying" not in run.stderr and "Traceback" not in run.stderr, run.stderr

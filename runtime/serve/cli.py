@@ -44,7 +44,7 @@ exit status:
        failed or its groups were not running within --ray-start-timeout (--ray; the line
        names them), or an internal error
   130  Ctrl-C again while draining (the requests in flight are cut, the line says how many),
-       or Ctrl-C before the port opened (loading, warming up); 143 the same for SIGTERM
+       or Ctrl-C before the port opened (loading, deploying, warming up); 143 the same for SIGTERM
 """
 
 
