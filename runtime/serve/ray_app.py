@@ -21,15 +21,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copyreg
+import functools
 import logging
+import os
 import re
+import signal
+import threading
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from edgeomni import graph_schema
-from edgeomni.builder import interrupts
 from edgeomni.runtime.events import Failed
 from edgeomni.runtime.pipeline import PREPARE, Pipeline
 from edgeomni.runtime.requests import Request
@@ -57,6 +60,46 @@ copyreg.pickle(types.MappingProxyType, lambda m: (types.MappingProxyType, (dict(
 
 class StartError(RuntimeError):
     """The groups did not start: which, and what Ray says of each."""
+
+
+_initializing = False  # within init_keeping_sigterm's ray.init (read by the forked child)
+
+
+def init_keeping_sigterm(**options: Any) -> None:
+    """``ray.init``, SIGTERM and SIGINT left to the handlers that were there. ray.init sets
+    SIGTERM to sys.exit(15), and its core worker installs absl's failure handler under it (a
+    C++ stack dump, then exit 15, or 134 as Ray shuts down half started), so edge-serve's 143
+    and its cleanup would be Ray's. Both signals wait while it runs, its threads start with
+    them blocked, and the handlers come back after it (absl's is gone); one that came is
+    raised then, as the handler would have (interrupts.deferred). The processes it starts
+    (a local cluster's) unblock them as they fork."""
+    global _initializing
+    import ray
+
+    from edgeomni.builder import interrupts
+
+    if threading.current_thread() is not threading.main_thread():  # no handlers to keep
+        ray.init(**options)
+        return
+    _unblocking_children()
+    _initializing = True
+    try:
+        with interrupts.deferred():
+            ray.init(**options)
+    finally:
+        _initializing = False
+
+
+@functools.cache
+def _unblocking_children() -> None:
+    """Once: a child forked within ray.init (Ray starts its processes with a preexec_fn, so
+    Python's at-fork hooks run in them) does not keep SIGINT and SIGTERM blocked."""
+
+    def unblock() -> None:
+        if _initializing:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
+
+    os.register_at_fork(after_in_child=unblock)
 
 
 def said(message: str) -> str:
@@ -215,12 +258,8 @@ class RayServer(Server):
         from ray import serve
 
         if not ray.is_initialized():
-            # ray.init sets SIGTERM to sys.exit(15), and its core worker absl's handler (a C++
-            # stack dump, then death): the handlers come back after it, a signal that came
-            # during it is raised then, and its threads start with both signals blocked
-            with interrupts.deferred():
-                ray.init(address=self.address, num_cpus=self.num_cpus, namespace="edgeomni",
-                         log_to_driver=False)  # fmt: skip
+            init_keeping_sigterm(address=self.address, num_cpus=self.num_cpus,
+                                 namespace="edgeomni", log_to_driver=False)  # fmt: skip
         check_fits(self.placement, [n["Resources"] for n in ray.nodes() if n["Alive"]])
         serve.start(proxy_location="Disabled")
         app = application(str(self.pipe.engine_dir), self.placement, self.batch_size,
