@@ -240,7 +240,7 @@ def check_fits(placement: Placement, nodes: Sequence[Mapping[str, float]], *,
             if group.replicas * v > total.get(k, 0.0) + SLACK:
                 raise PlacementError(f"$.groups[{i}].replicas", f"group {group.name!r} needs "
                                      f"{_amount_of(k, group.replicas * v)} ({group.replicas} "
-                                     f"replicas x {_number_text(v)}); {where} has "
+                                     f"replicas x {v:g}); {where} has "
                                      f"{_amount_of(k, total.get(k, 0.0))}")
             together.setdefault(k, []).append((group, group.replicas * v))
         if one and not any(all(n.get(k, 0.0) + SLACK >= v for k, v in one.items())
@@ -249,7 +249,7 @@ def check_fits(placement: Placement, nodes: Sequence[Mapping[str, float]], *,
                                  f"{_amounts(one)} a replica; no node of {where} has all of it")
     for k, parts in together.items():
         if len(parts) > 1 and sum(v for _, v in parts) > total.get(k, 0.0) + SLACK:
-            each = " + ".join(f"{g.name} {_number_text(v)}" for g, v in parts)
+            each = " + ".join(f"{g.name} {v:g}" for g, v in parts)
             raise PlacementError("$.groups", f"the groups need "
                                  f"{_amount_of(k, sum(v for _, v in parts))} together ({each}); "
                                  f"{where} has {_amount_of(k, total.get(k, 0.0))}")
@@ -258,10 +258,6 @@ def check_fits(placement: Placement, nodes: Sequence[Mapping[str, float]], *,
 def _path(i: int, resource: str) -> str:
     return f"$.groups[{i}].{FIELDS[resource]}" if resource in FIELDS else (
         f"$.groups[{i}].resources.{resource}")
-
-
-def _number_text(v: float) -> str:
-    return f"{v:g}"
 
 
 def _amount_of(resource: str, v: float) -> str:
