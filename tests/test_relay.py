@@ -171,6 +171,48 @@ def test_placement_errors_name_their_path(omni_engine) -> None:
     assert said.groups[0].max_ongoing_requests == 4
 
 
+def test_a_placement_the_cluster_cannot_hold_names_its_path() -> None:
+    """What Ray would wait for forever, refused at the group's JSON path with what the cluster
+    has: a replica larger than every node, a group's replicas or all the groups together more
+    than its nodes have in all, a custom resource no node has; resources not known yet (a
+    local cluster's GPUs before it starts) are not held against it."""
+
+    def placement(*groups: dict) -> pl.Placement:
+        return pl.Placement(tuple(pl.Group(**{"stages": (g["name"],), **g}) for g in groups))
+
+    one = [{"CPU": 2.0}]
+    two = [{"CPU": 2.0, "GPU": 1.0}, {"CPU": 4.0, "jetson": 1.0}]
+    cases = [
+        (placement({"name": "all", "num_cpus": 64}), one, "$.groups[0].num_cpus",
+         "group 'all' needs 64 CPU a replica; the cluster has 2 CPU"),
+        (placement({"name": "a"}, {"name": "b", "replicas": 3}), one, "$.groups[1].replicas",
+         "group 'b' needs 3 CPU (3 replicas x 1); the cluster has 2 CPU"),
+        (placement({"name": "a", "num_cpus": 1.5}, {"name": "b", "num_cpus": 0.75}), one,
+         "$.groups", "the groups need 2.25 CPU together (a 1.5 + b 0.75); the cluster has 2 CPU"),
+        (placement({"name": "a", "num_gpus": 0.5}), one, "$.groups[0].num_gpus",
+         "needs 0.5 GPU a replica; the cluster has 0 GPU"),
+        (placement({"name": "a", "resources": {"jetson": 1}}), one,
+         "$.groups[0].resources.jetson", "needs 1 of resource 'jetson' a replica"),
+        (placement({"name": "a", "num_cpus": 5}), two, "$.groups[0].num_cpus",
+         "no node with more than 4 CPU"),
+        (placement({"name": "a", "num_gpus": 1, "resources": {"jetson": 1}}), two, "$.groups[0]",
+         "needs 1 CPU, 1 GPU, 1 of resource 'jetson' a replica; no node of the cluster (2 nodes) "
+         "has all of it"),
+        (placement({"name": "a", "num_gpus": 0.5, "replicas": 3}), two, "$.groups[0].replicas",
+         "needs 1.5 GPU (3 replicas x 0.5); the cluster (2 nodes) has 1 GPU"),
+    ]  # fmt: skip
+    for where, nodes, path, words in cases:
+        with pytest.raises(pl.PlacementError) as e:
+            pl.check_fits(where, nodes)
+        assert e.value.path == path and words in e.value.message, e.value
+    # what fits: fractions summed within the nodes, zero asks nothing, GPUs not known yet
+    pl.check_fits(placement({"name": "a", "num_cpus": 0.5, "replicas": 2},
+                            {"name": "b", "num_cpus": 1, "resources": {"jetson": 0}}), one)
+    pl.check_fits(placement({"name": "a", "num_gpus": 1, "resources": {"jetson": 1}},
+                            {"name": "b", "num_cpus": 3}), [{**two[0], "jetson": 1}, two[1]])
+    pl.check_fits(placement({"name": "a", "num_gpus": 1}), one, unknown={"GPU"})
+
+
 def test_an_upstream_finish_waits_for_its_outputs() -> None:
     """The upstream's Finished and its outputs may come in different batches: the inbox hands
     the next stage the Finished only with the outputs (in one process a stage sees its

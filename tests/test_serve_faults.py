@@ -127,9 +127,13 @@ CLI_ROWS = [
     CliRow("warmup-unknown", flags("--warmup", "maybe"), 2, "argument --warmup: invalid choice"),
     CliRow("unknown-flag", flags("--colour", "red"), 2, "unrecognized arguments: --colour red"),
     CliRow("placement-without-ray", flags("--placement", "p.json"), 2,
-           "--placement, --ray-address and --ray-cpus go with --ray"),
+           "--placement, --ray-address, --ray-cpus and --ray-start-timeout go with --ray"),
     CliRow("ray-address-and-local-cpus", flags("--ray", "--ray-address", "auto", "--ray-cpus", "2"),
            2, "--ray-cpus sizes a local cluster; --ray-address joins one"),
+    CliRow("ray-start-timeout-zero", flags("--ray", "--ray-start-timeout", "0"), 2,
+           "argument --ray-start-timeout: must be a number of seconds > 0, got 0"),
+    CliRow("ray-start-timeout-without-ray", flags("--ray-start-timeout", "5"), 2,
+           "--placement, --ray-address, --ray-cpus and --ray-start-timeout go with --ray"),
     CliRow("placement-unreadable", flags("--ray", "--placement", "/nonexistent/p.json"), 2,
            "/nonexistent/p.json: $: cannot read /nonexistent/p.json"),
     CliRow("no-config", lambda eng, port: ["--port", str(port)], 2,
@@ -189,6 +193,28 @@ def test_cli_fault(row: CliRow, qwen3_engine: Path, monkeypatch: Any, capsys: An
     assert sorted(tmpdir.iterdir()) == tmp
     with socket.socket() as again:  # nothing of the run holds the port
         again.bind(("127.0.0.1", port))
+
+
+def test_a_placement_larger_than_the_local_cluster_is_refused_before_ray_starts(
+        qwen3_engine: Path, tmp_path: Path) -> None:  # fmt: skip
+    """--ray-cpus sizes the local cluster: a group whose replica needs more CPUs is one line at
+    its JSON path, exit 2, before Ray starts (without the check, Ray Serve waited for the CPUs
+    forever; hence a process and a time limit)."""
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
+    placement = tmp_path / "p.json"
+    placement.write_text(json.dumps({"groups": [{"name": "all", "stages": ["llm"],
+                                                 "num_cpus": 64}]}))  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "edgeomni.runtime.serve.cli", "--config", str(qwen3_engine),
+         "--port", str(free_port()), "--ray", "--ray-cpus", "2", "--placement", str(placement)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == (f"edge-serve: error: {placement}: $.groups[0].num_cpus: group 'all' "
+                          "needs 64 CPU a replica; the local cluster (--ray-cpus 2) has 2 "
+                          "CPU\n"), run.stderr  # fmt: skip
+    assert run.stdout == ""  # no Ray: it never started
 
 
 def exit_statuses(text: str) -> set[int]:

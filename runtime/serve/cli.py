@@ -3,7 +3,7 @@
 
     edge-serve --config ENG [--host 127.0.0.1] [--port 8000] [--batch-size N] [--max-queue 64]
         [--api-key KEY] [--max-tokens 256] [--max-audio-seconds 60] [--max-image-pixels N]
-        [--ray [--ray-address ADDR] [--placement FILE]]
+        [--ray [--ray-address ADDR] [--placement FILE] [--ray-cpus N] [--ray-start-timeout S]]
 
 Needs the ``serve`` extra (Starlette and uvicorn): pip install 'edgeomni[serve]'; ``--ray``
 also the ``ray`` extra (the stages as Ray Serve deployments: serve/ray_app.py).
@@ -30,19 +30,21 @@ from edgeomni.runtime.scheduler import PATIENCE
 
 log = logging.getLogger("edge-serve")
 BATCH_SIZE = 8  # --batch-size where the build names no max batch
+RAY_START_TIMEOUT = 600.0  # seconds --ray waits for its deployments by default
 
 
 EPILOG = """\
 exit status:
   0    stopped by SIGTERM or Ctrl-C once the requests in flight had finished
   2    a bad flag, an engine dir it cannot serve (or --batch-size above its build), a
-       --placement file it cannot use (its JSON path named), or an address it cannot listen
-       on (a port in use, a host that is not this machine's or does not resolve): one line,
-       before any port opens
+       --placement file it cannot use (its JSON path named; with --ray, also a group the
+       cluster's resources cannot hold), or an address it cannot listen on (a port in use, a
+       host that is not this machine's or does not resolve): one line, before any port opens
   1    the warm-up failed, the scheduler loop stopped on an error, deploying on Ray Serve
-       failed (--ray), or an internal error
+       failed or its groups were not running within --ray-start-timeout (--ray; the line
+       names them), or an internal error
   130  Ctrl-C again while draining (the requests in flight are cut, the line says how many),
-       or Ctrl-C before the port opened (loading, warming up); 143 the same for SIGTERM
+       or Ctrl-C before the port opened (loading, deploying, warming up); 143 the same for SIGTERM
 """
 
 
@@ -141,6 +143,9 @@ def parser() -> argparse.ArgumentParser:
                      "docs/ray.md)")  # fmt: skip
     ray.add_argument("--ray-cpus", type=_int_at_least(1), metavar="N",
                      help="CPUs of the local cluster --ray starts (default: all)")  # fmt: skip
+    ray.add_argument("--ray-start-timeout", type=_seconds,
+                     metavar="S", help="how long to wait for every group's replicas to load "
+                     f"their engines before giving up (exit 1; default {RAY_START_TIMEOUT:g})")  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -218,8 +223,10 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
 
     if threads_error(args.threads):
         return _fail(str(threads_error(args.threads)))
-    if not args.ray and (args.placement or args.ray_address or args.ray_cpus):
-        return _fail("--placement, --ray-address and --ray-cpus go with --ray")
+    if not args.ray and (args.placement or args.ray_address or args.ray_cpus
+                         or args.ray_start_timeout):  # fmt: skip
+        return _fail("--placement, --ray-address, --ray-cpus and --ray-start-timeout go with "
+                     "--ray")
     if args.ray and args.ray_address and args.ray_cpus:
         return _fail("--ray-cpus sizes a local cluster; --ray-address joins one (give one)")
     if args.ray:
@@ -245,11 +252,15 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
         from edgeomni.runtime.serve import placement
         from edgeomni.runtime.serve.ray_app import RayServer
 
+        placement_name = args.placement or "the default placement (every stage in group all)"
         try:
             where = (placement.load(args.placement, pipe.graph) if args.placement
                      else placement.single(pipe.graph))  # fmt: skip
+            if args.ray_cpus:  # a local cluster of that size: refused before it starts
+                placement.check_fits(where, [{"CPU": float(args.ray_cpus)}], unknown={"GPU"},
+                                     cluster=f"the local cluster (--ray-cpus {args.ray_cpus})")
         except placement.PlacementError as e:
-            return _fail(f"{args.placement}: {e}")
+            return _fail(f"{placement_name}: {e}")
         server: Server = RayServer(
             pipe, where, batch_size=batch_size, max_queue=args.max_queue,
             address=args.ray_address, num_cpus=args.ray_cpus,
@@ -266,9 +277,15 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
     except AddressError as e:
         return _fail(str(e))
     if args.ray:  # the replicas load the engines; the port opens once they all have
+        from edgeomni.runtime.serve.ray_app import StartError
+
         try:
-            server.start()
-        except Exception as e:  # noqa: BLE001 (Ray's own errors: a replica that would not start)
+            server.start(timeout=args.ray_start_timeout or RAY_START_TIMEOUT)
+        except placement.PlacementError as e:  # what the cluster it joined has
+            return _fail(f"{placement_name}: {e}")
+        except StartError as e:
+            return _fail(f"deploying on Ray Serve failed: {e}", 1)
+        except Exception as e:  # noqa: BLE001 (Ray's own errors: a cluster it cannot join)
             return _fail(f"deploying on Ray Serve failed: {type(e).__name__}: {e}", 1)
     else:
         try:

@@ -15,7 +15,8 @@ Every stage of the graph is in exactly one group, and the groups follow the grap
 the order requests pass them (each group's stages come after every stage of the groups before
 it, in the graph's order), so a request's stages split into one run of stages per group it
 visits. Errors name the file's JSON path (``$.groups[1].stages[0]``). Without a file every
-stage is in one group, ``all``.
+stage is in one group, ``all``. ``check_fits`` holds a placement against a cluster's resources
+before anything is deployed (Ray Serve would wait for them forever).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -200,3 +201,68 @@ def _count(at: str, v: Any, least: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < least:
         raise PlacementError(at, f"must be an integer >= {least}, not {v!r}")
     return v
+
+
+# Ray counts resources in steps of 1e-4: a sum of fractions may be off by a rounding error
+SLACK = 5e-5
+FIELDS = {"CPU": "num_cpus", "GPU": "num_gpus"}  # Ray's resource names: the placement's keys
+
+
+def needs(group: Group) -> dict[str, float]:
+    """What one replica of ``group`` asks Ray for, by Ray's resource names (none of zero)."""
+    want = {"CPU": group.num_cpus, "GPU": group.num_gpus, **group.resources}
+    return {k: v for k, v in want.items() if v > 0}
+
+
+def check_fits(placement: Placement, nodes: Sequence[Mapping[str, float]], *,
+               unknown: Collection[str] = (), cluster: str = "the cluster") -> None:
+    """A PlacementError, at the JSON path of the first group the cluster cannot hold, where
+    Ray would wait for resources forever: a replica larger than every node (``nodes``: each
+    one's resources, by Ray's names), a group's replicas, or all the groups together, more
+    than the nodes have in all. Resources in ``unknown`` are not checked (a local cluster's
+    GPUs before it starts). Ray packs replicas onto nodes; what passes may still not fit,
+    which edge-serve's bounded wait for the deployments reports."""
+    total: dict[str, float] = {}
+    for node in nodes:
+        for k, v in node.items():
+            total[k] = total.get(k, 0.0) + v
+    where = cluster if len(nodes) == 1 else f"{cluster} ({len(nodes)} nodes)"
+    together: dict[str, list[tuple[Group, float]]] = {}
+    for i, group in enumerate(placement.groups):
+        one = {k: v for k, v in needs(group).items() if k not in unknown}
+        for k, v in one.items():
+            largest = max((node.get(k, 0.0) for node in nodes), default=0.0)
+            if v > largest + SLACK:
+                most = f"has {_amount_of(k, largest)}" if len(nodes) == 1 else (
+                    f"has no node with more than {_amount_of(k, largest)}")
+                raise PlacementError(_path(i, k), f"group {group.name!r} needs "
+                                     f"{_amount_of(k, v)} a replica; {where} {most}")
+            if group.replicas * v > total.get(k, 0.0) + SLACK:
+                raise PlacementError(f"$.groups[{i}].replicas", f"group {group.name!r} needs "
+                                     f"{_amount_of(k, group.replicas * v)} ({group.replicas} "
+                                     f"replicas x {v:g}); {where} has "
+                                     f"{_amount_of(k, total.get(k, 0.0))}")
+            together.setdefault(k, []).append((group, group.replicas * v))
+        if one and not any(all(n.get(k, 0.0) + SLACK >= v for k, v in one.items())
+                           for n in nodes):
+            raise PlacementError(f"$.groups[{i}]", f"group {group.name!r} needs "
+                                 f"{_amounts(one)} a replica; no node of {where} has all of it")
+    for k, parts in together.items():
+        if len(parts) > 1 and sum(v for _, v in parts) > total.get(k, 0.0) + SLACK:
+            each = " + ".join(f"{g.name} {v:g}" for g, v in parts)
+            raise PlacementError("$.groups", f"the groups need "
+                                 f"{_amount_of(k, sum(v for _, v in parts))} together ({each}); "
+                                 f"{where} has {_amount_of(k, total.get(k, 0.0))}")
+
+
+def _path(i: int, resource: str) -> str:
+    return f"$.groups[{i}].{FIELDS[resource]}" if resource in FIELDS else (
+        f"$.groups[{i}].resources.{resource}")
+
+
+def _amount_of(resource: str, v: float) -> str:
+    return f"{v:g} {resource}" if resource in FIELDS else f"{v:g} of resource {resource!r}"
+
+
+def _amounts(want: Mapping[str, float]) -> str:
+    return ", ".join(_amount_of(k, v) for k, v in want.items())

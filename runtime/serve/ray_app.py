@@ -21,7 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copyreg
+import functools
 import logging
+import os
+import re
+import signal
+import threading
+import time
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -32,7 +38,7 @@ from edgeomni.runtime.pipeline import PREPARE, Pipeline
 from edgeomni.runtime.requests import Request
 from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.scheduler import CANCELLED, failure
-from edgeomni.runtime.serve.placement import Placement
+from edgeomni.runtime.serve.placement import Placement, check_fits
 from edgeomni.runtime.serve.relay import (
     Envelope,
     GroupLoop,
@@ -46,9 +52,64 @@ from edgeomni.runtime.serve.server import BUSY, Pending, Server
 
 log = logging.getLogger("edge-serve")
 APP = "edgeomni"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # a request's fields are read-only mappings (types.MappingProxyType), which pickle cannot take:
 # they cross to the replicas as dicts and are read-only mappings again there
 copyreg.pickle(types.MappingProxyType, lambda m: (types.MappingProxyType, (dict(m),)))
+
+
+class StartError(RuntimeError):
+    """The groups did not start: which, and what Ray says of each."""
+
+
+_initializing = False  # within init_keeping_sigterm's ray.init (read by the forked child)
+
+
+def init_keeping_sigterm(**options: Any) -> None:
+    """``ray.init``, SIGTERM and SIGINT left to the handlers that were there. ray.init sets
+    SIGTERM to sys.exit(15), and its core worker installs absl's failure handler under it (a
+    C++ stack dump, then exit 15, or 134 as Ray shuts down half started), so edge-serve's 143
+    and its cleanup would be Ray's. Both signals wait while it runs, its threads start with
+    them blocked, and the handlers come back after it (absl's is gone); one that came is
+    raised then, as the handler would have (interrupts.deferred). The processes it starts
+    (a local cluster's) unblock them as they fork."""
+    global _initializing
+    import ray
+
+    from edgeomni.builder import interrupts
+
+    if threading.current_thread() is not threading.main_thread():  # no handlers to keep
+        ray.init(**options)
+        return
+    _unblocking_children()
+    _initializing = True
+    try:
+        with interrupts.deferred():
+            ray.init(**options)
+    finally:
+        _initializing = False
+
+
+@functools.cache
+def _unblocking_children() -> None:
+    """Once: a child forked within ray.init (Ray starts its processes with a preexec_fn, so
+    Python's at-fork hooks run in them) does not keep SIGINT and SIGTERM blocked."""
+
+    def unblock() -> None:
+        if _initializing:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
+
+    os.register_at_fork(after_in_child=unblock)
+
+
+def said(message: str) -> str:
+    """What Ray says of a deployment, on one line: a replica's failure is its first sentence
+    and the exception's last line (the traceback between is in Ray's logs)."""
+    lines = [ANSI.sub("", line).strip() for line in message.strip().splitlines()]
+    lines = [line for line in lines if line]
+    if len(lines) > 1 and "Traceback" in message:
+        return f"{lines[0].split(' Error:', 1)[0]} {lines[-1]}"
+    return " ".join(lines)
 
 
 def deployment_name(group: str) -> str:
@@ -184,34 +245,89 @@ class RayServer(Server):
         self.num_cpus = num_cpus
         self.handles: dict[str, Any] = {}
         self._up = False
+        self._deployed = False  # the application is on Ray Serve (stop removes it)
         self._tasks: set[asyncio.Future] = set()
 
-    def start(self) -> None:
-        """Connect to Ray (``address``, or a local cluster), deploy the groups, and wait for
-        their replicas (every engine loads before the port opens)."""
+    def start(self, timeout: float | None = None) -> None:
+        """Connect to Ray (``address``, or a local cluster), check the placement against its
+        resources (a PlacementError), deploy the groups, and wait for their replicas (every
+        engine loads before the port opens): a StartError if a group fails or is not running
+        within ``timeout`` seconds (None: no limit). What was deployed is removed again if it
+        does not start, an interrupt included."""
         import ray
         from ray import serve
 
         if not ray.is_initialized():
-            ray.init(address=self.address, num_cpus=self.num_cpus, namespace="edgeomni",
-                     log_to_driver=False)  # fmt: skip
+            init_keeping_sigterm(address=self.address, num_cpus=self.num_cpus,
+                                 namespace="edgeomni", log_to_driver=False)  # fmt: skip
+        check_fits(self.placement, [n["Resources"] for n in ray.nodes() if n["Alive"]])
         serve.start(proxy_location="Disabled")
         app = application(str(self.pipe.engine_dir), self.placement, self.batch_size,
                           self.engines, self.capacity)  # fmt: skip
-        serve.run(app, name=self.app, route_prefix=None)
+        self._deployed = True
+        log.info("deploying %s on Ray Serve; waiting %s for their replicas",
+                 ", ".join(repr(g.name) for g in self.placement.groups),
+                 "without a limit" if timeout is None else f"up to {timeout:g} s")  # fmt: skip
+        try:
+            serve.run_many([serve.RunTarget(app, name=self.app, route_prefix=None)],
+                           wait_for_applications_running=False)  # fmt: skip
+            self._wait(timeout)
+        except BaseException:
+            self._remove(blocking=False)  # a cluster of others' must not keep placing them
+            raise
         self.handles = {g.name: serve.get_deployment_handle(deployment_name(g.name), self.app)
                         for g in self.placement.groups}  # fmt: skip
         self._up = True
 
+    def _wait(self, timeout: float | None) -> None:
+        """Until every deployment runs: what Ray says of one still starting is logged as it
+        changes; a StartError if the application fails, or at ``timeout``."""
+        from ray import serve
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        told: dict[str, str] = {}
+        while True:
+            status = serve.status().applications.get(self.app)
+            if status is not None and status.status == "RUNNING":
+                return
+            if status is not None and status.status == "DEPLOY_FAILED":
+                raise StartError(self._not_started(status, "failed") or status.message)
+            for name, d in (status.deployments if status is not None else {}).items():
+                if d.message and told.get(name) != d.message:
+                    told[name] = d.message
+                    log.warning("%s: %s", name, said(d.message))
+            if deadline is not None and time.monotonic() >= deadline:
+                raise StartError(self._not_started(status, f"did not start within {timeout:g} s")
+                                 or f"the application did not start within {timeout:g} s")
+            time.sleep(0.5)
+
+    def _not_started(self, status: Any, what: str) -> str:
+        """The groups whose deployment is not healthy: each one's replicas running, and what
+        Ray says of it."""
+        out = []
+        for group in self.placement.groups:
+            d = None if status is None else status.deployments.get(deployment_name(group.name))
+            if d is not None and d.status == "HEALTHY":
+                continue
+            running = 0 if d is None else d.replica_states.get("RUNNING", 0)
+            why = f"; Ray says: {said(d.message)}" if d is not None and d.message else ""
+            out.append(f"group {group.name!r} {what} (deployment {deployment_name(group.name)}, "
+                       f"{running} of {group.replicas} replicas running{why})")
+        return "; ".join(out)
+
     def stop(self, timeout: float | None = None) -> None:
         """Take no more requests, and remove the application (its replicas stop)."""
-        if not self._up:
-            return
         self._up = False
+        self._remove(blocking=True)
+
+    def _remove(self, blocking: bool) -> None:
+        if not self._deployed:
+            return
+        self._deployed = False
         from ray import serve
 
         with contextlib.suppress(Exception):  # a cluster already gone has nothing to remove
-            serve.delete(self.app)
+            serve.delete(self.app, _blocking=blocking)
 
     @property
     def running(self) -> bool:
