@@ -31,11 +31,13 @@ repetition_penalty is the talker's, as qwen3_tts_inference reads it.
 
 exit status:
   0    every request succeeded (or --validate-config found the graph and engine dir valid)
-  2    bad usage (a flag, its text, a media file it names), a bad graph or engine dir (what
-       --validate-config checks), a malformed request file, or an output destination that
-       cannot or may not be written (a file the run reads, a place inside an engine dir
-       edge-build wrote); nothing ran
-  3    the run finished but one or more requests failed (see predictions: ok, error)
+  2    bad usage (a flag, its text, a media file it names that is missing, no audio, image
+       or video, or one the run refuses: no or NaN samples, over --max-image-pixels), a bad
+       graph or engine dir (what --validate-config checks), a malformed request file, or an
+       output destination that cannot or may not be written (a file the run reads, a place
+       inside an engine dir edge-build wrote); nothing ran
+  3    the run finished but one or more requests failed (see predictions: ok, error; a
+       request file's media file that cannot be read fails its request alone)
   130  interrupted (Ctrl-C), 143 terminated (SIGTERM): the requests that had finished are
        written, the others fail as interrupted
   1    an unexpected internal error (--verbose shows where), or the outputs could not be
