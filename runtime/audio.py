@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from edgeomni.runtime.media import MediaError
+
 __all__ = ["encoded", "log_mel", "mel_filter_bank", "pcm16", "read_wav", "resample", "write_wav"]
 
 # WhisperFeatureExtractor hard-codes the mel range to [0, 8000] Hz whatever the sampling rate.
@@ -50,9 +52,10 @@ def read_wav(path: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
 
     Channels are averaged (the usual mono mix-down); float files with samples outside [-1, 1]
     are clipped so every caller sees the same range as from a PCM file. A missing path raises
-    ``FileNotFoundError``; a file that cannot be decoded or holds no samples raises
-    ``ValueError`` naming the path, so a bad request fails with a message rather than a
-    libsndfile code.
+    ``FileNotFoundError``; a file that cannot be decoded, holds no samples or holds a sample
+    that is no finite number (a float file's NaN or infinity, which would turn every feature
+    of the clip to NaN) raises ``MediaError`` naming the path. Every path that decodes audio
+    reads it here, so each refuses such a file alike.
     """
     p = Path(path)
     if not p.exists():
@@ -60,9 +63,14 @@ def read_wav(path: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
     try:
         data, rate = sf.read(str(p), dtype="float32", always_2d=True)
     except (sf.SoundFileError, RuntimeError, TypeError) as exc:
-        raise ValueError(f"cannot read audio file {p}: {exc}") from exc
+        said = str(exc).replace(repr(str(p)), "").replace(str(p), "").replace(" :", ":")
+        raise MediaError("audio", p, f"not audio libsndfile decodes ({said.strip()})") from None
     if data.shape[0] == 0 or data.shape[1] == 0:
-        raise ValueError(f"audio file {p} holds no samples")
+        raise MediaError("audio", p, "holds no samples")
+    bad = data.size - int(np.isfinite(data).sum())
+    if bad:
+        raise MediaError("audio", p, f"{bad} of its {data.size} samples are not finite numbers "
+                         "(NaN or infinity)")  # fmt: skip
     mono = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1, dtype=np.float64)
     mono = np.clip(mono, -1.0, 1.0).astype(np.float32, copy=False)
     return np.ascontiguousarray(mono), int(rate)

@@ -15,6 +15,8 @@ from typing import Any
 
 from edgeomni.builder.manifest import MANIFEST  # beside the files of an engine dir edge-build wrote
 from edgeomni.runtime.families import REQUEST_KEYS as FAMILY_KEYS
+from edgeomni.runtime.media.files import media_problem
+from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS, PIL_PIXEL_LIMIT
 from edgeomni.runtime.scheduler import PATIENCE
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_CONFIG, EXIT_REQUESTS_FAILED = 0, 1, 2, 3
@@ -29,11 +31,13 @@ repetition_penalty is the talker's, as qwen3_tts_inference reads it.
 
 exit status:
   0    every request succeeded (or --validate-config found the graph and engine dir valid)
-  2    bad usage (a flag, its text, a media file it names), a bad graph or engine dir (what
-       --validate-config checks), a malformed request file, or an output destination that
-       cannot or may not be written (a file the run reads, an engine dir edge-build
-       wrote or a place inside one); nothing ran
-  3    the run finished but one or more requests failed (see predictions: ok, error)
+  2    bad usage (a flag, its text, a media file it names that is missing, no audio, image
+       or video, or one the run refuses: no or NaN samples, over --max-image-pixels), a bad
+       graph or engine dir (what --validate-config checks), a malformed request file, or an
+       output destination that cannot or may not be written (a file the run reads, an engine
+       dir edge-build wrote or a place inside one); nothing ran
+  3    the run finished but one or more requests failed (see predictions: ok, error; a
+       request file's media file that cannot be read fails its request alone)
   130  interrupted (Ctrl-C), 143 terminated (SIGTERM): the requests that had finished are
        written, the others fail as interrupted
   1    an unexpected internal error (--verbose shows where), or the outputs could not be
@@ -77,6 +81,15 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="FILE",
         help="with --prompt: an image; repeatable",
+    )
+    p.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=MAX_IMAGE_PIXELS,
+        metavar="N",
+        help="the most pixels an image (or a video's frame file) may have, checked from its "
+        f"header before it is decoded; past it the image is refused (default {MAX_IMAGE_PIXELS}, "
+        f"4096x4096; at most {PIL_PIXEL_LIMIT}, Pillow's limit)",
     )
     p.add_argument(
         "--video",
@@ -307,7 +320,11 @@ def _main(args: argparse.Namespace) -> int:
     try:  # the graph (no engine is loaded): outputs may not be any file its stages read
         pipeline = Pipeline(
             args.config,
-            engines=Engines(threads=args.threads, cuda_graphs=not args.no_cuda_graphs),
+            engines=Engines(
+                threads=args.threads,
+                cuda_graphs=not args.no_cuda_graphs,
+                max_image_pixels=args.max_image_pixels,
+            ),
             whole_utterance=args.whole_utterance,
             code2wav_streaming=args.code2wav_streaming,
             stream_stages=args.stage_streaming,
@@ -452,6 +469,9 @@ def _validate(config: Path) -> int:
 
 # the families' request controls whose value is a file the run reads
 PATH_KEYS = tuple(key for key, k in FAMILY_KEYS.items() if k.path)
+# the flags that name a media file, and its kind
+MEDIA_FLAGS = {"--audio": "audio", "--image": "image", "--video": "video",
+               **{k.flag: k.path for k in FAMILY_KEYS.values() if k.path and k.flag}}  # fmt: skip
 # the families' request controls that a stage which does not speak reads
 SILENT_KEYS = tuple(key for key, k in FAMILY_KEYS.items() if not k.speaks)
 # --voice and the flags the families declare for their request controls (runtime/family.py),
@@ -465,7 +485,8 @@ TEXT_FLAGS = ("--prompt", "--voice", "--sampling",
 
 
 def usage_error(args: argparse.Namespace) -> str | None:
-    """What is wrong with the flags by themselves (before any file is read), or None."""
+    """What is wrong with the flags and the media files they name (before any other file is
+    read), or None."""
     if args.prompt is None and args.input_file is None:
         return "give --prompt TEXT or --input-file FILE (or --validate-config)"
     for flag in TEXT_FLAGS:
@@ -482,6 +503,8 @@ def usage_error(args: argparse.Namespace) -> str | None:
                                ("--stage-patience", args.stage_patience, 0)):  # fmt: skip
         if value is not None and value < least:
             return f"{flag} must be at least {least}, got {value}"
+    if not 1 <= args.max_image_pixels <= PIL_PIXEL_LIMIT:
+        return f"--max-image-pixels must be in 1..{PIL_PIXEL_LIMIT}, got {args.max_image_pixels}"
     if (args.audio or args.image or args.video) and args.prompt is None:
         return "--audio, --image and --video go with --prompt (put media in the request file)"
     if args.out_audio is not None and args.prompt is None:
@@ -498,7 +521,9 @@ def usage_error(args: argparse.Namespace) -> str | None:
     media += [(flag, getattr(args, key)) for flag, key in SPEECH_FLAGS
               if key in PATH_KEYS and getattr(args, key) is not None]  # fmt: skip
     for flag, path in media:
-        problem = _readable_file(Path(path))
+        problem = _readable_file(Path(path)) or media_problem(
+            MEDIA_FLAGS[flag], path, args.max_image_pixels
+        )
         if problem:
             return f"{flag} {path}: {problem}"
     return None
@@ -518,8 +543,8 @@ def _not_utf8(flag: str, value: str | None) -> str | None:
 
 
 def _readable_file(path: Path) -> str | None:
-    """Why a media file given as a flag cannot be read, or None (its contents are checked when
-    the request is prepared, where a bad one fails the request)."""
+    """Why a media file given as a flag cannot be opened, or None (then ``media_problem``
+    reads it)."""
     try:
         with path.open("rb"):
             pass

@@ -19,6 +19,7 @@ import numpy as np
 from edgeomni.plugins.gpu_check import cuda_device_problem, cuda_missing  # noqa: F401 (re-exported)
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import Buffers, DeviceBuffers, FixedInputs, HostBuffers
+from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,13 @@ class Engines:
     ``threads``: ONNX Runtime's CPU threads per engine. ``cuda_graphs``: GPU engines may capture
     calls that repeat one shape (decode steps, fixed-length windows) and replay them.
     ``spin``: CPU worker threads wait for the next call spinning (best when the stage's calls
-    come back to back; off when engines take turns, see OrtEngine)."""
+    come back to back; off when engines take turns, see OrtEngine). ``max_image_pixels``: the
+    most pixels an image file a thinker's media hook decodes may have (media/image.py)."""
 
     threads: int | None = None
     cuda_graphs: bool = True
     spin: bool = True
+    max_image_pixels: int = MAX_IMAGE_PIXELS
 
     def open(
         self, folder: Path, config: Mapping[str, Any], *, spin: bool | None = None,

@@ -33,7 +33,7 @@ class RequestKey:
     graph input ``request:<key>``. ``check(key, value)`` validates and returns the value (a
     ValueError fails the request; "" or () is "not given"). ``flag``: edge-infer's flag that
     sets it as the request file's default (with its ``flag_help``, read by ``flag_type``); ``path``: the value is a
-    file the run reads; ``speech_field``: the field of edge-serve's /v1/audio/speech body that
+    media file the run reads, of this kind ("audio": its flag's file is checked as --audio's); ``speech_field``: the field of edge-serve's /v1/audio/speech body that
     sets it; ``speaks``: a stage that speaks reads it (its flag goes with edge-infer's audio
     outputs)."""
 
@@ -42,7 +42,7 @@ class RequestKey:
     flag: str | None = None
     flag_help: str = ""
     flag_type: Callable[[str], Any] = str  # the flag's text as the key's value
-    path: bool = False
+    path: str | None = None
     speech_field: str | None = None
     speaks: bool = True
 

@@ -127,6 +127,7 @@ class TextOnly:
         threads: int | None = None,
         locations: Mapping[str, str] | None = None,
         tokenizer: Any = None,
+        max_image_pixels: int | None = None,
     ) -> None:
         self.folder = folder
 

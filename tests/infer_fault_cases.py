@@ -359,3 +359,41 @@ def voices_of_requests(w: World) -> list[str]:
 def relabel_text_emit(w: World) -> list[str]:
     w.stage("llm", lambda s: s["emits"][0].update(kind="audio"))
     return w.run()
+
+
+def bad_media(w: World, name: str) -> str:
+    """A media file in the world that the run must refuse, by its name: junk.* (bytes that
+    are no audio, image or video), nan.wav (a float WAV of NaN samples), empty.wav (no
+    samples), cut.png (a PNG cut short), big.png (a 9800x9800 header: 96 Mpx, over the cap)
+    and bomb.png (20000x20000: 400 Mpx, over Pillow's decompression-bomb limit too); small.png
+    is a good 64x64 image."""
+    import io
+
+    import soundfile as sf
+    from PIL import Image
+    from test_image import png_header
+
+    path = w.root / name
+    if name.startswith("junk."):
+        path.write_bytes(b"this is no media file\n" * 8)
+    elif name == "nan.wav":
+        sf.write(path, np.full(8000, np.nan, np.float32), 16000, subtype="FLOAT")
+    elif name == "empty.wav":
+        sf.write(path, np.zeros(0, np.float32), 16000, subtype="PCM_16")
+    elif name in ("big.png", "bomb.png"):
+        png_header(path, *((9800, 9800) if name == "big.png" else (20000, 20000)))
+    else:
+        buf = io.BytesIO()
+        pixels = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(buf, format="PNG")
+        path.write_bytes(buf.getvalue()[: 300 if name == "cut.png" else None])
+    return str(path)
+
+
+def with_media(w: World, kind: str, name: str) -> list[str]:
+    """A request file whose second request of three has a ``kind`` part of ``bad_media``'s
+    ``name``."""
+    part = {"type": kind, kind: bad_media(w, name)}
+    return mixed(
+        w, {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "what"}]}]}
+    )

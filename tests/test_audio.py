@@ -16,7 +16,7 @@ import pytest
 import soundfile as sf
 
 from edgeomni.runtime import audio
-from edgeomni.runtime.media import audio_input
+from edgeomni.runtime.media import MediaError, audio_input
 
 SR = 16000
 # 0.3 s, 1.7 s and 4 s, plus a length that is not a multiple of the hop (frames = len // 160).
@@ -206,6 +206,40 @@ def test_read_wav_rejects_non_audio_and_empty_files(tmp_path: Path) -> None:
         audio.read_wav(empty)
     with pytest.raises(FileNotFoundError, match="missing.wav"):
         audio.read_wav(tmp_path / "missing.wav")
+
+
+def test_read_wav_says_which_file_holds_no_samples(tmp_path: Path) -> None:
+    """One line naming the file once: "audio PATH: holds no samples" (edge-serve puts the
+    field in PATH: never "audio file file holds no samples")."""
+    empty = tmp_path / "empty.wav"
+    sf.write(empty, np.zeros(0), 16000, subtype="PCM_16")
+    with pytest.raises(MediaError) as got:
+        audio.read_wav(empty)
+    assert str(got.value) == f"audio {empty}: holds no samples"
+    assert got.value.reason == "holds no samples"
+
+
+@pytest.mark.parametrize(
+    ("samples", "bad"),
+    [
+        (np.full((800, 1), np.nan), 800),  # all NaN
+        (np.concatenate([np.zeros((798, 1)), [[np.inf], [-np.inf]]]), 2),  # two infinities
+        (np.stack([np.zeros(800), np.r_[np.nan, np.zeros(799)]], axis=1), 1),  # one channel
+    ],
+)
+def test_read_wav_refuses_samples_that_are_not_finite(
+    tmp_path: Path, samples: np.ndarray, bad: int
+) -> None:
+    """A float file's NaN or infinity would turn the clip's every feature to NaN (and an
+    infinity be clipped to full scale): refused, naming the file and how many."""
+    path = tmp_path / "nan.wav"
+    sf.write(path, samples, 16000, subtype="FLOAT")
+    with pytest.raises(MediaError) as got:
+        audio.read_wav(path)
+    assert str(got.value) == (
+        f"audio {path}: {bad} of its {samples.size} samples are not finite numbers "
+        "(NaN or infinity)"
+    )
 
 
 def test_write_wav_round_trip_pcm16_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,12 +4,15 @@ resize."""
 from __future__ import annotations
 
 import builtins
+import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from edgeomni.runtime.media import MediaError
 from edgeomni.runtime.media import image as im
 
 Image = pytest.importorskip("PIL.Image", reason="the parity tests compare against Pillow")
@@ -114,6 +117,53 @@ def test_load_image(tmp_path: Path) -> None:
     rgba = im.load_image(tmp_path / "rgba.png")  # alpha dropped, as transformers' load_image
     assert rgba.shape == (40, 50, 3) and rgba.dtype == np.uint8
     np.testing.assert_array_equal(rgba, array)
+
+
+def png_header(path: Path, width: int, height: int) -> Path:
+    """A PNG whose header says ``width`` x ``height`` and whose pixel data is cut short: only
+    a reader that decodes it finds it broken, so a refusal for its size came from the header."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+                     + chunk(b"IDAT", zlib.compress(b"\0" * 10)) + chunk(b"IEND", b""))  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize(("width", "height"), [(9800, 9800), (20000, 20000)])
+def test_an_image_over_the_cap_is_refused_from_its_header(
+    tmp_path: Path, width: int, height: int
+) -> None:
+    """96 Mpx (over the cap) and 400 Mpx (over Pillow's decompression-bomb limit too): one
+    message naming the file, its size and the cap, before any decoding (the data is cut
+    short, so a decode would say "truncated")."""
+    path = png_header(tmp_path / "big.png", width, height)
+    for read in (im.load_image, im.image_size):
+        with pytest.raises(MediaError) as got:
+            read(path)
+        size = f"{width}x{height} pixels" if width < 10000 else f"{width * height} pixels"
+        assert str(got.value) == (
+            f"image {path}: {size}, over the cap of {im.MAX_IMAGE_PIXELS} (--max-image-pixels "
+            f"raises it, up to {im.PIL_PIXEL_LIMIT})"
+        )
+    with pytest.raises(MediaError, match="over the cap of 1000 "):
+        im.load_image(png_header(tmp_path / "small.png", 40, 30), max_pixels=1000)
+    with pytest.raises(MediaError, match="image file is truncated"):  # under the cap: decoded
+        im.load_image(png_header(tmp_path / "small.png", 40, 30))
+
+
+def test_a_file_that_is_no_image_is_named(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.png"
+    junk.write_bytes(b"not an image at all")
+    with pytest.raises(MediaError) as got:
+        im.load_image(junk)
+    assert str(got.value) == f"image {junk}: not an image: cannot identify image file"
+    with pytest.raises(FileNotFoundError):  # the file itself: an OSError, as open() says it
+        im.load_image(tmp_path / "missing.png")
 
 
 def test_load_image_without_pillow_names_the_extra(

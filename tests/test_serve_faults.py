@@ -118,7 +118,9 @@ CLI_ROWS = [
     CliRow("max-audio-seconds-nan", flags("--max-audio-seconds", "nan"), 2,
            "argument --max-audio-seconds: must be a number of seconds > 0, got nan"),
     CliRow("max-image-pixels-zero", flags("--max-image-pixels", "0"), 2,
-           "argument --max-image-pixels: must be >= 1"),
+           "argument --max-image-pixels: must be 1..178956970, got 0"),
+    CliRow("max-image-pixels-over-pillows-limit", flags("--max-image-pixels", "178956971"), 2,
+           "argument --max-image-pixels: must be 1..178956970, got 178956971"),
     CliRow("stage-patience-negative", flags("--stage-patience", "-2"), 2,
            "argument --stage-patience: must be >= 0"),
     CliRow("threads-zero", flags("--threads", "0"), 2, "argument --threads: must be >= 1"),
@@ -310,13 +312,24 @@ def servers(qwen3_engine: Path, omni_engine: Path, tts_engine: Path,
         stop(p)
 
 
-def wav(samples: int, rate: int = 16000) -> str:
+def wav(samples: int, rate: int = 16000, value: float = 0.0) -> str:
+    """A WAV of ``samples`` equal samples, base64: PCM, or float for a value PCM cannot hold."""
     import numpy as np
     import soundfile as sf
 
     buf = io.BytesIO()
-    sf.write(buf, np.zeros(samples, np.float32), rate, format="WAV", subtype="PCM_16")
+    subtype = "PCM_16" if np.isfinite(value) else "FLOAT"
+    sf.write(buf, np.full(samples, value, np.float32), rate, format="WAV", subtype=subtype)
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def png_of_size(width: int, height: int) -> str:
+    """A data URL of a PNG whose header says ``width`` x ``height`` (its data cut short)."""
+    from test_image import png_header
+
+    with tempfile.TemporaryDirectory() as folder:
+        data = png_header(Path(folder) / "a.png", width, height).read_bytes()
+    return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
 def png(truncate: int | None = None) -> str:
@@ -418,14 +431,27 @@ HTTP_ROWS = [
             "not wav audio: Error opening: Format not recognised",
             "messages[0].content[0].input_audio.data"),
     HttpRow("audio-without-samples", "omni", CHAT, parts(audio_part(wav(0))), 400,
-            "audio file messages[0].content[0].input_audio holds no samples",
-            "messages[0].content[0].input_audio"),  # found once the request is prepared
+            "audio messages[0].content[0].input_audio: holds no samples",
+            "messages[0].content[0].input_audio"),
+    HttpRow("audio-nan", "omni", CHAT, parts(audio_part(wav(800, value=float("nan")))), 400,
+            "audio messages[0].content[0].input_audio: 800 of its 800 samples are not finite "
+            "numbers (NaN or infinity)", "messages[0].content[0].input_audio"),
+    HttpRow("audio-infinite", "omni", CHAT, parts({"type": "text", "text": "hi"},
+            audio_part(wav(800, value=float("-inf")))), 400, "800 of its 800 samples are not "
+            "finite numbers", "messages[0].content[1].input_audio"),
     HttpRow("audio-too-long", "omni", CHAT,
             parts({"type": "text", "text": "hi"}, audio_part(wav(3 * 16000))), 400,
             "the audio is 3.0 s long; at most 2 s here", "messages[0].content[1].input_audio"),
     HttpRow("image-not-an-image", "omni", CHAT,
             parts(image_part("data:image/png;base64," + base64.b64encode(b"nope").decode())),
             400, "not an image: cannot identify image file", "messages[0].content[0].image_url"),
+    HttpRow("image-over-the-cap", "omni", CHAT, parts(image_part(png_of_size(9800, 9800))), 400,
+            "image messages[0].content[0].image_url: 9800x9800 pixels, over the cap of 16777216 "
+            "(--max-image-pixels raises it, up to 178956970)", "messages[0].content[0].image_url"),
+    HttpRow("image-over-pillows-limit", "omni", CHAT,
+            parts(image_part(png_of_size(20000, 20000))), 400,
+            "image messages[0].content[0].image_url: 400000000 pixels, over the cap of 16777216",
+            "messages[0].content[0].image_url"),
     HttpRow("image-truncated", "omni", CHAT, parts(image_part(png(truncate=200))), 400,
             "image messages[0].content[0].image_url: image file is truncated",
             "messages[0].content[0].image_url"),

@@ -124,6 +124,34 @@ def test_a_bad_upload_is_400_naming_the_field(served: Any, files: dict, data: di
     assert not any(served.media_root.iterdir())  # the upload went with the refused request
 
 
+def float_wav(samples: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, samples.astype(np.float32), 16000, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("audio", "message"),
+    [
+        (float_wav(np.full(8000, np.nan)),
+         "audio file: 8000 of its 8000 samples are not finite numbers (NaN or infinity)"),
+        (float_wav(np.r_[np.zeros(7999), np.inf]),
+         "audio file: 1 of its 8000 samples are not finite numbers (NaN or infinity)"),
+        (float_wav(np.zeros(0)), "audio file: holds no samples"),
+    ],
+)  # fmt: skip
+def test_an_upload_without_usable_samples_is_400(served: Any, audio: bytes, message: str) -> None:
+    """NaN or infinite samples (which would be transcribed from NaN features) and none at
+    all: a 400 naming the field, said once ("audio file file holds no samples" said it
+    twice)."""
+    r = httpx.post(served.url + "/v1/audio/transcriptions", files={"file": ("a.wav", audio)},
+                   timeout=60)  # fmt: skip
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["message"], error["param"]) == (message, "file"), error
+    assert not any(served.media_root.iterdir())
+
+
 def test_a_json_body_or_another_model_is_refused(served: Any) -> None:
     url = served.url + "/v1/audio/transcriptions"
     r = httpx.post(url, json={"file": "a.wav"}, timeout=30)

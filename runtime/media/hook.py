@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from edgeomni.runtime.artifacts import CONFIG, ArtifactError, check_folder, require_keys
+from edgeomni.runtime.media import MediaError
+from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS
 from edgeomni.runtime.prompt import MediaPart, Prompt, refuse_media
 from edgeomni.runtime.runners import RequestError
 
@@ -105,8 +107,10 @@ class MediaHook:
         threads: int | None,
         locations: Mapping[str, str] | None = None,
         tokenizer: Any = None,
+        max_image_pixels: int = MAX_IMAGE_PIXELS,
     ) -> None:
         self.folder = folder
+        self.max_image_pixels = max_image_pixels  # an image file's cap (image.py)
         self.locations = dict(locations or {})  # kind -> folder relative to the thinker's
         self.threads = threads
         self.tokenizer = tokenizer  # the thinker's (runtime/tokenizer.py), for text a hook adds
@@ -357,7 +361,7 @@ class MediaHook:
             )
 
             settings = self._visual("image")[1]
-            image = load_image(path)
+            image = load_image(path, self.max_image_pixels)
             if not part.do_resize:  # the caller resized it: it must be the model's target size
                 height, width = image.shape[:2]
                 target = smart_resize(
@@ -376,6 +380,8 @@ class MediaHook:
         except (OSError, ValueError, ImportError) as e:  # ImportError: the image/video extra
             if isinstance(e, RequestError):
                 raise
+            if isinstance(e, MediaError):  # it names the file already
+                raise RequestError(str(e)) from None
             raise RequestError(f"{kind} {path}: {e}") from None
 
     def _load_video(self, part: MediaPart) -> Loaded:
@@ -390,7 +396,7 @@ class MediaHook:
 
         settings = self._visual("video")[1]
         if part.frames:
-            video = load_frames(part.frames, part.fps, part.timestamps)
+            video = load_frames(part.frames, part.fps, part.timestamps, self.max_image_pixels)
         else:
             video = read_video(part.path, settings, part.fps)
         times = frame_timestamps(video.indices, video.fps, settings.temporal_patch_size)
@@ -404,4 +410,3 @@ class MediaHook:
         if settings is None:
             raise RequestError(f"the visual engine folder has no {kind}_processor settings")
         return visual, settings
-

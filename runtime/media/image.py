@@ -23,14 +23,21 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
+from edgeomni.runtime.media import MediaError
+
 __all__ = [
+    "MAX_IMAGE_PIXELS",
+    "PIL_PIXEL_LIMIT",
     "ImageSettings",
+    "image_size",
     "patchify",
     "image_token_count",
     "load_image",
@@ -44,6 +51,15 @@ _PRECISION_BITS = 22  # Pillow's 8-bit resampling: 32 - 8 - 2
 _ROW_BLOCK = 256  # rows per resampling block: bounds the int32 accumulator for large images
 _OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# The most pixels an image file may have to be decoded (edge-infer's and edge-serve's
+# --max-image-pixels default): 4096x4096. Past it a PNG's decoding alone takes seconds and its
+# RGB array, resampled in int32 passes, gigabytes, while the model sees it resized to its
+# processor's max_pixels (about 1 Mpx) anyway.
+MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_PIXELS_FLAG = "--max-image-pixels"
+# Pillow refuses to open more than twice its Image.MAX_IMAGE_PIXELS (a decompression bomb):
+# the highest cap that can be set
+PIL_PIXEL_LIMIT = 2 * (1024 * 1024 * 1024 // 4 // 3)
 
 
 @dataclass(frozen=True)
@@ -107,18 +123,73 @@ def _channels(value: float | Sequence[float]) -> tuple[float, ...]:
     return values * 3 if len(values) == 1 else values
 
 
-def load_image(path: str | os.PathLike[str]) -> np.ndarray:
-    """Decode an image file to uint8 [H, W, 3] RGB as transformers' ``load_image`` does (EXIF
-    orientation applied, then ``convert("RGB")``). Needs Pillow, the ``image`` extra."""
+def _pil() -> Any:
     try:
-        from PIL import Image, ImageOps
+        from PIL import Image
     except ImportError:
         raise ImportError(
             "reading image files needs Pillow: pip install 'edgeomni[image]'"
         ) from None
-    with Image.open(path) as im:
-        rgb = ImageOps.exif_transpose(im).convert("RGB")
+    return Image
+
+
+def image_size(path: str | os.PathLike[str], max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[int, int]:
+    """An image file's (width, height) from its header, nothing decoded: a ``MediaError``
+    naming the file when it is no image Pillow reads or has more than ``max_pixels`` pixels
+    (so a huge image is refused before its decoding takes seconds and gigabytes)."""
+    Image = _pil()
+    with _opened(Image, path, max_pixels) as im:
+        return im.size
+
+
+def load_image(path: str | os.PathLike[str], max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """Decode an image file to uint8 [H, W, 3] RGB as transformers' ``load_image`` does (EXIF
+    orientation applied, then ``convert("RGB")``). Needs Pillow, the ``image`` extra. A
+    ``MediaError`` naming the file for one that is no image, is over ``max_pixels`` (checked
+    from its header, before decoding) or cannot be decoded (truncated)."""
+    Image = _pil()
+    from PIL import ImageOps
+
+    with _opened(Image, path, max_pixels) as im:
+        try:
+            rgb = ImageOps.exif_transpose(im).convert("RGB")
+        except (OSError, ValueError, SyntaxError) as e:  # Pillow's decoders raise these
+            raise MediaError("image", path, _said(e, path)) from None
         return np.array(rgb, dtype=np.uint8)
+
+
+def _opened(Image: Any, path: str | os.PathLike[str], max_pixels: int) -> Any:
+    """``Image.open(path)`` (lazy: the header only) within the cap, or a MediaError."""
+    with warnings.catch_warnings():  # the cap below speaks for Pillow's bomb warning
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            im = Image.open(path)
+        except Image.DecompressionBombError as e:  # over Pillow's own limit, far over the cap
+            found = re.search(r"\((\d+) pixels\)", str(e))
+            size = f"{int(found.group(1))} pixels" if found else "more pixels than Pillow opens"
+            raise MediaError("image", path, _over(size, max_pixels)) from None
+        except Image.UnidentifiedImageError:
+            raise MediaError("image", path, "not an image: cannot identify image file") from None
+        except (OSError, ValueError, SyntaxError) as e:
+            if isinstance(e, OSError) and e.errno is not None:
+                raise  # the file itself: missing, unreadable
+            raise MediaError("image", path, f"not an image: {_said(e, path)}") from None
+    width, height = im.size
+    if width * height > max_pixels:
+        im.close()
+        raise MediaError("image", path, _over(f"{width}x{height} pixels", max_pixels))
+    return im
+
+
+def _over(size: str, max_pixels: int) -> str:
+    return (f"{size}, over the cap of {max_pixels} ({MAX_PIXELS_FLAG} raises it, up to "
+            f"{PIL_PIXEL_LIMIT})")  # fmt: skip
+
+
+def _said(e: BaseException, path: str | os.PathLike[str]) -> str:
+    """A decoder's complaint without the file's path (the message names it once)."""
+    text = str(e).replace(repr(str(path)), "").replace(str(path), "").strip(" :")
+    return text or type(e).__name__
 
 
 def smart_resize(

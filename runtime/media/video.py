@@ -30,7 +30,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from edgeomni.runtime.media.image import ImageSettings, load_image, patchify, torch_resize
+from edgeomni.runtime.media.image import (
+    MAX_IMAGE_PIXELS,
+    ImageSettings,
+    load_image,
+    patchify,
+    torch_resize,
+)
 
 __all__ = ["Video", "VideoSettings", "frame_timestamps", "load_frames", "preprocess_video",
            "read_video", "sample_indices", "smart_resize_video"]  # fmt: skip
@@ -96,10 +102,12 @@ def sample_indices(total: int, source_fps: float | None, settings: VideoSettings
 
 
 def load_frames(paths: Sequence[str | os.PathLike[str]], fps: float | None = None,
-                timestamps: Sequence[float] | None = None) -> Video:  # fmt: skip
+                timestamps: Sequence[float] | None = None,
+                max_pixels: int = MAX_IMAGE_PIXELS) -> Video:  # fmt: skip
     """Frame image files as one video, all of them, in order: frame i at ``i / fps`` seconds
-    (``fps`` default the processor's assumption, 24), or at ``timestamps[i]``."""
-    frames = [load_image(p) for p in paths]
+    (``fps`` default the processor's assumption, 24), or at ``timestamps[i]``; each within the
+    image cap ``max_pixels``."""
+    frames = [load_image(p, max_pixels) for p in paths]
     if any(f.shape != frames[0].shape for f in frames):
         sizes = sorted({f"{f.shape[1]}x{f.shape[0]}" for f in frames})
         raise ValueError(f"the frames of a video must have one size, got {', '.join(sizes)}")

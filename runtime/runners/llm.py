@@ -97,7 +97,7 @@ class LLMBackbone(StageRunner):
         # the family's media preparation for this model type, or text only (runtime/prompt.py)
         self.media = media_hook(cfg)(
             folder, cfg, threads=engines.threads, locations=stage.config.get("encoders"),
-            tokenizer=self.tokenizer,
+            tokenizer=self.tokenizer, max_image_pixels=engines.max_image_pixels,
         )  # fmt: skip
         self.transcription = transcription_form(cfg)
         self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)

@@ -45,6 +45,7 @@ from starlette.routing import Route
 
 from edgeomni.runtime.audio import encoded, pcm16
 from edgeomni.runtime.events import AudioChunk, Failed, Finished, TextDelta
+from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS
 from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH, Request
 from edgeomni.runtime.serve.openai_api import (
     ApiError,
@@ -86,7 +87,7 @@ AUDIO_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}
 
 def make_app(server: Server, *, model: str, api_key: str | None = None,
              max_tokens: int = DEFAULT_MAX_GENERATE_LENGTH, max_audio_s: float = 60.0,
-             max_pixels: int = 4096 * 4096) -> Starlette:  # fmt: skip
+             max_pixels: int = MAX_IMAGE_PIXELS) -> Starlette:  # fmt: skip
     """The ASGI app over a started ``server``, serving one model, ``model`` (a body naming
     another is 404). ``max_tokens``: a request's default and cap; ``max_audio_s`` and
     ``max_pixels``: the largest inline audio and image a request may bring. Inline media go to

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS, PIL_PIXEL_LIMIT
 from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH
 from edgeomni.runtime.scheduler import PATIENCE
 
@@ -113,8 +114,11 @@ def parser() -> argparse.ArgumentParser:
                    "capacity is smaller; more than that capacity is refused)")  # fmt: skip
     p.add_argument("--max-audio-seconds", type=_seconds, default=60.0,
                    help="the longest inline audio a request may bring")  # fmt: skip
-    p.add_argument("--max-image-pixels", type=_int_at_least(1), default=4096 * 4096,
-                   help="the largest inline image a request may bring")  # fmt: skip
+    p.add_argument("--max-image-pixels", type=_int_at_least(1, PIL_PIXEL_LIMIT),
+                   default=MAX_IMAGE_PIXELS, metavar="N",
+                   help=f"the most pixels an inline image may have, checked from its header "
+                   f"before it is decoded (default {MAX_IMAGE_PIXELS}, 4096x4096; at most "
+                   f"{PIL_PIXEL_LIMIT}, Pillow's limit)")  # fmt: skip
     p.add_argument("--stage-patience", type=_int_at_least(0), default=PATIENCE, metavar="TURNS",
                    help="how many scheduler turns a later stage (talker, vocoder) waits for "
                    f"requests on their way before it steps a batch that is not full (default "
@@ -237,7 +241,8 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
             return _fail(f"{e.name} is missing: pip install 'edgeomni[ray]'")
     try:
         config = resolve_config(args.config)
-        engines = Engines(threads=args.threads, cuda_graphs=not args.no_cuda_graphs)
+        engines = Engines(threads=args.threads, cuda_graphs=not args.no_cuda_graphs,
+                          max_image_pixels=args.max_image_pixels)  # fmt: skip
         pipe = Pipeline(config, engines=engines, patience=args.stage_patience)
     except GraphError as e:
         return _fail(f"invalid graph: {e}")
@@ -264,7 +269,8 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
         server: Server = RayServer(
             pipe, where, batch_size=batch_size, max_queue=args.max_queue,
             address=args.ray_address, num_cpus=args.ray_cpus,
-            engines={"threads": args.threads, "cuda_graphs": not args.no_cuda_graphs},
+            engines={"threads": args.threads, "cuda_graphs": not args.no_cuda_graphs,
+                     "max_image_pixels": args.max_image_pixels},  # fmt: skip
         )  # fmt: skip
     else:
         server = Server(pipe, batch_size=batch_size, max_queue=args.max_queue)

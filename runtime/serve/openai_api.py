@@ -20,9 +20,11 @@ from typing import Any
 
 import soundfile as sf
 
-from edgeomni.runtime.audio import encoded
+from edgeomni.runtime.audio import encoded, read_wav
 from edgeomni.runtime.families import REQUEST_KEYS as FAMILY_KEYS
 from edgeomni.runtime.families import STAGE_PREFIXES
+from edgeomni.runtime.media import MediaError
+from edgeomni.runtime.media.image import image_size
 from edgeomni.runtime.requests import BadRequest, Request, lone_surrogate, parse_request_file
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
@@ -120,19 +122,14 @@ class Media:
             raise ApiError(400, "an image must be a data URL (data:image/...;base64,...): no "
                            "URL is fetched", where)  # fmt: skip
         path = self._write(_b64(match.group(2), where), "." + match.group(1).split("+")[0], where)
-        try:
-            from PIL import Image
-
-            with Image.open(path) as im:
-                width, height = im.size
+        try:  # its header: no image, or one over the cap, is refused before it is decoded
+            image_size(path, self.max_pixels)
         except ImportError:
             raise ApiError(400, "this server reads no images (the image extra is missing)",
                            where) from None  # fmt: skip
-        except Exception as e:
-            raise ApiError(400, f"not an image: {_reason(e, path)}", where) from None
-        if width * height > self.max_pixels:
-            raise ApiError(400, f"the image has {width}x{height} pixels; at most "
-                           f"{self.max_pixels} here", where)  # fmt: skip
+        except (OSError, ValueError) as e:  # a MediaError names the file, which app.py scrubs
+            raise ApiError(400, str(e) if isinstance(e, MediaError) else
+                           f"not an image: {_reason(e, path)}", where) from None  # fmt: skip
         return str(path)
 
     def audio(self, part: Any, where: str) -> str:
@@ -161,6 +158,11 @@ class Media:
         if seconds > self.max_audio_s:
             raise ApiError(400, f"the audio is {seconds:.1f} s long; at most "
                            f"{self.max_audio_s:g} s here", where)  # fmt: skip
+        try:  # its samples, as the request's preparation reads them (no samples, NaN)
+            read_wav(path)
+        except (OSError, ValueError) as e:  # a MediaError names the file, which app.py scrubs
+            raise ApiError(400, str(e) if isinstance(e, MediaError) else
+                           f"not {what}: {_reason(e, path)}", where) from None  # fmt: skip
         return str(path), seconds
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeomni.runtime.media.hook import MediaHook
+from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS
 from edgeomni.runtime.media.mrope import MropeIds, rope_index
 from edgeomni.runtime.prompt import Prompt
 
@@ -30,9 +31,10 @@ class MediaEncoders(MediaHook):
         threads: int | None,
         locations: Mapping[str, str] | None = None,
         tokenizer: Any = None,
+        max_image_pixels: int = MAX_IMAGE_PIXELS,
     ) -> None:
         super().__init__(folder, config, threads=threads, locations=locations,
-                         tokenizer=tokenizer)  # fmt: skip
+                         tokenizer=tokenizer, max_image_pixels=max_image_pixels)  # fmt: skip
         self.ids: MropeIds | None = None  # no media_tokens: a build that reads text only
         if self.tokens:
             per_second = self.tokens.get("position_id_per_seconds") or 25

@@ -56,7 +56,7 @@ REQUEST_KEYS = {
         flag_help="on a Qwen3-TTS graph: the voice instruction (VoiceDesign, and CustomVoice "
         "at 1.7B); a request file's default, as --voice"),
     "ref_audio": RequestKey(
-        "reference audio to clone a voice from (Qwen3-TTS Base)", flag="--ref-audio", path=True,
+        "reference audio to clone a voice from (Qwen3-TTS Base)", flag="--ref-audio", path="audio",
         flag_help="on a Qwen3-TTS Base graph: a clip whose voice is cloned (any rate; "
         "resampled to 24 kHz); a request file's default, as --voice"),
     "ref_text": RequestKey(
