@@ -19,7 +19,7 @@ from edgeomni.export.media import vision_encoder as vis
 from edgeomni.plugins import attention as attention_plugin
 from edgeomni.runtime.media import visual_encoder as rt
 
-GRIDS = [[1, 8, 12], [1, 16, 16], [1, 4, 6]]
+GRIDS = [[1, 8, 12], [1, 16, 16], [1, 4, 6], [1, 12, 4]]  # wide, square, wide, tall
 TOL = 5e-6  # relative to max|out|
 
 
@@ -98,7 +98,10 @@ def check(built: dict[str, Any], grid: list[list[int]], seed: int) -> None:
 
 
 # -- numpy precompute == transformers.vision_utils ------------------------------------------
-@pytest.mark.parametrize("grid", [[[1, 8, 12]], [[1, 16, 16], [2, 4, 6]], [[3, 2, 2], [1, 6, 20]]])
+@pytest.mark.parametrize("grid", [
+    [[1, 8, 12]], [[1, 16, 16], [2, 4, 6]], [[3, 2, 2], [1, 6, 20]],
+    [[1, 10, 4]], [[1, 6, 8], [1, 6, 8]], [[1, 6, 8], [1, 10, 4], [1, 4, 10]], [[2, 12, 2], [1, 2, 8]],
+])  # fmt: skip
 def test_precompute_matches_transformers(grid: list[list[int]]) -> None:
     from transformers import vision_utils as vu
 
