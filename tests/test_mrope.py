@@ -109,13 +109,13 @@ def test_mismatched_placeholders_are_refused() -> None:
 
 
 # -- Qwen3-VL --------------------------------------------------------------------------------
-def hf_vision_rope_index(tokens, image_grids, video_grids):
+def hf_vision_rope_index(tokens, image_grids, video_grids, merge=2):
     """Qwen3VLModel.get_rope_index on one prompt (mm_token_type_ids as its processor makes
-    them: 1 on image placeholders, 2 on video ones)."""
+    them: 1 on image placeholders, 2 on video ones) for a ViT of spatial merge ``merge``."""
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
 
     fake = types.SimpleNamespace(
-        config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=2))
+        config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=merge))
     )
     fake.get_vision_position_ids = functools.partial(Qwen3VLModel.get_vision_position_ids, fake)
     ids = torch.tensor([tokens])
@@ -163,5 +163,20 @@ def test_vision_rope_index_matches_transformers(name, tokens, images, videos) ->
     expected, expected_delta = hf_vision_rope_index(tokens, images, videos)
     pos, delta = vision_rope_index(tokens, IDS.image_token_id, IDS.video_token_id,
                                    image_grids=images, video_grids=videos)  # fmt: skip
+    np.testing.assert_array_equal(pos, expected)
+    assert delta == expected_delta
+
+
+@pytest.mark.parametrize("merge", [1, 3])
+def test_vision_rope_index_at_other_merges(merge: int) -> None:
+    """A ViT merging 1x1 or 3x3 patches: a tall image, then a flat one, as transformers."""
+    grids = [(1, 5 * merge, 2 * merge), (1, 2 * merge, 4 * merge)]
+    tokens = [1]
+    for grid in grids:
+        tokens += [IDS.vision_start_token_id, *[IDS.image_token_id] * (grid[1] * grid[2] //
+                   merge**2), VEND, 5]  # fmt: skip
+    expected, expected_delta = hf_vision_rope_index(tokens, grids, [], merge)
+    pos, delta = vision_rope_index(tokens, IDS.image_token_id, IDS.video_token_id,
+                                   image_grids=grids, merge=merge)  # fmt: skip
     np.testing.assert_array_equal(pos, expected)
     assert delta == expected_delta
