@@ -2,7 +2,8 @@
 
 One tiny random encoder (hidden 32, depth 2, 2 heads, patch 16, 8x8 position grid, DeepStack
 after both layers) is exported and built once per session; one of other dimensions (merge 3,
-patch 14, a position table smaller than the images) by the test that needs it.
+patch 14, a position table smaller than the images) by the test that needs it; the exported
+forward at other Qwen3-VL vision configs runs in torch against Qwen3VLVisionModel.
 """
 
 from __future__ import annotations
@@ -216,3 +217,49 @@ def test_load_visual_reads_the_checkpoint_names(built: dict[str, Any]) -> None:
     state[vis.PREFIX + "pos_embed.weight"] = torch.zeros(3, 32)
     with pytest.raises(ValueError, match="pos_embed.weight has shape"):
         vis.load_visual(state.__getitem__, model.config)
+
+
+# -- the graph at other Qwen3-VL vision configs ----------------------------------------------
+# overrides of the tiny ViT (Qwen3-VL's module): a position table smaller (side 4) and larger
+# (48) than the images, patch 14, merges 1 and 3, one frame per temporal patch, DeepStack taps
+# not after every layer, more heads
+VL_CONFIGS = {
+    "side4_patch14": dict(num_position_embeddings=16, patch_size=14),
+    "side48": dict(num_position_embeddings=2304),
+    "merge1_temporal1": dict(spatial_merge_size=1, temporal_patch_size=1),
+    "merge3": dict(spatial_merge_size=3),
+    "depth3_taps_0_2_heads8": dict(depth=3, deepstack_visual_indexes=[0, 2], num_heads=8),
+}
+
+
+@pytest.mark.parametrize("overrides", VL_CONFIGS.values(), ids=list(VL_CONFIGS))
+def test_graph_matches_qwen3_vl_at_other_configs(overrides: dict[str, Any]) -> None:
+    """The exported forward (VisualGraph, run in torch) with the runtime's indices equals
+    transformers' Qwen3VLVisionModel for a tall image, and for two images of one shape, a wide
+    one, a tall one and a two-frame video in one call."""
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    from edgeomni.export.tiny_omni import redraw_parameters, tiny_vision_config
+
+    cfg = Qwen3VLVisionConfig(**{**tiny_vision_config(), **overrides})
+    model = Qwen3VLVisionModel(cfg).eval()
+    redraw_parameters(model, torch.Generator().manual_seed(0), gain_std=1.0)
+    graph = vis.VisualGraph(model, "deepstack_merger_list").eval()
+    m, side = cfg.spatial_merge_size, math.isqrt(cfg.num_position_embeddings)
+    dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
+    for grid in (
+        [[1, 5 * m, 2 * m]],
+        [[1, 3 * m, 4 * m]] * 2 + [[1, 5 * m, 2 * m], [2, 2 * m, 5 * m]],
+    ):
+        g = np.asarray(grid)
+        pixels = torch.randn(int(g.prod(1).sum()), dim, generator=torch.Generator().manual_seed(1))
+        feeds = [*rt.interpolation_taps(g, side, m), rt.rotary_ids(g, m), *rt.segment_layout(g, m)]
+        with torch.no_grad():
+            ref = model(pixels, grid_thw=torch.from_numpy(g))
+            embeds, deepstack = graph(pixels, *(torch.from_numpy(f) for f in feeds))
+        assert len(deepstack) == len(ref.deepstack_features) == len(cfg.deepstack_visual_indexes)
+        for ours, theirs in zip([embeds, *deepstack], [ref.pooler_output, *ref.deepstack_features],
+                                strict=True):  # fmt: skip
+            assert ours.shape == theirs.shape
+            assert float((ours - theirs).abs().max()) <= TOL * float(theirs.abs().max()), grid
