@@ -371,11 +371,11 @@ def omni_config(ids: dict[str, int]) -> Any:
     )
 
 
-def redraw_parameters(model: Any, generator: Any) -> None:
+def redraw_parameters(model: Any, generator: Any, gain_std: float = 0.1) -> None:
     """Redraw every parameter so each path matters: matrices N(0, 1/fan_in), embeddings N(0, 1),
-    gains (norms, layer scales) 1 ± 0.1, biases and SnakeBeta log-parameters N(0, 0.1). Any
-    parameter no rule covers raises, so a new transformers module cannot silently keep its HF
-    init."""
+    gains (norms, layer scales) N(1, ``gain_std``), biases and SnakeBeta log-parameters
+    N(0, 0.1). Any parameter no rule covers raises, so a new transformers module cannot
+    silently keep its HF init."""
     import torch
     from torch import nn
 
@@ -402,7 +402,7 @@ def redraw_parameters(model: Any, generator: Any) -> None:
                 elif "SnakeBeta" in kind:
                     normal(p, 0.0, 0.1)  # alpha/beta are log-scale
                 elif "Norm" in kind or "LayerScale" in kind or name == "gamma":
-                    normal(p, 1.0, 0.1)  # norm weights, layer scales, ConvNeXt gammas
+                    normal(p, 1.0, gain_std)  # norm weights, layer scales, ConvNeXt gammas
                 else:
                     raise RuntimeError(f"no rule for {mod_name}.{name} ({kind}, {tuple(p.shape)})")
 

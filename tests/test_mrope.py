@@ -1,4 +1,5 @@
-"""Qwen3-Omni's mrope.py equals transformers' get_rope_index for Qwen3-Omni prompts."""
+"""mrope.py equals transformers' get_rope_index: Qwen3-Omni's (``rope_index``) for Qwen3-Omni
+prompts, Qwen3-VL's (``vision_rope_index``) for images and videos of every shape and count."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from edgeomni.runtime.media.mrope import MropeIds, audio_output_length, rope_index
+from edgeomni.runtime.media.mrope import (
+    MropeIds,
+    audio_output_length,
+    rope_index,
+    vision_rope_index,
+)
 
 IDS = MropeIds(
     image_token_id=10,
@@ -100,3 +106,77 @@ def test_audio_output_length_matches_transformers() -> None:
 def test_mismatched_placeholders_are_refused() -> None:
     with pytest.raises(ValueError, match="placeholder"):
         rope_index([1, *image((1, 4, 4))[:-2], 2], IDS, image_grids=[(1, 4, 4)])
+
+
+# -- Qwen3-VL --------------------------------------------------------------------------------
+def hf_vision_rope_index(tokens, image_grids, video_grids, merge=2):
+    """Qwen3VLModel.get_rope_index on one prompt (mm_token_type_ids as its processor makes
+    them: 1 on image placeholders, 2 on video ones) for a ViT of spatial merge ``merge``."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    fake = types.SimpleNamespace(
+        config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=merge))
+    )
+    fake.get_vision_position_ids = functools.partial(Qwen3VLModel.get_vision_position_ids, fake)
+    ids = torch.tensor([tokens])
+    kinds = (ids == IDS.image_token_id).int() + 2 * (ids == IDS.video_token_id).int()
+    pos, delta = Qwen3VLModel.get_rope_index(
+        fake, ids, kinds,
+        image_grid_thw=torch.tensor(image_grids) if image_grids else None,
+        video_grid_thw=torch.tensor(video_grids) if video_grids else None,
+    )  # fmt: skip
+    return pos[:, 0].numpy(), int(delta.reshape(-1)[0])
+
+
+def video(grid):
+    """A video as Qwen3VLProcessor writes it: each temporal group a timestamp (two text
+    tokens here) and its placeholders between the vision brackets."""
+    t, h, w = grid
+    return [tok for _ in range(t) for tok in
+            (21, 22, IDS.vision_start_token_id, *[IDS.video_token_id] * (h * w // 4), VEND)]  # fmt: skip
+
+
+VL_CASES = [
+    ("tall", [1, *image((1, 10, 4)), 2, 3], [(1, 10, 4)], []),
+    ("flat", [1, *image((1, 4, 10)), 2, 3], [(1, 4, 10)], []),
+    ("two of one shape", [1, *image((1, 6, 8)), *image((1, 6, 8)), 2], [(1, 6, 8)] * 2, []),
+    (
+        "wide then tall",
+        [1, *image((1, 6, 8)), 5, *image((1, 10, 4)), 2],
+        [(1, 6, 8), (1, 10, 4)],
+        [],
+    ),  # fmt: skip
+    ("wide then flat", [*image((1, 6, 8)), *image((1, 4, 10)), 2], [(1, 6, 8), (1, 4, 10)], []),
+    ("tall video", [1, *video((2, 10, 4)), 2], [], [(2, 10, 4)]),
+    (
+        "video, tall image, flat video",
+        [1, *video((3, 4, 6)), *image((1, 12, 2)), 6, *video((1, 2, 8)), 2],
+        [(1, 12, 2)],
+        [(3, 4, 6), (1, 2, 8)],
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("name", "tokens", "images", "videos"), VL_CASES,
+                         ids=[c[0] for c in VL_CASES])  # fmt: skip
+def test_vision_rope_index_matches_transformers(name, tokens, images, videos) -> None:
+    expected, expected_delta = hf_vision_rope_index(tokens, images, videos)
+    pos, delta = vision_rope_index(tokens, IDS.image_token_id, IDS.video_token_id,
+                                   image_grids=images, video_grids=videos)  # fmt: skip
+    np.testing.assert_array_equal(pos, expected)
+    assert delta == expected_delta
+
+
+@pytest.mark.parametrize("merge", [1, 3])
+def test_vision_rope_index_at_other_merges(merge: int) -> None:
+    """A ViT merging 1x1 or 3x3 patches: a tall image, then a flat one, as transformers."""
+    grids = [(1, 5 * merge, 2 * merge), (1, 2 * merge, 4 * merge)]
+    tokens = [1]
+    for grid in grids:
+        tokens += [IDS.vision_start_token_id, *[IDS.image_token_id] * (grid[1] * grid[2] //
+                   merge**2), VEND, 5]  # fmt: skip
+    expected, expected_delta = hf_vision_rope_index(tokens, grids, [], merge)
+    pos, delta = vision_rope_index(tokens, IDS.image_token_id, IDS.video_token_id,
+                                   image_grids=grids, merge=merge)  # fmt: skip
+    np.testing.assert_array_equal(pos, expected)
+    assert delta == expected_delta

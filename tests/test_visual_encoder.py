@@ -1,7 +1,9 @@
 """Qwen3-Omni vision encoder: numpy index precompute == transformers' helpers, engine == HF.
 
 One tiny random encoder (hidden 32, depth 2, 2 heads, patch 16, 8x8 position grid, DeepStack
-after both layers) is exported and built once per session.
+after both layers) is exported and built once per session; one of other dimensions (merge 3,
+patch 14, a position table smaller than the images) by the test that needs it; the exported
+forward at other Qwen3-VL vision configs runs in torch against Qwen3VLVisionModel.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from edgeomni.export.media import vision_encoder as vis
 from edgeomni.plugins import attention as attention_plugin
 from edgeomni.runtime.media import visual_encoder as rt
 
-GRIDS = [[1, 8, 12], [1, 16, 16], [1, 4, 6]]
+GRIDS = [[1, 8, 12], [1, 16, 16], [1, 4, 6], [1, 12, 4]]  # wide, square, wide, tall
 TOL = 5e-6  # relative to max|out|
 
 
-def tiny_model() -> Any:
+def tiny_model(**config: Any) -> Any:
     """Matrices at std 1/sqrt(fan_in) (HF's 0.02 init would make every image look alike),
-    the position table at std 1 so its interpolation matters, norms ~1, biases ~N(0, 0.1)."""
+    the position table at std 1 so its interpolation matters, norms ~1, biases ~N(0, 0.1);
+    ``config`` overrides the vision config's fields."""
     from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
         Qwen3OmniMoeVisionEncoderConfig,
     )
@@ -33,7 +36,7 @@ def tiny_model() -> Any:
         Qwen3OmniMoeVisionEncoder,
     )
 
-    cfg = Qwen3OmniMoeVisionEncoderConfig(
+    tiny = dict(
         depth=2,
         hidden_size=32,
         intermediate_size=64,
@@ -45,6 +48,7 @@ def tiny_model() -> Any:
         num_position_embeddings=64,
         deepstack_visual_indexes=[0, 1],
     )
+    cfg = Qwen3OmniMoeVisionEncoderConfig(**{**tiny, **config})
     torch.manual_seed(0)
     model = Qwen3OmniMoeVisionEncoder(cfg).eval()
     with torch.no_grad():
@@ -60,13 +64,11 @@ def tiny_model() -> Any:
     return model
 
 
-@pytest.fixture(scope="session")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def build(model: Any, root: Any) -> dict[str, Any]:
+    """``model`` exported and built for ONNX Runtime on the CPU under ``root``."""
     from edgeomni.builder.onnxruntime import build_engine
     from edgeomni.export.family import BuildArgs
 
-    model = tiny_model()
-    root = tmp_path_factory.mktemp("visual")
     raw = vis.export_visual(model, root / "raw" / vis.ENGINE)
     folder = root / "visual"
     folder.mkdir()
@@ -77,17 +79,24 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"model": model, "raw": raw, "encoder": rt.VisualEncoder(folder, threads=2)}
 
 
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return build(tiny_model(), tmp_path_factory.mktemp("visual"))
+
+
 def hf_encode(model: Any, pixel_values: np.ndarray, grid: list[list[int]]) -> Any:
     with torch.no_grad():
         return model(torch.from_numpy(pixel_values), torch.tensor(grid))
 
 
 def check(built: dict[str, Any], grid: list[list[int]], seed: int) -> None:
-    n = sum(t * h * w for t, h, w in grid)
-    pixel_values = np.random.default_rng(seed).standard_normal((n, 1536)).astype(np.float32)
+    cfg = built["model"].config
+    n, unit = sum(t * h * w for t, h, w in grid), cfg.spatial_merge_size**2
+    dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
+    pixel_values = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
     embeds, deepstack = built["encoder"].encode(pixel_values, grid)
     ref = hf_encode(built["model"], pixel_values, grid)
-    assert embeds.shape == (n // 4, 64) and deepstack.shape == (2, n // 4, 64)
+    assert embeds.shape == (n // unit, 64) and deepstack.shape == (2, n // unit, 64)
     for ours, theirs in [
         (embeds, ref.pooler_output),
         *zip(deepstack, ref.deepstack_features, strict=True),
@@ -98,19 +107,28 @@ def check(built: dict[str, Any], grid: list[list[int]], seed: int) -> None:
 
 
 # -- numpy precompute == transformers.vision_utils ------------------------------------------
-@pytest.mark.parametrize("grid", [[[1, 8, 12]], [[1, 16, 16], [2, 4, 6]], [[3, 2, 2], [1, 6, 20]]])
-def test_precompute_matches_transformers(grid: list[list[int]]) -> None:
+# (grid side of the position table, merge, grids): the table larger and smaller than the
+# images, merges other than the releases' 2
+PRECOMPUTE = [(8, 2, g) for g in (
+    [[1, 8, 12]], [[1, 16, 16], [2, 4, 6]], [[3, 2, 2], [1, 6, 20]],
+    [[1, 10, 4]], [[1, 6, 8], [1, 6, 8]], [[1, 6, 8], [1, 10, 4], [1, 4, 10]], [[2, 12, 2], [1, 2, 8]],
+)] + [(4, 3, [[1, 15, 6], [1, 6, 15]]), (4, 1, [[1, 10, 4], [2, 3, 7]]), (48, 2, [[1, 6, 64]])]  # fmt: skip
+
+
+@pytest.mark.parametrize(("side", "merge", "grid"), PRECOMPUTE)
+def test_precompute_matches_transformers(side: int, merge: int, grid: list[list[int]]) -> None:
     from transformers import vision_utils as vu
 
     g = torch.tensor(grid)
     idx, wts = vu.get_vision_interpolation_indices_and_weights(
-        g, num_grid_per_side=8, mode="bilinear", align_corners=True, spatial_merge_size=2
+        g, num_grid_per_side=side, mode="bilinear", align_corners=True, spatial_merge_size=merge
     )
-    ours_idx, ours_wts = rt.interpolation_taps(grid, side=8, merge=2)
+    ours_idx, ours_wts = rt.interpolation_taps(grid, side=side, merge=merge)
     np.testing.assert_array_equal(ours_idx, idx.numpy())
     np.testing.assert_array_equal(ours_wts, wts.numpy())  # bit-exact float32
-    np.testing.assert_array_equal(rt.rotary_ids(grid, 2), vu.get_vision_position_ids(g, 2).numpy())
-    tokens, lens, slots = rt.segment_layout(grid, 2)
+    np.testing.assert_array_equal(rt.rotary_ids(grid, merge),
+                                  vu.get_vision_position_ids(g, merge).numpy())  # fmt: skip
+    tokens, lens, slots = rt.segment_layout(grid, merge)
     cu = vu.get_vision_cu_seqlens(g).numpy()
     np.testing.assert_array_equal(lens, np.diff(cu))
     n, width = int(cu[-1]), int(lens.max())
@@ -160,6 +178,17 @@ def test_mixed_batch_and_video(built: dict[str, Any]) -> None:
     check(built, [*GRIDS, [3, 4, 4]], seed=7)
 
 
+def test_other_vision_configs_match_transformers(tmp_path: Any) -> None:
+    """A ViT unlike the releases' (merge 3, patch 14, 3 heads, a 4x4 position table smaller than
+    the images) exports, builds and matches transformers on tall, wide and mixed layouts."""
+    model = tiny_model(spatial_merge_size=3, patch_size=14, num_heads=4, hidden_size=48,
+                       num_position_embeddings=16)  # fmt: skip
+    other = build(model, tmp_path)
+    assert other["encoder"].merge == 3 and other["encoder"].side == 4
+    check(other, [[1, 15, 6]], seed=1)
+    check(other, [[1, 6, 9], [1, 15, 6], [2, 3, 12]], seed=2)
+
+
 def test_rejects_mismatched_inputs(built: dict[str, Any]) -> None:
     enc = built["encoder"]
     with pytest.raises(ValueError, match="multiples of 2"):
@@ -188,3 +217,49 @@ def test_load_visual_reads_the_checkpoint_names(built: dict[str, Any]) -> None:
     state[vis.PREFIX + "pos_embed.weight"] = torch.zeros(3, 32)
     with pytest.raises(ValueError, match="pos_embed.weight has shape"):
         vis.load_visual(state.__getitem__, model.config)
+
+
+# -- the graph at other Qwen3-VL vision configs ----------------------------------------------
+# overrides of the tiny ViT (Qwen3-VL's module): a position table smaller (side 4) and larger
+# (48) than the images, patch 14, merges 1 and 3, one frame per temporal patch, DeepStack taps
+# not after every layer, more heads
+VL_CONFIGS = {
+    "side4_patch14": dict(num_position_embeddings=16, patch_size=14),
+    "side48": dict(num_position_embeddings=2304),
+    "merge1_temporal1": dict(spatial_merge_size=1, temporal_patch_size=1),
+    "merge3": dict(spatial_merge_size=3),
+    "depth3_taps_0_2_heads8": dict(depth=3, deepstack_visual_indexes=[0, 2], num_heads=8),
+}
+
+
+@pytest.mark.parametrize("overrides", VL_CONFIGS.values(), ids=list(VL_CONFIGS))
+def test_graph_matches_qwen3_vl_at_other_configs(overrides: dict[str, Any]) -> None:
+    """The exported forward (VisualGraph, run in torch) with the runtime's indices equals
+    transformers' Qwen3VLVisionModel for a tall image, and for two images of one shape, a wide
+    one, a tall one and a two-frame video in one call."""
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    from edgeomni.export.tiny_omni import redraw_parameters, tiny_vision_config
+
+    cfg = Qwen3VLVisionConfig(**{**tiny_vision_config(), **overrides})
+    model = Qwen3VLVisionModel(cfg).eval()
+    redraw_parameters(model, torch.Generator().manual_seed(0), gain_std=1.0)
+    graph = vis.VisualGraph(model, "deepstack_merger_list").eval()
+    m, side = cfg.spatial_merge_size, math.isqrt(cfg.num_position_embeddings)
+    dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
+    for grid in (
+        [[1, 5 * m, 2 * m]],
+        [[1, 3 * m, 4 * m]] * 2 + [[1, 5 * m, 2 * m], [2, 2 * m, 5 * m]],
+    ):
+        g = np.asarray(grid)
+        pixels = torch.randn(int(g.prod(1).sum()), dim, generator=torch.Generator().manual_seed(1))
+        feeds = [*rt.interpolation_taps(g, side, m), rt.rotary_ids(g, m), *rt.segment_layout(g, m)]
+        with torch.no_grad():
+            ref = model(pixels, grid_thw=torch.from_numpy(g))
+            embeds, deepstack = graph(pixels, *(torch.from_numpy(f) for f in feeds))
+        assert len(deepstack) == len(ref.deepstack_features) == len(cfg.deepstack_visual_indexes)
+        for ours, theirs in zip([embeds, *deepstack], [ref.pooler_output, *ref.deepstack_features],
+                                strict=True):  # fmt: skip
+            assert ours.shape == theirs.shape
+            assert float((ours - theirs).abs().max()) <= TOL * float(theirs.abs().max()), grid

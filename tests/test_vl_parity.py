@@ -1,7 +1,10 @@
 """Qwen3-VL through edge-infer reproduces transformers on a tiny random checkpoint: greedy tokens
 identical (CPU, float32) for text alone, one image, two images, a video given as frames, and
-all of them in one in-flight batch; the visual encoder's features within 1e-5 of transformers'
-(relative to their largest magnitude); --validate-config and --graph-only on the engine dir."""
+the layouts where a mix-up of height and width or of one image's attention block with the next
+would show (a tall image, two of one shape, a wide one then a tall or a flat one, a video of
+tall frames), all of them in one in-flight batch; the visual encoder's features within 1e-5 of
+transformers' (relative to their largest magnitude) for each layout; --validate-config and
+--graph-only on the engine dir."""
 
 from __future__ import annotations
 
@@ -29,47 +32,68 @@ def bundle(vl_ckpt: Path) -> ref.VLBundle:
     return ref.load_bundle(vl_ckpt)
 
 
+# the media, in the order they are drawn: an image as (height, width), a video's frames as
+# (count, height, width). "a" (64x96 kept), "b" (100x80, resized to 96x64) and "video" (five
+# 50x70 frames resized to 64x64, the last repeated to a whole temporal patch) come first; the
+# others keep their sizes (multiples of 32), named below as width x height
+MEDIA = {
+    "a": (64, 96),
+    "b": (100, 80),
+    "video": (5, 50, 70),
+    "tall": (160, 64),  # 64x160: a 10x4 patch grid
+    "wide": (96, 128),  # 128x96: 6x8
+    "wide2": (96, 128),  # another of that shape
+    "flat": (64, 160),  # 160x64: 4x10
+    "tall_video": (4, 160, 64),  # four 64x160 frames: two 10x4 groups
+}
+
+
 @pytest.fixture(scope="module")
 def media(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Two images (64x96 kept, 100x80 resized to 96x64) and five 50x70 frames (resized to
-    64x64, the last one repeated to a whole temporal patch), as PNG files and arrays."""
+    """MEDIA as arrays (a video as ref.Video) and as PNG files under ``<name>_path`` (a video's
+    frames as a list of them)."""
     from PIL import Image
 
     folder = tmp_path_factory.mktemp("vl-media")
     rng = np.random.default_rng(0)
-    arrays = {"a": (64, 96), "b": (100, 80)}
     out: dict = {}
-    for name, (h, w) in arrays.items():
-        out[name] = (rng.random((h, w, 3)) * 255).astype(np.uint8)
-        Image.fromarray(out[name]).save(folder / f"{name}.png")
-        out[name + "_path"] = str(folder / f"{name}.png")
-    frames = (rng.random((5, 50, 70, 3)) * 255).astype(np.uint8)
-    out["frames"] = []
-    for i, frame in enumerate(frames):
-        Image.fromarray(frame).save(folder / f"f{i}.png")
-        out["frames"].append(str(folder / f"f{i}.png"))
-    out["video"] = ref.Video(frames, FPS)
+    for name, shape in MEDIA.items():
+        pixels = (rng.random((*shape, 3)) * 255).astype(np.uint8)
+        frames = pixels if len(shape) == 3 else pixels[None]
+        paths = [str(folder / f"{name}{i}.png") for i in range(len(frames))]
+        for frame, path in zip(frames, paths, strict=True):
+            Image.fromarray(frame).save(path)
+        if len(shape) == 3:
+            out[name], out[name + "_path"] = ref.Video(pixels, FPS), paths
+        else:
+            out[name], out[name + "_path"] = pixels, paths[0]
     return out
+
+
+# each case's media (keys of MEDIA, in order) and its text
+LAYOUTS = {
+    "text": ((), "Hello! How are you today?"),
+    "image": (("a",), "Describe it."),
+    "two_images": (("a", "b"), "Compare them."),
+    "video": (("video",), "What happens?"),
+    "video_and_image": (("video", "b"), "Which?"),
+    "tall": (("tall",), "Describe it."),
+    "same_shape": (("wide", "wide2"), "Compare them."),
+    "wide_tall": (("wide", "tall"), "Compare them."),
+    "wide_flat": (("wide", "flat"), "Compare them."),
+    "tall_video": (("tall_video",), "What happens?"),
+}
+CASES = tuple(LAYOUTS)
+# the cases whose images are taller than wide, of one shape, or of mixed shapes
+SHAPES = ("tall", "same_shape", "wide_tall", "wide_flat", "tall_video")
 
 
 def case_content(name: str, media: dict) -> tuple[list, list]:
     """(the reference's content, the request's content parts) of a case."""
-    video = {"type": "video", "video": media["frames"], "fps": FPS}
-    image = {"a": {"type": "image", "image": media["a_path"]},
-             "b": {"type": "image", "image": media["b_path"]}}  # fmt: skip
-    cases = {
-        "text": (["Hello! How are you today?"], []),
-        "image": ([media["a"], "Describe it."], [image["a"]]),
-        "two_images": ([media["a"], media["b"], "Compare them."], [image["a"], image["b"]]),
-        "video": ([media["video"], "What happens?"], [video]),
-        "video_and_image": ([media["video"], media["b"], "Which?"], [video, image["b"]]),
-    }
-    content, parts = cases[name]
-    texts = [{"type": "text", "text": t} for t in content if isinstance(t, str)]
-    return content, parts + texts
-
-
-CASES = ("text", "image", "two_images", "video", "video_and_image")
+    keys, text = LAYOUTS[name]
+    parts = [{"type": "video", "video": media[k + "_path"], "fps": FPS} if len(MEDIA[k]) == 3
+             else {"type": "image", "image": media[k + "_path"]} for k in keys]  # fmt: skip
+    return [*(media[k] for k in keys), text], [*parts, {"type": "text", "text": text}]
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +124,19 @@ def test_references_differ(references) -> None:
     assert len({tuple(tokens) for tokens, _ in references.values()}) == len(CASES)
 
 
-@pytest.mark.parametrize("name", CASES[:4])
+def test_layout_within_each_image_changes_the_reply(bundle, media, references) -> None:
+    """Each image (each video frame) of the shape cases turned upside down, the same pixels
+    and sizes, changes transformers' reply: parity there pins where each patch is (position
+    embeddings, 2-D rotary, text positions), not only which pixels an image holds."""
+    for name in SHAPES:
+        content = [ref.Video(item.frames[:, ::-1].copy(), item.fps) if isinstance(item, ref.Video)
+                   else item[::-1].copy() if isinstance(item, np.ndarray) else item
+                   for item in case_content(name, media)[0]]  # fmt: skip
+        flipped = ref.greedy(bundle, ref.build_inputs(bundle, content), MAX_NEW)
+        assert flipped != references[name][0], name
+
+
+@pytest.mark.parametrize("name", CASES[:4] + SHAPES)
 def test_request_matches_transformers(vl_engine, media, references, tmp_path, name) -> None:
     code, entries = run(vl_engine, tmp_path, [request(name, media)])
     assert code == cli.EXIT_OK, entries[0].get("error")
@@ -111,7 +147,7 @@ def test_request_matches_transformers(vl_engine, media, references, tmp_path, na
 
 
 def test_mixed_batch_in_flight_matches_transformers(vl_engine, media, references, tmp_path):
-    """Text-only and media requests share one running batch (3 rows, 5 requests: rows join and
+    """Text-only and media requests share one running batch (3 rows, 10 requests: rows join and
     leave), each giving its tokens alone."""
     code, entries = run(vl_engine, tmp_path, [request(n, media) for n in CASES],
                         "--batch-size", "3")  # fmt: skip
@@ -121,17 +157,21 @@ def test_mixed_batch_in_flight_matches_transformers(vl_engine, media, references
         assert entry["stages"]["llm"]["output_tokens"] == references[name][0], name
 
 
-def test_visual_features_match_transformers(vl_engine, bundle, media) -> None:
-    """The visual engine's embeddings and DeepStack features for an image and a video equal
-    transformers' Qwen3VLVisionModel on the same patches."""
+@pytest.mark.parametrize("name", ("video_and_image", *SHAPES))
+def test_visual_features_match_transformers(vl_engine, bundle, media, name) -> None:
+    """The visual engine's embeddings and DeepStack features for a case's images (in one call,
+    as a request's are encoded) and for its video equal transformers' Qwen3VLVisionModel on
+    the same patches."""
     import torch
 
     from edgeomni.runtime.media.visual_encoder import VisualEncoder
 
     encoder = VisualEncoder(vl_engine / "visual", threads=1)
-    inputs = ref.build_inputs(bundle, case_content("video_and_image", media)[0])
-    for pixels, grid in ((inputs["pixel_values"], inputs["image_grid_thw"]),
-                         (inputs["pixel_values_videos"], inputs["video_grid_thw"])):  # fmt: skip
+    inputs = ref.build_inputs(bundle, case_content(name, media)[0])
+    kinds = [(p, g) for p, g in (("pixel_values", "image_grid_thw"),
+                                 ("pixel_values_videos", "video_grid_thw")) if p in inputs]  # fmt: skip
+    assert kinds
+    for pixels, grid in ((inputs[p], inputs[g]) for p, g in kinds):
         with torch.no_grad():
             out = bundle.model.model.visual(pixels, grid_thw=grid)
         expected = [out.pooler_output.numpy(), *(d.numpy() for d in out.deepstack_features)]

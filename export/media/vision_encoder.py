@@ -194,10 +194,11 @@ class VisualGraph(nn.Module):
 
 
 def example_inputs(cfg: Any) -> tuple[torch.Tensor, ...]:
-    """Three images of 4x4, 4x6 and 2x4 patches: every dynamic axis has a distinct size > 1
-    (torch.export specialises axes of size 1 and may tie axes of equal example size)."""
+    """Three images of 2x2, 2x3 and 1x2 merge blocks (4x4, 4x6 and 2x4 patches at merge 2):
+    every dynamic axis has a distinct size > 1 (torch.export specialises axes of size 1 and may
+    tie axes of equal example size), each a whole number of merge blocks."""
     merge = cfg.spatial_merge_size
-    lens = [16, 24, 8]
+    lens = [blocks * merge * merge for blocks in (4, 6, 2)]
     n, rows, width = sum(lens), len(lens), max(lens)
     starts = [sum(lens[:i]) for i in range(rows)]
     tokens = torch.tensor(
