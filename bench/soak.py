@@ -50,8 +50,8 @@ import soak_traffic as tr  # noqa: E402
 from serve_load import free_port, percentile, wait_healthy  # noqa: E402
 from soak_engines import FAMILIES, ensure_engines  # noqa: E402
 
-RSS_GROWTH = (0.10, 32 << 20)  # end vs after warm-up: at most 10% or 32 MiB more, the larger
-FD_GROWTH = 8  # open files: at most this many more at the end than after warm-up
+RSS_GROWTH = (0.05, 16 << 20)  # end vs after warm-up: at most 5% or 16 MiB more, the larger
+FD_GROWTH = 4  # open files idle after the traffic: at most this many more than before it
 REPLICA_GRACE_S = 15.0  # after a kill, requests that fail with a clear status count as its own
 
 
@@ -256,24 +256,39 @@ def window(samples: list[dict], lo: float, hi: float, key: str) -> float | None:
     return median(xs) if xs else None
 
 
+def slope(samples: list[dict], after: float, key: str) -> float | None:
+    """Least-squares growth of ``key`` per minute over the samples after ``after`` s."""
+    pts = [(s["t"], s[key]) for s in samples if s["t"] >= after]
+    if len(pts) < 3:
+        return None
+    mt = sum(t for t, _ in pts) / len(pts)
+    mv = sum(v for _, v in pts) / len(pts)
+    den = sum((t - mt) ** 2 for t, _ in pts)
+    return None if den == 0 else 60 * sum((t - mt) * (v - mv) for t, v in pts) / den
+
+
 def memory(samples: list[dict], family: str, warm: float, end: float, span: float) -> dict:
-    """Per process of a server: resident memory and open files at the start, in the window
-    after warm-up and at the end (medians of ``span`` seconds), and whether they stayed flat."""
+    """Per process of a server: resident memory and open files before the traffic, in the
+    window after warm-up, in the last window of the traffic (medians of ``span`` s) and idle
+    after it; the growth a minute after warm-up; and whether they stayed flat: resident memory
+    at the end within ``RSS_GROWTH`` of the window after warm-up, open files idle after the
+    traffic within ``FD_GROWTH`` of those before it."""
     out = {}
     for pid in sorted({s["pid"] for s in samples if s["family"] == family}):
         mine = [s for s in samples if s["pid"] == pid]
-        first = min(s["t"] for s in mine)
-        row: dict[str, Any] = {"role": mine[0]["role"], "first_t": first,
-                               "last_t": max(s["t"] for s in mine)}  # fmt: skip
+        row: dict[str, Any] = {"role": mine[0]["role"], "first_t": mine[0]["t"],
+                               "last_t": mine[-1]["t"]}  # fmt: skip
         for key in ("rss", "fds"):
             row[key] = {"start": mine[0][key], "warm": window(mine, warm, warm + span, key),
-                        "end": window(mine, end - span, end, key)}  # fmt: skip
+                        "end": window(mine, end - span, end, key),
+                        "idle": mine[-1][key] if mine[-1]["t"] > end else None,
+                        "per_min": slope(mine, warm, key)}  # fmt: skip
         rss, fds = row["rss"], row["fds"]
-        if rss["warm"] is None or rss["end"] is None:  # a replica killed, or its replacement
-            row["flat"] = None
+        if mine[0]["t"] > 1 or None in (rss["warm"], rss["end"], fds["idle"]):
+            row["flat"] = None  # a replica killed, or its replacement: no whole run to judge
         else:
             room = max(RSS_GROWTH[0] * rss["warm"], RSS_GROWTH[1])
-            row["flat"] = rss["end"] <= rss["warm"] + room and fds["end"] <= fds["warm"] + FD_GROWTH
+            row["flat"] = rss["end"] <= rss["warm"] + room and fds["idle"] <= fds["start"] + FD_GROWTH
         out[str(pid)] = row
     return out
 
@@ -421,17 +436,18 @@ def table(report: dict[str, Any]) -> str:
         lines.append(f"| {f} | " + " | ".join(str(s[c]) for c in cols) +
                      f" | {s['ok_p50_ms']} / {s['ok_p95_ms']} | {s['busy_p50_ms']} | "
                      f"{s['audio_exact']} ({s['audio_max_steps']}) |")  # fmt: skip
-    lines += ["", "| family | process | RSS MiB start / after warm-up / end | open files start "
-              "/ after warm-up / end | flat |", "|---|---|---|---|---|"]
+    lines += ["", "| family | process | RSS MiB start / after warm-up / end (MiB a minute) | "
+              "open files start / after warm-up / end / idle | flat |", "|---|---|---|---|---|"]
 
-    def mib(x: float | None) -> str:
-        return "-" if x is None else f"{x / 2**20:.0f}"
+    def mib(x: float | None, digits: int = 0) -> str:
+        return "-" if x is None else f"{x / 2**20:.{digits}f}"
 
     for f, procs in report["memory"].items():
         for pid, m in procs.items():
             r, d = m["rss"], m["fds"]
             lines.append(f"| {f} | {m['role']} ({pid}) | {mib(r['start'])} / {mib(r['warm'])} / "
-                         f"{mib(r['end'])} | {d['start']} / {d['warm']} / {d['end']} | "
+                         f"{mib(r['end'])} ({mib(r['per_min'], 2)}) | {d['start']} / {d['warm']} "
+                         f"/ {d['end']} / {d['idle']} | "
                          f"{'-' if m['flat'] is None else 'yes' if m['flat'] else 'NO'} |")
     return "\n".join(lines)
 

@@ -322,9 +322,9 @@ def _clear_error(status: int, body: bytes, headers: Any) -> str | None:
 
 def _error_outcome(t: Template, status: int, body: bytes, headers: Any) -> dict[str, Any]:
     unclear = _clear_error(status, body, headers)
-    detail = body[:200].decode(errors="replace")
     if unclear is not None:
         return {"outcome": "error", "detail": unclear}
+    detail = json.loads(body)["error"]["message"]
     if status == 429:
         return {"outcome": "busy"}
     if t.bad and 400 <= status < 500:
