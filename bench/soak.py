@@ -453,23 +453,27 @@ def table(report: dict[str, Any]) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engines", type=Path, required=True,
                    help="a folder of the families' tiny builds (missing ones are built there)")
     p.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     p.add_argument("--duration", type=float, default=600.0, help="seconds of traffic")
-    p.add_argument("--rate", type=float, default=3.0, help="arrivals a second per family")
+    p.add_argument("--rate", type=float, default=8.0,
+                   help="arrivals a second per family (8: past the tiny builds' limits on 2 "
+                   "cores, so some get 429)")
     p.add_argument("--max-queue", type=int, default=2, help="each server's --max-queue")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds a request may take before it counts as lost")
     p.add_argument("--warmup", type=float, default=60.0,
                    help="seconds of traffic before the memory baseline window")
-    p.add_argument("--sample-every", type=float, default=2.0)
+    p.add_argument("--sample-every", type=float, default=2.0,
+                   help="seconds between samples of memory and open files")
     p.add_argument("--ray", action="store_true",
                    help="serve through edge-serve --ray, a replica killed halfway")
     p.add_argument("--no-memory-check", dest="check_memory", action="store_false",
                    help="report memory but do not judge it (runs too short to warm up)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="of the arrivals and their templates")
     p.add_argument("--out", type=Path, required=True)
     return p
 
