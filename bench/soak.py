@@ -22,8 +22,8 @@ settings and the machine): no request lost or answered 5xx (``--ray``: outside t
 replica's requests), no mismatch, every refusal a clear status (OpenAI's JSON error; 429 with
 Retry-After); after the traffic each server holds no request and no request media folder; after
 SIGTERM each exits 0 and leaves no edge-serve folder in its temp dir (nor a process); resident
-memory at the end within ``RSS_GROWTH`` of the window after warm-up, open files within
-``FD_GROWTH``. Exit status 0 when every check holds, 1 otherwise.
+memory at the end within ``RSS_GROWTH`` of the window after warm-up, open files idle after the
+traffic within ``FD_GROWTH`` of that window. Exit status 0 when every check holds, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ from serve_load import free_port, percentile, wait_healthy  # noqa: E402
 from soak_engines import FAMILIES, ensure_engines  # noqa: E402
 
 RSS_GROWTH = (0.05, 16 << 20)  # end vs after warm-up: at most 5% or 16 MiB more, the larger
-FD_GROWTH = 4  # open files idle after the traffic: at most this many more than before it
+FD_GROWTH = 4  # open files idle after the traffic: at most this many more than after warm-up
+# (not "before the traffic": under --ray the front and the replicas open their connections to
+# each other with the first requests)
 REPLICA_GRACE_S = 15.0  # after a kill, requests that fail with a clear status count as its own
 
 
@@ -272,7 +274,8 @@ def memory(samples: list[dict], family: str, warm: float, end: float, span: floa
     window after warm-up, in the last window of the traffic (medians of ``span`` s) and idle
     after it; the growth a minute after warm-up; and whether they stayed flat: resident memory
     at the end within ``RSS_GROWTH`` of the window after warm-up, open files idle after the
-    traffic within ``FD_GROWTH`` of those before it."""
+    traffic within ``FD_GROWTH`` of the window after warm-up (which also holds the clients'
+    connections of the moment: a leak of one a request would still show)."""
     out = {}
     for pid in sorted({s["pid"] for s in samples if s["family"] == family}):
         mine = [s for s in samples if s["pid"] == pid]
@@ -288,7 +291,7 @@ def memory(samples: list[dict], family: str, warm: float, end: float, span: floa
             row["flat"] = None  # a replica killed, or its replacement: no whole run to judge
         else:
             room = max(RSS_GROWTH[0] * rss["warm"], RSS_GROWTH[1])
-            row["flat"] = rss["end"] <= rss["warm"] + room and fds["idle"] <= fds["start"] + FD_GROWTH
+            row["flat"] = rss["end"] <= rss["warm"] + room and fds["idle"] <= fds["warm"] + FD_GROWTH
         out[str(pid)] = row
     return out
 
