@@ -25,7 +25,6 @@ import base64
 import io
 import json
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -452,7 +451,3 @@ def pick(rng: random.Random, temps: list[Template]) -> tuple[Template, float | N
     if not t.stream and rng.random() < 1 / 8:
         return t, rng.uniform(0.05, 1.0)
     return t, None
-
-
-def now() -> float:
-    return time.perf_counter()
