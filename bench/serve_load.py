@@ -52,6 +52,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(url: str, server: subprocess.Popen, log: Path, timeout: float = 300) -> None:
+    """Until the edge-serve at ``url`` answers /health with 200 (SystemExit naming ``log`` if
+    its process ends or ``timeout`` seconds pass first)."""
+    import httpx
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if server.poll() is not None or time.time() > deadline:
+            raise SystemExit(f"edge-serve did not start; see {log}")
+        time.sleep(0.2)
+
+
 def percentile(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -220,18 +237,7 @@ def main() -> int:
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
-        import httpx
-
-        deadline = time.time() + 300
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"edge-serve did not start; see {a.out / 'server.log'}")
-            time.sleep(0.2)
+        wait_healthy(url, server, a.out / "server.log")
         # warm-up: a full batch at once (a GPU build captures its graphs), then a trickle;
         # --warm-cohorts: every batch size from 1 up, each all at once
         for k in range(1, a.batch_size + 1) if a.warm_cohorts else [a.batch_size]:

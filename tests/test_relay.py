@@ -6,6 +6,7 @@ semantics, which the Ray deployments carry over streamed calls."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -356,3 +357,30 @@ def test_a_replica_streams_text_in_batches_and_audio_at_once() -> None:
     assert len(got) <= FIRST_AT_ONCE + 3
     sent_audio = next(t for t, items in got if any(i[0] == "event" and i[1] is audio for i in items))
     assert sent_audio - put_audio_at[0] < 0.3  # it did not wait out the half second
+
+
+def test_a_dead_replicas_media_folders_go_when_a_loop_starts(omni_engine: Path, tmp_path: Path,
+                                                             monkeypatch: Any) -> None:  # fmt: skip
+    """A group's media folders are named by the process that made them; a loop that starts
+    (a replica Ray Serve starts in place of one that was killed, which removed nothing)
+    removes those of processes that are gone, and no other process's (bench/soak.py found
+    a SIGKILLed replica's folders left in its temp dir)."""
+    import subprocess
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"edgeomni-group-media-{gone.pid}-abc"
+    alive = tmp_path / f"edgeomni-group-media-{os.getppid()}-def"  # pytest's parent: running
+    other = tmp_path / "edgeomni-other-folder"
+    for folder in (dead, alive, other):
+        folder.mkdir()
+        (folder / "part1.wav").write_bytes(b"RIFF")
+    loop = GroupLoop(Pipeline(omni_engine), ["thinker"], batch_size=1)
+    loop.start()
+    try:
+        assert not dead.exists()
+        assert alive.is_dir() and other.is_dir()
+    finally:
+        loop.stop(10)

@@ -483,6 +483,35 @@ def media_left(p: Proc, within: float = 10.0) -> list[str]:
         time.sleep(0.05)
 
 
+def test_a_client_that_leaves_while_sending_its_body(servers: Callable[[str], Proc]) -> None:
+    """A client that closes its connection before its whole body came (as one that gives up
+    on a busy server does; bench/soak.py found it): the server counts it cancelled, logs no
+    traceback (starlette's ClientDisconnect once escaped as "Exception in ASGI application",
+    one per such client), and answers the next request."""
+    from urllib.parse import urlsplit
+
+    from test_serve import metric
+
+    p = servers("qwen3")
+    cancelled = 'edgeomni_requests_total{outcome="cancelled"}'
+    before = metric(p.url, cancelled)
+    body = json.dumps({"messages": HI, "max_tokens": 2}).encode()
+    head = (f"POST {CHAT} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body) + 64}\r\n\r\n").encode()  # fmt: skip
+    url = urlsplit(p.url)
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        sock.sendall(head + body)  # 64 bytes short: the server waits for them
+        time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while metric(p.url, cancelled) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(p.url, cancelled) == before + 1
+    err = p.stderr()
+    for bad in ("Traceback", "Exception in ASGI", "ClientDisconnect"):
+        assert bad not in err, err
+    assert send(p, CHAT, {"messages": HI, "max_tokens": 2}).status_code == 200
+
+
 @pytest.mark.parametrize("row", HTTP_ROWS, ids=lambda r: r.id)
 def test_http_fault(row: HttpRow, servers: Callable[[str], Proc]) -> None:
     p = servers(row.engine)

@@ -20,7 +20,8 @@ other than this one, 429 (with Retry-After) when the server is full, 500 for a r
 failed inside the runtime (the others go on), 503 once the scheduler loop has stopped. No error
 holds a server-side path: a request's media files are named by the part they came from. A
 request whose client disconnects is cancelled, streamed or not: the loop drops it at its next
-turn and its rows are free.
+turn and its rows are free; one that leaves before its whole body came is counted cancelled
+(status 499 in the access log).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -190,6 +192,9 @@ def make_app(server: Server, *, model: str, api_key: str | None = None,
             if e.status in (400, 404, 413):
                 server.metrics.count("invalid")
             return _error(e)
+        except ClientDisconnect:  # it left before its whole body came: nobody reads an answer
+            server.metrics.count("cancelled")
+            return Response(status_code=499)  # nginx's "client closed request", for the log
         if not stream:
             return await _until_disconnect(request, pending, whole(pending, extra))
         seen = await _until_disconnect(request, pending, _until_output(pending))

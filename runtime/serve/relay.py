@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import queue
 import shutil
 import tempfile
@@ -46,6 +47,10 @@ from edgeomni.runtime.scheduler import Arrivals, failure, run_graph
 
 log = logging.getLogger("edge-serve")
 CLIENT_EVENTS = (TextDelta, AudioChunk, Finished, Failed)
+# a group's request media folders, named by the process that made them (then a random tail):
+# one killed (SIGKILL, the OOM killer) removes nothing, so a loop starting on the machine
+# removes those of processes that are gone
+MEDIA_PREFIX = "edgeomni-group-media-"
 Item = tuple[Any, ...]
 Sink = Callable[[Item], None]
 
@@ -358,6 +363,7 @@ class GroupLoop:
     # -- the loop -----------------------------------------------------------------------------
     def start(self) -> None:
         self.pipe.open(set(self.stages))  # every engine loads before the first request
+        _remove_orphaned_media()
         self._thread = threading.Thread(target=self._run, name="edge-serve-group", daemon=True)
         self._thread.start()
 
@@ -457,7 +463,7 @@ class GroupLoop:
         leaves the group)."""
         if not env.files:
             return env
-        folder = tempfile.mkdtemp(prefix="edgeomni-group-media-")
+        folder = tempfile.mkdtemp(prefix=f"{MEDIA_PREFIX}{os.getpid()}-")
         with self._lock:
             self._folders[env.index] = folder
         return dataclasses.replace(env, request=with_files(env.request, env.files, folder),
@@ -472,6 +478,26 @@ class GroupLoop:
         for inbox in self.inboxes.values():
             inbox.drop(index)
         sink(("left", summary))
+
+
+def _remove_orphaned_media() -> None:
+    """Remove the media folders (``MEDIA_PREFIX`` PID-...) of processes no longer running."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(MEDIA_PREFIX) :].split("-", 1)[0]
+        if not name.startswith(MEDIA_PREFIX) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # gone; a pid in use by anyone (PermissionError) is kept
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            log.info("removed %s, the media folder of a process that is gone", name)
+        except OSError:
+            pass
 
 
 class _GroupFeed:
