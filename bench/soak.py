@@ -55,6 +55,7 @@ FD_GROWTH = 4  # open files idle after the traffic: at most this many more than 
 # (not "before the traffic": under --ray the front and the replicas open their connections to
 # each other with the first requests)
 REPLICA_GRACE_S = 15.0  # after a kill, requests that fail with a clear status count as its own
+BURST_EVERY_S = 5.0  # between --burst cohorts, per family
 
 
 def proc_children() -> dict[int, list[int]]:
@@ -202,7 +203,8 @@ class Sampler(threading.Thread):
 async def traffic(servers: list[Served], temps: dict[str, list[tr.Template]],
                   a: argparse.Namespace, t0: float, kills: list[dict]) -> list[dict[str, Any]]:  # fmt: skip
     """Every family's Poisson arrivals for ``a.duration`` seconds, each sent when due without
-    waiting for earlier ones; (``--ray``) one replica of each server killed halfway."""
+    waiting for earlier ones, plus (``--burst K``) K arrivals at once every ``BURST_EVERY_S``;
+    (``--ray``) one replica of each server killed halfway."""
     import httpx
 
     rows: list[dict[str, Any]] = []
@@ -236,6 +238,12 @@ async def traffic(servers: list[Served], temps: dict[str, list[tr.Template]],
                 t, leave = tr.pick(rng, temps[s.family])
                 jobs.append(one(client, s, t, at, leave))
                 at += rng.expovariate(a.rate)
+            burst_rng, at = random.Random(a.seed * 1000 + 500 + i), BURST_EVERY_S / 2
+            while a.burst and at < a.duration:  # K arrivals due at once: the limits, surely
+                for _ in range(a.burst):
+                    t, leave = tr.pick(burst_rng, temps[s.family])
+                    jobs.append(one(client, s, t, at, leave))
+                at += BURST_EVERY_S
             if s.kill_group is not None:
                 jobs.append(kill(s))
         await asyncio.gather(*jobs)
@@ -465,6 +473,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=8.0,
                    help="arrivals a second per family (8: past the tiny builds' limits on 2 "
                    "cores, so some get 429)")
+    p.add_argument("--burst", type=int, default=0, metavar="K",
+                   help=f"K more arrivals per family due at the same instant every "
+                   f"{BURST_EVERY_S:g} s (past --batch-size + --max-queue, they reach the "
+                   "limits however fast the machine is; Poisson arrivals alone may not)")
     p.add_argument("--max-queue", type=int, default=2, help="each server's --max-queue")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds a request may take before it counts as lost")

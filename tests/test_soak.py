@@ -1,6 +1,7 @@
 """The soak (bench/soak.py) in short, on the session's tiny builds of every family: 20 s of
 open-loop mixed traffic at the servers' limits (chat, spoken chat, speech, transcription, image
-chat; streamed and whole; clients that leave; bad bodies; 429s), then the same through
+chat; streamed and whole; clients that leave; bad bodies; bursts of 10 at once every 5 s, so
+429s come however fast the machine is), then the same through
 edge-serve --ray with a replica killed halfway. Nothing is lost: no timeout and no 5xx (but the
 killed replica's own requests, each with a clear status), every accepted answer equals
 edge-infer's, every refusal is a clear status, no request or media folder is left, and each
@@ -57,7 +58,7 @@ def test_soak_of_every_family(qwen3_engine: Path, omni_engine: Path, tts_engine:
                               asr_engine: Path, vl_engine: Path, tmp_path: Path) -> None:  # fmt: skip
     engines = {"qwen3": qwen3_engine, "qwen3_omni_moe": omni_engine, "qwen3_tts": tts_engine,
                "qwen3_asr": asr_engine, "qwen3_vl": vl_engine}  # fmt: skip
-    report = soak.run(engines, short(tmp_path, "--rate", "10", "--max-queue", "1"))
+    report = soak.run(engines, short(tmp_path, "--rate", "10", "--burst", "10", "--max-queue", "1"))
     verdicts(report)
     assert set(report["summary"]) == set(engines)
     assert all(s["ok"] > 0 for s in report["summary"].values()), report["summary"]
@@ -72,8 +73,8 @@ def test_soak_through_ray_with_a_replica_killed(omni_engine: Path, tmp_path: Pat
     clear status, the rest are edge-infer's, and later requests run on its replacement."""
     pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install "
                         "'edgeomni[ray]')")  # fmt: skip
-    report = soak.run({"qwen3_omni_moe": omni_engine}, short(tmp_path, "--ray", "--rate", "12",
-                                                                 "--max-queue", "1"))
+    args = short(tmp_path, "--ray", "--rate", "12", "--burst", "10", "--max-queue", "1")
+    report = soak.run({"qwen3_omni_moe": omni_engine}, args)
     verdicts(report)
     (kill,) = report["kills"]
     assert kill["found"] and kill["group"] == "tail"
