@@ -22,9 +22,10 @@ What counts as a **figure**:
    column, which names the row (its numbers are settings: c = 32, batch 8). The table is
    checked against the section's ``Raw:`` line before it; a table with figures and no such
    line fails.
-2. Every number followed by a unit (ms, s, us, µs, x, %, tok/s, tokens/s, GB/s, TB/s,
-   audio-s/s, MB, GB, MiB, GiB) in a prose line that names a raw file in backticks (a path
-   under docs/cpu-runs/ or docs/gpu-runs/): checked against the files that line names.
+2. Every number directly followed by a unit (ms, s, us, µs, x, %, tok/s, tokens/s, GB/s,
+   TB/s, audio-s/s, MB, GB, MiB, GiB) in a prose paragraph (lines up to a blank line, a table,
+   a heading or the next list item) that names a raw file in backticks (a path under
+   docs/cpu-runs/ or docs/gpu-runs/): checked against the files that paragraph names.
 
 Text in backticks is not searched for figures (commands, paths, names).
 
@@ -98,6 +99,17 @@ def numbers_in(cell: str) -> list[tuple[str, str]]:
     return out
 
 
+def prose_figures(paragraph: list[tuple[int, str]], section: str) -> list[Figure]:
+    """The figures of a prose paragraph that names raw files (none if it names none)."""
+    cited = RAW_PATH.findall(" ".join(" ".join(TICKED.findall(t)) for _, t in paragraph))
+    if not cited:
+        return []
+    found = [(i, m.group(), m.group(1)) for i, t in paragraph
+             for m in WITH_UNIT.finditer(strip_ticks(t))]  # fmt: skip
+    texts = [t for _, t, _ in found]
+    return [Figure(t, i, section, cited, u, texts) for i, t, u in found]
+
+
 def parse(doc: str) -> tuple[list[Figure], list[str]]:
     """The page's figures, and its structural failures (a section without its lines, a
     table without a raw file, a pending measurement)."""
@@ -105,6 +117,7 @@ def parse(doc: str) -> tuple[list[Figure], list[str]]:
     problems: list[str] = []
     section, raw, fields = "", [], set()
     in_code, header_seen, separator_seen = False, False, False
+    paragraph: list[tuple[int, str]] = []
 
     def close(name: str, seen: set[str], lineno: int) -> None:
         if not name:
@@ -115,15 +128,21 @@ def parse(doc: str) -> tuple[list[Figure], list[str]]:
         if "Raw:" not in seen and "PENDING" not in seen:
             problems.append(f"line {lineno}: section '{name}' names no raw file (no 'Raw:' line)")
 
+    def flush() -> None:
+        figures.extend(prose_figures(paragraph, section))
+        paragraph.clear()
+
     lines = doc.splitlines()
     for i, line in enumerate(lines, 1):
         stripped = line.strip()
         if stripped.startswith("```"):
+            flush()
             in_code = not in_code
             continue
         if in_code:
             continue
         if line.startswith("## "):
+            flush()
             close(section, fields, i)
             section, raw, fields = line[3:].strip(), [], set()
             continue
@@ -131,15 +150,18 @@ def parse(doc: str) -> tuple[list[Figure], list[str]]:
             if stripped.lstrip("-* ").startswith(key):
                 fields.add(key)
         if stripped.lstrip("-* ").startswith("Raw:"):
+            flush()
             raw = RAW_PATH.findall(stripped)
             if not raw:
                 problems.append(f"line {i}: a 'Raw:' line names no docs/cpu-runs or docs/gpu-runs file")
             continue
         if stripped.startswith("PENDING re-measure:"):
+            flush()
             fields.add("PENDING")
             problems.append(f"line {i}: PENDING re-measure ({section}): {stripped}")
             continue
         if stripped.startswith("|"):
+            flush()
             if not header_seen:
                 header_seen = True
                 continue
@@ -157,12 +179,11 @@ def parse(doc: str) -> tuple[list[Figure], list[str]]:
             figures += [Figure(t, i, section, raw, u, texts) for t, u in row]
             continue
         header_seen = separator_seen = False
-        cited = RAW_PATH.findall(" ".join(TICKED.findall(line)))
-        if cited:
-            plain = strip_ticks(line)
-            found = [(m.group(), m.group(1)) for m in WITH_UNIT.finditer(plain)]
-            texts = [t for t, _ in found]
-            figures += [Figure(t, i, section, cited, u, texts) for t, u in found]
+        if not stripped or stripped.startswith(("- ", "* ")):
+            flush()  # a blank line or a new list item ends a paragraph
+        if stripped:
+            paragraph.append((i, line))
+    flush()
     close(section, fields, len(lines) + 1)
     return figures, problems
 

@@ -111,3 +111,11 @@ def test_a_prose_line_citing_a_raw_file_is_checked(root: Path) -> None:
     bad = good.replace("took 1.25 ms", "took 1.4 ms")
     assert cf.check(page(root, bad), root) == [
         "line 14: figure 1.4 is not in docs/gpu-runs/run.json (section 'A workload')"]
+
+
+def test_a_paragraph_citing_a_raw_file_checks_its_every_line(root: Path) -> None:
+    """The raw file may be named on another line of the paragraph; a blank line ends it."""
+    text = PAGE.format(tok="96.1") + ("\nThe step took 1.4 ms at one row\n"
+                                      "(`docs/gpu-runs/run.json`).\n\nA guess: 1.4 ms.\n")
+    assert cf.check(page(root, text), root) == [
+        "line 14: figure 1.4 is not in docs/gpu-runs/run.json (section 'A workload')"]
