@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
+    from edgeomni.graph_schema import Plan
     from edgeomni.runtime.events import Event
 
 __all__ = ["CANCELLED", "PATIENCE", "Arrivals", "Cohorts", "Feed", "GraphRequest", "SlotStage",
@@ -58,25 +59,16 @@ def make_cohorts(keys: Sequence[Hashable], width: int) -> list[list[int]]:
 # stage's running batch, and a request moves on to its next stage the step it finishes.
 
 
-class Planned(Protocol):
-    @property
-    def stages(self) -> Sequence[str]: ...
-
-
 class GraphRequest(Protocol):
     """What the loop reads and writes of a request (runners.RequestState): its ``index``
-    (unique in a run), the stages it ``plan``s, and its ``error``, row in its first stage's
-    batch and start time, which the loop sets."""
+    (unique in a run), its ``plan``'s stages, and its ``error``, row in its first stage's batch
+    and start time, which the loop sets."""
 
+    index: int
+    plan: Plan
     error: str | None
     batch_idx: int | None
     started: float
-
-    @property
-    def index(self) -> int: ...
-
-    @property
-    def plan(self) -> Planned: ...
 
 
 R = TypeVar("R", bound=GraphRequest)
@@ -88,14 +80,11 @@ S = TypeVar("S")  # a stage's own slot type
 class StageSlot(Protocol[R_co]):
     """What the loop reads of a slot: its request, its row, and ``finish`` once it is done."""
 
+    row: int
+    finish: str | None
+
     @property
     def state(self) -> R_co: ...
-
-    @property
-    def row(self) -> int: ...
-
-    @property
-    def finish(self) -> str | None: ...
 
 
 @runtime_checkable
