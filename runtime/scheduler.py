@@ -97,32 +97,26 @@ class SlotStage(Protocol[R_contra, S]):
     so far, for a stage that ``consumes``). ``admit`` starts requests in free rows, each entry
     (state, row, its upstream's events so far) (a decoder prefills them and draws each one's
     first token); a request it cannot start is left out of the slots it returns, with its
-    ``error`` set. ``step`` runs every active slot once (a slot that cannot
-    go on yet, waiting for its upstream, sits the step out). ``update`` settles one slot after
-    a step: its ``finish``, and the events it adds when asked (text, frames, audio, Finished).
-    ``consume`` takes an event its upstream stage emitted for the slot's request (stages with
-    ``consumes`` true: the vocoder reads the talker's frames, the talker its thinker's rows). ``retire`` writes a finished
-    request's outputs; ``discard`` drops a slot whose request failed elsewhere; ``move`` puts a
-    slot in another (free) row, its cache rows with it. A slot has ``state``, ``row`` and
-    ``finish`` (set once it is done: ``StageSlot``); ``S`` is the stage's own slot type."""
+    ``error`` set. ``step`` runs every active slot once (a slot that cannot go on yet, waiting
+    for its upstream, sits the step out; a stage that ``polls`` returns whether it took
+    anything in). ``update`` settles one slot after a step: its ``finish``, and the events it
+    adds when asked (text, frames, audio, Finished). ``consume`` takes an event its upstream
+    stage emitted for the slot's request (stages with ``consumes`` true: the vocoder reads the
+    talker's frames, the talker its thinker's rows). ``retire`` writes a finished request's
+    outputs; ``discard`` drops a slot whose request failed elsewhere; ``move`` puts a slot in
+    another (free) row, its cache rows with it. ``S`` is the stage's own slot type (its
+    ``StageSlot``)."""
 
     stage_id: str
     consumes: bool
 
     def ready(self, state: R_contra, upstream_done: bool, events: Sequence[Event]) -> bool: ...
-
     def admit(self, entries: Sequence[tuple[R_contra, int, Sequence[Event]]]) -> list[S]: ...
-
     def step(self, slots: Mapping[int, S]) -> bool | None: ...
-
     def update(self, slot: S, events: bool) -> list[Event]: ...
-
     def consume(self, slot: S, event: Event) -> None: ...
-
     def move(self, slot: S, row: int) -> None: ...
-
     def retire(self, slot: S) -> None: ...
-
     def discard(self, slot: S) -> None: ...
 
 
