@@ -45,7 +45,7 @@ class GraphError(ValueError):
         self.path = path
         self.message = message
 
-    def __reduce__(self):  # keep it picklable across processes despite the 2-arg __init__
+    def __reduce__(self) -> tuple[type[GraphError], tuple[str, str]]:  # keep it picklable across processes despite the 2-arg __init__
         return (type(self), (self.path, self.message))
 
 
@@ -229,8 +229,8 @@ class _Object(dict):
 def _object_pairs(pairs: list[tuple[str, Any]]) -> _Object:
     obj = _Object(pairs)
     if len(obj) != len(pairs):
-        seen: set[str] = set()
-        obj.duplicates = tuple(k for k, _ in pairs if k in seen or seen.add(k))
+        first: dict[str, int] = {}  # a key's first position: a later one repeats it
+        obj.duplicates = tuple(k for i, (k, _) in enumerate(pairs) if first.setdefault(k, i) != i)
     return obj
 
 

@@ -12,28 +12,46 @@ sent).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Protocol, TypeAlias
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from edgeomni.runtime import memory
+from edgeomni.runtime.memory import DeviceArray
+
+Array: TypeAlias = DeviceArray | np.ndarray  # a buffer, or a stage's own host array
 
 
 class Buffers(Protocol):
     on_host: bool  # buffers are host arrays: staging host inputs in buffers saves nothing
 
-    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any: ...
-    def resident(self, x: Any) -> bool: ...
-    def rows(self, x: Any, n: int, start: int = 0) -> Any: ...
-    def view(self, x: Any, shape: tuple[int, ...]) -> Any: ...
-    def upload(self, dst: Any, host: np.ndarray) -> None: ...
-    def copy_into(self, dst: Any, src: Any) -> None: ...
-    def copy(self, x: Any) -> Any: ...
-    def copy_row(self, x: Any, src: int, dst: int, length: int) -> None: ...
-    def to_host(self, x: Any, *, wait: bool = True) -> np.ndarray: ...
-    def download(self, x: Any) -> np.ndarray: ...
+    def zeros(self, shape: tuple[int, ...], dtype: DTypeLike) -> Array: ...
+    def resident(self, x: Array) -> bool: ...
+    def rows(self, x: Array, n: int, start: int = 0) -> Array: ...
+    def view(self, x: Array, shape: tuple[int, ...]) -> Array: ...
+    def upload(self, dst: Array, host: np.ndarray) -> None: ...
+    def copy_into(self, dst: Array, src: Array) -> None: ...
+    def copy(self, x: Array) -> Array: ...
+    def copy_row(self, x: Array, src: int, dst: int, length: int) -> None: ...
+    def to_host(self, x: Array, *, wait: bool = True) -> np.ndarray: ...
+    def download(self, x: Array) -> np.ndarray: ...
     def synchronize(self) -> None: ...
-    def overlaps(self, x: Any, buffers: Iterable[Any]) -> bool: ...
+    def overlaps(self, x: Array, buffers: Iterable[Array]) -> bool: ...
+
+
+def _host(x: Array) -> np.ndarray:
+    """A CPU engine's buffer: every one is a host array (a device buffer is a caller's bug)."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"a CPU engine's buffers are host arrays, not {type(x).__name__}")
+    return x
+
+
+def _device(x: Array) -> DeviceArray:
+    """A GPU engine's own buffer, where a host array cannot stand (written on the device)."""
+    if isinstance(x, np.ndarray):
+        raise TypeError("a GPU engine's buffer is a device array, not a host array")
+    return x
 
 
 class HostBuffers:
@@ -41,52 +59,53 @@ class HostBuffers:
 
     on_host = True
 
-    def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    def zeros(self, shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
         return np.zeros(shape, dtype)  # pages are mapped lazily: untouched capacity is free
 
-    def resident(self, x: Any) -> bool:
+    def resident(self, x: Array) -> bool:
         """Whether ``x`` is a buffer to read where it is rather than a host array to send: a
         CPU engine reads host arrays where they are, so none needs telling apart."""
         return False
 
-    def rows(self, x: np.ndarray, n: int, start: int = 0) -> np.ndarray:
+    def rows(self, x: Array, n: int, start: int = 0) -> np.ndarray:
         """Entries start..start+n of the leading axis, a view."""
-        return x[start : start + n]
+        return _host(x)[start : start + n]
 
-    def view(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        return x.reshape(shape)
+    def view(self, x: Array, shape: tuple[int, ...]) -> np.ndarray:
+        return _host(x).reshape(shape)
 
-    def upload(self, dst: np.ndarray, host: np.ndarray) -> None:
-        dst[...] = host
+    def upload(self, dst: Array, host: np.ndarray) -> None:
+        _host(dst)[...] = host
 
-    def copy_into(self, dst: np.ndarray, src: np.ndarray) -> None:
-        dst[...] = src
+    def copy_into(self, dst: Array, src: Array) -> None:
+        _host(dst)[...] = _host(src)
 
-    def copy(self, x: np.ndarray) -> np.ndarray:
-        return x.copy()
+    def copy(self, x: Array) -> np.ndarray:
+        return _host(x).copy()
 
-    def copy_row(self, x: np.ndarray, src: int, dst: int, length: int) -> None:
+    def copy_row(self, x: Array, src: int, dst: int, length: int) -> None:
         """Row ``src``'s first ``length`` entries of its second axis onward ([src, :, :length])
         over row ``dst``'s (a KV cache's row moving)."""
-        x[dst, :, :length] = x[src, :, :length]
+        a = _host(x)
+        a[dst, :, :length] = a[src, :, :length]
 
-    def to_host(self, x: np.ndarray, *, wait: bool = True) -> np.ndarray:
+    def to_host(self, x: Array, *, wait: bool = True) -> np.ndarray:
         """The buffer as a host array: itself (the engine's next call may overwrite it)."""
-        return x
+        return _host(x)
 
-    def download(self, x: np.ndarray) -> np.ndarray:
+    def download(self, x: Array) -> np.ndarray:
         """A host copy of its own."""
-        return x.copy()
+        return _host(x).copy()
 
     def synchronize(self) -> None:
         pass
 
-    def overlaps(self, x: Any, buffers: Iterable[Any]) -> bool:
+    def overlaps(self, x: Array, buffers: Iterable[Array]) -> bool:
         """Whether ``x`` may share memory with one of ``buffers`` (an earlier call's output fed
         back, to be copied before the call writes them). An array that owns its memory, the
         common feed, is checked by identity: the engine allocated its outputs, so only an
         output or a view of one can overlap them; anything else by its memory."""
-        root = x
+        root = _host(x)
         while isinstance(root.base, np.ndarray):
             root = root.base
         if root.base is None:
@@ -103,51 +122,52 @@ class DeviceBuffers:
     def __init__(self, device: int = 0) -> None:
         self.device = device
 
-    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+    def zeros(self, shape: tuple[int, ...], dtype: DTypeLike) -> DeviceArray:
         return memory.DeviceArray.zeros(shape, dtype, device=self.device)
 
-    def resident(self, x: Any) -> bool:
+    def resident(self, x: Array) -> bool:
         """Whether ``x`` is a device buffer (this engine's or another's), read where it is."""
         return not isinstance(x, np.ndarray)
 
-    def rows(self, x: Any, n: int, start: int = 0) -> Any:
+    def rows(self, x: Array, n: int, start: int = 0) -> Array:
         return x[start : start + n] if isinstance(x, np.ndarray) else x.rows(n, start)
 
-    def view(self, x: Any, shape: tuple[int, ...]) -> Any:
+    def view(self, x: Array, shape: tuple[int, ...]) -> Array:
         return x.reshape(shape) if isinstance(x, np.ndarray) else x.view(shape)
 
-    def upload(self, dst: Any, host: np.ndarray) -> None:
-        dst.upload(host)
+    def upload(self, dst: Array, host: np.ndarray) -> None:
+        _device(dst).upload(host)
 
-    def copy_into(self, dst: Any, src: Any) -> None:
+    def copy_into(self, dst: Array, src: Array) -> None:
         """Copied on the device (queued), or uploaded from a host array."""
         if isinstance(src, np.ndarray):
-            dst.upload(src)
+            _device(dst).upload(src)
         else:
-            dst.copy_from(src)
+            _device(dst).copy_from(src)
 
-    def copy(self, x: Any) -> Any:
+    def copy(self, x: Array) -> Array:
         if isinstance(x, np.ndarray):
             return x.copy()
         out = memory.DeviceArray.zeros(x.shape, x.dtype, device=x.device)
         out.copy_from(x)
         return out
 
-    def copy_row(self, x: Any, src: int, dst: int, length: int) -> None:
+    def copy_row(self, x: Array, src: int, dst: int, length: int) -> None:
         """As HostBuffers.copy_row, copying the whole row: one contiguous copy."""
-        x.rows(1, dst).copy_from(x.rows(1, src))
+        buf = _device(x)
+        buf.rows(1, dst).copy_from(buf.rows(1, src))
 
-    def to_host(self, x: Any, *, wait: bool = True) -> np.ndarray:
+    def to_host(self, x: Array, *, wait: bool = True) -> np.ndarray:
         """Downloaded (``wait=False``: only queued; ``synchronize()`` before reading it)."""
         return x if isinstance(x, np.ndarray) else x.download(sync=wait)
 
-    def download(self, x: Any) -> np.ndarray:
+    def download(self, x: Array) -> np.ndarray:
         return x.copy() if isinstance(x, np.ndarray) else x.download()
 
     def synchronize(self) -> None:
         memory.synchronize(self.device)
 
-    def overlaps(self, x: Any, buffers: Iterable[Any]) -> bool:
+    def overlaps(self, x: Array, buffers: Iterable[Array]) -> bool:
         """By address range: device buffers overlap device buffers only."""
         if isinstance(x, np.ndarray):
             return False
@@ -163,18 +183,18 @@ class FixedInputs:
     differs from what was last sent (only this binding's calls write those buffers), a device
     buffer is copied on the device and never visits the host."""
 
-    def __init__(self, buffers: Buffers, bind: Callable[[str, Any], None]) -> None:
+    def __init__(self, buffers: Buffers, bind: Callable[[str, Array], None]) -> None:
         self._buffers, self._bind = buffers, bind
-        self.held: dict[str, Any] = {}
+        self.held: dict[str, DeviceArray] = {}
         # what each buffer holds, as last uploaded (dtype and bytes: comparing those costs a
         # fraction of np.array_equal's ~3.5 us on the small feeds)
         self._sent: dict[str, tuple[np.dtype, bytes]] = {}
 
-    def put(self, name: str, value: Any) -> None:
+    def put(self, name: str, value: Array) -> None:
         """Per replayed call and feed: the buffers' own methods, no more (device buffers)."""
         buf = self.held.get(name)
         if buf is None:
-            buf = self.held[name] = self._buffers.zeros(value.shape, value.dtype)
+            buf = self.held[name] = _device(self._buffers.zeros(value.shape, value.dtype))
             self._bind(name, buf)
         if not isinstance(value, np.ndarray):
             buf.copy_from(value)

@@ -16,31 +16,34 @@ outputs a request makes. The loop, cache rows, sampling, logprobs and timing liv
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
 from edgeomni.runtime.decoder import TOPK_OUTPUTS, DecoderSession, StepOutputs, text_positions
+from edgeomni.runtime.engine import Engine
 from edgeomni.runtime.events import Event, Finished
+from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.sampling import SamplingParams, StepLogits, log_softmax_top, sample_rows
 
 __all__ = ["DecoderSpec", "DecoderStage", "Slot", "StepPlan", "plan_step", "prefill_runs", "rows_of"]
 
 _NONE = np.zeros(0, np.int64)
+D = TypeVar("D")  # a spec's own per-request data
 
 
 @dataclass
-class Slot:
+class Slot(Generic[D]):
     """One request decoding in one cache row. ``data`` is the spec's own (a prompt, a talker's
     frames so far); ``history`` is what the repetition penalty sees: ``prefix`` ids (a text
     model's prompt), then the tokens drawn."""
 
     state: RequestState
     row: int
-    data: Any
+    data: D
     sampling: SamplingParams
     rng: np.random.Generator
     length: int  # prompt positions
@@ -79,7 +82,7 @@ class StepPlan:
     query: np.ndarray  # int32 [width]: 1 for the rows that step
 
 
-def plan_step(slots: Mapping[int, Slot], can_step: Any) -> StepPlan | None:
+def plan_step(slots: Mapping[int, Slot[D]], can_step: Callable[[Slot[D]], bool]) -> StepPlan | None:
     """The step of these active slots (by row) whose ``can_step(slot)`` holds; None: none."""
     rows = sorted(r for r, s in slots.items() if can_step(s))
     if not rows:
@@ -94,9 +97,9 @@ def plan_step(slots: Mapping[int, Slot], can_step: Any) -> StepPlan | None:
     return StepPlan(tuple(rows), width, past, deltas, query)
 
 
-def prefill_runs(slots: Sequence[Slot]) -> list[list[Slot]]:
+def prefill_runs(slots: Sequence[Slot[D]]) -> list[list[Slot[D]]]:
     """New slots (by ascending row) in runs of contiguous rows: each run is one prefill call."""
-    runs: list[list[Slot]] = []
+    runs: list[list[Slot[D]]] = []
     for slot in slots:
         if runs and slot.row == runs[-1][-1].row + 1:
             runs[-1].append(slot)
@@ -105,65 +108,73 @@ def prefill_runs(slots: Sequence[Slot]) -> list[list[Slot]]:
     return runs
 
 
-class DecoderSpec(Protocol):
+class DecoderSpec(Protocol[D]):
     """A model's part of the decoder stage. ``outputs``: decode outputs (name -> shape after the
     batch axis), ``per_position`` those also [rows, S, ...]; ``prefill_fetch``: outputs read on
     the host after a prefill, with the top-K in one sync; ``consumes``: it takes its upstream
-    stage's events (a talker, its thinker's)."""
+    stage's events (a talker, its thinker's). ``D``: its slots' ``data``."""
 
     stage_id: str
-    engine: Any
-    kv: Any
+    engine: Engine
+    kv: KVCache
     hidden_size: int
     mrope: bool
-    outputs: Mapping[str, tuple[int, ...]]
-    per_position: tuple[str, ...]
-    prefill_fetch: tuple[str, ...]
     consumes: bool
+
+    @property  # read-only: a spec's own may be narrower (a dict, a tuple of one)
+    def outputs(self) -> Mapping[str, tuple[int, ...]]: ...
+    @property
+    def per_position(self) -> tuple[str, ...]: ...
+    @property
+    def prefill_fetch(self) -> tuple[str, ...]: ...
 
     def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
         """Whether a request waiting here can start now (``events``: its upstream's so far)."""
         ...
 
-    def open(self, entries: Sequence[tuple[RequestState, int, Sequence[Event]]]) -> list[Slot]:
+    def open(self, entries: Sequence[tuple[RequestState, int, Sequence[Event]]]) -> list[Slot[D]]:
         """Slots for these requests in these rows; one it cannot start is left out, its
         ``error`` set."""
         ...
 
-    def prefill(self, run: Sequence[Slot]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    def prefill(
+        self, run: Sequence[Slot[D]]
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """A run of new rows' right-padded prefill: embeddings, positions, extra inputs."""
         ...
 
-    def prefilled(self, run: Sequence[Slot], out: StepOutputs) -> None: ...
+    def prefilled(self, run: Sequence[Slot[D]], out: StepOutputs) -> None: ...
 
-    def consume(self, slot: Slot, event: Event) -> None: ...
+    def consume(self, slot: Slot[D], event: Event) -> None: ...
 
-    def can_step(self, slot: Slot) -> bool: ...
+    def can_step(self, slot: Slot[D]) -> bool: ...
 
-    def inputs(self, ready: Sequence[Slot], slots: Mapping[int, Slot], last: Any) -> np.ndarray:
+    def inputs(
+        self, ready: Sequence[Slot[D]], slots: Mapping[int, Slot[D]], last: StepOutputs | None
+    ) -> np.ndarray:
         """The ready rows' next inputs [len(ready), H]; ``last``: the last decode step's
         outputs (None before the first)."""
         ...
 
-    def decode_feeds(self, rows: int) -> dict[str, Any]: ...
+    def decode_feeds(self, rows: int) -> dict[str, np.ndarray]: ...
 
-    def stepped(self, ready: Sequence[Slot]) -> None: ...
+    def stepped(self, ready: Sequence[Slot[D]]) -> None: ...
 
-    def banned(self, slot: Slot) -> np.ndarray | None: ...
+    def banned(self, slot: Slot[D]) -> np.ndarray | None: ...
 
-    def finished(self, slot: Slot) -> str | None: ...
+    def finished(self, slot: Slot[D]) -> str | None: ...
 
-    def events(self, slot: Slot) -> list[Event]: ...
+    def events(self, slot: Slot[D]) -> list[Event]: ...
 
-    def move(self, slot: Slot, last: Any) -> None: ...
+    def move(self, slot: Slot[D], last: StepOutputs | None) -> None: ...
 
-    def retire(self, slot: Slot) -> None: ...
+    def retire(self, slot: Slot[D]) -> None: ...
 
 
-class DecoderStage:
+class DecoderStage(Generic[D]):
     """``scheduler.SlotStage`` over a decoder engine, its cache and a model's spec."""
 
-    def __init__(self, spec: DecoderSpec) -> None:
+    def __init__(self, spec: DecoderSpec[D]) -> None:
         self.spec = spec
         self.stage_id = spec.stage_id
         self.consumes = spec.consumes
@@ -187,13 +198,13 @@ class DecoderStage:
     def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
         return self.spec.ready(state, upstream_done, events)
 
-    def consume(self, slot: Slot, event: Event) -> None:
+    def consume(self, slot: Slot[D], event: Event) -> None:
         self.spec.consume(slot, event)
 
-    def discard(self, slot: Slot) -> None:
+    def discard(self, slot: Slot[D]) -> None:
         """A request that failed elsewhere: its row is simply free again."""
 
-    def admit(self, entries: Sequence[tuple[RequestState, int, Sequence[Event]]]) -> list[Slot]:
+    def admit(self, entries: Sequence[tuple[RequestState, int, Sequence[Event]]]) -> list[Slot[D]]:
         """Prefill these requests into their rows (each contiguous run of rows one call) and
         draw each one's first token."""
         slots = self.spec.open(sorted(entries, key=lambda e: e[1]))
@@ -201,13 +212,14 @@ class DecoderStage:
             self._prefill(run)
         return slots
 
-    def _prefill(self, run: Sequence[Slot]) -> None:
+    def _prefill(self, run: Sequence[Slot[D]]) -> None:
         embeds, positions, extra = self.spec.prefill(run)
         lens = np.array([s.length for s in run], np.int32)
         session = self._session(len(run), run[0].row)
         start = time.perf_counter()
         zeros = np.zeros(len(run), np.int32)
-        out = session.run(embeds, positions, zeros, lens, lens - 1, **extra)
+        # mypy matches a **dict of arrays against run's tag and wait: the feeds never name them
+        out = session.run(embeds, positions, zeros, lens, lens - 1, **extra)  # type: ignore[arg-type]
         out.fetch(*self.spec.prefill_fetch, *TOPK_OUTPUTS)
         self._draw(run, out.logits())
         self.spec.prefilled(run, out)
@@ -216,7 +228,7 @@ class DecoderStage:
             slot.prefill_s += elapsed
             slot.prefill_engine_s += session.engine_seconds
 
-    def step(self, slots: Mapping[int, Slot]) -> None:
+    def step(self, slots: Mapping[int, Slot[D]]) -> None:
         """One decode step of every row that can step: rows [0, highest active] in one call."""
         spec = self.spec
         plan = plan_step(slots, spec.can_step)
@@ -231,7 +243,7 @@ class DecoderStage:
         engine = session.engine_seconds
         out = session.run(embeds, text_positions(plan.past + plan.deltas, 1, spec.mrope),
                           plan.past, plan.query, np.zeros(hi, np.int64),
-                          **spec.decode_feeds(hi))  # fmt: skip
+                          **spec.decode_feeds(hi))  # type: ignore[arg-type]  # fmt: skip
         logits = out.logits()
         self._draw(ready, rows_of(logits, np.array(rows, np.int64)) if len(rows) != hi else logits)
         self._last = out
@@ -244,7 +256,7 @@ class DecoderStage:
             s.decode_engine_s += engine
             s.widest = max(s.widest, len(slots))
 
-    def _draw(self, slots: Sequence[Slot], step: StepLogits) -> None:
+    def _draw(self, slots: Sequence[Slot[D]], step: StepLogits) -> None:
         """Each slot's next token from its own settings, penalty history, bans, bias and
         generator; its logprobs (from the model's logits, before bias and penalty)."""
         seen = None
@@ -271,7 +283,7 @@ class DecoderStage:
             if slot.history is not None:
                 slot.history[slot.prefix + len(slot.generated) - 1] = token
 
-    def update(self, slot: Slot, events: bool) -> list[Event]:
+    def update(self, slot: Slot[D], events: bool) -> list[Event]:
         """After the slot's newest token: whether it finished and, when ``events``, what it
         adds to the stream, then Finished."""
         slot.finish = self.spec.finished(slot)
@@ -282,13 +294,13 @@ class DecoderStage:
             out.append(Finished(slot.state.index, self.stage_id, slot.finish))
         return out
 
-    def move(self, slot: Slot, row: int) -> None:
+    def move(self, slot: Slot[D], row: int) -> None:
         """The slot's cache into ``row`` (free), and the slot with it."""
         self.spec.move(slot, self._last)
         self.spec.kv.move_row(slot.row, row, slot.past)
         slot.row = row
 
-    def retire(self, slot: Slot) -> None:
+    def retire(self, slot: Slot[D]) -> None:
         self.spec.retire(slot)
 
 

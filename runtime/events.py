@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from edgeomni.runtime.prompt import PromptRows
 
 __all__ = ["AudioChunk", "CodecFrames", "Event", "Failed", "Finished", "HiddenRows", "Listener",
            "TextDelta"]  # fmt: skip
@@ -66,7 +69,7 @@ class HiddenRows:
     index: int
     stage: str
     rows: np.ndarray = field(repr=False)
-    prompt: Any = field(default=None, repr=False)
+    prompt: PromptRows | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

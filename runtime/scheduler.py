@@ -15,10 +15,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["CANCELLED", "PATIENCE", "Arrivals", "Cohorts", "SlotStage", "Stuck", "failure", "make_cohorts",
-           "run_graph"]  # fmt: skip
+if TYPE_CHECKING:
+    from edgeomni.graph_schema import Plan
+    from edgeomni.runtime.events import Event
+
+__all__ = ["CANCELLED", "PATIENCE", "Arrivals", "Cohorts", "Feed", "GraphRequest", "SlotStage",
+           "StageSlot", "Stuck", "failure", "make_cohorts", "run_graph"]  # fmt: skip
 CANCELLED = "cancelled"  # the error of a request its client gave up on
 # turns a later stage (the talker, the vocoder) waits for rows still on their way before it
 # steps a batch that is not full (run_graph's patience; docs/benchmarks.md measured it)
@@ -55,8 +59,36 @@ def make_cohorts(keys: Sequence[Hashable], width: int) -> list[list[int]]:
 # stage's running batch, and a request moves on to its next stage the step it finishes.
 
 
+class GraphRequest(Protocol):
+    """What the loop reads and writes of a request (runners.RequestState): its ``index``
+    (unique in a run), its ``plan``'s stages, and its ``error``, row in its first stage's batch
+    and start time, which the loop sets."""
+
+    index: int
+    plan: Plan
+    error: str | None
+    batch_idx: int | None
+    started: float
+
+
+R = TypeVar("R", bound=GraphRequest)
+R_co = TypeVar("R_co", bound=GraphRequest, covariant=True)
+R_contra = TypeVar("R_contra", bound=GraphRequest, contravariant=True)
+S = TypeVar("S")  # a stage's own slot type
+
+
+class StageSlot(Protocol[R_co]):
+    """What the loop reads of a slot: its request, its row, and ``finish`` once it is done."""
+
+    row: int
+    finish: str | None
+
+    @property
+    def state(self) -> R_co: ...
+
+
 @runtime_checkable
-class SlotStage(Protocol):
+class SlotStage(Protocol[R_contra, S]):
     """A stage the scheduler loop steps.
 
     ``ready(state, upstream_done, events)``: whether a waiting request can start here now (a
@@ -65,44 +97,38 @@ class SlotStage(Protocol):
     so far, for a stage that ``consumes``). ``admit`` starts requests in free rows, each entry
     (state, row, its upstream's events so far) (a decoder prefills them and draws each one's
     first token); a request it cannot start is left out of the slots it returns, with its
-    ``error`` set. ``step`` runs every active slot once (a slot that cannot
-    go on yet, waiting for its upstream, sits the step out). ``update`` settles one slot after
-    a step: its ``finish``, and the events it adds when asked (text, frames, audio, Finished).
-    ``consume`` takes an event its upstream stage emitted for the slot's request (stages with
-    ``consumes`` true: the vocoder reads the talker's frames, the talker its thinker's rows). ``retire`` writes a finished
-    request's outputs; ``discard`` drops a slot whose request failed elsewhere; ``move`` puts a
-    slot in another (free) row, its cache rows with it. A slot has ``state``, ``row`` and
-    ``finish`` (set once it is done)."""
+    ``error`` set. ``step`` runs every active slot once (a slot that cannot go on yet, waiting
+    for its upstream, sits the step out; a stage that ``polls`` returns whether it took
+    anything in). ``update`` settles one slot after a step: its ``finish``, and the events it
+    adds when asked (text, frames, audio, Finished). ``consume`` takes an event its upstream
+    stage emitted for the slot's request (stages with ``consumes`` true: the vocoder reads the
+    talker's frames, the talker its thinker's rows). ``retire`` writes a finished request's
+    outputs; ``discard`` drops a slot whose request failed elsewhere; ``move`` puts a slot in
+    another (free) row, its cache rows with it. ``S`` is the stage's own slot type (its
+    ``StageSlot``)."""
 
     stage_id: str
     consumes: bool
 
-    def ready(self, state: Any, upstream_done: bool, events: Sequence[Any]) -> bool: ...
-
-    def admit(self, entries: Sequence[tuple[Any, int, Sequence[Any]]]) -> list[Any]: ...
-
-    def step(self, slots: Mapping[int, Any]) -> None: ...
-
-    def update(self, slot: Any, events: bool) -> list[Any]: ...
-
-    def consume(self, slot: Any, event: Any) -> None: ...
-
-    def move(self, slot: Any, row: int) -> None: ...
-
-    def retire(self, slot: Any) -> None: ...
-
-    def discard(self, slot: Any) -> None: ...
+    def ready(self, state: R_contra, upstream_done: bool, events: Sequence[Event]) -> bool: ...
+    def admit(self, entries: Sequence[tuple[R_contra, int, Sequence[Event]]]) -> list[S]: ...
+    def step(self, slots: Mapping[int, S]) -> bool | None: ...
+    def update(self, slot: S, events: bool) -> list[Event]: ...
+    def consume(self, slot: S, event: Event) -> None: ...
+    def move(self, slot: S, row: int) -> None: ...
+    def retire(self, slot: S) -> None: ...
+    def discard(self, slot: S) -> None: ...
 
 
 @dataclass(frozen=True)
-class Cohorts:
+class Cohorts(Generic[R]):
     """``run_graph``'s cohort admission (TensorRT Edge-LLM's multistage_inference batching):
     the graph holds one cohort at a time, at most ``width`` requests with equal ``key(state)``
     taken greedily in input order (``make_cohorts``); each stage admits the cohort's requests
     together, once every one of them still to come is ready there, and no later request joins
     until the whole cohort has left the graph."""
 
-    key: Callable[[Any], Hashable]
+    key: Callable[[R], Hashable]
     width: int
 
 
@@ -110,17 +136,26 @@ class Stuck(RuntimeError):
     """Requests wait at a stage whose upstream will never make them ready (a stage's bug)."""
 
 
-class Arrivals:
+class Feed(Protocol[R_co]):
+    """``run_graph``'s ``feed``: requests that come while the graph runs (``Arrivals``)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def take(self, wait: bool) -> Sequence[R_co]: ...
+
+
+class Arrivals(Generic[R]):
     """Requests that come while the graph runs (a server's), for ``run_graph``'s ``feed``:
     ``put`` from any thread, ``close`` once no more will come; the loop ``take``s them at the
     start of each turn, and waits in ``take`` when it has nothing else to do."""
 
     def __init__(self) -> None:
-        self._queue: list[Any] = []
+        self._queue: list[R] = []
         self._closed = False
         self._cond = threading.Condition()
 
-    def put(self, state: Any) -> None:
+    def put(self, state: R) -> None:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the graph takes no more requests (its arrivals are closed)")
@@ -138,7 +173,7 @@ class Arrivals:
         with self._cond:
             return self._closed and not self._queue
 
-    def take(self, wait: bool) -> list[Any]:
+    def take(self, wait: bool) -> list[R]:
         """The requests put since the last take, in order; ``wait``: block until there are
         some or the arrivals close."""
         with self._cond:
@@ -149,17 +184,17 @@ class Arrivals:
 
 
 def run_graph(
-    stages: Mapping[str, SlotStage],
-    states: Sequence[Any],
+    stages: Mapping[str, SlotStage[R, Any]],  # each stage has a slot type of its own
+    states: Sequence[R],
     widths: Mapping[str, int],
     *,
-    listener: Callable[[Any], None] | None = None,
-    done: Callable[[Any], None] | None = None,
+    listener: Callable[[Event], None] | None = None,
+    done: Callable[[R], None] | None = None,
     seconds: dict[str, float] | None = None,
     patience: int = 0,
-    feed: Arrivals | None = None,
-    cancelled: Callable[[Any], bool] | None = None,
-    cohorts: Cohorts | None = None,
+    feed: Feed[R] | None = None,
+    cancelled: Callable[[R], bool] | None = None,
+    cohorts: Cohorts[R] | None = None,
     idle: Callable[[], None] | None = None,
 ) -> None:
     """Run every request through the stages of its plan (``state.plan.stages``, each one of
@@ -197,21 +232,21 @@ def run_graph(
     from edgeomni.runtime.events import Failed, HiddenRows
 
     order = list(stages)
-    waiting: dict[str, list[Any]] = {sid: [] for sid in order}
-    active: dict[str, dict[int, Any]] = {sid: {} for sid in order}
-    slot_of: dict[str, dict[int, Any]] = {sid: {} for sid in order}  # request index -> slot
-    held: dict[str, dict[int, list[Any]]] = {sid: {} for sid in order}  # events not yet taken
+    waiting: dict[str, list[R]] = {sid: [] for sid in order}
+    active: dict[str, dict[int, StageSlot[R]]] = {sid: {} for sid in order}
+    slot_of: dict[str, dict[int, StageSlot[R]]] = {sid: {} for sid in order}  # index -> slot
+    held: dict[str, dict[int, list[Event]]] = {sid: {} for sid in order}  # events not yet taken
     to_come: dict[str, set[int]] = {sid: set() for sid in order}  # may still be admitted
     finished: set[tuple[int, str]] = set()
     times = seconds if seconds is not None else {}
     nxt: dict[tuple[int, str], str | None] = {}
-    live: dict[int, Any] = {}  # the requests still in the graph, by index
-    pending: list[Any] = []  # cohort admission: requests not in the graph yet, in input order
+    live: dict[int, R] = {}  # the requests still in the graph, by index
+    pending: list[R] = []  # cohort admission: requests not in the graph yet, in input order
     queued: set[int] = set()
     if cohorts is not None:
         patience = 0
 
-    def register(state: Any) -> None:
+    def register(state: R) -> None:
         path = state.plan.stages
         if state.index in live or any((state.index, sid) in nxt for sid in path):
             raise ValueError(f"request index {state.index} is already in this run")
@@ -221,7 +256,7 @@ def run_graph(
         waiting[path[0]].append(state)
         live[state.index] = state
 
-    def enter(state: Any) -> None:
+    def enter(state: R) -> None:
         if cohorts is None:
             register(state)
         elif state.index in queued:
@@ -244,7 +279,7 @@ def run_graph(
     for state in states:
         enter(state)
 
-    def emit(state: Any, sid: str, event: Any) -> None:
+    def emit(state: R, sid: str, event: Event) -> None:
         if listener is not None and not isinstance(event, HiddenRows):  # an edge's, not news
             listener(event)
         after = nxt[(state.index, sid)]
@@ -256,7 +291,7 @@ def run_graph(
         else:
             stages[after].consume(slot, event)
 
-    def fail(state: Any, sid: str, error: str) -> None:
+    def fail(state: R, sid: str, error: str) -> None:
         live.pop(state.index, None)
         state.error = state.error or (error if error == CANCELLED else f"{sid}: {error}")
         for other in order:
@@ -309,7 +344,7 @@ def run_graph(
         together = cohorts is not None
         if together and len(waiting[sid]) < len(to_come[sid]):
             return False
-        chosen = []
+        chosen: list[R] = []
         for state in waiting[sid]:
             if len(chosen) == len(free) and not together:
                 break
@@ -354,7 +389,7 @@ def run_graph(
         settle(sid, [slot.row for slot in admitted])
         return True
 
-    def where(state: Any) -> str:
+    def where(state: R) -> str:
         """The stage a request is at: where it holds a slot, or else the first it waits at."""
         for sid in reversed(order):
             if state.index in slot_of[sid]:
@@ -413,7 +448,7 @@ def run_graph(
                     fail(state, sid, failure(Stuck("its upstream stage never made it ready")))
 
 
-def compact(active: dict[int, Any], stage: SlotStage) -> None:
+def compact(active: dict[int, S], stage: SlotStage[R, S]) -> None:
     """Move the slots in rows at or past ``len(active)`` into the free rows below it, so the
     active rows are 0..n-1 (a decode step calls rows 0..highest active: its fixed cost, the
     weights read, is paid once, and each row it calls costs compute)."""

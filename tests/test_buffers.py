@@ -199,3 +199,15 @@ def test_a_device_view_keeps_its_allocation() -> None:
     del row
     gc.collect()
     assert gone() is None
+
+
+def test_a_buffer_of_the_other_kind_is_refused_by_name() -> None:
+    """A device buffer given to a CPU engine's buffers, or a host array where a GPU engine's own
+    buffer is written, is a caller's bug: a TypeError saying so (a pointer not owned: no CUDA)."""
+    from edgeomni.runtime.memory import DeviceArray
+
+    dev = DeviceArray((2, 3), np.float32, ptr=4096, owner=False)
+    with pytest.raises(TypeError, match="CPU engine's buffers are host arrays, not DeviceArray"):
+        HostBuffers().rows(dev, 1)
+    with pytest.raises(TypeError, match="GPU engine's buffer is a device array, not a host"):
+        DeviceBuffers(0).upload(np.zeros((2, 3)), np.ones((2, 3)))
