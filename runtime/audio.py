@@ -1,5 +1,4 @@
-"""Audio in numpy + soundfile: WAV input and output, band-limited resampling, and Whisper-style
-log-mel features.
+"""Audio in numpy, soundfile and soxr: WAV input and output, resampling, and log-mel features.
 
 The embedded board has no torch, so the features transformers' ``WhisperFeatureExtractor``
 computes are rebuilt here from its numpy path (``_np_extract_fbank_features``), step for step and
@@ -13,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import math
 import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+import soxr
 
 from edgeomni.runtime.media import MediaError
 
@@ -30,16 +29,6 @@ _MEL_F_MIN = 0.0
 _MEL_F_MAX = 8000.0
 # Frames per STFT block: bounds the float64 frame matrix (~3 MB) for arbitrarily long audio.
 _STFT_BLOCK_FRAMES = 1024
-
-# Resampler design. A Kaiser-windowed sinc with beta 8.6 has ~86 dB stopband and ~1e-4 ripple;
-# 32 zero crossings each side make the transition ~17% of the target Nyquist wide, and the
-# cutoff at 0.92 * Nyquist puts the stopband edge just above the new Nyquist, so downsampling
-# aliases nothing above ~-80 dB while the band up to ~0.83 * Nyquist stays flat.
-_KAISER_BETA = 8.6
-_ZERO_CROSSINGS = 32
-_ROLLOFF = 0.92
-# Output samples per polyphase block: bounds the gathered [block, taps] matrix.
-_RESAMPLE_BLOCK = 4096
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,72 +120,17 @@ def encoded(audio: np.ndarray, rate: int, fmt: str) -> bytes:
 # --------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=16)
-def _polyphase_filter(up: int, down: int) -> tuple[np.ndarray, int]:
-    """Kaiser-windowed sinc low-pass for an ``up``/``down`` change, split into ``up`` phases.
-
-    Returns ``(phases [up, taps], half_len)``; ``phases[p, i] = h[p + i * up]`` with ``h`` the
-    zero-phase filter of length ``2 * half_len + 1`` (gain ``up`` so upsampling keeps level).
-    """
-    m = max(up, down)
-    half_len = _ZERO_CROSSINGS * m
-    n = np.arange(-half_len, half_len + 1, dtype=np.float64)
-    cutoff = _ROLLOFF / m  # in units of the upsampled Nyquist
-    h = cutoff * np.sinc(cutoff * n) * np.kaiser(2 * half_len + 1, _KAISER_BETA)
-    h *= up / h.sum()  # unity DC gain, times up for the zeros upsampling inserts
-    taps = -(-h.size // up)
-    padded = np.zeros(taps * up, dtype=np.float64)
-    padded[: h.size] = h
-    phases = np.ascontiguousarray(padded.reshape(taps, up).T)
-    phases.flags.writeable = False
-    return phases, half_len
-
-
 def resample(x: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
-    """Band-limited resampling of a 1-D signal from ``src_rate`` to ``dst_rate`` Hz (float32 out).
-
-    Polyphase windowed-sinc (Kaiser, beta 8.6, 32 zero crossings per side at the lower rate)
-    with rational factors ``up/down = dst/src`` reduced by their gcd; the cutoff sits at 0.92 of
-    the lower of the two Nyquists, so when downsampling everything above the new Nyquist is
-    removed (stopband > ~80 dB) instead of aliasing. Outside the signal is zero (as in
-    ``scipy.signal.resample_poly``), so the first/last ~32 output samples see the edge.
-
-    Output length rule: ``floor(len(x) * dst_rate / src_rate + 1/2)`` (round half up, exact
-    integer arithmetic). Output sample ``m`` is the band-limited signal at input time
-    ``m * src_rate / dst_rate``. Equal rates return a float32 copy of ``x`` unchanged.
-    """
-    for name, rate in (("src_rate", src_rate), ("dst_rate", dst_rate)):
-        if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {rate!r}")
-    x = np.asarray(x)
-    if x.ndim != 1:
-        raise ValueError(f"resample takes a 1-D signal, got shape {x.shape}")
+    """A 1-D signal from ``src_rate`` to ``dst_rate`` Hz, float32, as upstream resamples its
+    audio inputs (transformers' ``load_audio``, ``librosa.load`` and ``librosa.resample``, which
+    qwen-tts calls): soxr at ``soxr_hq`` on the float32 samples, then zero-padded or cut to
+    ``ceil(len(x) * dst_rate / src_rate)`` samples. Equal rates return a float32 copy."""
+    x = np.asarray(x, dtype=np.float32)
     if src_rate == dst_rate:
-        return x.astype(np.float32, copy=True)
-    g = math.gcd(int(src_rate), int(dst_rate))
-    up, down = int(dst_rate) // g, int(src_rate) // g
-    n_in = x.shape[0]
-    n_out = (2 * n_in * up + down) // (2 * down)
-    if n_out == 0:
-        return np.zeros(0, dtype=np.float32)
-
-    phases, half_len = _polyphase_filter(up, down)
-    taps = phases.shape[1]
-    # y[m] = sum_k x[k] h[m*down - k*up + half_len]. With t = m*down + half_len the terms are
-    # k = t//up - i, tap index (t % up) + i*up, for i in [0, taps). Pad x with zeros on both sides
-    # so every gathered index is valid.
-    lead = taps
-    last_k = ((n_out - 1) * down + half_len) // up
-    trail = max(0, last_k - n_in + 1)
-    xp = np.concatenate([np.zeros(lead), x.astype(np.float64, copy=False), np.zeros(trail)])
-    out = np.empty(n_out, dtype=np.float32)
-    i = np.arange(taps, dtype=np.int64)
-    for start in range(0, n_out, _RESAMPLE_BLOCK):
-        m = np.arange(start, min(start + _RESAMPLE_BLOCK, n_out), dtype=np.int64)
-        t = m * down + half_len
-        k = (t // up)[:, None] - i[None, :] + lead
-        out[start : start + m.size] = np.einsum("ij,ij->i", xp[k], phases[t % up])
-    return out
+        return x.copy()
+    n = -(-x.shape[0] * int(dst_rate) // int(src_rate))
+    y = soxr.resample(x, src_rate, dst_rate, quality="soxr_hq")
+    return np.pad(y, (0, max(0, n - y.shape[0])))[:n]
 
 
 # --------------------------------------------------------------------------------------------
