@@ -166,11 +166,10 @@ def mel_filter_bank(
     dtype: type[np.floating] = np.float64,
 ) -> np.ndarray:
     """Slaney-scale, slaney-normalised triangular filters ``[n_fft // 2 + 1, n_mels]`` over
-    ``f_min..f_max`` Hz: ``librosa.filters.mel(htk=False, norm="slaney", dtype=dtype)``
-    transposed, and transformers' ``mel_filter_bank(norm="slaney", mel_scale="slaney")`` (to
-    ~1e-16) in float64, over the 0..8 kHz Whisper's extractor hard-codes whatever the rate.
-    librosa stores the triangles in ``dtype``, then scales that array: both roundings are kept,
-    so float32 filters are librosa's to the bit. Cached read-only."""
+    ``f_min..f_max`` Hz: ``librosa.filters.mel(htk=False, norm="slaney", dtype=dtype)``,
+    transposed, to the bit (librosa rounds the triangles to ``dtype``, then the scaled array;
+    both kept). In float64 over 0..8 kHz it is the bank Whisper's extractor builds (transformers'
+    ``mel_filter_bank(norm="slaney", mel_scale="slaney")``, to 5e-16). Cached read-only."""
     fft_freqs = np.fft.rfftfreq(n_fft, 1.0 / sampling_rate)
     mel_f = _mel_to_hz(np.linspace(_hz_to_mel(f_min), _hz_to_mel(f_max), n_mels + 2))
     fdiff = np.diff(mel_f)

@@ -265,8 +265,9 @@ def torch_resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
     """torchvision's ``resize(uint8 tensor, BICUBIC, antialias=True)`` of uint8 [H, W, C] on a
     CPU (PyTorch's uint8 path: its kernel, int16 weights at a per-pass precision, the
     horizontal pass first, each rounded to uint8): what transformers' torchvision processors
-    (Qwen3-VL's video processor) do to a frame. No library on the board runs it (Pillow's
-    weights and pass order differ by a level or two), hence this port."""
+    (Qwen3-VL's video processor) do to a frame. No library on the board runs it, hence this
+    port: Pillow's resize (22-bit weights, its own pass order) differs, up to 21 levels on
+    random images (measured)."""
     if image.shape[1] != width:
         image = _resample_width(image, width)
     if image.shape[0] != height:
