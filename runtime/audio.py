@@ -1,11 +1,10 @@
-"""Audio in numpy + soundfile: WAV input and output, band-limited resampling, and Whisper-style
-log-mel features.
+"""Audio in numpy, soundfile and soxr: WAV input and output, resampling, and log-mel features.
 
-The embedded board has no torch, so the features transformers' ``WhisperFeatureExtractor``
-computes are rebuilt here from its numpy path (``_np_extract_fbank_features``), step for step and
-in the same dtypes, so an audio encoder sees the numbers it was exported against. What a model's
-processor does around them (its settings, padding, placeholder counts) is its family's
-(runtime/families/).
+The embedded board has no torch or librosa, so the log-mel features upstream computes (transformers'
+``WhisperFeatureExtractor``'s numpy path, qwen-tts's speaker mel) are rebuilt here on one
+front end, ``mel_spectrogram`` over librosa's slaney filters, so an audio encoder sees the
+numbers it was exported against. What a model's processor does around them (its settings,
+padding, placeholder counts) is its family's (runtime/families/).
 """
 
 from __future__ import annotations
@@ -13,33 +12,22 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+import soxr
 
 from edgeomni.runtime.media import MediaError
 
-__all__ = ["encoded", "log_mel", "mel_filter_bank", "pcm16", "read_wav", "resample", "write_wav"]
+__all__ = ["encoded", "log_mel", "mel_filter_bank", "mel_spectrogram", "pcm16", "read_wav",
+           "resample", "write_wav"]
 
-# WhisperFeatureExtractor hard-codes the mel range to [0, 8000] Hz whatever the sampling rate.
-_MEL_F_MIN = 0.0
-_MEL_F_MAX = 8000.0
-# Frames per STFT block: bounds the float64 frame matrix (~3 MB) for arbitrarily long audio.
+# Frames per STFT block: bounds the float64 frame matrix (3-8 MB) for arbitrarily long audio.
 _STFT_BLOCK_FRAMES = 1024
-
-# Resampler design. A Kaiser-windowed sinc with beta 8.6 has ~86 dB stopband and ~1e-4 ripple;
-# 32 zero crossings each side make the transition ~17% of the target Nyquist wide, and the
-# cutoff at 0.92 * Nyquist puts the stopband edge just above the new Nyquist, so downsampling
-# aliases nothing above ~-80 dB while the band up to ~0.83 * Nyquist stays flat.
-_KAISER_BETA = 8.6
-_ZERO_CROSSINGS = 32
-_ROLLOFF = 0.92
-# Output samples per polyphase block: bounds the gathered [block, taps] matrix.
-_RESAMPLE_BLOCK = 4096
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,127 +119,104 @@ def encoded(audio: np.ndarray, rate: int, fmt: str) -> bytes:
 # --------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=16)
-def _polyphase_filter(up: int, down: int) -> tuple[np.ndarray, int]:
-    """Kaiser-windowed sinc low-pass for an ``up``/``down`` change, split into ``up`` phases.
-
-    Returns ``(phases [up, taps], half_len)``; ``phases[p, i] = h[p + i * up]`` with ``h`` the
-    zero-phase filter of length ``2 * half_len + 1`` (gain ``up`` so upsampling keeps level).
-    """
-    m = max(up, down)
-    half_len = _ZERO_CROSSINGS * m
-    n = np.arange(-half_len, half_len + 1, dtype=np.float64)
-    cutoff = _ROLLOFF / m  # in units of the upsampled Nyquist
-    h = cutoff * np.sinc(cutoff * n) * np.kaiser(2 * half_len + 1, _KAISER_BETA)
-    h *= up / h.sum()  # unity DC gain, times up for the zeros upsampling inserts
-    taps = -(-h.size // up)
-    padded = np.zeros(taps * up, dtype=np.float64)
-    padded[: h.size] = h
-    phases = np.ascontiguousarray(padded.reshape(taps, up).T)
-    phases.flags.writeable = False
-    return phases, half_len
-
-
 def resample(x: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
-    """Band-limited resampling of a 1-D signal from ``src_rate`` to ``dst_rate`` Hz (float32 out).
-
-    Polyphase windowed-sinc (Kaiser, beta 8.6, 32 zero crossings per side at the lower rate)
-    with rational factors ``up/down = dst/src`` reduced by their gcd; the cutoff sits at 0.92 of
-    the lower of the two Nyquists, so when downsampling everything above the new Nyquist is
-    removed (stopband > ~80 dB) instead of aliasing. Outside the signal is zero (as in
-    ``scipy.signal.resample_poly``), so the first/last ~32 output samples see the edge.
-
-    Output length rule: ``floor(len(x) * dst_rate / src_rate + 1/2)`` (round half up, exact
-    integer arithmetic). Output sample ``m`` is the band-limited signal at input time
-    ``m * src_rate / dst_rate``. Equal rates return a float32 copy of ``x`` unchanged.
-    """
-    for name, rate in (("src_rate", src_rate), ("dst_rate", dst_rate)):
-        if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {rate!r}")
-    x = np.asarray(x)
-    if x.ndim != 1:
-        raise ValueError(f"resample takes a 1-D signal, got shape {x.shape}")
+    """A 1-D signal from ``src_rate`` to ``dst_rate`` Hz, float32, as upstream resamples its
+    audio inputs (transformers' ``load_audio``, ``librosa.load`` and ``librosa.resample``, which
+    qwen-tts calls): soxr at ``soxr_hq`` on the float32 samples, then zero-padded or cut to
+    ``ceil(len(x) * dst_rate / src_rate)`` samples. Equal rates return a float32 copy."""
+    x = np.asarray(x, dtype=np.float32)
     if src_rate == dst_rate:
-        return x.astype(np.float32, copy=True)
-    g = math.gcd(int(src_rate), int(dst_rate))
-    up, down = int(dst_rate) // g, int(src_rate) // g
-    n_in = x.shape[0]
-    n_out = (2 * n_in * up + down) // (2 * down)
-    if n_out == 0:
-        return np.zeros(0, dtype=np.float32)
-
-    phases, half_len = _polyphase_filter(up, down)
-    taps = phases.shape[1]
-    # y[m] = sum_k x[k] h[m*down - k*up + half_len]. With t = m*down + half_len the terms are
-    # k = t//up - i, tap index (t % up) + i*up, for i in [0, taps). Pad x with zeros on both sides
-    # so every gathered index is valid.
-    lead = taps
-    last_k = ((n_out - 1) * down + half_len) // up
-    trail = max(0, last_k - n_in + 1)
-    xp = np.concatenate([np.zeros(lead), x.astype(np.float64, copy=False), np.zeros(trail)])
-    out = np.empty(n_out, dtype=np.float32)
-    i = np.arange(taps, dtype=np.int64)
-    for start in range(0, n_out, _RESAMPLE_BLOCK):
-        m = np.arange(start, min(start + _RESAMPLE_BLOCK, n_out), dtype=np.int64)
-        t = m * down + half_len
-        k = (t // up)[:, None] - i[None, :] + lead
-        out[start : start + m.size] = np.einsum("ij,ij->i", xp[k], phases[t % up])
-    return out
+        return x.copy()
+    n = -(-x.shape[0] * int(dst_rate) // int(src_rate))
+    y = soxr.resample(x, src_rate, dst_rate, quality="soxr_hq")
+    return np.pad(y, (0, max(0, n - y.shape[0])))[:n]
 
 
 # --------------------------------------------------------------------------------------------
-# Log-mel features (WhisperFeatureExtractor, numpy path)
+# Log-mel features: one front end for Whisper's extractor and qwen-tts's speaker mel
 # --------------------------------------------------------------------------------------------
 
-
-def _hz_to_mel_slaney(freq: np.ndarray) -> np.ndarray:
-    """Slaney mel scale: linear below 1 kHz, logarithmic above (as transformers' hertz_to_mel)."""
-    freq = np.asarray(freq, dtype=np.float64)
-    mels = 3.0 * freq / 200.0
-    log_region = freq >= 1000.0
-    logstep = 27.0 / np.log(6.4)
-    return np.where(log_region, 15.0 + np.log(np.maximum(freq, 1e-300) / 1000.0) * logstep, mels)
+# librosa's slaney mel scale (htk=False): linear below 1 kHz, logarithmic above
+_F_SP = 200.0 / 3
+_MIN_LOG_MEL = 1000.0 / _F_SP
+_LOGSTEP = np.log(6.4) / 27.0
 
 
-def _mel_to_hz_slaney(mels: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`_hz_to_mel_slaney` (as transformers' mel_to_hertz)."""
-    mels = np.asarray(mels, dtype=np.float64)
-    freq = 200.0 * mels / 3.0
-    logstep = np.log(6.4) / 27.0
-    return np.where(mels >= 15.0, 1000.0 * np.exp(logstep * (mels - 15.0)), freq)
+def _hz_to_mel(freq: float) -> float:
+    """librosa's hz_to_mel (htk=False)."""
+    if freq < 1000.0:
+        return freq / _F_SP
+    return float(_MIN_LOG_MEL + np.log(freq / 1000.0) / _LOGSTEP)
+
+
+def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
+    """librosa's mel_to_hz (htk=False), the inverse of :func:`_hz_to_mel`."""
+    return np.where(
+        mels >= _MIN_LOG_MEL, 1000.0 * np.exp(_LOGSTEP * (mels - _MIN_LOG_MEL)), _F_SP * mels
+    )
 
 
 @functools.lru_cache(maxsize=8)
-def mel_filter_bank(n_mels: int, sampling_rate: int, n_fft: int) -> np.ndarray:
-    """Slaney-scale, slaney-normalised triangular filters ``[n_fft // 2 + 1, n_mels]`` (float64).
-
-    Same construction as transformers' ``mel_filter_bank(norm="slaney", mel_scale="slaney",
-    min_frequency=0, max_frequency=8000)``; built once per configuration and cached read-only.
-    """
-    n_freqs = 1 + n_fft // 2
-    mel_pts = np.linspace(
-        _hz_to_mel_slaney(np.float64(_MEL_F_MIN)),
-        _hz_to_mel_slaney(np.float64(_MEL_F_MAX)),
-        n_mels + 2,
-    )
-    filter_freqs = _mel_to_hz_slaney(mel_pts)
-    fft_freqs = np.linspace(0, sampling_rate // 2, n_freqs)
-    filter_diff = np.diff(filter_freqs)
-    slopes = filter_freqs[None, :] - fft_freqs[:, None]
-    down_slopes = -slopes[:, :-2] / filter_diff[:-1]
-    up_slopes = slopes[:, 2:] / filter_diff[1:]
-    fb = np.maximum(np.zeros(1), np.minimum(down_slopes, up_slopes))
-    fb *= (2.0 / (filter_freqs[2 : n_mels + 2] - filter_freqs[:n_mels]))[None, :]
+def mel_filter_bank(
+    n_mels: int,
+    sampling_rate: int,
+    n_fft: int,
+    f_max: float = 8000.0,
+    f_min: float = 0.0,
+    dtype: type[np.floating] = np.float64,
+) -> np.ndarray:
+    """Slaney-scale, slaney-normalised triangular filters ``[n_fft // 2 + 1, n_mels]`` over
+    ``f_min..f_max`` Hz: ``librosa.filters.mel(htk=False, norm="slaney", dtype=dtype)``,
+    transposed, to the bit (librosa rounds the triangles to ``dtype``, then the scaled array;
+    both kept). In float64 over 0..8 kHz it is the bank Whisper's extractor builds (transformers'
+    ``mel_filter_bank(norm="slaney", mel_scale="slaney")``, to 5e-16). Cached read-only."""
+    fft_freqs = np.fft.rfftfreq(n_fft, 1.0 / sampling_rate)
+    mel_f = _mel_to_hz(np.linspace(_hz_to_mel(f_min), _hz_to_mel(f_max), n_mels + 2))
+    fdiff = np.diff(mel_f)
+    ramps = mel_f[:, None] - fft_freqs[None, :]
+    lower, upper = -ramps[:-2] / fdiff[:-1, None], ramps[2:] / fdiff[1:, None]
+    triangles = np.maximum(0.0, np.minimum(lower, upper))
+    enorm = 2.0 / (mel_f[2 : n_mels + 2] - mel_f[:n_mels])
+    fb = np.ascontiguousarray((triangles.astype(dtype) * enorm[:, None]).astype(dtype).T)
     fb.flags.writeable = False
     return fb
 
 
-@functools.lru_cache(maxsize=8)
-def _hann_periodic(n_fft: int) -> np.ndarray:
-    """Periodic Hann window of length ``n_fft`` (``np.hanning(n_fft + 1)[:-1]``), float64."""
-    w = np.hanning(n_fft + 1)[:-1]
-    w.flags.writeable = False
-    return w
+def mel_spectrogram(
+    x: np.ndarray,
+    filters: np.ndarray,
+    *,
+    n_fft: int,
+    hop_length: int,
+    pad: int,
+    win_length: int | None = None,
+    power: float = 2.0,
+    eps: float = 0.0,
+    floor: float = 1e-10,
+    log: Callable[[np.ndarray], np.ndarray] = np.log10,
+) -> np.ndarray:
+    """Log-mel frames ``[1 + (len(x) + 2 * pad - n_fft) // hop_length, n_mels]`` float32 of a
+    1-D waveform through ``filters`` ``[n_fft // 2 + 1, n_mels]``.
+
+    The waveform taken as float32, reflect-padded by ``pad`` samples each side, a periodic
+    Hann window (``win_length``, centred in ``n_fft``, as ``torch.stft`` places it) every
+    ``hop_length``, rFFT in float64, ``(|X|^2 + eps) ** (power / 2)``, the filters, then
+    ``log(max(., floor))``. Whisper's extractor: power 2, log10, floor 1e-10; qwen-tts's
+    speaker mel: magnitude (power 1, eps 1e-9), natural log, floor 1e-5.
+    """
+    w = np.asarray(x).astype(np.float32, copy=False).astype(np.float64)
+    padded = np.pad(w, (pad, pad), mode="reflect")
+    frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop_length]
+    win = win_length or n_fft
+    window = np.zeros(n_fft)
+    left = (n_fft - win) // 2
+    window[left : left + win] = 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(win) / win)
+    out = np.empty((frames.shape[0], filters.shape[1]), dtype=np.float32)
+    for s in range(0, frames.shape[0], _STFT_BLOCK_FRAMES):
+        spec = np.fft.rfft(frames[s : s + _STFT_BLOCK_FRAMES] * window, axis=-1)
+        spectrum = (spec.real**2 + spec.imag**2 + eps) ** (power / 2)
+        out[s : s + spec.shape[0]] = log(np.maximum(spectrum @ filters, floor))
+    return out
 
 
 def log_mel(
@@ -265,36 +230,21 @@ def log_mel(
     """Whisper log-mel spectrogram ``[n_mels, len(x) // hop_length]`` float32 of one waveform
     (the defaults: ``WhisperFeatureExtractor(feature_size=128)``'s 16 kHz STFT).
 
-    Exactly ``WhisperFeatureExtractor._np_extract_fbank_features`` (dither 0): waveform taken as
-    float32, reflect-padded by ``n_fft // 2``, periodic-Hann frames every ``hop_length``, float64
-    rFFT stored as complex64, power ``|X|^2``, slaney mel filters, ``log10(max(., 1e-10))`` cast
-    to float32, last frame dropped, floor at ``max - 8``, then ``(v + 4) / 4``. The floor uses the
-    maximum of this whole clip, so features depend on the clip as a unit. Raises ``ValueError``
-    when ``x`` is shorter than one hop (no frame would remain).
+    ``WhisperFeatureExtractor._np_extract_fbank_features`` (dither 0): the mel front end above
+    centred (reflect pad ``n_fft // 2``) with the power spectrum and log10, last frame dropped,
+    floor at ``max - 8``, then ``(v + 4) / 4``. It differs from the extractor's by rounding
+    only (measured max 1.2e-7, one float32 step: the extractor stores the spectrum as
+    complex64). The floor uses the maximum of this whole clip, so features depend on the clip
+    as a unit. Raises ``ValueError`` when ``x`` is shorter than one hop (no frame would remain).
     """
     w = np.asarray(x)
     if w.ndim != 1:
         raise ValueError(f"log_mel takes a 1-D waveform, got shape {w.shape}")
-    n_frames = w.shape[0] // hop_length
-    if n_frames < 1:
+    if w.shape[0] < hop_length:
         raise ValueError(
             f"audio of {w.shape[0]} samples is shorter than one hop ({hop_length}): no frames"
         )
-    # The extractor hands the spectrogram float32 samples; promote to float64 after that cast.
-    w = w.astype(np.float32, copy=False)
-    pad = n_fft // 2
-    padded = np.pad(w, (pad, pad), mode="reflect").astype(np.float64)
-    window = _hann_periodic(n_fft)
-    filters_t = mel_filter_bank(n_mels, sampling_rate, n_fft).T
-    frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop_length]
-    # 1 + len // hop frames exist; the extractor drops the last one, so never compute it.
-    frames = frames[:n_frames]
-    out = np.empty((n_mels, n_frames), dtype=np.float32)
-    for s in range(0, n_frames, _STFT_BLOCK_FRAMES):
-        block = frames[s : s + _STFT_BLOCK_FRAMES] * window
-        spec = np.fft.rfft(block, axis=-1).astype(np.complex64)
-        power = np.abs(spec, dtype=np.float64) ** 2.0
-        mel = np.maximum(1e-10, filters_t @ power.T)
-        out[:, s : s + block.shape[0]] = np.log10(mel)
+    filters = mel_filter_bank(n_mels, sampling_rate, n_fft)
+    out = mel_spectrogram(w, filters, n_fft=n_fft, hop_length=hop_length, pad=n_fft // 2)[:-1]
     out = np.maximum(out, out.max() - np.float32(8.0))
-    return (out + np.float32(4.0)) / np.float32(4.0)
+    return np.ascontiguousarray(((out + np.float32(4.0)) / np.float32(4.0)).T)

@@ -1,9 +1,9 @@
-"""Qwen3-Omni's image.py == transformers' Qwen2-VL image processor (PIL backend), and Pillow's
-resize."""
+"""Qwen3-Omni's image.py == transformers' Qwen2-VL image processor (PIL backend)."""
 
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import struct
 import zlib
 from pathlib import Path
@@ -16,11 +16,6 @@ from edgeomni.runtime.media import MediaError
 from edgeomni.runtime.media import image as im
 
 Image = pytest.importorskip("PIL.Image", reason="the parity tests compare against Pillow")
-# Pillow 13 picks the resize pass order by the scale factors (python-pillow/Pillow#9549); older
-# Pillow always resized horizontally first, a few levels off where the height shrinks most.
-pillow13 = pytest.mark.skipif(
-    int(Image.__version__.split(".")[0]) < 13, reason="the image preprocessing mirrors Pillow >= 13"
-)
 
 # processor_config.json style (size in pixels), as the tiny Qwen3-Omni checkpoint ships it
 TINY = {
@@ -70,7 +65,6 @@ def hf_processor(config: dict[str, Any]) -> Any:
     return Qwen2VLImageProcessorPil(**cfg)
 
 
-@pillow13
 @pytest.mark.parametrize("config", [TINY, REAL, {}], ids=["tiny", "real", "defaults"])
 @pytest.mark.parametrize("size", SIZES, ids=[f"{h}x{w}" for h, w in SIZES])
 def test_preprocess_matches_transformers(config: dict[str, Any], size: tuple[int, int]) -> None:
@@ -85,17 +79,6 @@ def test_preprocess_matches_transformers(config: dict[str, Any], size: tuple[int
     assert np.abs(pixel_values - ref["pixel_values"]).max() == 0.0  # in fact bit-exact
     patches = hf_processor(config).get_number_of_image_patches(*size)
     assert im.image_token_count(grid, settings.merge_size) == patches // settings.merge_size**2
-
-
-@pillow13
-def test_resize_is_pillows_bit_for_bit() -> None:
-    """Up, down, one axis, both axes, and both pass orders of Pillow 13."""
-    rng = np.random.default_rng(0)
-    for _ in range(60):
-        in_h, in_w, out_h, out_w = (int(v) for v in rng.integers(1, 160, 4))
-        array = rng.integers(0, 256, (in_h, in_w, 3), dtype=np.uint8)
-        ref = np.asarray(Image.fromarray(array).resize((out_w, out_h), Image.Resampling.BICUBIC))
-        np.testing.assert_array_equal(im._pil_resize(array, out_h, out_w), ref)
 
 
 def test_settings_from_either_config_file() -> None:
@@ -166,7 +149,7 @@ def test_a_file_that_is_no_image_is_named(tmp_path: Path) -> None:
         im.load_image(tmp_path / "missing.png")
 
 
-def test_load_image_without_pillow_names_the_extra(
+def test_without_pillow_reading_and_resizing_name_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_import = builtins.__import__
@@ -179,6 +162,11 @@ def test_load_image_without_pillow_names_the_extra(
     monkeypatch.setattr(builtins, "__import__", no_pil)
     with pytest.raises(ImportError, match=r"edgeomni\[image\]"):
         im.load_image(tmp_path / "missing.png")
+    settings = im.ImageSettings.from_config(TINY)
+    with pytest.raises(ImportError, match=r"resizing images needs Pillow.*edgeomni\[image\]"):
+        im.preprocess(picture(60, 90, seed=0), settings)  # resized by Pillow, as upstream
+    unresized = dataclasses.replace(settings, do_resize=False)
+    assert im.preprocess(picture(64, 64, seed=0), unresized)[1] == (1, 4, 4)  # numpy only
 
 
 def test_rejects_what_the_processor_would_not_see() -> None:
