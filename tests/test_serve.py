@@ -511,7 +511,7 @@ opened = pipeline.Pipeline.open
 
 def slow_open(self, ids):  # each llm step takes 50 ms: the test's time to act mid-request
     opened(self, ids)
-    stage = self._slot_stage("llm")
+    stage = self.slot_stage("llm")
     if stage is not None and not hasattr(stage, "slowed"):
         step = stage.step
         stage.step = lambda slots: (time.sleep(0.05), step(slots))[1]

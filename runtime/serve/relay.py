@@ -224,8 +224,8 @@ class Inbox(_Proxy):
                     took = True
         return took
 
-    def update(self, slot: _ProxySlot, events: bool) -> list[Any]:
-        out = []
+    def update(self, slot: _ProxySlot, events: bool) -> list[Event]:
+        out: list[Event] = []
         got, slot.got = slot.got, []
         for item in got:
             event = item.event
