@@ -140,7 +140,7 @@ def vocode(r: Any, utterances: list[np.ndarray]) -> tuple[list[np.ndarray], floa
     """The utterances as requests stepping together: every frame in, ready chunks or windows
     vocoded, batched across requests (as the stage does once the talker has made them); returns
     (audio per request, wall seconds, first piece's seconds at B=1, engine calls)."""
-    from edgeomni.runtime.runners import RequestState
+    from edgeomni.runtime.stage import RequestState
 
     batch = r.stream_batch()
     streams = [r.stream_for(RequestState(i, None, None), batch) for i in range(len(utterances))]

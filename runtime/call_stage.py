@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeomni.runtime.events import Event, Finished
-from edgeomni.runtime.runners import RequestError, RequestState
+from edgeomni.runtime.stage import RequestError, RequestState
 
 __all__ = ["CallStage"]
 

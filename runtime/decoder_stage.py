@@ -26,8 +26,8 @@ from edgeomni.runtime.decoder import TOPK_OUTPUTS, DecoderSession, StepOutputs, 
 from edgeomni.runtime.engine import Engine
 from edgeomni.runtime.events import Event, Finished
 from edgeomni.runtime.kv import KVCache
-from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.sampling import SamplingParams, StepLogits, log_softmax_top, sample_rows
+from edgeomni.runtime.stage import RequestState
 
 __all__ = ["DecoderSpec", "DecoderStage", "Slot", "StepPlan", "plan_step", "prefill_runs", "rows_of"]
 

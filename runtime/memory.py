@@ -13,7 +13,7 @@ import contextlib
 import functools
 import gc
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -201,6 +201,15 @@ class DeviceArray:
                 return
             with contextlib.suppress(Exception):  # at interpreter shutdown there is no runtime
                 _cudart().cudaFree(self.ptr)
+
+
+T = TypeVar("T")
+
+
+def to_host(value: T) -> T | np.ndarray:
+    """``value`` as the host reads it (and can send it to another process): a DeviceArray
+    downloaded; a host array, or any other value, as it is."""
+    return value.download() if isinstance(value, DeviceArray) else value
 
 
 # buffers dropped while a CUDA graph is being captured (Python frees them whenever their last

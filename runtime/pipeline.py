@@ -22,14 +22,9 @@ from edgeomni.runtime.engine import Engines
 from edgeomni.runtime.events import Failed, Listener
 from edgeomni.runtime.families import TEXT_FALLBACKS, control_labels
 from edgeomni.runtime.requests import BadRequest, Request
-from edgeomni.runtime.runners import (
-    RUNNER_KINDS,
-    RUNNERS,
-    RequestError,
-    RequestState,
-    check_emits,
-)
+from edgeomni.runtime.runners import RUNNER_KINDS, RUNNERS, check_emits
 from edgeomni.runtime.scheduler import PATIENCE, Arrivals, Cohorts, SlotStage, failure, run_graph
+from edgeomni.runtime.stage import RequestError, RequestState
 
 GRAPH_FILE = "multistage_config.json"
 BATCHING = ("inflight", "cohort")
@@ -66,16 +61,16 @@ class _Preparing:
         planned, errors = [], {}
         subs = self.feed.take(wait)
         for sub in subs:
-            plan = self.pipe._plan(sub.request, sub.requested)
-            if isinstance(plan, str):
-                errors[sub.index] = plan
+            state = self.pipe.admit(sub.index, sub.request, sub.requested)
+            if isinstance(state, str):
+                errors[sub.index] = state
             else:
-                planned.append(self.pipe._state(sub.index, sub.request, plan))
-        errors.update(self.pipe._prepare(planned))
+                planned.append(state)
+        errors.update(self.pipe.prepare(planned))
         for sub in subs:
             if sub.index in errors:
                 error = errors[sub.index]
-                failed = RequestState(index=sub.index, request=sub.request, plan=None,
+                failed = RequestState(sub.index, sub.request, graph_schema.Plan((), (), error=error),
                                       error=error)  # fmt: skip
                 self.listener(Failed(sub.index, PREPARE, error))
                 self.done(failed)
@@ -237,7 +232,7 @@ class Pipeline:
     def widest(self, batch_size: int) -> int | None:
         """The most rows any stage loaded so far takes in one call at ``batch_size`` (None when
         none is loaded)."""
-        return max((self._width(sid, batch_size) for sid in self._runners), default=None)
+        return max((self.width(sid, batch_size) for sid in self._runners), default=None)
 
     def reads(self) -> frozenset[str]:
         """The request keys the stages loaded so far read (their runners' ``reads``)."""
@@ -306,21 +301,17 @@ class Pipeline:
         start = time.perf_counter()
         states: list[RequestState] = []
         failed: dict[int, str] = {}
-        planned: list[tuple[int, Request, graph_schema.Plan]] = []
+        ready: list[RequestState] = []
         for pos, item in enumerate(requests):
-            if isinstance(item, BadRequest):
-                failed[pos] = item.error
-                continue
-            plan = self._plan(item, requested)
-            if isinstance(plan, str):
-                failed[pos] = plan
-                continue
-            planned.append((pos, item, plan))
+            state = item.error if isinstance(item, BadRequest) else self.admit(pos, item, requested)
+            if isinstance(state, str):
+                failed[pos] = state
+            else:
+                ready.append(state)
         done: set[int] = set(failed)
         try:
-            self.open({sid for _, _, plan in planned for sid in plan.stages})
-            ready = [self._state(pos, item, plan) for pos, item, plan in planned]
-            errors = self._prepare(ready)
+            self.open({sid for state in ready for sid in state.plan.stages})
+            errors = self.prepare(ready)
             failed.update(errors)
             done.update(errors)
             states.extend(s for s in ready if s.index not in errors)
@@ -335,24 +326,25 @@ class Pipeline:
             self.profile.wall_seconds += time.perf_counter() - start
         return self._entries(requests, states, failed)
 
-    def _plan(self, item: Request, requested: Collection[str] | None) -> graph_schema.Plan | str:
-        """The request's plan through the graph, or the error that fails it."""
-        unread = sorted(set(item.speech) - self._request_fields)
+    def admit(
+        self, index: int, request: Request, requested: Collection[str] | None = None
+    ) -> RequestState | str:
+        """The request planned through the graph (for ``requested`` terminals; None: all the
+        plan reaches), as its stages read it: its state, for ``prepare``; or the error that
+        fails it. Nothing is loaded or run."""
+        unread = sorted(set(request.speech) - self._request_fields)
         if unread:
             return (
                 f"{', '.join(unread)}: no stage of this graph reads "
                 f"{'it' if len(unread) == 1 else 'them'} (a {control_labels(unread)} control; this graph "
                 f"runs {', '.join(self.graph.stage_ids)})"
             )
-        plan = graph_schema.plan(self.graph, item.fields, requested)
-        return plan if plan.ok else (plan.error or "the graph cannot serve this request")
-
-    def _state(self, index: int, item: Request, plan: graph_schema.Plan) -> RequestState:
+        plan = graph_schema.plan(self.graph, request.fields, requested)
+        if not plan.ok:
+            return plan.error or "the graph cannot serve this request"
         reads = {inp.source for sid in plan.stages for inp in self.graph.stage(sid).inputs}
-        wanted = reads | set(plan.terminals)
-        return RequestState(
-            index=index, request=self._as_read(item), plan=plan, wanted=frozenset(wanted)
-        )
+        return RequestState(index=index, request=self._as_read(request), plan=plan,
+                            wanted=frozenset(reads | set(plan.terminals)))  # fmt: skip
 
     def _as_read(self, item: Request) -> Request:
         """The request as this graph reads it: on a graph with no text model a given text
@@ -383,15 +375,16 @@ class Pipeline:
         each request leaves, with ``state.error`` set if it failed. Requests are batched in
         flight, whatever ``batching`` says."""
         self.open(set(self.graph.stage_ids))
-        stages = {sid: self._slot_stage(sid) for sid in self.graph.stage_ids}
+        stages = {sid: self.slot_stage(sid) for sid in self.graph.stage_ids}
         prepared = _Preparing(self, feed, listener, done)
         run_graph(
-            stages, [], {sid: self._width(sid, batch_size) for sid in stages},
+            stages, [], {sid: self.width(sid, batch_size) for sid in stages},
             listener=listener, done=done, patience=self.patience, feed=prepared,
             cancelled=cancelled,
         )  # fmt: skip
 
-    def _slot_stage(self, stage_id: str) -> SlotStage:
+    def slot_stage(self, stage_id: str) -> SlotStage:
+        """The stage as the scheduler loop steps it (one for the pipeline's life)."""
         if stage_id not in self._slot_stages:
             runner = self.runner(stage_id)
             self._slot_stages[stage_id] = runner.slot_stage(stream_upstream=self.stream_stages)
@@ -405,7 +398,7 @@ class Pipeline:
         in cohorts (requests with equal stages, request fields, voice and batch-wide settings,
         the spec's batching), each admitted together."""
         used = {sid for state in states for sid in state.plan.stages}
-        stages = {s.id: self._slot_stage(s.id) for s in self.graph.stages if s.id in used}
+        stages = {s.id: self.slot_stage(s.id) for s in self.graph.stages if s.id in used}
         cohorts = None
         if self.batching == "cohort":
             cohorts = Cohorts(
@@ -422,7 +415,7 @@ class Pipeline:
 
         try:
             run_graph(
-                stages, states, {sid: self._width(sid, batch_size) for sid in stages},
+                stages, states, {sid: self.width(sid, batch_size) for sid in stages},
                 listener=listener, done=leave, seconds=seconds, patience=self.patience,
                 cohorts=cohorts,
             )  # fmt: skip
@@ -433,7 +426,7 @@ class Pipeline:
                 prof.requests += sum(sid in s.plan.stages for s in states)
                 prof.seconds += spent
 
-    def _prepare(self, states: Sequence[RequestState]) -> dict[int, str]:
+    def prepare(self, states: Sequence[RequestState]) -> dict[int, str]:
         """Each planned stage's own per-request work (tokenizing, encoding media, checking
         limits and voices), before any cohort runs, for requests that arrived together (a
         stage batches its encoders across them); the error that fails each request that
@@ -456,7 +449,7 @@ class Pipeline:
                     state.prepared[stage_id] = prepared
         return errors
 
-    def _width(self, stage_id: str, batch_size: int) -> int:
+    def width(self, stage_id: str, batch_size: int) -> int:
         """Rows one call of this stage takes: the batch size, capped by the engine's build
         and by the graph's ``max_batch`` for the stage when it sets one."""
         width = min(batch_size, self.runner(stage_id).max_batch or batch_size)

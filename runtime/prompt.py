@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from edgeomni.runtime.artifacts import CONFIG, ArtifactError
-from edgeomni.runtime.runners import RequestError, load_factory
+from edgeomni.runtime.stage import RequestError, load_factory
 
 
 @dataclass

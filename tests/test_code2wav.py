@@ -21,8 +21,8 @@ from edgeomni.export.common import artifacts
 from edgeomni.export.families.qwen3_omni import code2wav as c2w
 from edgeomni.graph_schema import Emit, Input, Stage
 from edgeomni.runtime.engine import Engines, OrtEngine
-from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.speech.code2wav import Code2Wav, padded_length
+from edgeomni.runtime.stage import RequestState
 from edgeomni.runtime.vocoder import WindowedVocoder, playback_stall_s
 
 Q, CODEBOOK, SPF, TRIM = 16, 64, 1920, 555

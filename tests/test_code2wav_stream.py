@@ -25,9 +25,9 @@ from edgeomni.export.family import BuildArgs
 from edgeomni.graph_schema import Emit, Input, Stage
 from edgeomni.runtime.engine import Engines
 from edgeomni.runtime.events import CodecFrames, Finished
-from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.scheduler import run_graph
 from edgeomni.runtime.speech.code2wav import Code2Wav
+from edgeomni.runtime.stage import RequestState
 
 TOL = 1e-4  # absolute, on audio in [-1, 1]
 FAMILIES = {"omni": "omni_engine", "tts": "tts_engine"}

@@ -495,8 +495,8 @@ def test_the_stateful_vocoder_streams_on_the_gpu(omni, tmp_path) -> None:
     stateful run on the H200). Here, not in test_gpu.py, for the prebuilt engines."""
     from edgeomni.builder.build import build
     from edgeomni.graph_schema import Emit, Input, Stage
-    from edgeomni.runtime.runners import RequestState
     from edgeomni.runtime.speech.code2wav import Code2Wav
+    from edgeomni.runtime.stage import RequestState
 
     if PREBUILT:
         engine = Path(PREBUILT) / STATEFUL_KEY

@@ -344,8 +344,8 @@ def test_code2wav_windows_replay_fixed_length_graphs(omni_cuda_engine, omni_engi
     audio equals the CPU engine's, and the GPU's uncaptured calls', within float32 error; the
     graphs are kept per batch size and length and replayed by later requests."""
     from edgeomni.graph_schema import Emit, Input, Stage
-    from edgeomni.runtime.runners import RequestState
     from edgeomni.runtime.speech.code2wav import Code2Wav
+    from edgeomni.runtime.stage import RequestState
 
     stage = Stage(id="code2wav", runner="qwen3_omni.code2wav", artifact="code2wav",
                   kind="iterative", inputs=(Input("codes", "talker:codes"),),

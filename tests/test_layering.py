@@ -136,7 +136,7 @@ def test_media_hooks_load() -> None:
     from edgeomni.runtime.families import MEDIA
     from edgeomni.runtime.families.qwen3_omni.media import MediaEncoders
     from edgeomni.runtime.prompt import TextOnly, media_hook
-    from edgeomni.runtime.runners import load_factory
+    from edgeomni.runtime.stage import load_factory
 
     assert media_hook({"model_type": "qwen3_omni_moe"}) is MediaEncoders
     for model_type, factory in MEDIA.items():
@@ -144,3 +144,50 @@ def test_media_hooks_load() -> None:
         assert media_hook({"model_type": model_type}) is hook
         assert all(callable(getattr(hook, name, None)) for name in ("check", "require", "expand"))
     assert media_hook({"model_type": "qwen3"}) is TextOnly and media_hook({}) is TextOnly
+
+
+def of_self(node: ast.Attribute) -> bool:
+    return isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
+def private_names(path: Path, cls: str) -> set[str]:
+    """The underscored (not dunder) names class ``cls`` of ``path`` defines: its methods and
+    the attributes its methods set on ``self``."""
+    tree = ast.parse(path.read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    names = set()
+    for node in ast.walk(body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and of_self(node):
+            names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def private_uses(tree: ast.AST, names: set[str], *, on_self: bool) -> set[str]:
+    """Which of ``names`` ``tree`` reads as attributes (``on_self``: on ``self`` too)."""
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in names and (on_self or not of_self(node))
+    }
+
+
+def test_the_serving_fronts_use_only_public_names_of_pipeline_and_server() -> None:
+    """Server and the Ray relay share Pipeline's public intake (admit, prepare, slot_stage,
+    width): no runtime module but pipeline.py reaches into a Pipeline's underscored names; and
+    RayServer uses Server's public names only (on_event, on_done; it overrides enter)."""
+    runtime = ROOT / "runtime"
+    pipeline = private_names(runtime / "pipeline.py", "Pipeline")
+    assert {"_runners", "_as_read"} <= pipeline
+    for path in runtime.rglob("*.py"):
+        if path.name != "pipeline.py":
+            used = private_uses(ast.parse(path.read_text()), pipeline, on_self=False)
+            assert not used, f"{path.relative_to(ROOT)} uses Pipeline's {sorted(used)}"
+    server = private_names(runtime / "serve" / "server.py", "Server")
+    ray = runtime / "serve" / "ray_app.py"
+    assert {"_pending", "_arrivals"} <= server
+    body = next(n for n in ast.parse(ray.read_text()).body
+                if isinstance(n, ast.ClassDef) and n.name == "RayServer")  # fmt: skip
+    used = private_uses(body, server - private_names(ray, "RayServer"), on_self=True)
+    assert not used, f"RayServer uses Server's {sorted(used)}"

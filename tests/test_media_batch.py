@@ -13,7 +13,7 @@ import pytest
 
 from edgeomni.runtime.pipeline import Pipeline
 from edgeomni.runtime.requests import parse_request_file
-from edgeomni.runtime.runners import RequestError
+from edgeomni.runtime.stage import RequestError
 
 pytest.importorskip("PIL", reason="images are read with Pillow")
 
@@ -27,7 +27,7 @@ def prepared(engine: Path, bodies: list[dict], encoder: str) -> tuple[list, list
     runner = pipe.runner(stage)
 
     def states() -> list[Any]:
-        return [pipe._state(i, r, pipe._plan(r, None)) for i, r in enumerate(requests)]
+        return [pipe.admit(i, r) for i, r in enumerate(requests)]
 
     target = runner.media.encoder(encoder)
     method = "encode_many" if encoder == "audio" else "encode"

@@ -20,7 +20,7 @@ from edgeomni.runtime.events import AudioChunk, Failed, TextDelta
 from edgeomni.runtime.pipeline import Pipeline
 from edgeomni.runtime.requests import parse_request_file
 from edgeomni.runtime.serve import placement as pl
-from edgeomni.runtime.serve.relay import GroupLoop, chain_of, stream
+from edgeomni.runtime.serve.relay import CLIENT_EVENTS, GroupLoop, Summary, chain_of, stream
 
 sys.path.insert(0, str(Path(__file__).parent))
 import omni_reference as ref  # noqa: E402
@@ -71,10 +71,9 @@ class Split:
 def check(items: list, want: Any) -> None:
     """A request's items against its one-process outcome: its text (in the deltas and the
     output), its codes and audio (in the chunks and the output)."""
-    kind, summary = items[-1]
-    assert kind == "left" and summary.error is None, summary.error
-    assert [i for i in items[:-1] if i[0] != "event"] == []  # edges stay between the groups
-    events = [e for _, e in items[:-1]]
+    summary, events = items[-1], items[:-1]
+    assert isinstance(summary, Summary) and summary.error is None, summary
+    assert [i for i in events if not isinstance(i, CLIENT_EVENTS)] == []  # edges stay between
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     assert text == summary.outputs["thinker:text"] == want.entry["output_text"]
     np.testing.assert_array_equal(summary.outputs["talker:codes"], want.codes)
@@ -114,9 +113,9 @@ def test_a_failure_upstream_fails_the_request_downstream_alone(omni_engine, refe
     try:
         ok, bad = split.run(1, requests[0]), split.run(2, requests[1])
         check(ok, reference[0])
-        kind, summary = bad[-1]
-        assert kind == "left" and summary.error is not None
-        failed = [e for k, e in bad if k == "event" and isinstance(e, Failed)]
+        summary = bad[-1]
+        assert isinstance(summary, Summary) and summary.error is not None
+        failed = [e for e in bad if isinstance(e, Failed)]
         assert failed and failed[0].error == summary.error
         # no slot is left behind in either group: a new request runs
         check(split.run(3, requests[0]), reference[0])
@@ -131,8 +130,8 @@ def test_a_request_cancelled_midway_frees_its_rows_in_every_group(omni_engine, r
     split = Split(omni_engine, SPLITS["two"], batch_size=1)
     try:
         items = stream(split.loops, split.chain(7, requests[0]))
-        for kind, event in items:
-            if kind == "event" and isinstance(event, AudioChunk):
+        for item in items:
+            if isinstance(item, AudioChunk):
                 break
         items.close()
         for i in (1, 2):
@@ -222,18 +221,18 @@ def test_an_upstream_finish_waits_for_its_outputs() -> None:
     from types import SimpleNamespace
 
     from edgeomni.runtime.events import CodecFrames, Finished
-    from edgeomni.runtime.runners import RequestState
-    from edgeomni.runtime.serve.relay import Inbox
+    from edgeomni.runtime.serve.relay import Edge, Inbox
+    from edgeomni.runtime.stage import RequestState
 
     inbox = Inbox("talker", th.Event())
     state = RequestState(index=5, request=None, plan=SimpleNamespace(stages=("talker",)))
     (slot,) = inbox.admit([(state, 0, ())])
     frames = CodecFrames(5, "talker", np.zeros((2, 16), np.int64))
-    inbox.put(5, ("edge", frames))
-    inbox.put(5, ("edge", Finished(5, "talker", "eos")))
+    inbox.put(5, Edge(frames))
+    inbox.put(5, Edge(Finished(5, "talker", "eos")))
     assert inbox.step({0: slot}) is True
     assert inbox.update(slot, True) == [frames] and slot.finish is None
-    inbox.put(5, ("edge-done", {"talker:codes": np.ones((2, 16))}, {"talker": {"n": 1}}, {}))
+    inbox.put(5, Edge(Summary({"talker:codes": np.ones((2, 16))}, {"talker": {"n": 1}}, {})))
     inbox.step({0: slot})
     out = inbox.update(slot, True)
     assert [type(e) for e in out] == [Finished] and slot.finish == "complete"
@@ -249,10 +248,10 @@ def test_an_upstream_group_that_is_gone_fails_the_request_here(omni_engine) -> N
     try:
         split.loops["text"].stop(10)
         items = split.run(1, requests[0])
-        kind, summary = items[-1]
-        assert kind == "left" and summary.error is not None
+        summary = items[-1]
+        assert isinstance(summary, Summary) and summary.error is not None
         assert summary.error.startswith("text: RuntimeError: the group's loop is not running")
-        failed = [e for k, e in items if k == "event" and isinstance(e, Failed)]
+        failed = [e for e in items if isinstance(e, Failed)]
         assert [e.error for e in failed] == [summary.error]
     finally:
         split.close()
@@ -291,19 +290,18 @@ def test_media_files_are_written_here_and_named_in_the_messages(tmp_path) -> Non
 
 def test_text_and_edge_events_after_the_first_of_their_kind_may_wait_for_company() -> None:
     from edgeomni.runtime.events import Finished, HiddenRows
-    from edgeomni.runtime.serve.relay import FIRST_AT_ONCE, Summary, urgent
+    from edgeomni.runtime.serve.relay import FIRST_AT_ONCE, Edge, urgent
 
     seen: dict[str, int] = {}
-    text = ("event", TextDelta(0, "thinker", "a", (1,)))
-    rows = ("edge", HiddenRows(0, "thinker", np.zeros((1, 4), np.float32)))
+    text = TextDelta(0, "thinker", "a", (1,))
+    rows = Edge(HiddenRows(0, "thinker", np.zeros((1, 4), np.float32)))
     # a request's first words and first rows go at once, the rest may wait
     assert [urgent(text, seen) for _ in range(FIRST_AT_ONCE + 2)] == [True] * FIRST_AT_ONCE + [False] * 2
     assert [urgent(rows, seen) for _ in range(FIRST_AT_ONCE + 1)] == [True] * FIRST_AT_ONCE + [False]
-    audio = ("event", AudioChunk(0, "code2wav", np.zeros(8, np.float32), 0, 24000))
+    audio = AudioChunk(0, "code2wav", np.zeros(8, np.float32), 0, 24000)
     assert all(urgent(audio, seen) for _ in range(FIRST_AT_ONCE + 1))  # audio never waits
-    for item in [("event", Finished(0, "talker", "stop")), ("edge", Finished(0, "thinker", "stop")),
-                 ("event", Failed(0, "talker", "x")), ("edge-done", {}, {}, {}),
-                 ("edge-failed", "x"), ("left", Summary()), ("accepted", "g0", "r")]:  # fmt: skip
+    for item in [Finished(0, "talker", "stop"), Edge(Finished(0, "thinker", "stop")),
+                 Failed(0, "talker", "x"), Edge(Summary()), Edge(Summary(error="x")), Summary()]:  # fmt: skip
         assert urgent(item, seen), item
     assert not urgent(text, seen) and not urgent(rows, seen)  # ends did not reset the counts
 
@@ -314,8 +312,8 @@ def test_a_replica_streams_text_in_batches_and_audio_at_once() -> None:
     import asyncio
     import time
 
-    from edgeomni.runtime.serve.ray_app import GroupReplica
-    from edgeomni.runtime.serve.relay import FIRST_AT_ONCE, Envelope, Summary
+    from edgeomni.runtime.serve.ray_app import Accepted, GroupReplica
+    from edgeomni.runtime.serve.relay import FIRST_AT_ONCE, Envelope
 
     class Loop:  # a GroupLoop's surface: the sink a request's items go to
         def submit(self, env: Any, sink: Any) -> None:
@@ -332,11 +330,11 @@ def test_a_replica_streams_text_in_batches_and_audio_at_once() -> None:
 
     def produce() -> None:
         for i in range(50):
-            replica.loop.sink(("event", TextDelta(0, "thinker", str(i), (i,))))
+            replica.loop.sink(TextDelta(0, "thinker", str(i), (i,)))
         time.sleep(0.05)
         put_audio_at.append(time.perf_counter())
-        replica.loop.sink(("event", audio))
-        replica.loop.sink(("left", Summary()))
+        replica.loop.sink(audio)
+        replica.loop.sink(Summary())
 
     async def collect() -> list[tuple[float, list]]:
         got = []
@@ -349,13 +347,13 @@ def test_a_replica_streams_text_in_batches_and_audio_at_once() -> None:
 
     got = asyncio.run(collect())
     flat = [item for _, items in got for item in items]
-    assert flat[0][0] == "accepted" and flat[-1][0] == "left"
-    texts = [item[1].text for item in flat if item[0] == "event" and isinstance(item[1], TextDelta)]
+    assert flat[0] == Accepted("g", "r") and isinstance(flat[-1], Summary)
+    texts = [item.text for item in flat if isinstance(item, TextDelta)]
     assert texts == [str(i) for i in range(50)]  # all of them, in order
     # accepted, the first FIRST_AT_ONCE texts (at most one list each), the rest with the
     # audio, left; one a text would be 53
     assert len(got) <= FIRST_AT_ONCE + 3
-    sent_audio = next(t for t, items in got if any(i[0] == "event" and i[1] is audio for i in items))
+    sent_audio = next(t for t, items in got if any(i is audio for i in items))
     assert sent_audio - put_audio_at[0] < 0.3  # it did not wait out the half second
 
 

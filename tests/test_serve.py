@@ -45,7 +45,7 @@ def start(engine: Path, *, batch_size: int, max_queue: int, api_key: str | None 
     server = Server(pipe, batch_size=batch_size, max_queue=max_queue)
     if step_s:
         pipe.open({slow})
-        stage = pipe._slot_stage(slow)
+        stage = pipe.slot_stage(slow)
         step = stage.step
         stage.step = lambda slots: (time.sleep(step_s), step(slots))[1]
     server.start()
@@ -511,7 +511,7 @@ opened = pipeline.Pipeline.open
 
 def slow_open(self, ids):  # each llm step takes 50 ms: the test's time to act mid-request
     opened(self, ids)
-    stage = self._slot_stage("llm")
+    stage = self.slot_stage("llm")
     if stage is not None and not hasattr(stage, "slowed"):
         step = stage.step
         stage.step = lambda slots: (time.sleep(0.05), step(slots))[1]
@@ -604,7 +604,7 @@ def test_warm_up_runs_every_batch_size_as_a_client_would(
     cohorts: list[int] = []
     audio: list[int] = []
     unread: set[int] = set()  # requests whose end the warm-up has not yet read
-    submit, event = server.submit, server._event
+    submit, event = server.submit, server.on_event
 
     def counted_submit(request: Any, loop: Any, terminals: Any = None, cleanup: Any = None) -> Any:
         # a new cohort starts once the warm-up has read the end of every request before it
@@ -630,7 +630,7 @@ def test_warm_up_runs_every_batch_size_as_a_client_would(
             audio.append(e.samples.size)
         event(e)
 
-    server.submit, server._event = counted_submit, counted_event  # type: ignore[method-assign]
+    server.submit, server.on_event = counted_submit, counted_event  # type: ignore[method-assign]
     server.start()
     try:
         assert not needed(server)

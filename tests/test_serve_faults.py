@@ -534,7 +534,7 @@ def test_a_runtime_error_names_no_server_path(qwen3_engine: Path) -> None:
     the 500 names the file under the model's name, not where the server keeps it."""
     s = start(qwen3_engine, batch_size=1, max_queue=0, step_s=0.001)
     try:
-        stage = s.server.pipe._slot_stage("llm")
+        stage = s.server.pipe.slot_stage("llm")
 
         def broken(slots: Any) -> None:
             raise RuntimeError(f"{qwen3_engine / 'llm.onnx'}: injected failure")

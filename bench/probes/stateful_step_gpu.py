@@ -56,8 +56,8 @@ def main() -> int:
 
     from edgeomni.graph_schema import load
     from edgeomni.runtime.engine import Engines
-    from edgeomni.runtime.runners import RequestState
     from edgeomni.runtime.speech.code2wav import Code2Wav
+    from edgeomni.runtime.stage import RequestState
 
     graph = load(args.engine / "multistage_config.json")
     stage = next(s for s in graph.stages if s.runner.endswith(".code2wav"))

@@ -19,7 +19,7 @@ from edgeomni.runtime.artifacts import CONFIG, ArtifactError, check_folder, requ
 from edgeomni.runtime.media import MediaError
 from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS
 from edgeomni.runtime.prompt import MediaPart, Prompt, refuse_media
-from edgeomni.runtime.runners import RequestError
+from edgeomni.runtime.stage import RequestError
 
 MEDIA_TOKENS = ("image_token_id", "video_token_id", "audio_token_id", "vision_start_token_id",
                 "audio_start_token_id")  # fmt: skip

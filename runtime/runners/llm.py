@@ -25,7 +25,7 @@ from edgeomni.runtime.events import Event, HiddenRows, TextDelta
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import Prompt, PromptRows, media_hook, media_parts
 from edgeomni.runtime.requests import TEXT_MODEL_KEYS
-from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, load_factory
+from edgeomni.runtime.stage import RequestError, RequestState, StageRunner, load_factory
 from edgeomni.runtime.tokenizer import TextTokenizer
 
 

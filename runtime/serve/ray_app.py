@@ -30,25 +30,28 @@ import threading
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from edgeomni import graph_schema
 from edgeomni.runtime.events import Failed
 from edgeomni.runtime.pipeline import PREPARE, Pipeline
 from edgeomni.runtime.requests import Request
-from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.scheduler import CANCELLED, failure
 from edgeomni.runtime.serve.placement import Placement, check_fits
 from edgeomni.runtime.serve.relay import (
+    CLIENT_EVENTS,
     Envelope,
     GroupLoop,
     Item,
+    Summary,
     Upstream,
     chain_of,
     media_files,
     urgent,
 )
 from edgeomni.runtime.serve.server import BUSY, Pending, Server
+from edgeomni.runtime.stage import RequestState
 
 log = logging.getLogger("edge-serve")
 APP = "edgeomni"
@@ -60,6 +63,14 @@ copyreg.pickle(types.MappingProxyType, lambda m: (types.MappingProxyType, (dict(
 
 class StartError(RuntimeError):
     """The groups did not start: which, and what Ray says of each."""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A replica's first item for a request: which replica of which group holds it."""
+
+    group: str
+    replica: str
 
 
 _initializing = False  # within init_keeping_sigterm's ray.init (read by the forked child)
@@ -163,7 +174,7 @@ class GroupReplica:
         pull = asyncio.create_task(self._pull(chain, put)) if len(chain) > 1 else None
         left, sent = False, loop.time()
         try:
-            yield [("accepted", self.group, self.replica)]  # which replica holds it, for the front
+            yield [Accepted(self.group, self.replica)]  # which replica holds it, for the front
             while not left:
                 # what is ready goes as one streamed item; unless something urgent is among it,
                 # it waits until COALESCE_S after the last one for more (relay.urgent says why)
@@ -174,7 +185,7 @@ class GroupReplica:
                 hurry.clear()
                 while not items.empty():
                     got.append(items.get_nowait())
-                left = got[-1][0] == "left"
+                left = isinstance(got[-1], Summary)
                 sent = loop.time()
                 yield got
         finally:
@@ -333,19 +344,15 @@ class RayServer(Server):
     def running(self) -> bool:
         return self._up
 
-    def submit(self, request: Request, loop: asyncio.AbstractEventLoop,
-               terminals: set[str] | None = None, cleanup: Any = None) -> Pending:  # fmt: skip
-        p = self._take(request, loop, cleanup)
-        wanted = self.texts if terminals is None else terminals
+    def enter(self, p: Pending, request: Request, wanted: set[str] | None) -> None:
+        """Drive the request's call through the groups on the HTTP side's event loop."""
         try:  # read now: the media may be on this machine only, and go once the request leaves
             files = media_files(request)
         except OSError as e:
             files = e
-        task = asyncio.run_coroutine_threadsafe(self._drive(p, request, wanted or None, files),
-                                                loop)  # fmt: skip
+        task = asyncio.run_coroutine_threadsafe(self._drive(p, request, wanted, files), p.loop)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return p
 
     async def _drive(self, p: Pending, request: Request, wanted: set[str] | None,
                      files: dict[str, bytes] | OSError) -> None:  # fmt: skip
@@ -367,23 +374,22 @@ class RayServer(Server):
         watcher = asyncio.ensure_future(self._watch(p, stream))
         try:
             async for got in stream:
-                for kind, *rest in got:
-                    if kind == "event" and isinstance(rest[0], Failed):
-                        if not state.error:  # the first: the groups after it report it again
-                            state.error = rest[0].error
-                            self._event(rest[0])
-                    elif kind == "event":
-                        self._event(rest[0])
-                    elif kind == "accepted":
-                        p.route[rest[0]] = rest[1]
-                    elif kind == "left":
-                        summary = rest[0]
-                        state.outputs.update(summary.outputs)
-                        state.details.update(summary.details)
-                        state.entry.update(summary.entry)
-                        state.error = summary.error
-                        self._done(state)
+                for item in got:
+                    if isinstance(item, Accepted):
+                        p.route[item.group] = item.replica
+                    elif isinstance(item, Summary):
+                        state.outputs.update(item.outputs)
+                        state.details.update(item.details)
+                        state.entry.update(item.entry)
+                        state.error = item.error
+                        self.on_done(state)
                         return
+                    elif isinstance(item, Failed):
+                        if not state.error:  # the first: the groups after it report it again
+                            state.error = item.error
+                            self.on_event(item)
+                    elif isinstance(item, CLIENT_EVENTS):
+                        self.on_event(item)
             raise RuntimeError("the group's stream ended before the request left it")
         except asyncio.CancelledError:
             stream.cancel()
@@ -409,12 +415,6 @@ class RayServer(Server):
 
     def _leave(self, state: RequestState, stage: str, error: str) -> None:
         if not state.error:  # no Failed passed on yet
-            self._event(Failed(state.index, stage, error))
+            self.on_event(Failed(state.index, stage, error))
         state.error = error
-        self._done(state)
-
-    def cancel_all(self) -> int:
-        pending = list(self._pending.values())
-        for p in pending:
-            p.cancelled = True
-        return len(pending)
+        self.on_done(state)

@@ -10,16 +10,17 @@ group's last stage emits, as that next stage would, and sends them on). So a sta
 same in one process or split across several: it sees the same events, in the same order.
 
 Everything here is plain Python and picklable: the transport (Ray Serve's streamed calls, or
-in a test a queue) moves ``Envelope``s and items between loops. Items a request's group sends:
+in a test a queue) moves ``Envelope``s and items (``Item``) between loops. Items a request's
+group sends:
 
-- ``("event", event)``: a TextDelta, AudioChunk, Finished or Failed of one of the group's own
+- a TextDelta, AudioChunk, Finished or Failed of one of the group's own
   stages, for the client (the front); also the Failed of a request whose upstream failed it
   (where the upstream's replica died, nobody else tells the client; the front passes on a
   request's first Failed only).
-- ``("edge", event)``: an event of the group's last stage for the next group's first stage;
-  ``("edge-done", outputs, details, entry)`` once that stage has finished (the request's
-  outputs so far); ``("edge-failed", error)`` if the request failed in this group.
-- ``("left", Summary)``: the request left the group (for the last group's: its result).
+- ``Edge(event)``: an event of the group's last stage for the next group's first stage; once
+  that stage has finished, ``Edge(Summary)``: the request's outputs so far (or, if it failed
+  in this group, its error).
+- ``Summary``: the request left the group (for the last group's: its result).
 """
 
 from __future__ import annotations
@@ -36,23 +37,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from edgeomni import graph_schema
 from edgeomni.runtime.events import AudioChunk, Event, Failed, Finished, HiddenRows, TextDelta
+from edgeomni.runtime.memory import to_host
 from edgeomni.runtime.pipeline import PREPARE, Pipeline
 from edgeomni.runtime.requests import Request
-from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.scheduler import Arrivals, failure, run_graph
+from edgeomni.runtime.stage import Output, RequestState
 
 log = logging.getLogger("edge-serve")
-CLIENT_EVENTS = (TextDelta, AudioChunk, Finished, Failed)
 # a group's request media folders, named by the process that made them (then a random tail):
 # one killed (SIGKILL, the OOM killer) removes nothing, so a loop starting on the machine
 # removes those of processes that are gone
 MEDIA_PREFIX = "edgeomni-group-media-"
-Item = tuple[Any, ...]
-Sink = Callable[[Item], None]
 
 
 @dataclass(frozen=True)
@@ -116,14 +113,27 @@ def with_files(request: Request, files: Mapping[str, bytes], folder: str) -> Req
 
 @dataclass(frozen=True)
 class Summary:
-    """A request as it left a group: its outputs (every port a stage wrote for it, as
-    ``Pipeline.run``'s outcome has them: the codes besides the text and audio), the stages'
-    reports, its predictions fields, and its error (None: it succeeded)."""
+    """A request as it left a group (its last item): its outputs (every port a stage wrote for
+    it, as ``Pipeline.run``'s outcome has them: the codes besides the text and audio), the
+    stages' reports, its predictions fields, and its error (None: it succeeded)."""
 
-    outputs: Mapping[str, Any] = field(default_factory=dict)
+    outputs: Mapping[str, Output] = field(default_factory=dict)
     details: Mapping[str, dict[str, Any]] = field(default_factory=dict)
     entry: Mapping[str, Any] = field(default_factory=dict)
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class Edge:
+    """For the next group's first stage (its inbox): an event of the group's last stage, or
+    (a Summary) the request as that stage left it: its outputs so far, or its error."""
+
+    event: Event | Summary
+
+
+CLIENT_EVENTS = (TextDelta, AudioChunk, Finished, Failed)
+Item = TextDelta | AudioChunk | Finished | Failed | Edge | Summary
+Sink = Callable[[Item], None]
 
 
 FIRST_AT_ONCE = 8  # a request's first items of each kind that never wait (urgent)
@@ -135,30 +145,22 @@ def urgent(item: Item, seen: dict[str, int]) -> bool:
     process, whose loop shares the interpreter with it: at GPU speed, one item a token or a
     frame per request starves the loop). Urgent: the first FIRST_AT_ONCE items of each kind for
     the request (its first words, hidden rows, the codes of the vocoder's first window), audio,
-    and whatever ends something (a Finished, a Failed, edge-done, edge-failed, left).
+    and whatever ends something (a Finished, a Failed, a Summary).
     ``seen``: how many of each kind were sent for the request."""
-    kind = item[0]
-    if kind not in ("event", "edge"):
-        return True
-    if kind == "event" and not isinstance(item[1], TextDelta):
-        return True  # audio, and a request's Finished or Failed
-    if kind == "edge" and isinstance(item[1], (Finished, Failed)):
-        return True
-    key = f"{kind}:{type(item[1]).__name__}"
+    if isinstance(item, TextDelta):
+        key = "text"
+    elif isinstance(item, Edge) and not isinstance(item.event, (Finished, Failed, Summary)):
+        key = f"edge:{type(item.event).__name__}"
+    else:
+        return True  # audio, and whatever ends something
     seen[key] = seen.get(key, 0) + 1
     return seen[key] <= FIRST_AT_ONCE
 
 
-def host(value: Any) -> Any:
-    """A value as it can leave the process: device buffers downloaded."""
-    if isinstance(value, np.ndarray) or not hasattr(value, "download"):
-        return value
-    return value.download()
-
-
 def portable(event: Event) -> Event:
+    """The event as it can leave the process: a stage's rows on the host."""
     if isinstance(event, HiddenRows):
-        return dataclasses.replace(event, rows=host(event.rows))
+        return dataclasses.replace(event, rows=to_host(event.rows))
     return event
 
 
@@ -170,26 +172,37 @@ class _ProxySlot:
     state: RequestState
     row: int
     finish: str | None = None
-    got: list[Item] = field(default_factory=list)
-    last: Any = None  # an inbox's upstream Finished, until the upstream's outputs come
+    got: list[Edge] = field(default_factory=list)
+    last: Finished | None = None  # an inbox's upstream Finished, until its outputs come
 
 
-class Inbox:
+class _Proxy:
+    """What the stand-ins for another group's stages share as stages of the loop."""
+
+    relay = True  # never waits for a fuller batch (run_graph's patience)
+
+    def ready(self, state: Any, upstream_done: bool, events: Sequence[Any]) -> bool:
+        return True
+
+    def move(self, slot: _ProxySlot, row: int) -> None:
+        slot.row = row
+
+
+class Inbox(_Proxy):
     """Stands in for an upstream stage of another group: ``put`` hands it that stage's items
     for a request (any thread); each step takes them in, and its update gives the events to the
-    next stage and, at ``edge-done``, the request's outputs so far."""
+    next stage and, at its Summary, the request's outputs so far."""
 
     consumes = False
     polls = True  # the loop waits a while after a turn of empty polls (run_graph's idle)
-    relay = True  # never waits for a fuller batch (run_graph's patience)
 
     def __init__(self, stage_id: str, wake: threading.Event) -> None:
         self.stage_id = stage_id
         self._wake = wake
-        self._items: dict[int, deque[Item]] = {}
+        self._items: dict[int, deque[Edge]] = {}
         self._lock = threading.Lock()
 
-    def put(self, index: int, item: Item) -> None:
+    def put(self, index: int, item: Edge) -> None:
         with self._lock:
             self._items.setdefault(index, deque()).append(item)
         self._wake.set()
@@ -197,9 +210,6 @@ class Inbox:
     def drop(self, index: int) -> None:
         with self._lock:
             self._items.pop(index, None)
-
-    def ready(self, state: Any, upstream_done: bool, events: Sequence[Any]) -> bool:
-        return True
 
     def admit(self, entries: Sequence[tuple[Any, int, Sequence[Any]]]) -> list[_ProxySlot]:
         return [_ProxySlot(state, row) for state, row, _ in entries]
@@ -214,37 +224,34 @@ class Inbox:
                     took = True
         return took
 
-    def update(self, slot: _ProxySlot, events: bool) -> list[Any]:
-        out = []
+    def update(self, slot: _ProxySlot, events: bool) -> list[Event]:
+        out: list[Event] = []
         got, slot.got = slot.got, []
         for item in got:
-            if item[0] == "edge" and isinstance(item[1], Finished):
-                # held until the outputs are in (edge-done, which may come in a later batch):
+            event = item.event
+            if isinstance(event, Finished):
+                # held until the outputs are in (its Summary, which may come in a later batch):
                 # in one process the next stage sees the upstream finish only once it has
                 # written its outputs, which that stage then reads
-                slot.last = item[1]
-            elif item[0] == "edge":
-                out.append(item[1])
-            elif item[0] == "edge-done":
-                _, outputs, details, entry = item
+                slot.last = event
+            elif not isinstance(event, Summary):
+                out.append(event)
+            elif event.error is not None:
+                slot.state.error = slot.state.error or event.error  # kept as the upstream's
+                raise RuntimeError(event.error)
+            else:
                 state = slot.state
-                state.outputs.update(outputs)
-                for sid, report in details.items():
+                state.outputs.update(event.outputs)
+                for sid, report in event.details.items():
                     state.details.setdefault(sid, {}).update(report)
-                state.entry.update(entry)
+                state.entry.update(event.entry)
                 if slot.last is not None:
                     out.append(slot.last)
                 slot.finish = "complete"
-            elif item[0] == "edge-failed":
-                slot.state.error = slot.state.error or item[1]  # kept as the upstream's
-                raise RuntimeError(item[1])
         return out if events else []
 
     def consume(self, slot: _ProxySlot, event: Any) -> None:
         raise RuntimeError(f"{self.stage_id}: an inbox consumes nothing")
-
-    def move(self, slot: _ProxySlot, row: int) -> None:
-        slot.row = row
 
     def retire(self, slot: _ProxySlot) -> None:
         self.drop(slot.state.index)
@@ -253,21 +260,17 @@ class Inbox:
         self.drop(slot.state.index)
 
 
-class Outbox:
+class Outbox(_Proxy):
     """Stands in for a downstream stage of another group: it consumes the events the group's
     last stage emits for a request and sends them (``send(index, item)``), then, once that
     stage has finished, the request's outputs; a request that fails here sends its error."""
 
     consumes = True
-    relay = True
 
     def __init__(self, stage_id: str, send: Callable[[int, Item], None]) -> None:
         self.stage_id = stage_id
         self._send = send
-        self.ended: set[int] = set()  # requests whose edge-done or edge-failed went out
-
-    def ready(self, state: Any, upstream_done: bool, events: Sequence[Any]) -> bool:
-        return True
+        self.ended: set[int] = set()  # requests whose Summary went out
 
     def admit(self, entries: Sequence[tuple[Any, int, Sequence[Any]]]) -> list[_ProxySlot]:
         slots = []
@@ -279,7 +282,7 @@ class Outbox:
         return slots
 
     def consume(self, slot: _ProxySlot, event: Any) -> None:
-        self._send(slot.state.index, ("edge", portable(event)))
+        self._send(slot.state.index, Edge(portable(event)))
         if isinstance(event, Finished):
             slot.finish = "upstream"  # settled in update, once the stage's outputs are in
 
@@ -289,13 +292,10 @@ class Outbox:
     def update(self, slot: _ProxySlot, events: bool) -> list[Any]:
         if slot.finish is not None and slot.state.index not in self.ended:
             state = slot.state
-            outputs = {port: host(v) for port, v in state.outputs.items()}
-            self._send(state.index, ("edge-done", outputs, state.details, dict(state.entry)))
+            outputs = {port: to_host(v) for port, v in state.outputs.items()}
+            self._send(state.index, Edge(Summary(outputs, state.details, dict(state.entry))))
             self.ended.add(state.index)
         return []
-
-    def move(self, slot: _ProxySlot, row: int) -> None:
-        slot.row = row
 
     def retire(self, slot: _ProxySlot) -> None:
         return None
@@ -306,7 +306,7 @@ class Outbox:
     def fail(self, index: int, error: str) -> None:
         if index not in self.ended:
             self.ended.add(index)
-            self._send(index, ("edge-failed", error))
+            self._send(index, Edge(Summary(error=error)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,10 +384,10 @@ class GroupLoop:
     def _run(self) -> None:
         pipe = self.pipe
         stages: dict[str, Any] = dict(self.inboxes)
-        stages.update({sid: pipe._slot_stage(sid) for sid in self.stages})
+        stages.update({sid: pipe.slot_stage(sid) for sid in self.stages})
         stages.update(self.outboxes)
         widths = {sid: self.proxy_rows for sid in stages}
-        widths.update({sid: pipe._width(sid, self.batch_size) for sid in self.stages})
+        widths.update({sid: pipe.width(sid, self.batch_size) for sid in self.stages})
         try:
             run_graph(stages, [], widths, listener=self._event, done=self._done,
                       patience=pipe.patience, feed=_GroupFeed(self),
@@ -414,7 +414,7 @@ class GroupLoop:
             self._sinks[envelope.index] = sink
         self._arrivals.put(envelope)
 
-    def feed(self, index: int, upstream: str, item: Item) -> None:
+    def feed(self, index: int, upstream: str, item: Edge) -> None:
         """An item the stage ``upstream`` (of another group) sent for request ``index``."""
         inbox = self.inboxes.get(upstream)
         if inbox is None:
@@ -442,7 +442,7 @@ class GroupLoop:
         # (its failure is sent: where the upstream's replica died, no one else tells it; the
         # front passes on a request's first Failed only)
         if isinstance(event, CLIENT_EVENTS):
-            self._send(event.index, ("event", event))
+            self._send(event.index, event)
 
     def _done(self, state: RequestState) -> None:
         with self._lock:
@@ -454,7 +454,7 @@ class GroupLoop:
         if down is not None:  # the next group hears of a request that ended here early
             self.outboxes[down].fail(state.index, state.error or "ended before its next stage")
             self.outboxes[down].ended.discard(state.index)
-        outputs = {port: host(value) for port, value in state.outputs.items()}
+        outputs = {port: to_host(value) for port, value in state.outputs.items()}
         self._end(state.index, sink, Summary(outputs, state.details, dict(state.entry),
                                              state.error))  # fmt: skip
 
@@ -477,7 +477,7 @@ class GroupLoop:
             shutil.rmtree(folder, ignore_errors=True)
         for inbox in self.inboxes.values():
             inbox.drop(index)
-        sink(("left", summary))
+        sink(summary)
 
 
 def _remove_orphaned_media() -> None:
@@ -525,18 +525,15 @@ class _GroupFeed:
         for env in envelopes:
             if env.index in errors:
                 continue
-            plan = pipe._plan(env.request, env.requested)
-            if isinstance(plan, str):
-                errors[env.index] = plan
-                continue
-            error = _check_path(env, plan, group)
-            if error:
+            state = pipe.admit(env.index, env.request, env.requested)
+            if isinstance(state, str):
+                errors[env.index] = state
+            elif error := _check_path(env, state.plan, group):
                 errors[env.index] = error
-                continue
-            state = pipe._state(env.index, env.request, plan)
-            state.plan = dataclasses.replace(plan, stages=env.path)  # what is prepared here
-            ready.append((env, state))
-        errors.update(pipe._prepare([s for _, s in ready]))
+            else:  # prepared here: the group's stages
+                state.plan = dataclasses.replace(state.plan, stages=env.path)
+                ready.append((env, state))
+        errors.update(pipe.prepare([s for _, s in ready]))
         out = []
         for env, state in ready:
             if env.index in errors:
@@ -552,7 +549,7 @@ class _GroupFeed:
             if env.index in errors:
                 sink = group._sink(env.index)
                 if sink is not None:
-                    sink(("event", Failed(env.index, PREPARE, errors[env.index])))
+                    sink(Failed(env.index, PREPARE, errors[env.index]))
                     group._end(env.index, sink, Summary(error=errors[env.index]))
         return out
 
@@ -580,7 +577,7 @@ def _check_path(env: Envelope, plan: graph_schema.Plan, group: GroupLoop) -> str
 class Upstream:
     """What a group makes of the items its upstream group streams for one request: edge items
     go to its inbox, client events are passed on (``take`` returns them), and an upstream that
-    let the request go without saying (its ``left`` with an error, or a broken stream: ``fail``)
+    let the request go without saying (its Summary with an error, or a broken stream: ``fail``)
     fails it here too."""
 
     def __init__(self, group: GroupLoop, index: int, stage: str) -> None:
@@ -588,20 +585,19 @@ class Upstream:
         self.ended = False
 
     def take(self, item: Item) -> Item | None:
-        kind = item[0]
-        if kind in ("edge", "edge-done", "edge-failed"):
-            self.ended = self.ended or kind != "edge"
+        if isinstance(item, Edge):
+            self.ended = self.ended or isinstance(item.event, Summary)
             self.group.feed(self.index, self.stage, item)
             return None
-        if kind == "left":
-            self.fail(item[1].error or "its upstream group let it go before its stage finished")
+        if isinstance(item, Summary):
+            self.fail(item.error or "its upstream group let it go before its stage finished")
             return None
         return item
 
     def fail(self, error: str) -> None:
         if not self.ended:
             self.ended = True
-            self.group.feed(self.index, self.stage, ("edge-failed", error))
+            self.group.feed(self.index, self.stage, Edge(Summary(error=error)))
 
 
 def chain_of(placement: Any, plan: graph_schema.Plan, index: int, request: Request,
@@ -664,7 +660,7 @@ def stream(
         while True:
             item = items.get()
             yield item
-            if item[0] == "left":
+            if isinstance(item, Summary):
                 finished = True
                 return
     finally:

@@ -24,9 +24,9 @@ from edgeomni.runtime.artifacts import CONFIG
 from edgeomni.runtime.events import AudioChunk, Event, Failed, Finished, TextDelta
 from edgeomni.runtime.pipeline import PREPARE, Pipeline, Submission
 from edgeomni.runtime.requests import Request
-from edgeomni.runtime.runners import RequestState
 from edgeomni.runtime.scheduler import CANCELLED, Arrivals
 from edgeomni.runtime.serve.metrics import Metrics
+from edgeomni.runtime.stage import RequestState
 
 log = logging.getLogger("edge-serve")
 
@@ -101,8 +101,8 @@ class Server:
 
     def _run(self) -> None:
         try:
-            self.pipe.serve(self._arrivals, batch_size=self.batch_size, listener=self._event,
-                            done=self._done, cancelled=self._cancelled)  # fmt: skip
+            self.pipe.serve(self._arrivals, batch_size=self.batch_size, listener=self.on_event,
+                            done=self.on_done, cancelled=self._cancelled)  # fmt: skip
         except BaseException as e:  # the loop itself failed: every request still here fails
             log.exception("the scheduler loop stopped")
             self.error = e
@@ -128,7 +128,8 @@ class Server:
         # on a lock the interrupted main thread holds would never return)
         return len(self._pending)
 
-    def _event(self, event: Event) -> None:
+    def on_event(self, event: Event) -> None:
+        """An event of a request's (the loop's listener): to its response, counted."""
         with self._lock:
             p = self._pending.get(event.index)
         if p is None:
@@ -149,7 +150,9 @@ class Server:
         if isinstance(event, (TextDelta, AudioChunk, Finished, Failed)):
             p.post(event)
 
-    def _done(self, state: RequestState) -> None:
+    def on_done(self, state: RequestState) -> None:
+        """The request has left the graph (``state.error`` set if it failed): counted, and its
+        response told."""
         with self._lock:
             p = self._pending.pop(state.index, None)
             self.finished += 1
@@ -191,15 +194,6 @@ class Server:
     ) -> Pending:
         """Put a request into the loop (its index from ``next_index``), for ``terminals``
         (default: the graph's text); Busy when full. ``cleanup`` runs once it has left."""
-        p = self._take(request, loop, cleanup)
-        # the text the graph makes unless told (a speech graph's audio is not asked for)
-        wanted = self.texts if terminals is None else terminals
-        self._arrivals.put(Submission(request.index, request, wanted or None))
-        return p
-
-    def _take(self, request: Request, loop: asyncio.AbstractEventLoop,
-              cleanup: Callable[[], None] | None) -> Pending:  # fmt: skip
-        """The request's place in the server, if it has room (Busy if not)."""
         if not self.running:
             raise RuntimeError("the server's scheduler loop is not running")
         with self._lock:
@@ -209,7 +203,14 @@ class Server:
             p = self._pending[request.index] = Pending(request.index, loop)
             if cleanup is not None:
                 p.cleanup = cleanup
+        # the text the graph makes unless told (a speech graph's audio is not asked for)
+        wanted = self.texts if terminals is None else terminals
+        self.enter(p, request, wanted or None)
         return p
+
+    def enter(self, p: Pending, request: Request, wanted: set[str] | None) -> None:
+        """Hand a request the server has taken in to the graph: to the loop's arrivals."""
+        self._arrivals.put(Submission(request.index, request, wanted))
 
     def cancel_all(self) -> int:
         """Cancel every request in the server (a second Ctrl-C: the loop drops them at its

@@ -20,8 +20,8 @@ from typing import Any
 from edgeomni.runtime.artifacts import CONFIG
 from edgeomni.runtime.families import TRANSCRIPTION
 from edgeomni.runtime.requests import BadRequest, Request, parse_request_file
-from edgeomni.runtime.runners import load_factory
 from edgeomni.runtime.serve.openai_api import ApiError, Media
+from edgeomni.runtime.stage import load_factory
 
 FORMATS = ("json", "text", "verbose_json")
 FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature", "stream")

@@ -36,7 +36,6 @@ import numpy as np
 from edgeomni.runtime.artifacts import Artifact, ArtifactError, Checked, check_folder
 from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import AudioChunk, CodecFrames, Event, Finished
-from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
 from edgeomni.runtime.speech.code2wav_stream import (
     STREAM_ARTIFACT,
     Chunks,
@@ -44,6 +43,7 @@ from edgeomni.runtime.speech.code2wav_stream import (
     StepEngine,
     StreamBatch,
 )
+from edgeomni.runtime.stage import RequestError, RequestState, StageRunner, stage_source
 from edgeomni.runtime.vocoder import Window, WindowedVocoder, playback_stall_s
 
 CODES_INPUT = "codes"

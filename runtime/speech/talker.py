@@ -23,9 +23,9 @@ from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import CodecFrames, Event
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.requests import SPEECH_STAGE_KEYS
-from edgeomni.runtime.runners import RequestError, RequestState, StageRunner
 from edgeomni.runtime.sampling import SamplingParams
 from edgeomni.runtime.speech.code_predictor import CodePredictor
+from edgeomni.runtime.stage import RequestError, RequestState, StageRunner
 
 __all__ = ["GREEDY", "SpeechTalker"]
 

@@ -13,7 +13,7 @@ from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.call_stage import CallStage
 from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import TextDelta
-from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
+from edgeomni.runtime.stage import RequestError, RequestState, StageRunner, stage_source
 
 
 class Shift(StageRunner):

@@ -27,9 +27,9 @@ from edgeomni.runtime.families.qwen3_omni import PREFIXES, STAGE_KEYS
 from edgeomni.runtime.families.qwen3_omni.media import MEDIA_TOKENS
 from edgeomni.runtime.media.mrope import MropeIds, rope_index
 from edgeomni.runtime.prompt import PromptRows
-from edgeomni.runtime.runners import RequestError, RequestState, stage_source
 from edgeomni.runtime.speech.code_predictor import cp_artifact
 from edgeomni.runtime.speech.talker import SpeechTalker
+from edgeomni.runtime.stage import RequestError, RequestState, stage_source
 
 # transformers' Qwen3-Omni talker and code predictor settings (``SpeechTalker._sampling``)
 SAMPLING = MappingProxyType({

@@ -23,7 +23,7 @@ from edgeomni.runtime.audio import read_wav, resample
 from edgeomni.runtime.call_stage import CallStage
 from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.families.qwen3_tts.speaker_mel import speaker_mel
-from edgeomni.runtime.runners import RequestError, RequestState, StageRunner, stage_source
+from edgeomni.runtime.stage import RequestError, RequestState, StageRunner, stage_source
 
 __all__ = ["SpeakerEncoder", "SpeechEncoder"]
 

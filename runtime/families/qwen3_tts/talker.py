@@ -21,9 +21,9 @@ import numpy as np
 from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
 from edgeomni.runtime.families.qwen3_tts import FAMILY, STAGE_KEYS
-from edgeomni.runtime.runners import RequestError, RequestState
 from edgeomni.runtime.speech.code_predictor import cp_artifact
 from edgeomni.runtime.speech.talker import SpeechTalker
+from edgeomni.runtime.stage import RequestError, RequestState
 
 __all__ = ["TtsTalker", "spoken_text"]
 
