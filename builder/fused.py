@@ -14,7 +14,7 @@ got, and each config.json's ``backend`` records it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +45,8 @@ def check_args(args: BuildArgs) -> None:
 
 
 def backend(args: BuildArgs) -> Callable[..., dict[str, Any]]:
-    """The build of each component (plugins/backends.py): from the decoders the export kept."""
-    from edgeomni.export.common.onnx_export import kept_decoders
-
-    return lambda raw, out, args, ranges, seeds: build_engine(
-        kept_decoders(), raw, out, args, ranges, seeds
-    )
+    """The build of each component (plugins/backends.py)."""
+    return build_engine
 
 
 def uncovered(decoder: ExportedDecoder | None) -> str | None:
@@ -67,12 +63,13 @@ def uncovered(decoder: ExportedDecoder | None) -> str | None:
 
 
 def build_engine(
-    kept: Mapping[Path, ExportedDecoder], raw: Path, out_path: Path, args: BuildArgs,
-    ranges: Any, seeds: Sequence[Path],
-) -> dict[str, Any]:  # fmt: skip
-    """The fused engine of a decoder exported to ``raw`` (found in ``kept``), or the ONNX
-    Runtime CUDA build of anything else; returns the config.json fields."""
-    decoder = kept.get(raw)
+    raw: Path, out_path: Path, args: BuildArgs, ranges: Any, seeds: Sequence[Path]
+) -> dict[str, Any]:
+    """The fused engine of a decoder exported to ``raw`` (kept by the export: kept_decoders),
+    or the ONNX Runtime CUDA build of anything else; returns the config.json fields."""
+    from edgeomni.export.common.onnx_export import kept_decoders
+
+    decoder = kept_decoders().get(raw)
     why = uncovered(decoder)
     if why is not None:
         from edgeomni.builder.onnxruntime import build_engine as ort_build

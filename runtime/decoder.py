@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime.buffers import Buffers
-from edgeomni.runtime.engine_api import Binding, Engine
+from edgeomni.runtime.engine import Binding, Engine
 from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.sampling import StepLogits
 

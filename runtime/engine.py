@@ -2,8 +2,8 @@
 
 An engine is opened from a stage's artifact folder by what its config.json says (backend,
 device, engine file), through the backend table (plugins/backends.py); the ONNX Runtime backend
-is here. The interface (engine_api.py) is the one TensorRT needs too: named inputs and outputs,
-caller-owned buffers bound by name (the KV cache bound as both input and output), one run call.
+is here. The interface is the one TensorRT needs too: named inputs and outputs, caller-owned
+buffers bound by name (the KV cache bound as both input and output), one run call.
 """
 
 from __future__ import annotations
@@ -13,23 +13,53 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from edgeomni.plugins.backends import BACKENDS, cuda_missing, load
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import Buffers, DeviceBuffers, FixedInputs, HostBuffers
-from edgeomni.runtime.engine_api import (
-    LENGTHS,
-    Engine,
-    EngineError,
-    no_sequence_graph,
-    parse_device,
-)
+from edgeomni.runtime.engine_api import LENGTHS, EngineError, no_sequence_graph, parse_device
 from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
+
+
+class Binding(Protocol):
+    def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None: ...
+    def bind_input(self, name: str, array: Any) -> None: ...
+    def bind_output(self, name: str, array: Any) -> None: ...
+    def run(
+        self, feeds: Mapping[str, Any], *, graph: int | None = None, wait: bool = True
+    ) -> None: ...
+
+
+class Engine(Protocol):
+    """What stages see of an engine. What a backend's lowering needs at run time (extra length
+    inputs, which inputs a captured graph freezes, where and on which device its buffers live)
+    stays behind it: stages allocate and move buffers through ``buffers``, feed the graph's own
+    inputs (attention lengths as ``LENGTHS``) and read the engine's preferences, never a
+    backend's tensor names, its array types or its device."""
+
+    device: str  # "cpu" or "cuda": where the engine runs (for reports)
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    input_types: dict[str, np.dtype]
+    output_types: dict[str, np.dtype]
+    output_shapes: dict[str, tuple[Any, ...]]  # ints where fixed, names or None where dynamic
+    buffers: Buffers  # its buffers' memory, and the operations on them
+    # preferences (what costs less on it; any call runs either way):
+    replays_steps: bool  # one-token calls run with graph=id are captured once and replayed
+    prefers_fixed_shapes: bool  # calls cost less at a few fixed shapes than at each one's own
+    # sequence_graph(queue) captures the calls queue makes through its bindings as one graph
+    captures_sequences: bool
+
+    def binding(self) -> Binding: ...
+    # an id under which run(graph=id) captures a call once and replays it after; None where
+    # this engine captures nothing (a CPU engine, CUDA graphs off)
+    def new_graph_id(self) -> int | None: ...
+    def sequence_graph(self, queue: Callable[[], None]) -> Any: ...
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime.buffers import Buffers, HostBuffers
-from edgeomni.runtime.engine_api import Binding, Engine
+from edgeomni.runtime.engine import Binding, Engine
 
 
 class KVCache:
