@@ -22,6 +22,7 @@ from edgeomni.export.common.checkpoint import open_checkpoint
 from edgeomni.export.common.onnx_export import keeping_decoders
 from edgeomni.export.family import BuildArgs, Component
 from edgeomni.export.registry import family_for
+from edgeomni.plugins.backends import BACKENDS, load
 
 GRAPH_FILE = "multistage_config.json"
 log = logging.getLogger("edge-build")
@@ -29,33 +30,10 @@ log = logging.getLogger("edge-build")
 
 # (raw ONNX, engine path, args, dim ranges, seeds) -> config.json fields; seeds are folders of
 # engines built before (the replaced engine dir's, this build's earlier components') that a
-# backend may learn from (TensorRT's timing cache)
-Backend = Callable[[Path, Path, BuildArgs, Any, Sequence[Path]], dict[str, Any]]
-BACKENDS = ("onnxruntime", "tensorrt", "tensorrt-rtx", "fused")
+# backend may learn from (TensorRT's timing cache). A backend's build (plugins/backends.py's
+# table) makes one from the build's args, refusing before any export what it lacks
+Build = Callable[[Path, Path, BuildArgs, Any, Sequence[Path]], dict[str, Any]]
 CODE2WAV_STREAMING = ("stateful", "windows")
-
-
-def _backend(name: str) -> Backend:
-    """The backend's build: (raw ONNX, engine path, args, the component's dim ranges, seed
-    folders) -> the fields its config.json gains (the lowering it used; a TensorRT build's
-    engine and profiles)."""
-    if name == "onnxruntime":
-        from edgeomni.builder.onnxruntime import build_engine as ort_build
-
-        return lambda raw, out, args, ranges, seeds: {"lowering": ort_build(raw, out, args)}
-    if name in ("tensorrt", "tensorrt-rtx"):
-        from edgeomni.builder import tensorrt
-
-        tensorrt.load(name)  # before any export: a missing or old TensorRT is a bad input
-        return tensorrt.build_engine
-    if name == "fused":
-        from edgeomni.builder import fused
-        from edgeomni.export.common.onnx_export import kept_decoders
-
-        return lambda raw, out, args, ranges, seeds: fused.build_engine(
-            kept_decoders(), raw, out, args, ranges, seeds
-        )
-    raise BuildError(f"unknown backend {name!r}; choose {', '.join(BACKENDS)}")
 
 
 @contextmanager
@@ -101,7 +79,10 @@ def check_flags(args: BuildArgs) -> None:
     ):
         if value < 1:
             raise BuildError(f"{flag} must be at least 1, got {value}")
-    if args.backend.startswith("tensorrt") and args.device != "cuda":
+    spec = BACKENDS.get(args.backend)
+    if spec is None:
+        raise BuildError(f"unknown backend {args.backend!r}; choose {', '.join(BACKENDS)}")
+    if args.device not in spec.devices:
         raise BuildError(f"--backend {args.backend} builds engines for a GPU: use --device cuda")
     if args.backend == "fused":
         from edgeomni.builder import fused
@@ -181,7 +162,7 @@ def build(
     untouched, and nothing of the user's in engine_dir is ever deleted.
     """
     check_flags(args)
-    backend = _backend(args.backend)
+    backend: Build = load(BACKENDS[args.backend].build)(args)
     ckpt = open_checkpoint(model_dir)
     family = family_for(ckpt.model_type)
     hooks = family.hooks()
@@ -236,7 +217,7 @@ def _build_in(
     hooks: Any,
     ckpt: Any,
     selected: Sequence[Component],
-    backend: Backend,
+    backend: Build,
     args: BuildArgs,
 ) -> Path | None:
     """Export, build and write each component into the workspace's staging dir, then the graph."""

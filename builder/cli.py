@@ -8,6 +8,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from edgeomni.plugins.backends import BACKENDS
+
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
@@ -79,20 +81,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--backend",
-        choices=("onnxruntime", "tensorrt", "tensorrt-rtx", "fused"),
+        choices=tuple(BACKENDS),
         default=None,
-        help="engine backend (default onnxruntime). tensorrt: TensorRT 10.3 or later (module "
-        "tensorrt; before 10.15 attention runs as edgeomni's plugin, before 10.9 a Python one "
-        "that only edgeomni's runtime loads); tensorrt-rtx: TensorRT-RTX "
-        "1.7 or later (module tensorrt_rtx). Both build "
-        "on this machine's GPU, for GPUs of its compute capability, and need --device cuda "
-        "(their default). An engine runs only with the TensorRT version that built it. fused: "
-        "dense decoders (LLM, Qwen3-TTS talker, code predictors) run by edgeomni's own CUDA "
-        "kernels, compiled by NVRTC when loaded (cuda-python; --dtype float16 or float32; "
-        "--quantization int4_rtn with --dtype float16 and --group-size 32, 64 or 128), the "
-        "other components (and a pre-quantized checkpoint's decoders) by ONNX Runtime's CUDA "
-        "provider; needs --device cuda (its default). Builds without a GPU (a note then says "
-        "what this machine lacks to run the engines)",
+        help="engine backend (default onnxruntime). "
+        + " ".join(f"{name}: {b.help}" for name, b in BACKENDS.items())
+        + " Backends that run on cuda only need --device cuda (their default). Builds without "
+        "a GPU (a note then says what this machine lacks to run the engines)",
     )
     p.add_argument(
         "--device",
@@ -244,8 +238,7 @@ def _run(args: argparse.Namespace) -> int:
             max_input_len=_or(args.max_input_len, max(1, min(1024, capacity))),
             max_kv_cache_capacity=capacity,
             backend=args.backend or "onnxruntime",
-            device=args.device
-            or ("cuda" if (args.backend or "").startswith(("tensorrt", "fused")) else "cpu"),
+            device=args.device or BACKENDS[args.backend or "onnxruntime"].devices[0],
             dtype=args.dtype or "float32",
             logits_topk=args.logits_topk,
             quantization=args.quantization,
@@ -270,7 +263,7 @@ def _note_gpu(backend: str, device: str) -> None:
     """A cuda build made where its engines cannot run (no GPU, no cuda-python): legitimate
     (built for another machine), so one note, not an error, naming all this machine lacks,
     as edge-infer would refuse the engines here."""
-    from edgeomni.plugins.gpu_check import cuda_missing
+    from edgeomni.plugins.backends import cuda_missing
 
     missing = cuda_missing(backend, 0) if device == "cuda" else []
     if missing:

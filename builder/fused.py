@@ -14,7 +14,7 @@ got, and each config.json's ``backend`` records it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,6 @@ INT4_GROUPS = (32, 64, 128)  # the group sizes the int4 kernels take
 
 def check_args(args: BuildArgs) -> None:
     """What a fused build needs, before anything is exported."""
-    if args.device != "cuda":
-        raise BuildError("--backend fused builds engines for a GPU: use --device cuda")
     if args.dtype not in DTYPES:
         raise BuildError(f"--backend fused takes --dtype float16 or float32, not {args.dtype}")
     if args.quantization and args.quantization != "int4_rtn":
@@ -44,6 +42,11 @@ def check_args(args: BuildArgs) -> None:
     if args.quantization and args.group_size not in INT4_GROUPS:
         raise BuildError(f"--backend fused takes an int4 --group-size of "
                          f"{', '.join(map(str, INT4_GROUPS))}, not {args.group_size}")  # fmt: skip
+
+
+def backend(args: BuildArgs) -> Callable[..., dict[str, Any]]:
+    """The build of each component (plugins/backends.py)."""
+    return build_engine
 
 
 def uncovered(decoder: ExportedDecoder | None) -> str | None:
@@ -60,12 +63,13 @@ def uncovered(decoder: ExportedDecoder | None) -> str | None:
 
 
 def build_engine(
-    kept: Mapping[Path, ExportedDecoder], raw: Path, out_path: Path, args: BuildArgs,
-    ranges: Any, seeds: Sequence[Path],
-) -> dict[str, Any]:  # fmt: skip
-    """The fused engine of a decoder exported to ``raw`` (found in ``kept``), or the ONNX
-    Runtime CUDA build of anything else; returns the config.json fields."""
-    decoder = kept.get(raw)
+    raw: Path, out_path: Path, args: BuildArgs, ranges: Any, seeds: Sequence[Path]
+) -> dict[str, Any]:
+    """The fused engine of a decoder exported to ``raw`` (kept by the export: kept_decoders),
+    or the ONNX Runtime CUDA build of anything else; returns the config.json fields."""
+    from edgeomni.export.common.onnx_export import kept_decoders
+
+    decoder = kept_decoders().get(raw)
     why = uncovered(decoder)
     if why is not None:
         from edgeomni.builder.onnxruntime import build_engine as ort_build

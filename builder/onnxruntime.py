@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,11 @@ PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider"]}
 # docs/quantization.md has its perplexity cost); the CUDA kernels dequantize to the activations'
 # type whatever it says
 NBITS_ACCURACY_LEVEL = {"cpu": 4, "cuda": 0}
+
+
+def backend(args: BuildArgs) -> Callable[..., dict[str, Any]]:
+    """The build of each component (plugins/backends.py): its lowering, in its config.json."""
+    return lambda raw, out, args, ranges, seeds: {"lowering": build_engine(raw, out, args)}
 
 
 def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,13 @@ def version_tuple(text: str) -> tuple[int, ...]:
     import re
 
     return tuple(int(re.match(r"\d*", p).group() or 0) for p in text.split(".")[:3])
+
+
+def backend(args: BuildArgs) -> Callable[..., dict[str, Any]]:
+    """The build of each component (plugins/backends.py), once this machine's TensorRT is
+    found new enough: before any export, a missing or old TensorRT is a bad input."""
+    load(args.backend)
+    return build_engine
 
 
 def load(backend: str) -> tuple[Any, Flavour]:

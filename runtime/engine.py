@@ -1,8 +1,9 @@
 """Engines: named tensors in and out, with buffers bound in place.
 
 An engine is opened from a stage's artifact folder by what its config.json says (backend,
-device, engine file). The interface is the one TensorRT needs too: named inputs and outputs,
-caller-owned buffers bound by name (the KV cache bound as both input and output), one run call.
+device, engine file), through the backend table (plugins/backends.py); the ONNX Runtime backend
+is here. The interface is the one TensorRT needs too: named inputs and outputs, caller-owned
+buffers bound by name (the KV cache bound as both input and output), one run call.
 """
 
 from __future__ import annotations
@@ -16,16 +17,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edgeomni.plugins.gpu_check import cuda_device_problem, cuda_missing  # noqa: F401 (re-exported)
+from edgeomni.plugins.backends import BACKENDS, cuda_missing, load
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import Buffers, DeviceBuffers, FixedInputs, HostBuffers
+from edgeomni.runtime.engine_api import LENGTHS, EngineError, no_sequence_graph, parse_device
 from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
-
-
-class EngineError(RuntimeError):
-    """An engine cannot be opened or run as its config says."""
 
 
 class Binding(Protocol):
@@ -35,12 +33,6 @@ class Binding(Protocol):
     def run(
         self, feeds: Mapping[str, Any], *, graph: int | None = None, wait: bool = True
     ) -> None: ...
-
-
-# the attention op's per-row lengths (cache length before the call, the call's new tokens): a
-# call feeds them by these names; an engine takes them as inputs, derives its lowering's own
-# inputs from them, or both, and drops them where its graph has no such input
-LENGTHS = ("past_lens", "query_lens")
 
 
 class Engine(Protocol):
@@ -64,13 +56,10 @@ class Engine(Protocol):
     captures_sequences: bool
 
     def binding(self) -> Binding: ...
-    def new_graph_id(self) -> int: ...
+    # an id under which run(graph=id) captures a call once and replays it after; None where
+    # this engine captures nothing (a CPU engine, CUDA graphs off)
+    def new_graph_id(self) -> int | None: ...
     def sequence_graph(self, queue: Callable[[], None]) -> Any: ...
-
-
-def no_sequence_graph(backend: str) -> EngineError:
-    """What an engine that cannot capture a sequence of its calls answers sequence_graph."""
-    return EngineError(f"{backend} engines run calls one at a time: captures_sequences is False")
 
 
 @dataclass(frozen=True)
@@ -98,27 +87,18 @@ class Engines:
         graphs = self.cuda_graphs and replay
         return open_engine(folder, config, threads=self.threads, cuda_graphs=graphs, spin=spin)
 
+    def captures(self, config: Mapping[str, Any]) -> bool:
+        """Whether the engine a config.json describes, opened with these options, captures
+        each call shape the first time it runs (a CUDA graph): that run costs more than later
+        ones, which a warm-up pays before traffic does."""
+        return self.cuda_graphs and str(config.get("device", "cpu")).startswith("cuda")
+
     def alone(self, spin: bool) -> Engines:
         """These options with ``spin`` set (whether the stages opened now run alone)."""
         return self if spin == self.spin else dataclasses.replace(self, spin=spin)
 
 
 DEFAULT_ENGINES = Engines()
-
-
-def parse_device(device: Any) -> tuple[str, int]:
-    """A config's ``device``: "cpu", "cuda" (the first GPU) or "cuda:N" -> (kind, index)."""
-    text = str(device)
-    kind, colon, index = text.partition(":")
-    if kind == "cpu" and not colon:
-        return "cpu", 0
-    if kind == "cuda" and (not colon or (index.isdigit() and index.isascii())):
-        return "cuda", int(index or 0)
-    raise EngineError(f"device {device!r} is not cpu, cuda or cuda:N (N a GPU's index)")
-
-
-TENSORRT = ("tensorrt", "tensorrt-rtx")
-FUSED = "fused"  # edgeomni's own CUDA kernels for dense decoders (runtime/fused_engine.py)
 
 
 class OrtBinding:
@@ -252,17 +232,18 @@ class OrtEngine:
     def __init__(
         self,
         path: Path,
+        config: Mapping[str, Any] | None = None,
         *,
         device: str = "cpu",
         threads: int | None = None,
         cuda_graphs: bool = False,
         spin: bool = True,
-        tf32: bool = False,
     ) -> None:
         """``device``: "cpu", "cuda" or "cuda:N". ``spin``: CPU worker threads wait for the
         next call spinning (best when this engine's calls come back to back; off when engines
-        take turns). ``tf32``: the CUDA provider may run float32 matrix products and
-        convolutions on TF32 tensor cores (10-bit mantissas); off, float32 is float32."""
+        take turns). ``config``'s ``tf32``: the CUDA provider may run float32 matrix products
+        and convolutions on TF32 tensor cores (10-bit mantissas); off, float32 is float32."""
+        tf32 = bool((config or {}).get("tf32", False))
         if not path.is_file():
             raise EngineError(f"engine file {path} is missing")
         self.device, self.device_id = kind, index = parse_device(device)
@@ -308,7 +289,9 @@ class OrtEngine:
         return OrtBinding(self.session, self.cuda_graphs, device=self.device_id,
                           inputs=self.input_names, buffers=self.buffers)  # fmt: skip
 
-    def new_graph_id(self) -> int:
+    def new_graph_id(self) -> int | None:
+        if not self.cuda_graphs:
+            return None
         self._graph_ids += 1
         return self._graph_ids
 
@@ -374,19 +357,9 @@ def open_engine(
     graphs and replayed (GPU engines only). ``spin``: False when its calls alternate with other
     engines' (see OrtEngine). Stages open engines through ``Engines.open``."""
     device = check_engine(folder, config)
-    engine_file = folder / str(config["engine"])
-    if config.get("backend") == FUSED:
-        from edgeomni.runtime.fused_engine import FusedEngine
-
-        return FusedEngine(engine_file, config, cuda_graphs=cuda_graphs,
-                           device=parse_device(device)[1])  # fmt: skip
-    if config.get("backend") in TENSORRT:
-        from edgeomni.runtime.tensorrt_engine import TrtEngine
-
-        return TrtEngine(engine_file, config, cuda_graphs=cuda_graphs,
-                         device=parse_device(device)[1])  # fmt: skip
-    return OrtEngine(engine_file, device=device, threads=threads, cuda_graphs=cuda_graphs,
-                     spin=spin, tf32=bool(config.get("tf32", False)))  # fmt: skip
+    engine = load(BACKENDS[str(config["backend"])].open)
+    return engine(folder / str(config["engine"]), config, device=device, threads=threads,
+                  cuda_graphs=cuda_graphs, spin=spin)  # fmt: skip
 
 
 def threads_error(threads: int | None) -> str | None:
@@ -416,29 +389,34 @@ def check_engine(folder: Path, config: Mapping[str, Any]) -> str:
         kind = parse_device(device)[0]
     except EngineError:
         kind = None
-    ort = backend == "onnxruntime" and kind in ("cpu", "cuda")
-    if not (ort or (backend in (*TENSORRT, FUSED) and kind == "cuda")):
+    spec = BACKENDS.get(str(backend))
+    if spec is None or kind not in spec.devices:
+        runs = ", ".join(f"{name} on {'/'.join(b.devices)}" for name, b in BACKENDS.items())
         raise EngineError(
             f"engines for backend {backend!r} on device {device!r} are not supported by this "
-            "runtime (it runs onnxruntime engines on the CPU or a CUDA GPU, and TensorRT, "
-            "TensorRT-RTX or fused engines on a CUDA GPU: cuda, or cuda:N for the GPU of index N)"
+            f"runtime (it runs {runs}: cuda, or cuda:N for the GPU of index N)"
         )
     engine_file = folder / str(config.get("engine", ""))
     if not config.get("engine") or not engine_file.is_file():
         raise EngineError(f"engine file {engine_file} is missing")
-    if backend == "onnxruntime":
-        from edgeomni.runtime.onnx_header import OnnxFileError, check_onnx_file
-
-        try:
-            check_onnx_file(engine_file)
-        except (OnnxFileError, OSError) as e:
-            raise EngineError(f"{engine_file} is not a loadable ONNX model: {e}") from None
-        _check_lowering(folder, config.get("lowering") or {})
+    if spec.check:
+        load(spec.check)(folder, config, engine_file)
     elif engine_file.stat().st_size == 0:
         raise EngineError(f"engine file {engine_file} is empty")
     if kind == "cuda":
         _check_cuda(engine_file, str(backend), parse_device(device)[1])
     return str(device)
+
+
+def check_onnx(folder: Path, config: Mapping[str, Any], engine_file: Path) -> None:
+    """An ONNX Runtime engine file that loads, for an onnxruntime new enough for its lowering."""
+    from edgeomni.runtime.onnx_header import OnnxFileError, check_onnx_file
+
+    try:
+        check_onnx_file(engine_file)
+    except (OnnxFileError, OSError) as e:
+        raise EngineError(f"{engine_file} is not a loadable ONNX model: {e}") from None
+    _check_lowering(folder, config.get("lowering") or {})
 
 
 def _check_cuda(engine_file: Path, backend: str, device: int = 0) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
-from edgeomni.runtime.engine import EngineError
+from edgeomni.runtime.engine_api import EngineError, parse_device
 
 log = logging.getLogger(__name__)
 
@@ -192,17 +192,19 @@ class FusedEngine:
     prefers_fixed_shapes = False  # a call of any shape costs only its kernels
 
     def __init__(
-        self, path: Path, config: Mapping[str, Any], *, cuda_graphs: bool = False, device: int = 0
-    ) -> None:
+        self, path: Path, config: Mapping[str, Any], *, cuda_graphs: bool = False,
+        device: str = "cuda", threads: int | None = None, spin: bool = True,
+    ) -> None:  # fmt: skip
+        """As TrtEngine's."""
         from edgeomni.plugins import attention_cuda as ac
         from edgeomni.plugins import decoder_cuda as dc
         from edgeomni.runtime import safetensors_np
 
-        self.device_id = device
-        self.stream = memory.stream(device)  # and the device is current, for the runtime
-        memory._check(memory._cudart().cudaSetDevice(device), "cudaSetDevice")
+        self.device_id = index = parse_device(device)[1]
+        self.stream = memory.stream(index)  # and the device is current, for the runtime
+        memory._check(memory._cudart().cudaSetDevice(index), "cudaSetDevice")
         memory._check(memory._cudart().cudaFree(0), "cudaFree")  # the primary context, current
-        self.buffers = DeviceBuffers(device)
+        self.buffers = DeviceBuffers(index)
         self.spec = spec = FusedSpec(config.get("fused") or {}, str(path.parent / "config.json"))
         self.input_names, self.output_names = _names(spec)
         self.input_types, self.output_types, self.output_shapes = io_types(spec)
@@ -305,7 +307,9 @@ class FusedEngine:
     def binding(self) -> FusedBinding:
         return FusedBinding(self)
 
-    def new_graph_id(self) -> int:
+    def new_graph_id(self) -> int | None:
+        if not self.cuda_graphs:
+            return None
         self._graph_ids += 1
         return self._graph_ids
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.runtime.engine import Engines, OrtBinding, OrtEngine, open_engine
+from edgeomni.runtime.engine import Engines, OrtBinding, OrtEngine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +104,7 @@ class TapEngines(Engines):
         tap = self.taps.get(Path(folder).resolve())
         if tap is not None:
             return TapEngine(tap, self.threads)
-        return open_engine(folder, config, threads=self.threads, cuda_graphs=False, spin=False)
+        return super().open(folder, config, spin=False, replay=False)  # recording, not replaying
 
 
 class Rows:

@@ -25,7 +25,7 @@ import numpy as np
 
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
-from edgeomni.runtime.engine import LENGTHS, EngineError, no_sequence_graph
+from edgeomni.runtime.engine_api import LENGTHS, EngineError, no_sequence_graph, parse_device
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +67,15 @@ class TrtEngine:
     prefers_fixed_shapes = False  # a new shape costs TensorRT only set_input_shape
 
     def __init__(
-        self, path: Path, config: Mapping[str, Any], *, cuda_graphs: bool = False, device: int = 0
-    ) -> None:
-        """``device``: the GPU's index; the engine is deserialized and runs there, on that
-        device's stream."""
-        self.device_id = device
-        self.stream = memory.stream(device)  # and the device is current, for the runtime
-        memory._check(memory._cudart().cudaSetDevice(device), "cudaSetDevice")
-        self.buffers = DeviceBuffers(device)
+        self, path: Path, config: Mapping[str, Any], *, cuda_graphs: bool = False,
+        device: str = "cuda", threads: int | None = None, spin: bool = True,
+    ) -> None:  # fmt: skip
+        """``device``: "cuda" or "cuda:N", the GPU it is loaded on and runs on, on that
+        device's stream (``threads``, ``spin``: a CPU engine's, not its)."""
+        self.device_id = index = parse_device(device)[1]
+        self.stream = memory.stream(index)  # and the device is current, for the runtime
+        memory._check(memory._cudart().cudaSetDevice(index), "cudaSetDevice")
+        self.buffers = DeviceBuffers(index)
         built = config.get("tensorrt") or {}
         self.trt = trt = import_flavour(str(built.get("flavour", "tensorrt")))
         check_version(path, built, str(trt.__version__))
@@ -131,7 +132,9 @@ class TrtEngine:
     def binding(self) -> TrtBinding:
         return TrtBinding(self)
 
-    def new_graph_id(self) -> int:
+    def new_graph_id(self) -> int | None:
+        if not self.cuda_graphs:
+            return None
         self._graph_ids += 1
         return self._graph_ids
 

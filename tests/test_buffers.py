@@ -141,6 +141,14 @@ def test_engines_open_with_the_pipelines_options(monkeypatch) -> None:
     assert engines.alone(True) is engines
 
 
+def test_engines_say_which_configs_engines_capture_graphs() -> None:
+    """What edge-serve's warm-up asks: a GPU engine opened with CUDA graphs on captures each
+    call shape on its first run; a CPU engine, or any with them off, does not."""
+    cuda, cpu = {"backend": "fused", "device": "cuda:1"}, {"backend": "onnxruntime"}
+    assert Engines().captures(cuda) and not Engines().captures(cpu)
+    assert not Engines(cuda_graphs=False).captures(cuda)
+
+
 def test_a_binding_feeds_its_lowerings_lengths() -> None:
     """OrtBinding: the attention lengths a graph has no input for are dropped; a lowering that
     reads GroupQueryAttention's lengths gets them from them; other feeds pass as they are."""

@@ -136,5 +136,6 @@ def test_only_the_fused_engine_captures_sequences_of_calls(tts_engine) -> None:
     folder = tts_engine / "code_predictor"
     engine = open_engine(folder, json.loads((folder / "config.json").read_text()))
     assert engine.captures_sequences is False
+    assert engine.new_graph_id() is None  # a CPU engine captures no call: no graph id to run
     with pytest.raises(EngineError, match="ONNX Runtime engines run calls one at a time"):
         engine.sequence_graph(lambda: None)

@@ -58,11 +58,11 @@ NO_DRIVER = "this machine has no NVIDIA driver (libcuda.so.1 cannot be loaded)"
 
 def lacking(monkeypatch: pytest.MonkeyPatch, driver: bool, cuda_python: bool) -> None:
     """This machine as one with or without an NVIDIA driver and cuda-python."""
-    from edgeomni.plugins import gpu_check
+    from edgeomni.plugins import backends
 
-    monkeypatch.setattr(gpu_check, "cuda_device_problem", lambda device=0: None if driver
+    monkeypatch.setattr(backends, "cuda_device_problem", lambda device=0: None if driver
                         else NO_DRIVER)  # fmt: skip
-    monkeypatch.setattr(gpu_check, "_has_module", lambda name: cuda_python)
+    monkeypatch.setattr(backends, "_has_module", lambda name: cuda_python)
 
 
 def test_fused_cli_defaults_to_cuda_and_notes_what_this_machine_lacks(

@@ -175,7 +175,7 @@ def test_a_config_names_its_gpu(cuda_engine) -> None:
 def test_buffers_move_between_gpus() -> None:
     """A device-to-device copy between two GPUs' buffers, ordered on both streams (skipped on a
     machine with one GPU)."""
-    from edgeomni.runtime.engine import cuda_device_problem
+    from edgeomni.plugins.backends import cuda_device_problem
     from edgeomni.runtime.memory import DeviceArray
 
     if cuda_device_problem(1):

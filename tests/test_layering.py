@@ -191,3 +191,61 @@ def test_the_serving_fronts_use_only_public_names_of_pipeline_and_server() -> No
                 if isinstance(n, ast.ClassDef) and n.name == "RayServer")  # fmt: skip
     used = private_uses(body, server - private_names(ray, "RayServer"), on_self=True)
     assert not used, f"RayServer uses Server's {sorted(used)}"
+
+
+ENGINE_MODULES = ("engine", "engine_api", "fused_engine", "tensorrt_engine", "buffers", "memory")
+
+
+def test_no_import_cycle_among_the_engine_modules() -> None:
+    """The backends (engine.py's ONNX Runtime, fused_engine.py, tensorrt_engine.py) import what
+    they share from engine_api.py, never each other, at module level or inside a function:
+    engine.py opens them through the backend table (plugins/backends.py)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from import_layers import arrows
+
+    graph = arrows("runtime")
+    names = {f"edgeomni.runtime.{m}" for m in ENGINE_MODULES} & set(graph)
+    assert len(names) >= 5, names
+
+    def reach(a: str, seen: set[str]) -> set[str]:
+        for b in graph[a]:
+            if b in names and b not in seen:
+                seen.add(b)
+                reach(b, seen)
+        return seen
+
+    cycles = sorted(a for a in names if a in reach(a, set()))
+    assert not cycles, cycles
+
+
+def test_only_the_engines_read_cuda_graphs() -> None:
+    """Whether an engine captures CUDA graphs stays behind it: callers ask it for a graph id
+    (None where it captures nothing) or ask Engines whether a config's engine captures."""
+    engines = {"engine.py", "fused_engine.py", "tensorrt_engine.py"}
+    readers = []
+    for path in (ROOT / "runtime").rglob("*.py"):
+        if path.name in engines:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            read = isinstance(node, ast.Attribute) and node.attr == "cuda_graphs"
+            if isinstance(node, ast.Call):  # getattr(engine, "cuda_graphs"), open_engine(...)
+                func, args = ast.unparse(node.func), [ast.unparse(a) for a in node.args]
+                read |= func == "getattr" and args[1:2] == ["'cuda_graphs'"]
+                read |= "open_engine" in func and any(k.arg == "cuda_graphs" for k in node.keywords)
+            if read:
+                readers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not readers, readers
+
+
+def test_the_backend_table_names_what_builds_opens_and_checks() -> None:
+    """Every backend's build, engine and file check resolve, and edge-build's --backend takes
+    exactly the table's names."""
+    from edgeomni.builder import cli as build_cli
+    from edgeomni.plugins.backends import BACKENDS, load
+
+    for backend in BACKENDS.values():
+        refs = (backend.build, backend.open, backend.check)
+        assert all(callable(load(ref)) for ref in refs if ref), refs
+    action = next(a for a in build_cli.parser()._actions if a.dest == "backend")
+    assert tuple(action.choices) == tuple(BACKENDS)
+    assert all(name in action.help for name in BACKENDS)

@@ -32,12 +32,9 @@ TEXT = "Hello! Please say a few words about the weather today."
 
 
 def needed(server: Server) -> bool:
-    """Whether a warm-up pays here: some stage runs on a GPU with CUDA graphs (on a CPU a
-    call's first run costs about what the next does)."""
-    on_gpu = any(
-        str(cfg.get("device")).startswith("cuda") for cfg in stage_configs(server.pipe).values()
-    )
-    return on_gpu and server.pipe.engines.cuda_graphs
+    """Whether a warm-up pays here: some stage's engine captures each call shape the first
+    time it runs (a CUDA graph; elsewhere a call's first run costs about what the next does)."""
+    return any(map(server.pipe.engines.captures, stage_configs(server.pipe).values()))
 
 
 def bodies(server: Server, tokens: int, frames: int) -> tuple[str, dict[str, Any]]:

@@ -42,6 +42,7 @@ from edgeomni.runtime.speech.code2wav_stream import (
     ChunkStream,
     StepEngine,
     StreamBatch,
+    padded_length,
 )
 from edgeomni.runtime.stage import RequestError, RequestState, StageRunner, stage_source
 from edgeomni.runtime.vocoder import Window, WindowedVocoder, playback_stall_s
@@ -452,12 +453,6 @@ class Code2Wav(StageRunner):
             **self.settings(),
         }
         return audio
-
-
-def padded_length(n: int, lengths: Sequence[int]) -> int | None:
-    """The fixed length a window of n frames runs at: the shortest of ``lengths`` that holds it,
-    if that is at most twice the work; None: run it at its own length."""
-    return next((length for length in sorted(lengths) if n <= length <= 2 * n), None)
 
 
 @dataclass(frozen=True)

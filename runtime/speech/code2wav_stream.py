@@ -213,8 +213,13 @@ class _StepSlot:
             binding.bind_input(name, buf)
         for name, buf in zip(step.outputs, states_out, strict=True):
             binding.bind_output(name, buf)
-        graph = engine.new_graph_id() if getattr(engine, "cuda_graphs", False) else None
-        return cls(binding, codes, lens, wave, states_in, states_out, graph)
+        return cls(binding, codes, lens, wave, states_in, states_out, engine.new_graph_id())
+
+
+def padded_length(n: int, lengths: Sequence[int]) -> int | None:
+    """The fixed length a window (a chunk) of n frames runs at: the shortest of ``lengths`` that holds it,
+    if that is at most twice the work; None: run it at its own length."""
+    return next((length for length in sorted(lengths) if n <= length <= 2 * n), None)
 
 
 class ChunkStream:
@@ -329,8 +334,6 @@ class StreamBatch:
         self.fresh = False  # frames came since the last look
 
     def decode_ready(self) -> None:
-        from edgeomni.runtime.speech.code2wav import padded_length
-
         if not self.fresh:
             return
         self.fresh = False

@@ -1,0 +1,34 @@
+"""What every engine backend shares: its error, the attention lengths a call feeds and the
+``device`` a config names. Below the backends (engine.py's ONNX Runtime, fused_engine.py,
+tensorrt_engine.py), which import it and never each other: engine.py (the interface stages see,
+and the opening) reaches the others through the backend table (plugins/backends.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EngineError(RuntimeError):
+    """An engine cannot be opened or run as its config says."""
+
+
+# the attention op's per-row lengths (cache length before the call, the call's new tokens): a
+# call feeds them by these names; an engine takes them as inputs, derives its lowering's own
+# inputs from them, or both, and drops them where its graph has no such input
+LENGTHS = ("past_lens", "query_lens")
+
+
+def no_sequence_graph(backend: str) -> EngineError:
+    """What an engine that cannot capture a sequence of its calls answers sequence_graph."""
+    return EngineError(f"{backend} engines run calls one at a time: captures_sequences is False")
+
+
+def parse_device(device: Any) -> tuple[str, int]:
+    """A config's ``device``: "cpu", "cuda" (the first GPU) or "cuda:N" -> (kind, index)."""
+    text = str(device)
+    kind, colon, index = text.partition(":")
+    if kind == "cpu" and not colon:
+        return "cpu", 0
+    if kind == "cuda" and (not colon or (index.isdigit() and index.isascii())):
+        return "cuda", int(index or 0)
+    raise EngineError(f"device {device!r} is not cpu, cuda or cuda:N (N a GPU's index)")
