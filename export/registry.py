@@ -31,6 +31,8 @@ PLUGINS_ENV = "EDGEOMNI_FAMILIES"
 # in its declaration, under its name: "<family>.<runner>")
 LLM_RUNNER = "llm.backbone"
 ENTRY_POINTS = "edgeomni.families"
+# a text model's smoke run: four greedy tokens
+TEXT_SMOKE = ("--max-generate-length", "4", "--sampling", '{"top_k": 1}')
 
 
 @dataclass(frozen=True)

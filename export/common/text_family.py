@@ -17,7 +17,7 @@ import torch
 from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError, section
 from edgeomni.export.common.checkpoint import position_limits as position_limits_of
-from edgeomni.export.common.decoder import CausalLM, DecoderConfig
+from edgeomni.export.common.decoder import DTYPES, CausalLM, DecoderConfig, decoder_dtype
 from edgeomni.export.common.decoder_weights import load_decoder
 from edgeomni.export.common.memory_plan import F32, decoder_memory, float_memory, table_rows
 from edgeomni.export.common.onnx_export import export_causal_lm
@@ -28,7 +28,6 @@ from edgeomni.export.registry import LLM_RUNNER
 from edgeomni.graph_schema import SCHEMA_VERSION, Emit, Graph, Input, Stage
 
 LLM = Component("llm", ".", "llm.onnx", LLM_RUNNER)
-DTYPES = {"float32": torch.float32, "float16": torch.float16}  # the llm's; encoders stay float32
 
 
 @dataclass(frozen=True)
@@ -130,15 +129,13 @@ class TextFamily:
     def export_component(
         self, ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs
     ) -> Path:
-        if args.dtype not in DTYPES:
-            raise CheckpointError(f"dtype {args.dtype!r} is not supported for {ckpt.model_type}")
-        path = work_dir / component.engine
+        dtype, path = decoder_dtype(ckpt, args), work_dir / component.engine
         if component != LLM:
             assert self.encoder is not None
             return self.encoder.export(ckpt, path)
         # the runner looks its inputs up in a float32 table (artifacts.write_embedding), media
         # rows spliced in
-        return export_causal_lm(self.load_llm(ckpt, DTYPES[args.dtype]), path,
+        return export_causal_lm(self.load_llm(ckpt, dtype), path,
                                 logits_topk=args.logits_topk or 0, float32_embeds=True)  # fmt: skip
 
     def write_artifacts(
@@ -183,13 +180,8 @@ def llm_graph(
         if kind in components
     }
     named = {k: w for k, w in where.items() if w not in (k, f"multimodal/{k}")}
-    stage = Stage(
-        id="llm",
-        runner=LLM_RUNNER,
-        artifact=components["llm"],
-        kind="autoregressive",
-        inputs=(Input("prompt", "request:messages", "fail"), *inputs),
-        emits=(Emit("text", "text", "chunk_stream", terminal=True),),
-        config={"encoders": named} if named else {},
-    )
+    stage = Stage("llm", LLM_RUNNER, components["llm"], "autoregressive",
+                  (Input("prompt", "request:messages", "fail"), *inputs),
+                  (Emit("text", "text", "chunk_stream", terminal=True),),
+                  {"encoders": named} if named else {})  # fmt: skip
     return Graph(SCHEMA_VERSION, ("llm:text",), (stage,))

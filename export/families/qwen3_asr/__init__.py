@@ -4,14 +4,9 @@ placeholders) is run by the generic text model's runner, which finds the audio e
 it (``audio/``). Its build hooks are .build's HOOKS (a TextFamily); its runtime (the media hook,
 the transcription form, the ``language`` control) is runtime/families/qwen3_asr/."""
 
-from edgeomni.export.registry import Family, register_family
+from edgeomni.export.registry import TEXT_SMOKE, Family, register_family
 
-FAMILY = register_family(
-    Family(
-        name="qwen3_asr",
-        model_types=("qwen3_asr",),
-        module="edgeomni.export.families.qwen3_asr.build:HOOKS",
-        tiny="edgeomni.export.tiny_asr:make_qwen3_asr",
-        smoke=("--max-generate-length", "4", "--sampling", '{"top_k": 1}'),
-    )
-)
+FAMILY = register_family(Family(
+    "qwen3_asr", ("qwen3_asr",), f"{__name__}.build:HOOKS",
+    tiny="edgeomni.export.tiny_asr:make_qwen3_asr", smoke=TEXT_SMOKE,
+))  # fmt: skip

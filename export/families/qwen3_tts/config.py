@@ -14,6 +14,7 @@ from edgeomni.export.common.decoder import DecoderConfig
 from edgeomni.export.common.text_config import decoder_config
 
 TTS_MODEL_TYPES = ("base", "custom_voice", "voice_design")
+TOKENIZER = "speech_tokenizer"  # the 12 Hz codec's folder in the checkpoint
 # Qwen3TTSTalkerCodePredictorConfig's head_dim default (the talker's is hidden / heads)
 PREDICTOR_HEAD_DIM = 128
 # both config classes' num_key_value_heads defaults
