@@ -1,18 +1,20 @@
-"""Qwen3-Omni's code2wav vocoder as one engine: codes [B, Q, T] -> waveform [B, 1, T*1920-555].
+"""The speech families' code2wav vocoder as one engine: codes [B, Q, T] -> waveform [B, 1, T*S
+- trim] (S = 1920 and trim = 555 at Qwen3-Omni's rates 8, 5, 4, 3).
 
-The parameters are transformers' own ``Qwen3OmniMoeCode2Wav`` modules, so checkpoint tensors load
-by name (``code2wav.<module path>``); only the forward is ours, and it differs from HF's in two
-places, both exact:
+Its modules are transformers' ``Qwen3OmniMoeCode2Wav`` ones (a family loads their weights and may
+subclass the graph: Qwen3-TTS's split RVQ); only the forward is ours, and it differs from HF's
+in two places, both exact:
 
-- attention goes through the edgeomni::CachedAttention plugin op (the design rule: attention is defined
-  once), with ``window`` = the config's sliding_window, an empty in-graph scratch cache of capacity
-  T, past_lens 0 and query_lens T. HF's traced path instead builds a T x T sliding-window mask in the
-  graph, and at opset 23 its ONNX RotaryEmbedding fails in ORT for B > 1 (cos/sin of batch 1).
+- attention goes through the edgeomni::CachedAttention plugin op (the design rule: attention is
+  defined once), with ``window`` = the config's sliding_window, an empty in-graph scratch cache
+  of capacity T, past_lens 0 and query_lens T. HF's traced path instead builds a T x T
+  sliding-window mask in the graph, and at opset 23 its ONNX RotaryEmbedding fails in ORT for
+  B > 1 (cos/sin of batch 1).
 - stride-1 causal convs pad on the left only: HF's extra right padding is identically 0 at stride
   1, but computing it with ``math.ceil`` on a shape puts a chain of CeilToInt nodes in the graph.
 
-Sample accounting: each decoder block's transposed conv (kernel 2r, stride r) keeps (L-1)*r of its
-(L+1)*r outputs, so T frames give T*1920 - 555 samples (555 = 480 + 60 + 12 + 3 for rates
+Sample accounting: each decoder block's transposed conv (kernel 2r, stride r) keeps (L-1)*r of
+its (L+1)*r outputs, so T frames give T*1920 - 555 samples (555 = 480 + 60 + 12 + 3 for rates
 8, 5, 4, 3). The lost tail of a window is produced by the next window (runtime.vocoder).
 """
 

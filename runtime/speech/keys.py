@@ -18,3 +18,6 @@ LENGTH_KEYS = ("talker_max_new_tokens", "talker_min_new_tokens")
 # upstream's name of the talker's frame cap
 ALIASES = {"max_audio_length": ("talker_max_new_tokens", "the talker's frame cap (the same as "
                                 "talker_max_new_tokens)")}  # fmt: skip
+# a speech family's RuntimeFamily fields for these keys
+FAMILY_FIELDS = {"stage_prefixes": PREFIXES, "stage_keys": STAGE_KEYS, "aliases": ALIASES,
+                 "length_keys": LENGTH_KEYS}  # fmt: skip

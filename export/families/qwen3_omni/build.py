@@ -1,4 +1,6 @@
-"""Qwen3-Omni's components: what each exports and what the runtime needs beside each engine."""
+"""Qwen3-Omni's build hooks (the registry's module for it): its components, what each exports
+and what the runtime needs beside each engine; the speech components' shared parts are
+export/speech/'s."""
 
 from __future__ import annotations
 

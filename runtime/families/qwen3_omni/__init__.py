@@ -20,15 +20,6 @@ RUNNERS = (
 # the thinker's media hook, by its engine config's model_type ("module:attribute")
 MEDIA = {"qwen3_omni_moe": "edgeomni.runtime.families.qwen3_omni.media:MediaEncoders"}
 
-FAMILY = register_family(
-    RuntimeFamily(
-        name="qwen3_omni",
-        label="Qwen3-Omni",
-        runners=RUNNERS,
-        media=MEDIA,
-        stage_prefixes=keys.PREFIXES,
-        stage_keys=keys.STAGE_KEYS,
-        aliases=keys.ALIASES,
-        length_keys=keys.LENGTH_KEYS,
-    )
-)
+FAMILY = register_family(RuntimeFamily(
+    name="qwen3_omni", label="Qwen3-Omni", runners=RUNNERS, media=MEDIA, **keys.FAMILY_FIELDS
+))  # fmt: skip

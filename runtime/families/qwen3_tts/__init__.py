@@ -76,10 +76,7 @@ FAMILY = register_family(
         label="Qwen3-TTS",
         runners=RUNNERS,
         request_keys=REQUEST_KEYS,
-        stage_prefixes=keys.PREFIXES,
-        stage_keys=STAGE_KEYS,
-        aliases=keys.ALIASES,
-        length_keys=keys.LENGTH_KEYS,
+        **{**keys.FAMILY_FIELDS, "stage_keys": STAGE_KEYS},
         # qwen3_tts_inference gives a request's repetition_penalty to the talker
         text_fallbacks={"repetition_penalty": "talker_repetition_penalty"},
     )
