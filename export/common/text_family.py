@@ -60,6 +60,8 @@ class TextFamily:
     fields: Callable[[Checkpoint, DecoderConfig], dict[str, Any]] = lambda ckpt, dec: {}
 
     def decoder_config(self, config: dict[str, Any]) -> DecoderConfig:
+        """The llm's dimensions: the family's reader, else its section as text_config.py reads
+        any (rope theta 10000 where none is named: Qwen3Config's default)."""
         if self.decoder is not None:
             return self.decoder(config)
         where = "".join(f"{s}." for s in self.text)
