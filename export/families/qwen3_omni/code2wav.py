@@ -4,7 +4,7 @@ checkpoint's ``code2wav.*`` weights, and their engine configs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeCode2WavConfig,
 )
 
-from edgeomni.export.common.hf_module import load_hf_module
+from edgeomni.export.common.hf_module import hf_config, load_hf_module
 from edgeomni.export.speech.code2wav import (
     ENGINE,
     INPUT,
@@ -36,12 +36,7 @@ SAMPLE_RATE = 24000  # Qwen3-Omni's audio rate; not in the code2wav config
 
 def code2wav_config(config: Any) -> Qwen3OmniMoeCode2WavConfig:
     """A code2wav config from the config object, its dict, or the whole Qwen3-Omni config dict."""
-    if isinstance(config, Qwen3OmniMoeCode2WavConfig):
-        return config
-    if isinstance(config, Mapping):
-        sub = config.get("code2wav_config", config)
-        return Qwen3OmniMoeCode2WavConfig.from_dict(dict(sub))
-    raise TypeError(f"expected a code2wav config or dict, got {type(config).__name__}")
+    return hf_config(config, Qwen3OmniMoeCode2WavConfig, ("code2wav_config",), "a code2wav")
 
 
 def load_code2wav(
