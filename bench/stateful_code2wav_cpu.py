@@ -94,9 +94,9 @@ def build(name: str, root: Path) -> Path:
     from edgeomni.builder.onnxruntime import build_engine
     from edgeomni.export.common.artifacts import write_engine_config
     from edgeomni.export.families.qwen3_omni import code2wav as c2w
-    from edgeomni.export.families.qwen3_omni import code2wav_stream as stream
     from edgeomni.export.families.qwen3_tts import code2wav as t2w
     from edgeomni.export.family import BuildArgs
+    from edgeomni.export.speech import code2wav_stream as stream
 
     args = BuildArgs(1, 1, 1)
     folders = {"code2wav": root / "code2wav", "stream": root / "code2wav_stream"}
@@ -112,9 +112,9 @@ def build(name: str, root: Path) -> Path:
     else:
         model = omni_model(name)
         raw = c2w.export_code2wav(model, root / "raw" / c2w.ENGINE)
-        raw_stream = stream.export_omni(model, root / "raw" / stream.ENGINE)
+        raw_stream = c2w.export_omni(model, root / "raw" / stream.ENGINE)
         configs = (c2w.code2wav_engine_config(model.config),
-                   stream.omni_engine_config(model.config))  # fmt: skip
+                   c2w.omni_engine_config(model.config))  # fmt: skip
     params = sum(p.numel() for p in model.parameters())
     build_engine(raw, folders["code2wav"] / c2w.ENGINE, args)
     build_engine(raw_stream, folders["stream"] / stream.ENGINE, args)

@@ -31,13 +31,17 @@ PLUGINS_ENV = "EDGEOMNI_FAMILIES"
 # in its declaration, under its name: "<family>.<runner>")
 LLM_RUNNER = "llm.backbone"
 ENTRY_POINTS = "edgeomni.families"
+# a text model's smoke run: four greedy tokens
+TEXT_SMOKE = ("--max-generate-length", "4", "--sampling", '{"top_k": 1}')
 
 
 @dataclass(frozen=True)
 class Family:
     name: str
     model_types: tuple[str, ...]
-    module: str  # the module of its build hooks (export/family.py's FamilyHooks)
+    # its build hooks (export/family.py's FamilyHooks): a module, or "module:attribute" of an
+    # object (a text family's TextFamily, export/common/text_family.py)
+    module: str
     # "module:attribute" of make(out_dir: Path, *, seed: int = 0) -> Path, a tiny random
     # checkpoint of this family (None: none)
     tiny: str | None = None
@@ -46,13 +50,19 @@ class Family:
     smoke: tuple[str, ...] = ()
 
     def hooks(self) -> FamilyHooks:
-        return importlib.import_module(self.module)  # type: ignore[return-value]
+        return _resolve(self.module)  # type: ignore[no-any-return]
 
     def tiny_maker(self) -> Callable[..., Path]:
         if self.tiny is None:
             raise ValueError(f"the {self.name} family declares no tiny checkpoint maker")
-        module, attr = self.tiny.split(":")
-        return getattr(importlib.import_module(module), attr)
+        return _resolve(self.tiny)  # type: ignore[no-any-return]
+
+
+def _resolve(name: str) -> Any:
+    """A module, or an attribute of one ("module:attribute")."""
+    module, _, attr = name.partition(":")
+    found = importlib.import_module(module)
+    return getattr(found, attr) if attr else found
 
 
 class UnknownModelType(ValueError):

@@ -47,6 +47,12 @@ CORPUS = [
 ]
 
 
+def decoder_dims(hidden: int, layers: int, heads: int, kv: int, head_dim: int, inter: int) -> dict:
+    """A tiny decoder section's dimensions (transformers' key names)."""
+    return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=kv, head_dim=head_dim, intermediate_size=inter)  # fmt: skip
+
+
 def make_tokenizer(
     out_dir: Path, vocab_size: int = 320, corpus: Iterable[str] | None = None
 ) -> Any:
@@ -86,12 +92,7 @@ def make_qwen3(out_dir: Path, *, seed: int = 0, **overrides: Any) -> Path:
     pad = tok.convert_tokens_to_ids("<|endoftext|>")
     settings: dict[str, Any] = dict(
         vocab_size=384,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **decoder_dims(64, 2, 4, 2, 16, 128),
         max_position_embeddings=1024,
         tie_word_embeddings=True,
         eos_token_id=eos,

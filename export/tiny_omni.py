@@ -16,6 +16,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from edgeomni.export.tiny import CORPUS as TEXT_CORPUS
+from edgeomni.export.tiny import decoder_dims
+
 # Special tokens, appended after the BPE vocabulary (ids at the top, as in the real tokenizer).
 SPECIALS = (
     "<|endoftext|>",
@@ -47,6 +50,14 @@ TOKENIZER_MM_TOKENS = {
 # Qwen3-Omni-style ChatML: string content as is; list content with audio/image/video parts that
 # become <|audio_start|><|audio_pad|><|audio_end|> and <|vision_start|><|image_pad|><|vision_end|>.
 # The processor then repeats each single pad to the encoder's token count.
+# a chat template's end after a message's media parts: its text parts, the turn's end, the reply
+TEMPLATE_END = (
+    "{%- elif part['type'] == 'text' %}{{- part['text'] }}"
+    "{%- endif %}{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' }}"
@@ -58,20 +69,11 @@ CHAT_TEMPLATE = (
     "{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
     "{%- elif part['type'] == 'video' or 'video' in part %}"
     "{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
-    "{%- elif part['type'] == 'text' %}{{- part['text'] }}"
-    "{%- endif %}{%- endfor %}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    + TEMPLATE_END
 )
 
 CORPUS = [
-    "Hello! How are you today? I am fine, thank you.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Edge devices run small, fast models with predictable memory.",
-    "Speech models turn text into audio, and audio into text.",
-    "What is the capital of France? Paris is the capital of France.",
-    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000.",
+    *TEXT_CORPUS[:6],
     "Please describe the picture: a red square on a blue background.",
     "Listen to this sound and tell me what you hear.",
     "The talker speaks the answer while the thinker writes it.",
@@ -104,6 +106,9 @@ CODEC_IDS = {
 }
 SPEAKERS = {"chelsie": CODEBOOK + 253, "ethan": CODEBOOK + 254}
 NUM_CODE_GROUPS = 16
+# the thinker's and talker's interleaved 3-axis rope
+MROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 2, 2],
+         "interleaved": True, "mrope_interleaved": True}  # fmt: skip
 EOS_ROW_SCALE = 0.75
 PATCH, MERGE, TEMPORAL_PATCH = 16, 2, 2
 IMAGE_MEAN = IMAGE_STD = [0.5, 0.5, 0.5]
@@ -252,24 +257,13 @@ def omni_config(ids: dict[str, int]) -> Any:
     )
     text_config = dict(
         vocab_size=THINKER_VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **decoder_dims(64, 4, 4, 2, 16, 128),
         moe_intermediate_size=32,
         num_experts=4,
         num_experts_per_tok=2,
         norm_topk_prob=True,
         max_position_embeddings=2048,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 1000000.0,
-            "mrope_section": [4, 2, 2],  # sums to head_dim / 2
-            "interleaved": True,
-            "mrope_interleaved": True,
-        },
+        rope_parameters=dict(MROPE),  # mrope_section sums to head_dim / 2
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
     )
@@ -297,33 +291,17 @@ def omni_config(ids: dict[str, int]) -> Any:
     )
     talker_text = dict(
         vocab_size=TALKER_VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **decoder_dims(32, 2, 4, 2, 16, 64),
         moe_intermediate_size=32,
         shared_expert_intermediate_size=64,
         num_experts=4,
         num_experts_per_tok=2,
         max_position_embeddings=4096,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 1000000.0,
-            "mrope_section": [4, 2, 2],
-            "interleaved": True,
-            "mrope_interleaved": True,
-        },
+        rope_parameters=dict(MROPE),
     )
     code_predictor = dict(
         vocab_size=CODEBOOK,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **decoder_dims(32, 2, 4, 2, 16, 64),
         max_position_embeddings=64,
         num_code_groups=NUM_CODE_GROUPS,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},

@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from edgeomni.export.tiny import decoder_dims
+
 SAMPLE_RATE, SAMPLES_PER_FRAME, GROUPS, CODEBOOK = 24000, 1920, 16, 2048
 TALKER_VOCAB = 3072
 CODEC_IDS = dict(codec_pad_id=2148, codec_bos_id=2149, codec_eos_token_id=2150,
@@ -58,14 +60,9 @@ SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_te
 WORDS = ("assistant", "user", "Ġthe", "Ġis", "Ġa", "Hello", "Ġworld", "Ġtest")
 
 
-def _decoder(hidden: int, layers: int, heads: int, kv: int, head_dim: int, inter: int) -> dict:
-    return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                num_key_value_heads=kv, head_dim=head_dim, intermediate_size=inter)  # fmt: skip
-
-
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(
-        talker=_decoder(32, 2, 4, 2, 16, 64), predictor=_decoder(16, 2, 2, 1, 8, 32),
+        talker=decoder_dims(32, 2, 4, 2, 16, 64), predictor=decoder_dims(16, 2, 2, 1, 8, 32),
         text_hidden=32, text_vocab=None, mrope=[3, 3, 2],
         speaker=dict(enc_dim=32, enc_channels=[16, 16, 16, 16, 48], enc_attention_channels=8,
                      enc_res2net_scale=4, enc_se_channels=8),
@@ -78,7 +75,8 @@ SIZES: dict[str, dict[str, Any]] = {
                   head_dim=16, upsample_groups=32),
     ),
     "0.6b": dict(
-        talker=_decoder(1024, 28, 16, 8, 128, 3072), predictor=_decoder(1024, 5, 16, 8, 128, 3072),
+        talker=decoder_dims(1024, 28, 16, 8, 128, 3072),
+        predictor=decoder_dims(1024, 5, 16, 8, 128, 3072),
         text_hidden=2048, text_vocab=151936, mrope=[24, 20, 20],
         speaker=dict(enc_dim=1024, enc_channels=[512, 512, 512, 512, 1536],
                      enc_attention_channels=128, enc_res2net_scale=8, enc_se_channels=128),
@@ -93,30 +91,20 @@ SIZES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 SIZES["1.7b"] = {
     **SIZES["0.6b"],
-    "talker": _decoder(2048, 28, 16, 8, 128, 6144),
+    "talker": decoder_dims(2048, 28, 16, 8, 128, 6144),
     "speaker": {**SIZES["0.6b"]["speaker"], "enc_dim": 2048},
 }
 TTS_SIZE = {"tiny": "0b6", "0.6b": "0b6", "1.7b": "1b7"}
 
 
 # -- the tokenizer --------------------------------------------------------------------------------
-def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    bs += list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, [chr(c) for c in cs], strict=True))
-
-
 def write_tokenizer(out_dir: Path) -> dict[str, int]:
     """A Qwen2 byte-level BPE (vocab.json, merges.txt, tokenizer_config.json): the 256 byte
     symbols, merges that make each of WORDS one token (upstream slices its prompt by position,
     so "assistant", "user" and "\\n" must be single tokens), then SPECIALS. Returns their ids."""
-    vocab = {ch: i for i, ch in enumerate(_bytes_to_unicode().values())}
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte symbols
+
+    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
     merges = []
     for word in WORDS:
         cur = word[0]

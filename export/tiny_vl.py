@@ -16,9 +16,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from edgeomni.export.tiny import decoder_dims
 from edgeomni.export.tiny_omni import (
     MAX_PIXELS,
     ROLE_WORDS,
+    TEMPLATE_END,
     make_omni_tokenizer,
     redraw_parameters,
     tiny_vision_config,
@@ -54,11 +56,7 @@ CHAT_TEMPLATE = (
     "{%- set video_count.value = video_count.value + 1 %}"
     "{%- if add_vision_id %}{{- 'Video ' ~ video_count.value ~ ': ' }}{%- endif %}"
     "{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
-    "{%- elif part['type'] == 'text' %}{{- part['text'] }}"
-    "{%- endif %}{%- endfor %}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    + TEMPLATE_END
 )
 VOCAB = 512
 # the spread of the norms' gains around 1: at tiny_omni's 0.1 the ViT's features and their
@@ -97,12 +95,7 @@ def vl_config(ids: dict[str, int], **text: Any) -> Any:
 
     tiny = dict(
         vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **decoder_dims(64, 4, 4, 2, 16, 128),
         max_position_embeddings=2048,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
                          "mrope_section": [4, 2, 2], "mrope_interleaved": True},

@@ -216,7 +216,7 @@ def warned_of_positions(env: Env) -> None:
 
 def export_error_with_cause(env: Env) -> list[str]:
     """torch's exporter wraps the real error in a message of many lines."""
-    from edgeomni.export.families.qwen3 import hooks as qwen3
+    from edgeomni.export.families.qwen3.build import HOOKS as qwen3
 
     def broken(*args: object, **kwargs: object) -> Path:
         try:

@@ -24,7 +24,6 @@ them (tests/test_export_store.py checks it).
 
 from __future__ import annotations
 
-import importlib
 import multiprocessing
 import shutil
 import signal
@@ -143,7 +142,7 @@ class ExportStore:
         for comp in reversed(selected[1:]):
             where = _where(real, comp, Path(model_dir))
             if self._match(where, args) is None:
-                call = (real.__module__, real.__qualname__, str(model_dir), comp.name, args)
+                call = (str(model_dir), comp.name, args)
                 with self._lock:
                     self._planned.append((where, call))
         self._next()
@@ -177,11 +176,11 @@ class ExportStore:
                 self._busy = False
             if self._busy or not self._planned or (done is not None and self._pool is None):
                 return
-            where, (module, name, ckpt_dir, component, args) = self._planned.pop(0)
+            where, (ckpt_dir, component, args) = self._planned.pop(0)
             folder = self._folder()
             try:
-                future = self.worker().submit(export_in_worker, module, name, ckpt_dir,
-                                               component, str(folder), args)  # fmt: skip
+                future = self.worker().submit(export_in_worker, ckpt_dir, component,
+                                               str(folder), args)  # fmt: skip
             except Exception:  # a broken pool: this process exports everything
                 self._planned.clear()
                 self._pool = None
@@ -246,16 +245,17 @@ def _worker_init() -> None:
 
 
 def export_in_worker(
-    module: str, name: str, ckpt_dir: str, component: str, folder: str, args: Any
+    ckpt_dir: str, component: str, folder: str, args: Any
 ) -> tuple[dict[str, Any], str]:
-    """In the second process: the export, into ``folder``; (the args fields it read, the model
-    path relative to the folder)."""
+    """In the second process: the export (the family's export_component: a fresh interpreter
+    has none of this one's patches), into ``folder``; (the args fields it read, the model path
+    relative to the folder)."""
     from edgeomni.export.common.checkpoint import open_checkpoint
     from edgeomni.export.registry import family_for
 
-    real = getattr(importlib.import_module(module), name)
     ckpt = open_checkpoint(Path(ckpt_dir))
     hooks = family_for(ckpt.model_type).hooks()
+    real = hooks.export_component
     (comp,) = [c for c in hooks.components(ckpt) if c.name == component]
     reads = _Reads(args)
     model = Path(real(ckpt, comp, Path(folder), reads))

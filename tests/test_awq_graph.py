@@ -123,7 +123,7 @@ def test_calibration_needs_are_checked_only_where_the_graph_runs(tmp_path: Path)
     do not apply where the calibration does not run the graph (a CUDA build rounds plainly)."""
     from edgeomni.builder.errors import BuildError
     from edgeomni.export.common.checkpoint import open_checkpoint
-    from edgeomni.export.families.qwen3_tts import hooks
+    from edgeomni.export.families.qwen3_tts import build as hooks
     from edgeomni.export.tiny_tts import make_checkpoint
 
     ckpt = open_checkpoint(make_checkpoint(tmp_path / "ckpt", "base", "tiny"))

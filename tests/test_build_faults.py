@@ -237,7 +237,7 @@ def omni_without_processor(env: Env) -> list[str]:
 
 
 def disk_full(env: Env) -> list[str]:
-    from edgeomni.export.families.qwen3 import hooks as qwen3
+    from edgeomni.export.families.qwen3.build import HOOKS as qwen3
 
     def full(*args: object, **kwargs: object) -> Path:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -247,7 +247,7 @@ def disk_full(env: Env) -> list[str]:
 
 
 def bug_in_export(env: Env) -> list[str]:
-    from edgeomni.export.families.qwen3 import hooks as qwen3
+    from edgeomni.export.families.qwen3.build import HOOKS as qwen3
 
     def broken(*args: object, **kwargs: object) -> Path:
         raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")

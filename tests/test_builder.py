@@ -106,7 +106,7 @@ def test_failed_rebuild_keeps_previous_build(
     shutil.copytree(qwen3_engine, eng)
     before = {p.name: p.read_bytes() for p in eng.iterdir()}
 
-    from edgeomni.export.families.qwen3 import hooks as qwen3
+    from edgeomni.export.families.qwen3.build import HOOKS as qwen3
 
     def boom(*args, **kwargs):
         raise BuildError("simulated failure half way")

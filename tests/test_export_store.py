@@ -104,12 +104,10 @@ def test_an_export_in_the_second_process_is_the_one_made_here(
 ) -> None:
     """The session engine's export (made here, or taken from the second process) against the
     same export made there now: the same fields read, the same files."""
-    from edgeomni.export.families.qwen3 import hooks
     from edgeomni.export.family import BuildArgs
 
     args = BuildArgs(max_batch_size=3, max_input_len=64, max_kv_cache_capacity=128)  # conftest's
-    real = getattr(hooks.export_component, "__wrapped__", hooks.export_component)
-    call = (real.__module__, real.__qualname__, str(qwen3_ckpt), "llm", str(tmp_path), args)
+    call = (str(qwen3_ckpt), "llm", str(tmp_path), args)
     read, model = exports.worker().submit(export_in_worker, *call).result()
     (entry,) = [e for e in exports.entries if e.where[2].name == "llm"
                 and e.where[3] == str(qwen3_ckpt.resolve()) and e.read == read]  # fmt: skip

@@ -272,7 +272,7 @@ def test_no_graph_keeps_the_old_one_and_says_so(
 
 
 def test_served_by_overrides_the_runner_default(omni_engine: Path, omni_ckpt: Path) -> None:
-    from edgeomni.export.families.qwen3_omni import hooks as qwen3_omni
+    from edgeomni.export.families.qwen3_omni import build as qwen3_omni
 
     graph = graph_schema.load(omni_engine / GRAPH_FILE)
     ckpt = open_checkpoint(omni_ckpt)
@@ -287,7 +287,7 @@ def test_served_by_overrides_the_runner_default(omni_engine: Path, omni_ckpt: Pa
 
 
 def test_write_graph_says_why_not(omni_ckpt: Path, tmp_path: Path, logs) -> None:
-    from edgeomni.export.families.qwen3_omni import hooks as qwen3_omni
+    from edgeomni.export.families.qwen3_omni import build as qwen3_omni
     from edgeomni.export.families.qwen3_omni.build import TALKER
 
     ckpt = open_checkpoint(omni_ckpt)

@@ -117,6 +117,29 @@ def test_generic_runtime_files_name_no_family() -> None:
                 assert not module.startswith("edgeomni.runtime.families."), (path, module)
 
 
+def test_no_family_imports_another_familys_folders() -> None:
+    """A family is its folders (export/families/<name>/, runtime/families/<name>/): what two
+    families share lives in a place neither owns (export/speech/, runtime/speech/), so no
+    family's module imports another family's."""
+    found = []
+    for side in ("export", "runtime"):
+        root = ROOT / side / "families"
+        for folder in sorted(p for p in root.iterdir() if (p / "__init__.py").is_file()):
+            for path in folder.rglob("*.py"):
+                for node in ast.walk(ast.parse(path.read_text())):
+                    if isinstance(node, ast.Import):
+                        modules = [a.name for a in node.names]
+                    elif isinstance(node, ast.ImportFrom) and node.module:
+                        modules = [node.module]
+                    else:
+                        continue
+                    for module in modules:
+                        hit = re.match(r"edgeomni\.(export|runtime)\.families\.(\w+)", module)
+                        if hit and hit.group(2) != folder.name:
+                            found.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert found == []
+
+
 def test_families_tables_import_no_family_module() -> None:
     """Importing the tables (and the runner table and text runner built on them) loads none of
     a family's modules: only the family packages, whose __init__ declares "module:attr"

@@ -70,7 +70,7 @@ def test_a_tied_checkpoint_builds_its_head_from_the_embedding(vl_ckpt: Path, tmp
     from safetensors.torch import load_file, save_file
 
     from edgeomni.export.common.checkpoint import open_checkpoint
-    from edgeomni.export.families.qwen3_vl.build import build_llm
+    from edgeomni.export.families.qwen3_vl.build import HOOKS
 
     tied = tmp_path / "tied"
     shutil.copytree(vl_ckpt, tied)
@@ -80,7 +80,7 @@ def test_a_tied_checkpoint_builds_its_head_from_the_embedding(vl_ckpt: Path, tmp
     config = json.loads((tied / "config.json").read_text())
     config["tie_word_embeddings"] = config["text_config"]["tie_word_embeddings"] = True
     (tied / "config.json").write_text(json.dumps(config))
-    llm = build_llm(open_checkpoint(tied))
+    llm = HOOKS.load_llm(open_checkpoint(tied))
     head = dict(llm.named_parameters())["lm_head_t"].detach()  # [H, V]
     assert torch.equal(head, weights["model.language_model.embed_tokens.weight"].t())
 

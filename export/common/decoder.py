@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from edgeomni.export.common.checkpoint import CheckpointError
 from edgeomni.plugins import attention as attention_plugin
 from edgeomni.plugins import rotary as rotary_plugin
 
@@ -71,6 +73,17 @@ class DecoderConfig:
     def embeds_size(self) -> int:
         """The width of ``inputs_embeds``."""
         return self.input_size or self.hidden_size
+
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16}  # a build's decoders'
+
+
+def decoder_dtype(ckpt: Any, args: Any) -> torch.dtype:
+    """The torch dtype of a build's decoders (--dtype; encoders and vocoders stay float32); a
+    CheckpointError for one no decoder is exported in."""
+    if args.dtype not in DTYPES:
+        raise CheckpointError(f"dtype {args.dtype!r} is not supported for {ckpt.model_type}")
+    return DTYPES[args.dtype]
 
 
 class RMSNorm(nn.Module):

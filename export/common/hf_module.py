@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,3 +28,16 @@ def load_hf_module(
     module.load_state_dict(state, strict=True)
     # float32 whatever dtype the module was built in (a checkpoint's config may say bfloat16)
     return module.to(torch.float32)
+
+
+def hf_config(config: Any, cls: Any, sections: Sequence[str], what: str) -> Any:
+    """A ``cls`` config from such an object, its dict, or the dict of the config sections above
+    it (each of ``sections`` entered where present: a whole checkpoint's, a thinker's)."""
+    if isinstance(config, cls):
+        return config
+    if isinstance(config, Mapping):
+        sub = config
+        for key in sections:
+            sub = sub.get(key, sub)
+        return cls.from_dict(dict(sub))
+    raise TypeError(f"expected {what} config or dict, got {type(config).__name__}")

@@ -1,7 +1,7 @@
-"""A text_config section of a multimodal Qwen3 checkpoint as decoder dimensions.
-
-Qwen3-Omni's thinker, talker and code predictor and Qwen3-VL's LLM keep their decoder in a
-``text_config`` section of the same shape. transformers 5 writes the rope settings into
+"""A decoder section of a Qwen3 checkpoint's config.json as decoder dimensions: the one reading
+of every family's decoders (a Qwen3 LLM's top level, Qwen3-ASR's, Qwen3-VL's and Qwen3-Omni's
+``text_config`` sections, Qwen3-TTS's talker and code predictor). transformers 5 writes the rope
+settings into
 ``rope_parameters``; checkpoints saved by transformers 4 (the released ones) keep them in
 ``rope_scaling`` with ``rope_theta`` beside it. Both are read here.
 """
@@ -40,19 +40,34 @@ def rope(
 
 
 def decoder_config(
-    text: dict[str, Any], default_theta: float = 1e6, where: str = "", **extra: Any
-) -> DecoderConfig:
-    """A text_config section as decoder dimensions, each value checked by name (``where``: the
-    section's dotted path); ``extra``: DecoderConfig's other fields."""
-    hidden, heads, kv_heads, head_dim = attention_dims(text, where)
+    text: dict[str, Any], default_theta: float = 1e6, where: str = "", *,
+    kv_heads: int | None = None, head_dim: int | None = None, **extra: Any,
+) -> DecoderConfig:  # fmt: skip
+    """A decoder section as decoder dimensions, each value checked by name (``where``: the
+    section's dotted path), refusing the layers our decoder does not implement;
+    ``default_theta``, ``kv_heads`` and ``head_dim``: the config class's defaults for absent
+    keys (config_values.attention_dims); ``extra``: DecoderConfig's other fields."""
+    if text.get("use_sliding_window"):
+        raise CheckpointError(f"config.json: {where}use_sliding_window true: sliding-window "
+                              "layers are not supported")  # fmt: skip
+    if any(t != "full_attention" for t in text.get("layer_types") or []):
+        raise CheckpointError(
+            f"config.json: {where}layer_types: only full_attention layers are supported"
+        )
+    if text.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"config.json: {where}hidden_act {text['hidden_act']!r} is not silu")
+    hidden, heads, kv, dim = attention_dims(text, where, kv_heads=kv_heads, head_dim=head_dim)
     theta, _ = rope(text, default_theta, where)
+    # a sparse-MoE section may leave the dense MLP's width out
+    moe = bool(text.get("num_experts", text.get("num_local_experts")))
     return DecoderConfig(
         hidden_size=hidden,
         num_layers=integer(text, "num_hidden_layers", where),
         num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=integer(text, "intermediate_size", where, least=0, default=0),
+        num_kv_heads=kv,
+        head_dim=dim,
+        intermediate_size=(integer(text, "intermediate_size", where, least=0, default=0) if moe
+                           else integer(text, "intermediate_size", where)),  # fmt: skip
         vocab_size=integer(text, "vocab_size", where),
         rms_norm_eps=number(text, "rms_norm_eps", where, default=1e-6),
         rope_theta=theta,

@@ -42,7 +42,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeAudioEncoderConfig,
 )
 
-from edgeomni.export.common.hf_module import load_hf_module
+from edgeomni.export.common.hf_module import hf_config, load_hf_module
 from edgeomni.export.common.onnx_export import export_onnx
 from edgeomni.plugins import attention as attention_plugin
 
@@ -91,14 +91,7 @@ OMNI = AudioTower(
 def audio_config(config: Any, tower: AudioTower = OMNI) -> Any:
     """An audio encoder config from the config object, its dict, or a whole checkpoint's dict
     (the sections of ``tower``)."""
-    if isinstance(config, tower.config_class):
-        return config
-    if isinstance(config, Mapping):
-        sub = config
-        for key in tower.sections:
-            sub = sub.get(key, sub)
-        return tower.config_class.from_dict(dict(sub))
-    raise TypeError(f"expected an audio encoder config or dict, got {type(config).__name__}")
+    return hf_config(config, tower.config_class, tower.sections, "an audio encoder")
 
 
 def chunks_per_window(cfg: Any) -> int:

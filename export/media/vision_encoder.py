@@ -34,7 +34,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeVisionEncoderConfig,
 )
 
-from edgeomni.export.common.hf_module import load_hf_module
+from edgeomni.export.common.hf_module import hf_config, load_hf_module
 from edgeomni.export.common.onnx_export import export_onnx
 from edgeomni.export.common.shapes import DimRanges, upto
 from edgeomni.plugins import attention as attention_plugin
@@ -79,14 +79,7 @@ OUTPUTS = ("image_embeds", "deepstack")
 def vision_config(config: Any, spec: VisionSpec = OMNI) -> Any:
     """A vision config from the config object, its dict, or the dict of the config sections
     above it (a thinker's, a whole checkpoint's)."""
-    if isinstance(config, spec.config):
-        return config
-    if isinstance(config, Mapping):
-        sub = config
-        for key in spec.sections:
-            sub = sub.get(key, sub)
-        return spec.config.from_dict(dict(sub))
-    raise TypeError(f"expected a vision config or dict, got {type(config).__name__}")
+    return hf_config(config, spec.config, spec.sections, "a vision")
 
 
 def _inv_freq(model: nn.Module) -> torch.Tensor:

@@ -1,14 +1,9 @@
 """Qwen3 causal LMs (model_type "qwen3"): one component, the llm, as a one-stage graph run by
-the generic text model's runner. Its build hooks are in .hooks."""
+the generic text model's runner. Its build hooks are .build's HOOKS (a TextFamily)."""
 
-from edgeomni.export.registry import Family, register_family
+from edgeomni.export.registry import TEXT_SMOKE, Family, register_family
 
-FAMILY = register_family(
-    Family(
-        name="qwen3",
-        model_types=("qwen3",),
-        module="edgeomni.export.families.qwen3.hooks",
-        tiny="edgeomni.export.tiny:make_qwen3",
-        smoke=("--max-generate-length", "4", "--sampling", '{"top_k": 1}'),
-    )
-)
+FAMILY = register_family(Family(
+    "qwen3", ("qwen3",), f"{__name__}.build:HOOKS",
+    tiny="edgeomni.export.tiny:make_qwen3", smoke=TEXT_SMOKE,
+))  # fmt: skip

@@ -12,31 +12,19 @@ encoder's rows over those positions (runtime/media/hook.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from edgeomni.export.common import artifacts
-from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError, section
-from edgeomni.export.common.checkpoint import position_limits as position_limits_of
-from edgeomni.export.common.decoder import CausalLM
-from edgeomni.export.common.decoder_weights import load_decoder
-from edgeomni.export.common.memory_plan import F32, decoder_memory, float_memory, table_rows
-from edgeomni.export.common.onnx_export import export_causal_lm
-from edgeomni.export.common.shapes import DimRanges, decoder_ranges
-from edgeomni.export.families.qwen3.config import decoder_config
-from edgeomni.export.family import BuildArgs, Component, ComponentMemory
+from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
+from edgeomni.export.common.text_family import Encoder, TextFamily
+from edgeomni.export.family import BuildArgs, Component
 from edgeomni.export.media import audio_encoder as audio
 from edgeomni.export.registry import LLM_RUNNER
+from edgeomni.graph_schema import Input
 
-LLM = Component("llm", ".", "llm.onnx", LLM_RUNNER)
-# the encoder is no stage of its own: the llm's runner finds it beside the llm and calls it
-AUDIO = Component("audio", "audio", audio.ENGINE, LLM_RUNNER)
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
 TEXT = "model.language_model."  # the decoder's weights; ours are named model.<...>
-EMBEDDING = TEXT + "embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
 
 
@@ -62,114 +50,46 @@ def _tower() -> audio.AudioTower:
     )
 
 
-def components(ckpt: Checkpoint) -> tuple[Component, ...]:
-    """The llm always; the audio encoder when the checkpoint has it (with its config files
-    alone, for edge-build --estimate: when its config has the section)."""
-    try:
-        has_audio = any(ckpt.names("model.audio_tower."))
-    except CheckpointError:  # no weight files: what the config describes
-        has_audio = isinstance(ckpt.config.get("audio_config"), dict)
-    return (LLM, AUDIO) if has_audio else (LLM,)
-
-
-def text_config(cfg: Mapping[str, Any]) -> Any:
-    """The llm's dimensions (its text_config, a Qwen3 config)."""
-    return decoder_config(section(dict(cfg), "text_config"), where="text_config.")
-
-
-def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:
-    """What write_artifacts reads of config.json and the small files (tokenizer, chat
-    template, the feature extractor's settings, the audio token id), before any export."""
-    text_config(ckpt.config)
-    if LLM in components:
-        artifacts.require_tokenizer(ckpt)
-        media_tokens(ckpt)
-    if AUDIO in components:
-        feature_settings(ckpt)
-
-
-def position_limits(
-    ckpt: Checkpoint, components: Sequence[Component]
-) -> dict[str, tuple[str, int]]:
-    """The llm's position limit, for edge-build's warning past it."""
-    return position_limits_of(
-        ckpt.config, {LLM.name: ("text_config",)}, (c.name for c in components)
-    )
-
-
-def dim_ranges(ckpt: Checkpoint, component: Component, args: BuildArgs) -> DimRanges:
-    """The sizes each component is called with (export/common/shapes.py)."""
-    if component.name == AUDIO.name:
-        return audio.audio_dim_ranges(audio.audio_config(ckpt.config, _tower()))
-    return decoder_ranges(args.max_batch_size, args.max_input_len, args.max_kv_cache_capacity)
-
-
-def llm_module(ckpt: Checkpoint) -> CausalLM:
-    """The llm as the export builds it, weights not loaded."""
-    return CausalLM(text_config(ckpt.config)).eval()
-
-
-def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> ComponentMemory:
-    """edge-build --estimate's view: the exported modules on the meta device, the float32
-    embedding table, the llm's KV cache."""
-    with torch.device("meta"):
-        if component.name == AUDIO.name:
-            tower = _tower()
-            encoder = tower.encoder(audio.audio_config(ckpt.config, tower))
-            return float_memory(audio.AudioEncoderGraph(encoder, _projector(ckpt.config)))
-        module = llm_module(ckpt).to(DTYPES.get(args.dtype, torch.float32))
-    return decoder_memory(module, {"embedding": (table_rows(module), F32)})
-
-
-def load_llm(ckpt: Checkpoint, dtype: torch.dtype) -> CausalLM:
-    """The llm with the checkpoint's language-model weights (lm_head tied to the embeddings
-    unless the checkpoint stores its own)."""
-    module = llm_module(ckpt)
+def lm_head(ckpt: Checkpoint) -> str:
+    """Tied to the embeddings unless the checkpoint stores its own head."""
     tied = ckpt.config.get("tie_word_embeddings", True) or not ckpt.has(LM_HEAD)
-
-    def get(name: str) -> Any:  # our model.<x> is the checkpoint's model.language_model.<x>
-        return ckpt.tensor(TEXT + name[len("model.") :] if name.startswith("model.") else name)
-
-    head = "model.embed_tokens.weight" if tied else LM_HEAD
-    load_decoder(module, get, prefix="", lm_head=head, dtype=dtype, where=str(ckpt.path))
-    return module
+    return TEXT + "embed_tokens.weight" if tied else LM_HEAD
 
 
-def export_component(
-    ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs
-) -> Path:
-    if args.dtype not in DTYPES:
-        raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3_asr")
-    path = work_dir / component.engine
-    if component.name == AUDIO.name:  # float32, as the other families' encoders
-        tower = _tower()
-        encoder = audio.load_audio_tower(ckpt.tensor, ckpt.config, tower)
-        head = audio.load_head(ckpt.tensor, ckpt.config, tower)
-        return audio.export_audio_encoder(encoder, path, head)
-    return export_causal_lm(
-        load_llm(ckpt, DTYPES[args.dtype]),
-        path,
-        logits_topk=args.logits_topk or 0,
-        float32_embeds=True,  # the runner's float32 table, audio rows spliced in
-    )
+def _export(ckpt: Checkpoint, path: Any) -> Any:
+    tower = _tower()
+    encoder = audio.load_audio_tower(ckpt.tensor, ckpt.config, tower)
+    head = audio.load_head(ckpt.tensor, ckpt.config, tower)
+    return audio.export_audio_encoder(encoder, path, head)
 
 
-def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:
-    if component.name == AUDIO.name:
-        artifacts.write_engine_config(
-            out_dir,
-            audio.audio_engine_config(
-                ckpt.config, backend=args.backend, device=args.device, tower=_tower(),
-                min_samples=feature_settings(ckpt)["min_length"],
-            ),
-        )  # fmt: skip
-        return
-    cfg = ckpt.config
-    artifacts.write_embedding(ckpt.tensor(EMBEDDING), out_dir)
-    artifacts.write_tokenizer(ckpt, out_dir)
-    config = artifacts.text_engine_config(ckpt, component, args, text_config(cfg), cfg)
-    # the runtime's media hook for this model type opens on these
-    artifacts.write_engine_config(out_dir, {**config, "media_tokens": media_tokens(ckpt)})
+def _engine_config(ckpt: Checkpoint, args: BuildArgs) -> dict[str, Any]:
+    return audio.audio_engine_config(
+        ckpt.config, backend=args.backend, device=args.device, tower=_tower(),
+        min_samples=feature_settings(ckpt)["min_length"],
+    )  # fmt: skip
+
+
+def _module(ckpt: Checkpoint) -> torch.nn.Module:
+    tower = _tower()
+    encoder = tower.encoder(audio.audio_config(ckpt.config, tower))
+    return audio.AudioEncoderGraph(encoder, _projector(ckpt.config))
+
+
+# the encoder is no stage of its own: the llm's runner finds it beside the llm and calls it
+AUDIO = Encoder(
+    component=Component("audio", "audio", audio.ENGINE, LLM_RUNNER),
+    weights="model.audio_tower.", config="audio_config", inputs=(), export=_export,
+    engine_config=_engine_config, module=_module, check=lambda ckpt: feature_settings(ckpt),
+    ranges=lambda ckpt, args: audio.audio_dim_ranges(audio.audio_config(ckpt.config, _tower())),
+)  # fmt: skip
+# the stage hears a request's audio; ``language`` (a forced transcript language) is the
+# family's request control, which the stage reads
+HOOKS = TextFamily(
+    text=("text_config",), prefix=TEXT, lm_head=lm_head, encoder=AUDIO,
+    inputs=(Input("audio", "request:audio", "skip"), Input("language", "request:language", "skip")),
+    fields=lambda ckpt, dec: {"media_tokens": media_tokens(ckpt)},
+)  # fmt: skip
 
 
 def media_tokens(ckpt: Checkpoint) -> dict[str, int]:

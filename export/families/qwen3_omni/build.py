@@ -1,4 +1,6 @@
-"""Qwen3-Omni's components: what each exports and what the runtime needs beside each engine."""
+"""Qwen3-Omni's build hooks (the registry's module for it): its components, what each exports
+and what the runtime needs beside each engine; the speech components' shared parts are
+export/speech/'s."""
 
 from __future__ import annotations
 
@@ -6,39 +8,35 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError
 from edgeomni.export.common.checkpoint import position_limits as position_limits_of
+from edgeomni.export.common.decoder import decoder_dtype
 from edgeomni.export.common.onnx_export import export_causal_lm
 from edgeomni.export.families.qwen3_omni import (
     CODE2WAV_RUNNER,
     TALKER_RUNNER,
     code2wav,
-    code2wav_stream,
     talker,
     thinker,
 )
 from edgeomni.export.families.qwen3_omni.config import section
+from edgeomni.export.families.qwen3_omni.memory import memory_plan  # noqa: F401 (a hook)
+from edgeomni.export.families.qwen3_omni.shapes import dim_ranges  # noqa: F401 (a hook)
+from edgeomni.export.families.qwen3_omni.topology import multistage_topology  # noqa: F401
 from edgeomni.export.family import BuildArgs, Component
 from edgeomni.export.media import audio_encoder as audio
 from edgeomni.export.media import vision_encoder as visual
 from edgeomni.export.registry import LLM_RUNNER
+from edgeomni.export.speech import parts
+from edgeomni.export.speech.parts import CALIBRATION_FRAMES, left_out  # noqa: F401
 
 LLM = Component("llm", ".", "llm.onnx", LLM_RUNNER)
 # the encoders are no stages of their own: the thinker's runner calls them
 AUDIO = Component("audio", "audio", audio.ENGINE, LLM_RUNNER)
 VISUAL = Component("visual", "visual", visual.ENGINE, LLM_RUNNER)
-TALKER = Component("talker", "talker", "llm.onnx", TALKER_RUNNER)
-CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", TALKER_RUNNER)
-CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, CODE2WAV_RUNNER)
-# the stateful step engine the code2wav stage streams with (--code2wav-streaming stateful)
-CODE2WAV_STREAM = Component(
-    code2wav_stream.COMPONENT, code2wav_stream.COMPONENT, code2wav_stream.ENGINE, CODE2WAV_RUNNER
-)
-SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV, CODE2WAV_STREAM)
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
+SPEECH = parts.components(TALKER_RUNNER, CODE2WAV_RUNNER)
+TALKER, CODE_PREDICTOR, CODE2WAV, CODE2WAV_STREAM = SPEECH
 
 
 def components(ckpt: Checkpoint) -> tuple[Component, ...]:
@@ -66,13 +64,6 @@ def _has(ckpt: Checkpoint, prefix: str, config_section: tuple[str, ...]) -> bool
         return True
 
 
-def left_out(ckpt: Checkpoint, args: BuildArgs) -> dict[str, str]:
-    """The stateful code2wav step is built unless --code2wav-streaming windows."""
-    if args.code2wav_streaming == "windows":
-        return {CODE2WAV_STREAM.name: "--code2wav-streaming windows"}
-    return {}
-
-
 def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:
     """What write_artifacts reads of config.json and the small files (tokenizer, speakers and
     ids, image processor settings, a code2wav the step can stream), checked before any
@@ -90,7 +81,7 @@ def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs
 def stream_config(ckpt: Checkpoint, args: BuildArgs) -> dict[str, Any]:
     """The step engine's config.json fields; a CheckpointError for a code2wav it cannot step."""
     try:
-        return code2wav_stream.omni_engine_config(
+        return code2wav.omni_engine_config(
             ckpt.config, backend=args.backend, device=args.device
         )
     except ValueError as e:
@@ -112,14 +103,11 @@ def position_limits(
 def export_component(
     ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs
 ) -> Path:
-    if args.dtype not in DTYPES:
-        raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3_omni_moe")
-    dtype = DTYPES[args.dtype]  # the decoders; encoders and code2wav stay float32
-    path = work_dir / component.engine
+    dtype, path = decoder_dtype(ckpt, args), work_dir / component.engine
     if component in (CODE2WAV, CODE2WAV_STREAM):  # reads no other flag: the same for any device
         model = code2wav.load_code2wav(ckpt.tensor, ckpt.config)
         if component is CODE2WAV_STREAM:
-            return code2wav_stream.export_omni(model, path)
+            return code2wav.export_omni(model, path)
         return code2wav.export_code2wav(model, path)
     topk = args.logits_topk or 0
     if component is LLM:
@@ -135,15 +123,7 @@ def export_component(
             topk_exclude=talker.suppressed_codes(ckpt.config),
         )
     if component is CODE_PREDICTOR:
-        module = talker.build_predictor(ckpt, dtype)
-        if not args.engine_sampling:
-            return export_causal_lm(module, path, logits_topk=topk)
-        # it draws its codes itself (export/common/sampler.py)
-        tables = talker.predictor_embeddings(ckpt, module.cfg.lm_heads + 1)
-        return export_causal_lm(
-            module, path, logits_topk=topk,
-            sampler_tables=torch.stack([tables[f"embedding_{i}"] for i in range(len(tables))]),
-        )  # fmt: skip
+        return parts.export_predictor(talker, ckpt, path, args)
     if component is AUDIO:
         return audio.export_audio_encoder(audio.load_audio_tower(ckpt.tensor, ckpt.config), path)
     if component is VISUAL:
@@ -182,14 +162,7 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
             ),
         )
     elif component is CODE_PREDICTOR:
-        cfg = talker.predictor_decoder_config(ckpt.config)
-        save_file(
-            talker.predictor_embeddings(ckpt, cfg.lm_heads + 1),
-            str(out_dir / "embedding.safetensors"),
-        )
-        artifacts.write_engine_config(
-            out_dir, {**base, **artifacts.decoder_fields(cfg), "num_code_groups": cfg.lm_heads + 1}
-        )
+        parts.write_predictor(talker, ckpt, out_dir, base)
     elif component is CODE2WAV_STREAM:
         artifacts.write_engine_config(out_dir, stream_config(ckpt, args))
     else:
@@ -203,9 +176,6 @@ def image_processor_settings(ckpt: Checkpoint) -> dict[str, Any]:
     """The checkpoint's image processor settings (preprocessor_config.json, or the
     "image_processor" section of processor_config.json), which the visual engine folder keeps."""
     return visual.processor_settings(ckpt.path, "image", required=True)
-
-
-CALIBRATION_FRAMES = 48  # frames each int4_awq calibration request speaks
 
 
 def calibration_fields(ckpt: Checkpoint) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from edgeomni.export.common.checkpoint import Checkpoint
+from edgeomni.export.common.decoder import DTYPES
 from edgeomni.export.common.memory_plan import (
     F32,
     decoder_memory,
@@ -17,46 +18,34 @@ from edgeomni.export.common.memory_plan import (
     table_rows,
 )
 from edgeomni.export.families.qwen3_omni import code2wav, talker, thinker
-from edgeomni.export.families.qwen3_omni.build import (
-    AUDIO,
-    CODE2WAV,
-    CODE2WAV_STREAM,
-    CODE_PREDICTOR,
-    DTYPES,
-    LLM,
-    TALKER,
-    VISUAL,
-)
 from edgeomni.export.family import BuildArgs, Component, ComponentMemory
 from edgeomni.export.media import audio_encoder as audio
 from edgeomni.export.media import vision_encoder as visual
+from edgeomni.export.speech import code2wav_stream, parts
 
 
 def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> ComponentMemory:
-    config = ckpt.config
+    config, name = ckpt.config, component.name
     with torch.device("meta"):
-        if component is AUDIO:
+        if name == "audio":
             return float_memory(audio.hf.Qwen3OmniMoeAudioEncoder(audio.audio_config(config)))
-        if component is VISUAL:
+        if name == "visual":
             return float_memory(visual.OMNI.module(visual.vision_config(config)))
-        if component in (CODE2WAV, CODE2WAV_STREAM):  # the same weights, each engine its own
+        if name in ("code2wav", code2wav_stream.COMPONENT):  # the same weights, each its engine
             return float_memory(code2wav.hf.Qwen3OmniMoeCode2Wav(code2wav.code2wav_config(config)))
         dtype = DTYPES.get(args.dtype, torch.float32)
-        if component is LLM:
+        if name == "llm":
             module = thinker.thinker_module(config).to(dtype)
             return decoder_memory(module, {"embedding": (table_rows(module), F32)})
-        if component is TALKER:
+        if name == "talker":
             module = talker.talker_module(config).to(dtype)
             text = thinker.thinker_module(config).cfg.hidden_size
             tables = {"embedding": (table_rows(module), F32), "tts_special": ((3, text), F32)}
             tables.update(_projection_tables(config))
             return decoder_memory(module, tables)
-        if component is CODE_PREDICTOR:
-            module = talker.predictor_module(config).to(dtype)
-            rows = table_rows(module)
-            tables = {f"embedding_{i}": (rows, F32) for i in range(module.cfg.lm_heads)}
-            return decoder_memory(module, tables)
-    raise ValueError(f"qwen3_omni_moe has no component {component.name!r}")
+        if name == "code_predictor":
+            return parts.predictor_memory(talker.predictor_module(config).to(dtype))
+    raise ValueError(f"qwen3_omni_moe has no component {name!r}")
 
 
 def _projection_tables(config: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:

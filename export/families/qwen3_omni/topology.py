@@ -7,12 +7,10 @@ from collections.abc import Mapping
 
 from edgeomni.export.common.checkpoint import Checkpoint
 from edgeomni.export.families.qwen3_omni import CODE2WAV_RUNNER, TALKER_RUNNER
-from edgeomni.export.families.qwen3_omni.code2wav_stream import stage_config
 from edgeomni.export.family import BuildArgs
 from edgeomni.export.registry import LLM_RUNNER
+from edgeomni.export.speech import parts
 from edgeomni.graph_schema import SCHEMA_VERSION, Emit, Graph, Input, Stage
-
-SPEECH = ("talker", "code_predictor", "code2wav")
 
 
 def multistage_topology(
@@ -45,27 +43,12 @@ def multistage_topology(
         ),
         config={"encoders": encoders} if encoders else {},
     )
-    if not all(c in components for c in SPEECH):
+    if parts.missing(components):
         return Graph(SCHEMA_VERSION, ("thinker:text",), (thinker,))
-    talker = Stage(
-        id="talker",
-        runner=TALKER_RUNNER,
-        artifact=components["talker"],
-        kind="autoregressive",
-        inputs=(
-            Input("hidden", "thinker:accept_hidden", "fail"),
-            Input("text_ids", "thinker:text", "fail"),
-            Input("voice", "request:voice", "skip"),
-        ),
-        emits=(Emit("codes", "codec", "chunk_stream"),),
-    )
-    vocoder = Stage(
-        id="code2wav",
-        runner=CODE2WAV_RUNNER,
-        artifact=components["code2wav"],
-        kind="iterative",
-        inputs=(Input("codes", "talker:codes", "fail"),),
-        emits=(Emit("audio", "audio", "chunk_stream", terminal=True),),
-        config=stage_config(components),
-    )
+    talker = parts.talker_stage(TALKER_RUNNER, components, (
+        Input("hidden", "thinker:accept_hidden", "fail"),
+        Input("text_ids", "thinker:text", "fail"),
+        Input("voice", "request:voice", "skip"),
+    ))  # fmt: skip
+    vocoder = parts.vocoder_stage(CODE2WAV_RUNNER, components)
     return Graph(SCHEMA_VERSION, ("thinker:text", "code2wav:audio"), (thinker, talker, vocoder))

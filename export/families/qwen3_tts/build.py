@@ -18,6 +18,7 @@ import torch
 from edgeomni.export.common import artifacts, text_files
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError, section
 from edgeomni.export.common.checkpoint import position_limits as position_limits_of
+from edgeomni.export.common.decoder import decoder_dtype
 from edgeomni.export.common.onnx_export import export_causal_lm
 from edgeomni.export.families.qwen3_tts import (
     CODE2WAV_RUNNER,
@@ -30,6 +31,7 @@ from edgeomni.export.families.qwen3_tts import (
     talker,
 )
 from edgeomni.export.families.qwen3_tts.config import (
+    TOKENIZER,
     need,
     num_code_groups,
     predictor_decoder_config,
@@ -37,16 +39,18 @@ from edgeomni.export.families.qwen3_tts.config import (
     talker_decoder_config,
     tts_model_type,
 )
-from edgeomni.export.family import BuildArgs, Component
-
-TALKER = Component("talker", "talker", "llm.onnx", TALKER_RUNNER)
-CODE_PREDICTOR = Component("code_predictor", "code_predictor", "llm.onnx", TALKER_RUNNER)
-CODE2WAV = Component("code2wav", "code2wav", code2wav.ENGINE, CODE2WAV_RUNNER)
-# the stateful step engine the code2wav stage streams with (--code2wav-streaming stateful)
-CODE2WAV_STREAM = Component(
-    code2wav.stream.COMPONENT, code2wav.stream.COMPONENT, code2wav.stream.ENGINE, CODE2WAV_RUNNER
+from edgeomni.export.families.qwen3_tts.memory import memory_plan  # noqa: F401 (a hook)
+from edgeomni.export.families.qwen3_tts.shapes import dim_ranges  # noqa: F401 (a hook)
+from edgeomni.export.families.qwen3_tts.topology import (  # noqa: F401 (hooks)
+    multistage_topology,
+    no_graph_reason,
 )
-SPEECH = (TALKER, CODE_PREDICTOR, CODE2WAV, CODE2WAV_STREAM)
+from edgeomni.export.family import BuildArgs, Component
+from edgeomni.export.speech import parts
+from edgeomni.export.speech.parts import CALIBRATION_FRAMES, left_out  # noqa: F401
+
+SPEECH = parts.components(TALKER_RUNNER, CODE2WAV_RUNNER)
+TALKER, CODE_PREDICTOR, CODE2WAV, CODE2WAV_STREAM = SPEECH
 # Base checkpoints' clone encoders: stages of their own, planned only for requests with ref_audio
 SPEAKER_ENCODER = Component(
     "speaker_encoder", "speaker_encoder", speaker_encoder.ENGINE, SPEAKER_ENCODER_RUNNER
@@ -56,8 +60,6 @@ SPEECH_ENCODER = Component(
     SPEECH_ENCODER_RUNNER,
 )  # fmt: skip
 CLONE = (SPEAKER_ENCODER, SPEECH_ENCODER)
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
-TOKENIZER = "speech_tokenizer"
 # upstream's hard defaults (Qwen3TTSModel._merge_generate_kwargs), which generation_config.json
 # overrides key by key
 GENERATION = {
@@ -74,13 +76,6 @@ def components(ckpt: Checkpoint) -> tuple[Component, ...]:
     if tts_model_type(ckpt.config) == "base":
         return (*CLONE, *SPEECH)
     return SPEECH
-
-
-def left_out(ckpt: Checkpoint, args: BuildArgs) -> dict[str, str]:
-    """The stateful code2wav step is built unless --code2wav-streaming windows."""
-    if args.code2wav_streaming == "windows":
-        return {CODE2WAV_STREAM.name: "--code2wav-streaming windows"}
-    return {}
 
 
 def preflight(ckpt: Checkpoint, components: Sequence[Component], args: BuildArgs) -> None:
@@ -130,10 +125,7 @@ def position_limits(
 def export_component(
     ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs
 ) -> Path:
-    if args.dtype not in DTYPES:
-        raise CheckpointError(f"dtype {args.dtype!r} is not supported for qwen3_tts")
-    dtype = DTYPES[args.dtype]  # the decoders; code2wav stays float32
-    path = work_dir / component.engine
+    dtype, path = decoder_dtype(ckpt, args), work_dir / component.engine
     topk = args.logits_topk or 0
     if component is TALKER:
         return export_causal_lm(
@@ -141,16 +133,7 @@ def export_component(
             topk_exclude=suppressed_codes(ckpt.config), float32_embeds=True,
         )  # fmt: skip
     if component is CODE_PREDICTOR:
-        # its inputs stay the engine's dtype (no float32_embeds): on a GPU the talker's hidden
-        # state and the drawn codes' embeddings reach it as device buffers of that dtype
-        module = talker.build_predictor(ckpt, dtype)
-        if not args.engine_sampling:
-            return export_causal_lm(module, path, logits_topk=topk)
-        tables = talker.predictor_embeddings(ckpt, module.cfg.lm_heads + 1)
-        return export_causal_lm(
-            module, path, logits_topk=topk,
-            sampler_tables=torch.stack([tables[f"embedding_{i}"] for i in range(len(tables))]),
-        )  # fmt: skip
+        return parts.export_predictor(talker, ckpt, path, args)
     if component is CODE2WAV:
         return code2wav.export_code2wav(code2wav.load_decoder(ckpt.path / TOKENIZER), path)
     if component is CODE2WAV_STREAM:
@@ -167,10 +150,7 @@ def export_component(
 
 
 def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs) -> None:
-    from safetensors.torch import save_file
-
-    base = {"component": component.name, "model_type": ckpt.model_type, "engine": component.engine,
-            "backend": args.backend, "device": args.device, "dtype": args.dtype}  # fmt: skip
+    base = artifacts.engine_fields(ckpt, component, args)
     if component is TALKER:
         artifacts.write_embedding(ckpt.tensor(talker.CODEC_EMBEDDING), out_dir)
         artifacts.write_embedding(
@@ -181,15 +161,7 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
             out_dir, {**base, **talker_fields(ckpt), "builder_config": artifacts.build_limits(args)}
         )
     elif component is CODE_PREDICTOR:
-        cfg = predictor_decoder_config(ckpt.config)
-        save_file(
-            talker.predictor_embeddings(ckpt, cfg.lm_heads + 1),
-            str(out_dir / "embedding.safetensors"),
-        )
-        artifacts.write_engine_config(out_dir, {
-            **base, **artifacts.decoder_fields(cfg), "input_size": cfg.embeds_size,
-            "num_code_groups": cfg.lm_heads + 1,
-        })  # fmt: skip
+        parts.write_predictor(talker, ckpt, out_dir, base)
     elif component is CODE2WAV:
         artifacts.write_engine_config(out_dir, {
             **code2wav.code2wav_engine_config(code2wav_settings(ckpt)),
@@ -314,9 +286,6 @@ def code2wav_settings(ckpt: Checkpoint) -> dict[str, Any]:
     if not isinstance(cfg.get("decoder_config"), dict):
         raise CheckpointError(f"{path}: no decoder_config")
     return cfg
-
-
-CALIBRATION_FRAMES = 48  # frames each int4_awq calibration request speaks
 
 
 def calibration_fields(ckpt: Checkpoint) -> dict[str, Any]:

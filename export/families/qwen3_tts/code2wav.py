@@ -39,8 +39,8 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
 
 from edgeomni.export.common.checkpoint import CheckpointError, open_checkpoint
 from edgeomni.export.common.hf_module import load_hf_module
-from edgeomni.export.families.qwen3_omni import code2wav as omni
-from edgeomni.export.families.qwen3_omni import code2wav_stream as stream
+from edgeomni.export.speech import code2wav as omni
+from edgeomni.export.speech import code2wav_stream as stream
 
 PREFIX = "decoder."
 # Encoder-side projections of the quantizer (audio -> codes); decoding never reads them.
@@ -345,7 +345,7 @@ def code2wav_engine_config(
 
 
 class StreamGraph(stream.StreamGraph):
-    """The stateful step (export/families/qwen3_omni/code2wav_stream.py) of this decoder: its
+    """The stateful step (export/speech/code2wav_stream.py) of this decoder: its
     split RVQ and causal ``pre_conv`` (2 frames of state) before the transformer, the
     projections around it; its transposed convs trim on the right only, so a stream's samples
     are all audio (``delay_samples`` 0)."""

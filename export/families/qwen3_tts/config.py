@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from edgeomni.export.common.checkpoint import CheckpointError, section
-from edgeomni.export.common.config_values import attention_dims, integer, number
 from edgeomni.export.common.decoder import DecoderConfig
+from edgeomni.export.common.text_config import decoder_config
 
 TTS_MODEL_TYPES = ("base", "custom_voice", "voice_design")
+TOKENIZER = "speech_tokenizer"  # the 12 Hz codec's folder in the checkpoint
 # Qwen3TTSTalkerCodePredictorConfig's head_dim default (the talker's is hidden / heads)
 PREDICTOR_HEAD_DIM = 128
 # both config classes' num_key_value_heads defaults
@@ -38,54 +39,12 @@ def tts_model_type(cfg: dict[str, Any]) -> str:
     return str(kind)
 
 
-def _rope_theta(sec: dict[str, Any], where: str) -> float:
-    """1-D RoPE only: the talker's MRoPE gives every section the same positions in TTS."""
-    scaling = sec.get("rope_scaling") or sec.get("rope_parameters") or {}
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type != "default":
-        raise CheckpointError(f"config.json: {where} rope type {rope_type!r} is not supported")
-    if "rope_theta" in sec:
-        return number(sec, "rope_theta", where, default=ROPE_THETA)
-    key = "rope_scaling" if sec.get("rope_scaling") else "rope_parameters"
-    return number(scaling, "rope_theta", f"{where}{key}.", default=ROPE_THETA)
-
-
-def _decoder(
-    sec: dict[str, Any], where: str, head_dim: int | None, kv_heads: int, **extra: Any
-) -> DecoderConfig:
-    """A decoder section; ``head_dim`` and ``kv_heads`` are its config class's defaults for a
-    key the section leaves out (a None key-value count means one per head, as upstream)."""
-    if sec.get("use_sliding_window"):
-        raise CheckpointError(
-            f"config.json: {where}use_sliding_window true: sliding-window layers are not supported"
-        )
-    if any(t != "full_attention" for t in sec.get("layer_types") or []):
-        raise CheckpointError(
-            f"config.json: {where}layer_types: only full_attention layers are supported"
-        )
-    if sec.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"config.json: {where}hidden_act {sec['hidden_act']!r} is not silu")
-    hidden, heads, kv, dim = attention_dims(sec, where, kv_heads=kv_heads, head_dim=head_dim)
-    return DecoderConfig(
-        hidden_size=hidden,
-        num_layers=integer(sec, "num_hidden_layers", where),
-        num_heads=heads,
-        num_kv_heads=kv,
-        head_dim=dim,
-        intermediate_size=integer(sec, "intermediate_size", where),
-        vocab_size=integer(sec, "vocab_size", where),
-        rms_norm_eps=number(sec, "rms_norm_eps", where, default=1e-6),
-        rope_theta=_rope_theta(sec, where),
-        attention_bias=bool(sec.get("attention_bias", False)),
-        **extra,
-    )
-
-
 def talker_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
     """The talker: its final-norm state at the last position also comes out (the code
     predictor's first input)."""
     talker = section(cfg, "talker_config")
-    return _decoder(talker, "talker_config.", None, TALKER_KV_HEADS, last_hidden_output=True)
+    return decoder_config(talker, ROPE_THETA, "talker_config.", kv_heads=TALKER_KV_HEADS,
+                          last_hidden_output=True)  # fmt: skip
 
 
 def predictor_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
@@ -95,8 +54,9 @@ def predictor_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
     cp = section(cfg, "talker_config", "code_predictor_config")
     groups = num_code_groups(cfg)
     width = need(talker, "hidden_size", "talker_config.")
-    cfg_ = _decoder(cp, "talker_config.code_predictor_config.", PREDICTOR_HEAD_DIM,
-                    PREDICTOR_KV_HEADS, lm_heads=groups - 1)  # fmt: skip
+    cfg_ = decoder_config(cp, ROPE_THETA, "talker_config.code_predictor_config.",
+                          kv_heads=PREDICTOR_KV_HEADS, head_dim=PREDICTOR_HEAD_DIM,
+                          lm_heads=groups - 1)  # fmt: skip
     if cfg_.hidden_size != width:
         return DecoderConfig(**{**cfg_.__dict__, "input_size": width})
     return cfg_

@@ -11,31 +11,23 @@ from __future__ import annotations
 import torch
 
 from edgeomni.export.common.checkpoint import Checkpoint, CheckpointError, open_checkpoint, section
-from edgeomni.export.common.decoder import CausalLM, dense_mlp
-from edgeomni.export.common.memory_plan import F32, decoder_memory, float_memory, fold, table_rows
+from edgeomni.export.common.decoder import DTYPES, CausalLM, dense_mlp
+from edgeomni.export.common.memory_plan import F32, decoder_memory, float_memory, fold
 from edgeomni.export.families.qwen3_tts import code2wav, speaker_encoder, speech_encoder
-from edgeomni.export.families.qwen3_tts.build import (
-    CODE2WAV,
-    CODE2WAV_STREAM,
-    CODE_PREDICTOR,
-    DTYPES,
-    SPEAKER_ENCODER,
-    SPEECH_ENCODER,
-    TALKER,
-    TOKENIZER,
-)
 from edgeomni.export.families.qwen3_tts.config import (
+    TOKENIZER,
     predictor_decoder_config,
     talker_decoder_config,
 )
 from edgeomni.export.family import BuildArgs, Component, ComponentMemory
+from edgeomni.export.speech import code2wav_stream, parts
 
 
 def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> ComponentMemory:
-    config = ckpt.config
+    config, name = ckpt.config, component.name
     dtype = DTYPES.get(args.dtype, torch.float32)
     with torch.device("meta"):
-        if component is TALKER:
+        if name == "talker":
             cfg = talker_decoder_config(config)
             module = CausalLM(cfg, dense_mlp(cfg)).to(dtype)
             text_vocab = section(config, "talker_config").get("text_vocab_size")
@@ -44,22 +36,20 @@ def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> Comp
             tables = {"embedding": ((cfg.vocab_size, cfg.hidden_size), F32),
                       "text_embedding": ((text_vocab, cfg.hidden_size), F32)}  # fmt: skip
             return decoder_memory(module, tables)
-        if component is CODE_PREDICTOR:
+        if name == "code_predictor":
             cfg = predictor_decoder_config(config)
-            module = CausalLM(cfg, dense_mlp(cfg)).to(dtype)
-            tables = {f"embedding_{i}": (table_rows(module), F32) for i in range(cfg.lm_heads)}
-            return decoder_memory(module, tables)
-        if component is SPEAKER_ENCODER:
+            return parts.predictor_memory(CausalLM(cfg, dense_mlp(cfg)).to(dtype))
+        if name == "speaker_encoder":
             settings = speaker_encoder.check_config(section(config, "speaker_encoder_config"))
             return float_memory(speaker_encoder.Qwen3TTSSpeakerEncoder(settings))
         tokenizer = open_checkpoint(ckpt.path / TOKENIZER).config  # its config.json only
-        if component in (CODE2WAV, CODE2WAV_STREAM):  # the same weights, each engine its own
+        if name in ("code2wav", code2wav_stream.COMPONENT):  # the same weights, each its engine
             settings = code2wav.decoder_settings(tokenizer.get("decoder_config"))
             return float_memory(folded_code2wav(code2wav.Qwen3TTSCode2Wav(settings)))
-        if component is SPEECH_ENCODER:
+        if name == "speech_tokenizer_encoder":
             encoder = speech_encoder.Qwen3TTSSpeechEncoder(tokenizer)
             return float_memory(folded_speech_encoder(encoder))
-    raise ValueError(f"qwen3_tts has no component {component.name!r}")
+    raise ValueError(f"qwen3_tts has no component {name!r}")
 
 
 def folded_code2wav(module: code2wav.Qwen3TTSCode2Wav) -> code2wav.Qwen3TTSCode2Wav:

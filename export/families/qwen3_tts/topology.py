@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from edgeomni.export.common.checkpoint import Checkpoint
-from edgeomni.export.families.qwen3_omni.code2wav_stream import stage_config
 from edgeomni.export.families.qwen3_tts import (
     CODE2WAV_RUNNER,
     SPEAKER_ENCODER_RUNNER,
@@ -19,9 +18,9 @@ from edgeomni.export.families.qwen3_tts import (
     TALKER_RUNNER,
 )
 from edgeomni.export.family import BuildArgs
+from edgeomni.export.speech import parts
 from edgeomni.graph_schema import SCHEMA_VERSION, Emit, Graph, Input, Stage
 
-SPEECH = ("talker", "code_predictor", "code2wav")
 # request controls the talker reads (qwen3_tts_inference's keys)
 CONTROLS = ("voice", "language", "instruct")
 SPEAKER_ENCODER, SPEECH_ENCODER = "speaker_encoder", "speech_tokenizer_encoder"
@@ -36,42 +35,22 @@ def multistage_topology(
     bundle: Checkpoint, components: Mapping[str, str], args: BuildArgs | None
 ) -> Graph | None:
     """None unless the talker, its code predictor and code2wav are all built."""
-    if not all(c in components for c in SPEECH):
+    if parts.missing(components):
         return None
     clone = [c for c in CLONE if c in components]
     encoders = tuple(_encoder(name, components[name]) for name in clone)
-    talker = Stage(
-        id="talker",
-        runner=TALKER_RUNNER,
-        artifact=components["talker"],
-        kind="autoregressive",
-        inputs=(
-            Input("text", "request:messages", "fail"),
-            *(Input(name, f"request:{name}", "skip") for name in CONTROLS),
-            # a Base checkpoint's clone inputs: the x-vector (ref_audio), the ICL prompt's
-            # reference codes and their transcript (ref_audio with ref_text)
-            *((Input("ref_text", "request:ref_text", "skip"),) if clone else ()),
-            *(Input(CLONE_INPUTS[name], f"{name}:{CLONE_PORTS[name]}", "skip") for name in clone),
-        ),
-        emits=(Emit("codes", "codec", "chunk_stream"),),
-    )
-    vocoder = Stage(
-        id="code2wav",
-        runner=CODE2WAV_RUNNER,
-        artifact=components["code2wav"],
-        kind="iterative",
-        inputs=(
-            Input("codes", "talker:codes", "fail"),
-            # ICL: the reference codes are vocoded in front of the talker's and cut off again
-            *(
-                (Input("prompt_codes", f"{SPEECH_ENCODER}:codes", "skip"),)
-                if SPEECH_ENCODER in clone
-                else ()
-            ),
-        ),
-        emits=(Emit("audio", "audio", "chunk_stream", terminal=True),),
-        config=stage_config(components),
-    )
+    talker = parts.talker_stage(TALKER_RUNNER, components, (
+        Input("text", "request:messages", "fail"),
+        *(Input(name, f"request:{name}", "skip") for name in CONTROLS),
+        # a Base checkpoint's clone inputs: the x-vector (ref_audio), the ICL prompt's
+        # reference codes and their transcript (ref_audio with ref_text)
+        *((Input("ref_text", "request:ref_text", "skip"),) if clone else ()),
+        *(Input(CLONE_INPUTS[name], f"{name}:{CLONE_PORTS[name]}", "skip") for name in clone),
+    ))  # fmt: skip
+    # ICL: the reference codes are vocoded in front of the talker's and cut off again
+    prompt = Input("prompt_codes", f"{SPEECH_ENCODER}:codes", "skip")
+    vocoder = parts.vocoder_stage(CODE2WAV_RUNNER, components,
+                                  *((prompt,) if SPEECH_ENCODER in clone else ()))  # fmt: skip
     return Graph(SCHEMA_VERSION, ("code2wav:audio",), (*encoders, talker, vocoder))
 
 
@@ -90,7 +69,7 @@ def _encoder(name: str, artifact: str) -> Stage:
 
 
 def no_graph_reason(components: Mapping[str, str]) -> str | None:
-    missing = [c for c in SPEECH if c not in components]
+    missing = parts.missing(components)
     if not missing:
         return None
-    return f"a Qwen3-TTS graph needs {', '.join(SPEECH)}; missing {', '.join(missing)}"
+    return f"a Qwen3-TTS graph needs {', '.join(parts.SPEECH)}; missing {', '.join(missing)}"

@@ -23,11 +23,11 @@ from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import CONFIG, Artifact, ArtifactError, Checked, check_folder
 from edgeomni.runtime.decoder_stage import Slot
 from edgeomni.runtime.events import Event, Finished, HiddenRows
-from edgeomni.runtime.families.qwen3_omni import PREFIXES, STAGE_KEYS
 from edgeomni.runtime.families.qwen3_omni.media import MEDIA_TOKENS
 from edgeomni.runtime.media.mrope import MropeIds, rope_index
 from edgeomni.runtime.prompt import PromptRows
 from edgeomni.runtime.speech.code_predictor import cp_artifact
+from edgeomni.runtime.speech.keys import PREFIXES, STAGE_KEYS
 from edgeomni.runtime.speech.talker import SpeechTalker
 from edgeomni.runtime.stage import RequestError, RequestState, stage_source
 

@@ -13,8 +13,8 @@ from edgeomni.export.families.qwen3_tts import (
     SPEECH_ENCODER_RUNNER,
     TALKER_RUNNER,
 )
-from edgeomni.runtime.families import qwen3_omni
 from edgeomni.runtime.family import RequestKey, RuntimeFamily, register_family
+from edgeomni.runtime.speech import keys
 
 # (runner name in the graph, kind, "module:attribute" of its factory, emit id -> kind)
 RUNNERS = (
@@ -29,8 +29,8 @@ RUNNERS = (
      "edgeomni.runtime.families.qwen3_tts.clone:SpeechEncoder", {"codes": "hidden"}),
 )  # fmt: skip
 
-# its talker reads Qwen3-Omni's talker keys (it reuses that loop) and picks its text mode
-STAGE_KEYS = (*qwen3_omni.STAGE_KEYS, "talker_non_streaming_mode")
+# its talker reads the shared talker's keys and picks its text mode
+STAGE_KEYS = (*keys.STAGE_KEYS, "talker_non_streaming_mode")
 
 
 def speaker_codes(key: str, value: Any) -> tuple[tuple[int, ...], ...]:
@@ -76,10 +76,7 @@ FAMILY = register_family(
         label="Qwen3-TTS",
         runners=RUNNERS,
         request_keys=REQUEST_KEYS,
-        stage_prefixes=qwen3_omni.PREFIXES,
-        stage_keys=STAGE_KEYS,
-        aliases=qwen3_omni.ALIASES,
-        length_keys=qwen3_omni.LENGTH_KEYS,
+        **{**keys.FAMILY_FIELDS, "stage_keys": STAGE_KEYS},
         # qwen3_tts_inference gives a request's repetition_penalty to the talker
         text_fallbacks={"repetition_penalty": "talker_repetition_penalty"},
     )

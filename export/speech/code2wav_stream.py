@@ -44,8 +44,8 @@ import torch
 from torch import nn
 
 from edgeomni.export.common.onnx_export import export_onnx
-from edgeomni.export.families.qwen3_omni import code2wav as omni
-from edgeomni.export.families.qwen3_omni.code2wav import hf
+from edgeomni.export.speech import code2wav as omni
+from edgeomni.export.speech.code2wav import hf
 from edgeomni.plugins import attention as attention_plugin
 
 ENGINE = "code2wav_stream.onnx"
@@ -335,21 +335,6 @@ def stream_engine_config(
         "chunk_frames": CHUNK_FRAMES,
         "sliding_window": graph.window,
     }
-
-
-def export_omni(model: hf.Qwen3OmniMoeCode2Wav, path: Path) -> Path:
-    """Qwen3-Omni's step engine graph from HF's module (code2wav.load_code2wav)."""
-    return export_stream(StreamGraph(model.eval()), model.config.codebook_size, path)
-
-
-def omni_engine_config(config: Any, *, backend: str = "onnxruntime", device: str = "cpu") -> dict:
-    """config.json fields of Qwen3-Omni's step engine (its layout from a dry run of the
-    module built on the meta device: no weights read)."""
-    cfg = omni.code2wav_config(config)
-    base = omni.code2wav_engine_config(cfg, backend=backend, device=device)
-    with torch.device("meta"):
-        model = hf.Qwen3OmniMoeCode2Wav(cfg)
-    return stream_engine_config(StreamGraph(model), base)
 
 
 def stage_config(components: Mapping[str, str]) -> dict[str, Any]:
