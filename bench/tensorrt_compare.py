@@ -96,17 +96,13 @@ def ort_runner(folder: Path) -> Runner:
 
 
 def trt_runner(folder: Path, profile: int) -> Runner:
-    """polygraphy's TrtRunner on the component's engine, in one profile; the engine's plugins
-    registered first (the Python IPluginV3 attention of TensorRT 10.3-10.8 builds)."""
+    """polygraphy's TrtRunner on the component's engine, in one profile."""
     cfg = _config(folder)
     flavour = cfg["tensorrt"]["flavour"]
     if flavour == "tensorrt-rtx":  # polygraphy's own switch, read when it imports TensorRT
         os.environ["POLYGRAPHY_USE_TENSORRT_RTX"] = "1"
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
-    from edgeomni.runtime.tensorrt_engine import import_flavour, register_plugins
-
-    register_plugins(import_flavour(flavour), cfg.get("lowering") or {})
     plan = (folder / cfg["engine"]).read_bytes()
     return TrtRunner(EngineFromBytes(plan), name=f"{flavour}:{folder.name}:p{profile}",
                      optimization_profile=profile)  # fmt: skip

@@ -2,10 +2,9 @@
 one builder over the API they share.
 
 Each component's exported ONNX has its plugin ops lowered for TensorRT (plugins/: attention as
-ONNX Attention with the KV cache updated in place by TensorScatter where the parser has them,
-TensorRT >= 10.15 and TensorRT-RTX; on TensorRT 10.9-10.14 as a plugin whose NVRTC-compiled
-kernel is baked into the engine; on 10.3-10.8 as a Python IPluginV3 launching that kernel; rotary
-as ONNX RotaryEmbedding with native attention, plain ops otherwise), its fixed dimensions (the
+ONNX Attention with the KV cache updated in place by TensorScatter, which the parsers of
+TensorRT >= 10.15 and TensorRT-RTX >= 1.7 read; rotary as ONNX RotaryEmbedding), its fixed
+dimensions (the
 KV cache's capacity) made static, and is parsed into a strongly typed network (precision
 comes from the ONNX types: ``--dtype`` decides it at export). One optimisation profile is
 built per phase the family declares (``dim_ranges``: decode and prefill for decoders,
@@ -28,8 +27,6 @@ from edgeomni.builder.errors import BuildError
 from edgeomni.builder.tensorrt_graph import allow_decomposed_attention, conv1d_as_conv2d
 from edgeomni.export.common.shapes import DimRanges, Range
 from edgeomni.export.family import BuildArgs
-from edgeomni.plugins.attention_trt_plugin import PLUGIN_SINCE
-from edgeomni.plugins.attention_trt_v3 import PYTHON_PLUGIN_SINCE
 
 log = logging.getLogger("edge-build")
 Shape = tuple[int, ...]
@@ -41,40 +38,23 @@ TIMING_CACHE = "timing.cache"
 
 @dataclass(frozen=True)
 class Flavour:
-    """One TensorRT product: where its Python module is, and the first version of each attention
-    lowering it can take: ``native`` (the ONNX parser reads Attention, opset 23, and
-    TensorScatter, 24), ``plugin`` (``tensorrt.plugin`` ahead-of-time plugins) and
-    ``python_plugin`` (a Python IPluginV3 with aliased outputs); None: it has no such lowering."""
+    """One TensorRT product: where its Python module is, and its first version whose ONNX parser
+    reads Attention (opset 23) and TensorScatter (24), which the attention lowering writes."""
 
     backend: str
     label: str
     modules: tuple[str, ...]
     native_since: tuple[int, int]
     install: str
-    plugin_since: tuple[int, int] | None = None
-    python_plugin_since: tuple[int, int] | None = None
 
-    def lowerings(self) -> list[tuple[str, tuple[int, int]]]:
-        """(lowering, first version), newest first: a version takes the first it reaches."""
-        since = {"native": self.native_since, "plugin": self.plugin_since,
-                 "python_plugin": self.python_plugin_since}  # fmt: skip
-        return [(name, v) for name, v in since.items() if v is not None]
-
-    def attention(self, version: str) -> str | None:
-        """The attention lowering this version takes, or None (too old)."""
-        have = version_tuple(version)[:2]
-        return next((name for name, since in self.lowerings() if have >= since), None)
-
-    def since(self, lowering: str) -> tuple[int, int]:
-        return dict(self.lowerings())[lowering]
+    def supports(self, version: str) -> bool:
+        return version_tuple(version)[:2] >= self.native_since
 
 
 FLAVOURS = {
     "tensorrt": Flavour(
         "tensorrt", "TensorRT", ("tensorrt",), (10, 15),
-        "install TensorRT 10.3 or later with its Python bindings (JetPack 6 has 10.3, 7.0 has "
-        "10.13, 7.2 has 10.16)", plugin_since=PLUGIN_SINCE,
-        python_plugin_since=PYTHON_PLUGIN_SINCE,
+        "install TensorRT 10.15 or later with its Python bindings (JetPack 7.2 has 10.16)",
     ),
     "tensorrt-rtx": Flavour(
         "tensorrt-rtx", "TensorRT-RTX", ("tensorrt_rtx", "tensorrt_rtx_bindings"), (1, 7),
@@ -98,8 +78,8 @@ def backend(args: BuildArgs) -> Callable[..., dict[str, Any]]:
 
 
 def load(backend: str) -> tuple[Any, Flavour]:
-    """The flavour's Python module, checked new enough for one of the attention lowerings;
-    BuildError says what to install otherwise."""
+    """The flavour's Python module, checked new enough for the attention lowering; BuildError
+    says what to install otherwise."""
     import importlib
 
     flavour = FLAVOURS[backend]
@@ -116,11 +96,10 @@ def load(backend: str) -> tuple[Any, Flavour]:
             f"here ({'; '.join(errors)}): {flavour.install}"
         )
     version = str(getattr(trt, "__version__", "0"))
-    if flavour.attention(version) is None:
-        oldest = min(v for _, v in flavour.lowerings())
+    if not flavour.supports(version):
         raise BuildError(
-            f"{flavour.label} {version} is older than {'.'.join(map(str, oldest))}, the first "
-            f"version edgeomni's attention lowerings take: {flavour.install}"
+            f"{flavour.label} {version} is older than {'.'.join(map(str, flavour.native_since))}"
+            f", the first version edgeomni's attention lowering takes: {flavour.install}"
         )
     return trt, flavour
 
@@ -129,26 +108,23 @@ def engine_name(onnx_name: str) -> str:
     return Path(onnx_name).with_suffix(ENGINE_SUFFIX).name
 
 
-def lowering_options(attention: str) -> dict[str, str]:
-    """The plugin lowerings' options for a TensorRT that takes this attention lowering: ONNX's
-    RotaryEmbedding comes with native attention (both opset 23, read by the same parsers)."""
-    return {"attention": attention, "rotary": "native" if attention == "native" else "plain"}
+# the plugin lowerings' record in config.json: ONNX's own Attention and RotaryEmbedding
+LOWERING = {"attention": "native", "rotary": "native"}
 
 
 def prepare(
-    model: Any, ranges: DimRanges, attention: str, base_dir: Path | None = None
+    model: Any, ranges: DimRanges, base_dir: Path | None = None
 ) -> tuple[Profiles, dict[str, Any]]:
     """A raw component model (edgeomni ops) as TensorRT's parser gets it, edited in place: plugin
     ops lowered, fixed dims static, the graph edits of builder/tensorrt_graph.py. Returns its
     optimisation profiles and the lowering record for config.json (without the version floor)."""
     from edgeomni.plugins import lower_model
 
-    options = lowering_options(attention)
-    lower_model(model, "tensorrt", options, base_dir=base_dir)
+    lower_model(model, "tensorrt", LOWERING, base_dir=base_dir)
     profiles = input_profiles(model, ranges)
     fix_static_dims(model, ranges)
     return profiles, {
-        **options,
+        **LOWERING,
         "decomposable_attention_nodes": allow_decomposed_attention(model),
         "conv1d_as_conv2d": conv1d_as_conv2d(model),
     }
@@ -170,14 +146,12 @@ def build_engine(
     if not ranges:
         raise BuildError(f"{out_path.name}: its family gives no dimension ranges (dim_ranges)")
     trt, flavour = load(args.backend)
-    attention = flavour.attention(trt.__version__)
     model = onnx.load(str(raw), load_external_data=False)
-    profiles, lowering = prepare(model, ranges, attention, raw.parent)
+    profiles, lowering = prepare(model, ranges, raw.parent)
     lowered = raw.with_name(raw.stem + ".tensorrt.onnx")
     onnx.save(model, str(lowered))  # external tensors keep pointing at raw's data file
 
     logger = _logger(trt)
-    register_plugin(trt, attention)  # before parsing: the parser looks the plugin up by name
     builder = trt.Builder(logger)
     flag = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flag)
@@ -189,8 +163,6 @@ def build_engine(
             + "; ".join(errors[:5])
         )
     config = builder.create_builder_config()
-    if attention in ("plugin", "python_plugin"):  # the caches are the plugin's aliased outputs
-        config.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, True)
     for phase, shapes in profiles.items():
         profile = builder.create_optimization_profile()
         for name, (lo, opt, hi) in shapes.items():
@@ -213,7 +185,7 @@ def build_engine(
         "engine": engine_path.name,
         "lowering": {
             **lowering,
-            "tensorrt_min": ".".join(map(str, flavour.since(attention))),
+            "tensorrt_min": ".".join(map(str, flavour.native_since)),
         },
         "tensorrt": {
             "flavour": flavour.backend,
@@ -303,37 +275,6 @@ def fix_static_dims(model: Any, ranges: DimRanges) -> list[str]:
             if d.dim_param in fixed:
                 d.dim_value = fixed[d.dim_param]
     return sorted(fixed)
-
-
-def register_plugin(trt: Any, attention: str) -> None:
-    """The attention plugin the lowering needs, registered with TensorRT: the AOT plugin
-    (plugins/attention_trt_plugin.py, its PTX for this GPU) or the Python IPluginV3
-    (plugins/attention_trt_v3.py); nothing for the native lowering."""
-    import importlib
-
-    if attention == "python_plugin":
-        from edgeomni.plugins import attention_trt_v3
-
-        try:
-            attention_trt_v3.register(trt)
-        except RuntimeError as e:
-            raise BuildError(str(e)) from None
-        return
-    if attention != "plugin":
-        return
-    from edgeomni.plugins.attention_trt_plugin import register
-
-    cc = compute_capability()
-    if cc is None:
-        raise BuildError(
-            "the attention plugin's kernel is compiled for this GPU, whose compute capability "
-            "cuda-python must tell: pip install cuda-python"
-        )
-    try:
-        trtp = importlib.import_module(f"{trt.__name__}.plugin")
-    except ImportError as e:
-        raise BuildError(f"{trt.__name__}.plugin does not import ({e})") from None
-    register(trt, trtp, arch="compute_" + cc.replace(".", ""))
 
 
 def compute_capability() -> str | None:

@@ -428,10 +428,6 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
     ``past_key`` nor ``nonpad_kv_seqlen``, and TensorRT 10's causal flag anchors its diagonal
     at the top left, wrong for a query after a past (shared/notes/tensorrt.md).
 
-    With ``options["attention"] == "plugin"`` (TensorRT 10.9-10.14) the node stays as it is, for
-    the plugin of plugins/attention_trt_plugin.py; with ``"python_plugin"`` (TensorRT 10.3-10.8)
-    likewise, for the Python IPluginV3 of plugins/attention_trt_v3.py.
-
     A cache made in the graph rather than bound by the runtime (the encoders' and vocoders'
     scratch) is updated with ``ScatterElements`` instead: TensorRT's KV update needs a cache
     input of static capacity, and such a cache has neither.
@@ -446,10 +442,6 @@ def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
     """
     from onnx import TensorProto, helper
 
-    if ctx.options.get("attention") in ("plugin", "python_plugin"):  # no native attention
-        from edgeomni.plugins.attention_trt_plugin import lower_tensorrt_plugin
-
-        return lower_tensorrt_plugin(node, ctx, aot=ctx.options["attention"] == "plugin")
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     causal, window = int(attrs.get("causal", 1)), int(attrs.get("window", 0))
     if window and not causal:

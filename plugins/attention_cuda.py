@@ -1,12 +1,8 @@
 """CUDA C kernel for edgeomni::CachedAttention, compiled by NVRTC through cuda-python.
 
-The kernel behind the op's TensorRT plugin (shared/notes/tensorrt.md §2, §7): a
-``tensorrt.plugin`` AOT implementation returns one PTX kernel per call, passes only integer
-extra arguments and does not serialize attributes, so everything the op's attributes say (head
-counts, head size, scale, window, causal, the float type) is baked into the generated source as
-``#define``s, and a launch takes pointers plus the int32 sizes B, S and C. The same function
-(``launch_params``) gives the grid a TensorRT AOT implementation fills ``KernelLaunchParams``
-with; pass it ``trtp.cdiv`` there so the grid stays a symbolic expression.
+The fused backend's attention (runtime/fused_engine.py). Everything the op's attributes say
+(head counts, head size, scale, window, causal, the float type) is baked into the generated
+source as ``#define``s, and a launch takes pointers plus the int32 sizes B, S and C.
 
 One kernel serves prefill, chunked prefill and decode, with per-row lengths (plugins/attention.py
 is the specification; its ``reference`` is the numpy meaning):
@@ -29,10 +25,9 @@ is the specification; its ``reference`` is the numpy meaning):
   get zeros. Lengths outside the op's contract are clamped so that nothing is written out of
   bounds (``past`` to [0, C], new tokens to [0, min(S, C - past)]).
 
-Kernel parameters, in TensorRT's AOT order (tensor inputs, integer extras, tensor outputs):
-``q, k, v, past_key, past_value, past_lens, query_lens, B, S, C, out, present_key,
+Kernel parameters (tensor inputs, integer sizes, tensor outputs): ``q, k, v, past_key, past_value, past_lens, query_lens, B, S, C, out, present_key,
 present_value``. ``present_*`` must be the same buffers as ``past_*`` (the op's in-place
-contract, TensorRT's aliased plugin I/O): the kernel writes only the new slots.
+contract): the kernel writes only the new slots.
 
 No torch, CuPy or Triton: ``cuda.bindings.nvrtc`` compiles, ``cuda.bindings.driver`` loads and
 launches (``CudaAttention``, for tests and benchmarks; plugins/cuda_driver.py, re-exported here).
@@ -42,7 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,16 +150,14 @@ class KernelConfig:
         return _source(self)
 
     def launch_params(
-        self,
-        batch: Any,
-        seq: Any,
-        capacity: Any = None,
-        cdiv: Callable[[Any, Any], Any] | None = None,
-    ) -> tuple[tuple[Any, Any, Any], tuple[int, int, int], int]:
-        return launch_params(
-            batch, seq, capacity, num_heads=self.num_heads, heads_per_block=self.block_heads,
-            warps=self.warps, cdiv=cdiv,
-        )  # fmt: skip
+        self, batch: int, seq: int, capacity: int | None = None
+    ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+        """(grid, block, dynamic shared memory) for a call on [B, S] queries and a cache of C
+        slots. The capacity does not change the grid; it is a parameter so that callers need
+        not know that. Shared memory is static (``shared_bytes``)."""
+        del capacity
+        return ((-(-seq // self.warps), self.num_heads // self.block_heads, batch),
+                (32 * self.warps, 1, 1), 0)  # fmt: skip
 
 
 def default_heads_per_block(group: int) -> int:
@@ -193,43 +186,6 @@ def kernel_source(
     return KernelConfig(
         num_heads, kv_num_heads, head_dim, dtype, scale, window, causal, heads_per_block, warps
     ).source()
-
-
-def from_node_attributes(
-    attrs: Mapping[str, Any], head_dim: int, dtype: str, **tuning: int
-) -> KernelConfig:
-    """The kernel for a CachedAttention node: ``attrs`` as onnx.helper.get_attribute_value gives
-    them (num_heads, kv_num_heads, and the optional scale, window, causal)."""
-    return KernelConfig(
-        num_heads=int(attrs["num_heads"]),
-        kv_num_heads=int(attrs["kv_num_heads"]),
-        head_dim=int(head_dim),
-        dtype=dtype,
-        scale=float(attrs.get("scale", 0.0) or 0.0),
-        window=int(attrs.get("window", 0) or 0),
-        causal=int(attrs.get("causal", 1)),
-        **tuning,
-    )
-
-
-def launch_params(
-    batch: Any,
-    seq: Any,
-    capacity: Any = None,
-    *,
-    num_heads: int,
-    heads_per_block: int,
-    warps: int = 8,
-    cdiv: Callable[[Any, Any], Any] | None = None,
-) -> tuple[tuple[Any, Any, Any], tuple[int, int, int], int]:
-    """(grid, block, dynamic shared memory) for a call on [B, S] queries and a cache of C slots.
-
-    Only ``+``, ``*`` and ``cdiv`` of the sizes, so TensorRT's symbolic sizes work too (pass
-    ``cdiv=trtp.cdiv``). The capacity does not change the grid; it is a parameter so that
-    callers need not know that. Shared memory is static (``KernelConfig.shared_bytes``)."""
-    del capacity
-    div = cdiv or (lambda a, b: (a + b - 1) // b)
-    return (div(seq, warps), num_heads // heads_per_block, batch), (32 * warps, 1, 1), 0
 
 
 # ---------------------------------------------------------------------------------------------

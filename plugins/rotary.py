@@ -225,13 +225,9 @@ def _lower_fused(node: Any, ctx: Any, heads: int, dim: int) -> list[Any]:
 
 
 def lower_tensorrt(node: Any, ctx: Any) -> list[Any]:
-    """ONNX's own RotaryEmbedding (opset 23) with ``options["rotary"] == "native"`` (the parsers
-    that read opset-23 Attention read it too: TensorRT >= 10.15, TensorRT-RTX 1.7, which make it
-    one layer); plain ops otherwise, which every TensorRT imports as they are."""
-    heads, dim = _shape(node)
-    if ctx.options.get("rotary") == "native":
-        return _lower_onnx(node, ctx, heads, dim)
-    return _lower_plain(node, ctx, heads, dim)
+    """ONNX's own RotaryEmbedding (opset 23): the parsers that read opset-23 Attention read it
+    too (TensorRT >= 10.15, TensorRT-RTX 1.7, which make it one layer)."""
+    return _lower_onnx(node, ctx, *_shape(node))
 
 
 def _lower_onnx(node: Any, ctx: Any, heads: int, dim: int) -> list[Any]:

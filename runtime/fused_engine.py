@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -231,23 +230,17 @@ class FusedEngine:
             self.kernels = dc.kernels_for(dc.Variant(spec.dtype, spec.dtype))
             self.attention = ac.CudaAttention(attention, cubin=dc.cubin)
             # decode calls: q/k norm and rotary inside the attention kernel (one kernel a layer
-            # fewer; the same bits). EDGEOMNI_FUSED_QK=0: qk_rope then attention, to measure
+            # fewer; the same bits); None: qk_rope then attention (bench/fused_gpu.py sets it)
             self.attention_qk = None
-            if os.environ.get("EDGEOMNI_FUSED_QK", "1") != "0":
-                with contextlib.suppress(ValueError):  # a head too large for its shared memory
-                    fused = dataclasses.replace(attention, fused_qk=1)
-                    self.attention_qk = ac.CudaAttention(fused, cubin=dc.cubin)
+            with contextlib.suppress(ValueError):  # a head too large for its shared memory
+                fused = dataclasses.replace(attention, fused_qk=1)
+                self.attention_qk = ac.CudaAttention(fused, cubin=dc.cubin)
         except ac.KernelError as e:
             raise EngineError(f"{path}: the fused kernels could not be loaded: {e}") from None
         self.cu_stream = ac.stream_handle(self.stream)
-        # programmatic dependent launch on sm_90+ (EDGEOMNI_FUSED_OVERLAP=0: off, to measure)
-        self.overlap = (dc.compute_capability() >= (9, 0)
-                        and os.environ.get("EDGEOMNI_FUSED_OVERLAP", "1") != "0")  # fmt: skip
-        self.cuda_graphs = cuda_graphs
-        self.replays_steps = cuda_graphs
-        # EDGEOMNI_FUSED_SEQUENCE_GRAPHS=0: a call a graph only (to measure what it saves)
-        sequences = os.environ.get("EDGEOMNI_FUSED_SEQUENCE_GRAPHS", "1") != "0"
-        self.captures_sequences = cuda_graphs and sequences
+        # programmatic dependent launch on sm_90+ (a bench or test may set it False to measure)
+        self.overlap = dc.compute_capability() >= (9, 0)
+        self.cuda_graphs = self.replays_steps = self.captures_sequences = cuda_graphs
         self._graph_ids = 0
         # while sequence_graph runs its queue: "load" or "capture", and the bindings it called
         self._sequence_mode: str | None = None

@@ -46,20 +46,6 @@ def import_flavour(flavour: str) -> Any:
     )
 
 
-def register_plugins(trt: Any, lowering: Mapping[str, Any]) -> None:
-    """What an engine's plugins need in this process before it is deserialized: the Python
-    IPluginV3 attention (TensorRT 10.3-10.8 builds) registers its creator. The AOT plugin and
-    the native lowering need nothing."""
-    if lowering.get("attention") != "python_plugin":
-        return
-    from edgeomni.plugins import attention_trt_v3
-
-    try:
-        attention_trt_v3.register(trt)
-    except RuntimeError as e:
-        raise EngineError(f"the engine's attention plugin: {e}") from None
-
-
 class TrtEngine:
     """A deserialized engine and its contexts; see the module docstring."""
 
@@ -79,7 +65,6 @@ class TrtEngine:
         built = config.get("tensorrt") or {}
         self.trt = trt = import_flavour(str(built.get("flavour", "tensorrt")))
         check_version(path, built, str(trt.__version__))
-        register_plugins(trt, config.get("lowering") or {})
         self._logger = trt.Logger(trt.Logger.WARNING)
         runtime = trt.Runtime(self._logger)
         try:

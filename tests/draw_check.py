@@ -55,13 +55,11 @@ def engine_draws_match_host(
     engine: Path,
     monkeypatch: Any,
     *,
-    split: bool | None = None,
     bodies: tuple[dict, ...] = (BODY,),
     **options: Any,
 ) -> int:
     """Run each body (three sampled requests, 16 frames each) through one pipeline and check
-    every decided call; returns how many row draws were compared. ``split``: force the code
-    predictor's prefill schedule."""
+    every decided call; returns how many row draws were compared."""
     calls: list[tuple] = []
     run = decoder.DecoderSession.run
 
@@ -84,8 +82,6 @@ def engine_draws_match_host(
     with monkeypatch.context() as m:
         m.setattr(decoder.DecoderSession, "run", recorded)
         pipe = Pipeline(engine, **options)
-        if split is not None:
-            pipe.runner("talker").cp.split_prefill = split
         for body in bodies:
             outcomes += pipe.run(parse_request_file(body)[0], batch_size=3)
     assert {c[-1] for c in calls} >= {_settings(b) for b in bodies}  # each body's settings ran

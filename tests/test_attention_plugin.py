@@ -57,8 +57,7 @@ def attention_model(window: int, causal: int = 1, options: dict | None = None,
         opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(attention.DOMAIN, 1)],
     )
     lower_model(model, backend, options)
-    if (options or {}).get("attention") not in ("plugin", "python_plugin"):  # they keep it
-        assert all(n.domain != attention.DOMAIN for n in model.graph.node)
+    assert all(n.domain != attention.DOMAIN for n in model.graph.node)
     if backend == "tensorrt":
         return model.SerializeToString()
     # causal=0 is lowered to plain ops (GQA rejects causal=0 with query_seqlens), and so is every
@@ -317,23 +316,3 @@ def test_tensorrt_lowering_of_a_scratch_cache(window: int, causal: int) -> None:
                                     num_heads=HQ, kv_num_heads=HKV, window=window, causal=causal)  # fmt: skip
     for b in range(B):
         np.testing.assert_allclose(out[b, : lens[b]], ref[b, : lens[b]], atol=2e-6)
-
-
-@pytest.mark.parametrize("lowering", ["plugin", "python_plugin"])
-def test_tensorrt_plugin_lowering_keeps_the_op_for_the_plugin(lowering: str) -> None:
-    """For TensorRT 10.3-10.14: each node stays a CachedAttention (the plugin's name), with the
-    namespace TensorRT's parser reads and every attribute written out (a serialized AOT engine
-    keeps none; the plugin bakes them into its kernel); the AOT flag only for the AOT plugin
-    (10.9-10.14), not for the Python IPluginV3 (10.3-10.8)."""
-    import onnx
-
-    model = onnx.load_from_string(attention_model(4, 1, options={"attention": lowering},
-                                                  backend="tensorrt"))  # fmt: skip
-    (node,) = model.graph.node
-    assert (node.domain, node.op_type) == (attention.DOMAIN, attention.OP_TYPE)
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    aot = {"aot": 1} if lowering == "plugin" else {}
-    assert attrs == {"plugin_namespace": b"edgeomni", **aot, "num_heads": HQ,
-                     "kv_num_heads": HKV, "scale": 0.0, "window": 4, "causal": 1}  # fmt: skip
-    assert list(node.output) == ["out", "present_key", "present_value"]
-    assert any(o.domain == attention.DOMAIN for o in model.opset_import)

@@ -52,10 +52,10 @@ def _requests(sampling: dict) -> list:
     return parse_request_file(body)[0]
 
 
-def _run(engine: Path, sampling: dict, *, split: bool, host: bool, monkeypatch) -> list:
+def _run(engine: Path, sampling: dict, *, host: bool, monkeypatch) -> list:
+    """``host``: every frame drawn on the host (one two-token call, then the steps); otherwise
+    the engine draws, its frame's prefill split in two one-token calls as on a GPU."""
     pipe = Pipeline(engine)
-    talker = pipe.runner("talker")
-    talker.cp.split_prefill = split  # the GPU's schedule, here on the CPU build
     with monkeypatch.context() as m:
         if host:
             m.setattr(CodePredictor, "engine_frame", lambda *a, **k: None)
@@ -65,11 +65,10 @@ def _run(engine: Path, sampling: dict, *, split: bool, host: bool, monkeypatch) 
     return outcomes
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-prefill-call", "split-prefill"])
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_engine_draws_equal_host_draws(sampling_engine, monkeypatch, split, sampling) -> None:
-    engine = _run(sampling_engine, sampling, split=split, host=False, monkeypatch=monkeypatch)
-    host = _run(sampling_engine, sampling, split=split, host=True, monkeypatch=monkeypatch)
+def test_engine_draws_equal_host_draws(sampling_engine, monkeypatch, sampling) -> None:
+    engine = _run(sampling_engine, sampling, host=False, monkeypatch=monkeypatch)
+    host = _run(sampling_engine, sampling, host=True, monkeypatch=monkeypatch)
     for a, b in zip(engine, host, strict=True):
         talker = a.entry["stages"]["talker"]
         assert talker["code_predictor_draws"] == "engine"
@@ -77,7 +76,7 @@ def test_engine_draws_equal_host_draws(sampling_engine, monkeypatch, split, samp
         assert b.entry["stages"]["talker"]["code_predictor_host_frames"] >= len(b.codes) > 0
         np.testing.assert_array_equal(a.codes, b.codes)
     if sampling is SAMPLED:  # it did sample: the residual codes are not the greedy ones
-        greedy = _run(sampling_engine, GREEDY, split=split, host=False, monkeypatch=monkeypatch)
+        greedy = _run(sampling_engine, GREEDY, host=False, monkeypatch=monkeypatch)
         assert any(
             not np.array_equal(a.codes[:, 1:], g.codes[: len(a.codes), 1:])
             for a, g in zip(engine, greedy, strict=True)
@@ -87,7 +86,7 @@ def test_engine_draws_equal_host_draws(sampling_engine, monkeypatch, split, samp
 def test_an_undecided_frame_is_drawn_again_on_the_host(sampling_engine, monkeypatch) -> None:
     """A row the engine's top-K cannot decide comes out as -1; that frame is drawn again on the
     host from the same uniform numbers, and the run's codes are the host's."""
-    host = _run(sampling_engine, SAMPLED, split=False, host=True, monkeypatch=monkeypatch)
+    host = _run(sampling_engine, SAMPLED, host=True, monkeypatch=monkeypatch)
     calls = [0]
     buffer = StepOutputs.buffer
 
@@ -101,7 +100,7 @@ def test_an_undecided_frame_is_drawn_again_on_the_host(sampling_engine, monkeypa
         return out
 
     monkeypatch.setattr(StepOutputs, "buffer", undecided)
-    engine = _run(sampling_engine, SAMPLED, split=False, host=False, monkeypatch=monkeypatch)
+    engine = _run(sampling_engine, SAMPLED, host=False, monkeypatch=monkeypatch)
     redrawn = {o.entry["stages"]["talker"]["code_predictor_host_frames"] for o in engine}
     assert redrawn and min(redrawn) > 0
     for a, b in zip(engine, host, strict=True):
@@ -114,20 +113,19 @@ def test_requests_the_engine_cannot_sample_are_drawn_on_the_host(
     """A residual top-k the engine's top-K cannot hold (0: off, or K and more) is drawn on the
     host for the whole run, as before."""
     sampling = {**SAMPLED, "cp_top_k": 0, "cp_top_p": 0.9}
-    outcomes = _run(sampling_engine, sampling, split=False, host=False, monkeypatch=monkeypatch)
+    outcomes = _run(sampling_engine, sampling, host=False, monkeypatch=monkeypatch)
     talker = outcomes[0].entry["stages"]["talker"]
     assert talker["code_predictor_draws"] == "host"
     assert talker["code_predictor_host_frames"] == 0
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-prefill-call", "split-prefill"])
-def test_each_call_draws_what_the_host_draws_from_its_top_k(sampling_engine, monkeypatch, split):
+def test_each_call_draws_what_the_host_draws_from_its_top_k(sampling_engine, monkeypatch):
     """Call by call: the engine's draw from its top-K and uniform number is the host sampler's
     (the GPU test runs the same check on CUDA engines)."""
     import draw_check
 
     compared = draw_check.engine_draws_match_host(
-        sampling_engine, monkeypatch, split=split, bodies=(draw_check.BODY, draw_check.OTHER)
+        sampling_engine, monkeypatch, bodies=(draw_check.BODY, draw_check.OTHER)
     )
     assert compared >= 2 * 3 * 15 * 12, compared
 
@@ -142,8 +140,8 @@ def test_a_cpu_build_draws_on_the_host_with_the_same_codes(
     for engine, has in ((omni_engine, False), (sampling_engine, True)):
         model = onnx.load(str(engine / "code_predictor" / "llm.onnx"), load_external_data=False)
         assert ("sampled_ids" in [o.name for o in model.graph.output]) is has
-    host = _run(omni_engine, SAMPLED, split=False, host=False, monkeypatch=monkeypatch)
-    drawn = _run(sampling_engine, SAMPLED, split=False, host=False, monkeypatch=monkeypatch)
+    host = _run(omni_engine, SAMPLED, host=False, monkeypatch=monkeypatch)
+    drawn = _run(sampling_engine, SAMPLED, host=False, monkeypatch=monkeypatch)
     for a, b in zip(host, drawn, strict=True):
         assert a.entry["stages"]["talker"]["code_predictor_draws"] == "host"
         assert b.entry["stages"]["talker"]["code_predictor_draws"] == "engine"
@@ -218,23 +216,6 @@ def test_a_gpu_frame_stages_its_host_inputs_once(fake_device) -> None:
     rows, first = cpu._staged(uniforms, e0)  # a CPU engine: host arrays, nothing staged
     assert isinstance(first, np.ndarray) and first.shape == (3, 1, 4)
     np.testing.assert_array_equal(np.stack(rows), uniforms)
-
-
-def test_the_frame_prefill_splits_where_its_inputs_are_device_buffers() -> None:
-    """Two one-token calls where steps are replayed from graphs, and on any engine whose buffers
-    live on the device (a GPU with --no-cuda-graphs: the talker's hidden state and E(code0)
-    cannot be joined on the host there); one two-token call on the CPU."""
-    from types import SimpleNamespace
-
-    from edgeomni.runtime.speech.code_predictor import splits_prefill
-
-    def engine(host: bool, graphs: bool) -> SimpleNamespace:
-        buffers = HostBuffers() if host else DeviceBuffers()
-        return SimpleNamespace(buffers=buffers, replays_steps=graphs)
-
-    assert not splits_prefill(engine(host=True, graphs=False))
-    assert splits_prefill(engine(host=False, graphs=True))
-    assert splits_prefill(engine(host=False, graphs=False))
 
 
 def test_a_frame_graph_is_captured_once_a_cohort_shape(fake_device) -> None:

@@ -239,24 +239,6 @@ def test_streamed_request_without_reply_fails_alone(omni_engine, references) -> 
     assert "the thinker wrote no text for the talker to speak" in outcomes[1].entry["error"]
 
 
-def test_split_code_predictor_prefill_gives_the_same_codes(omni_engine, references) -> None:
-    """The GPU's schedule of each frame's code predictor prefill (the hidden state, then E(code0),
-    as two one-token calls) gives transformers' codes, here on the CPU build."""
-    from edgeomni.runtime.pipeline import Pipeline
-    from edgeomni.runtime.requests import parse_request_file
-
-    body = {**GREEDY, "max_generate_length": MAX_NEW, "requests": requests_for(PROMPTS[:2])}
-    requests, _ = parse_request_file(body)
-    pipe = Pipeline(omni_engine)
-    talker = pipe.runner("talker")
-    assert not talker.cp.split_prefill  # the CPU build makes one two-token call
-    talker.cp.split_prefill = True
-    outcomes = pipe.run(requests, batch_size=2)
-    for outcome, expected in zip(outcomes, references[:2], strict=True):
-        assert outcome.entry["ok"], outcome.entry
-        np.testing.assert_array_equal(outcome.codes, expected.codes)
-
-
 def test_placeholder_tokens_without_media_fail_the_request(omni_engine, tmp_path) -> None:
     """Typed media placeholder tokens have no encoder states for the talker to read: that
     request fails with the reason; the other speaks."""

@@ -36,7 +36,7 @@ def rotary_model(dtype: type, options: dict | None, backend: str = "onnxruntime"
     )
     lower_model(model, backend, options)
     ops = [n.op_type for n in model.graph.node]
-    fused = bool((options or {}).get("fused_rotary") or (options or {}).get("rotary") == "native")
+    fused = bool((options or {}).get("fused_rotary")) or backend == "tensorrt"
     assert ops.count("RotaryEmbedding") == (2 if fused else 0)
     if backend == "onnxruntime":  # the position ids and cos/sin tables: once for both nodes
         assert ops.count("CumSum") == (1 if fused else 0)
@@ -56,10 +56,9 @@ def feeds(dtype: type, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-LOWERINGS = {  # (backend, options): ONNX Runtime's plain and com.microsoft ones, TensorRT's plain
+LOWERINGS = {  # (backend, options): ONNX Runtime's plain and com.microsoft ones, TensorRT's
     "ort-plain": ("onnxruntime", None), "ort-fused": ("onnxruntime", {"fused_rotary": True}),
-    "trt-plain": ("tensorrt", {"rotary": "plain"}),
-    "trt-native": ("tensorrt", {"rotary": "native"}),  # ONNX RotaryEmbedding-23, ORT's kernel
+    "trt-native": ("tensorrt", None),  # ONNX RotaryEmbedding-23, ORT's kernel
 }  # fmt: skip
 
 

@@ -150,29 +150,3 @@ def test_omni_codes_equal_the_onnxruntime_build(omni_ckpt: Path, tmp_path: Path)
         assert a.entry["ok"], a.entry
         np.testing.assert_array_equal(a.codes, b.codes)
         np.testing.assert_allclose(a.audio, b.audio, atol=2e-3)
-
-
-def test_the_python_plugin_lowering_builds_and_runs(
-    qwen3_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """TensorRT 10.3-10.8's lowering (plugins/attention_trt_v3.py), chosen here whatever this
-    TensorRT's version: its parser must find the Python IPluginV3 creator from the lowered node,
-    its builder take the plugin's shapes, types and aliased caches; where engines run, the
-    tokens must equal the ONNX Runtime build's. TensorRT-RTX has no plugin layers: skipped."""
-    from dataclasses import replace
-
-    from edgeomni.builder import tensorrt as trt_builder
-
-    trt = importlib.import_module(_importable(BACKEND) or "tensorrt")
-    if not hasattr(trt.INetworkDefinition, "add_plugin_v3"):
-        pytest.skip(f"{trt.__name__} {trt.__version__} has no plugin layers (add_plugin_v3)")
-
-    forced = replace(trt_builder.FLAVOURS[BACKEND], native_since=(99, 0), plugin_since=None,
-                     python_plugin_since=(0, 0))  # fmt: skip
-    monkeypatch.setitem(trt_builder.FLAVOURS, BACKEND, forced)
-    engine = build(qwen3_ckpt, tmp_path / "eng")
-    cfg = json.loads((engine / "config.json").read_text())
-    assert cfg["lowering"]["attention"] == "python_plugin"
-    assert cfg["lowering"]["decomposable_attention_nodes"] == 0
-    assert (engine / cfg["engine"]).stat().st_size > 0
-    assert_qwen3_tokens_equal(engine, build(qwen3_ckpt, tmp_path / "ort", "onnxruntime"))

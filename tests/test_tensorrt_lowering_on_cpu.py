@@ -26,14 +26,13 @@ def tensorrt_lowered_build(
     """An ONNX Runtime CPU build whose plugin ops are lowered as for TensorRT. The raw exports
     are the session engine's (the lowering, the subject here, comes after them)."""
     import edgeomni.plugins as plugins
-    from edgeomni.builder.tensorrt import lowering_options
+    from edgeomni.builder.tensorrt import LOWERING
     from edgeomni.export.family import BuildArgs
 
     lower = plugins.lower_model
-    native = lowering_options("native")  # what edge-build gives TensorRT >= 10.15
     with monkeypatch.context() as m:
         m.setattr(plugins, "lower_model", lambda model, backend, options=None, base_dir=None:
-                  lower(model, "tensorrt", native, base_dir))  # fmt: skip
+                  lower(model, "tensorrt", LOWERING, base_dir))  # fmt: skip
         assert exports.build(ckpt, out, BuildArgs(max_batch_size=3, max_input_len=64,
                                                   max_kv_cache_capacity=128, **quant))  # fmt: skip
     return out
@@ -138,7 +137,7 @@ def test_int4_qwen3_tokens_equal_the_onnxruntime_int4_build(
     scales, re-laid. (ONNX Runtime's optimiser then fuses each DequantizeLinear + MatMul back
     into MatMulNBits; TensorRT builds the pattern as its INT4 weight-only GEMM.)"""
     import edgeomni.plugins as plugins
-    from edgeomni.builder.tensorrt import lowering_options
+    from edgeomni.builder.tensorrt import LOWERING
     from edgeomni.export.family import BuildArgs
 
     args = BuildArgs(max_batch_size=3, max_input_len=64, max_kv_cache_capacity=128,
@@ -146,7 +145,7 @@ def test_int4_qwen3_tokens_equal_the_onnxruntime_int4_build(
     lower, lowered = plugins.lower_model, []
 
     def as_tensorrt(model, backend, options=None, base_dir=None):  # noqa: ANN001, ANN202
-        lowered.append(lower(model, "tensorrt", lowering_options("native"), base_dir))
+        lowered.append(lower(model, "tensorrt", LOWERING, base_dir))
         return lowered[-1]
 
     with monkeypatch.context() as m:

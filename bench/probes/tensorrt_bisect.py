@@ -33,7 +33,7 @@ def lowered(
     ranges = dim_ranges(hooks, ckpt, comp, args)
     trt, flavour = trtb.load(backend)
     model = onnx.load(str(raw))
-    trtb.prepare(model, ranges, flavour.attention(trt.__version__))
+    trtb.prepare(model, ranges)
     return model, ranges, trt
 
 

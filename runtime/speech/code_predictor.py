@@ -7,7 +7,9 @@ a prefill ([hidden, E(code0)]) and one step per group. An engine built with a sa
 code's embedding on the device, so a frame's steps run back to back (``engine_frame``), captured
 as one CUDA graph where the engine captures sequences of calls (the fused backend); otherwise,
 or when the engine cannot draw a frame exactly, the host draws each code from the step's logits
-(``host_frame``). Both draw the same codes from the same generator.
+(``host_frame``). Both draw the same codes from the same generator. The engine's frame starts
+with two one-token calls (the talker's hidden state, then E(code0): both may be device buffers,
+and one-token calls are replayed from graphs); the host's with one two-token call of host arrays.
 """
 
 from __future__ import annotations
@@ -35,16 +37,6 @@ def cp_artifact(groups: int) -> Artifact:
     )
 
 
-def splits_prefill(engine: Any) -> bool:
-    """Whether a frame's prefill [hidden, E(code0)] runs as two one-token calls: where decode
-    steps are replayed from captured graphs (replayed, they cost less than one uncaptured
-    two-token call, which cannot be captured on onnxruntime-gpu 1.31), and wherever the
-    engine's buffers are device buffers (the talker's hidden state and E(code0) are already
-    there, and joining them into one input would mean a download). Otherwise (the CPU) the one
-    call."""
-    return bool(engine.replays_steps or not engine.buffers.on_host)
-
-
 class CodePredictor:
     def __init__(
         self,
@@ -57,14 +49,13 @@ class CodePredictor:
         self.config = cfg = check_folder(folder, cp_artifact(groups)).config
         # its calls alternate with the talker's: its CPU threads do not spin between them
         self.engine = engines.open(folder, cfg, spin=False)
-        self.split_prefill = splits_prefill(self.engine)
         # an engine that draws its own codes runs a frame's steps back to back, each fed the
         # code embedding the one before drew, on the device
         self.draws = "sampled_ids" in self.engine.output_names
         self.topk = int(self.engine.output_shapes["topk_values"][-1]) if self.draws else 0
         # a frame's calls as one graph a cohort shape: the talker's hidden state and the draw
         # settings copied into buffers the graph reads (see _graphed_frame)
-        self.frame_graphs = self.draws and self.split_prefill and self.engine.captures_sequences
+        self.frame_graphs = self.draws and self.engine.captures_sequences
         self._frames: dict[tuple[int, int, int], tuple[Any, Any]] = {}  # graph, its hidden in
         self._settings: dict[str, Any] = {}
         self._settings_sent: tuple[float, ...] = ()
@@ -99,9 +90,8 @@ class CodePredictor:
         rngs: Sequence[np.random.Generator],
     ) -> tuple[np.ndarray, np.ndarray, bool]:
         """Codes [n, G] and the frame's summed embedding for every row, and whether the
-        host drew a frame the engine was to draw. ``last_hidden`` [n, H]: split, the talker's
-        output buffer as it is (on a GPU it never leaves the device); otherwise a host array.
-        ``e0``: the first codes' embeddings (the talker's table)."""
+        host drew a frame the engine was to draw. ``last_hidden`` [n, H]: the talker's output
+        buffer as it is (on a GPU it never leaves the device), or a host array. ``e0``: the first codes' embeddings (the talker's table)."""
         in_engine = self.draws_in_engine(params)
         drawn = self.engine_frame(cp, last_hidden, code0, e0, params, rngs) if in_engine else None
         if drawn is not None:
@@ -117,16 +107,16 @@ class CodePredictor:
         params: SamplingParams,
         rngs: Sequence[np.random.Generator],
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The code predictor's loop for one frame of every row: prefill [hidden, E(c0)],
-        then one step per residual group; returns codes [n, G] and the frame's summed embedding.
-        ``last_hidden`` [n, H]: split, the talker's output buffer as it is (on a GPU it never
-        leaves the device); otherwise a host array."""
+        """The code predictor's loop for one frame of every row, on host arrays: [hidden, E(c0)]
+        in one call, then one step per residual group; returns codes [n, G] and the frame's
+        summed embedding."""
         n = len(code0)
         q = np.ones(n, np.int32)
         codes = np.zeros((n, self.groups), np.int64)
         codes[:, 0] = code0
         draw = self._draw_inputs(np.zeros(n), SamplingParams(temperature=0.0)) if self.draws else {}
-        past, x = self._prefill(cp, last_hidden, e0[:, None, :], q, draw, wait=True)
+        hidden = self.engine.buffers.to_host(last_hidden)[:, None, :]
+        past, x = np.zeros(n, np.int32), np.concatenate([hidden, e0[:, None, :]], axis=1)
         for group in range(1, self.groups):
             out = self._step(cp, x, past, q, group, draw, wait=True)
             codes[:, group] = sample_step(out.logits(), params, rngs)[0]
@@ -152,31 +142,6 @@ class CodePredictor:
         for group in range(1, self.groups):
             total += self.embeddings[group - 1][codes[:, group]]
         return total
-
-    def _prefill(
-        self,
-        cp: DecoderSession,
-        last_hidden: Any,
-        first: Any,
-        q: np.ndarray,
-        draw: dict[str, np.ndarray],
-        *,
-        wait: bool,
-    ) -> tuple[np.ndarray, Any]:
-        """The frame's prefill up to its last token: split, the hidden state alone (what that
-        call outputs is not read). ``first``: E(c0) [n, 1, H], a host array or (split, on a GPU)
-        a device buffer. Returns each row's cache length and the next call's input, [E(c0)]
-        split and [hidden, E(c0)] otherwise."""
-        n = first.shape[0]
-        past = np.zeros(n, np.int32)
-        memory = self.engine.buffers
-        if not self.split_prefill:  # host arrays (where the engine's buffers are host arrays)
-            hidden = memory.to_host(last_hidden)[:, None, :]
-            return past, np.concatenate([hidden, memory.to_host(first)], axis=1)
-        hidden = memory.view(last_hidden, (n, 1, self.hidden_size))
-        cp.run(hidden, text_positions(past, 1, False), past, q, np.zeros(n, np.int64), tag=0,
-               wait=wait, lm_head_index=np.zeros(1, np.int64), **draw)  # fmt: skip
-        return past + 1, first
 
     @staticmethod
     def _draw_inputs(uniform: Any, params: SamplingParams) -> dict[str, Any]:
@@ -232,12 +197,17 @@ class CodePredictor:
         self, cp: DecoderSession, last_hidden: Any, e0_in: Any, q: np.ndarray,
         draw: dict[str, Any], uniform_rows: list[Any], drawn_rows: list[Any],
     ) -> None:  # fmt: skip
-        """A frame's calls with the engine drawing, queued: the prefill, then each step fed the
-        embedding of the code the one before drew, its code copied aside before a later call
-        can write it (on a GPU the host waits once, for all of them)."""
+        """A frame's calls with the engine drawing, queued: the talker's hidden state alone
+        (what that call outputs is not read), then E(c0) (``e0_in`` [n, 1, H]) and each step
+        fed the embedding of the code the one before drew, its code copied aside before a later
+        call can write it (on a GPU the host waits once, for all of them)."""
         memory = self.engine.buffers
         n = len(q)
-        past, x = self._prefill(cp, last_hidden, e0_in, q, draw, wait=False)
+        past = np.zeros(n, np.int32)
+        cp.run(memory.view(last_hidden, (n, 1, self.hidden_size)), text_positions(past, 1, False),
+               past, q, np.zeros(n, np.int64), tag=0, wait=False,
+               lm_head_index=np.zeros(1, np.int64), **draw)  # fmt: skip
+        past, x = past + 1, e0_in
         for group in range(1, self.groups):
             out = self._step(cp, x, past, q, group,
                              {**draw, "sample_uniform": uniform_rows[group - 1]}, wait=False)  # fmt: skip
