@@ -1,4 +1,5 @@
-"""Shared by bench/gpu_omni.py and its two halves (gpu_omni_hf.py, gpu_omni_report.py).
+"""Shared by bench/gpu_omni.py and its two halves (gpu_omni_hf.py, gpu_omni_report.py), and
+bench/gpu_tts_workers.py (Timeline).
 
 The constants, phase timing and GPU helpers that the edgeomni side, the transformers side and
 the report all use, and the 48-layer estimate both sides apply to their summaries. A module of
@@ -94,3 +95,22 @@ def scaled(summary: dict[str, Any], rows: list[dict[str, Any]], batches: list[di
             "audio_s_per_s": round(sum(b["audio_s"] for b in batches) / (wall / 1e3), 3),
         }
     }
+
+
+class Timeline:
+    """A Pipeline.run listener: each request's first audio (an AudioChunk with samples;
+    runtime.events) and last event, in seconds from the listener's creation, just before the
+    run (in flight events come as they happen; a cohort's come when it ends, so there the
+    stages' own first-audio times are used, which count from the cohort's start)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first_audio: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+
+    def __call__(self, event: Any) -> None:
+        now = time.perf_counter() - self.start
+        samples = getattr(event, "samples", None)
+        if type(event).__name__ == "AudioChunk" and samples is not None and samples.size:
+            self.first_audio.setdefault(event.index, now)
+        self.last[event.index] = now

@@ -11,17 +11,15 @@ engine's weight bytes, step time and the ratio to float16. Run it on the GPU mac
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_llm import copy_bandwidth_gbs, edgeomni_step  # noqa: E402
-from llm_decode_cpu import make_checkpoint  # noqa: E402
+from llm_decode_cpu import decode_parser, make_checkpoint  # noqa: E402
 
 BUILDS = {
     "fp16": {},
@@ -31,14 +29,7 @@ BUILDS = {
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-gpu")
-    p.add_argument("--layers", type=int, default=28)
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p = decode_parser(__doc__, "edgeomni-gpu", batch=True)
     p.add_argument("--out", type=Path, help="write gpu_int4.json here")
     args = p.parse_args()
 

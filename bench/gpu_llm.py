@@ -13,17 +13,15 @@ results in one folder this way).
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llm_decode_cpu import QWEN3_06B, make_checkpoint, prompt_messages  # noqa: E402
+from llm_decode_cpu import QWEN3_06B, decode_parser, make_checkpoint, prompt_messages  # noqa: E402
 
 
 def copy_bandwidth_gbs() -> float:
@@ -138,14 +136,7 @@ def markdown(result: dict) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-gpu")
-    p.add_argument("--layers", type=int, default=28)
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p = decode_parser(__doc__, "edgeomni-gpu", batch=True)
     p.add_argument("--json", type=Path)
     p.add_argument("--out", type=Path, help="write gpu_llm.json and gpu_llm.md here")
     args = p.parse_args()

@@ -48,6 +48,7 @@ from gpu_common import (  # noqa: E402
     PHASES,
     REAL_THINKER_LAYERS,
     SPEAKER,
+    Timeline,
     cuda_available,
     free_gpu,
     phase,
@@ -282,23 +283,6 @@ def request_body(
 
 def stage_id(pipe: Any, runner: str) -> str:
     return next(s.id for s in pipe.graph.stages if s.runner == runner)
-
-
-class Timeline:
-    """Each request's first audio and last event, from the runtime's event stream (in flight
-    they come as they happen; a cohort's come when it ends, so there the stages' own first-audio
-    times are used, which count from the cohort's start)."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.first_audio: dict[int, float] = {}
-        self.last: dict[int, float] = {}
-
-    def __call__(self, event: Any) -> None:
-        now = time.perf_counter() - self.start
-        if type(event).__name__ == "AudioChunk":  # runtime.events.AudioChunk
-            self.first_audio.setdefault(event.index, now)
-        self.last[event.index] = now
 
 
 def run_batch(pipe: Any, requests: list[Any], c: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpu_common import Timeline
 from qwen3_tts_cpu import GREEDY, LANGUAGE, RELEASE_SAMPLING, SPEAKER, dist_version
 
 TAG = "[gpu_tts]"
@@ -121,23 +122,6 @@ def work_build(spec: dict) -> dict:
             "onnx": onnx.__version__,
         },
     }
-
-
-class Timeline:
-    """Each request's first audio (an AudioChunk with samples) and last event, from the
-    submission (the listener's creation, just before Pipeline.run)."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.first_audio: dict[int, float] = {}
-        self.last: dict[int, float] = {}
-
-    def __call__(self, event: Any) -> None:
-        now = time.perf_counter() - self.start
-        samples = getattr(event, "samples", None)
-        if type(event).__name__ == "AudioChunk" and samples is not None and samples.size:
-            self.first_audio.setdefault(event.index, now)
-        self.last[event.index] = now
 
 
 def gpu_memory_used_mib() -> float | None:

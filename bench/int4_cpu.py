@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from llm_decode_cpu import (  # noqa: E402 - the fp32 bench's pieces, one definition each
     QWEN3_06B,
+    decode_parser,
     make_checkpoint,
     read_bandwidth_gbs,
     time_edgeomni,
@@ -60,13 +61,7 @@ def kv_bytes(layers: int, context: int) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-bench")
-    p.add_argument("--layers", type=int, default=28)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p = decode_parser(__doc__, "edgeomni-bench")
     p.add_argument("--group-size", type=int, default=32, choices=(32, 64, 128))
     p.add_argument("--bandwidth-probes", type=int, default=5, help="before and after the runs")
     p.add_argument("--no-transformers", action="store_true", help="skip the transformers run")

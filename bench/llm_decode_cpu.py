@@ -170,14 +170,21 @@ def bytes_per_step(layers: int, context: int, config: dict | None = None) -> dic
     return {"weights": weights, "kv": kv_bytes, "total": weights + kv_bytes}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeomni-bench")
+def decode_parser(doc: str | None, work: str, batch: bool = False) -> argparse.ArgumentParser:
+    """The options of the Qwen3-0.6B-shaped decode benches (this one, int4_cpu.py, gpu_llm.py,
+    gpu_int4.py): the work dir (under the temp dir), layers, batch sizes, new tokens, repeats."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / work)
     p.add_argument("--layers", type=int, default=28)
+    if batch:
+        p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    return p
+
+
+def main() -> int:
+    p = decode_parser(__doc__, "edgeomni-bench")
     p.add_argument("--bandwidth-probes", type=int, default=5, help="before and after the runs")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import shutil
 import signal
@@ -11,12 +12,54 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import references
 from export_store import ExportStore
 
 # The Qwen3-TTS reference run (make_reference.py: one thread, some 12 s), started as collection
 # ends when a selected test needs it and the venv is there, so that it runs beside the tests
 # before its first user; the qwen_tts_reference fixture waits for it.
 _early_reference: dict[str, Any] = {}
+
+
+# The tiers (pyproject.toml's markers) follow from the fixtures a test uses, so that a new test is
+# tiered by what it needs: every engine build goes through the session's export store (slow), and
+# a reference installed outside the product is one fixture each (tests/references.py).
+TIER_FIXTURES = {
+    "exports": "slow",
+    "qwen_tts_python": "reference",
+    "browser": "reference",  # chromium, tests/test_serve_page.py
+    "polygraphy": "reference",  # tests/test_tensorrt_compare.py
+}
+
+
+_running: list[pytest.Item] = []  # the test being run, for _tiered
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in TIER_FIXTURES.items():
+            if fixture in used:
+                item.add_marker(marker)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()
+
+
+def _tiered(fixture: str) -> None:
+    """A test that reaches a tier's fixture only through ``request.getfixturevalue`` is not
+    marked by collection; in a run that deselects the tier, it fails here instead of building."""
+    marker = TIER_FIXTURES[fixture]
+    if _running and _running[-1].get_closest_marker(marker) is None:
+        pytest.fail(f"{_running[-1].nodeid} sets up {fixture!r} (through getfixturevalue) but is "
+                    f"not marked {marker!r}: mark it (tests/conftest.py, TIER_FIXTURES)",
+                    pytrace=False)  # fmt: skip
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -50,108 +93,83 @@ def _signal_handlers():
         signal.signal(sig, handler)
 
 
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread for the test (tiny ops: thread hand-offs cost more than they give),
+    its count restored after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def exports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExportStore]:
     """The session's raw ONNX exports (tests/export_store.py): a build by ``exports.build`` (or
     inside ``exports.reused()``) runs each distinct export once and reuses its files after."""
+    _tiered("exports")
     store = ExportStore(tmp_path_factory.mktemp("exports"))
     yield store
     store.close()
 
 
-@pytest.fixture(scope="session")
-def qwen3_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from edgeomni.export.tiny import make_qwen3
-
-    return make_qwen3(tmp_path_factory.mktemp("qwen3") / "ckpt")
-
-
-@pytest.fixture(scope="session")
-def qwen3_engine(
-    qwen3_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
+def _cpu_engine(exports: ExportStore, ckpt: Path, engine_dir: Path, rows: int, prompt: int,
+                kv: int) -> Path:  # fmt: skip
+    """``ckpt`` built for the CPU into ``engine_dir`` (``rows`` rows, prompts of ``prompt``
+    tokens, ``kv`` cache slots) through the session's exports; read-only for its users."""
     from edgeomni.export.family import BuildArgs
 
-    engine_dir = tmp_path_factory.mktemp("qwen3-engine") / "eng"
-    args = BuildArgs(max_batch_size=3, max_input_len=64, max_kv_cache_capacity=128)
-    graph = exports.build(qwen3_ckpt, engine_dir, args)
+    args = BuildArgs(max_batch_size=rows, max_input_len=prompt, max_kv_cache_capacity=kv)
+    graph = exports.build(ckpt, engine_dir, args)
     assert graph is not None and graph.is_file()
     return engine_dir
 
 
-@pytest.fixture(scope="session")
-def omni_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from edgeomni.export.tiny_omni import make_qwen3_omni
-
-    return make_qwen3_omni(tmp_path_factory.mktemp("omni") / "ckpt")
-
-
-@pytest.fixture(scope="session")
-def omni_engine(
-    omni_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    from edgeomni.export.family import BuildArgs
-
-    engine_dir = tmp_path_factory.mktemp("omni-engine") / "eng"
-    args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
-    assert exports.build(omni_ckpt, engine_dir, args) is not None
-    return engine_dir
+# The tiny random checkpoints and their CPU engines, once per session: ``<name>_ckpt`` (the
+# export/tiny*.py maker's output) and ``<name>_engine`` (rows, prompt tokens, cache slots;
+# vl's holds the llm and visual/, asr's prompts of 128 tokens are about 9 s of audio).
+TINY = {
+    "qwen3": ("edgeomni.export.tiny", "make_qwen3", 3, 64, 128),
+    "omni": ("edgeomni.export.tiny_omni", "make_qwen3_omni", 3, 128, 256),
+    "vl": ("edgeomni.export.tiny_vl", "make_qwen3_vl", 3, 256, 384),
+    "asr": ("edgeomni.export.tiny_asr", "make_qwen3_asr", 3, 128, 256),
+}
 
 
-@pytest.fixture(scope="session")
-def vl_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from edgeomni.export.tiny_vl import make_qwen3_vl
+def _tiny_fixtures(name: str) -> tuple[Any, Any]:
+    module, maker, rows, prompt, kv = TINY[name]
 
-    return make_qwen3_vl(tmp_path_factory.mktemp("vl") / "ckpt")
+    def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        make = getattr(importlib.import_module(module), maker)
+        return make(tmp_path_factory.mktemp(name) / "ckpt")
 
+    def engine(request: pytest.FixtureRequest, exports: ExportStore, tmp_path_factory) -> Path:
+        engine_dir = tmp_path_factory.mktemp(f"{name}-engine") / "eng"
+        built = request.getfixturevalue(f"{name}_ckpt")
+        return _cpu_engine(exports, built, engine_dir, rows, prompt, kv)
 
-@pytest.fixture(scope="session")
-def vl_engine(
-    vl_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    """The tiny Qwen3-VL built for the CPU (read-only): the llm and visual/."""
-    from edgeomni.export.family import BuildArgs
-
-    engine_dir = tmp_path_factory.mktemp("vl-engine") / "eng"
-    args = BuildArgs(max_batch_size=3, max_input_len=256, max_kv_cache_capacity=384)
-    assert exports.build(vl_ckpt, engine_dir, args) is not None
-    return engine_dir
+    return (pytest.fixture(ckpt, scope="session", name=f"{name}_ckpt"),
+            pytest.fixture(engine, scope="session", name=f"{name}_engine"))  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def asr_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from edgeomni.export.tiny_asr import make_qwen3_asr
-
-    return make_qwen3_asr(tmp_path_factory.mktemp("asr") / "ckpt")
-
-
-@pytest.fixture(scope="session")
-def asr_engine(
-    asr_ckpt: Path, exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    """The tiny Qwen3-ASR built for the CPU: 3 rows, prompts of 128 tokens (about 9 s of
-    audio), 256 cache slots (read-only)."""
-    from edgeomni.export.family import BuildArgs
-
-    engine_dir = tmp_path_factory.mktemp("asr-engine") / "eng"
-    args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
-    assert exports.build(asr_ckpt, engine_dir, args) is not None
-    return engine_dir
+qwen3_ckpt, qwen3_engine = _tiny_fixtures("qwen3")
+omni_ckpt, omni_engine = _tiny_fixtures("omni")
+vl_ckpt, vl_engine = _tiny_fixtures("vl")
+asr_ckpt, asr_engine = _tiny_fixtures("asr")
 
 
 @pytest.fixture(scope="session")
 def tts_engine(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3-TTS CustomVoice checkpoint (export/tiny_tts.py, in ``../ckpt``),
     built for the CPU (edge-serve's tests, the family walk, the TensorRT profiles and upstream's
-    reading of the checkpoint share the build; read-only)."""
-    from edgeomni.export.family import BuildArgs
+    reading of the checkpoint share the build)."""
     from edgeomni.export.tiny_tts import make_checkpoint
 
     root = tmp_path_factory.mktemp("serve-tts")
     ckpt = make_checkpoint(root / "ckpt", "custom_voice", "tiny")
-    args = BuildArgs(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
-    assert exports.build(ckpt, root / "eng", args) is not None
-    return root / "eng"
+    return _cpu_engine(exports, ckpt, root / "eng", 2, 64, 128)
 
 
 @pytest.fixture(scope="session")
@@ -162,21 +180,10 @@ def qwen_tts_python() -> Path:
     $EDGEOMNI_QWEN_TTS_REF or ~/.cache/edgeomni/qwen-tts-ref-0.1.1 (see make_venv.default_ref_dir):
     a venv inside the checkout would be wiped by ``git clean`` and ``pytest --cache-clear``, and
     ~/.cache is what CI caches keep between runs. Needs network (PyPI, or a local wheel cache) the
-    first time; without it this FAILS rather than skips, since the Qwen3-TTS parity tests mean
-    nothing without their reference.
+    first time; without it the tests skip, saying why, and fail in CI (tests/references.py).
     """
-    from qwen_tts_reference import make_venv
-
-    try:
-        return make_venv.ensure()
-    except make_venv.VenvError as exc:
-        reason = str(exc)
-    pytest.fail(
-        f"cannot make the Qwen3-TTS reference venv at {make_venv.default_ref_dir()} "
-        f"(it needs network access to PyPI the first time; set EDGEOMNI_QWEN_TTS_REF to use "
-        f"another place): {reason}",
-        pytrace=False,
-    )
+    _tiered("qwen_tts_python")
+    return references.qwen_tts_python()
 
 
 @pytest.fixture(scope="session")
@@ -203,17 +210,13 @@ def qwen_tts_engines(
     """Engine dirs built by edge-build's path from the reference's tiny Qwen3-TTS checkpoints:
     ``get(kind)`` (custom_voice, voice_design or base) builds one on first use (batch 3, input
     128, kv 256)."""
-    from edgeomni.export.family import BuildArgs
-
     built: dict[str, Path] = {}
 
     def get(kind: str) -> Path:
         if kind not in built:
             ckpt = Path(qwen_tts_reference["checkpoints"][kind]["dir"])
             engine_dir = tmp_path_factory.mktemp(f"tts-{kind}") / "eng"
-            args = BuildArgs(max_batch_size=3, max_input_len=128, max_kv_cache_capacity=256)
-            assert exports.build(ckpt, engine_dir, args) is not None
-            built[kind] = engine_dir
+            built[kind] = _cpu_engine(exports, ckpt, engine_dir, 3, 128, 256)
         return built[kind]
 
     return get

@@ -3,6 +3,13 @@ the shared core of the kernels' host emulations (tests/test_attention_cuda.py,
 tests/test_fused_kernels_host.py). A block's threads run at once, blocks one after another, so
 a static array stands for a block's shared memory; warp shuffles and barriers are std::barrier."""
 
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
 SHIM_CORE = r"""
 #include <algorithm>
 #include <barrier>
@@ -62,3 +69,17 @@ static void spit(const char* path, const void* p, size_t n) {
     std::fclose(f);
 }
 """
+
+
+def compile_host(cpp: Path, exe: Path) -> Path:
+    """``cpp`` (kernel source with the shim) compiled by g++ into ``exe``; a skip where this
+    g++ has no C++20 ``<barrier>``."""
+    build = subprocess.run(
+        ["g++", "-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas", "-o", str(exe), str(cpp)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if build.returncode:
+        if "barrier" in build.stderr and "No such file" in build.stderr:
+            pytest.skip("this g++ has no C++20 <barrier> for the host emulation")
+        raise AssertionError(build.stderr[-4000:])
+    return exe

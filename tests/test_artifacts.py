@@ -51,6 +51,7 @@ def declared_keys(artifact: Artifact) -> tuple[str, ...]:
     return ("engine", "backend", *artifact.keys)
 
 
+@pytest.mark.slow  # its engines come through request.getfixturevalue
 @pytest.mark.parametrize(("fixture", "folder", "artifact"), FOLDERS, ids=IDS)
 def test_every_declared_key_is_checked(fixture, folder, artifact, request, tmp_path) -> None:
     eng = tmp_path / "eng"
@@ -75,6 +76,7 @@ def drop(config: dict, dotted: str) -> dict:
     return out
 
 
+@pytest.mark.slow  # its engines come through request.getfixturevalue
 @pytest.mark.parametrize(("fixture", "folder", "artifact"), FOLDERS, ids=IDS)
 def test_declared_keys_are_enough(fixture, folder, artifact, request, tmp_path) -> None:
     """A config.json with only the declared keys opens: the runner (or encoder) reads no other

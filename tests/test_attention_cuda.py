@@ -28,6 +28,7 @@ from edgeomni.plugins import attention_cuda as ac
 from edgeomni.plugins.attention import reference
 
 sys.path.insert(0, str(Path(__file__).parent))
+import cuda_host  # noqa: E402
 from cuda_host import SHIM_CORE  # noqa: E402
 
 # a NaN pattern for cache slots the call must neither read (it would spread) nor write
@@ -53,6 +54,20 @@ class Case:
     present_value: np.ndarray
 
 
+def past_caches(rng: np.random.Generator, cfg: ac.KernelConfig, capacity: int,
+                past: list[int]) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Key and value caches [rows, kv heads, capacity, head dim]: ``past[b]`` random positions
+    a row, the SENTINEL pattern (which the call must neither read nor write) after them."""
+    dt, hkv, d = NUMPY[cfg.dtype], cfg.kv_num_heads, cfg.head_dim
+    bits_type, bits = SENTINEL[cfg.dtype]
+    key = np.full((len(past), hkv, capacity, d), bits, bits_type).view(dt)
+    value = key.copy()
+    for b, n in enumerate(past):
+        key[b, :, :n] = rng.standard_normal((hkv, n, d)).astype(dt)
+        value[b, :, :n] = rng.standard_normal((hkv, n, d)).astype(dt)
+    return key, value
+
+
 def make_case(
     cfg: ac.KernelConfig, seq: int, capacity: int, past: list[int], fresh: list[int], seed: int = 0
 ) -> Case:
@@ -62,12 +77,7 @@ def make_case(
     q = rng.standard_normal((batch, seq, hq * d)).astype(dt)
     k = rng.standard_normal((batch, seq, hkv * d)).astype(dt)
     v = rng.standard_normal((batch, seq, hkv * d)).astype(dt)
-    bits_type, bits = SENTINEL[cfg.dtype]
-    past_key = np.full((batch, hkv, capacity, d), bits, bits_type).view(dt)
-    past_value = past_key.copy()
-    for b, n in enumerate(past):
-        past_key[b, :, :n] = rng.standard_normal((hkv, n, d)).astype(dt)
-        past_value[b, :, :n] = rng.standard_normal((hkv, n, d)).astype(dt)
+    past_key, past_value = past_caches(rng, cfg, capacity, past)
     past_lens, query_lens = np.array(past, np.int32), np.array(fresh, np.int32)
     wide = [x.astype(np.float64) for x in (q, k, v, past_key, past_value)]
     out, _, _ = reference(
@@ -299,16 +309,7 @@ def compile_host(cfg: ac.KernelConfig, work: Path, main: str = MAIN) -> Path:
     defines, body = source.split("\n#if IS_HALF\ntypedef", 1)  # the shim needs IS_HALF
     cpp = work / "attention_host.cpp"
     cpp.write_text(defines + SHIM + "\n#if IS_HALF\ntypedef" + body + main)
-    exe = work / "attention_host"
-    build = subprocess.run(
-        ["g++", "-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas", "-o", str(exe), str(cpp)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if build.returncode:
-        if "barrier" in build.stderr and "No such file" in build.stderr:
-            pytest.skip("this g++ has no C++20 <barrier> for the host emulation")
-        raise AssertionError(build.stderr[-4000:])
-    return exe
+    return cuda_host.compile_host(cpp, work / "attention_host")
 
 
 def emulate(cfg: ac.KernelConfig, case: Case, work: Path, exe: Path) -> tuple[np.ndarray, ...]:

@@ -21,7 +21,7 @@ from edgeomni.plugins import decoder_cuda as dc
 from edgeomni.plugins.attention import reference
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_attention_cuda import GXX_REASON, NUMPY, SENTINEL, TOL, compile_host  # noqa: E402
+from test_attention_cuda import GXX_REASON, NUMPY, SENTINEL, TOL, compile_host, past_caches  # noqa: E402
 
 MAIN = r"""
 int main(int argc, char** argv) {
@@ -86,12 +86,8 @@ def test_fused_qk_decode_matches_qk_rope_and_attention(cfg, mrope, tmp_path: Pat
     axes = 3 if mrope else 1
     pos = (np.array(past)[None] + rng.integers(0, 5, (axes, batch))).astype(np.int64)
     axis = (np.arange(d // 2) % 3).astype(np.int32) if mrope else None
-    bits_type, bits = SENTINEL[cfg.dtype]
-    kc = np.full((batch, hkv, capacity, d), bits, bits_type).view(dt)
-    vc = kc.copy()
-    for b, n in enumerate(past):
-        kc[b, :, :n] = rng.standard_normal((hkv, n, d)).astype(dt)
-        vc[b, :, :n] = rng.standard_normal((hkv, n, d)).astype(dt)
+    kc, vc = past_caches(rng, cfg, capacity, past)
+    bits_type = SENTINEL[cfg.dtype][0]
     files = {"qkv": qkv, "pos": pos, "inv_freq": inv_freq, "kc": kc, "vc": vc,
              "past": np.array(past, np.int32), "fresh": np.array(fresh, np.int32),
              "out": np.full((batch, hq * d), np.nan, dt)}  # fmt: skip

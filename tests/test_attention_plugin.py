@@ -75,6 +75,21 @@ def test_lowering_matches_reference_in_place(window: int, causal: int, plain: in
     run_schedule(model, SCHEDULE, window, causal)
 
 
+def run_in_place(sess: ort.InferenceSession, inputs: tuple, key: ort.OrtValue,
+                 value: ort.OrtValue) -> np.ndarray:  # fmt: skip
+    """One call with the caches bound as both past and present (updated in place): the output."""
+    io = sess.io_binding()
+    for name, arr in zip(("q", "k", "v", "past_lens", "query_lens"), inputs, strict=True):
+        io.bind_cpu_input(name, arr)
+    io.bind_ortvalue_input("past_key", key)
+    io.bind_ortvalue_input("past_value", value)
+    io.bind_output("out")
+    io.bind_ortvalue_output("present_key", key)
+    io.bind_ortvalue_output("present_value", value)
+    sess.run_with_iobinding(io)
+    return io.get_outputs()[0].numpy()
+
+
 def run_schedule(model: bytes, schedule: list, window: int, causal: int, capacity: int = C,
                  past: np.ndarray | None = None) -> None:  # fmt: skip
     """Run the lowered model call after call on the same cache buffers (bound as input and
@@ -98,22 +113,7 @@ def run_schedule(model: bytes, schedule: list, window: int, causal: int, capacit
             q, k, v, ref_k, ref_v, past, query_lens,
             num_heads=HQ, kv_num_heads=HKV, window=window, causal=causal,
         )  # fmt: skip
-        io = sess.io_binding()
-        for name, arr in (
-            ("q", q),
-            ("k", k),
-            ("v", v),
-            ("past_lens", past),
-            ("query_lens", query_lens),
-        ):
-            io.bind_cpu_input(name, arr)
-        io.bind_ortvalue_input("past_key", key_ov)
-        io.bind_ortvalue_input("past_value", value_ov)
-        io.bind_output("out")
-        io.bind_ortvalue_output("present_key", key_ov)
-        io.bind_ortvalue_output("present_value", value_ov)
-        sess.run_with_iobinding(io)
-        out = io.get_outputs()[0].numpy()
+        out = run_in_place(sess, (q, k, v, past, query_lens), key_ov, value_ov)
         for b in range(B):
             n = query_lens[b]
             np.testing.assert_allclose(out[b, :n], ref_out[b, :n], atol=2e-6)
@@ -225,16 +225,7 @@ def test_lowering_for_onnxruntime_before_1_32() -> None:
         ref, ref_k, ref_v = attention.reference(
             q, k, v, ref_k, ref_v, past, ql, num_heads=HQ, kv_num_heads=HKV
         )
-        io = sess.io_binding()
-        for name, arr in (("q", q), ("k", k), ("v", v), ("past_lens", past), ("query_lens", ql)):
-            io.bind_cpu_input(name, arr)
-        io.bind_ortvalue_input("past_key", ok)
-        io.bind_ortvalue_input("past_value", ov)
-        io.bind_output("out")
-        io.bind_ortvalue_output("present_key", ok)
-        io.bind_ortvalue_output("present_value", ov)
-        sess.run_with_iobinding(io)
-        out = io.get_outputs()[0].numpy()
+        out = run_in_place(sess, (q, k, v, past, ql), ok, ov)
         for b in range(B):
             np.testing.assert_allclose(out[b, : ql[b]], ref[b, : ql[b]], atol=2e-6)
             # padding rows land in the cache too, past the row's length, where nothing reads

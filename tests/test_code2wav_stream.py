@@ -48,6 +48,20 @@ def stateful(engine: Path, **config: Any) -> Code2Wav:
     return Code2Wav(stage(**{**built, **config}), engine / "code2wav", engines=Engines(threads=2))
 
 
+def in_bursts(runner: Code2Wav, codes: np.ndarray, bursts: tuple[int, ...]) -> np.ndarray:
+    """One request's frames pushed in uneven bursts (each decoded as the batch would), then the
+    rest and the end: its audio."""
+    batch = runner.stream_batch()
+    stream = runner.stream_for(RequestState(0, None, None), batch)
+    at = 0
+    for burst in bursts:
+        stream(codes[at : at + burst])
+        batch.decode_ready()
+        at += burst
+    stream(codes[at:])
+    return stream.finish()
+
+
 @pytest.fixture(scope="module")
 def wholes(request) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]:
     """Each family's random codes per length and their whole-utterance audio (one call each,
@@ -134,6 +148,7 @@ def record_calls(runner: Code2Wav) -> list[list[int]]:
 
 
 # -- equal to the whole decode ---------------------------------------------------------------
+@pytest.mark.slow  # its engines come through request.getfixturevalue
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize(("first", "size"), [(1, 4), (2, 5), (1, 3), (2, 25)])
 def test_a_batch_joining_and_leaving_equals_whole_utterances(
@@ -197,25 +212,19 @@ def test_an_onnxruntime_without_batched_past_attention_steps_one_row_a_call(
         assert np.abs(state.outputs["code2wav:audio"] - whole).max() < TOL
 
 
+@pytest.mark.slow  # its engines come through request.getfixturevalue
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_chunks_of_any_size_equal_the_whole_decode(family: str, wholes, request) -> None:
     """One request's frames pushed in uneven bursts, chunked as they come and at the end."""
     runner = stateful(request.getfixturevalue(FAMILIES[family]), first_chunk_frames=2,
                       chunk_frames=7)  # fmt: skip
     codes, whole = max(wholes[family].values(), key=lambda item: len(item[0]))
-    batch = runner.stream_batch()
-    stream = runner.stream_for(RequestState(0, None, None), batch)
-    at = 0
-    for burst in (1, 3, 1, 11, 2, 20, 5, 40):
-        stream(codes[at : at + burst])
-        batch.decode_ready()
-        at += burst
-    stream(codes[at:])
-    audio = stream.finish()
+    audio = in_bursts(runner, codes, (1, 3, 1, 11, 2, 20, 5, 40))
     assert audio.shape == whole.shape
     assert np.abs(audio - whole).max() < TOL
 
 
+@pytest.mark.slow  # its engines come through request.getfixturevalue
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_chunks_padded_to_fixed_sizes_equal_the_whole_decode(family: str, wholes, request) -> None:
     """Where the engine prefers fixed shapes (ONNX Runtime's CUDA provider) a chunk runs padded
@@ -234,15 +243,7 @@ def test_chunks_padded_to_fixed_sizes_equal_the_whole_decode(family: str, wholes
     runner.step.run = recording
     # after chunks of 2, 4 and 8s, a last one of 7 (Qwen3-Omni) or 5 (Qwen3-TTS): padded to 8
     codes, whole = wholes[family][{"omni": 37, "tts": 75}[family]]
-    batch = runner.stream_batch()
-    stream = runner.stream_for(RequestState(0, None, None), batch)
-    at = 0
-    for burst in (1, 3, 1, 5, 2, 7, 3):
-        stream(codes[at : at + burst])
-        batch.decode_ready()
-        at += burst
-    stream(codes[at:])
-    audio = stream.finish()
+    audio = in_bursts(runner, codes, (1, 3, 1, 5, 2, 7, 3))
     assert {w for w, _ in widths} <= {2, 4, 8, *(n for _, n in widths if n > 8)}
     assert any(n < w for w, n in widths), widths  # some chunks ran padded
     assert audio.shape == whole.shape
@@ -364,6 +365,7 @@ E2E = {
 }  # fmt: skip
 
 
+@pytest.mark.slow  # its engines come through request.getfixturevalue
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_edge_infer_streams_stateful_as_the_whole_utterance(
     family: str, request, tmp_path: Path
@@ -390,6 +392,7 @@ def test_edge_infer_streams_stateful_as_the_whole_utterance(
     assert np.abs(audio["stateful"] - audio["whole"]).max() < TOL
 
 
+@pytest.mark.slow  # its engines come through request.getfixturevalue
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_the_gpu_paths_fixed_buffers_equal_the_whole_decode(family: str, wholes, request) -> None:
     """The step's GPU path (a call's buffers kept per batch size and length, the rows' states

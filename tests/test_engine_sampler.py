@@ -14,12 +14,10 @@ ort = pytest.importorskip("onnxruntime")
 
 from edgeomni.export.common.onnx_export import export_onnx  # noqa: E402
 from edgeomni.export.common.sampler import draw_from_topk  # noqa: E402
-from edgeomni.runtime.sampling import SamplingParams, sample  # noqa: E402
+from edgeomni.runtime.sampling import SamplingParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sampling_cases import SETTINGS, Fixed, settings_id  # noqa: E402
-
-K = 64
+from sampling_cases import SETTINGS, K, compare_draws, settings_id  # noqa: E402
 
 
 class _Draw(torch.nn.Module):
@@ -76,27 +74,11 @@ def _engine_draw(
 def test_engine_draws_what_the_host_draws(
     session: ort.InferenceSession, params: SamplingParams
 ) -> None:
-    gen = np.random.default_rng(11)
-    k = 1 if params.greedy else params.top_k
-    rows, tied, undecided = 0, 0, 0
-    for trial in range(25):
-        # float16 logits, as a GPU engine gives them: equal values are common
-        logits = (gen.standard_normal((16, 700)) * 2).astype(np.float16).astype(np.float32)
-        logits[trial % 16, gen.choice(700, 5, replace=False)] = logits[trial % 16].max()
-        u = gen.random(16)
-        got = _engine_draw(session, logits, u, params, gen)
-        srt = -np.sort(-logits, axis=1)
-        for b in range(16):
-            if srt[b, k - 1] == srt[b, K - 1]:  # a token outside the K may tie the k-th
-                assert got[b] == -1
-                undecided += 1
-                continue
-            want = sample(logits[b : b + 1], params, Fixed(u[b : b + 1]))[0]  # type: ignore[arg-type]
-            assert got[b] == want, (trial, b)
-        tied += int((srt[:, k] == srt[:, k - 1]).sum())
-        rows += 16
+    tied, undecided = compare_draws(lambda logits, u, gen: _engine_draw(session, logits, u,
+                                                                     params, gen),
+                                    params, vocab=700, trials=25, seed=11)  # fmt: skip
     assert tied > 0  # ties at the k-th value were among the rows
-    assert undecided < rows // 4
+    assert undecided < 25 * 16 // 4
 
 
 def test_a_row_the_top_k_cannot_decide_comes_out_as_minus_one(

@@ -493,6 +493,8 @@ def test_the_stateful_vocoder_streams_on_the_gpu(omni, tmp_path) -> None:
     TF32 error. Each call's outputs go out of scope while the next call reads its state rows:
     an illegal address, before device views kept their allocation (the TTS pipeline's first
     stateful run on the H200). Here, not in test_gpu.py, for the prebuilt engines."""
+    from test_code2wav_stream import in_bursts
+
     from edgeomni.builder.build import build
     from edgeomni.graph_schema import Emit, Input, Stage
     from edgeomni.runtime.speech.code2wav import Code2Wav
@@ -516,15 +518,7 @@ def test_the_stateful_vocoder_streams_on_the_gpu(omni, tmp_path) -> None:
     runner = Code2Wav(stage(streaming="stateful", stream="../code2wav_stream",
                             first_chunk_frames=1, chunk_frames=8), engine / "code2wav")  # fmt: skip
     assert not runner.step.engine.buffers.on_host
-    batch = runner.stream_batch()
-    stream = runner.stream_for(RequestState(0, None, None), batch)
-    at = 0
-    for burst in (1, 3, 1, 5, 2, 7, 3):
-        stream(codes[at : at + burst])
-        batch.decode_ready()
-        at += burst
-    stream(codes[at:])
-    audio = stream.finish()
+    audio = in_bursts(runner, codes, (1, 3, 1, 5, 2, 7, 3))
     print(f"stateful on the GPU vs whole on the CPU: {np.abs(audio - whole).max():.2e}")
     assert audio.shape == whole.shape and runner.step.calls >= 6
     assert np.abs(audio - whole).max() < 2e-2 * np.abs(whole).max()

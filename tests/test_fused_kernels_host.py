@@ -18,6 +18,7 @@ import pytest
 from edgeomni.plugins import decoder_cuda as dc
 
 sys.path.insert(0, str(Path(__file__).parent))
+import cuda_host  # noqa: E402
 import fused_kernel_cases as cases  # noqa: E402
 from cuda_host import SHIM_CORE  # noqa: E402
 
@@ -135,14 +136,7 @@ def emulator(request, tmp_path_factory) -> tuple[Path, str]:
     work = tmp_path_factory.mktemp(f"host-{dtype}")
     cpp, exe = work / "kernels.cpp", work / "kernels"
     cpp.write_text(_source(dc.Variant(dtype, dtype), CASES[dtype]))
-    build = subprocess.run(
-        ["g++", "-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas", "-o", str(exe), str(cpp)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if build.returncode:
-        if "barrier" in build.stderr and "No such file" in build.stderr:
-            pytest.skip("this g++ has no C++20 <barrier> for the emulation")
-        raise AssertionError(build.stderr[-4000:])
+    cuda_host.compile_host(cpp, exe)
     return exe, dtype
 
 

@@ -459,6 +459,7 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
     return out
 
 
+@pytest.mark.slow  # its engines come through request.getfixturevalue
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.id)
 def test_fault(row: Row, request, tmp_path: Path, monkeypatch, capsys) -> None:
     engine = request.getfixturevalue(f"{row.engine}_engine")
@@ -492,6 +493,7 @@ def test_fault(row: Row, request, tmp_path: Path, monkeypatch, capsys) -> None:
         row.then(world)
 
 
+@pytest.mark.slow  # its engines come through request.getfixturevalue
 @pytest.mark.parametrize(
     "row", [r for r in ROWS if r.code == BAD_USAGE and r.opens and not r.loads], ids=lambda r: r.id
 )

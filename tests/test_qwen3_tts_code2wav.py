@@ -38,12 +38,7 @@ def _tokenizer_dir(manifest: dict, mode: str) -> Path:
     return Path(manifest["modes"][mode]["checkpoint"]) / "speech_tokenizer"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("mode", MODES)

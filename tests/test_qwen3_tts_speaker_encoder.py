@@ -154,12 +154,7 @@ def engine(_reference: dict) -> Any:
     return _reference["engine"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _cut(wav: np.ndarray, name: str) -> np.ndarray:

@@ -88,12 +88,7 @@ def _wav(n: int, seed: int) -> np.ndarray:
     return (tone + 0.05 * rng.standard_normal(n)).astype(np.float32)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

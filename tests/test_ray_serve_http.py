@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,17 +22,13 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'edgeomni[ray]')")
 
+from serve_process import free_port, sigterm, wait_healthy  # noqa: E402
+
 from edgeomni.runtime.audio import pcm16  # noqa: E402
 from edgeomni.runtime.pipeline import Pipeline  # noqa: E402
 from edgeomni.runtime.requests import parse_request_file  # noqa: E402
 
 GREEDY_SPEECH = {"talker_do_sample": 0, "subtalker_dosample": 0, "talker_max_new_tokens": 9}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:
@@ -47,28 +42,14 @@ class Served:
             env={**os.environ, "RAY_AUTH_MODE": "disabled"},
         )  # fmt: skip
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 180
-        while True:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            assert self.proc.poll() is None and time.time() < deadline, self.output()
-            time.sleep(0.25)
+        wait_healthy(self.proc, self.url, 180, self.output, poll=0.25)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
     def stop(self) -> None:
-        try:
-            self.proc.send_signal(signal.SIGTERM)
-            assert self.proc.wait(60) == 0, self.output()
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        assert "Traceback" not in self.output(), self.output()
+        out = sigterm(self.proc, 60, self.output)
+        assert "Traceback" not in out, out
 
 
 def same_audio(got: bytes, want: bytes) -> None:

@@ -23,6 +23,8 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
+from serve_process import free_port, wait_healthy  # noqa: E402
+
 from edgeomni.runtime.pipeline import Pipeline  # noqa: E402
 from edgeomni.runtime.requests import parse_request_file  # noqa: E402
 from edgeomni.runtime.serve.app import make_app  # noqa: E402
@@ -541,10 +543,7 @@ def test_sigterm_drains_what_is_in_flight(qwen3_engine: Path, tmp_path: Path) ->
 
     script = tmp_path / "slow_serve.py"
     script.write_text(SLOW_SERVE)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, str(script), "--config", str(qwen3_engine), "--port", str(port),
@@ -552,15 +551,7 @@ def test_sigterm_drains_what_is_in_flight(qwen3_engine: Path, tmp_path: Path) ->
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, "edge-serve did not start"
-            time.sleep(0.1)
+        wait_healthy(proc, url, 60, lambda: "edge-serve did not start")
         body = {"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 40,
                 "min_tokens": 40, "temperature": 0, "stream": True}  # fmt: skip
         chunks: list[dict] = []

@@ -40,6 +40,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
+from serve_process import free_port, sigterm, wait_healthy  # noqa: E402
 from test_serve import SLOW_SERVE, own_tmpdir, start  # noqa: E402, F401 (autouse: TMPDIR of its own)
 
 from edgeomni.runtime.pipeline import Pipeline  # noqa: E402
@@ -54,12 +55,6 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``root``: its size and modification time."""
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
             for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- the command line ---------------------------------------------------------------------------
@@ -268,27 +263,13 @@ def launch(engine: Path, root: Path, *more: str, script: Path | None = None) -> 
         stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": str(tmp)},
     )  # fmt: skip
     p = Proc(proc, f"http://127.0.0.1:{port}", engine, tmp, log)
-    deadline = time.time() + 90
-    while True:
-        try:
-            if httpx.get(p.url + "/health", timeout=1).status_code == 200:
-                return p
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None and time.time() < deadline, p.stderr()
-        time.sleep(0.1)
+    wait_healthy(proc, p.url, 90, p.stderr)
+    return p
 
 
 def stop(p: Proc) -> None:
     """SIGTERM: exit 0 once drained, no traceback in its output, its media folder gone."""
-    try:
-        p.proc.send_signal(signal.SIGTERM)
-        assert p.proc.wait(30) == 0, p.stderr()
-    finally:
-        if p.proc.poll() is None:
-            p.proc.kill()
-            p.proc.wait()
-    err = p.stderr()
+    err = sigterm(p.proc, 30, p.stderr)
     for bad in ("Traceback", "Exception in ASGI"):
         assert bad not in err, err
     assert not list(p.tmp.glob("edge-serve-*")), list(p.tmp.iterdir())

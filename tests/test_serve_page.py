@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import references
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
@@ -40,17 +40,6 @@ from edgeomni.runtime.requests import parse_request_file  # noqa: E402
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 WIDTH, HEIGHT = 1000, 900
 OMNI_GREEDY = {"top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 12}
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def _missing(reason: str) -> None:
-    if _in_ci():
-        pytest.fail(f"{reason}; CI is set, so the page test must run (.ci/run installs "
-                    "Debian's chromium; websocket-client is in the dev extra)", pytrace=False)  # fmt: skip
-    pytest.skip(reason)
 
 
 class CdpError(RuntimeError):
@@ -201,11 +190,9 @@ class Browser:
 def browser() -> Iterator[Browser]:
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     if binary is None:
-        _missing("no chromium on PATH (Debian: apt-get install chromium)")
-    try:
-        import websocket  # noqa: F401
-    except ImportError:
-        _missing("websocket-client is not installed (the dev extra has it)")
+        references.missing("no chromium on PATH (Debian: apt-get install chromium)",
+                           ".ci/run installs Debian's chromium")  # fmt: skip
+    references.require_module("websocket", "websocket-client")
     b = Browser(binary)
     try:
         yield b

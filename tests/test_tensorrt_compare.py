@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import references
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "tensorrt_compare.py"
 BODY = {"top_k": 1, "max_generate_length": 4,
@@ -36,6 +37,12 @@ def _build(ckpt: Path, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
+def polygraphy() -> None:
+    """The comparison's runners are polygraphy's (a reference outside the product)."""
+    references.require_module("polygraphy", "polygraphy")
+
+
+@pytest.fixture(scope="module")
 def requests_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("compare") / "requests.json"
     path.write_text(json.dumps(BODY))
@@ -52,6 +59,7 @@ def test_records_each_call_with_the_cache_as_it_was(qwen3_engine: Path) -> None:
     assert not np.array_equal(second["past_key_0"], third["past_key_0"])
 
 
+@pytest.mark.usefixtures("polygraphy")
 def test_two_builds_of_one_checkpoint_agree(
     qwen3_ckpt: Path, qwen3_engine: Path, requests_file: Path, tmp_path: Path, capsys
 ) -> None:
@@ -63,6 +71,7 @@ def test_two_builds_of_one_checkpoint_agree(
     assert report == {".": {"calls": 4, "profiles": [0], "passed": True}}
 
 
+@pytest.mark.usefixtures("polygraphy")
 def test_another_checkpoint_is_found_out(
     qwen3_engine: Path, requests_file: Path, tmp_path: Path, capsys
 ) -> None:

@@ -29,11 +29,11 @@ def _importable(backend: str) -> str | None:
 
 
 AVAILABLE = [b for b in FLAVOURS if _importable(b)]
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.tensorrt, pytest.mark.gpu, pytest.mark.skipif(
     not AVAILABLE,
     reason="neither tensorrt nor tensorrt_rtx imports here: TensorRT builds run on a GPU machine "
     "with one of them (docs/benchmarks.md: TensorRT-RTX builds on the H200)",
-)
+)]  # fmt: skip
 BACKEND = AVAILABLE[0] if AVAILABLE else "tensorrt"
 PROMPTS = ["Hello! How are you today?", "Hi", "What is the capital of France?"]
 

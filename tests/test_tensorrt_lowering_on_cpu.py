@@ -46,6 +46,14 @@ def run(engine: Path, body: dict, batch: int) -> list:
     return Pipeline(engine).run(requests, batch_size=batch)
 
 
+def assert_same_tokens(engine: Path, reference: Path, body: dict) -> None:
+    """Every request answered on ``engine``, with ``reference``'s llm tokens (not none)."""
+    for a, b in zip(run(engine, body, 3), run(reference, body, 3), strict=True):
+        assert a.entry["ok"], a.entry
+        tokens = a.entry["stages"]["llm"]["output_tokens"]
+        assert tokens == b.entry["stages"]["llm"]["output_tokens"] and len(tokens) > 0
+
+
 def test_qwen3_tokens_equal_the_onnxruntime_build(
     qwen3_ckpt: Path, qwen3_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     exports: ExportStore,
@@ -63,11 +71,7 @@ def test_qwen3_tokens_equal_the_onnxruntime_build(
     body = {"top_k": 1, "max_generate_length": 12,
             "requests": [{"messages": [{"role": "user", "content": p}],
                           "max_generate_length": 6 + 2 * i} for i, p in enumerate(PROMPTS)]}  # fmt: skip
-    ours, ref = run(eng, body, 3), run(qwen3_engine, body, 3)
-    for a, b in zip(ours, ref, strict=True):
-        assert a.entry["ok"], a.entry
-        tokens = a.entry["stages"]["llm"]["output_tokens"]
-        assert tokens == b.entry["stages"]["llm"]["output_tokens"] and len(tokens) > 0
+    assert_same_tokens(eng, qwen3_engine, body)
 
 
 def test_omni_text_to_speech_equals_the_onnxruntime_build(
@@ -122,11 +126,7 @@ def test_asr_tokens_equal_the_onnxruntime_build(
         requests.append({"messages": [{"role": "user", "content": [{"type": "audio",
                                                                    "audio": str(wav)}]}]})
     body = {"top_k": 1, "max_generate_length": 10, "requests": requests}
-    ours, ref = run(eng, body, 3), run(asr_engine, body, 3)
-    for a, b in zip(ours, ref, strict=True):
-        assert a.entry["ok"], a.entry
-        tokens = a.entry["stages"]["llm"]["output_tokens"]
-        assert tokens == b.entry["stages"]["llm"]["output_tokens"] and len(tokens) > 0
+    assert_same_tokens(eng, asr_engine, body)
 
 
 def test_int4_qwen3_tokens_equal_the_onnxruntime_int4_build(
