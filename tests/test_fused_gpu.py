@@ -498,7 +498,6 @@ def test_the_stateful_vocoder_streams_on_the_gpu(omni, tmp_path) -> None:
     from edgeomni.builder.build import build
     from edgeomni.graph_schema import Emit, Input, Stage
     from edgeomni.runtime.speech.code2wav import Code2Wav
-    from edgeomni.runtime.stage import RequestState
 
     if PREBUILT:
         engine = Path(PREBUILT) / STATEFUL_KEY
