@@ -4,7 +4,7 @@ Builds a tiny random Qwen3-Omni for cuda (float16), then runs the same three sam
 (16 codec frames each, a fixed talker seed) through several fresh pipelines, with the code
 predictor drawing in its engine and, for comparison, on the host; prints where each run's codes
 first differ from the first run's (row, frame, code group). Used to chase the open finding in
-docs/benchmarks.md (fourth slice).
+docs/history/benchmarks-2026-11-29-b.md (fourth slice).
 
     python bench/gpu_repro.py [--runs 4] [--work DIR] [--device cpu]
 

@@ -171,8 +171,8 @@ def parser() -> argparse.ArgumentParser:
         choices=("stateful", "windows"),
         default=None,
         help="how a speech graph's vocoder (Qwen3-Omni's, Qwen3-TTS's code2wav) streams: "
-        "stateful (default with onnxruntime on the cpu; opt-in with --device cuda, where it "
-        "ran alone on an H200 but failed inside the TTS pipeline, not yet diagnosed) also builds its stateful step engine "
+        "stateful (default with onnxruntime on the cpu; opt-in with --device cuda) also builds "
+        "its stateful step engine "
         "(code2wav_stream/: each frame decoded once, the convolutions' and attention's state "
         "carried from call to call), which the graph then streams with; windows (default with "
         "--device cuda, and the only choice with the TensorRT backends) builds only the codes -> "

@@ -47,8 +47,8 @@ BACKENDS = {
     "tensorrt": Backend(
         ("cuda",), "builder.tensorrt:backend", "runtime.tensorrt_engine:TrtEngine", None,
         _module("tensorrt"),
-        "TensorRT 10.3 or later (module tensorrt; before 10.15 attention runs as edgeomni's "
-        "plugin, before 10.9 a Python one that only edgeomni's runtime loads).",
+        "TensorRT 10.15 or later (module tensorrt), whose native Attention and "
+        "RotaryEmbedding layers the build writes.",
     ),
     "tensorrt-rtx": Backend(
         ("cuda",), "builder.tensorrt:backend", "runtime.tensorrt_engine:TrtEngine", None,

@@ -560,7 +560,7 @@ class FusedBinding:
         # dependent launches for decode-sized calls: with session 27's kernels (padded
         # tensor-core partial sums, two blocks an SM) whole steps were faster with them at 1, 8
         # and 32 rows on the H200 (session 25's kernels were slower with them at 8 and 32 rows;
-        # docs/benchmarks.md, issue 34's fourth slice)
+        # docs/history/benchmarks-2026-12-04.md, issue 34's fourth slice)
         overlap = engine.overlap and tokens < OVERLAP_MAX_TOKENS
 
         def launch(name: str, grid: tuple[int, ...], block: int, args: list[Any],

@@ -35,7 +35,7 @@ from prebuild_fused_gpu import (  # noqa: E402
 def _reason() -> str | None:
     # torch before NVRTC: on the H200 image (torch 2.11), pytest runs that compiled a kernel at
     # collection and imported torch later (the fixtures' exports) failed inside torch's import;
-    # the benchmark runs, which import torch first, did not (docs/benchmarks.md, issue 34)
+    # the benchmark runs, which import torch first, did not (docs/history/, issue 34)
     with contextlib.suppress(ImportError):
         import torch  # noqa: F401
     try:

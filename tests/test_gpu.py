@@ -305,7 +305,7 @@ def test_code_predictor_draws_on_the_gpu_as_the_host_does(omni_cuda_engine, monk
     """Each code predictor call on the GPU, queued back to back with the frame's others, draws
     in its graph the code the host's sampler draws from that call's top-K and uniform number,
     graphed and not. Whole runs are not compared: the float16 code predictor's logits can
-    differ by one float16 step between pipeline instances on the H200 (docs/benchmarks.md),
+    differ by one float16 step between pipeline instances on the H200 (docs/history/benchmarks-2026-11-29-a.md),
     and a sampled draw that sits at such a near-tie then goes the other way."""
     import draw_check
 
@@ -388,7 +388,7 @@ def test_right_padded_prefill_on_the_gpu(cuda_engine, omni_cuda_engine, stage) -
     1.31): one right-padded prefill of rows of different lengths from an empty cache gives the
     logits, and the cache for the next decode step, of prefilling each row alone. The LLM
     runner (the thinker's) and the talker prefill a cohort so; row by row cost the thinker ~4 ms
-    a row at real dimensions (docs/benchmarks.md, sixth and seventh slices)."""
+    a row at real dimensions (docs/history/, sixth and seventh slices)."""
     import prefill_check
 
     folder = {"llm": cuda_engine, "thinker": omni_cuda_engine,

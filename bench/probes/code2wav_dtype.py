@@ -1,7 +1,7 @@
 """Probe: Qwen3-TTS's code2wav engine on a GPU in float32 as the runtime opens it (what
 edge-build makes) against a variant (float16, or other CUDA provider options), both timed
 through the runtime's own runner (fixed-length windows, replayed CUDA graphs) at the window
-shapes the pipeline runs, and compared sample by sample (docs/benchmarks.md, session 14).
+shapes the pipeline runs, and compared sample by sample (docs/history/benchmarks-2026-12-01.md, session 14).
 
     python3 bench/probes/code2wav_dtype.py --ckpt CKPT --out OUT_DIR [--dtype float16|float32]
         [--conv-search DEFAULT|HEURISTIC|EXHAUSTIVE] [--nhwc]

@@ -1,7 +1,7 @@
 """Probe: the stateful code2wav step engine as the pipeline runs it, one layer of the runtime at a
 time, each call synchronised and reported before the next. On the H200 the Qwen3-TTS pipeline's
 first stateful call failed (cuDNN found no engine for a Conv, then an illegal address) while the
-step engine alone, fed host arrays, ran every chunk size tried (docs/benchmarks.md, issue 34's
+step engine alone, fed host arrays, ran every chunk size tried (docs/history/, issue 34's
 fifth slice); this finds the layer where the two part. Run it with CUDA_LAUNCH_BLOCKING=1 on
 the GPU machine, on an engine dir built with the step engine:
 
