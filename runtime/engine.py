@@ -20,7 +20,13 @@ import numpy as np
 from edgeomni.plugins.backends import BACKENDS, cuda_missing, load
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import Buffers, DeviceBuffers, FixedInputs, HostBuffers
-from edgeomni.runtime.engine_api import LENGTHS, EngineError, no_sequence_graph, parse_device
+from edgeomni.runtime.engine_api import (
+    LENGTHS,
+    EngineError,
+    GraphIds,
+    no_sequence_graph,
+    parse_device,
+)
 from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
@@ -225,7 +231,7 @@ def _numpy_type(ort_type: str) -> np.dtype:
     return np.dtype(_NUMPY_TYPES.get(ort_type, np.float32))
 
 
-class OrtEngine:
+class OrtEngine(GraphIds):
     """An ONNX Runtime session on the CPU provider, or on the CUDA provider for engines built
     for ``cuda`` (the build saved them provider-neutral; the CUDA provider's fusions run here)."""
 
@@ -267,7 +273,6 @@ class OrtEngine:
             except Exception as e2:
                 raise EngineError(f"ONNX Runtime could not load {path}: {e2}") from None
         self.cuda_graphs = cuda_graphs  # whether run(graph=id) captures and replays
-        self._graph_ids = 0
         self.buffers: Buffers = DeviceBuffers(index) if kind == "cuda" else HostBuffers()
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self.input_names = tuple(i.name for i in inputs)
@@ -288,12 +293,6 @@ class OrtEngine:
     def binding(self) -> OrtBinding:
         return OrtBinding(self.session, self.cuda_graphs, device=self.device_id,
                           inputs=self.input_names, buffers=self.buffers)  # fmt: skip
-
-    def new_graph_id(self) -> int | None:
-        if not self.cuda_graphs:
-            return None
-        self._graph_ids += 1
-        return self._graph_ids
 
     def sequence_graph(self, queue: Callable[[], None]) -> Any:
         raise no_sequence_graph("ONNX Runtime")

@@ -18,6 +18,20 @@ class EngineError(RuntimeError):
 LENGTHS = ("past_lens", "query_lens")
 
 
+class GraphIds:
+    """``new_graph_id`` for an engine: a number for each call shape it captures as a CUDA graph,
+    or None where it captures none (the callers never read ``cuda_graphs`` themselves)."""
+
+    cuda_graphs: bool
+    _graph_ids = 0
+
+    def new_graph_id(self) -> int | None:
+        if not self.cuda_graphs:
+            return None
+        self._graph_ids += 1
+        return self._graph_ids
+
+
 def no_sequence_graph(backend: str) -> EngineError:
     """What an engine that cannot capture a sequence of its calls answers sequence_graph."""
     return EngineError(f"{backend} engines run calls one at a time: captures_sequences is False")

@@ -35,7 +35,7 @@ import numpy as np
 
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
-from edgeomni.runtime.engine_api import EngineError, parse_device
+from edgeomni.runtime.engine_api import EngineError, GraphIds, parse_device
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def io_types(
             {n: cache if n.startswith(KV_PREFIXES) else shapes[n] for n in outputs})  # fmt: skip
 
 
-class FusedEngine:
+class FusedEngine(GraphIds):
     """A fused decoder on one GPU; see the module docstring."""
 
     device = "cuda"
@@ -241,7 +241,6 @@ class FusedEngine:
         # programmatic dependent launch on sm_90+ (a bench or test may set it False to measure)
         self.overlap = dc.compute_capability() >= (9, 0)
         self.cuda_graphs = self.replays_steps = self.captures_sequences = cuda_graphs
-        self._graph_ids = 0
         # while sequence_graph runs its queue: "load" or "capture", and the bindings it called
         self._sequence_mode: str | None = None
         self._sequence: list[FusedBinding] = []
@@ -299,12 +298,6 @@ class FusedEngine:
 
     def binding(self) -> FusedBinding:
         return FusedBinding(self)
-
-    def new_graph_id(self) -> int | None:
-        if not self.cuda_graphs:
-            return None
-        self._graph_ids += 1
-        return self._graph_ids
 
     def sequence_graph(self, queue: Callable[[], None]) -> SequenceGraph:
         """The calls ``queue`` makes through this engine's bindings, and the device copies it

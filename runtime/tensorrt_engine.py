@@ -25,7 +25,13 @@ import numpy as np
 
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
-from edgeomni.runtime.engine_api import LENGTHS, EngineError, no_sequence_graph, parse_device
+from edgeomni.runtime.engine_api import (
+    LENGTHS,
+    EngineError,
+    GraphIds,
+    no_sequence_graph,
+    parse_device,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +52,7 @@ def import_flavour(flavour: str) -> Any:
     )
 
 
-class TrtEngine:
+class TrtEngine(GraphIds):
     """A deserialized engine and its contexts; see the module docstring."""
 
     device = "cuda"
@@ -106,7 +112,6 @@ class TrtEngine:
         self.cuda_graphs = cuda_graphs  # whether run(graph=id) captures and replays
         self.replays_steps = cuda_graphs
         self.captures_sequences = False  # not tried: TensorRT's bindings capture a call each
-        self._graph_ids = 0
 
     def _scratch_size(self, profile: int) -> int:
         engine = self.engine
@@ -116,12 +121,6 @@ class TrtEngine:
 
     def binding(self) -> TrtBinding:
         return TrtBinding(self)
-
-    def new_graph_id(self) -> int | None:
-        if not self.cuda_graphs:
-            return None
-        self._graph_ids += 1
-        return self._graph_ids
 
     def sequence_graph(self, queue: Callable[[], None]) -> Any:
         raise no_sequence_graph("TensorRT")
