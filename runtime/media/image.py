@@ -189,9 +189,12 @@ def _said(e: BaseException, path: str | os.PathLike[str]) -> str:
 
 
 def smart_resize(
-    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
-) -> tuple[int, int]:
-    """transformers' ``smart_resize``, verbatim (Python's round-half-even included)."""
+    height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
+    frames: int = 1, t_frames: int = 1,
+) -> tuple[int, int]:  # fmt: skip
+    """transformers' ``smart_resize``, verbatim (Python's round-half-even included): an
+    image's, or with ``frames`` sampled (``t_frames``: rounded to the temporal patch) Qwen3-VL's
+    video one past its frame checks (video.smart_resize_video)."""
     if max(height, width) / min(height, width) > 200:
         raise ValueError(
             f"absolute aspect ratio must be smaller than 200, got "
@@ -199,12 +202,12 @@ def smart_resize(
         )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
+    if t_frames * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((frames * height * width) / max_pixels)
         h_bar = max(factor, math.floor(height / beta / factor) * factor)
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
+    elif t_frames * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
