@@ -20,13 +20,7 @@ import numpy as np
 from edgeomni.plugins.backends import BACKENDS, cuda_missing, load
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import Buffers, DeviceBuffers, FixedInputs, HostBuffers
-from edgeomni.runtime.engine_api import (
-    LENGTHS,
-    EngineError,
-    GraphIds,
-    no_sequence_graph,
-    parse_device,
-)
+from edgeomni.runtime.engine_api import LENGTHS, EngineBase, EngineError, parse_device
 from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
@@ -231,9 +225,11 @@ def _numpy_type(ort_type: str) -> np.dtype:
     return np.dtype(_NUMPY_TYPES.get(ort_type, np.float32))
 
 
-class OrtEngine(GraphIds):
+class OrtEngine(EngineBase):
     """An ONNX Runtime session on the CPU provider, or on the CUDA provider for engines built
     for ``cuda`` (the build saved them provider-neutral; the CUDA provider's fusions run here)."""
+
+    BACKEND = "ONNX Runtime"
 
     def __init__(
         self,
@@ -293,9 +289,6 @@ class OrtEngine(GraphIds):
     def binding(self) -> OrtBinding:
         return OrtBinding(self.session, self.cuda_graphs, device=self.device_id,
                           inputs=self.input_names, buffers=self.buffers)  # fmt: skip
-
-    def sequence_graph(self, queue: Callable[[], None]) -> Any:
-        raise no_sequence_graph("ONNX Runtime")
 
 
 def _session(

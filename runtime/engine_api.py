@@ -5,6 +5,7 @@ and the opening) reaches the others through the backend table (plugins/backends.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -18,10 +19,13 @@ class EngineError(RuntimeError):
 LENGTHS = ("past_lens", "query_lens")
 
 
-class GraphIds:
-    """``new_graph_id`` for an engine: a number for each call shape it captures as a CUDA graph,
-    or None where it captures none (the callers never read ``cuda_graphs`` themselves)."""
+class EngineBase:
+    """What every engine shares: ``new_graph_id``, a number for each call shape it captures as
+    a CUDA graph, or None where it captures none (the callers never read ``cuda_graphs``
+    themselves); and ``sequence_graph`` refused, for an engine that cannot capture a sequence
+    of its calls (captures_sequences False; the fused engine overrides it)."""
 
+    BACKEND: str  # the name its errors give
     cuda_graphs: bool
     _graph_ids = 0
 
@@ -31,10 +35,10 @@ class GraphIds:
         self._graph_ids += 1
         return self._graph_ids
 
-
-def no_sequence_graph(backend: str) -> EngineError:
-    """What an engine that cannot capture a sequence of its calls answers sequence_graph."""
-    return EngineError(f"{backend} engines run calls one at a time: captures_sequences is False")
+    def sequence_graph(self, queue: Callable[[], None]) -> Any:
+        raise EngineError(
+            f"{self.BACKEND} engines run calls one at a time: captures_sequences is False"
+        )
 
 
 def parse_device(device: Any) -> tuple[str, int]:

@@ -35,7 +35,7 @@ import numpy as np
 
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
-from edgeomni.runtime.engine_api import EngineError, GraphIds, parse_device
+from edgeomni.runtime.engine_api import EngineBase, EngineError, parse_device
 
 log = logging.getLogger(__name__)
 
@@ -184,9 +184,10 @@ def io_types(
             {n: cache if n.startswith(KV_PREFIXES) else shapes[n] for n in outputs})  # fmt: skip
 
 
-class FusedEngine(GraphIds):
+class FusedEngine(EngineBase):
     """A fused decoder on one GPU; see the module docstring."""
 
+    BACKEND = "fused"
     device = "cuda"
     prefers_fixed_shapes = False  # a call of any shape costs only its kernels
 

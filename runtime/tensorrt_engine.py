@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +25,7 @@ import numpy as np
 
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
-from edgeomni.runtime.engine_api import (
-    LENGTHS,
-    EngineError,
-    GraphIds,
-    no_sequence_graph,
-    parse_device,
-)
+from edgeomni.runtime.engine_api import LENGTHS, EngineBase, EngineError, parse_device
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +46,10 @@ def import_flavour(flavour: str) -> Any:
     )
 
 
-class TrtEngine(GraphIds):
+class TrtEngine(EngineBase):
     """A deserialized engine and its contexts; see the module docstring."""
 
+    BACKEND = "TensorRT"
     device = "cuda"
     prefers_fixed_shapes = False  # a new shape costs TensorRT only set_input_shape
 
@@ -121,9 +116,6 @@ class TrtEngine(GraphIds):
 
     def binding(self) -> TrtBinding:
         return TrtBinding(self)
-
-    def sequence_graph(self, queue: Callable[[], None]) -> Any:
-        raise no_sequence_graph("TensorRT")
 
 
 def profile_for(

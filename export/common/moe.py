@@ -77,26 +77,26 @@ class ThinkerSparseMoE(nn.Module):
         self.fc1 = nn.Parameter(torch.zeros(num_experts, 2 * intermediate, hidden))
         self.fc2 = nn.Parameter(torch.zeros(num_experts, hidden, intermediate))
 
-    @staticmethod
-    def _check_act(cfg: Mapping[str, Any] | Any) -> None:
+    # transformers' thinker default is norm_topk_prob=True (its router honours the field, so
+    # a checkpoint may set it); the talker's is False
+    NORMALIZE_DEFAULT = True
+
+    @classmethod
+    def _routed(cls, cfg: Mapping[str, Any] | Any) -> tuple[int, int, int, int, bool]:
+        """The routed experts' arguments from a text config, which must ask for silu."""
         act = _cfg(cfg, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(
                 f"edgeomni::MoE computes SwiGLU with silu; the config asks for {act!r}"
             )
+        return (_cfg(cfg, "hidden_size"), _cfg(cfg, "moe_intermediate_size"), _num_experts(cfg),
+                _cfg(cfg, "num_experts_per_tok"),
+                bool(_cfg(cfg, "norm_topk_prob", cls.NORMALIZE_DEFAULT)))  # fmt: skip
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any] | Any) -> ThinkerSparseMoE:
-        """From the thinker's text config; transformers' thinker default is norm_topk_prob=True
-        (and its router honours the field, so a checkpoint may set it)."""
-        cls._check_act(cfg)
-        return cls(
-            _cfg(cfg, "hidden_size"),
-            _cfg(cfg, "moe_intermediate_size"),
-            _num_experts(cfg),
-            _cfg(cfg, "num_experts_per_tok"),
-            bool(_cfg(cfg, "norm_topk_prob", True)),
-        )
+        """From the thinker's text config."""
+        return cls(*cls._routed(cfg))
 
     def mix(self, flat: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T, H]: the routed experts."""
@@ -126,18 +126,12 @@ class TalkerSparseMoE(ThinkerSparseMoE):
         self.shared_expert = MLP(hidden, shared_intermediate)
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
+    NORMALIZE_DEFAULT = False
+
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any] | Any) -> TalkerSparseMoE:
-        """From the talker's text config; its norm_topk_prob defaults to False."""
-        cls._check_act(cfg)
-        return cls(
-            _cfg(cfg, "hidden_size"),
-            _cfg(cfg, "moe_intermediate_size"),
-            _num_experts(cfg),
-            _cfg(cfg, "num_experts_per_tok"),
-            bool(_cfg(cfg, "norm_topk_prob", False)),
-            _cfg(cfg, "shared_expert_intermediate_size"),
-        )
+        """From the talker's text config."""
+        return cls(*cls._routed(cfg), _cfg(cfg, "shared_expert_intermediate_size"))
 
     def mix(self, flat: torch.Tensor) -> torch.Tensor:
         shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)

@@ -43,6 +43,7 @@ from edgeomni.runtime.memory import to_host
 from edgeomni.runtime.pipeline import PREPARE, Pipeline
 from edgeomni.runtime.requests import Request
 from edgeomni.runtime.scheduler import Arrivals, failure, run_graph
+from edgeomni.runtime.serve.server import LoopThread
 from edgeomni.runtime.stage import Output, RequestState
 
 log = logging.getLogger("edge-serve")
@@ -328,7 +329,7 @@ class _Arrivals(Arrivals):
         self._wake.set()
 
 
-class GroupLoop:
+class GroupLoop(LoopThread):
     """One group's scheduler loop on a thread of its own. ``submit(envelope, sink)`` puts a
     request in (its items go to ``sink``, called on the loop's thread); ``feed(index,
     upstream, item)`` hands it an item the stage ``upstream`` of another group sent;
@@ -357,24 +358,13 @@ class GroupLoop:
         self._cancelled: set[int] = set()
         self._folders: dict[int, str] = {}  # a request's media files here, by its index
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
     # -- the loop -----------------------------------------------------------------------------
     def start(self) -> None:
         self.pipe.open(set(self.stages))  # every engine loads before the first request
         _remove_orphaned_media()
-        self._thread = threading.Thread(target=self._run, name="edge-serve-group", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float | None = None) -> None:
-        self._arrivals.close()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        self._start_thread("edge-serve-group")
 
     @property
     def in_flight(self) -> int:

@@ -74,7 +74,32 @@ def scrub(text: str, labels: dict[str, str]) -> str:
     return text
 
 
-class Server:
+class LoopThread:
+    """A scheduler loop on a thread of its own, fed through ``_arrivals``: what the server
+    and a Ray group (relay.GroupLoop) share of starting and stopping one."""
+
+    _arrivals: Arrivals
+    _thread: threading.Thread | None = None
+
+    def _start_thread(self, name: str) -> None:
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Take no more requests; return once those in the loop have left (or ``timeout``)."""
+        self._arrivals.close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+class Server(LoopThread):
     def __init__(self, pipe: Pipeline, *, batch_size: int, max_queue: int) -> None:
         if batch_size < 1 or max_queue < 0:
             raise ValueError(f"batch size {batch_size} must be >= 1, max queue {max_queue} >= 0")
@@ -88,7 +113,6 @@ class Server:
         self._pending: dict[int, Pending] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._thread: threading.Thread | None = None
         self.error: BaseException | None = None  # what stopped the loop, if it failed
         self.finished = 0  # requests that left, failed ones too
         self.cancelled = 0  # of them, those whose client went away first
@@ -96,8 +120,7 @@ class Server:
 
     # -- the loop -----------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="edge-serve-loop", daemon=True)
-        self._thread.start()
+        self._start_thread("edge-serve-loop")
 
     def _run(self) -> None:
         try:
@@ -111,16 +134,6 @@ class Server:
             for p in pending:
                 p.post(Failed(p.index, "server", str(e)))
                 p.post(DONE)
-
-    def stop(self, timeout: float | None = None) -> None:
-        """Take no more requests; return once those in the server have left (or ``timeout``)."""
-        self._arrivals.close()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     @property
     def in_flight(self) -> int:

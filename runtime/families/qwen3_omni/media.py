@@ -4,12 +4,9 @@ get_rope_index, done on the host)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+import functools
 
 from edgeomni.runtime.media.hook import MediaHook
-from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS
 from edgeomni.runtime.media.mrope import MropeIds, rope_index
 from edgeomni.runtime.prompt import Prompt
 
@@ -23,23 +20,14 @@ class MediaEncoders(MediaHook):
 
     TOKENS = MEDIA_TOKENS  # MropeIds' token fields
 
-    def __init__(
-        self,
-        folder: Path,
-        config: Mapping[str, Any],
-        *,
-        threads: int | None,
-        locations: Mapping[str, str] | None = None,
-        tokenizer: Any = None,
-        max_image_pixels: int = MAX_IMAGE_PIXELS,
-    ) -> None:
-        super().__init__(folder, config, threads=threads, locations=locations,
-                         tokenizer=tokenizer, max_image_pixels=max_image_pixels)  # fmt: skip
-        self.ids: MropeIds | None = None  # no media_tokens: a build that reads text only
-        if self.tokens:
-            per_second = self.tokens.get("position_id_per_seconds") or 25
-            self.ids = MropeIds(**{k: self.tokens[k] for k in MEDIA_TOKENS},
-                                position_id_per_seconds=per_second)  # fmt: skip
+    @functools.cached_property
+    def ids(self) -> MropeIds | None:
+        """The token ids 3-axis positions read; None for a build that reads text only."""
+        if not self.tokens:
+            return None
+        per_second = self.tokens.get("position_id_per_seconds") or 25
+        return MropeIds(**{k: self.tokens[k] for k in MEDIA_TOKENS},
+                        position_id_per_seconds=per_second)  # fmt: skip
 
     def positions(self, prompt: Prompt) -> None:
         if prompt.image_grids and self.ids is not None:
