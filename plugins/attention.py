@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from edgeomni.plugins.schema import FLOATS, declare
+
 DOMAIN = "edgeomni"
 # not "Attention": ONNX has a standard op of that name, and onnx.reference (which onnxscript's
 # optimizer imports) refuses two schemas that share a name across domains
@@ -102,42 +104,17 @@ _registered: dict[str, Any] = {}
 
 def register_onnx_schema() -> None:
     """Declare edgeomni::CachedAttention to onnx once per process."""
-    if "schema" in _registered:
-        return
-    import onnx
-    from onnx import helper
-    from onnx.defs import OpSchema
-
-    fp = OpSchema.FormalParameter
-    tc = [("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "activations")]
-    ic = [("I", ["tensor(int32)"], "lengths")]
-    inputs = [fp(n, "T") for n in INPUTS[:5]] + [fp(n, "I") for n in INPUTS[5:]]
-    outputs = [fp(n, "T") for n in OUTPUTS]
-    schema = OpSchema(
-        OP_TYPE,
-        DOMAIN,
-        VERSION,
-        inputs=inputs,
-        outputs=outputs,
-        type_constraints=tc + ic,
-        attributes=[
-            OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "query heads"),
-            OpSchema.Attribute("kv_num_heads", OpSchema.AttrType.INT, "key/value heads"),
-            OpSchema.Attribute(
-                "scale", helper.make_attribute("scale", 0.0), "softmax scale; 0: 1/sqrt(head_dim)"
-            ),
-            OpSchema.Attribute(
-                "window", helper.make_attribute("window", 0), "sliding window in keys; 0: none"
-            ),
-            OpSchema.Attribute(
-                "causal", helper.make_attribute("causal", 1), "1: causal; 0: bidirectional"
-            ),
-        ],
-        doc=__doc__,
-    )
-    if not onnx.defs.has(OP_TYPE, DOMAIN):
-        onnx.defs.register_schema(schema)
-    _registered["schema"] = schema
+    declare(
+        _registered, (OP_TYPE, DOMAIN, VERSION),
+        [(n, "T") for n in INPUTS[:5]] + [(n, "I") for n in INPUTS[5:]],
+        [(n, "T") for n in OUTPUTS],
+        [("T", FLOATS, "activations"), ("I", ["tensor(int32)"], "lengths")],
+        [("num_heads", None, "query heads"), ("kv_num_heads", None, "key/value heads"),
+         ("scale", 0.0, "softmax scale; 0: 1/sqrt(head_dim)"),
+         ("window", 0, "sliding window in keys; 0: none"),
+         ("causal", 1, "1: causal; 0: bidirectional")],
+        __doc__,
+    )  # fmt: skip
 
 
 def torch_op() -> Any:

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from edgeomni.plugins.schema import FLOATS, declare
+
 DOMAIN = "edgeomni"
 OP_TYPE = "MoE"
 VERSION = 1
@@ -80,33 +82,14 @@ _registered: dict[str, Any] = {}
 
 def register_onnx_schema() -> None:
     """Declare edgeomni::MoE to onnx once per process."""
-    if "schema" in _registered:
-        return
-    import onnx
-    from onnx.defs import OpSchema
-
-    fp = OpSchema.FormalParameter
-    tc = [("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "activations, weights")]
-    schema = OpSchema(
-        OP_TYPE,
-        DOMAIN,
-        VERSION,
-        inputs=[fp(n, "T") for n in INPUTS],
-        outputs=[fp(n, "T") for n in OUTPUTS],
-        type_constraints=tc,
-        attributes=[
-            OpSchema.Attribute("top_k", OpSchema.AttrType.INT, "experts per token"),
-            OpSchema.Attribute(
-                "normalize_routing",
-                OpSchema.AttrType.INT,
-                "1: renormalise the top-k weights to sum to 1; 0: keep the softmax values",
-            ),
-        ],
-        doc=__doc__,
-    )
-    if not onnx.defs.has(OP_TYPE, DOMAIN):
-        onnx.defs.register_schema(schema)
-    _registered["schema"] = schema
+    declare(
+        _registered, (OP_TYPE, DOMAIN, VERSION), [(n, "T") for n in INPUTS],
+        [(n, "T") for n in OUTPUTS], [("T", FLOATS, "activations, weights")],
+        [("top_k", None, "experts per token"),
+         ("normalize_routing", None,
+          "1: renormalise the top-k weights to sum to 1; 0: keep the softmax values")],
+        __doc__,
+    )  # fmt: skip
 
 
 def torch_op() -> Any:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.plugins.attention import DOMAIN
+from edgeomni.plugins.schema import FLOATS, declare
 
 # not "RotaryEmbedding": ONNX (opset 23) and com.microsoft both have an op of that name
 OP_TYPE = "Rotary"
@@ -58,30 +59,12 @@ _registered: dict[str, Any] = {}
 
 def register_onnx_schema() -> None:
     """Declare edgeomni::Rotary to onnx once per process."""
-    if "schema" in _registered:
-        return
-    import onnx
-    from onnx.defs import OpSchema
-
-    fp = OpSchema.FormalParameter
-    schema = OpSchema(
-        OP_TYPE,
-        DOMAIN,
-        VERSION,
-        inputs=[fp(n, "T") for n in INPUTS],
-        outputs=[fp(n, "T") for n in OUTPUTS],
-        type_constraints=[
-            ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "activations")
-        ],
-        attributes=[
-            OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "heads in x"),
-            OpSchema.Attribute("head_dim", OpSchema.AttrType.INT, "rotated size per head"),
-        ],
-        doc=__doc__,
-    )
-    if not onnx.defs.has(OP_TYPE, DOMAIN):
-        onnx.defs.register_schema(schema)
-    _registered["schema"] = schema
+    declare(
+        _registered, (OP_TYPE, DOMAIN, VERSION), [(n, "T") for n in INPUTS],
+        [(n, "T") for n in OUTPUTS], [("T", FLOATS, "activations")],
+        [("num_heads", None, "heads in x"), ("head_dim", None, "rotated size per head")],
+        __doc__,
+    )  # fmt: skip
 
 
 def torch_op() -> Any:
