@@ -167,20 +167,7 @@ def torch_op() -> Any:
         )
 
     @attention.register_fake
-    def _(
-        q,
-        k,
-        v,
-        past_key,
-        past_value,
-        past_lens,
-        query_lens,
-        num_heads,
-        kv_num_heads,
-        scale,
-        window,
-        causal=1,
-    ):  # noqa: ANN001
+    def _(q, k, v, past_key, past_value, *lengths_and_attributes, **attributes):  # noqa: ANN001
         return torch.empty_like(q), torch.empty_like(past_key), torch.empty_like(past_value)
 
     _registered["torch_op"] = attention
