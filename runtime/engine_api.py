@@ -1,5 +1,5 @@
-"""What every engine backend shares: its error, the attention lengths a call feeds and the
-``device`` a config names. Below the backends (engine.py's ONNX Runtime, fused_engine.py,
+"""What every engine backend shares: its error, the attention lengths a call feeds, the
+``device`` a config names and EngineBase (graph ids, no sequence graph by default). Below the backends (engine.py's ONNX Runtime, fused_engine.py,
 tensorrt_engine.py), which import it and never each other: engine.py (the interface stages see,
 and the opening) reaches the others through the backend table (plugins/backends.py)."""
 

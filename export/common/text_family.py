@@ -185,5 +185,5 @@ def llm_graph(
     stage = Stage("llm", LLM_RUNNER, components["llm"], "autoregressive",
                   (Input("prompt", "request:messages", "fail"), *inputs),
                   (Emit("text", "text", "chunk_stream", terminal=True),),
-                  {"encoders": named} if named else {})  # fmt: skip
+                  config={"encoders": named} if named else {})  # fmt: skip
     return Graph(SCHEMA_VERSION, ("llm:text",), (stage,))
