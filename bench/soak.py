@@ -208,7 +208,10 @@ async def traffic(servers: list[Served], temps: dict[str, list[tr.Template]],
     import httpx
 
     rows: list[dict[str, Any]] = []
-    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64)
+    # idle connections dropped well before uvicorn's 5 s keep-alive closes them: at equal
+    # timeouts a request sent on a connection the server is closing reads nothing (ReadError),
+    # which the soak would count as an answer the server lost
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64, keepalive_expiry=2)
 
     async def one(client: Any, s: Served, t: tr.Template, at: float, leave: float | None) -> None:
         await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
