@@ -164,9 +164,10 @@ def gpu_costs(batches: list[int], sizes: list[int], repeats: int, work: Path) ->
     """Part 2: ms per call of width S in a graph of 14 calls, on the fused engine."""
     import fused_gpu
 
+    from edgeomni.graph_schema.state import kv_tensors
     from edgeomni.runtime.decoder import DecoderSession
     from edgeomni.runtime.fused_engine import FusedEngine
-    from edgeomni.runtime.kv import KVCache
+    from edgeomni.runtime.row_state import RowState
 
     _, path, meta = fused_gpu.build("code_predictor", work)
     meta["name"] = "code_predictor"
@@ -176,7 +177,9 @@ def gpu_costs(batches: list[int], sizes: list[int], repeats: int, work: Path) ->
     memory = engine.buffers
     rows = []
     for batch in batches:
-        kv = KVCache.for_decoder(meta, batch, 256, engine)
+        layers = (meta["num_hidden_layers"], meta["num_key_value_heads"], meta["head_dim"])
+        kv = RowState(kv_tensors(*layers, meta.get("dtype", "float32")), batch, 256,
+                      engine.buffers)
         outputs = {"logits": (DIMS["vocab_size"],), "sampled_ids": (),
                    "sampled_embeds": (DIMS["hidden_size"],)}  # fmt: skip
         sessions = [DecoderSession(engine, kv, batch, outputs) for _ in range(STEPS)]

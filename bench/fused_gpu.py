@@ -156,12 +156,15 @@ def time_calls(engine, meta: dict, batch: int, steps: int) -> tuple:
     unit's logits (for the backends' agreement), the device's ms per unit (fused) and, where
     the engine captures a frame's calls as one graph (the fused code predictor, as
     runtime/speech/code_predictor.py runs it), ms per frame that way."""
+    from edgeomni.graph_schema.state import kv_tensors
     from edgeomni.runtime.decoder import DecoderSession, text_positions
-    from edgeomni.runtime.kv import KVCache
+    from edgeomni.runtime.row_state import RowState
 
     name = meta["name"]
     _, context, per_unit = DECODERS[name]
-    kv = KVCache.for_decoder(meta, batch, 512, engine)
+    layers = (meta["num_hidden_layers"], meta["num_key_value_heads"], meta["head_dim"])
+    kv = RowState(kv_tensors(*layers, meta.get("dtype", "float32")), batch, 512,
+                  engine.buffers)
     outputs = {"logits": (meta["vocab_size"],)}
     draws = "sampled_ids" in engine.output_names
     if draws:
@@ -226,7 +229,7 @@ def replay_ms(session, per_unit: int, steps: int) -> float | None:
     no host work between them (None for other engines)."""
     from edgeomni.runtime import memory
 
-    graphs = [g for slot in session.kv.graph_slots.values()
+    graphs = [g for slot in session.state.graph_slots.values()
               for g in getattr(slot.binding, "_graphs", {}).values()]  # fmt: skip
     if not graphs:
         return None

@@ -52,8 +52,9 @@ def estimate_component(
     from edgeomni.builder.prequant import block_for
     from edgeomni.plugins import quant_linear, quant_moe
 
-    quantize = args.quantization is not None and (mem.kv is not None or args.quantize_encoders)
-    held = stored is not None and mem.kv is not None
+    decoder = mem.state is not None
+    quantize = args.quantization is not None and (decoder or args.quantize_encoders)
+    held = stored is not None and decoder
     experts, routers = _moe_weights(mem.module, args.group_size)
     linear = {id(m.weight) for m in mem.module.modules()
               if isinstance(m, torch.nn.Linear) and id(m.weight) not in routers}  # fmt: skip
@@ -120,10 +121,9 @@ def estimate(
         mem = plan(ckpt, comp, args)
         engine, quantized, floats = estimate_component(mem, args, stored)
         tables = sum(_numel(shape) * DTYPE_BYTES[dtype] for shape, dtype in mem.tables.values())
-        kv = 0
-        if mem.kv is not None:
-            kv = (2 * mem.kv.layers * mem.kv.kv_heads * mem.kv.head_dim * args.max_batch_size
-                  * args.max_kv_cache_capacity * DTYPE_BYTES[args.dtype])  # fmt: skip
+        # the declared row state: every tensor of max batch rows, a KV row at the capacity
+        kv = args.max_batch_size * sum(t.row_bytes(args.max_kv_cache_capacity)
+                                       for t in mem.state or ())  # fmt: skip
         out.append(Estimate(comp.name, engine, quantized, floats, tables, kv))
     return out
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from edgeomni.export.common.checkpoint import Checkpoint
+from edgeomni.graph_schema.state import StateTensor
 
 
 @dataclass(frozen=True)
@@ -24,21 +25,14 @@ DEFAULT_CUDA_TOPK = 64
 
 
 @dataclass(frozen=True)
-class KvShape:
-    """A decoder's KV cache: per slot, a key and a value of layers x kv_heads x head_dim."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-
-
-@dataclass(frozen=True)
 class ComponentMemory:
     """What a family's memory_plan hook returns for one component."""
 
     module: Any  # the torch module the export starts from, on the meta device, in its dtype
     tables: Mapping[str, tuple[tuple[int, ...], str]]  # host table -> (shape, dtype name)
-    kv: KvShape | None = None  # a decoder's cache; None for encoders and the vocoder
+    # a decoder's declared row state (its KV cache; a hybrid's recurrent and convolution
+    # state too); None for encoders and the vocoder, which are not decoders
+    state: Sequence[StateTensor] | None = None
     lm_head: str | None = "lm_head_t"  # the parameter that becomes the MatMul making logits
 
 

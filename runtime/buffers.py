@@ -33,7 +33,10 @@ class Buffers(Protocol):
     def upload(self, dst: Array, host: np.ndarray) -> None: ...
     def copy_into(self, dst: Array, src: Array) -> None: ...
     def copy(self, x: Array) -> Array: ...
-    def copy_row(self, x: Array, src: int, dst: int, length: int) -> None: ...
+    def copy_row(
+        self, x: Array, src: int, dst: int, length: int | None = None, axis: int | None = None
+    ) -> None: ...
+    def fill_zero(self, x: Array) -> None: ...
     def to_host(self, x: Array, *, wait: bool = True) -> np.ndarray: ...
     def download(self, x: Array) -> np.ndarray: ...
     def synchronize(self) -> None: ...
@@ -83,11 +86,20 @@ class HostBuffers:
     def copy(self, x: Array) -> np.ndarray:
         return _host(x).copy()
 
-    def copy_row(self, x: Array, src: int, dst: int, length: int) -> None:
-        """Row ``src``'s first ``length`` entries of its second axis onward ([src, :, :length])
-        over row ``dst``'s (a KV cache's row moving)."""
+    def copy_row(
+        self, x: Array, src: int, dst: int, length: int | None = None, axis: int | None = None
+    ) -> None:
+        """Row ``src`` over row ``dst``: whole, or only the first ``length`` entries of the
+        row's axis ``axis`` (a KV row's positions: those after are not read)."""
         a = _host(x)
-        a[dst, :, :length] = a[src, :, :length]
+        if length is None or axis is None:
+            a[dst] = a[src]
+            return
+        part = (slice(None),) * axis + (slice(0, length),)
+        a[(dst,) + part] = a[(src,) + part]
+
+    def fill_zero(self, x: Array) -> None:
+        _host(x)[...] = 0
 
     def to_host(self, x: Array, *, wait: bool = True) -> np.ndarray:
         """The buffer as a host array: itself (the engine's next call may overwrite it)."""
@@ -152,10 +164,16 @@ class DeviceBuffers:
         out.copy_from(x)
         return out
 
-    def copy_row(self, x: Array, src: int, dst: int, length: int) -> None:
+    def copy_row(
+        self, x: Array, src: int, dst: int, length: int | None = None, axis: int | None = None
+    ) -> None:
         """As HostBuffers.copy_row, copying the whole row: one contiguous copy."""
         buf = _device(x)
         buf.rows(1, dst).copy_from(buf.rows(1, src))
+
+    def fill_zero(self, x: Array) -> None:
+        """Zeroed on the device, ordered on its stream."""
+        _device(x).fill_zero()
 
     def to_host(self, x: Array, *, wait: bool = True) -> np.ndarray:
         """Downloaded (``wait=False``: only queued; ``synchronize()`` before reading it)."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from edgeomni.runtime.buffers import Buffers
 from edgeomni.runtime.engine import Binding, Engine
-from edgeomni.runtime.kv import KVCache
+from edgeomni.runtime.row_state import RowState
 from edgeomni.runtime.sampling import StepLogits
 
 # one-token calls (decode steps) repeat one shape for a whole cohort, so on a GPU they run as
@@ -95,7 +95,7 @@ class DecoderSession:
     def __init__(
         self,
         engine: Engine,
-        kv: KVCache,
+        state: RowState,
         rows: int,
         outputs: Mapping[str, tuple[int, ...]],
         *,
@@ -108,7 +108,7 @@ class DecoderSession:
         over row r of a cohort's cache)."""
         self.rows = rows
         self.engine = engine
-        self.kv = kv
+        self.state = state
         self.first_row = first_row
         self._shapes = dict(outputs)
         for name in TOPK_OUTPUTS:
@@ -122,7 +122,7 @@ class DecoderSession:
 
     def _new_slot(self, width: int, graphed: bool) -> _Slot:
         binding = self.engine.binding()
-        self.kv.bind(binding, self.rows, self.first_row)
+        self.state.bind(binding, self.rows, self.first_row)
         out: dict[str, Any] = {}
         for name, shape in self._shapes.items():
             full = (self.rows, width, *shape) if name in self._per_position else (self.rows, *shape)
@@ -140,9 +140,9 @@ class DecoderSession:
         # graphed slots live with the cache they bind, so later cohorts replay the same graphs
         key = (id(self.engine), self.rows, self.first_row, width, tag,
                tuple((k, v.shape) for k, v in sorted(feeds.items())))  # fmt: skip
-        slot = self.kv.graph_slots.get(key)
+        slot = self.state.graph_slots.get(key)
         if slot is None:
-            slot = self.kv.graph_slots[key] = self._new_slot(width, True)
+            slot = self.state.graph_slots[key] = self._new_slot(width, True)
         return slot
 
     def run(

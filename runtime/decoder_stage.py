@@ -25,7 +25,7 @@ import numpy as np
 from edgeomni.runtime.decoder import TOPK_OUTPUTS, DecoderSession, StepOutputs, text_positions
 from edgeomni.runtime.engine import Engine
 from edgeomni.runtime.events import Event, Finished
-from edgeomni.runtime.kv import KVCache
+from edgeomni.runtime.row_state import RowState
 from edgeomni.runtime.sampling import SamplingParams, StepLogits, log_softmax_top, sample_rows
 from edgeomni.runtime.stage import RequestState
 
@@ -116,7 +116,7 @@ class DecoderSpec(Protocol[D]):
 
     stage_id: str
     engine: Engine
-    kv: KVCache
+    state: RowState  # its rows' declared state (row_state.py)
     hidden_size: int
     mrope: bool
     consumes: bool
@@ -183,7 +183,7 @@ class DecoderStage(Generic[D]):
 
     def _session(self, rows: int, first: int) -> DecoderSession:
         s = self.spec
-        return DecoderSession(s.engine, s.kv, rows, s.outputs, per_position=s.per_position,
+        return DecoderSession(s.engine, s.state, rows, s.outputs, per_position=s.per_position,
                               first_row=first)  # fmt: skip
 
     def _decode_session(self, rows: int) -> DecoderSession:
@@ -209,6 +209,7 @@ class DecoderStage(Generic[D]):
         draw each one's first token."""
         slots = self.spec.open(sorted(entries, key=lambda e: e[1]))
         for run in prefill_runs(slots):
+            self.spec.state.reset_rows(run[0].row, len(run))  # no earlier request's state
             self._prefill(run)
         return slots
 
@@ -297,7 +298,7 @@ class DecoderStage(Generic[D]):
     def move(self, slot: Slot[D], row: int) -> None:
         """The slot's cache into ``row`` (free), and the slot with it."""
         self.spec.move(slot, self._last)
-        self.spec.kv.move_row(slot.row, row, slot.past)
+        self.spec.state.move_row(slot.row, row, slot.past)
         slot.row = row
 
     def retire(self, slot: Slot[D]) -> None:

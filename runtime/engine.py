@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 
 class Binding(Protocol):
-    def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None: ...
+    def bind_in_place(
+        self, input_name: str, output_name: str, array: Any, capacity: int | None = None
+    ) -> None: ...
     def bind_input(self, name: str, array: Any) -> None: ...
     def bind_output(self, name: str, array: Any) -> None: ...
     def run(
@@ -137,10 +139,13 @@ class OrtBinding:
         self._keep.append(value)  # the OrtValue must outlive the binding
         return value
 
-    def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None:
-        """The same memory as input and output: host numpy, or a DeviceArray's pointer."""
-        if len(array.shape) == 4:  # a KV cache [rows, heads, capacity, head_dim]
-            self._capacity = int(array.shape[2])
+    def bind_in_place(
+        self, input_name: str, output_name: str, array: Any, capacity: int | None = None
+    ) -> None:
+        """The same memory as input and output: host numpy, or a DeviceArray's pointer.
+        ``capacity``: a KV cache's positions, as its declaration gives them (row_state.py)."""
+        if capacity is not None:
+            self._capacity = capacity
         if isinstance(array, np.ndarray):
             value = self._value(array)
             self._io.bind_ortvalue_input(input_name, value)
@@ -409,6 +414,10 @@ def check_onnx(folder: Path, config: Mapping[str, Any], engine_file: Path) -> No
     except (OnnxFileError, OSError) as e:
         raise EngineError(f"{engine_file} is not a loadable ONNX model: {e}") from None
     _check_lowering(folder, config.get("lowering") or {})
+    if "state" in config:  # the declared row state against the model's inputs and outputs
+        from edgeomni.runtime.row_state import check_declared
+
+        check_declared(config, engine_file, folder / "config.json")
 
 
 def _check_cuda(engine_file: Path, backend: str, device: int = 0) -> None:

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+from edgeomni.graph_schema import GraphError
+from edgeomni.graph_schema.state import parse_state
+
 ENGINE_SUFFIXES = (".onnx", ".data", ".engine", ".fused.safetensors")  # the last: fused weights
 
 
@@ -42,12 +44,15 @@ def footprint(engine_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def kv_cache_bytes(cfg: dict[str, Any]) -> int | None:
-    """2 x layers x kv heads x head dim x max batch x capacity x the dtype's bytes."""
+    """The declared row state (graph_schema.state: KV, recurrent, convolution) of max batch
+    rows, a KV row at the build's capacity; None for a component that declares none or a
+    build that did not record its limits."""
     limits = cfg.get("builder_config") or {}
-    keys = ("num_hidden_layers", "num_key_value_heads", "head_dim")
-    if not all(isinstance(cfg.get(k), int) for k in keys) or not limits:
+    if not limits or not cfg.get("state"):
         return None
-    n = 2 * DTYPE_BYTES.get(str(cfg.get("dtype", "float32")), 4)
-    for k in keys:
-        n *= cfg[k]
-    return n * int(limits["max_batch_size"]) * int(limits["max_kv_cache_capacity"])
+    try:
+        state = parse_state(cfg["state"])
+    except GraphError:
+        return None  # named where the component is opened
+    capacity = int(limits["max_kv_cache_capacity"])
+    return int(limits["max_batch_size"]) * sum(t.row_bytes(capacity) for t in state)

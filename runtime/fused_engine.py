@@ -386,8 +386,14 @@ class FusedBinding:
         self._fixed = FixedInputs(engine.buffers, self.bind_input)
         # counts the times a buffer a captured graph may read was replaced (SequenceGraph.valid)
         self.generation = 0
+        self.bound_capacity: int | None = None  # the bound cache's positions
 
-    def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None:
+    def bind_in_place(
+        self, input_name: str, output_name: str, array: Any, capacity: int | None = None
+    ) -> None:
+        """``capacity``: the cache's positions, as its declaration gives them."""
+        if capacity is not None:
+            self.bound_capacity = capacity
         self.bind_input(input_name, array)
         self.bind_output(output_name, array)
 
@@ -500,7 +506,9 @@ class FusedBinding:
         if tuple(embeds.shape[2:]) != (width,):
             raise EngineError(f"inputs_embeds is {tuple(embeds.shape)}; the engine takes "
                               f"[batch, seq, {width}]")  # fmt: skip
-        self.capacity = int(self._arrays["past_key_0"].shape[2])
+        if self.bound_capacity is None:
+            raise EngineError("no KV cache is bound: bind the declared state (row_state.py)")
+        self.capacity = self.bound_capacity
         tokens = self.batch * self.seq
         d, at = spec.head_dim, np.dtype(spec.dtype)
         f4 = np.float32

@@ -146,6 +146,12 @@ class DeviceArray:
             raise ValueError(f"a {self.shape} buffer cannot be viewed as {tuple(shape)}")
         return view
 
+    def fill_zero(self) -> None:
+        """Every byte zeroed, ordered on this buffer's stream."""
+        use(self.device)
+        _check(_cudart().cudaMemsetAsync(self.ptr, 0, self.nbytes, stream(self.device)),
+               "cudaMemsetAsync")  # fmt: skip
+
     def copy_from(self, src: DeviceArray) -> None:
         """Copy another device buffer of as many bytes and this dtype in, on this buffer's
         stream (a stage's output handed to the next stage's input without leaving the GPU;

@@ -19,7 +19,12 @@ from pathlib import Path
 
 # ModelProto, GraphProto and TensorProto field numbers (onnx.proto3)
 _MODEL_IR_VERSION, _MODEL_GRAPH = 1, 7
-_GRAPH_INITIALIZER = 5
+_GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 5, 11, 12
+# ValueInfoProto name/type; TypeProto.tensor_type; its elem_type/shape; a dim's value/param
+_VALUE_NAME, _VALUE_TYPE, _TYPE_TENSOR, _TENSOR_ELEM, _TENSOR_SHAPE = 1, 2, 1, 1, 2
+_SHAPE_DIM, _DIM_VALUE, _DIM_PARAM = 1, 1, 2
+_DTYPE_NAMES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool",
+                10: "float16", 11: "float64", 16: "bfloat16"}  # fmt: skip
 _TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_NAME = 1, 2, 8
 _TENSOR_EXTERNAL_DATA, _TENSOR_LOCATION = 13, 14
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
@@ -158,6 +163,59 @@ def _read(buf: memoryview, size: int) -> list[External]:
             if ext is not None:
                 out.append(ext)
     return out
+
+
+Dims = tuple[int | str | None, ...]
+
+
+def _value_info(buf: memoryview, start: int, end: int) -> tuple[str, str | None, Dims]:
+    """A graph input's or output's name, dtype name (None where unnamed here) and dims (an
+    int where fixed, the dim's parameter name or None where dynamic)."""
+    name, dtype, dims = "", None, []
+    for number, wire, a, b in _fields(buf, start, end):
+        if number == _VALUE_NAME and wire == 2:
+            name = _text(buf, a, b)
+        elif number == _VALUE_TYPE and wire == 2:
+            for n, w, x, y in _fields(buf, a, b):
+                if n != _TYPE_TENSOR or w != 2:
+                    continue
+                for n2, w2, x2, y2 in _fields(buf, x, y):
+                    if n2 == _TENSOR_ELEM and w2 == 0:
+                        dtype = _DTYPE_NAMES.get(x2)
+                    elif n2 == _TENSOR_SHAPE and w2 == 2:
+                        for n3, w3, x3, y3 in _fields(buf, x2, y2):
+                            if n3 != _SHAPE_DIM or w3 != 2:
+                                continue
+                            dim: int | str | None = None
+                            for n4, w4, x4, y4 in _fields(buf, x3, y3):
+                                if n4 == _DIM_VALUE and w4 == 0:
+                                    dim = x4
+                                elif n4 == _DIM_PARAM and w4 == 2:
+                                    dim = _text(buf, x4, y4)
+                            dims.append(dim)
+    return name, dtype, tuple(dims)
+
+
+def read_io(
+    path: Path,
+) -> tuple[dict[str, tuple[str | None, Dims]], dict[str, tuple[str | None, Dims]]]:
+    """A model's graph inputs and outputs: name -> (dtype name, dims), read without onnx."""
+    inputs: dict[str, tuple[str | None, Dims]] = {}
+    outputs: dict[str, tuple[str | None, Dims]] = {}
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        buf = memoryview(mm)
+        try:
+            graph = next(((a, b) for n, w, a, b in _fields(buf, 0, len(buf))
+                          if n == _MODEL_GRAPH and w == 2), None)  # fmt: skip
+            if graph is None:
+                raise OnnxFileError("no graph in it: not an ONNX model")
+            for number, wire, a, b in _fields(buf, *graph):
+                if wire == 2 and number in (_GRAPH_INPUT, _GRAPH_OUTPUT):
+                    name, dtype, dims = _value_info(buf, a, b)
+                    (inputs if number == _GRAPH_INPUT else outputs)[name] = (dtype, dims)
+        finally:
+            buf.release()
+    return inputs, outputs
 
 
 def check_onnx_file(path: Path) -> list[Path]:

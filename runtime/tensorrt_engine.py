@@ -172,7 +172,9 @@ class TrtBinding:
         self._fixed = FixedInputs(engine.buffers, self.bind_input)  # a captured call's inputs
         self._inputs = frozenset(engine.input_names)
 
-    def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None:
+    def bind_in_place(
+        self, input_name: str, output_name: str, array: Any, capacity: int | None = None
+    ) -> None:
         self.bind_input(input_name, array)
         self.bind_output(output_name, array)
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from edgeomni.runtime.decoder import DecoderSession, right_pad, text_positions
 from edgeomni.runtime.engine import open_engine
-from edgeomni.runtime.kv import KVCache
+from edgeomni.runtime.row_state import RowState
 
 LENGTHS = (5, 13, 9)
 
@@ -43,7 +43,7 @@ def batched_and_rowwise(folder: Path, capacity: int = 32) -> tuple[np.ndarray, n
 
     results = []
     for batched in (True, False):
-        kv = KVCache.for_decoder(cfg, n, capacity, engine)
+        kv = RowState.for_engine(cfg, n, engine, capacity)
         session = DecoderSession(engine, kv, n, outputs)
         zeros = np.zeros(n, np.int32)
         if batched:

@@ -38,7 +38,7 @@ def test_a_cache_row_moves_only_its_filled_positions() -> None:
     memory = HostBuffers()
     cache = np.arange(2 * 1 * 4 * 2, dtype=np.float32).reshape(2, 1, 4, 2)
     before = cache.copy()
-    memory.copy_row(cache, 1, 0, 3)
+    memory.copy_row(cache, 1, 0, 3, axis=1)
     np.testing.assert_array_equal(cache[0, :, :3], before[1, :, :3])
     np.testing.assert_array_equal(cache[0, :, 3:], before[0, :, 3:])  # past its length: left
 

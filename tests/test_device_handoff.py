@@ -114,7 +114,7 @@ class FakeKV:
 
     def bind(self, binding: Any, rows: int, start: int = 0) -> None:
         cache = FakeDeviceArray((rows, 1, self.capacity, 4), np.float16)
-        binding.bind_in_place("past_key_0", "present_key_0", cache)
+        binding.bind_in_place("past_key_0", "present_key_0", cache, capacity=self.capacity)
 
 
 @pytest.fixture(autouse=True)

@@ -108,7 +108,7 @@ def test_the_fused_steps_equal_the_onnx_engine(fused_engine, qwen3_engine) -> No
     ref = FusedReference(fused_engine)
     rows, capacity = 3, 32
     cache = ref.cache(rows, capacity)
-    session = DecoderSession(runner.engine, runner.kv, rows, {"logits": (runner.vocab_size,)})
+    session = DecoderSession(runner.engine, runner.state, rows, {"logits": (runner.vocab_size,)})
     rng = np.random.default_rng(0)
     lens = np.array([5, 3, 0], np.int32)
     ids = rng.integers(3, runner.vocab_size, (rows, 5))
@@ -241,7 +241,7 @@ def test_the_tts_talker_and_code_predictor_layouts_equal_their_onnx_engines(tts_
     decode, through the reference of the fused engine's calls."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
-    from edgeomni.runtime.kv import KVCache
+    from edgeomni.runtime.row_state import RowState
 
     fused = tts_fused
     for comp in ("talker", "code_predictor"):
@@ -255,7 +255,7 @@ def test_the_tts_talker_and_code_predictor_layouts_equal_their_onnx_engines(tts_
         if spec["last_hidden_output"]:
             outputs["last_hidden"] = (spec["hidden_size"],)
         rows, capacity = 2, 32
-        session = DecoderSession(engine, KVCache.for_decoder(cfg, rows, capacity, engine), rows,
+        session = DecoderSession(engine, RowState.for_engine(cfg, rows, engine, capacity), rows,
                                  outputs)  # fmt: skip
         cache = ref.cache(rows, capacity)
         rng = np.random.default_rng(0)
@@ -281,7 +281,7 @@ def test_the_fused_code_predictors_draws_equal_the_onnx_samplers(tts_engine, tts
     the code predictor's sampling, each step fed the embedding the step before drew."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
-    from edgeomni.runtime.kv import KVCache
+    from edgeomni.runtime.row_state import RowState
 
     onnx = tmp_path / "onnx"
     args = BuildArgs(2, 64, 128, dtype="float32", engine_sampling=True)
@@ -297,7 +297,7 @@ def test_the_fused_code_predictors_draws_equal_the_onnx_samplers(tts_engine, tts
     rng = np.random.default_rng(3)
     drawn = 0
     for temperature, top_k, top_p in ((1.0, 1, 1.0), (1.0, 50, 0.8), (0.7, 5, 1.0)):
-        session = DecoderSession(engine, KVCache.for_decoder(cfg, rows, capacity, engine), rows,
+        session = DecoderSession(engine, RowState.for_engine(cfg, rows, engine, capacity), rows,
                                  outputs)  # fmt: skip
         cache = ref.cache(rows, capacity)
         x = (rng.standard_normal((rows, 2, width)) * 0.5).astype(np.float32)
@@ -388,7 +388,7 @@ def test_the_int4_fused_steps_match_the_int4_onnx_engine(fused_int4, qwen3_ckpt,
 
     def logits(engine_dir: Path) -> tuple[np.ndarray, np.ndarray]:
         runner = Pipeline(engine_dir).runner("llm")
-        session = DecoderSession(runner.engine, runner.kv, rows, {"logits": (runner.vocab_size,)})
+        session = DecoderSession(runner.engine, runner.state, rows, {"logits": (runner.vocab_size,)})
         embeds = runner.embedding[ids].astype(np.float32)
         out = session.run(embeds, positions, past, lens, last)["logits"]
         return np.asarray(out, np.float64), embeds

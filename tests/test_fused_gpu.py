@@ -208,7 +208,7 @@ def test_engine_equals_the_reference_of_its_calls(request, build, graphs, overla
     of the logits' peak, where the float32 build is within 1e-4 and picks the same top K."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
-    from edgeomni.runtime.kv import KVCache
+    from edgeomni.runtime.row_state import RowState
 
     fused32 = request.getfixturevalue(build)
     exact = build == "fused32"
@@ -216,7 +216,7 @@ def test_engine_equals_the_reference_of_its_calls(request, build, graphs, overla
     engine = open_engine(fused32, cfg, cuda_graphs=graphs)
     engine.overlap = engine.overlap and overlap
     rows, capacity = 3, 32
-    kv = KVCache.for_decoder(cfg, rows, capacity, engine)
+    kv = RowState.for_engine(cfg, rows, engine, capacity)
     session = DecoderSession(engine, kv, rows, {"logits": (cfg["vocab_size"],)})
     ref = FusedReference(fused32)
     cache = ref.cache(rows, capacity)
@@ -235,7 +235,7 @@ def test_engine_equals_the_reference_of_its_calls(request, build, graphs, overla
         if exact:
             np.testing.assert_array_equal(out["topk_indices"][live], want["topk_indices"][live])
         past, lens = past + lens, np.array([1, 1, 1 if step else 0], np.int32)
-    keys = kv.keys[0].download().astype(np.float64)
+    keys = kv.arrays["key_0"].download().astype(np.float64)
     np.testing.assert_allclose(keys[:, :, :8], cache[0][:, :, :8], atol=1e-5 if exact else 1e-2)
 
 
@@ -245,7 +245,7 @@ def test_decode_attention_doing_qk_rope_equals_qk_rope_then_attention(request, b
     fewer): bit for bit what qk_rope then attention give, logits and cache, graphed."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
-    from edgeomni.runtime.kv import KVCache
+    from edgeomni.runtime.row_state import RowState
 
     folder = request.getfixturevalue(build)
     cfg = json.loads((folder / "config.json").read_text())
@@ -255,7 +255,7 @@ def test_decode_attention_doing_qk_rope_equals_qk_rope_then_attention(request, b
     for fused in (True, False):
         engine.attention_qk = held if fused else None
         rows, capacity = 3, 32
-        kv = KVCache.for_decoder(cfg, rows, capacity, engine)
+        kv = RowState.for_engine(cfg, rows, engine, capacity)
         session = DecoderSession(engine, kv, rows, {"logits": (cfg["vocab_size"],)})
         rng = np.random.default_rng(2)
         lens, past, logits = np.array([5, 3, 0], np.int32), np.zeros(rows, np.int32), []
@@ -265,7 +265,7 @@ def test_decode_attention_doing_qk_rope_equals_qk_rope_then_attention(request, b
                               past, lens, np.maximum(lens - 1, 0).astype(np.int64))  # fmt: skip
             logits.append(np.array(out["logits"]))
             past, lens = past + lens, np.array([1, 1, 0], np.int32)
-        runs.append((logits, [k.download() for k in kv.keys + kv.values]))
+        runs.append((logits, [k.download() for k in kv.of_kind("kv")]))
     engine.attention_qk = held
     for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1], strict=True):
         np.testing.assert_array_equal(a, b)
@@ -358,7 +358,7 @@ def test_the_code_predictors_draws_equal_the_reference(tmp_path, graphs) -> None
     one before drew on the device, greedy and sampled, eager and from captured graphs."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
-    from edgeomni.runtime.kv import KVCache
+    from edgeomni.runtime.row_state import RowState
 
     folder = fused_build(tts_checkpoint(tmp_path / "ckpt"), tmp_path / "fused", "float32",
                          model="tts") / "code_predictor"  # fmt: skip
@@ -370,7 +370,7 @@ def test_the_code_predictors_draws_equal_the_reference(tmp_path, graphs) -> None
     rows, capacity = 3, 32
     rng = np.random.default_rng(3)
     for temperature, top_k, top_p in ((1.0, 1, 1.0), (0.9, 50, 0.8)):
-        session = DecoderSession(engine, KVCache.for_decoder(cfg, rows, capacity, engine), rows,
+        session = DecoderSession(engine, RowState.for_engine(cfg, rows, engine, capacity), rows,
                                  outputs)  # fmt: skip
         cache = ref.cache(rows, capacity)
         x = (rng.standard_normal((rows, 1, width)) * 0.5).astype(np.float32)

@@ -68,7 +68,7 @@ def prefill_logits(engine: Path, prompt: str) -> np.ndarray:
 
     runner = Pipeline(engine).runner("llm")
     ids = np.asarray(runner.tokenizer.encode(prompt), np.int64)[None]
-    session = DecoderSession(runner.engine, runner.kv, 1, {"logits": (runner.vocab_size,)})
+    session = DecoderSession(runner.engine, runner.state, 1, {"logits": (runner.vocab_size,)})
     zero, n = np.zeros(1, np.int32), np.array([ids.shape[1]], np.int32)
     out = session.run(
         runner.embedding[ids], text_positions(zero, ids.shape[1], False), zero, n, n - 1
@@ -122,8 +122,9 @@ def test_kv_cache_lives_on_the_device(cuda_engine) -> None:
 
     runner = Pipeline(cuda_engine).runner("llm")
     assert runner.engine.device == "cuda"
-    assert all(isinstance(k, DeviceArray) for k in runner.kv.keys + runner.kv.values)
-    assert runner.kv.keys[0].dtype == np.float16
+    kv = runner.state.of_kind("kv")
+    assert kv and all(isinstance(k, DeviceArray) for k in kv)
+    assert kv[0].dtype == np.float16
 
 
 def run_pipeline(engine: Path, body: dict, batch: int, **options) -> list:
@@ -206,13 +207,11 @@ def engine_logits(folder: Path, seed: int = 0, steps: int = 3, capacity: int = 1
     random inputs, over a KV cache of ``capacity``: each call's logits [1 + steps, V]."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
-    from edgeomni.runtime.kv import KVCache
+    from edgeomni.runtime.row_state import RowState
 
     cfg = json.loads((folder / "config.json").read_text())
     engine = open_engine(folder, cfg)
-    dtype = np.dtype(cfg.get("dtype", "float32")).type
-    kv = KVCache(cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], capacity,
-                 cfg["head_dim"], dtype=dtype, buffers=engine.buffers)  # fmt: skip
+    kv = RowState.for_engine(cfg, 2, engine, capacity)
     session = DecoderSession(engine, kv, 1, {"logits": (cfg["vocab_size"],)})
     rng = np.random.default_rng(seed)
     extra = {"lm_head_index": np.array([2])} if "lm_head_index" in engine.input_names else {}

@@ -85,13 +85,12 @@ def main() -> int:
         return {"shape": list(wave.shape), "peak": float(np.abs(wave).max())}
 
     def runtime_steps() -> dict[str, Any]:
-        state, made = step.fresh(), []
+        row, made = step.fresh(), []
         for n, width in ((2, 2), (4, 4), (3, 4)):  # the last padded, as fixed sizes run it
             chunk = np.zeros((1, quantizers, width), np.int64)
             at = sum(k for k, _ in made)
             chunk[0, :, :n] = codes[at : at + n].T
-            samples, states = step.run(chunk, np.array([n]), [state])
-            state = states[0]
+            samples = step.run(chunk, np.array([n]), [row])
             made.append((n, float(np.abs(samples[0, : n * step.samples_per_frame]).max())))
         return {"chunks": made}
 

@@ -68,9 +68,14 @@ def engine_fields(ckpt: Checkpoint, component: Any, args: Any) -> dict[str, Any]
             "dtype": args.dtype}  # fmt: skip
 
 
-def decoder_fields(cfg: Any) -> dict[str, Any]:
-    """A decoder's dimensions (export.common.decoder.DecoderConfig) as engine-config keys."""
+def decoder_fields(cfg: Any, dtype: str) -> dict[str, Any]:
+    """A decoder's dimensions (export.common.decoder.DecoderConfig) as engine-config keys, and
+    the row state it declares (its KV cache in ``dtype``)."""
+    from edgeomni.graph_schema.state import kv_tensors
+
     return {
+        "state": [t.describe() for t in kv_tensors(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                                 dtype)],
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_heads,
@@ -89,7 +94,7 @@ def text_engine_config(
     optimisation profiles) and the build's limits."""
     return {
         **engine_fields(ckpt, component, args),
-        **decoder_fields(decoder),
+        **decoder_fields(decoder, args.dtype),
         "eos_token_id": eos_token_ids(ckpt, config),
         "pad_token_id": config.get("pad_token_id"),
         "generation_defaults": generation_defaults(ckpt),

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from edgeomni.export.common.checkpoint import CheckpointError
+from edgeomni.graph_schema.state import kv_tensors
 from edgeomni.plugins import attention as attention_plugin
 from edgeomni.plugins import rotary as rotary_plugin
 
@@ -289,8 +290,8 @@ class CausalLM(nn.Module):
     def io_names(self) -> tuple[list[str], list[str]]:
         cfg = self.cfg
         n = cfg.num_layers
-        kv_in = [f"past_{kind}_{i}" for i in range(n) for kind in ("key", "value")]
-        kv_out = [f"present_{kind}_{i}" for i in range(n) for kind in ("key", "value")]
+        state = kv_tensors(n, cfg.num_kv_heads, cfg.head_dim, "float32")
+        kv_in, kv_out = [t.input for t in state], [t.output for t in state]
         inputs = ["inputs_embeds", "position_ids", "past_lens", "query_lens", "last_indices"]
         if cfg.lm_heads > 1:
             inputs.append("lm_head_index")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from edgeomni.export.family import ComponentMemory, KvShape
+from edgeomni.export.family import ComponentMemory
 
 F32 = "float32"
 Tables = dict[str, tuple[tuple[int, ...], str]]
@@ -17,10 +17,13 @@ def module_shapes(module: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
     return {n: (tuple(t.shape), t.dtype) for n, t in module.state_dict().items()}
 
 
-def decoder_memory(module: Any, tables: Tables) -> ComponentMemory:
-    """A decoders.CausalLM with its host tables; its KV cache from its config."""
+def decoder_memory(module: Any, tables: Tables, dtype: str) -> ComponentMemory:
+    """A decoders.CausalLM with its host tables; its KV cache (in ``dtype``) from its config."""
+    from edgeomni.graph_schema.state import kv_tensors
+
     cfg = module.cfg
-    return ComponentMemory(module, tables, KvShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
+    return ComponentMemory(module, tables, kv_tensors(cfg.num_layers, cfg.num_kv_heads,
+                                                    cfg.head_dim, dtype))  # fmt: skip
 
 
 def float_memory(module: Any) -> ComponentMemory:

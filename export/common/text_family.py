@@ -113,7 +113,7 @@ class TextFamily:
                 return float_memory(self.encoder.module(ckpt))
             module = CausalLM(self.decoder_config(ckpt.config))
             module = module.to(DTYPES.get(args.dtype, torch.float32))
-        return decoder_memory(module, {"embedding": (table_rows(module), F32)})
+        return decoder_memory(module, {"embedding": (table_rows(module), F32)}, args.dtype)
 
     def load_llm(self, ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> CausalLM:
         """The llm with the checkpoint's weights: our "model.X" is its ``prefix`` + X."""

@@ -46,6 +46,7 @@ from torch import nn
 from edgeomni.export.common.onnx_export import export_onnx
 from edgeomni.export.speech import code2wav as omni
 from edgeomni.export.speech.code2wav import hf
+from edgeomni.graph_schema import state as schema
 from edgeomni.plugins import attention as attention_plugin
 
 ENGINE = "code2wav_stream.onnx"
@@ -68,8 +69,11 @@ class StateTensor:
     shape: tuple[int, ...]
     dtype: torch.dtype = torch.float32
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": str(self.dtype)[6:]}
+    def declared(self) -> schema.StateTensor:
+        """Its declaration (graph_schema.state): opaque, a row's whole tensor carried from one
+        call to the next, bound as PAST + name and returned as PRESENT + name."""
+        return schema.StateTensor(self.name, "opaque", PAST + self.name, PRESENT + self.name,
+                                  self.shape, str(self.dtype)[6:], (LENS,))  # fmt: skip
 
 
 class _Call:
@@ -326,9 +330,7 @@ def stream_engine_config(
         },
         "outputs": {OUTPUT: "float32 [batch, 1, frames*samples_per_frame]"},
         # per row: graph inputs PAST + name, outputs PRESENT + name, [batch, *shape]
-        "state": [t.describe() for t in layout],
-        "state_inputs": PAST,
-        "state_outputs": PRESENT,
+        "state": [t.declared().describe() for t in layout],
         "delay_samples": graph.delay_samples(),
         "max_chunk_frames": max_chunk_frames,
         "first_chunk_frames": FIRST_CHUNK_FRAMES,

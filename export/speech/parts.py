@@ -83,16 +83,16 @@ def write_predictor(talker: Any, ckpt: Any, out_dir: Path, base: Mapping[str, An
     save_file(talker.predictor_embeddings(ckpt, cfg.lm_heads + 1),
               str(out_dir / "embedding.safetensors"))  # fmt: skip
     artifacts.write_engine_config(out_dir, {
-        **base, **artifacts.decoder_fields(cfg), "input_size": cfg.embeds_size,
+        **base, **artifacts.decoder_fields(cfg, base["dtype"]), "input_size": cfg.embeds_size,
         "num_code_groups": cfg.lm_heads + 1,
     })  # fmt: skip
 
 
-def predictor_memory(module: CausalLM) -> ComponentMemory:
+def predictor_memory(module: CausalLM, dtype: str) -> ComponentMemory:
     """The code predictor as --estimate counts it: one float32 table a residual group."""
     rows = table_rows(module)
     tables = {f"embedding_{i}": (rows, F32) for i in range(module.cfg.lm_heads)}
-    return decoder_memory(module, tables)
+    return decoder_memory(module, tables, dtype)
 
 
 def missing(components: Mapping[str, str]) -> list[str]:

@@ -22,9 +22,9 @@ from edgeomni.runtime.decoder import StepOutputs, right_pad, text_positions
 from edgeomni.runtime.decoder_stage import DecoderStage, Slot
 from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import Event, HiddenRows, TextDelta
-from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.prompt import Prompt, PromptRows, media_hook, media_parts
 from edgeomni.runtime.requests import TEXT_MODEL_KEYS
+from edgeomni.runtime.row_state import RowState
 from edgeomni.runtime.stage import RequestError, RequestState, StageRunner, load_factory
 from edgeomni.runtime.tokenizer import TextTokenizer
 
@@ -47,9 +47,9 @@ def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
 
 ARTIFACT = Artifact(
     keys=(
-        "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_key_value_heads",
-        "head_dim", "builder_config.max_batch_size", "builder_config.max_input_len",
-        "builder_config.max_kv_cache_capacity",
+        "model_type", "vocab_size", "state", "hidden_size", "num_hidden_layers",
+        "num_key_value_heads", "head_dim", "builder_config.max_batch_size",
+        "builder_config.max_input_len", "builder_config.max_kv_cache_capacity",
     ),
     tables={"embedding.safetensors": ("embedding",)},
     tokenizer=True,
@@ -100,7 +100,9 @@ class LLMBackbone(StageRunner):
             tokenizer=self.tokenizer, max_image_pixels=engines.max_image_pixels,
         )  # fmt: skip
         self.transcription = transcription_form(cfg)
-        self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)
+        self.state = RowState.for_engine(
+            cfg, self.max_batch, self.engine, self.capacity, folder / "config.json"
+        )
         self.stage_id: str = stage.id
         self._hidden_port = f"{stage.id}:accept_hidden"
         self.outputs: dict[str, tuple[int, ...]] = {"logits": (self.vocab_size,)}

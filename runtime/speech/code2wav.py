@@ -350,7 +350,9 @@ class Code2Wav(StageRunner):
         if self.step is not None and self.chunks is not None:
             stream = ChunkStream(self.step, self.chunks, StreamBatch(self.step))
             stream(codes)
-            return stream.finish(), stream.calls, "stateful"
+            audio = stream.finish()
+            stream.release()
+            return audio, stream.calls, "stateful"
         voc = self.vocoder()
         if self.whole and len(codes) <= self.max_frames:
             return voc.decode_whole(codes), voc.windows, "whole"
@@ -666,3 +668,5 @@ class VocoderSlots:
     def discard(self, slot: VocoderSlot) -> None:
         if slot.stream is not None and slot.stream in self.batch.streams:
             self.batch.streams.remove(slot.stream)
+        if isinstance(slot.stream, ChunkStream):
+            slot.stream.release()  # its state's row, for the next request

@@ -1,15 +1,15 @@
 """Stateful streaming vocoding: each request's code2wav state carried from one call to the next,
 so every frame is decoded once (the windows decode each window again with its left context).
 
-The step engine (its folder's config.json: ``state``, ``state_inputs``, ``state_outputs``,
-``delay_samples``, ``max_chunk_frames``; the export's code2wav_stream module makes it)
-takes a chunk of new codes [B, Q, n] with each row's valid frames (``chunk_lens``) and one state
-input per tensor of the declared layout; it returns the chunk's samples [B, 1, n*S] and the new
-state. A request's state starts as zeros (``StepEngine.fresh``) and lives in the engine's
-buffers; rows stepping together are one call (their states gathered into the call's inputs,
-each row's new state a row of its outputs; on a GPU the call's buffers are kept per batch size
-and length and each row's new state is copied back into the row's own buffers, so no call
-allocates device memory). A stream drops its first ``delay_samples`` (not
+The step engine (its folder's config.json: ``state``, ``delay_samples``, ``max_chunk_frames``;
+the export's code2wav_stream module makes it) takes a chunk of new codes [B, Q, n] with each
+row's valid frames (``chunk_lens``) and one input per declared state tensor (graph_schema.state,
+kind opaque); it returns the chunk's samples [B, 1, n*S] and the new state. A request's state is
+a row of the row state allocator (runtime/row_state.py: a RowPool in the engine's buffers),
+zeroed when the stream takes it; rows stepping together are one call, reading their rows where
+they are when they are one run, and the new state is copied over the rows after the call (on
+a GPU the call's buffers are kept per batch size and length, so no call allocates device
+memory). A stream drops its first ``delay_samples`` (not
 audio: Qwen3-Omni's decoder blocks trim them off the front of the whole decode); after them its
 samples are the whole-utterance decode's.
 
@@ -32,14 +32,13 @@ import numpy as np
 
 from edgeomni.runtime.artifacts import Artifact, ArtifactError
 from edgeomni.runtime.engine import Engines
+from edgeomni.runtime.row_state import RowPool, check_engine, declared
 
 CODES, LENS, OUTPUT = "codes", "chunk_lens", "waveform"
 STREAM_ARTIFACT = Artifact(
     keys=("num_quantizers", "codebook_size", "samples_per_frame", "sample_rate", "state",
-          "state_inputs", "state_outputs", "delay_samples", "max_chunk_frames",
-          "first_chunk_frames", "chunk_frames"),
+          "delay_samples", "max_chunk_frames", "first_chunk_frames", "chunk_frames"),
 )  # fmt: skip
-DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
 
 
 @dataclass(frozen=True)
@@ -79,25 +78,22 @@ class Chunks:
 
 
 class StepEngine:
-    """The step engine and its state layout: a zeroed state for a new request, one call for a
-    batch of rows."""
+    """The step engine and the rows of its declared state (row_state.RowPool): a row for a new
+    request, one call for a batch of rows."""
 
     def __init__(self, folder: Path, cfg: Mapping[str, Any], engines: Engines) -> None:
         path = folder / "config.json"
-        try:
-            self.layout = [(str(t["name"]), tuple(int(s) for s in t["shape"]), DTYPES[t["dtype"]])
-                           for t in cfg["state"]]  # fmt: skip
-        except (KeyError, TypeError, ValueError) as e:
-            raise ArtifactError(
-                path, f"state is not a list of {{name, shape, dtype}} ({e})"
-            ) from None
-        self.inputs = [str(cfg["state_inputs"]) + name for name, _, _ in self.layout]
-        self.outputs = [str(cfg["state_outputs"]) + name for name, _, _ in self.layout]
+        tensors = declared(cfg, path)
+        if any(t.kind != "opaque" for t in tensors):
+            raise ArtifactError(path, "a vocoder's state is opaque: every row read and returned "
+                                "whole")  # fmt: skip
         self.engine = engines.open(folder, cfg)
-        names = set(getattr(self.engine, "input_names", ()) or ())
-        missing = [n for n in (CODES, LENS, *self.inputs) if names and n not in names]
+        missing = [n for n in (CODES, LENS) if n not in self.engine.input_names]
         if missing:
-            raise ArtifactError(path, f"its state does not match the engine: no inputs {missing}")
+            raise ArtifactError(path, f"the step engine has no inputs {missing}")
+        check_engine(tensors, self.engine, path)
+        self.tensors = tensors
+        self.pool = RowPool(tensors, self.engine.buffers)
         self.samples_per_frame = int(cfg["samples_per_frame"])
         self.delay = int(cfg["delay_samples"])
         self.max_chunk = int(cfg["max_chunk_frames"])
@@ -106,19 +102,21 @@ class StepEngine:
         self.quantizers = int(cfg["num_quantizers"])
         self.calls = 0
         self._slots: dict[tuple[int, int], _StepSlot] = {}  # a GPU's, per batch size and length
-        self._states: tuple[int, list[Any], list[Any]] | None = None  # rows, inputs, outputs
 
-    def fresh(self) -> list[Any]:
-        """A new request's state: zeros, one row."""
-        memory = self.engine.buffers
-        return [memory.zeros((1, *shape), dtype) for _, shape, dtype in self.layout]
+    def fresh(self) -> int:
+        """A new request's row: zeros."""
+        return self.pool.take()
 
-    def run(
-        self, codes: np.ndarray, lens: np.ndarray, states: Sequence[Sequence[Any]]
-    ) -> tuple[np.ndarray, list[list[Any]]]:
+    def release(self, row: int) -> None:
+        self.pool.release(row)
+
+    def run(self, codes: np.ndarray, lens: np.ndarray, rows: Sequence[int]) -> np.ndarray:
         """One call: codes int64 [B, Q, n] (rows right-padded), each row's valid frames, each
-        row's state -> samples float32 [B, n*S] and each row's new state (on the host, rows of
-        the call's outputs; on a GPU, the rows' own buffers, written in place)."""
+        row's state row -> samples float32 [B, n*S]; each row's state advanced in place. The
+        engine reads the rows where they are when they are one run (else gathered) and writes
+        the new state beside them, copied over the rows after the call (an opaque state's
+        outputs are not written over its inputs: the graph may read an input after writing
+        another's output)."""
         b, _, n = codes.shape
         if n > self.max_chunk:
             raise ValueError(
@@ -127,63 +125,41 @@ class StepEngine:
             )
         self.calls += 1
         if not self.engine.buffers.on_host:
-            return self._run_fixed(codes, lens, states)
-        memory = self.engine.buffers
+            return self._run_fixed(codes, lens, rows)
+        memory, state = self.engine.buffers, self.pool.state
         binding = self.engine.binding()
-        for i, (name, (_, shape, dtype)) in enumerate(zip(self.inputs, self.layout, strict=True)):
-            if b == 1:
-                rows = states[0][i]
-            else:  # the rows' states side by side
-                rows = memory.zeros((b, *shape), dtype)
-                for r, state in enumerate(states):
-                    memory.copy_into(memory.rows(rows, 1, r), state[i])
-            binding.bind_input(name, rows)
+        outs = []
+        for t in self.tensors:
+            binding.bind_input(t.input, state.gather(t.name, rows))
+            out = memory.zeros((b, *t.row_shape()), np.dtype(t.dtype))
+            binding.bind_output(t.output, out)
+            outs.append(out)
         wave = memory.zeros((b, 1, n * self.samples_per_frame), np.float32)
         binding.bind_output(OUTPUT, wave)
-        outs = [memory.zeros((b, *shape), dtype) for _, shape, dtype in self.layout]
-        for name, out in zip(self.outputs, outs, strict=True):
-            binding.bind_output(name, out)
         feeds = {CODES: np.ascontiguousarray(codes, np.int64), LENS: lens.astype(np.int64)}
         binding.run(feeds)
-        samples = memory.download(wave)[:, 0]
-        return samples, [[memory.rows(o, 1, r) for o in outs] for r in range(b)]
+        for t, out in zip(self.tensors, outs, strict=True):
+            state.scatter(t.name, rows, out)
+        return memory.download(wave)[:, 0]
 
-    def _run_fixed(
-        self, codes: np.ndarray, lens: np.ndarray, states: Sequence[Sequence[Any]]
-    ) -> tuple[np.ndarray, list[list[Any]]]:
+    def _run_fixed(self, codes: np.ndarray, lens: np.ndarray, rows: Sequence[int]) -> np.ndarray:
         """``run`` on a GPU: the call's buffers kept per batch size and chunk length (no
         allocation a call: cudaFree waits for the device) and the call replayed from a CUDA
         graph where the engine captures one; the rows' states copied in on the device, and
-        their new states copied back into the rows' own buffers."""
+        their new states copied back over the rows."""
         b, _, n = codes.shape
-        memory = self.engine.buffers
+        memory, state = self.engine.buffers, self.pool.state
         slot = self._slots.get((b, n))
         if slot is None:
-            slot = self._slots[(b, n)] = _StepSlot.new(self, b, n, *self._state_rows(b))
-        for i, state_in in enumerate(slot.states_in):
-            for r, state in enumerate(states):
-                memory.copy_into(memory.rows(state_in, 1, r), state[i])
+            slot = self._slots[(b, n)] = _StepSlot.new(self, b, n)
+        for t, state_in in zip(self.tensors, slot.states_in, strict=True):
+            memory.copy_into(state_in, state.gather(t.name, rows))
         memory.upload(slot.codes, np.ascontiguousarray(codes, np.int64))
         memory.upload(slot.lens, lens.astype(np.int64))
         slot.binding.run({}, graph=slot.graph)
-        for i, state_out in enumerate(slot.states_out):
-            for r, state in enumerate(states):
-                memory.copy_into(state[i], memory.rows(state_out, 1, r))
-        samples = memory.download(slot.wave)[:, 0]  # waits for the call and the copies
-        return samples, [list(state) for state in states]
-
-    def _state_rows(self, b: int) -> tuple[list[Any], list[Any]]:
-        """The first ``b`` rows of the state buffers every slot binds (the states do not depend
-        on the chunk length, so the slots of all lengths share one pair, as large as the most
-        rows a call has had: memory for the widest call, not for each batch size and length)."""
-        memory = self.engine.buffers
-        if self._states is None or self._states[0] < b:
-            self._slots.clear()  # their bindings hold the smaller buffers
-            pair = [[memory.zeros((b, *shape), dtype) for _, shape, dtype in self.layout]
-                    for _ in range(2)]  # fmt: skip
-            self._states = (b, pair[0], pair[1])
-        _, ins, outs = self._states
-        return [memory.rows(x, b) for x in ins], [memory.rows(x, b) for x in outs]
+        for t, state_out in zip(self.tensors, slot.states_out, strict=True):
+            state.scatter(t.name, rows, state_out)
+        return memory.download(slot.wave)[:, 0]  # waits for the call and the copies
 
 
 @dataclass
@@ -199,8 +175,7 @@ class _StepSlot:
     graph: int | None
 
     @classmethod
-    def new(cls, step: StepEngine, b: int, n: int, states_in: list[Any],
-            states_out: list[Any]) -> _StepSlot:  # fmt: skip
+    def new(cls, step: StepEngine, b: int, n: int) -> _StepSlot:
         memory, engine = step.engine.buffers, step.engine
         binding = engine.binding()
         codes = memory.zeros((b, step.quantizers, n), np.int64)
@@ -209,10 +184,11 @@ class _StepSlot:
         binding.bind_input(CODES, codes)
         binding.bind_input(LENS, lens)
         binding.bind_output(OUTPUT, wave)
-        for name, buf in zip(step.inputs, states_in, strict=True):
-            binding.bind_input(name, buf)
-        for name, buf in zip(step.outputs, states_out, strict=True):
-            binding.bind_output(name, buf)
+        states_in, states_out = [], []
+        for t in step.tensors:
+            for names, made in ((t.input, states_in), (t.output, states_out)):
+                made.append(memory.zeros((b, *t.row_shape()), np.dtype(t.dtype)))
+                (binding.bind_input if made is states_in else binding.bind_output)(names, made[-1])
         return cls(binding, codes, lens, wave, states_in, states_out, engine.new_graph_id())
 
 
@@ -231,7 +207,8 @@ class ChunkStream:
         self.chunks = chunks
         self.batch = batch
         batch.streams.append(self)
-        self.state = step.fresh()
+        self.row: int | None = step.fresh()  # its state's row (None once released)
+        self._views: tuple[int, list[Any]] | None = None  # the pool's generation, the views
         self._codes: list[np.ndarray] = []  # frames not yet vocoded, in order
         self.waiting = 0  # their count
         self.primed = 0  # frames put in front still to vocode (prompt codes)
@@ -287,9 +264,24 @@ class ChunkStream:
             self.index += 1
         return out
 
-    def accept(self, samples: np.ndarray, state: list[Any], seconds: float) -> None:
-        """A chunk's samples and the state after it."""
-        self.state = state
+    @property
+    def state(self) -> list[Any]:
+        """Its state: its row of every declared tensor (views of the pool's buffers)."""
+        if self.row is None:
+            raise ValueError("the stream's state was released")
+        pool = self.step.pool
+        if self._views is None or self._views[0] != pool.generation:
+            self._views = (pool.generation, pool.views(self.row))
+        return self._views[1]
+
+    def release(self) -> None:
+        """Its row back to the pool (once the stream is done or given up)."""
+        if self.row is not None:
+            self.step.release(self.row)
+            self.row, self._views = None, None
+
+    def accept(self, samples: np.ndarray, seconds: float) -> None:
+        """A chunk's samples (its state advanced in its row)."""
         self.calls += 1
         self.seconds += seconds
         if self.skip:
@@ -358,8 +350,12 @@ class StreamBatch:
         for row, chunk in enumerate(chunks):
             codes[row, :, : len(chunk)] = chunk.T
         lens = np.array([n for _, n in part], np.int64)
-        samples, states = self.step.run(codes, lens, [s.state for s, _ in part])
+        rows = []
+        for stream, _ in part:
+            assert stream.row is not None, "a released stream has no chunk to vocode"
+            rows.append(stream.row)
+        samples = self.step.run(codes, lens, rows)
         share = (time.perf_counter() - start) / len(part)
         spf = self.step.samples_per_frame
-        for row, ((stream, n), state) in enumerate(zip(part, states, strict=True)):
-            stream.accept(samples[row, : n * spf], state, share)
+        for row, (stream, n) in enumerate(part):
+            stream.accept(samples[row, : n * spf], share)

@@ -24,7 +24,7 @@ from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.decoder import DecoderSession, StepOutputs, text_positions
 from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
-from edgeomni.runtime.kv import KVCache
+from edgeomni.runtime.row_state import RowState
 from edgeomni.runtime.sampling import SamplingParams, sample_step
 
 
@@ -32,7 +32,8 @@ def cp_artifact(groups: int) -> Artifact:
     """The code predictor's folder, for a talker of ``groups`` code groups: one embedding table
     per residual group."""
     return Artifact(
-        keys=("hidden_size", "vocab_size", "num_hidden_layers", "num_key_value_heads", "head_dim"),
+        keys=("hidden_size", "vocab_size", "num_hidden_layers", "num_key_value_heads", "head_dim",
+              "state"),  # fmt: skip
         tables={"embedding.safetensors": tuple(f"embedding_{i}" for i in range(int(groups) - 1))},
     )
 
@@ -65,7 +66,7 @@ class CodePredictor:
         self.hidden_size = int(cfg.get("input_size") or cfg["hidden_size"])
         tables = safetensors_np.load(folder / "embedding.safetensors")
         self.embeddings = [tables[f"embedding_{i}"] for i in range(groups - 1)]
-        self.kv = KVCache.for_decoder(cfg, max_batch, groups, self.engine)
+        self.state = RowState.for_engine(cfg, max_batch, self.engine, groups, folder / "config.json")
         self._drawn: dict[tuple[int, int], tuple[Any, list[Any]]] = {}  # buffer, its rows
         self._staging: dict[tuple[int, int], tuple[Any, Any, list[Any]]] = {}
 
@@ -73,7 +74,7 @@ class CodePredictor:
         outputs: dict[str, tuple[int, ...]] = {"logits": (int(self.config["vocab_size"]),)}
         if self.draws:
             outputs.update(sampled_ids=(), sampled_embeds=(self.hidden_size,))
-        return DecoderSession(self.engine, self.kv, rows, outputs)
+        return DecoderSession(self.engine, self.state, rows, outputs)
 
     def draws_in_engine(self, params: SamplingParams) -> bool:
         """Whether the engine can draw with these settings as the host would (its top-K must

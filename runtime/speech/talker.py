@@ -21,8 +21,8 @@ from edgeomni.runtime.decoder import StepOutputs, right_pad, text_positions
 from edgeomni.runtime.decoder_stage import DecoderStage, Slot
 from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import CodecFrames, Event
-from edgeomni.runtime.kv import KVCache
 from edgeomni.runtime.requests import SPEECH_STAGE_KEYS
+from edgeomni.runtime.row_state import RowState
 from edgeomni.runtime.sampling import SamplingParams
 from edgeomni.runtime.speech.code_predictor import CodePredictor
 from edgeomni.runtime.stage import RequestError, RequestState, StageRunner
@@ -84,7 +84,8 @@ class SpeechTalker(StageRunner):
         limits = cfg["builder_config"]
         self.max_batch = int(limits["max_batch_size"])
         self.capacity = int(limits["max_kv_cache_capacity"])
-        self.kv = KVCache.for_decoder(cfg, self.max_batch, self.capacity, self.engine)
+        self.state = RowState.for_engine(cfg, self.max_batch, self.engine, self.capacity,
+                                         folder / "config.json")
         self.cp = CodePredictor(
             (folder / cfg["code_predictor"]).resolve(), groups=self.groups,
             max_batch=self.max_batch, engines=engines,

@@ -2,7 +2,7 @@
 
 Why: int4 weight quantization (issue 32) can only be judged on a model that has learned
 something, and only through what edgeomni actually runs. ``engine_perplexity`` drives the
-engine with the runtime's own pieces (open_engine, KVCache, DecoderSession: no torch), and
+engine with the runtime's own pieces (open_engine, RowState, DecoderSession: no torch), and
 ``torch_perplexity`` scores the same windows with transformers, so the fp32 engine's agreement
 with it (tests/test_trained_qwen3.py) shows the harness is right, and a quantized engine's
 numbers can then be read against the fp32 engine's.
@@ -140,7 +140,7 @@ def engine_perplexity(
     from edgeomni.runtime import safetensors_np
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
-    from edgeomni.runtime.kv import KVCache
+    from edgeomni.runtime.row_state import RowState
 
     engine_dir = Path(engine_dir)
     cfg = json.loads((engine_dir / "config.json").read_text(encoding="utf-8"))
@@ -154,7 +154,7 @@ def engine_perplexity(
     embedding = safetensors_np.load(engine_dir / "embedding.safetensors")["embedding"]
     mrope = bool(cfg.get("mrope_section"))
     vocab = int(cfg["vocab_size"])
-    kv = KVCache.for_decoder(cfg, rows_max, capacity, engine)
+    kv = RowState.for_engine(cfg, rows_max, engine, capacity)
     groups = [np.arange(s, min(s + rows_max, len(wins))) for s in range(0, len(wins), rows_max)]
 
     def logits_of(i: int) -> np.ndarray:

@@ -146,7 +146,7 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
         tables["tts_special"] = ckpt.tensor(thinker.EMBEDDING)[special].float().contiguous()
         save_file(tables, str(out_dir / "projections.safetensors"))
         artifacts.write_engine_config(
-            out_dir, {**base, **talker_fields(ckpt), "builder_config": artifacts.build_limits(args)}
+            out_dir, {**base, **talker_fields(ckpt, args.dtype), "builder_config": artifacts.build_limits(args)}
         )
     elif component is AUDIO:
         artifacts.write_engine_config(
@@ -183,7 +183,7 @@ def calibration_fields(ckpt: Checkpoint) -> dict[str, Any]:
     return {"talker_max_new_tokens": CALIBRATION_FRAMES}
 
 
-def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:
+def talker_fields(ckpt: Checkpoint, dtype: str = "float32") -> dict[str, Any]:
     """What the talker runner needs: dimensions, the token and codec ids, the speakers."""
     cfg = ckpt.config
     tk = section(cfg, "talker_config")
@@ -199,7 +199,7 @@ def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:
         return int(where[key])
 
     return {
-        **artifacts.decoder_fields(dec),
+        **artifacts.decoder_fields(dec, dtype),
         "mrope_section": list(dec.mrope_section or ()),
         "num_code_groups": need(tk, "num_code_groups"),
         "code_predictor": "../code_predictor",

@@ -36,15 +36,15 @@ def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> Comp
         dtype = DTYPES.get(args.dtype, torch.float32)
         if name == "llm":
             module = thinker.thinker_module(config).to(dtype)
-            return decoder_memory(module, {"embedding": (table_rows(module), F32)})
+            return decoder_memory(module, {"embedding": (table_rows(module), F32)}, args.dtype)
         if name == "talker":
             module = talker.talker_module(config).to(dtype)
             text = thinker.thinker_module(config).cfg.hidden_size
             tables = {"embedding": (table_rows(module), F32), "tts_special": ((3, text), F32)}
             tables.update(_projection_tables(config))
-            return decoder_memory(module, tables)
+            return decoder_memory(module, tables, args.dtype)
         if name == "code_predictor":
-            return parts.predictor_memory(talker.predictor_module(config).to(dtype))
+            return parts.predictor_memory(talker.predictor_module(config).to(dtype), args.dtype)
     raise ValueError(f"qwen3_omni_moe has no component {name!r}")
 
 

@@ -69,7 +69,7 @@ def engine_config(ckpt: Checkpoint, engine: str, args: BuildArgs) -> dict[str, A
         "backend": args.backend,
         "device": args.device,
         "dtype": args.dtype,
-        **artifacts.decoder_fields(cfg),
+        **artifacts.decoder_fields(cfg, args.dtype),
         "mrope_section": list(cfg.mrope_section or ()),
         "hidden_output_layer": cfg.hidden_output_layer,
         "deepstack_layers": cfg.deepstack_layers,

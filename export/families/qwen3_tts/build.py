@@ -158,7 +158,7 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
         )
         write_tokenizer(ckpt, out_dir)
         artifacts.write_engine_config(
-            out_dir, {**base, **talker_fields(ckpt), "builder_config": artifacts.build_limits(args)}
+            out_dir, {**base, **talker_fields(ckpt, args.dtype), "builder_config": artifacts.build_limits(args)}
         )
     elif component is CODE_PREDICTOR:
         parts.write_predictor(talker, ckpt, out_dir, base)
@@ -311,7 +311,7 @@ def calibration_needs(ckpt: Checkpoint, components: Sequence[Component]) -> dict
                          "ref_text, its transcript, is optional"}  # fmt: skip
 
 
-def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:
+def talker_fields(ckpt: Checkpoint, dtype: str = "float32") -> dict[str, Any]:
     """What the talker runner needs: dimensions, the text and codec ids, languages, speakers,
     and the sampling defaults (generation_config.json over upstream's)."""
     cfg = ckpt.config
@@ -336,7 +336,7 @@ def talker_fields(ckpt: Checkpoint) -> dict[str, Any]:
     gen = ckpt.generation_config
     generation = {k: gen.get(k, v) for k, v in GENERATION.items()}
     return {
-        **artifacts.decoder_fields(dec),
+        **artifacts.decoder_fields(dec, dtype),
         "num_code_groups": num_code_groups(cfg),
         "code_predictor": "../code_predictor",
         "tts_model_type": kind,

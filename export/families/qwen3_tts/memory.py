@@ -35,10 +35,10 @@ def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> Comp
                 raise CheckpointError("config.json: talker_config.text_vocab_size is missing")
             tables = {"embedding": ((cfg.vocab_size, cfg.hidden_size), F32),
                       "text_embedding": ((text_vocab, cfg.hidden_size), F32)}  # fmt: skip
-            return decoder_memory(module, tables)
+            return decoder_memory(module, tables, args.dtype)
         if name == "code_predictor":
             cfg = predictor_decoder_config(config)
-            return parts.predictor_memory(CausalLM(cfg, dense_mlp(cfg)).to(dtype))
+            return parts.predictor_memory(CausalLM(cfg, dense_mlp(cfg)).to(dtype), args.dtype)
         if name == "speaker_encoder":
             settings = speaker_encoder.check_config(section(config, "speaker_encoder_config"))
             return float_memory(speaker_encoder.Qwen3TTSSpeakerEncoder(settings))

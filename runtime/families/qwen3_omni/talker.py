@@ -175,7 +175,7 @@ def _projection_names(name: str) -> tuple[str, ...]:
 
 ARTIFACT = Artifact(
     keys=(
-        "num_code_groups", "vocab_size", "hidden_size", "num_hidden_layers",
+        "num_code_groups", "vocab_size", "state", "hidden_size", "num_hidden_layers",
         "num_key_value_heads", "head_dim", "speakers", "default_speaker", "code_predictor",
         "tts_pad_token_id", "builder_config.max_batch_size",
         "builder_config.max_kv_cache_capacity",

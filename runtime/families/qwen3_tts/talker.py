@@ -31,7 +31,7 @@ CP = "subtalker_"  # generation_config.json's prefix of the code predictor's set
 
 ARTIFACT = Artifact(
     keys=(
-        "num_code_groups", "vocab_size", "hidden_size", "num_hidden_layers",
+        "num_code_groups", "vocab_size", "state", "hidden_size", "num_hidden_layers",
         "num_key_value_heads", "head_dim", "code_predictor", "tts_model_type", "tts_model_size",
         "languages", "speakers", "dialects", "generation", "min_new_tokens",
         "builder_config.max_batch_size", "builder_config.max_input_len",
