@@ -223,8 +223,9 @@ def run_shape(gpu: Gpu, model: str, hq: int, hkv: int, batch: int, seq: int, cap
     binding = engine.binding()
     for n in ("q", "k", "v"):
         binding.bind_input(n, dev[n])
-    binding.bind_in_place("past_key", "present_key", ort["key"])
-    binding.bind_in_place("past_value", "present_value", ort["value"])
+    capacity = int(ort["key"].shape[2])  # [B, Hkv, capacity, D]
+    binding.bind_in_place("past_key", "present_key", ort["key"], capacity)
+    binding.bind_in_place("past_value", "present_value", ort["value"], capacity)
     binding.bind_output("out", ort["out"])
     # the binding derives GroupQueryAttention's own length inputs from these
     feeds = {"past_lens": past, "query_lens": fresh}

@@ -45,9 +45,10 @@ def recording(root: Path, limit: int) -> Iterator[Calls]:
     cls = eng.OrtBinding
     saved = {n: getattr(cls, n) for n in ("bind_in_place", "bind_input", "run")}
 
-    def bind_in_place(self: Any, input_name: str, output_name: str, array: Any) -> None:
+    def bind_in_place(self: Any, input_name: str, output_name: str, array: Any,
+                      capacity: int | None = None) -> None:  # fmt: skip
         bound[id(self)][input_name] = array
-        saved["bind_in_place"](self, input_name, output_name, array)
+        saved["bind_in_place"](self, input_name, output_name, array, capacity)
 
     def bind_input(self: Any, name: str, array: Any) -> None:
         bound[id(self)][name] = array

@@ -47,8 +47,10 @@ class TapBinding(OrtBinding):
         if name not in self.order:
             self.order.append(name)
 
-    def bind_in_place(self, input_name: str, output_name: str, array: Any) -> None:
-        super().bind_in_place(input_name, output_name, array)
+    def bind_in_place(
+        self, input_name: str, output_name: str, array: Any, capacity: int | None = None
+    ) -> None:
+        super().bind_in_place(input_name, output_name, array, capacity)
         self._bound(output_name)
 
     def bind_output(self, name: str, array: Any) -> None:

@@ -125,9 +125,9 @@ def record_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[dict[str, tu
     bound: dict[int, dict[str, tuple]] = defaultdict(dict)
     originals = {n: getattr(eng.OrtBinding, n) for n in ("bind_in_place", "bind_input", "run")}
 
-    def bind_in_place(self, input_name, output_name, array):  # noqa: ANN001, ANN202
+    def bind_in_place(self, input_name, output_name, array, capacity=None):  # noqa: ANN001, ANN202
         bound[id(self)][input_name] = tuple(array.shape)
-        return originals["bind_in_place"](self, input_name, output_name, array)
+        return originals["bind_in_place"](self, input_name, output_name, array, capacity)
 
     def bind_input(self, name, array):  # noqa: ANN001, ANN202
         bound[id(self)][name] = tuple(array.shape)
