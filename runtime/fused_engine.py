@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeomni.graph_schema.state import StateTensor, kv_tensors
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
 from edgeomni.runtime.engine_api import EngineBase, EngineError, parse_device
@@ -144,15 +145,18 @@ def _names(spec: FusedSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
         outputs.append("hidden_states")
     if spec.last_hidden:
         outputs.append("last_hidden")
-    kv = [f"{{}}_{kind}_{i}" for i in range(spec.layers) for kind in ("key", "value")]
-    return (tuple(inputs + [n.format("past") for n in kv]),
-            tuple(outputs + [n.format("present") for n in kv]))  # fmt: skip
+    state = _state(spec)
+    return tuple(inputs + [t.input for t in state]), tuple(outputs + [t.output for t in state])
+
+
+def _state(spec: FusedSpec) -> list[StateTensor]:
+    """Its row state: the KV cache the ONNX build of the same decoder declares."""
+    return kv_tensors(spec.layers, spec.kv_heads, spec.head_dim, np.dtype(spec.dtype).name)
 
 
 # export/common/sampler.py's names (that module needs torch; the runtime does not)
 SAMPLER_INPUTS = ("sample_uniform", "sample_temperature", "sample_top_k", "sample_top_p")
 SAMPLER_OUTPUTS = ("sampled_ids", "sampled_embeds")
-KV_PREFIXES = ("past_key_", "past_value_", "present_key_", "present_value_")
 
 
 def io_types(
@@ -170,6 +174,7 @@ def io_types(
             "sample_top_k": np.dtype(np.int64), "sample_top_p": np.dtype(np.float64),
             "sampled_ids": np.dtype(np.int64)}  # fmt: skip
     cache = ("batch", spec.kv_heads, "capacity", spec.head_dim)
+    state = {n for t in _state(spec) for n in (t.input, t.output)}
     shapes: dict[str, tuple[Any, ...]] = {
         "logits": ("batch", spec.vocab), "topk_values": ("batch", spec.topk),
         "topk_indices": ("batch", spec.topk), "hidden_states": ("batch", "seq", spec.hidden),
@@ -178,10 +183,10 @@ def io_types(
     }  # fmt: skip
 
     def kind(name: str, default: np.dtype) -> np.dtype:
-        return kv if name.startswith(KV_PREFIXES) else ints.get(name, default)
+        return kv if name in state else ints.get(name, default)
 
     return ({n: kind(n, floats) for n in inputs}, {n: kind(n, kv) for n in outputs},
-            {n: cache if n.startswith(KV_PREFIXES) else shapes[n] for n in outputs})  # fmt: skip
+            {n: cache if n in state else shapes[n] for n in outputs})  # fmt: skip
 
 
 class FusedEngine(EngineBase):
