@@ -9,11 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.plugins import attention, moe, quant_linear, quant_moe, rotary
+from edgeomni.plugins import attention, gated_delta, moe, quant_linear, quant_moe, rotary
 
 # op_type -> {backend -> lowering(node, ctx) -> replacement nodes}
 PLUGINS: dict[str, dict[str, Callable[[Any, LoweringContext], list[Any]]]] = {
     attention.OP_TYPE: attention.LOWERINGS,
+    gated_delta.CONV_OP_TYPE: gated_delta.CONV_LOWERINGS,
+    gated_delta.RULE_OP_TYPE: gated_delta.RULE_LOWERINGS,
     moe.OP_TYPE: moe.LOWERINGS,
     quant_linear.OP_TYPE: quant_linear.LOWERINGS,
     quant_moe.OP_TYPE: quant_moe.LOWERINGS,

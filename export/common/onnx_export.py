@@ -68,7 +68,7 @@ def export_onnx(
     """
     import torch
 
-    from edgeomni.plugins import attention, moe, rotary
+    from edgeomni.plugins import attention, gated_delta, moe, rotary
 
     external = param_bytes(module) > EXTERNAL_DATA_BYTES
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,6 +87,7 @@ def export_onnx(
             dynamic_shapes=dynamic_shapes,
             custom_translation_table={
                 **attention.onnx_translation(),
+                **gated_delta.onnx_translation(),
                 **moe.onnx_translation(),
                 **rotary.onnx_translation(),
             },
