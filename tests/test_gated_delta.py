@@ -19,8 +19,9 @@ B, C, K = 3, 12, 4
 HK, HV, DK, DV = 2, 4, 8, 6
 F = TensorProto.FLOAT
 I32 = TensorProto.INT32
-# (S, query_lens): ragged prefill with an idle row, decode, decode with a row sitting out, chunk
-SCHEDULE = [(6, [6, 3, 0]), (1, [1, 1, 1]), (1, [1, 0, 1]), (3, [3, 2, 1])]
+# (S, query_lens): a ragged prefill longer than ONNX Runtime's 64-token chunk, with an idle row;
+# a short one; decode; decode with a row sitting out; a chunk after a past
+SCHEDULE = [(70, [70, 33, 0]), (6, [6, 3, 0]), (1, [1, 1, 1]), (1, [1, 0, 1]), (3, [3, 2, 1])]
 
 
 def rng_inputs(seed: int, s: int, b: int = B) -> dict[str, np.ndarray]:
