@@ -29,9 +29,10 @@ edgeomni::GatedDeltaRule
   L2-normalised per head first, x * rsqrt(sum(x^2) + 1e-6), transformers' l2norm), ``scale``
   (0: 1/sqrt(dk)).
 
-Lowerings (ONNX Runtime). Kernels in 1.32: GatedDeltaNet has CPU and CUDA (and WebGPU) kernels;
-CausalConvWithState and LinearAttention are registered for the CPU provider here (their docs
-mention CUDA-only paths; only CPU is tested).
+Lowerings (ONNX Runtime). Kernels in 1.32: the CPU provider has GatedDeltaNet,
+CausalConvWithState and LinearAttention (get_all_opkernel_def); GatedDeltaNet's schema names CPU,
+CUDA and WebGPU kernels, and CausalConvWithState's has CUDA-only attributes, so it has a CUDA
+kernel too. Only the CPU provider and float32 are tested here.
 - CausalConvState: com.microsoft::CausalConvWithState (channels_last=1) for ``y``; its own
   present_state is the state after the last of all S positions, padding included, so the
   per-row state is a GatherND over concat(past, x) instead (plain ops).

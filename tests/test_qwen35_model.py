@@ -215,3 +215,15 @@ def test_tensorrt_lowering_runs_as_the_module(exported: tuple) -> None:
                 for old, new in zip(before, states, strict=True):
                     np.testing.assert_array_equal(old[b], new[b])
             past[b] += len(tokens)
+
+
+def test_mrope_matches_transformers_with_distinct_axes() -> None:
+    """Interleaved MRoPE over the rotary part: cos/sin as transformers' for t/h/w positions that
+    differ (a vision grid's), not only text's equal ones."""
+    hf, config = tiny(tie=False, seed=3)
+    module = qm.load_qwen35(hf.state_dict(), config)
+    positions = torch.randint(0, 500, (3, 2, 7))
+    cos, sin = module.model.rotary(positions)
+    hf_cos, hf_sin = hf.model.rotary_emb(torch.zeros(1, dtype=torch.float32), positions)
+    torch.testing.assert_close(cos, hf_cos, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sin, hf_sin, atol=1e-6, rtol=0)
