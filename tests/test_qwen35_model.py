@@ -15,6 +15,7 @@ import torch
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 from edgeomni.export.common.checkpoint import CheckpointError
+from edgeomni.export.common.onnx_export import export_causal_lm
 from edgeomni.export.families.qwen3_5 import model as qm
 from edgeomni.plugins import lower_model
 
@@ -44,8 +45,7 @@ def tiny(tie: bool, seed: int) -> tuple[Qwen3_5ForCausalLM, dict[str, Any]]:
 
 
 def zero_states(module: qm.Qwen35CausalLM, batch: int) -> list[torch.Tensor]:
-    return [torch.zeros(batch, *(CAPACITY if d == "capacity" else d for d in s["shape"]))
-            for s in module.state_specs()]  # fmt: skip
+    return [torch.zeros(batch, *t.row_shape(CAPACITY)) for t in module.state_tensors()]
 
 
 def call_inputs(hf: Qwen3_5ForCausalLM, rows: list[list[int]], past: list[int]) -> tuple:
@@ -108,7 +108,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     """(transformers' model, our module, its ONNX path), exported once for the module."""
     hf, config = tiny(tie=False, seed=1)  # (tied, a random model repeats its last token)
     module = qm.load_qwen35(hf.state_dict(), config)
-    path = qm.export_qwen35(module, tmp_path_factory.mktemp("qwen35") / "qwen35.onnx")
+    path = export_causal_lm(module, tmp_path_factory.mktemp("qwen35") / "qwen35.onnx")
     graph = onnx.load(str(path))
     plugin_ops = {n.op_type for n in graph.graph.node if n.domain == "edgeomni"}
     assert plugin_ops == {"CachedAttention", "Rotary", "CausalConvState", "GatedDeltaRule"}
@@ -179,7 +179,7 @@ def test_config_and_prefix_of_conditional_generation() -> None:
     cfg = module.cfg
     assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",)
     assert (cfg.rotary_dim, cfg.mrope_section, cfg.conv_dim) == (8, (2, 1, 1), 64)
-    specs = module.state_specs()
+    specs = [t.describe() for t in module.state_tensors()]
     assert [s["name"] for s in specs] == ["conv_0", "recurrent_0", "conv_1", "recurrent_1",
                                           "conv_2", "recurrent_2", "key_3", "value_3"]  # fmt: skip
     assert specs[0] == {"name": "conv_0", "kind": "conv", "input": "past_conv_0",

@@ -28,6 +28,7 @@ from edgeomni.export.common.checkpoint import CheckpointError
 from edgeomni.export.common.config_values import attention_dims, integer, number
 from edgeomni.export.common.decoder import MLP, RMSNorm, RotaryEmbedding
 from edgeomni.export.common.text_config import rope
+from edgeomni.graph_schema.state import StateTensor, kv_tensors
 from edgeomni.plugins import attention as attention_plugin
 from edgeomni.plugins import gated_delta
 from edgeomni.plugins import rotary as rotary_plugin
@@ -73,6 +74,9 @@ class Qwen35Config:
     linear_k_dim: int
     linear_v_dim: int
     tie_word_embeddings: bool = False
+    # what the exporter (onnx_export.export_causal_lm) reads of any decoder's config: none
+    deepstack_layers: int = 0
+    lm_heads: int = 1
 
     @property
     def num_layers(self) -> int:
@@ -268,7 +272,7 @@ class Qwen35Body(nn.Module):
 class Qwen35CausalLM(nn.Module):
     """Inputs: inputs_embeds [B, S, H], position_ids int64 [3, B, S], past_lens / query_lens
     int32 [B], last_indices int64 [B], then two state tensors per layer in layer order
-    (state_specs). Outputs: logits [B, V], then the present states in the same order."""
+    (state_tensors). Outputs: logits [B, V], then the present states in the same order."""
 
     def __init__(self, cfg: Qwen35Config) -> None:
         super().__init__()
@@ -297,71 +301,31 @@ class Qwen35CausalLM(nn.Module):
         last = torch.gather(h, 1, last_indices.view(b, 1, 1).expand(b, 1, hidden)).squeeze(1)
         return (last @ self.lm_head_t, *presents)
 
-    def state_specs(self) -> list[dict[str, Any]]:
-        """One entry per state tensor, in input order: what the runtime allocates and binds."""
+    def state_tensors(self) -> list[StateTensor]:
+        """Its declared row state (graph_schema.state), in input order: a full-attention
+        layer's key and value (kv), a DeltaNet layer's conv columns and recurrent state (float32
+        whatever the weights: the recurrence is where reduced precision hurts most)."""
         cfg = self.cfg
         dtype = str(self.lm_head_t.dtype).removeprefix("torch.")
-        out: list[dict[str, Any]] = []
+        out: list[StateTensor] = []
         for i, kind in enumerate(cfg.layer_types):
             if kind == FULL:
-                kv = [cfg.num_kv_heads, "capacity", cfg.head_dim]
-                parts = [("key", "kv", kv, dtype), ("value", "kv", kv, dtype)]
-                lengths = ["past_lens", "query_lens"]
-            else:
-                hv = cfg.linear_v_heads
-                parts = [("conv", "conv", [cfg.conv_dim, cfg.conv_kernel - 1], dtype),
-                         ("recurrent", "recurrent",
-                          [hv, cfg.linear_v_dim, cfg.linear_k_dim], "float32")]  # fmt: skip
-                lengths = ["query_lens"]
-            out += [{"name": f"{name}_{i}", "kind": kind_, "input": f"past_{name}_{i}",
-                     "output": f"present_{name}_{i}", "shape": shape, "dtype": dt,
-                     "lengths": list(lengths)} for name, kind_, shape, dt in parts]  # fmt: skip
+                out += kv_tensors(1, cfg.num_kv_heads, cfg.head_dim, dtype, ids=(i,))
+                continue
+            hv = cfg.linear_v_heads
+            out += [
+                StateTensor(f"conv_{i}", "conv", f"past_conv_{i}", f"present_conv_{i}",
+                            (cfg.conv_dim, cfg.conv_kernel - 1), dtype, ("query_lens",)),
+                StateTensor(f"recurrent_{i}", "recurrent", f"past_recurrent_{i}",
+                            f"present_recurrent_{i}", (hv, cfg.linear_v_dim, cfg.linear_k_dim),
+                            "float32", ("query_lens",)),
+            ]  # fmt: skip
         return out
 
     def io_names(self) -> tuple[list[str], list[str]]:
-        specs = self.state_specs()
+        state = self.state_tensors()
         inputs = ["inputs_embeds", "position_ids", "past_lens", "query_lens", "last_indices"]
-        return inputs + [s["input"] for s in specs], ["logits"] + [s["output"] for s in specs]
-
-    def example_inputs(self, batch: int = 2, seq: int = 3, capacity: int = 8) -> tuple[Any, ...]:
-        """Zero states and a full prefill, at sizes of at least 2 (torch.export specialises 1)."""
-        cfg = self.cfg
-        dtype = self.lm_head_t.dtype
-        types = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-        states = [
-            torch.zeros(batch, *(capacity if d == "capacity" else d for d in s["shape"]),
-                        dtype=types[s["dtype"]])
-            for s in self.state_specs()
-        ]  # fmt: skip
-        return (
-            torch.zeros(batch, seq, cfg.hidden_size, dtype=dtype),
-            torch.arange(seq).repeat(3, batch, 1),
-            torch.zeros(batch, dtype=torch.int32),
-            torch.full((batch,), seq, dtype=torch.int32),
-            torch.full((batch,), seq - 1, dtype=torch.int64),
-            *states,
-        )
-
-    def dynamic_shapes(self) -> tuple[Any, ...]:
-        """torch.export's dims for example_inputs: batch, sequence, and the KV capacity."""
-        from torch.export import Dim
-
-        batch, seq, capacity = Dim("batch"), Dim("seq"), Dim("capacity")
-        states = tuple({0: batch, 2: capacity} if s["kind"] == "kv" else {0: batch}
-                       for s in self.state_specs())  # fmt: skip
-        return ({0: batch, 1: seq}, {1: batch, 2: seq}, {0: batch}, {0: batch}, {0: batch},
-                states)  # fmt: skip
-
-
-def export_qwen35(module: Qwen35CausalLM, path: Any) -> Any:
-    """Export with dynamic batch, sequence and KV capacity (onnx_export.export_onnx)."""
-    from pathlib import Path
-
-    from edgeomni.export.common.onnx_export import export_onnx
-
-    inputs, outputs = module.io_names()
-    return export_onnx(module, module.example_inputs(), Path(path), input_names=inputs,
-                       output_names=outputs, dynamic_shapes=module.dynamic_shapes())  # fmt: skip
+        return inputs + [t.input for t in state], ["logits"] + [t.output for t in state]
 
 
 GetTensor = Callable[[str], torch.Tensor]
