@@ -28,27 +28,11 @@ LENGTHS = [3, 17, 6, 11, 2, 9]  # different output lengths: rows free up at diff
 
 
 @pytest.fixture(scope="module")
-def q35_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from edgeomni.export.families.qwen3_5.tiny import make_qwen3_5
-
-    return make_qwen3_5(tmp_path_factory.mktemp("qwen35") / "ckpt")
-
-
-@pytest.fixture(scope="module")
-def q35_engine(q35_ckpt: Path, exports: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from edgeomni.export.family import BuildArgs
-
-    engine = tmp_path_factory.mktemp("qwen35-engine") / "eng"
-    assert exports.build(q35_ckpt, engine, BuildArgs(3, 64, 128)) is not None
-    return engine
-
-
-@pytest.fixture(scope="module")
-def hf(q35_ckpt: Path) -> tuple[Any, Any]:
+def hf(qwen35_ckpt: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(q35_ckpt, dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(q35_ckpt)
+    model = AutoModelForCausalLM.from_pretrained(qwen35_ckpt, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(qwen35_ckpt)
 
 
 def hf_greedy(hf: tuple[Any, Any], prompt: str, max_new: int) -> list[int]:
@@ -76,16 +60,16 @@ def run(engine: Path, obj: dict, batch_size: int, batching: str = "inflight") ->
     return [o.entry["stages"]["llm"]["output_tokens"] for o in outcomes]
 
 
-def test_one_prompt_matches_transformers(q35_engine: Path, hf, tmp_path: Path) -> None:
+def test_one_prompt_matches_transformers(qwen35_engine: Path, hf, tmp_path: Path) -> None:
     pred = tmp_path / "p.json"
-    code = cli.main(["--config", str(q35_engine), "--prompt", PROMPTS[3], "--sampling",
+    code = cli.main(["--config", str(qwen35_engine), "--prompt", PROMPTS[3], "--sampling",
                      '{"top_k": 1}', "--max-generate-length", "24", "--output-file", str(pred)])  # fmt: skip
     assert code == cli.EXIT_OK
     entry = json.loads(pred.read_text())["responses"][0]
     assert entry["stages"]["llm"]["output_tokens"] == hf_greedy(hf, PROMPTS[3], 24)
 
 
-def test_requests_joining_and_leaving_match_transformers(q35_engine: Path, hf,
+def test_requests_joining_and_leaving_match_transformers(qwen35_engine: Path, hf,
                                                          monkeypatch) -> None:  # fmt: skip
     """Six prompts of different lengths through three rows (right-padded prefills, rows
     sitting steps out, rows moved down as the batch drains, rows reused by later requests):
@@ -101,12 +85,12 @@ def test_requests_joining_and_leaving_match_transformers(q35_engine: Path, hf,
 
     monkeypatch.setattr(DecoderStage, "move", move)
     expected = [hf_greedy(hf, p, n) for p, n in zip(PROMPTS, LENGTHS, strict=True)]
-    assert run(q35_engine, body(), 3) == expected
+    assert run(qwen35_engine, body(), 3) == expected
     assert moves, "the draining batch moved no row down"  # its states moved with it
-    assert run(q35_engine, body(), 3, "cohort") == expected
+    assert run(qwen35_engine, body(), 3, "cohort") == expected
 
 
-def test_a_reused_row_starts_from_zero_state(q35_engine: Path, hf, monkeypatch) -> None:
+def test_a_reused_row_starts_from_zero_state(qwen35_engine: Path, hf, monkeypatch) -> None:
     """The allocator zeroes a new request's recurrent and convolution rows: without that reset
     a request in a row an earlier one used continues the earlier state (llama.cpp shipped that
     bug), and its tokens are no longer transformers'."""
@@ -115,15 +99,33 @@ def test_a_reused_row_starts_from_zero_state(q35_engine: Path, hf, monkeypatch) 
     obj = body()
     expected = [hf_greedy(hf, p, n) for p, n in zip(PROMPTS, LENGTHS, strict=True)]
     monkeypatch.setattr(RowState, "reset_rows", lambda self, start, n=1: None)
-    assert run(q35_engine, obj, 1) != expected  # one row, reused by every request
+    assert run(qwen35_engine, obj, 1) != expected  # one row, reused by every request
 
 
-def test_the_declared_state_is_the_engines(q35_engine: Path) -> None:
+def test_the_declared_state_is_the_engines(qwen35_engine: Path) -> None:
     """config.json declares each DeltaNet layer's conv and recurrent state and each attention
     layer's KV, and --validate-config checks them against the model's inputs and outputs."""
-    cfg = json.loads((q35_engine / "config.json").read_text())
+    cfg = json.loads((qwen35_engine / "config.json").read_text())
     kinds = [(t["name"], t["kind"]) for t in cfg["state"]]
     assert kinds == [("conv_0", "conv"), ("recurrent_0", "recurrent"), ("conv_1", "conv"),
                      ("recurrent_1", "recurrent"), ("conv_2", "conv"),
                      ("recurrent_2", "recurrent"), ("key_3", "kv"), ("value_3", "kv")]  # fmt: skip
-    assert cli.main(["--config", str(q35_engine), "--validate-config"]) == cli.EXIT_OK
+    assert cli.main(["--config", str(qwen35_engine), "--validate-config"]) == cli.EXIT_OK
+
+
+def test_a_fused_build_says_it_builds_the_llm_for_onnx_runtime(qwen35_ckpt: Path, tmp_path,
+                                                                caplog) -> None:  # fmt: skip
+    """--backend fused has no kernels for the DeltaNet layers' state: the llm is built as
+    ``--backend onnxruntime --device cuda`` builds it, and the log and config.json say so."""
+    import logging
+
+    from edgeomni.builder.build import build
+    from edgeomni.export.family import BuildArgs
+
+    caplog.set_level(logging.INFO, logger="edge-build")
+    engine = tmp_path / "eng"
+    args = BuildArgs(2, 32, 64, backend="fused", device="cuda", dtype="float32")
+    assert build(qwen35_ckpt, engine, args) is not None
+    assert json.loads((engine / "config.json").read_text())["backend"] == "onnxruntime"
+    assert ("llm: onnxruntime (cuda), since the fused kernels do not cover it (its conv and "
+            "recurrent state has no fused kernels)") in caplog.text  # fmt: skip
