@@ -40,6 +40,9 @@ kernel too. Only the CPU provider and float32 are tested here.
   beta set to 0 at pad positions (exp(0) = 1, beta 0: an exact identity update). Its own
   ``qk_l2_norm=1`` does not use transformers' eps (measured: outputs off by 2e-2 for vectors of
   norm ~1e-3), so q and k are normalised by plain ops before it and the attribute stays 0.
+Both are safe bound in place (the runtime binds past and present state to one buffer): the
+past state is read by one node (a Transpose, or GatedDeltaNet itself, which reads the whole
+state before writing), and every write of the present depends on it.
 Lowerings (TensorRT): plain ONNX only, run by ONNX Runtime in the tests: the conv as K shifted
 multiply-adds in the channels-last layout, the recurrence as a Loop over S of MatMuls on a
 float32 state.
@@ -369,7 +372,10 @@ def _conv_present(b: _Builder, seq: str, query_lens: str, kernel_size: int, out:
 # ---------------------------------------------------------------------------------------------
 def lower_conv_onnxruntime(node: Any, ctx: Any) -> list[Any]:
     """com.microsoft::CausalConvWithState for y (channels last, its state [B, K-1, C]); the
-    per-row present_state gathered from concat(past, x), which the contrib op cannot give."""
+    per-row present_state gathered from concat(past, x), which the contrib op cannot give. An
+    ONNX Runtime before 1.32 (``gated_delta_net`` False) gets the plain lowering."""
+    if not ctx.options.get("gated_delta_net", True):
+        return lower_conv_tensorrt(node, ctx)
     attrs = _attrs(node)
     x, weight, past, query_lens = node.input
     k = int(attrs["kernel_size"])
@@ -434,7 +440,10 @@ def _rule_inputs(node: Any, ctx: Any, b: _Builder) -> tuple[str, str, str, str, 
 
 
 def lower_rule_onnxruntime(node: Any, ctx: Any) -> list[Any]:
-    """com.microsoft::GatedDeltaNet (rank-4 spelling, gate and beta activations none)."""
+    """com.microsoft::GatedDeltaNet (rank-4 spelling, gate and beta activations none); before
+    ONNX Runtime 1.32 (``gated_delta_net`` False), the plain lowering."""
+    if not ctx.options.get("gated_delta_net", True):
+        return lower_rule_tensorrt(node, ctx)
     b = _Builder(ctx, "gdn_rule")
     q4, k4, v4, g_m, beta_m, attrs = _rule_inputs(node, ctx, b)
     extra = {"scale": float(attrs["scale"])} if attrs.get("scale") else {}

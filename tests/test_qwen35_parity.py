@@ -129,3 +129,23 @@ def test_a_fused_build_says_it_builds_the_llm_for_onnx_runtime(qwen35_ckpt: Path
     assert json.loads((engine / "config.json").read_text())["backend"] == "onnxruntime"
     assert ("llm: onnxruntime (cuda), since the fused kernels do not cover it (its conv and "
             "recurrent state has no fused kernels)") in caplog.text  # fmt: skip
+
+
+def test_an_onnxruntime_without_the_deltanet_kernels_is_refused(qwen35_engine: Path,
+                                                                qwen3_engine: Path,
+                                                                monkeypatch) -> None:  # fmt: skip
+    """The engine records that its lowering uses GatedDeltaNet and CausalConvWithState (ONNX
+    Runtime 1.32); an older onnxruntime is refused before loading, naming both, while an engine
+    without DeltaNet layers records nothing of them."""
+    import onnxruntime
+
+    from edgeomni.runtime.engine import EngineError, check_engine
+
+    cfg = json.loads((qwen35_engine / "config.json").read_text())
+    assert cfg["lowering"]["gated_delta_net"] is True
+    qwen3 = json.loads((qwen3_engine / "config.json").read_text())
+    assert "gated_delta_net" not in qwen3["lowering"]
+    monkeypatch.setattr(onnxruntime, "__version__", "1.31.1")
+    with pytest.raises(EngineError, match="needs 1.32 or later \\(.*GatedDeltaNet and "
+                                          "CausalConvWithState"):  # fmt: skip
+        check_engine(qwen35_engine, cfg)
