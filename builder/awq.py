@@ -145,8 +145,9 @@ def _feeds(session: Any, embeds: np.ndarray, n: int) -> dict[str, np.ndarray]:
             feeds[i.name] = np.full(1, n - 1, dtype)
         elif i.name == "deepstack_embeds":  # no image in calibration text: zeros, as at run time
             feeds[i.name] = np.zeros((i.shape[0], 1, n, embeds.shape[-1]), dtype)
-        else:  # past_key_i / past_value_i [1, Hkv, C, D]: an empty cache of n slots
-            feeds[i.name] = np.zeros((1, i.shape[1], n, i.shape[3]), dtype)
+        else:  # a state input, one empty row: a KV cache's capacity (its dynamic axis) n slots
+            feeds[i.name] = np.zeros([1, *(d if isinstance(d, int) else n for d in i.shape[1:])],
+                                     dtype)  # fmt: skip
     return feeds
 
 

@@ -55,6 +55,9 @@ def uncovered(decoder: ExportedDecoder | None) -> str | None:
 
     if decoder is None:
         return "not a decoder"
+    kinds = sorted({t.kind for t in decoder.module.state_tensors()} - {"kv"})
+    if kinds:  # Qwen3.5's Gated DeltaNet layers, say
+        return f"its {' and '.join(kinds)} state has no fused kernels"
     if decoder.sampler_tables is not None and decoder.float32_embeds:
         return "its in-engine sampler feeds float32 inputs"
     if not all(isinstance(layer.mlp, MLP) for layer in decoder.module.model.layers):

@@ -41,7 +41,7 @@ def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]:
     if args.device == "cuda":
         return _save_for_cuda(raw, out_path, args)
     model = onnx.load(str(raw), load_external_data=False)
-    options = {**onnxruntime_options(), **nbits_options(model, args.device)}
+    options = _used({**onnxruntime_options(), **nbits_options(model, args.device)}, model)
     lower_model(model, "onnxruntime", options)
     lowered = raw.with_name(raw.stem + ".lowered.onnx")
     onnx.save(model, str(lowered))  # external tensors keep pointing at raw's data file
@@ -63,6 +63,18 @@ def build_engine(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]:
         raise BuildError(f"ONNX Runtime could not build {out_path.name}: {e}") from None
     if not out_path.is_file():
         raise BuildError(f"ONNX Runtime wrote no optimised model to {out_path}")
+    return options
+
+
+def _used(options: dict[str, Any], model: Any) -> dict[str, Any]:
+    """The options without ``gated_delta_net`` where the model has no DeltaNet op: the engine
+    config records what its lowering used, and the runtime refuses an onnxruntime too old for
+    it (engine._check_lowering)."""
+    from edgeomni.plugins import gated_delta
+
+    ops = (gated_delta.RULE_OP_TYPE, gated_delta.CONV_OP_TYPE)
+    if not any(n.op_type in ops for n in model.graph.node):
+        options.pop("gated_delta_net", None)
     return options
 
 
@@ -107,7 +119,7 @@ def _save_for_cuda(raw: Path, out_path: Path, args: BuildArgs) -> dict[str, Any]
     from edgeomni.plugins import lower_model
 
     model = onnx.load(str(raw))  # external weights in, so they can be written beside the engine
-    options = {**cuda_lowering(model), **nbits_options(model, "cuda")}
+    options = _used({**cuda_lowering(model), **nbits_options(model, "cuda")}, model)
     lower_model(model, "onnxruntime", options)
     options["fused_residual_norms"] = fuse_residual_rms_norm(model)
     if options.get("qk_norm_attention"):  # 1-D RoPE decoders (LLMs, Qwen3-Omni's code predictor)

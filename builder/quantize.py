@@ -38,7 +38,9 @@ from edgeomni.builder.errors import BuildError
 log = logging.getLogger("edge-build")
 METHODS = ("int4_rtn", "int4_awq")
 GROUP_SIZES = (32, 64, 128)
-KV_CACHE_INPUT = "past_key_0"  # the runtime's name for a decoder's first cache input
+# what every decoder takes (the cache lengths its state is read and advanced by): a decoder's
+# linears are quantized, an encoder's only on request
+DECODER_INPUT = "past_lens"
 LOGITS = "logits"
 # A quantized graph is saved with its weights inline below this size (protobuf stops at 2 GB).
 INLINE_BYTES = 1 << 30
@@ -64,8 +66,9 @@ class Quantization:
 
 
 def is_decoder(model: Any) -> bool:
-    """A component with a KV cache (the runtime binds ``past_key_0`` and up)."""
-    return any(i.name == KV_CACHE_INPUT for i in model.graph.input)
+    """A decoder: a component whose calls continue from a row state (``past_lens``), whatever
+    its state is (a KV cache, a linear-attention layer's)."""
+    return any(i.name == DECODER_INPUT for i in model.graph.input)
 
 
 def lm_head_weight(model: Any) -> str | None:

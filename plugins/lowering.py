@@ -9,11 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.plugins import attention, moe, quant_linear, quant_moe, rotary
+from edgeomni.plugins import attention, gated_delta, moe, quant_linear, quant_moe, rotary
 
 # op_type -> {backend -> lowering(node, ctx) -> replacement nodes}
 PLUGINS: dict[str, dict[str, Callable[[Any, LoweringContext], list[Any]]]] = {
     attention.OP_TYPE: attention.LOWERINGS,
+    gated_delta.CONV_OP_TYPE: gated_delta.CONV_LOWERINGS,
+    gated_delta.RULE_OP_TYPE: gated_delta.RULE_LOWERINGS,
     moe.OP_TYPE: moe.LOWERINGS,
     quant_linear.OP_TYPE: quant_linear.LOWERINGS,
     quant_moe.OP_TYPE: quant_moe.LOWERINGS,
@@ -86,7 +88,9 @@ def onnxruntime_options(version: str | None = None) -> dict[str, Any]:
 
     GroupQueryAttention takes per-row query lengths (``query_seqlens``) from 1.32 on; before,
     a call with past context and several new tokens must be a batch of one. From 1.31 on its
-    CUDA kernel applies per-head q/k RMS norms itself (``q_norm_weight``/``k_norm_weight``)."""
+    CUDA kernel applies per-head q/k RMS norms itself (``q_norm_weight``/``k_norm_weight``).
+    GatedDeltaNet and CausalConvWithState (Qwen3.5's DeltaNet layers) are in 1.32 (before, the
+    DeltaNet ops lower to plain ONNX: plugins/gated_delta.py)."""
     if version is None:
         import onnxruntime
 
@@ -95,6 +99,7 @@ def onnxruntime_options(version: str | None = None) -> dict[str, Any]:
     return {
         "gqa_query_seqlens": (major, minor) >= (1, 32),
         "qk_norm_attention": (major, minor) >= (1, 31),
+        "gated_delta_net": (major, minor) >= (1, 32),
         "onnxruntime": version,
     }
 

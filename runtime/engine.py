@@ -449,15 +449,18 @@ def _check_lowering(folder: Path, lowering: Mapping[str, Any]) -> None:
         needs.append(((1, 32), "GroupQueryAttention's query_seqlens"))
     if lowering.get("fused_attention_prologue"):
         needs.append(((1, 31), "GroupQueryAttention's q/k norm inputs"))
+    if lowering.get("gated_delta_net"):
+        needs.append(((1, 32), "GatedDeltaNet and CausalConvWithState"))
     if not needs:
         return
     import onnxruntime as ort
 
     have = tuple(int(x) for x in ort.__version__.split(".")[:2])
-    for need, what in needs:
-        if have < need:
-            raise EngineError(
-                f"{folder}: this engine was built with onnxruntime {lowering.get('onnxruntime')} "
-                f"and needs {need[0]}.{need[1]} or later ({what}); this is {ort.__version__}. "
-                "Rebuild it with the onnxruntime you deploy installed."
-            )
+    unmet = [(need, what) for need, what in needs if have < need]
+    if unmet:  # all of what it needs, in one message
+        need = max(n for n, _ in unmet)
+        raise EngineError(
+            f"{folder}: this engine was built with onnxruntime {lowering.get('onnxruntime')} "
+            f"and needs {need[0]}.{need[1]} or later ({'; '.join(w for _, w in unmet)}); this "
+            f"is {ort.__version__}. Rebuild it with the onnxruntime you deploy installed."
+        )

@@ -135,6 +135,7 @@ TINY = {
     "omni": ("edgeomni.export.tiny_omni", "make_qwen3_omni", 3, 128, 256),
     "vl": ("edgeomni.export.tiny_vl", "make_qwen3_vl", 3, 256, 384),
     "asr": ("edgeomni.export.tiny_asr", "make_qwen3_asr", 3, 128, 256),
+    "qwen35": ("edgeomni.export.families.qwen3_5.tiny", "make_qwen3_5", 3, 64, 128),
 }
 
 
@@ -158,6 +159,7 @@ qwen3_ckpt, qwen3_engine = _tiny_fixtures("qwen3")
 omni_ckpt, omni_engine = _tiny_fixtures("omni")
 vl_ckpt, vl_engine = _tiny_fixtures("vl")
 asr_ckpt, asr_engine = _tiny_fixtures("asr")
+qwen35_ckpt, qwen35_engine = _tiny_fixtures("qwen35")
 
 
 @pytest.fixture(scope="session")

@@ -302,3 +302,30 @@ def test_int4_encoders_estimate_matches_the_build(omni_ckpt: Path, exports, tmp_
                      str(tmp_path / "a.wav"), "--image", str(tmp_path / "i.png"),
                      "--max-generate-length", "4"])  # fmt: skip
     assert code == cli.EXIT_OK
+
+
+@pytest.mark.parametrize("quantization", [None, "int4_rtn"])
+def test_qwen35_estimate_matches_the_build(qwen35_ckpt: Path, exports, tmp_path,
+                                           quantization: str | None) -> None:  # fmt: skip
+    """Qwen3.5 (DeltaNet and attention layers): the engine's weights and the tables as built,
+    and the state the runtime allocates (each DeltaNet layer's conv and recurrent rows, each
+    attention layer's KV) equal to the estimate's and the footprint's; the total within 2%."""
+    from edgeomni.runtime.footprint import footprint
+    from edgeomni.runtime.pipeline import Pipeline
+
+    args = BuildArgs(max_batch_size=3, max_input_len=64, max_kv_cache_capacity=128,
+                     quantization=quantization, group_size=32)  # fmt: skip
+    engine = tmp_path / "eng"
+    assert exports.build(qwen35_ckpt, engine, args) is not None
+    rows = compare(qwen35_ckpt, engine, args, tmp_path)
+    assert_close(rows, ["llm"])
+    ckpt = open_checkpoint(qwen35_ckpt)
+    hooks = family_for(ckpt.model_type).hooks()
+    (row,) = estimate.estimate(ckpt, hooks, hooks.components(ckpt), args)
+    runner = Pipeline(engine).runner("llm")
+    assert row.kv_bytes == runner.state.nbytes() == footprint(engine)["."]["kv_cache_bytes"]
+    kinds = {t.kind for t in runner.state.tensors}
+    assert kinds == {"kv", "conv", "recurrent"}
+    _, weights, _, tables = rows["llm"]
+    built = weights + tables + runner.state.nbytes()
+    assert abs(row.total / built - 1) < 0.02, (row.total, built)

@@ -169,7 +169,7 @@ def test_reference_is_moe_of_the_dequantized_experts() -> None:
 
 def toy_decoder(inter: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """x -> router MatMul -> edgeomni::MoE(x, logits, fc1, fc2) -> y, with a KV cache input."""
-    from edgeomni.builder.quantize import KV_CACHE_INPUT
+    from edgeomni.builder.quantize import DECODER_INPUT
 
     rng = np.random.default_rng(7)
     w = {"router": rng.standard_normal((H, E)).astype(np.float32),
@@ -182,7 +182,7 @@ def toy_decoder(inter: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
                          domain=moe.DOMAIN, top_k=2, normalize_routing=0),
     ]  # fmt: skip
     graph = helper.make_graph(
-        nodes, "toy", [vi("x", f, [None, H]), vi(KV_CACHE_INPUT, f, [1])], [vi("y", f, [None, H])],
+        nodes, "toy", [vi("x", f, [None, H]), vi(DECODER_INPUT, f, [1])], [vi("y", f, [None, H])],
         [onnx.numpy_helper.from_array(v, k) for k, v in w.items()],
     )  # fmt: skip
     opsets = [helper.make_opsetid("", 23), helper.make_opsetid(moe.DOMAIN, 1)]

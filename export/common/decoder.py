@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from edgeomni.export.common.checkpoint import CheckpointError
-from edgeomni.graph_schema.state import kv_tensors
+from edgeomni.graph_schema.state import StateTensor, kv_tensors
 from edgeomni.plugins import attention as attention_plugin
 from edgeomni.plugins import rotary as rotary_plugin
 
@@ -287,10 +287,16 @@ class CausalLM(nn.Module):
             )
         return (last @ head, *extra, *presents)
 
+    def state_tensors(self) -> list[StateTensor]:
+        """Its declared row state (graph_schema.state): a key and a value per layer, in the
+        parameters' dtype; the inputs after the others, in this order."""
+        cfg = self.cfg
+        dtype = str(self.lm_head_t.dtype).removeprefix("torch.")
+        return kv_tensors(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+
     def io_names(self) -> tuple[list[str], list[str]]:
         cfg = self.cfg
-        n = cfg.num_layers
-        state = kv_tensors(n, cfg.num_kv_heads, cfg.head_dim, "float32")
+        state = self.state_tensors()
         kv_in, kv_out = [t.input for t in state], [t.output for t in state]
         inputs = ["inputs_embeds", "position_ids", "past_lens", "query_lens", "last_indices"]
         if cfg.lm_heads > 1:
@@ -339,6 +345,9 @@ class WithTopK(nn.Module):
         values, indices = torch.topk(scores, self.k, dim=-1)
         return (logits, values, indices, *rest)
 
+    def state_tensors(self) -> list[StateTensor]:
+        return self.inner.state_tensors()  # type: ignore[no-any-return]
+
     def io_names(self) -> tuple[list[str], list[str]]:
         inputs, (logits, *rest) = self.inner.io_names()
         return inputs, [logits, "topk_values", "topk_indices", *rest]
@@ -374,6 +383,9 @@ class Float32Embeds(nn.Module):
             rest_in[self._deep] = rest_in[self._deep].to(self.dtype)
         lengths = (position_ids, past_lens, query_lens, last_indices)
         return self.inner(inputs_embeds.to(self.dtype), *lengths, *rest_in)
+
+    def state_tensors(self) -> list[StateTensor]:
+        return self.inner.state_tensors()  # type: ignore[no-any-return]
 
     def io_names(self) -> tuple[list[str], list[str]]:
         return self.inner.io_names()

@@ -68,7 +68,7 @@ def export_onnx(
     """
     import torch
 
-    from edgeomni.plugins import attention, moe, rotary
+    from edgeomni.plugins import attention, gated_delta, moe, rotary
 
     external = param_bytes(module) > EXTERNAL_DATA_BYTES
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,6 +87,7 @@ def export_onnx(
             dynamic_shapes=dynamic_shapes,
             custom_translation_table={
                 **attention.onnx_translation(),
+                **gated_delta.onnx_translation(),
                 **moe.onnx_translation(),
                 **rotary.onnx_translation(),
             },
@@ -106,7 +107,8 @@ def export_causal_lm(
     sampler_tables: Any = None,
     float32_embeds: bool = False,
 ) -> Path:
-    """Export a decoder.CausalLM with dynamic batch, sequence and cache capacity; with
+    """Export a decoder (decoder.CausalLM, or a family's own with the same inputs, outputs and
+    ``state_tensors``) with dynamic batch, sequence and cache capacity; with
     ``logits_topk`` the engine also outputs each row's top-K (decoder.WithTopK). With
     ``sampler_tables`` [heads, V, H] (a multi-head decoder) it also draws each row's next id
     from a top-K of ``logits_topk`` or 64 and outputs its embedding (sampler.WithSampler).
@@ -148,12 +150,17 @@ def export_causal_lm(
         torch.full((b,), s, dtype=torch.int32),
         torch.full((b,), s - 1, dtype=torch.int64),
     )
+    # the module's declared state, each tensor of b rows (a kv tensor's capacity c)
+    state = module.state_tensors()
+    dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     rest: tuple[Any, ...] = tuple(
-        torch.zeros(b, cfg.num_kv_heads, c, cfg.head_dim, dtype=dtype)
-        for _ in range(2 * cfg.num_layers)
+        torch.zeros(b, *t.row_shape(c), dtype=dtypes[t.dtype]) for t in state
     )
     batch, seq, capacity = Dim("batch"), Dim("seq"), Dim("capacity")
-    rest_shapes: tuple[Any, ...] = tuple({0: batch, 2: capacity} for _ in rest)
+    rest_shapes: tuple[Any, ...] = tuple(
+        {0: batch} if t.capacity_axis is None else {0: batch, t.capacity_axis + 1: capacity}
+        for t in state
+    )
     if cfg.deepstack_layers:
         deep = torch.zeros(cfg.deepstack_layers, b, s, cfg.hidden_size, dtype=embeds_dtype)
         rest = (deep, *rest)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from edgeomni.export.common.decoder import CausalLM
+from edgeomni.graph_schema.state import StateTensor
 
 SAMPLER_INPUTS = ("sample_uniform", "sample_temperature", "sample_top_k", "sample_top_p")
 SAMPLER_OUTPUTS = ("sampled_ids", "sampled_embeds")
@@ -104,6 +105,9 @@ class WithSampler(nn.Module):
         # as the engine's output would add a copy); the runtime views it as [B, 1, H]
         embeds = self.tables.index_select(0, row)
         return (logits, values, indices, drawn, embeds, *presents)
+
+    def state_tensors(self) -> list[StateTensor]:
+        return self.inner.state_tensors()
 
     def io_names(self) -> tuple[list[str], list[str]]:
         inputs, (logits, *presents) = self.inner.io_names()
