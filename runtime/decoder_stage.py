@@ -1,11 +1,26 @@
 """The one decoder stage: every autoregressive model of a graph (the text model or thinker, the
 talkers) runs under the scheduler loop through it.
 
-A request holds a slot: a KV cache row, its own sampling settings and generator, its limits. It
-is prefilled into a free row while the others decode (each contiguous run of new rows one call),
-draws its first token there, and leaves the batch the step it finishes. A decode step calls
-rows [0, highest active]: a row that cannot step yet (a talker waiting for its thinker's next
-token) or is free sits the call out with query length 0, its cache untouched.
+A request holds a slot: a span of cache rows (one; two for classifier-free guidance), its own
+sampling settings and generator, its limits. It is prefilled into free rows while the others
+decode (each contiguous run of new rows one call), draws its first token there, and leaves the
+batch the step it finishes. A decode step calls rows [0, highest active]: a row that cannot step
+yet (a talker waiting for its thinker's next token) or is free sits the call out with query
+length 0, its cache untouched.
+
+Guidance (a spec's optional ``guidance(state) -> float | None`` hook: a request's scale, None
+for one row) gives a request two adjacent rows, its conditional prompt's first and its
+unconditional prompt's second, each with its own prompt length. Every step feeds both the
+same token, and one token is drawn per request from the guided logits
+
+    guided = uncond + scale * (cond - uncond)
+
+(``guide``), combined on the host from the two rows' full logits, or in the engine when it was
+exported with guidance (decoder.WithGuidance: inputs ``guidance_rows`` int64 [B], each row's
+unconditional row within the call, itself for an unguided row, and ``guidance_scale`` float32
+[B]; its ``logits``, and a top-K taken from them, are then a cond row's guided ones), so a
+GPU's top-K stays on the device. Sampling (runtime/sampling.py) draws from them as from any
+row's.
 
 What differs between models is a small spec (``DecoderSpec``): the prefill rows, the next
 step's inputs (a token's embedding; for a talker, its code predictor's frame, a per-step
@@ -29,17 +44,22 @@ from edgeomni.runtime.row_state import RowState
 from edgeomni.runtime.sampling import SamplingParams, StepLogits, log_softmax_top, sample_rows
 from edgeomni.runtime.stage import RequestState
 
-__all__ = ["DecoderSpec", "DecoderStage", "Slot", "StepPlan", "plan_step", "prefill_runs", "rows_of"]
+__all__ = ["GUIDANCE_INPUTS", "DecoderSpec", "DecoderStage", "Slot", "StepPlan", "guide",
+           "guidance_feeds", "plan_step", "prefill_runs", "rows_of", "span_logits"]  # fmt: skip
 
 _NONE = np.zeros(0, np.int64)
 D = TypeVar("D")  # a spec's own per-request data
+# the inputs of an engine that combines a guided span's logits itself (decoder.WithGuidance)
+GUIDANCE_INPUTS = ("guidance_rows", "guidance_scale")
 
 
 @dataclass
 class Slot(Generic[D]):
-    """One request decoding in one cache row. ``data`` is the spec's own (a prompt, a talker's
-    frames so far); ``history`` is what the repetition penalty sees: ``prefix`` ids (a text
-    model's prompt), then the tokens drawn."""
+    """One request decoding in a span of cache rows from ``row`` on (one; a guided request's
+    two: ``lengths`` gives each row's prompt positions, ``length`` being the first's, and
+    ``guidance`` its scale). ``data`` is the spec's own (a prompt, a talker's frames so far);
+    ``history`` is what the repetition penalty sees: ``prefix`` ids (a text model's prompt),
+    then the tokens drawn."""
 
     state: RequestState
     row: int
@@ -63,9 +83,20 @@ class Slot(Generic[D]):
     decode_engine_s: float = 0.0
     full_rows: int = 0  # rows whose full logits came to the host for it
     widest: int = 1  # the most rows that stepped together while it decoded
+    lengths: tuple[int, ...] = ()  # each row's prompt positions in a span (): ``length``'s row
+    guidance: float | None = None  # a guided span's scale (the stage sets it)
 
     def __post_init__(self) -> None:
         self.past = self.past or self.length
+
+    @property
+    def rows(self) -> int:
+        """The rows it holds from ``row`` on (scheduler.span)."""
+        return len(self.lengths) or 1
+
+    def pasts(self) -> list[int]:
+        """Each of its rows' cache length: every row of a span advances with the first."""
+        return [self.past + n - self.length for n in self.lengths or (self.length,)]
 
 
 @dataclass(frozen=True)
@@ -80,28 +111,31 @@ class StepPlan:
     past: np.ndarray  # int32 [width]
     deltas: np.ndarray  # int32 [width]: decode positions are past + delta
     query: np.ndarray  # int32 [width]: 1 for the rows that step
+    slots: tuple[int, ...] = ()  # the first rows of the slots that step (ascending)
 
 
 def plan_step(slots: Mapping[int, Slot[D]], can_step: Callable[[Slot[D]], bool]) -> StepPlan | None:
-    """The step of these active slots (by row) whose ``can_step(slot)`` holds; None: none."""
-    rows = sorted(r for r, s in slots.items() if can_step(s))
-    if not rows:
+    """The step of these active slots (by first row) whose ``can_step(slot)`` holds, each with
+    every row of its span; None: none."""
+    ready = sorted(r for r, s in slots.items() if can_step(s))
+    if not ready:
         return None
-    width = max(slots) + 1
+    width = max(r + s.rows for r, s in slots.items())
     past = np.zeros(width, np.int32)
     deltas = np.zeros(width, np.int32)
     for row, s in slots.items():
-        past[row], deltas[row] = s.past, s.delta
+        past[row : row + s.rows], deltas[row : row + s.rows] = s.pasts(), s.delta
+    rows = [r + i for r in ready for i in range(slots[r].rows)]
     query = np.zeros(width, np.int32)
     query[rows] = 1
-    return StepPlan(tuple(rows), width, past, deltas, query)
+    return StepPlan(tuple(rows), width, past, deltas, query, tuple(ready))
 
 
 def prefill_runs(slots: Sequence[Slot[D]]) -> list[list[Slot[D]]]:
     """New slots (by ascending row) in runs of contiguous rows: each run is one prefill call."""
     runs: list[list[Slot[D]]] = []
     for slot in slots:
-        if runs and slot.row == runs[-1][-1].row + 1:
+        if runs and slot.row == runs[-1][-1].row + runs[-1][-1].rows:
             runs[-1].append(slot)
         else:
             runs.append([slot])
@@ -112,7 +146,12 @@ class DecoderSpec(Protocol[D]):
     """A model's part of the decoder stage. ``outputs``: decode outputs (name -> shape after the
     batch axis), ``per_position`` those also [rows, S, ...]; ``prefill_fetch``: outputs read on
     the host after a prefill, with the top-K in one sync; ``consumes``: it takes its upstream
-    stage's events (a talker, its thinker's). ``D``: its slots' ``data``."""
+    stage's events (a talker, its thinker's). ``D``: its slots' ``data``.
+
+    Optional: ``guidance(state) -> float | None``, a request's guidance scale (None: it takes
+    one row). A guided request's slot, opened with two ``lengths``, holds its conditional
+    and unconditional rows; its ``prefill`` gives both rows' inputs, its ``inputs`` one row per
+    slot (both rows take it)."""
 
     stage_id: str
     engine: Engine
@@ -140,7 +179,8 @@ class DecoderSpec(Protocol[D]):
     def prefill(
         self, run: Sequence[Slot[D]]
     ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """A run of new rows' right-padded prefill: embeddings, positions, extra inputs."""
+        """A run of new slots' rows' right-padded prefill (a span's rows in order, each its
+        own prompt): embeddings, positions, extra inputs."""
         ...
 
     def prefilled(self, run: Sequence[Slot[D]], out: StepOutputs) -> None: ...
@@ -180,6 +220,8 @@ class DecoderStage(Generic[D]):
         self.consumes = spec.consumes
         self._last: StepOutputs | None = None  # the last decode step's outputs
         self._decode: dict[int, DecoderSession] = {}
+        # the engine combines guided spans itself (decoder.WithGuidance)
+        self.guides_in_graph = all(n in spec.engine.input_names for n in GUIDANCE_INPUTS)
 
     def _session(self, rows: int, first: int) -> DecoderSession:
         s = self.spec
@@ -194,7 +236,19 @@ class DecoderStage(Generic[D]):
             self._decode[rows] = self._session(rows, 0)
         return self._decode[rows]
 
+    def guidance(self, state: RequestState) -> float | None:
+        """The request's guidance scale (the spec's optional hook); None: one row."""
+        hook: Callable[[RequestState], float | None] | None = getattr(self.spec, "guidance", None)
+        return None if hook is None else hook(state)
+
+    def _feeds(self, slots: Sequence[Slot[D]], first: int, rows: int) -> dict[str, np.ndarray]:
+        return guidance_feeds(slots, first, rows) if self.guides_in_graph else {}
+
     # -- the scheduler's calls ---------------------------------------------------------------
+    def rows_for(self, state: RequestState) -> int:
+        """A guided request holds two rows, any other one."""
+        return 1 if self.guidance(state) is None else 2
+
     def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
         return self.spec.ready(state, upstream_done, events)
 
@@ -208,21 +262,29 @@ class DecoderStage(Generic[D]):
         """Prefill these requests into their rows (each contiguous run of rows one call) and
         draw each one's first token."""
         slots = self.spec.open(sorted(entries, key=lambda e: e[1]))
+        for slot in slots:
+            slot.guidance = self.guidance(slot.state)
+            if slot.rows != self.rows_for(slot.state):
+                raise ValueError(f"{self.stage_id}: a request of {self.rows_for(slot.state)} "
+                                 f"rows opened with {slot.rows}")  # fmt: skip
         for run in prefill_runs(slots):
-            self.spec.state.reset_rows(run[0].row, len(run))  # no earlier request's state
-            self._prefill(run)
+            rows = sum(s.rows for s in run)
+            self.spec.state.reset_rows(run[0].row, rows)  # no earlier request's state
+            self._prefill(run, rows)
         return slots
 
-    def _prefill(self, run: Sequence[Slot[D]]) -> None:
+    def _prefill(self, run: Sequence[Slot[D]], rows: int) -> None:
         embeds, positions, extra = self.spec.prefill(run)
-        lens = np.array([s.length for s in run], np.int32)
-        session = self._session(len(run), run[0].row)
+        lens = np.array([n for s in run for n in s.lengths or (s.length,)], np.int32)
+        first = run[0].row
+        session = self._session(rows, first)
         start = time.perf_counter()
-        zeros = np.zeros(len(run), np.int32)
+        zeros = np.zeros(rows, np.int32)
+        extra = {**extra, **self._feeds(run, first, rows)}
         # mypy matches a **dict of arrays against run's tag and wait: the feeds never name them
         out = session.run(embeds, positions, zeros, lens, lens - 1, **extra)  # type: ignore[arg-type]
         out.fetch(*self.spec.prefill_fetch, *TOPK_OUTPUTS)
-        self._draw(run, out.logits())
+        self._draw(run, self._per_slot(out.logits(), run, first))
         self.spec.prefilled(run, out)
         elapsed = time.perf_counter() - start
         for slot in run:
@@ -236,17 +298,20 @@ class DecoderStage(Generic[D]):
         if plan is None:
             return
         rows, hi = list(plan.rows), plan.width
-        ready = [slots[r] for r in rows]
+        ready = [slots[r] for r in plan.slots]
         start = time.perf_counter()
         embeds = np.zeros((hi, 1, spec.hidden_size), np.float32)
-        embeds[rows, 0] = spec.inputs(ready, slots, self._last)
+        fed = spec.inputs(ready, slots, self._last)
+        if len(rows) != len(ready):  # a span's rows all take its input
+            fed = np.repeat(np.asarray(fed), [s.rows for s in ready], axis=0)
+        embeds[rows, 0] = fed
         session = self._decode_session(hi)
         engine = session.engine_seconds
+        feeds = {**spec.decode_feeds(hi), **self._feeds(list(slots.values()), 0, hi)}
         out = session.run(embeds, text_positions(plan.past + plan.deltas, 1, spec.mrope),
                           plan.past, plan.query, np.zeros(hi, np.int64),
-                          **spec.decode_feeds(hi))  # type: ignore[arg-type]  # fmt: skip
-        logits = out.logits()
-        self._draw(ready, rows_of(logits, np.array(rows, np.int64)) if len(rows) != hi else logits)
+                          **feeds)  # type: ignore[arg-type]  # fmt: skip
+        self._draw(ready, self._per_slot(out.logits(), ready, 0))
         self._last = out
         spec.stepped(ready)
         elapsed, engine = time.perf_counter() - start, session.engine_seconds - engine
@@ -256,6 +321,16 @@ class DecoderStage(Generic[D]):
             s.decode_s += elapsed
             s.decode_engine_s += engine
             s.widest = max(s.widest, len(slots))
+
+    def _per_slot(self, step: StepLogits, slots: Sequence[Slot[D]], first: int) -> StepLogits:
+        """One row of logits per slot (a call's rows start at ``first``): a guided span's
+        combined on the host when the engine did not (its two rows' full logits count as
+        fetched)."""
+        on_host = not self.guides_in_graph
+        if on_host:
+            for s in slots:
+                s.full_rows += s.rows if s.guidance is not None else 0
+        return span_logits(step, slots, first, on_host)
 
     def _draw(self, slots: Sequence[Slot[D]], step: StepLogits) -> None:
         """Each slot's next token from its own settings, penalty history, bans, bias and
@@ -296,9 +371,12 @@ class DecoderStage(Generic[D]):
         return out
 
     def move(self, slot: Slot[D], row: int) -> None:
-        """The slot's cache into ``row`` (free), and the slot with it."""
+        """The slot's cache rows into its span from ``row`` on (free rows, or its own: row by
+        row, ascending, so a span moving down onto itself reads each row before it is
+        overwritten), and the slot with it."""
         self.spec.move(slot, self._last)
-        self.spec.state.move_row(slot.row, row, slot.past)
+        for i, past in enumerate(slot.pasts()):
+            self.spec.state.move_row(slot.row + i, row + i, past)
         slot.row = row
 
     def retire(self, slot: Slot[D]) -> None:
@@ -316,3 +394,63 @@ def rows_of(step: StepLogits, rows: np.ndarray) -> StepLogits:
         len(rows), full,
         None if values is None else values[rows], None if indices is None else indices[rows],
     )  # fmt: skip
+
+
+def guide(cond: np.ndarray, uncond: np.ndarray, scale: float) -> np.ndarray:
+    """Classifier-free guidance, ``uncond + scale * (cond - uncond)``, in float32, elementwise
+    in that order (decoder.WithGuidance computes the same in the engine)."""
+    c, u = np.asarray(cond, np.float32), np.asarray(uncond, np.float32)
+    return u + np.float32(scale) * (c - u)
+
+
+def guidance_feeds(slots: Sequence[Slot[D]], first: int, rows: int) -> dict[str, np.ndarray]:
+    """The guidance inputs of a call over rows first..first+rows-1: each row's unconditional
+    row within the call (itself for a row that is not a guided span's first, whose logits the
+    engine then leaves as they are) and its scale."""
+    uncond = np.arange(rows, dtype=np.int64)
+    scale = np.ones(rows, np.float32)
+    for s in slots:
+        if s.guidance is not None and first <= s.row < first + rows:
+            uncond[s.row - first] = s.row - first + 1
+            scale[s.row - first] = s.guidance
+    return {"guidance_rows": uncond, "guidance_scale": scale}
+
+
+def span_logits(step: StepLogits, slots: Sequence[Slot[D]], first: int, on_host: bool) -> StepLogits:
+    """A call's logits (its rows start at ``first``) as one row per slot: a slot's first row's,
+    or with ``on_host`` a guided span's ``guide`` of its two rows' full logits, with a top-K of
+    its own where the engine gives one (so the other rows keep drawing from theirs)."""
+    lead = np.array([s.row - first for s in slots], np.int64)
+    guided = [j for j, s in enumerate(slots) if s.guidance is not None] if on_host else []
+    if not guided:
+        same = len(lead) == step.rows and bool((lead == np.arange(step.rows)).all())
+        return step if same else rows_of(step, lead)
+    cond = lead[guided]
+    both = np.asarray(step.full(np.concatenate([cond, cond + 1])), np.float32)
+    n = len(guided)
+    combined = {j: guide(both[i], both[n + i], slots[j].guidance or 0.0)
+                for i, j in enumerate(guided)}  # fmt: skip
+    vocab = both.shape[1]
+
+    def full(r: np.ndarray) -> np.ndarray:
+        r = np.asarray(r, np.int64)
+        out = np.empty((len(r), vocab), np.float32)
+        own = [i for i, j in enumerate(r.tolist()) if j not in combined]
+        if own:
+            out[own] = step.full(lead[r[own]])
+        for i, j in enumerate(r.tolist()):
+            if j in combined:
+                out[i] = combined[j]
+        return out
+
+    values, indices = step.topk_values, step.topk_indices
+    if values is None or indices is None:
+        return StepLogits(len(slots), full)
+    values = np.asarray(values, np.float32)[lead]
+    indices = np.asarray(indices, np.int64)[lead]
+    k = values.shape[1]
+    for j, row in combined.items():  # its own top-K: every token outside is at most its k-th
+        top = np.argpartition(-row, k - 1)[:k]
+        top = top[np.lexsort((top, -row[top]))]
+        values[j], indices[j] = row[top], top
+    return StepLogits(len(slots), full, values, indices)

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from edgeomni.runtime.events import Event
 
 __all__ = ["CANCELLED", "PATIENCE", "Arrivals", "Cohorts", "Feed", "GraphRequest", "SlotStage",
-           "StageSlot", "Stuck", "failure", "make_cohorts", "run_graph"]  # fmt: skip
+           "StageSlot", "Stuck", "failure", "make_cohorts", "pack", "place", "rows_for",
+           "run_graph", "span"]  # fmt: skip
 CANCELLED = "cancelled"  # the error of a request its client gave up on
 # turns a later stage (the talker, the vocoder) waits for rows still on their way before it
 # steps a batch that is not full (run_graph's patience; docs/benchmarks.md measured it)
@@ -30,13 +31,17 @@ PATIENCE = 16
 log = logging.getLogger("edge-infer")
 
 
-def make_cohorts(keys: Sequence[Hashable], width: int) -> list[list[int]]:
-    """Split request indices into cohorts of at most ``width`` requests with equal keys.
+def make_cohorts(
+    keys: Sequence[Hashable], width: int, rows: Sequence[int] | None = None
+) -> list[list[int]]:
+    """Split request indices into cohorts of at most ``width`` rows with equal keys (``rows``:
+    each request's, default one; a request of guided sampling holds two).
 
     Walking the requests in order, each cohort starts at the first unassigned request and
-    takes the following unassigned requests with an equal key until it is full; requests that
-    do not fit wait for a later cohort. Every index appears exactly once, in increasing order
-    within its cohort, and cohorts are ordered by their first request.
+    takes the following unassigned requests with an equal key while the next one fits; the
+    requests that do not fit wait for a later cohort (a request wider than ``width`` is a
+    cohort of its own). Every index appears exactly once, in increasing order within its
+    cohort, and cohorts are ordered by their first request.
     """
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise ValueError(f"cohort width must be an integer >= 1, got {width!r}")
@@ -49,14 +54,19 @@ def make_cohorts(keys: Sequence[Hashable], width: int) -> list[list[int]]:
     for i, key in enumerate(keys):
         queue = queues[key]
         if queue and queue[0] == i:
-            cohorts.append([queue.popleft() for _ in range(min(width, len(queue)))])
+            cohort, used = [queue.popleft()], rows[i] if rows is not None else 1
+            while queue and used + (need := rows[queue[0]] if rows is not None else 1) <= width:
+                cohort.append(queue.popleft())
+                used += need
+            cohorts.append(cohort)
     return cohorts
 
 
 # ---------------------------------------------------------------------------------------------
 # In-flight batching: one loop of schedule -> execute -> update over the stages of a graph whose
-# requests hold slots (a cache row each, their own settings), so requests join and leave each
-# stage's running batch, and a request moves on to its next stage the step it finishes.
+# requests hold slots (a span of rows each: one, or two for guided sampling's cond and uncond
+# rows; their own settings), so requests join and leave each stage's running batch, and a
+# request moves on to its next stage the step it finishes. A stage's width counts rows.
 
 
 class GraphRequest(Protocol):
@@ -78,7 +88,9 @@ S = TypeVar("S")  # a stage's own slot type
 
 
 class StageSlot(Protocol[R_co]):
-    """What the loop reads of a slot: its request, its row, and ``finish`` once it is done."""
+    """What the loop reads of a slot: its request, its row, and ``finish`` once it is done.
+    A slot with a ``rows`` attribute holds that many rows from ``row`` on (its span: ``span``);
+    any other holds one."""
 
     row: int
     finish: str | None
@@ -104,8 +116,13 @@ class SlotStage(Protocol[R_contra, S]):
     stage emitted for the slot's request (stages with ``consumes`` true: the vocoder reads the
     talker's frames, the talker its thinker's rows). ``retire`` writes a finished request's
     outputs; ``discard`` drops a slot whose request failed elsewhere; ``move`` puts a slot in
-    another (free) row, its cache rows with it. ``S`` is the stage's own slot type (its
-    ``StageSlot``)."""
+    another (free) row, its cache rows with it (a span's first row: its rows move together,
+    in ascending order, into rows that may overlap its own). ``S`` is the stage's own slot
+    type (its ``StageSlot``).
+
+    A stage whose requests may hold more than one row has ``rows_for(state)``: the rows the
+    request needs there (a stage without it: one). The loop gives it a contiguous span of that
+    many free rows, counts rows against the stage's width, and moves whole spans."""
 
     stage_id: str
     consumes: bool
@@ -123,8 +140,9 @@ class SlotStage(Protocol[R_contra, S]):
 @dataclass(frozen=True)
 class Cohorts(Generic[R]):
     """``run_graph``'s cohort admission (TensorRT Edge-LLM's multistage_inference batching):
-    the graph holds one cohort at a time, at most ``width`` requests with equal ``key(state)``
-    taken greedily in input order (``make_cohorts``); each stage admits the cohort's requests
+    the graph holds one cohort at a time, requests of at most ``width`` rows (each its most
+    ``rows_for`` over its stages) with equal ``key(state)`` taken greedily in input order
+    (``make_cohorts``); each stage admits the cohort's requests
     together, once every one of them still to come is ready there, and no later request joins
     until the whole cohort has left the graph."""
 
@@ -183,6 +201,31 @@ class Arrivals(Generic[R]):
             return out
 
 
+def span(slot: Any) -> int:
+    """The rows a slot holds from its ``row`` on (``StageSlot``)."""
+    return int(getattr(slot, "rows", 1))
+
+
+def rows_for(stage: Any, state: Any) -> int:
+    """The rows a request needs at a stage (``SlotStage``'s optional ``rows_for``)."""
+    ask = getattr(stage, "rows_for", None)
+    return 1 if ask is None else int(ask(state))
+
+
+def place(taken: set[int], needs: Sequence[int], width: int) -> list[int] | None:
+    """Where spans of these sizes go, in order, among rows 0..width-1 of which ``taken`` are
+    held: each at the lowest free run of its rows; None when one finds none."""
+    held, out = set(taken), []
+    for need in needs:
+        start = next((r for r in range(width - need + 1)
+                      if held.isdisjoint(range(r, r + need))), None)  # fmt: skip
+        if start is None:
+            return None
+        held.update(range(start, start + need))
+        out.append(start)
+    return out
+
+
 def run_graph(
     stages: Mapping[str, SlotStage[R, Any]],  # each stage has a slot type of its own
     states: Sequence[R],
@@ -207,7 +250,10 @@ def run_graph(
     request with CANCELLED (its client went away), which frees its rows for the next turn.
 
     Each turn visits the stages in order: admit the waiting requests that are ready into free
-    rows (the lowest first, in input order), step the active slots, settle them (events, then
+    rows (each a span of ``rows_for`` rows: the lowest free run first, in input order; a ready
+    request whose span does not fit stops the ones after it, so a wide request is never
+    starved by narrow ones; free rows that are enough but apart are first moved together;
+    a request wider than the stage fails), step the active slots, settle them (events, then
     retire the finished, which frees their rows); once no request can still come to a stage,
     its rows left are moved down (``compact``). A request that fails anywhere leaves the whole
     graph alone (its ``error`` set, Failed emitted, its slots in other stages discarded); a
@@ -269,7 +315,8 @@ def run_graph(
         """Cohort admission: once the graph is empty, the next cohort enters it."""
         if cohorts is None or live or not pending:
             return
-        taken = make_cohorts([cohorts.key(s) for s in pending], cohorts.width)[0]
+        rows = [max(rows_for(stages[sid], s) for sid in s.plan.stages) for s in pending]
+        taken = make_cohorts([cohorts.key(s) for s in pending], cohorts.width, rows)[0]
         chosen = [pending[i] for i in taken]
         for i in reversed(taken):
             del pending[i]
@@ -335,30 +382,46 @@ def run_graph(
                 if done is not None:
                     done(state)
 
+    def held_rows(sid: str) -> set[int]:
+        return {r for row, slot in active[sid].items() for r in range(row, row + span(slot))}
+
     def admit(sid: str) -> bool:
-        stage = stages[sid]
-        free = [r for r in range(widths[sid]) if r not in active[sid]]
+        stage, width = stages[sid], widths[sid]
+        wide = [(s, n) for s in waiting[sid] if (n := rows_for(stage, s)) > width]
+        for state, need in wide:  # it could never start here
+            fail(state, sid, f"it needs {need} rows; the stage has {width}")
+        free = width - len(held_rows(sid))
         if not free or not waiting[sid]:
-            return False
+            return bool(wide)
         # a cohort goes in together: every request of it still to come here, waiting and ready
         together = cohorts is not None
         if together and len(waiting[sid]) < len(to_come[sid]):
-            return False
-        chosen: list[R] = []
+            return bool(wide)
+        chosen: list[tuple[R, int]] = []
         for state in waiting[sid]:
-            if len(chosen) == len(free) and not together:
+            if not free and not together:
                 break
             path = state.plan.stages
             before = path[path.index(sid) - 1] if path[0] != sid else None
             upstream_done = before is None or (state.index, before) in finished
             if stage.ready(state, upstream_done, held[sid].get(state.index, ())):
-                chosen.append(state)
+                need = rows_for(stage, state)
+                if need > free:  # it waits for its rows, and the ones after it with it
+                    break
+                chosen.append((state, need))
+                free -= need
             elif together:
-                return False
+                return bool(wide)
         if not chosen:
-            return False
-        entries = [(state, row, held[sid].pop(state.index, []))  # as many as there are rows
-                   for state, row in zip(chosen, free, strict=False)]  # fmt: skip
+            return bool(wide)
+        needs = [need for _, need in chosen]
+        starts = place(held_rows(sid), needs, width)
+        if starts is None:  # enough rows, but apart: the held spans move down first
+            pack(active[sid], stage)
+            starts = place(held_rows(sid), needs, width)
+            assert starts is not None, "packed spans leave the free rows in one run"
+        entries = [(state, row, held[sid].pop(state.index, []))
+                   for (state, _), row in zip(chosen, starts, strict=True)]  # fmt: skip
         for state, row, _ in entries:
             waiting[sid].remove(state)
             if state.plan.stages[0] == sid:  # its row in its first stage's batch; its start
@@ -421,7 +484,7 @@ def run_graph(
             moved = admitted or moved
             worked = worked or admitted
             coming = to_come[sid] or waiting[sid]  # more rows are on their way: wait a while
-            full = len(active[sid]) >= widths[sid] or sid in relays
+            full = len(held_rows(sid)) >= widths[sid] or sid in relays
             if active[sid] and waited[sid] < patience and not full and coming:
                 waited[sid] += 1
                 moved = worked = True
@@ -449,16 +512,37 @@ def run_graph(
 
 
 def compact(active: dict[int, S], stage: SlotStage[R, S]) -> None:
-    """Move the slots in rows at or past ``len(active)`` into the free rows below it, so the
-    active rows are 0..n-1 (a decode step calls rows 0..highest active: its fixed cost, the
-    weights read, is paid once, and each row it calls costs compute)."""
-    n = len(active)
-    free = [r for r in range(n) if r not in active]
-    high = sorted((r for r in active if r >= n), reverse=True)
-    for src, dst in zip(high, free, strict=True):
+    """Move the slots whose rows reach ``n`` (the rows held) or past into the free rows below
+    it, the highest first into the lowest free run, so the held rows are 0..n-1 (a decode
+    step calls rows 0..highest held: its fixed cost, the weights read, is paid once, and each
+    row it calls costs compute). Spans that find no free run there are packed (``pack``)."""
+    n = sum(span(s) for s in active.values())
+    held = {r for row, s in active.items() for r in range(row, row + span(s))}
+    for src in sorted((r for r, s in active.items() if r + span(s) > n), reverse=True):
+        k = span(active[src])
+        dst = place(held, [k], n)
+        if dst is None:
+            pack(active, stage)
+            return
         slot = active.pop(src)
-        stage.move(slot, dst)
-        active[dst] = slot
+        stage.move(slot, dst[0])
+        active[dst[0]] = slot
+        held.difference_update(range(src, src + k))
+        held.update(range(dst[0], dst[0] + k))
+
+
+def pack(active: dict[int, S], stage: SlotStage[R, S]) -> None:
+    """Move every slot down, in row order, onto the one before it: the held rows become
+    0..n-1 and the free ones one run above them (each move goes down, onto free rows or its
+    own)."""
+    at = 0
+    for row in sorted(active):
+        slot = active[row]
+        if row != at:
+            del active[row]
+            stage.move(slot, at)
+            active[at] = slot
+        at += span(slot)
 
 
 def failure(e: BaseException) -> str:

@@ -311,6 +311,48 @@ class CausalLM(nn.Module):
         return inputs + kv_in, outputs + kv_out
 
 
+class WithGuidance(nn.Module):
+    """A decoder whose engine combines classifier-free guidance's row pairs itself, so a top-K
+    after it (WithTopK) is taken from the guided logits on the device:
+
+        logits[b] = logits[u] + guidance_scale[b] * (logits[b] - logits[u]),  u = guidance_rows[b]
+
+    Inputs ``guidance_rows`` int64 [B] (row b's unconditional row within the call; b itself
+    leaves row b's logits as they are, exactly) and ``guidance_scale`` float32 [B], after
+    ``last_indices``. The runtime (decoder_stage.guidance_feeds) gives a guided request's
+    conditional row its next row, the unconditional one.
+    """
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.cfg = inner.cfg
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_lens: torch.Tensor,
+        query_lens: torch.Tensor,
+        last_indices: torch.Tensor,
+        guidance_rows: torch.Tensor,
+        guidance_scale: torch.Tensor,
+        *rest_in: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        args = (inputs_embeds, position_ids, past_lens, query_lens, last_indices, *rest_in)
+        logits, *rest = self.inner(*args)
+        uncond = logits.index_select(0, guidance_rows)
+        scale = guidance_scale.to(logits.dtype)[:, None]
+        return (uncond + scale * (logits - uncond), *rest)
+
+    def state_tensors(self) -> list[StateTensor]:
+        return self.inner.state_tensors()  # type: ignore[no-any-return]
+
+    def io_names(self) -> tuple[list[str], list[str]]:
+        inputs, outputs = self.inner.io_names()
+        return [*inputs[:5], "guidance_rows", "guidance_scale", *inputs[5:]], outputs
+
+
 class WithTopK(nn.Module):
     """A decoder whose engine also reduces its logits: topk_values/topk_indices [B, K] after
     ``logits``, so a GPU runtime copies K candidates per row to the host, not the vocabulary.
@@ -319,7 +361,7 @@ class WithTopK(nn.Module):
     the top-K with a -inf bias; ``logits`` stay as they are.
     """
 
-    def __init__(self, inner: CausalLM, k: int, exclude: tuple[int, ...] = ()) -> None:
+    def __init__(self, inner: nn.Module, k: int, exclude: tuple[int, ...] = ()) -> None:
         super().__init__()
         if not 0 < k <= inner.cfg.vocab_size:
             raise ValueError(f"logits top-k {k} must be in 1..{inner.cfg.vocab_size}")

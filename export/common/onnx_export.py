@@ -106,10 +106,13 @@ def export_causal_lm(
     topk_exclude: Sequence[int] = (),
     sampler_tables: Any = None,
     float32_embeds: bool = False,
+    guidance: bool = False,
 ) -> Path:
     """Export a decoder (decoder.CausalLM, or a family's own with the same inputs, outputs and
     ``state_tensors``) with dynamic batch, sequence and cache capacity; with
-    ``logits_topk`` the engine also outputs each row's top-K (decoder.WithTopK). With
+    ``logits_topk`` the engine also outputs each row's top-K (decoder.WithTopK); with
+    ``guidance`` it combines classifier-free guidance's row pairs first (decoder.WithGuidance:
+    its logits and top-K are a guided row's). With
     ``sampler_tables`` [heads, V, H] (a multi-head decoder) it also draws each row's next id
     from a top-K of ``logits_topk`` or 64 and outputs its embedding (sampler.WithSampler).
 
@@ -118,7 +121,7 @@ def export_causal_lm(
     import torch
     from torch.export import Dim
 
-    from edgeomni.export.common.decoder import Float32Embeds, WithTopK
+    from edgeomni.export.common.decoder import Float32Embeds, WithGuidance, WithTopK
     from edgeomni.export.common.sampler import WithSampler
 
     sampled = sampler_tables is not None
@@ -128,6 +131,10 @@ def export_causal_lm(
         _kept[path] = ExportedDecoder(module, topk, tuple(topk_exclude), sampler_tables,
                                       float32_embeds)  # fmt: skip
 
+    if guidance:
+        if sampled or module.cfg.lm_heads > 1:
+            raise ValueError("guidance takes a one-head decoder without an in-engine sampler")
+        module = WithGuidance(module)
     if sampled:
         if topk_exclude:
             raise ValueError("an in-engine sampler takes no excluded ids")
@@ -174,6 +181,9 @@ def export_causal_lm(
     if cfg.lm_heads > 1:
         rest = (torch.zeros(1, dtype=torch.int64), *rest)
         rest_shapes = (None, *rest_shapes)
+    if guidance:  # guidance_rows [B] (each row its own), guidance_scale [B]
+        rest = (torch.arange(b), torch.ones(b), *rest)
+        rest_shapes = ({0: batch}, {0: batch}, *rest_shapes)
     position_shape = {1: batch, 2: seq} if cfg.mrope_section is not None else {0: batch, 1: seq}
     shapes = (
         {0: batch, 1: seq},
