@@ -55,17 +55,17 @@ def make_checkpoint(path: Path, layers: int) -> None:
         make_qwen3_5(path, **{**QWEN35_08B, "num_hidden_layers": layers})
 
 
-def state_bytes(layers: int, context: int) -> dict[str, int]:
+def state_bytes(layers: int, context: int, itemsize: int = 4) -> dict[str, int]:
     """What a decode step reads of the row state at ``context`` positions: each DeltaNet
-    layer's recurrent [Hv, dv, dk] and conv [C, 3] float32 (read, then written in place), each
-    attention layer's keys and values."""
+    layer's recurrent [Hv, dv, dk] float32 and conv [C, 3] (read, then written in place), each
+    attention layer's keys and values; conv and KV in the engine's float of ``itemsize``."""
     c = QWEN35_08B
     attention = layers // 4
     linear = layers - attention
     hv, dk, dv = c["linear_num_value_heads"], c["linear_key_head_dim"], c["linear_value_head_dim"]
     conv = 2 * c["linear_num_key_heads"] * dk + hv * dv
-    recurrent = 4 * linear * (hv * dv * dk + conv * (c["linear_conv_kernel_dim"] - 1))
-    kv = 4 * 2 * attention * c["num_key_value_heads"] * c["head_dim"] * context
+    recurrent = linear * (4 * hv * dv * dk + itemsize * conv * (c["linear_conv_kernel_dim"] - 1))
+    kv = itemsize * 2 * attention * c["num_key_value_heads"] * c["head_dim"] * context
     return {"recurrent_and_conv": 2 * recurrent, "kv": kv}
 
 

@@ -6,7 +6,7 @@ layers after them; and ONNX Runtime's nodes after its CUDA optimisations (each n
 one kernel launch a call). TensorRT-RTX cannot load engines on the H200 (sm_90): there the
 engine-layer column says so.
 
-    python bench/tensorrt_builds_gpu.py --out DIR --size tiny  # Qwen3, -Omni, -TTS, -VL, -ASR
+    python bench/tensorrt_builds_gpu.py --out DIR --size tiny  # Qwen3, -Omni, -TTS, -VL, -ASR, 3.5
     python bench/tensorrt_builds_gpu.py --out DIR --size tiny --families qwen3_vl,qwen3_asr
     python bench/tensorrt_builds_gpu.py --out DIR --size real --work W  # Omni talker, predictor, code2wav
     python bench/tensorrt_builds_gpu.py --out DIR --size tiny --quantization int4_rtn --no-ort
@@ -122,6 +122,7 @@ def build_both(ckpt: Path, work: Path, backends: tuple[str, ...], dtype: str,
 
 def tiny_checkpoints(root: Path) -> dict[str, Any]:
     """name -> a function making that tiny checkpoint (each made just before its builds)."""
+    from edgeomni.export.families.qwen3_5.tiny import make_qwen3_5
     from edgeomni.export.tiny import make_qwen3
     from edgeomni.export.tiny_asr import make_qwen3_asr
     from edgeomni.export.tiny_omni import make_qwen3_omni
@@ -132,7 +133,8 @@ def tiny_checkpoints(root: Path) -> dict[str, Any]:
             "qwen3_omni": lambda: make_qwen3_omni(root / "qwen3_omni"),
             "qwen3_tts": lambda: make_checkpoint(root / "qwen3_tts", "custom_voice", "tiny"),
             "qwen3_vl": lambda: make_qwen3_vl(root / "qwen3_vl"),
-            "qwen3_asr": lambda: make_qwen3_asr(root / "qwen3_asr")}  # fmt: skip
+            "qwen3_asr": lambda: make_qwen3_asr(root / "qwen3_asr"),
+            "qwen3_5": lambda: make_qwen3_5(root / "qwen3_5")}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
