@@ -73,7 +73,9 @@ class TorchVideoProcessor:
         }
 
 
-def load_bundle(ckpt: Path) -> VLBundle:
+def load_bundle(ckpt: Path, model_class: Any = None) -> VLBundle:
+    """The checkpoint's model (``model_class``, default Qwen3VLForConditionalGeneration; Qwen3.5
+    shares the processor) and processor."""
     from transformers import (
         AutoTokenizer,
         Qwen2VLImageProcessorPil,
@@ -82,7 +84,8 @@ def load_bundle(ckpt: Path) -> VLBundle:
     from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 
     ckpt = Path(ckpt)
-    model = Qwen3VLForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
+    model_class = model_class or Qwen3VLForConditionalGeneration
+    model = model_class.from_pretrained(ckpt, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     image = Qwen2VLImageProcessorPil(**json.loads((ckpt / "preprocessor_config.json").read_text()))
     settings = json.loads((ckpt / "video_preprocessor_config.json").read_text())

@@ -4,7 +4,8 @@ Qwen3-Omni's and Qwen3-VL's vision encoders are one network under two sets of na
 ``VisionSpec`` says which transformers module and config class, which checkpoint prefix and
 which attribute holds the DeepStack mergers (``OMNI`` here; a family passes its own). The
 parameters are transformers' own modules, so checkpoint tensors load by name
-(``<prefix><module path>``); only the forward is ours. HF's forward
+(``<prefix><module path>``); only the forward is ours. A ViT without DeepStack (Qwen3.5's:
+``deepstack_mergers`` None) has the one output ``image_embeds``. HF's forward
 derives its index tensors from ``grid_thw`` with ``repeat_interleave``/``.tolist()``, which do
 not trace, and its sdpa path splits attention per frame with ``cu_seqlens.tolist()`` (export
 fixes the split count). Here every index the runtime can compute in numpy is an engine input
@@ -44,13 +45,13 @@ from edgeomni.plugins import attention as attention_plugin
 class VisionSpec:
     """Where one family's ViT lives: its transformers module and config class, the config
     sections above its vision config, its checkpoint prefix, the attribute holding its
-    DeepStack mergers, and the model_type its engine config records."""
+    DeepStack mergers (None: it has none), and the model_type its engine config records."""
 
     module: Any
     config: Any
     sections: tuple[str, ...]
     prefix: str
-    deepstack_mergers: str
+    deepstack_mergers: str | None
     model_type: str
 
 
@@ -82,6 +83,12 @@ def vision_config(config: Any, spec: VisionSpec = OMNI) -> Any:
     return hf_config(config, spec.config, spec.sections, "a vision")
 
 
+def deepstack_taps(cfg: Any) -> list[int]:
+    """The blocks a DeepStack merger reads; none for a ViT without them (Qwen3.5's config has
+    no ``deepstack_visual_indexes``)."""
+    return list(getattr(cfg, "deepstack_visual_indexes", None) or ())
+
+
 def _inv_freq(model: nn.Module) -> torch.Tensor:
     """The axial rotary frequencies, as the model's own rotary class computes them."""
     rotary = type(model.rotary_pos_emb)
@@ -107,18 +114,20 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class VisualGraph(nn.Module):
     """The exported graph: HF's vision encoder with precomputed indices and plugin attention.
-    ``mergers``: the attribute holding its DeepStack mergers (``VisionSpec.deepstack_mergers``)."""
+    ``mergers``: the attribute holding its DeepStack mergers (``VisionSpec.deepstack_mergers``;
+    None: it has none, and ``image_embeds`` is its one output)."""
 
-    def __init__(self, model: nn.Module, mergers: str = OMNI.deepstack_mergers) -> None:
+    def __init__(self, model: nn.Module, mergers: str | None = OMNI.deepstack_mergers) -> None:
         super().__init__()
         cfg = model.config
-        if not cfg.deepstack_visual_indexes:
+        taps = deepstack_taps(cfg)
+        if mergers is not None and not taps:
             raise ValueError("the vision encoder has no deepstack_visual_indexes")
         self.model = model
-        self.mergers = getattr(model, mergers)
+        self.mergers = getattr(model, mergers) if mergers is not None else None
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.hidden_size // cfg.num_heads
-        self.deepstack = {layer: i for i, layer in enumerate(cfg.deepstack_visual_indexes)}
+        self.deepstack = {layer: i for i, layer in enumerate(taps)} if mergers else {}
         self.register_buffer("inv_freq", _inv_freq(model), persistent=False)
 
     def _rotary(self, rotary_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,7 +179,7 @@ class VisualGraph(nn.Module):
         segment_tokens: torch.Tensor,
         segment_lens: torch.Tensor,
         token_slots: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, ...]:
         m = self.model
         proj = m.patch_embed.proj
         x = F.linear(pixel_values, proj.weight.reshape(proj.out_channels, -1), proj.bias)
@@ -182,7 +191,10 @@ class VisualGraph(nn.Module):
             x = x + self._attention(block.attn, block.norm1(x), rope, layout)
             x = x + block.mlp(block.norm2(x))
             if i in self.deepstack:
+                assert self.mergers is not None
                 deepstack.append(self.mergers[self.deepstack[i]](x))
+        if not self.deepstack:
+            return (m.merger(x),)
         return m.merger(x), torch.stack(deepstack)
 
 
@@ -234,7 +246,7 @@ def export_visual(model: nn.Module, path: Path, spec: VisionSpec = OMNI) -> Path
         example_inputs(cfg),
         Path(path),
         input_names=INPUTS,
-        output_names=OUTPUTS,
+        output_names=OUTPUTS if spec.deepstack_mergers else OUTPUTS[:1],
         dynamic_shapes=shapes,
     )
 
@@ -301,6 +313,7 @@ def visual_engine_config(
     sections), copied so the engine folder can preprocess alone.
     """
     cfg = vision_config(config, spec)
+    taps = deepstack_taps(cfg) if spec.deepstack_mergers else []
     side = int(math.isqrt(cfg.num_position_embeddings))
     if side * side != cfg.num_position_embeddings:
         raise ValueError(f"num_position_embeddings {cfg.num_position_embeddings} is not a square")
@@ -323,8 +336,8 @@ def visual_engine_config(
         },
         "outputs": {
             "image_embeds": f"float32 [tokens/{cfg.spatial_merge_size**2}, {cfg.out_hidden_size}]",
-            "deepstack": f"float32 [{len(cfg.deepstack_visual_indexes)}, "
-            f"tokens/{cfg.spatial_merge_size**2}, {cfg.out_hidden_size}]",
+            **({"deepstack": f"float32 [{len(taps)}, tokens/{cfg.spatial_merge_size**2}, "
+                             f"{cfg.out_hidden_size}]"} if taps else {}),
         },
         "hidden_size": cfg.hidden_size,
         "out_hidden_size": cfg.out_hidden_size,
@@ -337,7 +350,7 @@ def visual_engine_config(
         "patch_dim": patch_dim,
         "num_grid_per_side": side,
         "position_interpolation": "bilinear_align_corners",
-        "deepstack_visual_indexes": list(cfg.deepstack_visual_indexes),
+        "deepstack_visual_indexes": taps,
     }
     if image_processor is not None:
         body["image_processor"] = dict(image_processor.get("image_processor", image_processor))

@@ -1,5 +1,5 @@
-"""The Qwen3 vision encoder (Qwen3-Omni's, Qwen3-VL's): image/video patches -> merged
-embeddings + DeepStack features.
+"""The Qwen3 vision encoder (Qwen3-Omni's, Qwen3-VL's, Qwen3.5's): image/video patches -> merged
+embeddings + DeepStack features (none where its config lists no DeepStack taps: Qwen3.5).
 
 The engine (export.media.vision_encoder) takes every data-dependent index as an input, so
 they are computed here in numpy from ``grid_thw``, each equal to what transformers'
@@ -140,15 +140,20 @@ class VisualEncoder:
             "token_slots": token_slots,
         }
 
-    def encode(self, pixel_values: np.ndarray, grid_thw: Any) -> tuple[np.ndarray, np.ndarray]:
-        """(embeds float32 [N/m^2, out_hidden], deepstack float32 [K, N/m^2, out_hidden]) for
-        the items of ``grid_thw`` ((t, h, w) or [items, 3]) packed in order in pixel_values."""
+    def encode(
+        self, pixel_values: np.ndarray, grid_thw: Any
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(embeds float32 [N/m^2, out_hidden], deepstack float32 [K, N/m^2, out_hidden] or None
+        without DeepStack) for the items of ``grid_thw`` ((t, h, w) or [items, 3]) packed in
+        order in pixel_values."""
         feeds = self.inputs(pixel_values, grid_thw)
         merged = feeds["pixel_values"].shape[0] // (self.merge * self.merge)
         embeds = np.empty((merged, self.out_hidden), np.float32)
-        deepstack = np.empty((self.deepstack_layers, merged, self.out_hidden), np.float32)
         binding = self.engine.binding()
         binding.bind_output("image_embeds", embeds)
-        binding.bind_output("deepstack", deepstack)
+        deepstack = None
+        if self.deepstack_layers:
+            deepstack = np.empty((self.deepstack_layers, merged, self.out_hidden), np.float32)
+            binding.bind_output("deepstack", deepstack)
         binding.run(feeds)
         return embeds, deepstack

@@ -2,7 +2,10 @@
 of Qwen3_5ForConditionalGeneration): a decoder of Gated DeltaNet (linear attention) and gated
 full-attention layers (model.py), one llm stage run by the generic text model's runner. Its
 row state is declared per layer: KV for the attention layers, convolution and recurrent state
-for the DeltaNet layers. Its build hooks are .build's HOOKS."""
+for the DeltaNet layers. Its build hooks are .build's HOOKS; a ConditionalGeneration checkpoint
+also builds its vision tower (visual.py), read at run time through Qwen3-VL's media hook
+(runtime/families/qwen3_5/). The registered tiny is the text model; tiny.make_qwen3_5_vl makes
+the image-text one."""
 
 from edgeomni.export.registry import TEXT_SMOKE, Family, register_family
 

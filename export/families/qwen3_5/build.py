@@ -1,6 +1,8 @@
-"""Qwen3.5's build: one component, the llm, as a text family (export/common/text_family.py)
-whose decoder is its own module (model.py) with its own declared row state. What differs from
-TextFamily's Qwen3 decoder: the module and its weights, the state in config.json, MRoPE."""
+"""Qwen3.5's build: the llm, as a text family (export/common/text_family.py) whose decoder is
+its own module (model.py) with its own declared row state, and, where the checkpoint has the
+vision tower (Qwen3_5ForConditionalGeneration's model.visual.*), its visual encoder beside it
+(visual.py), which the llm's runner calls. What differs from TextFamily's Qwen3 decoder: the
+module and its weights, the state in config.json, MRoPE; the encoder is TextFamily's."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from edgeomni.export.families.qwen3_5.model import (
     config_from,
     load_qwen35,
 )
+from edgeomni.export.families.qwen3_5.visual import VISUAL, llm_fields
 from edgeomni.export.family import BuildArgs, Component, ComponentMemory
 
 
@@ -55,7 +58,10 @@ class Qwen35Family(TextFamily):
                            where=str(ckpt.path))  # fmt: skip
 
     def memory_plan(self, ckpt: Checkpoint, component: Component, args: BuildArgs) -> Any:
-        """The module on the meta device, the float32 embedding table, its declared state."""
+        """The module on the meta device, the float32 embedding table, its declared state;
+        the visual encoder as TextFamily plans it."""
+        if component != LLM:
+            return super().memory_plan(ckpt, component, args)
         with torch.device("meta"):
             module = Qwen35CausalLM(self.decoder_config(ckpt.config))
             module = module.to(DTYPES.get(args.dtype, torch.float32))
@@ -65,6 +71,8 @@ class Qwen35Family(TextFamily):
     def export_component(
         self, ckpt: Checkpoint, component: Component, work_dir: Path, args: BuildArgs
     ) -> Path:
+        if component != LLM:
+            return super().export_component(ckpt, component, work_dir, args)
         module = self.load_llm(ckpt, decoder_dtype(ckpt, args))
         return export_causal_lm(module, work_dir / component.engine,
                                 logits_topk=args.logits_topk or 0, float32_embeds=True)  # fmt: skip
@@ -72,6 +80,9 @@ class Qwen35Family(TextFamily):
     def write_artifacts(
         self, ckpt: Checkpoint, component: Component, out_dir: Path, args: BuildArgs
     ) -> None:
+        if component != LLM:
+            super().write_artifacts(ckpt, component, out_dir, args)
+            return
         dec = self.decoder_config(ckpt.config)
         artifacts.write_embedding(ckpt.tensor(_prefix(ckpt) + "embed_tokens.weight"), out_dir)
         artifacts.write_tokenizer(ckpt, out_dir)
@@ -82,6 +93,7 @@ class Qwen35Family(TextFamily):
             state=[t.describe() for t in module.state_tensors()],
             mrope_section=list(dec.mrope_section),
             layer_types=list(dec.layer_types),
+            **llm_fields(ckpt),
         )
         artifacts.write_engine_config(out_dir, config)
 
@@ -93,4 +105,5 @@ def lm_head(ckpt: Checkpoint) -> str:
     return "lm_head.weight"
 
 
-HOOKS = Qwen35Family(text=(), prefix="model.", lm_head=lm_head)
+HOOKS = Qwen35Family(text=(), prefix="model.", lm_head=lm_head, encoder=VISUAL,
+                     fields=llm_fields)  # fmt: skip

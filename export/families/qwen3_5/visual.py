@@ -1,0 +1,95 @@
+"""Qwen3.5's vision tower (Qwen3_5ForConditionalGeneration's ``model.visual``), built beside
+the llm as Qwen3-VL's is: the same engine (export/media/vision_encoder.py), inputs and
+processor settings, since transformers' Qwen3_5VisionModel is Qwen3VLVisionModel without
+DeepStack (its one output is the merged embeddings). The ids its media hook expands are
+config.json's top-level image_token_id, video_token_id and vision start/end ids, read as
+Qwen3-VL's build reads them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edgeomni.export.common import artifacts
+from edgeomni.export.common.checkpoint import Checkpoint, section
+from edgeomni.export.common.shapes import DimRanges
+from edgeomni.export.common.text_family import Encoder
+from edgeomni.export.families.qwen3_vl.build import (
+    MIN_SEGMENTS,
+    TOKENS_PER_FRAME,
+    processor_settings,
+)
+from edgeomni.export.families.qwen3_vl.config import MEDIA_TOKENS, media_tokens
+from edgeomni.export.family import BuildArgs, Component
+from edgeomni.export.media import vision_encoder as visual
+from edgeomni.export.registry import LLM_RUNNER
+from edgeomni.graph_schema import Input
+
+PREFIX = "model.visual."
+
+
+def vision_spec() -> visual.VisionSpec:
+    """transformers' Qwen3_5VisionModel under ``model.visual.``, no DeepStack mergers
+    (imported here, on first use, with transformers)."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
+
+    return visual.VisionSpec(
+        module=hf.Qwen3_5VisionModel,
+        config=Qwen3_5VisionConfig,
+        sections=("vision_config",),
+        prefix=PREFIX,
+        deepstack_mergers=None,
+        model_type="qwen3_5",
+    )
+
+
+def _export(ckpt: Checkpoint, path: Path) -> Path:
+    spec = vision_spec()
+    return visual.export_visual(visual.load_visual(ckpt.tensor, ckpt.config, spec), path, spec)
+
+
+def _engine_config(ckpt: Checkpoint, args: BuildArgs) -> dict[str, Any]:
+    image, video = processor_settings(ckpt)
+    return visual.visual_engine_config(ckpt.config, args.backend, args.device,
+                                       image_processor=image, video_processor=video,
+                                       spec=vision_spec())  # fmt: skip
+
+
+def _ranges(ckpt: Checkpoint, args: BuildArgs) -> DimRanges:
+    """One request's image or video (a frame a segment), as Qwen3-VL's."""
+    segments = max(MIN_SEGMENTS, args.max_input_len // TOKENS_PER_FRAME)
+    return visual.visual_ranges(ckpt.config, args.max_input_len, segments, vision_spec())
+
+
+def _module(ckpt: Checkpoint) -> torch.nn.Module:
+    spec = vision_spec()
+    return spec.module(visual.vision_config(ckpt.config, spec))
+
+
+VISUAL = Encoder(
+    component=Component("visual", "visual", visual.ENGINE, LLM_RUNNER),
+    weights=PREFIX, config="vision_config", export=_export,
+    inputs=(Input("image", "request:image", "skip"), Input("video", "request:video", "skip")),
+    engine_config=_engine_config, ranges=_ranges, module=_module, check=processor_settings,
+)  # fmt: skip
+
+
+def llm_fields(ckpt: Checkpoint, dec: Any = None) -> dict[str, Any]:
+    """The llm's engine config beside its decoder's, for a ConditionalGeneration checkpoint:
+    its text section's end and pad ids, and (where config.json names them) the ids its media
+    hook expands; a Qwen3_5ForCausalLM's config gives none of these. ``dec``: unread (the
+    TextFamily ``fields`` hook's signature, so that preflight reads these too)."""
+    if not isinstance(ckpt.config.get("text_config"), dict):
+        return {}
+    text = section(ckpt.config, "text_config")
+    out: dict[str, Any] = {
+        "eos_token_id": artifacts.eos_token_ids(ckpt, ckpt.config, text),
+        "pad_token_id": next((c["pad_token_id"] for c in (text, ckpt.generation_config)
+                             if c.get("pad_token_id") is not None), None),
+    }  # fmt: skip
+    if any(key in ckpt.config for key in MEDIA_TOKENS):
+        out["media_tokens"] = media_tokens(ckpt.config)
+    return out
