@@ -81,21 +81,17 @@ def main() -> int:
     args = p.parse_args()
 
     import onnxruntime
-    import onnxruntime.capi._pybind_state as capi
     import torch
     import transformers
 
     from edgeomni.builder.build import build
     from edgeomni.export.family import BuildArgs
 
-    kernels = sorted({(k.op_name, k.provider) for k in capi.get_all_opkernel_def()
-                      if k.op_name in ("GatedDeltaNet", "CausalConvWithState")})  # fmt: skip
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "command": shlex.join([sys.executable, *sys.argv]),
         "gpu": torch.cuda.get_device_name(0),
         "onnxruntime": onnxruntime.__version__,
-        "onnxruntime_deltanet_kernels": kernels,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }

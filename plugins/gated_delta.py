@@ -510,7 +510,11 @@ def lower_rule_tensorrt(node: Any, ctx: Any) -> list[Any]:
         [vi(t, TensorProto.INT64, []), vi(cond_in, TensorProto.BOOL, []), vi(state, f32, None)],
         [vi(cond_out, TensorProto.BOOL, []), vi(new_state, f32, None), vi(o_t, f32, None)],
     )  # fmt: skip
-    _, stacked = b.op("Loop", trips, "", node.input[5], outs=2, body=graph)  # [S, B, Hv*dv]
+    # an explicit condition (always true): TensorRT's parser registers the body's condition
+    # input only when the Loop is given one (measured: TensorRT-RTX 1.7 refused the body's
+    # Identity of it otherwise, "Node input was not registered")
+    always = ctx.constant("gdn_true", np.array(True))
+    _, stacked = b.op("Loop", trips, always, node.input[5], outs=2, body=graph)  # [S, B, Hv*dv]
     b.nodes[-1].output[0] = node.output[1]
     o = b.op("Transpose", stacked, perm=[1, 0, 2])
     b.op("CastLike", o, node.input[0], out=node.output[0])
