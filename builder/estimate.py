@@ -2,11 +2,11 @@
 
 Each family's optional ``memory_plan(ckpt, component, args)`` hook gives, per component, the
 torch module its export starts from, built on the meta device (shapes, no weights, no memory),
-the host tables its artifacts hold and its KV cache shape. This file turns that into bytes by the
-rules the build follows: weights at the build's dtype, the linear layers the quantization pass
-takes (builder/quantize.py) at plugins/quant_linear.py's packed size and the MoE experts it
-takes at plugins/quant_moe.py's, tables as written, the KV
-cache at --max-batch-size x --max-kv-cache-capacity. Not counted: activations and the backend's
+the host tables its artifacts hold and its declared row state. This file turns that into bytes
+by the rules the build follows: weights at the build's dtype, the linear layers the quantization
+pass takes (builder/quantize.py) at plugins/quant_linear.py's packed size and the MoE experts it
+takes at plugins/quant_moe.py's, tables as written, the row state of --max-batch-size rows (a
+KV cache at --max-kv-cache-capacity, a linear-attention layer's fixed-size state). Not counted: activations and the backend's
 workspace (small for decode at batch sizes an edge device runs; a long prefill adds its own).
 """
 
@@ -153,7 +153,7 @@ def report(model_dir: Any, rows: Sequence[Estimate], args: BuildArgs, ckpt: Any 
     total = sum(r.total for r in rows)
     unit, scale = ("GB", GB) if total >= GB else ("MB", 1e6)
     lines.append(f"{'component':<16}" + "".join(f"{h + ' ' + unit:>16}" for h in
-                 ("engine", "tables", "KV cache", "total")))  # fmt: skip
+                 ("engine", "tables", "row state", "total")))  # fmt: skip
     sums = [sum(r.engine_bytes for r in rows), sum(r.table_bytes for r in rows),
             sum(r.kv_bytes for r in rows), total]  # fmt: skip
     for name, values in [*((r.component, [r.engine_bytes, r.table_bytes, r.kv_bytes, r.total])
@@ -162,5 +162,7 @@ def report(model_dir: Any, rows: Sequence[Estimate], args: BuildArgs, ckpt: Any 
     fits = [f"{name} {gb} GB {'yes' if total < gb * GB else 'no'}" for name, gb in DEVICES]
     lines.append("fits (before the OS and activations): " + ", ".join(fits))
     lines.append("GB = 1e9 bytes; engine = its weights as stored; tables = host embedding tables; "
-                 "not counted: activations and the backend's workspace")  # fmt: skip
+                 "row state = every request row's KV cache at the capacity and, for a "
+                 "linear-attention model, its recurrent and convolution state; not counted: "
+                 "activations and the backend's workspace")  # fmt: skip
     return "\n".join(lines)
