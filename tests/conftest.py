@@ -224,6 +224,21 @@ def qwen_tts_engines(
     return get
 
 
+def _trained_baseline(
+    exports: ExportStore, tmp_path_factory: pytest.TempPathFactory, ckpt: Path, name: str
+) -> Any:
+    """A trained checkpoint built as a float32 engine, and that engine's held-out scores."""
+    from trained_qwen3 import perplexity as ppl
+
+    from edgeomni.export.family import BuildArgs
+
+    engine_dir = tmp_path_factory.mktemp(name) / "fp32"
+    assert exports.build(ckpt, engine_dir, BuildArgs(**ppl.BUILD)) is not None
+    ids = ppl.heldout_ids(ppl.N_WINDOWS, ppl.WINDOW, ckpt)
+    scores = ppl.engine_perplexity(engine_dir, ids, ppl.WINDOW, ppl.BATCH, keep_logprobs=True)
+    return ppl.Baseline(ckpt, engine_dir, ids, scores)
+
+
 @pytest.fixture(scope="session")
 def trained_qwen3(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The trained tiny Qwen3 (tests/trained_qwen3/ckpt) built as a float32 engine, and that
@@ -231,13 +246,16 @@ def trained_qwen3(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory
     engines of the same checkpoint are measured against (read-only)."""
     from trained_qwen3 import perplexity as ppl
 
-    from edgeomni.export.family import BuildArgs
+    return _trained_baseline(exports, tmp_path_factory, ppl.CKPT, "trained-qwen3")
 
-    engine_dir = tmp_path_factory.mktemp("trained-qwen3") / "fp32"
-    assert exports.build(ppl.CKPT, engine_dir, BuildArgs(**ppl.BUILD)) is not None
-    ids = ppl.heldout_ids(ppl.N_WINDOWS, ppl.WINDOW)
-    scores = ppl.engine_perplexity(engine_dir, ids, ppl.WINDOW, ppl.BATCH, keep_logprobs=True)
-    return ppl.Baseline(ppl.CKPT, engine_dir, ids, scores)
+
+@pytest.fixture(scope="session")
+def trained_qwen35(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The same for the tiny Qwen3.5 trained on the same text (tests/trained_qwen35/ckpt): its
+    DeltaNet layers carry recurrent and convolution state, which int4 weights must not spoil."""
+    from trained_qwen3 import perplexity as ppl
+
+    return _trained_baseline(exports, tmp_path_factory, ppl.CKPT_QWEN3_5, "trained-qwen35")
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ training text). docs/quantization.md has the whole table, on all 88 held-out win
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,22 +31,19 @@ BUILDS = {
 @pytest.fixture(scope="module")
 def scores(trained_qwen3: ppl.Baseline, exports, tmp_path_factory) -> dict[str, Any]:
     """Each build's held-out scores, and its engine's config.json quantization record."""
+    return quantized_scores(trained_qwen3, BUILDS, exports, tmp_path_factory.mktemp("int4-quality"))
+
+
+def quantized_scores(
+    baseline: ppl.Baseline, builds: dict[str, dict[str, Any]], exports: Any, root: Path
+) -> dict[str, Any]:
+    """Each build of the baseline's checkpoint, scored against it (perplexity.against), with
+    its ``engine_dir``."""
     out = {}
-    root = tmp_path_factory.mktemp("int4-quality")
-    for name, quant in BUILDS.items():
+    for name, quant in builds.items():
         engine = root / name.replace(" ", "-").replace(",", "")
-        assert exports.build(trained_qwen3.ckpt, engine, BuildArgs(**ppl.BUILD, **quant))
-        s = ppl.engine_perplexity(engine, trained_qwen3.ids, ppl.WINDOW, ppl.BATCH,
-                                  keep_logprobs=True)  # fmt: skip
-        s["record"] = json.loads((engine / "config.json").read_text())["quantization"]
-        base = trained_qwen3.scores
-        s["ratio"] = s["ppl"] / base["ppl"]
-        s["agreement"] = ppl.greedy_agreement(s, base)
-        s["kl"] = ppl.mean_kl(base, s)
-        print(f"{name}: ppl {s['ppl']:.3f} vs fp32 {base['ppl']:.3f} "
-              f"({100 * (s['ratio'] - 1):+.2f}%), greedy agreement {s['agreement']:.3f}, "
-              f"KL {s['kl']:.4f}")  # fmt: skip
-        out[name] = s
+        assert exports.build(baseline.ckpt, engine, BuildArgs(**ppl.BUILD, **quant))
+        out[name] = dict(ppl.against(baseline, engine, name), engine_dir=engine)
     return out
 
 

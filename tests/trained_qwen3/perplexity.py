@@ -1,4 +1,5 @@
-"""Held-out perplexity of the trained tiny Qwen3 (``ckpt/``), measured through a built engine.
+"""Held-out perplexity of the trained tiny Qwen3 (``ckpt/``) and Qwen3.5
+(``../trained_qwen35/ckpt``), measured through a built engine.
 
 Why: int4 weight quantization (issue 32) can only be judged on a model that has learned
 something, and only through what edgeomni actually runs. ``engine_perplexity`` drives the
@@ -11,7 +12,10 @@ Teacher forcing: an engine returns logits at one position per row (``last_indice
 window is fed one token per call (cache length t, position t), always the true token, and the
 logits of call t score token t + 1. Windows are consecutive and non-overlapping, ``window``
 tokens each (a trailing partial window is dropped); each row of a call is one window, so a
-window's first token is context only and ``window - 1`` tokens are scored per window.
+window's first token is context only and ``window - 1`` tokens are scored per window. Before
+each batch of windows the rows' state is reset (RowState.reset_rows): a recurrent or convolution
+state (Qwen3.5's DeltaNet layers) carries everything the row saw, so a window scored in a row
+an earlier window used would start from that window's state; a KV row needs no reset.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-CKPT = HERE / "ckpt"  # the trained checkpoint (train.py writes it)
+CKPT = HERE / "ckpt"  # the trained Qwen3 (train.py writes it)
+CKPT_QWEN3_5 = HERE.parent / "trained_qwen35" / "ckpt"  # train.py --model qwen3_5, same corpus
 HELDOUT = HERE / "heldout.txt"  # text from documents the model was not trained on
 
 # what the tests score, in seconds on two cores: 16 windows of 128 held-out tokens (2032 scored),
@@ -38,9 +43,9 @@ BUILD = dict(max_batch_size=BATCH, max_input_len=WINDOW, max_kv_cache_capacity=W
 
 @dataclass(frozen=True)
 class Baseline:
-    """The fp32 engine's run, once per session (tests/conftest.py's ``trained_qwen3``): what an
-    int4 engine's perplexity, greedy tokens and log-probs (``scores["logprobs"]``) are read
-    against."""
+    """The fp32 engine's run, once per session (tests/conftest.py's ``trained_qwen3`` and
+    ``trained_qwen35``): what an int4 engine's perplexity, greedy tokens and log-probs
+    (``scores["logprobs"]``) are read against."""
 
     ckpt: Path
     engine_dir: Path  # built with BUILD, float32
@@ -154,15 +159,16 @@ def engine_perplexity(
     embedding = safetensors_np.load(engine_dir / "embedding.safetensors")["embedding"]
     mrope = bool(cfg.get("mrope_section"))
     vocab = int(cfg["vocab_size"])
-    kv = RowState.for_engine(cfg, rows_max, engine, capacity)
+    state = RowState.for_engine(cfg, rows_max, engine, capacity)
     groups = [np.arange(s, min(s + rows_max, len(wins))) for s in range(0, len(wins), rows_max)]
 
     def logits_of(i: int) -> np.ndarray:
         ids = wins[groups[i]]
         rows = len(ids)
-        # a fresh session binds cache rows 0..rows-1; what earlier windows left there lies past
-        # each row's cache length, which attention never reads
-        session = DecoderSession(engine, kv, rows, {"logits": (vocab,)})
+        # a fresh session binds rows 0..rows-1: what earlier windows left in a KV row lies past
+        # its cache length, which attention never reads, but a recurrent or conv row holds it
+        state.reset_rows(0, rows)
+        session = DecoderSession(engine, state, rows, {"logits": (vocab,)})
         ones, last = np.ones(rows, np.int32), np.zeros(rows, np.int64)
         out = np.zeros((rows, window - 1, vocab), np.float32)
         for t in range(window - 1):
@@ -184,8 +190,9 @@ def torch_perplexity(
     *,
     keep_logprobs: bool = False,
 ) -> dict[str, Any]:
-    """The same scores from transformers (the reference): ``model`` a Qwen3ForCausalLM or a
-    checkpoint dir, run in float32 over whole windows."""
+    """The same scores from transformers (the reference): ``model`` a causal LM module
+    (Qwen3ForCausalLM, Qwen3_5ForCausalLM) or a checkpoint dir (AutoModelForCausalLM), run in
+    float32 over whole windows."""
     import torch
 
     if not isinstance(model, torch.nn.Module):
@@ -202,6 +209,24 @@ def torch_perplexity(
         return logits[:, :-1].float().numpy()
 
     return _result(groups, logits_of, wins[:, 1:], keep_logprobs)
+
+
+def against(baseline: Baseline, engine_dir: Path, name: str = "") -> dict[str, Any]:
+    """A quantized engine's held-out scores (built with BUILD) read against the fp32 engine's:
+    ``ratio`` of perplexities, greedy ``agreement``, mean ``kl`` from the fp32 engine, and
+    ``record``, its config.json quantization record; with a ``name``, one line printed
+    (pytest -s shows it)."""
+    s = engine_perplexity(engine_dir, baseline.ids, WINDOW, BATCH, keep_logprobs=True)
+    s["record"] = json.loads((Path(engine_dir) / "config.json").read_text())["quantization"]
+    base = baseline.scores
+    s["ratio"] = s["ppl"] / base["ppl"]
+    s["agreement"] = greedy_agreement(s, base)
+    s["kl"] = mean_kl(base, s)
+    if name:
+        print(f"{name}: ppl {s['ppl']:.3f} vs fp32 {base['ppl']:.3f} "
+              f"({100 * (s['ratio'] - 1):+.2f}%), greedy agreement {s['agreement']:.3f}, "
+              f"KL {s['kl']:.4f}")  # fmt: skip
+    return s
 
 
 def unigram_nll(

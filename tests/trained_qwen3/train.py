@@ -1,12 +1,16 @@
-"""Train the tiny Qwen3 in tests/trained_qwen3/ckpt on real English text, offline (not run by CI).
+"""Train the tiny Qwen3 (tests/trained_qwen3/ckpt) or Qwen3.5 (tests/trained_qwen35/ckpt) on real
+English text, offline (not run by CI).
 
 Why: quantization quality (int4 weights, issue 32) cannot be seen on random weights; it needs a
 model whose predictions are better than chance, small enough to commit (~4 MB) and to score in
 seconds on a CPU.
 
     python tests/trained_qwen3/train.py --out DIR   # DIR/ckpt (the checkpoint), DIR/heldout.txt
+    python tests/trained_qwen3/train.py --model qwen3_5 --steps 300 --out tests/trained_qwen35 \
+        --heldout tests/trained_qwen3/heldout.txt       # the same corpus: the same held-out text
 
-The committed files came from ``--out tests/trained_qwen3`` (CPU torch, 2 threads, seed 0).
+The committed files came from ``--out tests/trained_qwen3`` and the Qwen3.5 line above (CPU
+torch, 2 threads, seed 0).
 
 Corpus, built deterministically from text on a Debian machine, in this order:
   * every regular file in /usr/share/common-licenses (sorted by name; the GPL, LGPL and GFDL
@@ -26,10 +30,13 @@ Python can be noticed).
 
 Tokenizer: byte-level BPE (``tokenizers``), 1024 ids with the three specials of
 edgeomni/export/tiny.py (ChatML chat template, eos <|im_end|>, pad <|endoftext|>), so
-edge-build takes the checkpoint as it takes the tiny random one. Model: Qwen3, hidden 128,
-intermediate 384, 4 layers, 4 heads / 2 KV heads of 32, untied lm_head (every linear input a
-multiple of 128, so int4 groups of 32/64/128 divide them), float32. Training: AdamW on random
-128-token windows of the training stream, warmup then cosine decay, a fixed number of steps.
+edge-build takes the checkpoint as it takes the tiny random one. Model (``--model``): Qwen3,
+hidden 128, intermediate 384, 4 layers, 4 heads / 2 KV heads of 32, untied lm_head (every linear
+input a multiple of 128, so int4 groups of 32/64/128 divide them), float32; or Qwen3.5 of the
+same widths (three Gated DeltaNet layers, then one gated full-attention layer: the recurrent
+state a quantized engine must carry, issue 52). Training: AdamW on random 128-token windows of
+the training stream, warmup then cosine decay, a fixed number of steps (Qwen3.5: 300, since at
+500 it overfits: held-out perplexity 47 against 34, tests/trained_qwen35/README.md).
 """
 
 from __future__ import annotations
@@ -63,6 +70,21 @@ MODEL = dict(
     max_position_embeddings=512,
     tie_word_embeddings=False,
 )
+# Qwen3.5 (Qwen3_5ForCausalLM, model_type qwen3_5_text) of the same widths: DeltaNet with 2 key
+# heads and 4 value heads of 32 (in_proj_qkv 256, z 128), one gated attention layer last, partial
+# rotary 0.25 of head_dim 32 (rotary dim 8, MRoPE sections summing to 4)
+MODEL_QWEN3_5 = dict(
+    MODEL,
+    layer_types=["linear_attention"] * 3 + ["full_attention"],
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=32,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                     "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1]},
+)  # fmt: skip
+MODELS = {"qwen3": MODEL, "qwen3_5": MODEL_QWEN3_5}
 TRAIN = dict(seq=128, batch=32, steps=500, warmup=50, lr=3e-3, min_lr=3e-4, wd=0.1, clip=1.0)
 EVAL_EVERY = 100
 
@@ -139,10 +161,29 @@ def _lr(step: int) -> float:
     return TRAIN["min_lr"] + 0.5 * (TRAIN["lr"] - TRAIN["min_lr"]) * (1 + math.cos(math.pi * frac))
 
 
-def train(out: Path, seed: int = 0, steps: int | None = None) -> dict[str, Any]:
-    """Write DIR/heldout.txt and the checkpoint DIR/ckpt; returns the training record."""
+def new_model(name: str, vocab: int, eos: int, pad: int) -> Any:
+    """A freshly initialised model of MODELS[name] (after torch.manual_seed: reproducible)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
+
+    config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM),
+                             "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM)}[name]  # fmt: skip
+    # eager attention: on the CPU its backward ran 5x faster than sdpa's (not saved in config.json)
+    config = config_cls(vocab_size=vocab, eos_token_id=eos, pad_token_id=pad, bos_token_id=None,
+                        attn_implementation="eager", **MODELS[name])  # fmt: skip
+    return model_cls(config)
+
+
+def train(
+    out: Path,
+    seed: int = 0,
+    steps: int | None = None,
+    model_name: str = "qwen3",
+    heldout: Path | None = None,
+) -> dict[str, Any]:
+    """Write the held-out text (DIR/heldout.txt unless ``heldout``) and the checkpoint DIR/ckpt
+    of model MODELS[model_name]; returns the training record."""
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import GenerationConfig
 
     torch.set_num_threads(2)
     torch.manual_seed(seed)
@@ -152,15 +193,12 @@ def train(out: Path, seed: int = 0, steps: int | None = None) -> dict[str, Any]:
     ckpt = out / "ckpt"
     ckpt.mkdir(parents=True, exist_ok=True)
     train_text, held_text, record = corpus()
-    (out / "heldout.txt").write_text(held_text, encoding="utf-8")
+    (heldout or out / "heldout.txt").write_text(held_text, encoding="utf-8")
     tok = make_tokenizer(train_text, ckpt)
     train_ids = tok(train_text, add_special_tokens=False)["input_ids"]
     held_ids = tok(held_text, add_special_tokens=False)["input_ids"]
     eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
-    # eager attention: on the CPU its backward ran 5x faster than sdpa's (not saved in config.json)
-    config = Qwen3Config(vocab_size=len(tok), eos_token_id=eos, pad_token_id=pad,
-                         bos_token_id=None, attn_implementation="eager", **MODEL)  # fmt: skip
-    model = Qwen3ForCausalLM(config)
+    model = new_model(model_name, len(tok), eos, pad)
     params = sum(p.numel() for p in model.parameters())
     seq, bsz = TRAIN["seq"], TRAIN["batch"]
     data = torch.tensor(train_ids, dtype=torch.long)
@@ -205,7 +243,8 @@ def train(out: Path, seed: int = 0, steps: int | None = None) -> dict[str, Any]:
         train_tokens=len(train_ids),
         heldout_tokens=len(held_ids),
         params=params,
-        model=MODEL,
+        model=MODELS[model_name],
+        model_type=model.config.model_type,
         vocab_size=len(tok),
         training=dict(TRAIN),
         unigram_heldout_ppl=math.exp(base),
@@ -221,8 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="writes DIR/ckpt and DIR/heldout.txt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help=f"default {TRAIN['steps']}")
+    p.add_argument("--model", choices=sorted(MODELS), default="qwen3")
+    p.add_argument("--heldout", type=Path, default=None, help="default DIR/heldout.txt")
     args = p.parse_args(argv)
-    record = train(args.out, args.seed, args.steps)
+    record = train(args.out, args.seed, args.steps, args.model, args.heldout)
     last = record["history"][-1]
     print(f"done in {record['train_seconds']} s: train ppl {last['train_ppl']:.2f}, held-out "
           f"{last['heldout_ppl']:.2f} (unigram {record['unigram_heldout_ppl']:.2f})")  # fmt: skip
