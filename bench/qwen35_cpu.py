@@ -14,7 +14,7 @@ stored, every DeltaNet layer's recurrent and convolution state (read and written
 these dimensions, whatever the context) and the attention layers' KV at mid-generation.
 
     python bench/qwen35_cpu.py [--work DIR] [--layers 24] [--new-tokens 64] [--repeats 3]
-                               [--prefill-words 200] [--json FILE]
+                               [--prefill-words 48] [--json FILE]
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def transformers_prefill(ckpt: Path, engine: Path, words: int, repeats: int) -> 
 def main() -> int:
     p = decode_parser(__doc__, "edgeomni-qwen35-bench")
     p.set_defaults(layers=24)
-    p.add_argument("--prefill-words", type=int, default=200)
+    p.add_argument("--prefill-words", type=int, default=48, help="the build takes 256 tokens")
     p.add_argument("--bandwidth-probes", type=int, default=3, help="before and after the runs")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args()

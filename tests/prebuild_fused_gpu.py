@@ -1,13 +1,16 @@
 """Build tests/test_fused_gpu.py's engines here, for a GPU machine whose torch cannot export the
 tiny checkpoints (the H200 image's torch 2.11 failed to under pytest): CUDA builds need no GPU.
 
-    python tests/prebuild_fused_gpu.py DIR
+    python tests/prebuild_fused_gpu.py DIR [--onnxruntime VERSION]
     EDGEOMNI_GPU_PREBUILT=DIR pytest -m gpu tests/test_fused_gpu.py   # on the GPU machine
+
+``--onnxruntime``: the onnxruntime the GPU machine has (onnxruntime-gpu stops at 1.31.1 where
+this machine's CPU build is 1.32): the lowerings are chosen for it (plugins/lowering.py's
+onnxruntime_options), so its runtime does not refuse the engines as built for a newer one.
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -71,4 +74,14 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("out", type=Path)
+    p.add_argument("--onnxruntime", help="the GPU machine's onnxruntime version")
+    a = p.parse_args()
+    if a.onnxruntime:
+        import onnxruntime
+
+        onnxruntime.__version__ = a.onnxruntime  # what onnxruntime_options() reads
+    main(a.out)
