@@ -220,8 +220,7 @@ class DecoderStage(Generic[D]):
         self.consumes = spec.consumes
         self._last: StepOutputs | None = None  # the last decode step's outputs
         self._decode: dict[int, DecoderSession] = {}
-        # the engine combines guided spans itself (decoder.WithGuidance)
-        self.guides_in_graph = all(n in spec.engine.input_names for n in GUIDANCE_INPUTS)
+        self._guides_in_graph: bool | None = None
 
     def _session(self, rows: int, first: int) -> DecoderSession:
         s = self.spec
@@ -235,6 +234,15 @@ class DecoderStage(Generic[D]):
         if rows not in self._decode:
             self._decode[rows] = self._session(rows, 0)
         return self._decode[rows]
+
+    @property
+    def guides_in_graph(self) -> bool:
+        """Whether the engine combines guided spans itself (decoder.WithGuidance): asked of the
+        engine when a call first needs it."""
+        if self._guides_in_graph is None:
+            names = self.spec.engine.input_names
+            self._guides_in_graph = all(n in names for n in GUIDANCE_INPUTS)
+        return self._guides_in_graph
 
     def guidance(self, state: RequestState) -> float | None:
         """The request's guidance scale (the spec's optional hook); None: one row."""

@@ -36,7 +36,7 @@ def copy_ckpt(src: Path, dst: Path) -> Path:
         (lambda d: (d.mkdir(), (d / "config.json").write_text("{}")), "no model_type"),
         (
             lambda d: (d.mkdir(), (d / "config.json").write_text('{"model_type": "llama9"}')),
-            "'llama9' is not supported; supported: qwen3, qwen3_asr, qwen3_omni_moe, qwen3_tts, qwen3_vl",
+            "'llama9' is not supported; supported: qwen3, qwen3_5, qwen3_5_text, qwen3_asr, qwen3_omni_moe, qwen3_tts, qwen3_vl",
         ),
         (
             lambda d: (d.mkdir(), (d / "config.json").write_text('{"model_type": "qwen3"}')),

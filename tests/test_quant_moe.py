@@ -168,7 +168,7 @@ def test_reference_is_moe_of_the_dequantized_experts() -> None:
 
 
 def toy_decoder(inter: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """x -> router MatMul -> edgeomni::MoE(x, logits, fc1, fc2) -> y, with a KV cache input."""
+    """x -> router MatMul -> edgeomni::MoE(x, logits, fc1, fc2) -> y, with a decoder's input."""
     from edgeomni.builder.quantize import DECODER_INPUT
 
     rng = np.random.default_rng(7)
@@ -190,7 +190,7 @@ def toy_decoder(inter: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
 
 def test_pass_makes_quant_moe_and_keeps_the_router_float(caplog) -> None:
-    from edgeomni.builder.quantize import Quantization, quantize_model
+    from edgeomni.builder.quantize import DECODER_INPUT, Quantization, quantize_model
 
     caplog.set_level("INFO", logger="edge-build")
     m, w = toy_decoder(INTER)
@@ -207,7 +207,7 @@ def test_pass_makes_quant_moe_and_keeps_the_router_float(caplog) -> None:
     lower_model(m, "onnxruntime", {**onnxruntime_options(), "nbits_accuracy_level": 0})
     x = np.random.default_rng(2).standard_normal((9, H)).astype(np.float32)
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    got = sess.run(["y"], {"x": x, "past_key_0": np.zeros(1, np.float32)})[0]
+    got = sess.run(["y"], {"x": x, DECODER_INPUT: np.zeros(1, np.float32)})[0]
     expected = quant_moe.reference(
         x, x @ w["router"], *(packed[n] for n in ("fc1_q4", "fc1_q4_scales", "fc2_q4",
                                                   "fc2_q4_scales")),

@@ -207,8 +207,8 @@ class _Visual:
 def test_video_frames_replace_the_templates_wrapper(wrapped) -> None:
     """A video's frames bring their own start and end tokens, so the template's pair around its
     placeholder goes (as Qwen3VLProcessor drops it); a bare placeholder and an image's pair stay."""
-    from edgeomni.runtime.families.qwen3_vl.media import VisionMedia
     from edgeomni.runtime.media.hook import Encoded
+    from edgeomni.runtime.media.vision_hook import VisionMedia
     from edgeomni.runtime.prompt import MediaPart
 
     start, end, image, video = 1, 2, 3, 4

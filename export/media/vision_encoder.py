@@ -282,6 +282,37 @@ def processor_settings(model_dir: Path, kind: str, required: bool = False) -> di
     return None
 
 
+def image_video_settings(ckpt: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A vision-language checkpoint's image processor settings (required) and its video
+    processor's (None: the build reads no video), as it ships them (Qwen3-VL, Qwen3.5)."""
+    image = processor_settings(ckpt.path, "image", required=True)
+    assert image is not None
+    return image, processor_settings(ckpt.path, "video")
+
+
+# the token ids a vision-language llm's media hook expands and positions (its engine config's
+# media_tokens), at config.json's top level (Qwen3-VL, Qwen3.5)
+MEDIA_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id",
+                "vision_end_token_id")  # fmt: skip
+# attention rows (frames) one visual call may hold beside what the prompt limit allows: a
+# video's frames each take at least a timestamp, two brackets and one merged token
+MIN_SEGMENTS = 16
+TOKENS_PER_FRAME = 4
+
+
+def media_tokens(cfg: dict[str, Any]) -> dict[str, int]:
+    """The placeholder and vision-bracket ids (config.json's top level)."""
+    from edgeomni.export.common.checkpoint import CheckpointError
+
+    out = {}
+    for key in MEDIA_TOKENS:
+        value = cfg.get(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise CheckpointError(f"config.json: {key} is missing or not an integer")
+        out[key] = value
+    return out
+
+
 def visual_ranges(config: Any, prompt: int, segments: int, spec: VisionSpec = OMNI) -> DimRanges:
     """The sizes one call of the visual engine takes (export/common/shapes.py): the patches of
     one prompt's media (merge^2 patches per merged token, at most ``prompt`` merged tokens) in

@@ -1,6 +1,6 @@
 """Qwen3.5's vision tower (Qwen3_5ForConditionalGeneration's ``model.visual``), built beside
 the llm as Qwen3-VL's is: the same engine (export/media/vision_encoder.py), inputs and
-processor settings, since transformers' Qwen3_5VisionModel is Qwen3VLVisionModel without
+processor settings (export/media/vision_encoder.py), since transformers' Qwen3_5VisionModel is Qwen3VLVisionModel without
 DeepStack (its one output is the merged embeddings). The ids its media hook expands are
 config.json's top-level image_token_id, video_token_id and vision start/end ids, read as
 Qwen3-VL's build reads them."""
@@ -16,12 +16,6 @@ from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, section
 from edgeomni.export.common.shapes import DimRanges
 from edgeomni.export.common.text_family import Encoder
-from edgeomni.export.families.qwen3_vl.build import (
-    MIN_SEGMENTS,
-    TOKENS_PER_FRAME,
-    processor_settings,
-)
-from edgeomni.export.families.qwen3_vl.config import MEDIA_TOKENS, media_tokens
 from edgeomni.export.family import BuildArgs, Component
 from edgeomni.export.media import vision_encoder as visual
 from edgeomni.export.registry import LLM_RUNNER
@@ -52,7 +46,7 @@ def _export(ckpt: Checkpoint, path: Path) -> Path:
 
 
 def _engine_config(ckpt: Checkpoint, args: BuildArgs) -> dict[str, Any]:
-    image, video = processor_settings(ckpt)
+    image, video = visual.image_video_settings(ckpt)
     return visual.visual_engine_config(ckpt.config, args.backend, args.device,
                                        image_processor=image, video_processor=video,
                                        spec=vision_spec())  # fmt: skip
@@ -60,7 +54,7 @@ def _engine_config(ckpt: Checkpoint, args: BuildArgs) -> dict[str, Any]:
 
 def _ranges(ckpt: Checkpoint, args: BuildArgs) -> DimRanges:
     """One request's image or video (a frame a segment), as Qwen3-VL's."""
-    segments = max(MIN_SEGMENTS, args.max_input_len // TOKENS_PER_FRAME)
+    segments = max(visual.MIN_SEGMENTS, args.max_input_len // visual.TOKENS_PER_FRAME)
     return visual.visual_ranges(ckpt.config, args.max_input_len, segments, vision_spec())
 
 
@@ -73,7 +67,7 @@ VISUAL = Encoder(
     component=Component("visual", "visual", visual.ENGINE, LLM_RUNNER),
     weights=PREFIX, config="vision_config", export=_export,
     inputs=(Input("image", "request:image", "skip"), Input("video", "request:video", "skip")),
-    engine_config=_engine_config, ranges=_ranges, module=_module, check=processor_settings,
+    engine_config=_engine_config, ranges=_ranges, module=_module, check=visual.image_video_settings,
 )  # fmt: skip
 
 
@@ -90,6 +84,6 @@ def llm_fields(ckpt: Checkpoint, dec: Any = None) -> dict[str, Any]:
         "pad_token_id": next((c["pad_token_id"] for c in (text, ckpt.generation_config)
                              if c.get("pad_token_id") is not None), None),
     }  # fmt: skip
-    if any(key in ckpt.config for key in MEDIA_TOKENS):
-        out["media_tokens"] = media_tokens(ckpt.config)
+    if any(key in ckpt.config for key in visual.MEDIA_TOKENS):
+        out["media_tokens"] = visual.media_tokens(ckpt.config)
     return out

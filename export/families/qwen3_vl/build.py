@@ -16,7 +16,6 @@ from edgeomni.export.families.qwen3_vl.config import (
     TEXT_PREFIX,
     VISUAL_PREFIX,
     lm_head_name,
-    media_tokens,
     text_decoder_config,
     vision_spec,
 )
@@ -25,18 +24,6 @@ from edgeomni.export.media import vision_encoder as visual
 from edgeomni.export.registry import LLM_RUNNER
 from edgeomni.graph_schema import Input
 
-# attention rows (frames) one visual call may hold beside what the prompt limit allows: a
-# video's frames each take at least a timestamp, two brackets and one merged token
-MIN_SEGMENTS = 16
-TOKENS_PER_FRAME = 4
-
-
-def processor_settings(ckpt: Checkpoint) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The image processor settings (required) and the video processor's (None: the build
-    reads no video), as the checkpoint ships them."""
-    image = visual.processor_settings(ckpt.path, "image", required=True)
-    return image, visual.processor_settings(ckpt.path, "video")
-
 
 def _export(ckpt: Checkpoint, path: Path) -> Path:
     spec = vision_spec()
@@ -44,7 +31,7 @@ def _export(ckpt: Checkpoint, path: Path) -> Path:
 
 
 def _engine_config(ckpt: Checkpoint, args: BuildArgs) -> dict[str, Any]:
-    image, video = processor_settings(ckpt)
+    image, video = visual.image_video_settings(ckpt)
     return visual.visual_engine_config(ckpt.config, args.backend, args.device,
                                        image_processor=image, video_processor=video,
                                        spec=vision_spec())  # fmt: skip
@@ -52,7 +39,7 @@ def _engine_config(ckpt: Checkpoint, args: BuildArgs) -> dict[str, Any]:
 
 def _ranges(ckpt: Checkpoint, args: BuildArgs) -> Any:
     """One request's image or video (a frame a segment)."""
-    segments = max(MIN_SEGMENTS, args.max_input_len // TOKENS_PER_FRAME)
+    segments = max(visual.MIN_SEGMENTS, args.max_input_len // visual.TOKENS_PER_FRAME)
     return visual.visual_ranges(ckpt.config, args.max_input_len, segments, vision_spec())
 
 
@@ -70,7 +57,7 @@ def llm_fields(ckpt: Checkpoint, dec: DecoderConfig) -> dict[str, Any]:
         "deepstack_layers": dec.deepstack_layers,
         "eos_token_id": artifacts.eos_token_ids(ckpt, ckpt.config, text),
         "pad_token_id": text.get("pad_token_id", ckpt.generation_config.get("pad_token_id")),
-        "media_tokens": media_tokens(ckpt.config),
+        "media_tokens": visual.media_tokens(ckpt.config),
     }
 
 
@@ -78,7 +65,7 @@ VISUAL = Encoder(
     component=Component("visual", "visual", visual.ENGINE, LLM_RUNNER),
     weights=VISUAL_PREFIX, config="vision_config", export=_export,
     inputs=(Input("image", "request:image", "skip"), Input("video", "request:video", "skip")),
-    engine_config=_engine_config, ranges=_ranges, module=_module, check=processor_settings,
+    engine_config=_engine_config, ranges=_ranges, module=_module, check=visual.image_video_settings,
 )  # fmt: skip
 HOOKS = TextFamily(text=("text_config",), prefix=TEXT_PREFIX, lm_head=lm_head_name,
                    decoder=text_decoder_config, encoder=VISUAL, fields=llm_fields)  # fmt: skip

@@ -19,11 +19,6 @@ LM_HEAD = "lm_head.weight"
 # our decoder's "model.*" is the checkpoint's "model.language_model.*"
 TEXT_PREFIX = "model.language_model."
 VISUAL_PREFIX = "model.visual."
-# the token ids the runtime's media hook expands and positions (engine config media_tokens)
-MEDIA_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id",
-                "vision_end_token_id")  # fmt: skip
-
-
 def vision_spec() -> VisionSpec:
     """Qwen3-VL's ViT: transformers' Qwen3VLVisionModel under ``model.visual.``, its DeepStack
     mergers in ``deepstack_merger_list`` (imported here, on first use, with transformers)."""
@@ -64,17 +59,6 @@ def text_decoder_config(cfg: dict[str, Any]) -> DecoderConfig:
                               f"{text['num_hidden_layers']} text layers")  # fmt: skip
     return decoder_config(text, DEFAULT_THETA, "text_config.", mrope_section=mrope,
                           deepstack_layers=layers)  # fmt: skip
-
-
-def media_tokens(cfg: dict[str, Any]) -> dict[str, int]:
-    """The placeholder and vision-bracket ids (config.json's top level)."""
-    out = {}
-    for key in MEDIA_TOKENS:
-        value = cfg.get(key)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise CheckpointError(f"config.json: {key} is missing or not an integer")
-        out[key] = value
-    return out
 
 
 def lm_head_name(ckpt: Checkpoint) -> str:

@@ -7,6 +7,6 @@ from __future__ import annotations
 from edgeomni.runtime.family import RuntimeFamily, register_family
 
 # the LLM's media hook, by its engine config's model_type ("module:attribute")
-MEDIA = {"qwen3_vl": "edgeomni.runtime.families.qwen3_vl.media:VisionMedia"}
+MEDIA = {"qwen3_vl": "edgeomni.runtime.media.vision_hook:VisionMedia"}
 
 FAMILY = register_family(RuntimeFamily(name="qwen3_vl", label="Qwen3-VL", media=MEDIA))

@@ -1,4 +1,5 @@
-"""Qwen3-VL's media hook for its LLM: the shared hook (runtime/media/hook.py) reading images and
+"""The media hook of a vision-language LLM (Qwen3-VL's, and Qwen3.5's, whose processor and
+positions are Qwen3-VL's): the shared hook (runtime/media/hook.py) reading images and
 videos through the visual encoder, with Qwen3VLProcessor's video layout (each temporal group of
 frames ``<t seconds><|vision_start|>`` + its placeholder tokens + ``<|vision_end|>``, in place of
 the template's ``<|vision_start|><|video_pad|><|vision_end|>``) and
@@ -12,7 +13,7 @@ from edgeomni.runtime.prompt import MediaPart, Prompt
 
 
 class VisionMedia(MediaHook):
-    """Qwen3-VL's media hook: images and videos through its visual encoder."""
+    """Images and videos through the LLM's visual encoder, Qwen3VLProcessor's layout."""
 
     TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     KINDS = ("image", "video")
