@@ -146,10 +146,10 @@ def main() -> int:
     return 0
 
 
-def tts(args: argparse.Namespace) -> int:
-    """Qwen3-TTS CustomVoice 0.6B: fp32 against int4 engines, RTF through the pipeline."""
-    import statistics
-
+def tts_engines(args: argparse.Namespace) -> tuple[dict[str, Path], dict]:
+    """The Qwen3-TTS CustomVoice 0.6B engines, fp32 and int4 (``args.group_size``), made once
+    and cached (bench/qwen3_tts_cpu.py's checkpoint and limits), and the request body of
+    ``args.frames`` greedy frames."""
     import qwen3_tts_cpu as tb
 
     work = Path(tempfile.gettempdir()) / "edgeomni-tts-bench" / "0.6b"
@@ -157,9 +157,8 @@ def tts(args: argparse.Namespace) -> int:
     ns = argparse.Namespace(size="0.6b", threads=args.threads, ref_seconds=5.0,
                             frames=args.frames, sampled=False)  # fmt: skip
     tb.checkpoints(ns, work, tb.reference_python())
-    body = tb.edgeomni_body(ns, None)
     quant = {"quantization": "int4_rtn", "group_size": args.group_size}
-    rows = {}
+    engines = {}
     for name, extra in (("fp32", {}), (f"int4 g{args.group_size}", quant)):
         engine = work / ("custom_voice-engine" + ("-int4" if extra else "-fp32"))
         if not (engine / "multistage_config.json").is_file():
@@ -168,6 +167,19 @@ def tts(args: argparse.Namespace) -> int:
             built = tb.worker(sys.executable, "_build", spec, args.threads, timeout=7200)
             if "error" in built:
                 raise SystemExit(built["error"])
+        engines[name] = engine
+    return engines, tb.edgeomni_body(ns, None)
+
+
+def tts(args: argparse.Namespace) -> int:
+    """Qwen3-TTS CustomVoice 0.6B: fp32 against int4 engines, RTF through the pipeline."""
+    import statistics
+
+    import qwen3_tts_cpu as tb
+
+    engines, body = tts_engines(args)
+    rows = {}
+    for name, engine in engines.items():
         spec = {"engine": str(engine), "body": body, "threads": args.threads, "whole": False,
                 "warmup": 1, "repeats": args.repeats}  # fmt: skip
         run = tb.worker(sys.executable, "_edgeomni", spec, args.threads, timeout=7200)

@@ -31,6 +31,9 @@ class ArtifactError(ValueError):
 
 
 Tables = Callable[[Mapping[str, Any]], Mapping[str, Sequence[str]]]
+# what a missing key most likely means, said with it
+HINTS = {"state": "an engine built before edgeomni declared its row state: rebuild it "
+                  "with edge-build"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ def require_keys(
         raise ArtifactError(path, f"{within or 'the file'} must be a JSON object")
     missing = [f"{prefix}{k}" for k in keys if not _lookup(config, k)]
     if missing:
-        raise ArtifactError(path, f"missing {', '.join(repr(k) for k in missing)}")
+        hint = "".join(f"; {HINTS[k]}" for k in missing if k in HINTS)
+        raise ArtifactError(path, f"missing {', '.join(repr(k) for k in missing)}{hint}")
 
 
 def check_folder(folder: Path, artifact: Artifact) -> Checked:

@@ -180,3 +180,20 @@ def test_validate_config_checks_the_declared_state(qwen3_engine: Path, tmp_path:
     assert cli.main(["--config", str(eng), "--validate-config"]) != cli.EXIT_OK
     err = capsys.readouterr().err
     assert "$.state[1].shape[0]" in err and "past_value_0" in err, err
+
+
+def test_an_engine_built_before_declared_state_asks_for_a_rebuild(qwen3_engine: Path,
+                                                                  tmp_path: Path,
+                                                                  capsys) -> None:  # fmt: skip
+    """A config.json without ``state`` (an engine dir an earlier edgeomni built) is refused by
+    --validate-config, naming the key and what to do."""
+    from edgeomni.runtime import cli
+
+    eng = tmp_path / "eng"
+    shutil.copytree(qwen3_engine, eng)
+    cfg = json.loads((eng / "config.json").read_text())
+    del cfg["state"]
+    (eng / "config.json").write_text(json.dumps(cfg))
+    assert cli.main(["--config", str(eng), "--validate-config"]) != cli.EXIT_OK
+    err = capsys.readouterr().err
+    assert "missing 'state'" in err and "rebuild it with edge-build" in err, err

@@ -1,0 +1,128 @@
+"""Where a Qwen3-TTS frame's time goes on this CPU, each part beside its bandwidth bound (issue
+53's first measurement).
+
+Qwen3-TTS CustomVoice at 0.6B dimensions (random weights; bench/int4_cpu.py's cached engines,
+fp32 and int4 talker and code predictor), one request streamed through edgeomni's pipeline, a
+fixed number of greedy frames, the stateful vocoder (the CPU default). From the request's own
+report (the talker's and the vocoder's stage details), per codec frame:
+
+- talker step: the time inside its engine calls (prefill included), and its bound: the talker
+  engine's bytes (its weights as stored) at the best measured read bandwidth;
+- code predictor: its 15 calls' engine time, and its bound: 15 reads of its engine's bytes;
+- host: the talker's and the code predictor's time outside their engine calls (inputs, draws,
+  the codec-embedding sum, Python);
+- vocoder: the stateful step's time (vocode_ms; it runs inline on the same thread);
+- the rest of the wall (the scheduler, events, writing the output).
+
+RTF is wall / audio seconds; real time needs a frame in 80 ms (12.5 frames a second).
+
+    python bench/tts_frame_cpu.py [--frames 60] [--repeats 3] [--threads 2] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from int4_cpu import tts_engines  # noqa: E402 - one definition each
+from llm_decode_cpu import read_bandwidth_gbs  # noqa: E402
+
+FRAME_MS = 80.0  # 12.5 codec frames a second
+CP_STEPS = 15  # code predictor calls a frame (16 codebooks, the first from the talker)
+
+
+def engine_bytes(folder: Path) -> int:
+    """An engine folder's weights as stored (its ONNX file and external data)."""
+    return sum(p.stat().st_size for p in folder.iterdir()
+               if p.name.endswith((".onnx", ".onnx.data", ".data")))  # fmt: skip
+
+
+def breakdown(run: dict[str, Any], engine: Path, bandwidth: float) -> dict[str, Any]:
+    """Per-frame milliseconds of each part (medians of the runs' walls; the stage details are
+    the last run's) and each decoder's bound."""
+    talker, vocoder = run["stages"]["talker"], run["stages"]["code2wav"]
+    frames = int(talker["frames"])
+    wall = statistics.median(r["wall_s"] for r in run["runs"]) * 1e3
+    t_engine = talker["talker_engine_ms"]
+    cp_engine = talker["code_predictor_engine_ms"]
+    host = talker["talker_ms"] - t_engine + talker["code_predictor_ms"] - cp_engine
+    vocode = vocoder["vocode_ms"]
+    talker_bound = engine_bytes(engine / "talker") / (bandwidth * 1e9) * 1e3
+    cp_bound = CP_STEPS * engine_bytes(engine / "code_predictor") / (bandwidth * 1e9) * 1e3
+    per = {
+        "talker_engine_ms": t_engine / frames,
+        "code_predictor_engine_ms": cp_engine / frames,
+        "decoders_host_ms": host / frames,
+        "vocoder_ms": vocode / frames,
+        "rest_ms": (wall - t_engine - cp_engine - host - vocode) / frames,
+        "wall_ms": wall / frames,
+    }
+    return {
+        "frames": frames,
+        "audio_s": run["runs"][0]["audio_s"],
+        "rtf": round(wall / 1e3 / run["runs"][0]["audio_s"], 3),
+        "first_audio_s": statistics.median(r["first_audio_s"] for r in run["runs"]),
+        "per_frame": {k: round(v, 2) for k, v in per.items()},
+        "talker_bound_ms": round(talker_bound, 2),
+        "code_predictor_bound_ms": round(cp_bound, 2),
+        "talker_fraction_of_bound": round(talker_bound / per["talker_engine_ms"], 3),
+        "code_predictor_fraction_of_bound": round(cp_bound / per["code_predictor_engine_ms"], 3),
+        "talker_engine_bytes": engine_bytes(engine / "talker"),
+        "code_predictor_engine_bytes": engine_bytes(engine / "code_predictor"),
+        "vocoder_mode": vocoder.get("mode"),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--frames", type=int, default=60)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--group-size", type=int, default=32, choices=(32, 64, 128))
+    p.add_argument("--bandwidth-probes", type=int, default=3, help="before and after the runs")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+
+    import qwen3_tts_cpu as tb
+
+    engines, body = tts_engines(args)
+    probes = [read_bandwidth_gbs() for _ in range(args.bandwidth_probes)]
+    runs = {}
+    for name, engine in engines.items():
+        spec = {"engine": str(engine), "body": body, "threads": args.threads, "whole": False,
+                "warmup": 1, "repeats": args.repeats}  # fmt: skip
+        run = tb.worker(sys.executable, "_edgeomni", spec, args.threads, timeout=7200)
+        if "error" in run:
+            raise SystemExit(run["error"])
+        runs[name] = run
+    probes += [read_bandwidth_gbs() for _ in range(args.bandwidth_probes)]
+    best = max(max(x.values()) for x in probes)
+    rows = {name: breakdown(run, engines[name], best) for name, run in runs.items()}
+    result = {"date": time.strftime("%Y-%m-%d"), "frames": args.frames, "threads": args.threads,
+              "best_read_bandwidth_gbs": round(best, 2),
+              "bandwidth_probes_gbs": [round(max(x.values()), 2) for x in probes],
+              "engines": rows, "stages": {n: r["stages"] for n, r in runs.items()}}  # fmt: skip
+    print(json.dumps(result, indent=2))
+    print("\n| engine | RTF | talker | its bound | code predictor | its bound | host | vocoder "
+          "| rest | frame |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        f = r["per_frame"]
+        print(f"| {name} | {r['rtf']} | {f['talker_engine_ms']} | {r['talker_bound_ms']} | "
+              f"{f['code_predictor_engine_ms']} | {r['code_predictor_bound_ms']} | "
+              f"{f['decoders_host_ms']} | {f['vocoder_ms']} | {f['rest_ms']} | "
+              f"{f['wall_ms']} (real time: {FRAME_MS}) |")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
