@@ -8,7 +8,9 @@ report (the talker's and the vocoder's stage details), per codec frame:
 
 - talker step: the time inside its engine calls (prefill included), and its bound: the talker
   engine's bytes (its weights as stored) at the best measured read bandwidth;
-- code predictor: its 15 calls' engine time, and its bound: 15 reads of its engine's bytes;
+- code predictor: its 15 calls' engine time, and its bound: 15 reads of its engine's body and
+  one head each (its 15 heads are stacked in the engine, float in int4 builds too, and a call
+  reads the one it uses);
 - host: the talker's and the code predictor's time outside their engine calls (inputs, draws,
   the codec-embedding sum, Python);
 - vocoder: the stateful step's time (vocode_ms; it runs inline on the same thread);
@@ -43,18 +45,26 @@ def engine_bytes(folder: Path) -> int:
                if p.name.endswith((".onnx", ".onnx.data", ".data")))  # fmt: skip
 
 
+def code_predictor_frame_bytes(folder: Path) -> int:
+    """What a frame's 15 code predictor calls read: the engine but its stacked float32 heads
+    each time, and each head once."""
+    cfg = json.loads((folder / "config.json").read_text())
+    heads = (int(cfg["num_code_groups"]) - 1) * int(cfg["hidden_size"]) * int(cfg["vocab_size"]) * 4
+    return CP_STEPS * (engine_bytes(folder) - heads) + heads
+
+
 def breakdown(run: dict[str, Any], engine: Path, bandwidth: float) -> dict[str, Any]:
-    """Per-frame milliseconds of each part (medians of the runs' walls; the stage details are
-    the last run's) and each decoder's bound."""
+    """Per-frame milliseconds of each part, of the last run (the stage details are its), and
+    each decoder's bound; RTF the median of the runs'."""
     talker, vocoder = run["stages"]["talker"], run["stages"]["code2wav"]
     frames = int(talker["frames"])
-    wall = statistics.median(r["wall_s"] for r in run["runs"]) * 1e3
+    wall = run["runs"][-1]["wall_s"] * 1e3
     t_engine = talker["talker_engine_ms"]
     cp_engine = talker["code_predictor_engine_ms"]
     host = talker["talker_ms"] - t_engine + talker["code_predictor_ms"] - cp_engine
     vocode = vocoder["vocode_ms"]
     talker_bound = engine_bytes(engine / "talker") / (bandwidth * 1e9) * 1e3
-    cp_bound = CP_STEPS * engine_bytes(engine / "code_predictor") / (bandwidth * 1e9) * 1e3
+    cp_bound = code_predictor_frame_bytes(engine / "code_predictor") / (bandwidth * 1e9) * 1e3
     per = {
         "talker_engine_ms": t_engine / frames,
         "code_predictor_engine_ms": cp_engine / frames,
@@ -66,7 +76,8 @@ def breakdown(run: dict[str, Any], engine: Path, bandwidth: float) -> dict[str, 
     return {
         "frames": frames,
         "audio_s": run["runs"][0]["audio_s"],
-        "rtf": round(wall / 1e3 / run["runs"][0]["audio_s"], 3),
+        "rtf": round(statistics.median(r["wall_s"] for r in run["runs"])
+                     / run["runs"][0]["audio_s"], 3),
         "first_audio_s": statistics.median(r["first_audio_s"] for r in run["runs"]),
         "per_frame": {k: round(v, 2) for k, v in per.items()},
         "talker_bound_ms": round(talker_bound, 2),
@@ -74,7 +85,7 @@ def breakdown(run: dict[str, Any], engine: Path, bandwidth: float) -> dict[str, 
         "talker_fraction_of_bound": round(talker_bound / per["talker_engine_ms"], 3),
         "code_predictor_fraction_of_bound": round(cp_bound / per["code_predictor_engine_ms"], 3),
         "talker_engine_bytes": engine_bytes(engine / "talker"),
-        "code_predictor_engine_bytes": engine_bytes(engine / "code_predictor"),
+        "code_predictor_frame_bytes": code_predictor_frame_bytes(engine / "code_predictor"),
         "vocoder_mode": vocoder.get("mode"),
     }
 
