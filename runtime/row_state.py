@@ -38,16 +38,15 @@ def declared(cfg: Mapping[str, Any], where: Path | str = "config.json") -> tuple
 
 def engine_io(engine: Engine) -> tuple[dict[str, Any], dict[str, Any]]:
     """An opened engine's inputs and outputs as check_io takes them (name -> (dtype, dims)),
-    dims unknown (None) where the engine does not say them."""
-    shapes = {**getattr(engine, "input_shapes", {}), **getattr(engine, "output_shapes", {})}
+    dims unknown (None) where the engine does not say them (an engine says its outputs')."""
 
-    def side(names: Sequence[str], types: Mapping[str, Any]) -> dict[str, Any]:
+    def side(names: Sequence[str], types: Mapping[str, Any],
+             shapes: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
         return {n: (np.dtype(types[n]).name if n in types else None,
                     tuple(shapes.get(n, ())) or None) for n in names}  # fmt: skip
 
-    return side(engine.input_names, engine.input_types), side(
-        engine.output_names, engine.output_types
-    )
+    return (side(engine.input_names, engine.input_types, {}),
+            side(engine.output_names, engine.output_types, engine.output_shapes))  # fmt: skip
 
 
 def check_engine(state: Sequence[StateTensor], engine: Engine, where: Path | str) -> None:
@@ -129,15 +128,11 @@ class RowState:
             binding.bind_in_place(t.input, t.output, at(self.arrays[t.name], rows, start),
                                   capacity=cap)  # fmt: skip
 
-    def _span(self, t: StateTensor, length: int) -> int | None:
-        return length if t.kind == "kv" else None
-
     def move_row(self, src: int, dst: int, length: int) -> None:
         """Row ``src`` into row ``dst`` (a request moving to a lower row): a kv tensor's first
-        ``length`` positions, the others whole."""
+        ``length`` positions along its capacity axis, the others (no such axis) whole."""
         for t in self.tensors:
-            self.buffers.copy_row(self.arrays[t.name], src, dst, self._span(t, length),
-                                  t.capacity_axis)  # fmt: skip
+            self.buffers.copy_row(self.arrays[t.name], src, dst, length, t.capacity_axis)
 
     def reset_rows(self, start: int, n: int = 1) -> None:
         """Rows a new request takes: every tensor but kv zeroed (a kv row needs none: the
@@ -222,7 +217,6 @@ class RowPool:
         old = self.state
         rows = 2 * old.max_batch
         self.state = RowState(old.tensors, rows, old.capacity, old.buffers)
-        self.state.graph_slots = old.graph_slots
         for t in old.tensors:
             new = self.state.buffers.rows(self.state.arrays[t.name], old.max_batch)
             self.state.buffers.copy_into(new, old.arrays[t.name])

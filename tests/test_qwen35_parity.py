@@ -10,21 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_inflight as inflight  # the in-flight tests' prompts, lengths and request body
 import torch
+from test_inflight import LENGTHS, PROMPTS, body
+from test_qwen3_parity import hf_greedy
 
 from edgeomni.runtime import cli
-from edgeomni.runtime.pipeline import Pipeline
-from edgeomni.runtime.requests import parse_request_file
-
-PROMPTS = [
-    "Hello! How are you today?",
-    "What is the capital of France?",
-    "Hi",
-    "The quick brown fox jumps over the lazy dog. Speech models turn text into audio.",
-    "Count to ten.",
-    "Why is the sky blue? Answer in one sentence please.",
-]
-LENGTHS = [3, 17, 6, 11, 2, 9]  # different output lengths: rows free up at different steps
 
 
 @pytest.fixture(scope="module")
@@ -35,29 +26,10 @@ def hf(qwen35_ckpt: Path) -> tuple[Any, Any]:
     return model, AutoTokenizer.from_pretrained(qwen35_ckpt)
 
 
-def hf_greedy(hf: tuple[Any, Any], prompt: str, max_new: int) -> list[int]:
-    model, tok = hf
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}],
-                                  add_generation_prompt=True, return_tensors="pt")  # fmt: skip
-    ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
-    with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=max_new, do_sample=False)
-    return out[0, ids.shape[1] :].tolist()
-
-
-def body() -> dict:
-    return {
-        "top_k": 1,
-        "requests": [{"messages": [{"role": "user", "content": p}], "max_generate_length": n}
-                     for p, n in zip(PROMPTS, LENGTHS, strict=True)],
-    }  # fmt: skip
-
-
 def run(engine: Path, obj: dict, batch_size: int, batching: str = "inflight") -> list[list[int]]:
-    requests, _ = parse_request_file(obj)
-    outcomes = Pipeline(engine, batching=batching).run(requests, batch_size=batch_size)
+    outcomes = inflight.run(engine, obj, batch_size, batching)
     assert all(o.entry["ok"] for o in outcomes), [o.entry["error"] for o in outcomes]
-    return [o.entry["stages"]["llm"]["output_tokens"] for o in outcomes]
+    return inflight.tokens(outcomes)
 
 
 def test_one_prompt_matches_transformers(qwen35_engine: Path, hf, tmp_path: Path) -> None:

@@ -311,7 +311,24 @@ class CausalLM(nn.Module):
         return inputs + kv_in, outputs + kv_out
 
 
-class WithGuidance(nn.Module):
+class Wrapped(nn.Module):
+    """A decoder wrapped for its export (guidance, a top-K, float32 inputs, a sampler): it keeps
+    the inner decoder's config and declared state, and its inputs and outputs unless it adds
+    some (then it says which: ``io_names``)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.cfg = inner.cfg
+
+    def state_tensors(self) -> list[StateTensor]:
+        return self.inner.state_tensors()  # type: ignore[no-any-return]
+
+    def io_names(self) -> tuple[list[str], list[str]]:
+        return self.inner.io_names()  # type: ignore[no-any-return]
+
+
+class WithGuidance(Wrapped):
     """A decoder whose engine combines classifier-free guidance's row pairs itself, so a top-K
     after it (WithTopK) is taken from the guided logits on the device:
 
@@ -322,11 +339,6 @@ class WithGuidance(nn.Module):
     ``last_indices``. The runtime (decoder_stage.guidance_feeds) gives a guided request's
     conditional row its next row, the unconditional one.
     """
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-        self.cfg = inner.cfg
 
     def forward(
         self,
@@ -345,15 +357,12 @@ class WithGuidance(nn.Module):
         scale = guidance_scale.to(logits.dtype)[:, None]
         return (uncond + scale * (logits - uncond), *rest)
 
-    def state_tensors(self) -> list[StateTensor]:
-        return self.inner.state_tensors()  # type: ignore[no-any-return]
-
     def io_names(self) -> tuple[list[str], list[str]]:
         inputs, outputs = self.inner.io_names()
         return [*inputs[:5], "guidance_rows", "guidance_scale", *inputs[5:]], outputs
 
 
-class WithTopK(nn.Module):
+class WithTopK(Wrapped):
     """A decoder whose engine also reduces its logits: topk_values/topk_indices [B, K] after
     ``logits``, so a GPU runtime copies K candidates per row to the host, not the vocabulary.
 
@@ -362,11 +371,9 @@ class WithTopK(nn.Module):
     """
 
     def __init__(self, inner: nn.Module, k: int, exclude: tuple[int, ...] = ()) -> None:
-        super().__init__()
+        super().__init__(inner)
         if not 0 < k <= inner.cfg.vocab_size:
             raise ValueError(f"logits top-k {k} must be in 1..{inner.cfg.vocab_size}")
-        self.inner = inner
-        self.cfg = inner.cfg
         self.k = k
         bias = torch.zeros(inner.cfg.vocab_size)
         bias[list(exclude)] = float("-inf")
@@ -387,15 +394,12 @@ class WithTopK(nn.Module):
         values, indices = torch.topk(scores, self.k, dim=-1)
         return (logits, values, indices, *rest)
 
-    def state_tensors(self) -> list[StateTensor]:
-        return self.inner.state_tensors()  # type: ignore[no-any-return]
-
     def io_names(self) -> tuple[list[str], list[str]]:
         inputs, (logits, *rest) = self.inner.io_names()
         return inputs, [logits, "topk_values", "topk_indices", *rest]
 
 
-class Float32Embeds(nn.Module):
+class Float32Embeds(Wrapped):
     """A float16 decoder whose host-fed inputs (``inputs_embeds``, ``deepstack_embeds``) are
     float32 at the engine's boundary and cast inside it. The runtime then binds the float32
     embedding table's rows as they are: numpy casts float32 to float16 at ~5 ns an element, which
@@ -403,9 +407,7 @@ class Float32Embeds(nn.Module):
     host; the GPU's cast costs one small kernel a call."""
 
     def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-        self.cfg = inner.cfg
+        super().__init__(inner)
         self.dtype = next(inner.parameters()).dtype
         names = inner.io_names()[0]
         # deepstack_embeds' place in ``rest``, the inputs after the first five
@@ -425,9 +427,3 @@ class Float32Embeds(nn.Module):
             rest_in[self._deep] = rest_in[self._deep].to(self.dtype)
         lengths = (position_ids, past_lens, query_lens, last_indices)
         return self.inner(inputs_embeds.to(self.dtype), *lengths, *rest_in)
-
-    def state_tensors(self) -> list[StateTensor]:
-        return self.inner.state_tensors()  # type: ignore[no-any-return]
-
-    def io_names(self) -> tuple[list[str], list[str]]:
-        return self.inner.io_names()

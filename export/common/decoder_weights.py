@@ -72,9 +72,17 @@ def load_decoder(
     renames: Mapping[str, str] | None = None,
 ) -> None:
     """Load every parameter, checking shapes; ``where`` names the checkpoint in errors."""
+    tensors = decoder_tensors(module, get, prefix=prefix, lm_head=lm_head, renames=renames)
+    load_state(module, tensors, dtype=dtype, where=where)
+
+
+def load_state(
+    module: torch.nn.Module, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype, where: str
+) -> None:
+    """A decoder's parameters (our name -> the checkpoint's value), shapes checked, in
+    ``dtype``; its rotary buffers (``module.model.rotary``) kept float32."""
     own = module.state_dict()
     state = {}
-    tensors = decoder_tensors(module, get, prefix=prefix, lm_head=lm_head, renames=renames)
     for name, tensor in tensors.items():
         if tuple(tensor.shape) != tuple(own[name].shape):
             raise CheckpointError(

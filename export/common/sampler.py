@@ -14,10 +14,8 @@ draws that frame on the host instead.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from edgeomni.export.common.decoder import CausalLM
-from edgeomni.graph_schema.state import StateTensor
+from edgeomni.export.common.decoder import CausalLM, Wrapped
 
 SAMPLER_INPUTS = ("sample_uniform", "sample_temperature", "sample_top_k", "sample_top_p")
 SAMPLER_OUTPUTS = ("sampled_ids", "sampled_embeds")
@@ -61,14 +59,14 @@ def draw_from_topk(
     return torch.where(exact, drawn, -1)
 
 
-class WithSampler(nn.Module):
+class WithSampler(Wrapped):
     """A multi-head decoder (the code predictor) that also draws each row's next code and
     looks up its input embedding for the next call: ``sampled_ids`` [B] and ``sampled_embeds``
     [B, H] after ``logits`` and the top-K. ``tables`` [heads, V, H]: the embedding that the
     code drawn with head i feeds to the next call."""
 
     def __init__(self, inner: CausalLM, k: int, tables: torch.Tensor) -> None:
-        super().__init__()
+        super().__init__(inner)
         cfg = inner.cfg
         if not 1 < k <= cfg.vocab_size:
             raise ValueError(f"sampler top-k {k} must be in 2..{cfg.vocab_size}")
@@ -77,8 +75,6 @@ class WithSampler(nn.Module):
                 f"sampler tables {tuple(tables.shape)} do not match the decoder's "
                 f"({cfg.lm_heads}, {cfg.vocab_size}, {cfg.embeds_size})"
             )
-        self.inner = inner
-        self.cfg = cfg
         self.k = k
         dtype = next(inner.parameters()).dtype
         self.register_buffer("tables", tables.reshape(-1, cfg.embeds_size).to(dtype))
@@ -105,9 +101,6 @@ class WithSampler(nn.Module):
         # as the engine's output would add a copy); the runtime views it as [B, 1, H]
         embeds = self.tables.index_select(0, row)
         return (logits, values, indices, drawn, embeds, *presents)
-
-    def state_tensors(self) -> list[StateTensor]:
-        return self.inner.state_tensors()
 
     def io_names(self) -> tuple[list[str], list[str]]:
         inputs, (logits, *presents) = self.inner.io_names()

@@ -388,3 +388,40 @@ def visual_engine_config(
     if video_processor is not None:
         body["video_processor"] = dict(video_processor.get("video_processor", video_processor))
     return body
+
+
+def vision_language_encoder(spec: Callable[[], VisionSpec], prefix: str) -> Any:
+    """A vision-language llm's visual encoder (Qwen3-VL's, Qwen3.5's), built beside the llm and
+    called by its runner (a text_family.Encoder): images and videos, the checkpoint's processor
+    settings, one request's media a call. ``spec`` makes the family's VisionSpec (on first
+    use, with transformers); ``prefix``: its weights' (the spec's)."""
+    from edgeomni.export.common.text_family import Encoder
+    from edgeomni.export.family import Component
+    from edgeomni.export.registry import LLM_RUNNER
+    from edgeomni.graph_schema import Input
+
+    def export(ckpt: Any, path: Path) -> Path:
+        s = spec()
+        return export_visual(load_visual(ckpt.tensor, ckpt.config, s), path, s)
+
+    def engine_config(ckpt: Any, args: Any) -> dict[str, Any]:
+        image, video = image_video_settings(ckpt)
+        return visual_engine_config(ckpt.config, args.backend, args.device,
+                                    image_processor=image, video_processor=video,
+                                    spec=spec())  # fmt: skip
+
+    def ranges(ckpt: Any, args: Any) -> DimRanges:
+        """One request's image or video (a frame a segment)."""
+        segments = max(MIN_SEGMENTS, args.max_input_len // TOKENS_PER_FRAME)
+        return visual_ranges(ckpt.config, args.max_input_len, segments, spec())
+
+    def module(ckpt: Any) -> nn.Module:
+        s = spec()
+        return s.module(vision_config(ckpt.config, s))
+
+    return Encoder(
+        component=Component("visual", "visual", ENGINE, LLM_RUNNER),
+        weights=prefix, config="vision_config", export=export,
+        inputs=(Input("image", "request:image", "skip"), Input("video", "request:video", "skip")),
+        engine_config=engine_config, ranges=ranges, module=module, check=image_video_settings,
+    )  # fmt: skip

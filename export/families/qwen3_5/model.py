@@ -27,6 +27,7 @@ from torch import nn
 from edgeomni.export.common.checkpoint import CheckpointError
 from edgeomni.export.common.config_values import attention_dims, integer, number
 from edgeomni.export.common.decoder import MLP, RMSNorm, RotaryEmbedding
+from edgeomni.export.common.decoder_weights import load_state
 from edgeomni.export.common.text_config import rope
 from edgeomni.graph_schema.state import StateTensor, kv_tensors
 from edgeomni.plugins import attention as attention_plugin
@@ -378,19 +379,6 @@ def load_qwen35(source: Any, config: Mapping[str, Any], *, prefix: str = "model.
     """A Qwen35CausalLM with the checkpoint's weights (shapes checked; ``where`` names the
     checkpoint in errors). ``source``: a Checkpoint, a state dict, or name -> tensor."""
     module = Qwen35CausalLM(config_from(config))
-    own = module.state_dict()
-    state = {}
-    for name, value in qwen35_tensors(module, _getter(source), prefix=prefix,
-                                      lm_head=lm_head).items():  # fmt: skip
-        if tuple(value.shape) != tuple(own[name].shape):
-            raise CheckpointError(f"{where}: {name} has shape {tuple(value.shape)}, expected "
-                                  f"{tuple(own[name].shape)}")  # fmt: skip
-        state[name] = value.to(dtype).contiguous()
-    module.load_state_dict(state, strict=True)
-    # positions and frequencies stay float32, with their float32 values (decoder_weights)
-    rotary = {k: v.clone() for k, v in module.model.rotary.named_buffers()}
-    module.to(dtype)
-    module.model.rotary.float()
-    for name, value in rotary.items():
-        getattr(module.model.rotary, name).copy_(value)
+    tensors = qwen35_tensors(module, _getter(source), prefix=prefix, lm_head=lm_head)
+    load_state(module, tensors, dtype=dtype, where=where)
     return module.eval()

@@ -1,25 +1,17 @@
 """Qwen3.5's vision tower (Qwen3_5ForConditionalGeneration's ``model.visual``), built beside
-the llm as Qwen3-VL's is: the same engine (export/media/vision_encoder.py), inputs and
-processor settings (export/media/vision_encoder.py), since transformers' Qwen3_5VisionModel is Qwen3VLVisionModel without
-DeepStack (its one output is the merged embeddings). The ids its media hook expands are
-config.json's top-level image_token_id, video_token_id and vision start/end ids, read as
-Qwen3-VL's build reads them."""
+the llm as Qwen3-VL's is (export/media/vision_encoder.py's vision_language_encoder: the same
+engine, inputs and processor settings), since transformers' Qwen3_5VisionModel is
+Qwen3VLVisionModel without DeepStack (its one output is the merged embeddings). The ids its
+media hook expands are config.json's top-level image_token_id, video_token_id and vision
+start/end ids, read as Qwen3-VL's build reads them."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
-
-import torch
 
 from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, section
-from edgeomni.export.common.shapes import DimRanges
-from edgeomni.export.common.text_family import Encoder
-from edgeomni.export.family import BuildArgs, Component
 from edgeomni.export.media import vision_encoder as visual
-from edgeomni.export.registry import LLM_RUNNER
-from edgeomni.graph_schema import Input
 
 PREFIX = "model.visual."
 
@@ -40,35 +32,7 @@ def vision_spec() -> visual.VisionSpec:
     )
 
 
-def _export(ckpt: Checkpoint, path: Path) -> Path:
-    spec = vision_spec()
-    return visual.export_visual(visual.load_visual(ckpt.tensor, ckpt.config, spec), path, spec)
-
-
-def _engine_config(ckpt: Checkpoint, args: BuildArgs) -> dict[str, Any]:
-    image, video = visual.image_video_settings(ckpt)
-    return visual.visual_engine_config(ckpt.config, args.backend, args.device,
-                                       image_processor=image, video_processor=video,
-                                       spec=vision_spec())  # fmt: skip
-
-
-def _ranges(ckpt: Checkpoint, args: BuildArgs) -> DimRanges:
-    """One request's image or video (a frame a segment), as Qwen3-VL's."""
-    segments = max(visual.MIN_SEGMENTS, args.max_input_len // visual.TOKENS_PER_FRAME)
-    return visual.visual_ranges(ckpt.config, args.max_input_len, segments, vision_spec())
-
-
-def _module(ckpt: Checkpoint) -> torch.nn.Module:
-    spec = vision_spec()
-    return spec.module(visual.vision_config(ckpt.config, spec))
-
-
-VISUAL = Encoder(
-    component=Component("visual", "visual", visual.ENGINE, LLM_RUNNER),
-    weights=PREFIX, config="vision_config", export=_export,
-    inputs=(Input("image", "request:image", "skip"), Input("video", "request:video", "skip")),
-    engine_config=_engine_config, ranges=_ranges, module=_module, check=visual.image_video_settings,
-)  # fmt: skip
+VISUAL = visual.vision_language_encoder(vision_spec, PREFIX)
 
 
 def llm_fields(ckpt: Checkpoint, dec: Any = None) -> dict[str, Any]:

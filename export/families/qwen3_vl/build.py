@@ -3,15 +3,12 @@ no stage of its own: the llm's runner calls it (the stage config names where it 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
-
-import torch
 
 from edgeomni.export.common import artifacts
 from edgeomni.export.common.checkpoint import Checkpoint, section
 from edgeomni.export.common.decoder import DecoderConfig
-from edgeomni.export.common.text_family import Encoder, TextFamily
+from edgeomni.export.common.text_family import TextFamily
 from edgeomni.export.families.qwen3_vl.config import (
     TEXT_PREFIX,
     VISUAL_PREFIX,
@@ -19,33 +16,7 @@ from edgeomni.export.families.qwen3_vl.config import (
     text_decoder_config,
     vision_spec,
 )
-from edgeomni.export.family import BuildArgs, Component
 from edgeomni.export.media import vision_encoder as visual
-from edgeomni.export.registry import LLM_RUNNER
-from edgeomni.graph_schema import Input
-
-
-def _export(ckpt: Checkpoint, path: Path) -> Path:
-    spec = vision_spec()
-    return visual.export_visual(visual.load_visual(ckpt.tensor, ckpt.config, spec), path, spec)
-
-
-def _engine_config(ckpt: Checkpoint, args: BuildArgs) -> dict[str, Any]:
-    image, video = visual.image_video_settings(ckpt)
-    return visual.visual_engine_config(ckpt.config, args.backend, args.device,
-                                       image_processor=image, video_processor=video,
-                                       spec=vision_spec())  # fmt: skip
-
-
-def _ranges(ckpt: Checkpoint, args: BuildArgs) -> Any:
-    """One request's image or video (a frame a segment)."""
-    segments = max(visual.MIN_SEGMENTS, args.max_input_len // visual.TOKENS_PER_FRAME)
-    return visual.visual_ranges(ckpt.config, args.max_input_len, segments, vision_spec())
-
-
-def _module(ckpt: Checkpoint) -> torch.nn.Module:
-    spec = vision_spec()
-    return spec.module(visual.vision_config(ckpt.config, spec))
 
 
 def llm_fields(ckpt: Checkpoint, dec: DecoderConfig) -> dict[str, Any]:
@@ -61,11 +32,6 @@ def llm_fields(ckpt: Checkpoint, dec: DecoderConfig) -> dict[str, Any]:
     }
 
 
-VISUAL = Encoder(
-    component=Component("visual", "visual", visual.ENGINE, LLM_RUNNER),
-    weights=VISUAL_PREFIX, config="vision_config", export=_export,
-    inputs=(Input("image", "request:image", "skip"), Input("video", "request:video", "skip")),
-    engine_config=_engine_config, ranges=_ranges, module=_module, check=visual.image_video_settings,
-)  # fmt: skip
+VISUAL = visual.vision_language_encoder(vision_spec, VISUAL_PREFIX)
 HOOKS = TextFamily(text=("text_config",), prefix=TEXT_PREFIX, lm_head=lm_head_name,
                    decoder=text_decoder_config, encoder=VISUAL, fields=llm_fields)  # fmt: skip
