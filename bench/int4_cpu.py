@@ -146,10 +146,13 @@ def main() -> int:
     return 0
 
 
-def tts_engines(args: argparse.Namespace) -> tuple[dict[str, Path], dict]:
-    """The Qwen3-TTS CustomVoice 0.6B engines, fp32 and int4 (``args.group_size``), made once
-    and cached (bench/qwen3_tts_cpu.py's checkpoint and limits), and the request body of
-    ``args.frames`` greedy frames."""
+def tts_engines(
+    args: argparse.Namespace, calls: tuple[str, ...] = ("frame",)
+) -> tuple[dict[str, Path], dict]:
+    """The Qwen3-TTS CustomVoice 0.6B engines, fp32 and int4 (``args.group_size``), each with
+    its code predictor called as ``calls`` say (edge-build's --code-predictor-calls: frame,
+    the CPU's default, or steps), made once and cached (bench/qwen3_tts_cpu.py's checkpoint
+    and limits), and the request body of ``args.frames`` greedy frames."""
     import qwen3_tts_cpu as tb
 
     work = Path(tempfile.gettempdir()) / "edgeomni-tts-bench" / "0.6b"
@@ -159,11 +162,15 @@ def tts_engines(args: argparse.Namespace) -> tuple[dict[str, Path], dict]:
     tb.checkpoints(ns, work, tb.reference_python())
     quant = {"quantization": "int4_rtn", "group_size": args.group_size}
     engines = {}
-    for name, extra in (("fp32", {}), (f"int4 g{args.group_size}", quant)):
-        engine = work / ("custom_voice-engine" + ("-int4" if extra else "-fp32"))
+    variants = [(f"{kind}, cp {how}", how, extra)
+                for kind, extra in (("fp32", {}), (f"int4 g{args.group_size}", quant))
+                for how in calls]  # fmt: skip
+    for name, how, extra in variants:
+        precision = f"-int4-g{args.group_size}" if extra else "-fp32"
+        engine = work / f"custom_voice-engine{precision}-{how}"
         if not (engine / "multistage_config.json").is_file():
             spec = {"ckpt": str(work / "custom_voice"), "engine": str(engine),
-                    "limits": {**tb.LIMITS, **extra}}  # fmt: skip
+                    "limits": {**tb.LIMITS, **extra, "code_predictor_calls": how}}  # fmt: skip
             built = tb.worker(sys.executable, "_build", spec, args.threads, timeout=7200)
             if "error" in built:
                 raise SystemExit(built["error"])
@@ -190,7 +197,7 @@ def tts(args: argparse.Namespace) -> int:
         rows[name] = {"engine_gib": tb.dir_gib(engine), "wall_s": wall, "audio_s": audio,
                       "rtf": round(wall / audio, 3), "codes": run["codes"],
                       "walls": [r["wall_s"] for r in run["runs"]]}  # fmt: skip
-    fp32 = rows["fp32"]
+    fp32 = rows["fp32, cp frame"]
     reference = fp32["codes"]
     for r in rows.values():
         r["speedup_vs_fp32"] = round(fp32["rtf"] / r["rtf"], 2)

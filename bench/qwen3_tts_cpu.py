@@ -214,7 +214,8 @@ def run_edgeomni(spec: dict) -> dict:
     from edgeomni.runtime.requests import parse_request_file
 
     engines = Engines(threads=spec["threads"])
-    pipe = Pipeline(spec["engine"], engines=engines, whole_utterance=spec["whole"])
+    pipe = Pipeline(spec["engine"], engines=engines, whole_utterance=spec["whole"],
+                    code2wav_streaming=spec.get("streaming"))  # fmt: skip
     requests, _ = parse_request_file(spec["body"])
     runs = []
     for i in range(spec["warmup"] + spec["repeats"]):

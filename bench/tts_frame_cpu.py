@@ -1,24 +1,28 @@
-"""Where a Qwen3-TTS frame's time goes on this CPU, each part beside its bandwidth bound (issue
-53's first measurement).
+"""Where a Qwen3-TTS frame's time goes on this CPU, each part beside its bandwidth bound, and
+the end-to-end RTF beside upstream qwen-tts in the same run (issue 53).
 
 Qwen3-TTS CustomVoice at 0.6B dimensions (random weights; bench/int4_cpu.py's cached engines,
-fp32 and int4 talker and code predictor), one request streamed through edgeomni's pipeline, a
-fixed number of greedy frames, the stateful vocoder (the CPU default). From the request's own
-report (the talker's and the vocoder's stage details), per codec frame:
+fp32 and int4 talker and code predictor, the code predictor built both ways edge-build can:
+``frame``, one call a frame, the CPU's default, and ``steps``, one call a step), one request
+streamed through edgeomni's pipeline, a fixed number of greedy frames, with the stateful
+vocoder (the CPU default) and, with ``--vocoder stateful,windows``, the windowed one. From the
+request's own report (the talker's and the vocoder's stage details), per codec frame:
 
 - talker step: the time inside its engine calls (prefill included), and its bound: the talker
   engine's bytes (its weights as stored) at the best measured read bandwidth;
-- code predictor: its 15 calls' engine time, and its bound: 15 reads of its engine's body and
-  one head each (its 15 heads are stacked in the engine, float in int4 builds too, and a call
-  reads the one it uses);
+- code predictor: its engine time (15 calls, or one frame call), and its bound: 15 reads of its
+  decoder body and one head each (each step reads the head it uses);
 - host: the talker's and the code predictor's time outside their engine calls (inputs, draws,
   the codec-embedding sum, Python);
-- vocoder: the stateful step's time (vocode_ms; it runs inline on the same thread);
+- vocoder: the stateful step's or the windows' time (vocode_ms; inline on the same thread);
 - the rest of the wall (the scheduler, events, writing the output).
 
-RTF is wall / audio seconds; real time needs a frame in 80 ms (12.5 frames a second).
+Upstream qwen-tts (its reference venv, tests/qwen_tts_reference/make_venv.py; float32, eager,
+the same threads) speaks the same text for the same frames, greedy; its codes are compared with
+each edgeomni engine's. RTF is wall / audio seconds; real time needs a frame in 80 ms.
 
-    python bench/tts_frame_cpu.py [--frames 60] [--repeats 3] [--threads 2] [--json FILE]
+    python bench/tts_frame_cpu.py [--frames 60] [--repeats 3] [--threads 2]
+        [--calls frame,steps] [--vocoder stateful,windows] [--no-upstream] [--json FILE]
 """
 
 from __future__ import annotations
@@ -45,11 +49,22 @@ def engine_bytes(folder: Path) -> int:
                if p.name.endswith((".onnx", ".onnx.data", ".data")))  # fmt: skip
 
 
-def code_predictor_frame_bytes(folder: Path) -> int:
-    """What a frame's 15 code predictor calls read: the engine but its stacked float32 heads
-    each time, and each head once."""
+def head_bytes(folder: Path) -> int:
+    """The code predictor's 15 heads as stored: a frame engine's ``frame_heads.*`` (int4 in an
+    int4 build), or a steps engine's stacked float heads."""
+    import onnx
+
     cfg = json.loads((folder / "config.json").read_text())
-    heads = (int(cfg["num_code_groups"]) - 1) * int(cfg["hidden_size"]) * int(cfg["vocab_size"]) * 4
+    if cfg.get("calls") != "frame":
+        return (int(cfg["num_code_groups"]) - 1) * int(cfg["hidden_size"]) * int(cfg["vocab_size"]) * 4
+    model = onnx.load(str(folder / cfg["engine"]), load_external_data=False)
+    return sum(len(t.raw_data) for t in model.graph.initializer
+               if t.name.startswith("frame_heads."))  # fmt: skip
+
+
+def code_predictor_frame_bytes(folder: Path) -> int:
+    """What a frame's 15 steps read: the engine but its heads each time, and each head once."""
+    heads = head_bytes(folder)
     return CP_STEPS * (engine_bytes(folder) - heads) + heads
 
 
@@ -97,39 +112,75 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--group-size", type=int, default=32, choices=(32, 64, 128))
+    p.add_argument("--calls", default="frame,steps", help="the code predictor builds to run")
+    p.add_argument("--vocoder", default="stateful", help="stateful, windows or both (a,b)")
+    p.add_argument("--no-upstream", action="store_true", help="leave qwen-tts out")
+    p.add_argument("--upstream-repeats", type=int, default=1)
     p.add_argument("--bandwidth-probes", type=int, default=3, help="before and after the runs")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
 
     import qwen3_tts_cpu as tb
 
-    engines, body = tts_engines(args)
+    calls = tuple(c for c in args.calls.split(",") if c)
+    vocoders = tuple(v for v in args.vocoder.split(",") if v)
+    engines, body = tts_engines(args, calls)
     probes = [read_bandwidth_gbs() for _ in range(args.bandwidth_probes)]
-    runs = {}
+    runs, folders = {}, {}
     for name, engine in engines.items():
-        spec = {"engine": str(engine), "body": body, "threads": args.threads, "whole": False,
-                "warmup": 1, "repeats": args.repeats}  # fmt: skip
-        run = tb.worker(sys.executable, "_edgeomni", spec, args.threads, timeout=7200)
-        if "error" in run:
-            raise SystemExit(run["error"])
-        runs[name] = run
+        for vocoder in vocoders:
+            label = name if vocoders == ("stateful",) else f"{name}, {vocoder} vocoder"
+            spec = {"engine": str(engine), "body": body, "threads": args.threads, "whole": False,
+                    "warmup": 1, "repeats": args.repeats, "streaming": vocoder}  # fmt: skip
+            print(f"{label} ...", file=sys.stderr, flush=True)
+            run = tb.worker(sys.executable, "_edgeomni", spec, args.threads, timeout=7200)
+            if "error" in run:
+                raise SystemExit(run["error"])
+            runs[label], folders[label] = run, engine
+    upstream = None
+    if not args.no_upstream:
+        print("upstream qwen-tts ...", file=sys.stderr, flush=True)
+        work = next(iter(engines.values())).parent
+        spec = {"text": tb.TEXT, "sampled": False, "steps": args.frames + 1,
+                "kind": "custom_voice", "ckpt": str(work / "custom_voice"),
+                "threads": args.threads, "repeats": args.upstream_repeats, "warmup": 1}  # fmt: skip
+        upstream = tb.worker(tb.reference_python(), "_upstream", spec, args.threads, timeout=7200)
+        if "error" in upstream:
+            raise SystemExit(upstream["error"])
     probes += [read_bandwidth_gbs() for _ in range(args.bandwidth_probes)]
     best = max(max(x.values()) for x in probes)
-    rows = {name: breakdown(run, engines[name], best) for name, run in runs.items()}
-    result = {"date": time.strftime("%Y-%m-%d"), "frames": args.frames, "threads": args.threads,
-              "best_read_bandwidth_gbs": round(best, 2),
-              "bandwidth_probes_gbs": [round(max(x.values()), 2) for x in probes],
-              "engines": rows, "stages": {n: r["stages"] for n, r in runs.items()}}  # fmt: skip
+    rows = {name: breakdown(run, folders[name], best) for name, run in runs.items()}
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"), "frames": args.frames, "threads": args.threads,
+        "best_read_bandwidth_gbs": round(best, 2),
+        "bandwidth_probes_gbs": [round(max(x.values()), 2) for x in probes],
+        "engines": rows, "stages": {n: r["stages"] for n, r in runs.items()},
+    }  # fmt: skip
+    if upstream is not None:
+        wall = statistics.median(r["wall_s"] for r in upstream["runs"])
+        audio = upstream["runs"][0]["audio_s"]
+        result["upstream"] = {
+            "rtf": round(wall / audio, 3), "wall_s": wall, "audio_s": audio,
+            "frames": upstream["runs"][0]["frames"], "versions": upstream["versions"],
+            "threads": upstream["threads"],
+            "codes": {n: tb.compare_codes(r["codes"], upstream["codes"]) for n, r in runs.items()},
+        }  # fmt: skip
+        for r in rows.values():
+            r["speedup_vs_upstream"] = round(result["upstream"]["rtf"] / r["rtf"], 2)
     print(json.dumps(result, indent=2))
-    print("\n| engine | RTF | talker | its bound | code predictor | its bound | host | vocoder "
-          "| rest | frame |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| engine | RTF | vs upstream | first audio | talker | its bound | code predictor "
+          "| its bound | host | vocoder | rest | frame |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         f = r["per_frame"]
-        print(f"| {name} | {r['rtf']} | {f['talker_engine_ms']} | {r['talker_bound_ms']} | "
+        print(f"| {name} | {r['rtf']} | {r.get('speedup_vs_upstream', '-')}x | "
+              f"{r['first_audio_s']} s | {f['talker_engine_ms']} | {r['talker_bound_ms']} | "
               f"{f['code_predictor_engine_ms']} | {r['code_predictor_bound_ms']} | "
               f"{f['decoders_host_ms']} | {f['vocoder_ms']} | {f['rest_ms']} | "
               f"{f['wall_ms']} (real time: {FRAME_MS}) |")  # fmt: skip
+    if upstream is not None:
+        print(f"| upstream qwen-tts fp32 | {result['upstream']['rtf']} | 1.0x | "
+              f"(whole audio) | | | | | | | | |")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

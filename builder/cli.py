@@ -180,6 +180,17 @@ def parser() -> argparse.ArgumentParser:
         "which streams windows with left context. Whole-utterance vocoding works with either",
     )
     p.add_argument(
+        "--code-predictor-calls",
+        choices=("frame", "steps"),
+        default=None,
+        help="how a speech graph's code predictor (Qwen3-Omni's, Qwen3-TTS's) is called: frame "
+        "(default with onnxruntime on the cpu, and only there) builds one engine that runs a "
+        "codec frame's 15 steps, heads and draws in one call (int4 then covers its heads too); "
+        "steps (the default elsewhere, and with --quantization int4_awq, which calibrates the "
+        "steps) one call a step, which a GPU captures and draws in the engine. Both draw the "
+        "same codes from the same seed",
+    )
+    p.add_argument(
         "--components",
         default=None,
         help="comma-separated components to build, or 'all' (default)",
@@ -220,6 +231,15 @@ def _run(args: argparse.Namespace) -> int:
         print("edge-build: error: --group-size, --[no-]quantize-lm-head and --quantize-encoders "
               "need --quantization", file=sys.stderr)  # fmt: skip
         return EXIT_BAD_INPUT
+    if args.code_predictor_calls == "frame" and (args.backend or "onnxruntime",
+                                                 args.device or "cpu") != ("onnxruntime", "cpu"):  # fmt: skip
+        print("edge-build: error: --code-predictor-calls frame is built for --backend onnxruntime "
+              "--device cpu", file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_INPUT
+    if args.code_predictor_calls == "frame" and args.quantization == "int4_awq":
+        print("edge-build: error: --code-predictor-calls frame takes --quantization int4_rtn: "
+              "int4_awq calibrates the code predictor's steps engine", file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_INPUT
     if args.engine_dir is None and not args.estimate:
         print("edge-build: error: --engine-dir is required (unless --estimate)", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -247,6 +267,7 @@ def _run(args: argparse.Namespace) -> int:
             quantize_encoders=bool(args.quantize_encoders),
             calibration=str(args.calibration) if args.calibration else None,
             code2wav_streaming=args.code2wav_streaming,
+            code_predictor_calls=args.code_predictor_calls,
         )
         wanted = [c.strip() for c in (args.components or "all").split(",") if c.strip()]
         if args.estimate:
@@ -341,6 +362,7 @@ def _warn_ignored(args: argparse.Namespace) -> None:
         "--quantization": args.quantization,
         "--components": args.components,
         "--code2wav-streaming": args.code2wav_streaming,
+        "--code-predictor-calls": args.code_predictor_calls,
     }
     given = [flag for flag, value in build_only.items() if value is not None]
     if given:

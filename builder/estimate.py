@@ -77,7 +77,8 @@ def estimate_component(
                 size = quant_linear.packed_bytes(k, n, block, t.element_size(), stored[1])  # type: ignore[index]
         elif quantize and id(t) in linear:
             shape = (int(t.shape[1]), int(t.shape[0]))  # nn.Linear stores [N, K]
-        elif quantize and name == mem.lm_head and t.dim() == 2 and args.quantize_lm_head:
+        elif (quantize and args.quantize_lm_head and t.dim() == 2
+              and mem.lm_head and (name == mem.lm_head or name.startswith(mem.lm_head + "."))):  # fmt: skip
             shape = (int(t.shape[0]), int(t.shape[1]))  # stored [H, V]: already [K, N]
         if shape and shape[0] % args.group_size == 0:
             size = quant_linear.packed_bytes(*shape, args.group_size, t.element_size(), False)

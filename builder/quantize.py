@@ -7,9 +7,9 @@ declares nothing for it and every backend gets its own lowering of the same quan
 - every MatMul whose weight is a 2-D float initializer [K, N] with K a multiple of the group
   size (and every Gemm that is one: torch exports a Linear over 2-D inputs so), in a decoder
   (an engine with a KV cache: the LLM or thinker, talkers, code predictors);
-- the lm_head (the MatMul that makes ``logits``) unless asked not to: on the trained tiny Qwen3
-  it adds 0.8% to int4's held-out perplexity, and it is a quarter of Qwen3-0.6B's weights
-  (docs/quantization.md);
+- the lm_head (the MatMul that makes ``logits``; a code predictor frame engine's heads) unless
+  asked not to: on the trained tiny Qwen3 it adds 0.8% to int4's held-out perplexity, and it
+  is a quarter of Qwen3-0.6B's weights (docs/quantization.md);
 - the routed experts of each mixture-of-experts block (an edgeomni::MoE node becomes an
   edgeomni::QuantMoE, plugins/quant_moe.py: ONNX Runtime's QMoE), grouped along each expert
   matrix's input axis (H for fc1, the MoE intermediate size for fc2); a block where either is
@@ -42,6 +42,8 @@ GROUP_SIZES = (32, 64, 128)
 # linears are quantized, an encoder's only on request
 DECODER_INPUT = "past_lens"
 LOGITS = "logits"
+# export/common/predictor_frame.py's output and heads (the builder does not import torch code)
+FRAME_OUTPUT, FRAME_HEADS = "frame_codes", "frame_heads"
 # A quantized graph is saved with its weights inline below this size (protobuf stops at 2 GB).
 INLINE_BYTES = 1 << 30
 
@@ -67,15 +69,21 @@ class Quantization:
 
 def is_decoder(model: Any) -> bool:
     """A decoder: a component whose calls continue from a row state (``past_lens``), whatever
-    its state is (a KV cache, a linear-attention layer's)."""
-    return any(i.name == DECODER_INPUT for i in model.graph.input)
+    its state is (a KV cache, a linear-attention layer's), or a code predictor's whole-frame
+    engine (its steps' cache lives inside the call)."""
+    return any(i.name == DECODER_INPUT for i in model.graph.input) or any(
+        o.name == FRAME_OUTPUT for o in model.graph.output
+    )
 
 
-def lm_head_weight(model: Any) -> str | None:
-    """The weight of the MatMul that makes ``logits``: walk back from the output through
-    single-input-path ops (a Reshape, a Cast) to the first MatMul."""
+def lm_head_weights(model: Any) -> set[str]:
+    """The heads' weights: the MatMul's that makes ``logits`` (walking back from the output
+    through single-input-path ops, a Reshape, a Cast, to the first MatMul), or a frame
+    engine's, one a step (export/common/predictor_frame.py names them)."""
     producer = {o: n for n in model.graph.node for o in n.output}
-    return _weight_behind(producer, LOGITS)
+    head = _weight_behind(producer, LOGITS)
+    frame = {t.name for t in model.graph.initializer if t.name.startswith(FRAME_HEADS + ".")}
+    return frame | ({head} if head else set())
 
 
 def router_weights(model: Any) -> set[str]:
@@ -216,7 +224,7 @@ def _groups(model: Any, q: Quantization) -> dict[str, list[tuple[str, bool]]]:
     from onnx import TensorProto
 
     inits = {t.name: t for t in model.graph.initializer}
-    head = lm_head_weight(model)
+    heads = lm_head_weights(model)
     routers = router_weights(model)
     floats = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
     readers: dict[str, int] = {}
@@ -230,7 +238,7 @@ def _groups(model: Any, q: Quantization) -> dict[str, list[tuple[str, bool]]]:
             continue
         x, w, transposed, _ = linear
         weight_readers[w] = weight_readers.get(w, 0) + 1
-        if _why_not(inits[w], transposed, q, w == head, floats, w in routers) is None:
+        if _why_not(inits[w], transposed, q, w in heads, floats, w in routers) is None:
             groups.setdefault(x, []).append((w, transposed))
     return {
         x: ws for x, ws in groups.items()
@@ -320,7 +328,7 @@ def quantize_model(
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
-    head = lm_head_weight(model)
+    heads = lm_head_weights(model)
     routers = router_weights(model)
     floats = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
     # (weight, stored [N, K]) -> packed and scales names, K, N
@@ -352,7 +360,7 @@ def quantize_model(
             continue
         x, w, transposed, bias = linear
         t = inits[w]
-        why = _why_not(t, transposed, q, w == head, floats, w in routers)
+        why = _why_not(t, transposed, q, w in heads, floats, w in routers)
         if why:
             skipped[weight_name(node, w)] = why
             nodes.append(node)
@@ -412,7 +420,7 @@ def quantize_model(
         "bits": 4,
         "group_size": q.group_size,
         "symmetric": True,
-        "lm_head": q.lm_head and any(w == head for w, _ in done),
+        "lm_head": q.lm_head and any(w in heads for w, _ in done),
         "weights": len(done),
         "float_weights": sorted(skipped),
         "moe_blocks": moe_blocks,

@@ -31,9 +31,11 @@ class ComponentMemory:
     module: Any  # the torch module the export starts from, on the meta device, in its dtype
     tables: Mapping[str, tuple[tuple[int, ...], str]]  # host table -> (shape, dtype name)
     # a decoder's declared row state (its KV cache; a hybrid's recurrent and convolution
-    # state too); None for encoders and the vocoder, which are not decoders
+    # state too; none for a code predictor frame engine); None for encoders and the vocoder,
+    # which are not decoders
     state: Sequence[StateTensor] | None = None
-    lm_head: str | None = "lm_head_t"  # the parameter that becomes the MatMul making logits
+    # the parameter that becomes the MatMul making logits (or the list of a frame's heads)
+    lm_head: str | None = "lm_head_t"
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,13 @@ class BuildArgs:
     # engine (export/common/sampler.py). None: on cuda, where it spares a host round trip per
     # call; off on cpu, where the sampler's ~45 small ops cost more than drawing on the host
     engine_sampling: bool | None = None
+    # how the code predictor (Qwen3-Omni's, Qwen3-TTS's) is called: "frame" builds it as one
+    # engine call a frame (export/common/predictor_frame.py: its steps, heads and draws in one
+    # graph), "steps" as one call a step. None: frame for ONNX Runtime on the CPU (measured
+    # faster there, docs/benchmarks.md) unless engine_sampling asks for steps that draw or
+    # int4_awq calibrates them; steps elsewhere, where a GPU captures the steps and draws them
+    # in the engine
+    code_predictor_calls: str | None = None
     # weight-only quantization of the decoders' linear layers (builder/quantize.py): None for
     # float weights, else "int4_rtn" or "int4_awq"; the group size (K entries per scale); the lm_head too
     # (default: docs/quantization.md measures what it costs and saves)
@@ -76,8 +85,22 @@ class BuildArgs:
             object.__setattr__(
                 self, "logits_topk", DEFAULT_CUDA_TOPK if self.device == "cuda" else 0
             )
+        if self.code_predictor_calls is None:
+            cpu = self.backend == "onnxruntime" and self.device == "cpu"
+            # not with a sampler's steps asked for, nor int4_awq (which calibrates the steps)
+            frame = cpu and not self.engine_sampling and self.quantization != "int4_awq"
+            object.__setattr__(self, "code_predictor_calls", "frame" if frame else "steps")
         if self.engine_sampling is None:
             object.__setattr__(self, "engine_sampling", self.device == "cuda")
+        if self.code_predictor_calls not in ("frame", "steps"):
+            raise ValueError(f"code_predictor_calls must be frame or steps, "
+                             f"got {self.code_predictor_calls!r}")  # fmt: skip
+        if self.code_predictor_calls == "frame" and (self.backend, self.device) != (
+                "onnxruntime", "cpu"):  # fmt: skip
+            raise ValueError("a code predictor frame engine is built for ONNX Runtime on the CPU")
+        if self.code_predictor_calls == "frame" and self.quantization == "int4_awq":
+            raise ValueError("int4_awq calibrates the code predictor's steps engine: a frame "
+                             "engine takes int4_rtn")  # fmt: skip
         if self.logits_topk < 0:
             raise ValueError(f"logits_topk must be >= 0, got {self.logits_topk}")
 

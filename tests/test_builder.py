@@ -90,6 +90,33 @@ def test_logits_topk_must_not_be_negative(qwen3_ckpt: Path, tmp_path: Path, caps
     assert "--logits-topk must be >= 0" in err and not (tmp_path / "e").exists()
 
 
+@pytest.mark.parametrize("flags, says", [
+    (("--device", "cuda"), "is built for --backend onnxruntime --device cpu"),
+    (("--quantization", "int4_awq"), "int4_awq calibrates the code predictor's steps engine"),
+])  # fmt: skip
+def test_a_frame_code_predictor_is_refused_where_it_cannot_be_built(
+    qwen3_ckpt: Path, tmp_path: Path, capsys, flags: tuple[str, ...], says: str
+) -> None:
+    code, err = run_cli(capsys, "--model-dir", str(qwen3_ckpt), "--engine-dir",
+                        str(tmp_path / "e"), "--code-predictor-calls", "frame", *flags)  # fmt: skip
+    assert code == cli.EXIT_BAD_INPUT
+    assert says in err and not (tmp_path / "e").exists()
+
+
+def test_the_code_predictor_calls_default_by_target() -> None:
+    """frame for ONNX Runtime on the CPU; steps on a GPU, with a sampler asked for, and for
+    int4_awq (which calibrates the steps)."""
+    from edgeomni.export.family import BuildArgs
+
+    assert BuildArgs(1, 8, 16).code_predictor_calls == "frame"
+    assert BuildArgs(1, 8, 16, quantization="int4_rtn").code_predictor_calls == "frame"
+    for kw in ({"device": "cuda"}, {"engine_sampling": True}, {"quantization": "int4_awq"},
+               {"backend": "tensorrt", "device": "cuda"}):  # fmt: skip
+        assert BuildArgs(1, 8, 16, **kw).code_predictor_calls == "steps", kw  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ONNX Runtime on the CPU"):
+        BuildArgs(1, 8, 16, device="cuda", code_predictor_calls="frame")
+
+
 def test_unknown_component(qwen3_ckpt: Path, tmp_path: Path, capsys) -> None:
     code, err = run_cli(
         capsys, "--model-dir", str(qwen3_ckpt), "--engine-dir", str(tmp_path / "e"),

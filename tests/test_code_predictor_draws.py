@@ -130,21 +130,30 @@ def test_each_call_draws_what_the_host_draws_from_its_top_k(sampling_engine, mon
     assert compared >= 2 * 3 * 15 * 12, compared
 
 
-def test_a_cpu_build_draws_on_the_host_with_the_same_codes(
-    omni_engine, sampling_engine, monkeypatch
+@pytest.mark.parametrize("residual", [{}, {"cp_top_k": 0, "cp_top_p": 0.9},
+                                      {"cp_top_k": 0, "cp_top_p": 1.0}],
+                         ids=["top-k-50", "top-p-alone", "full-vocabulary"])  # fmt: skip
+def test_a_cpu_build_draws_each_frame_in_one_call_with_the_same_codes(
+    omni_engine, sampling_engine, monkeypatch, residual
 ) -> None:
-    """The default CPU build has no sampler in its code predictor (there it costs more than it
-    spares) and draws on the host: the same codes as a build that draws in the engine."""
+    """The default CPU build's code predictor is a frame engine (export/common/predictor_frame.py:
+    a frame's steps, heads and draws in one call): the same codes as the steps engine drawing on
+    the host, for settings a top-K cannot hold too (top-p alone; neither, walked in id order)."""
+    import json
+
     import onnx
 
-    for engine, has in ((omni_engine, False), (sampling_engine, True)):
+    assert json.loads((omni_engine / "code_predictor" / "config.json").read_text())["calls"] == "frame"
+    for engine, outputs in ((omni_engine, {"frame_codes", "frame_embeds"}),
+                            (sampling_engine, {"sampled_ids"})):  # fmt: skip
         model = onnx.load(str(engine / "code_predictor" / "llm.onnx"), load_external_data=False)
-        assert ("sampled_ids" in [o.name for o in model.graph.output]) is has
-    host = _run(omni_engine, SAMPLED, host=False, monkeypatch=monkeypatch)
-    drawn = _run(sampling_engine, SAMPLED, host=False, monkeypatch=monkeypatch)
-    for a, b in zip(host, drawn, strict=True):
-        assert a.entry["stages"]["talker"]["code_predictor_draws"] == "host"
-        assert b.entry["stages"]["talker"]["code_predictor_draws"] == "engine"
+        assert outputs <= {o.name for o in model.graph.output}
+    sampling = {**SAMPLED, **residual}
+    frame = _run(omni_engine, sampling, host=False, monkeypatch=monkeypatch)
+    host = _run(sampling_engine, sampling, host=True, monkeypatch=monkeypatch)
+    for a, b in zip(frame, host, strict=True):
+        assert a.entry["stages"]["talker"]["code_predictor_draws"] == "engine"
+        assert a.entry["stages"]["talker"]["code_predictor_host_frames"] == 0
         np.testing.assert_array_equal(a.codes, b.codes)
 
 

@@ -24,7 +24,11 @@ def built_bytes(engine_dir: Path, subdir: str, engine: str) -> tuple[int, int]:
 
     model = onnx.load(str(engine_dir / subdir / engine), load_external_data=True)
     weights = 0
+    shapes = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
     for t in model.graph.initializer:
+        if t.data_type in shapes and int(np.prod(t.dims)) < 64:
+            continue  # a shape, axes or split constant of the graph, not a weight (a frame
+            # engine repeats them at each of its 15 steps: 2 KB of a tiny code predictor)
         if t.data_type == onnx.TensorProto.INT4:
             weights += (int(np.prod(t.dims)) + 1) // 2
         else:

@@ -233,8 +233,19 @@ def tts_fused(tts_engine: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return fused
 
 
-def test_the_tts_talker_and_code_predictor_layouts_equal_their_onnx_engines(tts_engine,
-                                                                            tts_fused) -> None:  # fmt: skip
+@pytest.fixture(scope="module")
+def tts_cp_steps(tts_engine: Path, exports, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The code predictor built for ONNX Runtime's CPU as one call a step (the CPU's default is
+    one call a frame), the engine the fused one's calls are compared with."""
+    engine = tmp_path_factory.mktemp("tts-cp-steps") / "eng"
+    args = BuildArgs(2, 64, 128, code_predictor_calls="steps")
+    exports.build(tts_engine.parent / "ckpt", engine, args, ["code_predictor"])
+    return engine
+
+
+def test_the_tts_talker_and_code_predictor_layouts_equal_their_onnx_engines(
+    tts_engine, tts_fused, tts_cp_steps
+) -> None:
     """Qwen3-TTS's fused components: the talker (its normed last hidden state feeds the code
     predictor) and the code predictor (its input projection from the talker's width, one of 15
     heads a step) give the ONNX Runtime CPU engines' logits and hidden state, prefill and
@@ -244,13 +255,13 @@ def test_the_tts_talker_and_code_predictor_layouts_equal_their_onnx_engines(tts_
     from edgeomni.runtime.row_state import RowState
 
     fused = tts_fused
-    for comp in ("talker", "code_predictor"):
-        cfg = json.loads((tts_engine / comp / "config.json").read_text())
+    for comp, onnx_dir in (("talker", tts_engine), ("code_predictor", tts_cp_steps)):
+        cfg = json.loads((onnx_dir / comp / "config.json").read_text())
         ref = FusedReference(fused / comp)
         spec = ref.spec
         assert spec["last_hidden_output"] == (comp == "talker")
         assert (spec["lm_heads"] > 1, bool(spec["input_size"])) == ((comp != "talker"),) * 2
-        engine = open_engine(tts_engine / comp, cfg)
+        engine = open_engine(onnx_dir / comp, cfg)
         outputs = {"logits": (cfg["vocab_size"],)}
         if spec["last_hidden_output"]:
             outputs["last_hidden"] = (spec["hidden_size"],)

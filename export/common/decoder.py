@@ -12,7 +12,7 @@ inputs) and an ``mlp`` factory (dense or mixture-of-experts per layer), not by s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,6 +259,30 @@ class CausalLM(nn.Module):
         cfg = self.cfg
         head_index, rest = (rest[0], rest[1:]) if cfg.lm_heads > 1 else (None, rest)
         deepstack, cache = (rest[0], rest[1:]) if cfg.deepstack_layers else (None, rest)
+        last, extra, presents = self.last_hidden(
+            inputs_embeds, position_ids, past_lens, query_lens, last_indices, deepstack, cache
+        )
+        head = self.lm_head_t
+        if head_index is not None:  # one Gather of the chosen [H, V] (not a gather, then a copy)
+            n, hidden, vocab = head.shape
+            head = (
+                head.reshape(n, hidden * vocab).index_select(0, head_index).reshape(hidden, vocab)
+            )
+        return (last @ head, *extra, *presents)
+
+    def last_hidden(
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_lens: torch.Tensor,
+        query_lens: torch.Tensor,
+        last_indices: torch.Tensor,
+        deepstack: torch.Tensor | None,
+        cache: Sequence[torch.Tensor],
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """The decoder up to its head: each row's final-norm hidden state at ``last_indices``
+        [B, H], the configured extra outputs, and the updated cache."""
+        cfg = self.cfg
         cos, sin = self.model.rotary(position_ids)  # float32, then the activations' dtype
         cos, sin = cos.to(inputs_embeds.dtype), sin.to(inputs_embeds.dtype)
         h = inputs_embeds if cfg.input_size is None else self.input_proj(inputs_embeds)
@@ -279,13 +303,7 @@ class CausalLM(nn.Module):
         last = torch.gather(h, 1, idx).squeeze(1)
         if cfg.last_hidden_output:
             extra.append(last)
-        head = self.lm_head_t
-        if head_index is not None:  # one Gather of the chosen [H, V] (not a gather, then a copy)
-            n, hidden, vocab = head.shape
-            head = (
-                head.reshape(n, hidden * vocab).index_select(0, head_index).reshape(hidden, vocab)
-            )
-        return (last @ head, *extra, *presents)
+        return last, extra, presents
 
     def state_tensors(self) -> list[StateTensor]:
         """Its declared row state (graph_schema.state): a key and a value per layer, in the

@@ -43,9 +43,25 @@ def draw_from_topk(
     xs, ids = x.scatter(1, rank, x), indices.scatter(1, rank, indices)
     kth = xs.index_select(1, top_k - 1)  # [B, 1]
     exact = kth[:, 0] > xs[:, -1]  # no token outside the K can reach the k-th value
-    candidate = xs >= kth
-    z = xs / temperature
-    e = torch.where(candidate, torch.exp(z - z[:, :1]), 0.0)
+    drawn = walk(xs, ids, kth, uniform, temperature, top_p)
+    return torch.where(exact, drawn, -1)
+
+
+def walk(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    kth: torch.Tensor,
+    uniform: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+) -> torch.Tensor:
+    """The draw itself, as runtime/sampling.py's ``candidate_distribution`` and ``_draw``: x
+    [B, N] float64 logits in the order the draw walks them (``ids`` [B, N] their ids), kth
+    [B, 1] the k-th value (every logit at least it is a candidate); one uniform number a row.
+    Returns the drawn ids [B]."""
+    candidate = x >= kth
+    z = x / temperature
+    e = torch.where(candidate, torch.exp(z - z.amax(-1, keepdim=True)), 0.0)
     p = e / e.sum(-1, keepdim=True)
     before = torch.cumsum(p, -1) - p  # the mass ahead of each candidate (sampling.py's too)
     keep = candidate & ((before < top_p) | (top_p >= 1.0))
@@ -55,8 +71,7 @@ def draw_from_topk(
     # past the kept ones the cdf stays at its total, above the point unless u rounds it there
     below = (cdf <= uniform.unsqueeze(1) * cdf[:, -1:]).sum(-1)
     pick = torch.minimum(below, keep.sum(-1) - 1)
-    drawn = ids.gather(1, pick.unsqueeze(1))[:, 0]
-    return torch.where(exact, drawn, -1)
+    return ids.gather(1, pick.unsqueeze(1))[:, 0]
 
 
 class WithSampler(Wrapped):

@@ -16,6 +16,7 @@ from edgeomni.export.common import artifacts
 from edgeomni.export.common.decoder import CausalLM, decoder_dtype
 from edgeomni.export.common.memory_plan import F32, decoder_memory, table_rows
 from edgeomni.export.common.onnx_export import export_causal_lm
+from edgeomni.export.common.predictor_frame import HEADS, PredictorFrame, export_predictor_frame
 from edgeomni.export.common.shapes import DimRanges, decoder_ranges, vocoder_ranges
 from edgeomni.export.family import BuildArgs, Component, ComponentMemory
 from edgeomni.export.speech import code2wav, code2wav_stream
@@ -68,6 +69,8 @@ def export_predictor(talker: Any, ckpt: Any, path: Path, args: BuildArgs) -> Pat
     embeddings reach it as device buffers of that dtype."""
     module = talker.build_predictor(ckpt, decoder_dtype(ckpt, args))
     topk = args.logits_topk or 0
+    if args.code_predictor_calls == "frame":
+        return export_predictor_frame(module, path)
     if not args.engine_sampling:
         return export_causal_lm(module, path, logits_topk=topk)
     found = talker.predictor_embeddings(ckpt, module.cfg.lm_heads + 1)
@@ -75,23 +78,30 @@ def export_predictor(talker: Any, ckpt: Any, path: Path, args: BuildArgs) -> Pat
     return export_causal_lm(module, path, logits_topk=topk, sampler_tables=stacked)
 
 
-def write_predictor(talker: Any, ckpt: Any, out_dir: Path, base: Mapping[str, Any]) -> None:
-    """The code predictor's folder: its embedding_<i> tables and its engine config."""
+def write_predictor(
+    talker: Any, ckpt: Any, out_dir: Path, base: Mapping[str, Any], args: BuildArgs
+) -> None:
+    """The code predictor's folder: its embedding_<i> tables and its engine config (a frame
+    engine's says ``"calls": "frame"`` and declares no row state)."""
     from safetensors.torch import save_file
 
     cfg = talker.predictor_decoder_config(ckpt.config)
     save_file(talker.predictor_embeddings(ckpt, cfg.lm_heads + 1),
               str(out_dir / "embedding.safetensors"))  # fmt: skip
-    artifacts.write_engine_config(out_dir, {
-        **base, **artifacts.decoder_fields(cfg, base["dtype"]), "input_size": cfg.embeds_size,
-        "num_code_groups": cfg.lm_heads + 1,
-    })  # fmt: skip
+    fields = {**base, **artifacts.decoder_fields(cfg, base["dtype"]), "input_size": cfg.embeds_size,
+              "num_code_groups": cfg.lm_heads + 1}  # fmt: skip
+    if args.code_predictor_calls == "frame":
+        fields.update(state=[], calls="frame")
+    artifacts.write_engine_config(out_dir, fields)
 
 
-def predictor_memory(module: CausalLM, dtype: str) -> ComponentMemory:
-    """The code predictor as --estimate counts it: one float32 table a residual group."""
+def predictor_memory(module: CausalLM, dtype: str, args: BuildArgs) -> ComponentMemory:
+    """The code predictor as --estimate counts it: one float32 table a residual group; a frame
+    engine's cache lives inside its call (no row state)."""
     rows = table_rows(module)
     tables = {f"embedding_{i}": (rows, F32) for i in range(module.cfg.lm_heads)}
+    if args.code_predictor_calls == "frame":
+        return ComponentMemory(PredictorFrame(module), tables, [], lm_head=HEADS)
     return decoder_memory(module, tables, dtype)
 
 

@@ -10,10 +10,14 @@ or when the engine cannot draw a frame exactly, the host draws each code from th
 (``host_frame``). Both draw the same codes from the same generator. The engine's frame starts
 with two one-token calls (the talker's hidden state, then E(code0): both may be device buffers,
 and one-token calls are replayed from graphs); the host's with one two-token call of host arrays.
+A frame engine (export/common/predictor_frame.py, the CPU's build: config.json's ``calls`` is
+"frame") runs the host's frame, draws and embedding sum included, in one call
+(``whole_frame``), from the same uniform numbers.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,8 +28,13 @@ from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.decoder import DecoderSession, StepOutputs, text_positions
 from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
+from edgeomni.runtime.engine_api import EngineError
 from edgeomni.runtime.row_state import RowState
 from edgeomni.runtime.sampling import SamplingParams, sample_step
+
+# a frame engine's (export/common/predictor_frame.py) config value of "calls", and its outputs
+FRAME_CALLS = "frame"
+FRAME_CODES, FRAME_EMBEDS = "frame_codes", "frame_embeds"
 
 
 def cp_artifact(groups: int) -> Artifact:
@@ -38,6 +47,27 @@ def cp_artifact(groups: int) -> Artifact:
     )
 
 
+class FrameCalls:
+    """A frame engine's calls for ``rows`` rows: its output buffers and the embedding tables
+    [G-1, V, E], bound once, and the time spent inside its runs (what a DecoderSession reports
+    as ``engine_seconds``)."""
+
+    def __init__(self, engine: Any, rows: int, groups: int, width: int, tables: Any) -> None:
+        self.rows = rows
+        self.codes = np.zeros((rows, groups - 1), np.int64)
+        self.embeds = np.zeros((rows, width), np.float32)
+        self.binding = engine.binding()
+        self.binding.bind_output(FRAME_CODES, self.codes)
+        self.binding.bind_output(FRAME_EMBEDS, self.embeds)
+        self.binding.bind_input("code_tables", tables)
+        self.engine_seconds = 0.0
+
+    def run(self, feeds: dict[str, Any]) -> None:
+        start = time.perf_counter()
+        self.binding.run(feeds)
+        self.engine_seconds += time.perf_counter() - start
+
+
 class CodePredictor:
     def __init__(
         self,
@@ -48,8 +78,17 @@ class CodePredictor:
         engines: Engines = DEFAULT_ENGINES,
     ) -> None:
         self.config = cfg = check_folder(folder, cp_artifact(groups)).config
+        # a frame engine runs a frame's steps and draws in one call (the CPU's build)
+        self.whole_frames = cfg.get("calls") == FRAME_CALLS
         # its calls alternate with the talker's: its CPU threads do not spin between them
         self.engine = engines.open(folder, cfg, spin=False)
+        self.groups = groups
+        # its inputs' width: the talker's (Qwen3-TTS maps them to its own width in the engine)
+        self.hidden_size = int(cfg.get("input_size") or cfg["hidden_size"])
+        missing = {FRAME_CODES, FRAME_EMBEDS} - set(self.engine.output_names)
+        if self.whole_frames and missing:
+            raise EngineError(f"{folder}: config.json says calls {FRAME_CALLS!r}, but its "
+                              f"engine has no output {', '.join(sorted(missing))}: rebuild it")  # fmt: skip
         # an engine that draws its own codes runs a frame's steps back to back, each fed the
         # code embedding the one before drew, on the device
         self.draws = "sampled_ids" in self.engine.output_names
@@ -60,17 +99,21 @@ class CodePredictor:
         self._frames: dict[tuple[int, int, int], tuple[Any, Any]] = {}  # graph, its hidden in
         self._settings: dict[str, Any] = {}
         self._settings_sent: tuple[float, ...] = ()
-        self.groups = groups
         self._lm_heads = [np.array([g], np.int64) for g in range(groups - 1)]  # made once
-        # its inputs' width: the talker's (Qwen3-TTS maps them to its own width in the engine)
-        self.hidden_size = int(cfg.get("input_size") or cfg["hidden_size"])
         tables = safetensors_np.load(folder / "embedding.safetensors")
         self.embeddings = [tables[f"embedding_{i}"] for i in range(groups - 1)]
+        self._tables = None
+        if self.whole_frames:  # stacked once for the frame engine, the host's tables views of it
+            self._tables = np.ascontiguousarray(np.stack(self.embeddings), np.float32)
+            self.embeddings = list(self._tables)
+            del tables
         self.state = RowState.for_engine(cfg, max_batch, self.engine, groups, folder / "config.json")
         self._drawn: dict[tuple[int, int], tuple[Any, list[Any]]] = {}  # buffer, its rows
         self._staging: dict[tuple[int, int], tuple[Any, Any, list[Any]]] = {}
 
-    def session(self, rows: int) -> DecoderSession:
+    def session(self, rows: int) -> DecoderSession | FrameCalls:
+        if self.whole_frames:
+            return FrameCalls(self.engine, rows, self.groups, self.hidden_size, self._tables)
         outputs: dict[str, tuple[int, ...]] = {"logits": (int(self.config["vocab_size"]),)}
         if self.draws:
             outputs.update(sampled_ids=(), sampled_embeds=(self.hidden_size,))
@@ -78,12 +121,14 @@ class CodePredictor:
 
     def draws_in_engine(self, params: SamplingParams) -> bool:
         """Whether the engine can draw with these settings as the host would (its top-K must
-        hold the top-k)."""
+        hold the top-k); a frame engine draws every setting."""
+        if self.whole_frames:
+            return True
         return self.draws and (params.greedy or 0 < params.top_k < self.topk)
 
     def frame(
         self,
-        cp: DecoderSession,
+        cp: DecoderSession | FrameCalls,
         last_hidden: Any,
         code0: np.ndarray,
         e0: np.ndarray,
@@ -93,11 +138,32 @@ class CodePredictor:
         """Codes [n, G] and the frame's summed embedding for every row, and whether the
         host drew a frame the engine was to draw. ``last_hidden`` [n, H]: the talker's output
         buffer as it is (on a GPU it never leaves the device), or a host array. ``e0``: the first codes' embeddings (the talker's table)."""
+        if isinstance(cp, FrameCalls):
+            return (*self.whole_frame(cp, last_hidden, code0, e0, params, rngs), False)
         in_engine = self.draws_in_engine(params)
         drawn = self.engine_frame(cp, last_hidden, code0, e0, params, rngs) if in_engine else None
         if drawn is not None:
             return (*drawn, False)
         return (*self.host_frame(cp, last_hidden, code0, e0, params, rngs), in_engine)
+
+    def whole_frame(
+        self,
+        cp: FrameCalls,
+        last_hidden: Any,
+        code0: np.ndarray,
+        e0: np.ndarray,
+        params: SamplingParams,
+        rngs: Sequence[np.random.Generator],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``host_frame`` in one call of a frame engine: it draws each code from the uniform
+        numbers the host path would take, in its order (group by group, each row its own
+        generator), and sums the frame's embeddings as ``_summed`` does."""
+        uniforms = self._uniforms(params, rngs)
+        hidden = self.engine.buffers.to_host(last_hidden)[:, None, :]
+        cp.run({"talker_hidden": np.ascontiguousarray(hidden, np.float32),
+                "first_embeds": np.ascontiguousarray(e0[:, None, :], np.float32),
+                **self._draw_inputs(uniforms, params)})  # fmt: skip
+        return np.concatenate([code0[:, None], cp.codes], axis=1), cp.embeds.copy()
 
     def host_frame(
         self,
@@ -144,6 +210,16 @@ class CodePredictor:
             total += self.embeddings[group - 1][codes[:, group]]
         return total
 
+    def _uniforms(
+        self, params: SamplingParams, rngs: Sequence[np.random.Generator]
+    ) -> np.ndarray:
+        """A frame's uniform numbers [G-1, n], those the host path draws, in its order: each
+        row's from its own generator, group by group (none when greedy)."""
+        steps = self.groups - 1
+        if params.greedy:
+            return np.zeros((steps, len(rngs)))
+        return np.stack([r.random(steps) for r in rngs], axis=1)
+
     @staticmethod
     def _draw_inputs(uniform: Any, params: SamplingParams) -> dict[str, Any]:
         """The engine sampler's inputs: greedy is top-k 1 at temperature 1 (and uniform 0)."""
@@ -174,10 +250,7 @@ class CodePredictor:
         n = len(code0)
         state = [r.bit_generator.state for r in rngs]
         steps = self.groups - 1
-        if params.greedy:
-            uniforms = np.zeros((steps, n))
-        else:  # each row's numbers from its own generator, in group order
-            uniforms = np.stack([r.random(steps) for r in rngs], axis=1)
+        uniforms = self._uniforms(params, rngs)
         q = np.ones(n, np.int32)
         uniform_rows, e0_in = self._staged(uniforms, e0)
         drawn, drawn_rows = self._drawn_codes(steps, n)

@@ -162,7 +162,7 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
             ),
         )
     elif component is CODE_PREDICTOR:
-        parts.write_predictor(talker, ckpt, out_dir, base)
+        parts.write_predictor(talker, ckpt, out_dir, base, args)
     elif component is CODE2WAV_STREAM:
         artifacts.write_engine_config(out_dir, stream_config(ckpt, args))
     else:

@@ -44,7 +44,7 @@ def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> Comp
             tables.update(_projection_tables(config))
             return decoder_memory(module, tables, args.dtype)
         if name == "code_predictor":
-            return parts.predictor_memory(talker.predictor_module(config).to(dtype), args.dtype)
+            return parts.predictor_memory(talker.predictor_module(config).to(dtype), args.dtype, args)
     raise ValueError(f"qwen3_omni_moe has no component {name!r}")
 
 

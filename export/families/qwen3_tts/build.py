@@ -161,7 +161,7 @@ def write_artifacts(ckpt: Checkpoint, component: Component, out_dir: Path, args:
             out_dir, {**base, **talker_fields(ckpt, args.dtype), "builder_config": artifacts.build_limits(args)}
         )
     elif component is CODE_PREDICTOR:
-        parts.write_predictor(talker, ckpt, out_dir, base)
+        parts.write_predictor(talker, ckpt, out_dir, base, args)
     elif component is CODE2WAV:
         artifacts.write_engine_config(out_dir, {
             **code2wav.code2wav_engine_config(code2wav_settings(ckpt)),

@@ -38,7 +38,7 @@ def memory_plan(ckpt: Checkpoint, component: Component, args: BuildArgs) -> Comp
             return decoder_memory(module, tables, args.dtype)
         if name == "code_predictor":
             cfg = predictor_decoder_config(config)
-            return parts.predictor_memory(CausalLM(cfg, dense_mlp(cfg)).to(dtype), args.dtype)
+            return parts.predictor_memory(CausalLM(cfg, dense_mlp(cfg)).to(dtype), args.dtype, args)
         if name == "speaker_encoder":
             settings = speaker_encoder.check_config(section(config, "speaker_encoder_config"))
             return float_memory(speaker_encoder.Qwen3TTSSpeakerEncoder(settings))
