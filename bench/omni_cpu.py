@@ -8,6 +8,7 @@ audio encoder. The two must produce the same codes and tokens; the script says s
 when they differ.
 
     python bench/omni_cpu.py [--size small|tiny] [--prompts 3] [--max-frames 100]
+        [--code-predictor-calls frame|steps]
 """
 
 from __future__ import annotations
@@ -93,16 +94,18 @@ PROMPTS = [
 ]
 
 
-def build(size: str, work: Path) -> tuple[Path, Path]:
+def build(size: str, work: Path, calls: str = "frame") -> tuple[Path, Path]:
+    """The checkpoint and its engine, made once; ``calls``: the code predictor's build
+    (edge-build's --code-predictor-calls)."""
     from edgeomni.builder.build import build as edge_build
     from edgeomni.export.family import BuildArgs
     from edgeomni.export.tiny_omni import make_qwen3_omni
 
-    ckpt, engine = work / f"omni-{size}", work / f"omni-{size}-engine"
+    ckpt, engine = work / f"omni-{size}", work / f"omni-{size}-engine-{calls}"
     if not (ckpt / "config.json").is_file():
         make_qwen3_omni(ckpt, sizes=SIZES[size])
     if not (engine / "multistage_config.json").is_file():
-        edge_build(ckpt, engine, BuildArgs(1, 256, 2048))
+        edge_build(ckpt, engine, BuildArgs(1, 256, 2048, code_predictor_calls=calls))
     return ckpt, engine
 
 
@@ -316,11 +319,13 @@ def main() -> int:
         action="store_true",
         help="the talker streams the thinker's reply (edge-infer's flag)",
     )
+    p.add_argument("--code-predictor-calls", choices=("frame", "steps"), default="frame",
+                   help="edgeomni's code predictor: one call a frame (the CPU default) or a step")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
 
     args.work.mkdir(parents=True, exist_ok=True)
-    ckpt, engine = build(args.size, args.work)
+    ckpt, engine = build(args.size, args.work, args.code_predictor_calls)
     set_window(engine, args.window_frames, args.first_window_frames)
     prompts = PROMPTS[: args.prompts]
     ours = run_edgeomni(engine, prompts, args.max_new_tokens, args.max_frames, args.stage_streaming)
@@ -332,6 +337,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "size": args.size,
+        "code_predictor_calls": args.code_predictor_calls,
         "window_frames": args.window_frames,
         "first_window_frames": args.first_window_frames or args.window_frames,
         "stage_streaming": args.stage_streaming,
