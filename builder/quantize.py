@@ -77,7 +77,7 @@ def is_decoder(model: Any) -> bool:
 
 
 def lm_head_weights(model: Any) -> set[str]:
-    """The heads' weights: the MatMul's that makes ``logits`` (walking back from the output
+    """The heads' weights: that of the MatMul making ``logits`` (walking back from the output
     through single-input-path ops, a Reshape, a Cast, to the first MatMul), or a frame
     engine's, one a step (export/common/predictor_frame.py names them)."""
     producer = {o: n for n in model.graph.node for o in n.output}
