@@ -155,6 +155,11 @@ def test_a_cpu_build_draws_each_frame_in_one_call_with_the_same_codes(
         assert a.entry["stages"]["talker"]["code_predictor_draws"] == "engine"
         assert a.entry["stages"]["talker"]["code_predictor_host_frames"] == 0
         np.testing.assert_array_equal(a.codes, b.codes)
+    # it did sample: the residual codes are not the greedy ones
+    greedy = _run(omni_engine, {**sampling, "cp_temperature": 0.0}, host=False,
+                  monkeypatch=monkeypatch)  # fmt: skip
+    assert any(not np.array_equal(a.codes[:, 1:], g.codes[:, 1:])
+               for a, g in zip(frame, greedy, strict=True))  # fmt: skip
 
 
 class FakeDevice:
