@@ -8,7 +8,8 @@ engine dir, alone (no pipeline), in the two arrangements:
   other in a second thread, vocoding the window before while the decoders make the next
   (ONNX Runtime releases the GIL inside a run).
 
-Per frame, the best of ``--repeats`` windows each way, alternating. Decoder inputs are random,
+Sessions as the runtime opens engines that take turns (basic graph optimisation, threads that
+do not spin). Per frame, the best of ``--repeats`` windows each way, alternating. Decoder inputs are random,
 the KV cache at ``--past`` positions, the vocoder's state zero (times do not depend on values).
 
     python bench/overlap_cpu.py --engine ENG [--frames 25] [--repeats 5] [--json FILE]
@@ -28,15 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from vocoder_cpu import feeds as vocoder_feeds  # noqa: E402
-
-
-def session(path: Path, threads: int) -> Any:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the runtime's
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+from vocoder_cpu import session  # noqa: E402
 
 
 class Decoders:
@@ -52,7 +45,7 @@ class Decoders:
         capacity = int(cfg["builder_config"]["max_kv_cache_capacity"])
         width = int(cfg["hidden_size"])
         rng = np.random.default_rng(0)
-        self.talker = session(engine / "talker" / cfg["engine"], threads)
+        self.talker = session(engine / "talker" / cfg["engine"], threads, spin=False)
         self.binding = self.talker.io_binding()
         self.keep = []
         step = {"inputs_embeds": rng.standard_normal((1, 1, width)).astype(np.float32) * 0.1,
@@ -71,7 +64,7 @@ class Decoders:
         for o in self.talker.get_outputs():
             if not o.name.startswith("present_"):
                 self.binding.bind_output(o.name)
-        self.cp = session(engine / "code_predictor" / cp_cfg["engine"], threads)
+        self.cp = session(engine / "code_predictor" / cp_cfg["engine"], threads, spin=False)
         groups, vocab = int(cp_cfg["num_code_groups"]), int(cp_cfg["vocab_size"])
         cp_width = int(cp_cfg.get("input_size") or cp_cfg["hidden_size"])
         self.cp_feeds = {
@@ -117,9 +110,9 @@ def main() -> int:
     groups = int(vcfg.get("num_quantizers", 16))
     ways = {
         "one after the other, 2 threads each": (Decoders(args.engine, 2, args.past),
-                                                session(vpath, 2), False),
+                                                session(vpath, 2, spin=False), False),
         "side by side, 1 thread each": (Decoders(args.engine, 1, args.past),
-                                        session(vpath, 1), True),
+                                        session(vpath, 1, spin=False), True),
     }  # fmt: skip
     vfeeds = {name: vocoder_feeds(w[1], args.frames, groups) for name, w in ways.items()}
     for name, (dec, voc, overlap) in ways.items():  # warm-up

@@ -29,12 +29,16 @@ import numpy as np
 COMPUTE = ("Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul")
 
 
-def session(path: Path, threads: int, profile: str | None = None) -> Any:
+def session(path: Path, threads: int, profile: str | None = None, spin: bool = True) -> Any:
+    """An ONNX Runtime CPU session as the runtime opens one (``spin`` False: its threads do
+    not spin between calls, as for engines that take turns)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # the runtime's
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if profile:
         so.enable_profiling = True
         so.profile_file_prefix = profile
