@@ -8,7 +8,7 @@ audio encoder. The two must produce the same codes and tokens; the script says s
 when they differ.
 
     python bench/omni_cpu.py [--size small|tiny] [--prompts 3] [--max-frames 100]
-        [--code-predictor-calls frame|steps]
+        [--code-predictor-calls frame|steps] [--vocoder-threads N]
 """
 
 from __future__ import annotations
@@ -121,12 +121,13 @@ def set_window(engine: Path, frames: int, first: int | None = None) -> None:
 
 
 def run_edgeomni(
-    engine: Path, prompts: list[str], max_new: int, max_frames: int, stream: bool = False
+    engine: Path, prompts: list[str], max_new: int, max_frames: int, stream: bool = False,
+    vocoder_threads: int | None = None,
 ) -> list[dict]:
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
 
-    pipe = Pipeline(engine, stream_stages=stream)
+    pipe = Pipeline(engine, stream_stages=stream, vocoder_threads=vocoder_threads)
     body = {
         "max_generate_length": max_new,
         "top_k": 1,
@@ -321,6 +322,8 @@ def main() -> int:
     )
     p.add_argument("--code-predictor-calls", choices=("frame", "steps"), default="frame",
                    help="edgeomni's code predictor: one call a frame (the CPU default) or a step")
+    p.add_argument("--vocoder-threads", type=int, metavar="N",
+                   help="edgeomni's vocoder on a thread of its own (edge-infer's flag)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
 
@@ -328,7 +331,8 @@ def main() -> int:
     ckpt, engine = build(args.size, args.work, args.code_predictor_calls)
     set_window(engine, args.window_frames, args.first_window_frames)
     prompts = PROMPTS[: args.prompts]
-    ours = run_edgeomni(engine, prompts, args.max_new_tokens, args.max_frames, args.stage_streaming)
+    ours = run_edgeomni(engine, prompts, args.max_new_tokens, args.max_frames, args.stage_streaming,
+                        args.vocoder_threads)
     ref = run_transformers(ckpt, prompts, args.max_new_tokens, args.max_frames)
     same = all(np.array_equal(a["codes"], b["codes"]) for a, b in zip(ours, ref, strict=True))
     a2t = speech_in(ckpt, engine, args.work, args.speech_seconds, args.max_new_tokens)
@@ -341,6 +345,7 @@ def main() -> int:
         "window_frames": args.window_frames,
         "first_window_frames": args.first_window_frames or args.window_frames,
         "stage_streaming": args.stage_streaming,
+        "vocoder_threads": args.vocoder_threads,
         "max_new_tokens": args.max_new_tokens,
         "max_frames": args.max_frames,
         "edgeomni": o,

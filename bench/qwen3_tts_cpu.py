@@ -213,9 +213,10 @@ def run_edgeomni(spec: dict) -> dict:
     from edgeomni.runtime.pipeline import Pipeline
     from edgeomni.runtime.requests import parse_request_file
 
+    beside = spec.get("vocoder_threads") or None  # the vocoder's threads on its own thread
     engines = Engines(threads=spec["threads"])
     pipe = Pipeline(spec["engine"], engines=engines, whole_utterance=spec["whole"],
-                    code2wav_streaming=spec.get("streaming"))  # fmt: skip
+                    code2wav_streaming=spec.get("streaming"), vocoder_threads=beside)  # fmt: skip
     requests, _ = parse_request_file(spec["body"])
     runs = []
     for i in range(spec["warmup"] + spec["repeats"]):

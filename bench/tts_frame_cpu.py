@@ -15,6 +15,9 @@ request's own report (the talker's and the vocoder's stage details), per codec f
 - host: the talker's and the code predictor's time outside their engine calls (inputs, draws,
   the codec-embedding sum, Python);
 - vocoder: the stateful step's or the windows' time (vocode_ms; inline on the same thread);
+  with ``--vocoder-threads 0,1``, also the vocoder on a thread of its own, its engine on one
+  CPU thread, while the decoders keep theirs (edge-infer --vocoder-threads 1): its calls then
+  overlap the decoders, so the rest is the wall less the decoders' time alone;
 - the rest of the wall (the scheduler, events, writing the output).
 
 Upstream qwen-tts (its reference venv, tests/qwen_tts_reference/make_venv.py; float32, eager,
@@ -22,7 +25,8 @@ the same threads) speaks the same text for the same frames, greedy; its codes ar
 each edgeomni engine's. RTF is wall / audio seconds; real time needs a frame in 80 ms.
 
     python bench/tts_frame_cpu.py [--frames 60] [--repeats 3] [--threads 2]
-        [--calls frame,steps] [--vocoder stateful,windows] [--no-upstream] [--json FILE]
+        [--calls frame,steps] [--vocoder stateful,windows] [--vocoder-threads 0,1]
+        [--no-upstream] [--json FILE]
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ def code_predictor_frame_bytes(folder: Path) -> int:
     return CP_STEPS * (engine_bytes(folder) - heads) + heads
 
 
-def breakdown(run: dict[str, Any], engine: Path, bandwidth: float) -> dict[str, Any]:
+def breakdown(run: dict[str, Any], engine: Path, bandwidth: float,
+              beside: bool = False) -> dict[str, Any]:  # fmt: skip
     """Per-frame milliseconds of each part, of the last run (the stage details are its), and
     each decoder's bound; RTF the median of the runs'."""
     talker, vocoder = run["stages"]["talker"], run["stages"]["code2wav"]
@@ -78,6 +83,7 @@ def breakdown(run: dict[str, Any], engine: Path, bandwidth: float) -> dict[str, 
     cp_engine = talker["code_predictor_engine_ms"]
     host = talker["talker_ms"] - t_engine + talker["code_predictor_ms"] - cp_engine
     vocode = vocoder["vocode_ms"]
+    inline = 0.0 if beside else vocode  # on its own thread it overlaps the decoders
     talker_bound = engine_bytes(engine / "talker") / (bandwidth * 1e9) * 1e3
     cp_bound = code_predictor_frame_bytes(engine / "code_predictor") / (bandwidth * 1e9) * 1e3
     per = {
@@ -85,7 +91,7 @@ def breakdown(run: dict[str, Any], engine: Path, bandwidth: float) -> dict[str, 
         "code_predictor_engine_ms": cp_engine / frames,
         "decoders_host_ms": host / frames,
         "vocoder_ms": vocode / frames,
-        "rest_ms": (wall - t_engine - cp_engine - host - vocode) / frames,
+        "rest_ms": (wall - t_engine - cp_engine - host - inline) / frames,
         "wall_ms": wall / frames,
     }
     return {
@@ -102,6 +108,7 @@ def breakdown(run: dict[str, Any], engine: Path, bandwidth: float) -> dict[str, 
         "talker_engine_bytes": engine_bytes(engine / "talker"),
         "code_predictor_frame_bytes": code_predictor_frame_bytes(engine / "code_predictor"),
         "vocoder_mode": vocoder.get("mode"),
+        "vocoder_beside": beside,
     }
 
 
@@ -114,6 +121,9 @@ def main() -> int:
     p.add_argument("--group-size", type=int, default=32, choices=(32, 64, 128))
     p.add_argument("--calls", default="frame,steps", help="the code predictor builds to run")
     p.add_argument("--vocoder", default="stateful", help="stateful, windows or both (a,b)")
+    p.add_argument("--vocoder-threads", default="0",
+                   help="the stateful vocoder in the loop's turn (0) or on a thread of its own "
+                   "with that many CPU threads (edge-infer --vocoder-threads); a list: each (a,b)")
     p.add_argument("--no-upstream", action="store_true", help="leave qwen-tts out")
     p.add_argument("--upstream-repeats", type=int, default=1)
     p.add_argument("--bandwidth-probes", type=int, default=3, help="before and after the runs")
@@ -126,17 +136,21 @@ def main() -> int:
     vocoders = tuple(v for v in args.vocoder.split(",") if v)
     engines, body = tts_engines(args, calls)
     probes = [read_bandwidth_gbs() for _ in range(args.bandwidth_probes)]
-    runs, folders = {}, {}
+    besides = tuple(int(v) for v in args.vocoder_threads.split(",") if v)
+    sides = [(v, b) for v in vocoders for b in besides if not (b and v != "stateful")]
+    runs, folders, beside = {}, {}, {}
     for name, engine in engines.items():
-        for vocoder in vocoders:
+        for vocoder, threads in sides:
             label = name if vocoders == ("stateful",) else f"{name}, {vocoder} vocoder"
+            label += f", vocoder beside on {threads} thread" if threads else ""
             spec = {"engine": str(engine), "body": body, "threads": args.threads, "whole": False,
-                    "warmup": 1, "repeats": args.repeats, "streaming": vocoder}  # fmt: skip
+                    "warmup": 1, "repeats": args.repeats, "streaming": vocoder,
+                    "vocoder_threads": threads}  # fmt: skip
             print(f"{label} ...", file=sys.stderr, flush=True)
             run = tb.worker(sys.executable, "_edgeomni", spec, args.threads, timeout=7200)
             if "error" in run:
                 raise SystemExit(run["error"])
-            runs[label], folders[label] = run, engine
+            runs[label], folders[label], beside[label] = run, engine, bool(threads)
     upstream = None
     if not args.no_upstream:
         print("upstream qwen-tts ...", file=sys.stderr, flush=True)
@@ -149,7 +163,8 @@ def main() -> int:
             raise SystemExit(upstream["error"])
     probes += [read_bandwidth_gbs() for _ in range(args.bandwidth_probes)]
     best = max(max(x.values()) for x in probes)
-    rows = {name: breakdown(run, folders[name], best) for name, run in runs.items()}
+    rows = {name: breakdown(run, folders[name], best, beside[name])
+            for name, run in runs.items()}  # fmt: skip
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"), "frames": args.frames, "threads": args.threads,
         "best_read_bandwidth_gbs": round(best, 2),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeomni.runtime.destinations import PATH_KEYS, destination_error, engine_inputs
+from edgeomni.runtime.engine import VOCODER_THREADS_HELP
 from edgeomni.runtime.families import REQUEST_KEYS as FAMILY_KEYS
 from edgeomni.runtime.media.files import media_problem
 from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS, PIL_PIXEL_LIMIT
@@ -224,6 +225,12 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="CPU threads per engine, at most the usable cores (default: all)",
     )
+    p.add_argument(
+        "--vocoder-threads",
+        type=int,
+        metavar="N",
+        help=VOCODER_THREADS_HELP,
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log debug detail, with tracebacks")
     p.add_argument(
         "--no-cuda-graphs",
@@ -328,6 +335,7 @@ def _main(args: argparse.Namespace) -> int:
             stream_stages=args.stage_streaming,
             batching=args.batching,
             patience=PATIENCE if args.stage_patience is None else args.stage_patience,
+            vocoder_threads=args.vocoder_threads,
         )
     except GraphError as e:
         return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
@@ -492,7 +500,8 @@ def usage_error(args: argparse.Namespace) -> str | None:
             return problem
     from edgeomni.runtime.engine import threads_error
 
-    problem = threads_error(args.threads)
+    problem = threads_error(args.threads) or threads_error(args.vocoder_threads,
+                                                           "--vocoder-threads")
     if problem:
         return problem
     for flag, value, least in (("--batch-size", args.batch_size, 1),
@@ -598,7 +607,8 @@ def _warn_inert(
     if not speaks:
         flags = (("--whole-utterance", args.whole_utterance),
                  ("--code2wav-streaming", args.code2wav_streaming is not None),
-                 ("--stage-streaming", args.stage_streaming))  # fmt: skip
+                 ("--stage-streaming", args.stage_streaming),
+                 ("--vocoder-threads", args.vocoder_threads is not None))  # fmt: skip
         inert.update({flag: "this run does not speak" for flag, on in flags if on})
     if args.stage_patience is not None and args.batching == "cohort":
         inert["--stage-patience"] = "cohorts run each stage in turn (it is for --batching inflight)"

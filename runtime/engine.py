@@ -359,22 +359,37 @@ def open_engine(
                   cuda_graphs=cuda_graphs, spin=spin)  # fmt: skip
 
 
-def threads_error(threads: int | None) -> str | None:
-    """Why ``--threads`` cannot be used, or None: at least 1, and at most the cores this process
-    may run on (each engine gets a pool of that size: 100000 asked of onnxruntime took 16 GB
-    before it ran)."""
-    import os
-
+def threads_error(threads: int | None, flag: str = "--threads") -> str | None:
+    """Why ``flag`` (--threads, --vocoder-threads) cannot be used, or None: at least 1, and at
+    most the cores this process may run on (each engine gets a pool of that size: 100000 asked
+    of onnxruntime took 16 GB before it ran)."""
     if threads is None:
         return None
     if threads < 1:
-        return f"--threads must be at least 1, got {threads}"
-    # its affinity where the OS says (as a container's or a board's CPU set does)
-    affinity = getattr(os, "sched_getaffinity", None)
-    cores = len(affinity(0)) if affinity else os.cpu_count() or 1
+        return f"{flag} must be at least 1, got {threads}"
+    cores = usable_cores()
     if threads > cores:
-        return f"--threads {threads} is more than the {cores} cores this process may use"
+        return f"{flag} {threads} is more than the {cores} cores this process may use"
     return None
+
+
+VOCODER_THREADS_HELP = (
+    "vocode on a thread of its own, its engine on N CPU threads, while the talker and code "
+    "predictor make the next frames (their engines keep --threads); needs the stateful vocoder "
+    "streaming, whose chunks are then one frame first and 8 after (unless the graph's stage "
+    "config sets first_chunk_frames, chunk_frames). Measured on 2 cores (docs/benchmarks.md): one "
+    "Qwen3-TTS 0.6B int4 stream 1.09-1.14x faster with --vocoder-threads 1, its first audio "
+    "0.02 s later; float32 no faster. Default: off (the vocoder in turn with the other stages)"
+)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity where the OS says (as a container's or
+    a board's CPU set does)."""
+    import os
+
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
 def check_engine(folder: Path, config: Mapping[str, Any]) -> str:

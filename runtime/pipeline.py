@@ -10,8 +10,9 @@ import contextlib
 import dataclasses
 import logging
 import resource
+import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -29,6 +30,7 @@ from edgeomni.runtime.stage import RequestError, RequestState
 GRAPH_FILE = "multistage_config.json"
 BATCHING = ("inflight", "cohort")
 PREPARE = "prepare"  # the stage a served request fails in when it cannot be planned or prepared
+IDLE_WAIT_S = 0.01  # the longest a turn of empty polls waits for a vocoder call to end (woken)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,31 @@ class _Preparing:
                 self.listener(Failed(sub.index, PREPARE, error))
                 self.done(failed)
         return [s for s in planned if s.index not in errors]
+
+
+@contextlib.contextmanager
+def woken(stages: Iterable[Any]) -> Iterator[Callable[[], None] | None]:
+    """run_graph's ``idle`` for stages that poll work on a thread of their own (a vocoder's
+    calls: their ``wakes``, events set as each call ends): a turn in which they took nothing in
+    waits until one ends, at most IDLE_WAIT_S (a served request arriving then waits that
+    long). None: no stage polls so."""
+    lists = [s.wakes for s in stages if getattr(s, "polls", False) and hasattr(s, "wakes")]
+    if not lists:
+        yield None
+        return
+    wake = threading.Event()
+    for wakes in lists:
+        wakes.append(wake)
+
+    def idle() -> None:
+        wake.wait(IDLE_WAIT_S)
+        wake.clear()
+
+    try:
+        yield idle
+    finally:
+        for wakes in lists:
+            wakes.remove(wake)
 
 
 def resolve_config(path: str | Path) -> Path:
@@ -160,11 +187,16 @@ class Pipeline:
         stream_stages: bool = False,
         batching: str = "inflight",
         patience: int = PATIENCE,
+        vocoder_threads: int | None = None,
     ) -> None:
         """``engines``: how the stages open their engines (CPU threads, CUDA graphs; by default
         Engines()'s).
         ``whole_utterance``, ``code2wav_streaming``: how the stages that make audio vocode (set
         in their stage config: whole utterances; streaming stateful or in windows).
+        ``vocoder_threads``: the stages that make audio vocode on a thread of their own beside
+        the other stages (stage config ``own_thread``), their engines on that many CPU threads
+        (the others keep ``engines``' threads: the decoders read memory at their best on all
+        the cores, and the vocoder takes the time they leave).
         ``stream_stages``: a stage that reads the next one's output as it is made (the talker
         the thinker's) starts before that stage finishes; otherwise stages run one after another.
         ``batching``: ``inflight`` (requests join and leave each stage's running batch) or
@@ -182,6 +214,11 @@ class Pipeline:
             vocoding["whole_utterance"] = True
         if code2wav_streaming is not None:  # how they stream: stateful or windows
             vocoding["streaming"] = code2wav_streaming
+        if vocoder_threads is not None:
+            if vocoder_threads < 1:
+                raise ValueError(f"vocoder_threads must be >= 1, got {vocoder_threads}")
+            vocoding["own_thread"] = True
+        self.vocoder_threads = vocoder_threads
         if vocoding:
             self.graph = dataclasses.replace(
                 self.graph,
@@ -212,6 +249,8 @@ class Pipeline:
             factory = RUNNERS[stage.runner].load()
             folder = self.engine_dir / stage.artifact
             engines = self.engines.alone(self._alone)
+            if self.vocoder_threads is not None and stage.config.get("own_thread"):
+                engines = dataclasses.replace(engines, threads=self.vocoder_threads)
             self._runners[stage_id] = factory(stage, folder, engines=engines)
             self.profile.load_seconds += time.perf_counter() - start
         return self._runners[stage_id]
@@ -377,11 +416,12 @@ class Pipeline:
         self.open(set(self.graph.stage_ids))
         stages = {sid: self.slot_stage(sid) for sid in self.graph.stage_ids}
         prepared = _Preparing(self, feed, listener, done)
-        run_graph(
-            stages, [], {sid: self.width(sid, batch_size) for sid in stages},
-            listener=listener, done=done, patience=self.patience, feed=prepared,
-            cancelled=cancelled,
-        )  # fmt: skip
+        with woken(stages.values()) as idle:
+            run_graph(
+                stages, [], {sid: self.width(sid, batch_size) for sid in stages},
+                listener=listener, done=done, patience=self.patience, feed=prepared,
+                cancelled=cancelled, idle=idle,
+            )  # fmt: skip
 
     def slot_stage(self, stage_id: str) -> SlotStage:
         """The stage as the scheduler loop steps it (one for the pipeline's life)."""
@@ -414,11 +454,12 @@ class Pipeline:
                 report["batching"] = self.batching
 
         try:
-            run_graph(
-                stages, states, {sid: self.width(sid, batch_size) for sid in stages},
-                listener=listener, done=leave, seconds=seconds, patience=self.patience,
-                cohorts=cohorts,
-            )  # fmt: skip
+            with woken(stages.values()) as idle:
+                run_graph(
+                    stages, states, {sid: self.width(sid, batch_size) for sid in stages},
+                    listener=listener, done=leave, seconds=seconds, patience=self.patience,
+                    cohorts=cohorts, idle=idle,
+                )  # fmt: skip
         finally:
             for sid, spent in seconds.items():
                 prof = self.profile.stages.setdefault(sid, StageProfile())

@@ -199,6 +199,11 @@ class RowPool:
         self._free = list(range(rows))
         self.generation = 0
 
+    @property
+    def free(self) -> int:
+        """Rows free now (0: the next ``take`` grows the pool)."""
+        return len(self._free)
+
     def take(self) -> int:
         """A free row, zeroed (a new request's state)."""
         if not self._free:

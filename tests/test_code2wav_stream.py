@@ -25,6 +25,7 @@ from edgeomni.export.family import BuildArgs
 from edgeomni.graph_schema import Emit, Input, Stage
 from edgeomni.runtime.engine import Engines
 from edgeomni.runtime.events import CodecFrames, Finished
+from edgeomni.runtime.pipeline import woken
 from edgeomni.runtime.scheduler import run_graph
 from edgeomni.runtime.speech.code2wav import Code2Wav
 from edgeomni.runtime.stage import RequestState
@@ -128,7 +129,8 @@ def run_batch(runner: Code2Wav, codes: list[np.ndarray], width: int) -> list[Req
     states = [RequestState(index=i, request=None, plan=SimpleNamespace(stages=("talker",
               "code2wav")), prepared={"codes": c}) for i, c in enumerate(codes)]  # fmt: skip
     stages = {"talker": FrameSource(), "code2wav": runner.slot_stage()}
-    run_graph(stages, states, {"talker": width, "code2wav": width})
+    with woken(stages.values()) as idle:
+        run_graph(stages, states, {"talker": width, "code2wav": width}, idle=idle)
     for state in states:
         assert state.error is None, state.error
     return states
@@ -174,6 +176,77 @@ def test_a_batch_joining_and_leaving_equals_whole_utterances(
     assert max(n for call in calls for n in call) <= max(size, first)
     assert any(len(call) > 1 for call in calls)  # rows stepping together share calls
     assert runner._engine is None  # streaming stateful loads only the step engine
+
+
+@pytest.mark.slow  # its engines come through request.getfixturevalue
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_on_a_thread_of_its_own_a_batch_equals_whole_utterances(family: str, wholes,
+                                                                 request) -> None:  # fmt: skip
+    """The stage config's own_thread (edge-infer --vocoder-threads): every call runs on the
+    vocoder's worker thread while the loop goes on, and each request's audio is still its
+    whole-utterance decode, each frame vocoded once; the rows go back to the pool."""
+    import threading
+
+    runner = stateful(request.getfixturevalue(FAMILIES[family]), first_chunk_frames=2,
+                      chunk_frames=4, own_thread=True)  # fmt: skip
+    threads: list[str] = []
+    run = runner.step.run
+
+    def recording(codes, lens, rows):
+        threads.append(threading.current_thread().name)
+        return run(codes, lens, rows)
+
+    runner.step.run = recording
+    items = list(wholes[family].values())
+    stage = runner.slot_stage()
+    assert stage.polls
+    states = [RequestState(index=i, request=None, plan=SimpleNamespace(stages=("talker",
+              "code2wav")), prepared={"codes": c}) for i, (c, _) in enumerate(items)]  # fmt: skip
+    stages = {"talker": FrameSource(), "code2wav": stage}
+    with woken(stages.values()) as idle:
+        assert idle is not None
+        run_graph(stages, states, {"talker": 3, "code2wav": 3}, idle=idle)
+    assert not stage.wakes  # the run's wake is taken off again
+    for state, (codes, whole) in zip(states, items, strict=True):
+        assert state.error is None, state.error
+        audio = state.outputs["code2wav:audio"]
+        assert audio.shape == whole.shape
+        assert np.abs(audio - whole).max() < TOL, (family, len(codes))
+    assert threads and all(name.startswith("edgeomni-vocoder") for name in threads)
+    assert runner.step.pool.free == runner.step.pool.state.max_batch  # every row released
+
+
+def test_on_a_thread_of_its_own_later_chunks_are_short(tts_engine) -> None:
+    """What is left when the talker ends is vocoded after it on the vocoder's thread: its later
+    chunks default to BESIDE_CHUNK_FRAMES and its first to one frame, unless the stage config
+    names chunk_frames or first_chunk_frames."""
+    from edgeomni.runtime.speech.code2wav_stream import BESIDE_CHUNK_FRAMES
+
+    built = stateful(tts_engine).chunks
+    assert built.size > BESIDE_CHUNK_FRAMES  # the build's, in the loop's turn
+    assert stateful(tts_engine, own_thread=True).chunks.size == BESIDE_CHUNK_FRAMES
+    assert stateful(tts_engine, own_thread=True, chunk_frames=20).chunks.size == 20
+    assert stateful(tts_engine, own_thread=True).chunks.first == 1 < built.first
+    assert stateful(tts_engine, own_thread=True, first_chunk_frames=2).chunks.first == 2
+
+
+def test_a_call_failing_on_the_vocoders_thread_fails_its_requests(omni_engine, wholes) -> None:
+    """A call that raises on the worker thread fails the rows of the step that takes it in, with
+    the call's error; their rows go back to the pool and the loop ends."""
+    runner = stateful(omni_engine, first_chunk_frames=2, chunk_frames=4, own_thread=True)
+
+    def broken(codes, lens, rows):
+        raise RuntimeError("the engine broke")
+
+    runner.step.run = broken
+    codes, _ = wholes["omni"][11]
+    states = [RequestState(index=i, request=None, plan=SimpleNamespace(stages=("talker",
+              "code2wav")), prepared={"codes": codes}) for i in range(2)]  # fmt: skip
+    stages = {"talker": FrameSource(), "code2wav": runner.slot_stage()}
+    with woken(stages.values()) as idle:
+        run_graph(stages, states, {"talker": 2, "code2wav": 2}, idle=idle)
+    assert [s.error for s in states] == ["code2wav: RuntimeError: the engine broke"] * 2
+    assert runner.step.pool.free == runner.step.pool.state.max_batch
 
 
 def test_requests_finishing_together_share_their_last_call(omni_engine, wholes) -> None:
@@ -371,7 +444,8 @@ def test_edge_infer_streams_stateful_as_the_whole_utterance(
     family: str, request, tmp_path: Path
 ) -> None:
     """edge-infer --out-audio: the graph's default (stateful, the talker's frames vocoded as
-    they come) writes the audio --whole-utterance writes, within 1e-4 (the WAVs are 16-bit)."""
+    they come), and the same on the vocoder's own thread (--vocoder-threads 1, the rest on the
+    other core), write the audio --whole-utterance writes, within 1e-4 (the WAVs are 16-bit)."""
     import soundfile as sf
 
     from edgeomni.runtime import cli
@@ -380,7 +454,9 @@ def test_edge_infer_streams_stateful_as_the_whole_utterance(
     flags, sampling = E2E[family]
     sampling = json.dumps({**sampling, "talker_max_new_tokens": 40})
     audio = {}
-    for mode, extra in (("stateful", []), ("whole", ["--whole-utterance"])):
+    modes = [("stateful", []), ("whole", ["--whole-utterance"]),
+             ("beside", ["--vocoder-threads", "1", "--threads", "1"])]  # fmt: skip
+    for mode, extra in modes:
         wav = tmp_path / f"{mode}.wav"
         code = cli.main(["--config", str(engine), "--prompt", "Hello there", *flags,
                          "--out-audio", str(wav), "--max-generate-length", "8",
@@ -388,8 +464,9 @@ def test_edge_infer_streams_stateful_as_the_whole_utterance(
         assert code == cli.EXIT_OK
         audio[mode] = sf.read(wav, dtype="float32")[0]
     assert audio["stateful"].size > 24000 // 2  # some frames past the first chunks
-    assert audio["stateful"].shape == audio["whole"].shape
-    assert np.abs(audio["stateful"] - audio["whole"]).max() < TOL
+    for mode in ("stateful", "beside"):
+        assert audio[mode].shape == audio["whole"].shape
+        assert np.abs(audio[mode] - audio["whole"]).max() < TOL
 
 
 @pytest.mark.slow  # its engines come through request.getfixturevalue

@@ -69,6 +69,15 @@ ROWS = [
         "--threads 100000 is more than the"),
     Row("threads-negative", lambda w: w.prompt("--threads", "-3"), BAD_USAGE,
         "--threads must be at least 1, got -3"),
+    Row("vocoder-threads-zero", lambda w: w.prompt("--vocoder-threads", "0"), BAD_USAGE,
+        "--vocoder-threads must be at least 1, got 0"),
+    Row("vocoder-threads-above-the-cores", lambda w: w.prompt("--vocoder-threads", "100000"),
+        BAD_USAGE, "--vocoder-threads 100000 is more than the"),
+    Row("vocoder-threads-with-whole-utterances",
+        lambda w: w.prompt("--out-audio", w.p("a.wav"), "--voice", "ethan", "--whole-utterance",
+                           "--vocoder-threads", "1"), BAD_USAGE,
+        "vocoding on a thread of its own (--vocoder-threads) needs the stateful vocoder "
+        "streaming", engine="omni", opens=True, loads=True),  # a flag: not --validate-config's
     Row("batch-size-zero", lambda w: w.run("--batch-size", "0"), BAD_USAGE,
         "--batch-size must be at least 1"),
     Row("max-generate-length-negative", lambda w: w.prompt("--max-generate-length", "-1"),
@@ -329,8 +338,9 @@ ROWS = [
         "it", engine="omni", opens=True, writes=OMNI_SPOKE),
     Row("flags-that-change-nothing-say-so",
         lambda w: w.run("--no-cuda-graphs", "--batching", "cohort", "--stage-patience", "3",
-                        "--batch-size", "8", "--whole-utterance"), cli.EXIT_OK,
-        "warning: talker_max_new_tokens, talker_top_k, --whole-utterance change nothing here: "
+                        "--batch-size", "8", "--whole-utterance", "--vocoder-threads", "1"),
+        cli.EXIT_OK, "warning: talker_max_new_tokens, talker_top_k, --whole-utterance, "
+        "--vocoder-threads change nothing here: "
         "this run does not speak\n"
         "edge-infer: warning: --stage-patience changes nothing here: cohorts run each stage in "
         "turn (it is for --batching inflight)\nedge-infer: warning: --no-cuda-graphs changes "

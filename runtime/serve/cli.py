@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from edgeomni.runtime.engine import VOCODER_THREADS_HELP
 from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS, PIL_PIXEL_LIMIT
 from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH
 from edgeomni.runtime.scheduler import PATIENCE
@@ -133,6 +134,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_int_at_least(1),
                    help="CPU threads per engine, at most the usable cores (default: "
                    "onnxruntime's)")  # fmt: skip
+    p.add_argument("--vocoder-threads", type=_int_at_least(1), metavar="N",
+                   help=VOCODER_THREADS_HELP + " (not with --ray: there a group of stages is a "
+                   "process of its own)")  # fmt: skip
     ray = p.add_argument_group(
         "Ray Serve", "the graph's stages as Ray Serve deployments, this process the front (needs "
         "the ray extra: pip install 'edgeomni[ray]')")  # fmt: skip
@@ -225,8 +229,13 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
     from edgeomni.runtime.serve.listen import AddressError, bind
     from edgeomni.runtime.serve.server import Server
 
-    if threads_error(args.threads):
-        return _fail(str(threads_error(args.threads)))
+    problem = threads_error(args.threads) or threads_error(args.vocoder_threads,
+                                                           "--vocoder-threads")
+    if problem:
+        return _fail(problem)
+    if args.ray and args.vocoder_threads is not None:
+        return _fail("--vocoder-threads is for edge-serve without --ray (with --ray, place the "
+                     "vocoder's stage in a group of its own: its own process)")
     if not args.ray and (args.placement or args.ray_address or args.ray_cpus
                          or args.ray_start_timeout):  # fmt: skip
         return _fail("--placement, --ray-address, --ray-cpus and --ray-start-timeout go with "
@@ -243,7 +252,8 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
         config = resolve_config(args.config)
         engines = Engines(threads=args.threads, cuda_graphs=not args.no_cuda_graphs,
                           max_image_pixels=args.max_image_pixels)  # fmt: skip
-        pipe = Pipeline(config, engines=engines, patience=args.stage_patience)
+        pipe = Pipeline(config, engines=engines, patience=args.stage_patience,
+                        vocoder_threads=args.vocoder_threads)
     except GraphError as e:
         return _fail(f"invalid graph: {e}")
     except (OSError, RuntimeError, ValueError) as e:

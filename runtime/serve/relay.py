@@ -378,6 +378,9 @@ class GroupLoop(LoopThread):
         stages.update(self.outboxes)
         widths = {sid: self.proxy_rows for sid in stages}
         widths.update({sid: pipe.width(sid, self.batch_size) for sid in self.stages})
+        for stage in stages.values():  # a vocoder's calls on a thread of its own wake it too
+            if getattr(stage, "polls", False) and hasattr(stage, "wakes"):
+                stage.wakes.append(self.wake)
         try:
             run_graph(stages, [], widths, listener=self._event, done=self._done,
                       patience=pipe.patience, feed=_GroupFeed(self),

@@ -15,6 +15,11 @@ of the same names, which win):
   cohort's, or those the talker finished on one step) then share calls, each padded to the
   longest of its call.
 
+Stateful, the stage config's ``own_thread`` runs the calls on a worker thread beside the loop
+(StreamBatch's ``beside``): the decoders make the next frames while the vocoder makes audio of
+the last ones. The stage then ``polls``: a step sends the ready chunks and takes in the audio of
+calls that ended, and a request leaves once its last call has ended.
+
 On a GPU, windows run at a few fixed lengths (the first window's, and a full window with its
 left context), with CUDA graphs each captured once per batch size and replayed. Each convolution
 of the CUDA provider sets itself up again (~1 ms of host time) whenever its input shape differs
@@ -25,6 +30,7 @@ vocoder is causal, so its first n*S - trim samples do not depend on the padding.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -147,6 +153,11 @@ def _checked(stage: Any, folder: Path, stateful: bool) -> tuple[Checked, Checked
     stage_source(stage, CODES_INPUT)
     checked = check_folder(folder, ARTIFACT)
     Windows.read(stage, checked.config)
+    if stage.config.get("own_thread") and not stateful:
+        raise ValueError(
+            f"{stage.id}: vocoding on a thread of its own (--vocoder-threads) needs the "
+            "stateful vocoder streaming (--code2wav-streaming stateful, not whole utterances)"
+        )
     if not stateful:
         return checked, None
     stream = check_stream(stage, stream_folder(stage, folder), checked.config)
@@ -327,7 +338,9 @@ class Code2Wav(StageRunner):
         if self.step is None or self.chunks is None:
             return WindowBatch(self)
         fixed = self.chunks.sizes() if self.step.engine.prefers_fixed_shapes else ()
-        return StreamBatch(self.step, max_rows=self.windows.batch_windows, fixed=fixed)
+        beside = bool(self.stage.config.get("own_thread", False))
+        return StreamBatch(self.step, max_rows=self.windows.batch_windows, fixed=fixed,
+                           beside=beside)  # fmt: skip
 
     def stream_for(
         self, state: RequestState, batch: WindowBatch | StreamBatch
@@ -600,6 +613,10 @@ class VocoderSlots:
         self.r = runner
         self.stage_id: str = runner.stage.id
         self.batch = runner.stream_batch()
+        # calls on a thread of its own: a step that took nothing in lets the loop wait for one
+        # to end (it sets every event in ``wakes``: run_graph's idle)
+        self.polls = getattr(self.batch, "worker", None) is not None
+        self.wakes: list[threading.Event] = getattr(self.batch, "wakes", [])
 
     def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
         return upstream_done or not self.r.whole
@@ -629,15 +646,18 @@ class VocoderSlots:
             if slot.stream is not None:  # its tail goes with the step's other chunks
                 slot.stream.close()
 
-    def step(self, slots: Mapping[int, VocoderSlot]) -> None:
-        """The windows completed since the last step, all requests' together."""
-        self.batch.decode_ready()
+    def step(self, slots: Mapping[int, VocoderSlot]) -> bool:
+        """The windows completed since the last step, all requests' together; whether it
+        vocoded (on its own thread: sent or took in) any."""
+        return bool(self.batch.decode_ready())
 
     def update(self, slot: VocoderSlot, events: bool) -> list[Event]:
         """Once the talker has written the request's codes: the rest of its audio, and it is
         done. When ``events``: the audio made since the last update."""
         state = slot.state
-        if slot.audio is None and slot.complete:
+        # on its own thread: calls to wait for (in the loop's, ``finish`` makes the rest now)
+        busy = self.polls and isinstance(slot.stream, ChunkStream) and slot.stream.busy
+        if slot.audio is None and slot.complete and not busy:
             slot.audio = self.r.finish_request(state, slot.stream, slot.whole)
             slot.finish = "complete"
         if not events:

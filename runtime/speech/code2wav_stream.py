@@ -18,12 +18,22 @@ the talker's first), the next ones double up to ``chunk_frames`` (so a player th
 the first chunk does not wait for a long second one when frames come at least twice as fast as
 real time), and the last holds what is left when the talker is done. Codes put in front of a
 request's (Qwen3-TTS's reference codes) go first, in chunks of up to ``max_chunk_frames``.
+
+On a thread of its own (``StreamBatch(beside=True)``, edge-infer --vocoder-threads), the calls
+run on one worker thread, in the order they were made, while the loop's thread goes on with the
+decoders: chunks are cut and their audio taken in on the loop's thread (``collect``), so a
+request's stream is only ever touched there; a call holds the engine's lock, so the state pool
+never grows under it and a released row is never a call's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +45,12 @@ from edgeomni.runtime.engine import Engines
 from edgeomni.runtime.row_state import RowPool, check_engine, declared
 
 CODES, LENS, OUTPUT = "codes", "chunk_lens", "waveform"
+# later chunks of a vocoder on a thread of its own: what is left when the talker ends is vocoded
+# after it, on that thread's cores; its first chunk is one frame: a call on its one thread takes
+# about twice as long, and its audio is taken in after the decoders' next step (Qwen3-TTS 0.6B
+# int4 on 2 cores, one stream: RTF 0.71 and first audio 0.35 s with 1 and 8, against 0.76 and
+# 0.43 s with the build's 2 and 25)
+BESIDE_CHUNK_FRAMES = 8
 STREAM_ARTIFACT = Artifact(
     keys=("num_quantizers", "codebook_size", "samples_per_frame", "sample_rate", "state",
           "delay_samples", "max_chunk_frames", "first_chunk_frames", "chunk_frames"),
@@ -56,6 +72,11 @@ class Chunks:
         opts, most = stage.config, int(cfg["max_chunk_frames"])
         first = int(opts.get("first_chunk_frames", cfg["first_chunk_frames"]))
         size = int(opts.get("chunk_frames", cfg["chunk_frames"]))
+        if opts.get("own_thread"):  # unless the stage config says: see BESIDE_CHUNK_FRAMES
+            if "chunk_frames" not in opts:
+                size = min(size, BESIDE_CHUNK_FRAMES, most)
+            if "first_chunk_frames" not in opts:
+                first = 1
         for key, value in (("first_chunk_frames", first), ("chunk_frames", size)):
             if not 1 <= value <= most:
                 raise ValueError(
@@ -102,10 +123,17 @@ class StepEngine:
         self.quantizers = int(cfg["num_quantizers"])
         self.calls = 0
         self._slots: dict[tuple[int, int], _StepSlot] = {}  # a GPU's, per batch size and length
+        # held by a call: a call on a worker thread (StreamBatch's beside) never sees the pool
+        # grow (which moves every row) or another call on the same buffers
+        self.lock = threading.Lock()
 
     def fresh(self) -> int:
-        """A new request's row: zeros."""
-        return self.pool.take()
+        """A new request's row: zeros (a free row is no call's: taking one needs no lock
+        unless the pool must grow)."""
+        if self.pool.free:
+            return self.pool.take()
+        with self.lock:
+            return self.pool.take()
 
     def release(self, row: int) -> None:
         self.pool.release(row)
@@ -123,9 +151,14 @@ class StepEngine:
                 f"a chunk of {n} frames is more than the step engine's max_chunk_frames "
                 f"{self.max_chunk} (its build limit)"
             )
-        self.calls += 1
-        if not self.engine.buffers.on_host:
-            return self._run_fixed(codes, lens, rows)
+        with self.lock:
+            self.calls += 1
+            if not self.engine.buffers.on_host:
+                return self._run_fixed(codes, lens, rows)
+            return self._run_host(codes, lens, rows)
+
+    def _run_host(self, codes: np.ndarray, lens: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+        b, _, n = codes.shape
         memory, state = self.engine.buffers, self.pool.state
         binding = self.engine.binding()
         outs = []
@@ -217,6 +250,7 @@ class ChunkStream:
         self.skip = step.delay  # samples still to cut from the front
         self.frames = 0  # the request's own frames received
         self.calls = 0  # engine calls its chunks took part in
+        self.in_flight = 0  # its chunks in calls on the batch's worker thread, not yet taken in
         self.pieces: list[np.ndarray] = []
         self.seconds = 0.0
         self.first_audio: float | None = None
@@ -274,8 +308,18 @@ class ChunkStream:
             self._views = (pool.generation, pool.views(self.row))
         return self._views[1]
 
+    @property
+    def busy(self) -> bool:
+        """Audio still to come that the stage must wait for: chunks in calls on the worker
+        thread, or, once no more frames come, frames not yet sent to one."""
+        return self.in_flight > 0 or (self.closing and self.waiting > 0)
+
     def release(self) -> None:
-        """Its row back to the pool (once the stream is done or given up)."""
+        """Its row back to the pool (once the stream is done or given up; a call on the worker
+        thread still writing the row is waited for first)."""
+        while self.in_flight:  # each turn takes one call in; one that failed fails elsewhere
+            with contextlib.suppress(Exception):
+                self.batch.collect(until=self)
         if self.row is not None:
             self.step.release(self.row)
             self.row, self._views = None, None
@@ -305,6 +349,8 @@ class ChunkStream:
         """Once the request's frames are all in: the rest vocoded, all its audio."""
         self.close()
         self.batch.decode_ready()
+        if self.in_flight:
+            self.batch.collect(until=self)
         if self.first_audio is None:
             self.first_audio = time.perf_counter()
         if not self.pieces:  # no frames: the talker ended speech at its first code
@@ -315,19 +361,31 @@ class ChunkStream:
 class StreamBatch:
     """The streams of the requests in a stage: their ready chunks vocoded together, rows of
     equal chunk length in one call (a call's cost is its rows times its longest chunk on a CPU;
-    where the engine prefers fixed shapes, a chunk is padded to the chunk size that holds it)."""
+    where the engine prefers fixed shapes, a chunk is padded to the chunk size that holds it).
+    ``beside``: the calls run on a worker thread of their own (the module's docstring);
+    ``wakes`` are set each time one ends (what a loop with nothing else to do waits on)."""
 
-    def __init__(self, step: StepEngine, *, max_rows: int = 0, fixed: Sequence[int] = ()) -> None:
+    def __init__(
+        self, step: StepEngine, *, max_rows: int = 0, fixed: Sequence[int] = (),
+        beside: bool = False,
+    ) -> None:  # fmt: skip
         self.step = step
         caps = [c for c in (max_rows, step.max_rows) if c]
         self.max_rows = min(caps) if caps else 0  # rows per call (0: no cap)
         self.fixed = tuple(sorted(fixed))
         self.streams: list[ChunkStream] = []
         self.fresh = False  # frames came since the last look
+        self.worker = ThreadPoolExecutor(1, "edgeomni-vocoder") if beside else None
+        self.wakes: list[threading.Event] = []
+        # calls on the worker, in the order made: their chunks, the call's samples and seconds
+        self._calls: deque[tuple[list[tuple[ChunkStream, int]], Future]] = deque()
 
-    def decode_ready(self) -> None:
+    def decode_ready(self) -> bool:
+        """The ready chunks vocoded (on the worker: sent to it, and the audio of calls that
+        ended taken in); whether anything was."""
+        took = self.collect(wait=False)
         if not self.fresh:
-            return
+            return took
         self.fresh = False
         while True:
             groups: dict[int, list[tuple[ChunkStream, int]]] = {}
@@ -337,11 +395,29 @@ class StreamBatch:
                     length = padded_length(n, self.fixed) or n
                     groups.setdefault(length, []).append((stream, n))
             if not groups:
-                return
+                return took
             for length, group in sorted(groups.items()):
                 size = self.max_rows or len(group)
                 for lo in range(0, len(group), size):
                     self._call(length, group[lo : lo + size])
+            took = True
+
+    def collect(self, *, wait: bool = True, until: ChunkStream | None = None) -> bool:
+        """The audio of the worker's calls that ended, taken in by their streams in the order
+        the calls were made; ``wait``: wait for every call (``until``: for the last one that
+        holds that stream's chunks). Whether any was taken in; a call that failed raises here."""
+        took = False
+        while self._calls and (until is None or until.in_flight):
+            part, future = self._calls[0]
+            if not wait and not future.done():
+                break
+            self._calls.popleft()
+            for stream, _ in part:
+                stream.in_flight -= 1
+            samples, seconds = future.result()
+            self._accept(part, samples, seconds)
+            took = True
+        return took
 
     def _call(self, length: int, part: list[tuple[ChunkStream, int]]) -> None:
         start = time.perf_counter()
@@ -354,8 +430,25 @@ class StreamBatch:
         for stream, _ in part:
             assert stream.row is not None, "a released stream has no chunk to vocode"
             rows.append(stream.row)
-        samples = self.step.run(codes, lens, rows)
-        share = (time.perf_counter() - start) / len(part)
-        spf = self.step.samples_per_frame
+        if self.worker is None:
+            samples = self.step.run(codes, lens, rows)
+            self._accept(part, samples, time.perf_counter() - start)
+            return
+        for stream, _ in part:
+            stream.in_flight += 1
+        self._calls.append((part, self.worker.submit(self._run, codes, lens, rows)))
+
+    def _run(self, codes: np.ndarray, lens: np.ndarray, rows: list[int]) -> tuple[np.ndarray, float]:
+        """A call on the worker thread: its samples and seconds; every wake set as it ends."""
+        start = time.perf_counter()
+        try:
+            return self.step.run(codes, lens, rows), time.perf_counter() - start
+        finally:
+            for wake in self.wakes:
+                wake.set()
+
+    def _accept(self, part: list[tuple[ChunkStream, int]], samples: np.ndarray,
+                seconds: float) -> None:  # fmt: skip
+        share, spf = seconds / len(part), self.step.samples_per_frame
         for row, (stream, n) in enumerate(part):
             stream.accept(samples[row, : n * spf], share)
