@@ -46,10 +46,10 @@ from edgeomni.runtime.row_state import RowPool, check_engine, declared
 
 CODES, LENS, OUTPUT = "codes", "chunk_lens", "waveform"
 # later chunks of a vocoder on a thread of its own: what is left when the talker ends is vocoded
-# after it, on that thread's cores; its first chunk is one frame: a call on its one thread takes
-# about twice as long, and its audio is taken in after the decoders' next step (Qwen3-TTS 0.6B
-# int4 on 2 cores, one stream: RTF 0.71 and first audio 0.35 s with 1 and 8, against 0.76 and
-# 0.43 s with the build's 2 and 25)
+# after it, on that thread's cores; its first chunk is one frame: a call on its own threads takes
+# longer, and its audio is taken in after the decoders' next step (with the build's 2 and 25,
+# the beside run gained nothing and its first audio came later: docs/benchmarks.md, "the
+# pipeline with the vocoder on a thread of its own")
 BESIDE_CHUNK_FRAMES = 8
 STREAM_ARTIFACT = Artifact(
     keys=("num_quantizers", "codebook_size", "samples_per_frame", "sample_rate", "state",
@@ -444,7 +444,7 @@ class StreamBatch:
         try:
             return self.step.run(codes, lens, rows), time.perf_counter() - start
         finally:
-            for wake in self.wakes:
+            for wake in tuple(self.wakes):  # the loop's thread may add or take one meanwhile
                 wake.set()
 
     def _accept(self, part: list[tuple[ChunkStream, int]], samples: np.ndarray,
