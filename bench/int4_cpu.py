@@ -147,12 +147,14 @@ def main() -> int:
 
 
 def tts_engines(
-    args: argparse.Namespace, calls: tuple[str, ...] = ("frame",)
+    args: argparse.Namespace, calls: tuple[str, ...] = ("frame",),
+    precisions: tuple[str, ...] = ("fp32", "int4"), batch: int = 1,
 ) -> tuple[dict[str, Path], dict]:
-    """The Qwen3-TTS CustomVoice 0.6B engines, fp32 and int4 (``args.group_size``), each with
-    its code predictor called as ``calls`` say (edge-build's --code-predictor-calls: frame,
-    the CPU's default, or steps), made once and cached (bench/qwen3_tts_cpu.py's checkpoint
-    and limits), and the request body of ``args.frames`` greedy frames."""
+    """The Qwen3-TTS CustomVoice 0.6B engines, fp32 and int4 (``args.group_size``; those of
+    ``precisions``), each with its code predictor called as ``calls`` say (edge-build's
+    --code-predictor-calls: frame, the CPU's default, or steps), built for ``batch`` rows, made
+    once and cached (bench/qwen3_tts_cpu.py's checkpoint and limits), and the request body of
+    ``args.frames`` greedy frames."""
     import qwen3_tts_cpu as tb
 
     work = Path(tempfile.gettempdir()) / "edgeomni-tts-bench" / "0.6b"
@@ -162,15 +164,17 @@ def tts_engines(
     tb.checkpoints(ns, work, tb.reference_python())
     quant = {"quantization": "int4_rtn", "group_size": args.group_size}
     engines = {}
-    variants = [(f"{kind}, cp {how}", how, extra)
-                for kind, extra in (("fp32", {}), (f"int4 g{args.group_size}", quant))
-                for how in calls]  # fmt: skip
+    kinds = {"fp32": ("fp32", {}), "int4": (f"int4 g{args.group_size}", quant)}
+    variants = [(f"{kinds[p][0]}, cp {how}", how, kinds[p][1])
+                for p in precisions for how in calls]  # fmt: skip
     for name, how, extra in variants:
         precision = f"-int4-g{args.group_size}" if extra else "-fp32"
-        engine = work / f"custom_voice-engine{precision}-{how}"
+        rows = f"-b{batch}" if batch > 1 else ""
+        engine = work / f"custom_voice-engine{precision}-{how}{rows}"
         if not (engine / "multistage_config.json").is_file():
             spec = {"ckpt": str(work / "custom_voice"), "engine": str(engine),
-                    "limits": {**tb.LIMITS, **extra, "code_predictor_calls": how}}  # fmt: skip
+                    "limits": {**tb.LIMITS, **extra, "code_predictor_calls": how,
+                               "max_batch_size": batch}}  # fmt: skip
             built = tb.worker(sys.executable, "_build", spec, args.threads, timeout=7200)
             if "error" in built:
                 raise SystemExit(built["error"])

@@ -26,7 +26,7 @@ each edgeomni engine's. RTF is wall / audio seconds; real time needs a frame in 
 
     python bench/tts_frame_cpu.py [--frames 60] [--repeats 3] [--threads 2]
         [--calls frame,steps] [--vocoder stateful,windows] [--vocoder-threads 0,1]
-        [--no-upstream] [--json FILE]
+        [--precisions fp32,int4] [--concurrency N] [--no-upstream] [--json FILE]
 """
 
 from __future__ import annotations
@@ -124,6 +124,10 @@ def main() -> int:
     p.add_argument("--vocoder-threads", default="0",
                    help="the stateful vocoder in the loop's turn (0) or on a thread of its own "
                    "with that many CPU threads (edge-infer --vocoder-threads); a list: each (a,b)")
+    p.add_argument("--precisions", default="fp32,int4", help="the engines: fp32, int4 or both")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="that many copies of the request at once, one batch (an engine built for "
+                   "that many rows; RTF is then the wall over all their audio)")
     p.add_argument("--no-upstream", action="store_true", help="leave qwen-tts out")
     p.add_argument("--upstream-repeats", type=int, default=1)
     p.add_argument("--bandwidth-probes", type=int, default=3, help="before and after the runs")
@@ -134,7 +138,8 @@ def main() -> int:
 
     calls = tuple(c for c in args.calls.split(",") if c)
     vocoders = tuple(v for v in args.vocoder.split(",") if v)
-    engines, body = tts_engines(args, calls)
+    precisions = tuple(x for x in args.precisions.split(",") if x)
+    engines, body = tts_engines(args, calls, precisions, args.concurrency)
     probes = [read_bandwidth_gbs() for _ in range(args.bandwidth_probes)]
     besides = tuple(int(v) for v in args.vocoder_threads.split(",") if v)
     sides = [(v, b) for v in vocoders for b in besides if not (b and v != "stateful")]
@@ -145,14 +150,14 @@ def main() -> int:
             label += f", vocoder beside on {threads} thread" if threads else ""
             spec = {"engine": str(engine), "body": body, "threads": args.threads, "whole": False,
                     "warmup": 1, "repeats": args.repeats, "streaming": vocoder,
-                    "vocoder_threads": threads}  # fmt: skip
+                    "vocoder_threads": threads, "concurrency": args.concurrency}  # fmt: skip
             print(f"{label} ...", file=sys.stderr, flush=True)
             run = tb.worker(sys.executable, "_edgeomni", spec, args.threads, timeout=7200)
             if "error" in run:
                 raise SystemExit(run["error"])
             runs[label], folders[label], beside[label] = run, engine, bool(threads)
     upstream = None
-    if not args.no_upstream:
+    if not args.no_upstream and args.concurrency == 1:  # upstream speaks one at a time
         print("upstream qwen-tts ...", file=sys.stderr, flush=True)
         work = next(iter(engines.values())).parent
         spec = {"text": tb.TEXT, "sampled": False, "steps": args.frames + 1,
@@ -167,6 +172,7 @@ def main() -> int:
             for name, run in runs.items()}  # fmt: skip
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"), "frames": args.frames, "threads": args.threads,
+        "concurrency": args.concurrency,
         "best_read_bandwidth_gbs": round(best, 2),
         "bandwidth_probes_gbs": [round(max(x.values()), 2) for x in probes],
         "engines": rows, "stages": {n: r["stages"] for n, r in runs.items()},

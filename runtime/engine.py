@@ -379,7 +379,8 @@ VOCODER_THREADS_HELP = (
     "streaming, whose chunks are then one frame first and 8 after (unless the graph's stage "
     "config sets first_chunk_frames, chunk_frames). Measured on 2 cores (docs/benchmarks.md): one "
     "Qwen3-TTS 0.6B int4 stream 1.09-1.14x faster with --vocoder-threads 1, its first audio "
-    "0.02 s later; float32 no faster. Default: off (the vocoder in turn with the other stages)"
+    "0.02 s later; float32, and four int4 streams at once, no faster. Default: off (the "
+    "vocoder in turn with the other stages)"
 )
 
 
