@@ -363,11 +363,15 @@ def threads_error(threads: int | None, flag: str = "--threads") -> str | None:
     """Why ``flag`` (--threads, --vocoder-threads) cannot be used, or None: at least 1, and at
     most the cores this process may run on (each engine gets a pool of that size: 100000 asked
     of onnxruntime took 16 GB before it ran)."""
+    import os
+
     if threads is None:
         return None
     if threads < 1:
         return f"{flag} must be at least 1, got {threads}"
-    cores = usable_cores()
+    # its affinity where the OS says (as a container's or a board's CPU set does)
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity else os.cpu_count() or 1
     if threads > cores:
         return f"{flag} {threads} is more than the {cores} cores this process may use"
     return None
@@ -382,15 +386,6 @@ VOCODER_THREADS_HELP = (
     "0.02 s later; float32, and four int4 streams at once, no faster. Default: off (the "
     "vocoder in turn with the other stages)"
 )
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its affinity where the OS says (as a container's or
-    a board's CPU set does)."""
-    import os
-
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
 def check_engine(folder: Path, config: Mapping[str, Any]) -> str:
