@@ -36,6 +36,10 @@ class Buffers(Protocol):
     def copy_row(
         self, x: Array, src: int, dst: int, length: int | None = None, axis: int | None = None
     ) -> None: ...
+    def copy_positions(
+        self, dst: Array, src: Array, axis: int, length: int, *, dst_start: int = 0,
+        src_start: int = 0,
+    ) -> None: ...
     def fill_zero(self, x: Array) -> None: ...
     def to_host(self, x: Array, *, wait: bool = True) -> np.ndarray: ...
     def download(self, x: Array) -> np.ndarray: ...
@@ -97,6 +101,17 @@ class HostBuffers:
             return
         part = (slice(None),) * axis + (slice(0, length),)
         a[(dst,) + part] = a[(src,) + part]
+
+    def copy_positions(
+        self, dst: Array, src: Array, axis: int, length: int, *, dst_start: int = 0,
+        src_start: int = 0,
+    ) -> None:
+        """``length`` entries of ``src``'s axis ``axis`` from ``src_start`` over ``dst``'s from
+        ``dst_start``, the other axes equal (a KV row's positions to or from a cache block)."""
+        lead = (slice(None),) * axis
+        _host(dst)[lead + (slice(dst_start, dst_start + length),)] = _host(src)[
+            lead + (slice(src_start, src_start + length),)
+        ]
 
     def fill_zero(self, x: Array) -> None:
         _host(x)[...] = 0
@@ -170,6 +185,15 @@ class DeviceBuffers:
         """As HostBuffers.copy_row, copying the whole row: one contiguous copy."""
         buf = _device(x)
         buf.rows(1, dst).copy_from(buf.rows(1, src))
+
+    def copy_positions(
+        self, dst: Array, src: Array, axis: int, length: int, *, dst_start: int = 0,
+        src_start: int = 0,
+    ) -> None:
+        """As HostBuffers.copy_positions: one 2-D copy on the device (a row per entry of the
+        axes before ``axis``)."""
+        _device(dst).copy_positions(_device(src), axis, length, dst_start=dst_start,
+                                    src_start=src_start)  # fmt: skip
 
     def fill_zero(self, x: Array) -> None:
         """Zeroed on the device, ordered on its stream."""

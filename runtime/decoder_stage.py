@@ -33,10 +33,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from edgeomni.runtime.cached_prefill import Assembled, CachedRow, assemble, phase_feeds, plan_rows
+from edgeomni.runtime.context_cache import ContextCache, PrefixCache, build_identity
 from edgeomni.runtime.decoder import TOPK_OUTPUTS, DecoderSession, StepOutputs, text_positions
 from edgeomni.runtime.engine import Engine
 from edgeomni.runtime.events import Event, Finished
@@ -85,6 +87,7 @@ class Slot(Generic[D]):
     widest: int = 1  # the most rows that stepped together while it decoded
     lengths: tuple[int, ...] = ()  # each row's prompt positions in a span (): ``length``'s row
     guidance: float | None = None  # a guided span's scale (the stage sets it)
+    cached: int = 0  # prompt positions its first row took from the context cache
 
     def __post_init__(self) -> None:
         self.past = self.past or self.length
@@ -221,6 +224,7 @@ class DecoderStage(Generic[D]):
         self._last: StepOutputs | None = None  # the last decode step's outputs
         self._decode: dict[int, DecoderSession] = {}
         self._guides_in_graph: bool | None = None
+        self.prefix: PrefixCache | None = None  # its prompts' blocks (use_context_cache)
 
     def _session(self, rows: int, first: int) -> DecoderSession:
         s = self.spec
@@ -281,23 +285,108 @@ class DecoderStage(Generic[D]):
             self._prefill(run, rows)
         return slots
 
+    def use_context_cache(self, cache: ContextCache) -> None:
+        """Prefill through a prefix cache in ``cache`` (runtime/context_cache.py): its part is
+        this stage's, under its build's identity."""
+        spec = self.spec
+        identity = build_identity(getattr(spec, "folder", None), getattr(spec, "config", {}))
+        self.prefix = PrefixCache(cache.part(self.stage_id, identity), spec.state)
+
     def _prefill(self, run: Sequence[Slot[D]], rows: int) -> None:
         embeds, positions, extra = self.spec.prefill(run)
         lens = np.array([n for s in run for n in s.lengths or (s.length,)], np.int32)
         first = run[0].row
         session = self._session(rows, first)
         start = time.perf_counter()
-        zeros = np.zeros(rows, np.int32)
-        extra = {**extra, **self._feeds(run, first, rows)}
-        # mypy matches a **dict of arrays against run's tag and wait: the feeds never name them
-        out = session.run(embeds, positions, zeros, lens, lens - 1, **extra)  # type: ignore[arg-type]
-        out.fetch(*self.spec.prefill_fetch, *TOPK_OUTPUTS)
+        guidance = self._feeds(run, first, rows)
+        planned = self._plan_cached(run, embeds, positions, extra, lens, first)
+        if planned is None:
+            zeros = np.zeros(rows, np.int32)
+            # mypy matches a **dict of arrays against run's tag and wait: feeds never name them
+            out = session.run(embeds, positions, zeros, lens, lens - 1,
+                              **extra, **guidance)  # type: ignore[arg-type]  # fmt: skip
+            out.fetch(*self.spec.prefill_fetch, *TOPK_OUTPUTS)
+        else:
+            out = self._run_cached(session, planned, embeds, positions, extra, guidance)
         self._draw(run, self._per_slot(out.logits(), run, first))
         self.spec.prefilled(run, out)
         elapsed = time.perf_counter() - start
         for slot in run:
             slot.prefill_s += elapsed
             slot.prefill_engine_s += session.engine_seconds
+
+    # -- the prefix cache (runtime/cached_prefill.py) ------------------------------------------
+    def _axes(self, extra: Mapping[str, np.ndarray]) -> dict[str, int]:
+        """Each prefill feed's row axis (its positions the next): the embeddings', the
+        positions' (three axes first with MRoPE), and the extras' the spec declares."""
+        return {"inputs_embeds": 0, "position_ids": 1 if self.spec.mrope else 0,
+                **getattr(self.spec, "prefill_axes", {})}  # fmt: skip
+
+    def _per_position(self) -> list[str]:
+        """The per-position outputs the engine gives (a spec may name one its build lacks)."""
+        return [n for n in self.spec.per_position if n in self.spec.outputs]
+
+    def _plan_cached(
+        self, run: Sequence[Slot[D]], embeds: np.ndarray, positions: np.ndarray,
+        extra: Mapping[str, np.ndarray], lens: np.ndarray, first: int,
+    ) -> list[CachedRow] | None:  # fmt: skip
+        """Each row's lookup, what it found restored into its row; None: no cache, or a feed
+        it cannot key (the run prefills whole)."""
+        if self.prefix is None or not isinstance(embeds, np.ndarray):
+            return None
+        owners = [s for s in run for _ in range(s.rows)]
+        wants: Callable[[Slot[D]], bool] | None = getattr(self.spec, "wants_positions", None)
+        feeds = {"inputs_embeds": embeds, "position_ids": positions, **extra}
+        planned = plan_rows(
+            self.prefix, feeds, self._axes(extra), [int(n) for n in lens], first,
+            [getattr(s.state.request, "context_cache_key", None) for s in owners],
+            [bool(wants and wants(s)) for s in owners], self._per_position(),
+        )  # fmt: skip
+        if planned is not None:
+            for s in run:
+                s.cached = planned[s.row - first].start
+        return planned
+
+    def _run_cached(
+        self, session: DecoderSession, planned: list[CachedRow], embeds: np.ndarray,
+        positions: np.ndarray, extra: Mapping[str, np.ndarray],
+        guidance: Mapping[str, np.ndarray],
+    ) -> Any:  # fmt: skip
+        """The rows' segments as right-aligned calls, the states and blocks they make
+        published; the last call's outputs, per-position ones assembled."""
+        prefix = self.prefix
+        assert prefix is not None
+        feeds = {"inputs_embeds": embeds, "position_ids": positions, **extra}
+        axes = self._axes(extra)
+        phases = max(len(r.ends) for r in planned)
+        first = session.first_row
+        out: Any = None
+        for phase in range(phases):
+            part, past, query = phase_feeds(planned, phase, phases, feeds, axes)
+            last = np.maximum(query - 1, 0).astype(np.int64)
+            out = session.run(part.pop("inputs_embeds"), part.pop("position_ids"), past, query,
+                              last, **part, **guidance)  # type: ignore[arg-type]  # fmt: skip
+            for r in planned:
+                span = r.segment(phase, phases)
+                if span is None:
+                    continue
+                for name in r.outputs:
+                    r.kept[name].append(np.array(out[name][r.row, : span[1] - span[0]]))
+                end = span[1]
+                if prefix.hybrid and end % prefix.block == 0 and end // prefix.block <= len(r.keys):
+                    prefix.publish_state(first + r.row, r.keys[end // prefix.block - 1])
+        out.fetch(*self.spec.prefill_fetch, *TOPK_OUTPUTS)
+        per_position = {}
+        if any(r.start or len(r.ends) > 1 for r in planned):
+            width = max(r.length for r in planned)
+            for name in self._per_position():
+                tail = tuple(self.spec.outputs[name])
+                per_position[name] = assemble(planned, name, width, tail)
+        for r in planned:
+            prefix.publish(first + r.row, r.keys, r.length)
+            for name in r.outputs:
+                prefix.publish_outputs(name, r.keys, np.concatenate(r.kept[name]), 0)
+        return Assembled(out, per_position) if per_position else out
 
     def step(self, slots: Mapping[int, Slot[D]]) -> None:
         """One decode step of every row that can step: rows [0, highest active] in one call."""

@@ -171,6 +171,29 @@ class DeviceArray:
                                           self.nbytes, s), "cudaMemcpyPeerAsync")  # fmt: skip
         _order(self.device, src.device)  # and before what writes it next
 
+    def copy_positions(
+        self, src: DeviceArray, axis: int, length: int, *, dst_start: int = 0, src_start: int = 0
+    ) -> None:
+        """``length`` entries of ``src``'s axis ``axis`` from ``src_start`` over this buffer's
+        from ``dst_start`` (the other axes equal, both on this device): one cudaMemcpy2DAsync,
+        a row per entry of the axes before ``axis``, on this buffer's stream."""
+        if src.dtype != self.dtype or src.device != self.device or (
+            src.shape[:axis] != self.shape[:axis] or src.shape[axis + 1 :] != self.shape[axis + 1 :]
+        ):
+            raise ValueError(f"copying positions of {src.shape} {src.dtype} into {self.shape} "
+                             f"{self.dtype}")  # fmt: skip
+        if src_start + length > src.shape[axis] or dst_start + length > self.shape[axis]:
+            raise ValueError(f"positions {src_start}+{length} -> {dst_start}+{length} exceed "
+                             f"{src.shape[axis]} / {self.shape[axis]}")  # fmt: skip
+        inner = math.prod(self.shape[axis + 1 :]) * self.dtype.itemsize
+        height = math.prod(self.shape[:axis])
+        use(self.device)
+        _check(_cudart().cudaMemcpy2DAsync(
+            self.ptr + dst_start * inner, self.shape[axis] * inner,
+            src.ptr + src_start * inner, src.shape[axis] * inner,
+            length * inner, height, _kind("cudaMemcpyDeviceToDevice"), stream(self.device),
+        ), "cudaMemcpy2DAsync")  # fmt: skip
+
     def upload(self, array: np.ndarray) -> None:
         """Copy a host array of this shape and dtype in, ordered on this buffer's stream."""
         src = np.ascontiguousarray(array, self.dtype)

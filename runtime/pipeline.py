@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from edgeomni import graph_schema
+from edgeomni.runtime.context_cache import ContextCache, auto_budget_mb
 from edgeomni.runtime.engine import Engines
 from edgeomni.runtime.events import Failed, Listener
 from edgeomni.runtime.families import TEXT_FALLBACKS, control_labels
@@ -188,6 +189,7 @@ class Pipeline:
         batching: str = "inflight",
         patience: int = PATIENCE,
         vocoder_threads: int | None = None,
+        context_cache_mb: float | None = None,
     ) -> None:
         """``engines``: how the stages open their engines (CPU threads, CUDA graphs; by default
         Engines()'s).
@@ -197,6 +199,9 @@ class Pipeline:
         the other stages (stage config ``own_thread``), their engines on that many CPU threads
         (the others keep ``engines``' threads: the decoders read memory at their best on all
         the cores, and the vocoder takes the time they leave).
+        ``context_cache_mb``: the context cache's budget in MiB (runtime/context_cache.py:
+        prompt blocks and encoded clips reused by later requests); 0 off; None the default
+        (``auto_budget_mb``: on where the machine has the memory).
         ``stream_stages``: a stage that reads the next one's output as it is made (the talker
         the thinker's) starts before that stage finishes; otherwise stages run one after another.
         ``batching``: ``inflight`` (requests join and leave each stage's running batch) or
@@ -230,6 +235,11 @@ class Pipeline:
                 ),
             )
         self.engines = engines or Engines()
+        if context_cache_mb is None:
+            context_cache_mb = auto_budget_mb()
+        if context_cache_mb < 0:
+            raise ValueError(f"context_cache_mb must be >= 0, got {context_cache_mb}")
+        self.context_cache = ContextCache(int(context_cache_mb * 2**20)) if context_cache_mb else None
         self.stream_stages = stream_stages
         self._runners: dict[str, Any] = {}
         self._alone = True  # the stages being opened run alone (see open)
@@ -251,7 +261,10 @@ class Pipeline:
             engines = self.engines.alone(self._alone)
             if self.vocoder_threads is not None and stage.config.get("own_thread"):
                 engines = dataclasses.replace(engines, threads=self.vocoder_threads)
-            self._runners[stage_id] = factory(stage, folder, engines=engines)
+            runner = self._runners[stage_id] = factory(stage, folder, engines=engines)
+            hook = getattr(runner, "use_context_cache", None)
+            if hook is not None and self.context_cache is not None:
+                hook(self.context_cache)
             self.profile.load_seconds += time.perf_counter() - start
         return self._runners[stage_id]
 
@@ -427,7 +440,11 @@ class Pipeline:
         """The stage as the scheduler loop steps it (one for the pipeline's life)."""
         if stage_id not in self._slot_stages:
             runner = self.runner(stage_id)
-            self._slot_stages[stage_id] = runner.slot_stage(stream_upstream=self.stream_stages)
+            stage = runner.slot_stage(stream_upstream=self.stream_stages)
+            hook = getattr(stage, "use_context_cache", None)
+            if hook is not None and self.context_cache is not None:
+                hook(self.context_cache)
+            self._slot_stages[stage_id] = stage
         return self._slot_stages[stage_id]
 
     def _run_graph(

@@ -79,6 +79,7 @@ class StageRunner:
         then its engine opened (``options``: ``Engines.open``'s ``spin``, ``replay``). Returns
         what the check read (a text model's tokenizer)."""
         self.stage = stage
+        self.folder = folder
         checked = self.check(stage, folder)
         self.config = checked.config
         self.engine = engines.open(folder, self.config, **options)

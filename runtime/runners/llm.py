@@ -93,6 +93,8 @@ class LLMBackbone(StageRunner):
         self.hidden_size = int(cfg["hidden_size"])
         self.mrope = bool(cfg.get("mrope_section"))
         self.deepstack = int(cfg.get("deepstack_layers") or 0)
+        # the prefill's extra feeds' row axes (the context cache keys their positions)
+        self.prefill_axes = {"deepstack_embeds": 1} if self.deepstack else {}
         self.hidden_layer = cfg.get("hidden_output_layer")
         # the family's media preparation for this model type, or text only (runtime/prompt.py)
         self.media = media_hook(cfg)(
@@ -293,6 +295,11 @@ class LLMBackbone(StageRunner):
             slot.data.fed = embeds[j, : slot.length]  # the prompt's rows, handed on if wanted
         return embeds, positions, extra
 
+    def wants_positions(self, slot: Slot) -> bool:
+        """Whether ``prefilled`` reads its prompt's per-position states (it hands a prompt
+        with media to its talker): the context cache then keeps and restores them too."""
+        return slot.data.hands and bool(slot.data.prompt.spans)
+
     def prefilled(self, run: Sequence[Slot], out: StepOutputs) -> None:
         """A slot that hands its talker rows starts with the prompt's: their embeddings, and
         the accept-layer states of a prompt's media positions (a decode step's hidden state,
@@ -379,6 +386,7 @@ class LLMBackbone(StageRunner):
         decode_s = slot.decode_s
         state.details[sid] = {
             "prompt_tokens": slot.length,
+            "cached_tokens": slot.cached,
             "output_tokens": list(slot.generated),
             "generated_tokens": len(slot.generated),
             "finish_reason": slot.finish,

@@ -300,6 +300,8 @@ class SpeechTalker(StageRunner):
         talker_s = slot.prefill_s + slot.decode_s - speech.cp_steps_s
         state.details[self.stage_id] = {
             "frames": len(codes),
+            "prompt_tokens": slot.length,
+            "cached_tokens": slot.cached,
             "finish_reason": slot.finish,
             "voice": self.voice_of(state),
             "talker_ms": round(talker_s * 1e3, 3),

@@ -8,19 +8,23 @@ The reference clip is read and resampled to 24 kHz when the request is prepared,
 or unreadable file fails that request before any engine runs. Each request is one engine call:
 clips differ in length, and neither encoder takes a padding mask (upstream encodes them one at
 a time too, or a zero-padded row changes its last frame's codes).
+
+With a context cache attached (``use_context_cache``, issue 54) the same reference audio, hashed,
+is encoded once: a voice cloned in request after request runs its encoders the first time only.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from edgeomni.runtime.artifacts import Artifact, check_folder
 from edgeomni.runtime.audio import read_wav, resample
 from edgeomni.runtime.call_stage import CallStage
+from edgeomni.runtime.context_cache import CachePart, ContextCache, build_identity, digest
 from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.families.qwen3_tts.speaker_mel import speaker_mel
 from edgeomni.runtime.stage import RequestError, RequestState, StageRunner, stage_source
@@ -41,6 +45,12 @@ class _Encoder(StageRunner):
         """One call per request: nothing of its engine is captured."""
         self.open_stage(stage, folder, engines, replay=False)
         self.sample_rate = int(self.config["sample_rate"])
+        self.cache: CachePart | None = None  # use_context_cache's part; None: every clip encoded
+
+    def use_context_cache(self, cache: ContextCache) -> None:
+        """Keep this stage's part of ``cache`` under the build's identity (its config.json and
+        engine file as they are now), so a rebuilt engine never reads the old one's outputs."""
+        self.cache = cache.part(self.stage.id, build_identity(self.folder, self.config))
 
     @classmethod
     def check(cls, stage: Any, folder: Path) -> Any:
@@ -64,15 +74,34 @@ class _Encoder(StageRunner):
     def encode_request(self, state: RequestState) -> list[Any]:
         """Writes the request's output and report (it makes no events: its output is the
         talker's input); a RequestError fails it alone."""
-        wav = state.prepared[self.stage.id]
+        wav = cast(np.ndarray, state.prepared[self.stage.id])  # prepare's clip
         start = time.perf_counter()
-        state.outputs[f"{self.stage.id}:{self.port}"] = self.encode(wav)
+        out, cached = self.cached_encode(wav)
+        state.outputs[f"{self.stage.id}:{self.port}"] = out
         state.details[self.stage.id] = {
             "ref_audio_samples": int(wav.size),
             "encode_ms": round((time.perf_counter() - start) * 1e3, 3),
+            "cached": cached,
             "finish_reason": "complete",
         }
         return []
+
+    def cached_encode(self, wav: np.ndarray) -> tuple[np.ndarray, bool]:
+        """``encode(wav)``, and whether the cache had it. An entry is a copy of what was
+        encoded and a hit hands out a copy of the entry: no request changes what another reads."""
+        if self.cache is None:
+            return self.encode(wav), False
+        clip = np.ascontiguousarray(wav)
+        key = digest(clip.tobytes(), clip.dtype.str, repr(clip.shape), str(self.sample_rate))
+        self.cache.stats.lookups += 1
+        found = self.cache.get(key)
+        if found is not None:
+            self.cache.stats.hits += 1
+            return np.array(found, copy=True), True
+        out = self.encode(wav)
+        entry = np.array(out, copy=True)
+        self.cache.put(entry, entry.nbytes, key)
+        return out, False
 
     def slot_stage(self, *, stream_upstream: bool = False) -> CallStage:
         return CallStage(self.stage.id, self.encode_request)

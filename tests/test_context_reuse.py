@@ -1,0 +1,184 @@
+"""Context reuse end to end (runtime/context_cache.py through the decoder stage): requests that
+begin alike take their prefix from the cache, and every output equals the uncached run's:
+greedy text for Qwen3, Qwen3.5 (its recurrent state resumed at a block boundary) and Qwen3-VL
+(an image asked about twice), text, codes and audio for Qwen3-Omni and Qwen3-TTS (a CustomVoice
+speaker, a Base clone's reference), with requests joining and leaving the batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edgeomni.runtime.audio import write_wav
+from edgeomni.runtime.pipeline import Pipeline
+from edgeomni.runtime.requests import parse_request_file
+
+SYSTEM = "Be brief and kind."
+QUESTIONS = ["Two plus two?", "A colour?", "Two plus two?", "Hi.", "Why blue?"]
+LENGTHS = [6, 3, 6, 9, 4]  # different reply lengths: rows free up at different steps
+
+
+def run(engine: Path, obj: dict, batch_size: int, mb: float, **kw: Any) -> tuple[list, Pipeline]:
+    requests, _ = parse_request_file(obj)
+    pipe = Pipeline(engine, context_cache_mb=mb, **kw)
+    return pipe.run(requests, batch_size=batch_size), pipe
+
+
+def chat(questions: list[str], lengths: list[int], **extra: Any) -> dict:
+    return {
+        "top_k": 1,
+        "requests": [
+            {"messages": [{"role": "system", "content": SYSTEM},
+                          {"role": "user", "content": q}], "max_generate_length": n}
+            for q, n in zip(questions, lengths, strict=True)
+        ],  # fmt: skip
+        **extra,
+    }
+
+
+def cached(outcomes: list, stage: str) -> list[int]:
+    return [o.entry["stages"][stage]["cached_tokens"] for o in outcomes]
+
+
+def same_text(got: list, want: list, stage: str) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert g.entry["ok"], g.entry.get("error")
+        assert g.entry["stages"][stage]["output_tokens"] == w.entry["stages"][stage]["output_tokens"]
+        assert g.entry["output_text"] == w.entry["output_text"]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_qwen3_shared_system_prompt(qwen3_engine: Path, batch: int) -> None:
+    obj = chat(QUESTIONS, LENGTHS)
+    off, _ = run(qwen3_engine, obj, batch, 0)
+    on, pipe = run(qwen3_engine, obj, batch, 16)
+    same_text(on, off, "llm")
+    hits = cached(on, "llm")
+    assert all(n == 0 for n in cached(off, "llm"))
+    assert hits[0] == 0 and all(n > 0 for n in hits[batch:]), hits
+    # the repeated question finds all its prompt but the last position's block
+    prompt = on[2].entry["stages"]["llm"]["prompt_tokens"]
+    assert hits[2] == (prompt - 1) // 8 * 8
+    stats = pipe.context_cache.as_dict()["stages"]["llm"]
+    assert stats["cached_tokens"] == sum(hits) and stats["hits"] == sum(n > 0 for n in hits)
+
+
+def test_qwen35_resumes_its_recurrent_state_at_a_boundary(qwen35_engine: Path) -> None:
+    """The first request publishes kv; the second finds kv without a state where they part,
+    splits its prefill there and keeps one; the third on resume at it."""
+    obj = chat(QUESTIONS, LENGTHS)
+    off, _ = run(qwen35_engine, obj, 1, 0)
+    on, _ = run(qwen35_engine, obj, 1, 16)
+    same_text(on, off, "llm")
+    hits = cached(on, "llm")
+    assert hits[:2] == [0, 0] and hits[2] > 0 and hits[3] > 0, hits
+    both, _ = run(qwen35_engine, obj, 2, 16)  # joining and leaving, rows sitting calls out
+    same_text(both, off, "llm")
+    assert sum(cached(both, "llm")) > 0
+
+
+def test_qwen3_vl_same_image_twice(vl_engine: Path, tmp_path: Path) -> None:
+    pytest.importorskip("PIL", reason="images are read with Pillow")
+    from PIL import Image
+
+    path = tmp_path / "photo.png"
+    Image.linear_gradient("L").resize((64, 48)).convert("RGB").save(path)
+    other = tmp_path / "other.png"
+    Image.linear_gradient("L").rotate(90).resize((64, 48)).convert("RGB").save(other)
+
+    def ask(image: Path, q: str) -> dict:
+        return {"messages": [{"role": "user", "content": [
+            {"type": "image", "image": str(image)}, {"type": "text", "text": q}]}],
+            "max_generate_length": 5}  # fmt: skip
+
+    obj = {"top_k": 1, "requests": [ask(path, "Describe it."), ask(other, "Describe it."),
+                                    ask(path, "What colour is it?"), ask(path, "Describe it.")]}
+    off, _ = run(vl_engine, obj, 2, 0)
+    on, _ = run(vl_engine, obj, 2, 32)
+    same_text(on, off, "llm")
+    hits = cached(on, "llm")
+    image_tokens = on[0].entry["stages"]["llm"]["prompt_tokens"] - 10
+    assert hits[2] >= image_tokens - 8 and hits[3] >= hits[2], hits
+
+
+def test_qwen3_omni_thinker_prompt_with_an_image_then_speech(omni_engine: Path,
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    """The thinker hands its talker a prompt's media states: cached positions hand theirs
+    from the cache. Text, codes and audio equal the uncached run's."""
+    pytest.importorskip("PIL", reason="images are read with Pillow")
+    from PIL import Image
+
+    path = tmp_path / "photo.png"
+    Image.linear_gradient("L").resize((32, 32)).convert("RGB").save(path)
+
+    def ask(q: str, n: int) -> dict:
+        return {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": [
+            {"type": "image", "image": str(path)}, {"type": "text", "text": q}]}],
+            "max_generate_length": n}  # fmt: skip
+
+    obj = {"top_k": 1, "talker_top_k": 1, "talker_max_new_tokens": 12, "voice": "ethan",
+           "requests": [ask("Hello there.", 6), ask("Count to three.", 4),
+                        ask("Hello there.", 6)]}  # fmt: skip
+    off, _ = run(omni_engine, obj, 2, 0)
+    on, pipe = run(omni_engine, obj, 2, 32)
+    same_text(on, off, "thinker")
+    for g, w in zip(on, off, strict=True):
+        np.testing.assert_array_equal(g.codes, w.codes)
+        np.testing.assert_allclose(g.audio, w.audio, atol=1e-5)
+    assert cached(on, "thinker")[2] > 0
+    assert cached(on, "talker")[2] > 0, "the talker's prompt of the same reply and voice"
+
+
+@pytest.fixture(scope="module")
+def tts_base_engine(exports: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edgeomni.export.family import BuildArgs
+    from edgeomni.export.tiny_tts import make_checkpoint
+
+    root = tmp_path_factory.mktemp("tts-base-reuse")
+    ckpt = make_checkpoint(root / "ckpt", "base", "tiny")
+    args = BuildArgs(max_batch_size=2, max_input_len=128, max_kv_cache_capacity=256)
+    exports.build(ckpt, root / "eng", args)
+    return root / "eng"
+
+
+def _speech(outcomes_on: list, outcomes_off: list) -> None:
+    for g, w in zip(outcomes_on, outcomes_off, strict=True):
+        assert g.entry["ok"], g.entry.get("error")
+        np.testing.assert_array_equal(g.codes, w.codes)
+        np.testing.assert_allclose(g.audio, w.audio, atol=1e-5)
+
+
+def test_qwen3_tts_custom_voice(tts_engine: Path) -> None:
+    say = ["Hello there, nice to meet you.", "Good morning.", "Hello there, nice to meet you."]
+    obj = {"talker_do_sample": 0, "subtalker_dosample": 0, "talker_max_new_tokens": 10,
+           "voice": "vivian", "language": "english",
+           "requests": [{"messages": [{"role": "assistant", "content": t}]} for t in say]}  # fmt: skip
+    off, _ = run(tts_engine, obj, 2, 0)
+    on, _ = run(tts_engine, obj, 2, 16)
+    _speech(on, off)
+    hits = cached(on, "talker")
+    assert hits[2] > 0 and hits[1] >= 0, hits
+
+
+def test_qwen3_tts_base_clone_reference_seen_before(tts_base_engine: Path, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    clip = tmp_path / "ref.wav"
+    write_wav(clip, (0.1 * rng.standard_normal(24000)).astype(np.float32), 24000)
+    ref_text = "This is the reference clip, spoken slowly and clearly for the cloning test."
+    say = ["Hello there.", "The weather is fine today.", "Hello there."]
+    obj = {"talker_do_sample": 0, "subtalker_dosample": 0, "talker_max_new_tokens": 10,
+           "language": "english",
+           "requests": [{"messages": [{"role": "assistant", "content": t}],
+                         "ref_audio": str(clip), "ref_text": ref_text} for t in say]}  # fmt: skip
+    off, _ = run(tts_base_engine, obj, 1, 0)
+    on, _ = run(tts_base_engine, obj, 1, 16)
+    _speech(on, off)
+    hits = cached(on, "talker")
+    # the reference's part of the prompt is shared (here, with a transcript longer than the
+    # clip's frames, all of it: the target text comes after, one row a frame)
+    prompt = on[2].entry["stages"]["talker"]["prompt_tokens"]
+    assert hits[0] == 0 and hits[1] > 0 and hits[2] == (prompt - 1) // 8 * 8, hits
+    assert [o.entry["stages"]["speaker_encoder"]["cached"] for o in on] == [False, True, True]
