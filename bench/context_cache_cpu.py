@@ -284,7 +284,11 @@ def run_one(pipe: Any, request: Any, audio: bool) -> dict[str, Any]:
         row.update(ttf_ms=vocoder["first_audio_ms"], prefill_ms=talker.get("prefill_ms"),
                    prompt_tokens=talker.get("prompt_tokens"),
                    cached_tokens=talker.get("cached_tokens"),
-                   output=[list(map(int, f)) for f in out.codes])  # fmt: skip
+                   output=[list(map(int, f)) for f in out.codes],
+                   # what the cache can save before the first frame: the clip's encoders and
+                   # the talker's prefill; the vocoder's reference prompt (prompt_cached)
+                   encode_ms=round(sum(d.get("encode_ms", 0.0) for d in stages.values()), 3),
+                   vocoder_prompt_cached=any(d.get("prompt_cached") for d in stages.values()))  # fmt: skip
     else:
         llm = next(d for d in stages.values() if "output_tokens" in d)
         row.update(ttf_ms=llm["prefill_ms"], prefill_ms=llm["prefill_ms"],
@@ -351,6 +355,9 @@ def summarize(side: dict[str, Any]) -> dict[str, Any]:
     cache = side["cache"] or {}
     return {
         "cold_ms": rows[0]["ttf_ms"], "warm_ms": warm("ttf_ms"),
+        "cold_prefill_ms": rows[0]["prefill_ms"], "warm_prefill_ms": warm("prefill_ms"),
+        "cold_encode_ms": rows[0].get("encode_ms"),
+        "warm_encode_ms": warm("encode_ms") if "encode_ms" in rows[0] else None,
         "cold_first_event_ms": rows[0]["first_event_ms"], "warm_first_event_ms": warm("first_event_ms"),
         "prompt_tokens": prompt, "cached_tokens": cached,
         "computed_tokens": [p - c if p is not None else None for p, c in zip(prompt, cached, strict=True)],
@@ -421,7 +428,8 @@ def compare(args: argparse.Namespace, model: str) -> tuple[dict[str, Any], list[
     for name in ("off", "on"):
         per = [summarize(rep["sides"][name]) for rep in repeats]
         summary[name] = {**per[-1], **{k: median([p[k] for p in per]) for k in (
-            "cold_ms", "warm_ms", "cold_first_event_ms", "warm_first_event_ms")}}  # fmt: skip
+            "cold_ms", "warm_ms", "cold_first_event_ms", "warm_first_event_ms", "cold_prefill_ms",
+            "warm_prefill_ms", "cold_encode_ms", "warm_encode_ms")}}  # fmt: skip
         summary[name]["ms_per_request"] = [  # each request's median over the repeats
             median([p["ms_per_request"][i] for p in per]) for i in range(len(measured))
         ]
@@ -464,7 +472,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             lines.append(
                 f"| {model} ({kind}) | {name} | {x['prompt_tokens'][0]} | {shared} | {x['cold_ms']} | "
                 f"{x['warm_ms']} | {'/'.join(map(str, x['ms_per_request']))} | "
-                f"{x['cold_first_event_ms']} | {x['warm_first_event_ms']} | "
+                f"{_dash(x['cold_first_event_ms'])} | {_dash(x['warm_first_event_ms'])} | "
                 f"{'/'.join(map(str, x['cached_tokens']))} | {rate or '-'} | "
                 f"{x['cache_used_mb'] if x['cache_used_mb'] is not None else '-'} | "
                 f"{x['cache_entries'] if x['cache_entries'] is not None else '-'} | "
@@ -472,8 +480,22 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             )
         q = s["off_over_on"]
         lines.append(f"| {model} | off / on | | | {q['cold_ms']}x | {q['warm_ms']}x | | "
-                     f"{q['cold_first_event_ms']}x | {q['warm_first_event_ms']}x | | | | | | |")  # fmt: skip
+                     f"{_dash(q['cold_first_event_ms'], 'x')} | "
+                     f"{_dash(q['warm_first_event_ms'], 'x')} | | | | | | |")  # fmt: skip
+    for model, res in results.items():
+        if model == "tts":
+            for name in ("off", "on"):
+                x = res["summary"][name]
+                lines.append(f"tts {name}: before the first frame, encoders cold {x['cold_encode_ms']} "
+                             f"warm {x['warm_encode_ms']} ms, talker prefill cold "
+                             f"{x['cold_prefill_ms']} warm {x['warm_prefill_ms']} ms")  # fmt: skip
     return "\n".join(lines)
+
+
+def _dash(value: Any, unit: str = "") -> str:
+    """A figure, or "-" where the run gives none (random weights' text may give no delta
+    before the reply ends: TTFT is then the prefill's)."""
+    return "-" if value is None else f"{value}{unit}"
 
 
 def main() -> int:

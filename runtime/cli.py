@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from edgeomni.runtime.context_cache import CONTEXT_CACHE_HELP, cache_mb_error
 from edgeomni.runtime.destinations import PATH_KEYS, destination_error, engine_inputs
 from edgeomni.runtime.engine import VOCODER_THREADS_HELP
 from edgeomni.runtime.families import REQUEST_KEYS as FAMILY_KEYS
@@ -226,6 +227,12 @@ def parser() -> argparse.ArgumentParser:
         help="CPU threads per engine, at most the usable cores (default: all)",
     )
     p.add_argument(
+        "--context-cache-mb",
+        type=float,
+        metavar="MB",
+        help=CONTEXT_CACHE_HELP,
+    )
+    p.add_argument(
         "--vocoder-threads",
         type=int,
         metavar="N",
@@ -336,6 +343,7 @@ def _main(args: argparse.Namespace) -> int:
             batching=args.batching,
             patience=PATIENCE if args.stage_patience is None else args.stage_patience,
             vocoder_threads=args.vocoder_threads,
+            context_cache_mb=args.context_cache_mb,
         )
     except GraphError as e:
         return _fail(f"invalid graph: {e}", EXIT_BAD_CONFIG)
@@ -412,6 +420,8 @@ def _main(args: argparse.Namespace) -> int:
         from edgeomni.runtime.footprint import footprint
 
         profile = {**pipeline.profile.as_dict(), "memory": footprint(pipeline.engine_dir)}
+        cache = pipeline.context_cache
+        profile["context_cache"] = cache.as_dict() if cache is not None else None
         print(json.dumps(profile, indent=2), file=sys.stderr)
     return EXIT_OK if all(e["ok"] for e in entries) else EXIT_REQUESTS_FAILED
 
@@ -502,6 +512,7 @@ def usage_error(args: argparse.Namespace) -> str | None:
 
     problem = threads_error(args.threads) or threads_error(args.vocoder_threads,
                                                            "--vocoder-threads")
+    problem = problem or cache_mb_error(args.context_cache_mb)
     if problem:
         return problem
     for flag, value, least in (("--batch-size", args.batch_size, 1),
@@ -610,6 +621,8 @@ def _warn_inert(
                  ("--stage-streaming", args.stage_streaming),
                  ("--vocoder-threads", args.vocoder_threads is not None))  # fmt: skip
         inert.update({flag: "this run does not speak" for flag, on in flags if on})
+    if "context_cache_key" in given and pipeline.context_cache is None:
+        inert["context_cache_key"] = "the context cache is off (--context-cache-mb)"
     if args.stage_patience is not None and args.batching == "cohort":
         inert["--stage-patience"] = "cohorts run each stage in turn (it is for --batching inflight)"
     if args.no_cuda_graphs and "cuda" not in pipeline.devices():

@@ -48,6 +48,26 @@ AUTO_MB = 1024
 AUTO_MIN_MEMORY_GIB = 16
 
 
+CONTEXT_CACHE_HELP = (
+    "the context cache's budget in MiB: a prompt's blocks (a system prompt, an image, a voice "
+    "or a clone's reference), kept after its request and copied into the rows of every later "
+    "request that begins the same way, which prefills only the rest (the same outputs; "
+    "cached_tokens in the predictions, usage and /metrics); least recently used out first; "
+    "a Qwen3-TTS Base clone's reference clip is encoded once. 0: off. Default: "
+    f"{AUTO_MB} where the machine has at least {AUTO_MIN_MEMORY_GIB} GiB of memory, off below "
+    "(a small board's memory is its weights' and rows')"
+)
+
+
+def cache_mb_error(mb: float | None, flag: str = "--context-cache-mb") -> str | None:
+    """Why a budget cannot be used, or None (None: the default)."""
+    if mb is None:
+        return None
+    if not mb >= 0 or mb == float("inf"):
+        return f"{flag} must be a number of MiB >= 0 (0: off), got {mb}"
+    return None
+
+
 def auto_budget_mb(total_bytes: int | None = None) -> int:
     """The default budget: AUTO_MB on a machine of at least AUTO_MIN_MEMORY_GIB, else 0 (off)."""
     if total_bytes is None:

@@ -69,13 +69,22 @@ _PREFIXED = "/".join(f"{p}*" for p in STAGE_PREFIXES)
 # what an unknown-key message adds where the later stages' keys (runtime/family.py) are accepted
 _STAGE_KEYS_TOO = f" and keys starting with {', '.join(STAGE_PREFIXES)}"
 
+CACHE_KEY_MEANING = (
+    "a string naming the context cache's partition: a request reuses only what requests of the "
+    "same key left (default: one partition, where the prompt's content alone decides)"
+)
+MAX_CACHE_KEY = 256
+
 # Top-level keys for features edgeomni does not have: the key changes nothing (the file would
 # run the same without it) and is reported once.
 IGNORED_FILE_KEYS: Mapping[str, str] = MappingProxyType({
     "available_lora_weights": "LoRA adapters are not supported (a request's lora_name fails)",
-    "context_cache_lookup_policy": "there is no context-cache reuse",
-    "context_cache_commit_policy": "there is no context-cache reuse",
-    "save_system_prompt_kv_cache": "there is no system-prompt KV cache",
+    "context_cache_lookup_policy": "edgeomni's context cache (--context-cache-mb) looks every "
+                                   "prompt up",
+    "context_cache_commit_policy": "edgeomni's context cache (--context-cache-mb) keeps every "
+                                   "prompt's full blocks, least recently used out first",
+    "save_system_prompt_kv_cache": "edgeomni's context cache (--context-cache-mb) keeps every "
+                                   "prompt's blocks, its system prompt's among them",
     "disable_spec_decode": "there is no speculative decoding",
     "spec_proposal_sampling": "there is no speculative decoding",
     "diffusion_config": "diffusion language models are not supported",
@@ -116,6 +125,7 @@ FILE_KEYS: Mapping[str, str] = MappingProxyType({
     "stop": "stop strings, the default for every request",
     "logit_bias": "{token id: bias}: added to the text model's logits before sampling",
     "num_logprobs": "the top N log-probabilities of each generated token, 0..50 (default 0)",
+    "context_cache_key": CACHE_KEY_MEANING,
     **_ALIAS_KEYS,
     "guided_decoding": UNSUPPORTED_KEYS["guided_decoding"] + ": every request fails",
     **SPEECH_KEYS,
@@ -138,7 +148,9 @@ REQUEST_KEYS: Mapping[str, str] = MappingProxyType({
     **{key: f"{meaning}, for this request" for key, meaning in _ALIAS_KEYS.items()},
     "reference": "anything (upstream's tests hold the expected answer): copied to the entry",
     "disable_spec_decode": "accepted, no effect: there is no speculative decoding",
-    "save_system_prompt_kv_cache": "accepted, no effect: there is no system-prompt KV cache",
+    "save_system_prompt_kv_cache": "accepted, no effect: the context cache (--context-cache-mb) "
+                                   "keeps every prompt's blocks",
+    "context_cache_key": "overrides the top level's",
     **{k: f"{why}: the request fails" for k, why in UNSUPPORTED_KEYS.items()},
     **SPEECH_KEYS,
 })  # fmt: skip
@@ -184,6 +196,7 @@ class Request:
     # the keys set for this request at any level (--sampling, the file's top level, the
     # request and its sampling object): what a graph that reads a key differently goes by
     given: frozenset[str] = frozenset()
+    context_cache_key: str | None = None  # the context cache's partition (None: the shared one)
 
     @property
     def batch_settings(self) -> tuple[Any, ...]:
@@ -582,7 +595,19 @@ def _parse_request(
         speech=MappingProxyType(speech),
         carry=_carry(req),
         given=given | _keys(req) | _keys(req.get("sampling")),
+        context_cache_key=_cache_key(req["context_cache_key"]) if "context_cache_key" in req
+        else file["context_cache_key"],
     )
+
+
+def _cache_key(value: Any) -> str | None:
+    """A context_cache_key: a non-empty string of at most MAX_CACHE_KEY characters, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_CACHE_KEY:
+        raise ValueError(f"context_cache_key must be a non-empty string of at most "
+                         f"{MAX_CACHE_KEY} characters, got {value!r:.80}")  # fmt: skip
+    return value
 
 
 def _keys(obj: Any) -> frozenset[str]:
@@ -675,9 +700,10 @@ def parse_request_file(
         voice = _pick_voice(obj)
         texts = _overrides(obj, _DEFAULTS, "stop", "logit_bias", "num_logprobs")
         speech = _speech(obj, {})
+        cache_key = _cache_key(obj.get("context_cache_key"))
     except ValueError as e:
         raise ValueError(f"top level: {e}") from None
-    file = {**lengths, "voice": voice, **texts, "speech": speech,
+    file = {**lengths, "voice": voice, **texts, "speech": speech, "context_cache_key": cache_key,
             "guided_decoding": obj.get("guided_decoding"), **flags}  # fmt: skip
     kept = ("max_generate_length", "min_generate_length", "voice", *_FLAG_DEFAULTS)
     settings.update({k: file[k] for k in kept if k in obj or (k == "voice" and voice)})

@@ -175,6 +175,17 @@ def tts_engine(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="session")
+def tts_base_engine(exports: ExportStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3-TTS Base checkpoint (its clone encoders, the in-context prompt)
+    built for the CPU, 2 rows (the context cache's tests share it)."""
+    from edgeomni.export.tiny_tts import make_checkpoint
+
+    root = tmp_path_factory.mktemp("tts-base")
+    ckpt = make_checkpoint(root / "ckpt", "base", "tiny")
+    return _cpu_engine(exports, ckpt, root / "eng", 2, 128, 256)
+
+
+@pytest.fixture(scope="session")
 def qwen_tts_python() -> Path:
     """The upstream Qwen3-TTS reference venv's python (qwen-tts 0.1.1 on transformers 4.57.3).
 

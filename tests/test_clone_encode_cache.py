@@ -49,19 +49,6 @@ def run(pipe: Pipeline, clips: list[str]) -> list[Any]:
     return outs
 
 
-@pytest.fixture(scope="module")
-def base_engine(exports: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen3-TTS Base checkpoint built for the CPU."""
-    from edgeomni.export.family import BuildArgs
-    from edgeomni.export.tiny_tts import make_checkpoint
-
-    root = tmp_path_factory.mktemp("clone-cache")
-    ckpt = make_checkpoint(root / "ckpt", "base", "tiny")
-    args = BuildArgs(max_batch_size=1, max_input_len=64, max_kv_cache_capacity=128)
-    assert exports.build(ckpt, root / "eng", args) is not None
-    return root / "eng"
-
-
 def encoders_cached(engine: Path) -> tuple[Pipeline, ContextCache]:
     """A pipeline whose encoder stages alone use a cache: what they give is all that differs
     from a run without one."""
@@ -71,10 +58,11 @@ def encoders_cached(engine: Path) -> tuple[Pipeline, ContextCache]:
     return pipe, cache
 
 
-def test_same_clip_is_encoded_once_and_changes_nothing(base_engine: Path, tmp_path: Path) -> None:
+def test_same_clip_is_encoded_once_and_changes_nothing(tts_base_engine: Path,
+                                                       tmp_path: Path) -> None:  # fmt: skip
     ref = clip(tmp_path / "ref.wav", 8, seed=1)
-    plain = run(Pipeline(base_engine, context_cache_mb=0), [ref, ref])
-    pipe, cache = encoders_cached(base_engine)
+    plain = run(Pipeline(tts_base_engine, context_cache_mb=0), [ref, ref])
+    pipe, cache = encoders_cached(tts_base_engine)
     outs = run(pipe, [ref, ref])
     for sid in ENCODERS:
         assert [o.entry["stages"][sid]["cached"] for o in outs] == [False, True]
@@ -87,9 +75,9 @@ def test_same_clip_is_encoded_once_and_changes_nothing(base_engine: Path, tmp_pa
         np.testing.assert_array_equal(got.audio, want.audio)
 
 
-def test_another_clip_is_not_a_hit(base_engine: Path, tmp_path: Path) -> None:
+def test_another_clip_is_not_a_hit(tts_base_engine: Path, tmp_path: Path) -> None:
     """Through the pipeline's own cache (Pipeline attaches it to the encoders as they open)."""
-    pipe = Pipeline(base_engine, context_cache_mb=64)
+    pipe = Pipeline(tts_base_engine, context_cache_mb=64)
     one, two = clip(tmp_path / "one.wav", 8, seed=1), clip(tmp_path / "two.wav", 8, seed=2)
     outs = run(pipe, [one, two, one])
     assert pipe.context_cache is not None

@@ -132,18 +132,6 @@ def test_qwen3_omni_thinker_prompt_with_an_image_then_speech(omni_engine: Path,
     assert cached(on, "talker")[2] > 0, "the talker's prompt of the same reply and voice"
 
 
-@pytest.fixture(scope="module")
-def tts_base_engine(exports: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from edgeomni.export.family import BuildArgs
-    from edgeomni.export.tiny_tts import make_checkpoint
-
-    root = tmp_path_factory.mktemp("tts-base-reuse")
-    ckpt = make_checkpoint(root / "ckpt", "base", "tiny")
-    args = BuildArgs(max_batch_size=2, max_input_len=128, max_kv_cache_capacity=256)
-    exports.build(ckpt, root / "eng", args)
-    return root / "eng"
-
-
 def _speech(outcomes_on: list, outcomes_off: list) -> None:
     for g, w in zip(outcomes_on, outcomes_off, strict=True):
         assert g.entry["ok"], g.entry.get("error")
@@ -163,7 +151,11 @@ def test_qwen3_tts_custom_voice(tts_engine: Path) -> None:
     assert hits[2] > 0 and hits[1] >= 0, hits
 
 
-def test_qwen3_tts_base_clone_reference_seen_before(tts_base_engine: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("vocoder_threads", [None, 1])
+def test_qwen3_tts_base_clone_reference_seen_before(tts_base_engine: Path, tmp_path: Path,
+                                                    vocoder_threads: int | None) -> None:  # fmt: skip
+    """The clip is encoded once, the talker's prompt of the reference is reused, and the
+    vocoder resumes after the reference's codes (on the loop's thread, and on its own)."""
     rng = np.random.default_rng(0)
     clip = tmp_path / "ref.wav"
     write_wav(clip, (0.1 * rng.standard_normal(24000)).astype(np.float32), 24000)
@@ -173,8 +165,8 @@ def test_qwen3_tts_base_clone_reference_seen_before(tts_base_engine: Path, tmp_p
            "language": "english",
            "requests": [{"messages": [{"role": "assistant", "content": t}],
                          "ref_audio": str(clip), "ref_text": ref_text} for t in say]}  # fmt: skip
-    off, _ = run(tts_base_engine, obj, 1, 0)
-    on, _ = run(tts_base_engine, obj, 1, 16)
+    off, _ = run(tts_base_engine, obj, 1, 0, vocoder_threads=vocoder_threads)
+    on, _ = run(tts_base_engine, obj, 1, 16, vocoder_threads=vocoder_threads)
     _speech(on, off)
     hits = cached(on, "talker")
     # the reference's part of the prompt is shared (here, with a transcript longer than the
@@ -182,3 +174,39 @@ def test_qwen3_tts_base_clone_reference_seen_before(tts_base_engine: Path, tmp_p
     prompt = on[2].entry["stages"]["talker"]["prompt_tokens"]
     assert hits[0] == 0 and hits[1] > 0 and hits[2] == (prompt - 1) // 8 * 8, hits
     assert [o.entry["stages"]["speaker_encoder"]["cached"] for o in on] == [False, True, True]
+    # the vocoder's state after the reference codes (vocoded in front, cut off) is kept too
+    assert [o.entry["stages"]["code2wav"]["prompt_cached"] for o in on] == [False, True, True]
+    assert not any(o.entry["stages"]["code2wav"]["prompt_cached"] for o in off)
+
+
+def test_edge_infer_flag_profile_and_predictions(qwen3_engine: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+    """edge-infer --context-cache-mb: the predictions' cached_tokens, --dump-profile's
+    context_cache; 0 turns it off (and a context_cache_key then warns it changes nothing); a
+    negative budget is refused before any engine loads."""
+    import json
+
+    from edgeomni.runtime import cli
+
+    obj = chat(QUESTIONS[:3], LENGTHS[:3], context_cache_key="app")
+    (tmp_path / "r.json").write_text(json.dumps(obj))
+    base = ["--config", str(qwen3_engine), "--input-file", str(tmp_path / "r.json"),
+            "--batch-size", "1"]  # fmt: skip
+    out = tmp_path / "p.json"
+    code = cli.main([*base, "--output-file", str(out), "--context-cache-mb", "8",
+                     "--dump-profile"])  # fmt: skip
+    assert code == cli.EXIT_OK
+    err = capsys.readouterr().err
+    profile = json.loads(err[err.index('{\n  "wall_ms"') :])
+    entries = json.loads(out.read_text())["responses"]
+    hits = [e["stages"]["llm"]["cached_tokens"] for e in entries]
+    stats = profile["context_cache"]
+    assert stats["budget_mb"] == 8 and stats["entries"] > 0
+    assert stats["stages"]["llm"]["cached_tokens"] == sum(hits) > 0
+    code = cli.main([*base, "--output-file", str(tmp_path / "q.json"), "--context-cache-mb", "0"])
+    assert code == cli.EXIT_OK
+    assert "context_cache_key" in capsys.readouterr().err
+    off = json.loads((tmp_path / "q.json").read_text())["responses"]
+    assert [e["output_text"] for e in off] == [e["output_text"] for e in entries]
+    assert cli.main([*base, "--context-cache-mb", "-1"]) == 2
+    assert "--context-cache-mb must be" in capsys.readouterr().err

@@ -395,3 +395,53 @@ def test_right_padded_prefill_on_the_gpu(cuda_engine, omni_cuda_engine, stage) -
     batched, rowwise = prefill_check.batched_and_rowwise(folder)
     assert np.abs(batched - rowwise).max() <= 2e-2 * np.abs(rowwise).max()
     assert (batched.argmax(-1) == rowwise.argmax(-1)).all()
+
+
+def test_positions_copy_on_the_device() -> None:
+    """DeviceBuffers.copy_positions (one cudaMemcpy2DAsync: a KV row's positions to and from a
+    context-cache block) moves what numpy's slicing moves."""
+    from edgeomni.runtime.buffers import DeviceBuffers, HostBuffers
+
+    rng = np.random.default_rng(0)
+    row = rng.standard_normal((1, 3, 20, 4)).astype(np.float16)
+    block = np.zeros((1, 3, 8, 4), np.float16)
+    dev = DeviceBuffers()
+    d_row, d_block = dev.zeros(row.shape, row.dtype), dev.zeros(block.shape, block.dtype)
+    dev.upload(d_row, row)
+    dev.copy_positions(d_block, d_row, 2, 8, src_start=5)
+    HostBuffers().copy_positions(block, row, 2, 8, src_start=5)
+    np.testing.assert_array_equal(dev.download(d_block), block)
+    back = np.zeros_like(row)
+    d_back = dev.zeros(row.shape, row.dtype)
+    dev.copy_positions(d_back, d_block, 2, 8, dst_start=12)
+    HostBuffers().copy_positions(back, block, 2, 8, dst_start=12)
+    np.testing.assert_array_equal(dev.download(d_back), back)
+
+
+def test_context_reuse_on_the_gpu(cuda_engine) -> None:
+    """The context cache with device rows: its blocks kept in device memory, and the tokens
+    with it those without it, requests joining and leaving."""
+    from edgeomni.runtime.memory import DeviceArray
+
+    system = {"role": "system", "content": "Be brief and kind."}
+    body = {"temperature": 0, "requests": [
+        {"messages": [system, {"role": "user", "content": q}], "max_generate_length": n}
+        for q, n in (("Two plus two?", 6), ("A colour?", 3), ("Two plus two?", 6),
+                     ("Hi.", 9), ("Why blue?", 4))]}  # fmt: skip
+
+    def tokens(outcomes: list) -> list[list[int]]:
+        assert all(o.entry["ok"] for o in outcomes), [o.entry["error"] for o in outcomes]
+        return [o.entry["stages"]["llm"]["output_tokens"] for o in outcomes]
+
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    requests, _ = parse_request_file(body)
+    pipe = Pipeline(cuda_engine, context_cache_mb=16)
+    on = pipe.run(requests, batch_size=2)
+    assert tokens(on) == tokens(run_pipeline(cuda_engine, body, 2, context_cache_mb=0))
+    assert sum(o.entry["stages"]["llm"]["cached_tokens"] for o in on) > 0
+    cache = pipe.context_cache
+    assert cache is not None
+    blocks = [e.value for e in cache._entries.values() if isinstance(e.value, dict)]
+    assert blocks and all(isinstance(a, DeviceArray) for b in blocks for a in b.values())

@@ -39,11 +39,13 @@ MODEL = "tiny-qwen3"
 
 
 def start(engine: Path, *, batch_size: int, max_queue: int, api_key: str | None = None,
-          step_s: float = 0.0, slow: str = "llm", warm: bool = False) -> Any:  # fmt: skip
+          step_s: float = 0.0, slow: str = "llm", warm: bool = False,
+          **options: Any) -> Any:  # fmt: skip
     """A server over the engine dir on a free localhost port, its loop and uvicorn on threads.
     ``step_s``: each step of stage ``slow`` takes at least this long (a test's time to act
-    while a request runs). ``warm``: edge-serve's warm-up first (edge-serve --warmup on)."""
-    pipe = Pipeline(engine)
+    while a request runs). ``warm``: edge-serve's warm-up first (edge-serve --warmup on).
+    ``options``: the Pipeline's."""
+    pipe = Pipeline(engine, **options)
     server = Server(pipe, batch_size=batch_size, max_queue=max_queue)
     if step_s:
         pipe.open({slow})
@@ -341,6 +343,39 @@ def test_metrics_count_what_happened(served: Any) -> None:
     text = httpx.get(served.url + "/metrics", timeout=30).text
     assert "# TYPE edgeomni_time_to_first_token_seconds histogram" in text
     assert 'edgeomni_time_to_first_token_seconds_bucket{le="+Inf"}' in text
+
+
+def test_context_cache_shows_in_usage_and_metrics(qwen3_engine: Path) -> None:
+    """A chat that begins as an earlier one did reports the prompt tokens the context cache gave
+    (OpenAI's usage.prompt_tokens_details.cached_tokens), /metrics counts them; another
+    context_cache_key shares nothing; a key that is not a string is a 400 naming it."""
+    s = start(qwen3_engine, batch_size=2, max_queue=8, context_cache_mb=16)
+    try:
+        def chat(question: str, **extra: Any) -> dict:
+            body = {"messages": [{"role": "system", "content": "Be brief and kind."},
+                                 {"role": "user", "content": question}],
+                    "max_tokens": 3, "temperature": 0, **extra}  # fmt: skip
+            r = httpx.post(s.url + "/v1/chat/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]
+
+        cached = 'edgeomni_prompt_tokens_total{source="cached"}'
+        computed = 'edgeomni_prompt_tokens_total{source="computed"}'
+        first = chat("Two plus two?")
+        assert first["prompt_tokens_details"]["cached_tokens"] == 0
+        before = metric(s.url, cached), metric(s.url, computed)
+        second = chat("A colour?")
+        hit = second["prompt_tokens_details"]["cached_tokens"]
+        assert 0 < hit < second["prompt_tokens"]
+        assert metric(s.url, cached) - before[0] == hit
+        assert metric(s.url, computed) - before[1] == second["prompt_tokens"] - hit
+        apart = chat("A colour?", context_cache_key="tenant-b")
+        assert apart["prompt_tokens_details"]["cached_tokens"] == 0
+        bad = httpx.post(s.url + "/v1/chat/completions", timeout=30, json={
+            "messages": [{"role": "user", "content": "hi"}], "context_cache_key": 7})  # fmt: skip
+        assert bad.status_code == 400 and "context_cache_key" in bad.text
+    finally:
+        s.stop()
 
 
 GREEDY_SPEECH = {"talker_do_sample": 0, "subtalker_dosample": 0, "talker_max_new_tokens": 9}

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from edgeomni.runtime.context_cache import CONTEXT_CACHE_HELP, cache_mb_error
 from edgeomni.runtime.engine import VOCODER_THREADS_HELP
 from edgeomni.runtime.media.image import MAX_IMAGE_PIXELS, PIL_PIXEL_LIMIT
 from edgeomni.runtime.requests import DEFAULT_MAX_GENERATE_LENGTH
@@ -134,6 +135,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_int_at_least(1),
                    help="CPU threads per engine, at most the usable cores (default: "
                    "onnxruntime's)")  # fmt: skip
+    p.add_argument("--context-cache-mb", type=float, metavar="MB",
+                   help=CONTEXT_CACHE_HELP + " (with --ray, each group of stages holds its own)")
     p.add_argument("--vocoder-threads", type=_int_at_least(1), metavar="N",
                    help=VOCODER_THREADS_HELP + " (not with --ray: there a group of stages is a "
                    "process of its own)")  # fmt: skip
@@ -233,6 +236,9 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
                                                            "--vocoder-threads")
     if problem:
         return _fail(problem)
+    problem = cache_mb_error(args.context_cache_mb)
+    if problem:
+        return _fail(problem)
     if args.ray and args.vocoder_threads is not None:
         return _fail("--vocoder-threads is for edge-serve without --ray (with --ray, place the "
                      "vocoder's stage in a group of its own: its own process)")
@@ -253,7 +259,8 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
         engines = Engines(threads=args.threads, cuda_graphs=not args.no_cuda_graphs,
                           max_image_pixels=args.max_image_pixels)  # fmt: skip
         pipe = Pipeline(config, engines=engines, patience=args.stage_patience,
-                        vocoder_threads=args.vocoder_threads)
+                        vocoder_threads=args.vocoder_threads,
+                        context_cache_mb=args.context_cache_mb)
     except GraphError as e:
         return _fail(f"invalid graph: {e}")
     except (OSError, RuntimeError, ValueError) as e:
@@ -280,7 +287,8 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
             pipe, where, batch_size=batch_size, max_queue=args.max_queue,
             address=args.ray_address, num_cpus=args.ray_cpus,
             engines={"threads": args.threads, "cuda_graphs": not args.no_cuda_graphs,
-                     "max_image_pixels": args.max_image_pixels},  # fmt: skip
+                     "max_image_pixels": args.max_image_pixels,
+                     "context_cache_mb": args.context_cache_mb},  # fmt: skip
         )  # fmt: skip
     else:
         server = Server(pipe, batch_size=batch_size, max_queue=args.max_queue)

@@ -2,8 +2,9 @@
 the process-wide one, so servers in one process, and a ``forget``, count apart).
 
 Requests by outcome (ok, error, cancelled, and those turned away: invalid, rejected), requests
-in the server and its capacity, tokens and audio seconds made, and histograms of the time to
-first token and to first audio from submission.
+in the server and its capacity, tokens and audio seconds made, the decoders' prompt positions
+(from the context cache or prefilled), and histograms of the time to first token and to first
+audio from submission.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class Metrics:
                              registry=r)  # fmt: skip
         self.tokens = Counter("edgeomni_generated_tokens",
                               "Text tokens of the requests that left.", registry=r)  # fmt: skip
+        self.prompt_positions = Counter(
+            "edgeomni_prompt_tokens", "Prompt positions of the decoder stages, from the context "
+            "cache (cached) or prefilled (computed).", ["source"], registry=r)  # fmt: skip
+        for source in ("cached", "computed"):
+            self.prompt_positions.labels(source)
         self.audio_s = Counter("edgeomni_audio_seconds", "Seconds of audio made.", registry=r)
         self.first_token = Histogram("edgeomni_time_to_first_token_seconds",
                                      "From submission to the first text.", buckets=BUCKETS_S,
@@ -49,6 +55,10 @@ class Metrics:
         self.outcomes.labels(outcome).inc()
         self.tokens.inc(tokens)
         self.audio_s.inc(audio_s)
+
+    def prompt(self, cached: int, computed: int) -> None:
+        self.prompt_positions.labels("cached").inc(cached)
+        self.prompt_positions.labels("computed").inc(computed)
 
     def first(self, kind: str, seconds: float) -> None:
         (self.first_token if kind == "token" else self.first_audio).observe(seconds)

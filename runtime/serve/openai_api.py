@@ -36,7 +36,8 @@ UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_f
                "logit_bias", "top_logprobs", "prediction")  # fmt: skip
 CHAT_AUDIO_FORMATS = ("wav", "pcm16", "flac")  # message.audio's; a stream's deltas are pcm16
 KNOWN = ("messages", "stream", "max_tokens", "max_completion_tokens", "min_tokens", "stop",
-         "modalities", "audio", *SAMPLING_FIELDS, *IGNORED, *DEFAULT_ONLY, *UNSUPPORTED)  # fmt: skip
+         "modalities", "audio", "context_cache_key", *SAMPLING_FIELDS, *IGNORED, *DEFAULT_ONLY,
+         *UNSUPPORTED)  # fmt: skip
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
@@ -247,6 +248,8 @@ def chat_request(body: Any, index: int, max_tokens: int, media: Media | None = N
         req["min_generate_length"] = body["min_tokens"]
     if body.get("stop") is not None:
         req["stop"] = body["stop"]
+    if body.get("context_cache_key") is not None:  # the context cache's partition
+        req["context_cache_key"] = body["context_cache_key"]
     sampling = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
     sampling.update({k: v for k, v in body.items() if k.startswith(STAGE_PREFIXES)})
     if sampling:
@@ -283,7 +286,7 @@ def _param(error: str, body: Mapping[str, Any]) -> str | None:
     return next((k for k in SAMPLING_FIELDS if k in error and k in body), None)
 
 
-def completion(rid: str, model: str, text: str, finish: str, usage: dict[str, int],
+def completion(rid: str, model: str, text: str, finish: str, usage: dict[str, Any],
                audio: dict | None = None) -> dict:  # fmt: skip
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if audio is not None:
@@ -297,7 +300,7 @@ def completion(rid: str, model: str, text: str, finish: str, usage: dict[str, in
 
 
 def chunk(rid: str, model: str, delta: dict[str, Any], finish: str | None = None,
-          usage: dict[str, int] | None = None) -> dict:  # fmt: skip
+          usage: dict[str, Any] | None = None) -> dict:  # fmt: skip
     out: dict[str, Any] = {
         "id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "delta": delta, "logprobs": None,
@@ -313,6 +316,7 @@ SPEECH_FORMATS = ("wav", "pcm", "flac")
 # families declare for their request controls
 SPEECH_KEYS = {
     "voice": "speaker",
+    "context_cache_key": "context_cache_key",
     **{k.speech_field: key for key, k in FAMILY_KEYS.items() if k.speech_field},
 }
 SPEECH_FIELDS = ("model", "input", "voice", "response_format", "speed", "stream",

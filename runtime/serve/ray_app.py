@@ -139,7 +139,9 @@ class GroupReplica:
 
         from edgeomni.runtime.engine import Engines
 
-        pipe = Pipeline(engine_dir, engines=Engines(**engines))
+        options = dict(engines)
+        budget = options.pop("context_cache_mb", None)  # each group's own cache, this budget
+        pipe = Pipeline(engine_dir, engines=Engines(**options), context_cache_mb=budget)
         self.loop = GroupLoop(pipe, stages, batch_size=batch_size)
         self.loop.start()
         self.upstream = dict(upstream)

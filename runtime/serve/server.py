@@ -178,6 +178,7 @@ class Server(LoopThread):
         )  # fmt: skip
         tokens = usage_of(state, self.texts)["completion_tokens"]
         self.metrics.left(outcome, tokens, p.audio_s if p is not None else 0.0)
+        self.metrics.prompt(*prompt_positions(state))
         if p is not None:
             p.cleanup()  # it has left the graph: nothing reads its inline media any more
             p.state = state
@@ -263,16 +264,31 @@ def speakers(pipe: Pipeline) -> tuple[list[str], str | None]:
     return ordered, default if default in names else (ordered[0] if ordered else None)
 
 
-def usage_of(state: RequestState | None, texts: set[str]) -> dict[str, int]:
-    """OpenAI's usage counts from the text stage's report."""
-    prompt = completion = 0
+def usage_of(state: RequestState | None, texts: set[str]) -> dict[str, Any]:
+    """OpenAI's usage counts from the text stage's report, with the prompt tokens the context
+    cache gave (``prompt_tokens_details.cached_tokens``)."""
+    prompt = completion = cached = 0
     if state is not None:
         for port in texts:
             report = state.details.get(port.split(":")[0], {})
             prompt = int(report.get("prompt_tokens", prompt) or 0)
             completion = int(report.get("generated_tokens", completion) or 0)
+            cached = int(report.get("cached_tokens", cached) or 0)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}  # fmt: skip
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+
+
+def prompt_positions(state: RequestState) -> tuple[int, int]:
+    """Every decoder stage's prompt positions for a request (a text model's, a talker's):
+    those the context cache gave and those prefilled."""
+    cached = computed = 0
+    for report in state.details.values():
+        if isinstance(report, dict) and "cached_tokens" in report:
+            n = int(report.get("cached_tokens") or 0)
+            cached += n
+            computed += max(0, int(report.get("prompt_tokens") or 0) - n)
+    return cached, computed
 
 
 def is_busy(event: Failed) -> bool:

@@ -133,7 +133,7 @@ def transcript(stt: Any, text: str, asked: Asked) -> tuple[str | None, str]:
     return language, words
 
 
-def answer_body(stt: Any, text: str, asked: Asked, usage: dict[str, int]) -> Any:
+def answer_body(stt: Any, text: str, asked: Asked, usage: dict[str, Any]) -> Any:
     """The whole answer: OpenAI's json ({text, usage}), text, or verbose_json (task, language,
     duration, text; no segments: the model gives no timestamps)."""
     language, words = transcript(stt, text, asked)

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.runtime.artifacts import Artifact, ArtifactError, Checked, check_folder
+from edgeomni.runtime.context_cache import CachePart, ContextCache, build_identity, digest
 from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import AudioChunk, CodecFrames, Event, Finished
 from edgeomni.runtime.speech.code2wav_stream import (
@@ -209,6 +210,13 @@ class Code2Wav(StageRunner):
         # codes vocoded in front of the request's and cut off again (Qwen3-TTS's in-context
         # clone: upstream decodes the reference codes with the new ones); None: no such input
         self.prompt_source = next((i.source for i in stage.inputs if i.name == PROMPT_INPUT), None)
+        self.cache: CachePart | None = None  # use_context_cache's: primed states by prompt
+
+    def use_context_cache(self, cache: ContextCache) -> None:
+        """Keep the stateful stream's state after a request's prompt codes (a clone's
+        reference, vocoded in front and cut off), so a prompt seen before is not vocoded again."""
+        if self.prompt_source is not None:
+            self.cache = cache.part(self.stage.id, build_identity(self.folder, self.config))
 
     @property
     def mode(self) -> str:
@@ -353,8 +361,25 @@ class Code2Wav(StageRunner):
         else:
             stream = AudioStream(self.vocoder(), batch)
         prompt = self.prompt_of(state)
-        if prompt is not None:
-            stream.prime(prompt, len(prompt) * self.samples_per_frame)
+        if prompt is None:
+            return stream
+        part = self.cache if isinstance(stream, ChunkStream) else None
+        if part is not None:
+            key = digest(np.ascontiguousarray(prompt).tobytes(), repr(prompt.shape))
+            part.stats.lookups += 1
+            saved = part.get("primed", key)
+            if saved is not None:
+                assert isinstance(stream, ChunkStream)
+                part.stats.hits += 1
+                stream.resume(saved)
+                return stream
+
+            def publish(state: dict[str, Any]) -> None:
+                part.put(state, sum(int(a.nbytes) for a in state.values()), "primed", key)
+
+            assert isinstance(stream, ChunkStream)
+            stream.publish = publish
+        stream.prime(prompt, len(prompt) * self.samples_per_frame)
         return stream
 
     def vocode(self, codes: np.ndarray) -> tuple[np.ndarray, int, str]:
@@ -458,6 +483,8 @@ class Code2Wav(StageRunner):
             "stall_ms": round(stall * 1e3, 3),
             "frames": len(codes),
             "prompt_frames": skip,
+            # its prompt's state came from the context cache: those frames were not vocoded
+            "prompt_cached": bool(getattr(stream, "resumed", False)),
             "samples": int(audio.size),
             "sample_rate": self.sample_rate,
             "duration_ms": round(audio.size / self.sample_rate * 1e3, 3),

@@ -32,7 +32,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +137,17 @@ class StepEngine:
 
     def release(self, row: int) -> None:
         self.pool.release(row)
+
+    def snapshot(self, row: int) -> dict[str, Any]:
+        """A copy of a row's state (under the lock: no call writes it and the pool does not
+        grow meanwhile)."""
+        with self.lock:
+            return self.pool.state.snapshot(row)
+
+    def restore(self, row: int, saved: Mapping[str, Any]) -> None:
+        """A snapshot into a row (one no call holds yet)."""
+        with self.lock:
+            self.pool.state.restore(row, saved)
 
     def run(self, codes: np.ndarray, lens: np.ndarray, rows: Sequence[int]) -> np.ndarray:
         """One call: codes int64 [B, Q, n] (rows right-padded), each row's valid frames, each
@@ -255,6 +266,16 @@ class ChunkStream:
         self.seconds = 0.0
         self.first_audio: float | None = None
         self.arrivals: list[tuple[float, int]] = []  # (perf_counter, samples) per audio piece
+        # given the state once the primed codes are vocoded (the context cache's publish)
+        self.publish: Callable[[dict[str, Any]], None] | None = None
+        self.resumed = False  # its primed codes' state came from the context cache
+
+    def resume(self, saved: Mapping[str, Any]) -> None:
+        """Start from the state a stream had once its primed codes were vocoded (the context
+        cache's): as ``prime`` then their chunks, their samples cut, without the calls."""
+        assert self.row is not None
+        self.step.restore(self.row, saved)
+        self.resumed = True
 
     def prime(self, codes: np.ndarray, samples: int) -> None:
         """Codes vocoded in front of the request's (not counted in ``frames``), their
@@ -414,14 +435,19 @@ class StreamBatch:
             self._calls.popleft()
             for stream, _ in part:
                 stream.in_flight -= 1
-            samples, seconds = future.result()
+            samples, seconds, states = future.result()
+            self._published(states)
             self._accept(part, samples, seconds)
             took = True
         return took
 
     def _call(self, length: int, part: list[tuple[ChunkStream, int]]) -> None:
         start = time.perf_counter()
+        priming = [stream.primed > 0 and stream.publish is not None for stream, _ in part]
         chunks = [stream.take(n) for stream, n in part]
+        # the streams whose primed codes end with this call: their state is kept after it
+        ends = [stream for (stream, _), p in zip(part, priming, strict=True)
+                if p and not stream.primed]  # fmt: skip
         codes = np.zeros((len(part), chunks[0].shape[1], length), np.int64)
         for row, chunk in enumerate(chunks):
             codes[row, :, : len(chunk)] = chunk.T
@@ -432,17 +458,33 @@ class StreamBatch:
             rows.append(stream.row)
         if self.worker is None:
             samples = self.step.run(codes, lens, rows)
+            self._published(self._states(ends))
             self._accept(part, samples, time.perf_counter() - start)
             return
         for stream, _ in part:
             stream.in_flight += 1
-        self._calls.append((part, self.worker.submit(self._run, codes, lens, rows)))
+        self._calls.append((part, self.worker.submit(self._run, codes, lens, rows, ends)))
 
-    def _run(self, codes: np.ndarray, lens: np.ndarray, rows: list[int]) -> tuple[np.ndarray, float]:
-        """A call on the worker thread: its samples and seconds; every wake set as it ends."""
+    def _states(self, ends: list[ChunkStream]) -> list[tuple[ChunkStream, dict[str, Any]]]:
+        """The states of streams whose primed codes were just vocoded (taken before any later
+        call on their rows: on the calls' own thread, in order)."""
+        return [(s, self.step.snapshot(s.row)) for s in ends if s.row is not None]
+
+    @staticmethod
+    def _published(states: list[tuple[ChunkStream, dict[str, Any]]]) -> None:
+        for stream, saved in states:
+            if stream.publish is not None:
+                stream.publish(saved)
+                stream.publish = None
+
+    def _run(self, codes: np.ndarray, lens: np.ndarray, rows: list[int], ends: list[ChunkStream]
+             ) -> tuple[np.ndarray, float, list[tuple[ChunkStream, dict[str, Any]]]]:  # fmt: skip
+        """A call on the worker thread: its samples and seconds, the states its primed streams
+        reached; every wake set as it ends."""
         start = time.perf_counter()
         try:
-            return self.step.run(codes, lens, rows), time.perf_counter() - start
+            samples = self.step.run(codes, lens, rows)
+            return samples, time.perf_counter() - start, self._states(ends)
         finally:
             for wake in tuple(self.wakes):  # the loop's thread may add or take one meanwhile
                 wake.set()

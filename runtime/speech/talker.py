@@ -305,6 +305,7 @@ class SpeechTalker(StageRunner):
             "finish_reason": slot.finish,
             "voice": self.voice_of(state),
             "talker_ms": round(talker_s * 1e3, 3),
+            "prefill_ms": round(slot.prefill_s * 1e3, 3),
             "code_predictor_ms": round(speech.cp_s * 1e3, 3),
             "talker_engine_ms": round((slot.prefill_engine_s + slot.decode_engine_s) * 1e3, 3),
             # drawing in the engine, calls are queued, not waited for: then this is the time to
