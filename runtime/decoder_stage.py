@@ -279,7 +279,12 @@ class DecoderStage(Generic[D]):
             if slot.rows != self.rows_for(slot.state):
                 raise ValueError(f"{self.stage_id}: a request of {self.rows_for(slot.state)} "
                                  f"rows opened with {slot.rows}")  # fmt: skip
-        for run in prefill_runs(slots):
+        runs = prefill_runs(slots)
+        if self.prefix is not None and self._rows_with_past():
+            # rows that resume from the cache have past context: on an engine that takes one
+            # such row a call (onnxruntime before 1.32), each request prefills alone
+            runs = [[s] for run in runs for s in run]
+        for run in runs:
             rows = sum(s.rows for s in run)
             self.spec.state.reset_rows(run[0].row, rows)  # no earlier request's state
             self._prefill(run, rows)
@@ -322,6 +327,11 @@ class DecoderStage(Generic[D]):
         return {"inputs_embeds": 0, "position_ids": 1 if self.spec.mrope else 0,
                 **getattr(self.spec, "prefill_axes", {})}  # fmt: skip
 
+    def _rows_with_past(self) -> int:
+        """The rows a call may hold where they have past context and more than one token (0:
+        any; the engine's ``rows_with_past``, onnxruntime's GroupQueryAttention before 1.32)."""
+        return int(getattr(self.spec.engine, "rows_with_past", 0) or 0)
+
     def _per_position(self) -> list[str]:
         """The per-position outputs the engine gives (a spec may name one its build lacks)."""
         return [n for n in self.spec.per_position if n in self.spec.outputs]
@@ -332,7 +342,8 @@ class DecoderStage(Generic[D]):
     ) -> list[CachedRow] | None:  # fmt: skip
         """Each row's lookup, what it found restored into its row; None: no cache, or a feed
         it cannot key (the run prefills whole)."""
-        if self.prefix is None or not isinstance(embeds, np.ndarray):
+        cap = self._rows_with_past()
+        if self.prefix is None or not isinstance(embeds, np.ndarray) or (cap and len(lens) > cap):
             return None
         owners = [s for s in run for _ in range(s.rows)]
         wants: Callable[[Slot[D]], bool] | None = getattr(self.spec, "wants_positions", None)

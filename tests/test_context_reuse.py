@@ -210,3 +210,32 @@ def test_edge_infer_flag_profile_and_predictions(qwen3_engine: Path, tmp_path: P
     assert [e["output_text"] for e in off] == [e["output_text"] for e in entries]
     assert cli.main([*base, "--context-cache-mb", "-1"]) == 2
     assert "--context-cache-mb must be" in capsys.readouterr().err
+
+
+def test_engines_that_take_one_row_with_past_prefill_each_request_alone(
+    qwen3_engine: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnxruntime before 1.32 refuses GroupQueryAttention with past context for more than one
+    row of several tokens (the engine's ``rows_with_past``): requests that join together then
+    prefill one by one, and no call holds two rows with past context."""
+    from edgeomni.runtime import decoder
+
+    calls: list[tuple[int, int]] = []  # (rows with past context, the call's width)
+    real = decoder.DecoderSession.run
+
+    def spy(self, embeds, positions, past_lens, query_lens, last, **kw):  # noqa: ANN001, ANN003, ANN202
+        calls.append((int((np.asarray(past_lens) > 0).sum()), embeds.shape[1]))
+        return real(self, embeds, positions, past_lens, query_lens, last, **kw)
+
+    obj = chat(QUESTIONS, LENGTHS)
+    off, _ = run(qwen3_engine, obj, 3, 0)
+    requests, _ = parse_request_file(obj)
+    pipe = Pipeline(qwen3_engine, context_cache_mb=16)
+    pipe.open({"llm"})
+    monkeypatch.setattr(pipe.runner("llm").engine, "rows_with_past", 1, raising=False)
+    monkeypatch.setattr(decoder.DecoderSession, "run", spy)
+    on = pipe.run(requests[:1], batch_size=3)  # the first leaves the system prompt's blocks
+    on += pipe.run(requests[1:], batch_size=3)  # the others join together and find them
+    same_text(on, off, "llm")
+    assert all(n > 0 for n in cached(on, "llm")[1:])
+    assert all(rows <= 1 for rows, width in calls if width > 1), calls
