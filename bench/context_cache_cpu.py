@@ -141,7 +141,8 @@ def checkpoint(args: argparse.Namespace, model: str, layers: int | None) -> Path
 def engine(args: argparse.Namespace, ckpt: Path, limits: dict[str, Any]) -> tuple[Path, dict]:
     """edge-build of ``ckpt`` with ``limits`` (BuildArgs' fields) in a fresh process, once:
     rebuilt when the limits differ or with --rebuild; noted when the export code changed."""
-    path = ckpt.parent / f"{ckpt.name}-{args.precision}-in{limits['max_input_len']}-engine"
+    on = "-cuda" if limits.get("device") == "cuda" else ""
+    path = ckpt.parent / f"{ckpt.name}-{args.precision}{on}-in{limits['max_input_len']}-engine"
     stamp_path = path / "bench_stamp.json"
     stamp = json.loads(stamp_path.read_text()) if stamp_path.is_file() else None
     fingerprint = tb.source_fingerprint()
@@ -395,6 +396,8 @@ def compare(args: argparse.Namespace, model: str) -> tuple[dict[str, Any], list[
         length = max(1024, args.prompt_tokens + 256)
         limits = {"max_batch_size": 1, "max_input_len": length,
                   "max_kv_cache_capacity": length + 64, **quant(args)}  # fmt: skip
+    if args.device == "cuda":  # float16 on the GPU, as the GPU benches build
+        limits.update(device="cuda", dtype="float16")
     engine_dir, build = engine(args, ckpt, limits)
     warmup, measured, info = tts_requests(args) if audio else llm_requests(engine_dir, args)
     order = [s.strip() for s in args.order.split(",")]
@@ -518,6 +521,8 @@ def main() -> int:
     p.add_argument("--precision", default="fp32", choices=("fp32", "int4"),
                    help="int4: int4_rtn decoders (the lm_head too; the TTS vocoder stays float)")
     p.add_argument("--group-size", type=int, default=32, choices=(32, 64, 128))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: float16 engines on the GPU (onnxruntime-gpu's CUDA provider)")
     p.add_argument("--threads", type=int, help="ONNX Runtime threads an engine (default: ORT's)")
     p.add_argument("--build-threads", type=int, default=2, help="the makers' and builds' threads")
     p.add_argument("--layers", type=int, help="decoder layers (default: the models' own)")
@@ -551,7 +556,8 @@ def main() -> int:
         report["models"][model], bad = compare(args, model)
         mismatches += bad
     md = table(report["models"])
-    print(f"\ncontext cache off vs on ({args.cache_mb} MiB), {args.precision}, size {args.size}, "
+    kind = args.precision if args.device == "cpu" else "float16, cuda"
+    print(f"\ncontext cache off vs on ({args.cache_mb} MiB), {kind}, size {args.size}, "
           f"{args.requests} requests a side at batch 1 (cold: the first; warm: the mean of the "
           f"others), median of {args.repeats}; TTFT: prefill_ms; TTFA: first_audio_ms\n")  # fmt: skip
     print(md)

@@ -55,7 +55,8 @@ CONTEXT_CACHE_HELP = (
     "cached_tokens in the predictions, usage and /metrics); least recently used out first; "
     "a Qwen3-TTS Base clone's reference clip is encoded once. 0: off. Default: "
     f"{AUTO_MB} where the machine has at least {AUTO_MIN_MEMORY_GIB} GiB of memory, off below "
-    "(a small board's memory is its weights' and rows')"
+    "(a small board's memory is its weights' and rows'), and not for decoders on a GPU (there "
+    "copying a prompt's blocks was measured slower than prefilling it: give a budget to use it)"
 )
 
 

@@ -290,6 +290,11 @@ class DecoderStage(Generic[D]):
             self._prefill(run, rows)
         return slots
 
+    @property
+    def on_host(self) -> bool:
+        """Whether its rows live in host memory (a CPU engine's)."""
+        return bool(self.spec.engine.buffers.on_host)
+
     def use_context_cache(self, cache: ContextCache) -> None:
         """Prefill through a prefix cache in ``cache`` (runtime/context_cache.py): its part is
         this stage's, under its build's identity."""

@@ -235,6 +235,9 @@ class Pipeline:
                 ),
             )
         self.engines = engines or Engines()
+        # the default keeps GPU decoders out: their blocks' copies cost more than the prefill
+        # they save at the sizes measured (docs/benchmarks.md); a budget given is used as given
+        self._cache_given = context_cache_mb is not None
         if context_cache_mb is None:
             context_cache_mb = auto_budget_mb()
         if context_cache_mb < 0:
@@ -442,7 +445,10 @@ class Pipeline:
             runner = self.runner(stage_id)
             stage = runner.slot_stage(stream_upstream=self.stream_stages)
             hook = getattr(stage, "use_context_cache", None)
-            if hook is not None and self.context_cache is not None:
+            on_gpu = not getattr(stage, "on_host", True)
+            if hook is not None and self.context_cache is not None and (
+                self._cache_given or not on_gpu
+            ):
                 hook(self.context_cache)
             self._slot_stages[stage_id] = stage
         return self._slot_stages[stage_id]

@@ -239,3 +239,17 @@ def test_engines_that_take_one_row_with_past_prefill_each_request_alone(
     same_text(on, off, "llm")
     assert all(n > 0 for n in cached(on, "llm")[1:])
     assert all(rows <= 1 for rows, width in calls if width > 1), calls
+
+
+def test_the_default_keeps_gpu_decoders_out(qwen3_engine: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The default budget attaches no decoder whose rows live on a GPU (measured slower there:
+    docs/benchmarks.md); a budget given attaches it; on the CPU the default attaches it."""
+    from edgeomni.runtime import pipeline
+    from edgeomni.runtime.decoder_stage import DecoderStage
+
+    monkeypatch.setattr(pipeline, "auto_budget_mb", lambda: 64)
+    assert Pipeline(qwen3_engine).slot_stage("llm").prefix is not None
+    monkeypatch.setattr(DecoderStage, "on_host", property(lambda self: False))
+    assert Pipeline(qwen3_engine).slot_stage("llm").prefix is None
+    assert Pipeline(qwen3_engine, context_cache_mb=8).slot_stage("llm").prefix is not None
