@@ -510,9 +510,9 @@ def usage_error(args: argparse.Namespace) -> str | None:
             return problem
     from edgeomni.runtime.engine import threads_error
 
-    problem = threads_error(args.threads) or threads_error(args.vocoder_threads,
-                                                           "--vocoder-threads")
-    problem = problem or cache_mb_error(args.context_cache_mb)
+    problem = (threads_error(args.threads)
+               or threads_error(args.vocoder_threads, "--vocoder-threads")
+               or cache_mb_error(args.context_cache_mb))  # fmt: skip
     if problem:
         return problem
     for flag, value, least in (("--batch-size", args.batch_size, 1),

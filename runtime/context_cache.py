@@ -64,7 +64,7 @@ def cache_mb_error(mb: float | None, flag: str = "--context-cache-mb") -> str | 
     """Why a budget cannot be used, or None (None: the default)."""
     if mb is None:
         return None
-    if not mb >= 0 or mb == float("inf"):
+    if not 0 <= mb < float("inf"):
         return f"{flag} must be a number of MiB >= 0 (0: off), got {mb}"
     return None
 
@@ -202,6 +202,14 @@ class CachePart:
 
     def get(self, *parts: Hashable) -> Any:
         return self.cache.get(self.key(*parts))
+
+    def find(self, *parts: Hashable) -> Any:
+        """``get``, counted as a request's lookup (and a hit when found): a stage that keeps
+        whole values (an encoder's output, a vocoder's state) looks up once a request."""
+        value = self.get(*parts)
+        self.stats.lookups += 1
+        self.stats.hits += value is not None
+        return value
 
     def put(self, value: Any, nbytes: int, *parts: Hashable) -> bool:
         stored = self.cache.put(self.key(*parts), value, nbytes)

@@ -348,7 +348,7 @@ class DecoderStage(Generic[D]):
         """Each row's lookup, what it found restored into its row; None: no cache, or a feed
         it cannot key (the run prefills whole)."""
         cap = self._rows_with_past()
-        if self.prefix is None or not isinstance(embeds, np.ndarray) or (cap and len(lens) > cap):
+        if self.prefix is None or (cap and len(lens) > cap):
             return None
         owners = [s for s in run for _ in range(s.rows)]
         wants: Callable[[Slot[D]], bool] | None = getattr(self.spec, "wants_positions", None)

@@ -264,12 +264,18 @@ class Pipeline:
             engines = self.engines.alone(self._alone)
             if self.vocoder_threads is not None and stage.config.get("own_thread"):
                 engines = dataclasses.replace(engines, threads=self.vocoder_threads)
-            runner = self._runners[stage_id] = factory(stage, folder, engines=engines)
-            hook = getattr(runner, "use_context_cache", None)
-            if hook is not None and self.context_cache is not None:
-                hook(self.context_cache)
+            self._runners[stage_id] = factory(stage, folder, engines=engines)
+            self._use_cache(self._runners[stage_id])
             self.profile.load_seconds += time.perf_counter() - start
         return self._runners[stage_id]
+
+    def _use_cache(self, part: Any) -> None:
+        """Attach the context cache to a runner or slot stage that takes one; the default
+        budget skips a decoder whose rows are on a GPU."""
+        hook = getattr(part, "use_context_cache", None)
+        on_gpu = not getattr(part, "on_host", True)
+        if hook is not None and self.context_cache is not None and (self._cache_given or not on_gpu):
+            hook(self.context_cache)
 
     def devices(self) -> frozenset[str]:
         """Where the engines of the stages loaded so far run (their configs' ``device``, the
@@ -444,12 +450,7 @@ class Pipeline:
         if stage_id not in self._slot_stages:
             runner = self.runner(stage_id)
             stage = runner.slot_stage(stream_upstream=self.stream_stages)
-            hook = getattr(stage, "use_context_cache", None)
-            on_gpu = not getattr(stage, "on_host", True)
-            if hook is not None and self.context_cache is not None and (
-                self._cache_given or not on_gpu
-            ):
-                hook(self.context_cache)
+            self._use_cache(stage)
             self._slot_stages[stage_id] = stage
         return self._slot_stages[stage_id]
 

@@ -232,11 +232,9 @@ def _prepare(args: argparse.Namespace, opened: contextlib.ExitStack) -> int | tu
     from edgeomni.runtime.serve.listen import AddressError, bind
     from edgeomni.runtime.serve.server import Server
 
-    problem = threads_error(args.threads) or threads_error(args.vocoder_threads,
-                                                           "--vocoder-threads")
-    if problem:
-        return _fail(problem)
-    problem = cache_mb_error(args.context_cache_mb)
+    problem = (threads_error(args.threads)
+               or threads_error(args.vocoder_threads, "--vocoder-threads")
+               or cache_mb_error(args.context_cache_mb))  # fmt: skip
     if problem:
         return _fail(problem)
     if args.ray and args.vocoder_threads is not None:
