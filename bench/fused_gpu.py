@@ -49,17 +49,17 @@ DECODERS = {
 
 
 def build(name: str, work: Path, int4: int = 0) -> tuple[Path, Path, dict]:
-    """Random float16 weights exported once: the ONNX Runtime CUDA engine and the fused one;
-    ``int4`` (a group size): both with int4_rtn matrices, a single LM head too (MatMulNBits on
-    ONNX Runtime's side, the fused layout's int4 codes on the other; the code predictor's
-    stacked heads stay float16 on both)."""
+    """Random float16 weights exported once: the ONNX Runtime CUDA engine and the fused one,
+    compiled from the same graph; ``int4`` (a group size): both from the one int4_rtn pass's
+    graph, a single LM head too (MatMulNBits on ONNX Runtime's side, the plan's int4 codes on
+    the other; the code predictor's stacked heads stay float16 on both)."""
     import torch
     from safetensors.numpy import save_file
 
-    from edgeomni.builder import fused
+    from edgeomni.builder.fused_plan import compile_file
     from edgeomni.builder.onnxruntime import build_engine
     from edgeomni.export.common.decoder import CausalLM, DecoderConfig
-    from edgeomni.export.common.onnx_export import export_causal_lm, keeping_decoders
+    from edgeomni.export.common.onnx_export import export_causal_lm
     from edgeomni.export.family import BuildArgs
 
     fields, _, _ = DECODERS[name]
@@ -77,10 +77,9 @@ def build(name: str, work: Path, int4: int = 0) -> tuple[Path, Path, dict]:
     tables = None
     if sampler:  # each head's code embeddings (the next step's input), float16 as the module
         tables = torch.randn(cfg.lm_heads, cfg.vocab_size, cfg.hidden_size).half()
-    with keeping_decoders() as kept:
-        # a sampler's embeddings feed the next call: its inputs stay float16, as in a build
-        export_causal_lm(module, raw, logits_topk=64, float32_embeds=not sampler,
-                         sampler_tables=tables)  # fmt: skip
+    # a sampler's embeddings feed the next call: its inputs stay float16, as in a build
+    export_causal_lm(module, raw, logits_topk=64, float32_embeds=not sampler,
+                     sampler_tables=tables)  # fmt: skip
     args = BuildArgs(32, 64, 512, device="cuda", dtype="float16")
     ort = work / name / "ort" / "model.onnx"
     ort.parent.mkdir(parents=True, exist_ok=True)
@@ -91,9 +90,7 @@ def build(name: str, work: Path, int4: int = 0) -> tuple[Path, Path, dict]:
         graph = raw.with_name("model.int4.onnx")
         quantize_file(raw, graph, Quantization("int4_rtn", int4))
     build_engine(graph, ort, args)
-    tensors, spec = fused.layout(kept[raw], "float16")
-    if int4:
-        fused.quantize(tensors, spec, int4, True, name)
+    spec, tensors = compile_file(graph)
     path = work / name / "fused" / "model.fused.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path))

@@ -11,7 +11,7 @@ import posixpath
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,6 @@ from edgeomni.builder import interrupts, manifest
 from edgeomni.builder.errors import BuildError
 from edgeomni.builder.workspace import Workspace, workspace
 from edgeomni.export.common.checkpoint import open_checkpoint
-from edgeomni.export.common.onnx_export import keeping_decoders
 from edgeomni.export.family import BuildArgs, Component
 from edgeomni.export.registry import family_for
 from edgeomni.plugins.backends import BACKENDS, load
@@ -176,9 +175,7 @@ def build(
         awq_graph.check_requests(hooks, ckpt, selected, args)
     warn_position_limits(hooks, ckpt, selected, args)
     engine_dir = engine_dir.resolve()
-    # the fused backend lays out the decoder modules the export traced (builder/fused.py)
-    keep = keeping_decoders() if args.backend == "fused" else nullcontext()
-    with workspace(engine_dir) as ws, keep:
+    with workspace(engine_dir) as ws:
         log.info("building %s (%s family) into %s", model_dir, family.name, engine_dir)
         graph_path = _build_in(ws, hooks, ckpt, selected, backend, args)
         ordinary_modes(ws.staging)
@@ -240,10 +237,7 @@ def _build_in(
         with step(f"write {comp.name} artifacts"):
             hooks.write_artifacts(ckpt, comp, out_dir, args)
         in_graph = _awq_in_graph(comp, args, exported)  # rounded plainly now, calibrated later
-        if _fused_covers(args, exported, ckpt):  # int4 in the fused layout (builder/fused.py)
-            raw, quantized = exported, {}
-        else:
-            raw, quantized = quantize_component(exported, comp, args, out_dir, ckpt, in_graph)
+        raw, quantized = quantize_component(exported, comp, args, out_dir, ckpt, in_graph)
         build_engine(comp, raw, out_dir, quantized)
         done.append(out_dir)
         if in_graph and quantized.get("quantization"):
@@ -257,19 +251,6 @@ def _build_in(
         fields = hook(ckpt) if callable(hook) else {}
         awq_graph.requantize(ws.staging, graph, later, args, build_engine, fields)
     return graph
-
-
-def _fused_covers(args: BuildArgs, exported: Path, ckpt: Any) -> bool:
-    """A fused build's decoder its kernels run: quantized in the fused layout, not as ONNX. A
-    pre-quantized checkpoint's decoders keep their own int4 weights: ONNX Runtime builds them,
-    as before the fused kernels took int4."""
-    pq = getattr(ckpt, "prequantized", None)
-    if args.backend != "fused" or (pq is not None and pq.scheme.int4):
-        return False
-    from edgeomni.builder import fused
-    from edgeomni.export.common.onnx_export import kept_decoders
-
-    return fused.uncovered(kept_decoders().get(exported)) is None
 
 
 def _awq_in_graph(comp: Component, args: BuildArgs, exported: Path) -> bool:

@@ -1,17 +1,18 @@
-"""The fused backend: a dense Qwen3-style decoder (export/common/decoder.py's CausalLM) run by
-edgeomni's own CUDA kernels (plugins/decoder_cuda.py, plugins/attention_cuda.py) behind the
-Engine interface, with the ONNX build's tensor names, so stages call it as they call an ONNX
-Runtime or TensorRT decoder.
+"""The fused backend: a decoder's exported ONNX graph, compiled into a launch plan of edgeomni's
+own CUDA kernels (plugins/decoder_cuda.py, plugins/attention_cuda.py), run behind the Engine
+interface with the ONNX build's tensor names, so stages call it as they call an ONNX Runtime or
+TensorRT decoder.
 
-edge-build --backend fused writes the decoder's weights as laid out for the kernels
-(``<component>.fused.safetensors``: per layer the packed q/k/v, o, packed gate/up and down
-matrices [out, in], the norms in float32; the LM head [V, H]) and the dimensions under
-config.json's ``fused``. At load the kernels are compiled by NVRTC for this GPU and the weights
-copied to it; nothing else is needed on the board (no torch, no ONNX Runtime).
+edge-build --backend fused compiles the graph (builder/fused_plan.py) into config.json's
+``fused`` table, the dimensions and the plan (runtime/fused_spec.py), and
+``<component>.fused.safetensors``, the weights the plan names as laid out for the kernels
+(matrices [out, in], int4 codes and scales as the build's int4 pass wrote them, norms in
+float32). At load the kernels are compiled by NVRTC for this GPU and the weights copied to it;
+nothing else is needed on the board (no torch, no ONNX Runtime).
 
-A call runs five kernels a layer (see plugins/decoder_cuda.py; four in decode calls, whose
-attention kernel does the q/k norm and rotary itself), then the final norm and LM head
-over each row's last position, and the top-K on the device; a build with an in-engine sampler
+A call queues the plan's steps (``_Launches``): for a Qwen3 layer five kernels (four in decode
+calls, whose attention kernel does the q/k norm and rotary itself), then the final norm and LM
+head over each row's last position, and the top-K on the device; a build with an in-engine sampler
 (the code predictor on cuda) also draws each row's next id from it and gathers its embedding
 for the next call, so a frame's steps run without the host. Activations are float32, weights and
 the KV cache float16 or float32 (the build's --dtype); inputs and outputs have the ONNX build's
@@ -33,160 +34,18 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.graph_schema.state import StateTensor, kv_tensors
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
 from edgeomni.runtime.engine_api import EngineBase, EngineError, parse_device
+from edgeomni.runtime.fused_spec import FusedSpec, io_types, names
 
 log = logging.getLogger(__name__)
 
-# the float types a build writes its weights and cache in
-DTYPES = ("float16", "float32")
 # calls of fewer tokens than this (decode steps of up to 63 rows) queue their kernels as
 # programmatic dependent launches; longer calls (prefills: large grids, unmeasured) do not
 OVERLAP_MAX_TOKENS = 64
-
-
-class FusedSpec:
-    """config.json's ``fused`` table: the decoder's dimensions and options, checked."""
-
-    def __init__(self, table: Mapping[str, Any], where: str) -> None:
-        def need(key: str) -> int:
-            if not isinstance(table.get(key), int) or table[key] <= 0:
-                raise EngineError(f"{where}: fused.{key} must be a positive integer")
-            return int(table[key])
-
-        self.hidden = need("hidden_size")
-        self.layers = need("num_layers")
-        self.heads = need("num_heads")
-        self.kv_heads = need("num_kv_heads")
-        self.head_dim = need("head_dim")
-        self.intermediate = need("intermediate_size")
-        self.vocab = need("vocab_size")
-        self.eps = float(table.get("rms_norm_eps", 1e-6))
-        self.dtype = str(table.get("dtype", "float16"))
-        if self.dtype not in DTYPES:
-            raise EngineError(f"{where}: fused.dtype {self.dtype!r} is not one of {DTYPES}")
-        self.input_size = int(table.get("input_size") or 0)
-        self.lm_heads = int(table.get("lm_heads") or 1)
-        self.mrope = bool(table.get("mrope"))
-        hidden_layer = table.get("hidden_output_layer")
-        self.hidden_output_layer = None if hidden_layer is None else int(hidden_layer)
-        self.last_hidden = bool(table.get("last_hidden_output"))
-        self.deepstack_layers = int(table.get("deepstack_layers") or 0)
-        self.topk = int(table.get("logits_topk") or 0)
-        self.embeds_dtype = str(table.get("embeds_dtype", "float32"))
-        if self.embeds_dtype not in DTYPES:
-            raise EngineError(f"{where}: fused.embeds_dtype {self.embeds_dtype!r} is not one of "
-                              f"{DTYPES}")  # fmt: skip
-        # draws each row's next id from its top-K and outputs its embedding
-        # (export/common/sampler.py's inputs and outputs)
-        self.sampler = bool(table.get("sampler"))
-        if self.sampler and (self.topk < 2 or self.embeds_dtype != self.dtype):
-            raise EngineError(f"{where}: an in-engine sampler needs logits_topk >= 2 and "
-                              "embeds_dtype equal to dtype (its embeddings feed the next call)")
-        self.qk_norm = bool(table.get("qk_norm", True))
-        self.bias = bool(table.get("attention_bias"))
-        vec = 8 if self.dtype == "float16" else 4
-        widths = {"hidden_size": self.hidden, "intermediate_size": self.intermediate,
-                  "num_heads * head_dim": self.heads * self.head_dim}  # fmt: skip
-        if self.input_size:
-            widths["input_size"] = self.input_size
-        for name, n in widths.items():
-            if n % vec:
-                raise EngineError(f"{where}: {name} {n} is not a multiple of {vec}, as the "
-                                  "fused kernels read weight rows 16 bytes at a time")  # fmt: skip
-        if self.head_dim > 512 or self.head_dim % 2:
-            raise EngineError(f"{where}: head_dim {self.head_dim} must be even and at most 512")
-        # int4 matrices (edge-build --quantization int4_rtn): each layer's four, and the LM head
-        # where ``lm_head`` says so; codes [rows, K / 2] under the matrix's name, one float16
-        # scale a row and group of K under ``<name>.scales``
-        int4 = table.get("int4")
-        self.int4_group = 0
-        self.int4_lm_head = False
-        if int4 is not None:
-            group = int4.get("group_size") if isinstance(int4, Mapping) else None
-            if self.dtype != "float16" or group not in (32, 64, 128):
-                raise EngineError(f"{where}: fused.int4 needs dtype float16 and a group_size of "
-                                  "32, 64 or 128")  # fmt: skip
-            for name, n in widths.items():  # the int4 matrices' K (input_proj stays float)
-                if name != "input_size" and n % group:
-                    raise EngineError(f"{where}: {name} {n} is not a multiple of the int4 group "
-                                      f"size {group}")  # fmt: skip
-            self.int4_group = int(group)
-            self.int4_lm_head = bool(int4.get("lm_head"))
-
-    def int4(self, matrix: str) -> bool:
-        """Whether the weight ``matrix`` (a tensor name) is int4."""
-        from edgeomni.plugins import decoder_linear_cuda as lc
-
-        if not self.int4_group:
-            return False
-        if matrix == "lm_head":
-            return self.int4_lm_head
-        return matrix.startswith("layers.") and matrix.rsplit(".", 1)[-1] in lc.INT4_MATRICES
-
-
-def _names(spec: FusedSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The ONNX build's input and output names (export/common/decoder.py, CausalLM.io_names)."""
-    inputs = ["inputs_embeds", "position_ids", "past_lens", "query_lens", "last_indices"]
-    if spec.lm_heads > 1:
-        inputs.append("lm_head_index")
-    if spec.sampler:
-        inputs += SAMPLER_INPUTS
-    if spec.deepstack_layers:
-        inputs.append("deepstack_embeds")
-    outputs = ["logits"]
-    if spec.topk:
-        outputs += ["topk_values", "topk_indices"]
-    if spec.sampler:
-        outputs += SAMPLER_OUTPUTS
-    if spec.hidden_output_layer is not None:
-        outputs.append("hidden_states")
-    if spec.last_hidden:
-        outputs.append("last_hidden")
-    state = _state(spec)
-    return tuple(inputs + [t.input for t in state]), tuple(outputs + [t.output for t in state])
-
-
-def _state(spec: FusedSpec) -> list[StateTensor]:
-    """Its row state: the KV cache the ONNX build of the same decoder declares."""
-    return kv_tensors(spec.layers, spec.kv_heads, spec.head_dim, np.dtype(spec.dtype).name)
-
-
-# export/common/sampler.py's names (that module needs torch; the runtime does not)
-SAMPLER_INPUTS = ("sample_uniform", "sample_temperature", "sample_top_k", "sample_top_p")
-SAMPLER_OUTPUTS = ("sampled_ids", "sampled_embeds")
-
-
-def io_types(
-    spec: FusedSpec,
-) -> tuple[dict[str, np.dtype], dict[str, np.dtype], dict[str, tuple[Any, ...]]]:
-    """The ONNX build's input types, output types and output shapes: float inputs in
-    ``embeds_dtype``, float outputs and the cache in ``dtype``, the lengths and indices as
-    export/common/decoder.py declares them."""
-    inputs, outputs = _names(spec)
-    floats, kv = np.dtype(spec.embeds_dtype), np.dtype(spec.dtype)
-    ints = {"position_ids": np.dtype(np.int64), "past_lens": np.dtype(np.int32),
-            "query_lens": np.dtype(np.int32), "last_indices": np.dtype(np.int64),
-            "lm_head_index": np.dtype(np.int64), "topk_indices": np.dtype(np.int64),
-            "sample_uniform": np.dtype(np.float64), "sample_temperature": np.dtype(np.float64),
-            "sample_top_k": np.dtype(np.int64), "sample_top_p": np.dtype(np.float64),
-            "sampled_ids": np.dtype(np.int64)}  # fmt: skip
-    cache = ("batch", spec.kv_heads, "capacity", spec.head_dim)
-    state = {n for t in _state(spec) for n in (t.input, t.output)}
-    shapes: dict[str, tuple[Any, ...]] = {
-        "logits": ("batch", spec.vocab), "topk_values": ("batch", spec.topk),
-        "topk_indices": ("batch", spec.topk), "hidden_states": ("batch", "seq", spec.hidden),
-        "last_hidden": ("batch", spec.hidden), "sampled_ids": ("batch",),
-        "sampled_embeds": ("batch", spec.input_size or spec.hidden),
-    }  # fmt: skip
-
-    def kind(name: str, default: np.dtype) -> np.dtype:
-        return kv if name in state else ints.get(name, default)
-
-    return ({n: kind(n, floats) for n in inputs}, {n: kind(n, kv) for n in outputs},
-            {n: cache if n in state else shapes[n] for n in outputs})  # fmt: skip
+# a plan step's method of _Launches where it is not the step's name
+STEP_METHODS = {"output": "output_step"}
 
 
 class FusedEngine(EngineBase):
@@ -211,13 +70,14 @@ class FusedEngine(EngineBase):
         memory._check(memory._cudart().cudaFree(0), "cudaFree")  # the primary context, current
         self.buffers = DeviceBuffers(index)
         self.spec = spec = FusedSpec(config.get("fused") or {}, str(path.parent / "config.json"))
-        self.input_names, self.output_names = _names(spec)
+        self.input_names, self.output_names = names(spec)
         self.input_types, self.output_types, self.output_shapes = io_types(spec)
         try:
             tensors = safetensors_np.load(path)
         except (OSError, ValueError) as e:
             raise EngineError(f"cannot read the fused weights {path}: {e}") from None
-        self._check_weights(path, tensors)  # on the host: nothing allocated for a bad file
+        spec.check_weights(path, tensors)  # on the host: nothing allocated for a bad file
+        self.int4 = {n for n in tensors if n + ".scales" in tensors}
         step = 8 if spec.dtype == "float16" else 4  # the kernels read 16 bytes of a weight row
         inner = {"hidden_size": spec.hidden, "heads x head_dim": spec.heads * spec.head_dim,
                  "intermediate_size": spec.intermediate, "input size": spec.input_size or step}
@@ -255,52 +115,6 @@ class FusedEngine(EngineBase):
         buf = self.buffers.zeros(tensor.shape, tensor.dtype)
         buf.upload(tensor)
         return buf
-
-    def _check_weights(self, path: Path, tensors: Mapping[str, np.ndarray]) -> None:
-        """Every tensor the config's dimensions need, of its shape and type."""
-        spec = self.spec
-        w = np.dtype(spec.dtype)
-        h, d, i = spec.hidden, spec.head_dim, spec.intermediate
-        qkv = (spec.heads + 2 * spec.kv_heads) * d
-        want: dict[str, tuple[tuple[int, ...], np.dtype]] = {
-            "norm": ((h,), np.dtype(np.float32)),
-            "inv_freq": ((d // 2,), np.dtype(np.float32)),
-            "lm_head": ((*((spec.lm_heads,) if spec.lm_heads > 1 else ()), spec.vocab, h), w),
-        }
-        for n in range(spec.layers):
-            p = f"layers.{n}."
-            want[p + "qkv"] = ((qkv, h), w)
-            want[p + "o"] = ((h, spec.heads * d), w)
-            want[p + "gate_up"] = ((2 * i, h), w)
-            want[p + "down"] = ((h, i), w)
-            want[p + "input_norm"] = ((h,), np.dtype(np.float32))
-            want[p + "post_norm"] = ((h,), np.dtype(np.float32))
-            if spec.qk_norm:
-                want[p + "q_norm"] = ((d,), np.dtype(np.float32))
-                want[p + "k_norm"] = ((d,), np.dtype(np.float32))
-            if spec.bias:
-                want[p + "qkv_bias"] = ((qkv,), np.dtype(np.float32))
-                want[p + "o_bias"] = ((h,), np.dtype(np.float32))
-        if spec.input_size:
-            want["input_proj"] = ((h, spec.input_size), w)
-            want["input_proj_bias"] = ((h,), np.dtype(np.float32))
-        if spec.sampler:
-            width = spec.input_size or h
-            want["sampler_tables"] = ((spec.lm_heads, spec.vocab, width), w)
-        if spec.mrope:
-            want["freq_axis"] = ((d // 2,), np.dtype(np.int32))
-        for name in [n for n in want if spec.int4(n)]:  # codes, and their scales
-            shape = want[name][0]
-            want[name] = ((*shape[:-1], shape[-1] // 2), np.dtype(np.uint8))
-            want[name + ".scales"] = ((*shape[:-1], shape[-1] // spec.int4_group),
-                                      np.dtype(np.float16))  # fmt: skip
-        for name, (shape, dtype) in want.items():
-            got = tensors.get(name)
-            if got is None:
-                raise EngineError(f"{path} has no tensor {name!r}")
-            if got.shape != shape or got.dtype != dtype:
-                raise EngineError(f"{path}: {name} is {got.shape} {got.dtype}, the config "
-                                  f"says {shape} {dtype}")  # fmt: skip
 
     def binding(self) -> FusedBinding:
         return FusedBinding(self)
@@ -550,174 +364,215 @@ class FusedBinding:
                 )  # fmt: skip
 
     def _enqueue(self) -> None:
-        """Queue the call's kernels on the engine's stream."""
-        from edgeomni.plugins import attention_cuda as ac
-        from edgeomni.plugins import decoder_cuda as dc
-        from edgeomni.plugins import decoder_linear_cuda as lc
-        from edgeomni.plugins.decoder_cuda import f32, i32, i64, ptr
-
-        engine, spec, p = self._engine, self._engine.spec, self.ptrs
-        kernels, stream, w = engine.kernels, engine.cu_stream, engine.weights
-        a = {n: self._arrays[n].ptr for n in self._arrays}
-        b, s = self.batch, self.seq
-        tokens = b * s
-        half_attn = spec.dtype == "float16"
-
-        follows_ours = False  # the last thing queued was a kernel of ours (decoder_cuda, attention)
-        # dependent launches for decode-sized calls: with session 27's kernels (padded
-        # tensor-core partial sums, two blocks an SM) whole steps were faster with them at 1, 8
-        # and 32 rows on the H200 (session 25's kernels were slower with them at 8 and 32 rows;
-        # docs/history/benchmarks-2026-12-04.md, issue 34's fourth slice)
-        overlap = engine.overlap and tokens < OVERLAP_MAX_TOKENS
-
-        def launch(name: str, grid: tuple[int, ...], block: int, args: list[Any],
-                   shared: int = 0) -> None:  # fmt: skip
-            """A kernel of decoder_cuda's, overlapping the one before where that is one too."""
-            nonlocal follows_ours
-            kernels.launch(name, grid, block, args, shared=shared, stream=stream,
-                           overlap=overlap and follows_ours)  # fmt: skip
-            follows_ours = True
-
-        def copy(dst: int, src: int, nbytes: int) -> None:
-            nonlocal follows_ours
-            self._copy(dst, src, nbytes)
-            follows_ours = False
-
-        def wp(name: str) -> int | None:
-            t = w.get(name)
-            return None if t is None else t.ptr
-
-        def linear(x: int, weight: str, out: int, k: int, n: int, *, rows: int = tokens,
-                   norm: str | None = None, bias: str | None = None, swiglu: bool = False,
-                   store: int = lc.STORE_SET, half_x: bool = False, rowmap: int | None = None,
-                   head_stride: int = 0, head_index: int | None = None) -> None:  # fmt: skip
-            int4 = spec.int4(weight)
-            plan = lc.linear_launch(kernels.variant.weights, rows, k, n, half_input=half_x,
-                                    swiglu=swiglu, int4=int4)  # fmt: skip
-            args = [ptr(x), ptr(rowmap), i32(s), ptr(wp(norm) if norm else None), f32(spec.eps),
-                    ptr(wp(weight)), i64(head_stride), ptr(head_index),
-                    ptr(wp(bias) if bias else None), ptr(out), i32(rows), i32(k), i32(n),
-                    i32(store)]  # fmt: skip
-            if int4:  # the codes' scales, one a row and group of K
-                args += [ptr(wp(weight + ".scales")), i32(spec.int4_group)]
-            launch(plan.name, plan.grid, plan.block, args)
-
-        h = p["h"]
-        # SwiGLU's output in float16 where the down projection runs on tensor cores (which
-        # round it to float16 anyway): half the bytes it reads, no conversion
-        half_act = lc.linear_uses_mma(kernels.variant.weights, tokens)
-        half_in = spec.embeds_dtype == "float16"
-        half_out = spec.dtype == "float16"
-        hidden_bytes = tokens * spec.hidden * 4
-
-        def elementwise(name: str, dst: int, src: int, count: int) -> None:
-            launch(name, (-(-count // 256),), 256, [ptr(dst), ptr(src), i64(count)])
-
-        def output(name: str, src: int, count: int) -> None:
-            """A float32 result into its output, cast where the output is float16."""
-            if half_out:
-                elementwise("float_to_half", p[name], src, count)
-            elif p[name] != src:
-                copy(p[name], src, count * 4)
-
-        if spec.input_size:
-            linear(a["inputs_embeds"], "input_proj", h, spec.input_size, spec.hidden,
-                   bias="input_proj_bias", half_x=half_in)  # fmt: skip
-        elif half_in:
-            elementwise("half_to_float", h, a["inputs_embeds"], tokens * spec.hidden)
-        else:
-            copy(h, a["inputs_embeds"], hidden_bytes)
-        if spec.hidden_output_layer == 0:
-            output("hidden_states", h, tokens * spec.hidden)
-        d = spec.head_dim
-        qkv_n = (spec.heads + 2 * spec.kv_heads) * d
-        rope_grid, rope_block, rope_shared = dc.rope_launch(
-            tokens, spec.heads + 2 * spec.kv_heads, d)
-        axis = wp("freq_axis")
-        fused_qk = engine.attention_qk if s == 1 else None  # decode: q/k norm, rotary inside
-        for n in range(spec.layers):
-            pre = f"layers.{n}."
-            linear(h, pre + "qkv", p["qkv"], spec.hidden, qkv_n, norm=pre + "input_norm",
-                   bias=pre + "qkv_bias" if spec.bias else None)  # fmt: skip
-            qn, kn = (wp(pre + "q_norm"), wp(pre + "k_norm")) if spec.qk_norm else (None, None)
-            key, value = a[f"past_key_{n}"], a[f"past_value_{n}"]
-            if fused_qk is not None:
-                qk = ac.FusedQK(p["qkv"], a["position_ids"], qn or 0, kn or 0, spec.eps,
-                                w["inv_freq"].ptr, axis or 0)  # fmt: skip
-                fused_qk.launch(
-                    0, 0, 0, key, value, a["past_lens"], a["query_lens"], p["attn"], batch=b,
-                    seq=1, capacity=self.capacity, stream=stream,
-                    overlap=overlap and follows_ours, qk=qk,
-                )  # fmt: skip
-            else:
-                launch(
-                    "qk_rope", rope_grid, rope_block,
-                    [ptr(p["qkv"]), ptr(a["position_ids"]), i32(tokens), ptr(qn), ptr(kn),
-                     f32(spec.eps), ptr(wp("inv_freq")), ptr(axis), ptr(p["q"]), ptr(p["k"]),
-                     ptr(p["v"]), i32(spec.heads), i32(spec.kv_heads), i32(d)],
-                    shared=rope_shared,
-                )  # fmt: skip
-                engine.attention.launch(
-                    p["q"], p["k"], p["v"], key, value, a["past_lens"], a["query_lens"],
-                    p["attn"], batch=b, seq=s, capacity=self.capacity, stream=stream,
-                    overlap=overlap and follows_ours,
-                )  # fmt: skip
-            follows_ours = True  # the attention kernel waits and triggers as ours do
-            linear(p["attn"], pre + "o", h, spec.heads * d, spec.hidden, store=lc.STORE_ADD,
-                   half_x=half_attn, bias=pre + "o_bias" if spec.bias else None)  # fmt: skip
-            linear(h, pre + "gate_up", p["act"], spec.hidden, spec.intermediate,
-                   norm=pre + "post_norm", swiglu=True,
-                   store=lc.STORE_HALF if half_act else lc.STORE_SET)  # fmt: skip
-            linear(p["act"], pre + "down", h, spec.intermediate, spec.hidden, store=lc.STORE_ADD,
-                   half_x=half_act)  # fmt: skip
-            if spec.hidden_output_layer == n + 1:
-                output("hidden_states", h, tokens * spec.hidden)
-            if n < spec.deepstack_layers:
-                count = tokens * spec.hidden
-                deep = a["deepstack_embeds"] + n * count * (2 if half_in else 4)
-                elementwise("add_into_h" if half_in else "add_into", h, deep, count)
-        # float32 logits: the output itself where it is float32, else cast into it after (by
-        # the top-K kernels, which read them anyway, where the build has a top-K)
-        logits = p["logits32"] if half_out else p["logits"]
-        heads = a.get("lm_head_index")
-        linear(h, "lm_head", logits, spec.hidden, spec.vocab, rows=b, norm="norm",
-               rowmap=a["last_indices"], head_stride=spec.vocab * spec.hidden,
-               head_index=heads if spec.lm_heads > 1 else None)  # fmt: skip
-        if spec.last_hidden:
-            last = p["last32"] if half_out else p["last_hidden"]
-            launch("rms_rows", (b,), 256,
-                   [ptr(h), ptr(a["last_indices"]), i32(s), ptr(wp("norm")), f32(spec.eps),
-                    ptr(last), i32(spec.hidden)])  # fmt: skip
-            output("last_hidden", last, b * spec.hidden)
-        if not spec.topk:
-            output("logits", logits, b * spec.vocab)
-            return
-        chunks = -(-spec.vocab // dc.TOPK_CHUNK)
-        values = p["topk32"] if half_out else p["topk_values"]
-        # float16 copies of the logits and values, written by the same kernels
-        logits_h, values_h = (p["logits"], p["topk_values"]) if half_out else (None, None)
-        if spec.sampler:  # each row's draw from its top K, and the drawn id's embedding
-            draw = [ptr(a["sample_uniform"]), ptr(a["sample_temperature"]),
-                    ptr(a["sample_top_k"]), ptr(a["sample_top_p"]), ptr(heads),
-                    ptr(wp("sampler_tables")), i32(spec.input_size or spec.hidden),
-                    ptr(p["sampled_ids"]), ptr(p["sampled_embeds"])]  # fmt: skip
-        else:
-            draw = [ptr(None)] * 6 + [i32(0), ptr(None), ptr(None)]
-        found = [ptr(values), ptr(p["topk_indices"]), ptr(values_h)]
-        if chunks == 1:
-            launch("topk_one", (1, b), 512,
-                   [ptr(logits), ptr(wp("topk_bias")), i32(spec.vocab), i32(spec.topk),
-                    ptr(logits_h), *found, *draw])  # fmt: skip
-            return
-        launch("topk_chunks", (chunks, b), 512,
-               [ptr(logits), ptr(wp("topk_bias")), i32(spec.vocab), i32(spec.topk),
-                ptr(logits_h), ptr(p["cand_v"]), ptr(p["cand_i"])])  # fmt: skip
-        launch("topk_merge", (b,), 512,
-               [ptr(p["cand_v"]), ptr(p["cand_i"]), i32(chunks * spec.topk), i32(spec.topk),
-                *found, i32(spec.vocab), *draw])  # fmt: skip
+        """Queue the plan's kernels on the engine's stream (runtime/fused_spec.py's steps)."""
+        _Launches(self).run(self._engine.spec.plan)
 
     def _copy(self, dst: int, src: int, nbytes: int) -> None:
         cudart = memory._cudart()
         kind = memory._kind("cudaMemcpyDeviceToDevice")
         memory._check(cudart.cudaMemcpyAsync(dst, src, nbytes, kind, self._engine.stream),
                       "cudaMemcpyAsync (device to device)")  # fmt: skip
+
+
+class _Launches:
+    """One call's kernels, queued step by step from the plan: each step one kernel family
+    (plugins/decoder_cuda.py, plugins/decoder_linear_cuda.py, plugins/attention_cuda.py),
+    decode calls' q/k rotary done inside their attention kernel."""
+
+    def __init__(self, binding: FusedBinding) -> None:
+        from edgeomni.plugins import decoder_linear_cuda as lc
+
+        self.binding, self.engine = binding, binding._engine
+        self.spec, self.p = self.engine.spec, binding.ptrs
+        self.a = {n: binding._arrays[n].ptr for n in binding._arrays}
+        self.b, self.s = binding.batch, binding.seq
+        self.tokens = self.b * self.s
+        self.half_out = self.spec.dtype == "float16"
+        self.half_in = self.spec.embeds_dtype == "float16"
+        # SwiGLU's output in float16 where the down projection runs on tensor cores (which
+        # round it to float16 anyway): half the bytes it reads, no conversion
+        self.half_act = lc.linear_uses_mma(self.engine.kernels.variant.weights, self.tokens)
+        # dependent launches for decode-sized calls: with session 27's kernels (padded
+        # tensor-core partial sums, two blocks an SM) whole steps were faster with them at 1, 8
+        # and 32 rows on the H200 (docs/history/benchmarks-2026-12-04.md, issue 34's 4th slice)
+        self.overlap = self.engine.overlap and self.tokens < OVERLAP_MAX_TOKENS
+        self.follows_ours = False  # the last thing queued was a kernel of ours
+        self.logits_done = False  # the logits' float16 copy written (by the top-K kernels)
+
+    def run(self, plan: tuple[dict[str, Any], ...]) -> None:
+        decode_qk = self.engine.attention_qk if self.s == 1 else None
+        i = 0
+        while i < len(plan):
+            step = plan[i]
+            if step["op"] == "qk_rope" and decode_qk is not None and \
+                    plan[i + 1]["op"] == "attention":  # fmt: skip
+                self.attention(plan[i + 1], qk=step)
+                i += 2
+                continue
+            getattr(self, STEP_METHODS.get(step["op"], step["op"]))(step)
+            i += 1
+        if not self.logits_done:
+            self.output("logits", self.p["logits32"] if self.half_out else self.p["logits"],
+                        self.b * self.spec.vocab)  # fmt: skip
+
+    # -- launching --------------------------------------------------------------------------
+    def launch(self, name: str, grid: tuple[int, ...], block: int, args: list[Any],
+               shared: int = 0) -> None:  # fmt: skip
+        """A kernel of decoder_cuda's, overlapping the one before where that is one too."""
+        self.engine.kernels.launch(name, grid, block, args, shared=shared,
+                                   stream=self.engine.cu_stream,
+                                   overlap=self.overlap and self.follows_ours)  # fmt: skip
+        self.follows_ours = True
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        self.binding._copy(dst, src, nbytes)
+        self.follows_ours = False
+
+    def w(self, name: str | None) -> int | None:
+        t = self.engine.weights.get(name) if name else None
+        return None if t is None else t.ptr
+
+    def elementwise(self, name: str, dst: int, src: int, count: int) -> None:
+        from edgeomni.plugins.decoder_cuda import i64, ptr
+
+        self.launch(name, (-(-count // 256),), 256, [ptr(dst), ptr(src), i64(count)])
+
+    def output(self, name: str, src: int, count: int) -> None:
+        """A float32 result into its output, cast where the output is float16."""
+        if self.half_out:
+            self.elementwise("float_to_half", self.p[name], src, count)
+        elif self.p[name] != src:
+            self.copy(self.p[name], src, count * 4)
+
+    # -- the steps --------------------------------------------------------------------------
+    def embed(self, step: dict[str, Any]) -> None:
+        spec, h = self.spec, self.p["h"]
+        if step["weight"] is not None:
+            self.linear({"x": "embeds", "weight": step["weight"], "bias": step["bias"],
+                         "out": "h", "k": spec.input_size, "n": spec.hidden, "norm": None,
+                         "add": False, "swiglu": False, "rows": "all", "heads": False})  # fmt: skip
+        elif self.half_in:
+            self.elementwise("half_to_float", h, self.a["inputs_embeds"],
+                             self.tokens * spec.hidden)  # fmt: skip
+        else:
+            self.copy(h, self.a["inputs_embeds"], self.tokens * spec.hidden * 4)
+
+    def linear(self, step: dict[str, Any]) -> None:
+        from edgeomni.plugins import decoder_linear_cuda as lc
+        from edgeomni.plugins.decoder_cuda import f32, i32, i64, ptr
+
+        spec, p = self.spec, self.p
+        x, out = step["x"], step["out"]
+        src = {"embeds": self.a["inputs_embeds"], "h": p["h"], "attn": p["attn"],
+               "act": p["act"]}[x]  # fmt: skip
+        half_x = {"embeds": self.half_in, "h": False, "attn": self.half_out,
+                  "act": self.half_act}[x]  # fmt: skip
+        store = lc.STORE_ADD if step["add"] else lc.STORE_SET
+        if step["swiglu"] and self.half_act:
+            store = lc.STORE_HALF
+        dst = p["logits32"] if out == "logits" and self.half_out else p[out]
+        last = step["rows"] == "last"
+        rows = self.b if last else self.tokens
+        weight, k, n = step["weight"], step["k"], step["n"]
+        if step["swiglu"]:  # n counts the gate and up rows; the kernel's N is its output's
+            n //= 2
+        int4 = weight in self.engine.int4
+        plan = lc.linear_launch(self.engine.kernels.variant.weights, rows, k, n,
+                                half_input=half_x, swiglu=step["swiglu"], int4=int4)  # fmt: skip
+        heads = self.a.get("lm_head_index") if step["heads"] else None
+        args = [ptr(src), ptr(self.a["last_indices"] if last else None), i32(self.s),
+                ptr(self.w(step["norm"])), f32(spec.eps), ptr(self.w(weight)),
+                i64(n * k if step["heads"] else 0), ptr(heads), ptr(self.w(step["bias"])),
+                ptr(dst), i32(rows), i32(k), i32(n), i32(store)]  # fmt: skip
+        if int4:  # the codes' scales, one a row and group of K
+            args += [ptr(self.w(weight + ".scales")), i32(spec.int4_group)]
+        self.launch(plan.name, plan.grid, plan.block, args)
+
+    def qk_rope(self, step: dict[str, Any]) -> None:
+        from edgeomni.plugins import decoder_cuda as dc
+        from edgeomni.plugins.decoder_cuda import f32, i32, ptr
+
+        spec, p = self.spec, self.p
+        width = spec.heads + 2 * spec.kv_heads
+        grid, block, shared = dc.rope_launch(self.tokens, width, spec.head_dim)
+        self.launch("qk_rope", grid, block,
+                    [ptr(p["qkv"]), ptr(self.a["position_ids"]), i32(self.tokens),
+                     ptr(self.w(step["q_norm"])), ptr(self.w(step["k_norm"])), f32(spec.eps),
+                     ptr(self.w("inv_freq")), ptr(self.w("freq_axis")), ptr(p["q"]),
+                     ptr(p["k"]), ptr(p["v"]), i32(spec.heads), i32(spec.kv_heads),
+                     i32(spec.head_dim)], shared=shared)  # fmt: skip
+
+    def attention(self, step: dict[str, Any], qk: dict[str, Any] | None = None) -> None:
+        """Cached attention of one layer; with ``qk`` (a decode call) the q/k norm and rotary
+        of that qk_rope step inside the attention kernel."""
+        from edgeomni.plugins import attention_cuda as ac
+
+        engine, spec, p, a = self.engine, self.spec, self.p, self.a
+        n = step["layer"]
+        key, value = a[f"past_key_{n}"], a[f"past_value_{n}"]
+        common = dict(batch=self.b, capacity=self.binding.capacity, stream=engine.cu_stream,
+                      overlap=self.overlap and self.follows_ours)  # fmt: skip
+        if qk is not None:
+            fused = ac.FusedQK(p["qkv"], a["position_ids"], self.w(qk["q_norm"]) or 0,
+                               self.w(qk["k_norm"]) or 0, spec.eps, self.w("inv_freq") or 0,
+                               self.w("freq_axis") or 0)  # fmt: skip
+            engine.attention_qk.launch(0, 0, 0, key, value, a["past_lens"], a["query_lens"],
+                                       p["attn"], seq=1, qk=fused, **common)  # fmt: skip
+        else:
+            engine.attention.launch(p["q"], p["k"], p["v"], key, value, a["past_lens"],
+                                    a["query_lens"], p["attn"], seq=self.s, **common)  # fmt: skip
+        self.follows_ours = True  # the attention kernel waits and triggers as ours do
+
+    def deepstack(self, step: dict[str, Any]) -> None:
+        count = self.tokens * self.spec.hidden
+        deep = self.a["deepstack_embeds"] + step["index"] * count * (2 if self.half_in else 4)
+        self.elementwise("add_into_h" if self.half_in else "add_into", self.p["h"], deep, count)
+
+    def output_step(self, step: dict[str, Any]) -> None:
+        self.output(step["name"], self.p["h"], self.tokens * self.spec.hidden)
+
+    def last_hidden(self, step: dict[str, Any]) -> None:
+        from edgeomni.plugins.decoder_cuda import f32, i32, ptr
+
+        spec, p = self.spec, self.p
+        last = p["last32"] if self.half_out else p["last_hidden"]
+        self.launch("rms_rows", (self.b,), 256,
+                    [ptr(p["h"]), ptr(self.a["last_indices"]), i32(self.s),
+                     ptr(self.w(step["norm"])), f32(spec.eps), ptr(last),
+                     i32(spec.hidden)])  # fmt: skip
+        self.output("last_hidden", last, self.b * spec.hidden)
+
+    def topk(self, step: dict[str, Any]) -> None:
+        """The logits' top K (their float16 copy written by the same kernels), and with
+        ``tables`` each row's draw from it and the drawn id's embedding."""
+        from edgeomni.plugins import decoder_cuda as dc
+        from edgeomni.plugins.decoder_cuda import i32, ptr
+
+        spec, p, a = self.spec, self.p, self.a
+        b, k = self.b, step["k"]
+        logits = p["logits32"] if self.half_out else p["logits"]
+        chunks = -(-spec.vocab // dc.TOPK_CHUNK)
+        values = p["topk32"] if self.half_out else p["topk_values"]
+        logits_h, values_h = (p["logits"], p["topk_values"]) if self.half_out else (None, None)
+        if step["tables"] is not None:
+            draw = [ptr(a["sample_uniform"]), ptr(a["sample_temperature"]),
+                    ptr(a["sample_top_k"]), ptr(a["sample_top_p"]),
+                    ptr(a.get("lm_head_index")), ptr(self.w(step["tables"])),
+                    i32(spec.input_size or spec.hidden), ptr(p["sampled_ids"]),
+                    ptr(p["sampled_embeds"])]  # fmt: skip
+        else:
+            draw = [ptr(None)] * 6 + [i32(0), ptr(None), ptr(None)]
+        found = [ptr(values), ptr(p["topk_indices"]), ptr(values_h)]
+        bias = ptr(self.w(step["bias"]))
+        if chunks == 1:
+            self.launch("topk_one", (1, b), 512,
+                        [ptr(logits), bias, i32(spec.vocab), i32(k), ptr(logits_h), *found,
+                         *draw])  # fmt: skip
+        else:
+            self.launch("topk_chunks", (chunks, b), 512,
+                        [ptr(logits), bias, i32(spec.vocab), i32(k), ptr(logits_h),
+                         ptr(p["cand_v"]), ptr(p["cand_i"])])  # fmt: skip
+            self.launch("topk_merge", (b,), 512,
+                        [ptr(p["cand_v"]), ptr(p["cand_i"]), i32(chunks * k), i32(k), *found,
+                         i32(spec.vocab), *draw])  # fmt: skip
+        self.logits_done = True

@@ -1,7 +1,8 @@
-"""A fused engine's call in numpy: runtime/fused_engine.py's launch sequence, each kernel
-replaced by its reference (plugins/decoder_cuda.py, plugins/attention.py). It reads the same
-weight file and config, so it pins the build's layout and the engine's order of operations where
-no GPU is (tests/test_fused_build.py), and is what the GPU tests compare the kernels' calls to."""
+"""A fused engine's call in numpy: the launch plan the build compiled from the exported graph
+(runtime/fused_spec.py's steps), each step run by its kernel's reference (plugins/decoder_cuda.py,
+plugins/decoder_linear_cuda.py, plugins/attention.py). It reads the same weight file and config,
+so it pins the compiler's plan and layout where no GPU is (tests/test_fused_build.py), and is
+what the GPU tests compare the kernels' calls to."""
 
 from __future__ import annotations
 
@@ -20,10 +21,20 @@ from edgeomni.runtime import safetensors_np
 class FusedReference:
     def __init__(self, folder: Path) -> None:
         cfg = json.loads((folder / "config.json").read_text())
-        self.spec = cfg["fused"]
+        self._take(cfg["fused"], safetensors_np.load(folder / cfg["engine"]))
+
+    @classmethod
+    def of(cls, spec: dict[str, Any], tensors: dict[str, np.ndarray]) -> FusedReference:
+        """The reference of a plan and weights as builder/fused_plan.py compiled them."""
+        ref = cls.__new__(cls)
+        ref._take(spec, tensors)
+        return ref
+
+    def _take(self, spec: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
+        self.spec = spec
         self.w = {k: v.astype(np.float64) if v.dtype.kind == "f" else v
-                  for k, v in safetensors_np.load(folder / cfg["engine"]).items()}  # fmt: skip
-        group = (self.spec.get("int4") or {}).get("group_size")
+                  for k, v in tensors.items()}  # fmt: skip
+        group = (self.spec.get("int4") or {}).get("group_size")  # the int4 pass's group
         for name in [k for k in self.w if k + ".scales" in self.w]:  # int4: the matrix it codes
             codes = self.w[name]
             flat = lc.int4_weights(codes.reshape(-1, codes.shape[-1]),
@@ -37,55 +48,81 @@ class FusedReference:
 
     def run(self, embeds: np.ndarray, positions: np.ndarray, past_lens: np.ndarray,
             query_lens: np.ndarray, last: np.ndarray, cache: list[np.ndarray],
-            head: int = 0, draw: dict[str, Any] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+            head: int = 0, draw: dict[str, Any] | None = None,
+            deepstack: np.ndarray | None = None,
+            upto: int | None = None) -> dict[str, np.ndarray]:  # fmt: skip
         """One call: embeds [B, S, E], positions [B, S] or [3, B, S]; the cache updated in
-        place. Returns logits [B, V] and, where configured, last_hidden, topk and (a sampler's
-        build, given ``draw``: uniform [B], temperature, top_k, top_p) the draw."""
+        place. Runs the plan's steps, each by its kernel's reference; returns logits [B, V]
+        and, where configured, hidden_states, last_hidden, topk and (a sampler's build, given
+        ``draw``: uniform [B], temperature, top_k, top_p) the draw."""
         s, w = self.spec, self.w
         b, seq = embeds.shape[:2]
         t = b * seq
         eps, d = s["rms_norm_eps"], s["head_dim"]
-        x = embeds.reshape(t, -1).astype(np.float64)
-        if s["input_size"]:
-            h = lc.linear_reference(x, w["input_proj"], bias=w["input_proj_bias"])
-        else:
-            h = x
         pos = positions.reshape(-1 if positions.ndim == 2 else 3, t)
         pos = pos.reshape(1, t) if positions.ndim == 2 else pos
+        buf: dict[str, np.ndarray] = {"embeds": embeds.reshape(t, -1).astype(np.float64)}
         out: dict[str, np.ndarray] = {}
-        for n in range(s["num_layers"]):
-            p = f"layers.{n}."
-            qkv = lc.linear_reference(h, w[p + "qkv"], norm_w=w[p + "input_norm"], eps=eps)
-            q, k, v = dc.qk_rope_reference(
-                qkv, pos, heads=s["num_heads"], kv_heads=s["num_kv_heads"], head_dim=d,
-                inv_freq=w["inv_freq"], q_norm=w.get(p + "q_norm"), k_norm=w.get(p + "k_norm"),
-                eps=eps, freq_axis=w.get("freq_axis"),
-            )  # fmt: skip
-            o, cache[2 * n], cache[2 * n + 1] = attention.reference(
-                q.reshape(b, seq, -1), k.reshape(b, seq, -1), v.reshape(b, seq, -1),
-                cache[2 * n], cache[2 * n + 1], past_lens, query_lens,
-                num_heads=s["num_heads"], kv_num_heads=s["num_kv_heads"],
-            )  # fmt: skip
-            h = lc.linear_reference(o.reshape(t, -1), w[p + "o"], residual=h)
-            act = lc.linear_reference(h, w[p + "gate_up"], norm_w=w[p + "post_norm"], eps=eps,
-                                      swiglu=True)  # fmt: skip
-            h = lc.linear_reference(act, w[p + "down"], residual=h)
-        rows = h.reshape(b, seq, -1)[np.arange(b), last]
-        lm = w["lm_head"] if s["lm_heads"] == 1 else w["lm_head"][head]
-        out["logits"] = lc.linear_reference(rows, lm, norm_w=w["norm"], eps=eps)
-        if s["last_hidden_output"]:
-            out["last_hidden"] = rows * lc.rms_scale(rows, eps) * w["norm"]
-        if s["logits_topk"]:  # a float16 build's top K is of its float16 logits
-            logits = out["logits"]
-            if s["dtype"] == "float16":
-                logits = logits.astype(np.float16).astype(np.float64)
-            out["topk_values"], out["topk_indices"] = dc.topk_reference(
-                logits, s["logits_topk"], w.get("topk_bias")
-            )
-        if s.get("sampler") and draw is not None:
-            out["sampled_ids"], out["sampled_embeds"] = dc.sample_reference(
-                out["topk_values"], out["topk_indices"], draw["uniform"],
-                temperature=draw["temperature"], top_k=draw["top_k"], top_p=draw["top_p"],
-                tables=w["sampler_tables"], head=head,
-            )  # fmt: skip
+
+        def rows_of(x: np.ndarray) -> np.ndarray:
+            return x.reshape(b, seq, -1)[np.arange(b), last]
+
+        self.buffers = buf  # each step's result, for a look inside (a debugging aid)
+        for step in s["plan"][:upto]:
+            op = step["op"]
+            if op == "embed" and step["weight"]:
+                buf["h"] = lc.linear_reference(buf["embeds"], w[step["weight"]],
+                                               bias=w[step["bias"]])  # fmt: skip
+            elif op == "embed":
+                buf["h"] = buf["embeds"]
+            elif op == "linear":
+                x = buf[step["x"]]
+                weight = w[step["weight"]][head] if step["heads"] else w[step["weight"]]
+                norm = w.get(step["norm"]) if step["norm"] else None
+                if step["rows"] == "last":
+                    x = rows_of(x)
+                y = lc.linear_reference(
+                    x, weight, norm_w=norm, eps=eps, swiglu=step["swiglu"],
+                    bias=w[step["bias"]] if step["bias"] else None,
+                    residual=buf["h"] if step["add"] else None,
+                )  # fmt: skip
+                buf[step["out"]] = y
+            elif op == "qk_rope":
+                buf["q"], buf["k"], buf["v"] = dc.qk_rope_reference(
+                    buf["qkv"], pos, heads=s["num_heads"], kv_heads=s["num_kv_heads"],
+                    head_dim=d, inv_freq=w["inv_freq"], q_norm=w.get(step["q_norm"] or ""),
+                    k_norm=w.get(step["k_norm"] or ""), eps=eps, freq_axis=w.get("freq_axis"),
+                )  # fmt: skip
+            elif op == "attention":
+                n = step["layer"]
+                o, cache[2 * n], cache[2 * n + 1] = attention.reference(
+                    buf["q"].reshape(b, seq, -1), buf["k"].reshape(b, seq, -1),
+                    buf["v"].reshape(b, seq, -1), cache[2 * n], cache[2 * n + 1], past_lens,
+                    query_lens, num_heads=s["num_heads"], kv_num_heads=s["num_kv_heads"],
+                )  # fmt: skip
+                buf["attn"] = o.reshape(t, -1)
+            elif op == "deepstack":
+                assert deepstack is not None
+                buf["h"] = buf["h"] + deepstack[step["index"]].reshape(t, -1)
+            elif op == "output":
+                out[step["name"]] = buf["h"].reshape(b, seq, -1)
+            elif op == "last_hidden":
+                rows = rows_of(buf["h"])
+                out["last_hidden"] = rows * lc.rms_scale(rows, eps) * w[step["norm"]]
+            elif op == "topk":  # a float16 build's top K is of its float16 logits
+                logits = buf["logits"]
+                if s["dtype"] == "float16":
+                    logits = logits.astype(np.float16).astype(np.float64)
+                out["topk_values"], out["topk_indices"] = dc.topk_reference(
+                    logits, step["k"], w.get(step["bias"] or ""))
+                if step["tables"] and draw is not None:
+                    out["sampled_ids"], out["sampled_embeds"] = dc.sample_reference(
+                        out["topk_values"], out["topk_indices"], draw["uniform"],
+                        temperature=draw["temperature"], top_k=draw["top_k"],
+                        top_p=draw["top_p"], tables=w[step["tables"]], head=head,
+                    )  # fmt: skip
+            else:
+                raise AssertionError(f"a plan step of no reference: {op}")
+        if "logits" in buf:
+            out["logits"] = buf["logits"]
         return out

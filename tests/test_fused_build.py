@@ -180,12 +180,12 @@ def test_the_fused_code_predictors_io_is_the_onnx_samplers(tts_engine, tts_fused
 def _same_io(fused: Path, onnx_path: Path) -> None:
     import onnx
 
-    from edgeomni.runtime.fused_engine import FusedSpec, _names, io_types
+    from edgeomni.runtime.fused_spec import FusedSpec, io_types, names
 
     types = {1: np.float32, 10: np.float16, 6: np.int32, 7: np.int64, 11: np.float64}
     model = onnx.load(str(onnx_path), load_external_data=False)
     spec = FusedSpec(json.loads((fused / "config.json").read_text())["fused"], "config.json")
-    inputs, outputs = _names(spec)
+    inputs, outputs = names(spec)
     # the stages' inputs (the lowering's own, gqa_*, its binding derives from the lengths)
     graph_inputs = [i for i in model.graph.input if not i.name.startswith("gqa_")]
     assert list(inputs) == [i.name for i in graph_inputs]
@@ -202,25 +202,25 @@ def _same_io(fused: Path, onnx_path: Path) -> None:
 
 
 def test_the_engine_accepts_the_builds_weights_and_names_what_is_wrong(fused_engine) -> None:
-    """What the engine checks before anything goes to the GPU: every tensor its config needs,
-    of its shape and type (the build's layout and the engine's expectations agree)."""
-    from types import SimpleNamespace
-
+    """What the engine checks before anything goes to the GPU: every tensor its plan names, of
+    its shape and type, and nothing else (the compiler's layout and the engine's agree)."""
     from edgeomni.runtime import safetensors_np
     from edgeomni.runtime.engine import EngineError
-    from edgeomni.runtime.fused_engine import FusedEngine, FusedSpec
+    from edgeomni.runtime.fused_spec import FusedSpec
 
     cfg = json.loads((fused_engine / "config.json").read_text())
     path = fused_engine / cfg["engine"]
     tensors = safetensors_np.load(path)
-    engine = SimpleNamespace(spec=FusedSpec(cfg["fused"], "config.json"))
-    FusedEngine._check_weights(engine, path, tensors)  # type: ignore[arg-type]
+    spec = FusedSpec(cfg["fused"], "config.json")
+    spec.check_weights(path, tensors)
     with pytest.raises(EngineError, match="no tensor 'layers.1.down'"):
-        FusedEngine._check_weights(engine, path, {k: v for k, v in tensors.items()  # type: ignore[arg-type]
-                                                  if k != "layers.1.down"})  # fmt: skip
-    bad = {**tensors, "norm": tensors["norm"].astype(np.float16)}
-    with pytest.raises(EngineError, match="norm is"):
-        FusedEngine._check_weights(engine, path, bad)  # type: ignore[arg-type]
+        spec.check_weights(path, {k: v for k, v in tensors.items() if k != "layers.1.down"})
+    norm = next(s["norm"] for s in cfg["fused"]["plan"] if s["op"] == "linear" and s["norm"])
+    bad = {**tensors, norm: tensors[norm].astype(np.float16)}
+    with pytest.raises(EngineError, match=f"{norm} is"):
+        spec.check_weights(path, bad)
+    with pytest.raises(EngineError, match="does not use: stray"):
+        spec.check_weights(path, {**tensors, "stray": tensors[norm]})
 
 
 @pytest.fixture(scope="module")
@@ -345,12 +345,14 @@ def fused_int4(qwen3_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 def test_an_int4_fused_build_stores_codes_and_scales(fused_int4: Path) -> None:
     """Each layer's four matrices and the LM head as int4 codes (two a byte) and one float16
-    scale a row and group of 32; norms, rotary tables stay as they were."""
+    scale a row and group of 32, as the int4 pass wrote them; norms, rotary tables stay as they
+    were."""
     from edgeomni.runtime import safetensors_np
 
     cfg = json.loads((fused_int4 / "config.json").read_text())
     spec = cfg["fused"]
-    assert spec["int4"] == {"group_size": 32, "lm_head": True} and spec["dtype"] == "float16"
+    assert spec["int4"] == {"group_size": 32} and spec["dtype"] == "float16"
+    assert cfg["quantization"]["method"] == "int4_rtn"  # the one pass's report
     w = safetensors_np.load(fused_int4 / cfg["engine"])
     h = spec["hidden_size"]
     assert w["lm_head"].dtype == np.uint8 and w["lm_head"].shape == (spec["vocab_size"], h // 2)
@@ -360,21 +362,25 @@ def test_an_int4_fused_build_stores_codes_and_scales(fused_int4: Path) -> None:
     assert w["layers.0.input_norm"].dtype == np.float32
 
 
-def test_int4_leaves_stacked_lm_heads_float_as_the_onnx_pass_does() -> None:
-    """A code predictor's stacked heads (a Gather of the head, then a MatMul: nothing the ONNX
-    pass quantizes) stay float16 in an int4 fused build, so both backends run the same heads;
-    a single LM head is quantized unless --no-quantize-lm-head."""
-    from edgeomni.builder import fused
+def test_int4_fused_code_predictor_keeps_its_stacked_heads_float(tts_engine, tmp_path) -> None:
+    """The fused build quantizes in the build's one int4 pass: the code predictor's stacked
+    heads (a Gather of the head, then a MatMul: no constant weight) stay float16, as in the ONNX
+    Runtime build, and a matrix whose K the group does not divide stays float too."""
+    from edgeomni.runtime import safetensors_np
 
-    rng = np.random.default_rng(0)
-    for heads, want in ((3, False), (1, True)):
-        lm = rng.standard_normal((heads, 8, 64) if heads > 1 else (8, 64)).astype(np.float16)
-        tensors = {"lm_head": lm, "layers.0.o": rng.standard_normal((64, 64)).astype(np.float16)}
-        spec = {"lm_heads": heads}
-        fused.quantize(tensors, spec, 32, True, "cp")
-        assert spec["int4"] == {"group_size": 32, "lm_head": want}
-        assert (tensors["lm_head"].dtype == np.uint8) == want and ("lm_head.scales" in tensors) == want
-        assert tensors["layers.0.o"].dtype == np.uint8
+    eng = tmp_path / "eng"
+    args = BuildArgs(2, 64, 128, backend="fused", device="cuda", dtype="float16",
+                     quantization="int4_rtn", group_size=32)  # fmt: skip
+    build(tts_engine.parent / "ckpt", eng, args, ["code_predictor"])
+    cfg = json.loads((eng / "code_predictor" / "config.json").read_text())
+    assert cfg["backend"] == "fused" and cfg["fused"]["int4"] == {"group_size": 32}
+    w = safetensors_np.load(eng / "code_predictor" / cfg["engine"])
+    assert w["lm_head"].dtype == np.float16 and w["lm_head"].ndim == 3
+    down = w["layers.0.down"]  # K = 32: int4; the qkv's K of 16 is not a group of 32
+    assert down.dtype == np.uint8 and w["layers.0.down.scales"].dtype == np.float16
+    assert w["layers.0.qkv"].dtype == np.float16 and "layers.0.qkv.scales" not in w
+    float_weights = cfg["quantization"]["float_weights"]
+    assert float_weights, cfg["quantization"]
 
 
 def test_the_int4_fused_steps_match_the_int4_onnx_engine(fused_int4, qwen3_ckpt, qwen3_engine,

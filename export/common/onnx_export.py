@@ -6,46 +6,12 @@ import contextlib
 import io
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 # Above this many parameter bytes the model goes to ONNX external data (protobuf stops at 2 GB).
 EXTERNAL_DATA_BYTES = 1 << 30
-
-
-@dataclass(frozen=True)
-class ExportedDecoder:
-    """A decoder.CausalLM as export_causal_lm exported it: what a backend that runs the module
-    itself, not its ONNX (edge-build --backend fused), lays out for its kernels."""
-
-    module: Any
-    logits_topk: int
-    topk_exclude: tuple[int, ...]
-    # an in-engine sampler's tables [heads, V, H] (export/common/sampler.py), None without one
-    sampler_tables: Any
-    float32_embeds: bool  # the engine's float inputs are float32 whatever its weights
-
-
-# the decoders exported while ``keeping_decoders`` is open, by ONNX path
-_kept: dict[Path, ExportedDecoder] | None = None
-
-
-def kept_decoders() -> dict[Path, ExportedDecoder]:
-    """What the innermost open ``keeping_decoders`` recorded (empty outside one)."""
-    return _kept if _kept is not None else {}
-
-
-@contextlib.contextmanager
-def keeping_decoders() -> Iterator[dict[Path, ExportedDecoder]]:
-    """Within it, export_causal_lm also records each module it exports, by the path it wrote."""
-    global _kept
-    outer, _kept = _kept, {}
-    try:
-        yield _kept
-    finally:
-        _kept = outer
 
 
 def param_bytes(module: Any) -> int:
@@ -127,10 +93,6 @@ def export_causal_lm(
     sampled = sampler_tables is not None
     # a sampler draws from a top-K of its own (64 unless asked)
     topk = min(logits_topk or (64 if sampled else 0), module.cfg.vocab_size)
-    if _kept is not None:
-        _kept[path] = ExportedDecoder(module, topk, tuple(topk_exclude), sampler_tables,
-                                      float32_embeds)  # fmt: skip
-
     if guidance:
         if sampled or module.cfg.lm_heads > 1:
             raise ValueError("guidance takes a one-head decoder without an in-engine sampler")

@@ -1,0 +1,741 @@
+"""The fused backend's compiler: an exported decoder's ONNX graph (after the one int4 pass,
+builder/quantize.py, where the build quantizes) becomes the launch plan the fused engine runs
+(runtime/fused_spec.py) and the weights it reads.
+
+The walk follows the residual stream through the graph in its order. Plugin ops map to kernel
+families (``CachedAttention`` with the ``Rotary`` of its q and k: ``qk_rope`` then
+``attention``; ``QuantMatMul`` and ``MatMul``: ``linear``), and the plain ops around them fold
+into those kernels' options where the kernels compute the same thing: an ``RMSNormalization``
+before a product is the product's input norm, ``Add(h, x @ W)`` its residual store, a bias
+``Add`` its bias, ``Split`` then ``x * sigmoid(x) * y`` its SwiGLU, the last positions'
+``GatherElements`` its row map, a stacked head's ``Gather`` its head index. Two regions of
+plain ops are proven rather than matched: the rotary angles (evaluated for probe positions: they
+must be ``position * inv_freq`` of one position axis a frequency, which gives inv_freq and the
+axes) and an in-engine sampler (evaluated on random top-K rows against the draw kernel's
+reference). Anything else is refused, naming the node, and edge-build builds that component with
+ONNX Runtime instead; a graph is never run approximately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# the fused engine's kernels read these int4 group sizes
+INT4_GROUPS = (32, 64, 128)
+VIEWS = ("Reshape", "Squeeze", "Unsqueeze", "Identity", "Cast")
+SAMPLER_INPUTS = ("sample_uniform", "sample_temperature", "sample_top_k", "sample_top_p")
+SAMPLER_OUTPUTS = ("sampled_ids", "sampled_embeds")
+ELEM = {1: "float32", 10: "float16", 6: "int32", 7: "int64", 11: "float64"}
+
+
+# plugin ops with no fused kernels yet: why a graph holding one is built with ONNX Runtime
+NO_KERNELS_YET = {
+    "MoE": "a mixture-of-experts decoder", "QuantMoE": "a mixture-of-experts decoder",
+    "CausalConvState": "its conv and recurrent state has no fused kernels",
+    "GatedDeltaRule": "its conv and recurrent state has no fused kernels",
+}  # fmt: skip
+
+
+class Unfused(ValueError):
+    """The graph holds something the fused kernels do not compute (the message says what)."""
+
+
+@dataclasses.dataclass
+class Buf:  # a buffer a step wrote: "h" (the residual stream), "attn", "logits", "embeds"
+    name: str
+    version: int = 0  # which write of it (a step reads the buffer as it is then)
+
+
+@dataclasses.dataclass
+class Norm:  # RMSNormalization of the residual stream, not yet applied
+    weight: str
+    version: int  # of h
+
+
+@dataclasses.dataclass
+class Rows:  # the last positions' rows of a normed residual stream
+    norm: str
+    version: int  # of h
+
+
+@dataclasses.dataclass
+class Lin:  # x @ W not yet stored
+    x: str  # "h", "attn", "act", "embeds"
+    weight: str
+    k: int
+    n: int
+    norm: str | None = None
+    rows: str = "all"  # or "last": the rows of last_indices
+    bias: str | None = None
+    heads: bool = False  # W is one of stacked heads, picked by lm_head_index
+    version: int = 0  # of x
+
+
+@dataclasses.dataclass
+class Part:  # one output of a Split of a product
+    lin: Lin
+    index: int
+    sizes: tuple[int, ...]
+    norm: str | None = None  # a per-head RMSNormalization (q or k)
+    rope: bool = False
+    silu: bool = False
+    sig: bool = False
+
+
+@dataclasses.dataclass
+class Act:  # SwiGLU of a product's two halves
+    lin: Lin
+
+
+@dataclasses.dataclass
+class Const:  # a value of shapes and constants only, or an index path the kernels take
+    what: str  # "", "position", "last", "head", "stacked:<weight>", "deep:<n>", "bias:<weight>"
+
+
+class Compiler:
+    def __init__(self, model: Any, base_dir: Path) -> None:
+        from onnx import numpy_helper
+
+        self.model, self.graph = model, model.graph
+        self.inits = {t.name: t for t in self.graph.initializer}
+        self.base = str(base_dir)
+        self._array = numpy_helper.to_array
+        self.inputs = {i.name: ELEM.get(i.type.tensor_type.elem_type, "?")
+                       for i in self.graph.input}  # fmt: skip
+        self.outputs = [o.name for o in self.graph.output]
+        ops = {n.op_type for n in self.graph.node if n.domain == "edgeomni"}
+        state = [w for op, w in NO_KERNELS_YET.items() if op in ops]
+        if state:  # what the plan will hold once these have kernels (issue 55)
+            raise Unfused(" and ".join(dict.fromkeys(state)))
+        if "past_key_0" not in self.inputs:
+            raise Unfused("it has no KV cache (past_key_0)")
+        self.dtype = self.inputs["past_key_0"]
+        if self.dtype not in ("float16", "float32"):
+            raise Unfused(f"its cache is {self.dtype}; the fused kernels take float16 or float32")
+        self.env: dict[str, Any] = {"inputs_embeds": Buf("embeds"),
+                                    "deepstack_embeds": Const("deepstack")}
+        self.renamed: dict[str, str] = {}
+        self.steps: list[dict[str, Any]] = []
+        self.tensors: dict[str, np.ndarray] = {}
+        self.named: dict[str, str] = {}  # initializer -> the weight name it was stored under
+        self.spec: dict[str, Any] = {"dtype": self.dtype, "embeds_dtype": self.inputs.get(
+            "inputs_embeds", "?"), "qk_norm": False, "attention_bias": False, "mrope": False,
+            "hidden_output_layer": None, "last_hidden_output": False, "deepstack_layers": 0,
+            "lm_heads": 1, "input_size": 0, "logits_topk": 0, "sampler": False}  # fmt: skip
+        self.layers = 0
+        self.eps: float | None = None
+        self.int4_group = 0
+        self.produced: set[str] = set()
+        self.angle: str | None = None  # the rotary angles' value (Cos's input), by classify_aux
+        # each buffer's writes so far: the plan updates buffers in place, so a value that reads
+        # one must be read before the buffer's next write (checked: ``current``)
+        self.versions = {"h": 0, "attn": 0, "act": 0}
+
+    # -- values -----------------------------------------------------------------------------
+    def wrote(self, buffer: str) -> int:
+        """A step writes ``buffer``: its new version."""
+        self.versions[buffer] += 1
+        return self.versions[buffer]
+
+    def current(self, buffer: str, version: int, where: str) -> None:
+        if self.versions.get(buffer, 0) != version:
+            raise Unfused(f"{where} reads {buffer} as it was before a later write; the plan "
+                          "updates it in place")  # fmt: skip
+
+    def array(self, name: str) -> np.ndarray:
+        return np.asarray(self._array(self.inits[name], self.base))
+
+    def weight(self, init: str, role: str, make: Any) -> str:
+        """Store ``make(initializer)`` under ``role`` (once per initializer)."""
+        if init not in self.named:
+            self.named[init] = role
+            self.tensors[role] = np.ascontiguousarray(make(self.array(init)))
+        return self.named[init]
+
+    def vec(self, init: str, role: str) -> str:
+        return self.weight(init, role, lambda a: a.astype(np.float32).reshape(-1))
+
+    def kind(self, name: str) -> Any:
+        if name in self.env:
+            return self.env[name]
+        if name in self.inits:
+            return ("init", name)
+        if name in self.inputs:
+            return ("input", name)
+        if name == "":
+            return Const("")
+        raise Unfused(f"value {name!r} comes from nothing the walk matched")
+
+    # -- the walk ---------------------------------------------------------------------------
+    def run(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        nodes = list(self.graph.node)
+        sampler = self.sampler_region(nodes)
+        self.classify_aux(nodes, sampler)
+        for node in nodes:
+            if id(node) in sampler or all(o in self.env for o in node.output):
+                continue
+            self.visit(node)
+            for out in node.output:
+                self.on_output(out)
+        if sampler:
+            self.compile_sampler(nodes, sampler)
+        missing = [o for o in self.outputs if o not in self.produced]
+        if missing:
+            raise Unfused(f"the walk produced no {', '.join(missing)}")
+        if self.layers == 0:
+            raise Unfused("it has no attention layers")
+        spec = self.spec
+        spec.update(num_layers=self.layers, rms_norm_eps=self.eps if self.eps else 1e-6)
+        if self.int4_group:
+            spec["int4"] = {"group_size": self.int4_group}
+        for step in self.steps:  # the weights' final names
+            for key, value in step.items():
+                if isinstance(value, str) and value.startswith("?"):
+                    step[key] = self.resolve(value)
+        unnamed = sorted(n for n in self.tensors if n.startswith("?"))
+        if unnamed:
+            raise Unfused(f"weights of no known use: {', '.join(unnamed)}")
+        spec["plan"] = self.steps
+        return spec, self.tensors
+
+    def sampler_region(self, nodes: list[Any]) -> set[int]:
+        """The nodes computing the sampler's outputs from the top-K and the draw's inputs."""
+        if not set(SAMPLER_OUTPUTS) & set(self.outputs):
+            return set()
+        producer = {o: n for n in nodes for o in n.output}
+        stop = {"topk_values", "topk_indices", *SAMPLER_INPUTS, "lm_head_index"}
+        region: set[int] = set()
+        todo = list(SAMPLER_OUTPUTS)
+        while todo:
+            name = todo.pop()
+            node = producer.get(name)
+            if name in stop or node is None or id(node) in region:
+                continue
+            region.add(id(node))
+            todo.extend(node.input)
+        return region
+
+    def classify_aux(self, nodes: list[Any], sampler: set[int]) -> None:
+        """Values of shapes and constants, and the index paths of position_ids (the rotary
+        angles, proven in ``rotary``), last_indices and lm_head_index."""
+        roots = {"position_ids": "position", "last_indices": "last", "lm_head_index": "head"}
+        for node in nodes:
+            if id(node) in sampler:
+                continue
+            if node.op_type == "Shape":
+                for o in node.output:
+                    self.env[o] = Const("")
+                continue
+            if node.op_type in VIEWS and node.input[0] in self.inits:  # a stacked head, say
+                self.env[node.output[0]] = ("init", node.input[0])
+                continue
+            kinds: set[str] = set()
+            for i in node.input:
+                if i in roots:
+                    kinds.add(roots[i])
+                elif i in self.inits or i == "":
+                    continue
+                elif isinstance(self.env.get(i), Const) and self.env[i].what in roots.values():
+                    kinds.add(self.env[i].what)
+                elif isinstance(self.env.get(i), Const) and self.env[i].what == "":
+                    continue
+                else:
+                    kinds.add("?")
+            if "?" in kinds or len(kinds) > 1:
+                continue
+            if node.op_type in ("Cos", "Sin"):
+                self.angle = node.input[0]  # proven by rotary()
+            for o in node.output:
+                self.env[o] = Const(kinds.pop() if kinds else "")
+
+    def on_output(self, name: str) -> None:
+        """A graph output the walk just produced: stored where the engine outputs it."""
+        if name not in self.outputs or name in self.produced:
+            return
+        v = self.env.get(name)
+        if name == "hidden_states" and isinstance(v, Buf) and v.name == "h":
+            self.current("h", v.version, "hidden_states")
+            self.spec["hidden_output_layer"] = self.layers
+            self.steps.append({"op": "output", "name": "hidden_states"})
+        elif name == "last_hidden" and isinstance(v, Rows):
+            self.current("h", v.version, "last_hidden")
+            self.spec["last_hidden_output"] = True
+            self.steps.append({"op": "last_hidden", "norm": self.rename(v.norm, "norm")})
+        elif name == "logits" and isinstance(v, Lin) and v.rows == "last":
+            self.store(v, "logits")
+            self.env[name] = Buf("logits")
+        elif name.startswith("present_") or name in ("topk_values", "topk_indices"):
+            pass  # written by the attention or top-K step that made it
+        else:
+            raise Unfused(f"its output {name!r} is {type(v).__name__}, not what the fused "
+                          "engine outputs")  # fmt: skip
+        self.produced.add(name)
+
+    def store(self, lin: Lin, out: str, *, add: bool = False, swiglu: bool = False) -> None:
+        if lin.x in self.versions:
+            self.current(lin.x, lin.version, f"the product by {lin.weight}")
+        if out in self.versions:
+            self.wrote(out)
+        step = {"op": "linear", "x": lin.x, "weight": lin.weight, "out": out, "k": lin.k,
+                "n": lin.n, "norm": lin.norm, "bias": lin.bias, "add": add, "swiglu": swiglu,
+                "rows": lin.rows, "heads": lin.heads}  # fmt: skip
+        self.steps.append(step)
+        if out == "logits":
+            self.spec["vocab_size"] = lin.n
+
+    def residual(self, v: Any, why: str) -> None:
+        """``v`` becomes the residual stream h (the first layer's input)."""
+        if isinstance(v, Buf) and v.name == "h":
+            return
+        if self.versions["h"]:
+            raise Unfused(f"{why}: a second residual stream")
+        self.wrote("h")
+        if isinstance(v, Buf) and v.name == "embeds":
+            self.steps.append({"op": "embed", "weight": None, "bias": None})
+        elif isinstance(v, Lin) and v.x == "embeds" and v.norm is None:
+            self.spec["input_size"] = v.k
+            self.steps.append({"op": "embed", "weight": v.weight, "bias": v.bias})
+        else:
+            raise Unfused(f"{why}: the residual stream starts from {type(v).__name__}")
+
+    def visit(self, node: Any) -> None:
+        op, ins, outs = node.op_type, list(node.input), list(node.output)
+        where = f"node {node.name or outs[0]!r} ({op})"
+        attrs = _attrs(node)
+        if op == "Cast" and ins[0] == "inputs_embeds":
+            self.env[outs[0]] = Buf("embeds")
+            return
+        if op == "Cast" and ins[0] == "deepstack_embeds":
+            self.env[outs[0]] = Const("deepstack")
+            return
+        args = [self.kind(i) for i in ins]
+        if op in VIEWS and (not isinstance(args[0], (Const, tuple)) or isinstance(
+                args[0], Const) and args[0].what.startswith(("stacked:", "deep"))):  # fmt: skip
+            self.env[outs[0]] = args[0]  # a view: the kernels index rows and heads themselves
+            return
+        if op == "RMSNormalization":
+            self.norm(args, ins, outs, attrs, where)
+        elif op in ("MatMul", "QuantMatMul"):
+            self.matmul(node, args, ins, outs, attrs, where)
+        elif op == "Add":
+            self.add(args, ins, outs, where)
+        elif op == "Split":
+            self.split(args, ins, outs, attrs, where)
+        elif op == "Sigmoid" and isinstance(args[0], Part):
+            self.env[outs[0]] = dataclasses.replace(args[0], sig=True)
+        elif op == "Mul":
+            self.mul(args, outs, where)
+        elif op == "Rotary":
+            self.rotary(args, ins, outs, attrs, where)
+        elif op == "CachedAttention":
+            self.attention(args, ins, outs, attrs, where)
+        elif op == "GatherElements" and isinstance(args[0], Norm) and isinstance(
+                args[1], Const) and args[1].what == "last" and attrs.get("axis") == 1:  # fmt: skip
+            self.env[outs[0]] = Rows(args[0].weight, args[0].version)
+        elif op == "Gather" and isinstance(args[1], Const) and args[1].what == "head" and \
+                isinstance(args[0], tuple):  # fmt: skip
+            self.env[outs[0]] = Const("stacked:" + args[0][1])
+        elif op == "Gather" and isinstance(args[0], Const) and args[0].what == "deepstack":
+            self.env[outs[0]] = Const(f"deep:{int(self.array(ins[1]))}")
+        elif op == "TopK":
+            self.topk(args, ins, outs, attrs, where)
+        else:
+            raise Unfused(f"{where} is not something the fused kernels compute")
+
+    def norm(self, args: list[Any], ins: list[str], outs: list[str], attrs: dict[str, Any],
+             where: str) -> None:  # fmt: skip
+        x, w = args[0], ins[1]
+        if attrs.get("axis", -1) != -1 or not isinstance(args[1], tuple):
+            raise Unfused(f"{where}: a norm over the last axis by a weight is what is fused")
+        eps = float(attrs.get("epsilon", 1e-5))
+        if self.eps is not None and abs(eps - self.eps) > 1e-12:
+            raise Unfused(f"{where}: epsilon {eps} differs from the model's {self.eps}")
+        self.eps = eps
+        if isinstance(x, Part) and x.index < 2 and x.norm is None and not x.rope:
+            which = "q_norm" if x.index == 0 else "k_norm"
+            self.spec["qk_norm"] = True
+            self.env[outs[0]] = dataclasses.replace(
+                x, norm=self.vec(w, f"layers.{self.layers}.{which}"))
+            return
+        if not (isinstance(x, Buf) and x.name == "h"):
+            self.residual(x, where)
+            for name, v in list(self.env.items()):
+                if v is x:
+                    self.env[name] = Buf("h", self.versions["h"])
+            x = Buf("h", self.versions["h"])
+        self.current("h", x.version, where)
+        self.env[outs[0]] = Norm(self.vec(w, "?" + w), x.version)
+
+    def matmul(self, node: Any, args: list[Any], ins: list[str], outs: list[str],
+               attrs: dict[str, Any], where: str) -> None:  # fmt: skip
+        x = args[0]
+        quant = node.op_type == "QuantMatMul"
+        if quant:
+            if len(ins) > 3 and ins[3]:
+                raise Unfused(f"{where}: int4 zero points (asymmetric); the fused kernels take "
+                              "symmetric int4")  # fmt: skip
+            k, n, group = int(attrs["K"]), int(attrs["N"]), int(attrs["block_size"])
+            if group not in INT4_GROUPS or (self.int4_group and group != self.int4_group):
+                raise Unfused(f"{where}: int4 group {group}; the fused kernels take one group "
+                              f"size of {INT4_GROUPS}")  # fmt: skip
+            self.int4_group = group
+        elif isinstance(args[1], tuple):
+            k, n = (int(d) for d in self.inits[ins[1]].dims)
+        elif isinstance(args[1], Const) and args[1].what.startswith("stacked:"):
+            init = args[1].what.split(":", 1)[1]
+            heads, k, n = (int(d) for d in self.inits[init].dims)
+        else:
+            raise Unfused(f"{where}: its weight is not a constant matrix")
+        role = self.role(x, where) or "?" + (init if isinstance(args[1], Const) else ins[1])
+        if quant:
+            if self.inits[ins[2]].data_type != 10:  # TensorProto.FLOAT16
+                raise Unfused(f"{where}: int4 scales of {self.array(ins[2]).dtype}; the fused "
+                              "kernels read float16 scales")  # fmt: skip
+            w = self.weight(ins[1], role, lambda a: a.reshape(a.shape[0], -1))
+            self.weight(ins[2], role + ".scales", lambda a: a)
+        elif isinstance(args[1], tuple):
+            w = self.weight(ins[1], role, lambda a: a.T)
+        else:
+            self.spec["lm_heads"] = heads
+            w = self.weight(init, role, lambda a: a.transpose(0, 2, 1))
+        lin = Lin("?", w, k, n, heads=isinstance(args[1], Const))
+        if isinstance(x, Norm):
+            lin.x, lin.norm, lin.version = "h", x.weight, x.version
+        elif isinstance(x, Rows):
+            lin.x, lin.norm, lin.rows, lin.version = "h", x.norm, "last", x.version
+        elif isinstance(x, Buf) and x.name in ("attn", "embeds"):
+            lin.x, lin.version = x.name, x.version
+        elif isinstance(x, Act):
+            self.store(x.lin, "act", swiglu=True)
+            lin.x, lin.version = "act", self.versions["act"]
+        else:
+            raise Unfused(f"{where}: its input is {type(x).__name__}")
+        self.env[outs[0]] = lin
+
+    def role(self, x: Any, where: str) -> str | None:
+        """The weight's name in the engine file (the layer's matrices by their place)."""
+        n = f"layers.{max(self.layers - 1, 0)}."
+        if isinstance(x, Norm):
+            return None  # named by its use: attention() (qkv) or mul() (gate_up)
+        if isinstance(x, Rows):
+            self.rename(x.norm, "norm")
+            return "lm_head"
+        if isinstance(x, Buf) and x.name == "attn":
+            return n + "o"
+        if isinstance(x, Buf) and x.name == "embeds":
+            return "input_proj"
+        if isinstance(x, Act):
+            return n + "down"
+        raise Unfused(f"{where}: its input is {type(x).__name__}")
+
+    def add(self, args: list[Any], ins: list[str], outs: list[str], where: str) -> None:
+        a, b = args
+        if isinstance(b, Buf) and b.name in ("h", "logits") or (
+                isinstance(b, Lin) and not isinstance(a, Buf)):  # fmt: skip
+            a, b = b, a  # the stream or the logits first, else the product
+        constant = b[1] if isinstance(b, tuple) and b[0] == "init" else None
+        if isinstance(a, Lin) and constant and a.bias is None:
+            if list(self.inits[constant].dims) != [a.n]:
+                raise Unfused(f"{where}: a bias of {list(self.inits[constant].dims)} for {a.n}")
+            bias = self.vec(constant, "?" + constant if a.weight.startswith("?") else
+                            a.weight + "_bias")  # fmt: skip
+            self.env[outs[0]] = dataclasses.replace(a, bias=bias)
+        elif isinstance(a, Buf) and a.name == "h" and isinstance(b, Lin) and b.rows == "all":
+            if b.x not in ("attn", "act"):
+                raise Unfused(f"{where}: a residual add of a product of {b.x}")
+            self.current("h", a.version, where)
+            self.store(b, "h", add=True)
+            self.env[outs[0]] = Buf("h", self.versions["h"])
+        elif isinstance(a, Buf) and a.name == "h" and isinstance(b, Const) and \
+                b.what.startswith("deep:"):  # fmt: skip
+            index = int(b.what.split(":")[1])
+            if index != self.spec["deepstack_layers"] or index >= self.layers:
+                raise Unfused(f"{where}: deepstack slice {index} after layer {self.layers}")
+            self.spec["deepstack_layers"] = index + 1
+            self.current("h", a.version, where)
+            self.steps.append({"op": "deepstack", "index": index})
+            self.env[outs[0]] = Buf("h", self.wrote("h"))
+        elif isinstance(a, Buf) and a.name == "logits" and constant:
+            self.env[outs[0]] = Const("bias:" + self.vec(constant, "topk_bias"))
+        else:
+            raise Unfused(f"{where} adds {type(a).__name__} and {type(b).__name__}")
+
+    def split(self, args: list[Any], ins: list[str], outs: list[str], attrs: dict[str, Any],
+              where: str) -> None:  # fmt: skip
+        lin = args[0]
+        sizes = tuple(int(s) for s in self.array(ins[1])) if len(ins) > 1 else ()
+        if not isinstance(lin, Lin) or sum(sizes) != lin.n or attrs.get("axis") not in (-1, 2):
+            raise Unfused(f"{where}: a split of {type(lin).__name__} into {sizes}")
+        for i, out in enumerate(outs):
+            self.env[out] = Part(lin, i, sizes)
+
+    def mul(self, args: list[Any], outs: list[str], where: str) -> None:
+        a, b = args
+        if any(isinstance(p, Part) and (p.norm or p.rope) for p in args):
+            raise Unfused(f"{where}: a product of normed or rotated parts, not SwiGLU")
+        if isinstance(a, Part) and isinstance(b, Part) and a.lin is b.lin and b.sig and \
+                a.index == b.index == 0 and len(a.sizes) == 2:  # fmt: skip
+            self.env[outs[0]] = dataclasses.replace(a, silu=True)
+        elif isinstance(a, Part) and isinstance(b, Part) and a.lin is b.lin and a.silu and \
+                (a.index, b.index) == (0, 1) and a.sizes[0] == a.sizes[1]:  # fmt: skip
+            lin = a.lin
+            lin.weight = self.rename(lin.weight, f"layers.{self.layers - 1}.gate_up")
+            if lin.norm is not None:
+                lin.norm = self.rename(lin.norm, f"layers.{self.layers - 1}.post_norm")
+            self.env[outs[0]] = Act(lin)
+        else:
+            raise Unfused(f"{where}: a product of {type(a).__name__} and {type(b).__name__} "
+                          "that is not SwiGLU")  # fmt: skip
+
+    def rename(self, old: str, new: str) -> str:
+        """A weight named before its use was known, given the name its use gives it."""
+        old = self.resolve(old)
+        if old == new or not old.startswith("?"):
+            return old  # named by an earlier use (an initializer two uses share)
+        for suffix in ("", ".scales"):
+            if old + suffix in self.tensors:
+                self.tensors[new + suffix] = self.tensors.pop(old + suffix)
+                self.renamed[old + suffix] = new + suffix
+        for init, name in self.named.items():
+            if name in (old, old + ".scales"):
+                self.named[init] = self.renamed[name]
+        return new
+
+    def resolve(self, name: str) -> str:
+        while name in self.renamed:
+            name = self.renamed[name]
+        return name
+
+    def rotary(self, args: list[Any], ins: list[str], outs: list[str], attrs: dict[str, Any],
+               where: str) -> None:  # fmt: skip
+        x = args[0]
+        if not isinstance(x, Part) or x.index > 1 or x.rope:
+            raise Unfused(f"{where}: rotary of {type(x).__name__}, not of a q or k projection")
+        if any(not (isinstance(a, Const) and a.what == "position") for a in args[1:]):
+            raise Unfused(f"{where}: its cos and sin are not functions of position_ids alone")
+        if "inv_freq" not in self.tensors:
+            self.prove_rotary(int(attrs["head_dim"]))
+        self.env[outs[0]] = dataclasses.replace(x, rope=True)
+
+    def prove_rotary(self, head_dim: int) -> None:
+        """inv_freq and each frequency's position axis, from the angles the graph computes; the
+        kernels compute cos and sin of position * inv_freq over both halves (rotate-half)."""
+        if self.angle is None:
+            raise Unfused("its rotary cos and sin are not a Cos and Sin of position_ids")
+        angle = self.angle
+        mrope = self.graph_input_rank("position_ids") == 3
+        half = head_dim // 2
+        axes = 3 if mrope else 1
+        shape = (axes, 2, 3) if mrope else (2, 3)
+
+        def angles(pos: np.ndarray) -> np.ndarray:
+            got = self.evaluate([angle], {"position_ids": pos.reshape(shape)})[0]
+            return np.asarray(got, np.float64).reshape(-1, got.shape[-1])
+
+        inv = np.zeros(half)
+        axis = np.full(half, -1)
+        for a in range(axes):
+            pos = np.zeros((axes, 6), np.int64)
+            pos[a] = 1
+            got = angles(pos)
+            if got.shape[-1] != head_dim or not np.array_equal(got[:, :half], got[:, half:]):
+                raise Unfused("its rotary angles are not rotate-half of head_dim "
+                              f"{head_dim}")  # fmt: skip
+            hit = got[0, :half] != 0
+            if (axis[hit] >= 0).any():
+                raise Unfused("a rotary frequency follows more than one position axis")
+            axis[hit], inv[hit] = a, got[0, :half][hit]
+        if (axis < 0).any():
+            raise Unfused("a rotary frequency follows no position axis")
+        pos = np.random.default_rng(0).integers(0, 4096, (axes, 6))
+        want = (pos.astype(np.float32)[axis].T * inv.astype(np.float32)).astype(np.float32)
+        if not np.allclose(angles(pos)[:, :half], want, rtol=1e-6, atol=1e-6):
+            raise Unfused("its rotary angles are not position * inv_freq")
+        self.tensors["inv_freq"] = inv.astype(np.float32)
+        if mrope:
+            self.spec["mrope"] = True
+            self.tensors["freq_axis"] = axis.astype(np.int32)
+
+    def attention(self, args: list[Any], ins: list[str], outs: list[str],
+                  attrs: dict[str, Any], where: str) -> None:  # fmt: skip
+        q, k, v = args[:3]
+        n = self.layers
+        if ins[3:5] != [f"past_key_{n}", f"past_value_{n}"] or ins[5:7] != ["past_lens",
+                                                                          "query_lens"]:  # fmt: skip
+            raise Unfused(f"{where}: layer {n} reads {ins[3:7]}")
+        if outs[1:] != [f"present_key_{n}", f"present_value_{n}"]:
+            raise Unfused(f"{where}: layer {n} writes {outs[1:]}")
+        parts = (q, k, v)
+        if not all(isinstance(p, Part) for p in parts) or not (q.lin is k.lin is v.lin) or \
+                [p.index for p in parts] != [0, 1, 2] or not (q.rope and k.rope) or v.rope or \
+                v.norm is not None or (q.norm is None) != (k.norm is None):  # fmt: skip
+            raise Unfused(f"{where}: q, k and v are not one product's rotated thirds")
+        heads, kv = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
+        if attrs.get("window", 0) or attrs.get("causal", 1) != 1 or attrs.get("scale", 0.0):
+            raise Unfused(f"{where}: a window, a scale or non-causal attention")
+        lin = q.lin
+        d = q.sizes[0] // heads
+        if q.sizes != (heads * d, kv * d, kv * d):
+            raise Unfused(f"{where}: q, k, v of {q.sizes} for {heads} and {kv} heads")
+        for key, value in (("num_heads", heads), ("num_kv_heads", kv), ("head_dim", d),
+                           ("hidden_size", lin.k)):  # fmt: skip
+            if self.spec.setdefault(key, value) != value:
+                raise Unfused(f"{where}: {key} {value}, not the model's {self.spec[key]}")
+        for norm in (q.norm, k.norm):
+            if norm is not None and self.tensors[self.resolve(norm)].shape != (d,):
+                raise Unfused(f"{where}: a q/k norm of {self.tensors[self.resolve(norm)].shape} "
+                              f"for heads of {d}")  # fmt: skip
+        p = f"layers.{n}."
+        lin.weight = self.rename(lin.weight, p + "qkv")
+        if lin.norm is not None:
+            lin.norm = self.rename(lin.norm, p + "input_norm")
+        if lin.bias is not None:
+            lin.bias = self.rename(lin.bias, p + "qkv_bias")
+            self.spec["attention_bias"] = True
+        self.store(lin, "qkv")
+        self.steps.append({"op": "qk_rope", "q_norm": q.norm, "k_norm": k.norm})
+        self.steps.append({"op": "attention", "layer": n})
+        self.layers += 1
+        self.env[outs[0]] = Buf("attn", self.wrote("attn"))
+        self.produced.update(outs[1:])
+
+    def topk(self, args: list[Any], ins: list[str], outs: list[str], attrs: dict[str, Any],
+             where: str) -> None:  # fmt: skip
+        x = args[0]
+        bias = x.what.split(":", 1)[1] if isinstance(x, Const) and x.what.startswith("bias:") \
+            else None  # fmt: skip
+        if not (bias or isinstance(x, Buf) and x.name == "logits"):
+            raise Unfused(f"{where}: a top-K of {type(x).__name__}, not of the logits")
+        if attrs.get("largest", 1) != 1 or attrs.get("axis", -1) not in (-1, 1) or \
+                attrs.get("sorted", 1) != 1 or outs != ["topk_values", "topk_indices"]:  # fmt: skip
+            raise Unfused(f"{where}: not the sorted largest top-K of the logits")
+        k = int(np.asarray(self.array(ins[1])).reshape(-1)[0])
+        self.spec["logits_topk"] = k
+        self.steps.append({"op": "topk", "k": k, "bias": bias, "tables": None})
+        self.produced.update(outs)
+
+    # -- proven regions ---------------------------------------------------------------------
+    def graph_input_rank(self, name: str) -> int:
+        for i in self.graph.input:
+            if i.name == name:
+                return len(i.type.tensor_type.shape.dim)
+        return 0
+
+    def evaluate(self, outputs: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The graph's values ``outputs`` for ``feeds`` (onnx's reference evaluator, on the
+        nodes they need)."""
+        from onnx import helper
+        from onnx.reference import ReferenceEvaluator
+
+        producer = {o: n for n in self.graph.node for o in n.output}
+        todo, inits = list(outputs), set()
+        seen: set[int] = set()
+        while todo:
+            name = todo.pop()
+            if name in self.inits:
+                inits.add(name)
+            node = producer.get(name)
+            if node is None or id(node) in seen or name in feeds:
+                continue
+            seen.add(id(node))
+            todo.extend(node.input)
+        order = [n for n in self.graph.node if id(n) in seen]
+        ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), None)
+               for n, v in feeds.items()]  # fmt: skip
+        outs = [helper.make_tensor_value_info(o, 0, None) for o in outputs]
+        graph = helper.make_graph(order, "probe", ins, outs)
+        graph.initializer.extend(self.inits[n] for n in sorted(inits))
+        model = helper.make_model(graph, opset_imports=self.model.opset_import)
+        return list(ReferenceEvaluator(model).run(None, feeds))
+
+    def compile_sampler(self, nodes: list[Any], region: set[int]) -> None:
+        """The draw from each row's top-K and its embedding: the draw kernel's, if the region
+        computes what its reference does on random rows; the tables are the region's one
+        matrix initializer [heads * V, width]."""
+        if [o for o in SAMPLER_OUTPUTS if o not in self.outputs] or not self.steps or \
+                self.steps[-1]["op"] != "topk":  # fmt: skip
+            raise Unfused("a sampler needs sampled_ids and sampled_embeds after the top-K")
+        tables = [i for n in nodes if id(n) in region for i in n.input
+                  if i in self.inits and len(self.inits[i].dims) == 2]  # fmt: skip
+        if len(set(tables)) != 1:
+            raise Unfused(f"the sampler reads {len(set(tables))} matrices, not one table")
+        heads, vocab = self.spec["lm_heads"], self.spec.get("vocab_size", 0)
+        rows, width = (int(d) for d in self.inits[tables[0]].dims)
+        if rows != heads * vocab:
+            raise Unfused(f"the sampler's table has {rows} rows, not {heads} x {vocab}")
+        table = self.array(tables[0]).reshape(heads, vocab, width)
+        self.prove_sampler(table, heads, vocab)
+        self.tensors["sampler_tables"] = np.ascontiguousarray(table)
+        self.steps[-1]["tables"] = "sampler_tables"
+        self.spec["sampler"] = True
+        self.produced.update(SAMPLER_OUTPUTS)
+
+    def prove_sampler(self, table: np.ndarray, heads: int, vocab: int) -> None:
+        from edgeomni.plugins.decoder_cuda import sample_reference
+
+        k = self.spec["logits_topk"]
+        rng = np.random.default_rng(0)
+        rows = 8
+        vtype = np.float16 if self.dtype == "float16" else np.float32
+        for temperature, top_k, top_p in ((1.0, k, 1.0), (0.7, max(k // 2, 2), 0.8)):
+            values = -np.sort(-rng.standard_normal((rows, k)) * 2, axis=1).astype(vtype)
+            values[0, 1:] = values[0, 0]  # a row the K cannot decide
+            ids = np.stack([rng.permutation(vocab)[:k] for _ in range(rows)]).astype(np.int64)
+            uniform = rng.random(rows)
+            head = int(rng.integers(heads))
+            feeds = {"topk_values": values, "topk_indices": ids, "sample_uniform": uniform,
+                     "sample_temperature": np.array([temperature]),
+                     "sample_top_k": np.array([top_k], np.int64),
+                     "sample_top_p": np.array([top_p]),
+                     "lm_head_index": np.array([head], np.int64)}  # fmt: skip
+            feeds = {n: v for n, v in feeds.items() if n in self.inputs or n.startswith("topk")}
+            got_ids, got_rows = self.evaluate(list(SAMPLER_OUTPUTS), feeds)
+            want_ids, want_rows = sample_reference(
+                values, ids, uniform, temperature=temperature, top_k=top_k, top_p=top_p,
+                tables=table, head=head)  # fmt: skip
+            if not np.array_equal(np.asarray(got_ids).reshape(-1), want_ids) or \
+                    not np.array_equal(np.asarray(got_rows), want_rows):  # fmt: skip
+                raise Unfused("its sampler draws other ids than the fused draw kernel")
+
+
+def _attrs(node: Any) -> dict[str, Any]:
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def compile_file(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The ``fused`` config table (dimensions, options, ``plan``) and the weights of the
+    decoder exported to ``path``; raises Unfused with what the kernels do not compute."""
+    import onnx
+
+    from edgeomni.plugins import attention, quant_linear, rotary
+
+    for op in (attention, rotary):
+        op.register_onnx_schema()
+    del quant_linear  # QuantMatMul has no schema: the evaluator never runs it
+    model = onnx.load(str(path))
+    compiler = Compiler(model, path.parent)
+    spec, tensors = compiler.run()
+    _finish(spec, tensors)
+    return spec, tensors
+
+
+def _finish(spec: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
+    """The dimensions the plan's steps imply, and a check that every named weight is stored."""
+    plan = spec["plan"]
+    lm = next(s for s in plan if s["op"] == "linear" and s["out"] == "logits")
+    spec["vocab_size"] = lm["n"]
+    down = [s for s in plan if s["op"] == "linear" and s["x"] == "act"]
+    if not down:
+        raise Unfused("it has no SwiGLU MLP (a mixture-of-experts decoder, say)")
+    spec["intermediate_size"] = down[0]["k"]
+    named = {s.get(key) for s in plan for key in ("weight", "norm", "bias", "q_norm", "k_norm",
+                                                  "tables")} - {None}  # fmt: skip
+    lost = sorted(n for n in named if n not in tensors)
+    if lost:
+        raise Unfused(f"the plan names weights it did not store: {', '.join(lost)}")

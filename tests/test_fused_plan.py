@@ -1,0 +1,176 @@
+"""builder/fused_plan.py: the launch plan compiled from an exported decoder graph computes what
+the module the graph was exported from computes (each plan step run by its kernel's numpy
+reference, tests/fused_reference.py), for every variant the export writes; and a graph holding
+anything the kernels do not compute is refused, naming it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edgeomni.builder.fused_plan import Unfused, compile_file
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fused_reference import FusedReference  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+BASE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+        "intermediate_size": 96, "vocab_size": 80, "rms_norm_eps": 1e-6, "rope_theta": 1e4}  # fmt: skip
+VARIANTS = {
+    "qwen3": {},
+    "bias, no q/k norm": {"attention_bias": True, "qk_norm": False},
+    "mrope, deepstack, hidden states": {"num_layers": 3, "mrope_section": (4, 2, 2),
+                                        "deepstack_layers": 2, "hidden_output_layer": 1},
+    "input projection, stacked heads, last hidden": {"input_size": 32, "lm_heads": 3,
+                                                     "last_hidden_output": True},
+}  # fmt: skip
+
+
+def module_of(fields: dict[str, Any], seed: int = 0) -> Any:
+    from edgeomni.export.common.decoder import CausalLM, DecoderConfig
+
+    torch.manual_seed(seed)
+    module = CausalLM(DecoderConfig(**{**BASE, **fields})).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.15) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    return module
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_plan_computes_what_the_module_computes(variant: str, tmp_path: Path) -> None:
+    """A ragged prefill (rows of 5 and 3 positions) and a decode step: the compiled plan's
+    logits and extra outputs equal the float32 module's, with every field of the variant in the
+    plan (MRoPE's axes and inv_freq read back from the graph's angles)."""
+    from edgeomni.export.common.onnx_export import export_causal_lm
+
+    fields = VARIANTS[variant]
+    module = module_of(fields)
+    cfg = module.cfg
+    raw = export_causal_lm(module, tmp_path / "model.onnx")
+    spec, tensors = compile_file(raw)
+    ops = [s["op"] for s in spec["plan"]]
+    assert ops.count("attention") == cfg.num_layers and ops.count("deepstack") == (
+        cfg.deepstack_layers)  # fmt: skip
+    assert spec["mrope"] == (cfg.mrope_section is not None)
+    ref = FusedReference.of(spec, tensors)
+    rng = np.random.default_rng(1)
+    rows, seq, capacity = 2, 5, 16
+    cache = ref.cache(rows, capacity)
+    torch_cache = [torch.zeros(rows, cfg.num_kv_heads, capacity, cfg.head_dim)
+                   for _ in range(2 * cfg.num_layers)]  # fmt: skip
+    past, lens = np.zeros(rows, np.int32), np.array([5, 3], np.int32)
+    for call in range(2):
+        embeds = rng.standard_normal((rows, seq, cfg.embeds_size)).astype(np.float32)
+        positions = past[:, None] + np.arange(seq)[None]
+        if cfg.mrope_section is not None:  # three different axes: t, h, w
+            positions = np.stack([positions, positions * 3 % 7, positions % 4])
+        last = np.maximum(lens - 1, 0).astype(np.int64)
+        args: list[Any] = [torch.tensor(embeds), torch.tensor(positions, dtype=torch.int64),
+                           torch.tensor(past), torch.tensor(lens), torch.tensor(last)]  # fmt: skip
+        extra: dict[str, Any] = {}
+        head = 2 if cfg.lm_heads > 1 else 0
+        if cfg.lm_heads > 1:
+            args.append(torch.tensor([head]))
+        deep = None
+        if cfg.deepstack_layers:
+            deep = rng.standard_normal((cfg.deepstack_layers, rows, seq, cfg.hidden_size))
+            args.append(torch.tensor(deep, dtype=torch.float32))
+            extra["deepstack"] = deep
+        with torch.no_grad():
+            outs = module(*args, *torch_cache)
+        _, names = module.io_names()
+        want = dict(zip(names, outs, strict=True))
+        torch_cache = [want[n] for n in names if n.startswith("present_")]
+        got = ref.run(embeds, positions, past, lens, last, cache, head=head, **extra)
+        for name in ("logits", "hidden_states", "last_hidden"):
+            if name in want:
+                w = want[name].double().numpy()
+                err = np.abs(got[name] - w).max() / np.abs(w).max()
+                assert err < 1e-5, (variant, call, name, err)
+        past, lens, seq = past + lens, np.ones(rows, np.int32), 1
+
+
+@pytest.fixture(scope="module")
+def sampler_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A code predictor's decoder exported with its in-engine sampler (export/common/sampler.py)."""
+    from edgeomni.export.common.onnx_export import export_causal_lm
+
+    module = module_of({"input_size": 32, "lm_heads": 3})
+    tables = torch.randn(3, BASE["vocab_size"], 32)
+    return export_causal_lm(module, tmp_path_factory.mktemp("sampler") / "model.onnx",
+                            sampler_tables=tables, logits_topk=16)  # fmt: skip
+
+
+def test_a_sampler_region_is_proven_and_its_tables_taken(sampler_graph: Path) -> None:
+    spec, tensors = compile_file(sampler_graph)
+    assert spec["sampler"] and spec["plan"][-1] == {"op": "topk", "k": 16, "bias": None,
+                                                    "tables": "sampler_tables"}  # fmt: skip
+    assert tensors["sampler_tables"].shape == (3, BASE["vocab_size"], 32)
+
+
+def mutated(src: Path, dst: Path, change: Any) -> Path:
+    import onnx
+
+    model = onnx.load(str(src))
+    change(model.graph)
+    onnx.save(model, str(dst))
+    return dst
+
+
+def node(graph: Any, op: str, feeding: str | None = None) -> Any:
+    return next(n for n in graph.node if n.op_type == op and (feeding is None or feeding in n.input))
+
+
+def test_a_sampler_that_draws_otherwise_is_refused(sampler_graph: Path, tmp_path: Path) -> None:
+    """The temperature multiplying instead of dividing: the probes draw other ids."""
+    def change(graph: Any) -> None:
+        node(graph, "Div", "sample_temperature").op_type = "Mul"
+
+    with pytest.raises(Unfused, match="draws other ids"):
+        compile_file(mutated(sampler_graph, tmp_path / "m.onnx", change))
+
+
+def test_rotary_angles_other_than_position_times_inv_freq_are_refused(sampler_graph: Path,
+                                                                      tmp_path: Path) -> None:  # fmt: skip
+    """An angle of position squared times inv_freq is a function of position_ids alone, but not
+    the kernels' rotary: refused, not run approximately."""
+    from onnx import helper
+
+    def change(graph: Any) -> None:
+        mul = next(n for n in graph.node if n.op_type == "Mul"
+                   and any("inv_freq" in i for i in n.input))  # fmt: skip
+        square = helper.make_node("Mul", [mul.input[0], mul.input[0]], ["squared_positions"])
+        mul.input[0] = "squared_positions"
+        graph.node.insert(list(graph.node).index(mul), square)
+
+    with pytest.raises(Unfused, match="not position \\* inv_freq"):
+        compile_file(mutated(sampler_graph, tmp_path / "m.onnx", change))
+
+
+def test_an_mlp_that_is_not_swiglu_is_refused_naming_the_node(sampler_graph: Path,
+                                                              tmp_path: Path) -> None:  # fmt: skip
+    def change(graph: Any) -> None:
+        node(graph, "Sigmoid").op_type = "Tanh"
+
+    with pytest.raises(Unfused, match="Tanh"):
+        compile_file(mutated(sampler_graph, tmp_path / "m.onnx", change))
+
+
+def test_a_stale_read_of_the_residual_stream_is_refused(sampler_graph: Path,
+                                                        tmp_path: Path) -> None:  # fmt: skip
+    """The plan updates h in place: a final norm of the first layer's residual (a value the
+    graph still has, the plan no longer) is refused, not run on the updated stream."""
+    def change(graph: Any) -> None:
+        norms = [n for n in graph.node if n.op_type == "RMSNormalization"]
+        first_residual = next(n for n in graph.node if n.op_type == "Add"
+                              and any(m.input[0] == n.output[0] for m in norms))  # fmt: skip
+        norms[-1].input[0] = first_residual.output[0]
+
+    with pytest.raises(Unfused, match="before a later write"):
+        compile_file(mutated(sampler_graph, tmp_path / "m.onnx", change))
