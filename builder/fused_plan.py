@@ -34,7 +34,7 @@ ELEM = {1: "float32", 10: "float16", 6: "int32", 7: "int64", 11: "float64"}
 
 # plugin ops with no fused kernels yet: why a graph holding one is built with ONNX Runtime
 NO_KERNELS_YET = {
-    "MoE": "a mixture-of-experts decoder", "QuantMoE": "a mixture-of-experts decoder",
+    "QuantMoE": "int4 mixture-of-experts layers",
     "CausalConvState": "its conv and recurrent state has no fused kernels",
     "GatedDeltaRule": "its conv and recurrent state has no fused kernels",
 }  # fmt: skip
@@ -89,6 +89,15 @@ class Part:  # one output of a Split of a product
 @dataclasses.dataclass
 class Act:  # SwiGLU of a product's two halves
     lin: Lin
+
+
+@dataclasses.dataclass
+class Moe:  # an edgeomni::MoE of the normed residual stream, not yet added into it
+    router: Lin
+    fc1: str
+    fc2: str
+    top_k: int
+    normalize: int
 
 
 @dataclasses.dataclass
@@ -319,8 +328,10 @@ class Compiler:
             return
         if op == "RMSNormalization":
             self.norm(args, ins, outs, attrs, where)
-        elif op in ("MatMul", "QuantMatMul"):
+        elif op in ("MatMul", "QuantMatMul", "Gemm"):
             self.matmul(node, args, ins, outs, attrs, where)
+        elif op == "MoE":
+            self.moe(args, ins, outs, attrs, where)
         elif op == "Add":
             self.add(args, ins, outs, where)
         elif op == "Split":
@@ -383,6 +394,14 @@ class Compiler:
                 raise Unfused(f"{where}: int4 group {group}; the fused kernels take one group "
                               f"size of {INT4_GROUPS}")  # fmt: skip
             self.int4_group = group
+        elif node.op_type == "Gemm":
+            if len(ins) > 2 and ins[2] or attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1:
+                raise Unfused(f"{where}: a Gemm other than x @ W")
+            if not isinstance(args[1], tuple) or args[1][0] != "init":
+                raise Unfused(f"{where}: its weight is not a constant matrix")
+            n, k = (int(d) for d in self.inits[ins[1]].dims)
+            if not attrs.get("transB", 0):
+                k, n = n, k
         elif isinstance(args[1], tuple):
             k, n = (int(d) for d in self.inits[ins[1]].dims)
         elif isinstance(args[1], Const) and args[1].what.startswith("stacked:"):
@@ -397,6 +416,8 @@ class Compiler:
                               "kernels read float16 scales")  # fmt: skip
             w = self.weight(ins[1], role, lambda a: a.reshape(a.shape[0], -1))
             self.weight(ins[2], role + ".scales", lambda a: a)
+        elif node.op_type == "Gemm" and attrs.get("transB", 0):  # already [N, K]
+            w = self.weight(ins[1], role, lambda a: a)
         elif isinstance(args[1], tuple):
             w = self.weight(ins[1], role, lambda a: a.T)
         else:
@@ -435,7 +456,7 @@ class Compiler:
     def add(self, args: list[Any], ins: list[str], outs: list[str], where: str) -> None:
         a, b = args
         if isinstance(b, Buf) and b.name in ("h", "logits") or (
-                isinstance(b, Lin) and not isinstance(a, Buf)):  # fmt: skip
+                isinstance(b, Lin | Moe) and not isinstance(a, Buf)):  # fmt: skip
             a, b = b, a  # the stream or the logits first, else the product
         constant = b[1] if isinstance(b, tuple) and b[0] == "init" else None
         if isinstance(a, Lin) and constant and a.bias is None:
@@ -450,6 +471,10 @@ class Compiler:
             self.current("h", a.version, where)
             self.store(b, "h", add=True)
             self.env[outs[0]] = Buf("h", self.versions["h"])
+        elif isinstance(a, Buf) and a.name == "h" and isinstance(b, Moe):
+            self.current("h", a.version, where)
+            self.store_moe(b)
+            self.env[outs[0]] = Buf("h", self.versions["h"])
         elif isinstance(a, Buf) and a.name == "h" and isinstance(b, Const) and \
                 b.what.startswith("deep:"):  # fmt: skip
             index = int(b.what.split(":")[1])
@@ -463,6 +488,43 @@ class Compiler:
             self.env[outs[0]] = Const("bias:" + self.vec(constant, "topk_bias"))
         else:
             raise Unfused(f"{where} adds {type(a).__name__} and {type(b).__name__}")
+
+    def moe(self, args: list[Any], ins: list[str], outs: list[str], attrs: dict[str, Any],
+            where: str) -> None:  # fmt: skip
+        """edgeomni::MoE of the normed stream, routed by a product of the same normed stream."""
+        x, router = args[0], args[1]
+        if not (isinstance(x, Norm) and isinstance(router, Lin) and router.x == "h" and
+                router.norm == x.weight and router.version == x.version and
+                router.bias is None and router.rows == "all"):  # fmt: skip
+            raise Unfused(f"{where}: its input and router are not the normed residual stream "
+                          "and a product of it")  # fmt: skip
+        fc1, fc2 = ins[2], ins[3]
+        if any(i not in self.inits for i in (fc1, fc2)):
+            raise Unfused(f"{where}: its experts' weights are not constants")
+        experts, rows, hidden = (int(d) for d in self.inits[fc1].dims)
+        top_k = int(attrs["top_k"])
+        if router.n != experts or hidden != router.k or list(self.inits[fc2].dims) != [
+                experts, hidden, rows // 2] or not 1 <= top_k <= min(experts, 32):  # fmt: skip
+            raise Unfused(f"{where}: experts of {list(self.inits[fc1].dims)} and "
+                          f"{list(self.inits[fc2].dims)}, top {top_k}, router of {router.n}")
+        n = max(self.layers - 1, 0)
+        router.weight = self.rename(router.weight, f"layers.{n}.router")
+        self.env[outs[0]] = Moe(router, self.weight(fc1, f"layers.{n}.experts_gate_up",
+                                                    lambda a: a),
+                                self.weight(fc2, f"layers.{n}.experts_down", lambda a: a),
+                                top_k, int(attrs.get("normalize_routing", 0)))  # fmt: skip
+
+    def store_moe(self, m: Moe) -> None:
+        """The router's product, then the MoE step adding the experts' sum into h."""
+        n = max(self.layers - 1, 0)
+        norm = m.router.norm = self.rename(m.router.norm or "", f"layers.{n}.post_norm")
+        self.store(m.router, "router")
+        experts, rows, _ = self.tensors[self.resolve(m.fc1)].shape
+        self.steps.append({"op": "moe", "norm": norm, "fc1": m.fc1, "fc2": m.fc2,
+                           "experts": int(experts), "top_k": m.top_k,
+                           "intermediate": int(rows) // 2, "normalize": bool(m.normalize)})
+        self.wrote("h")
+        self.spec["moe"] = True
 
     def split(self, args: list[Any], ins: list[str], outs: list[str], attrs: dict[str, Any],
               where: str) -> None:  # fmt: skip
@@ -730,12 +792,13 @@ def _finish(spec: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
     plan = spec["plan"]
     lm = next(s for s in plan if s["op"] == "linear" and s["out"] == "logits")
     spec["vocab_size"] = lm["n"]
-    down = [s for s in plan if s["op"] == "linear" and s["x"] == "act"]
+    down = [s["k"] for s in plan if s["op"] == "linear" and s["x"] == "act"]
+    down += [s["intermediate"] for s in plan if s["op"] == "moe"]
     if not down:
-        raise Unfused("it has no SwiGLU MLP (a mixture-of-experts decoder, say)")
-    spec["intermediate_size"] = down[0]["k"]
+        raise Unfused("it has no SwiGLU MLP or MoE layer")
+    spec["intermediate_size"] = down[0]
     named = {s.get(key) for s in plan for key in ("weight", "norm", "bias", "q_norm", "k_norm",
-                                                  "tables")} - {None}  # fmt: skip
+                                                  "tables", "fc1", "fc2")} - {None}  # fmt: skip
     lost = sorted(n for n in named if n not in tensors)
     if lost:
         raise Unfused(f"the plan names weights it did not store: {', '.join(lost)}")

@@ -42,6 +42,7 @@ import numpy as np
 
 from edgeomni.plugins import attention_cuda as ac
 from edgeomni.plugins import decoder_linear_cuda as lc
+from edgeomni.plugins import moe_cuda
 from edgeomni.plugins.attention_source import ROPE_SOURCE
 from edgeomni.plugins.decoder_linear_cuda import rms_scale
 
@@ -67,7 +68,7 @@ class Variant:
                    "A_HALF": int(self.attention == "float16"), "MAX_KW": lc.MAX_WARPS,
                    "TOPK_CHUNK": TOPK_CHUNK, "TOPK_MAX": TOPK_MAX}  # fmt: skip
         head = "// edgeomni fused decoder kernels (plugins/decoder_cuda.py)\n"
-        body = _HEAD + lc.SOURCE + ROPE_SOURCE + _TAIL
+        body = _HEAD + lc.SOURCE + ROPE_SOURCE + _TAIL + moe_cuda.SOURCE
         return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
 

@@ -344,6 +344,12 @@ class FusedBinding:
             self.ptrs["logits32"] = self._buffer("logits32", (self.batch, spec.vocab), f4)
             self.ptrs["topk32"] = self._buffer("topk32", (self.batch, max(spec.topk, 1)), f4)
             self.ptrs["last32"] = self._buffer("last32", (self.batch, spec.hidden), f4)
+        if spec.moe is not None:  # the routing and the chosen experts' activations
+            experts, top_k, inter = spec.moe
+            self.ptrs["router"] = self._buffer("router", (tokens, experts), f4)
+            self.ptrs["route_ids"] = self._buffer("route_ids", (tokens, top_k), np.int32)
+            self.ptrs["route_w"] = self._buffer("route_w", (tokens, top_k), f4)
+            self.ptrs["moe_act"] = self._buffer("moe_act", (tokens * top_k, inter), f4)
         if spec.topk:
             from edgeomni.plugins.decoder_cuda import TOPK_CHUNK
 
@@ -522,6 +528,27 @@ class _Launches:
             engine.attention.launch(p["q"], p["k"], p["v"], key, value, a["past_lens"],
                                     a["query_lens"], p["attn"], seq=self.s, **common)  # fmt: skip
         self.follows_ours = True  # the attention kernel waits and triggers as ours do
+
+    def moe(self, step: dict[str, Any]) -> None:
+        """Routing from the router's logits, each chosen expert's SwiGLU, the weighted down
+        projections added into h (plugins/moe_cuda.py)."""
+        from edgeomni.plugins import moe_cuda
+        from edgeomni.plugins.decoder_cuda import f32, i32, ptr
+
+        spec, p = self.spec, self.p
+        k, inter, hidden = step["top_k"], step["intermediate"], spec.hidden
+        shapes = moe_cuda.launches(self.tokens, hidden, inter, k)
+        args = {
+            "moe_route": [ptr(p["router"]), i32(step["experts"]), i32(k),
+                          i32(int(step["normalize"])), ptr(p["route_ids"]), ptr(p["route_w"])],
+            "moe_gate_up": [ptr(p["h"]), ptr(self.w(step["norm"])), f32(spec.eps),
+                            ptr(self.w(step["fc1"])), ptr(p["route_ids"]), i32(k), i32(hidden),
+                            i32(inter), ptr(p["moe_act"])],
+            "moe_down": [ptr(p["moe_act"]), ptr(self.w(step["fc2"])), ptr(p["route_ids"]),
+                         ptr(p["route_w"]), i32(k), i32(hidden), i32(inter), ptr(p["h"])],
+        }  # fmt: skip
+        for name, (grid, block, shared) in shapes.items():
+            self.launch(name, grid, block, args[name], shared=shared)
 
     def deepstack(self, step: dict[str, Any]) -> None:
         count = self.tokens * self.spec.hidden

@@ -11,6 +11,9 @@ A plan is a list of steps, each one kernel family's launch with its options:
   output's width)
 - ``qk_rope``: qkv's q and k normed (``q_norm``, ``k_norm``) and rotated
 - ``attention``: cached attention of ``layer``'s past_key/past_value
+- ``moe``: edgeomni::MoE (plugins/moe_cuda.py) of h normed by ``norm``, routed by the
+  ``router`` buffer a ``linear`` wrote, ``top_k`` of ``experts`` SwiGLU experts (``fc1`` [E, 2I,
+  H], gate and up rows interleaved; ``fc2`` [E, H, I]), the weighted sum added into h
 - ``deepstack``: deepstack_embeds[``index``] added into h
 - ``output``: h into hidden_states; ``last_hidden``: each row's last h, normed by ``norm``
 - ``topk``: the logits' top ``k`` (plus a ``bias``), and with ``tables`` each row's draw and its
@@ -36,17 +39,18 @@ SAMPLER_OUTPUTS = ("sampled_ids", "sampled_embeds")
 # each step's fields and the values they take (str: a weight name or None)
 STEPS: dict[str, dict[str, Any]] = {
     "embed": {"weight": str, "bias": str},
-    "linear": {"x": ("h", "attn", "act"), "out": ("qkv", "h", "act", "logits"), "k": int,
+    "linear": {"x": ("h", "attn", "act"), "out": ("qkv", "h", "act", "logits", "router"), "k": int,
                "n": int, "weight": str, "norm": str, "bias": str, "add": bool, "swiglu": bool,
                "rows": ("all", "last"), "heads": bool},  # fmt: skip
     "qk_rope": {"q_norm": str, "k_norm": str},
     "attention": {"layer": int},
+    "moe": {"norm": str, "fc1": str, "fc2": str, "experts": int, "top_k": int,
+            "intermediate": int, "normalize": bool},
     "deepstack": {"index": int},
     "output": {"name": ("hidden_states",)},
     "last_hidden": {"norm": str},
     "topk": {"k": int, "bias": str, "tables": str},
 }
-WEIGHT_FIELDS = ("weight", "norm", "bias", "q_norm", "k_norm", "tables")
 
 
 class FusedSpec:
@@ -113,6 +117,14 @@ class FusedSpec:
                                   "32, 64 or 128")  # fmt: skip
             self.int4_group = int(group)
         self.plan = self._check_plan(table.get("plan"), where)
+        # the MoE steps' largest experts, top-k and intermediate size (the binding's scratch)
+        moe = [s for s in self.plan if s["op"] == "moe"]
+        self.moe = tuple(max(s[k] for s in moe) for k in ("experts", "top_k", "intermediate")) \
+            if moe else None  # fmt: skip
+        for s in moe:
+            if not 1 <= s["top_k"] <= min(s["experts"], 32):
+                raise EngineError(f"{where}: a MoE step takes the top {s['top_k']} of "
+                                  f"{s['experts']} experts (1 to 32)")  # fmt: skip
 
     def _check_plan(self, plan: Any, where: str) -> tuple[dict[str, Any], ...]:
         """Each step of a known kernel family with the fields it takes; the layers' attention
@@ -175,6 +187,11 @@ class FusedSpec:
             elif op == "embed" and step["weight"] is not None:
                 put(step["weight"], (self.hidden, self.input_size), w)
                 put(step["bias"], (self.hidden,), f4)
+            elif op == "moe":
+                e, i = step["experts"], step["intermediate"]
+                put(step["fc1"], (e, 2 * i, self.hidden), w)
+                put(step["fc2"], (e, self.hidden, i), w)
+                put(step["norm"], (self.hidden,), f4)
             elif op == "qk_rope":
                 put(step["q_norm"], (self.head_dim,), f4)
                 put(step["k_norm"], (self.head_dim,), f4)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.plugins import attention
+from edgeomni.plugins import attention, moe_cuda
 from edgeomni.plugins import decoder_cuda as dc
 from edgeomni.plugins import decoder_linear_cuda as lc
 from edgeomni.runtime import safetensors_np
@@ -101,6 +101,10 @@ class FusedReference:
                     query_lens, num_heads=s["num_heads"], kv_num_heads=s["num_kv_heads"],
                 )  # fmt: skip
                 buf["attn"] = o.reshape(t, -1)
+            elif op == "moe":
+                buf["h"] = moe_cuda.reference(
+                    buf["h"], w[step["norm"]], eps, buf["router"], w[step["fc1"]],
+                    w[step["fc2"]], top_k=step["top_k"], normalize=int(step["normalize"]))
             elif op == "deepstack":
                 assert deepstack is not None
                 buf["h"] = buf["h"] + deepstack[step["index"]].reshape(t, -1)

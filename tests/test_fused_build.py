@@ -418,3 +418,48 @@ def test_the_int4_fused_steps_match_the_int4_onnx_engine(fused_int4, qwen3_ckpt,
     print(f"int4 fused reference against int4 ONNX Runtime {err:.2e}, against float {off:.2e}")
     assert err <= 0.25 * off
     assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_the_omni_thinkers_moe_plan_equals_the_onnx_engine(omni_ckpt, omni_engine,
+                                                           tmp_path) -> None:  # fmt: skip
+    """Qwen3-Omni's thinker (MoE layers, MRoPE, DeepStack, the accept layer's hidden states)
+    now compiles to a fused plan: its reference (each step's kernel reference) gives the ONNX
+    Runtime CPU engine's logits and hidden states over a ragged prefill and a decode step."""
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.engine import open_engine
+    from edgeomni.runtime.row_state import RowState
+
+    fused = tmp_path / "fused"
+    build(omni_ckpt, fused, BuildArgs(3, 128, 256, backend="fused", device="cuda",
+                                      dtype="float32"), ["llm"])  # fmt: skip
+    cfg = json.loads((fused / "config.json").read_text())
+    assert cfg["backend"] == "fused"
+    ops = [s["op"] for s in cfg["fused"]["plan"]]
+    assert ops.count("moe") == cfg["fused"]["num_layers"] and "output" in ops
+    ref = FusedReference(fused)
+    ort_cfg = json.loads((omni_engine / "config.json").read_text())
+    engine = open_engine(omni_engine, ort_cfg)
+    rows, capacity, h = 2, 32, cfg["fused"]["hidden_size"]
+    outputs = {"logits": (cfg["fused"]["vocab_size"],), "hidden_states": (h,)}
+    session = DecoderSession(engine, RowState.for_engine(ort_cfg, rows, engine, capacity), rows,
+                             outputs, per_position=("hidden_states",))  # fmt: skip
+    cache = ref.cache(rows, capacity)
+    rng = np.random.default_rng(4)
+    past, lens = np.zeros(rows, np.int32), np.array([6, 4], np.int32)
+    for call in range(2):
+        seq = int(lens.max())
+        x = (rng.standard_normal((rows, seq, h)) * 0.5).astype(np.float32)
+        deep = (rng.standard_normal((cfg["fused"]["deepstack_layers"], rows, seq, h))
+                * 0.1).astype(np.float32)  # fmt: skip
+        pos = text_positions(past, seq, True)
+        pos[1] = pos[1] * 3 % 7  # the height and width axes differ from time
+        last = np.maximum(lens - 1, 0).astype(np.int64)
+        want = session.run(x, pos, past, lens, last, deepstack_embeds=deep)
+        got = ref.run(x, pos, past, lens, last, cache, deepstack=deep)
+        logits = np.asarray(want["logits"], np.float64)
+        assert np.abs(got["logits"] - logits).max() <= 1e-4 * np.abs(logits).max(), call
+        hidden = np.asarray(want["hidden_states"], np.float64)
+        live = np.arange(seq)[None] < lens[:, None]
+        err = np.abs(got["hidden_states"] - hidden)[live].max() / np.abs(hidden[live]).max()
+        assert err <= 1e-4, call
+        past, lens = past + lens, np.ones(rows, np.int32)

@@ -450,6 +450,46 @@ def test_a_code_predictor_frame_graph_draws_what_its_calls_draw(tmp_path) -> Non
         capture(changing)
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_the_omni_thinkers_moe_engine_equals_the_reference_of_its_calls(omni, tmp_path,
+                                                                        graphs) -> None:  # fmt: skip
+    """The Qwen3-Omni thinker's fused plan (MoE layers on plugins/moe_cuda.py's kernels, MRoPE,
+    DeepStack, the accept layer's hidden states): a ragged prefill and decode steps, eager and
+    graphed, against tests/fused_reference.py's float64 reference of its steps."""
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.engine import open_engine
+    from edgeomni.runtime.row_state import RowState
+
+    folder = fused_build(omni, tmp_path / "fused", "float32", OMNI_PARTS, model="omni")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["backend"] == "fused" and any(s["op"] == "moe" for s in cfg["fused"]["plan"])
+    engine = open_engine(folder, cfg, cuda_graphs=graphs)
+    rows, capacity, h = 3, 32, cfg["fused"]["hidden_size"]
+    session = DecoderSession(engine, RowState.for_engine(cfg, rows, engine, capacity), rows,
+                             {"logits": (cfg["fused"]["vocab_size"],), "hidden_states": (h,)},
+                             per_position=("hidden_states",))  # fmt: skip
+    ref = FusedReference(folder)
+    cache = ref.cache(rows, capacity)
+    rng = np.random.default_rng(5)
+    past, lens = np.zeros(rows, np.int32), np.array([5, 3, 0], np.int32)
+    for step in range(4):
+        seq = int(lens.max())
+        x = (rng.standard_normal((rows, seq, h)) * 0.5).astype(np.float32)
+        deep = (rng.standard_normal((cfg["fused"]["deepstack_layers"], rows, seq, h))
+                * 0.1).astype(np.float32)  # fmt: skip
+        pos = text_positions(past, seq, True)
+        pos[1] = pos[1] * 3 % 7
+        last = np.maximum(lens - 1, 0).astype(np.int64)
+        out = session.run(x, pos, past, lens, last, deepstack_embeds=deep)
+        want = ref.run(x, pos, past, lens, last, cache, deepstack=deep)
+        live = lens > 0
+        got = np.asarray(out["logits"], np.float64)
+        assert np.abs(got[live] - want["logits"][live]).max() <= 1e-4 * np.abs(
+            want["logits"]).max(), step  # fmt: skip
+        np.testing.assert_array_equal(out["topk_indices"][live], want["topk_indices"][live])
+        past, lens = past + lens, np.array([1, 1, 1 if step else 0], np.int32)
+
+
 @needs_ort_cuda
 def test_omni_codes_equal_the_float32_reference(omni, tmp_path) -> None:
     fused = fused_build(omni, tmp_path / "fused", "float32", OMNI_PARTS, model="omni")

@@ -28,14 +28,24 @@ VARIANTS = {
                                         "deepstack_layers": 2, "hidden_output_layer": 1},
     "input projection, stacked heads, last hidden": {"input_size": 32, "lm_heads": 3,
                                                      "last_hidden_output": True},
+    # Qwen3-Omni's thinker: every MLP an edgeomni::MoE of 6 experts, top 2 (renormalised)
+    "moe": {"num_layers": 2, "moe": (6, 2, 40, True)},
+    "moe, weights as routed": {"num_layers": 1, "moe": (5, 3, 24, False)},
 }  # fmt: skip
 
 
 def module_of(fields: dict[str, Any], seed: int = 0) -> Any:
     from edgeomni.export.common.decoder import CausalLM, DecoderConfig
+    from edgeomni.export.common.moe import ThinkerSparseMoE
 
     torch.manual_seed(seed)
+    fields = dict(fields)
+    moe = fields.pop("moe", None)
     module = CausalLM(DecoderConfig(**{**BASE, **fields})).eval()
+    if moe is not None:  # experts, top-k, intermediate, normalize
+        experts, top_k, inter, normalize = moe
+        for layer in module.model.layers:
+            layer.mlp = ThinkerSparseMoE(BASE["hidden_size"], inter, experts, top_k, normalize)
     with torch.no_grad():
         for p in module.parameters():
             p.normal_(0, 0.15) if p.dim() > 1 else p.uniform_(0.5, 1.5)
@@ -58,6 +68,7 @@ def test_the_plan_computes_what_the_module_computes(variant: str, tmp_path: Path
     assert ops.count("attention") == cfg.num_layers and ops.count("deepstack") == (
         cfg.deepstack_layers)  # fmt: skip
     assert spec["mrope"] == (cfg.mrope_section is not None)
+    assert ops.count("moe") == (cfg.num_layers if "moe" in fields else 0)
     ref = FusedReference.of(spec, tensors)
     rng = np.random.default_rng(1)
     rows, seq, capacity = 2, 5, 16

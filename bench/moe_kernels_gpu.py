@@ -1,0 +1,99 @@
+"""The fused backend's MoE step (plugins/moe_cuda.py) alone on one GPU, at Qwen3-Omni's thinker
+dimensions (hidden 2048, 128 experts, top 8, expert intermediate 768; float16 weights): device
+time per call against the HBM bound, the bytes of the experts the call's tokens chose (each
+chosen expert's gate/up and down rows read once) at the measured copy bandwidth. The kernels
+read each token's experts for that token alone (no grouping by expert), so from a few tokens on
+a call reads the same expert more than once; the bound does not.
+
+    python bench/moe_kernels_gpu.py [--tokens 1 4 16 32] [--repeats 200] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from backend_pair import copy_bandwidth_gbs  # noqa: E402
+
+HIDDEN, EXPERTS, TOP_K, INTER = 2048, 128, 8, 768
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 32])
+    p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+
+    from edgeomni.plugins import attention_cuda as ac
+    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.plugins import moe, moe_cuda
+    from edgeomni.plugins.decoder_cuda import f32, i32, ptr
+    from edgeomni.runtime import memory
+    from edgeomni.runtime.memory import DeviceArray
+
+    bw = copy_bandwidth_gbs()
+    kernels = dc.DecoderKernels(dc.Variant("float16", "float16"))
+    stream = ac.stream_handle(memory.stream(0))
+    rng = np.random.default_rng(0)
+
+    def dev(a: np.ndarray) -> DeviceArray:
+        d = DeviceArray.zeros(a.shape, a.dtype)
+        d.upload(a)
+        return d
+
+    fc1 = dev((rng.standard_normal((EXPERTS, 2 * INTER, HIDDEN)) * 0.02).astype(np.float16))
+    fc2 = dev((rng.standard_normal((EXPERTS, HIDDEN, INTER)) * 0.02).astype(np.float16))
+    nw = dev(np.ones(HIDDEN, np.float32))
+    rows = []
+    for t in args.tokens:
+        router = (rng.standard_normal((t, EXPERTS)) * 2).astype(np.float32)
+        h = dev(rng.standard_normal((t, HIDDEN)).astype(np.float32))
+        r = dev(router)
+        ids = dev(np.zeros((t, TOP_K), np.int32))
+        w = dev(np.zeros((t, TOP_K), np.float32))
+        act = dev(np.zeros((t * TOP_K, INTER), np.float32))
+        shapes = moe_cuda.launches(t, HIDDEN, INTER, TOP_K)
+        call = {
+            "moe_route": [ptr(r.ptr), i32(EXPERTS), i32(TOP_K), i32(1), ptr(ids.ptr), ptr(w.ptr)],
+            "moe_gate_up": [ptr(h.ptr), ptr(nw.ptr), f32(1e-6), ptr(fc1.ptr), ptr(ids.ptr),
+                            i32(TOP_K), i32(HIDDEN), i32(INTER), ptr(act.ptr)],
+            "moe_down": [ptr(act.ptr), ptr(fc2.ptr), ptr(ids.ptr), ptr(w.ptr), i32(TOP_K),
+                         i32(HIDDEN), i32(INTER), ptr(h.ptr)],
+        }  # fmt: skip
+
+        def once(shapes: dict = shapes, call: dict = call) -> None:
+            for name, (grid, block, shared) in shapes.items():
+                kernels.launch(name, grid, block, call[name], shared=shared, stream=stream)
+
+        once()
+        memory.synchronize(0)
+        start = time.perf_counter()
+        for _ in range(args.repeats):
+            once()
+        memory.synchronize(0)
+        ms = (time.perf_counter() - start) / args.repeats * 1e3
+        chosen = len(np.unique(moe.routing(router, top_k=TOP_K, normalize_routing=1)[0]))
+        nbytes = chosen * 3 * INTER * HIDDEN * 2
+        bound = nbytes / (bw * 1e9) * 1e3 if bw else None
+        rows.append({"tokens": t, "experts_chosen": chosen, "ms": round(ms, 4),
+                     "expert_bytes": nbytes, "hbm_bound_ms": bound and round(bound, 4),
+                     "over_bound": bound and round(ms / bound, 2)})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    result = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+              "copy_bandwidth_gbs": bw, "rows": rows}  # fmt: skip
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "moe_kernels_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
