@@ -73,6 +73,7 @@ class Lin:  # x @ W not yet stored
     bias: str | None = None
     heads: bool = False  # W is one of stacked heads, picked by lm_head_index
     version: int = 0  # of x
+    axes: tuple[int, ...] = (-1, 2)  # its last axis (a MatMul's of [B, S, K]; a Gemm's is 1)
 
 
 @dataclasses.dataclass
@@ -92,12 +93,24 @@ class Act:  # SwiGLU of a product's two halves
 
 
 @dataclasses.dataclass
+class Gate:  # sigmoid of a one-column product (a shared expert's gate)
+    lin: Lin
+
+
+@dataclasses.dataclass
+class Shared:  # a shared expert's down projection times its gate
+    down: Lin
+    gate: Lin
+
+
+@dataclasses.dataclass
 class Moe:  # an edgeomni::MoE of the normed residual stream, not yet added into it
     router: Lin
     fc1: str
     fc2: str
     top_k: int
     normalize: int
+    shared: Shared | None = None  # Qwen3-Omni's talker: + sigmoid(gate) * shared expert
 
 
 @dataclasses.dataclass
@@ -338,6 +351,9 @@ class Compiler:
             self.split(args, ins, outs, attrs, where)
         elif op == "Sigmoid" and isinstance(args[0], Part):
             self.env[outs[0]] = dataclasses.replace(args[0], sig=True)
+        elif op == "Sigmoid" and isinstance(args[0], Lin) and args[0].n == 1 and \
+                args[0].rows == "all":  # fmt: skip
+            self.env[outs[0]] = Gate(args[0])
         elif op == "Mul":
             self.mul(args, outs, where)
         elif op == "Rotary":
@@ -423,7 +439,8 @@ class Compiler:
         else:
             self.spec["lm_heads"] = heads
             w = self.weight(init, role, lambda a: a.transpose(0, 2, 1))
-        lin = Lin("?", w, k, n, heads=isinstance(args[1], Const))
+        lin = Lin("?", w, k, n, heads=isinstance(args[1], Const),
+                  axes=(1, -1) if node.op_type == "Gemm" else (-1, 2))  # fmt: skip
         if isinstance(x, Norm):
             lin.x, lin.norm, lin.version = "h", x.weight, x.version
         elif isinstance(x, Rows):
@@ -471,6 +488,10 @@ class Compiler:
             self.current("h", a.version, where)
             self.store(b, "h", add=True)
             self.env[outs[0]] = Buf("h", self.versions["h"])
+        elif isinstance(a, Moe) and isinstance(b, Shared) and a.shared is None or (
+                isinstance(a, Shared) and isinstance(b, Moe) and b.shared is None):  # fmt: skip
+            moe, shared = (a, b) if isinstance(a, Moe) else (b, a)
+            self.env[outs[0]] = dataclasses.replace(moe, shared=shared)
         elif isinstance(a, Buf) and a.name == "h" and isinstance(b, Moe):
             self.current("h", a.version, where)
             self.store_moe(b)
@@ -518,11 +539,19 @@ class Compiler:
         """The router's product, then the MoE step adding the experts' sum into h."""
         n = max(self.layers - 1, 0)
         norm = m.router.norm = self.rename(m.router.norm or "", f"layers.{n}.post_norm")
+        if m.shared is not None:  # read h before the step adds into it
+            gate, down = m.shared.gate, m.shared.down
+            if gate.x != "h" or self.resolve(gate.norm or "") != norm or gate.bias or down.bias:
+                raise Unfused("a shared expert's gate of other than the MoE's normed input")
+            gate.weight = self.rename(gate.weight, f"layers.{n}.shared_gate")
+            self.store(gate, "shared_gate")
+            self.store(down, "shared_out")
         self.store(m.router, "router")
         experts, rows, _ = self.tensors[self.resolve(m.fc1)].shape
         self.steps.append({"op": "moe", "norm": norm, "fc1": m.fc1, "fc2": m.fc2,
                            "experts": int(experts), "top_k": m.top_k,
-                           "intermediate": int(rows) // 2, "normalize": bool(m.normalize)})
+                           "intermediate": int(rows) // 2, "normalize": bool(m.normalize),
+                           "shared": m.shared is not None})
         self.wrote("h")
         self.spec["moe"] = True
 
@@ -530,13 +559,18 @@ class Compiler:
               where: str) -> None:  # fmt: skip
         lin = args[0]
         sizes = tuple(int(s) for s in self.array(ins[1])) if len(ins) > 1 else ()
-        if not isinstance(lin, Lin) or sum(sizes) != lin.n or attrs.get("axis") not in (-1, 2):
+        if not isinstance(lin, Lin) or sum(sizes) != lin.n or attrs.get("axis") not in lin.axes:
             raise Unfused(f"{where}: a split of {type(lin).__name__} into {sizes}")
         for i, out in enumerate(outs):
             self.env[out] = Part(lin, i, sizes)
 
     def mul(self, args: list[Any], outs: list[str], where: str) -> None:
         a, b = args
+        if isinstance(a, Lin) and isinstance(b, Gate):
+            a, b = b, a
+        if isinstance(a, Gate) and isinstance(b, Lin) and b.x == "act" and b.rows == "all":
+            self.env[outs[0]] = Shared(b, a.lin)
+            return
         if any(isinstance(p, Part) and (p.norm or p.rope) for p in args):
             raise Unfused(f"{where}: a product of normed or rotated parts, not SwiGLU")
         if isinstance(a, Part) and isinstance(b, Part) and a.lin is b.lin and b.sig and \

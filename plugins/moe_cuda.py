@@ -11,7 +11,9 @@ A plan's ``moe`` step (runtime/fused_spec.py) is three launches after the router
    and computes rows of silu(x . g) * (x . u) for its j-th expert (fc1's gate and up rows are
    interleaved: g0, u0, g1, u1, ...), a warp a row;
 3. ``moe_down``: block (j, t) sums, a warp an output row, each slot's down projection of its
-   activations times its routing weight, in slot order, and adds the sum into h.
+   activations times its routing weight, in slot order, plus a shared expert's output scaled by
+   sigmoid of its gate where the layer has one (Qwen3-Omni's talker: the plan's ``linear``
+   steps compute both before), and adds the sum into h.
 
 Every token reads its own experts' rows (no grouping of tokens by expert yet): right for a
 decode step's few tokens, not yet for prefills. Sums are float32, weights read as stored.
@@ -126,10 +128,12 @@ extern "C" __global__ void moe_gate_up(
     }
 }
 
-// h[t, j] += sum over token t's slots s (in order) of weights[t, s] * (act[t * K + s] . fc2[e_s, j])
+// h[t, j] += sum over token t's slots s (in order) of weights[t, s] * (act[t * K + s] . fc2[e_s, j]),
+// plus sigmoid(gate[t]) * shared[t, j] where a shared expert's output is given (else nulls)
 extern "C" __global__ void moe_down(
     const float* __restrict__ act, const wt_t* __restrict__ fc2, const int* __restrict__ ids,
-    const float* __restrict__ weights, int K, int H, int I, float* h)
+    const float* __restrict__ weights, int K, int H, int I, const float* __restrict__ shared,
+    const float* __restrict__ gate, float* h)
 {
     GRID_LAUNCH();
     GRID_WAIT();
@@ -145,6 +149,7 @@ extern "C" __global__ void moe_down(
             for (int c = lane; c < I; c += 32) d += a[c] * wload(w, c);
             y += weights[slot] * warp_sum(d);
         }
+        if (shared) y += shared[(long long)t * H + j] / (1.f + expf(-gate[t]));
         if (lane == 0) h[(long long)t * H + j] += y;
     }
 }
@@ -163,12 +168,15 @@ def launches(tokens: int, hidden: int, intermediate: int, top_k: int) -> dict[st
 
 def reference(
     h: np.ndarray, norm_w: np.ndarray, eps: float, router: np.ndarray, fc1: np.ndarray,
-    fc2: np.ndarray, *, top_k: int, normalize: int,
+    fc2: np.ndarray, *, top_k: int, normalize: int, shared: np.ndarray | None = None,
+    gate: np.ndarray | None = None,
 ) -> np.ndarray:  # fmt: skip
     """What the three kernels leave in h [T, H] (float64): h + the op's output for rmsnorm(h)
-    * norm_w, given the router's logits [T, E]."""
+    * norm_w, given the router's logits [T, E] (+ sigmoid(gate [T, 1]) * shared [T, H])."""
     x = h.astype(np.float64)
     xn = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * norm_w
     y = moe.reference(xn, router.astype(np.float64), fc1.astype(np.float64),
                       fc2.astype(np.float64), top_k=top_k, normalize_routing=normalize)  # fmt: skip
+    if shared is not None and gate is not None:
+        y = y + shared.astype(np.float64) / (1.0 + np.exp(-gate.astype(np.float64).reshape(-1, 1)))
     return x + y

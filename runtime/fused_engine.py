@@ -350,6 +350,9 @@ class FusedBinding:
             self.ptrs["route_ids"] = self._buffer("route_ids", (tokens, top_k), np.int32)
             self.ptrs["route_w"] = self._buffer("route_w", (tokens, top_k), f4)
             self.ptrs["moe_act"] = self._buffer("moe_act", (tokens * top_k, inter), f4)
+            # a shared expert's output and gate logit (Qwen3-Omni's talker)
+            self.ptrs["shared_out"] = self._buffer("shared_out", (tokens, spec.hidden), f4)
+            self.ptrs["shared_gate"] = self._buffer("shared_gate", (tokens, 1), f4)
         if spec.topk:
             from edgeomni.plugins.decoder_cuda import TOPK_CHUNK
 
@@ -545,7 +548,9 @@ class _Launches:
                             ptr(self.w(step["fc1"])), ptr(p["route_ids"]), i32(k), i32(hidden),
                             i32(inter), ptr(p["moe_act"])],
             "moe_down": [ptr(p["moe_act"]), ptr(self.w(step["fc2"])), ptr(p["route_ids"]),
-                         ptr(p["route_w"]), i32(k), i32(hidden), i32(inter), ptr(p["h"])],
+                         ptr(p["route_w"]), i32(k), i32(hidden), i32(inter),
+                         ptr(p["shared_out"] if step["shared"] else None),
+                         ptr(p["shared_gate"] if step["shared"] else None), ptr(p["h"])],
         }  # fmt: skip
         for name, (grid, block, shared) in shapes.items():
             self.launch(name, grid, block, args[name], shared=shared)

@@ -13,7 +13,9 @@ A plan is a list of steps, each one kernel family's launch with its options:
 - ``attention``: cached attention of ``layer``'s past_key/past_value
 - ``moe``: edgeomni::MoE (plugins/moe_cuda.py) of h normed by ``norm``, routed by the
   ``router`` buffer a ``linear`` wrote, ``top_k`` of ``experts`` SwiGLU experts (``fc1`` [E, 2I,
-  H], gate and up rows interleaved; ``fc2`` [E, H, I]), the weighted sum added into h
+  H], gate and up rows interleaved; ``fc2`` [E, H, I]), the weighted sum added into h, with
+  ``shared`` plus sigmoid(``shared_gate``) * ``shared_out`` (buffers ``linear`` steps wrote: a
+  shared expert's output and its gate's logit)
 - ``deepstack``: deepstack_embeds[``index``] added into h
 - ``output``: h into hidden_states; ``last_hidden``: each row's last h, normed by ``norm``
 - ``topk``: the logits' top ``k`` (plus a ``bias``), and with ``tables`` each row's draw and its
@@ -39,13 +41,13 @@ SAMPLER_OUTPUTS = ("sampled_ids", "sampled_embeds")
 # each step's fields and the values they take (str: a weight name or None)
 STEPS: dict[str, dict[str, Any]] = {
     "embed": {"weight": str, "bias": str},
-    "linear": {"x": ("h", "attn", "act"), "out": ("qkv", "h", "act", "logits", "router"), "k": int,
+    "linear": {"x": ("h", "attn", "act"), "out": ("qkv", "h", "act", "logits", "router", "shared_out", "shared_gate"), "k": int,
                "n": int, "weight": str, "norm": str, "bias": str, "add": bool, "swiglu": bool,
                "rows": ("all", "last"), "heads": bool},  # fmt: skip
     "qk_rope": {"q_norm": str, "k_norm": str},
     "attention": {"layer": int},
     "moe": {"norm": str, "fc1": str, "fc2": str, "experts": int, "top_k": int,
-            "intermediate": int, "normalize": bool},
+            "intermediate": int, "normalize": bool, "shared": bool},
     "deepstack": {"index": int},
     "output": {"name": ("hidden_states",)},
     "last_hidden": {"norm": str},

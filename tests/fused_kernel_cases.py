@@ -279,9 +279,10 @@ def rms_rows_case(rows: int = 3, seq: int = 4, hidden: int = 200) -> KernelCase:
 
 
 def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, inter: int,
-             normalize: int) -> KernelCase:  # fmt: skip
+             normalize: int, shared: bool = False) -> KernelCase:  # fmt: skip
     """The MoE step's three kernels (plugins/moe_cuda.py) after its router: routing, each
-    chosen expert's SwiGLU, the weighted down projections added into h."""
+    chosen expert's SwiGLU, the weighted down projections added into h (with ``shared``, a
+    shared expert's output times sigmoid of its gate too)."""
     from edgeomni.plugins import moe_cuda
 
     wt = np.dtype(dtype)
@@ -294,7 +295,9 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
     buffers = {"h": h.copy(), "nw": nw, "router": router, "fc1": fc1, "fc2": fc2,
                "ids": np.zeros((tokens, top_k), np.int32),
                "weights": np.zeros((tokens, top_k), np.float32),
-               "act": np.zeros((tokens * top_k, inter), np.float32)}  # fmt: skip
+               "act": np.zeros((tokens * top_k, inter), np.float32),
+               "shared": rng.standard_normal((tokens, hidden)).astype(np.float32),
+               "gate": rng.standard_normal((tokens, 1)).astype(np.float32)}  # fmt: skip
     shapes = moe_cuda.launches(tokens, hidden, inter, top_k)
     args = {
         "moe_route": [buf("router"), ("i32", experts), ("i32", top_k), ("i32", normalize),
@@ -302,7 +305,8 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
         "moe_gate_up": [buf("h"), buf("nw"), ("f32", 1e-6), buf("fc1"), buf("ids"),
                         ("i32", top_k), ("i32", hidden), ("i32", inter), buf("act")],
         "moe_down": [buf("act"), buf("fc2"), buf("ids"), buf("weights"), ("i32", top_k),
-                     ("i32", hidden), ("i32", inter), buf("h")],
+                     ("i32", hidden), ("i32", inter), buf("shared" if shared else None),
+                     buf("gate" if shared else None), buf("h")],
     }  # fmt: skip
     launches = [Launch(name, grid, block, args[name], shared)
                 for name, (grid, block, shared) in shapes.items()]  # fmt: skip
@@ -313,11 +317,12 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
         ids, weights = moe.routing(router, top_k=top_k, normalize_routing=normalize)
         np.testing.assert_array_equal(got["ids"], ids)
         np.testing.assert_allclose(got["weights"], weights, rtol=1e-5)
+        extra = {"shared": buffers["shared"], "gate": buffers["gate"]} if shared else {}
         want = moe_cuda.reference(h, nw, 1e-6, router, fc1, fc2, top_k=top_k,
-                                  normalize=normalize)  # fmt: skip
+                                  normalize=normalize, **extra)  # fmt: skip
         np.testing.assert_allclose(got["h"], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
-    name = f"moe-{dtype}-t{tokens}-e{experts}-k{top_k}-n{normalize}"
+    name = f"moe-{dtype}-t{tokens}-e{experts}-k{top_k}-n{normalize}{'-shared' * shared}"
     return KernelCase(name, buffers, launches, check)
 
 
@@ -348,7 +353,8 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
     cases += [cast_case(dtype), rms_rows_case()]
     # MoE: a decode token, a few, more slots than a warp's lanes cover, E past one warp pass
     cases += [moe_case(dtype, *shape) for shape in ((1, 8, 2, 64, 48, 1), (5, 70, 8, 136, 40, 0),
-                                                    (3, 128, 8, 72, 96, 1))]
+                                                    (3, 128, 8, 72, 96, 1),
+                                                    (4, 6, 2, 64, 40, 0, True))]
     if dtype == "float16":  # int4 matrices (float16 modules only, last: the lists share indices
         # up to here): SIMT under 8 rows, tensor cores from 8 (each variant), groups of 32, 128
         cases += [linear_case(dtype, r, mode, k=320, group=32)

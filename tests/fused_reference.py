@@ -102,9 +102,12 @@ class FusedReference:
                 )  # fmt: skip
                 buf["attn"] = o.reshape(t, -1)
             elif op == "moe":
+                shared = {"shared": buf["shared_out"], "gate": buf["shared_gate"]} \
+                    if step["shared"] else {}  # fmt: skip
                 buf["h"] = moe_cuda.reference(
                     buf["h"], w[step["norm"]], eps, buf["router"], w[step["fc1"]],
-                    w[step["fc2"]], top_k=step["top_k"], normalize=int(step["normalize"]))
+                    w[step["fc2"]], top_k=step["top_k"], normalize=int(step["normalize"]),
+                    **shared)  # fmt: skip
             elif op == "deepstack":
                 assert deepstack is not None
                 buf["h"] = buf["h"] + deepstack[step["index"]].reshape(t, -1)

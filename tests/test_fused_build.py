@@ -420,46 +420,59 @@ def test_the_int4_fused_steps_match_the_int4_onnx_engine(fused_int4, qwen3_ckpt,
     assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
-def test_the_omni_thinkers_moe_plan_equals_the_onnx_engine(omni_ckpt, omni_engine,
-                                                           tmp_path) -> None:  # fmt: skip
+@pytest.fixture(scope="module")
+def omni_fused(omni_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen3-Omni's thinker and talker built fused (float32)."""
+    fused = tmp_path_factory.mktemp("omni-fused") / "eng"
+    build(omni_ckpt, fused, BuildArgs(3, 128, 256, backend="fused", device="cuda",
+                                      dtype="float32"), ["llm", "talker"])  # fmt: skip
+    return fused
+
+
+@pytest.mark.parametrize("part", [".", "talker"])
+def test_the_omni_moe_plans_equal_the_onnx_engines(omni_fused, omni_engine, part) -> None:
     """Qwen3-Omni's thinker (MoE layers, MRoPE, DeepStack, the accept layer's hidden states)
-    now compiles to a fused plan: its reference (each step's kernel reference) gives the ONNX
-    Runtime CPU engine's logits and hidden states over a ragged prefill and a decode step."""
+    and talker (MoE layers with a gated shared expert, MRoPE, last_hidden) compile to fused
+    plans: their references (each step's kernel reference) give the ONNX Runtime CPU engines'
+    logits and extra outputs over a ragged prefill and a decode step."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
     from edgeomni.runtime.row_state import RowState
 
-    fused = tmp_path / "fused"
-    build(omni_ckpt, fused, BuildArgs(3, 128, 256, backend="fused", device="cuda",
-                                      dtype="float32"), ["llm"])  # fmt: skip
-    cfg = json.loads((fused / "config.json").read_text())
+    cfg = json.loads((omni_fused / part / "config.json").read_text())
     assert cfg["backend"] == "fused"
-    ops = [s["op"] for s in cfg["fused"]["plan"]]
-    assert ops.count("moe") == cfg["fused"]["num_layers"] and "output" in ops
-    ref = FusedReference(fused)
-    ort_cfg = json.loads((omni_engine / "config.json").read_text())
-    engine = open_engine(omni_engine, ort_cfg)
-    rows, capacity, h = 2, 32, cfg["fused"]["hidden_size"]
-    outputs = {"logits": (cfg["fused"]["vocab_size"],), "hidden_states": (h,)}
+    spec = cfg["fused"]
+    ops = [s["op"] for s in spec["plan"]]
+    assert ops.count("moe") == spec["num_layers"]
+    ref = FusedReference(omni_fused / part)
+    ort_cfg = json.loads((omni_engine / part / "config.json").read_text())
+    engine = open_engine(omni_engine / part, ort_cfg)
+    rows, capacity, h = 2, 32, spec["hidden_size"]
+    extra = ("hidden_states",) if spec["hidden_output_layer"] is not None else ()
+    outputs = {"logits": (spec["vocab_size"],), **{n: (h,) for n in extra}}
+    if spec["last_hidden_output"]:
+        outputs["last_hidden"] = (h,)
     session = DecoderSession(engine, RowState.for_engine(ort_cfg, rows, engine, capacity), rows,
-                             outputs, per_position=("hidden_states",))  # fmt: skip
+                             outputs, per_position=extra)  # fmt: skip
     cache = ref.cache(rows, capacity)
     rng = np.random.default_rng(4)
     past, lens = np.zeros(rows, np.int32), np.array([6, 4], np.int32)
     for call in range(2):
         seq = int(lens.max())
         x = (rng.standard_normal((rows, seq, h)) * 0.5).astype(np.float32)
-        deep = (rng.standard_normal((cfg["fused"]["deepstack_layers"], rows, seq, h))
+        deep = (rng.standard_normal((spec["deepstack_layers"], rows, seq, h))
                 * 0.1).astype(np.float32)  # fmt: skip
+        feeds = {"deepstack_embeds": deep} if spec["deepstack_layers"] else {}
         pos = text_positions(past, seq, True)
         pos[1] = pos[1] * 3 % 7  # the height and width axes differ from time
         last = np.maximum(lens - 1, 0).astype(np.int64)
-        want = session.run(x, pos, past, lens, last, deepstack_embeds=deep)
+        want = session.run(x, pos, past, lens, last, **feeds)
         got = ref.run(x, pos, past, lens, last, cache, deepstack=deep)
-        logits = np.asarray(want["logits"], np.float64)
-        assert np.abs(got["logits"] - logits).max() <= 1e-4 * np.abs(logits).max(), call
-        hidden = np.asarray(want["hidden_states"], np.float64)
-        live = np.arange(seq)[None] < lens[:, None]
-        err = np.abs(got["hidden_states"] - hidden)[live].max() / np.abs(hidden[live]).max()
-        assert err <= 1e-4, call
+        for name in outputs:
+            w = np.asarray(want[name], np.float64)
+            g = got[name]
+            if name == "hidden_states":  # the prefill's padding positions are not compared
+                live = np.arange(seq)[None] < lens[:, None]
+                w, g = w[live], g[live]
+            assert np.abs(g - w).max() <= 1e-4 * np.abs(w).max(), (part, call, name)
         past, lens = past + lens, np.ones(rows, np.int32)

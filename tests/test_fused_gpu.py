@@ -450,24 +450,26 @@ def test_a_code_predictor_frame_graph_draws_what_its_calls_draw(tmp_path) -> Non
         capture(changing)
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_the_omni_thinkers_moe_engine_equals_the_reference_of_its_calls(omni, tmp_path,
-                                                                        graphs) -> None:  # fmt: skip
-    """The Qwen3-Omni thinker's fused plan (MoE layers on plugins/moe_cuda.py's kernels, MRoPE,
-    DeepStack, the accept layer's hidden states): a ragged prefill and decode steps, eager and
-    graphed, against tests/fused_reference.py's float64 reference of its steps."""
+@pytest.mark.parametrize(("part", "graphs"), [(".", False), (".", True), ("talker", True)])
+def test_the_omni_moe_engines_equal_the_reference_of_their_calls(omni, tmp_path, part,
+                                                                 graphs) -> None:  # fmt: skip
+    """Qwen3-Omni's thinker and talker as fused plans (MoE layers on plugins/moe_cuda.py's
+    kernels, the talker's with its gated shared expert; MRoPE; the thinker's DeepStack and
+    accept layer's hidden states): a ragged prefill and decode steps, eager and graphed, against
+    tests/fused_reference.py's float64 reference of their steps."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
     from edgeomni.runtime.row_state import RowState
 
-    folder = fused_build(omni, tmp_path / "fused", "float32", OMNI_PARTS, model="omni")
+    folder = fused_build(omni, tmp_path / "fused", "float32", OMNI_PARTS, model="omni") / part
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["backend"] == "fused" and any(s["op"] == "moe" for s in cfg["fused"]["plan"])
     engine = open_engine(folder, cfg, cuda_graphs=graphs)
     rows, capacity, h = 3, 32, cfg["fused"]["hidden_size"]
+    extra = {"hidden_states": (h,)} if "hidden_states" in engine.output_names else {}
     session = DecoderSession(engine, RowState.for_engine(cfg, rows, engine, capacity), rows,
-                             {"logits": (cfg["fused"]["vocab_size"],), "hidden_states": (h,)},
-                             per_position=("hidden_states",))  # fmt: skip
+                             {"logits": (cfg["fused"]["vocab_size"],), **extra},
+                             per_position=tuple(extra))  # fmt: skip
     ref = FusedReference(folder)
     cache = ref.cache(rows, capacity)
     rng = np.random.default_rng(5)
@@ -475,12 +477,13 @@ def test_the_omni_thinkers_moe_engine_equals_the_reference_of_its_calls(omni, tm
     for step in range(4):
         seq = int(lens.max())
         x = (rng.standard_normal((rows, seq, h)) * 0.5).astype(np.float32)
-        deep = (rng.standard_normal((cfg["fused"]["deepstack_layers"], rows, seq, h))
-                * 0.1).astype(np.float32)  # fmt: skip
+        layers = cfg["fused"]["deepstack_layers"]
+        deep = (rng.standard_normal((layers, rows, seq, h)) * 0.1).astype(np.float32)
+        feeds = {"deepstack_embeds": deep} if layers else {}
         pos = text_positions(past, seq, True)
         pos[1] = pos[1] * 3 % 7
         last = np.maximum(lens - 1, 0).astype(np.int64)
-        out = session.run(x, pos, past, lens, last, deepstack_embeds=deep)
+        out = session.run(x, pos, past, lens, last, **feeds)
         want = ref.run(x, pos, past, lens, last, cache, deepstack=deep)
         live = lens > 0
         got = np.asarray(out["logits"], np.float64)
@@ -507,11 +510,10 @@ def test_omni_codes_equal_the_float32_reference(omni, tmp_path) -> None:
 
 
 @needs_ort_cuda
-def test_omni_float16_onnxruntime_talker_feeds_the_fused_code_predictor(omni,
-                                                                        tmp_path) -> None:  # fmt: skip
-    """In a float16 build the MoE talker stays on ONNX Runtime and hands its float16 hidden
-    state to the fused code predictor on the device, as the ONNX build's types say: the frames
-    come out whole, and mostly the ONNX Runtime build's own."""
+def test_omni_float16_fused_speech_mostly_agrees_with_onnxruntime(omni, tmp_path) -> None:
+    """A float16 fused build (thinker, MoE talker and code predictor fused; the talker hands
+    its float16 hidden state to the code predictor on the device, as the ONNX build's types
+    say): the frames come out whole, and mostly the ONNX Runtime build's own."""
     fused = fused_build(omni, tmp_path / "fused", "float16", OMNI_PARTS, model="omni")
     ort = cuda_build(omni, tmp_path / "ort", "float16", OMNI_PARTS, model="omni")
     cfg = json.loads((fused / "code_predictor" / "config.json").read_text())

@@ -31,21 +31,25 @@ VARIANTS = {
     # Qwen3-Omni's thinker: every MLP an edgeomni::MoE of 6 experts, top 2 (renormalised)
     "moe": {"num_layers": 2, "moe": (6, 2, 40, True)},
     "moe, weights as routed": {"num_layers": 1, "moe": (5, 3, 24, False)},
+    # Qwen3-Omni's talker: routed experts plus a shared expert scaled by sigmoid of its gate
+    "moe with a gated shared expert": {"num_layers": 2, "moe": (5, 2, 24, False, 48)},
 }  # fmt: skip
 
 
 def module_of(fields: dict[str, Any], seed: int = 0) -> Any:
     from edgeomni.export.common.decoder import CausalLM, DecoderConfig
-    from edgeomni.export.common.moe import ThinkerSparseMoE
+    from edgeomni.export.common.moe import TalkerSparseMoE, ThinkerSparseMoE
 
     torch.manual_seed(seed)
     fields = dict(fields)
     moe = fields.pop("moe", None)
     module = CausalLM(DecoderConfig(**{**BASE, **fields})).eval()
-    if moe is not None:  # experts, top-k, intermediate, normalize
-        experts, top_k, inter, normalize = moe
+    if moe is not None:  # experts, top-k, intermediate, normalize[, shared intermediate]
+        experts, top_k, inter, normalize, *shared = moe
         for layer in module.model.layers:
-            layer.mlp = ThinkerSparseMoE(BASE["hidden_size"], inter, experts, top_k, normalize)
+            layer.mlp = (TalkerSparseMoE(BASE["hidden_size"], inter, experts, top_k, normalize,
+                                         *shared) if shared else  # fmt: skip
+                         ThinkerSparseMoE(BASE["hidden_size"], inter, experts, top_k, normalize))
     with torch.no_grad():
         for p in module.parameters():
             p.normal_(0, 0.15) if p.dim() > 1 else p.uniform_(0.5, 1.5)
