@@ -413,8 +413,7 @@ class _Launches:
         i = 0
         while i < len(plan):
             step = plan[i]
-            if step["op"] == "qk_rope" and decode_qk is not None and \
-                    plan[i + 1]["op"] == "attention":  # fmt: skip
+            if step["op"] == "qk_rope" and decode_qk is not None:  # its attention is next
                 self.attention(plan[i + 1], qk=step)
                 i += 2
                 continue

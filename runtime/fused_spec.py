@@ -145,6 +145,11 @@ class FusedSpec:
                     isinstance(value, kind) if isinstance(kind, type) else value in kind)
                 if not ok:
                     raise EngineError(f"{at}.{key} is {value!r}")
+        ops = [s["op"] for s in plan]
+        paired = all(ops[i + 1 : i + 2] == ["attention"] for i, o in enumerate(ops) if o == "qk_rope")
+        if not paired or ops.count("qk_rope") != ops.count("attention"):
+            raise EngineError(f"{where}: fused.plan must run each attention step right after "
+                              "its qk_rope step")  # fmt: skip
         layers = [s["layer"] for s in plan if s["op"] == "attention"]
         if layers != list(range(self.layers)):
             raise EngineError(f"{where}: fused.plan attends layers {layers}, not 0 to "

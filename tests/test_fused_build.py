@@ -221,6 +221,13 @@ def test_the_engine_accepts_the_builds_weights_and_names_what_is_wrong(fused_eng
         spec.check_weights(path, bad)
     with pytest.raises(EngineError, match="does not use: stray"):
         spec.check_weights(path, {**tensors, "stray": tensors[norm]})
+    plan = cfg["fused"]["plan"]
+    at = next(i for i, s in enumerate(plan) if s["op"] == "qk_rope")
+    swapped = plan[:at] + [plan[at + 1], plan[at]] + plan[at + 2 :]
+    for bad_plan, message in (([], "must be a list of steps"), (swapped, "right after its qk_rope"),
+                              ([*plan, {"op": "conv"}], "not a step of")):  # fmt: skip
+        with pytest.raises(EngineError, match=message):
+            FusedSpec({**cfg["fused"], "plan": bad_plan}, "config.json")
 
 
 @pytest.fixture(scope="module")
