@@ -270,6 +270,8 @@ class Compiler:
             if "?" in kinds or len(kinds) > 1:
                 continue
             if node.op_type in ("Cos", "Sin"):
+                if self.angle not in (None, node.input[0]):
+                    raise Unfused("its rotary has two angle regions; the plan proves one")
                 self.angle = node.input[0]  # proven by rotary()
             for o in node.output:
                 self.env[o] = Const(kinds.pop() if kinds else "")
