@@ -22,11 +22,11 @@ import numpy as np
 
 from edgeomni.builder.discover import FUSED_SUFFIX as SUFFIX
 from edgeomni.builder.errors import BuildError
+from edgeomni.builder.fused_plan import INT4_GROUPS
 from edgeomni.export.family import BuildArgs
 
 log = logging.getLogger("edge-build")
 DTYPES = {"float16": np.float16, "float32": np.float32}
-INT4_GROUPS = (32, 64, 128)  # the group sizes the int4 kernels take (builder/fused_plan.py's)
 
 
 def check_args(args: BuildArgs) -> None:

@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from edgeomni.builder import fused_proofs as proofs
+from edgeomni.builder.fused_proofs import Unfused
+
 # the fused engine's kernels read these int4 group sizes
 INT4_GROUPS = (32, 64, 128)
 VIEWS = ("Reshape", "Squeeze", "Unsqueeze", "Identity", "Cast")
@@ -38,10 +41,6 @@ NO_KERNELS_YET = {
     "CausalConvState": "its conv and recurrent state has no fused kernels",
     "GatedDeltaRule": "its conv and recurrent state has no fused kernels",
 }  # fmt: skip
-
-
-class Unfused(ValueError):
-    """The graph holds something the fused kernels do not compute (the message says what)."""
 
 
 @dataclasses.dataclass
@@ -555,7 +554,6 @@ class Compiler:
                            "intermediate": int(rows) // 2, "normalize": bool(m.normalize),
                            "shared": m.shared is not None})
         self.wrote("h")
-        self.spec["moe"] = True
 
     def split(self, args: list[Any], ins: list[str], outs: list[str], attrs: dict[str, Any],
               where: str) -> None:  # fmt: skip
@@ -620,43 +618,16 @@ class Compiler:
         self.env[outs[0]] = dataclasses.replace(x, rope=True)
 
     def prove_rotary(self, head_dim: int) -> None:
-        """inv_freq and each frequency's position axis, from the angles the graph computes; the
-        kernels compute cos and sin of position * inv_freq over both halves (rotate-half)."""
+        """inv_freq and each frequency's position axis (builder/fused_proofs.py)."""
         if self.angle is None:
             raise Unfused("its rotary cos and sin are not a Cos and Sin of position_ids")
-        angle = self.angle
-        mrope = self.graph_input_rank("position_ids") == 3
-        half = head_dim // 2
-        axes = 3 if mrope else 1
-        shape = (axes, 2, 3) if mrope else (2, 3)
-
-        def angles(pos: np.ndarray) -> np.ndarray:
-            got = self.evaluate([angle], {"position_ids": pos.reshape(shape)})[0]
-            return np.asarray(got, np.float64).reshape(-1, got.shape[-1])
-
-        inv = np.zeros(half)
-        axis = np.full(half, -1)
-        for a in range(axes):
-            pos = np.zeros((axes, 6), np.int64)
-            pos[a] = 1
-            got = angles(pos)
-            if got.shape[-1] != head_dim or not np.array_equal(got[:, :half], got[:, half:]):
-                raise Unfused("its rotary angles are not rotate-half of head_dim "
-                              f"{head_dim}")  # fmt: skip
-            hit = got[0, :half] != 0
-            if (axis[hit] >= 0).any():
-                raise Unfused("a rotary frequency follows more than one position axis")
-            axis[hit], inv[hit] = a, got[0, :half][hit]
-        if (axis < 0).any():
-            raise Unfused("a rotary frequency follows no position axis")
-        pos = np.random.default_rng(0).integers(0, 4096, (axes, 6))
-        want = (pos.astype(np.float32)[axis].T * inv.astype(np.float32)).astype(np.float32)
-        if not np.allclose(angles(pos)[:, :half], want, rtol=1e-6, atol=1e-6):
-            raise Unfused("its rotary angles are not position * inv_freq")
-        self.tensors["inv_freq"] = inv.astype(np.float32)
+        angle, mrope = self.angle, self.graph_input_rank("position_ids") == 3
+        inv, axis = proofs.rotary_tables(
+            lambda pos: self.evaluate([angle], {"position_ids": pos})[0], head_dim, mrope)
+        self.tensors["inv_freq"] = inv
         if mrope:
             self.spec["mrope"] = True
-            self.tensors["freq_axis"] = axis.astype(np.int32)
+            self.tensors["freq_axis"] = axis
 
     def attention(self, args: list[Any], ins: list[str], outs: list[str],
                   attrs: dict[str, Any], where: str) -> None:  # fmt: skip
@@ -724,31 +695,7 @@ class Compiler:
         return 0
 
     def evaluate(self, outputs: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """The graph's values ``outputs`` for ``feeds`` (onnx's reference evaluator, on the
-        nodes they need)."""
-        from onnx import helper
-        from onnx.reference import ReferenceEvaluator
-
-        producer = {o: n for n in self.graph.node for o in n.output}
-        todo, inits = list(outputs), set()
-        seen: set[int] = set()
-        while todo:
-            name = todo.pop()
-            if name in self.inits:
-                inits.add(name)
-            node = producer.get(name)
-            if node is None or id(node) in seen or name in feeds:
-                continue
-            seen.add(id(node))
-            todo.extend(node.input)
-        order = [n for n in self.graph.node if id(n) in seen]
-        ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), None)
-               for n, v in feeds.items()]  # fmt: skip
-        outs = [helper.make_tensor_value_info(o, 0, None) for o in outputs]
-        graph = helper.make_graph(order, "probe", ins, outs)
-        graph.initializer.extend(self.inits[n] for n in sorted(inits))
-        model = helper.make_model(graph, opset_imports=self.model.opset_import)
-        return list(ReferenceEvaluator(model).run(None, feeds))
+        return proofs.evaluate(self.model, self.inits, outputs, feeds)
 
     def compile_sampler(self, nodes: list[Any], region: set[int]) -> None:
         """The draw from each row's top-K and its embedding: the draw kernel's, if the region
@@ -773,31 +720,9 @@ class Compiler:
         self.produced.update(SAMPLER_OUTPUTS)
 
     def prove_sampler(self, table: np.ndarray, heads: int, vocab: int) -> None:
-        from edgeomni.plugins.decoder_cuda import sample_reference
-
-        k = self.spec["logits_topk"]
-        rng = np.random.default_rng(0)
-        rows = 8
-        vtype = np.float16 if self.dtype == "float16" else np.float32
-        for temperature, top_k, top_p in ((1.0, k, 1.0), (0.7, max(k // 2, 2), 0.8)):
-            values = -np.sort(-rng.standard_normal((rows, k)) * 2, axis=1).astype(vtype)
-            values[0, 1:] = values[0, 0]  # a row the K cannot decide
-            ids = np.stack([rng.permutation(vocab)[:k] for _ in range(rows)]).astype(np.int64)
-            uniform = rng.random(rows)
-            head = int(rng.integers(heads))
-            feeds = {"topk_values": values, "topk_indices": ids, "sample_uniform": uniform,
-                     "sample_temperature": np.array([temperature]),
-                     "sample_top_k": np.array([top_k], np.int64),
-                     "sample_top_p": np.array([top_p]),
-                     "lm_head_index": np.array([head], np.int64)}  # fmt: skip
-            feeds = {n: v for n, v in feeds.items() if n in self.inputs or n.startswith("topk")}
-            got_ids, got_rows = self.evaluate(list(SAMPLER_OUTPUTS), feeds)
-            want_ids, want_rows = sample_reference(
-                values, ids, uniform, temperature=temperature, top_k=top_k, top_p=top_p,
-                tables=table, head=head)  # fmt: skip
-            if not np.array_equal(np.asarray(got_ids).reshape(-1), want_ids) or \
-                    not np.array_equal(np.asarray(got_rows), want_rows):  # fmt: skip
-                raise Unfused("its sampler draws other ids than the fused draw kernel")
+        feeds = [n for n in (*SAMPLER_INPUTS, "lm_head_index") if n in self.inputs]
+        proofs.check_sampler(lambda f: self.evaluate(list(SAMPLER_OUTPUTS), f), table, heads,
+                             vocab, self.spec["logits_topk"], self.dtype, feeds)  # fmt: skip
 
 
 def _attrs(node: Any) -> dict[str, Any]:

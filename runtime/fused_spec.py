@@ -94,8 +94,6 @@ class FusedSpec:
         if self.sampler and (self.topk < 2 or self.embeds_dtype != self.dtype):
             raise EngineError(f"{where}: an in-engine sampler needs logits_topk >= 2 and "
                               "embeds_dtype equal to dtype (its embeddings feed the next call)")
-        self.qk_norm = bool(table.get("qk_norm", True))
-        self.bias = bool(table.get("attention_bias"))
         vec = 8 if self.dtype == "float16" else 4
         widths = {"hidden_size": self.hidden, "intermediate_size": self.intermediate,
                   "num_heads * head_dim": self.heads * self.head_dim}  # fmt: skip

@@ -49,8 +49,7 @@ class FusedReference:
     def run(self, embeds: np.ndarray, positions: np.ndarray, past_lens: np.ndarray,
             query_lens: np.ndarray, last: np.ndarray, cache: list[np.ndarray],
             head: int = 0, draw: dict[str, Any] | None = None,
-            deepstack: np.ndarray | None = None,
-            upto: int | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+            deepstack: np.ndarray | None = None) -> dict[str, np.ndarray]:  # fmt: skip
         """One call: embeds [B, S, E], positions [B, S] or [3, B, S]; the cache updated in
         place. Runs the plan's steps, each by its kernel's reference; returns logits [B, V]
         and, where configured, hidden_states, last_hidden, topk and (a sampler's build, given
@@ -67,8 +66,7 @@ class FusedReference:
         def rows_of(x: np.ndarray) -> np.ndarray:
             return x.reshape(b, seq, -1)[np.arange(b), last]
 
-        self.buffers = buf  # each step's result, for a look inside (a debugging aid)
-        for step in s["plan"][:upto]:
+        for step in s["plan"]:
             op = step["op"]
             if op == "embed" and step["weight"]:
                 buf["h"] = lc.linear_reference(buf["embeds"], w[step["weight"]],
@@ -130,6 +128,5 @@ class FusedReference:
                     )  # fmt: skip
             else:
                 raise AssertionError(f"a plan step of no reference: {op}")
-        if "logits" in buf:
-            out["logits"] = buf["logits"]
+        out["logits"] = buf["logits"]
         return out
