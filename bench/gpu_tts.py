@@ -308,6 +308,8 @@ def side_key(side: str, args: argparse.Namespace, engine: dict, windows: dict) -
                    windows=windows, cuda_graphs=not args.no_cuda_graphs, batching=args.batching,
                    whole_utterance=args.whole_utterance,
                    threads=args.threads if args.device == "cpu" else None)  # fmt: skip
+        if args.host_frame_sum:  # absent by default: the default's cached results stay valid
+            key.update(host_frame_sum=True)
         if args.quantization:  # absent for float engines: their cached results stay valid
             key.update(quantization=args.quantization, group_size=args.group_size)
     else:
@@ -364,7 +366,7 @@ def run_side(side: str, args: argparse.Namespace, engine: dict, windows: dict, c
         if side == "edgeomni":
             spec.update(engine=engine["engine"], repeats=args.repeats, device=args.device,
                         cuda_graphs=not args.no_cuda_graphs, batching=args.batching,
-                        whole_utterance=args.whole_utterance,
+                        whole_utterance=args.whole_utterance, host_frame_sum=args.host_frame_sum,
                         threads=args.threads if args.device == "cpu" else None)  # fmt: skip
             python, env = sys.executable, worker_env()
         else:
@@ -454,6 +456,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "then the two side by side with the ratios and the fraction of the HBM "
                         "bound (OUT/backends.md; bench/backend_pair.py)")  # fmt: skip
     p.add_argument("--no-cuda-graphs", action="store_true", help="edgeomni without graph replay")
+    p.add_argument("--host-frame-sum", action="store_true",
+                   help="comparison only: each codec frame summed on the host and the talker's "
+                   "next input uploaded, as before frames were summed on the device")
     p.add_argument("--batching", choices=("inflight", "cohort"), default="inflight")
     p.add_argument("--whole-utterance", action="store_true",
                    help="edgeomni vocodes each utterance whole once its codes are complete "
@@ -591,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
             "upstream_repeats": args.upstream_repeats, "warmup": args.warmup,
             "windows": windows, "limits": limits(args), "seed": args.seed,
             "cuda_graphs": not args.no_cuda_graphs, "batching": args.batching,
-            "whole_utterance": args.whole_utterance,
+            "whole_utterance": args.whole_utterance, "host_frame_sum": args.host_frame_sum,
             "quantization": args.quantization, "group_size": args.group_size,
             "checkpoint": ckpt_info, "engine": {k: v for k, v in engine.items()
                                                 if k != "results_dir"},

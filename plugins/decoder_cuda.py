@@ -87,9 +87,11 @@ __device__ __forceinline__ half_t f2h(float f) {
 #if W_HALF
 typedef half_t wt_t;
 #define WVEC 8
+__device__ __forceinline__ float w2f(wt_t w) { return h2f(w); }
 #else
 typedef float wt_t;
 #define WVEC 4
+__device__ __forceinline__ float w2f(wt_t w) { return w; }
 #endif
 #if A_HALF
 typedef half_t at_t;
@@ -201,6 +203,30 @@ extern "C" __global__ void add_into_h(float* h, const half_t* __restrict__ d, lo
     GRID_WAIT();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) h[i] += h2f(d[i]);
+}
+
+// a codec frame's summed embedding where its codes were drawn (runtime/speech/code_predictor.py):
+// out[r] = base[r] + tables[0][codes[0, r]] + ... + tables[G-1][codes[G-1, r]] (+ add[r]),
+// float32 adds in that order (the host's sum, bit for bit), stored as float32 or float16 (the
+// next call's input type). An id outside the vocabulary (an undecided draw, -1) adds nothing:
+// the caller redraws that frame on the host. grid (ceil(width / 256), rows), block 256.
+extern "C" __global__ void frame_sum(const float* __restrict__ base, const float* __restrict__ add,
+                                     const long long* __restrict__ codes,
+                                     const wt_t* __restrict__ tables, int groups, int rows,
+                                     int vocab, int width, int half_out, void* out) {
+    GRID_LAUNCH();
+    GRID_WAIT();
+    const int r = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    const long long o = (long long)r * width + c;
+    float t = base[o];
+    for (int g = 0; g < groups; ++g) {
+        const long long id = codes[(long long)g * rows + r];
+        if (id >= 0 && id < vocab) t += w2f(tables[((long long)g * vocab + id) * width + c]);
+    }
+    if (add) t += add[o];
+    if (half_out) ((half_t*)out)[o] = f2h(t);
+    else ((float*)out)[o] = t;
 }
 
 // the engine's float16 inputs and outputs (the ONNX build's types) to and from float32
@@ -588,6 +614,27 @@ def sample_reference(
         out[b] = ids[b, below] if kth > x[-1] else -1
     rows = None if tables is None else tables[head][np.maximum(out, 0)]
     return out, rows
+
+
+def frame_sum_reference(
+    base: np.ndarray, codes: np.ndarray, tables: np.ndarray, add: np.ndarray | None = None
+) -> np.ndarray:
+    """``frame_sum``: base [n, W] (float32) plus each group's table row tables[g][codes[g]]
+    (codes [G, n], tables [G, V, W] float32 or float16, ids outside V adding nothing), then
+    ``add`` [n, W]: float32 adds in that order, the host's frame sum."""
+    total = base.astype(np.float32)  # a copy
+    for g in range(len(codes)):
+        ids = codes[g]
+        ok = (ids >= 0) & (ids < tables.shape[1])
+        total += np.where(ok[:, None], tables[g][np.where(ok, ids, 0)].astype(np.float32), 0)
+    if add is not None:
+        total += add.astype(np.float32)
+    return total
+
+
+def frame_sum_launch(rows: int, width: int) -> tuple[tuple[int, int], int]:
+    """``frame_sum``'s grid and block: a thread a column, a block row of them a frame row."""
+    return (-(-width // 256), rows), 256
 
 
 # ---------------------------------------------------------------------------------------------

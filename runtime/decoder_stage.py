@@ -194,9 +194,17 @@ class DecoderSpec(Protocol[D]):
 
     def inputs(
         self, ready: Sequence[Slot[D]], slots: Mapping[int, Slot[D]], last: StepOutputs | None
-    ) -> np.ndarray:
+    ) -> Any:
         """The ready rows' next inputs [len(ready), H]; ``last``: the last decode step's
-        outputs (None before the first)."""
+        outputs (None before the first). Or, where every row of the step is ready (rows 0 to
+        n-1, no spans), the step's whole input [n, 1, H] in the engine's input type (on a GPU a
+        buffer made there), which ``confirm`` says is final once the step is queued."""
+        ...
+
+    def confirm(self, ready: Sequence[Slot[D]]) -> np.ndarray | None:
+        """After the step ran on what ``inputs`` gave: None where that stands, else the host
+        inputs [len(ready), H] to run the step again with (an input made on the device that
+        the host had to make again)."""
         ...
 
     def decode_feeds(self, rows: int) -> dict[str, np.ndarray]: ...
@@ -413,17 +421,30 @@ class DecoderStage(Generic[D]):
         rows, hi = list(plan.rows), plan.width
         ready = [slots[r] for r in plan.slots]
         start = time.perf_counter()
-        embeds = np.zeros((hi, 1, spec.hidden_size), np.float32)
         fed = spec.inputs(ready, slots, self._last)
-        if len(rows) != len(ready):  # a span's rows all take its input
-            fed = np.repeat(np.asarray(fed), [s.rows for s in ready], axis=0)
-        embeds[rows, 0] = fed
         session = self._decode_session(hi)
         engine = session.engine_seconds
         feeds = {**spec.decode_feeds(hi), **self._feeds(list(slots.values()), 0, hi)}
-        out = session.run(embeds, text_positions(plan.past + plan.deltas, 1, spec.mrope),
-                          plan.past, plan.query, np.zeros(hi, np.int64),
-                          **feeds)  # type: ignore[arg-type]  # fmt: skip
+
+        def run(fed: Any) -> StepOutputs:
+            if len(fed.shape) == 2:  # the ready rows' inputs
+                embeds = np.zeros((hi, 1, spec.hidden_size), np.float32)
+                if len(rows) != len(ready):  # a span's rows all take its input
+                    fed = np.repeat(fed, [s.rows for s in ready], axis=0)
+                embeds[rows, 0] = fed
+            elif tuple(fed.shape) == (hi, 1, spec.hidden_size) and rows == list(range(hi)):
+                embeds = fed  # the step's whole input (on a GPU made there): read as it is
+            else:
+                raise RuntimeError(f"{self.stage_id}: an input {tuple(fed.shape)} for a step "
+                                   f"of rows {rows}")  # fmt: skip
+            return session.run(embeds, text_positions(plan.past + plan.deltas, 1, spec.mrope),
+                               plan.past, plan.query, np.zeros(hi, np.int64),
+                               **feeds)  # type: ignore[arg-type]  # fmt: skip
+
+        out = run(fed if hasattr(fed, "shape") else np.asarray(fed))
+        again = spec.confirm(ready)
+        if again is not None:  # the same positions: the cache's entries are written over
+            out = run(np.asarray(again))
         self._draw(ready, self._per_slot(out.logits(), ready, 0))
         self._last = out
         spec.stepped(ready)

@@ -22,8 +22,9 @@ LENGTHS = ("past_lens", "query_lens")
 class EngineBase:
     """What every engine shares: ``new_graph_id``, a number for each call shape it captures as
     a CUDA graph, or None where it captures none (the callers never read ``cuda_graphs``
-    themselves); and ``sequence_graph`` refused, for an engine that cannot capture a sequence
-    of its calls (captures_sequences False; the fused engine overrides it)."""
+    themselves); and ``sequence_graph`` and ``sum_frame`` refused, for an engine that cannot
+    capture a sequence of its calls or sum a frame on its device (the fused engine overrides
+    both)."""
 
     BACKEND: str  # the name its errors give
     cuda_graphs: bool
@@ -39,6 +40,13 @@ class EngineBase:
         raise EngineError(
             f"{self.BACKEND} engines run calls one at a time: captures_sequences is False"
         )
+
+    # whether ``sum_frame`` queues a codec frame's embedding sum on the engine's device (over
+    # its in-engine sampler's tables)
+    sums_frames = False
+
+    def sum_frame(self, out: Any, base: Any, codes: Any, add: Any = None) -> None:
+        raise EngineError(f"{self.BACKEND} engines do not sum frames: sums_frames is False")
 
 
 def parse_device(device: Any) -> tuple[str, int]:

@@ -107,6 +107,10 @@ class FusedEngine(EngineBase):
         # programmatic dependent launch on sm_90+ (a bench or test may set it False to measure)
         self.overlap = dc.compute_capability() >= (9, 0)
         self.cuda_graphs = self.replays_steps = self.captures_sequences = cuda_graphs
+        # the sampler's tables [heads, V, W]: sum_frame sums a frame's rows of them
+        self._frame_tables = next((st["tables"] for st in spec.plan
+                                   if st["op"] == "topk" and st["tables"]), None)  # fmt: skip
+        self.sums_frames = self._frame_tables is not None
         # while sequence_graph runs its queue: "load" or "capture", and the bindings it called
         self._sequence_mode: str | None = None
         self._sequence: list[FusedBinding] = []
@@ -163,6 +167,41 @@ class FusedEngine(EngineBase):
         finally:
             cudart.cudaGraphDestroy(g)
         return SequenceGraph(self, graph, bindings)
+
+    def sum_frame(self, out: Any, base: Any, codes: Any, add: Any = None) -> None:
+        """A codec frame's summed embedding on the device (plugins/decoder_cuda.py's
+        ``frame_sum``), over the tables this engine's sampler draws embeddings from: out [n,
+        ..., W] (float32 or float16, the next call's input type) = base [n, W] + tables[g][codes
+        [g]] for each head g in order (+ add [n, W]), float32 adds in the host's order; codes
+        [G, n] int64. Queued on the engine's stream, and captured inside ``sequence_graph``."""
+        from edgeomni.plugins import decoder_cuda as dc
+        from edgeomni.plugins.decoder_cuda import i32, ptr
+
+        if self._sequence_mode == "load":  # the kernels run under capture only
+            return
+        if self._frame_tables is None:
+            raise EngineError("this fused engine has no sampler: it has no tables to sum")
+        table = self.weights[self._frame_tables]
+        groups, vocab, width = (int(d) for d in table.shape)
+        n = int(base.shape[0])
+        if tuple(codes.shape) != (groups, n) or codes.dtype != np.int64:
+            raise EngineError(f"frame codes are {codes.dtype} {tuple(codes.shape)}; the table "
+                              f"takes int64 [{groups}, {n}]")  # fmt: skip
+        for what, array in (("base", base), ("add", add), ("out", out)):
+            if array is not None and (int(np.prod(array.shape)) != n * width
+                                      or array.shape[0] != n):  # fmt: skip
+                raise EngineError(f"frame {what} is {tuple(array.shape)}, not [{n}, {width}]")
+        if base.dtype != np.float32 or (add is not None and add.dtype != np.float32):
+            raise EngineError("a frame's base and added rows are float32")
+        if out.dtype not in (np.float32, np.float16):
+            raise EngineError(f"a frame sum is stored as float32 or float16, not {out.dtype}")
+        memory.use(self.device_id)
+        grid, block = dc.frame_sum_launch(n, width)
+        self.kernels.launch("frame_sum", grid, block,
+                            [ptr(base.ptr), ptr(add.ptr if add is not None else None),
+                             ptr(codes.ptr), ptr(table.ptr), i32(groups), i32(n), i32(vocab),
+                             i32(width), i32(int(out.dtype == np.float16)), ptr(out.ptr)],
+                            stream=self.cu_stream)  # fmt: skip
 
 
 class SequenceGraph:

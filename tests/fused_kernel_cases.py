@@ -326,6 +326,38 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
     return KernelCase(name, buffers, launches, check)
 
 
+def frame_sum_case(dtype: str, rows: int, half_out: bool, text: bool) -> KernelCase:
+    """A codec frame's summed embedding (``frame_sum``): the first code's row plus each drawn
+    group's table row (one undecided id, -1, adding nothing), plus the next text row; equal to
+    the host's float32 sum bit for bit (and its float16 rounding)."""
+    wt = np.dtype(dtype)
+    rng = np.random.default_rng(rows * 7 + half_out)
+    groups, vocab, width = 5, 40, 300  # a width past one block
+    base = rng.standard_normal((rows, width)).astype(np.float32)
+    add = rng.standard_normal((rows, width)).astype(np.float32)
+    tables = rng.standard_normal((groups, vocab, width)).astype(wt)
+    codes = rng.integers(0, vocab, (groups, rows)).astype(np.int64)
+    codes[2, rows - 1] = -1
+    out = np.zeros((rows, width), np.float16 if half_out else np.float32)
+    grid, block = dc.frame_sum_launch(rows, width)
+    args = [buf("base"), buf("add" if text else None), buf("codes"), buf("tables"),
+            ("i32", groups), ("i32", rows), ("i32", vocab), ("i32", width),
+            ("i32", int(half_out)), buf("out")]  # fmt: skip
+
+    def check(got: dict[str, np.ndarray]) -> None:
+        want = dc.frame_sum_reference(base, codes, tables, add if text else None)
+        np.testing.assert_array_equal(got["out"], want.astype(out.dtype))
+        # the host's own sum, written as runtime/speech/code_predictor.py adds it
+        host = base.copy()
+        for g in range(groups):
+            host += np.where(codes[g][:, None] >= 0, tables[g][codes[g]].astype(np.float32), 0)
+        np.testing.assert_array_equal(want, host + add if text else host)
+
+    buffers = {"base": base, "add": add, "codes": codes, "tables": tables, "out": out}
+    name = f"frame_sum-{dtype}-r{rows}{'-half' * half_out}{'-text' * text}"
+    return KernelCase(name, buffers, [Launch("frame_sum", grid, block, args)], check)
+
+
 def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
               topk: tuple[tuple[int, int, int], ...] = ((1, 384, 64), (3, 151936, 64),
                                                         (2, 3072, 8))) -> list[KernelCase]:  # fmt: skip
@@ -355,6 +387,8 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
     cases += [moe_case(dtype, *shape) for shape in ((1, 8, 2, 64, 48, 1), (5, 70, 8, 136, 40, 0),
                                                     (3, 128, 8, 72, 96, 1),
                                                     (4, 6, 2, 64, 40, 0, True))]
+    cases += [frame_sum_case(dtype, r, half, text) for r, half, text in
+              ((1, False, True), (3, True, True), (4, False, False))]  # fmt: skip
     if dtype == "float16":  # int4 matrices (float16 modules only, last: the lists share indices
         # up to here): SIMT under 8 rows, tensor cores from 8 (each variant), groups of 32, 128
         cases += [linear_case(dtype, r, mode, k=320, group=32)

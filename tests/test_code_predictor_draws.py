@@ -107,6 +107,47 @@ def test_an_undecided_frame_is_drawn_again_on_the_host(sampling_engine, monkeypa
         np.testing.assert_array_equal(a.codes, b.codes)
 
 
+def test_a_frame_summed_where_it_was_drawn_gives_the_host_codes(sampling_engine, monkeypatch):
+    """Where the code predictor's engine sums a frame where it draws it (the fused backend on a
+    GPU: tests/test_fused_gpu.py), the talker's next step reads that sum as its whole input and
+    the host reads the frame's codes once, after the step (SpeechTalker.confirm). Emulated
+    here with the CPU engine's frames: the codes are the host path's; a frame the engine could
+    not decide (a row -1, its queued sum left wrong) is drawn again on the host and the talker's
+    step runs again on the host's sum."""
+    from edgeomni.runtime.speech.code_predictor import QueuedFrame
+
+    host = _run(sampling_engine, SAMPLED, host=True, monkeypatch=monkeypatch)
+    queued = [0]
+    init = CodePredictor.__init__
+
+    def summing(self, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        init(self, *args, **kwargs)
+        self.sums_frames = True
+
+    def queue_frame(self, cp, last_hidden, code0, e0, add, params, rngs, dtype):  # noqa: ANN001, ANN202
+        saved = [r.bit_generator.state for r in rngs]
+        hidden = np.array(self.engine.buffers.to_host(last_hidden))  # the graph keeps a copy
+        codes, embed, _ = self.frame(cp, last_hidden, code0, e0, params, rngs)
+        drawn, summed = codes[:, 1:].T.copy(), (embed + add)[:, None, :].astype(dtype)
+        queued[0] += 1
+        if queued[0] % 4 == 0:  # now and then a row the engine could not decide
+            drawn[queued[0] % len(drawn), queued[0] % len(code0)] = -1
+            summed[...] = 0
+        return QueuedFrame(self, cp, hidden, code0, e0, add, params, list(rngs), saved, drawn,
+                           summed)  # fmt: skip
+
+    monkeypatch.setattr(CodePredictor, "__init__", summing)
+    monkeypatch.setattr(CodePredictor, "queue_frame", queue_frame)
+    summed = _run(sampling_engine, SAMPLED, host=False, monkeypatch=monkeypatch)
+    assert queued[0] >= 8, queued
+    talker = [o.entry["stages"]["talker"] for o in summed]
+    redrawn = queued[0] // 4  # every queued frame held every request
+    assert [t["code_predictor_host_frames"] for t in talker] == [redrawn] * len(summed)
+    assert [t["frames_summed_on_device"] for t in talker] == [queued[0] - redrawn] * len(summed)
+    for a, b in zip(summed, host, strict=True):
+        np.testing.assert_array_equal(a.codes, b.codes)
+
+
 def test_requests_the_engine_cannot_sample_are_drawn_on_the_host(
     sampling_engine, monkeypatch
 ) -> None:
@@ -278,8 +319,9 @@ def test_a_frame_graph_is_captured_once_a_cohort_shape(fake_device) -> None:
     settings = [tuple(a.ravel()) for a, _ in fake_device if a.size == 1]
     assert settings == [(1.0,), (1,), (1.0,), (0.9,), (50,), (0.8,)]  # greedy: top-k 1 at 1.0
     graphs[0].queue()
-    session, hidden, e0, _, draw, uniform_rows, drawn = queued[0]
-    assert hidden is cp._frames[(3, 0, 3)][1] and np.all(hidden.data == 3)  # the last frame's
+    session, hidden, e0, _, draw, uniform_rows, drawn, summed = queued[0]
+    assert summed is None  # the frame's embedding sum is not asked for
+    assert hidden is cp._frames[(3, 0, 3, None)][1] and np.all(hidden.data == 3)  # the last's
     assert hidden.shape == (3, 1, 4) and hidden.dtype == np.float16
     assert (e0, drawn) == ("e0", ["drawn"])
     assert draw["sample_uniform"] is rows[0] and uniform_rows is rows

@@ -330,6 +330,10 @@ class LLMBackbone(StageRunner):
                 slot.data.pending.append(HiddenRows(slot.state.index, self.stage_id, row[None]))
         return rows
 
+    def confirm(self, ready: Sequence[Slot]) -> None:
+        """Nothing to confirm: its inputs are host rows."""
+        return None
+
     def stepped(self, ready: Sequence[Slot]) -> None:
         """Nothing: the next step reads only the tokens drawn."""
 

@@ -96,7 +96,11 @@ class CodePredictor:
         # a frame's calls as one graph a cohort shape: the talker's hidden state and the draw
         # settings copied into buffers the graph reads (see _graphed_frame)
         self.frame_graphs = self.draws and self.engine.captures_sequences
-        self._frames: dict[tuple[int, int, int], tuple[Any, Any]] = {}  # graph, its hidden in
+        # the frame's summed embedding made on the device too, inside the frame's graph, so
+        # the talker's next call reads it there (queue_frame)
+        self.sums_frames = self.frame_graphs and self.engine.sums_frames
+        self._sums: dict[tuple[int, Any], tuple[Any, Any, Any, Any]] = {}
+        self._frames: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # graph, its hidden in
         self._settings: dict[str, Any] = {}
         self._settings_sent: tuple[float, ...] = ()
         self._lm_heads = [np.array([g], np.int64) for g in range(groups - 1)]  # made once
@@ -267,14 +271,65 @@ class CodePredictor:
             return None
         return codes, self._summed(codes, e0)
 
+    def queue_frame(
+        self,
+        cp: DecoderSession | FrameCalls,
+        last_hidden: Any,
+        code0: np.ndarray,
+        e0: np.ndarray,
+        add: np.ndarray,
+        params: SamplingParams,
+        rngs: Sequence[np.random.Generator],
+        dtype: Any,
+    ) -> QueuedFrame | None:
+        """``engine_frame`` with the frame's summed embedding plus ``add`` [n, H] (the talker's
+        next text rows) made on the device too, in ``dtype`` (the talker's input type), all in
+        the frame's graph; nothing waited for. None where the engine cannot (it captures no
+        sequences or sums no frames, or cannot draw with these settings): then call
+        ``frame``. Its codes are read, and a row the engine could not decide redrawn on the
+        host, when QueuedFrame.codes is called."""
+        if not (self.sums_frames and isinstance(cp, DecoderSession)
+                and self.draws_in_engine(params)):  # fmt: skip
+            return None
+        n = len(code0)
+        saved = [r.bit_generator.state for r in rngs]
+        uniform_rows, e0_in = self._staged(self._uniforms(params, rngs), e0)
+        drawn, drawn_rows = self._drawn_codes(self.groups - 1, n)
+        summed = self._sum_buffers(n, dtype, drawn)
+        rows = np.stack([e0, add]).astype(np.float32, copy=False)
+        self.engine.buffers.upload(summed[4], np.ascontiguousarray(rows))  # base and add at once
+        hidden = self._graphed_frame(cp, last_hidden, e0_in, np.ones(n, np.int32), params,
+                                     uniform_rows, drawn_rows, summed[:4])  # fmt: skip
+        hidden = self.engine.buffers.view(hidden, (n, self.hidden_size))
+        return QueuedFrame(self, cp, hidden, code0, e0, add, params, list(rngs), saved, drawn,
+                           summed[3])  # fmt: skip
+
+    def _sum_buffers(self, n: int, dtype: Any, drawn: Any) -> tuple[Any, ...]:
+        """A frame sum's buffers for ``n`` rows, kept per cohort size and type: its base (E(c0))
+        and added rows, both views of one [2, n, H] float32 buffer (uploaded at once), the drawn
+        codes, the output [n, 1, H] in ``dtype``, and the [2, n, H] buffer."""
+        key = (n, np.dtype(dtype))
+        got = self._sums.get(key)
+        if got is None:
+            memory = self.engine.buffers
+            both = memory.zeros((2, n, self.hidden_size), np.float32)
+            base, add = (memory.view(memory.rows(both, 1, i), (n, self.hidden_size))
+                         for i in range(2))  # fmt: skip
+            out = memory.zeros((n, 1, self.hidden_size), dtype)
+            got = self._sums[key] = (base, add, out, both)
+        base, add, out, both = got
+        return base, add, drawn, out, both
+
     def _queue_frame(
         self, cp: DecoderSession, last_hidden: Any, e0_in: Any, q: np.ndarray,
         draw: dict[str, Any], uniform_rows: list[Any], drawn_rows: list[Any],
+        summed: tuple[Any, Any, Any, Any] | None = None,
     ) -> None:  # fmt: skip
         """A frame's calls with the engine drawing, queued: the talker's hidden state alone
         (what that call outputs is not read), then E(c0) (``e0_in`` [n, 1, H]) and each step
         fed the embedding of the code the one before drew, its code copied aside before a later
-        call can write it (on a GPU the host waits once, for all of them)."""
+        call can write it (on a GPU the host waits once, for all of them). ``summed`` (base,
+        added rows, drawn codes, out): then the frame's embedding sum too (Engine.sum_frame)."""
         memory = self.engine.buffers
         n = len(q)
         past = np.zeros(n, np.int32)
@@ -289,34 +344,40 @@ class CodePredictor:
             past = past + x.shape[1]
             x = out.buffer("sampled_embeds")
             x = memory.view(x, (n, 1, x.shape[-1]))
+        if summed is not None:
+            base, add, drawn, embeds = summed
+            self.engine.sum_frame(embeds, base, drawn, add)
 
     def _graphed_frame(
         self, cp: DecoderSession, last_hidden: Any, e0_in: Any, q: np.ndarray,
         params: SamplingParams, uniform_rows: list[Any], drawn_rows: list[Any],
-    ) -> None:  # fmt: skip
+        summed: tuple[Any, Any, Any, Any] | None = None,
+    ) -> Any:  # fmt: skip
         """``_queue_frame`` as one graph (Engine.sequence_graph), captured at a cohort shape's
         first frame and launched for each: one launch instead of 16 calls and 15 copies, each
         with the host's work around it. Everything the graph reads lives at fixed addresses:
         the staged uniforms and first embeddings, the talker's hidden state (copied into a
         buffer of the frame's, or uploaded there), the draw settings (uploaded when they
-        change)."""
+        change). Returns the graph's copy of the talker's hidden state (it stays until the
+        graph's next launch)."""
         memory = self.engine.buffers
         n = len(q)
         # the prefill's draw is not read: its uniform may be any of the staged rows
         draw = {**self._device_settings(params), "sample_uniform": uniform_rows[0]}
-        key = (cp.rows, cp.first_row, n)
+        key = (cp.rows, cp.first_row, n, None if summed is None else summed[3].dtype)
         frame = self._frames.get(key)
         if frame is None or not frame[0].valid():
             dtype = self.engine.input_types.get("inputs_embeds", np.dtype(np.float32))
             hidden = memory.zeros((n, 1, self.hidden_size), dtype)
             graph = self.engine.sequence_graph(lambda: self._queue_frame(
-                cp, hidden, e0_in, q, draw, uniform_rows, drawn_rows))  # fmt: skip
+                cp, hidden, e0_in, q, draw, uniform_rows, drawn_rows, summed))  # fmt: skip
             frame = self._frames[key] = (graph, hidden)
         graph, hidden = frame
         # the talker's output buffer (copied on the device), or its rows' states gathered on
         # the host (uploaded in the engine's type)
         memory.copy_into(hidden, memory.view(last_hidden, hidden.shape))
         graph.launch()
+        return hidden
 
     def _device_settings(self, params: SamplingParams) -> dict[str, Any]:
         """The draw settings (temperature, top-k, top-p) in device buffers a frame graph reads,
@@ -373,3 +434,36 @@ class CodePredictor:
             buf = self.engine.buffers.zeros((steps, n), np.int64)
             got = self._drawn[(steps, n)] = (buf, self._row_views(buf, steps, n))
         return got
+
+
+class QueuedFrame:
+    """A frame ``CodePredictor.queue_frame`` queued on the device. ``embeds`` [n, 1, H]: its
+    summed embedding plus the rows added to it, where the talker's next call reads it (on the
+    same stream, so after the frame). ``codes`` reads the drawn codes (waiting for the stream);
+    a row the engine could not decide makes it redraw the whole frame on the host from the
+    same numbers, as ``frame`` would, and return that frame's embedding plus the added rows
+    (the talker's call that read ``embeds`` must then run again on it)."""
+
+    def __init__(
+        self, owner: CodePredictor, session: DecoderSession, hidden: Any, code0: np.ndarray,
+        e0: np.ndarray, add: np.ndarray, params: SamplingParams,
+        rngs: list[np.random.Generator], saved: list[Any], drawn: Any, embeds: Any,
+    ) -> None:  # fmt: skip
+        self._owner, self._session, self._hidden = owner, session, hidden
+        self._code0, self._e0, self._add = code0, e0, add
+        self._params, self._rngs, self._saved, self._drawn = params, rngs, saved, drawn
+        self.embeds = embeds
+
+    def codes(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The frame's codes [n, G], and None, or the host's embedding [n, H] (plus the added
+        rows) where the host redrew the frame."""
+        owner = self._owner
+        got = owner.engine.buffers.to_host(self._drawn)
+        codes = np.concatenate([self._code0[:, None], got.T], axis=1)
+        if (codes >= 0).all():
+            return codes, None
+        for r, saved in zip(self._rngs, self._saved, strict=True):
+            r.bit_generator.state = saved
+        codes, embed = owner.host_frame(self._session, self._hidden, self._code0, self._e0,
+                                        self._params, self._rngs)  # fmt: skip
+        return codes, embed + self._add

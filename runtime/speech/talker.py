@@ -51,6 +51,7 @@ class _Speech:
     cp_engine_s: float = 0.0
     cp_steps_s: float = 0.0  # every code predictor call of the steps it took part in
     host_frames: int = 0
+    device_sums: int = 0  # frames summed where the code predictor drew them (queue_frame)
 
 
 class SpeechTalker(StageRunner):
@@ -91,6 +92,8 @@ class SpeechTalker(StageRunner):
             max_batch=self.max_batch, engines=engines,
         )  # fmt: skip
         self._cp_sessions: dict[int, Any] = {}
+        # a frame queued on the device by ``inputs`` (its rows, when), read by ``confirm``
+        self._queued: tuple[Any, list[Slot], float] | None = None
         # the talker may not emit the codec's control band, except the end of speech (a GPU
         # build's engine keeps the same band out of its top-K)
         band = np.arange(max(0, self.vocab_size - 1024), self.vocab_size)
@@ -208,9 +211,13 @@ class SpeechTalker(StageRunner):
             self._cp_sessions[rows] = self.cp.session(rows)
         return self._cp_sessions[rows]
 
-    def inputs(self, ready: Sequence[Slot], slots: Mapping[int, Slot], last: Any) -> np.ndarray:
+    def inputs(self, ready: Sequence[Slot], slots: Mapping[int, Slot], last: Any) -> Any:
         """Complete each ready row's frame (the code predictor over the ready rows, one call
-        per residual setting) and return its summed embedding plus the row's next text row."""
+        per residual setting) and return its summed embedding plus the row's next text row.
+        Where every row steps in place and the code predictor sums frames on its device, that
+        is a device buffer the frame's graph writes, nothing waited for: ``confirm`` reads the
+        codes once the talker's call is queued behind it."""
+        self._queued = None  # one a step: an earlier step's, had it failed, is not this one's
         codes = np.empty((len(ready), self.groups), np.int64)
         frame_embed = np.empty((len(ready), self.hidden_size), np.float32)
         first = ready[0].data.residual  # mostly one setting: equal objects compare fast
@@ -225,6 +232,20 @@ class SpeechTalker(StageRunner):
         in_place = (len(groups) == 1 and last is not None and len(ready) == last.rows
                     and ready[-1].row == len(ready) - 1
                     and all(s.data.hidden is None for s in ready))  # fmt: skip
+        text = self._text_rows([s.data.prefill for s in ready], [s.steps for s in ready],
+                               np.ones(len(ready), bool))  # fmt: skip
+        if in_place and len(slots) == len(ready) and self.cp.sums_frames:
+            session = self._cp_session(len(ready))
+            code0 = np.array([s.generated[-1] for s in ready], np.int64)
+            t0 = time.perf_counter()
+            queued = self.cp.queue_frame(
+                session, last.buffer("last_hidden"), code0, self.codec_embedding[code0],
+                np.asarray(text, np.float32), first, [s.rng for s in ready],
+                self.engine.input_types.get("inputs_embeds", np.dtype(np.float32)),
+            )  # fmt: skip
+            if queued is not None:  # the time to queue it (its GPU time is the talker's wait)
+                self._queued = (queued, list(ready), time.perf_counter() - t0)
+                return queued.embeds
         cp_s = 0.0
         for params, js in groups.items():  # one code predictor call per residual setting
             part = [ready[j] for j in js]
@@ -243,12 +264,36 @@ class SpeechTalker(StageRunner):
                 s.data.cp_s += spent
                 s.data.cp_engine_s += engine
                 s.data.host_frames += int(redrawn)
-        text = self._text_rows([s.data.prefill for s in ready], [s.steps for s in ready],
-                               np.ones(len(ready), bool))  # fmt: skip
         stepping = {s.row for s in ready}
         for s in slots.values():  # rows sitting out keep their state: the call overwrites it
             if s.data.hidden is None and s.row not in stepping:
                 self._hidden(s, last)
+        self._record(ready, codes, cp_s)
+        return frame_embed + text
+
+    def confirm(self, ready: Sequence[Slot]) -> np.ndarray | None:
+        """After the talker's call on ``inputs``' device buffer was queued: the frame's codes
+        (the host waits here, once a frame), and the host's inputs for the call to run again
+        where the host had to redraw a frame the engine could not decide; else None."""
+        if self._queued is None:
+            return None
+        queued, rows, spent = self._queued
+        self._queued = None
+        if [s.row for s in rows] != [s.row for s in ready]:
+            raise RuntimeError("a queued frame's rows are not the step's")
+        start = time.perf_counter()
+        codes, redo = queued.codes()
+        if redo is not None:  # the host's frame is the code predictor's time too
+            spent += time.perf_counter() - start
+        for s in ready:
+            s.data.cp_s += spent
+            s.data.host_frames += int(redo is not None)
+            s.data.device_sums += int(redo is None)
+        self._record(ready, codes, spent)
+        return redo
+
+    def _record(self, ready: Sequence[Slot], codes: np.ndarray, cp_s: float) -> None:
+        """The ready rows' completed frames."""
         for j, s in enumerate(ready):
             speech = s.data
             if speech.frames is None:
@@ -256,7 +301,6 @@ class SpeechTalker(StageRunner):
             speech.frames[speech.made] = codes[j]
             speech.made += 1
             speech.cp_steps_s += cp_s
-        return frame_embed + text
 
     def decode_feeds(self, rows: int) -> dict[str, Any]:
         return {}
@@ -306,6 +350,8 @@ class SpeechTalker(StageRunner):
             "voice": self.voice_of(state),
             "talker_ms": round(talker_s * 1e3, 3),
             "prefill_ms": round(slot.prefill_s * 1e3, 3),
+            # a frame summed on the device: the time to queue it (the talker's step waits for
+            # its GPU time)
             "code_predictor_ms": round(speech.cp_s * 1e3, 3),
             "talker_engine_ms": round((slot.prefill_engine_s + slot.decode_engine_s) * 1e3, 3),
             # drawing in the engine, calls are queued, not waited for: then this is the time to
@@ -314,6 +360,8 @@ class SpeechTalker(StageRunner):
             "code_predictor_draws": "engine" if self.cp.draws_in_engine(speech.residual)
             else "host",
             "code_predictor_host_frames": speech.host_frames,
+            # frames whose embedding sum the talker's next step read where it was made
+            "frames_summed_on_device": speech.device_sums,
             "cohort_size": slot.widest,
             "full_logit_rows": slot.full_rows,
         }

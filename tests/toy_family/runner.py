@@ -165,6 +165,10 @@ class Guide(StageRunner):
     def decode_feeds(self, rows: int) -> dict[str, np.ndarray]:
         return {}
 
+    def confirm(self, ready: Sequence[Slot]) -> None:
+        """Nothing to confirm: its inputs are host rows."""
+        return None
+
     def stepped(self, ready: Sequence[Slot]) -> None:
         """Nothing: the next step reads only the tokens drawn."""
 

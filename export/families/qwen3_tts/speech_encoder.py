@@ -102,6 +102,12 @@ def mimi_config(tokenizer_cfg: dict[str, Any]) -> MimiConfig:
     return cfg
 
 
+def latent_stride(cfg: MimiConfig) -> int:
+    """The SEANet frames a codec frame takes (MimiConfig.latent_stride where transformers has
+    it; versions before it lack the property, and their configs give the same two rates)."""
+    return int(cfg.encodec_frame_rate / cfg.frame_rate)
+
+
 def _first_line(e: BaseException) -> str:
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return " ".join(lines[:2]) if lines else type(e).__name__
@@ -134,7 +140,7 @@ def _refuse_unsupported(cfg: MimiConfig, tokenizer_cfg: dict[str, Any]) -> None:
         (cfg.frame_rate == cfg.encodec_frame_rate,
          f"_frame_rate {cfg.frame_rate} is the SEANet's own rate: no downsample stage, which "
          "this export does not handle"),
-        (cfg.latent_stride < 1 or cfg.frame_rate * cfg.latent_stride != cfg.encodec_frame_rate,
+        (latent_stride(cfg) < 1 or cfg.frame_rate * latent_stride(cfg) != cfg.encodec_frame_rate,
          f"_frame_rate {cfg.frame_rate} does not divide the SEANet's rate "
          f"{cfg.encodec_frame_rate}: no whole downsample stride"),
         (cfg.vector_quantization_hidden_dimension != cfg.codebook_dim,
@@ -144,7 +150,7 @@ def _refuse_unsupported(cfg: MimiConfig, tokenizer_cfg: dict[str, Any]) -> None:
     for refused, why in refusals:
         if refused:
             raise CheckpointError(f"{WHERE}: encoder_config.{why}")
-    per_frame = math.prod(cfg.upsampling_ratios) * cfg.latent_stride
+    per_frame = math.prod(cfg.upsampling_ratios) * latent_stride(cfg)
     rate = tokenizer_cfg.get("encode_downsample_rate", per_frame)
     if rate != per_frame:
         raise CheckpointError(
@@ -207,7 +213,7 @@ class Qwen3TTSSpeechEncoder(nn.Module):
         super().__init__()
         cfg = mimi_config(tokenizer_cfg)  # refuses what this module cannot compute
         self.num_quantizers = cfg.num_quantizers
-        self.samples_per_frame = math.prod(cfg.upsampling_ratios) * cfg.latent_stride
+        self.samples_per_frame = math.prod(cfg.upsampling_ratios) * latent_stride(cfg)
         # None: upstream's full causal attention (see the module docstring)
         self.window: int | None = None
         self.encoder = hf.MimiEncoder(cfg)
@@ -216,8 +222,8 @@ class Qwen3TTSSpeechEncoder(nn.Module):
             cfg,
             cfg.hidden_size,
             cfg.hidden_size,
-            kernel_size=2 * cfg.latent_stride,
-            stride=cfg.latent_stride,
+            kernel_size=2 * latent_stride(cfg),
+            stride=latent_stride(cfg),
             bias=False,
             pad_mode="replicate",
         )
@@ -328,6 +334,6 @@ def engine_config(tokenizer_cfg: dict[str, Any]) -> dict[str, Any]:
     cfg = mimi_config(tokenizer_cfg)  # upstream's defaults for the keys a config leaves out
     return {
         "sample_rate": int(tokenizer_cfg.get("input_sample_rate", INPUT_RATE)),
-        "samples_per_frame": math.prod(cfg.upsampling_ratios) * cfg.latent_stride,
+        "samples_per_frame": math.prod(cfg.upsampling_ratios) * latent_stride(cfg),
         "num_quantizers": cfg.num_quantizers,
     }
