@@ -371,6 +371,11 @@ def run_edgeomni(engine: Path, prompts: list[tuple[list[dict], list[int]]],
 
     options = {"cuda_graphs": not args.no_cuda_graphs, "stream_stages": args.stage_streaming,
                "batching": args.batching}  # fmt: skip
+    if args.moe_per_slot:  # the comparison: every MoE call on the per-slot kernels
+        from edgeomni.plugins import moe_cuda
+
+        moe_cuda.grouped = lambda *a: False  # type: ignore[assignment]
+        options["moe_per_slot"] = True
     with phase("edgeomni: open pipeline"):
         pipe = Pipeline(engine, engines=Engines(cuda_graphs=options["cuda_graphs"]),
                         stream_stages=args.stage_streaming, batching=args.batching)  # fmt: skip
@@ -488,6 +493,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2, help="edgeomni timed runs per concurrency")
     p.add_argument("--hf-runs", type=int, default=2, help="transformers timed runs")
     p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--moe-per-slot", action="store_true",
+                   help="comparison only: fused MoE calls on the per-slot kernels, none grouped "
+                   "by expert (as before grouping)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="edgeomni without CUDA graph replay (where the runtime has it)")  # fmt: skip
     p.add_argument("--stop-after", choices=("checkpoint", "build"),

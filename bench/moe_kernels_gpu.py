@@ -27,8 +27,8 @@ HIDDEN, EXPERTS, TOP_K, INTER = 2048, 128, 8, 768
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 32])
-    p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 32, 128, 512, 2048])
+    p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--out", type=Path)
     args = p.parse_args()
 
@@ -60,33 +60,75 @@ def main() -> int:
         ids = dev(np.zeros((t, TOP_K), np.int32))
         w = dev(np.zeros((t, TOP_K), np.float32))
         act = dev(np.zeros((t * TOP_K, INTER), np.float32))
-        shapes = moe_cuda.launches(t, HIDDEN, INTER, TOP_K)
-        call = {
-            "moe_route": [ptr(r.ptr), i32(EXPERTS), i32(TOP_K), i32(1), ptr(ids.ptr), ptr(w.ptr)],
-            "moe_gate_up": [ptr(h.ptr), ptr(nw.ptr), f32(1e-6), ptr(fc1.ptr), ptr(ids.ptr),
-                            i32(TOP_K), i32(HIDDEN), i32(INTER), ptr(act.ptr)],
-            "moe_down": [ptr(act.ptr), ptr(fc2.ptr), ptr(ids.ptr), ptr(w.ptr), i32(TOP_K),
-                         i32(HIDDEN), i32(INTER), ptr(h.ptr)],
-        }  # fmt: skip
+        route = [ptr(r.ptr), i32(EXPERTS), i32(TOP_K), i32(1), ptr(ids.ptr), ptr(w.ptr)]
+        calls: list[tuple[str, tuple, list]] = []
+        for name, shape in moe_cuda.launches(t, HIDDEN, INTER, TOP_K).items():
+            calls.append((name, shape, {
+                "moe_route": route,
+                "moe_gate_up": [ptr(h.ptr), ptr(nw.ptr), f32(1e-6), ptr(fc1.ptr), ptr(ids.ptr),
+                                i32(TOP_K), i32(HIDDEN), i32(INTER), ptr(act.ptr)],
+                "moe_down": [ptr(act.ptr), ptr(fc2.ptr), ptr(ids.ptr), ptr(w.ptr), i32(TOP_K),
+                             i32(HIDDEN), i32(INTER), ptr(None), ptr(None), ptr(h.ptr)],
+            }[name]))  # fmt: skip
+        ways = {"per_slot": calls}
+        if moe_cuda.grouped(t, TOP_K, EXPERTS):  # as the engine runs a prefill's
+            part = min(t, moe_cuda.GROUP_TOKENS)
+            offsets = dev(np.zeros(EXPERTS + 1, np.int32))
+            order = dev(np.zeros(part * TOP_K, np.int32))
+            xn = dev(np.zeros((part, HIDDEN), np.float32))
+            d = dev(np.zeros((part * TOP_K, HIDDEN), np.float32))
+            grouped = [("moe_route", moe_cuda.launches(t, HIDDEN, INTER, TOP_K)["moe_route"],
+                        route)]  # fmt: skip
+            for t0 in range(0, t, moe_cuda.GROUP_TOKENS):
+                n = min(moe_cuda.GROUP_TOKENS, t - t0)
+                rows_at, slot_at = t0 * HIDDEN * 4, t0 * TOP_K * 4
+                args_of = {
+                    "moe_group": [ptr(ids.ptr + slot_at), i32(n * TOP_K), i32(EXPERTS),
+                                  ptr(offsets.ptr), ptr(order.ptr)],
+                    "moe_norm": [ptr(h.ptr + rows_at), ptr(nw.ptr), f32(1e-6), i32(HIDDEN),
+                                 ptr(xn.ptr)],
+                    "moe_gate_up_grouped": [ptr(xn.ptr), ptr(fc1.ptr), ptr(offsets.ptr),
+                                            ptr(order.ptr), i32(TOP_K), i32(HIDDEN),
+                                            i32(INTER), ptr(act.ptr)],
+                    "moe_down_grouped": [ptr(act.ptr), ptr(fc2.ptr), ptr(offsets.ptr),
+                                         ptr(order.ptr), i32(HIDDEN), i32(INTER), ptr(d.ptr)],
+                    "moe_combine": [ptr(d.ptr), ptr(w.ptr + slot_at), i32(TOP_K), i32(HIDDEN),
+                                    ptr(None), ptr(None), ptr(h.ptr + rows_at)],
+                }  # fmt: skip
+                shapes = moe_cuda.launches(n, HIDDEN, INTER, TOP_K, EXPERTS)
+                grouped += [(name, shapes[name], a) for name, a in args_of.items()]
+            ways["grouped"] = grouped
 
-        def once(shapes: dict = shapes, call: dict = call) -> None:
-            for name, (grid, block, shared) in shapes.items():
-                kernels.launch(name, grid, block, call[name], shared=shared, stream=stream)
+        def once(calls: list) -> None:
+            for name, (grid, block, shared), call in calls:
+                kernels.launch(name, grid, block, call, shared=shared, stream=stream)
 
-        once()
-        memory.synchronize(0)
-        start = time.perf_counter()
-        for _ in range(args.repeats):
-            once()
-        memory.synchronize(0)
-        ms = (time.perf_counter() - start) / args.repeats * 1e3
+        def timed(calls: list) -> float:
+            once(calls)
+            memory.synchronize(0)
+            start = time.perf_counter()
+            for _ in range(args.repeats):
+                once(calls)
+            memory.synchronize(0)
+            return (time.perf_counter() - start) / args.repeats * 1e3
+
+        times: dict[str, list[float]] = {way: [] for way in ways}
+        for _ in range(2):  # per slot, grouped, per slot, grouped
+            for way, calls in ways.items():
+                times[way].append(round(timed(calls), 4))
         chosen = len(np.unique(moe.routing(router, top_k=TOP_K, normalize_routing=1)[0]))
+        parts = -(-t // moe_cuda.GROUP_TOKENS)
         nbytes = chosen * 3 * INTER * HIDDEN * 2
         bound = nbytes / (bw * 1e9) * 1e3 if bw else None
-        rows.append({"tokens": t, "experts_chosen": chosen, "ms": round(ms, 4),
-                     "expert_bytes": nbytes, "hbm_bound_ms": bound and round(bound, 4),
-                     "over_bound": bound and round(ms / bound, 2)})  # fmt: skip
-        print(json.dumps(rows[-1]), flush=True)
+        row: dict = {"tokens": t, "experts_chosen": chosen, "parts": parts,
+                     "expert_bytes": nbytes, "hbm_bound_ms": bound and round(bound, 4)}  # fmt: skip
+        for way, ms in times.items():
+            row[f"{way}_ms"] = ms
+            row[f"{way}_over_bound"] = bound and round(min(ms) / bound, 2)
+        if "grouped" in times:
+            row["per_slot_over_grouped"] = round(min(times["per_slot"]) / min(times["grouped"]), 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     result = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
               "copy_bandwidth_gbs": bw, "rows": rows}  # fmt: skip
     if args.out:

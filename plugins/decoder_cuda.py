@@ -66,7 +66,8 @@ class Variant:
     def source(self) -> str:
         defines = {"W_HALF": int(self.weights == "float16"),
                    "A_HALF": int(self.attention == "float16"), "MAX_KW": lc.MAX_WARPS,
-                   "TOPK_CHUNK": TOPK_CHUNK, "TOPK_MAX": TOPK_MAX}  # fmt: skip
+                   "TOPK_CHUNK": TOPK_CHUNK, "TOPK_MAX": TOPK_MAX, "MOE_ROWS": moe_cuda.MOE_ROWS,
+                   "MOE_SLOTS": moe_cuda.MOE_SLOTS}  # fmt: skip
         head = "// edgeomni fused decoder kernels (plugins/decoder_cuda.py)\n"
         body = _HEAD + lc.SOURCE + ROPE_SOURCE + _TAIL + moe_cuda.SOURCE
         return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body

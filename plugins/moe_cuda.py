@@ -15,8 +15,16 @@ A plan's ``moe`` step (runtime/fused_spec.py) is three launches after the router
    sigmoid of its gate where the layer has one (Qwen3-Omni's talker: the plan's ``linear``
    steps compute both before), and adds the sum into h.
 
-Every token reads its own experts' rows (no grouping of tokens by expert yet): right for a
-decode step's few tokens, not yet for prefills. Sums are float32, weights read as stored.
+A prefill of more slots (tokens x k) than experts, or a decode step of more than 4 slots an
+expert (``grouped``), groups its slots by expert instead, so that each expert's rows are read
+once a call rather than once a slot: ``moe_group`` (each expert's slots, in order), ``moe_norm`` (every token's normalised
+state), ``moe_gate_up_grouped`` and ``moe_down_grouped`` (an expert's block computes its rows
+for all its slots, the down projections into one row of sums a slot), ``moe_combine`` (each
+token's weighted sum in slot order, the shared expert, into h). Every sum is made of the same
+terms in the same order as the per-slot kernels' (a lane's strided terms, then warp_sum), so
+both give the same bits, and a token's result does not depend on the tokens beside it. A call
+of more than GROUP_TOKENS tokens runs in parts of that many. Sums are float32, weights read as
+stored.
 """
 
 from __future__ import annotations
@@ -27,6 +35,11 @@ from edgeomni.plugins import moe
 
 MOE_WARPS = 4  # warps a block of moe_gate_up and moe_down, a row each at a time
 ROUTE_MAX_K = 32  # experts a token, at most (moe_route's shared list)
+# the grouped kernels: rows a warp and slots a pass (MOE_SLOTS x MOE_ROWS sums a lane, two of
+# them in moe_gate_up_grouped), and the tokens of one grouped part of a longer call (its
+# scratch: the slots' down sums [GROUP_TOKENS * K, H] float32)
+MOE_ROWS, MOE_SLOTS = 4, 8
+GROUP_TOKENS = 512
 
 SOURCE = r"""
 // ---- MoE (plugins/moe_cuda.py) -------------------------------------------------------------
@@ -36,6 +49,25 @@ __device__ __forceinline__ float wload(const wt_t* p, long long i) {
 #else
     return p[i];
 #endif
+}
+
+// 1 / rms of a token's row h [H], eps added, as moe_gate_up and moe_norm take it: the block's
+// threads' strided squares, each warp's sum, the warps' sum (the same bits in both)
+__device__ __forceinline__ float moe_rms_scale(const float* src, int H, float eps) {
+    __shared__ float part[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < H; c += blockDim.x) ss += src[c] * src[c];
+    ss = warp_sum(ss);
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < warps ? part[threadIdx.x] : 0.f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    return 1.0f / sqrtf(part[0] / (float)H + eps);
 }
 
 // one warp (32 threads) a token: ids [T, K] and weights [T, K] from logits [T, E]
@@ -94,24 +126,12 @@ extern "C" __global__ void moe_gate_up(
     float* __restrict__ act)
 {
     DYNAMIC_SHARED(float, xs);
-    __shared__ float part[32];
     GRID_LAUNCH();
     GRID_WAIT();
     const int slot = blockIdx.y, t = slot / K;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const float* src = h + (long long)t * H;
-    float ss = 0.f;
-    for (int c = threadIdx.x; c < H; c += blockDim.x) ss += src[c] * src[c];
-    ss = warp_sum(ss);
-    if (lane == 0) part[warp] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < warps ? part[threadIdx.x] : 0.f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    const float scale = 1.0f / sqrtf(part[0] / (float)H + eps);
+    const float scale = moe_rms_scale(src, H, eps);
     for (int c = threadIdx.x; c < H; c += blockDim.x) xs[c] = src[c] * scale * nw[c];
     __syncthreads();
     const long long e = ids[slot];
@@ -153,12 +173,200 @@ extern "C" __global__ void moe_down(
         if (lane == 0) h[(long long)t * H + j] += y;
     }
 }
+
+// ---- grouped by expert (calls of more slots than experts) ------------------------------------
+// offsets [E + 1] into order [S]: the call's slots (t * K + j) grouped by expert, ascending
+// within one. One block, a thread an expert (E < blockDim.x <= 1024).
+extern "C" __global__ void moe_group(const int* __restrict__ ids, int S, int E,
+                                     int* __restrict__ offsets, int* __restrict__ order)
+{
+    __shared__ int start[1025];
+    GRID_LAUNCH();
+    GRID_WAIT();
+    const int e = threadIdx.x;
+    int n = 0;
+    if (e < E)
+        for (int s = 0; s < S; ++s) n += ids[s] == e;
+    start[e + 1] = n;
+    __syncthreads();
+    if (e == 0) {
+        start[0] = 0;
+        for (int i = 0; i < E; ++i) start[i + 1] += start[i];
+    }
+    __syncthreads();
+    if (e <= E) offsets[e] = start[e];
+    if (e < E) {
+        int at = start[e];
+        for (int s = 0; s < S; ++s)
+            if (ids[s] == e) order[at++] = s;
+    }
+}
+
+// xn [T, H] = rmsnorm(h) * nw, each token as moe_gate_up normalises it (a block of
+// 32 * MOE_WARPS threads a token, the same sums in the same order)
+extern "C" __global__ void moe_norm(const float* __restrict__ h, const float* __restrict__ nw,
+                                    float eps, int H, float* __restrict__ xn)
+{
+    GRID_LAUNCH();
+    GRID_WAIT();
+    const int t = blockIdx.x;
+    const float* src = h + (long long)t * H;
+    const float scale = moe_rms_scale(src, H, eps);
+    for (int c = threadIdx.x; c < H; c += blockDim.x) xn[(long long)t * H + c] = src[c] * scale * nw[c];
+}
+
+// moe_gate_up for expert blockIdx.y's slots: a warp MOE_ROWS rows (gate and up) over
+// MOE_SLOTS slots at a time, so the expert's rows are read once a call, not once a slot; each
+// sum is a lane's terms in moe_gate_up's order and its warp_sum (the same bits)
+extern "C" __global__ void moe_gate_up_grouped(
+    const float* __restrict__ xn, const wt_t* __restrict__ fc1, const int* __restrict__ offsets,
+    const int* __restrict__ order, int K, int H, int I, float* __restrict__ act)
+{
+    GRID_LAUNCH();
+    GRID_WAIT();
+    const int e = blockIdx.y, lo = offsets[e], hi = offsets[e + 1];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int i0 = (blockIdx.x * warps + warp) * MOE_ROWS;
+    if (lo == hi || i0 >= I) return;
+    const wt_t* g[MOE_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_ROWS; ++r)
+        g[r] = fc1 + ((long long)e * 2 * I + 2 * (long long)min(i0 + r, I - 1)) * H;
+    for (int b = lo; b < hi; b += MOE_SLOTS) {
+        const int n = min(MOE_SLOTS, hi - b);
+        const float* x[MOE_SLOTS];
+        float sg[MOE_SLOTS][MOE_ROWS], su[MOE_SLOTS][MOE_ROWS];
+#pragma unroll
+        for (int j = 0; j < MOE_SLOTS; ++j) {
+            x[j] = xn + (long long)(order[b + min(j, n - 1)] / K) * H;
+#pragma unroll
+            for (int r = 0; r < MOE_ROWS; ++r) sg[j][r] = su[j][r] = 0.f;
+        }
+        for (int c = lane; c < H; c += 32) {
+            float wg[MOE_ROWS], wu[MOE_ROWS];
+#pragma unroll
+            for (int r = 0; r < MOE_ROWS; ++r) {
+                wg[r] = wload(g[r], c);
+                wu[r] = wload(g[r], H + c);
+            }
+#pragma unroll
+            for (int j = 0; j < MOE_SLOTS; ++j) {
+                const float xv = x[j][c];
+#pragma unroll
+                for (int r = 0; r < MOE_ROWS; ++r) {
+                    sg[j][r] += xv * wg[r];
+                    su[j][r] += xv * wu[r];
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < MOE_SLOTS; ++j)
+#pragma unroll
+            for (int r = 0; r < MOE_ROWS; ++r) {
+                const float a = warp_sum(sg[j][r]), u = warp_sum(su[j][r]);
+                if (lane == 0 && j < n && i0 + r < I)
+                    act[(long long)order[b + j] * I + i0 + r] = a / (1.f + expf(-a)) * u;
+            }
+    }
+}
+
+// each slot of expert blockIdx.y: d [S, H], its act row . fc2[e, j], a warp MOE_ROWS rows j over
+// MOE_SLOTS slots at a time (moe_down's per-slot sums, in its order)
+extern "C" __global__ void moe_down_grouped(
+    const float* __restrict__ act, const wt_t* __restrict__ fc2, const int* __restrict__ offsets,
+    const int* __restrict__ order, int H, int I, float* __restrict__ d)
+{
+    GRID_LAUNCH();
+    GRID_WAIT();
+    const int e = blockIdx.y, lo = offsets[e], hi = offsets[e + 1];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int j0 = (blockIdx.x * warps + warp) * MOE_ROWS;
+    if (lo == hi || j0 >= H) return;
+    const wt_t* w[MOE_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_ROWS; ++r) w[r] = fc2 + ((long long)e * H + min(j0 + r, H - 1)) * I;
+    for (int b = lo; b < hi; b += MOE_SLOTS) {
+        const int n = min(MOE_SLOTS, hi - b);
+        const float* a[MOE_SLOTS];
+        float sum[MOE_SLOTS][MOE_ROWS];
+#pragma unroll
+        for (int j = 0; j < MOE_SLOTS; ++j) {
+            a[j] = act + (long long)order[b + min(j, n - 1)] * I;
+#pragma unroll
+            for (int r = 0; r < MOE_ROWS; ++r) sum[j][r] = 0.f;
+        }
+        for (int c = lane; c < I; c += 32) {
+            float wv[MOE_ROWS];
+#pragma unroll
+            for (int r = 0; r < MOE_ROWS; ++r) wv[r] = wload(w[r], c);
+#pragma unroll
+            for (int j = 0; j < MOE_SLOTS; ++j) {
+                const float av = a[j][c];
+#pragma unroll
+                for (int r = 0; r < MOE_ROWS; ++r) sum[j][r] += av * wv[r];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < MOE_SLOTS; ++j)
+#pragma unroll
+            for (int r = 0; r < MOE_ROWS; ++r) {
+                const float v = warp_sum(sum[j][r]);
+                if (lane == 0 && j < n && j0 + r < H) d[(long long)order[b + j] * H + j0 + r] = v;
+            }
+    }
+}
+
+// h[t, j] += sum over t's slots s (in order) of weights[t, s] * d[t * K + s, j], plus
+// sigmoid(gate[t]) * shared[t, j] where given: moe_down's sum from the grouped sums
+extern "C" __global__ void moe_combine(
+    const float* __restrict__ d, const float* __restrict__ weights, int K, int H,
+    const float* __restrict__ shared, const float* __restrict__ gate, float* h)
+{
+    GRID_LAUNCH();
+    GRID_WAIT();
+    const int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= H) return;
+    float y = 0.f;
+    for (int s = 0; s < K; ++s) {
+        const long long slot = (long long)t * K + s;
+        y += weights[slot] * d[slot * H + j];
+    }
+    if (shared) y += shared[(long long)t * H + j] / (1.f + expf(-gate[t]));
+    h[(long long)t * H + j] += y;
+}
 """
 
 
-def launches(tokens: int, hidden: int, intermediate: int, top_k: int) -> dict[str, tuple]:
-    """Each kernel's (grid, block, dynamic shared bytes) for a call of ``tokens`` tokens."""
+def grouped(tokens: int, top_k: int, experts: int, prefill: bool = True) -> bool:
+    """Whether a call of ``tokens`` tokens runs the grouped kernels: a prefill of more slots
+    than experts, or a decode step of more than 4 slots an expert. On the H100 the grouped MoE
+    step was 1.9-2.2x faster from 128 tokens on and 1.1x at 32 alone; in the Qwen3-Omni pipeline
+    grouped prefills brought first audio forward at 1 to 16 requests, while the talker's decode
+    at 32 rows grouped was no faster (docs/benchmarks.md): decode steps group from 4 slots an
+    expert on."""
+    slots = tokens * top_k
+    return slots > (experts if prefill else 4 * experts)
+
+
+def launches(
+    tokens: int, hidden: int, intermediate: int, top_k: int, experts: int = 0
+) -> dict[str, tuple]:
+    """Each kernel's (grid, block, dynamic shared bytes) for a call of ``tokens`` tokens, in
+    launch order; with ``experts`` (where ``grouped`` says so), the grouped kernels' (a part of
+    at most GROUP_TOKENS tokens: a longer call runs them on its tokens in parts)."""
     rows = 32 * MOE_WARPS
+    if experts:
+        if experts >= 1024:
+            raise ValueError(f"moe_group takes fewer than 1024 experts, not {experts}")
+        per_block = MOE_WARPS * MOE_ROWS
+        return {
+            "moe_route": ((tokens,), 32, 0),
+            "moe_group": ((1,), -(-(experts + 1) // 32) * 32, 0),
+            "moe_norm": ((tokens,), rows, 0),
+            "moe_gate_up_grouped": ((-(-intermediate // per_block), experts), rows, 0),
+            "moe_down_grouped": ((-(-hidden // per_block), experts), rows, 0),
+            "moe_combine": ((-(-hidden // 256), tokens), 256, 0),
+        }
     return {
         "moe_route": ((tokens,), 32, 0),
         "moe_gate_up": ((-(-intermediate // MOE_WARPS), tokens * top_k), rows, 4 * hidden),

@@ -384,11 +384,21 @@ class FusedBinding:
             self.ptrs["topk32"] = self._buffer("topk32", (self.batch, max(spec.topk, 1)), f4)
             self.ptrs["last32"] = self._buffer("last32", (self.batch, spec.hidden), f4)
         if spec.moe is not None:  # the routing and the chosen experts' activations
+            from edgeomni.plugins import moe_cuda
+
             experts, top_k, inter = spec.moe
             self.ptrs["router"] = self._buffer("router", (tokens, experts), f4)
             self.ptrs["route_ids"] = self._buffer("route_ids", (tokens, top_k), np.int32)
             self.ptrs["route_w"] = self._buffer("route_w", (tokens, top_k), f4)
-            self.ptrs["moe_act"] = self._buffer("moe_act", (tokens * top_k, inter), f4)
+            slots = tokens * top_k
+            if moe_cuda.grouped(tokens, top_k, experts, self.seq > 1):  # by expert, in parts
+                part = min(tokens, moe_cuda.GROUP_TOKENS)
+                slots = part * top_k
+                self.ptrs["moe_offsets"] = self._buffer("moe_offsets", (experts + 1,), np.int32)
+                self.ptrs["moe_order"] = self._buffer("moe_order", (slots,), np.int32)
+                self.ptrs["moe_xn"] = self._buffer("moe_xn", (part, spec.hidden), f4)
+                self.ptrs["moe_d"] = self._buffer("moe_d", (slots, spec.hidden), f4)
+            self.ptrs["moe_act"] = self._buffer("moe_act", (slots, inter), f4)
             # a shared expert's output and gate logit (Qwen3-Omni's talker)
             self.ptrs["shared_out"] = self._buffer("shared_out", (tokens, spec.hidden), f4)
             self.ptrs["shared_gate"] = self._buffer("shared_gate", (tokens, 1), f4)
@@ -572,26 +582,56 @@ class _Launches:
 
     def moe(self, step: dict[str, Any]) -> None:
         """Routing from the router's logits, each chosen expert's SwiGLU, the weighted down
-        projections added into h (plugins/moe_cuda.py)."""
+        projections added into h (plugins/moe_cuda.py); a call moe_cuda.grouped picks grouped
+        by expert, in parts of at most GROUP_TOKENS tokens."""
         from edgeomni.plugins import moe_cuda
         from edgeomni.plugins.decoder_cuda import f32, i32, ptr
 
         spec, p = self.spec, self.p
         k, inter, hidden = step["top_k"], step["intermediate"], spec.hidden
-        shapes = moe_cuda.launches(self.tokens, hidden, inter, k)
-        args = {
-            "moe_route": [ptr(p["router"]), i32(step["experts"]), i32(k),
-                          i32(int(step["normalize"])), ptr(p["route_ids"]), ptr(p["route_w"])],
-            "moe_gate_up": [ptr(p["h"]), ptr(self.w(step["norm"])), f32(spec.eps),
-                            ptr(self.w(step["fc1"])), ptr(p["route_ids"]), i32(k), i32(hidden),
-                            i32(inter), ptr(p["moe_act"])],
-            "moe_down": [ptr(p["moe_act"]), ptr(self.w(step["fc2"])), ptr(p["route_ids"]),
-                         ptr(p["route_w"]), i32(k), i32(hidden), i32(inter),
-                         ptr(p["shared_out"] if step["shared"] else None),
-                         ptr(p["shared_gate"] if step["shared"] else None), ptr(p["h"])],
-        }  # fmt: skip
-        for name, (grid, block, shared) in shapes.items():
-            self.launch(name, grid, block, args[name], shared=shared)
+        experts, top_k, _ = spec.moe  # the scratch's sizes (_plan)
+        shared = (ptr(p["shared_out"]), ptr(p["shared_gate"])) if step["shared"] else (ptr(None),) * 2
+        route = [ptr(p["router"]), i32(step["experts"]), i32(k), i32(int(step["normalize"])),
+                 ptr(p["route_ids"]), ptr(p["route_w"])]  # fmt: skip
+        if not moe_cuda.grouped(self.tokens, top_k, experts, self.s > 1):
+            shapes = moe_cuda.launches(self.tokens, hidden, inter, k)
+            args = {
+                "moe_route": route,
+                "moe_gate_up": [ptr(p["h"]), ptr(self.w(step["norm"])), f32(spec.eps),
+                                ptr(self.w(step["fc1"])), ptr(p["route_ids"]), i32(k),
+                                i32(hidden), i32(inter), ptr(p["moe_act"])],
+                "moe_down": [ptr(p["moe_act"]), ptr(self.w(step["fc2"])), ptr(p["route_ids"]),
+                             ptr(p["route_w"]), i32(k), i32(hidden), i32(inter), *shared,
+                             ptr(p["h"])],
+            }  # fmt: skip
+            for name, (grid, block, smem) in shapes.items():
+                self.launch(name, grid, block, args[name], shared=smem)
+            return
+        grid, block, _ = moe_cuda.launches(self.tokens, hidden, inter, k)["moe_route"]
+        self.launch("moe_route", grid, block, route)
+        for t0 in range(0, self.tokens, moe_cuda.GROUP_TOKENS):
+            n = min(moe_cuda.GROUP_TOKENS, self.tokens - t0)
+            rows, slot = t0 * hidden * 4, t0 * k * 4  # the part's first token's bytes
+            part = [ptr(p["shared_out"] + rows), ptr(p["shared_gate"] + t0 * 4)] \
+                if step["shared"] else list(shared)  # fmt: skip
+            args = {
+                "moe_group": [ptr(p["route_ids"] + slot), i32(n * k), i32(step["experts"]),
+                              ptr(p["moe_offsets"]), ptr(p["moe_order"])],
+                "moe_norm": [ptr(p["h"] + rows), ptr(self.w(step["norm"])), f32(spec.eps),
+                             i32(hidden), ptr(p["moe_xn"])],
+                "moe_gate_up_grouped": [ptr(p["moe_xn"]), ptr(self.w(step["fc1"])),
+                                        ptr(p["moe_offsets"]), ptr(p["moe_order"]), i32(k),
+                                        i32(hidden), i32(inter), ptr(p["moe_act"])],
+                "moe_down_grouped": [ptr(p["moe_act"]), ptr(self.w(step["fc2"])),
+                                     ptr(p["moe_offsets"]), ptr(p["moe_order"]), i32(hidden),
+                                     i32(inter), ptr(p["moe_d"])],
+                "moe_combine": [ptr(p["moe_d"]), ptr(p["route_w"] + slot), i32(k), i32(hidden),
+                                *part, ptr(p["h"] + rows)],
+            }  # fmt: skip
+            shapes = moe_cuda.launches(n, hidden, inter, k, step["experts"])
+            for name in args:
+                grid, block, smem = shapes[name]
+                self.launch(name, grid, block, args[name], shared=smem)
 
     def deepstack(self, step: dict[str, Any]) -> None:
         count = self.tokens * self.spec.hidden

@@ -279,10 +279,11 @@ def rms_rows_case(rows: int = 3, seq: int = 4, hidden: int = 200) -> KernelCase:
 
 
 def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, inter: int,
-             normalize: int, shared: bool = False) -> KernelCase:  # fmt: skip
+             normalize: int, shared: bool = False, grouped: bool = False) -> KernelCase:  # fmt: skip
     """The MoE step's three kernels (plugins/moe_cuda.py) after its router: routing, each
     chosen expert's SwiGLU, the weighted down projections added into h (with ``shared``, a
-    shared expert's output times sigmoid of its gate too)."""
+    shared expert's output times sigmoid of its gate too). ``grouped``: then the grouped
+    kernels too, on a copy of h: the same activations and h, bit for bit."""
     from edgeomni.plugins import moe_cuda
 
     wt = np.dtype(dtype)
@@ -310,6 +311,30 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
     }  # fmt: skip
     launches = [Launch(name, grid, block, args[name], shared)
                 for name, (grid, block, shared) in shapes.items()]  # fmt: skip
+    slots = tokens * top_k
+    if grouped:
+        assert moe_cuda.grouped(tokens, top_k, experts), "a grouped case has more slots"
+        buffers.update(h2=h.copy(), act2=np.zeros_like(buffers["act"]),
+                       offsets=np.full(experts + 1, -1, np.int32),
+                       order=np.full(slots, -1, np.int32),
+                       xn=np.zeros((tokens, hidden), np.float32),
+                       d=np.zeros((slots, hidden), np.float32))  # fmt: skip
+        more = {
+            "moe_group": [buf("ids"), ("i32", slots), ("i32", experts), buf("offsets"),
+                          buf("order")],
+            "moe_norm": [buf("h2"), buf("nw"), ("f32", 1e-6), ("i32", hidden), buf("xn")],
+            "moe_gate_up_grouped": [buf("xn"), buf("fc1"), buf("offsets"), buf("order"),
+                                    ("i32", top_k), ("i32", hidden), ("i32", inter),
+                                    buf("act2")],
+            "moe_down_grouped": [buf("act2"), buf("fc2"), buf("offsets"), buf("order"),
+                                 ("i32", hidden), ("i32", inter), buf("d")],
+            "moe_combine": [buf("d"), buf("weights"), ("i32", top_k), ("i32", hidden),
+                            buf("shared" if shared else None), buf("gate" if shared else None),
+                            buf("h2")],
+        }  # fmt: skip
+        group = moe_cuda.launches(tokens, hidden, inter, top_k, experts)
+        launches += [Launch(name, grid, block, more[name], smem)
+                     for name, (grid, block, smem) in group.items() if name in more]  # fmt: skip
 
     def check(got: dict[str, np.ndarray]) -> None:
         from edgeomni.plugins import moe
@@ -321,8 +346,17 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
         want = moe_cuda.reference(h, nw, 1e-6, router, fc1, fc2, top_k=top_k,
                                   normalize=normalize, **extra)  # fmt: skip
         np.testing.assert_allclose(got["h"], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        if grouped:  # each expert's slots in order, and the per-slot kernels' very bits
+            flat = ids.reshape(-1)
+            order = np.argsort(flat, kind="stable")
+            counts = np.bincount(flat, minlength=experts)
+            np.testing.assert_array_equal(got["offsets"], np.concatenate([[0], np.cumsum(counts)]))
+            np.testing.assert_array_equal(got["order"], order)
+            np.testing.assert_array_equal(got["act2"], got["act"])
+            np.testing.assert_array_equal(got["h2"], got["h"])
 
-    name = f"moe-{dtype}-t{tokens}-e{experts}-k{top_k}-n{normalize}{'-shared' * shared}"
+    name = (f"moe-{dtype}-t{tokens}-e{experts}-k{top_k}-n{normalize}{'-shared' * shared}"
+            f"{'-grouped' * grouped}")  # fmt: skip
     return KernelCase(name, buffers, launches, check)
 
 
@@ -387,6 +421,9 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
     cases += [moe_case(dtype, *shape) for shape in ((1, 8, 2, 64, 48, 1), (5, 70, 8, 136, 40, 0),
                                                     (3, 128, 8, 72, 96, 1),
                                                     (4, 6, 2, 64, 40, 0, True))]
+    # grouped by expert: empty experts, a part pass of slots, rows past a block's
+    cases += [moe_case(dtype, *shape, grouped=True) for shape in (
+        (5, 6, 2, 64, 40, 1), (12, 70, 8, 136, 40, 0), (9, 8, 4, 72, 96, 1, True))]
     cases += [frame_sum_case(dtype, r, half, text) for r, half, text in
               ((1, False, True), (3, True, True), (4, False, False))]  # fmt: skip
     if dtype == "float16":  # int4 matrices (float16 modules only, last: the lists share indices
