@@ -242,6 +242,9 @@ extern "C" __global__ void moe_gate_up_grouped(
 #pragma unroll
             for (int r = 0; r < MOE_ROWS; ++r) sg[j][r] = su[j][r] = 0.f;
         }
+        // unrolled: a later pass's loads are issued before this one's products (each sum's
+        // terms keep their order)
+#pragma unroll 2
         for (int c = lane; c < H; c += 32) {
             float wg[MOE_ROWS], wu[MOE_ROWS];
 #pragma unroll
@@ -295,6 +298,7 @@ extern "C" __global__ void moe_down_grouped(
 #pragma unroll
             for (int r = 0; r < MOE_ROWS; ++r) sum[j][r] = 0.f;
         }
+#pragma unroll 4
         for (int c = lane; c < I; c += 32) {
             float wv[MOE_ROWS];
 #pragma unroll
@@ -339,11 +343,12 @@ extern "C" __global__ void moe_combine(
 
 def grouped(tokens: int, top_k: int, experts: int, prefill: bool = True) -> bool:
     """Whether a call of ``tokens`` tokens runs the grouped kernels: a prefill of more slots
-    than experts, or a decode step of more than 4 slots an expert. On the H100 the grouped MoE
-    step was 1.9-2.2x faster from 128 tokens on and 1.1x at 32 alone; in the Qwen3-Omni pipeline
-    grouped prefills brought first audio forward at 1 to 16 requests, while the talker's decode
-    at 32 rows grouped was no faster (docs/benchmarks.md): decode steps group from 4 slots an
-    expert on."""
+    than experts, or a decode step of more than 4 slots an expert. In the Qwen3-Omni pipeline on
+    the H100, grouped prefills brought first audio forward at 1 to 16 requests, while the
+    talker's decode at 32 rows grouped was no faster (docs/benchmarks.md, kernels before their
+    loops were unrolled; unrolled, the MoE step alone is 1.6x the per-slot one at 32 tokens and
+    3.7-4.4x from 128): decode steps group from 4 slots an expert on until the pipeline says
+    otherwise."""
     slots = tokens * top_k
     return slots > (experts if prefill else 4 * experts)
 
