@@ -348,9 +348,10 @@ def grouped(tokens: int, top_k: int, experts: int, prefill: bool = True) -> bool
     talker's decode at 32 rows grouped was no faster (docs/benchmarks.md, kernels before their
     loops were unrolled; unrolled, the MoE step alone is 1.6x the per-slot one at 32 tokens and
     3.7-4.4x from 128): decode steps group from 4 slots an expert on until the pipeline says
-    otherwise."""
+    otherwise. Never for 1024 experts or more (``moe_group`` is one block, a thread an
+    expert): those layers stay per slot."""
     slots = tokens * top_k
-    return slots > (experts if prefill else 4 * experts)
+    return experts < 1024 and slots > (experts if prefill else 4 * experts)
 
 
 def launches(

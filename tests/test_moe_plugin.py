@@ -215,3 +215,21 @@ def test_wrong_normalize_is_caught(exported) -> None:  # noqa: ANN001
     with torch.no_grad():
         ref = block(x).numpy()
     assert np.abs(run_lowered(model, x) - ref).max() > 0.05
+
+
+def test_the_fused_moe_groups_prefills_and_wide_decode_steps_by_expert() -> None:
+    """plugins/moe_cuda.py's grouped kernels: a prefill of more slots than experts, a decode
+    step of more than 4 slots an expert; never 1024 experts or more (moe_group is one block),
+    and their launches refuse such a layer."""
+    from edgeomni.plugins import moe_cuda
+
+    assert moe_cuda.grouped(17, 8, 128) and not moe_cuda.grouped(16, 8, 128)
+    assert not moe_cuda.grouped(64, 8, 128, prefill=False)
+    assert moe_cuda.grouped(65, 8, 128, prefill=False)
+    assert not moe_cuda.grouped(4096, 8, 1024)
+    names = list(moe_cuda.launches(600, 2048, 768, 8, 128))
+    assert names == ["moe_route", "moe_group", "moe_norm", "moe_gate_up_grouped",
+                     "moe_down_grouped", "moe_combine"]  # fmt: skip
+    assert list(moe_cuda.launches(1, 2048, 768, 8)) == ["moe_route", "moe_gate_up", "moe_down"]
+    with pytest.raises(ValueError, match="fewer than 1024 experts"):
+        moe_cuda.launches(4096, 64, 64, 8, 1024)
