@@ -99,7 +99,7 @@ class CodePredictor:
         # the frame's summed embedding made on the device too, inside the frame's graph, so
         # the talker's next call reads it there (queue_frame)
         self.sums_frames = self.frame_graphs and self.engine.sums_frames
-        self._sums: dict[tuple[int, Any], tuple[Any, Any, Any, Any]] = {}
+        self._sums: dict[tuple[int, Any], tuple[Any, Any, Any, Any]] = {}  # _sum_buffers
         self._frames: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # graph, its hidden in
         self._settings: dict[str, Any] = {}
         self._settings_sent: tuple[float, ...] = ()
@@ -263,13 +263,8 @@ class CodePredictor:
         else:  # the same settings every call
             draw = self._draw_inputs(np.zeros(n), params)
             self._queue_frame(cp, last_hidden, e0_in, q, draw, uniform_rows, drawn_rows)
-        got = self.engine.buffers.to_host(drawn)
-        codes = np.concatenate([code0[:, None], got.T], axis=1)
-        if (codes < 0).any():
-            for r, saved in zip(rngs, state, strict=True):
-                r.bit_generator.state = saved
-            return None
-        return codes, self._summed(codes, e0)
+        codes = _decided(self.engine.buffers.to_host(drawn), code0, rngs, state)
+        return None if codes is None else (codes, self._summed(codes, e0))
 
     def queue_frame(
         self,
@@ -295,19 +290,19 @@ class CodePredictor:
         saved = [r.bit_generator.state for r in rngs]
         uniform_rows, e0_in = self._staged(self._uniforms(params, rngs), e0)
         drawn, drawn_rows = self._drawn_codes(self.groups - 1, n)
-        summed = self._sum_buffers(n, dtype, drawn)
+        both, base, added, out = self._sum_buffers(n, dtype)
         rows = np.stack([e0, add]).astype(np.float32, copy=False)
-        self.engine.buffers.upload(summed[4], np.ascontiguousarray(rows))  # base and add at once
+        self.engine.buffers.upload(both, np.ascontiguousarray(rows))  # base and add at once
         hidden = self._graphed_frame(cp, last_hidden, e0_in, np.ones(n, np.int32), params,
-                                     uniform_rows, drawn_rows, summed[:4])  # fmt: skip
+                                     uniform_rows, drawn_rows, (base, added, drawn, out))  # fmt: skip
         hidden = self.engine.buffers.view(hidden, (n, self.hidden_size))
         return QueuedFrame(self, cp, hidden, code0, e0, add, params, list(rngs), saved, drawn,
-                           summed[3])  # fmt: skip
+                           out)  # fmt: skip
 
-    def _sum_buffers(self, n: int, dtype: Any, drawn: Any) -> tuple[Any, ...]:
-        """A frame sum's buffers for ``n`` rows, kept per cohort size and type: its base (E(c0))
-        and added rows, both views of one [2, n, H] float32 buffer (uploaded at once), the drawn
-        codes, the output [n, 1, H] in ``dtype``, and the [2, n, H] buffer."""
+    def _sum_buffers(self, n: int, dtype: Any) -> tuple[Any, Any, Any, Any]:
+        """A frame sum's buffers for ``n`` rows, kept per cohort size and type: one [2, n, H]
+        float32 buffer (uploaded at once), its two rows as views (the base, E(c0), and the
+        added rows), and the output [n, 1, H] in ``dtype``."""
         key = (n, np.dtype(dtype))
         got = self._sums.get(key)
         if got is None:
@@ -316,9 +311,8 @@ class CodePredictor:
             base, add = (memory.view(memory.rows(both, 1, i), (n, self.hidden_size))
                          for i in range(2))  # fmt: skip
             out = memory.zeros((n, 1, self.hidden_size), dtype)
-            got = self._sums[key] = (base, add, out, both)
-        base, add, out, both = got
-        return base, add, drawn, out, both
+            got = self._sums[key] = (both, base, add, out)
+        return got
 
     def _queue_frame(
         self, cp: DecoderSession, last_hidden: Any, e0_in: Any, q: np.ndarray,
@@ -436,6 +430,19 @@ class CodePredictor:
         return got
 
 
+def _decided(
+    drawn: np.ndarray, code0: np.ndarray, rngs: Sequence[np.random.Generator], saved: list[Any]
+) -> np.ndarray | None:
+    """A frame's codes [n, G] from its first codes and the engine's draws [G-1, n]; None, each
+    generator put back to its ``saved`` state, where the engine could not decide a row (-1)."""
+    codes = np.concatenate([code0[:, None], drawn.T], axis=1)
+    if (codes >= 0).all():
+        return codes
+    for r, state in zip(rngs, saved, strict=True):
+        r.bit_generator.state = state
+    return None
+
+
 class QueuedFrame:
     """A frame ``CodePredictor.queue_frame`` queued on the device. ``embeds`` [n, 1, H]: its
     summed embedding plus the rows added to it, where the talker's next call reads it (on the
@@ -458,12 +465,10 @@ class QueuedFrame:
         """The frame's codes [n, G], and None, or the host's embedding [n, H] (plus the added
         rows) where the host redrew the frame."""
         owner = self._owner
-        got = owner.engine.buffers.to_host(self._drawn)
-        codes = np.concatenate([self._code0[:, None], got.T], axis=1)
-        if (codes >= 0).all():
+        codes = _decided(owner.engine.buffers.to_host(self._drawn), self._code0, self._rngs,
+                         self._saved)  # fmt: skip
+        if codes is not None:
             return codes, None
-        for r, saved in zip(self._rngs, self._saved, strict=True):
-            r.bit_generator.state = saved
         codes, embed = owner.host_frame(self._session, self._hidden, self._code0, self._e0,
                                         self._params, self._rngs)  # fmt: skip
         return codes, embed + self._add
