@@ -376,9 +376,12 @@ def run_edgeomni(engine: Path, prompts: list[tuple[list[dict], list[int]]],
 
         moe_cuda.grouped = lambda *a: False  # type: ignore[assignment]
         options["moe_per_slot"] = True
+    if args.vocoder_beside:  # the vocoder's calls on a thread (a stream) of their own
+        options["vocoder_beside"] = True
     with phase("edgeomni: open pipeline"):
         pipe = Pipeline(engine, engines=Engines(cuda_graphs=options["cuda_graphs"]),
-                        stream_stages=args.stage_streaming, batching=args.batching)  # fmt: skip
+                        stream_stages=args.stage_streaming, batching=args.batching,
+                        vocoder_threads=1 if args.vocoder_beside else None)  # fmt: skip
     out: dict[str, Any] = {"pipeline_options": options, "runs": {}}
     for c in args.concurrency:
         body = request_body(prompts[:c], args)
@@ -496,6 +499,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--moe-per-slot", action="store_true",
                    help="comparison only: fused MoE calls on the per-slot kernels, none grouped "
                    "by expert (as before grouping)")
+    p.add_argument("--vocoder-beside", action="store_true",
+                   help="edgeomni's vocoder calls on a thread of their own, its engine on a CUDA "
+                   "stream of its own (edge-infer --vocoder-threads 1)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="edgeomni without CUDA graph replay (where the runtime has it)")  # fmt: skip
     p.add_argument("--stop-after", choices=("checkpoint", "build"),

@@ -249,10 +249,13 @@ def work_edgeomni(spec: dict) -> dict:
 
         CodePredictor.queue_frame = lambda *args, **kwargs: None  # type: ignore[method-assign]
         options["host_frame_sum"] = True
+    if spec.get("vocoder_beside"):  # the vocoder's calls on a thread (a stream) of their own
+        options["vocoder_beside"] = True
     start = time.perf_counter()
     engines = Engines(threads=spec.get("threads") or None, cuda_graphs=spec["cuda_graphs"])
     pipe = Pipeline(spec["engine"], engines=engines, batching=spec["batching"],
-                    whole_utterance=bool(spec.get("whole_utterance")))  # fmt: skip
+                    whole_utterance=bool(spec.get("whole_utterance")),
+                    vocoder_threads=1 if spec.get("vocoder_beside") else None)  # fmt: skip
     meta: dict[str, Any] = {
         "pipeline_options": options,
         "versions": {

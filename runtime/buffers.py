@@ -141,16 +141,18 @@ class HostBuffers:
 
 
 class DeviceBuffers:
-    """A GPU engine's buffers: memory.DeviceArrays on device ``device``. Host arrays given
-    where a buffer may be are uploaded (or, read, returned as they are)."""
+    """A GPU engine's buffers: memory.DeviceArrays on device ``device``, ordered on its stream
+    of ``lane`` (memory.py). Host arrays given where a buffer may be are uploaded (or, read,
+    returned as they are)."""
 
     on_host = False
 
-    def __init__(self, device: int = 0) -> None:
+    def __init__(self, device: int = 0, lane: int = 0) -> None:
         self.device = device
+        self.lane = lane
 
     def zeros(self, shape: tuple[int, ...], dtype: DTypeLike) -> DeviceArray:
-        return memory.DeviceArray.zeros(shape, dtype, device=self.device)
+        return memory.DeviceArray.zeros(shape, dtype, device=self.device, lane=self.lane)
 
     def resident(self, x: Array) -> bool:
         """Whether ``x`` is a device buffer (this engine's or another's), read where it is."""
@@ -175,7 +177,7 @@ class DeviceBuffers:
     def copy(self, x: Array) -> Array:
         if isinstance(x, np.ndarray):
             return x.copy()
-        out = memory.DeviceArray.zeros(x.shape, x.dtype, device=x.device)
+        out = memory.DeviceArray.zeros(x.shape, x.dtype, device=x.device, lane=x.lane)
         out.copy_from(x)
         return out
 
@@ -207,7 +209,7 @@ class DeviceBuffers:
         return x.copy() if isinstance(x, np.ndarray) else x.download()
 
     def synchronize(self) -> None:
-        memory.synchronize(self.device)
+        memory.synchronize(self.device, self.lane)
 
     def overlaps(self, x: Array, buffers: Iterable[Array]) -> bool:
         """By address range: device buffers overlap device buffers only."""

@@ -71,12 +71,15 @@ class Engines:
     calls that repeat one shape (decode steps, fixed-length windows) and replay them.
     ``spin``: CPU worker threads wait for the next call spinning (best when the stage's calls
     come back to back; off when engines take turns, see OrtEngine). ``max_image_pixels``: the
-    most pixels an image file a thinker's media hook decodes may have (media/image.py)."""
+    most pixels an image file a thinker's media hook decodes may have (media/image.py).
+    ``lane``: the stream GPU engines run on (runtime/memory.py; ``memory.BESIDE`` for a stage
+    whose calls run on a thread of their own)."""
 
     threads: int | None = None
     cuda_graphs: bool = True
     spin: bool = True
     max_image_pixels: int = MAX_IMAGE_PIXELS
+    lane: int = 0
 
     def open(
         self, folder: Path, config: Mapping[str, Any], *, spin: bool | None = None,
@@ -87,7 +90,8 @@ class Engines:
         never repeats a call shape (an encoder), so nothing is captured."""
         spin = self.spin if spin is None else spin
         graphs = self.cuda_graphs and replay
-        return open_engine(folder, config, threads=self.threads, cuda_graphs=graphs, spin=spin)
+        return open_engine(folder, config, threads=self.threads, cuda_graphs=graphs, spin=spin,
+                           lane=self.lane)  # fmt: skip
 
     def captures(self, config: Mapping[str, Any]) -> bool:
         """Whether the engine a config.json describes, opened with these options, captures
@@ -101,6 +105,11 @@ class Engines:
 
 
 DEFAULT_ENGINES = Engines()
+
+
+# the CUDA provider captures a graph id's graph on its third run (the first two allocate), then
+# replays it: a binding's first runs of an id hold memory.GRAPH_LOCK
+CAPTURE_RUNS = 3
 
 
 class OrtBinding:
@@ -130,6 +139,7 @@ class OrtBinding:
             not self._host_lengths and all(n in inputs for n in LENGTHS)
         )
         self._capacity = 0  # the bound cache's, which a captured graph's total length is
+        self._runs: dict[int, int] = {}  # graph id -> runs, up to CAPTURE_RUNS
         self._fixed = FixedInputs(buffers or DeviceBuffers(device), self.bind_input)
 
     def _value(self, array: np.ndarray) -> Any:
@@ -217,6 +227,11 @@ class OrtBinding:
             options.add_run_config_entry("gpu_graph_id", str(gid))
             if not wait:
                 options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        if captured and self._runs.get(gid, 0) < CAPTURE_RUNS:  # it may capture: see memory
+            self._runs[gid] = self._runs.get(gid, 0) + 1
+            with memory.GRAPH_LOCK:
+                self._session.run_with_iobinding(self._io, options)
+            return
         self._session.run_with_iobinding(self._io, options)
 
 
@@ -245,11 +260,13 @@ class OrtEngine(EngineBase):
         threads: int | None = None,
         cuda_graphs: bool = False,
         spin: bool = True,
+        lane: int = 0,
     ) -> None:
         """``device``: "cpu", "cuda" or "cuda:N". ``spin``: CPU worker threads wait for the
         next call spinning (best when this engine's calls come back to back; off when engines
-        take turns). ``config``'s ``tf32``: the CUDA provider may run float32 matrix products
-        and convolutions on TF32 tensor cores (10-bit mantissas); off, float32 is float32."""
+        take turns). ``lane``: a GPU engine's stream (runtime/memory.py). ``config``'s
+        ``tf32``: the CUDA provider may run float32 matrix products and convolutions on TF32
+        tensor cores (10-bit mantissas); off, float32 is float32."""
         tf32 = bool((config or {}).get("tf32", False))
         if not path.is_file():
             raise EngineError(f"engine file {path} is missing")
@@ -261,7 +278,7 @@ class OrtEngine(EngineBase):
             _check_cuda(path, "onnxruntime", index)
         cuda_graphs = cuda_graphs and kind == "cuda"
         try:
-            self.session = _session(path, kind, index, threads, cuda_graphs, spin, tf32)
+            self.session = _session(path, kind, index, threads, cuda_graphs, spin, tf32, lane)
         except Exception as e:  # ORT raises its own exception types
             message = str(e).lower()
             if not (cuda_graphs and ("capture" in message or "cuda graph" in message)):
@@ -270,11 +287,11 @@ class OrtEngine(EngineBase):
             log.warning("%s: no CUDA graphs for this engine (%s)", path.name, e)
             cuda_graphs = False
             try:
-                self.session = _session(path, kind, index, threads, False, spin, tf32)
+                self.session = _session(path, kind, index, threads, False, spin, tf32, lane)
             except Exception as e2:
                 raise EngineError(f"ONNX Runtime could not load {path}: {e2}") from None
         self.cuda_graphs = cuda_graphs  # whether run(graph=id) captures and replays
-        self.buffers: Buffers = DeviceBuffers(index) if kind == "cuda" else HostBuffers()
+        self.buffers: Buffers = DeviceBuffers(index, lane) if kind == "cuda" else HostBuffers()
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self.input_names = tuple(i.name for i in inputs)
         self.output_names = tuple(o.name for o in outputs)
@@ -298,7 +315,7 @@ class OrtEngine(EngineBase):
 
 def _session(
     path: Path, device: str, index: int, threads: int | None, cuda_graphs: bool, spin: bool = True,
-    tf32: bool = False,
+    tf32: bool = False, lane: int = 0,
 ) -> Any:  # fmt: skip
     import onnxruntime as ort
 
@@ -316,12 +333,12 @@ def _session(
     providers: list[Any] = ["CPUExecutionProvider"]
     if device == "cuda":
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # one stream for every engine and copy on this GPU. Convolutions pick cuDNN's
+        # one stream for every engine and copy of the lane on this GPU. Convolutions pick cuDNN's
         # heuristic algorithm: the default exhaustive search runs again for every new input
         # shape, and on the H200 its choices made code2wav's windows 4-10x slower (docs/design.md)
         cuda = {
             "device_id": str(index),
-            "user_compute_stream": str(memory.stream(index)),
+            "user_compute_stream": str(memory.stream(index, lane)),
             "cudnn_conv_algo_search": "HEURISTIC",
             # the provider's default runs float32 products on TF32 tensor cores: a float32
             # decoder's greedy tokens then left the CPU's (and the fused engine's) a few steps
@@ -348,15 +365,17 @@ def open_engine(
     threads: int | None = None,
     cuda_graphs: bool = False,
     spin: bool = True,
+    lane: int = 0,
 ) -> Engine:
     """The engine a stage's config.json describes, on its ``device`` ("cuda:N": that GPU).
     ``cuda_graphs``: calls that repeat one shape (decode steps) may be captured once as CUDA
     graphs and replayed (GPU engines only). ``spin``: False when its calls alternate with other
-    engines' (see OrtEngine). Stages open engines through ``Engines.open``."""
+    engines' (see OrtEngine). ``lane``: a GPU engine's stream (runtime/memory.py). Stages open
+    engines through ``Engines.open``."""
     device = check_engine(folder, config)
     engine = load(BACKENDS[str(config["backend"])].open)
     return engine(folder / str(config["engine"]), config, device=device, threads=threads,
-                  cuda_graphs=cuda_graphs, spin=spin)  # fmt: skip
+                  cuda_graphs=cuda_graphs, spin=spin, lane=lane)  # fmt: skip
 
 
 def threads_error(threads: int | None, flag: str = "--threads") -> str | None:
@@ -378,12 +397,14 @@ def threads_error(threads: int | None, flag: str = "--threads") -> str | None:
 
 
 VOCODER_THREADS_HELP = (
-    "vocode on a thread of its own, its engine on N CPU threads, while the talker and code "
-    "predictor make the next frames (their engines keep --threads); needs the stateful vocoder "
-    "streaming, whose chunks are then one frame first and 8 after (unless the graph's stage "
-    "config sets first_chunk_frames, chunk_frames). Measured on 2 cores (docs/benchmarks.md): one "
+    "vocode on a thread of its own, its engine on N CPU threads (a GPU engine on a CUDA stream "
+    "of its own), while the talker and code predictor make the next frames (their engines keep "
+    "--threads); streaming stateful or in windows, not whole utterances. Stateful chunks are "
+    "then one frame first and 8 after (unless the graph's stage config sets first_chunk_frames, "
+    "chunk_frames). Measured on 2 cores (docs/benchmarks.md): one "
     "Qwen3-TTS 0.6B int4 stream 1.09-1.14x faster with --vocoder-threads 1, its first audio "
-    "0.02 s later; float32, and four int4 streams at once, no faster. Default: off (the "
+    "0.02 s later; float32, and four int4 streams at once, no faster; on an H100, Qwen3-TTS "
+    "0.6B at 16-32 requests 7-15%% more audio a second, Qwen3-Omni no faster. Default: off (the "
     "vocoder in turn with the other stages)"
 )
 

@@ -57,7 +57,7 @@ class FusedEngine(EngineBase):
 
     def __init__(
         self, path: Path, config: Mapping[str, Any], *, cuda_graphs: bool = False,
-        device: str = "cuda", threads: int | None = None, spin: bool = True,
+        device: str = "cuda", threads: int | None = None, spin: bool = True, lane: int = 0,
     ) -> None:  # fmt: skip
         """As TrtEngine's."""
         from edgeomni.plugins import attention_cuda as ac
@@ -65,10 +65,11 @@ class FusedEngine(EngineBase):
         from edgeomni.runtime import safetensors_np
 
         self.device_id = index = parse_device(device)[1]
-        self.stream = memory.stream(index)  # and the device is current, for the runtime
+        self.lane = lane  # its stream's (runtime/memory.py)
+        self.stream = memory.stream(index, lane)  # and the device is current, for the runtime
         memory._check(memory._cudart().cudaSetDevice(index), "cudaSetDevice")
         memory._check(memory._cudart().cudaFree(0), "cudaFree")  # the primary context, current
-        self.buffers = DeviceBuffers(index)
+        self.buffers = DeviceBuffers(index, lane)
         self.spec = spec = FusedSpec(config.get("fused") or {}, str(path.parent / "config.json"))
         self.input_names, self.output_names = names(spec)
         self.input_types, self.output_types, self.output_shapes = io_types(spec)
@@ -331,7 +332,7 @@ class FusedBinding:
             self._plan()
             self._enqueue()
         if wait:
-            memory.synchronize(engine.device_id)
+            memory.synchronize(engine.device_id, engine.lane)
 
     def _sequenced(self, feeds: Mapping[str, Any], loading: bool) -> None:
         """A call inside FusedEngine.sequence_graph: every feed through the fixed buffers;

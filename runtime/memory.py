@@ -3,8 +3,11 @@
 A DeviceArray is a plain cudaMalloc allocation with a shape and dtype; engines bind its pointer
 by name (ONNX Runtime's IOBinding here, TensorRT's tensor addresses later), so KV caches and
 stage hand-offs stay on the device and only what the host must see is copied back. Each buffer
-knows its GPU; each GPU has one stream, shared by its engines and copies (``stream(device)``).
-Stages reach these through an engine's ``buffers`` (runtime/buffers.py), never directly.
+knows its GPU and lane; each GPU has one stream a lane (``stream(device, lane)``): lane 0 is
+shared by the engines and copies of the stages the loop runs, lane ``BESIDE`` by a stage that
+runs its calls on a thread of its own (the vocoder beside the decoders), so that its kernels
+overlap theirs instead of queueing behind them. Stages reach these through an engine's
+``buffers`` (runtime/buffers.py), never directly.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import contextlib
 import functools
 import gc
 import math
+import threading
 from typing import Any, TypeVar
 
 import numpy as np
@@ -43,45 +47,62 @@ def _kind(name: str) -> Any:
     return getattr(_cudart().cudaMemcpyKind, name)
 
 
-_STREAMS: dict[int, int] = {}  # device index -> its stream
+BESIDE = 1  # the lane of a stage whose calls run on a thread of their own
+_STREAMS: dict[tuple[int, int], int] = {}  # (device index, lane) -> its stream
+_DEVICES: set[int] = set()  # the devices those streams are on
+
+# ONNX Runtime captures a CUDA graph in global mode: while it does, a CUDA call that may
+# synchronise (cudaMalloc, a copy from pageable memory), made by any thread, invalidates the
+# capture. A capturing run holds this lock (OrtBinding.run), and so does each call of a stage
+# that runs on a thread of its own, so the two never overlap (the decoders' own captures are
+# thread-local and need not wait).
+GRAPH_LOCK = threading.RLock()
 
 
-def stream(device: int = 0) -> int:
-    """A device's CUDA stream (created on first use): every engine on that device runs on it
-    and every copy into or out of its buffers is ordered on it, so a download after a run is
-    the only synchronisation point."""
-    s = _STREAMS.get(device)
+def stream(device: int = 0, lane: int = 0) -> int:
+    """A device's CUDA stream of a lane (created on first use): every engine of that lane runs
+    on it and every copy into or out of its buffers is ordered on it, so a download after a
+    run is the only synchronisation point."""
+    s = _STREAMS.get((device, lane))
     if s is None:
         cudart = _cudart()
         _check(cudart.cudaSetDevice(device), f"cudaSetDevice({device})")
         flags = cudart.cudaStreamNonBlocking
-        s = _STREAMS[device] = int(
-            _check(cudart.cudaStreamCreateWithFlags(flags), "cudaStreamCreate")
+        # the loop's lane first: a block of the decoders' kernels is scheduled before the
+        # waiting blocks of a stage's beside it (the vocoder's longer convolutions), whose
+        # audio is only needed a window later
+        least, greatest = _check(cudart.cudaDeviceGetStreamPriorityRange(),
+                                 "cudaDeviceGetStreamPriorityRange")  # fmt: skip
+        priority = greatest if lane == 0 else least
+        s = _STREAMS[(device, lane)] = int(
+            _check(cudart.cudaStreamCreateWithPriority(flags, priority), "cudaStreamCreate")
         )
+        _DEVICES.add(device)
     return s
 
 
 def use(device: int) -> None:
-    """Make ``device`` the calling thread's current one where engines sit on several (with one,
-    it became current when its stream was made, and the calls stay as cheap as they were)."""
-    if len(_STREAMS) > 1:
+    """Make ``device`` the calling thread's current one where engines sit on several or on
+    another than device 0 (a thread's current device is 0 until it sets one: on device 0
+    alone every thread is on it already, and the calls stay as cheap as they were)."""
+    if device or len(_DEVICES) > 1:
         _check(_cudart().cudaSetDevice(device), f"cudaSetDevice({device})")
 
 
-def synchronize(device: int = 0) -> None:
-    _check(_cudart().cudaStreamSynchronize(stream(device)), "cudaStreamSynchronize")
+def synchronize(device: int = 0, lane: int = 0) -> None:
+    _check(_cudart().cudaStreamSynchronize(stream(device, lane)), "cudaStreamSynchronize")
 
 
-def _order(first: int, then: int) -> None:
-    """Work queued on device ``then``'s stream from now on waits for what device ``first``'s
-    has queued so far (an event, made on ``first`` as its record needs; the host does not
-    wait)."""
+def _order(first: tuple[int, int], then: tuple[int, int]) -> None:
+    """Work queued on stream ``then`` (a device and lane) from now on waits for what stream
+    ``first`` has queued so far (an event, made on ``first``'s device as its record needs; the
+    host does not wait)."""
     cudart = _cudart()
-    use(first)
+    use(first[0])
     flags = cudart.cudaEventDisableTiming
     event = _check(cudart.cudaEventCreateWithFlags(flags), "cudaEventCreate")
-    _check(cudart.cudaEventRecord(event, stream(first)), "cudaEventRecord")
-    _check(cudart.cudaStreamWaitEvent(stream(then), event, 0), "cudaStreamWaitEvent")
+    _check(cudart.cudaEventRecord(event, stream(*first)), "cudaEventRecord")
+    _check(cudart.cudaStreamWaitEvent(stream(*then), event, 0), "cudaStreamWaitEvent")
     _check(cudart.cudaEventDestroy(event), "cudaEventDestroy")  # freed once it has fired
 
 
@@ -94,7 +115,7 @@ def _check(result: Any, what: str) -> Any:
 
 class DeviceArray:
     """A contiguous device allocation (or a leading-rows view of one) on one GPU: its copies
-    are ordered on that device's stream."""
+    are ordered on the stream of its device and lane."""
 
     def __init__(
         self,
@@ -104,11 +125,13 @@ class DeviceArray:
         owner: bool,
         device: int = 0,
         base: DeviceArray | None = None,
+        lane: int = 0,
     ) -> None:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.ptr = int(ptr)
         self.device = device
+        self.lane = lane
         self._owner = owner
         # a view keeps its allocation alive, as a numpy view does: a view returned from a
         # function whose buffer went out of scope (a call's new state rows) stays valid
@@ -118,16 +141,17 @@ class DeviceArray:
         self.nbytes = math.prod(self.shape) * self.dtype.itemsize
 
     @classmethod
-    def zeros(cls, shape: tuple[int, ...], dtype: Any, device: int = 0) -> DeviceArray:
+    def zeros(cls, shape: tuple[int, ...], dtype: Any, device: int = 0, lane: int = 0
+              ) -> DeviceArray:  # fmt: skip
         cudart = _cudart()
         nbytes = max(1, math.prod(int(x) for x in shape) * np.dtype(dtype).itemsize)
-        s = stream(device)
+        s = stream(device, lane)
         use(device)
         ptr = _check(cudart.cudaMalloc(nbytes), "cudaMalloc")
         # on the device's stream: a memset on the legacy default stream is not ordered with the
         # (non-blocking) stream, so it could land after the first upload or engine run
         _check(cudart.cudaMemsetAsync(ptr, 0, nbytes, s), "cudaMemsetAsync")
-        return cls(shape, dtype, int(ptr), owner=True, device=device)
+        return cls(shape, dtype, int(ptr), owner=True, device=device, lane=lane)
 
     def rows(self, n: int, start: int = 0) -> DeviceArray:
         """Entries start..start+n of the leading axis: contiguous, a view, not owned."""
@@ -135,12 +159,14 @@ class DeviceArray:
             raise ValueError(f"rows {start}..{start + n} of a buffer with {self.shape[0]}")
         row = self.nbytes // self.shape[0]
         return DeviceArray((n, *self.shape[1:]), self.dtype, self.ptr + start * row,
-                           owner=False, device=self.device, base=self.base or self)  # fmt: skip
+                           owner=False, device=self.device, base=self.base or self,
+                           lane=self.lane)  # fmt: skip
 
     def view(self, shape: tuple[int, ...]) -> DeviceArray:
         """The same memory under another shape of as many entries: a view, not owned."""
         view = DeviceArray(
-            shape, self.dtype, self.ptr, owner=False, device=self.device, base=self.base or self
+            shape, self.dtype, self.ptr, owner=False, device=self.device, base=self.base or self,
+            lane=self.lane,
         )
         if view.nbytes != self.nbytes:
             raise ValueError(f"a {self.shape} buffer cannot be viewed as {tuple(shape)}")
@@ -149,35 +175,37 @@ class DeviceArray:
     def fill_zero(self) -> None:
         """Every byte zeroed, ordered on this buffer's stream."""
         use(self.device)
-        _check(_cudart().cudaMemsetAsync(self.ptr, 0, self.nbytes, stream(self.device)),
+        _check(_cudart().cudaMemsetAsync(self.ptr, 0, self.nbytes, stream(self.device, self.lane)),
                "cudaMemsetAsync")  # fmt: skip
 
     def copy_from(self, src: DeviceArray) -> None:
         """Copy another device buffer of as many bytes and this dtype in, on this buffer's
         stream (a stage's output handed to the next stage's input without leaving the GPU;
-        from another GPU, ordered after its stream's work and before its next)."""
+        from another GPU or lane, ordered after its stream's work and before its next)."""
         if src.dtype != self.dtype or src.nbytes != self.nbytes:
             raise ValueError(f"copying {src.shape} {src.dtype} into {self.shape} {self.dtype}")
         cudart = _cudart()
-        s = stream(self.device)
-        if src.device == self.device:
+        here, there = (self.device, self.lane), (src.device, src.lane)
+        s = stream(*here)
+        if here == there:
             kind = _kind("cudaMemcpyDeviceToDevice")
             _check(cudart.cudaMemcpyAsync(self.ptr, src.ptr, self.nbytes, kind, s),
                    "cudaMemcpyAsync (device to device)")  # fmt: skip
             return
-        _order(src.device, self.device)  # after what writes the source
+        _order(there, here)  # after what writes the source
         use(self.device)
         _check(cudart.cudaMemcpyPeerAsync(self.ptr, self.device, src.ptr, src.device,
                                           self.nbytes, s), "cudaMemcpyPeerAsync")  # fmt: skip
-        _order(self.device, src.device)  # and before what writes it next
+        _order(here, there)  # and before what writes it next
 
     def copy_positions(
         self, src: DeviceArray, axis: int, length: int, *, dst_start: int = 0, src_start: int = 0
     ) -> None:
         """``length`` entries of ``src``'s axis ``axis`` from ``src_start`` over this buffer's
-        from ``dst_start`` (the other axes equal, both on this device): one cudaMemcpy2DAsync,
-        a row per entry of the axes before ``axis``, on this buffer's stream."""
-        if src.dtype != self.dtype or src.device != self.device or (
+        from ``dst_start`` (the other axes equal, both on this device and lane): one
+        cudaMemcpy2DAsync, a row per entry of the axes before ``axis``, on this buffer's
+        stream."""
+        if src.dtype != self.dtype or (src.device, src.lane) != (self.device, self.lane) or (
             src.shape[:axis] != self.shape[:axis] or src.shape[axis + 1 :] != self.shape[axis + 1 :]
         ):
             raise ValueError(f"copying positions of {src.shape} {src.dtype} into {self.shape} "
@@ -191,7 +219,8 @@ class DeviceArray:
         _check(_cudart().cudaMemcpy2DAsync(
             self.ptr + dst_start * inner, self.shape[axis] * inner,
             src.ptr + src_start * inner, src.shape[axis] * inner,
-            length * inner, height, _kind("cudaMemcpyDeviceToDevice"), stream(self.device),
+            length * inner, height, _kind("cudaMemcpyDeviceToDevice"),
+            stream(self.device, self.lane),
         ), "cudaMemcpy2DAsync")  # fmt: skip
 
     def upload(self, array: np.ndarray) -> None:
@@ -213,15 +242,15 @@ class DeviceArray:
         self._host_copy(out.ctypes.data, self.ptr, "cudaMemcpyDeviceToHost",
                         "cudaMemcpyAsync (device to host)")  # fmt: skip
         if sync:
-            synchronize(self.device)
+            synchronize(self.device, self.lane)
         return out
 
     def _host_copy(self, dst: int, src: int, kind: str, what: str) -> None:
         """This buffer's bytes copied between it and host memory (``kind``, a cudaMemcpyKind's
-        name), queued on its device's stream."""
+        name), queued on its stream."""
         use(self.device)
-        _check(_cudart().cudaMemcpyAsync(dst, src, self.nbytes, _kind(kind), stream(self.device)),
-               what)  # fmt: skip
+        _check(_cudart().cudaMemcpyAsync(dst, src, self.nbytes, _kind(kind),
+                                         stream(self.device, self.lane)), what)  # fmt: skip
 
     def __del__(self) -> None:
         if getattr(self, "_owner", False):

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from edgeomni import graph_schema
+from edgeomni.runtime import memory
 from edgeomni.runtime.context_cache import ContextCache, auto_budget_mb
 from edgeomni.runtime.engine import Engines
 from edgeomni.runtime.events import Failed, Listener
@@ -198,7 +199,8 @@ class Pipeline:
         ``vocoder_threads``: the stages that make audio vocode on a thread of their own beside
         the other stages (stage config ``own_thread``), their engines on that many CPU threads
         (the others keep ``engines``' threads: the decoders read memory at their best on all
-        the cores, and the vocoder takes the time they leave).
+        the cores, and the vocoder takes the time they leave), a GPU engine on a stream of its
+        own (runtime/memory.py's lanes).
         ``context_cache_mb``: the context cache's budget in MiB (runtime/context_cache.py:
         prompt blocks and encoded clips reused by later requests); 0 off; None the default
         (``auto_budget_mb``: on where the machine has the memory).
@@ -263,7 +265,9 @@ class Pipeline:
             folder = self.engine_dir / stage.artifact
             engines = self.engines.alone(self._alone)
             if self.vocoder_threads is not None and stage.config.get("own_thread"):
-                engines = dataclasses.replace(engines, threads=self.vocoder_threads)
+                # its calls on a thread of their own, a GPU engine's on a stream of its own
+                engines = dataclasses.replace(engines, threads=self.vocoder_threads,
+                                              lane=memory.BESIDE)  # fmt: skip
             self._runners[stage_id] = factory(stage, folder, engines=engines)
             self._use_cache(self._runners[stage_id])
             self.profile.load_seconds += time.perf_counter() - start

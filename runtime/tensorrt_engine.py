@@ -55,14 +55,15 @@ class TrtEngine(EngineBase):
 
     def __init__(
         self, path: Path, config: Mapping[str, Any], *, cuda_graphs: bool = False,
-        device: str = "cuda", threads: int | None = None, spin: bool = True,
+        device: str = "cuda", threads: int | None = None, spin: bool = True, lane: int = 0,
     ) -> None:  # fmt: skip
         """``device``: "cuda" or "cuda:N", the GPU it is loaded on and runs on, on that
-        device's stream (``threads``, ``spin``: a CPU engine's, not its)."""
+        device's stream of ``lane`` (``threads``, ``spin``: a CPU engine's, not its)."""
         self.device_id = index = parse_device(device)[1]
-        self.stream = memory.stream(index)  # and the device is current, for the runtime
+        self.lane = lane  # its stream's (runtime/memory.py)
+        self.stream = memory.stream(index, lane)  # and the device is current, for the runtime
         memory._check(memory._cudart().cudaSetDevice(index), "cudaSetDevice")
-        self.buffers = DeviceBuffers(index)
+        self.buffers = DeviceBuffers(index, lane)
         built = config.get("tensorrt") or {}
         self.trt = trt = import_flavour(str(built.get("flavour", "tensorrt")))
         check_version(path, built, str(trt.__version__))
@@ -245,7 +246,7 @@ class TrtBinding:
                 with memory.capturing():
                     self._graphs[graph] = _capture(ctx, cudart, engine.stream)
         if wait:
-            memory.synchronize(engine.device_id)
+            memory.synchronize(engine.device_id, engine.lane)
 
 
 def _capture(ctx: Any, cudart: Any, s: int) -> Any:

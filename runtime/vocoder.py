@@ -99,6 +99,11 @@ class WindowedVocoder:
             self._frames.append(frames)
             self._count += len(frames)
 
+    @property
+    def left(self) -> int:
+        """Frames received whose audio is not made yet (nor being made: ``take``)."""
+        return self._count - self._done
+
     def size(self, index: int) -> int:
         """New frames of window ``index`` (0: the first)."""
         if index == 0:
@@ -127,12 +132,14 @@ class WindowedVocoder:
 
     def accept(self, window: Window, samples: np.ndarray) -> np.ndarray:
         """The final audio of a decoded window (its samples [n*S - trim]); the next starts."""
+        self.take(window)
+        return self.cut(window, samples)
+
+    def take(self, window: Window) -> None:
+        """The window is being decoded (``cut`` gives its audio once it is): the next starts,
+        so a caller may decode the next before this one's samples are back."""
         if window.start != self._done:
             raise ValueError(f"window at frame {window.start}, expected {self._done}")
-        samples = self._checked(samples, len(window.codes))
-        s, trim, k = self.samples_per_frame, self.trim, window.context
-        lo = k * s - trim if window.start > 0 else 0
-        hi = (window.end - window.start + k) * s - trim
         self._done = window.end
         self.windows += 1
         # keep only what later windows read: their left context and the frames not yet decoded
@@ -140,13 +147,24 @@ class WindowedVocoder:
         first = max(self._base, window.end - self.left_context)
         self._frames = [kept[first - self._base :]]
         self._base = first
+
+    def cut(self, window: Window, samples: np.ndarray) -> np.ndarray:
+        """The final audio of a taken window from its samples [n*S - trim]."""
+        samples = self._checked(samples, len(window.codes))
+        s, trim, k = self.samples_per_frame, self.trim, window.context
+        lo = k * s - trim if window.start > 0 else 0
+        hi = (window.end - window.start + k) * s - trim
         return samples[lo:hi]
+
+    def tail(self) -> Window | None:
+        """The last, partial window once no more frames come (None when nothing is left)."""
+        return None if self._count == self._done else self._window(self._count)
 
     def flush(self) -> np.ndarray:
         """The samples of the last, partial window (empty when nothing is pending)."""
-        if self._count == self._done:
+        window = self.tail()
+        if window is None:
             return np.zeros(0, np.float32)
-        window = self._window(self._count)
         return self.accept(window, self._call(window.codes))
 
     def decode_whole(self, codes: np.ndarray) -> np.ndarray:

@@ -13,6 +13,7 @@ import pytest
 from edgeomni.runtime import engine as engine_mod
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs, HostBuffers
 from edgeomni.runtime.engine import EngineError, Engines, parse_device
+from edgeomni.runtime.memory import BESIDE
 
 
 def test_host_buffers_are_numpy_arrays_worked_in_place() -> None:
@@ -132,11 +133,13 @@ def test_engines_open_with_the_pipelines_options(monkeypatch) -> None:
     engines.open(Path("."), {}, spin=False)
     engines.alone(False).open(Path("."), {}, replay=False)
     Engines(cuda_graphs=False).open(Path("."), {})
+    Engines(lane=BESIDE).open(Path("."), {})
     assert opened == [
-        {"threads": 2, "cuda_graphs": True, "spin": True},
-        {"threads": 2, "cuda_graphs": True, "spin": False},
-        {"threads": 2, "cuda_graphs": False, "spin": False},
-        {"threads": None, "cuda_graphs": False, "spin": True},
+        {"threads": 2, "cuda_graphs": True, "spin": True, "lane": 0},
+        {"threads": 2, "cuda_graphs": True, "spin": False, "lane": 0},
+        {"threads": 2, "cuda_graphs": False, "spin": False, "lane": 0},
+        {"threads": None, "cuda_graphs": False, "spin": True, "lane": 0},
+        {"threads": None, "cuda_graphs": True, "spin": True, "lane": BESIDE},
     ]
     assert engines.alone(True) is engines
 
@@ -197,10 +200,11 @@ def test_a_device_view_keeps_its_allocation() -> None:
 
     from edgeomni.runtime.memory import DeviceArray
 
-    whole = DeviceArray((4, 3), np.float32, ptr=4096, owner=False)
+    whole = DeviceArray((4, 3), np.float32, ptr=4096, owner=False, lane=BESIDE)
     gone = weakref.ref(whole)
     row = whole.rows(1, 2).view((3,))
     assert row.ptr == 4096 + 2 * 12 and row.base is whole
+    assert row.lane == BESIDE  # its copies are ordered on its allocation's stream
     del whole
     gc.collect()
     assert gone() is not None and row.base is gone()

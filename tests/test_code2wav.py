@@ -430,3 +430,34 @@ def test_windows_grow_from_the_first_to_the_full_size() -> None:
     assert [same.size(i) for i in range(3)] == [25, 25, 25] and same.lengths() == [25, 50]
     longer = WindowedVocoder(lambda c: c, window=8, left_context=4, first_window=30)
     assert [longer.size(i) for i in range(3)] == [30, 8, 8] and longer.lengths() == [30, 12]
+
+
+def test_windows_taken_ahead_give_the_audio_pushed_windows_give() -> None:
+    """A caller that decodes windows on another thread takes each as it sends it (the next
+    starts at once) and cuts its audio when the samples come back, and sends the last, partial
+    window once no more frames come (``tail``): the pieces are ``push``'s and ``flush``'s."""
+    spf, trim = 4, 3
+
+    def decode(codes: np.ndarray) -> np.ndarray:  # samples that name their frame and offset
+        n = codes.shape[-1]
+        return (codes[0, 0].repeat(spf) * 10 + np.tile(np.arange(spf), n))[: n * spf - trim]
+
+    codes = np.arange(23)[:, None].repeat(2, axis=1)
+    pushed = WindowedVocoder(decode, window=8, left_context=2, samples_per_frame=spf, trim=trim,
+                             first_window=2)  # fmt: skip
+    want = [pushed.push(codes[:11]), pushed.push(codes[11:]), pushed.flush()]
+    ahead = WindowedVocoder(decode, window=8, left_context=2, samples_per_frame=spf, trim=trim,
+                            first_window=2)  # fmt: skip
+    ahead.add(codes)
+    taken = []
+    while (window := ahead.pending()) is not None:  # every complete window sent before any cut
+        ahead.take(window)
+        taken.append(window)
+    assert ahead.left == 23 - taken[-1].end > 0 and ahead.tail() is not None
+    last = ahead.tail()
+    assert last is not None
+    ahead.take(last)
+    assert ahead.left == 0 and ahead.tail() is None and ahead.pending() is None
+    got = [ahead.cut(w, decode(np.ascontiguousarray(w.codes.T[None]))) for w in [*taken, last]]
+    np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))
+    assert ahead.windows == pushed.windows

@@ -216,6 +216,68 @@ def test_on_a_thread_of_its_own_a_batch_equals_whole_utterances(family: str, who
     assert runner.step.pool.free == runner.step.pool.state.max_batch  # every row released
 
 
+def windowed(engine: Path, **config: Any) -> Code2Wav:
+    """The runner vocoding in windows (the GPU's default streaming), the graph's stage config
+    otherwise."""
+    graph = json.loads((engine / "multistage_config.json").read_text())
+    built = next(s for s in graph["stages"] if s["id"] == "code2wav")["config"]
+    return Code2Wav(stage(**{**built, "streaming": "windows", "first_window_frames": 2,
+                             "window_frames": 8, **config}),
+                    engine / "code2wav", engines=Engines(threads=2))  # fmt: skip
+
+
+@pytest.mark.slow  # its engines come through request.getfixturevalue
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_windows_on_a_thread_of_their_own_give_the_loops_audio(family: str, wholes,
+                                                               request) -> None:  # fmt: skip
+    """Windows with own_thread (edge-infer --vocoder-threads; on a GPU, the vocoder's kernels on
+    a stream of their own): every call runs on the worker thread, the windows of rows stepping
+    together share calls, the last partial windows included, and each request's audio is the
+    audio the loop's own windows make. A call that may capture a CUDA graph is waited for: the
+    loop's thread makes no call while the worker captures."""
+    import threading
+
+    engine = request.getfixturevalue(FAMILIES[family])
+    codes = [c for c, _ in wholes[family].values()]
+    inline = [s.outputs["code2wav:audio"] for s in run_batch(windowed(engine), codes, width=3)]
+    runner = windowed(engine, own_thread=True)
+    calls: list[tuple[str, int]] = []
+    waited: list[bool] = []
+    decode = runner.decode_batch
+
+    def recording(batch_codes: np.ndarray) -> np.ndarray:
+        calls.append((threading.current_thread().name, len(batch_codes)))
+        return decode(batch_codes)
+
+    runner.decode_batch = recording  # type: ignore[method-assign]
+    runner.may_capture = lambda shape: len(calls) < 2  # type: ignore[method-assign]
+    stage = runner.slot_stage()
+    assert stage.polls
+    collect = stage.batch.collect
+
+    def watched(**kw: Any) -> bool:
+        took = collect(**kw)
+        if not kw:  # a call that may capture, waited for as it is sent
+            waited.append(not stage.batch.beside.pending)
+        return took
+
+    stage.batch.collect = watched  # type: ignore[method-assign]
+    states = [RequestState(index=i, request=None, plan=SimpleNamespace(stages=("talker",
+              "code2wav")), prepared={"codes": c}) for i, c in enumerate(codes)]  # fmt: skip
+    stages = {"talker": FrameSource(), "code2wav": stage}
+    with woken(stages.values()) as idle:
+        run_graph(stages, states, {"talker": 3, "code2wav": 3}, idle=idle)
+    for state, want in zip(states, inline, strict=True):
+        assert state.error is None, state.error
+        got = state.outputs["code2wav:audio"]
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() < 1e-5, (family, len(state.prepared["codes"]))
+    assert calls and all(name.startswith("edgeomni-vocoder") for name, _ in calls)
+    assert max(rows for _, rows in calls) > 1  # rows shared calls
+    assert waited == [True, True]  # the two calls that might capture: waited for at once
+    assert not stage.batch.beside.pending and all(not s.in_flight for s in stage.batch.streams)
+
+
 def test_on_a_thread_of_its_own_later_chunks_are_short(tts_engine) -> None:
     """What is left when the talker ends is vocoded after it on the vocoder's thread: its later
     chunks default to BESIDE_CHUNK_FRAMES and its first to one frame, unless the stage config
@@ -445,7 +507,8 @@ def test_edge_infer_streams_stateful_as_the_whole_utterance(
 ) -> None:
     """edge-infer --out-audio: the graph's default (stateful, the talker's frames vocoded as
     they come), and the same on the vocoder's own thread (--vocoder-threads 1, the rest on the
-    other core), write the audio --whole-utterance writes, within 1e-4 (the WAVs are 16-bit)."""
+    other core), write the audio --whole-utterance writes, within 1e-4 (the WAVs are 16-bit);
+    windows on the vocoder's own thread write the loop's windows' audio."""
     import soundfile as sf
 
     from edgeomni.runtime import cli
@@ -454,8 +517,10 @@ def test_edge_infer_streams_stateful_as_the_whole_utterance(
     flags, sampling = E2E[family]
     sampling = json.dumps({**sampling, "talker_max_new_tokens": 40})
     audio = {}
+    windows = ["--code2wav-streaming", "windows"]
     modes = [("stateful", []), ("whole", ["--whole-utterance"]),
-             ("beside", ["--vocoder-threads", "1", "--threads", "1"])]  # fmt: skip
+             ("beside", ["--vocoder-threads", "1", "--threads", "1"]), ("windows", windows),
+             ("windows-beside", [*windows, "--vocoder-threads", "1", "--threads", "1"])]  # fmt: skip
     for mode, extra in modes:
         wav = tmp_path / f"{mode}.wav"
         code = cli.main(["--config", str(engine), "--prompt", "Hello there", *flags,
@@ -467,6 +532,9 @@ def test_edge_infer_streams_stateful_as_the_whole_utterance(
     for mode in ("stateful", "beside"):
         assert audio[mode].shape == audio["whole"].shape
         assert np.abs(audio[mode] - audio["whole"]).max() < TOL
+    # windows on the vocoder's own thread: the loop's windows' audio
+    assert audio["windows-beside"].shape == audio["windows"].shape == audio["whole"].shape
+    assert np.abs(audio["windows-beside"] - audio["windows"]).max() < TOL
 
 
 @pytest.mark.slow  # its engines come through request.getfixturevalue

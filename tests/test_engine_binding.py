@@ -108,9 +108,13 @@ def test_cuda_sessions_run_exact_float32_unless_the_engine_allows_tf32(
             return ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
     monkeypatch.setattr(ort, "InferenceSession", _Fake)
-    monkeypatch.setattr(eng.memory, "stream", lambda index: 0)
+    monkeypatch.setattr(eng.memory, "stream", lambda index, lane=0: 100 + lane)
     eng._session(tmp_path / "m.onnx", "cuda", 0, None, False, tf32=bool(config.get("tf32")))
     assert seen["CUDAExecutionProvider"]["use_tf32"] == want
+    assert seen["CUDAExecutionProvider"]["user_compute_stream"] == "100"
+    # a stage beside the loop (the vocoder on its own thread) runs on its lane's stream
+    eng._session(tmp_path / "m.onnx", "cuda", 0, None, False, lane=eng.memory.BESIDE)
+    assert seen["CUDAExecutionProvider"]["user_compute_stream"] == str(100 + eng.memory.BESIDE)
 
 
 def test_the_vocoders_allow_tf32_and_the_decoders_do_not(omni_engine, tts_engine) -> None:

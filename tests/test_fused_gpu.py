@@ -589,6 +589,44 @@ def test_omni_float16_fused_speech_mostly_agrees_with_onnxruntime(omni, tmp_path
 
 
 @needs_ort_cuda
+@pytest.mark.parametrize("backend", ["onnxruntime", "fused"])
+def test_the_vocoder_beside_the_decoders_makes_their_audio(omni, tmp_path, backend) -> None:
+    """--vocoder-threads on a GPU: code2wav's windows on a worker thread, its engine on a CUDA
+    stream of its own (lane memory.BESIDE), its graphs captured and replayed there while the
+    decoders run on theirs: the codes and the audio of the loop's own vocoding, twice (the
+    second run replays the graphs the first captured)."""
+    from edgeomni.runtime import memory
+    from edgeomni.runtime.pipeline import Pipeline
+    from edgeomni.runtime.requests import parse_request_file
+
+    make = fused_build if backend == "fused" else cuda_build
+    engine = make(omni, tmp_path / backend, "float32", OMNI_PARTS, model="omni")
+    body = {"max_generate_length": 8, "top_k": 1, "talker_top_k": 1,
+            "talker_max_new_tokens": 31, "talker_min_new_tokens": 31,
+            "requests": [{"messages": [{"role": "user", "content": [{"type": "text", "text": p}]}]}
+                         for p in ("Hello there", "What is the capital of France?")]}  # fmt: skip
+    inline = Pipeline(engine, code2wav_streaming="windows")
+    beside = Pipeline(engine, code2wav_streaming="windows", vocoder_threads=1)
+    _PIPELINES.extend((inline, beside))
+    for _ in range(2):
+        want = inline.run(parse_request_file(body)[0], batch_size=2)
+        got = beside.run(parse_request_file(body)[0], batch_size=2)
+        for a, b in zip(got, want, strict=True):
+            assert a.entry["ok"] and b.entry["ok"], (a.entry, b.entry)
+            np.testing.assert_array_equal(a.codes, b.codes)
+            assert a.audio.shape == b.audio.shape and a.audio.size == 30 * 1920 - 555
+            # code2wav's convolutions run on TF32 tensor cores, whose kernels differ with the
+            # batch: beside, the last windows of requests ending together share a call (the
+            # loop flushes each alone); 1.25e-3 on the H100, as the GPU-vs-CPU bound allows
+            off = np.abs(a.audio - b.audio).max()
+            print(f"beside against the loop's vocoding: {off:.2e} (peak {np.abs(b.audio).max():.2f})")
+            assert off < 2e-2 * np.abs(b.audio).max()
+    assert beside.runner("code2wav").engine.buffers.lane == memory.BESIDE
+    assert inline.runner("code2wav").engine.buffers.lane == 0
+    assert beside.runner("code2wav").engine.cuda_graphs
+
+
+@needs_ort_cuda
 def test_the_stateful_vocoder_streams_on_the_gpu(omni, tmp_path) -> None:
     """The stateful step engine on ONNX Runtime's CUDA provider, run as the code2wav stage runs
     it (states in device buffers, each call's new state rows of its outputs, chunks padded to

@@ -76,8 +76,8 @@ ROWS = [
     Row("vocoder-threads-with-whole-utterances",
         lambda w: w.prompt("--out-audio", w.p("a.wav"), "--voice", "ethan", "--whole-utterance",
                            "--vocoder-threads", "1"), BAD_USAGE,
-        "vocoding on a thread of its own (--vocoder-threads) needs the stateful vocoder "
-        "streaming", engine="omni", opens=True, loads=True),  # a flag: not --validate-config's
+        "vocoding on a thread of its own (--vocoder-threads) needs streaming (stateful or "
+        "windows), not whole utterances", engine="omni", opens=True, loads=True),  # a flag: not --validate-config's
     Row("batch-size-zero", lambda w: w.run("--batch-size", "0"), BAD_USAGE,
         "--batch-size must be at least 1"),
     Row("max-generate-length-negative", lambda w: w.prompt("--max-generate-length", "-1"),

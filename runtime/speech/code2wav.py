@@ -15,10 +15,12 @@ of the same names, which win):
   cohort's, or those the talker finished on one step) then share calls, each padded to the
   longest of its call.
 
-Stateful, the stage config's ``own_thread`` runs the calls on a worker thread beside the loop
-(StreamBatch's ``beside``): the decoders make the next frames while the vocoder makes audio of
-the last ones. The stage then ``polls``: a step sends the ready chunks and takes in the audio of
-calls that ended, and a request leaves once its last call has ended.
+The stage config's ``own_thread`` (edge-infer --vocoder-threads) runs the calls, stateful or
+windows, on a worker thread beside the loop (StreamBatch's and WindowBatch's ``beside``), and a
+GPU engine on a CUDA stream of its own (the pipeline opens it on lane ``memory.BESIDE``): the
+decoders make the next frames while the vocoder makes audio of the last ones, their kernels
+side by side. The stage then ``polls``: a step sends the ready chunks (windows) and takes in the
+audio of calls that ended, and a request leaves once its last call has ended.
 
 On a GPU, windows run at a few fixed lengths (the first window's, and a full window with its
 left context), with CUDA graphs each captured once per batch size and replayed. Each convolution
@@ -41,10 +43,11 @@ import numpy as np
 
 from edgeomni.runtime.artifacts import Artifact, ArtifactError, Checked, check_folder
 from edgeomni.runtime.context_cache import CachePart, ContextCache, build_identity, digest
-from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
+from edgeomni.runtime.engine import CAPTURE_RUNS, DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import AudioChunk, CodecFrames, Event, Finished
 from edgeomni.runtime.speech.code2wav_stream import (
     STREAM_ARTIFACT,
+    Beside,
     Chunks,
     ChunkStream,
     StepEngine,
@@ -154,10 +157,10 @@ def _checked(stage: Any, folder: Path, stateful: bool) -> tuple[Checked, Checked
     stage_source(stage, CODES_INPUT)
     checked = check_folder(folder, ARTIFACT)
     Windows.read(stage, checked.config)
-    if stage.config.get("own_thread") and not stateful:
+    if stage.config.get("own_thread") and stage.config.get("whole_utterance", False):
         raise ValueError(
-            f"{stage.id}: vocoding on a thread of its own (--vocoder-threads) needs the "
-            "stateful vocoder streaming (--code2wav-streaming stateful, not whole utterances)"
+            f"{stage.id}: vocoding on a thread of its own (--vocoder-threads) needs streaming "
+            "(stateful or windows), not whole utterances"
         )
     if not stateful:
         return checked, None
@@ -206,6 +209,9 @@ class Code2Wav(StageRunner):
             self.step = StepEngine(stream.folder, stream.config, engines)
         self._fixed_lengths: tuple[int, ...] | None = None
         self._fixed: dict[tuple[int, int], _Fixed] = {}
+        # a call's fixed buffers are the engine's, one call at a time: the loop's thread and a
+        # worker's (WindowBatch's beside) may both call
+        self._lock = threading.Lock()
         self.source = stage_source(stage, CODES_INPUT)
         # codes vocoded in front of the request's and cut off again (Qwen3-TTS's in-context
         # clone: upstream decodes the reference codes with the new ones); None: no such input
@@ -264,7 +270,8 @@ class Code2Wav(StageRunner):
         b, _, n = codes.shape
         length = padded_length(n, self.fixed_lengths)
         if length is not None:
-            return self._decode_fixed(codes, length)
+            with self._lock:
+                return self._decode_fixed(codes, length)
         out = np.empty((b, 1, n * self.samples_per_frame - self.trim), np.float32)
         binding = self.engine.binding()
         binding.bind_output("waveform", out)
@@ -285,18 +292,30 @@ class Code2Wav(StageRunner):
         padded = np.zeros((b, q, length), np.int64)
         padded[:, :, :n] = codes
         keep = n * self.samples_per_frame - self.trim
-        memory = self.engine.buffers
-        memory.upload(slot.codes, padded)
+        buffers = self.engine.buffers
+        buffers.upload(slot.codes, padded)
         slot.binding.run({}, graph=slot.graph)
-        return memory.download(slot.out)[:, 0, :keep]  # waits for the call
+        slot.runs += 1
+        return buffers.download(slot.out)[:, 0, :keep]  # waits for the call
+
+    def may_capture(self, shape: tuple[int, ...]) -> bool:
+        """Whether a call of codes ``shape`` [B, Q, n] may capture a CUDA graph: one of the
+        first runs (CAPTURE_RUNS) of its fixed length and batch size on an engine that
+        captures."""
+        b, _, n = shape
+        length = padded_length(n, self.fixed_lengths)
+        if length is None or not self._engines.captures(self.config):
+            return False
+        slot = self._fixed.get((b, length))
+        return slot is None or slot.runs < CAPTURE_RUNS
 
     def _new_fixed(self, b: int, length: int) -> _Fixed:
         shapes = (
             (b, self.num_quantizers, length),
             (b, 1, length * self.samples_per_frame - self.trim),
         )
-        memory = self.engine.buffers
-        codes, out = memory.zeros(shapes[0], np.int64), memory.zeros(shapes[1], np.float32)
+        buffers = self.engine.buffers
+        codes, out = buffers.zeros(shapes[0], np.int64), buffers.zeros(shapes[1], np.float32)
         binding = self.engine.binding()
         binding.bind_input(CODES_INPUT, codes)
         binding.bind_output("waveform", out)
@@ -343,10 +362,10 @@ class Code2Wav(StageRunner):
     def stream_batch(self) -> WindowBatch | StreamBatch:
         """Where the streams of the requests in this stage are vocoded together: their chunks
         with their state (stateful), or their windows."""
-        if self.step is None or self.chunks is None:
-            return WindowBatch(self)
-        fixed = self.chunks.sizes() if self.step.engine.prefers_fixed_shapes else ()
         beside = bool(self.stage.config.get("own_thread", False))
+        if self.step is None or self.chunks is None:
+            return WindowBatch(self, beside=beside)
+        fixed = self.chunks.sizes() if self.step.engine.prefers_fixed_shapes else ()
         return StreamBatch(self.step, max_rows=self.windows.batch_windows, fixed=fixed,
                            beside=beside)  # fmt: skip
 
@@ -512,40 +531,88 @@ class _Fixed:
     codes: Any
     out: Any
     graph: int | None
+    runs: int = 0
 
 
 class WindowBatch:
-    """A cohort's streams: their complete windows vocoded together, one call per shape."""
+    """A cohort's streams: their complete windows vocoded together, one call per shape.
 
-    def __init__(self, runner: Code2Wav) -> None:
+    ``beside``: the calls run on a worker thread of their own, in the order they were made,
+    while the loop's thread goes on with the decoders (the module's docstring). A window is
+    taken from its stream's vocoder when its call is sent and its audio cut when the call is
+    taken in (``collect``); a stream's last, partial window is sent once it closes. The CUDA
+    provider captures a call shape's graph on the thread that replays it, in global mode (no
+    other thread may make a CUDA call that could synchronise meanwhile): a call that may capture
+    is waited for, and every call holds ``memory.GRAPH_LOCK`` (``Beside``), which a capture on
+    the loop's thread holds too."""
+
+    def __init__(self, runner: Code2Wav, *, beside: bool = False) -> None:
         self.runner = runner
         self.streams: list[AudioStream] = []
         # frames came since the last look: every stream's end_step calls decode_ready, and a
         # scan of all streams per call was O(rows^2) a frame (1024 checks at 32 rows)
         self.fresh = False
+        self.beside = Beside() if beside else None
 
-    def decode_ready(self) -> None:
+    def decode_ready(self) -> bool:
+        """The complete windows vocoded (beside: sent, with the closed streams' last ones, and
+        the audio of calls that ended taken in); whether anything was."""
+        took = self.collect(wait=False)
         if not self.fresh:
-            return
+            return took
         self.fresh = False
         while True:
             groups: dict[tuple[int, ...], list[tuple[AudioStream, Window]]] = {}
             for stream in self.streams:
                 window = stream.vocoder.pending()
+                if window is None and stream.closing and self.beside is not None:
+                    window = stream.vocoder.tail()
                 if window is not None:
                     groups.setdefault(window.codes.shape, []).append((stream, window))
             if not groups:
-                return
+                return took
             for group in groups.values():  # a cohort stepping together: one group
                 size = self.runner.windows.batch_windows or len(group)
                 for lo in range(0, len(group), size):
-                    part = group[lo : lo + size]
-                    start = time.perf_counter()
-                    codes = np.stack([w.codes.T for _, w in part])  # [B, Q, n]
-                    samples = self.runner.decode_batch(codes)
-                    share = (time.perf_counter() - start) / len(part)
-                    for (stream, window), row in zip(part, samples, strict=True):
-                        stream.take(stream.vocoder.accept(window, row), share)
+                    self._call(group[lo : lo + size])
+            took = True
+
+    def _call(self, part: list[tuple[AudioStream, Window]]) -> None:
+        codes = np.stack([w.codes.T for _, w in part])  # [B, Q, n]
+        if self.beside is None:
+            start = time.perf_counter()
+            samples = self.runner.decode_batch(codes)
+            share = (time.perf_counter() - start) / len(part)
+            for (stream, window), row in zip(part, samples, strict=True):
+                stream.take(stream.vocoder.accept(window, row), share)
+            return
+        for stream, window in part:
+            stream.vocoder.take(window)
+        capture = self.runner.may_capture(codes.shape)
+        self.beside.submit(part, self._run, codes)
+        if capture:  # the loop's thread makes no CUDA call while the worker captures
+            self.collect()
+
+    def _run(self, codes: np.ndarray) -> tuple[np.ndarray, float]:
+        """A call on the worker thread: its samples and seconds."""
+        start = time.perf_counter()
+        samples = self.runner.decode_batch(codes)
+        return samples, time.perf_counter() - start
+
+    def collect(self, *, wait: bool = True, until: AudioStream | None = None) -> bool:
+        """The audio of the worker's calls that ended, taken in by their streams in the order
+        the calls were made; ``wait``: wait for every call (``until``: for the last one that
+        holds that stream's windows). Whether any was taken in; a call that failed raises here."""
+        if self.beside is None:
+            return False
+        return self.beside.collect(self._took, wait=wait, until=until)
+
+    @staticmethod
+    def _took(part: list[tuple[AudioStream, Window]], result: tuple[np.ndarray, float]) -> None:
+        samples, seconds = result
+        share = seconds / len(part)
+        for (stream, window), row in zip(part, samples, strict=True):
+            stream.take(stream.vocoder.cut(window, row), share)
 
 
 class AudioStream:
@@ -561,6 +628,8 @@ class AudioStream:
         self.first_audio: float | None = None
         self.arrivals: list[tuple[float, int]] = []  # (perf_counter, samples) per audio piece
         self.skip = 0  # samples still to cut from the front (a primed prompt's)
+        self.closing = False  # no more frames will come
+        self.in_flight = 0  # its windows in calls on the batch's worker thread, not yet taken in
 
     def prime(self, codes: np.ndarray, samples: int) -> None:
         """Put prompt codes in front of the request's (not counted in ``frames``) and cut
@@ -579,8 +648,17 @@ class AudioStream:
         """Engine calls its windows took part in."""
         return self.vocoder.windows
 
+    @property
+    def busy(self) -> bool:
+        """Audio still to come that the stage must wait for (beside): windows in calls on the
+        worker thread, or, once no more frames come, frames not yet sent to one."""
+        return self.in_flight > 0 or (self.closing and self.vocoder.left > 0)
+
     def close(self) -> None:
-        """No more frames will come (its last window is flushed by ``finish``)."""
+        """No more frames will come: beside, its last window goes with the batch's next
+        calls; in the loop's thread, ``finish`` flushes it."""
+        self.closing = True
+        self.batch.fresh = True
 
     def take(self, piece: np.ndarray, seconds: float) -> None:
         self.seconds += seconds
@@ -595,9 +673,12 @@ class AudioStream:
                 self.first_audio = now
 
     def finish(self) -> np.ndarray:
+        self.close()
         self.batch.decode_ready()  # complete windows still queued (no end_step came)
+        if self.in_flight:
+            self.batch.collect(until=self)
         start = time.perf_counter()
-        self.take(self.vocoder.flush(), 0.0)
+        self.take(self.vocoder.flush(), 0.0)  # beside, nothing is left by now
         self.seconds += time.perf_counter() - start
         if self.first_audio is None:
             self.first_audio = time.perf_counter()
@@ -638,8 +719,9 @@ class VocoderSlots:
         self.batch = runner.stream_batch()
         # calls on a thread of its own: a step that took nothing in lets the loop wait for one
         # to end (it sets every event in ``wakes``: run_graph's idle)
-        self.polls = getattr(self.batch, "worker", None) is not None
-        self.wakes: list[threading.Event] = getattr(self.batch, "wakes", [])
+        beside = self.batch.beside
+        self.polls = beside is not None
+        self.wakes: list[threading.Event] = beside.wakes if beside is not None else []
 
     def ready(self, state: RequestState, upstream_done: bool, events: Sequence[Event]) -> bool:
         return upstream_done or not self.r.whole
@@ -679,7 +761,7 @@ class VocoderSlots:
         done. When ``events``: the audio made since the last update."""
         state = slot.state
         # on its own thread: calls to wait for (in the loop's, ``finish`` makes the rest now)
-        busy = self.polls and isinstance(slot.stream, ChunkStream) and slot.stream.busy
+        busy = self.polls and slot.stream is not None and slot.stream.busy
         if slot.audio is None and slot.complete and not busy:
             slot.audio = self.r.finish_request(state, slot.stream, slot.whole)
             slot.finish = "complete"

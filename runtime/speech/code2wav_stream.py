@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeomni.runtime import memory
 from edgeomni.runtime.artifacts import Artifact, ArtifactError
 from edgeomni.runtime.engine import Engines
 from edgeomni.runtime.row_state import RowPool, check_engine, declared
@@ -379,12 +380,61 @@ class ChunkStream:
         return np.concatenate(self.pieces)
 
 
+class Beside:
+    """A stage's calls on a worker thread of their own (the stage config's ``own_thread``), in
+    the order they were made: each call's part (its streams, which count their calls in
+    flight, each with what the call does for it) and its future; ``collect`` hands each ended
+    call's result to ``take`` in that order. A call holds ``memory.GRAPH_LOCK`` (never beside a
+    CUDA graph capture on the loop's thread), and ``wakes`` are set each time one ends (what a
+    loop with nothing else to do waits on)."""
+
+    def __init__(self) -> None:
+        self.worker = ThreadPoolExecutor(1, "edgeomni-vocoder")
+        self.wakes: list[threading.Event] = []
+        self._calls: deque[tuple[list[tuple[Any, Any]], Future]] = deque()
+
+    @property
+    def pending(self) -> int:
+        """Calls sent and not yet taken in."""
+        return len(self._calls)
+
+    def submit(self, part: list[tuple[Any, Any]], call: Callable[..., Any], *args: Any) -> None:
+        for stream, _ in part:
+            stream.in_flight += 1
+        self._calls.append((part, self.worker.submit(self._run, call, *args)))
+
+    def _run(self, call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            with memory.GRAPH_LOCK:
+                return call(*args)
+        finally:
+            for wake in tuple(self.wakes):  # the loop's thread may add or take one meanwhile
+                wake.set()
+
+    def collect(self, take: Callable[[list[tuple[Any, Any]], Any], None], *, wait: bool = True,
+                until: Any = None) -> bool:  # fmt: skip
+        """The calls that ended taken in, in the order they were made; ``wait``: wait for
+        every call (``until``: for the last one that holds that stream's part). Whether any
+        was; a call that failed raises here."""
+        took = False
+        while self._calls and (until is None or until.in_flight):
+            part, future = self._calls[0]
+            if not wait and not future.done():
+                break
+            self._calls.popleft()
+            for stream, _ in part:
+                stream.in_flight -= 1
+            take(part, future.result())
+            took = True
+        return took
+
+
 class StreamBatch:
     """The streams of the requests in a stage: their ready chunks vocoded together, rows of
     equal chunk length in one call (a call's cost is its rows times its longest chunk on a CPU;
     where the engine prefers fixed shapes, a chunk is padded to the chunk size that holds it).
-    ``beside``: the calls run on a worker thread of their own (the module's docstring);
-    ``wakes`` are set each time one ends (what a loop with nothing else to do waits on)."""
+    ``beside``: the calls run on a worker thread of their own (the module's docstring,
+    ``Beside``)."""
 
     def __init__(
         self, step: StepEngine, *, max_rows: int = 0, fixed: Sequence[int] = (),
@@ -396,10 +446,7 @@ class StreamBatch:
         self.fixed = tuple(sorted(fixed))
         self.streams: list[ChunkStream] = []
         self.fresh = False  # frames came since the last look
-        self.worker = ThreadPoolExecutor(1, "edgeomni-vocoder") if beside else None
-        self.wakes: list[threading.Event] = []
-        # calls on the worker, in the order made: their chunks, the call's samples and seconds
-        self._calls: deque[tuple[list[tuple[ChunkStream, int]], Future]] = deque()
+        self.beside = Beside() if beside else None
 
     def decode_ready(self) -> bool:
         """The ready chunks vocoded (on the worker: sent to it, and the audio of calls that
@@ -427,19 +474,14 @@ class StreamBatch:
         """The audio of the worker's calls that ended, taken in by their streams in the order
         the calls were made; ``wait``: wait for every call (``until``: for the last one that
         holds that stream's chunks). Whether any was taken in; a call that failed raises here."""
-        took = False
-        while self._calls and (until is None or until.in_flight):
-            part, future = self._calls[0]
-            if not wait and not future.done():
-                break
-            self._calls.popleft()
-            for stream, _ in part:
-                stream.in_flight -= 1
-            samples, seconds, states = future.result()
-            self._published(states)
-            self._accept(part, samples, seconds)
-            took = True
-        return took
+        if self.beside is None:
+            return False
+        return self.beside.collect(self._took, wait=wait, until=until)
+
+    def _took(self, part: list[tuple[ChunkStream, int]], result: tuple) -> None:
+        samples, seconds, states = result
+        self._published(states)
+        self._accept(part, samples, seconds)
 
     def _call(self, length: int, part: list[tuple[ChunkStream, int]]) -> None:
         start = time.perf_counter()
@@ -456,14 +498,12 @@ class StreamBatch:
         for stream, _ in part:
             assert stream.row is not None, "a released stream has no chunk to vocode"
             rows.append(stream.row)
-        if self.worker is None:
+        if self.beside is None:
             samples = self.step.run(codes, lens, rows)
             self._published(self._states(ends))
             self._accept(part, samples, time.perf_counter() - start)
             return
-        for stream, _ in part:
-            stream.in_flight += 1
-        self._calls.append((part, self.worker.submit(self._run, codes, lens, rows, ends)))
+        self.beside.submit(part, self._run, codes, lens, rows, ends)
 
     def _states(self, ends: list[ChunkStream]) -> list[tuple[ChunkStream, dict[str, Any]]]:
         """The states of streams whose primed codes were just vocoded (taken before any later
@@ -480,14 +520,10 @@ class StreamBatch:
     def _run(self, codes: np.ndarray, lens: np.ndarray, rows: list[int], ends: list[ChunkStream]
              ) -> tuple[np.ndarray, float, list[tuple[ChunkStream, dict[str, Any]]]]:  # fmt: skip
         """A call on the worker thread: its samples and seconds, the states its primed streams
-        reached; every wake set as it ends."""
+        reached."""
         start = time.perf_counter()
-        try:
-            samples = self.step.run(codes, lens, rows)
-            return samples, time.perf_counter() - start, self._states(ends)
-        finally:
-            for wake in tuple(self.wakes):  # the loop's thread may add or take one meanwhile
-                wake.set()
+        samples = self.step.run(codes, lens, rows)
+        return samples, time.perf_counter() - start, self._states(ends)
 
     def _accept(self, part: list[tuple[ChunkStream, int]], samples: np.ndarray,
                 seconds: float) -> None:  # fmt: skip
