@@ -10,44 +10,30 @@ a call reads the same expert more than once; the bound does not.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from backend_pair import copy_bandwidth_gbs  # noqa: E402
+from kernel_bench import KernelBench, parse, parser, write_result  # noqa: E402
 
 HIDDEN, EXPERTS, TOP_K, INTER = 2048, 128, 8, 768
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 32, 128, 512, 2048])
-    p.add_argument("--repeats", type=int, default=50)
-    p.add_argument("--out", type=Path)
-    args = p.parse_args()
+    args = parse(p)
 
-    from edgeomni.plugins import attention_cuda as ac
-    from edgeomni.plugins import decoder_cuda as dc
     from edgeomni.plugins import moe, moe_cuda
     from edgeomni.plugins.decoder_cuda import f32, i32, ptr
-    from edgeomni.runtime import memory
-    from edgeomni.runtime.memory import DeviceArray
 
     bw = copy_bandwidth_gbs()
-    kernels = dc.DecoderKernels(dc.Variant("float16", "float16"))
-    stream = ac.stream_handle(memory.stream(0))
-    rng = np.random.default_rng(0)
-
-    def dev(a: np.ndarray) -> DeviceArray:
-        d = DeviceArray.zeros(a.shape, a.dtype)
-        d.upload(a)
-        return d
+    bench = KernelBench()
+    dev, rng = bench.dev, bench.rng
 
     fc1 = dev((rng.standard_normal((EXPERTS, 2 * INTER, HIDDEN)) * 0.02).astype(np.float16))
     fc2 = dev((rng.standard_normal((EXPERTS, HIDDEN, INTER)) * 0.02).astype(np.float16))
@@ -99,23 +85,7 @@ def main() -> int:
                 grouped += [(name, shapes[name], a) for name, a in args_of.items()]
             ways["grouped"] = grouped
 
-        def once(calls: list) -> None:
-            for name, (grid, block, shared), call in calls:
-                kernels.launch(name, grid, block, call, shared=shared, stream=stream)
-
-        def timed(calls: list) -> float:
-            once(calls)
-            memory.synchronize(0)
-            start = time.perf_counter()
-            for _ in range(args.repeats):
-                once(calls)
-            memory.synchronize(0)
-            return (time.perf_counter() - start) / args.repeats * 1e3
-
-        times: dict[str, list[float]] = {way: [] for way in ways}
-        for _ in range(2):  # per slot, grouped, per slot, grouped
-            for way, calls in ways.items():
-                times[way].append(round(timed(calls), 4))
+        times = bench.alternating(ways, args.repeats)
         chosen = len(np.unique(moe.routing(router, top_k=TOP_K, normalize_routing=1)[0]))
         parts = -(-t // moe_cuda.GROUP_TOKENS)
         nbytes = chosen * 3 * INTER * HIDDEN * 2
@@ -129,11 +99,7 @@ def main() -> int:
             row["per_slot_over_grouped"] = round(min(times["per_slot"]) / min(times["grouped"]), 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    result = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-              "copy_bandwidth_gbs": bw, "rows": rows}  # fmt: skip
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "moe_kernels_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, "moe_kernels_gpu", bw, rows)
     return 0
 
 

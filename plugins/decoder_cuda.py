@@ -42,6 +42,7 @@ import numpy as np
 
 from edgeomni.plugins import attention_cuda as ac
 from edgeomni.plugins import decoder_linear_cuda as lc
+from edgeomni.plugins import gated_delta_cuda as gdc
 from edgeomni.plugins import moe_cuda
 from edgeomni.plugins.attention_source import ROPE_SOURCE
 from edgeomni.plugins.decoder_linear_cuda import rms_scale
@@ -67,9 +68,10 @@ class Variant:
         defines = {"W_HALF": int(self.weights == "float16"),
                    "A_HALF": int(self.attention == "float16"), "MAX_KW": lc.MAX_WARPS,
                    "TOPK_CHUNK": TOPK_CHUNK, "TOPK_MAX": TOPK_MAX, "MOE_ROWS": moe_cuda.MOE_ROWS,
-                   "MOE_SLOTS": moe_cuda.MOE_SLOTS}  # fmt: skip
+                   "MOE_SLOTS": moe_cuda.MOE_SLOTS, "CONV_MAX_K": gdc.CONV_MAX_K,
+                   "DELTA_WARPS": gdc.DELTA_WARPS, "DELTA_LANE": gdc.DELTA_LANE}  # fmt: skip
         head = "// edgeomni fused decoder kernels (plugins/decoder_cuda.py)\n"
-        body = _HEAD + lc.SOURCE + ROPE_SOURCE + _TAIL + moe_cuda.SOURCE
+        body = _HEAD + lc.SOURCE + ROPE_SOURCE + _TAIL + moe_cuda.SOURCE + gdc.SOURCE
         return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
 

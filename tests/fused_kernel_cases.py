@@ -392,6 +392,77 @@ def frame_sum_case(dtype: str, rows: int, half_out: bool, text: bool) -> KernelC
     return KernelCase(name, buffers, [Launch("frame_sum", grid, block, args)], check)
 
 
+def conv_state_case(dtype: str, rows: int, seq: int, channels: int, kernel_size: int,
+                    silu: bool) -> KernelCase:  # fmt: skip
+    """``conv_state``: the depthwise causal conv over each row's past inputs and its tokens,
+    the state in place (rows of no tokens, of some, of all S), against CausalConvState's numpy
+    reference."""
+    from edgeomni.plugins import gated_delta as gd
+    from edgeomni.plugins import gated_delta_cuda as gdc
+
+    rng = np.random.default_rng(rows * 13 + seq + kernel_size)
+    x = rng.standard_normal((rows, seq, channels)).astype(np.float32)
+    w = (rng.standard_normal((channels, kernel_size)) * 0.5).astype(dtype)
+    state = rng.standard_normal((rows, channels, kernel_size - 1)).astype(np.float32)
+    lens = np.array([[0, seq, max(1, seq // 2)][r % 3] for r in range(rows)], np.int32)
+    grid, block = gdc.conv_launch(rows, channels, kernel_size)
+    args = [buf("x"), buf("w"), buf("state"), buf("lens"), ("i32", seq), ("i32", channels),
+            ("i32", kernel_size), ("i32", int(silu)), buf("y")]  # fmt: skip
+
+    def check(got: dict[str, np.ndarray]) -> None:
+        y, present = gd.conv_reference(x, w.astype(np.float32), state, lens,
+                                       kernel_size=kernel_size,
+                                       activation="silu" if silu else "none")  # fmt: skip
+        np.testing.assert_allclose(got["y"], y, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got["state"], present)  # inputs moved, not computed
+        for r in np.flatnonzero(lens == 0):  # no tokens: the state it had, to the bit
+            np.testing.assert_array_equal(got["state"][r], state[r])
+
+    buffers = {"x": x, "w": w, "state": state.copy(), "lens": lens,
+               "y": np.zeros_like(x)}  # fmt: skip
+    name = f"conv_state-{dtype}-r{rows}-s{seq}-k{kernel_size}{'-silu' * silu}"
+    return KernelCase(name, buffers, [Launch("conv_state", grid, block, args)], check)
+
+
+def delta_rule_case(rows: int, seq: int, k_heads: int, v_heads: int, dk: int, dv: int,
+                    l2: bool) -> KernelCase:  # fmt: skip
+    """``delta_rule``: each value head's state updated token by token (decay, the delta rule's
+    correction, the output read with q), q and k L2-normalised or not, rows of no tokens, of
+    some and of all S, against GatedDeltaRule's numpy reference (float64)."""
+    from edgeomni.plugins import gated_delta as gd
+    from edgeomni.plugins import gated_delta_cuda as gdc
+
+    rng = np.random.default_rng(rows * 17 + seq + dk)
+    q = rng.standard_normal((rows, seq, k_heads * dk)).astype(np.float32)
+    k = rng.standard_normal((rows, seq, k_heads * dk)).astype(np.float32)
+    if not l2:  # unnormalised keys keep the recurrence stable only when short
+        q, k = (q / np.float32(np.sqrt(dk))), (k / np.float32(np.sqrt(dk)))
+    v = rng.standard_normal((rows, seq, v_heads * dv)).astype(np.float32)
+    g = -rng.uniform(0.01, 1.0, (rows, seq, v_heads)).astype(np.float32)
+    beta = rng.uniform(0.0, 1.0, (rows, seq, v_heads)).astype(np.float32)
+    state = (rng.standard_normal((rows, v_heads, dv, dk)) * 0.3).astype(np.float32)
+    lens = np.array([[seq, 0, max(1, seq // 2)][r % 3] for r in range(rows)], np.int32)
+    grid, block = gdc.rule_launch(rows, k_heads, v_heads, dk, dv)
+    scale = gdc.rule_scale(0.0, dk)
+    args = [buf("q"), buf("k"), buf("v"), buf("g"), buf("beta"), buf("state"), buf("lens"),
+            ("i32", seq), ("i32", k_heads), ("i32", v_heads), ("i32", dk), ("i32", dv),
+            ("i32", int(l2)), ("f32", scale), buf("o")]  # fmt: skip
+
+    def check(got: dict[str, np.ndarray]) -> None:
+        o, present = gd.rule_reference(q, k, v, g, beta, state, lens, num_k_heads=k_heads,
+                                       num_v_heads=v_heads, qk_l2norm=int(l2))  # fmt: skip
+        np.testing.assert_allclose(got["o"], o, rtol=1e-4, atol=1e-4 * np.abs(o).max())
+        np.testing.assert_allclose(got["state"], present, rtol=1e-4,
+                                   atol=1e-4 * np.abs(present).max())  # fmt: skip
+        for r in np.flatnonzero(lens == 0):  # no tokens: the state it had, to the bit
+            np.testing.assert_array_equal(got["state"][r], state[r])
+
+    buffers = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "state": state.copy(),
+               "lens": lens, "o": np.full((rows, seq, v_heads * dv), 7.0, np.float32)}  # fmt: skip
+    name = f"delta_rule-r{rows}-s{seq}-h{k_heads}x{v_heads}-d{dk}x{dv}{'-l2' * l2}"
+    return KernelCase(name, buffers, [Launch("delta_rule", grid, block, args)], check)
+
+
 def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
               topk: tuple[tuple[int, int, int], ...] = ((1, 384, 64), (3, 151936, 64),
                                                         (2, 3072, 8))) -> list[KernelCase]:  # fmt: skip
@@ -426,6 +497,12 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
         (5, 6, 2, 64, 40, 1), (12, 70, 8, 136, 40, 0), (9, 8, 4, 72, 96, 1, True))]
     cases += [frame_sum_case(dtype, r, half, text) for r, half, text in
               ((1, False, True), (3, True, True), (4, False, False))]  # fmt: skip
+    # Gated DeltaNet: a decode step of 3 rows, a prefill past a block's channels; the rule's
+    # heads shared (2 value heads a key head), dk past one lane pass and not a multiple of 32
+    cases += [conv_state_case(dtype, 3, 1, 200, 4, True), conv_state_case(dtype, 3, 9, 130, 4, True),
+              conv_state_case(dtype, 2, 5, 40, 2, False)]  # fmt: skip
+    cases += [delta_rule_case(3, 1, 2, 4, 64, 40, True), delta_rule_case(3, 7, 1, 2, 100, 9, True),
+              delta_rule_case(2, 6, 2, 2, 32, 8, False)]  # fmt: skip
     if dtype == "float16":  # int4 matrices (float16 modules only, last: the lists share indices
         # up to here): SIMT under 8 rows, tensor cores from 8 (each variant), groups of 32, 128
         cases += [linear_case(dtype, r, mode, k=320, group=32)
