@@ -10,9 +10,16 @@ and profiles the second:
   turned off for this run so each kernel shows by itself; kernel times are the same either way.
   Then per engine: calls, kernels per call and GPU time per call (each call is waited for in
   this run, so every kernel is put down to the engine that launched it).
+- ``--timeline`` (GPU engines): the run as it is served, CUDA graphs on and no call waited
+  for, its kernels read from the profiler's trace (bench/timeline.py): per CUDA stream the time
+  its kernels kept it busy, by kernel family; the time any stream was busy; the overlap of the
+  streams (the vocoder on a stream of its own, ``--vocoder-threads``); and the time no kernel
+  ran (the host's: Python, launches, waits), each per codec frame.
 
     python bench/profile_run.py ENGINE_DIR --prompt "Hello" [--speech] [--kernels]
     python bench/profile_run.py ENGINE_DIR --input-file requests.json --batch-size 4
+    python bench/profile_run.py ENGINE_DIR --input-file tts.json --speech --timeline \
+        [--vocoder-threads 1] [--code2wav-streaming windows] [--out DIR]
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import timeline
 
 
 def requests_from(args: argparse.Namespace) -> list[Any]:
@@ -153,22 +162,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sampling", default="{}", help="JSON merged into the request file's top")
     p.add_argument("--speech", action="store_true", help="also run the stages that make audio")
     p.add_argument("--kernels", action="store_true", help="CUDA kernels too (GPU engines)")
+    p.add_argument("--timeline", action="store_true",
+                   help="where the served run's time goes, CUDA graphs on (GPU engines)")
+    p.add_argument("--vocoder-threads", type=int, help="edge-infer's --vocoder-threads")
+    p.add_argument("--code2wav-streaming", choices=("stateful", "windows"))
+    p.add_argument("--out", type=Path, help="--timeline: writes timeline.json and the trace")
     p.add_argument("--top", type=int, default=25, help="rows per table")
     args = p.parse_args(argv)
 
     from edgeomni.runtime.engine import Engines
     from edgeomni.runtime.pipeline import Pipeline
 
-    if args.kernels:
+    if args.kernels or args.timeline:
         import torch
 
         if not torch.cuda.is_available():
-            print("profile_run: --kernels needs a CUDA GPU (and torch built with CUDA)")
+            print("profile_run: --kernels and --timeline need a CUDA GPU (and torch with CUDA)")
             return 2
+    if args.kernels and args.timeline:
+        print("profile_run: --kernels (graphs off, calls waited for) or --timeline, not both")
+        return 2
     requests = requests_from(args)
-    pipe = Pipeline(args.engine, engines=Engines(cuda_graphs=not args.kernels))
+    pipe = Pipeline(args.engine, engines=Engines(cuda_graphs=not args.kernels),
+                    vocoder_threads=args.vocoder_threads,
+                    code2wav_streaming=args.code2wav_streaming)  # fmt: skip
     wanted = None if args.speech else (pipe.text_terminals() or None)
     pipe.run(requests, batch_size=args.batch_size, requested=wanted)  # warm-up, loads engines
+    if args.timeline:
+        return timeline.profile(pipe, requests, args.batch_size, wanted, args.out)
     host = cProfile.Profile()
     if args.kernels:
         from torch.profiler import ProfilerActivity, profile
@@ -179,13 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     host.enable()
     outcomes = pipe.run(requests, batch_size=args.batch_size, requested=wanted)
     host.disable()
-    steps = 0
+    steps = timeline.steps_of(outcomes, ("decode_steps",))
+    if steps is None:
+        return 1
     for outcome in outcomes:
-        if not outcome.entry["ok"]:
-            print(f"request {outcome.entry['request_idx']} failed: {outcome.entry['error']}")
-            return 1
-        for report in outcome.entry["stages"].values():
-            steps = max(steps, int(report.get("decode_steps", 0)))
         print(json.dumps(outcome.entry["stages"]))
     print(f"\nhost: the {args.top} functions with the most time of their own")
     pstats.Stats(host, stream=sys.stdout).sort_stats("tottime").print_stats(args.top)

@@ -403,9 +403,8 @@ VOCODER_THREADS_HELP = (
     "then one frame first and 8 after (unless the graph's stage config sets first_chunk_frames, "
     "chunk_frames). Measured on 2 cores (docs/benchmarks.md): one "
     "Qwen3-TTS 0.6B int4 stream 1.09-1.14x faster with --vocoder-threads 1, its first audio "
-    "0.02 s later; float32, and four int4 streams at once, no faster; on an H100, Qwen3-TTS "
-    "0.6B at 16-32 requests 7-15%% more audio a second, Qwen3-Omni no faster. Default: off (the "
-    "vocoder in turn with the other stages)"
+    "0.02 s later; float32, and four int4 streams at once, no faster (on a GPU: "
+    "docs/benchmarks.md). Default: off (the vocoder in turn with the other stages)"
 )
 
 

@@ -68,14 +68,8 @@ def stream(device: int = 0, lane: int = 0) -> int:
         cudart = _cudart()
         _check(cudart.cudaSetDevice(device), f"cudaSetDevice({device})")
         flags = cudart.cudaStreamNonBlocking
-        # the loop's lane first: a block of the decoders' kernels is scheduled before the
-        # waiting blocks of a stage's beside it (the vocoder's longer convolutions), whose
-        # audio is only needed a window later
-        least, greatest = _check(cudart.cudaDeviceGetStreamPriorityRange(),
-                                 "cudaDeviceGetStreamPriorityRange")  # fmt: skip
-        priority = greatest if lane == 0 else least
         s = _STREAMS[(device, lane)] = int(
-            _check(cudart.cudaStreamCreateWithPriority(flags, priority), "cudaStreamCreate")
+            _check(cudart.cudaStreamCreateWithFlags(flags), "cudaStreamCreate")
         )
         _DEVICES.add(device)
     return s

@@ -327,6 +327,42 @@ def test_fixed_length_windows_equal_exact_ones(built: dict[str, Any]) -> None:
     assert padded[0].details["code2wav"]["fixed_lengths"] == [4, 12, 28, 45]
 
 
+def test_a_shapes_first_call_runs_until_its_graph_is_captured(built: dict[str, Any]) -> None:
+    """On an engine that captures CUDA graphs, a fixed-length shape's first call runs its
+    binding CAPTURE_RUNS times (ONNX Runtime captures a graph id on its third run), later calls
+    once, the samples the same: only a shape's first call may capture (``may_capture``), the
+    one call of that shape a vocoder on a thread of its own is waited for. Over the CPU engine
+    here, with the graph id and the capturing faked."""
+    from types import SimpleNamespace
+
+    from edgeomni.runtime.engine import CAPTURE_RUNS
+
+    runner = Code2Wav(stage(window_frames=20), built["folder"], engines=Engines(threads=2))
+    engine = runner.engine
+    runner._engines = SimpleNamespace(captures=lambda config: True)  # type: ignore[assignment]
+    runner.fixed_lengths = (8,)
+    engine.new_graph_id = lambda: 5  # type: ignore[method-assign]
+    graphs: list[int | None] = []
+    made = engine.binding
+
+    def binding() -> Any:
+        b = made()
+        run = b.run
+        b.run = lambda feeds, **kw: graphs.append(kw.get("graph")) or run(feeds, **kw)
+        return b
+
+    engine.binding = binding  # type: ignore[method-assign]
+    codes = random_codes(6, 3).T[None].copy()  # [1, Q, 6]: padded to 8
+    assert runner.may_capture(codes.shape)
+    first = runner.decode_batch(codes)
+    assert graphs == [5] * CAPTURE_RUNS and not runner.may_capture(codes.shape)
+    again = runner.decode_batch(codes)
+    assert graphs == [5] * (CAPTURE_RUNS + 1)
+    np.testing.assert_array_equal(first, again)
+    assert runner.may_capture((2, *codes.shape[1:]))  # another batch size: its own graph
+    assert not runner.may_capture((1, Q, 30))  # a length run as it is: nothing captured
+
+
 def test_runner_whole_utterance_and_fallback(built: dict[str, Any], tmp_path: Path) -> None:
     codes = random_codes(40, 10)
     whole = run_runner(Code2Wav(stage(whole_utterance=True), built["folder"]), codes)[0]

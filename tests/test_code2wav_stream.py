@@ -278,6 +278,28 @@ def test_windows_on_a_thread_of_their_own_give_the_loops_audio(family: str, whol
     assert not stage.batch.beside.pending and all(not s.in_flight for s in stage.batch.streams)
 
 
+def test_windows_of_requests_finishing_together_share_their_last_call(omni_engine,
+                                                                      wholes) -> None:  # fmt: skip
+    """Two requests the talker speaks in step, vocoded in windows in the loop: every window of
+    theirs, the partial last ones included, is one call of two rows (alone, each tail was a
+    call of its own)."""
+    runner = windowed(omni_engine)
+    rows: list[tuple[int, int]] = []
+    decode = runner.decode_batch
+
+    def recording(batch_codes: np.ndarray) -> np.ndarray:
+        rows.append((batch_codes.shape[0], batch_codes.shape[2]))
+        return decode(batch_codes)
+
+    runner.decode_batch = recording  # type: ignore[method-assign]
+    codes, _ = wholes["omni"][11]
+    states = run_batch(runner, [codes, codes.copy()], width=2)
+    # 11 frames: windows of 2 and 4 new frames, then the last 5 with the 6 before them
+    assert rows == [(2, 2), (2, 6), (2, 11)], rows
+    a, b = (s.outputs["code2wav:audio"] for s in states)
+    np.testing.assert_array_equal(a, b)
+
+
 def test_on_a_thread_of_its_own_later_chunks_are_short(tts_engine) -> None:
     """What is left when the talker ends is vocoded after it on the vocoder's thread: its later
     chunks default to BESIDE_CHUNK_FRAMES and its first to one frame, unless the stage config

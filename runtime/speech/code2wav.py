@@ -294,14 +294,18 @@ class Code2Wav(StageRunner):
         keep = n * self.samples_per_frame - self.trim
         buffers = self.engine.buffers
         buffers.upload(slot.codes, padded)
-        slot.binding.run({}, graph=slot.graph)
-        slot.runs += 1
+        # a shape's first call runs until its graph is captured (ONNX Runtime captures on a
+        # graph id's third run; a window's call gives the same samples each time): only that
+        # call is waited for when the calls run on a thread of their own (may_capture)
+        runs = CAPTURE_RUNS if slot.graph is not None and not slot.runs else 1
+        for _ in range(runs):
+            slot.binding.run({}, graph=slot.graph)
+        slot.runs += runs
         return buffers.download(slot.out)[:, 0, :keep]  # waits for the call
 
     def may_capture(self, shape: tuple[int, ...]) -> bool:
-        """Whether a call of codes ``shape`` [B, Q, n] may capture a CUDA graph: one of the
-        first runs (CAPTURE_RUNS) of its fixed length and batch size on an engine that
-        captures."""
+        """Whether a call of codes ``shape`` [B, Q, n] may capture a CUDA graph: the first
+        call of its fixed length and batch size on an engine that captures."""
         b, _, n = shape
         length = padded_length(n, self.fixed_lengths)
         if length is None or not self._engines.captures(self.config):
@@ -535,12 +539,15 @@ class _Fixed:
 
 
 class WindowBatch:
-    """A cohort's streams: their complete windows vocoded together, one call per shape.
+    """A cohort's streams: their complete windows vocoded together, one call per shape, and the
+    last, partial windows of the streams that closed (requests the talker finished on one step)
+    with them (each alone, a tail is a call of its own length, not captured: at 32 requests on
+    the H100 those calls were most of a run's vocoder launches; docs/benchmarks.md).
 
     ``beside``: the calls run on a worker thread of their own, in the order they were made,
     while the loop's thread goes on with the decoders (the module's docstring). A window is
     taken from its stream's vocoder when its call is sent and its audio cut when the call is
-    taken in (``collect``); a stream's last, partial window is sent once it closes. The CUDA
+    taken in (``collect``). The CUDA
     provider captures a call shape's graph on the thread that replays it, in global mode (no
     other thread may make a CUDA call that could synchronise meanwhile): a call that may capture
     is waited for, and every call holds ``memory.GRAPH_LOCK`` (``Beside``), which a capture on
@@ -565,7 +572,7 @@ class WindowBatch:
             groups: dict[tuple[int, ...], list[tuple[AudioStream, Window]]] = {}
             for stream in self.streams:
                 window = stream.vocoder.pending()
-                if window is None and stream.closing and self.beside is not None:
+                if window is None and stream.closing:  # its last, partial window
                     window = stream.vocoder.tail()
                 if window is not None:
                     groups.setdefault(window.codes.shape, []).append((stream, window))
@@ -655,8 +662,7 @@ class AudioStream:
         return self.in_flight > 0 or (self.closing and self.vocoder.left > 0)
 
     def close(self) -> None:
-        """No more frames will come: beside, its last window goes with the batch's next
-        calls; in the loop's thread, ``finish`` flushes it."""
+        """No more frames will come: its last window goes with the batch's next calls."""
         self.closing = True
         self.batch.fresh = True
 
@@ -678,7 +684,7 @@ class AudioStream:
         if self.in_flight:
             self.batch.collect(until=self)
         start = time.perf_counter()
-        self.take(self.vocoder.flush(), 0.0)  # beside, nothing is left by now
+        self.take(self.vocoder.flush(), 0.0)  # what no call took (a stream never closed)
         self.seconds += time.perf_counter() - start
         if self.first_audio is None:
             self.first_audio = time.perf_counter()
