@@ -6,7 +6,7 @@ stage hand-offs stay on the device and only what the host must see is copied bac
 knows its GPU and lane; each GPU has one stream a lane (``stream(device, lane)``): lane 0 is
 shared by the engines and copies of the stages the loop runs, lane ``BESIDE`` by a stage that
 runs its calls on a thread of its own (the vocoder beside the decoders), so that its kernels
-overlap theirs instead of queueing behind them. Stages reach these through an engine's
+can run beside theirs instead of queueing behind them. Stages reach these through an engine's
 ``buffers`` (runtime/buffers.py), never directly.
 """
 

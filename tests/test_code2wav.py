@@ -328,16 +328,18 @@ def test_fixed_length_windows_equal_exact_ones(built: dict[str, Any]) -> None:
 
 
 def test_a_shapes_first_call_runs_until_its_graph_is_captured(built: dict[str, Any]) -> None:
-    """On an engine that captures CUDA graphs, a fixed-length shape's first call runs its
-    binding CAPTURE_RUNS times (ONNX Runtime captures a graph id on its third run), later calls
-    once, the samples the same: only a shape's first call may capture (``may_capture``), the
-    one call of that shape a vocoder on a thread of its own is waited for. Over the CPU engine
-    here, with the graph id and the capturing faked."""
+    """On an engine that captures CUDA graphs, with the calls on a thread of their own
+    (own_thread), a fixed-length shape's first call runs its binding CAPTURE_RUNS times (ONNX
+    Runtime captures a graph id on its third run), later calls once, the samples the same: only
+    a shape's first call may capture (``may_capture``), the one call of that shape the loop
+    waits for. In the loop's thread every call runs once. Over the CPU engine here, with the
+    graph id and the capturing faked."""
     from types import SimpleNamespace
 
     from edgeomni.runtime.engine import CAPTURE_RUNS
 
-    runner = Code2Wav(stage(window_frames=20), built["folder"], engines=Engines(threads=2))
+    runner = Code2Wav(stage(window_frames=20, own_thread=True), built["folder"],
+                      engines=Engines(threads=2))  # fmt: skip
     engine = runner.engine
     runner._engines = SimpleNamespace(captures=lambda config: True)  # type: ignore[assignment]
     runner.fixed_lengths = (8,)
@@ -361,6 +363,10 @@ def test_a_shapes_first_call_runs_until_its_graph_is_captured(built: dict[str, A
     np.testing.assert_array_equal(first, again)
     assert runner.may_capture((2, *codes.shape[1:]))  # another batch size: its own graph
     assert not runner.may_capture((1, Q, 30))  # a length run as it is: nothing captured
+    runner.beside = False  # in the loop's thread: a new shape's first call runs once
+    graphs.clear()
+    runner.decode_batch(np.concatenate([codes, codes]))
+    assert graphs == [5]
 
 
 def test_runner_whole_utterance_and_fallback(built: dict[str, Any], tmp_path: Path) -> None:

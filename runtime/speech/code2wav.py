@@ -212,6 +212,7 @@ class Code2Wav(StageRunner):
         # a call's fixed buffers are the engine's, one call at a time: the loop's thread and a
         # worker's (WindowBatch's beside) may both call
         self._lock = threading.Lock()
+        self.beside = bool(stage.config.get("own_thread", False))  # calls on a worker thread
         self.source = stage_source(stage, CODES_INPUT)
         # codes vocoded in front of the request's and cut off again (Qwen3-TTS's in-context
         # clone: upstream decodes the reference codes with the new ones); None: no such input
@@ -294,10 +295,11 @@ class Code2Wav(StageRunner):
         keep = n * self.samples_per_frame - self.trim
         buffers = self.engine.buffers
         buffers.upload(slot.codes, padded)
-        # a shape's first call runs until its graph is captured (ONNX Runtime captures on a
-        # graph id's third run; a window's call gives the same samples each time): only that
-        # call is waited for when the calls run on a thread of their own (may_capture)
-        runs = CAPTURE_RUNS if slot.graph is not None and not slot.runs else 1
+        # on a thread of its own, a shape's first call runs until its graph is captured (ONNX
+        # Runtime captures on a graph id's third run; a window's call gives the same samples
+        # each time), so that only that call is waited for (may_capture); in the loop's thread
+        # the runs before the capture are simply its first calls
+        runs = CAPTURE_RUNS if self.beside and slot.graph is not None and not slot.runs else 1
         for _ in range(runs):
             slot.binding.run({}, graph=slot.graph)
         slot.runs += runs
@@ -366,7 +368,7 @@ class Code2Wav(StageRunner):
     def stream_batch(self) -> WindowBatch | StreamBatch:
         """Where the streams of the requests in this stage are vocoded together: their chunks
         with their state (stateful), or their windows."""
-        beside = bool(self.stage.config.get("own_thread", False))
+        beside = self.beside
         if self.step is None or self.chunks is None:
             return WindowBatch(self, beside=beside)
         fixed = self.chunks.sizes() if self.step.engine.prefers_fixed_shapes else ()
@@ -547,11 +549,10 @@ class WindowBatch:
     ``beside``: the calls run on a worker thread of their own, in the order they were made,
     while the loop's thread goes on with the decoders (the module's docstring). A window is
     taken from its stream's vocoder when its call is sent and its audio cut when the call is
-    taken in (``collect``). The CUDA
-    provider captures a call shape's graph on the thread that replays it, in global mode (no
-    other thread may make a CUDA call that could synchronise meanwhile): a call that may capture
-    is waited for, and every call holds ``memory.GRAPH_LOCK`` (``Beside``), which a capture on
-    the loop's thread holds too."""
+    taken in (``collect``). The CUDA provider captures a call shape's graph on the thread that
+    replays it, in global mode (no other thread may make a CUDA call that could synchronise
+    meanwhile): a call that may capture is waited for, and every call holds
+    ``memory.GRAPH_LOCK`` (``Beside``), which a capture on the loop's thread holds too."""
 
     def __init__(self, runner: Code2Wav, *, beside: bool = False) -> None:
         self.runner = runner
@@ -684,7 +685,7 @@ class AudioStream:
         if self.in_flight:
             self.batch.collect(until=self)
         start = time.perf_counter()
-        self.take(self.vocoder.flush(), 0.0)  # what no call took (a stream never closed)
+        self.take(self.vocoder.flush(), 0.0)  # nothing by now: close sent the last window
         self.seconds += time.perf_counter() - start
         if self.first_audio is None:
             self.first_audio = time.perf_counter()
