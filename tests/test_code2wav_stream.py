@@ -300,6 +300,39 @@ def test_windows_of_requests_finishing_together_share_their_last_call(omni_engin
     np.testing.assert_array_equal(a, b)
 
 
+def test_windows_of_several_lengths_share_a_fixed_lengths_call(omni_engine, wholes) -> None:
+    """Where windows run at fixed lengths (a GPU; set here on the CPU engine), the last windows
+    of requests ending together share one call even when their lengths differ (each padded on
+    the right with code 0), and each request's audio is what its windows give alone."""
+    codes, _ = wholes["omni"][11]
+    exact = windowed(omni_engine)
+    runner = windowed(omni_engine)
+    runner.fixed_lengths = tuple(sorted(runner.vocoder().lengths()))
+    calls: list[tuple[int, ...]] = []
+    decode = runner.decode_batch
+
+    def recording(batch_codes: np.ndarray) -> np.ndarray:
+        calls.append(batch_codes.shape)
+        return decode(batch_codes)
+
+    runner.decode_batch = recording  # type: ignore[method-assign]
+    audio = {}
+    for name, r in (("exact", exact), ("fixed", runner)):
+        batch = r.stream_batch()
+        streams = [r.stream_for(RequestState(i, None, None), batch) for i in range(2)]
+        for stream, n in zip(streams, (7, 8), strict=True):  # two tails: 1 and 2 new frames
+            stream(codes[:n])
+        batch.decode_ready()
+        for stream in streams:
+            stream.close()
+        batch.decode_ready()
+        audio[name] = [stream.finish() for stream in streams]
+    # the first two windows, then both tails (1 and 2 new frames after their context) in one
+    assert [c[0] for c in calls] == [2, 2, 2], calls
+    for got, want in zip(audio["fixed"], audio["exact"], strict=True):
+        assert got.shape == want.shape and np.abs(got - want).max() < 1e-5
+
+
 def test_on_a_thread_of_its_own_later_chunks_are_short(tts_engine) -> None:
     """What is left when the talker ends is vocoded after it on the vocoder's thread: its later
     chunks default to BESIDE_CHUNK_FRAMES and its first to one frame, unless the stage config

@@ -210,11 +210,11 @@ class FakeDevice:
     uploads: list[tuple[np.ndarray, np.dtype]] = []
 
     def __init__(self, shape, dtype, data=None):  # noqa: ANN001
-        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.shape, self.dtype, self.lane = tuple(shape), np.dtype(dtype), 0
         self.data = np.zeros(shape, dtype) if data is None else data
 
     @classmethod
-    def zeros(cls, shape, dtype, device=0):  # noqa: ANN001, ANN206
+    def zeros(cls, shape, dtype, device=0, lane=0):  # noqa: ANN001, ANN206
         return cls(shape, dtype)
 
     def rows(self, n: int, start: int = 0) -> FakeDevice:

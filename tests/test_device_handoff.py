@@ -28,14 +28,15 @@ class FakeDeviceArray:
 
     def __init__(self, shape: tuple[int, ...], dtype: Any, data: np.ndarray | None = None,
                  ptr: int | None = None):  # fmt: skip
-        self.shape, self.dtype, self.device = tuple(shape), np.dtype(dtype), 0
+        self.shape, self.dtype, self.device, self.lane = tuple(shape), np.dtype(dtype), 0, 0
         self.data = np.zeros(shape, dtype) if data is None else data
         self.ptr = len(self.at) + 1 if ptr is None else ptr
         self.nbytes = self.data.nbytes
         self.at.setdefault(self.ptr, self)
 
     @classmethod
-    def zeros(cls, shape: tuple[int, ...], dtype: Any, device: int = 0) -> FakeDeviceArray:
+    def zeros(cls, shape: tuple[int, ...], dtype: Any, device: int = 0,
+              lane: int = 0) -> FakeDeviceArray:  # fmt: skip
         return cls(shape, dtype)
 
     def view(self, shape: tuple[int, ...]) -> FakeDeviceArray:

@@ -24,7 +24,7 @@ class FakeDevice:
 
 def test_outputs_are_copied_once_and_only_when_read(monkeypatch) -> None:
     syncs = []
-    monkeypatch.setattr(memory, "synchronize", lambda device=0: syncs.append(device))
+    monkeypatch.setattr(memory, "synchronize", lambda device=0, lane=0: syncs.append(device))
     logits = FakeDevice(np.arange(12, dtype=np.float32).reshape(2, 6))
     values = FakeDevice(np.array([[5.0, 4.0], [11.0, 10.0]], np.float32))
     indices = FakeDevice(np.array([[5, 4], [5, 4]], np.int64))

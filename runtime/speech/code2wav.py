@@ -569,14 +569,21 @@ class WindowBatch:
         if not self.fresh:
             return took
         self.fresh = False
+        fixed = self.runner.fixed_lengths
         while True:
-            groups: dict[tuple[int, ...], list[tuple[AudioStream, Window]]] = {}
+            # windows that run at one length share calls: on a GPU a fixed length holds windows
+            # of several (a shorter one padded on the right with code 0: the vocoder is causal),
+            # as the tails of requests finishing together mostly are
+            groups: dict[tuple[str, int], list[tuple[AudioStream, Window]]] = {}
             for stream in self.streams:
                 window = stream.vocoder.pending()
                 if window is None and stream.closing:  # its last, partial window
                     window = stream.vocoder.tail()
                 if window is not None:
-                    groups.setdefault(window.codes.shape, []).append((stream, window))
+                    n = len(window.codes)
+                    length = padded_length(n, fixed)
+                    key = ("fixed", length) if length is not None else ("own", n)
+                    groups.setdefault(key, []).append((stream, window))
             if not groups:
                 return took
             for group in groups.values():  # a cohort stepping together: one group
@@ -586,13 +593,16 @@ class WindowBatch:
             took = True
 
     def _call(self, part: list[tuple[AudioStream, Window]]) -> None:
-        codes = np.stack([w.codes.T for _, w in part])  # [B, Q, n]
+        longest = max(len(w.codes) for _, w in part)
+        codes = np.zeros((len(part), part[0][1].codes.shape[1], longest), np.int64)  # [B, Q, n]
+        for row, (_, window) in enumerate(part):
+            codes[row, :, : len(window.codes)] = window.codes.T
         if self.beside is None:
             start = time.perf_counter()
             samples = self.runner.decode_batch(codes)
             share = (time.perf_counter() - start) / len(part)
             for (stream, window), row in zip(part, samples, strict=True):
-                stream.take(stream.vocoder.accept(window, row), share)
+                stream.take(stream.vocoder.accept(window, self._own(window, row)), share)
             return
         for stream, window in part:
             stream.vocoder.take(window)
@@ -615,12 +625,17 @@ class WindowBatch:
             return False
         return self.beside.collect(self._took, wait=wait, until=until)
 
-    @staticmethod
-    def _took(part: list[tuple[AudioStream, Window]], result: tuple[np.ndarray, float]) -> None:
+    def _took(self, part: list[tuple[AudioStream, Window]], result: tuple[np.ndarray, float]
+              ) -> None:  # fmt: skip
         samples, seconds = result
         share = seconds / len(part)
         for (stream, window), row in zip(part, samples, strict=True):
-            stream.take(stream.vocoder.cut(window, row), share)
+            stream.take(stream.vocoder.cut(window, self._own(window, row)), share)
+
+    def _own(self, window: Window, row: np.ndarray) -> np.ndarray:
+        """A window's samples of a call's row (a window shorter than the call's: its first
+        n*S - trim, which the padding after it does not touch)."""
+        return row[: len(window.codes) * self.runner.samples_per_frame - self.runner.trim]
 
 
 class AudioStream:
