@@ -173,13 +173,10 @@ class AudioStream:
                 self.first_audio = now
 
     def finish(self) -> np.ndarray:
-        self.close()
-        self.batch.decode_ready()  # complete windows still queued (no end_step came)
+        self.close()  # the last window, with the windows still queued (no end_step came)
+        self.batch.decode_ready()
         if self.in_flight:
             self.batch.collect(until=self)
-        start = time.perf_counter()
-        self.take(self.vocoder.flush(), 0.0)  # nothing by now: close sent the last window
-        self.seconds += time.perf_counter() - start
         if self.first_audio is None:
             self.first_audio = time.perf_counter()
         if not self.pieces:  # no frames: the talker ended speech at its first code
