@@ -310,6 +310,8 @@ def side_key(side: str, args: argparse.Namespace, engine: dict, windows: dict) -
                    threads=args.threads if args.device == "cpu" else None)  # fmt: skip
         if args.host_frame_sum:  # absent by default: the default's cached results stay valid
             key.update(host_frame_sum=True)
+        if args.host_first_draw:
+            key.update(host_first_draw=True)
         if args.vocoder_beside:
             key.update(vocoder_beside=True)
         if args.quantization:  # absent for float engines: their cached results stay valid
@@ -369,7 +371,7 @@ def run_side(side: str, args: argparse.Namespace, engine: dict, windows: dict, c
             spec.update(engine=engine["engine"], repeats=args.repeats, device=args.device,
                         cuda_graphs=not args.no_cuda_graphs, batching=args.batching,
                         whole_utterance=args.whole_utterance, host_frame_sum=args.host_frame_sum,
-                        vocoder_beside=args.vocoder_beside,
+                        host_first_draw=args.host_first_draw, vocoder_beside=args.vocoder_beside,
                         threads=args.threads if args.device == "cpu" else None)  # fmt: skip
             python, env = sys.executable, worker_env()
         else:
@@ -462,6 +464,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host-frame-sum", action="store_true",
                    help="comparison only: each codec frame summed on the host and the talker's "
                    "next input uploaded, as before frames were summed on the device")
+    p.add_argument("--host-first-draw", action="store_true",
+                   help="comparison only: each step's first codes drawn on the host from the "
+                   "talker's top K, as before the device drew them and queued the next frame "
+                   "behind the draw")
     p.add_argument("--vocoder-beside", action="store_true",
                    help="edgeomni's vocoder calls on a thread of their own, its engine on a CUDA "
                    "stream of its own (edge-infer --vocoder-threads 1)")
@@ -603,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
             "windows": windows, "limits": limits(args), "seed": args.seed,
             "cuda_graphs": not args.no_cuda_graphs, "batching": args.batching,
             "whole_utterance": args.whole_utterance, "host_frame_sum": args.host_frame_sum,
-            "vocoder_beside": args.vocoder_beside,
+            "host_first_draw": args.host_first_draw, "vocoder_beside": args.vocoder_beside,
             "quantization": args.quantization, "group_size": args.group_size,
             "checkpoint": ckpt_info, "engine": {k: v for k, v in engine.items()
                                                 if k != "results_dir"},

@@ -249,6 +249,11 @@ def work_edgeomni(spec: dict) -> dict:
 
         CodePredictor.queue_frame = lambda *args, **kwargs: None  # type: ignore[method-assign]
         options["host_frame_sum"] = True
+    if spec.get("host_first_draw"):  # the comparison: each step's first codes drawn on the host
+        from edgeomni.runtime.speech.talker import SpeechTalker
+
+        SpeechTalker.draw = lambda *args, **kwargs: None  # type: ignore[method-assign]
+        options["host_first_draw"] = True
     if spec.get("vocoder_beside"):  # the vocoder's calls on a thread (a stream) of their own
         options["vocoder_beside"] = True
     start = time.perf_counter()

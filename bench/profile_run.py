@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the served run's time goes, CUDA graphs on (GPU engines)")
     p.add_argument("--vocoder-threads", type=int, help="edge-infer's --vocoder-threads")
     p.add_argument("--code2wav-streaming", choices=("stateful", "windows"))
+    p.add_argument("--host-first-draw", action="store_true",
+                   help="comparison only: a speech talker's first codes drawn on the host")
     p.add_argument("--out", type=Path, help="--timeline: writes timeline.json and the trace")
     p.add_argument("--top", type=int, default=25, help="rows per table")
     args = p.parse_args(argv)
@@ -183,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         print("profile_run: --kernels (graphs off, calls waited for) or --timeline, not both")
         return 2
     requests = requests_from(args)
+    if args.host_first_draw:
+        from edgeomni.runtime.speech.talker import SpeechTalker
+
+        SpeechTalker.draw = lambda *a, **k: None  # type: ignore[method-assign]
     pipe = Pipeline(args.engine, engines=Engines(cuda_graphs=not args.kernels),
                     vocoder_threads=args.vocoder_threads,
                     code2wav_streaming=args.code2wav_streaming)  # fmt: skip

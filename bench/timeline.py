@@ -6,11 +6,15 @@ torch.profiler's Chrome trace, where CUPTI lists each kernel a graph launched wi
 its kernels kept it busy (the union of their intervals) by kernel family; the time any stream
 was busy; the overlap (what the streams' busy times add up to beyond that); and the time no
 kernel ran, which is the host's (Python between calls, launches, the waits for results), each
-also per decode step of the talker.
+also per decode step of the talker. ``gaps`` names where that time falls: the idle gaps by the
+kernel that ended before each and the one that started after.
+
+    python bench/timeline.py KERNELS.json.gz [--min-us 30] [--top 8]   # a saved run's gaps
 """
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import re
@@ -28,7 +32,7 @@ FAMILIES = (("convolution", ("conv", "cudnn", "implicit_gemm", "winograd", "fft"
             ("reduce or softmax", ("reduce", "softmax", "topk", "argmax")))  # fmt: skip
 # the fused module's kernels: a name's family is its name up to its rows variant
 FUSED = re.compile(r"^(linear|qk_rope|rms_rows|add_into|frame_sum|half_to_float|float_to_half|"
-                   r"topk|moe|conv_state|delta_rule|edgeomni_cached_attention)")
+                   r"topk|first_draw|moe|conv_state|delta_rule|edgeomni_cached_attention)")
 
 
 def family(name: str) -> str:
@@ -87,7 +91,33 @@ def summarize(kernels: Sequence[dict[str, Any]], start: float, duration: float, 
         "no_kernel_ms": round(idle / 1e3, 3),
         "no_kernel_ms_per_step": round(idle / 1e3 / per_step, 4),
         "streams": out_streams,
+        "gaps": gaps(inside),
     }  # fmt: skip
+
+
+def gaps(kernels: Sequence[dict[str, Any]], min_us: float = 30.0) -> list[dict[str, Any]]:
+    """The times no kernel ran for at least ``min_us``, summed by the kernel that ended last
+    before each and the one that started it (their names up to 40 characters), largest
+    first: where the host kept the device waiting, and between which of its calls."""
+    by: dict[tuple[str, str], list[float]] = {}
+    ordered = sorted(kernels, key=lambda k: k["ts"])
+    if not ordered:
+        return []
+    end, last = ordered[0]["ts"] + ordered[0]["dur"], ordered[0]["name"]
+    for k in ordered[1:]:
+        idle = k["ts"] - end
+        if idle >= min_us:
+            by.setdefault((last[:40], k["name"][:40]), []).append(idle)
+        if k["ts"] + k["dur"] > end:
+            end, last = k["ts"] + k["dur"], k["name"]
+    rows = [{"after": a, "before": b, "count": len(v), "idle_ms": round(sum(v) / 1e3, 3)}
+            for (a, b), v in by.items()]  # fmt: skip
+    return sorted(rows, key=lambda r: -r["idle_ms"])
+
+
+def gap_lines(rows: Sequence[dict[str, Any]], top: int = 8) -> list[str]:
+    return [f"    {r['idle_ms']:10.3f} ms  {r['count']:4d} gaps  after {r['after']}, "
+            f"before {r['before']}" for r in rows[:top]]  # fmt: skip
 
 
 def lines(summary: dict[str, Any], top: int = 8) -> list[str]:
@@ -101,6 +131,9 @@ def lines(summary: dict[str, Any], top: int = 8) -> list[str]:
                    f"({st['busy_ms_per_step']} ms a step)")  # fmt: skip
         for fam, ms in list(st["families_ms"].items())[:top]:
             out.append(f"    {ms:10.3f} ms  {fam}")
+    if s.get("gaps"):
+        out.append("no kernel for 30 us or more, by the kernels around it:")
+        out += gap_lines(s["gaps"], top)
     return out
 
 
@@ -146,3 +179,22 @@ def profile(pipe: Any, requests: list[Any], batch_size: int, wanted: Any, out: P
         with gzip.open(out / "kernels.json.gz", "wt") as f:  # the kernels, not the whole trace
             json.dump([{k: e.get(k) for k in ("name", "ts", "dur", "args")} for e in kernels], f)
     return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="A saved run's idle gaps (its kernels.json.gz).")
+    p.add_argument("kernels", type=Path)
+    p.add_argument("--min-us", type=float, default=30.0)
+    p.add_argument("--top", type=int, default=8)
+    args = p.parse_args()
+    with gzip.open(args.kernels, "rt") as f:
+        kernels = json.load(f)
+    rows = gaps(kernels, args.min_us)
+    print(f"{args.kernels}: {sum(r['idle_ms'] for r in rows):.3f} ms with no kernel for "
+          f"{args.min_us:g} us or more, in {sum(r['count'] for r in rows)} gaps")
+    print("\n".join(gap_lines(rows, args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

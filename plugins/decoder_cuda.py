@@ -44,6 +44,7 @@ from edgeomni.plugins import attention_cuda as ac
 from edgeomni.plugins import decoder_linear_cuda as lc
 from edgeomni.plugins import gated_delta_cuda as gdc
 from edgeomni.plugins import moe_cuda
+from edgeomni.plugins import speech_draw_cuda as sdc
 from edgeomni.plugins.attention_source import ROPE_SOURCE
 from edgeomni.plugins.decoder_linear_cuda import rms_scale
 
@@ -71,7 +72,8 @@ class Variant:
                    "MOE_SLOTS": moe_cuda.MOE_SLOTS, "CONV_MAX_K": gdc.CONV_MAX_K,
                    "DELTA_WARPS": gdc.DELTA_WARPS, "DELTA_LANE": gdc.DELTA_LANE}  # fmt: skip
         head = "// edgeomni fused decoder kernels (plugins/decoder_cuda.py)\n"
-        body = _HEAD + lc.SOURCE + ROPE_SOURCE + _TAIL + moe_cuda.SOURCE + gdc.SOURCE
+        body = (_HEAD + lc.SOURCE + ROPE_SOURCE + _TAIL + moe_cuda.SOURCE + gdc.SOURCE
+                + sdc.SOURCE)
         return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
 
@@ -420,7 +422,8 @@ __device__ __forceinline__ void load_chunk(const float* __restrict__ logits,
 // sampler.py does in an ONNX engine: the candidates are the values >= the top_k-th (ties stay),
 // their softmax at the temperature in float64, top-p keeps those whose preceding mass is below
 // top_p, and uniform[b] picks one of the kept by their renormalised cumulative mass. A row the
-// K cannot decide (its top_k-th value equals the K-th: an id outside the K may tie it) draws -1.
+// K cannot decide (its top_k-th value is not above ``floor_value``, the K-th before any change:
+// an id outside the K may tie it) draws -1.
 // The drawn id's embedding, row head * V + id of tables [heads * V, H] (id 0 for -1), goes to
 // embeds [B, H] for the next call. The whole block calls it after its top-K is written (and
 // synchronised); the exponentials and divisions are spread over its threads, the running sums
@@ -430,7 +433,8 @@ __device__ __forceinline__ void load_chunk(const float* __restrict__ logits,
     const long long* __restrict__ head, const wt_t* __restrict__ tables, int H, \
     long long* __restrict__ drawn, wt_t* __restrict__ embeds
 #define DRAW_ARGS uniform, temperature, top_k, top_p, head, tables, H, drawn, embeds
-__device__ void draw_row(int b, const float* x, const long long* ids, int K, int V, DRAW_PARAMS) {
+__device__ void draw_row(int b, const float* x, const long long* ids, int K, int V, float floor_value,
+                         DRAW_PARAMS) {
     __shared__ double e[TOPK_MAX];
     __shared__ double total;
     __shared__ int kept;
@@ -478,7 +482,7 @@ __device__ void draw_row(int b, const float* x, const long long* ids, int K, int
         int below = 0;
         for (int i = 0; i < kept; ++i) below += e[i] <= point;
         below = below < kept - 1 ? below : kept - 1;
-        pick = kth > x[K - 1] ? ids[below] : -1LL;
+        pick = kth > floor_value ? ids[below] : -1LL;
         drawn[b] = pick;
     }
     __syncthreads();
@@ -503,7 +507,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_one(
     const long long at = (long long)b * kk;
     block_topk<long long>(v, id, kk, out_v + at, out_i + at, out_h ? out_h + at : nullptr);
     __syncthreads();
-    if (uniform) draw_row(b, out_v + at, out_i + at, kk, V, DRAW_ARGS);
+    if (uniform) draw_row(b, out_v + at, out_i + at, kk, V, out_v[at + kk - 1], DRAW_ARGS);
 }
 
 // pass 1 of a larger vocabulary: block (c, b) keeps the best kk of its chunk in cand_v/cand_i
@@ -542,7 +546,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_merge(
     const long long at = (long long)b * kk;
     block_topk<long long>(v, id, kk, out_v + at, out_i + at, out_h ? out_h + at : nullptr);
     __syncthreads();
-    if (uniform) draw_row(b, out_v + at, out_i + at, kk, V, DRAW_ARGS);
+    if (uniform) draw_row(b, out_v + at, out_i + at, kk, V, out_v[at + kk - 1], DRAW_ARGS);
 }
 """
 
@@ -595,10 +599,12 @@ def topk_reference(
 def sample_reference(
     values: np.ndarray, ids: np.ndarray, uniform: np.ndarray, *, temperature: float,
     top_k: int, top_p: float, tables: np.ndarray | None = None, head: int = 0,
+    floor: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
     """``draw_row`` (after ``topk_one`` or ``topk_merge``): each row's drawn id from its sorted top K (values [B, K] descending,
     ids [B, K]), -1 where the K cannot decide, and the drawn ids' rows of ``tables`` [heads, V,
-    H] (row 0 for -1). Sums run in candidate order, as the kernel's thread 0 adds them."""
+    H] (row 0 for -1). Sums run in candidate order, as the kernel's thread 0 adds them.
+    ``floor`` [B]: each row's value a drawn row's top_k-th must exceed (default its K-th)."""
     n, k = values.shape
     kk = min(max(int(top_k), 1), k)
     out = np.empty(n, np.int64)
@@ -614,7 +620,7 @@ def sample_reference(
         q = p[:m] / np.cumsum(p[:m])[-1]
         cdf = np.cumsum(q)
         below = min(int(np.count_nonzero(cdf <= uniform[b] * cdf[-1])), m - 1)
-        out[b] = ids[b, below] if kth > x[-1] else -1
+        out[b] = ids[b, below] if kth > (x[-1] if floor is None else floor[b]) else -1
     rows = None if tables is None else tables[head][np.maximum(out, 0)]
     return out, rows
 

@@ -45,6 +45,30 @@ class Buffers(Protocol):
     def download(self, x: Array) -> np.ndarray: ...
     def synchronize(self) -> None: ...
     def overlaps(self, x: Array, buffers: Iterable[Array]) -> bool: ...
+    def reader(self, shape: tuple[int, ...], dtype: DTypeLike) -> Reader: ...
+
+
+class Reader(Protocol):
+    """A buffer's bytes read by the host later (Buffers.reader): ``queue`` them now, behind
+    what is queued so far; ``wait`` for them, while what was queued after runs on."""
+
+    def queue(self, x: Array) -> None: ...
+    def wait(self) -> np.ndarray: ...
+
+
+class _HostReader:
+    """A CPU engine's Reader: the array copied when queued (nothing runs behind it)."""
+
+    def __init__(self) -> None:
+        self._got: np.ndarray | None = None
+
+    def queue(self, x: Array) -> None:
+        self._got = _host(x).copy()
+
+    def wait(self) -> np.ndarray:
+        if self._got is None:
+            raise RuntimeError("a read waited for before anything was queued")
+        return self._got
 
 
 def _host(x: Array) -> np.ndarray:
@@ -126,6 +150,9 @@ class HostBuffers:
 
     def synchronize(self) -> None:
         pass
+
+    def reader(self, shape: tuple[int, ...], dtype: DTypeLike) -> Reader:
+        return _HostReader()
 
     def overlaps(self, x: Array, buffers: Iterable[Array]) -> bool:
         """Whether ``x`` may share memory with one of ``buffers`` (an earlier call's output fed
@@ -210,6 +237,10 @@ class DeviceBuffers:
 
     def synchronize(self) -> None:
         memory.synchronize(self.device, self.lane)
+
+    def reader(self, shape: tuple[int, ...], dtype: DTypeLike) -> Reader:
+        """Pinned host memory and an event (memory.HostRead): allocate once, use per read."""
+        return memory.HostRead(shape, dtype, self.device, self.lane)
 
     def overlaps(self, x: Array, buffers: Iterable[Array]) -> bool:
         """By address range: device buffers overlap device buffers only."""

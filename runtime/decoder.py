@@ -61,6 +61,10 @@ class StepOutputs(Mapping[str, np.ndarray]):
         if queued:
             self._memory.synchronize()
 
+    def __contains__(self, name: object) -> bool:
+        """Whether the call outputs ``name``: nothing fetched (Mapping's own would read it)."""
+        return name in self._buffers
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._buffers)
 

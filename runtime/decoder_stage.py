@@ -145,6 +145,19 @@ def prefill_runs(slots: Sequence[Slot[D]]) -> list[list[Slot[D]]]:
     return runs
 
 
+class QueuedDraw(Protocol):
+    """A step's tokens a spec's ``draw`` queued where the outputs are."""
+
+    def tokens(self) -> np.ndarray | None:
+        """The tokens [ready rows], or None where the host must draw the step after all (the
+        numbers the draw took put back)."""
+        ...
+
+    def cancel(self) -> None:
+        """Drop them (the step runs again), the numbers they took put back."""
+        ...
+
+
 class DecoderSpec(Protocol[D]):
     """A model's part of the decoder stage. ``outputs``: decode outputs (name -> shape after the
     batch axis), ``per_position`` those also [rows, S, ...]; ``prefill_fetch``: outputs read on
@@ -205,6 +218,14 @@ class DecoderSpec(Protocol[D]):
         """After the step ran on what ``inputs`` gave: None where that stands, else the host
         inputs [len(ready), H] to run the step again with (an input made on the device that
         the host had to make again)."""
+        ...
+
+    def draw(
+        self, ready: Sequence[Slot[D]], slots: Mapping[int, Slot[D]], out: StepOutputs
+    ) -> QueuedDraw | None:
+        """Right after the step is queued (before ``confirm``): each ready row's next token
+        drawn where the outputs are (a speech talker on a GPU), from the numbers the host would
+        have drawn, queued; None, and the stage draws on the host."""
         ...
 
     def decode_feeds(self, rows: int) -> dict[str, np.ndarray]: ...
@@ -442,10 +463,18 @@ class DecoderStage(Generic[D]):
                                **feeds)  # type: ignore[arg-type]  # fmt: skip
 
         out = run(fed if hasattr(fed, "shape") else np.asarray(fed))
+        queued = spec.draw(ready, slots, out)  # before confirm waits: the device has it
         again = spec.confirm(ready)
         if again is not None:  # the same positions: the cache's entries are written over
+            if queued is not None:
+                queued.cancel()
+                queued = None
             out = run(np.asarray(again))
-        self._draw(ready, self._per_slot(out.logits(), ready, 0))
+        tokens = None if queued is None else queued.tokens()
+        if tokens is None:
+            self._draw(ready, self._per_slot(out.logits(), ready, 0))
+        else:
+            self._take(ready, tokens, 0)
         self._last = out
         spec.stepped(ready)
         elapsed, engine = time.perf_counter() - start, session.engine_seconds - engine
@@ -486,10 +515,15 @@ class DecoderStage(Generic[D]):
             for k, j in enumerate(asked):
                 n = slots[j].top_logprobs
                 slots[j].logprobs.append((ids[k, :n], values[k, :n]))
+        self._take(slots, tokens, fetched + len(asked))
+
+    def _take(self, slots: Sequence[Slot[D]], tokens: np.ndarray, fetched: int) -> None:
+        """Each slot's token drawn, into its tokens and penalty history (``fetched``: the full
+        logit rows each read)."""
         for j, slot in enumerate(slots):
             token = int(tokens[j])
             slot.generated.append(token)
-            slot.full_rows += fetched + len(asked)
+            slot.full_rows += fetched
             if slot.history is not None:
                 slot.history[slot.prefix + len(slot.generated) - 1] = token
 

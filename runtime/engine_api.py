@@ -22,9 +22,9 @@ LENGTHS = ("past_lens", "query_lens")
 class EngineBase:
     """What every engine shares: ``new_graph_id``, a number for each call shape it captures as
     a CUDA graph, or None where it captures none (the callers never read ``cuda_graphs``
-    themselves); and ``sequence_graph`` and ``sum_frame`` refused, for an engine that cannot
-    capture a sequence of its calls or sum a frame on its device (the fused engine overrides
-    both)."""
+    themselves); and ``sequence_graph``, ``sum_frame`` and ``draw_first`` refused, for an engine
+    that cannot capture a sequence of its calls, sum a frame or draw a first code on its
+    device (the fused engine overrides them)."""
 
     BACKEND: str  # the name its errors give
     cuda_graphs: bool
@@ -47,6 +47,17 @@ class EngineBase:
 
     def sum_frame(self, out: Any, base: Any, codes: Any, add: Any = None) -> None:
         raise EngineError(f"{self.BACKEND} engines do not sum frames: sums_frames is False")
+
+    # whether ``draw_first`` draws a speech frame's first code from the engine's top K on its
+    # device (the talker's step, its draw and the next frame then queue with no host read)
+    draws_first = False
+
+    def draw_first(
+        self, values: Any, ids: Any, marks: Any, uniform: Any, table: Any, drawn: Any,
+        base: Any, first: Any, *, penalty: float, temperature: float, top_k: int, top_p: float,
+    ) -> None:  # fmt: skip
+        raise EngineError(f"{self.BACKEND} engines do not draw on the device: draws_first is "
+                          "False")  # fmt: skip
 
 
 def parse_device(device: Any) -> tuple[str, int]:

@@ -112,6 +112,8 @@ class FusedEngine(EngineBase):
         self._frame_tables = next((st["tables"] for st in spec.plan
                                    if st["op"] == "topk" and st["tables"]), None)  # fmt: skip
         self.sums_frames = self._frame_tables is not None
+        self.draws_first = bool(spec.topk)  # from its top K (plugins/speech_draw_cuda.py)
+        self._draw_settings: tuple[tuple[float, ...], list[Any]] | None = None
         # while sequence_graph runs its queue: "load" or "capture", and the bindings it called
         self._sequence_mode: str | None = None
         self._sequence: list[FusedBinding] = []
@@ -202,6 +204,56 @@ class FusedEngine(EngineBase):
                             [ptr(base.ptr), ptr(add.ptr if add is not None else None),
                              ptr(codes.ptr), ptr(table.ptr), i32(groups), i32(n), i32(vocab),
                              i32(width), i32(int(out.dtype == np.float16)), ptr(out.ptr)],
+                            stream=self.cu_stream)  # fmt: skip
+
+
+    def draw_first(
+        self, values: Any, ids: Any, marks: Any, uniform: Any, table: Any, drawn: Any,
+        base: Any, first: Any, *, penalty: float, temperature: float, top_k: int, top_p: float,
+    ) -> None:  # fmt: skip
+        """Each row's first code of a speech frame drawn from this engine's top K where it
+        lies (plugins/speech_draw_cuda.py's ``first_draw``), queued on the engine's stream:
+        values [n, K] (its topk_values output, float16 or float32) and ids [n, K] int64; marks
+        [n, V] uint8 (1 seen, 2 banned); uniform [n] float64; table [V, W] float32 (the codec
+        embedding). Writes drawn [n] int64 (-1: undecided), base [n, W] float32 and first [n,
+        ..., W] (float16 or float32) with the drawn ids' rows. Greedy is top-k 1 at temperature
+        1 with uniform 0, as the code predictor's sampler takes it."""
+        from edgeomni.plugins import speech_draw_cuda as sdc
+        from edgeomni.plugins.decoder_cuda import TOPK_MAX, f32, i32, ptr
+
+        n, k = (int(d) for d in ids.shape)
+        vocab, width = (int(d) for d in table.shape)
+        want = {"values": (values, (n, k), (np.float16, np.float32)),
+                "ids": (ids, (n, k), (np.int64,)), "marks": (marks, (n, vocab), (np.uint8,)),
+                "uniform": (uniform, (n,), (np.float64,)), "drawn": (drawn, (n,), (np.int64,)),
+                "base": (base, (n, width), (np.float32,)),
+                "first": (first, (n, width), (np.float16, np.float32))}  # fmt: skip
+        for what, (array, shape, types) in want.items():
+            if isinstance(array, np.ndarray):
+                raise EngineError(f"draw_first's {what} is a host array: it reads and writes "
+                                  "device buffers")  # fmt: skip
+            size = int(np.prod(array.shape))
+            if size != int(np.prod(shape)) or array.shape[0] != n or array.dtype not in types:
+                raise EngineError(f"draw_first's {what} is {array.dtype} {tuple(array.shape)}, "
+                                  f"not {shape} of {', '.join(np.dtype(t).name for t in types)}")
+        if table.dtype != np.float32 or k > TOPK_MAX:
+            raise EngineError(f"draw_first takes a float32 table and at most {TOPK_MAX} "
+                              f"candidates, not {table.dtype} and {k}")  # fmt: skip
+        memory.use(self.device_id)
+        sent = (float(temperature), float(top_k), float(top_p))
+        if self._draw_settings is None or self._draw_settings[0] != sent:
+            bufs = (self._draw_settings or ((), []))[1] or [
+                self.buffers.zeros((1,), t) for t in (np.float64, np.int64, np.float64)]
+            for buf, value in zip(bufs, sent, strict=True):
+                buf.upload(np.array([value], buf.dtype))
+            self._draw_settings = (sent, bufs)
+        settings = [ptr(b.ptr) for b in self._draw_settings[1]]
+        grid, block = sdc.first_draw_launch(n)
+        self.kernels.launch("first_draw", grid, block,
+                            [ptr(values.ptr), i32(int(values.dtype == np.float16)), ptr(ids.ptr),
+                             i32(k), i32(vocab), ptr(marks.ptr), f32(penalty), ptr(uniform.ptr),
+                             *settings, ptr(table.ptr), i32(width), ptr(drawn.ptr),
+                             ptr(base.ptr), ptr(first.ptr), i32(int(first.dtype == np.float16))],
                             stream=self.cu_stream)  # fmt: skip
 
 

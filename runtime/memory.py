@@ -13,6 +13,7 @@ can run beside theirs instead of queueing behind them. Stages reach these throug
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import gc
 import math
@@ -253,6 +254,54 @@ class DeviceArray:
                 return
             with contextlib.suppress(Exception):  # at interpreter shutdown there is no runtime
                 _cudart().cudaFree(self.ptr)
+
+
+class HostRead:
+    """A device array's bytes for the host to read a little later: ``queue`` copies them into
+    pinned host memory and records an event behind the copy; ``wait`` waits for that event
+    alone. Work queued on the stream after ``queue`` runs on while the host waits (a download
+    into pageable memory would wait for all of it: the speech loop queues the next frame
+    behind a step's draw, then reads the draw)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any, device: int = 0, lane: int = 0
+                 ) -> None:  # fmt: skip
+        cudart = _cudart()
+        self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+        self.device, self.lane = device, lane
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+        use(device)
+        self._ptr = int(_check(cudart.cudaMallocHost(max(1, self.nbytes)), "cudaMallocHost"))
+        flags = cudart.cudaEventDisableTiming
+        self._event = _check(cudart.cudaEventCreateWithFlags(flags), "cudaEventCreate")
+        raw = (ctypes.c_char * max(1, self.nbytes)).from_address(self._ptr)
+        self._host = np.frombuffer(raw, self.dtype, math.prod(self.shape)).reshape(self.shape)
+
+    def queue(self, src: Any) -> None:
+        """Copy ``src`` (a DeviceArray of this shape and dtype) out behind everything queued on
+        its stream."""
+        if not isinstance(src, DeviceArray):
+            raise TypeError(f"a device read takes a device buffer, not {type(src).__name__}")
+        if src.shape != self.shape or src.dtype != self.dtype:
+            raise ValueError(f"reading {src.dtype} {src.shape} into {self.dtype} {self.shape}")
+        cudart = _cudart()
+        s = stream(src.device, src.lane)
+        use(src.device)
+        _check(cudart.cudaMemcpyAsync(self._ptr, src.ptr, self.nbytes,
+                                      _kind("cudaMemcpyDeviceToHost"), s),
+               "cudaMemcpyAsync (device to pinned host)")  # fmt: skip
+        _check(cudart.cudaEventRecord(self._event, s), "cudaEventRecord")
+
+    def wait(self) -> np.ndarray:
+        """The bytes last queued, once their copy is done (a host array of its own)."""
+        _check(_cudart().cudaEventSynchronize(self._event), "cudaEventSynchronize")
+        return self._host.copy()
+
+    def __del__(self) -> None:
+        if getattr(self, "_ptr", None):
+            with contextlib.suppress(Exception):  # at interpreter shutdown there is no runtime
+                cudart = _cudart()
+                cudart.cudaEventDestroy(self._event)
+                cudart.cudaFreeHost(self._ptr)
 
 
 T = TypeVar("T")

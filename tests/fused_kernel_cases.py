@@ -392,6 +392,74 @@ def frame_sum_case(dtype: str, rows: int, half_out: bool, text: bool) -> KernelC
     return KernelCase(name, buffers, [Launch("frame_sum", grid, block, args)], check)
 
 
+def first_draw_case(dtype: str, settings: tuple[float, int, float], penalty: float,
+                    half_first: bool) -> KernelCase:  # fmt: skip
+    """``first_draw``: a talker's top K with bans and a repetition penalty, re-sorted and drawn
+    from; one row all equal (undecided), one whose penalised ids fall below the K-th value
+    (so its top_k-th may not decide it), one with its best id banned. Checked against the
+    numpy reference and against runtime/sampling.py's own draw on the rows the K decides,
+    with the same uniform numbers."""
+    from edgeomni.plugins import speech_draw_cuda as sdc
+    from edgeomni.runtime.sampling import SamplingParams, StepLogits, sample_rows
+
+    rows, vocab, k, width = 6, 300, 64, 600  # width past one block of threads
+    rng = np.random.default_rng(int(penalty * 100) + settings[1])
+    logits = (rng.standard_normal((rows, vocab)) * 2).astype(np.float16).astype(np.float32)
+    logits[1] = 0.5
+    values, ids = dc.topk_reference(logits, k)
+    seen = [rng.choice(ids[b], 12, replace=False) for b in range(rows)]
+    seen[3] = ids[3, :20]  # its best, penalised below the rest
+    banned = [np.arange(vocab - 20, vocab) for _ in range(rows)]
+    banned[4] = np.append(banned[4], ids[4, 0])  # its best may not be drawn now
+    marks = sdc.marks_for(rows, vocab, seen, banned)
+    temperature, top_k, top_p = settings
+    greedy = temperature == 0.0
+    t, kk, tp = (1.0, 1, 1.0) if greedy else settings
+    uniform = np.zeros(rows) if greedy else rng.random(rows)
+    table = rng.standard_normal((vocab, width)).astype(np.float32)
+    # a float16 build's top-K values are float16 (its first inputs too)
+    buffers = {"values": values.astype(np.float16) if half_first else values, "ids": ids, "marks": marks, "u": uniform, "t": np.array([t]),
+               "k": np.array([kk], np.int64), "p": np.array([tp]), "table": table,
+               "drawn": np.zeros(rows, np.int64), "base": np.zeros((rows, width), np.float32),
+               "first": np.zeros((rows, width), np.float16 if half_first else np.float32)}
+    grid, block = sdc.first_draw_launch(rows)
+    args = [buf("values"), ("i32", int(half_first)), buf("ids"), ("i32", k), ("i32", vocab),
+            buf("marks"),
+            ("f32", penalty), buf("u"), buf("t"), buf("k"), buf("p"), buf("table"),
+            ("i32", width), buf("drawn"), buf("base"), buf("first"), ("i32", int(half_first))]
+
+    def check(got: dict[str, np.ndarray]) -> None:
+        want, rows_of = sdc.first_draw_reference(values, ids, marks, penalty, uniform,
+                                                 temperature=t, top_k=kk, top_p=tp, table=table)
+        np.testing.assert_array_equal(got["drawn"], want)
+        np.testing.assert_array_equal(got["base"], rows_of)
+        np.testing.assert_array_equal(got["first"], rows_of.astype(got["first"].dtype))
+        # the all-equal row is undecided; rows decided remain to compare with the host's draw
+        assert want[1] == -1 and (want >= 0).sum() >= 2
+        assert want[4] != ids[4, 0]
+
+        class Uniform:  # a generator that gives row b's number, as the host would draw it
+            def __init__(self, u: float) -> None:
+                self.u = u
+
+            def random(self) -> float:
+                return self.u
+
+        decided = np.flatnonzero(want >= 0)
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                                repetition_penalty=penalty)  # fmt: skip
+        step = StepLogits(len(decided), None, values[decided], ids[decided])
+        host, full = sample_rows(step, [params] * len(decided),
+                                 [Uniform(uniform[b]) for b in decided],  # type: ignore[misc]
+                                 [seen[b] for b in decided], [banned[b] for b in decided])
+        assert full == 0
+        np.testing.assert_array_equal(host, want[decided])
+
+    name = f"first_draw-{dtype}-T{temperature}-k{top_k}-p{top_p}-pen{penalty}"
+    return KernelCase(name + "-half" * half_first, buffers,
+                      [Launch("first_draw", grid, block, args)], check)
+
+
 def conv_state_case(dtype: str, rows: int, seq: int, channels: int, kernel_size: int,
                     silu: bool) -> KernelCase:  # fmt: skip
     """``conv_state``: the depthwise causal conv over each row's past inputs and its tokens,
@@ -497,6 +565,12 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
         (5, 6, 2, 64, 40, 1), (12, 70, 8, 136, 40, 0), (9, 8, 4, 72, 96, 1, True))]
     cases += [frame_sum_case(dtype, r, half, text) for r, half, text in
               ((1, False, True), (3, True, True), (4, False, False))]  # fmt: skip
+    # a speech frame's first code: greedy and sampled, penalty on and off
+    # (top-k near K leaves few rows decided where bans and penalty reach into the K)
+    cases += [first_draw_case(dtype, settings, pen, half) for settings, pen, half in (
+        (SAMPLE_SETTINGS[0], 1.05, True), (SAMPLE_SETTINGS[1], 1.05, False),
+        (SAMPLE_SETTINGS[2], 1.3, True), ((0.6, 30, 0.3), 1.0, False),
+        (SAMPLE_SETTINGS[4], 1.05, True))]  # fmt: skip
     # Gated DeltaNet: a decode step of 3 rows, a prefill past a block's channels; the rule's
     # heads shared (2 value heads a key head), dk past one lane pass and not a multiple of 32
     cases += [conv_state_case(dtype, 3, 1, 200, 4, True), conv_state_case(dtype, 3, 9, 130, 4, True),

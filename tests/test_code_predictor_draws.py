@@ -245,7 +245,8 @@ def fake_device(monkeypatch) -> list[tuple[np.ndarray, np.dtype]]:
 def test_a_gpu_frame_stages_its_host_inputs_once(fake_device) -> None:
     """On a GPU (faked here) a frame's uniform numbers and E(c0) go to the device in one upload
     each, before its first call, into buffers kept per cohort size; each step reads its row
-    there (a copy from pageable memory would wait for the stream before every step)."""
+    there (two uploads a frame, not two a step). Where the device drew the first codes, E(c0)
+    is not sent: its draw wrote it into the same buffer (``first_inputs``)."""
     from types import SimpleNamespace
 
     cp = CodePredictor.__new__(CodePredictor)
@@ -266,6 +267,12 @@ def test_a_gpu_frame_stages_its_host_inputs_once(fake_device) -> None:
     assert [a.shape for a, _ in fake_device] == [(15, 3), (3, 1, 4)] * 2
     assert all(a.dtype == dtype for a, dtype in fake_device)
     assert staged[0] is staged[1] and len(cp._staging) == 1  # the same buffers, reused
+    fake_device.clear()
+    cp._sums, cp.groups = {}, 16
+    first, _ = cp.first_inputs(3, np.float16)
+    assert first is staged[0]  # where the device's draw writes E(c0) for the frame
+    rows, got = cp._staged(uniforms, None)
+    assert got is first and [a.shape for a, _ in fake_device] == [(15, 3)]  # numbers only
     cpu = CodePredictor.__new__(CodePredictor)
     cpu.engine = SimpleNamespace(buffers=HostBuffers())
     rows, first = cpu._staged(uniforms, e0)  # a CPU engine: host arrays, nothing staged

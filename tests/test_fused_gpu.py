@@ -339,8 +339,10 @@ def test_tts_codes_equal_the_float32_reference(tmp_path) -> None:
     talkers: list[dict] = []
     ours, want, theirs = speech(fused, body, talkers), speech(cpu, body), speech(ort, body)
     print(f"codes equal to onnxruntime cuda's: {agreement(ours, theirs)}")
-    # both requests step together: their frames are summed where the code predictor drew them
+    # both requests step together: their frames are summed where the code predictor drew them,
+    # their first codes drawn on the device with the next frame queued behind (SpeechTalker.draw)
     assert all(t["frames_summed_on_device"] > 0 for t in talkers), talkers
+    assert all(t["first_codes_drawn_on_device"] > 0 for t in talkers), talkers
     for a, b, c in zip(ours, want, theirs, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)  # the CUDA provider without TF32: exact float32
@@ -348,20 +350,24 @@ def test_tts_codes_equal_the_float32_reference(tmp_path) -> None:
 
 @needs_ort_cuda
 def test_tts_sampled_codes_equal_the_float32_reference(tmp_path) -> None:
-    """The code predictor sampling (top-k 50, top-p 0.8): the fused engine's in-engine draw and
-    the CPU build's host draws take the same uniform numbers from the request's seed and draw
-    the same codes."""
+    """The talker and the code predictor sampling (top-k 50; the residual codes top-p 0.8; the
+    talker's repetition penalty): the fused engines' draws on the device (the first codes:
+    SpeechTalker.draw's, plugins/speech_draw_cuda.py) and the CPU build's host draws take the
+    same uniform numbers from the request's seed and draw the same codes."""
     ckpt = tts_checkpoint(tmp_path / "ckpt")
     fused = fused_build(ckpt, tmp_path / "fused", "float32", model="tts")
     cpu = cpu_reference(ckpt, tmp_path / "cpu", model="tts")
     assert json.loads((fused / "code_predictor" / "config.json").read_text())["fused"]["sampler"]
-    body = {"talker_top_k": 1, "subtalker_top_k": 50, "subtalker_top_p": 0.8,
+    body = {"talker_top_k": 50, "talker_temperature": 0.9, "repetition_penalty": 1.05,
+            "subtalker_top_k": 50, "subtalker_top_p": 0.8,
             "subtalker_temperature": 0.9, "talker_max_new_tokens": 30, "seed": 7,
             "voice": "vivian", "language": "english",
             "requests": [{"messages": [{"role": "user", "content": t}]}
                          for t in ("Hello world", "A longer sentence to speak.")]}  # fmt: skip
-    for a, b in zip(speech(fused, body), speech(cpu, body), strict=True):
+    talkers: list[dict] = []
+    for a, b in zip(speech(fused, body, talkers), speech(cpu, body), strict=True):
         np.testing.assert_array_equal(a, b)
+    assert all(t["first_codes_drawn_on_device"] > 0 for t in talkers), talkers
 
 
 @pytest.mark.parametrize("graphs", [False, True])

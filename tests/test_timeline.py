@@ -40,9 +40,27 @@ def test_two_streams_busy_overlap_and_idle() -> None:
     assert timeline.lines(s)[0].startswith("run: 0.2 ms over 2 steps")
 
 
+def test_gaps_name_the_kernels_around_them() -> None:
+    """Idle times of at least min_us, summed by the kernel that ended last before each (a
+    longer one on another stream counts, not the last to start) and the one after it."""
+    kernels = [kernel("topk_one", 0, 10, 7), kernel("first_draw", 60, 5, 7),
+               kernel("memcpy32_post", 100, 5, 7), kernel("topk_one", 200, 10, 7),
+               kernel("first_draw", 250, 5, 7), kernel("conv", 255, 100, 9),
+               kernel("frame_sum", 260, 5, 7), kernel("memcpy32_post", 400, 5, 7)]  # fmt: skip
+    rows = timeline.gaps(kernels, min_us=30)
+    assert rows == [
+        {"after": "memcpy32_post", "before": "topk_one", "count": 1, "idle_ms": 0.095},
+        {"after": "topk_one", "before": "first_draw", "count": 2, "idle_ms": 0.09},  # 50 + 40
+        {"after": "conv", "before": "memcpy32_post", "count": 1, "idle_ms": 0.045},
+        {"after": "first_draw", "before": "memcpy32_post", "count": 1, "idle_ms": 0.035}]
+    assert timeline.summarize(kernels, 0.0, 500.0, 2)["gaps"] == rows
+    assert timeline.gaps([]) == []
+
+
 def test_families() -> None:
     assert timeline.family("moe_gate_up_grouped") == "fused moe"
     assert timeline.family("topk_chunks") == "fused topk"
+    assert timeline.family("first_draw") == "fused first_draw"
     assert timeline.family("sm90_xmma_gemm_f16f16_f32") == "onnxruntime gemm"
     assert timeline.family("void onnxruntime::cuda::_UnaryElementWise<float>") == (
         "onnxruntime other")

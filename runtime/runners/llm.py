@@ -334,6 +334,10 @@ class LLMBackbone(StageRunner):
         """Nothing to confirm: its inputs are host rows."""
         return None
 
+    def draw(self, ready: Sequence[Slot], slots: Mapping[int, Slot], out: Any) -> None:
+        """Nothing drawn on the device: the stage draws on the host."""
+        return None
+
     def stepped(self, ready: Sequence[Slot]) -> None:
         """Nothing: the next step reads only the tokens drawn."""
 

@@ -18,7 +18,7 @@ A frame engine (export/common/predictor_frame.py, the CPU's build: config.json's
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,7 @@ class CodePredictor:
             del tables
         self.state = RowState.for_engine(cfg, max_batch, self.engine, groups, folder / "config.json")
         self._drawn: dict[tuple[int, int], tuple[Any, list[Any]]] = {}  # buffer, its rows
+        self._readers: dict[tuple[int, ...], list[Any]] = {}  # queued frames' codes (_reader)
         self._staging: dict[tuple[int, int], tuple[Any, Any, list[Any]]] = {}
 
     def session(self, rows: int) -> DecoderSession | FrameCalls:
@@ -270,34 +271,57 @@ class CodePredictor:
         self,
         cp: DecoderSession | FrameCalls,
         last_hidden: Any,
-        code0: np.ndarray,
-        e0: np.ndarray,
+        code0: np.ndarray | None,
+        e0: np.ndarray | None,
         add: np.ndarray,
         params: SamplingParams,
         rngs: Sequence[np.random.Generator],
         dtype: Any,
+        before: Callable[[], None] | None = None,
     ) -> QueuedFrame | None:
         """``engine_frame`` with the frame's summed embedding plus ``add`` [n, H] (the talker's
         next text rows) made on the device too, in ``dtype`` (the talker's input type), all in
         the frame's graph; nothing waited for. None where the engine cannot (it captures no
         sequences or sums no frames, or cannot draw with these settings): then call
         ``frame``. Its codes are read, and a row the engine could not decide redrawn on the
-        host, when QueuedFrame.codes is called."""
+        host, when QueuedFrame.codes is called. ``code0`` and ``e0`` None: the first codes
+        were drawn on the device, their embeddings written to ``first_inputs``' buffers, and
+        QueuedFrame.first gives them to the host later. ``before``: called right before the
+        frame's graph is launched, once its inputs are sent (the device's draw of its first
+        codes: nothing of the host's between the two on the device)."""
         if not (self.sums_frames and isinstance(cp, DecoderSession)
                 and self.draws_in_engine(params)):  # fmt: skip
             return None
-        n = len(code0)
+        n = len(add)
         saved = [r.bit_generator.state for r in rngs]
         uniform_rows, e0_in = self._staged(self._uniforms(params, rngs), e0)
         drawn, drawn_rows = self._drawn_codes(self.groups - 1, n)
         both, base, added, out = self._sum_buffers(n, dtype)
-        rows = np.stack([e0, add]).astype(np.float32, copy=False)
-        self.engine.buffers.upload(both, np.ascontiguousarray(rows))  # base and add at once
+        if e0 is None:  # E(c0) is where the device's draw wrote it
+            self.engine.buffers.upload(added, np.ascontiguousarray(add, np.float32))
+        else:
+            rows = np.stack([e0, add]).astype(np.float32, copy=False)
+            self.engine.buffers.upload(both, np.ascontiguousarray(rows))  # base and add at once
         hidden = self._graphed_frame(cp, last_hidden, e0_in, np.ones(n, np.int32), params,
-                                     uniform_rows, drawn_rows, (base, added, drawn, out))  # fmt: skip
+                                     uniform_rows, drawn_rows, (base, added, drawn, out),
+                                     before)  # fmt: skip
         hidden = self.engine.buffers.view(hidden, (n, self.hidden_size))
-        return QueuedFrame(self, cp, hidden, code0, e0, add, params, list(rngs), saved, drawn,
+        reader = self._reader(drawn.shape)  # the codes read right behind the frame
+        reader.queue(drawn)
+        return QueuedFrame(self, cp, hidden, code0, e0, add, params, list(rngs), saved, reader,
                            out)  # fmt: skip
+
+    def _reader(self, shape: tuple[int, ...]) -> Any:
+        """A Buffers.reader for a queued frame's codes [G-1, n], not read behind what is
+        queued after the frame. Two a shape, taken in turn: a frame queued ahead
+        (SpeechTalker.draw) is queued before the one before it is read, and one reader's
+        pinned buffer holds only what it copied last."""
+        ring = self._readers.get(shape)
+        if ring is None:
+            ring = self._readers[shape] = [self.engine.buffers.reader(shape, np.int64)
+                                           for _ in range(2)]  # fmt: skip
+        ring.reverse()
+        return ring[0]
 
     def _sum_buffers(self, n: int, dtype: Any) -> tuple[Any, Any, Any, Any]:
         """A frame sum's buffers for ``n`` rows, kept per cohort size and type: one [2, n, H]
@@ -346,6 +370,7 @@ class CodePredictor:
         self, cp: DecoderSession, last_hidden: Any, e0_in: Any, q: np.ndarray,
         params: SamplingParams, uniform_rows: list[Any], drawn_rows: list[Any],
         summed: tuple[Any, Any, Any, Any] | None = None,
+        before: Callable[[], None] | None = None,
     ) -> Any:  # fmt: skip
         """``_queue_frame`` as one graph (Engine.sequence_graph), captured at a cohort shape's
         first frame and launched for each: one launch instead of 16 calls and 15 copies, each
@@ -370,6 +395,8 @@ class CodePredictor:
         # the talker's output buffer (copied on the device), or its rows' states gathered on
         # the host (uploaded in the engine's type)
         memory.copy_into(hidden, memory.view(last_hidden, hidden.shape))
+        if before is not None:
+            before()
         graph.launch()
         return hidden
 
@@ -390,19 +417,19 @@ class CodePredictor:
             self._settings_sent = sent
         return dict(self._settings)
 
-    def _staged(self, uniforms: np.ndarray, e0: np.ndarray) -> tuple[list[Any], Any]:
-        """A frame's per-step uniform numbers and its first codes' embeddings [n, 1, H], where
-        the engine reads them. On a GPU both are uploaded once, before the frame's first call:
-        a copy from pageable host memory waits for the stream, so a per-step upload would make
-        the host wait for each queued step and the GPU then wait for the host (the steps take
-        them from these buffers device to device). On a CPU: host arrays."""
-        steps, n = uniforms.shape
-        memory = self.engine.buffers
-        if memory.on_host:
-            return list(uniforms), e0[:, None, :]
+    def first_inputs(self, n: int, dtype: Any) -> tuple[Any, Any]:
+        """Where ``queue_frame`` reads a frame's E(c0) when given none (its first codes drawn
+        on the device, Engine.draw_first writing both): the first call's input [n, 1, H] and
+        the sum's float32 base [n, H] (``dtype``: the talker's input type, the sum's)."""
+        return self._staging_buffers(self.groups - 1, n)[1], self._sum_buffers(n, dtype)[1]
+
+    def _staging_buffers(self, steps: int, n: int) -> tuple[Any, Any, list[Any]]:
+        """``_staged``'s device buffers, kept per frame shape: the uniform numbers [steps, n]
+        float64, the first input [n, 1, H] and a view of each step's numbers."""
         key = (steps, n)
         staged = self._staging.get(key)
         if staged is None:
+            memory = self.engine.buffers
             dtype = self.engine.input_types.get("inputs_embeds", np.dtype(np.float32))
             rows = memory.zeros((steps, n), np.float64)
             staged = self._staging[key] = (
@@ -410,9 +437,24 @@ class CodePredictor:
                 memory.zeros((n, 1, self.hidden_size), dtype),
                 self._row_views(rows, steps, n),  # made once, not per frame
             )
-        rows, first, views = staged
+        return staged
+
+    def _staged(self, uniforms: np.ndarray, e0: np.ndarray | None) -> tuple[list[Any], Any]:
+        """A frame's per-step uniform numbers and its first codes' embeddings [n, 1, H], where
+        the engine reads them. On a GPU both go up once, before the frame's first call, into
+        buffers the steps read device to device (one upload a frame instead of one a step);
+        ``e0`` None: the embeddings are there already (``first_inputs``). On a CPU: host
+        arrays."""
+        steps, n = uniforms.shape
+        memory = self.engine.buffers
+        if memory.on_host:
+            if e0 is None:
+                raise ValueError("a CPU engine's frame takes its first codes' embeddings")
+            return list(uniforms), e0[:, None, :]
+        rows, first, views = self._staging_buffers(steps, n)
         memory.upload(rows, np.ascontiguousarray(uniforms, np.float64))
-        memory.upload(first, np.ascontiguousarray(e0[:, None, :], first.dtype))
+        if e0 is not None:
+            memory.upload(first, np.ascontiguousarray(e0[:, None, :], first.dtype))
         return views, first
 
     def _row_views(self, buf: Any, steps: int, n: int) -> list[Any]:
@@ -446,27 +488,37 @@ def _decided(
 class QueuedFrame:
     """A frame ``CodePredictor.queue_frame`` queued on the device. ``embeds`` [n, 1, H]: its
     summed embedding plus the rows added to it, where the talker's next call reads it (on the
-    same stream, so after the frame). ``codes`` reads the drawn codes (waiting for the stream);
-    a row the engine could not decide makes it redraw the whole frame on the host from the
-    same numbers, as ``frame`` would, and return that frame's embedding plus the added rows
-    (the talker's call that read ``embeds`` must then run again on it)."""
+    same stream, so after the frame). ``codes`` reads the drawn codes (``drawn``: a
+    Buffers.reader queued right behind the frame, so the host waits for the frame alone, not
+    for the talker's step queued after it; or a host array); a row the engine could not decide
+    makes it redraw the whole frame on the host from the same numbers, as ``frame`` would, and
+    return that frame's embedding plus the added rows (the talker's call that read ``embeds``
+    must then run again on it)."""
 
     def __init__(
-        self, owner: CodePredictor, session: DecoderSession, hidden: Any, code0: np.ndarray,
-        e0: np.ndarray, add: np.ndarray, params: SamplingParams,
-        rngs: list[np.random.Generator], saved: list[Any], drawn: Any, embeds: Any,
+        self, owner: CodePredictor, session: DecoderSession, hidden: Any,
+        code0: np.ndarray | None, e0: np.ndarray | None, add: np.ndarray,
+        params: SamplingParams, rngs: list[np.random.Generator], saved: list[Any], drawn: Any,
+        embeds: Any,
     ) -> None:  # fmt: skip
         self._owner, self._session, self._hidden = owner, session, hidden
         self._code0, self._e0, self._add = code0, e0, add
         self._params, self._rngs, self._saved, self._drawn = params, rngs, saved, drawn
         self.embeds = embeds
 
+    def first(self, code0: np.ndarray, e0: np.ndarray) -> None:
+        """The first codes the device drew for this frame, and their embeddings, once the host
+        has read them (before ``codes``)."""
+        self._code0, self._e0 = code0, e0
+
     def codes(self) -> tuple[np.ndarray, np.ndarray | None]:
         """The frame's codes [n, G], and None, or the host's embedding [n, H] (plus the added
         rows) where the host redrew the frame."""
+        if self._code0 is None or self._e0 is None:
+            raise RuntimeError("a frame's codes read before its first codes were given")
         owner = self._owner
-        codes = _decided(owner.engine.buffers.to_host(self._drawn), self._code0, self._rngs,
-                         self._saved)  # fmt: skip
+        drawn = self._drawn if isinstance(self._drawn, np.ndarray) else self._drawn.wait()
+        codes = _decided(drawn, self._code0, self._rngs, self._saved)
         if codes is not None:
             return codes, None
         codes, embed = owner.host_frame(self._session, self._hidden, self._code0, self._e0,

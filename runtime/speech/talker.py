@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeomni.plugins.speech_draw_cuda import marks_for
 from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.decoder import StepOutputs, right_pad, text_positions
 from edgeomni.runtime.decoder_stage import DecoderStage, Slot
@@ -24,7 +25,7 @@ from edgeomni.runtime.events import CodecFrames, Event
 from edgeomni.runtime.requests import SPEECH_STAGE_KEYS
 from edgeomni.runtime.row_state import RowState
 from edgeomni.runtime.sampling import SamplingParams
-from edgeomni.runtime.speech.code_predictor import CodePredictor
+from edgeomni.runtime.speech.code_predictor import CodePredictor, QueuedFrame
 from edgeomni.runtime.stage import RequestError, RequestState, StageRunner
 
 __all__ = ["GREEDY", "SpeechTalker"]
@@ -52,6 +53,50 @@ class _Speech:
     cp_steps_s: float = 0.0  # every code predictor call of the steps it took part in
     host_frames: int = 0
     device_sums: int = 0  # frames summed where the code predictor drew them (queue_frame)
+    device_draws: int = 0  # first codes drawn on the device (SpeechTalker.draw)
+
+
+class _Drawing:
+    """SpeechTalker.draw's first codes, queued on the device: ``tokens`` waits for them
+    (the frame queued behind them runs on) and hands the next step its frame; ``cancel`` drops
+    both, every generator put back to its state before the draw."""
+
+    def __init__(self, owner: SpeechTalker, ready: list[Slot], rngs: list[Any],
+                 before: list[Any], reader: Any, ahead: _Ahead | None) -> None:  # fmt: skip
+        self._owner, self._ready, self._rngs, self._before = owner, ready, rngs, before
+        self._reader, self._ahead = reader, ahead
+
+    def tokens(self) -> np.ndarray | None:
+        """The drawn first codes; None (cancelled) where the top K could not decide a row:
+        the host then draws the step from the same numbers."""
+        code0 = self._reader.wait()
+        if (code0 < 0).any():
+            self.cancel()
+            return None
+        if self._ahead is not None:
+            self._ahead.frame.first(code0, self._owner.codec_embedding[code0])
+            self._owner._ahead = self._ahead
+        for s in self._ready:
+            s.data.device_draws += 1
+        return code0
+
+    def cancel(self) -> None:
+        for r, state in zip(self._rngs, self._before, strict=True):
+            r.bit_generator.state = state
+        self._ahead = None
+
+
+@dataclass
+class _Ahead:
+    """The next step's frame, queued on the device behind this step's first-code draws
+    (SpeechTalker.draw): the slots of its rows in order, each one's generator state from before
+    the frame took its numbers (put back where the next step does not use the frame), and
+    the time it took to queue."""
+
+    frame: QueuedFrame
+    slots: list[Slot]
+    saved: list[Any]
+    spent: float
 
 
 class SpeechTalker(StageRunner):
@@ -94,6 +139,12 @@ class SpeechTalker(StageRunner):
         self._cp_sessions: dict[int, Any] = {}
         # a frame queued on the device by ``inputs`` (its rows, when), read by ``confirm``
         self._queued: tuple[Any, list[Slot], float] | None = None
+        # the next step's frame, queued by ``draw`` behind the first codes it drew
+        self._ahead: _Ahead | None = None
+        # ``draw``'s device buffers a cohort size (uniforms, marks, drawn codes, their reader)
+        # and the codec embedding table there (float32)
+        self._draws: dict[int, tuple[Any, Any, Any, Any]] = {}
+        self._table: Any = None
         # the talker may not emit the codec's control band, except the end of speech (a GPU
         # build's engine keeps the same band out of its top-K)
         band = np.arange(max(0, self.vocab_size - 1024), self.vocab_size)
@@ -218,6 +269,16 @@ class SpeechTalker(StageRunner):
         is a device buffer the frame's graph writes, nothing waited for: ``confirm`` reads the
         codes once the talker's call is queued behind it."""
         self._queued = None  # one a step: an earlier step's, had it failed, is not this one's
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:  # queued by the last step's ``draw`` for these rows?
+            if (len(ahead.slots) == len(ready) == len(slots) and last is not None
+                    and last.rows == len(ready)
+                    and all(a is s and s.row == j and s.data.hidden is None
+                            for j, (a, s) in enumerate(zip(ahead.slots, ready, strict=True)))):  # fmt: skip
+                self._queued = (ahead.frame, list(ready), ahead.spent)
+                return ahead.frame.embeds
+            for s, state in zip(ahead.slots, ahead.saved, strict=True):  # not used: its
+                s.rng.bit_generator.state = state  # numbers are this step's frame's again
         codes = np.empty((len(ready), self.groups), np.int64)
         frame_embed = np.empty((len(ready), self.hidden_size), np.float32)
         first = ready[0].data.residual  # mostly one setting: equal objects compare fast
@@ -292,6 +353,92 @@ class SpeechTalker(StageRunner):
         self._record(ready, codes, spent)
         return redo
 
+    def draw(self, ready: Sequence[Slot], slots: Mapping[int, Slot], out: Any) -> _Drawing | None:
+        """Each ready row's first code drawn on the device from the step's top K where the
+        whole step allows (``_draws_on_device``), queued right behind the step, before the host
+        waits for anything: the draw, then the next step's frame (its first codes' embeddings
+        are the draw's, its numbers drawn now in the host's order). Every host input of both
+        goes up first, so on the device nothing of the host's sits between the step, the draw
+        and the frame; the host reads the codes later (``_Drawing.tokens``), while the frame
+        runs. None where the step does not allow it: the host draws (DecoderStage._draw)."""
+        params = ready[0].sampling
+        if not self._draws_on_device(ready, slots, out, params):
+            return None
+        n, memory = len(ready), self.engine.buffers
+        rngs = [s.rng for s in ready]
+        before = [r.bit_generator.state for r in rngs]
+        start = time.perf_counter()
+        uniform = np.zeros(n) if params.greedy else np.array([r.random() for r in rngs])
+        seen = None
+        if params.repetition_penalty != 1.0:
+            seen = [s.history[: s.prefix + len(s.generated)] for s in ready]  # type: ignore[index]
+        marks = marks_for(n, self.vocab_size, seen, [self.banned(s) for s in ready])
+        uniform_in, marks_in, drawn, reader = self._draw_buffers(n)
+        memory.upload(uniform_in, uniform)
+        memory.upload(marks_in, marks)
+        dtype = self.engine.input_types.get("inputs_embeds", np.dtype(np.float32))
+        first, base = self.cp.first_inputs(n, dtype)
+        greedy = params.greedy  # as the code predictor's sampler takes greedy
+        topk = (out.buffer("topk_values"), out.buffer("topk_indices"))
+        settings = {"penalty": params.repetition_penalty,
+                    "temperature": 1.0 if greedy else params.temperature,
+                    "top_k": 1 if greedy else params.top_k, "top_p": 1.0 if greedy else params.top_p}
+        queued = []
+
+        def launch() -> None:  # the draw, then its codes' copy to the host behind it
+            self.engine.draw_first(*topk, marks_in, uniform_in, self._table, drawn, base, first,
+                                   **settings)  # fmt: skip
+            reader.queue(drawn)
+            queued.append(True)
+
+        ahead = None
+        if all(s.data.prefill.can_step(s.steps + 1) for s in ready):
+            text = self._text_rows([s.data.prefill for s in ready], [s.steps + 1 for s in ready],
+                                   np.ones(n, bool))  # fmt: skip
+            saved = [r.bit_generator.state for r in rngs]
+            frame = self.cp.queue_frame(self._cp_session(n), out.buffer("last_hidden"), None,
+                                        None, np.asarray(text, np.float32),
+                                        ready[0].data.residual, rngs, dtype, launch)  # fmt: skip
+            if frame is not None:
+                ahead = _Ahead(frame, list(ready), saved, time.perf_counter() - start)
+        if not queued:  # no frame ahead (a row cannot step next): the draw alone
+            launch()
+        return _Drawing(self, list(ready), rngs, before, reader, ahead)
+
+    def _draws_on_device(
+        self, ready: Sequence[Slot], slots: Mapping[int, Slot], out: Any, params: SamplingParams
+    ) -> bool:
+        """Whether ``draw`` can: the engine draws first codes and its code predictor sums
+        frames on the device, every row steps in place (rows 0 to n-1, no spans) with one
+        setting the top K holds, one residual setting the code predictor draws, and no bias
+        or log-probabilities asked."""
+        if not (self.engine.draws_first and self.cp.sums_frames and "topk_indices" in out):
+            return False
+        n = len(ready)
+        width = int(out.buffer("topk_indices").shape[-1])
+        residual = ready[0].data.residual
+        return (n == len(slots) == out.rows
+                and (params.greedy or 0 < params.top_k < width)
+                and self.cp.draws_in_engine(residual)
+                and all(s.row == j and s.rows == 1 and s.sampling == params
+                        and s.data.residual == residual and s.bias is None
+                        and not s.top_logprobs and s.history is not None
+                        for j, s in enumerate(ready)))  # fmt: skip
+
+    def _draw_buffers(self, n: int) -> tuple[Any, Any, Any, Any]:
+        """``draw``'s buffers for ``n`` rows, made once a cohort size (the codec embedding
+        table too, once)."""
+        got = self._draws.get(n)
+        if got is None:
+            memory = self.engine.buffers
+            if self._table is None:
+                self._table = memory.zeros(self.codec_embedding.shape, np.float32)
+                memory.upload(self._table, np.ascontiguousarray(self.codec_embedding, np.float32))
+            got = self._draws[n] = (memory.zeros((n,), np.float64),
+                                    memory.zeros((n, self.vocab_size), np.uint8),
+                                    memory.zeros((n,), np.int64), memory.reader((n,), np.int64))
+        return got
+
     def _record(self, ready: Sequence[Slot], codes: np.ndarray, cp_s: float) -> None:
         """The ready rows' completed frames."""
         for j, s in enumerate(ready):
@@ -362,6 +509,8 @@ class SpeechTalker(StageRunner):
             "code_predictor_host_frames": speech.host_frames,
             # frames whose embedding sum the talker's next step read where it was made
             "frames_summed_on_device": speech.device_sums,
+            # steps whose first code the device drew, the next frame queued behind it (draw)
+            "first_codes_drawn_on_device": speech.device_draws,
             "cohort_size": slot.widest,
             "full_logit_rows": slot.full_rows,
         }
