@@ -347,6 +347,8 @@ def run_batch(pipe: Any, requests: list[Any], c: int) -> dict[str, Any]:
         # waiting (its engine ms is then the time to queue them); frames drawn on the host
         "code_predictor_draws": tk.get("code_predictor_draws"),
         "code_predictor_host_frames": tk.get("code_predictor_host_frames"),
+        # steps whose first code the talker's engine drew on the device (SpeechTalker.draw)
+        "first_codes_drawn_on_device": tk.get("first_codes_drawn_on_device"),
         "streamed_vocoder_ms": tk.get("streamed_vocoder_ms"),
         "code2wav_ms_sum": round(vocode, 3),
         # window lengths code2wav replays as CUDA graphs (empty: every window run as it came)
@@ -376,6 +378,11 @@ def run_edgeomni(engine: Path, prompts: list[tuple[list[dict], list[int]]],
 
         moe_cuda.grouped = lambda *a: False  # type: ignore[assignment]
         options["moe_per_slot"] = True
+    if args.host_first_draw:  # the comparison: each step's first codes drawn on the host
+        from edgeomni.runtime.speech.talker import SpeechTalker
+
+        SpeechTalker.draw = lambda *a, **k: None  # type: ignore[method-assign]
+        options["host_first_draw"] = True
     if args.vocoder_beside:  # the vocoder's calls on a thread (a stream) of their own
         options["vocoder_beside"] = True
     with phase("edgeomni: open pipeline"):
@@ -499,6 +506,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--moe-per-slot", action="store_true",
                    help="comparison only: fused MoE calls on the per-slot kernels, none grouped "
                    "by expert (as before grouping)")
+    p.add_argument("--host-first-draw", action="store_true",
+                   help="comparison only: the talker's first codes drawn on the host from its "
+                   "top K, as before the device drew them")
     p.add_argument("--vocoder-beside", action="store_true",
                    help="edgeomni's vocoder calls on a thread of their own, its engine on a CUDA "
                    "stream of its own (edge-infer --vocoder-threads 1)")

@@ -214,6 +214,7 @@ def edgeomni_batch(pipe: Any, requests: list, c: int) -> dict:
         "talker": {k: tk.get(k) for k in (
             "talker_ms", "code_predictor_ms", "talker_engine_ms", "code_predictor_engine_ms",
             "code_predictor_draws", "code_predictor_host_frames", "full_logit_rows", "batching",
+            "frames_summed_on_device", "first_codes_drawn_on_device",
             "streamed_vocoder_ms")},
         "code2wav": {k: cw.get(k) for k in (
             "mode", "window_frames", "first_window_frames", "left_context_frames",

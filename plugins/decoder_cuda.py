@@ -70,7 +70,9 @@ class Variant:
                    "A_HALF": int(self.attention == "float16"), "MAX_KW": lc.MAX_WARPS,
                    "TOPK_CHUNK": TOPK_CHUNK, "TOPK_MAX": TOPK_MAX, "MOE_ROWS": moe_cuda.MOE_ROWS,
                    "MOE_SLOTS": moe_cuda.MOE_SLOTS, "CONV_MAX_K": gdc.CONV_MAX_K,
-                   "DELTA_WARPS": gdc.DELTA_WARPS, "DELTA_LANE": gdc.DELTA_LANE}  # fmt: skip
+                   "DELTA_WARPS": gdc.DELTA_WARPS, "DELTA_LANE": gdc.DELTA_LANE,
+                   "DELTA_CHUNK": gdc.DELTA_CHUNK, "DELTA_CHUNK_WARPS": gdc.DELTA_CHUNK_WARPS,
+                   "DELTA_CHUNK_DK": gdc.DELTA_CHUNK_DK}  # fmt: skip
         head = "// edgeomni fused decoder kernels (plugins/decoder_cuda.py)\n"
         body = (_HEAD + lc.SOURCE + ROPE_SOURCE + _TAIL + moe_cuda.SOURCE + gdc.SOURCE
                 + sdc.SOURCE)

@@ -4,18 +4,18 @@ frame's code predictor run back to back with no host read between them
 (runtime/speech/talker.py's device loop).
 
 One block a row. The talker engine's top K (values descending, the lower id first among
-equals; float16 values where its outputs are, as the host reads them) gets the bans and the repetition penalty as runtime/sampling.py's ``_ban_and_penalise``
-gives them on the host: ``marks`` [B, V] holds 2 for an id the row may not draw now (the
-codec's control band, the end of speech before its minimum) and 1 for one it drew before;
-a banned score is -inf, a seen one x * penalty below 0 and x / penalty above (float32, IEEE
-rounding). The K are sorted again (rank by rank: value descending, lower id first), and
-``draw_row`` draws from them with the host's uniform number. A row is drawn only where the
-top K decides it as ``_topk_scores`` says: its top_k-th score after the bans and penalty must
-be above the K-th value before them (no id outside the K can reach it); else -1, and the host
-draws that step. The drawn id's row of the talker's codec embedding table [V, H] (float32; row
-0 for -1) goes to ``base`` [B, H] (float32, the frame sum's first term) and ``first`` [B, H]
-(the code predictor's first input, float16 where ``half_first``: rounded to nearest, as
-numpy's cast of the host's rows).
+equals; float16 values where its outputs are, as the host reads them) gets the bans and the
+repetition penalty as runtime/sampling.py's ``_ban_and_penalise`` gives them on the host:
+``marks`` [B, V] holds 2 for an id the row may not draw now (the codec's control band, the end
+of speech before its minimum) and 1 for one it drew before; a banned score is -inf, a seen one
+x * penalty below 0 and x / penalty above (float32, IEEE rounding). The K are sorted again
+(rank by rank: value descending, lower id first), and ``draw_row`` draws from them with the
+host's uniform number. A row is drawn only where the top K decides it as ``_topk_scores``
+says: its top_k-th score after the bans and penalty must be above the K-th value before them
+(no id outside the K can reach it); else -1, and the host draws that step. The drawn id's row
+of the talker's codec embedding table [V, H] (float32; row 0 for -1) goes to ``base`` [B, H]
+(float32, the frame sum's first term) and ``first`` [B, H] (the code predictor's first input,
+float16 where ``half_first``: rounded to nearest, as numpy's cast of the host's rows).
 """
 
 from __future__ import annotations
@@ -117,8 +117,9 @@ def first_draw_reference(
     x = np.where(hit == BANNED, np.float32(-np.inf), x).astype(np.float32)
     order = np.lexsort((ids, -x), axis=-1)
     xs, ids_sorted = np.take_along_axis(x, order, 1), np.take_along_axis(ids, order, 1)
+    floor = np.asarray(values, np.float32)[:, -1]  # the K-th value before bans and penalty
     drawn, _ = sample_reference(xs, ids_sorted, uniform, temperature=temperature, top_k=top_k,
-                                top_p=top_p, floor=np.asarray(values, np.float32)[:, -1])  # fmt: skip
+                                top_p=top_p, floor=floor)
     return drawn, table[np.maximum(drawn, 0)].astype(np.float32)
 
 

@@ -49,6 +49,14 @@ inline float __shfl_xor_sync(unsigned, float x, int mask) {
     __syncwarp();
     return r;
 }
+inline float __shfl_sync(unsigned, float x, int src) {
+    const int lane = threadIdx.x & 31;
+    g_exchange[t_warp][lane] = x;
+    __syncwarp();
+    const float r = g_exchange[t_warp][src & 31];
+    __syncwarp();
+    return r;
+}
 template <class V> inline V __ldg(const V* p) { return *p; }
 inline float __int_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float half_to_f(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }

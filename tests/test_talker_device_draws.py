@@ -67,11 +67,11 @@ def _on_the_device(monkeypatch, undecided_every: int = 0) -> dict[str, int]:  # 
     counts = {"draws": 0, "undecided": 0, "ahead": 0, "ahead_used": 0}
     last: dict[str, np.ndarray] = {}
 
-    def draw_first(values, ids, marks, uniform, table, drawn, base, first, *, penalty,  # noqa: ANN001
-                   temperature, top_k, top_p) -> None:  # noqa: ANN001  # fmt: skip
-        got, rows = sdc.first_draw_reference(values, ids, marks, penalty, uniform,
-                                             temperature=temperature, top_k=top_k, top_p=top_p,
-                                             table=table)  # fmt: skip
+    def draw_first(values, ids, marks, uniform, table, drawn, base, first,  # noqa: ANN001
+                   **settings) -> None:  # noqa: ANN003
+        penalty = settings.pop("penalty")
+        got, rows = sdc.first_draw_reference(values, ids, marks, penalty, uniform, table=table,
+                                             **settings)
         counts["draws"] += 1
         if undecided_every and counts["draws"] % undecided_every == 0:
             got[counts["draws"] % len(got)] = -1
@@ -89,7 +89,8 @@ def _on_the_device(monkeypatch, undecided_every: int = 0) -> dict[str, int]:  # 
         self.engine.draw_first = draw_first
         self.cp.sums_frames = True
 
-    def queue_frame(self, cp, last_hidden, code0, e0, add, params, rngs, dtype, before=None):  # noqa: ANN001, ANN202
+    def queue_frame(self, cp, last_hidden, code0, e0, add, params,  # noqa: ANN001, ANN202
+                    rngs, dtype, before=None):  # noqa: ANN001
         n = len(add)
         if before is not None:  # the device's draw, queued right before the frame
             before()

@@ -271,10 +271,11 @@ class SpeechTalker(StageRunner):
         self._queued = None  # one a step: an earlier step's, had it failed, is not this one's
         ahead, self._ahead = self._ahead, None
         if ahead is not None:  # queued by the last step's ``draw`` for these rows?
+            pairs = enumerate(zip(ahead.slots, ready, strict=False))
             if (len(ahead.slots) == len(ready) == len(slots) and last is not None
                     and last.rows == len(ready)
                     and all(a is s and s.row == j and s.data.hidden is None
-                            for j, (a, s) in enumerate(zip(ahead.slots, ready, strict=True)))):  # fmt: skip
+                            for j, (a, s) in pairs)):  # fmt: skip
                 self._queued = (ahead.frame, list(ready), ahead.spent)
                 return ahead.frame.embeds
             for s, state in zip(ahead.slots, ahead.saved, strict=True):  # not used: its
@@ -382,7 +383,8 @@ class SpeechTalker(StageRunner):
         topk = (out.buffer("topk_values"), out.buffer("topk_indices"))
         settings = {"penalty": params.repetition_penalty,
                     "temperature": 1.0 if greedy else params.temperature,
-                    "top_k": 1 if greedy else params.top_k, "top_p": 1.0 if greedy else params.top_p}
+                    "top_k": 1 if greedy else params.top_k,
+                    "top_p": 1.0 if greedy else params.top_p}
         queued = []
 
         def launch() -> None:  # the draw, then its codes' copy to the host behind it
