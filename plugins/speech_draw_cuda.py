@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SEEN, BANNED = 1, 2  # ``marks``' values
+SEEN, BANNED = 1, 2  # ``marks``' values (runtime/sampling.py's ``draw_marks`` makes them)
 
 SOURCE = r"""
 // ---- a speech frame's first code drawn on the device (plugins/speech_draw_cuda.py) --------
@@ -76,30 +76,6 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) first_draw(
     }
 }
 """
-
-
-def marks_for(
-    rows: int, vocab: int, seen: list[np.ndarray] | None, banned: list[np.ndarray | None]
-) -> np.ndarray:
-    """``first_draw``'s ``marks`` [rows, vocab] uint8: each row's seen ids SEEN (none when the
-    penalty is off: ``seen`` None), then its banned ids BANNED (a ban outranks a penalty, as
-    -inf stays -inf under it). Every row's seen ids at once, and one assignment per distinct
-    ban list (a cohort shares one or two), as the host's ``_ban_and_penalise`` marks them."""
-    marks = np.zeros((rows, vocab), np.uint8)
-    if seen is not None and rows:
-        flat = [np.asarray(ids, np.int64).reshape(-1) for ids in seen]
-        cols = np.concatenate(flat)
-        at = np.repeat(np.arange(rows), [len(ids) for ids in flat])
-        inside = (cols >= 0) & (cols < vocab)
-        marks[at[inside], cols[inside]] = SEEN
-    groups: dict[int, list[int]] = {}
-    for b, ids in enumerate(banned):
-        if ids is not None and len(ids):
-            groups.setdefault(id(ids), []).append(b)
-    for members in groups.values():
-        ids = banned[members[0]]
-        marks[np.ix_(members, np.asarray(ids, np.int64))] = BANNED
-    return marks
 
 
 def first_draw_reference(

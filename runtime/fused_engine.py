@@ -113,7 +113,8 @@ class FusedEngine(EngineBase):
                                    if st["op"] == "topk" and st["tables"]), None)  # fmt: skip
         self.sums_frames = self._frame_tables is not None
         self.draws_first = bool(spec.topk)  # from its top K (plugins/speech_draw_cuda.py)
-        self._draw_settings: tuple[tuple[float, ...], list[Any]] | None = None
+        self._draw_settings: list[Any] = []  # draw_first's temperature, top-k, top-p buffers
+        self._draw_sent: tuple[float, ...] = ()  # what they hold
         # while sequence_graph runs its queue: "load" or "capture", and the bindings it called
         self._sequence_mode: str | None = None
         self._sequence: list[FusedBinding] = []
@@ -240,14 +241,15 @@ class FusedEngine(EngineBase):
             raise EngineError(f"draw_first takes a float32 table and at most {TOPK_MAX} "
                               f"candidates, not {table.dtype} and {k}")  # fmt: skip
         memory.use(self.device_id)
+        if not self._draw_settings:
+            self._draw_settings = [self.buffers.zeros((1,), t)
+                                   for t in (np.float64, np.int64, np.float64)]  # fmt: skip
         sent = (float(temperature), float(top_k), float(top_p))
-        if self._draw_settings is None or self._draw_settings[0] != sent:
-            bufs = (self._draw_settings or ((), []))[1] or [
-                self.buffers.zeros((1,), t) for t in (np.float64, np.int64, np.float64)]
-            for buf, value in zip(bufs, sent, strict=True):
+        if sent != self._draw_sent:  # uploaded when they change
+            for buf, value in zip(self._draw_settings, sent, strict=True):
                 buf.upload(np.array([value], buf.dtype))
-            self._draw_settings = (sent, bufs)
-        settings = [ptr(b.ptr) for b in self._draw_settings[1]]
+            self._draw_sent = sent
+        settings = [ptr(b.ptr) for b in self._draw_settings]
         grid, block = sdc.first_draw_launch(n)
         self.kernels.launch("first_draw", grid, block,
                             [ptr(values.ptr), i32(int(values.dtype == np.float16)), ptr(ids.ptr),

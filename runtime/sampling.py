@@ -313,25 +313,51 @@ def _ban_and_penalise(
     distinct ban list (a cohort shares one or two), and the seen ids of all rows as one
     table; float32 arithmetic, elementwise (a row's result is the one it gets alone)."""
     if banned is not None:
-        groups: dict[int, list[int]] = {}
-        for b, ban in enumerate(banned):
-            if ban is not None and ban.size:
-                groups.setdefault(id(ban), []).append(b)
-        for rows in groups.values():
-            hit = np.isin(ids[rows], banned[rows[0]])  # type: ignore[index]
+        for rows, ban in _ban_groups(banned):
+            hit = np.isin(ids[rows], ban)
             x[rows] = np.where(hit, np.float32(-np.inf), x[rows])
     if seen is None or params.repetition_penalty == 1.0:
         return
-    width = int(ids.max()) + 1
-    table = np.zeros((len(ids), width), bool)
+    hit = np.take_along_axis(_seen_table(seen, int(ids.max()) + 1), ids, axis=1)
+    pen = params.repetition_penalty
+    x[hit] = np.where(x[hit] < 0, x[hit] * pen, x[hit] / pen)
+
+
+def _ban_groups(banned: Sequence[np.ndarray | None]) -> list[tuple[list[int], np.ndarray]]:
+    """The rows of each distinct ban list (by identity: a cohort shares one or two), and it."""
+    groups: dict[int, list[int]] = {}
+    for b, ban in enumerate(banned):
+        if ban is not None and ban.size:
+            groups.setdefault(id(ban), []).append(b)
+    return [(rows, banned[rows[0]]) for rows in groups.values()]  # type: ignore[misc]
+
+
+def _seen_table(seen: Sequence[np.ndarray], width: int) -> np.ndarray:
+    """[rows, width] bool: each row's seen ids below ``width``, every row's at once."""
+    table = np.zeros((len(seen), width), bool)
     flat = [np.asarray(row, np.int64).reshape(-1) for row in seen]
     cols = np.concatenate(flat) if flat else np.zeros(0, np.int64)
     rows = np.repeat(np.arange(len(flat)), [len(row) for row in flat])
     inside = (cols >= 0) & (cols < width)
-    table[rows[inside], cols[inside]] = True  # every row's seen ids at once, not row by row
-    hit = np.take_along_axis(table, ids, axis=1)
-    pen = params.repetition_penalty
-    x[hit] = np.where(x[hit] < 0, x[hit] * pen, x[hit] / pen)
+    table[rows[inside], cols[inside]] = True
+    return table
+
+
+def draw_marks(
+    vocab: int, seen: Sequence[np.ndarray] | None, banned: Sequence[np.ndarray | None]
+) -> np.ndarray:
+    """What ``_ban_and_penalise`` does to a row, as a device's draw takes it
+    (plugins/speech_draw_cuda.py's ``marks`` [rows, vocab] uint8): SEEN where a row drew an id
+    before (``seen`` None: the penalty is off), BANNED where it may not draw it now (a ban
+    outranks a penalty, as -inf stays -inf under it)."""
+    from edgeomni.plugins.speech_draw_cuda import BANNED, SEEN
+
+    marks = np.zeros((len(banned), vocab), np.uint8)
+    if seen is not None:
+        marks[_seen_table(seen, vocab)] = SEEN
+    for rows, ban in _ban_groups(banned):
+        marks[np.ix_(rows, np.asarray(ban, np.int64))] = BANNED
+    return marks
 
 
 def _sample_topk_rows(

@@ -400,7 +400,7 @@ def first_draw_case(dtype: str, settings: tuple[float, int, float], penalty: flo
     numpy reference and against runtime/sampling.py's own draw on the rows the K decides,
     with the same uniform numbers."""
     from edgeomni.plugins import speech_draw_cuda as sdc
-    from edgeomni.runtime.sampling import SamplingParams, StepLogits, sample_rows
+    from edgeomni.runtime.sampling import SamplingParams, StepLogits, draw_marks, sample_rows
 
     rows, vocab, k, width = 6, 300, 64, 600  # width past one block of threads
     rng = np.random.default_rng(int(penalty * 100) + settings[1])
@@ -411,7 +411,7 @@ def first_draw_case(dtype: str, settings: tuple[float, int, float], penalty: flo
     seen[3] = ids[3, :20]  # its best, penalised below the rest
     banned = [np.arange(vocab - 20, vocab) for _ in range(rows)]
     banned[4] = np.append(banned[4], ids[4, 0])  # its best may not be drawn now
-    marks = sdc.marks_for(rows, vocab, seen, banned)
+    marks = draw_marks(vocab, seen, banned)
     temperature, top_k, top_p = settings
     greedy = temperature == 0.0
     t, kk, tp = (1.0, 1, 1.0) if greedy else settings

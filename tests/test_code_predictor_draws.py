@@ -133,7 +133,9 @@ def test_a_frame_summed_where_it_was_drawn_gives_the_host_codes(sampling_engine,
         if queued[0] % 4 == 0:  # now and then a row the engine could not decide
             drawn[queued[0] % len(drawn), queued[0] % len(code0)] = -1
             summed[...] = 0
-        return QueuedFrame(self, cp, hidden, code0, e0, add, params, list(rngs), saved, drawn,
+        reader = self._reader(drawn.shape)  # what a GPU's frame queues its codes' read with
+        reader.queue(drawn)
+        return QueuedFrame(self, cp, hidden, code0, e0, add, params, list(rngs), saved, reader,
                            summed)  # fmt: skip
 
     monkeypatch.setattr(CodePredictor, "__init__", summing)

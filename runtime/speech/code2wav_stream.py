@@ -429,7 +429,26 @@ class Beside:
         return took
 
 
-class StreamBatch:
+class BesideBatch:
+    """A batch of streams whose calls may run beside the loop (``beside``: a Beside, or None:
+    in the loop's thread); ``_took`` takes one ended call's result in (StreamBatch,
+    code2wav_windows.WindowBatch)."""
+
+    beside: Beside | None
+
+    def _took(self, part: Any, result: Any) -> None:
+        raise NotImplementedError
+
+    def collect(self, *, wait: bool = True, until: Any = None) -> bool:
+        """The audio of the worker's calls that ended, taken in by their streams in the order
+        the calls were made; ``wait``: wait for every call (``until``: for the last one that
+        holds that stream's work). Whether any was taken in; a call that failed raises here."""
+        if self.beside is None:
+            return False
+        return self.beside.collect(self._took, wait=wait, until=until)
+
+
+class StreamBatch(BesideBatch):
     """The streams of the requests in a stage: their ready chunks vocoded together, rows of
     equal chunk length in one call (a call's cost is its rows times its longest chunk on a CPU;
     where the engine prefers fixed shapes, a chunk is padded to the chunk size that holds it).
@@ -469,14 +488,6 @@ class StreamBatch:
                 for lo in range(0, len(group), size):
                     self._call(length, group[lo : lo + size])
             took = True
-
-    def collect(self, *, wait: bool = True, until: ChunkStream | None = None) -> bool:
-        """The audio of the worker's calls that ended, taken in by their streams in the order
-        the calls were made; ``wait``: wait for every call (``until``: for the last one that
-        holds that stream's chunks). Whether any was taken in; a call that failed raises here."""
-        if self.beside is None:
-            return False
-        return self.beside.collect(self._took, wait=wait, until=until)
 
     def _took(self, part: list[tuple[ChunkStream, int]], result: tuple) -> None:
         samples, seconds, states = result

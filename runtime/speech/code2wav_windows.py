@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.runtime.speech.code2wav_stream import Beside, padded_length
+from edgeomni.runtime.speech.code2wav_stream import Beside, BesideBatch, padded_length
 from edgeomni.runtime.vocoder import Window, WindowedVocoder
 
 __all__ = ["AudioStream", "WindowBatch"]
 
 
-class WindowBatch:
+class WindowBatch(BesideBatch):
     """A cohort's streams: their complete windows vocoded together, one call per shape, and the
     last, partial windows of the streams that closed (requests the talker finished on one step)
     with them (each alone, a tail is a call of its own length, not captured: at 32 requests on
@@ -94,14 +94,6 @@ class WindowBatch:
         start = time.perf_counter()
         samples = self.runner.decode_batch(codes)
         return samples, time.perf_counter() - start
-
-    def collect(self, *, wait: bool = True, until: AudioStream | None = None) -> bool:
-        """The audio of the worker's calls that ended, taken in by their streams in the order
-        the calls were made; ``wait``: wait for every call (``until``: for the last one that
-        holds that stream's windows). Whether any was taken in; a call that failed raises here."""
-        if self.beside is None:
-            return False
-        return self.beside.collect(self._took, wait=wait, until=until)
 
     def _took(self, part: list[tuple[AudioStream, Window]], result: tuple[np.ndarray, float]
               ) -> None:  # fmt: skip

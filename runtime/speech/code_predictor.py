@@ -287,8 +287,8 @@ class CodePredictor:
         host, when QueuedFrame.codes is called. ``code0`` and ``e0`` None: the first codes
         were drawn on the device, their embeddings written to ``first_inputs``' buffers, and
         QueuedFrame.first gives them to the host later. ``before``: called right before the
-        frame's graph is launched, once its inputs are sent (the device's draw of its first
-        codes: nothing of the host's between the two on the device)."""
+        frame's graph is launched, once its inputs are sent, whenever a frame is returned (the
+        device's draw of its first codes: nothing of the host's between the two)."""
         if not (self.sums_frames and isinstance(cp, DecoderSession)
                 and self.draws_in_engine(params)):  # fmt: skip
             return None
@@ -490,7 +490,7 @@ class QueuedFrame:
     summed embedding plus the rows added to it, where the talker's next call reads it (on the
     same stream, so after the frame). ``codes`` reads the drawn codes (``drawn``: a
     Buffers.reader queued right behind the frame, so the host waits for the frame alone, not
-    for the talker's step queued after it; or a host array); a row the engine could not decide
+    for the talker's step queued after it); a row the engine could not decide
     makes it redraw the whole frame on the host from the same numbers, as ``frame`` would, and
     return that frame's embedding plus the added rows (the talker's call that read ``embeds``
     must then run again on it)."""
@@ -506,6 +506,12 @@ class QueuedFrame:
         self._params, self._rngs, self._saved, self._drawn = params, rngs, saved, drawn
         self.embeds = embeds
 
+    def put_back(self) -> None:
+        """Each generator back to its state before the frame took its numbers (a frame that
+        goes unused: the numbers are drawn again for the one that replaces it)."""
+        for r, state in zip(self._rngs, self._saved, strict=True):
+            r.bit_generator.state = state
+
     def first(self, code0: np.ndarray, e0: np.ndarray) -> None:
         """The first codes the device drew for this frame, and their embeddings, once the host
         has read them (before ``codes``)."""
@@ -517,8 +523,7 @@ class QueuedFrame:
         if self._code0 is None or self._e0 is None:
             raise RuntimeError("a frame's codes read before its first codes were given")
         owner = self._owner
-        drawn = self._drawn if isinstance(self._drawn, np.ndarray) else self._drawn.wait()
-        codes = _decided(drawn, self._code0, self._rngs, self._saved)
+        codes = _decided(self._drawn.wait(), self._code0, self._rngs, self._saved)
         if codes is not None:
             return codes, None
         codes, embed = owner.host_frame(self._session, self._hidden, self._code0, self._e0,

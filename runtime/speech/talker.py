@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.plugins.speech_draw_cuda import marks_for
 from edgeomni.runtime import safetensors_np
 from edgeomni.runtime.decoder import StepOutputs, right_pad, text_positions
 from edgeomni.runtime.decoder_stage import DecoderStage, Slot
@@ -24,7 +23,7 @@ from edgeomni.runtime.engine import DEFAULT_ENGINES, Engines
 from edgeomni.runtime.events import CodecFrames, Event
 from edgeomni.runtime.requests import SPEECH_STAGE_KEYS
 from edgeomni.runtime.row_state import RowState
-from edgeomni.runtime.sampling import SamplingParams
+from edgeomni.runtime.sampling import SamplingParams, draw_marks
 from edgeomni.runtime.speech.code_predictor import CodePredictor, QueuedFrame
 from edgeomni.runtime.stage import RequestError, RequestState, StageRunner
 
@@ -89,13 +88,10 @@ class _Drawing:
 @dataclass
 class _Ahead:
     """The next step's frame, queued on the device behind this step's first-code draws
-    (SpeechTalker.draw): the slots of its rows in order, each one's generator state from before
-    the frame took its numbers (put back where the next step does not use the frame), and
-    the time it took to queue."""
+    (SpeechTalker.draw): the slots of its rows in order, and the time it took to queue."""
 
     frame: QueuedFrame
     slots: list[Slot]
-    saved: list[Any]
     spent: float
 
 
@@ -278,8 +274,7 @@ class SpeechTalker(StageRunner):
                             for j, (a, s) in pairs)):  # fmt: skip
                 self._queued = (ahead.frame, list(ready), ahead.spent)
                 return ahead.frame.embeds
-            for s, state in zip(ahead.slots, ahead.saved, strict=True):  # not used: its
-                s.rng.bit_generator.state = state  # numbers are this step's frame's again
+            ahead.frame.put_back()  # not used: its numbers are this step's frame's again
         codes = np.empty((len(ready), self.groups), np.int64)
         frame_embed = np.empty((len(ready), self.hidden_size), np.float32)
         first = ready[0].data.residual  # mostly one setting: equal objects compare fast
@@ -373,7 +368,7 @@ class SpeechTalker(StageRunner):
         seen = None
         if params.repetition_penalty != 1.0:
             seen = [s.history[: s.prefix + len(s.generated)] for s in ready]  # type: ignore[index]
-        marks = marks_for(n, self.vocab_size, seen, [self.banned(s) for s in ready])
+        marks = draw_marks(self.vocab_size, seen, [self.banned(s) for s in ready])
         uniform_in, marks_in, drawn, reader = self._draw_buffers(n)
         memory.upload(uniform_in, uniform)
         memory.upload(marks_in, marks)
@@ -385,26 +380,24 @@ class SpeechTalker(StageRunner):
                     "temperature": 1.0 if greedy else params.temperature,
                     "top_k": 1 if greedy else params.top_k,
                     "top_p": 1.0 if greedy else params.top_p}
-        queued = []
 
-        def launch() -> None:  # the draw, then its codes' copy to the host behind it
+        def launch() -> None:  # the draw, then its codes' copy to the host behind it (queue_frame
+            # calls it right before the frame's graph where it returns a frame)
             self.engine.draw_first(*topk, marks_in, uniform_in, self._table, drawn, base, first,
                                    **settings)  # fmt: skip
             reader.queue(drawn)
-            queued.append(True)
 
-        ahead = None
+        frame = None
         if all(s.data.prefill.can_step(s.steps + 1) for s in ready):
             text = self._text_rows([s.data.prefill for s in ready], [s.steps + 1 for s in ready],
                                    np.ones(n, bool))  # fmt: skip
-            saved = [r.bit_generator.state for r in rngs]
             frame = self.cp.queue_frame(self._cp_session(n), out.buffer("last_hidden"), None,
                                         None, np.asarray(text, np.float32),
                                         ready[0].data.residual, rngs, dtype, launch)  # fmt: skip
-            if frame is not None:
-                ahead = _Ahead(frame, list(ready), saved, time.perf_counter() - start)
-        if not queued:  # no frame ahead (a row cannot step next): the draw alone
+        if frame is None:  # no frame ahead (a row cannot step next): the draw alone
             launch()
+            return _Drawing(self, list(ready), rngs, before, reader, None)
+        ahead = _Ahead(frame, list(ready), time.perf_counter() - start)
         return _Drawing(self, list(ready), rngs, before, reader, ahead)
 
     def _draws_on_device(
