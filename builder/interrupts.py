@@ -11,6 +11,7 @@ commands' layers, and needs only the standard library, so edge-infer uses it too
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,7 +70,26 @@ def raised() -> Iterator[None]:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, signal.SIG_IGN if _taken else handler)
+        if _taken:
+            _forget_unhandled_interrupt()
         _taken.clear()
+
+
+def _forget_unhandled_interrupt() -> None:
+    """CPython marks a KeyboardInterrupt that escaped a C-level eval (``PyRun_String``, which
+    pybind11's ``py::exec`` inside torch uses) as unhandled, even when Python code caught it
+    later; under ``python -m`` the interpreter then kills itself with SIGINT at exit, whatever
+    status the command returned (CI, 2026-12-05: an interrupted build exited -2, not 130). Each
+    such eval clears the mark first, so one that succeeds forgets it."""
+    if sys.implementation.name != "cpython":
+        return
+    import ctypes
+
+    run = ctypes.pythonapi.PyRun_String
+    run.restype = ctypes.py_object
+    run.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+    scope: dict[str, object] = {}
+    run(b"None", 258, scope, scope)  # 258: Py_eval_input
 
 
 @contextmanager
