@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.plugins import attention_cuda as ac
+from edgeomni.plugins import decoder_gemm_cuda as gemm
 from edgeomni.plugins import decoder_linear_cuda as lc
 from edgeomni.plugins import gated_delta_cuda as gdc
 from edgeomni.plugins import moe_cuda
@@ -72,10 +73,11 @@ class Variant:
                    "MOE_SLOTS": moe_cuda.MOE_SLOTS, "CONV_MAX_K": gdc.CONV_MAX_K,
                    "DELTA_WARPS": gdc.DELTA_WARPS, "DELTA_LANE": gdc.DELTA_LANE,
                    "DELTA_CHUNK": gdc.DELTA_CHUNK, "DELTA_CHUNK_WARPS": gdc.DELTA_CHUNK_WARPS,
-                   "DELTA_CHUNK_DK": gdc.DELTA_CHUNK_DK}  # fmt: skip
+                   "DELTA_CHUNK_DK": gdc.DELTA_CHUNK_DK, "G_TILE": gemm.GEMM_TILE,
+                   "G_K": gemm.GEMM_K, "G_THREADS": gemm.GEMM_THREADS}  # fmt: skip
         head = "// edgeomni fused decoder kernels (plugins/decoder_cuda.py)\n"
-        body = (_HEAD + lc.SOURCE + ROPE_SOURCE + _TAIL + moe_cuda.SOURCE + gdc.SOURCE
-                + sdc.SOURCE)
+        body = (_HEAD + lc.SOURCE + gemm.SOURCE + ROPE_SOURCE + _TAIL + moe_cuda.SOURCE
+                + gdc.SOURCE + sdc.SOURCE)
         return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
 

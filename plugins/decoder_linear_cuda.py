@@ -13,6 +13,8 @@ Two families of variants, picked by ``linear_launch``:
 - Tensor cores, for 8 rows and more with float16 weights (``linear_m{f,h}{8,16,32}[s]``):
   ``mma.sync.m16n8k16`` tiles of 16 weight rows by 8 x rows, x (times the norm's weight)
   rounded to float16 as ONNX Runtime's float16 build rounds its activations.
+- A tensor-core GEMM for prefills of ``decoder_gemm_cuda.GEMM_ROWS`` rows and more
+  (``linear_g*``, plugins/decoder_gemm_cuda.py): 64 x 64 tiles through shared memory.
 
 int4 matrices (in float16 modules) run as the float16 ones do: SIMT under 8 rows
 (``linear_q{f,h}{R}[s]``, 4 bytes of codes a lane, 8 weights of one group, and their float16
@@ -31,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from edgeomni.plugins import decoder_gemm_cuda as gemm
 
 ROWS = (1, 2, 4, 8, 16)  # rows per block of ``linear`` variants
 # output columns per block of a ``linear`` variant by its rows, bounded by the registers a lane
@@ -75,6 +79,7 @@ class LinearLaunch:
     name: str
     grid: tuple[int, int]
     block: int
+    scales: bool = False  # the kernel takes the int4 scales and group (null and 0 for float16)
 
 
 def linear_launch(
@@ -95,14 +100,17 @@ def linear_launch(
     kw = warps or linear_warps(k, weights, mma, int4)
     if not 1 <= kw <= MAX_WARPS:
         raise ValueError(f"linear: {kw} warps; 1 to {MAX_WARPS}")
+    if mma and rows >= gemm.GEMM_ROWS and warps is None and gemm.gemm_fits(k, swiglu, half_input):
+        return LinearLaunch(gemm.gemm_name(int4, half_input, swiglu), gemm.gemm_grid(rows, n, swiglu),
+                            gemm.GEMM_THREADS, scales=True)  # fmt: skip
     if mma:
         r = next((r for r in MMA_ROWS if r >= rows), MMA_ROWS[-1])
         name = f"linear_m{'q' if int4 else ''}{'h' if half_input else 'f'}{r}{'s' if swiglu else ''}"
-        return LinearLaunch(name, (-(-n // 16), -(-rows // r)), 32 * kw)
+        return LinearLaunch(name, (-(-n // 16), -(-rows // r)), 32 * kw, scales=int4)
     r = rows_variant(rows)
     cols = linear_columns(r, swiglu)
     return LinearLaunch(linear_name(r, half_input, swiglu, int4), (-(-n // cols), -(-rows // r)),
-                        32 * kw)  # fmt: skip
+                        32 * kw, scales=int4)  # fmt: skip
 
 
 def rows_variant(rows: int) -> int:

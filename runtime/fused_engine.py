@@ -596,8 +596,9 @@ class _Launches:
                 ptr(self.w(step["norm"])), f32(spec.eps), ptr(self.w(weight)),
                 i64(n * k if step["heads"] else 0), ptr(heads), ptr(self.w(step["bias"])),
                 ptr(dst), i32(rows), i32(k), i32(n), i32(store)]  # fmt: skip
-        if int4:  # the codes' scales, one a row and group of K
-            args += [ptr(self.w(weight + ".scales")), i32(spec.int4_group)]
+        if plan.scales:  # an int4 matrix's scales, one a row and group of K (GEMM: null, 0)
+            args += [ptr(self.w(weight + ".scales") if int4 else None),
+                     i32(spec.int4_group if int4 else 0)]  # fmt: skip
         self.launch(plan.name, plan.grid, plan.block, args)
 
     def qk_rope(self, step: dict[str, Any]) -> None:

@@ -83,8 +83,8 @@ def linear_case(dtype: str, rows: int, mode: str, n: int = 72, k: int | None = N
             buf("bias" if m.get("bias") else None), buf("out"), ("i32", rows), ("i32", k),
             ("i32", n), ("i32", lc.STORE_HALF if m.get("half_out")
                             else lc.STORE_ADD if m.get("resid") else lc.STORE_SET)]  # fmt: skip
-    if group:
-        args += [buf("scales"), ("i32", group)]
+    if plan.scales:
+        args += [buf("scales" if group else None), ("i32", group)]
     launch = Launch(plan.name, plan.grid, plan.block, args)
 
     mma = lc.linear_uses_mma(dtype, rows)
@@ -592,4 +592,12 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
         cases += [linear_case(dtype, r, mode, n=75, k=1152, warps=warps, group=128)
                   for r in (1, 17) for mode in ("swiglu", "residual", "heads")
                   for warps in (None, 2)]  # fmt: skip
+        # the prefill GEMM: a part block of rows and of columns, every epilogue, K past the
+        # pipeline's stages; int4 in groups of 32 and 128
+        cases += [linear_case(dtype, 70, mode, k=160) for mode in LINEAR_MODES]
+        cases += [linear_case(dtype, 130, mode, n=75, k=1024)
+                  for mode in ("norm", "swiglu", "residual")]  # fmt: skip
+        cases += [linear_case(dtype, 70, mode, k=320, group=32) for mode in LINEAR_MODES]
+        cases += [linear_case(dtype, 65, mode, n=75, k=1152, group=128)
+                  for mode in ("swiglu", "half_input", "heads")]  # fmt: skip
     return cases

@@ -32,6 +32,15 @@ inline half_t f2h(float f) { return f_to_half(f); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+// cp.async: the copy done at once (its commit and wait have nothing left to do)
+inline void cp16(void* dst, const void* src, bool ok) {
+    if (ok) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
+}
+inline void cp4(void* dst, const void* src, bool ok) {
+    if (ok) std::memcpy(dst, src, 4); else std::memset(dst, 0, 4);
+}
+inline void cp_commit() {}
+template <int N> inline void cp_wait() {}
 // mma.sync.m16n8k16.row.col f32 += f16 x f16 over a warp: each lane's fragments exchanged, each
 // lane's four results summed from them by PTX's fragment layout (float32 sums in k order)
 static unsigned g_mma_a[64][32][4], g_mma_b[64][32][2];
