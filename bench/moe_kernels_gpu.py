@@ -3,7 +3,9 @@ dimensions (hidden 2048, 128 experts, top 8, expert intermediate 768; float16 we
 time per call against the HBM bound, the bytes of the experts the call's tokens chose (each
 chosen expert's gate/up and down rows read once) at the measured copy bandwidth. The kernels
 read each token's experts for that token alone (no grouping by expert), so from a few tokens on
-a call reads the same expert more than once; the bound does not.
+a call reads the same expert more than once; the bound does not. Prefills of more slots than
+experts run grouped by expert too, and (float16) with the experts' products as tensor-core GEMMs
+(``grouped_gemm``).
 
     python bench/moe_kernels_gpu.py [--tokens 1 4 16 32] [--repeats 200] [--out DIR]
 """
@@ -70,7 +72,7 @@ def main() -> int:
                 rows_at, slot_at = t0 * HIDDEN * 4, t0 * TOP_K * 4
                 args_of = {
                     "moe_group": [ptr(ids.ptr + slot_at), i32(n * TOP_K), i32(EXPERTS),
-                                  ptr(offsets.ptr), ptr(order.ptr)],
+                                  ptr(offsets.ptr), ptr(order.ptr), ptr(None)],
                     "moe_norm": [ptr(h.ptr + rows_at), ptr(nw.ptr), f32(1e-6), i32(HIDDEN),
                                  ptr(xn.ptr)],
                     "moe_gate_up_grouped": [ptr(xn.ptr), ptr(fc1.ptr), ptr(offsets.ptr),
@@ -84,6 +86,28 @@ def main() -> int:
                 shapes = moe_cuda.launches(n, HIDDEN, INTER, TOP_K, EXPERTS)
                 grouped += [(name, shapes[name], a) for name, a in args_of.items()]
             ways["grouped"] = grouped
+            if moe_cuda.uses_gemm(True, "float16", HIDDEN, INTER):  # the products as GEMMs
+                tiles = dev(np.zeros(moe_cuda.tiles_size(part * TOP_K, EXPERTS), np.int32))
+                gemm = [grouped[0]]
+                for t0 in range(0, t, moe_cuda.GROUP_TOKENS):
+                    n = min(moe_cuda.GROUP_TOKENS, t - t0)
+                    rows_at, slot_at = t0 * HIDDEN * 4, t0 * TOP_K * 4
+                    table = [ptr(offsets.ptr), ptr(order.ptr), ptr(tiles.ptr)]
+                    args_of = {
+                        "moe_group": [ptr(ids.ptr + slot_at), i32(n * TOP_K), i32(EXPERTS),
+                                      ptr(offsets.ptr), ptr(order.ptr), ptr(tiles.ptr)],
+                        "moe_norm": [ptr(h.ptr + rows_at), ptr(nw.ptr), f32(1e-6), i32(HIDDEN),
+                                     ptr(xn.ptr)],
+                        "moe_gate_up_gemm": [ptr(xn.ptr), ptr(fc1.ptr), *table, i32(TOP_K),
+                                             i32(HIDDEN), i32(INTER), ptr(act.ptr)],
+                        "moe_down_gemm": [ptr(act.ptr), ptr(fc2.ptr), *table, i32(HIDDEN),
+                                          i32(INTER), ptr(d.ptr)],
+                        "moe_combine": [ptr(d.ptr), ptr(w.ptr + slot_at), i32(TOP_K),
+                                        i32(HIDDEN), ptr(None), ptr(None), ptr(h.ptr + rows_at)],
+                    }  # fmt: skip
+                    shapes = moe_cuda.launches(n, HIDDEN, INTER, TOP_K, EXPERTS, gemm=True)
+                    gemm += [(name, shapes[name], a) for name, a in args_of.items()]
+                ways["grouped_gemm"] = gemm
 
         times = bench.alternating(ways, args.repeats)
         chosen = len(np.unique(moe.routing(router, top_k=TOP_K, normalize_routing=1)[0]))
@@ -97,6 +121,8 @@ def main() -> int:
             row[f"{way}_over_bound"] = bound and round(min(ms) / bound, 2)
         if "grouped" in times:
             row["per_slot_over_grouped"] = round(min(times["per_slot"]) / min(times["grouped"]), 2)
+        if "grouped_gemm" in times:
+            row["grouped_over_gemm"] = round(min(times["grouped"]) / min(times["grouped_gemm"]), 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
     write_result(args.out, "moe_kernels_gpu", bw, rows)

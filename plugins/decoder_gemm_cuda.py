@@ -73,13 +73,21 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 // their scale), of the x rows (as stored) and of the norm's weight into one of three shared
 // stages; warp (wm, wn) multiplies weight rows 32 wm .. and x rows 32 wn .. of it, two k16
 // halves of 2 x 4 mma tiles. Warps with wm = 0 see each x row once and sum its squares.
-template <bool XHALF, bool SWIGLU, bool Q4>
+//
+// MOE (moe_gate_up_gemm, moe_down_gemm): block y is tile moe_tiles[1 + 2y] = (expert e, r0) of
+// moe_group's list, its rows slots order[offsets[e] + r0 ..] of expert e: x row slot / slot_div
+// (a token's normed state for gate_up, the slot's activations for down), weights at e *
+// expert_stride, SwiGLU's gate and up rows interleaved (2c, 2c + 1, as fc1 stores them), the
+// result stored (float32) in the slot's row. No norm, bias or int4 there.
+template <bool XHALF, bool SWIGLU, bool Q4, bool MOE = false>
 __device__ __forceinline__ void linear_gemm_body(
     const void* __restrict__ x, const long long* __restrict__ rowmap, int seq,
     const float* __restrict__ norm_w, float eps,
     const wt_t* __restrict__ w, long long head_stride, const long long* __restrict__ head_index,
     const float* __restrict__ bias, float* out, int rows, int K, int N, int store,
-    const half_t* __restrict__ scales, int group)
+    const half_t* __restrict__ scales, int group, const int* __restrict__ moe_offsets = nullptr,
+    const int* __restrict__ moe_order = nullptr, const int* __restrict__ moe_tiles = nullptr,
+    int slot_div = 1, long long expert_stride = 0)
 {
     constexpr int C = SWIGLU ? G_TILE / 2 : G_TILE;  // outputs a block
     constexpr int W_BYTES = Q4 ? G_TILE * 16 : G_TILE * G_WS * 2;  // a stage's weights
@@ -90,9 +98,20 @@ __device__ __forceinline__ void linear_gemm_body(
     __shared__ float part_ss[G_TILE];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wm = warp & 1, wn = warp >> 1;
-    const int n0 = blockIdx.x * C, r0 = blockIdx.y * G_TILE;
+    const int n0 = blockIdx.x * C;
+    int r0 = blockIdx.y * G_TILE, lo = 0;  // MOE: the tile's first row, its expert's first slot
     const int steps = K / G_K;
-    const long long head = head_index ? head_index[0] * head_stride : 0LL;
+    long long head = head_index ? head_index[0] * head_stride : 0LL;
+    if (MOE) {  // the tile list is the kernel before's output
+        GRID_LAUNCH();
+        GRID_WAIT();
+        if ((int)blockIdx.y >= moe_tiles[0]) return;
+        const int e = moe_tiles[1 + 2 * blockIdx.y];
+        r0 = moe_tiles[2 + 2 * blockIdx.y];
+        lo = moe_offsets[e];
+        rows = moe_offsets[e + 1] - lo;
+        head = e * expert_stride;
+    }
     const wt_t* wb = w + (Q4 ? 0LL : head);
     const unsigned char* qb = reinterpret_cast<const unsigned char*>(w) + (Q4 ? head / 2 : 0LL);
     const half_t* sb = Q4 ? scales + head / group : nullptr;
@@ -100,6 +119,7 @@ __device__ __forceinline__ void linear_gemm_body(
     auto wrow = [&](int i, bool& ok) -> long long {
         const int c = SWIGLU ? (i & (C - 1)) : i;
         ok = n0 + c < N;
+        if (MOE && SWIGLU) return 2LL * (n0 + c) + (i >= C);  // fc1: gate, up, gate, up, ...
         return (long long)(n0 + c) + (SWIGLU && i >= C ? N : 0);
     };
     // int4: the row this thread copies (element and scale offsets), and the scales' offsets of
@@ -173,13 +193,17 @@ __device__ __forceinline__ void linear_gemm_body(
     };
 #pragma unroll
     for (int s = 0; s < G_STAGES - 1; ++s) issue_w(s);  // weights before the kernel before ends
-    GRID_LAUNCH();
-    GRID_WAIT();
+    if (!MOE) {
+        GRID_LAUNCH();
+        GRID_WAIT();
+    }
     long long src[XCH];  // x element offsets of this thread's chunks' rows, -1 past the call
 #pragma unroll
     for (int j = 0; j < XCH; ++j) {
         const int rr = r0 + (tid + j * G_THREADS) / XPR;
-        src[j] = rr < rows ? (rowmap ? (long long)rr * seq + rowmap[rr] : rr) * K : -1;
+        const long long row = MOE ? (rr < rows ? moe_order[lo + rr] / slot_div : 0)
+                                  : (rowmap ? (long long)rr * seq + rowmap[rr] : rr);
+        src[j] = rr < rows ? row * K : -1;
     }
 #pragma unroll
     for (int s = 0; s < G_STAGES - 1; ++s) { issue_x(s, src); cp_commit(); }
@@ -275,6 +299,16 @@ __device__ __forceinline__ void linear_gemm_body(
         }
     }
     __syncthreads();
+    if (MOE) {  // each tile row's slot gets its row of results
+        for (int i = tid; i < C * G_TILE; i += G_THREADS) {
+            const int c = i % C, r = i / C;
+            if (n0 + c >= N || r0 + r >= rows) continue;
+            const float a = part[r * G_RS + c];
+            const float v = SWIGLU ? a / (1.0f + expf(-a)) * part[r * G_RS + C + c] : a;
+            out[(long long)moe_order[lo + r0 + r] * N + n0 + c] = v;
+        }
+        return;
+    }
     linear_finish<G_TILE, C, SWIGLU, 1, G_RS, 0>(part, part_ss, 1, n0, r0, rows, K, N, norm_w,
                                                  eps, bias, out, store);
 }
@@ -290,5 +324,22 @@ LINEAR_GEMM(false, false, false, linear_gf) LINEAR_GEMM(false, true, false, line
 LINEAR_GEMM(true, false, false, linear_gh)
 LINEAR_GEMM(false, false, true, linear_gqf) LINEAR_GEMM(false, true, true, linear_gqfs)
 LINEAR_GEMM(true, false, true, linear_gqh)
+
+// grouped MoE on tensor cores (plugins/moe_cuda.py): fc1 [E, 2I, H] over the slots' tokens'
+// normed states xn [T, H] into act [S, I]; fc2 [E, H, I] over act into d [S, H]
+extern "C" __global__ void __launch_bounds__(G_THREADS) moe_gate_up_gemm(
+    const float* xn, const wt_t* fc1, const int* offsets, const int* order, const int* tiles,
+    int top_k, int H, int I, float* act) {
+    linear_gemm_body<false, true, false, true>(xn, nullptr, 1, nullptr, 0.f, fc1, 0, nullptr,
+                                               nullptr, act, 0, H, I, 0, nullptr, 0, offsets,
+                                               order, tiles, top_k, 2LL * I * H);
+}
+extern "C" __global__ void __launch_bounds__(G_THREADS) moe_down_gemm(
+    const float* act, const wt_t* fc2, const int* offsets, const int* order, const int* tiles,
+    int H, int I, float* d) {
+    linear_gemm_body<false, false, false, true>(act, nullptr, 1, nullptr, 0.f, fc2, 0, nullptr,
+                                                nullptr, d, 0, I, H, 0, nullptr, 0, offsets,
+                                                order, tiles, 1, (long long)H * I);
+}
 #endif
 """

@@ -24,7 +24,11 @@ token's weighted sum in slot order, the shared expert, into h). Every sum is mad
 terms in the same order as the per-slot kernels' (a lane's strided terms, then warp_sum), so
 both give the same bits, and a token's result does not depend on the tokens beside it. A call
 of more than GROUP_TOKENS tokens runs in parts of that many. Sums are float32, weights read as
-stored.
+stored. Float16 prefills (``uses_gemm``) run the experts' products as tensor-core GEMMs
+instead (``moe_gate_up_gemm``, ``moe_down_gemm``: plugins/decoder_gemm_cuda.py's tiles, a block
+per tile of 64 of an expert's slots from ``moe_group``'s tile list); their inputs are rounded
+to float16 as the dense layers' tensor cores round theirs, so those prefills are not the
+per-slot kernels' bits.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeomni.plugins import moe
+from edgeomni.plugins.decoder_gemm_cuda import GEMM_K, GEMM_THREADS, GEMM_TILE
 
 MOE_WARPS = 4  # warps a block of moe_gate_up and moe_down, a row each at a time
 ROUTE_MAX_K = 32  # experts a token, at most (moe_route's shared list)
@@ -176,9 +181,12 @@ extern "C" __global__ void moe_down(
 
 // ---- grouped by expert (calls of more slots than experts) ------------------------------------
 // offsets [E + 1] into order [S]: the call's slots (t * K + j) grouped by expert, ascending
-// within one. One block, a thread an expert (E < blockDim.x <= 1024).
+// within one. One block, a thread an expert (E < blockDim.x <= 1024). With tiles (the GEMMs'
+// list, plugins/decoder_gemm_cuda.py): tiles[0] tiles of G_TILE slots, tile i at tiles[1 + 2i]
+// (its expert) and tiles[2 + 2i] (its first row within the expert's slots).
 extern "C" __global__ void moe_group(const int* __restrict__ ids, int S, int E,
-                                     int* __restrict__ offsets, int* __restrict__ order)
+                                     int* __restrict__ offsets, int* __restrict__ order,
+                                     int* __restrict__ tiles)
 {
     __shared__ int start[1025];
     GRID_LAUNCH();
@@ -195,6 +203,16 @@ extern "C" __global__ void moe_group(const int* __restrict__ ids, int S, int E,
     }
     __syncthreads();
     if (e <= E) offsets[e] = start[e];
+    if (tiles && e == 0) {
+        int n = 0;
+        for (int i = 0; i < E; ++i)
+            for (int r = 0; r < start[i + 1] - start[i]; r += G_TILE) {
+                tiles[1 + 2 * n] = i;
+                tiles[2 + 2 * n] = r;
+                ++n;
+            }
+        tiles[0] = n;
+    }
     if (e < E) {
         int at = start[e];
         for (int s = 0; s < S; ++s)
@@ -354,23 +372,46 @@ def grouped(tokens: int, top_k: int, experts: int, prefill: bool = True) -> bool
     return experts < 1024 and slots > (experts if prefill else 4 * experts)
 
 
+def uses_gemm(prefill: bool, weights: str, hidden: int, intermediate: int) -> bool:
+    """Whether a grouped call runs its experts' products as tensor-core GEMMs
+    (``moe_gate_up_gemm``, ``moe_down_gemm``): float16 prefills whose K (hidden and
+    intermediate) the GEMM's steps divide; decode steps keep the SIMT grouped kernels, whose
+    sums are the per-slot kernels' bits. Not measured on a GPU yet."""
+    return prefill and weights == "float16" and hidden % GEMM_K == 0 and intermediate % GEMM_K == 0
+
+
+def tiles_size(slots: int, experts: int) -> int:
+    """Ints of ``moe_group``'s tile list for a call of ``slots`` slots: the count, then two a
+    tile, at most ceil(slots / GEMM_TILE) + experts tiles."""
+    return 1 + 2 * (-(-slots // GEMM_TILE) + experts)
+
+
 def launches(
-    tokens: int, hidden: int, intermediate: int, top_k: int, experts: int = 0
-) -> dict[str, tuple]:
+    tokens: int, hidden: int, intermediate: int, top_k: int, experts: int = 0,
+    gemm: bool = False,
+) -> dict[str, tuple]:  # fmt: skip
     """Each kernel's (grid, block, dynamic shared bytes) for a call of ``tokens`` tokens, in
     launch order; with ``experts`` (where ``grouped`` says so), the grouped kernels' (a part of
-    at most GROUP_TOKENS tokens: a longer call runs them on its tokens in parts)."""
+    at most GROUP_TOKENS tokens: a longer call runs them on its tokens in parts); with ``gemm``
+    (``uses_gemm``), the experts' products as GEMMs, a block per tile of the tile list."""
     rows = 32 * MOE_WARPS
     if experts:
         if experts >= 1024:
             raise ValueError(f"moe_group takes fewer than 1024 experts, not {experts}")
         per_block = MOE_WARPS * MOE_ROWS
+        tiles = (tiles_size(tokens * top_k, experts) - 1) // 2
+        products = {
+            "moe_gate_up_gemm": ((-(-intermediate // (GEMM_TILE // 2)), tiles), GEMM_THREADS, 0),
+            "moe_down_gemm": ((-(-hidden // GEMM_TILE), tiles), GEMM_THREADS, 0),
+        } if gemm else {
+            "moe_gate_up_grouped": ((-(-intermediate // per_block), experts), rows, 0),
+            "moe_down_grouped": ((-(-hidden // per_block), experts), rows, 0),
+        }  # fmt: skip
         return {
             "moe_route": ((tokens,), 32, 0),
             "moe_group": ((1,), -(-(experts + 1) // 32) * 32, 0),
             "moe_norm": ((tokens,), rows, 0),
-            "moe_gate_up_grouped": ((-(-intermediate // per_block), experts), rows, 0),
-            "moe_down_grouped": ((-(-hidden // per_block), experts), rows, 0),
+            **products,
             "moe_combine": ((-(-hidden // 256), tokens), 256, 0),
         }
     return {

@@ -453,6 +453,8 @@ class FusedBinding:
                 self.ptrs["moe_order"] = self._buffer("moe_order", (slots,), np.int32)
                 self.ptrs["moe_xn"] = self._buffer("moe_xn", (part, spec.hidden), f4)
                 self.ptrs["moe_d"] = self._buffer("moe_d", (slots, spec.hidden), f4)
+                self.ptrs["moe_tiles"] = self._buffer(
+                    "moe_tiles", (moe_cuda.tiles_size(slots, experts),), np.int32)
             self.ptrs["moe_act"] = self._buffer("moe_act", (slots, inter), f4)
             # a shared expert's output and gate logit (Qwen3-Omni's talker)
             self.ptrs["shared_out"] = self._buffer("shared_out", (tokens, spec.hidden), f4)
@@ -639,7 +641,8 @@ class _Launches:
     def moe(self, step: dict[str, Any]) -> None:
         """Routing from the router's logits, each chosen expert's SwiGLU, the weighted down
         projections added into h (plugins/moe_cuda.py); a call moe_cuda.grouped picks grouped
-        by expert, in parts of at most GROUP_TOKENS tokens."""
+        by expert, in parts of at most GROUP_TOKENS tokens, its products as GEMMs where
+        moe_cuda.uses_gemm says so."""
         from edgeomni.plugins import moe_cuda
         from edgeomni.plugins.decoder_cuda import f32, i32, ptr
 
@@ -670,21 +673,35 @@ class _Launches:
             rows, slot = t0 * hidden * 4, t0 * k * 4  # the part's first token's bytes
             part = [ptr(p["shared_out"] + rows), ptr(p["shared_gate"] + t0 * 4)] \
                 if step["shared"] else list(shared)  # fmt: skip
-            args = {
-                "moe_group": [ptr(p["route_ids"] + slot), i32(n * k), i32(step["experts"]),
-                              ptr(p["moe_offsets"]), ptr(p["moe_order"])],
-                "moe_norm": [ptr(p["h"] + rows), ptr(self.w(step["norm"])), f32(spec.eps),
-                             i32(hidden), ptr(p["moe_xn"])],
+            gemm = moe_cuda.uses_gemm(self.s > 1, self.engine.kernels.variant.weights, hidden,
+                                      inter)  # fmt: skip
+            products = {
+                "moe_gate_up_gemm": [ptr(p["moe_xn"]), ptr(self.w(step["fc1"])),
+                                     ptr(p["moe_offsets"]), ptr(p["moe_order"]),
+                                     ptr(p["moe_tiles"]), i32(k), i32(hidden), i32(inter),
+                                     ptr(p["moe_act"])],
+                "moe_down_gemm": [ptr(p["moe_act"]), ptr(self.w(step["fc2"])),
+                                  ptr(p["moe_offsets"]), ptr(p["moe_order"]),
+                                  ptr(p["moe_tiles"]), i32(hidden), i32(inter), ptr(p["moe_d"])],
+            } if gemm else {
                 "moe_gate_up_grouped": [ptr(p["moe_xn"]), ptr(self.w(step["fc1"])),
                                         ptr(p["moe_offsets"]), ptr(p["moe_order"]), i32(k),
                                         i32(hidden), i32(inter), ptr(p["moe_act"])],
                 "moe_down_grouped": [ptr(p["moe_act"]), ptr(self.w(step["fc2"])),
                                      ptr(p["moe_offsets"]), ptr(p["moe_order"]), i32(hidden),
                                      i32(inter), ptr(p["moe_d"])],
+            }  # fmt: skip
+            args = {
+                "moe_group": [ptr(p["route_ids"] + slot), i32(n * k), i32(step["experts"]),
+                              ptr(p["moe_offsets"]), ptr(p["moe_order"]),
+                              ptr(p["moe_tiles"] if gemm else None)],
+                "moe_norm": [ptr(p["h"] + rows), ptr(self.w(step["norm"])), f32(spec.eps),
+                             i32(hidden), ptr(p["moe_xn"])],
+                **products,
                 "moe_combine": [ptr(p["moe_d"]), ptr(p["route_w"] + slot), i32(k), i32(hidden),
                                 *part, ptr(p["h"] + rows)],
             }  # fmt: skip
-            shapes = moe_cuda.launches(n, hidden, inter, k, step["experts"])
+            shapes = moe_cuda.launches(n, hidden, inter, k, step["experts"], gemm=gemm)
             for name in args:
                 grid, block, smem = shapes[name]
                 self.launch(name, grid, block, args[name], shared=smem)

@@ -279,11 +279,14 @@ def rms_rows_case(rows: int = 3, seq: int = 4, hidden: int = 200) -> KernelCase:
 
 
 def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, inter: int,
-             normalize: int, shared: bool = False, grouped: bool = False) -> KernelCase:  # fmt: skip
+             normalize: int, shared: bool = False, grouped: bool = False,
+             gemm: bool = False) -> KernelCase:  # fmt: skip
     """The MoE step's three kernels (plugins/moe_cuda.py) after its router: routing, each
     chosen expert's SwiGLU, the weighted down projections added into h (with ``shared``, a
     shared expert's output times sigmoid of its gate too). ``grouped``: then the grouped
-    kernels too, on a copy of h: the same activations and h, bit for bit."""
+    kernels too, on a copy of h: the same activations and h, bit for bit. ``gemm``: the grouped
+    products as tensor-core GEMMs, whose inputs are rounded to float16 (checked against the
+    reference with that rounding)."""
     from edgeomni.plugins import moe_cuda
 
     wt = np.dtype(dtype)
@@ -309,19 +312,32 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
                      ("i32", hidden), ("i32", inter), buf("shared" if shared else None),
                      buf("gate" if shared else None), buf("h")],
     }  # fmt: skip
+    # (the GEMM cases run the routing alone before the grouped kernels: the per-slot kernels'
+    # block a slot made their emulation the slowest of the cases)
     launches = [Launch(name, grid, block, args[name], shared)
-                for name, (grid, block, shared) in shapes.items()]  # fmt: skip
+                for name, (grid, block, shared) in shapes.items()
+                if not gemm or name == "moe_route"]  # fmt: skip
     slots = tokens * top_k
     if grouped:
         assert moe_cuda.grouped(tokens, top_k, experts), "a grouped case has more slots"
+        assert not gemm or moe_cuda.uses_gemm(True, dtype, hidden, inter), "K the GEMM takes"
         buffers.update(h2=h.copy(), act2=np.zeros_like(buffers["act"]),
                        offsets=np.full(experts + 1, -1, np.int32),
                        order=np.full(slots, -1, np.int32),
                        xn=np.zeros((tokens, hidden), np.float32),
-                       d=np.zeros((slots, hidden), np.float32))  # fmt: skip
+                       d=np.zeros((slots, hidden), np.float32),
+                       tiles=np.full(moe_cuda.tiles_size(slots, experts), -1, np.int32))  # fmt: skip
+        products = {
+            "moe_gate_up_gemm": [buf("xn"), buf("fc1"), buf("offsets"), buf("order"),
+                                 buf("tiles"), ("i32", top_k), ("i32", hidden), ("i32", inter),
+                                 buf("act2")],
+            "moe_down_gemm": [buf("act2"), buf("fc2"), buf("offsets"), buf("order"),
+                              buf("tiles"), ("i32", hidden), ("i32", inter), buf("d")],
+        }  # fmt: skip
         more = {
+            **(products if gemm else {}),
             "moe_group": [buf("ids"), ("i32", slots), ("i32", experts), buf("offsets"),
-                          buf("order")],
+                          buf("order"), buf("tiles" if gemm else None)],
             "moe_norm": [buf("h2"), buf("nw"), ("f32", 1e-6), ("i32", hidden), buf("xn")],
             "moe_gate_up_grouped": [buf("xn"), buf("fc1"), buf("offsets"), buf("order"),
                                     ("i32", top_k), ("i32", hidden), ("i32", inter),
@@ -332,7 +348,7 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
                             buf("shared" if shared else None), buf("gate" if shared else None),
                             buf("h2")],
         }  # fmt: skip
-        group = moe_cuda.launches(tokens, hidden, inter, top_k, experts)
+        group = moe_cuda.launches(tokens, hidden, inter, top_k, experts, gemm=gemm)
         launches += [Launch(name, grid, block, more[name], smem)
                      for name, (grid, block, smem) in group.items() if name in more]  # fmt: skip
 
@@ -345,19 +361,50 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
         extra = {"shared": buffers["shared"], "gate": buffers["gate"]} if shared else {}
         want = moe_cuda.reference(h, nw, 1e-6, router, fc1, fc2, top_k=top_k,
                                   normalize=normalize, **extra)  # fmt: skip
-        np.testing.assert_allclose(got["h"], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        if not gemm:
+            np.testing.assert_allclose(got["h"], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
         if grouped:  # each expert's slots in order, and the per-slot kernels' very bits
             flat = ids.reshape(-1)
             order = np.argsort(flat, kind="stable")
             counts = np.bincount(flat, minlength=experts)
             np.testing.assert_array_equal(got["offsets"], np.concatenate([[0], np.cumsum(counts)]))
             np.testing.assert_array_equal(got["order"], order)
+            if gemm:  # the tile list, and the products of float16-rounded inputs
+                tiles = [(e, r) for e in range(experts) for r in range(0, counts[e], 64)]
+                assert got["tiles"][0] == len(tiles)
+                np.testing.assert_array_equal(got["tiles"][1:1 + 2 * len(tiles)],
+                                              np.array(tiles, np.int32).reshape(-1))  # fmt: skip
+                _check_moe_gemm(got, h, nw, ids, weights, fc1, fc2, extra)
+                return
             np.testing.assert_array_equal(got["act2"], got["act"])
             np.testing.assert_array_equal(got["h2"], got["h"])
 
     name = (f"moe-{dtype}-t{tokens}-e{experts}-k{top_k}-n{normalize}{'-shared' * shared}"
-            f"{'-grouped' * grouped}")  # fmt: skip
+            f"{'-grouped' * grouped}{'-gemm' * gemm}")  # fmt: skip
     return KernelCase(name, buffers, launches, check)
+
+
+def _check_moe_gemm(got: dict[str, np.ndarray], h: np.ndarray, nw: np.ndarray, ids: np.ndarray,
+                    weights: np.ndarray, fc1: np.ndarray, fc2: np.ndarray,
+                    extra: dict[str, np.ndarray]) -> None:  # fmt: skip
+    """The GEMMs' activations and h: each slot's products of float16-rounded inputs (the
+    kernels' own normed states and activations, each checked first), float32 sums."""
+    half = lambda a: a.astype(np.float16).astype(np.float64)  # noqa: E731
+    x = h.astype(np.float64)
+    xn = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * nw
+    np.testing.assert_allclose(got["xn"], xn, rtol=1e-5, atol=1e-6 * np.abs(xn).max())
+    top_k, flat = ids.shape[1], ids.reshape(-1)
+    act = np.zeros((flat.size, fc2.shape[2]))
+    for slot, e in enumerate(flat):
+        y = half(got["xn"][slot // top_k]) @ fc1[e].astype(np.float64).T
+        gate, up = y[0::2], y[1::2]  # fc1's rows interleaved: gate, up, gate, up, ...
+        act[slot] = gate / (1.0 + np.exp(-gate)) * up
+    np.testing.assert_allclose(got["act2"], act, rtol=1e-4, atol=1e-5 * np.abs(act).max())
+    d = np.stack([half(got["act2"][s]) @ fc2[e].astype(np.float64).T for s, e in enumerate(flat)])
+    y = (weights.reshape(-1, 1) * d).reshape(ids.shape[0], top_k, -1).sum(1)
+    if extra:
+        y = y + extra["shared"] / (1.0 + np.exp(-extra["gate"].astype(np.float64)))
+    np.testing.assert_allclose(got["h2"], x + y, rtol=1e-4, atol=1e-5 * np.abs(x + y).max())
 
 
 def frame_sum_case(dtype: str, rows: int, half_out: bool, text: bool) -> KernelCase:
@@ -600,4 +647,8 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
         cases += [linear_case(dtype, 70, mode, k=320, group=32) for mode in LINEAR_MODES]
         cases += [linear_case(dtype, 65, mode, n=75, k=1152, group=128)
                   for mode in ("swiglu", "half_input", "heads")]  # fmt: skip
+        # grouped MoE prefills on the GEMM: an empty expert, experts of more than a tile's
+        # slots, the shared expert; N not a multiple of a tile
+        cases += [moe_case(dtype, *shape, grouped=True, gemm=True) for shape in (
+            (12, 6, 2, 64, 96, 1), (100, 3, 2, 64, 64, 1, True), (40, 5, 4, 96, 64, 0))]
     return cases

@@ -231,5 +231,14 @@ def test_the_fused_moe_groups_prefills_and_wide_decode_steps_by_expert() -> None
     assert names == ["moe_route", "moe_group", "moe_norm", "moe_gate_up_grouped",
                      "moe_down_grouped", "moe_combine"]  # fmt: skip
     assert list(moe_cuda.launches(1, 2048, 768, 8)) == ["moe_route", "moe_gate_up", "moe_down"]
+    # float16 prefills run the experts' products as GEMMs, a block a tile of 64 slots: at most
+    # ceil(slots / 64) + experts tiles
+    assert moe_cuda.uses_gemm(True, "float16", 2048, 768)
+    assert not moe_cuda.uses_gemm(False, "float16", 2048, 768)  # decode: the SIMT kernels' bits
+    assert not moe_cuda.uses_gemm(True, "float32", 2048, 768)
+    assert not moe_cuda.uses_gemm(True, "float16", 2048, 760)  # K the GEMM's steps miss
+    shapes = moe_cuda.launches(600, 2048, 768, 8, 128, gemm=True)
+    assert list(shapes)[3:5] == ["moe_gate_up_gemm", "moe_down_gemm"]
+    assert shapes["moe_gate_up_gemm"][0] == (24, 75 + 128) and shapes["moe_down_gemm"][0][0] == 32
     with pytest.raises(ValueError, match="fewer than 1024 experts"):
         moe_cuda.launches(4096, 64, 64, 8, 1024)
