@@ -197,15 +197,19 @@ def fused_int4(qwen3, tmp_path_factory) -> Path:
                   INT4_KEY, quantization="int4_rtn", group_size=32)  # fmt: skip
 
 
-@pytest.mark.parametrize(("build", "graphs", "overlap"), [
-    ("fused32", False, False), ("fused32", False, True), ("fused32", True, True),
-    ("fused_int4", True, True),
+@pytest.mark.parametrize(("build", "graphs", "overlap", "first"), [
+    ("fused32", False, False, (5, 3, 0)), ("fused32", False, True, (5, 3, 0)),
+    ("fused32", True, True, (5, 3, 0)), ("fused_int4", True, True, (5, 3, 0)),
+    # 3 x 60 rows: the float16 and int4 prefills' linears on the GEMM (decoder_gemm_cuda)
+    ("fused16", False, True, (60, 33, 0)), ("fused_int4", False, True, (60, 33, 0)),
 ])  # fmt: skip
-def test_engine_equals_the_reference_of_its_calls(request, build, graphs, overlap) -> None:
-    """A ragged prefill (5 and 3 tokens, one row idle) then decode steps, graphed or not, the
-    kernels queued as programmatic dependent launches or not (where the GPU has them). The
-    int4 build (float16 activations and cache) against its reference's float64: within 2e-2
-    of the logits' peak, where the float32 build is within 1e-4 and picks the same top K."""
+def test_engine_equals_the_reference_of_its_calls(request, build, graphs, overlap,
+                                                  first) -> None:  # fmt: skip
+    """A ragged prefill (``first`` tokens a row, one row idle) then decode steps, graphed or
+    not, the kernels queued as programmatic dependent launches or not (where the GPU has them).
+    The float16 and int4 builds (float16 activations and cache) against their reference's
+    float64: within 2e-2 of the logits' peak, where the float32 build is within 1e-4 and picks
+    the same top K."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
     from edgeomni.runtime.row_state import RowState
@@ -215,13 +219,13 @@ def test_engine_equals_the_reference_of_its_calls(request, build, graphs, overla
     cfg = json.loads((fused32 / "config.json").read_text())
     engine = open_engine(fused32, cfg, cuda_graphs=graphs)
     engine.overlap = engine.overlap and overlap
-    rows, capacity = 3, 32
+    rows, capacity = 3, 32 if max(first) < 16 else 96
     kv = RowState.for_engine(cfg, rows, engine, capacity)
     session = DecoderSession(engine, kv, rows, {"logits": (cfg["vocab_size"],)})
     ref = FusedReference(fused32)
     cache = ref.cache(rows, capacity)
     rng = np.random.default_rng(1)
-    lens, past = np.array([5, 3, 0], np.int32), np.zeros(rows, np.int32)
+    lens, past = np.array(first, np.int32), np.zeros(rows, np.int32)
     for step in range(6):
         x = (rng.standard_normal((rows, int(lens.max()), cfg["hidden_size"])) * 0.5).astype(np.float32)
         pos = text_positions(past, x.shape[1], False)
@@ -517,22 +521,28 @@ def test_a_frame_summed_where_it_is_drawn_is_the_hosts_frame(tmp_path) -> None:
             np.testing.assert_array_equal(summed, (embed + add).astype(dtype))
 
 
-@pytest.mark.parametrize(("part", "graphs"), [(".", False), (".", True), ("talker", True)])
-def test_the_omni_moe_engines_equal_the_reference_of_their_calls(omni, tmp_path, part,
-                                                                 graphs) -> None:  # fmt: skip
+@pytest.mark.parametrize(("part", "graphs", "dtype", "first"), [
+    (".", False, "float32", (5, 3, 0)), (".", True, "float32", (5, 3, 0)),
+    ("talker", True, "float32", (5, 3, 0)),
+    # float16 prefills of 3 x 60 tokens: the linears' GEMM and the MoE GEMMs
+    (".", False, "float16", (60, 33, 0)), ("talker", False, "float16", (60, 33, 0)),
+])  # fmt: skip
+def test_the_omni_moe_engines_equal_the_reference_of_their_calls(omni, tmp_path, part, graphs,
+                                                                 dtype, first) -> None:  # fmt: skip
     """Qwen3-Omni's thinker and talker as fused plans (MoE layers on plugins/moe_cuda.py's
     kernels, the talker's with its gated shared expert; MRoPE; the thinker's DeepStack and
     accept layer's hidden states): a ragged prefill and decode steps, eager and graphed, against
-    tests/fused_reference.py's float64 reference of their steps."""
+    tests/fused_reference.py's float64 reference of their steps (float16 builds within 2e-2 of
+    the logits' peak, float32 within 1e-4 and the same top K)."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
     from edgeomni.runtime.row_state import RowState
 
-    folder = fused_build(omni, tmp_path / "fused", "float32", OMNI_PARTS, model="omni") / part
+    folder = fused_build(omni, tmp_path / "fused", dtype, OMNI_PARTS, model="omni") / part
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["backend"] == "fused" and any(s["op"] == "moe" for s in cfg["fused"]["plan"])
     engine = open_engine(folder, cfg, cuda_graphs=graphs)
-    rows, capacity, h = 3, 32, cfg["fused"]["hidden_size"]
+    rows, capacity, h = 3, 32 if max(first) < 16 else 96, cfg["fused"]["hidden_size"]
     extra = {"hidden_states": (h,)} if "hidden_states" in engine.output_names else {}
     session = DecoderSession(engine, RowState.for_engine(cfg, rows, engine, capacity), rows,
                              {"logits": (cfg["fused"]["vocab_size"],), **extra},
@@ -540,7 +550,8 @@ def test_the_omni_moe_engines_equal_the_reference_of_their_calls(omni, tmp_path,
     ref = FusedReference(folder)
     cache = ref.cache(rows, capacity)
     rng = np.random.default_rng(5)
-    past, lens = np.zeros(rows, np.int32), np.array([5, 3, 0], np.int32)
+    past, lens = np.zeros(rows, np.int32), np.array(first, np.int32)
+    exact = dtype == "float32"
     for step in range(4):
         seq = int(lens.max())
         x = (rng.standard_normal((rows, seq, h)) * 0.5).astype(np.float32)
@@ -554,9 +565,10 @@ def test_the_omni_moe_engines_equal_the_reference_of_their_calls(omni, tmp_path,
         want = ref.run(x, pos, past, lens, last, cache, deepstack=deep)
         live = lens > 0
         got = np.asarray(out["logits"], np.float64)
-        assert np.abs(got[live] - want["logits"][live]).max() <= 1e-4 * np.abs(
+        assert np.abs(got[live] - want["logits"][live]).max() <= (1e-4 if exact else 2e-2) * np.abs(
             want["logits"]).max(), step  # fmt: skip
-        np.testing.assert_array_equal(out["topk_indices"][live], want["topk_indices"][live])
+        if exact:
+            np.testing.assert_array_equal(out["topk_indices"][live], want["topk_indices"][live])
         past, lens = past + lens, np.array([1, 1, 1 if step else 0], np.int32)
 
 
