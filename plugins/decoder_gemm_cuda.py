@@ -48,6 +48,8 @@ SOURCE = r"""
 #define G_XS 36   // a float32 x row's floats: 32 and 4 of padding (144 bytes)
 #define G_XH 40   // a float16 x row's halves
 #define G_RS 68   // the epilogue's row stride: 64 columns and 4 of padding
+static_assert(G_TILE == 64 && G_K == 32 && G_THREADS == 128,
+              "linear_gemm_body's copies: 2 weight and 4 x chunks a thread, int4 rows by halves");
 #ifndef DECODER_HOST_EMULATION  // tests/test_fused_kernels_host.py: copies done at once
 // 16 (4) bytes from global to shared memory, asynchronously; zeros where !ok (none read)
 __device__ __forceinline__ void cp16(void* dst, const void* src, bool ok) {
