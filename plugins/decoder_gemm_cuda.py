@@ -45,7 +45,9 @@ SOURCE = r"""
 // G_TILE, G_K and G_THREADS come from the module's defines (decoder_cuda.Variant.source)
 #define G_STAGES 3
 #define G_WS 40   // a weight row's halves in shared memory: 32 and 8 of padding (80 bytes)
-#define G_XS 36   // a float32 x row's floats: 32 and 4 of padding (144 bytes)
+// a float32 x row's floats: 32 and 8 of padding (160 bytes): a half warp's 8-byte reads (rows
+// g = 0 .. 3, words 2t, 2t + 1) then fall in 32 distinct banks
+#define G_XS 40
 #define G_XH 40   // a float16 x row's halves
 #define G_RS 68   // the epilogue's row stride: 64 columns and 4 of padding
 static_assert(G_TILE == 64 && G_K == 32 && G_THREADS == 128,
@@ -262,8 +264,9 @@ __device__ __forceinline__ void linear_gemm_body(
                         if (!norm_w) { b[nt][h] = raw; continue; }
                         v0 = h2f((half_t)(raw & 0xffffu)); v1 = h2f((half_t)(raw >> 16));
                     } else {
-                        const float* xr = reinterpret_cast<const float*>(st + W_BYTES) + i * G_XS + k;
-                        v0 = xr[0]; v1 = xr[1];
+                        const float2 xv = *reinterpret_cast<const float2*>(
+                            reinterpret_cast<const float*>(st + W_BYTES) + i * G_XS + k);
+                        v0 = xv.x; v1 = xv.y;
                     }
                     if (norm_w) {
                         if (wm == 0) ss[nt] += v0 * v0 + v1 * v1;

@@ -26,6 +26,7 @@ using std::min;
 struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
 struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
 struct dim3 { unsigned x, y, z; };
 static thread_local dim3 threadIdx, blockIdx;
 static dim3 blockDim, gridDim;
