@@ -49,14 +49,16 @@ def main() -> int:
         w = dev(np.zeros((t, TOP_K), np.float32))
         act = dev(np.zeros((t * TOP_K, INTER), np.float32))
         route = [ptr(r.ptr), i32(EXPERTS), i32(TOP_K), i32(1), ptr(ids.ptr), ptr(w.ptr)]
+        floats = [ptr(None), i32(0)]  # float16 experts: no int4 scales
         calls: list[tuple[str, tuple, list]] = []
         for name, shape in moe_cuda.launches(t, HIDDEN, INTER, TOP_K).items():
             calls.append((name, shape, {
                 "moe_route": route,
                 "moe_gate_up": [ptr(h.ptr), ptr(nw.ptr), f32(1e-6), ptr(fc1.ptr), ptr(ids.ptr),
-                                i32(TOP_K), i32(HIDDEN), i32(INTER), ptr(act.ptr)],
+                                i32(TOP_K), i32(HIDDEN), i32(INTER), ptr(act.ptr), *floats],
                 "moe_down": [ptr(act.ptr), ptr(fc2.ptr), ptr(ids.ptr), ptr(w.ptr), i32(TOP_K),
-                             i32(HIDDEN), i32(INTER), ptr(None), ptr(None), ptr(h.ptr)],
+                             i32(HIDDEN), i32(INTER), ptr(None), ptr(None), ptr(h.ptr),
+                             *floats],
             }[name]))  # fmt: skip
         ways = {"per_slot": calls}
         if moe_cuda.grouped(t, TOP_K, EXPERTS):  # as the engine runs a prefill's
@@ -77,9 +79,10 @@ def main() -> int:
                                  ptr(xn.ptr)],
                     "moe_gate_up_grouped": [ptr(xn.ptr), ptr(fc1.ptr), ptr(offsets.ptr),
                                             ptr(order.ptr), i32(TOP_K), i32(HIDDEN),
-                                            i32(INTER), ptr(act.ptr)],
+                                            i32(INTER), ptr(act.ptr), *floats],
                     "moe_down_grouped": [ptr(act.ptr), ptr(fc2.ptr), ptr(offsets.ptr),
-                                         ptr(order.ptr), i32(HIDDEN), i32(INTER), ptr(d.ptr)],
+                                         ptr(order.ptr), i32(HIDDEN), i32(INTER), ptr(d.ptr),
+                                         *floats],
                     "moe_combine": [ptr(d.ptr), ptr(w.ptr + slot_at), i32(TOP_K), i32(HIDDEN),
                                     ptr(None), ptr(None), ptr(h.ptr + rows_at)],
                 }  # fmt: skip
@@ -99,9 +102,9 @@ def main() -> int:
                         "moe_norm": [ptr(h.ptr + rows_at), ptr(nw.ptr), f32(1e-6), i32(HIDDEN),
                                      ptr(xn.ptr)],
                         "moe_gate_up_gemm": [ptr(xn.ptr), ptr(fc1.ptr), *table, i32(TOP_K),
-                                             i32(HIDDEN), i32(INTER), ptr(act.ptr)],
+                                             i32(HIDDEN), i32(INTER), ptr(act.ptr), *floats],
                         "moe_down_gemm": [ptr(act.ptr), ptr(fc2.ptr), *table, i32(HIDDEN),
-                                          i32(INTER), ptr(d.ptr)],
+                                          i32(INTER), ptr(d.ptr), *floats],
                         "moe_combine": [ptr(d.ptr), ptr(w.ptr + slot_at), i32(TOP_K),
                                         i32(HIDDEN), ptr(None), ptr(None), ptr(h.ptr + rows_at)],
                     }  # fmt: skip

@@ -39,7 +39,6 @@ ELEM = {1: "float32", 10: "float16", 6: "int32", 7: "int64", 11: "float64"}
 # Gated DeltaNet's state ops have kernels, plugins/gated_delta_cuda.py, that no plan step
 # launches yet: the layer's plain ops around them are not matched)
 NO_KERNELS_YET = {
-    "QuantMoE": "int4 mixture-of-experts layers",
     "CausalConvState": "its Gated DeltaNet layers are not in the fused plan yet",
     "GatedDeltaRule": "its Gated DeltaNet layers are not in the fused plan yet",
 }  # fmt: skip
@@ -346,8 +345,8 @@ class Compiler:
             self.norm(args, ins, outs, attrs, where)
         elif op in ("MatMul", "QuantMatMul", "Gemm"):
             self.matmul(node, args, ins, outs, attrs, where)
-        elif op == "MoE":
-            self.moe(args, ins, outs, attrs, where)
+        elif op in ("MoE", "QuantMoE"):
+            self.moe(op, args, ins, outs, attrs, where)
         elif op == "Add":
             self.add(args, ins, outs, where)
         elif op == "Split":
@@ -513,30 +512,50 @@ class Compiler:
         else:
             raise Unfused(f"{where} adds {type(a).__name__} and {type(b).__name__}")
 
-    def moe(self, args: list[Any], ins: list[str], outs: list[str], attrs: dict[str, Any],
-            where: str) -> None:  # fmt: skip
-        """edgeomni::MoE of the normed stream, routed by a product of the same normed stream."""
+    def moe(self, op: str, args: list[Any], ins: list[str], outs: list[str],
+            attrs: dict[str, Any], where: str) -> None:  # fmt: skip
+        """edgeomni::MoE of the normed stream, routed by a product of the same normed stream;
+        edgeomni::QuantMoE's int4 experts as they are (codes [E, rows, K / 2] and float16
+        scales, the linears' int4 layout)."""
         x, router = args[0], args[1]
         if not (isinstance(x, Norm) and isinstance(router, Lin) and router.x == "h" and
                 router.norm == x.weight and router.version == x.version and
                 router.bias is None and router.rows == "all"):  # fmt: skip
             raise Unfused(f"{where}: its input and router are not the normed residual stream "
                           "and a product of it")  # fmt: skip
-        fc1, fc2 = ins[2], ins[3]
-        if any(i not in self.inits for i in (fc1, fc2)):
+        quant = op == "QuantMoE"
+        fc1, fc2 = (ins[2], ins[4]) if quant else (ins[2], ins[3])
+        scales = (ins[3], ins[5]) if quant else ()
+        if any(i not in self.inits for i in (fc1, fc2, *scales)):
             raise Unfused(f"{where}: its experts' weights are not constants")
         experts, rows, hidden = (int(d) for d in self.inits[fc1].dims)
+        inter = rows // 2
+        if quant:  # the dims count codes, two a byte
+            group, bits = int(attrs["block_size"]), int(attrs.get("bits", 4))
+            if bits != 4 or group not in INT4_GROUPS or (self.int4_group and
+                                                          group != self.int4_group):  # fmt: skip
+                raise Unfused(f"{where}: int{bits} experts in groups of {group}; the fused "
+                              f"kernels take int4 in one group size of {INT4_GROUPS}")  # fmt: skip
+            if any(self.inits[sc].data_type != 10 for sc in scales):  # TensorProto.FLOAT16
+                raise Unfused(f"{where}: int4 scales other than float16; the fused kernels read "
+                              "float16 scales")  # fmt: skip
+            self.int4_group = group
+            hidden *= 2
         top_k = int(attrs["top_k"])
-        if router.n != experts or hidden != router.k or list(self.inits[fc2].dims) != [
-                experts, hidden, rows // 2] or not 1 <= top_k <= min(experts, 32):  # fmt: skip
+        down = [experts, hidden, inter // 2 if quant else inter]
+        if router.n != experts or hidden != router.k or list(self.inits[fc2].dims) != down \
+                or not 1 <= top_k <= min(experts, 32):  # fmt: skip
             raise Unfused(f"{where}: experts of {list(self.inits[fc1].dims)} and "
                           f"{list(self.inits[fc2].dims)}, top {top_k}, router of {router.n}")
         n = max(self.layers - 1, 0)
         router.weight = self.rename(router.weight, f"layers.{n}.router")
-        self.env[outs[0]] = Moe(router, self.weight(fc1, f"layers.{n}.experts_gate_up",
-                                                    lambda a: a),
-                                self.weight(fc2, f"layers.{n}.experts_down", lambda a: a),
-                                top_k, int(attrs.get("normalize_routing", 0)))  # fmt: skip
+        names = (f"layers.{n}.experts_gate_up", f"layers.{n}.experts_down")
+        if quant:
+            for sc, name in zip(scales, names, strict=True):
+                self.weight(sc, name + ".scales", lambda a: a)
+        self.env[outs[0]] = Moe(router, self.weight(fc1, names[0], lambda a: a),
+                                self.weight(fc2, names[1], lambda a: a), top_k,
+                                int(attrs.get("normalize_routing", 0)))  # fmt: skip
 
     def store_moe(self, m: Moe) -> None:
         """The router's product, then the MoE step adding the experts' sum into h."""

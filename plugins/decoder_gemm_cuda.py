@@ -82,7 +82,7 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 // moe_group's list, its rows slots order[offsets[e] + r0 ..] of expert e: x row slot / slot_div
 // (a token's normed state for gate_up, the slot's activations for down), weights at e *
 // expert_stride, SwiGLU's gate and up rows interleaved (2c, 2c + 1, as fc1 stores them), the
-// result stored (float32) in the slot's row. No norm, bias or int4 there.
+// result stored (float32) in the slot's row. No norm or bias there.
 template <bool XHALF, bool SWIGLU, bool Q4, bool MOE = false>
 __device__ __forceinline__ void linear_gemm_body(
     const void* __restrict__ x, const long long* __restrict__ rowmap, int seq,
@@ -332,19 +332,21 @@ LINEAR_GEMM(true, false, true, linear_gqh)
 
 // grouped MoE on tensor cores (plugins/moe_cuda.py): fc1 [E, 2I, H] over the slots' tokens'
 // normed states xn [T, H] into act [S, I]; fc2 [E, H, I] over act into d [S, H]
-extern "C" __global__ void __launch_bounds__(G_THREADS) moe_gate_up_gemm(
-    const float* xn, const wt_t* fc1, const int* offsets, const int* order, const int* tiles,
-    int top_k, int H, int I, float* act) {
-    linear_gemm_body<false, true, false, true>(xn, nullptr, 1, nullptr, 0.f, fc1, 0, nullptr,
-                                               nullptr, act, 0, H, I, 0, nullptr, 0, offsets,
-                                               order, tiles, top_k, 2LL * I * H);
-}
-extern "C" __global__ void __launch_bounds__(G_THREADS) moe_down_gemm(
-    const float* act, const wt_t* fc2, const int* offsets, const int* order, const int* tiles,
-    int H, int I, float* d) {
-    linear_gemm_body<false, false, false, true>(act, nullptr, 1, nullptr, 0.f, fc2, 0, nullptr,
-                                                nullptr, d, 0, I, H, 0, nullptr, 0, offsets,
-                                                order, tiles, 1, (long long)H * I);
-}
+// (the _q4 kernels: int4 experts, their float16 scales one a row and ``group`` of K)
+#define MOE_GEMM(Q4, GATE_UP, DOWN) \
+extern "C" __global__ void __launch_bounds__(G_THREADS) GATE_UP( \
+    const float* xn, const wt_t* fc1, const int* offsets, const int* order, const int* tiles, \
+    int top_k, int H, int I, float* act, const half_t* s1, int group) { \
+    linear_gemm_body<false, true, Q4, true>(xn, nullptr, 1, nullptr, 0.f, fc1, 0, nullptr, \
+                                            nullptr, act, 0, H, I, 0, s1, group, offsets, \
+                                            order, tiles, top_k, 2LL * I * H); } \
+extern "C" __global__ void __launch_bounds__(G_THREADS) DOWN( \
+    const float* act, const wt_t* fc2, const int* offsets, const int* order, const int* tiles, \
+    int H, int I, float* d, const half_t* s2, int group) { \
+    linear_gemm_body<false, false, Q4, true>(act, nullptr, 1, nullptr, 0.f, fc2, 0, nullptr, \
+                                             nullptr, d, 0, I, H, 0, s2, group, offsets, \
+                                             order, tiles, 1, (long long)H * I); }
+MOE_GEMM(false, moe_gate_up_gemm, moe_down_gemm)
+MOE_GEMM(true, moe_gate_up_gemm_q4, moe_down_gemm_q4)
 #endif
 """

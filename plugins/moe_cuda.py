@@ -56,6 +56,20 @@ __device__ __forceinline__ float wload(const wt_t* p, long long i) {
 #endif
 }
 
+// an expert matrix's weight i (row-major [E, rows, K]): as stored, or where scales are given
+// (int4, float16 modules) (code - 8) * scale of codes two a byte, the lower index in the low
+// nibble, and one float16 scale a row and group of 1 << shift of K (plugins/quant_moe.py)
+struct MoeW {
+    const wt_t* w;
+    const half_t* s;
+    int shift;
+    __device__ __forceinline__ float at(long long i) const {
+        if (!s) return wload(w, i);
+        const unsigned char code = reinterpret_cast<const unsigned char*>(w)[i >> 1];
+        return dequant4(code >> (4 * (int)(i & 1))) * h2f(s[i >> shift]);
+    }
+};
+
 // 1 / rms of a token's row h [H], eps added, as moe_gate_up and moe_norm take it: the block's
 // threads' strided squares, each warp's sum, the warps' sum (the same bits in both)
 __device__ __forceinline__ float moe_rms_scale(const float* src, int H, float eps) {
@@ -128,9 +142,10 @@ extern "C" __global__ void moe_route(
 extern "C" __global__ void moe_gate_up(
     const float* __restrict__ h, const float* __restrict__ nw, float eps,
     const wt_t* __restrict__ fc1, const int* __restrict__ ids, int K, int H, int I,
-    float* __restrict__ act)
+    float* __restrict__ act, const half_t* __restrict__ s1, int shift)
 {
     DYNAMIC_SHARED(float, xs);
+    const MoeW W{fc1, s1, shift};
     GRID_LAUNCH();
     GRID_WAIT();
     const int slot = blockIdx.y, t = slot / K;
@@ -141,11 +156,11 @@ extern "C" __global__ void moe_gate_up(
     __syncthreads();
     const long long e = ids[slot];
     for (int i = blockIdx.x * warps + warp; i < I; i += gridDim.x * warps) {
-        const wt_t* g = fc1 + (e * 2 * I + 2 * (long long)i) * H;
+        const long long g = (e * 2 * I + 2 * (long long)i) * H;
         float sg = 0.f, su = 0.f;
         for (int c = lane; c < H; c += 32) {
-            sg += xs[c] * wload(g, c);
-            su += xs[c] * wload(g, H + c);
+            sg += xs[c] * W.at(g + c);
+            su += xs[c] * W.at(g + H + c);
         }
         sg = warp_sum(sg);
         su = warp_sum(su);
@@ -158,20 +173,21 @@ extern "C" __global__ void moe_gate_up(
 extern "C" __global__ void moe_down(
     const float* __restrict__ act, const wt_t* __restrict__ fc2, const int* __restrict__ ids,
     const float* __restrict__ weights, int K, int H, int I, const float* __restrict__ shared,
-    const float* __restrict__ gate, float* h)
+    const float* __restrict__ gate, float* h, const half_t* __restrict__ s2, int shift)
 {
     GRID_LAUNCH();
     GRID_WAIT();
+    const MoeW W{fc2, s2, shift};
     const int t = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int j = blockIdx.x * warps + warp; j < H; j += gridDim.x * warps) {
         float y = 0.f;
         for (int s = 0; s < K; ++s) {
             const long long slot = (long long)t * K + s;
-            const wt_t* w = fc2 + ((long long)ids[slot] * H + j) * I;
+            const long long w = ((long long)ids[slot] * H + j) * I;
             const float* a = act + slot * I;
             float d = 0.f;
-            for (int c = lane; c < I; c += 32) d += a[c] * wload(w, c);
+            for (int c = lane; c < I; c += 32) d += a[c] * W.at(w + c);
             y += weights[slot] * warp_sum(d);
         }
         if (shared) y += shared[(long long)t * H + j] / (1.f + expf(-gate[t]));
@@ -238,18 +254,20 @@ extern "C" __global__ void moe_norm(const float* __restrict__ h, const float* __
 // sum is a lane's terms in moe_gate_up's order and its warp_sum (the same bits)
 extern "C" __global__ void moe_gate_up_grouped(
     const float* __restrict__ xn, const wt_t* __restrict__ fc1, const int* __restrict__ offsets,
-    const int* __restrict__ order, int K, int H, int I, float* __restrict__ act)
+    const int* __restrict__ order, int K, int H, int I, float* __restrict__ act,
+    const half_t* __restrict__ s1, int shift)
 {
     GRID_LAUNCH();
     GRID_WAIT();
+    const MoeW W{fc1, s1, shift};
     const int e = blockIdx.y, lo = offsets[e], hi = offsets[e + 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int i0 = (blockIdx.x * warps + warp) * MOE_ROWS;
     if (lo == hi || i0 >= I) return;
-    const wt_t* g[MOE_ROWS];
+    long long g[MOE_ROWS];
 #pragma unroll
     for (int r = 0; r < MOE_ROWS; ++r)
-        g[r] = fc1 + ((long long)e * 2 * I + 2 * (long long)min(i0 + r, I - 1)) * H;
+        g[r] = ((long long)e * 2 * I + 2 * (long long)min(i0 + r, I - 1)) * H;
     for (int b = lo; b < hi; b += MOE_SLOTS) {
         const int n = min(MOE_SLOTS, hi - b);
         const float* x[MOE_SLOTS];
@@ -267,8 +285,8 @@ extern "C" __global__ void moe_gate_up_grouped(
             float wg[MOE_ROWS], wu[MOE_ROWS];
 #pragma unroll
             for (int r = 0; r < MOE_ROWS; ++r) {
-                wg[r] = wload(g[r], c);
-                wu[r] = wload(g[r], H + c);
+                wg[r] = W.at(g[r] + c);
+                wu[r] = W.at(g[r] + H + c);
             }
 #pragma unroll
             for (int j = 0; j < MOE_SLOTS; ++j) {
@@ -295,17 +313,19 @@ extern "C" __global__ void moe_gate_up_grouped(
 // MOE_SLOTS slots at a time (moe_down's per-slot sums, in its order)
 extern "C" __global__ void moe_down_grouped(
     const float* __restrict__ act, const wt_t* __restrict__ fc2, const int* __restrict__ offsets,
-    const int* __restrict__ order, int H, int I, float* __restrict__ d)
+    const int* __restrict__ order, int H, int I, float* __restrict__ d,
+    const half_t* __restrict__ s2, int shift)
 {
     GRID_LAUNCH();
     GRID_WAIT();
+    const MoeW W{fc2, s2, shift};
     const int e = blockIdx.y, lo = offsets[e], hi = offsets[e + 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int j0 = (blockIdx.x * warps + warp) * MOE_ROWS;
     if (lo == hi || j0 >= H) return;
-    const wt_t* w[MOE_ROWS];
+    long long w[MOE_ROWS];
 #pragma unroll
-    for (int r = 0; r < MOE_ROWS; ++r) w[r] = fc2 + ((long long)e * H + min(j0 + r, H - 1)) * I;
+    for (int r = 0; r < MOE_ROWS; ++r) w[r] = ((long long)e * H + min(j0 + r, H - 1)) * I;
     for (int b = lo; b < hi; b += MOE_SLOTS) {
         const int n = min(MOE_SLOTS, hi - b);
         const float* a[MOE_SLOTS];
@@ -320,7 +340,7 @@ extern "C" __global__ void moe_down_grouped(
         for (int c = lane; c < I; c += 32) {
             float wv[MOE_ROWS];
 #pragma unroll
-            for (int r = 0; r < MOE_ROWS; ++r) wv[r] = wload(w[r], c);
+            for (int r = 0; r < MOE_ROWS; ++r) wv[r] = W.at(w[r] + c);
 #pragma unroll
             for (int j = 0; j < MOE_SLOTS; ++j) {
                 const float av = a[j][c];
@@ -388,21 +408,24 @@ def tiles_size(slots: int, experts: int) -> int:
 
 def launches(
     tokens: int, hidden: int, intermediate: int, top_k: int, experts: int = 0,
-    gemm: bool = False,
+    gemm: bool = False, int4: bool = False,
 ) -> dict[str, tuple]:  # fmt: skip
     """Each kernel's (grid, block, dynamic shared bytes) for a call of ``tokens`` tokens, in
     launch order; with ``experts`` (where ``grouped`` says so), the grouped kernels' (a part of
     at most GROUP_TOKENS tokens: a longer call runs them on its tokens in parts); with ``gemm``
-    (``uses_gemm``), the experts' products as GEMMs, a block per tile of the tile list."""
+    (``uses_gemm``), the experts' products as GEMMs, a block per tile of the tile list (``int4``:
+    the GEMMs of int4 experts; the SIMT kernels take int4 experts as they are)."""
     rows = 32 * MOE_WARPS
     if experts:
         if experts >= 1024:
             raise ValueError(f"moe_group takes fewer than 1024 experts, not {experts}")
         per_block = MOE_WARPS * MOE_ROWS
         tiles = (tiles_size(tokens * top_k, experts) - 1) // 2
+        q4 = "_q4" if int4 else ""
         products = {
-            "moe_gate_up_gemm": ((-(-intermediate // (GEMM_TILE // 2)), tiles), GEMM_THREADS, 0),
-            "moe_down_gemm": ((-(-hidden // GEMM_TILE), tiles), GEMM_THREADS, 0),
+            "moe_gate_up_gemm" + q4: ((-(-intermediate // (GEMM_TILE // 2)), tiles), GEMM_THREADS,
+                                      0),
+            "moe_down_gemm" + q4: ((-(-hidden // GEMM_TILE), tiles), GEMM_THREADS, 0),
         } if gemm else {
             "moe_gate_up_grouped": ((-(-intermediate // per_block), experts), rows, 0),
             "moe_down_grouped": ((-(-hidden // per_block), experts), rows, 0),

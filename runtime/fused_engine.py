@@ -652,16 +652,23 @@ class _Launches:
         shared = (ptr(p["shared_out"]), ptr(p["shared_gate"])) if step["shared"] else (ptr(None),) * 2
         route = [ptr(p["router"]), i32(step["experts"]), i32(k), i32(int(step["normalize"])),
                  ptr(p["route_ids"]), ptr(p["route_w"])]  # fmt: skip
+        # int4 experts: each product's scales, and the group as the kernels take it (SIMT: its
+        # log2, the GEMM: itself); float experts: null and 0
+        int4 = step["fc1"] in self.engine.int4
+        group = spec.int4_group if int4 else 0
+        scales = [[ptr(self.w(step[fc] + ".scales") if int4 else None),
+                   i32(group.bit_length() - 1 if int4 else 0)] for fc in ("fc1", "fc2")]
+        gemm_scales = [[s, i32(group)] for s, _ in scales]
         if not moe_cuda.grouped(self.tokens, top_k, experts, self.s > 1):
             shapes = moe_cuda.launches(self.tokens, hidden, inter, k)
             args = {
                 "moe_route": route,
                 "moe_gate_up": [ptr(p["h"]), ptr(self.w(step["norm"])), f32(spec.eps),
                                 ptr(self.w(step["fc1"])), ptr(p["route_ids"]), i32(k),
-                                i32(hidden), i32(inter), ptr(p["moe_act"])],
+                                i32(hidden), i32(inter), ptr(p["moe_act"]), *scales[0]],
                 "moe_down": [ptr(p["moe_act"]), ptr(self.w(step["fc2"])), ptr(p["route_ids"]),
                              ptr(p["route_w"]), i32(k), i32(hidden), i32(inter), *shared,
-                             ptr(p["h"])],
+                             ptr(p["h"]), *scales[1]],
             }  # fmt: skip
             for name, (grid, block, smem) in shapes.items():
                 self.launch(name, grid, block, args[name], shared=smem)
@@ -675,21 +682,23 @@ class _Launches:
                 if step["shared"] else list(shared)  # fmt: skip
             gemm = moe_cuda.uses_gemm(self.s > 1, self.engine.kernels.variant.weights, hidden,
                                       inter)  # fmt: skip
+            q4 = "_q4" if int4 else ""
             products = {
-                "moe_gate_up_gemm": [ptr(p["moe_xn"]), ptr(self.w(step["fc1"])),
-                                     ptr(p["moe_offsets"]), ptr(p["moe_order"]),
-                                     ptr(p["moe_tiles"]), i32(k), i32(hidden), i32(inter),
-                                     ptr(p["moe_act"])],
-                "moe_down_gemm": [ptr(p["moe_act"]), ptr(self.w(step["fc2"])),
-                                  ptr(p["moe_offsets"]), ptr(p["moe_order"]),
-                                  ptr(p["moe_tiles"]), i32(hidden), i32(inter), ptr(p["moe_d"])],
+                "moe_gate_up_gemm" + q4: [ptr(p["moe_xn"]), ptr(self.w(step["fc1"])),
+                                          ptr(p["moe_offsets"]), ptr(p["moe_order"]),
+                                          ptr(p["moe_tiles"]), i32(k), i32(hidden), i32(inter),
+                                          ptr(p["moe_act"]), *gemm_scales[0]],
+                "moe_down_gemm" + q4: [ptr(p["moe_act"]), ptr(self.w(step["fc2"])),
+                                       ptr(p["moe_offsets"]), ptr(p["moe_order"]),
+                                       ptr(p["moe_tiles"]), i32(hidden), i32(inter),
+                                       ptr(p["moe_d"]), *gemm_scales[1]],
             } if gemm else {
                 "moe_gate_up_grouped": [ptr(p["moe_xn"]), ptr(self.w(step["fc1"])),
                                         ptr(p["moe_offsets"]), ptr(p["moe_order"]), i32(k),
-                                        i32(hidden), i32(inter), ptr(p["moe_act"])],
+                                        i32(hidden), i32(inter), ptr(p["moe_act"]), *scales[0]],
                 "moe_down_grouped": [ptr(p["moe_act"]), ptr(self.w(step["fc2"])),
                                      ptr(p["moe_offsets"]), ptr(p["moe_order"]), i32(hidden),
-                                     i32(inter), ptr(p["moe_d"])],
+                                     i32(inter), ptr(p["moe_d"]), *scales[1]],
             }  # fmt: skip
             args = {
                 "moe_group": [ptr(p["route_ids"] + slot), i32(n * k), i32(step["experts"]),
@@ -701,7 +710,7 @@ class _Launches:
                 "moe_combine": [ptr(p["moe_d"]), ptr(p["route_w"] + slot), i32(k), i32(hidden),
                                 *part, ptr(p["h"] + rows)],
             }  # fmt: skip
-            shapes = moe_cuda.launches(n, hidden, inter, k, step["experts"], gemm=gemm)
+            shapes = moe_cuda.launches(n, hidden, inter, k, step["experts"], gemm=gemm, int4=int4)
             for name in args:
                 grid, block, smem = shapes[name]
                 self.launch(name, grid, block, args[name], shared=smem)

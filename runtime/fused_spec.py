@@ -13,7 +13,8 @@ A plan is a list of steps, each one kernel family's launch with its options:
 - ``attention``: cached attention of ``layer``'s past_key/past_value
 - ``moe``: edgeomni::MoE (plugins/moe_cuda.py) of h normed by ``norm``, routed by the
   ``router`` buffer a ``linear`` wrote, ``top_k`` of ``experts`` SwiGLU experts (``fc1`` [E, 2I,
-  H], gate and up rows interleaved; ``fc2`` [E, H, I]), the weighted sum added into h, with
+  H], gate and up rows interleaved; ``fc2`` [E, H, I]; int4 experts as the int4 linears: codes
+  [E, rows, K / 2] and ``<name>.scales``), the weighted sum added into h, with
   ``shared`` plus sigmoid(``shared_gate``) * ``shared_out`` (buffers ``linear`` steps wrote: a
   shared expert's output and its gate's logit)
 - ``deepstack``: deepstack_embeds[``index``] added into h
@@ -192,10 +193,15 @@ class FusedSpec:
             elif op == "embed" and step["weight"] is not None:
                 put(step["weight"], (self.hidden, self.input_size), w)
                 put(step["bias"], (self.hidden,), f4)
-            elif op == "moe":
+            elif op == "moe":  # experts [E, rows, K]: float, or int4 codes and scales
                 e, i = step["experts"], step["intermediate"]
-                put(step["fc1"], (e, 2 * i, self.hidden), w)
-                put(step["fc2"], (e, self.hidden, i), w)
+                for fc, rows, k in (("fc1", 2 * i, self.hidden), ("fc2", self.hidden, i)):
+                    if step[fc] in int4:
+                        put(step[fc], (e, rows, k // 2), np.dtype(np.uint8))
+                        put(step[fc] + ".scales", (e, rows, k // self.int4_group),
+                            np.dtype(np.float16))  # fmt: skip
+                    else:
+                        put(step[fc], (e, rows, k), w)
                 put(step["norm"], (self.hidden,), f4)
             elif op == "qk_rope":
                 put(step["q_norm"], (self.head_dim,), f4)

@@ -280,13 +280,14 @@ def rms_rows_case(rows: int = 3, seq: int = 4, hidden: int = 200) -> KernelCase:
 
 def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, inter: int,
              normalize: int, shared: bool = False, grouped: bool = False,
-             gemm: bool = False) -> KernelCase:  # fmt: skip
+             gemm: bool = False, group: int = 0) -> KernelCase:  # fmt: skip
     """The MoE step's three kernels (plugins/moe_cuda.py) after its router: routing, each
     chosen expert's SwiGLU, the weighted down projections added into h (with ``shared``, a
     shared expert's output times sigmoid of its gate too). ``grouped``: then the grouped
     kernels too, on a copy of h: the same activations and h, bit for bit. ``gemm``: the grouped
     products as tensor-core GEMMs, whose inputs are rounded to float16 (checked against the
-    reference with that rounding)."""
+    reference with that rounding). ``group``: int4 experts, one float16 scale a row and
+    ``group`` of K (float16 modules; the GEMM rounds each dequantized weight to float16)."""
     from edgeomni.plugins import moe_cuda
 
     wt = np.dtype(dtype)
@@ -296,21 +297,36 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
     router = (rng.standard_normal((tokens, experts)) * 2).astype(np.float32)
     fc1 = (rng.standard_normal((experts, 2 * inter, hidden)) * 0.1).astype(wt)
     fc2 = (rng.standard_normal((experts, hidden, inter)) * 0.1).astype(wt)
+    quant: dict[str, np.ndarray] = {}  # int4: the codes and scales, fc1 and fc2 what they code
+    if group:
+        from edgeomni.plugins.quant_moe import quantize_experts
+
+        for name, fc in (("fc1", fc1), ("fc2", fc2)):
+            quant[name], quant[name + "_s"] = quantize_experts(fc, group, np.float16)
+        fc1, fc2 = (lc.int4_weights(quant[n].reshape(-1, f.shape[2] // 2),
+                                    quant[n + "_s"].reshape(len(f) * f.shape[1], -1),
+                                    group).reshape(f.shape)
+                    for n, f in (("fc1", fc1), ("fc2", fc2)))  # fmt: skip
+    scale_args = [[buf(n + "_s" if group else None), ("i32", group.bit_length() - 1 if group else 0)]
+                  for n in ("fc1", "fc2")]  # fmt: skip
+    gemm_scales = [[a, ("i32", group)] for a, _ in scale_args]
     buffers = {"h": h.copy(), "nw": nw, "router": router, "fc1": fc1, "fc2": fc2,
                "ids": np.zeros((tokens, top_k), np.int32),
                "weights": np.zeros((tokens, top_k), np.float32),
                "act": np.zeros((tokens * top_k, inter), np.float32),
                "shared": rng.standard_normal((tokens, hidden)).astype(np.float32),
                "gate": rng.standard_normal((tokens, 1)).astype(np.float32)}  # fmt: skip
+    buffers.update(quant)  # int4: the kernels read the codes, "fc1_s" and "fc2_s" their scales
     shapes = moe_cuda.launches(tokens, hidden, inter, top_k)
     args = {
         "moe_route": [buf("router"), ("i32", experts), ("i32", top_k), ("i32", normalize),
                       buf("ids"), buf("weights")],
         "moe_gate_up": [buf("h"), buf("nw"), ("f32", 1e-6), buf("fc1"), buf("ids"),
-                        ("i32", top_k), ("i32", hidden), ("i32", inter), buf("act")],
+                        ("i32", top_k), ("i32", hidden), ("i32", inter), buf("act"),
+                        *scale_args[0]],
         "moe_down": [buf("act"), buf("fc2"), buf("ids"), buf("weights"), ("i32", top_k),
                      ("i32", hidden), ("i32", inter), buf("shared" if shared else None),
-                     buf("gate" if shared else None), buf("h")],
+                     buf("gate" if shared else None), buf("h"), *scale_args[1]],
     }  # fmt: skip
     # (the GEMM cases run the routing alone before the grouped kernels: the per-slot kernels'
     # block a slot made their emulation the slowest of the cases)
@@ -327,12 +343,14 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
                        xn=np.zeros((tokens, hidden), np.float32),
                        d=np.zeros((slots, hidden), np.float32),
                        tiles=np.full(moe_cuda.tiles_size(slots, experts), -1, np.int32))  # fmt: skip
+        q4 = "_q4" if group else ""
         products = {
-            "moe_gate_up_gemm": [buf("xn"), buf("fc1"), buf("offsets"), buf("order"),
-                                 buf("tiles"), ("i32", top_k), ("i32", hidden), ("i32", inter),
-                                 buf("act2")],
-            "moe_down_gemm": [buf("act2"), buf("fc2"), buf("offsets"), buf("order"),
-                              buf("tiles"), ("i32", hidden), ("i32", inter), buf("d")],
+            "moe_gate_up_gemm" + q4: [buf("xn"), buf("fc1"), buf("offsets"), buf("order"),
+                                      buf("tiles"), ("i32", top_k), ("i32", hidden),
+                                      ("i32", inter), buf("act2"), *gemm_scales[0]],
+            "moe_down_gemm" + q4: [buf("act2"), buf("fc2"), buf("offsets"), buf("order"),
+                                   buf("tiles"), ("i32", hidden), ("i32", inter), buf("d"),
+                                   *gemm_scales[1]],
         }  # fmt: skip
         more = {
             **(products if gemm else {}),
@@ -341,16 +359,18 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
             "moe_norm": [buf("h2"), buf("nw"), ("f32", 1e-6), ("i32", hidden), buf("xn")],
             "moe_gate_up_grouped": [buf("xn"), buf("fc1"), buf("offsets"), buf("order"),
                                     ("i32", top_k), ("i32", hidden), ("i32", inter),
-                                    buf("act2")],
+                                    buf("act2"), *scale_args[0]],
             "moe_down_grouped": [buf("act2"), buf("fc2"), buf("offsets"), buf("order"),
-                                 ("i32", hidden), ("i32", inter), buf("d")],
+                                 ("i32", hidden), ("i32", inter), buf("d"), *scale_args[1]],
             "moe_combine": [buf("d"), buf("weights"), ("i32", top_k), ("i32", hidden),
                             buf("shared" if shared else None), buf("gate" if shared else None),
                             buf("h2")],
         }  # fmt: skip
-        group = moe_cuda.launches(tokens, hidden, inter, top_k, experts, gemm=gemm)
+        grouped_shapes = moe_cuda.launches(tokens, hidden, inter, top_k, experts, gemm=gemm,
+                                           int4=bool(group))  # fmt: skip
         launches += [Launch(name, grid, block, more[name], smem)
-                     for name, (grid, block, smem) in group.items() if name in more]  # fmt: skip
+                     for name, (grid, block, smem) in grouped_shapes.items()
+                     if name in more]  # fmt: skip
 
     def check(got: dict[str, np.ndarray]) -> None:
         from edgeomni.plugins import moe
@@ -374,13 +394,14 @@ def moe_case(dtype: str, tokens: int, experts: int, top_k: int, hidden: int, int
                 assert got["tiles"][0] == len(tiles)
                 np.testing.assert_array_equal(got["tiles"][1:1 + 2 * len(tiles)],
                                               np.array(tiles, np.int32).reshape(-1))  # fmt: skip
-                _check_moe_gemm(got, h, nw, ids, weights, fc1, fc2, extra)
+                rounded = [f.astype(np.float16) if group else f for f in (fc1, fc2)]
+                _check_moe_gemm(got, h, nw, ids, weights, *rounded, extra)
                 return
             np.testing.assert_array_equal(got["act2"], got["act"])
             np.testing.assert_array_equal(got["h2"], got["h"])
 
     name = (f"moe-{dtype}-t{tokens}-e{experts}-k{top_k}-n{normalize}{'-shared' * shared}"
-            f"{'-grouped' * grouped}{'-gemm' * gemm}")  # fmt: skip
+            f"{'-grouped' * grouped}{'-gemm' * gemm}{f'-int4-g{group}' if group else ''}")  # fmt: skip
     return KernelCase(name, buffers, launches, check)
 
 
@@ -651,4 +672,8 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
         # slots, the shared expert; N not a multiple of a tile
         cases += [moe_case(dtype, *shape, grouped=True, gemm=True) for shape in (
             (12, 6, 2, 64, 96, 1), (100, 3, 2, 64, 64, 1, True), (40, 5, 4, 96, 64, 0))]
+        # int4 experts: per slot and grouped (the same bits), and on the GEMM; groups of 32, 64
+        cases += [moe_case(dtype, 5, 6, 2, 64, 96, 1, True, grouped=True, group=32),
+                  moe_case(dtype, 12, 6, 2, 64, 96, 1, grouped=True, gemm=True, group=32),
+                  moe_case(dtype, 40, 5, 4, 128, 64, 0, grouped=True, gemm=True, group=64)]
     return cases

@@ -20,6 +20,8 @@ OMNI_PARTS = ["llm", "talker", "code_predictor", "code2wav"]
 # (which differed from it while the CUDA provider ran TF32 matrix products, its default)
 CPU_REFERENCE = "onnxruntime-cpu"
 INT4_KEY = "qwen3-fused-int4"  # the tiny Qwen3, float16 with int4 matrices (groups of 32)
+OMNI_INT4_KEY = "omni-fused-int4"  # the tiny Qwen3-Omni's thinker and talker, int4 experts too
+OMNI_INT4_PARTS = ["llm", "talker"]
 # the tiny Qwen3-Omni's vocoders on ONNX Runtime CUDA, float32, with the stateful step engine
 # (no graph: the test runs the code2wav stage's runner itself)
 STATEFUL_KEY = "omni-onnxruntime-stateful"
@@ -67,6 +69,9 @@ def main(out: Path) -> None:
     if build(models["qwen3"][0], out / INT4_KEY, int4) is None:
         raise SystemExit(f"building {INT4_KEY} failed")
     print(out / INT4_KEY, flush=True)
+    if build(models["omni"][0], out / OMNI_INT4_KEY, int4, OMNI_INT4_PARTS) is None:
+        raise SystemExit(f"building {OMNI_INT4_KEY} failed")
+    print(out / OMNI_INT4_KEY, flush=True)
     build(models["omni"][0], out / STATEFUL_KEY, stateful_args(), STATEFUL_PARTS)
     if not (out / STATEFUL_KEY / "code2wav_stream" / "config.json").is_file():
         raise SystemExit(f"building {STATEFUL_KEY} failed")

@@ -483,3 +483,56 @@ def test_the_omni_moe_plans_equal_the_onnx_engines(omni_fused, omni_engine, part
                 w, g = w[live], g[live]
             assert np.abs(g - w).max() <= 1e-4 * np.abs(w).max(), (part, call, name)
         past, lens = past + lens, np.ones(rows, np.int32)
+
+
+def test_the_int4_omni_moe_plan_matches_the_int4_onnx_engine(omni_ckpt, omni_engine, exports,
+                                                             tmp_path) -> None:  # fmt: skip
+    """Qwen3-Omni's thinker with int4 experts (edgeomni::QuantMoE) compiles to a fused plan that
+    takes the experts' codes and float16 scales as the int4 pass wrote them; its reference (the
+    codes dequantized) lands far closer to ONNX Runtime's int4_rtn CPU build (QMoE, the same
+    codes) than to the float build, which a wrong nibble, scale index or expert stride would
+    not."""
+    from edgeomni.runtime import safetensors_np
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.engine import open_engine
+    from edgeomni.runtime.row_state import RowState
+
+    int4 = {"quantization": "int4_rtn", "group_size": 32}
+    fused = exports.build(omni_ckpt, tmp_path / "fused", BuildArgs(
+        3, 64, 128, backend="fused", device="cuda", dtype="float16", **int4), ["llm"])  # fmt: skip
+    ort = exports.build(omni_ckpt, tmp_path / "ort", BuildArgs(3, 64, 128, **int4), ["llm"])
+    assert fused is not None and ort is not None
+    cfg = json.loads((tmp_path / "fused" / "config.json").read_text())
+    assert cfg["backend"] == "fused", cfg.get("fused_refused")
+    spec = cfg["fused"]
+    w = safetensors_np.load(tmp_path / "fused" / cfg["engine"])
+    experts, h = spec["plan"][[s["op"] for s in spec["plan"]].index("moe")], spec["hidden_size"]
+    codes, scales = w[experts["fc1"]], w[experts["fc1"] + ".scales"]
+    assert codes.dtype == np.uint8 and codes.shape[2] == h // 2 and scales.dtype == np.float16
+    ref = FusedReference(tmp_path / "fused")
+    rows, capacity = 2, 32
+    rng = np.random.default_rng(4)
+    past, lens = np.zeros(rows, np.int32), np.array([6, 4], np.int32)
+    seq = int(lens.max())
+    x = (rng.standard_normal((rows, seq, h)) * 0.5).astype(np.float32)
+    deep = (rng.standard_normal((spec["deepstack_layers"], rows, seq, h)) * 0.1).astype(np.float32)
+    pos = text_positions(past, seq, True)
+    last = np.maximum(lens - 1, 0).astype(np.int64)
+
+    def logits(folder: Path) -> np.ndarray:
+        ort_cfg = json.loads((folder / "config.json").read_text())
+        engine = open_engine(folder, ort_cfg)
+        extra = ("hidden_states",) if spec["hidden_output_layer"] is not None else ()
+        session = DecoderSession(engine, RowState.for_engine(ort_cfg, rows, engine, capacity),
+                                 rows, {"logits": (spec["vocab_size"],), **{n: (h,) for n in extra}},
+                                 per_position=extra)  # fmt: skip
+        feeds = {"deepstack_embeds": deep} if spec["deepstack_layers"] else {}
+        out = session.run(x, pos, past, lens, last, **feeds)
+        return np.asarray(out["logits"], np.float64)
+
+    want, floats = logits(tmp_path / "ort"), logits(omni_engine)
+    got = ref.run(x, pos, past, lens, last, ref.cache(rows, capacity), deepstack=deep)["logits"]
+    scale = np.abs(want).max()
+    err, off = np.abs(got - want).max() / scale, np.abs(got - floats).max() / scale
+    print(f"int4 omni fused reference against int4 ONNX Runtime {err:.2e}, against float {off:.2e}")
+    assert err <= 0.25 * off

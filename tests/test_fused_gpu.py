@@ -24,6 +24,8 @@ from fused_reference import FusedReference  # noqa: E402
 from prebuild_fused_gpu import (  # noqa: E402
     CPU_REFERENCE,
     INT4_KEY,
+    OMNI_INT4_KEY,
+    OMNI_INT4_PARTS,
     OMNI_PARTS,
     STATEFUL_KEY,
     STATEFUL_PARTS,
@@ -526,6 +528,9 @@ def test_a_frame_summed_where_it_is_drawn_is_the_hosts_frame(tmp_path) -> None:
     ("talker", True, "float32", (5, 3, 0)),
     # float16 prefills of 3 x 60 tokens: the linears' GEMM and the MoE GEMMs
     (".", False, "float16", (60, 33, 0)), ("talker", False, "float16", (60, 33, 0)),
+    # int4 matrices and experts: decode steps on the SIMT kernels, the prefill on the GEMMs
+    (".", True, "int4", (5, 3, 0)), (".", False, "int4", (60, 33, 0)),
+    ("talker", False, "int4", (60, 33, 0)),
 ])  # fmt: skip
 def test_the_omni_moe_engines_equal_the_reference_of_their_calls(omni, tmp_path, part, graphs,
                                                                  dtype, first) -> None:  # fmt: skip
@@ -538,7 +543,11 @@ def test_the_omni_moe_engines_equal_the_reference_of_their_calls(omni, tmp_path,
     from edgeomni.runtime.engine import open_engine
     from edgeomni.runtime.row_state import RowState
 
-    folder = fused_build(omni, tmp_path / "fused", dtype, OMNI_PARTS, model="omni") / part
+    if dtype == "int4":
+        folder = _build(omni, tmp_path / "fused", "float16", "fused", OMNI_INT4_PARTS,
+                        OMNI_INT4_KEY, quantization="int4_rtn", group_size=32) / part  # fmt: skip
+    else:
+        folder = fused_build(omni, tmp_path / "fused", dtype, OMNI_PARTS, model="omni") / part
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["backend"] == "fused" and any(s["op"] == "moe" for s in cfg["fused"]["plan"])
     engine = open_engine(folder, cfg, cuda_graphs=graphs)
