@@ -67,50 +67,37 @@ def main() -> int:
             order = dev(np.zeros(part * TOP_K, np.int32))
             xn = dev(np.zeros((part, HIDDEN), np.float32))
             d = dev(np.zeros((part * TOP_K, HIDDEN), np.float32))
-            grouped = [("moe_route", moe_cuda.launches(t, HIDDEN, INTER, TOP_K)["moe_route"],
-                        route)]  # fmt: skip
-            for t0 in range(0, t, moe_cuda.GROUP_TOKENS):
-                n = min(moe_cuda.GROUP_TOKENS, t - t0)
-                rows_at, slot_at = t0 * HIDDEN * 4, t0 * TOP_K * 4
-                args_of = {
-                    "moe_group": [ptr(ids.ptr + slot_at), i32(n * TOP_K), i32(EXPERTS),
-                                  ptr(offsets.ptr), ptr(order.ptr), ptr(None)],
-                    "moe_norm": [ptr(h.ptr + rows_at), ptr(nw.ptr), f32(1e-6), i32(HIDDEN),
-                                 ptr(xn.ptr)],
-                    "moe_gate_up_grouped": [ptr(xn.ptr), ptr(fc1.ptr), ptr(offsets.ptr),
-                                            ptr(order.ptr), i32(TOP_K), i32(HIDDEN),
-                                            i32(INTER), ptr(act.ptr), *floats],
-                    "moe_down_grouped": [ptr(act.ptr), ptr(fc2.ptr), ptr(offsets.ptr),
-                                         ptr(order.ptr), i32(HIDDEN), i32(INTER), ptr(d.ptr),
-                                         *floats],
-                    "moe_combine": [ptr(d.ptr), ptr(w.ptr + slot_at), i32(TOP_K), i32(HIDDEN),
-                                    ptr(None), ptr(None), ptr(h.ptr + rows_at)],
-                }  # fmt: skip
-                shapes = moe_cuda.launches(n, HIDDEN, INTER, TOP_K, EXPERTS)
-                grouped += [(name, shapes[name], a) for name, a in args_of.items()]
-            ways["grouped"] = grouped
-            if moe_cuda.uses_gemm(True, "float16", HIDDEN, INTER):  # the products as GEMMs
-                tiles = dev(np.zeros(moe_cuda.tiles_size(part * TOP_K, EXPERTS), np.int32))
-                gemm = [grouped[0]]
+            tiles = dev(np.zeros(moe_cuda.tiles_size(part * TOP_K, EXPERTS), np.int32))
+            first = ("moe_route", moe_cuda.launches(t, HIDDEN, INTER, TOP_K)["moe_route"], route)
+            # the experts' products by the SIMT grouped kernels, then (float16) as GEMMs
+            for way, gemm in (("grouped", False), ("grouped_gemm", True)):
+                if gemm and not moe_cuda.uses_gemm(True, "float16", HIDDEN, INTER):
+                    continue
+                table = [ptr(offsets.ptr), ptr(order.ptr)] + [ptr(tiles.ptr)] * gemm
+                calls = [first]
                 for t0 in range(0, t, moe_cuda.GROUP_TOKENS):
                     n = min(moe_cuda.GROUP_TOKENS, t - t0)
                     rows_at, slot_at = t0 * HIDDEN * 4, t0 * TOP_K * 4
-                    table = [ptr(offsets.ptr), ptr(order.ptr), ptr(tiles.ptr)]
+                    products = {  # each: (the kernel's name, its arguments)
+                        "gate_up": [ptr(xn.ptr), ptr(fc1.ptr), *table, i32(TOP_K), i32(HIDDEN),
+                                    i32(INTER), ptr(act.ptr), *floats],
+                        "down": [ptr(act.ptr), ptr(fc2.ptr), *table, i32(HIDDEN), i32(INTER),
+                                 ptr(d.ptr), *floats],
+                    }  # fmt: skip
                     args_of = {
                         "moe_group": [ptr(ids.ptr + slot_at), i32(n * TOP_K), i32(EXPERTS),
-                                      ptr(offsets.ptr), ptr(order.ptr), ptr(tiles.ptr)],
+                                      ptr(offsets.ptr), ptr(order.ptr),
+                                      ptr(tiles.ptr if gemm else None)],
                         "moe_norm": [ptr(h.ptr + rows_at), ptr(nw.ptr), f32(1e-6), i32(HIDDEN),
                                      ptr(xn.ptr)],
-                        "moe_gate_up_gemm": [ptr(xn.ptr), ptr(fc1.ptr), *table, i32(TOP_K),
-                                             i32(HIDDEN), i32(INTER), ptr(act.ptr), *floats],
-                        "moe_down_gemm": [ptr(act.ptr), ptr(fc2.ptr), *table, i32(HIDDEN),
-                                          i32(INTER), ptr(d.ptr), *floats],
+                        **{f"moe_{k}_{'gemm' if gemm else 'grouped'}": a
+                           for k, a in products.items()},
                         "moe_combine": [ptr(d.ptr), ptr(w.ptr + slot_at), i32(TOP_K),
                                         i32(HIDDEN), ptr(None), ptr(None), ptr(h.ptr + rows_at)],
                     }  # fmt: skip
-                    shapes = moe_cuda.launches(n, HIDDEN, INTER, TOP_K, EXPERTS, gemm=True)
-                    gemm += [(name, shapes[name], a) for name, a in args_of.items()]
-                ways["grouped_gemm"] = gemm
+                    shapes = moe_cuda.launches(n, HIDDEN, INTER, TOP_K, EXPERTS, gemm=gemm)
+                    calls += [(name, shapes[name], a) for name, a in args_of.items()]
+                ways[way] = calls
 
         times = bench.alternating(ways, args.repeats)
         chosen = len(np.unique(moe.routing(router, top_k=TOP_K, normalize_routing=1)[0]))

@@ -675,14 +675,13 @@ class _Launches:
             return
         grid, block, _ = moe_cuda.launches(self.tokens, hidden, inter, k)["moe_route"]
         self.launch("moe_route", grid, block, route)
+        gemm = moe_cuda.uses_gemm(self.s > 1, self.engine.kernels.variant.weights, hidden, inter)
+        q4 = "_q4" if int4 else ""
         for t0 in range(0, self.tokens, moe_cuda.GROUP_TOKENS):
             n = min(moe_cuda.GROUP_TOKENS, self.tokens - t0)
             rows, slot = t0 * hidden * 4, t0 * k * 4  # the part's first token's bytes
             part = [ptr(p["shared_out"] + rows), ptr(p["shared_gate"] + t0 * 4)] \
                 if step["shared"] else list(shared)  # fmt: skip
-            gemm = moe_cuda.uses_gemm(self.s > 1, self.engine.kernels.variant.weights, hidden,
-                                      inter)  # fmt: skip
-            q4 = "_q4" if int4 else ""
             products = {
                 "moe_gate_up_gemm" + q4: [ptr(p["moe_xn"]), ptr(self.w(step["fc1"])),
                                           ptr(p["moe_offsets"]), ptr(p["moe_order"]),
