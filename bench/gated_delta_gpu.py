@@ -1,8 +1,7 @@
 """The fused backend's Gated DeltaNet state kernels (plugins/gated_delta_cuda.py) alone on one
 GPU, at Qwen3.5 0.8B's linear-attention dimensions (16 key and 16 value heads of 128, conv
 kernel 4 over 6144 channels; bench/qwen35_cpu.py's config): device time of one layer's
-``conv_state`` + ``delta_rule`` call of B rows of S tokens (for S > 1, ``delta_chunks`` too,
-the same call a chunk of tokens at a time), against the HBM bound, the bytes a
+``conv_state`` + ``delta_rule`` call of B rows of S tokens, against the HBM bound, the bytes a
 call must move at the measured copy bandwidth (the recurrent state read and written, the conv
 state, the call's inputs and outputs; q, k and v are buffers of their own, not the conv
 output's channel ranges). No ONNX Runtime side: its GatedDeltaNet runs inside a
@@ -65,9 +64,6 @@ def main() -> int:
                      i32(1), f32(gdc.rule_scale(0.0, DK)), ptr(o.ptr)]  # fmt: skip
         ways = {"conv_state": [("conv_state", (cgrid, cblock, 0), conv_args)],
                 "delta_rule": [("delta_rule", (rgrid, rblock, 0), rule_args)]}
-        if s > 1:  # a prefill: the same call a chunk of tokens at a time too
-            ways["delta_chunks"] = [("delta_chunks", (*gdc.chunks_launch(b, HK, HV, DK, DV), 0),
-                                     rule_args)]  # fmt: skip
 
         times = bench.alternating(ways, args.repeats)
         moved = {  # bytes a call must move at least
@@ -75,7 +71,6 @@ def main() -> int:
             "delta_rule": 2 * state.nbytes + q.nbytes + k.nbytes + v.nbytes + o.nbytes
             + g.nbytes + beta.nbytes,
         }
-        moved["delta_chunks"] = moved["delta_rule"]
         out: dict = {"rows": b, "tokens": s}
         for way, ms in times.items():
             bound = moved[way] / (bw * 1e9) * 1e3 if bw else None

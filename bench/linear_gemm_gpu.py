@@ -1,8 +1,9 @@
 """The fused backend's prefill GEMM (plugins/decoder_gemm_cuda.py, ``linear_g*``) against the
-tensor-core decode variant it replaces from GEMM_ROWS rows (``linear_m*32``, one block per 32
-rows), on one GPU, at a Qwen3-0.6B / Qwen3-TTS talker layer's matrices (hidden 1024): qkv with
-the input norm (N 4096), o with the residual (K 2048), gate_up with the norm and SwiGLU (2 x
-3072), down with the residual (K 3072); float16 and int4 (groups of 32) weights. Device time
+tensor-core decode variant it replaces from GEMM_ROWS rows where its tiles fill the GPU
+(``linear_m*32``, one block per 32 rows; ``engine_picks`` names the one the engine runs), on
+one GPU, at a Qwen3-0.6B / Qwen3-TTS talker layer's matrices (hidden 1024): qkv with the input
+norm (N 4096), o with the residual (K 2048), gate_up with the norm and SwiGLU (2 x 3072), down
+with the residual (K 3072); float16 and int4 (groups of 32) weights. Device time
 of one call of T rows, each way timed twice in alternation (the better counts), against the
 compute bound (2 T N K flops at --peak-tflops, the data sheet's dense float16) and the HBM
 bound (the weights once, x and the output, at the measured copy bandwidth).
@@ -68,7 +69,7 @@ def main() -> int:
                 for way, warps in (("gemm", None),
                                    ("mma32", lc.linear_warps(k, "float16", True, int4))):
                     plan = lc.linear_launch("float16", t, k, n, swiglu=swiglu, warps=warps,
-                                            int4=int4)  # fmt: skip
+                                            int4=int4, gemm_way=way == "gemm")  # fmt: skip
                     if way == "gemm" and not plan.name.startswith("linear_g"):
                         raise SystemExit(f"{name} at {t} rows does not run as a GEMM: "
                                          f"{plan.name}")  # fmt: skip
@@ -84,6 +85,8 @@ def main() -> int:
                 moved = wbytes + x.nbytes + out.nbytes * (2 if store == lc.STORE_ADD else 1)
                 row: dict = {"matrix": name, "weights": kind, "rows": t, "k": k, "n": n,
                              "gemm_kernel": ways["gemm"][0][0],
+                             "engine_picks": lc.linear_launch("float16", t, k, n, swiglu=swiglu,
+                                                              int4=int4).name,  # fmt: skip
                              "compute_bound_ms": round(flops / (args.peak_tflops * 1e12) * 1e3, 4),
                              "hbm_bound_ms": bw and round(moved / (bw * 1e9) * 1e3, 4)}  # fmt: skip
                 for way, ms in times.items():

@@ -32,7 +32,7 @@ FAMILIES = (("convolution", ("conv", "cudnn", "implicit_gemm", "winograd", "fft"
             ("reduce or softmax", ("reduce", "softmax", "topk", "argmax")))  # fmt: skip
 # the fused module's kernels: a name's family is its name up to its rows variant
 FUSED = re.compile(r"^(linear|qk_rope|rms_rows|add_into|frame_sum|half_to_float|float_to_half|"
-                   r"topk|first_draw|moe|conv_state|delta_rule|delta_chunks|"
+                   r"topk|first_draw|moe|conv_state|delta_rule|"
                    r"edgeomni_cached_attention)")
 
 

@@ -53,8 +53,8 @@ def build_engine(
 ) -> dict[str, Any]:
     """The fused engine of the decoder exported (and int4-quantized, where the build asks) to
     ``raw``: its launch plan and weights, compiled from the graph (builder/fused_plan.py); or
-    the ONNX Runtime CUDA build of a graph the plan cannot hold. Returns the config.json
-    fields."""
+    the ONNX Runtime CUDA build of a graph the plan cannot hold, its reason kept as
+    ``fused_refused``. Returns the config.json fields."""
     from edgeomni.builder.fused_plan import Unfused, compile_file
 
     try:
@@ -64,7 +64,8 @@ def build_engine(
 
         log.info("%s: onnxruntime (cuda), since the fused kernels do not cover it (%s)",
                  out_path.stem, e)  # fmt: skip
-        return {"backend": "onnxruntime", "lowering": ort_build(raw, out_path, args)}
+        return {"backend": "onnxruntime", "fused_refused": str(e),
+                "lowering": ort_build(raw, out_path, args)}
     path = out_path.with_name(out_path.stem + SUFFIX)
     from safetensors.numpy import save_file
 

@@ -73,7 +73,7 @@ class Lin:  # x @ W not yet stored
     bias: str | None = None
     heads: bool = False  # W is one of stacked heads, picked by lm_head_index
     version: int = 0  # of x
-    axes: tuple[int, ...] = (-1, 2)  # its last axis (a MatMul's of [B, S, K]; a Gemm's is 1)
+    axes: tuple[int, ...] = (-1, 2)  # its last axis, two ways (matmul() sets it)
 
 
 @dataclasses.dataclass
@@ -129,6 +129,8 @@ class Compiler:
         self.inputs = {i.name: ELEM.get(i.type.tensor_type.elem_type, "?")
                        for i in self.graph.input}  # fmt: skip
         self.outputs = [o.name for o in self.graph.output]
+        self.ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in (
+            *self.graph.value_info, *self.graph.output) if v.type.tensor_type.HasField("shape")}
         ops = {n.op_type for n in self.graph.node if n.domain == "edgeomni"}
         state = [w for op, w in NO_KERNELS_YET.items() if op in ops]
         if state:  # what the plan will hold once these have kernels (issue 55)
@@ -441,8 +443,10 @@ class Compiler:
         else:
             self.spec["lm_heads"] = heads
             w = self.weight(init, role, lambda a: a.transpose(0, 2, 1))
-        lin = Lin("?", w, k, n, heads=isinstance(args[1], Const),
-                  axes=(1, -1) if node.op_type == "Gemm" else (-1, 2))  # fmt: skip
+        # its last axis: by the product's rank where the graph records it (an int4 pass's
+        # QuantMatMul of 2-D rows, say), else a Gemm's 1 and a MatMul's of [B, S, K] 2
+        rank = self.ranks.get(outs[0], 2 if node.op_type == "Gemm" else 3)
+        lin = Lin("?", w, k, n, heads=isinstance(args[1], Const), axes=(-1, rank - 1))
         if isinstance(x, Norm):
             lin.x, lin.norm, lin.version = "h", x.weight, x.version
         elif isinstance(x, Rows):

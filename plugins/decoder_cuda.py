@@ -72,9 +72,8 @@ class Variant:
                    "TOPK_CHUNK": TOPK_CHUNK, "TOPK_MAX": TOPK_MAX, "MOE_ROWS": moe_cuda.MOE_ROWS,
                    "MOE_SLOTS": moe_cuda.MOE_SLOTS, "CONV_MAX_K": gdc.CONV_MAX_K,
                    "DELTA_WARPS": gdc.DELTA_WARPS, "DELTA_LANE": gdc.DELTA_LANE,
-                   "DELTA_CHUNK": gdc.DELTA_CHUNK, "DELTA_CHUNK_WARPS": gdc.DELTA_CHUNK_WARPS,
-                   "DELTA_CHUNK_DK": gdc.DELTA_CHUNK_DK, "G_TILE": gemm.GEMM_TILE,
-                   "G_K": gemm.GEMM_K, "G_THREADS": gemm.GEMM_THREADS}  # fmt: skip
+                   "G_TILE": gemm.GEMM_TILE, "G_K": gemm.GEMM_K,
+                   "G_THREADS": gemm.GEMM_THREADS}  # fmt: skip
         head = "// edgeomni fused decoder kernels (plugins/decoder_cuda.py)\n"
         body = (_HEAD + lc.SOURCE + gemm.SOURCE + ROPE_SOURCE + _TAIL + moe_cuda.SOURCE
                 + gdc.SOURCE + sdc.SOURCE)

@@ -1,6 +1,6 @@
 """The fused backend's ``linear`` for prefills (CUDA C, compiled into plugins/decoder_cuda.py's
 module): a tensor-core GEMM of 64 x rows by 64 weight rows a block, for calls of GEMM_ROWS rows
-and more with float16 or int4 weights.
+and more with float16 or int4 weights whose tiles fill the GPU (``gemm_pays``).
 
 The decode variants (plugins/decoder_linear_cuda.py's ``linear_m*``) keep all of a call's rows in
 one block and split K over warps, so that a decode step reads its weights once; a prefill of
@@ -18,7 +18,13 @@ in k order whatever the rows beside it (batch invariance within the family).
 
 from __future__ import annotations
 
-GEMM_ROWS = 64  # calls of this many rows and more run as a GEMM (not measured on a GPU yet)
+GEMM_ROWS = 64  # calls of this many rows and more may run as a GEMM (gemm_pays)
+# ... once their tiles make this many blocks: about a wave of an H100's 132 SMs. Fewer leave
+# SMs idle for all of a long K, where the mma variants' blocks of 16 columns fill them: on an
+# H100 (docs/gpu-runs/2026-12-06-i55-lease3/) the GEMM lost at 64 tiles (o and down at 256
+# rows: 0.79 to 0.85 of the mma variant's speed; qkv at 64 rows: 0.72 to 0.95) and won from
+# 256 (qkv at 256 rows 2.0 to 2.7x, gate_up 1.5 to 1.8x, o and down at 1024 rows 2.1 to 2.6x)
+GEMM_MIN_BLOCKS = 128
 GEMM_TILE = 64  # x rows and weight rows a block computes (SwiGLU: 32 outputs, gate and up)
 GEMM_K = 32  # K a pipeline step carries: GEMM calls need K a multiple of it
 GEMM_THREADS = 128  # 4 warps: 2 along the weight rows by 2 along the x rows, 32 x 32 each
@@ -27,6 +33,13 @@ GEMM_THREADS = 128  # 4 warps: 2 along the weight rows by 2 along the x rows, 32
 def gemm_fits(k: int, swiglu: bool, half_input: bool) -> bool:
     """Whether a ``linear`` call of this K and epilogue has a GEMM variant."""
     return k % GEMM_K == 0 and not (swiglu and half_input)
+
+
+def gemm_pays(rows: int, n: int, swiglu: bool) -> bool:
+    """Whether a call of ``rows`` rows and N = ``n`` runs faster as a GEMM than on the mma
+    variants (GEMM_ROWS, GEMM_MIN_BLOCKS)."""
+    cols, row_blocks = gemm_grid(rows, n, swiglu)
+    return rows >= GEMM_ROWS and cols * row_blocks >= GEMM_MIN_BLOCKS
 
 
 def gemm_name(int4: bool, half_input: bool, swiglu: bool) -> str:

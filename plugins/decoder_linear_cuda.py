@@ -13,8 +13,9 @@ Two families of variants, picked by ``linear_launch``:
 - Tensor cores, for 8 rows and more with float16 weights (``linear_m{f,h}{8,16,32}[s]``):
   ``mma.sync.m16n8k16`` tiles of 16 weight rows by 8 x rows, x (times the norm's weight)
   rounded to float16 as ONNX Runtime's float16 build rounds its activations.
-- A tensor-core GEMM for prefills of ``decoder_gemm_cuda.GEMM_ROWS`` rows and more
-  (``linear_g*``, plugins/decoder_gemm_cuda.py): 64 x 64 tiles through shared memory.
+- A tensor-core GEMM for prefills of ``decoder_gemm_cuda.GEMM_ROWS`` rows and more whose
+  64 x 64 tiles fill the GPU (``linear_g*``, plugins/decoder_gemm_cuda.py's ``gemm_pays``):
+  the tiles stream K through shared memory.
 
 int4 matrices (in float16 modules) run as the float16 ones do: SIMT under 8 rows
 (``linear_q{f,h}{R}[s]``, 4 bytes of codes a lane, 8 weights of one group, and their float16
@@ -85,10 +86,13 @@ class LinearLaunch:
 def linear_launch(
     weights: str, rows: int, k: int, n: int, *, half_input: bool = False,
     swiglu: bool = False, warps: int | None = None, int4: bool = False,
+    gemm_way: bool | None = None,
 ) -> LinearLaunch:  # fmt: skip
     """The kernel, grid and block of a ``linear`` call of ``rows`` rows, K = ``k``, N = ``n``,
     ``weights`` the module's float type (``int4``: this matrix is int4, in a float16 module;
-    ``warps``: a benchmark's other split of K; the engine leaves it to ``linear_warps``)."""
+    ``warps``: a benchmark's other split of K, on the mma variants; ``gemm_way``: a test's or
+    benchmark's choice of the GEMM, from GEMM_ROWS rows, where the K and epilogue have one. The
+    engine leaves both to ``linear_warps`` and ``gemm_pays``)."""
     if half_input and swiglu:
         raise ValueError("linear: no SwiGLU variant takes float16 input")
     if int4 and weights != "float16":
@@ -100,7 +104,9 @@ def linear_launch(
     kw = warps or linear_warps(k, weights, mma, int4)
     if not 1 <= kw <= MAX_WARPS:
         raise ValueError(f"linear: {kw} warps; 1 to {MAX_WARPS}")
-    if mma and rows >= gemm.GEMM_ROWS and warps is None and gemm.gemm_fits(k, swiglu, half_input):
+    if gemm_way is None:
+        gemm_way = warps is None and gemm.gemm_pays(rows, n, swiglu)
+    if mma and gemm_way and rows >= gemm.GEMM_ROWS and gemm.gemm_fits(k, swiglu, half_input):
         return LinearLaunch(gemm.gemm_name(int4, half_input, swiglu), gemm.gemm_grid(rows, n, swiglu),
                             gemm.GEMM_THREADS, scales=True)  # fmt: skip
     if mma:

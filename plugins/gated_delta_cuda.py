@@ -14,12 +14,10 @@ present state to one buffer): one call serves prefill, decode and idle rows.
   state is read once and written once a call, whatever S. A warp normalises q and k itself
   (transformers' l2norm, eps 1e-6) and reduces the two dot products across its lanes; pad
   tokens' outputs are 0 (the reference's). Tokens run one after another: a prefill of S tokens
-  is S dependent steps.
-- ``delta_chunks``: the same call for prefills, DELTA_CHUNK tokens at a time. Within a chunk a
-  row's corrections solve a triangular system whose products (k_j.k_t, k_j.q_t) every row of
-  the head shares, so a block computes them once for its rows and a warp then takes the chunk
-  in one pass of broadcasts, a lane a token (its comment gives the algebra). The products are
-  plain float32 FMAs; tensor cores (the WY form) would take them further.
+  is S dependent steps. A chunked variant (a chunk's triangular system of k_j.k_t products
+  shared by a block's rows, float32 FMAs) took 1.7x this kernel's time at 1 x 512 tokens and
+  2.2x at 4 x 512 on an H100 (docs/gpu-runs/2026-12-06-i55-lease3/gated.txt), and was dropped;
+  what would beat it is the WY form on tensor cores.
 
 Sums are float32 (the references' float64); the state is float32 as the op declares it.
 """
@@ -31,9 +29,6 @@ import math
 CONV_MAX_K = 8  # the conv's kernel size, at most (Qwen3.5: 4)
 DELTA_WARPS = 4  # state rows (warps) a block of delta_rule
 DELTA_LANE = 8  # a row's entries a lane holds: dk at most 32 * DELTA_LANE (Qwen3.5: 128)
-# delta_chunks: tokens a chunk (a lane each), state rows (warps) a block sharing a chunk's
-# products, the key head's largest size (its chunk of q and k sits in shared memory)
-DELTA_CHUNK, DELTA_CHUNK_WARPS, DELTA_CHUNK_DK = 32, 8, 128
 
 SOURCE = r"""
 // ---- Gated DeltaNet's state ops (plugins/gated_delta_cuda.py) -----------------------------
@@ -97,14 +92,12 @@ __device__ __forceinline__ void load_qk(const float* q, const float* k, long lon
 }
 
 // q, k [B, S, Hk*dk], v [B, S, Hv*dv], g, beta [B, S, Hv] float32; state [B, Hv, dv, dk]
-// float32 (in place); o [B, S, Hv*dv]: delta_rule's and delta_chunks' arguments
-#define RULE_PARAMS const float* __restrict__ q, const float* __restrict__ k, \
-    const float* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta, \
-    float* state, const int* __restrict__ query_lens, int S, int Hk, int Hv, int dk, int dv, \
-    int l2, float scale, float* o
-
-// A warp a state row: grid (dv / DELTA_WARPS, Hv, B)
-extern "C" __global__ void __launch_bounds__(32 * DELTA_WARPS) delta_rule(RULE_PARAMS) {
+// float32 (in place); o [B, S, Hv*dv]. A warp a state row: grid (dv / DELTA_WARPS, Hv, B)
+extern "C" __global__ void __launch_bounds__(32 * DELTA_WARPS) delta_rule(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ g, const float* __restrict__ beta, float* state,
+    const int* __restrict__ query_lens, int S, int Hk, int Hv, int dk, int dv, int l2,
+    float scale, float* o) {
     GRID_LAUNCH();
     GRID_WAIT();
     const int lane = threadIdx.x & 31, r = blockIdx.x * DELTA_WARPS + (threadIdx.x >> 5);
@@ -141,119 +134,7 @@ extern "C" __global__ void __launch_bounds__(32 * DELTA_WARPS) delta_rule(RULE_P
         if (lane + 32 * i < dk) st[lane + 32 * i] = s[i];
 }
 
-// delta_rule for a prefill, a chunk of DELTA_CHUNK tokens at a time (the same arguments). A
-// state row s evolves alone: with A_t the chunk's decay up to token t (exp of g's running sum)
-// and u_t = beta_t (v_t - a_t s_{t-1}.k_t) the correction, s_t = A_t s0 + sum_{j<=t} (A_t/A_j)
-// u_j k_j. So u solves a triangular system, u_t = beta_t (v_t - A_t s0.k_t - sum_{j<t}
-// (A_t/A_j)(k_j.k_t) u_j), whose products k_j.k_t (and k_j.q_t for the outputs, o_t = scale
-// (A_t s0.q_t + sum_{j<=t} (A_t/A_j)(k_j.q_t) u_j)) every row of a head shares: a block
-// computes them once a chunk for its DELTA_CHUNK_WARPS rows, a warp a row, a lane a token. The
-// dependent chain is a chunk's 32 broadcasts, not each token's three warp reductions.
-// q and k are normalised as delta_rule normalises them; sums are float32 in another order.
-extern "C" __global__ void __launch_bounds__(32 * DELTA_CHUNK_WARPS) delta_chunks(RULE_PARAMS) {
-    GRID_LAUNCH();
-    GRID_WAIT();
-    __shared__ float ks[DELTA_CHUNK][DELTA_CHUNK_DK], qs[DELTA_CHUNK][DELTA_CHUNK_DK];
-    __shared__ float kk[DELTA_CHUNK][DELTA_CHUNK + 1], kq[DELTA_CHUNK][DELTA_CHUNK + 1];
-    __shared__ float cum[DELTA_CHUNK], rate[DELTA_CHUNK], us[DELTA_CHUNK_WARPS][DELTA_CHUNK];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r = blockIdx.x * DELTA_CHUNK_WARPS + warp, h = blockIdx.y, b = blockIdx.z;
-    const int hk = h / (Hv / Hk), n = query_lens[b];
-    float s[DELTA_LANE];
-    float* st = state + (((long long)b * Hv + h) * dv + (r < dv ? r : 0)) * dk;
-#pragma unroll
-    for (int i = 0; i < DELTA_LANE; ++i)
-        s[i] = r < dv && lane + 32 * i < dk ? st[lane + 32 * i] : 0.f;
-    for (int c0 = 0; c0 < n; c0 += DELTA_CHUNK) {
-        const int len = n - c0 < DELTA_CHUNK ? n - c0 : DELTA_CHUNK;
-        for (int t = warp; t < len; t += DELTA_CHUNK_WARPS) {  // the chunk's q and k, normalised
-            float kv[DELTA_LANE], qv[DELTA_LANE];
-            load_qk(q, k, ((long long)b * S + c0 + t) * Hk + hk, dk, l2, lane, kv, qv);
-#pragma unroll
-            for (int i = 0; i < DELTA_LANE; ++i) {
-                const int e = lane + 32 * i;
-                if (e < dk) { ks[t][e] = kv[i]; qs[t][e] = qv[i]; }
-            }
-        }
-        if (threadIdx.x == 0) {  // the decay's running sum over the chunk, and beta
-            float run = 0.f;
-            for (int t = 0; t < len; ++t) {
-                const long long gh = ((long long)b * S + c0 + t) * Hv + h;
-                run += g[gh];
-                cum[t] = run;
-                rate[t] = beta[gh];
-            }
-        }
-        __syncthreads();
-        for (int p = threadIdx.x; p < len * len; p += blockDim.x) {  // k_j.k_t, k_j.q_t
-            const int t = p / len, j = p % len;
-            float a = 0.f, c = 0.f;
-            for (int e = 0; e < dk; ++e) { a += ks[j][e] * ks[t][e]; c += ks[j][e] * qs[t][e]; }
-            kk[t][j] = a;
-            kq[t][j] = c;
-        }
-        __syncthreads();
-        if (r < dv) {
-            // lane t: s0.k_t and s0.q_t, then its correction u_t, the chunk's tokens in turn
-            float sk = 0.f, sq = 0.f;
-            for (int t = 0; t < len; ++t) {
-                float a = 0.f, c = 0.f;
-#pragma unroll
-                for (int i = 0; i < DELTA_LANE; ++i) {
-                    const int e = lane + 32 * i;
-                    if (e < dk) { a += s[i] * ks[t][e]; c += s[i] * qs[t][e]; }
-                }
-                a = warp_sum(a);
-                c = warp_sum(c);
-                if (lane == t) { sk = a; sq = c; }
-            }
-            const bool mine = lane < len;
-            const long long at = ((long long)b * S + c0 + lane) * Hv * dv + (long long)h * dv + r;
-            const float ct = mine ? cum[lane] : 0.f;
-            float acc = mine ? rate[lane] * (v[at] - expf(ct) * sk) : 0.f;
-            for (int j = 0; j < len; ++j) {  // u_j is final once every earlier one is taken off
-                const float uj = __shfl_sync(0xffffffffu, acc, j);
-                if (lane == j) us[warp][j] = uj;
-                if (mine && lane > j) acc -= rate[lane] * expf(ct - cum[j]) * kk[lane][j] * uj;
-            }
-            __syncwarp();
-            if (mine) {
-                float out = expf(ct) * sq;
-                for (int j = 0; j <= lane; ++j)
-                    out += expf(ct - cum[j]) * kq[lane][j] * us[warp][j];
-                o[at] = scale * out;
-            }
-            const float last = cum[len - 1];  // the state after the chunk
-#pragma unroll
-            for (int i = 0; i < DELTA_LANE; ++i) {
-                const int e = lane + 32 * i;
-                if (e >= dk) continue;
-                float x = expf(last) * s[i];
-                for (int j = 0; j < len; ++j) x += expf(last - cum[j]) * us[warp][j] * ks[j][e];
-                s[i] = x;
-            }
-            __syncwarp();
-        }
-        __syncthreads();  // the chunk's buffers are read: the next one may load
-    }
-    if (r >= dv) return;
-    for (int t = n + lane; t < S; t += 32)  // pad tokens: the reference's 0
-        o[((long long)b * S + t) * Hv * dv + (long long)h * dv + r] = 0.f;
-#pragma unroll
-    for (int i = 0; i < DELTA_LANE; ++i)
-        if (lane + 32 * i < dk) st[lane + 32 * i] = s[i];
-}
 """
-
-
-def chunks_launch(rows: int, num_k_heads: int, num_v_heads: int, dk: int, dv: int
-                  ) -> tuple[tuple[int, int, int], int]:  # fmt: skip
-    """``delta_chunks``' (grid, block) for a call of ``rows`` rows."""
-    if dk > DELTA_CHUNK_DK:
-        raise ValueError(f"delta_chunks takes key heads of at most {DELTA_CHUNK_DK}, not {dk}")
-    if num_v_heads % num_k_heads:
-        raise ValueError(f"{num_v_heads} value heads are not a multiple of {num_k_heads}")
-    return (-(-dv // DELTA_CHUNK_WARPS), num_v_heads, rows), 32 * DELTA_CHUNK_WARPS
 
 
 def conv_launch(rows: int, channels: int, kernel_size: int) -> tuple[tuple[int, int], int]:

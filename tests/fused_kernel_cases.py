@@ -12,6 +12,7 @@ import numpy as np
 
 from edgeomni.plugins import decoder_cuda as dc
 from edgeomni.plugins import decoder_linear_cuda as lc
+from edgeomni.plugins.decoder_gemm_cuda import GEMM_ROWS
 
 # an argument: ("buf", name), ("null",), ("i32", v), ("i64", v) or ("f32", v)
 Arg = tuple[Any, ...]
@@ -74,9 +75,11 @@ def linear_case(dtype: str, rows: int, mode: str, n: int = 72, k: int | None = N
         packed, scales = quantize_symmetric(flat.astype(np.float32).T, group, np.float16)
         wq = {"w": packed.reshape(len(flat), k // 2), "scales": scales}
         w = lc.int4_weights(wq["w"], scales, group).reshape(w.shape)
+    # from GEMM_ROWS rows the GEMM, whether or not its tiles would fill a GPU (gemm_pays)
     plan = lc.linear_launch(dtype, rows, k, n,
                             half_input=bool(m.get("half_x")), swiglu=bool(m.get("swiglu")),
-                            warps=warps, int4=bool(group))  # fmt: skip
+                            warps=warps, int4=bool(group),
+                            gemm_way=None if warps else rows >= GEMM_ROWS)  # fmt: skip
     args = [buf("x"), buf("last" if m.get("rowmap") else None), ("i32", seq),
             buf("g" if m.get("norm") else None), ("f32", 1e-6), buf("w"),
             ("i64", w.shape[1] * k), buf("head" if heads > 1 else None),
@@ -561,11 +564,10 @@ def conv_state_case(dtype: str, rows: int, seq: int, channels: int, kernel_size:
 
 
 def delta_rule_case(rows: int, seq: int, k_heads: int, v_heads: int, dk: int, dv: int,
-                    l2: bool, chunked: bool = False) -> KernelCase:  # fmt: skip
+                    l2: bool) -> KernelCase:  # fmt: skip
     """``delta_rule``: each value head's state updated token by token (decay, the delta rule's
     correction, the output read with q), q and k L2-normalised or not, rows of no tokens, of
-    some and of all S, against GatedDeltaRule's numpy reference (float64). ``chunked``: the
-    prefill's ``delta_chunks``, the same call a chunk of tokens at a time."""
+    some and of all S, against GatedDeltaRule's numpy reference (float64)."""
     from edgeomni.plugins import gated_delta as gd
     from edgeomni.plugins import gated_delta_cuda as gdc
 
@@ -579,8 +581,7 @@ def delta_rule_case(rows: int, seq: int, k_heads: int, v_heads: int, dk: int, dv
     beta = rng.uniform(0.0, 1.0, (rows, seq, v_heads)).astype(np.float32)
     state = (rng.standard_normal((rows, v_heads, dv, dk)) * 0.3).astype(np.float32)
     lens = np.array([[seq, 0, max(1, seq // 2)][r % 3] for r in range(rows)], np.int32)
-    launch = gdc.chunks_launch if chunked else gdc.rule_launch
-    grid, block = launch(rows, k_heads, v_heads, dk, dv)
+    grid, block = gdc.rule_launch(rows, k_heads, v_heads, dk, dv)
     scale = gdc.rule_scale(0.0, dk)
     args = [buf("q"), buf("k"), buf("v"), buf("g"), buf("beta"), buf("state"), buf("lens"),
             ("i32", seq), ("i32", k_heads), ("i32", v_heads), ("i32", dk), ("i32", dv),
@@ -597,9 +598,8 @@ def delta_rule_case(rows: int, seq: int, k_heads: int, v_heads: int, dk: int, dv
 
     buffers = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "state": state.copy(),
                "lens": lens, "o": np.full((rows, seq, v_heads * dv), 7.0, np.float32)}  # fmt: skip
-    kernel = "delta_chunks" if chunked else "delta_rule"
-    name = f"{kernel}-r{rows}-s{seq}-h{k_heads}x{v_heads}-d{dk}x{dv}{'-l2' * l2}"
-    return KernelCase(name, buffers, [Launch(kernel, grid, block, args)], check)
+    name = f"delta_rule-r{rows}-s{seq}-h{k_heads}x{v_heads}-d{dk}x{dv}{'-l2' * l2}"
+    return KernelCase(name, buffers, [Launch("delta_rule", grid, block, args)], check)
 
 
 def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
@@ -648,11 +648,6 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
               conv_state_case(dtype, 2, 5, 40, 2, False)]  # fmt: skip
     cases += [delta_rule_case(3, 1, 2, 4, 64, 40, True), delta_rule_case(3, 7, 1, 2, 100, 9, True),
               delta_rule_case(2, 6, 2, 2, 32, 8, False)]  # fmt: skip
-    # the prefill's chunks: a part chunk after whole ones, rows past a block's, dk not a
-    # multiple of a lane pass, a chunk of one token
-    cases += [delta_rule_case(3, 40, 1, 2, 64, 12, True, chunked=True),
-              delta_rule_case(3, 33, 1, 1, 100, 9, True, chunked=True),
-              delta_rule_case(2, 6, 2, 2, 32, 8, False, chunked=True)]  # fmt: skip
     if dtype == "float16":  # int4 matrices (float16 modules only, last: the lists share indices
         # up to here): SIMT under 8 rows, tensor cores from 8 (each variant), groups of 32, 128
         cases += [linear_case(dtype, r, mode, k=320, group=32)

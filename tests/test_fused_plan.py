@@ -111,6 +111,50 @@ def test_the_plan_computes_what_the_module_computes(variant: str, tmp_path: Path
         past, lens, seq = past + lens, np.ones(rows, np.int32), 1
 
 
+def test_an_int4_talker_moe_plan_computes_what_onnx_runtime_computes(tmp_path: Path) -> None:
+    """The int4 pass turns the talker's shared expert (torch's Gemms of 2-D rows) into
+    QuantMatMuls of 2-D rows, split on axis 1 (a 3-D product's axis would be 2): the plan takes
+    them, and its reference of the int4 codes gives ONNX Runtime's logits on the same graph
+    (float16 rounding apart), far closer than the float module's."""
+    import onnx
+    import onnxruntime as ort
+
+    from edgeomni.builder.quantize import Quantization, quantize_file
+    from edgeomni.export.common.onnx_export import export_causal_lm
+    from edgeomni.plugins import lower_model
+
+    module = module_of({"num_layers": 2, "moe": (4, 2, 32, False, 64)}).half()  # int4: float16
+    raw = export_causal_lm(module, tmp_path / "raw" / "model.onnx")
+    int4 = tmp_path / "int4" / "model.onnx"
+    int4.parent.mkdir()
+    assert quantize_file(raw, int4, Quantization("int4_rtn", 32))
+    spec, tensors = compile_file(int4)
+    assert spec["int4"] == {"group_size": 32}, sorted(n for n in tensors if n.endswith(".scales"))
+    assert all(n + ".scales" in tensors for n in ("layers.0.qkv", "layers.0.experts_gate_up"))
+    graph = lower_model(onnx.load(str(int4)), "onnxruntime", base_dir=int4.parent)
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    cfg, ref = module.cfg, FusedReference.of(spec, tensors)
+    rng = np.random.default_rng(2)
+    rows, seq, capacity = 2, 4, 8
+    past, lens = np.zeros(rows, np.int32), np.array([4, 2], np.int32)
+    embeds = rng.standard_normal((rows, seq, cfg.hidden_size)).astype(np.float16)
+    positions = np.tile(np.arange(seq), (rows, 1))
+    last = np.maximum(lens - 1, 0).astype(np.int64)
+    feeds: dict[str, Any] = {"inputs_embeds": embeds, "position_ids": positions,
+                             "past_lens": past, "query_lens": lens, "last_indices": last}  # fmt: skip
+    shape = (rows, cfg.num_kv_heads, capacity, cfg.head_dim)
+    feeds.update({i.name: np.zeros(shape, np.float16) for i in session.get_inputs()
+                  if i.name.startswith(("past_key", "past_value"))})  # fmt: skip
+    want = session.run(["logits"], feeds)[0]
+    got = ref.run(embeds, positions, past, lens, last, ref.cache(rows, capacity))["logits"]
+    with torch.no_grad():  # the float16 module's, before rounding to int4
+        cache = [torch.zeros(shape, dtype=torch.float16) for _ in range(2 * cfg.num_layers)]
+        float_logits = module(*(torch.tensor(feeds[n]) for n in list(feeds)[:5]), *cache)[0]
+    err, int4_err = (float(np.abs(got - w).max() / np.abs(want).max())
+                     for w in (want, float_logits.double().numpy()))  # fmt: skip
+    assert err < 3e-3 and int4_err > 10 * err, (err, int4_err)  # float16 rounding apart
+
+
 @pytest.fixture(scope="module")
 def sampler_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A code predictor's decoder exported with its in-engine sampler (export/common/sampler.py)."""

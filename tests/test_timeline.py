@@ -61,7 +61,7 @@ def test_families() -> None:
     assert timeline.family("moe_gate_up_grouped") == "fused moe"
     assert timeline.family("topk_chunks") == "fused topk"
     assert timeline.family("first_draw") == "fused first_draw"
-    assert timeline.family("delta_chunks") == "fused delta_chunks"
+    assert timeline.family("delta_rule") == "fused delta_rule"
     assert timeline.family("sm90_xmma_gemm_f16f16_f32") == "onnxruntime gemm"
     assert timeline.family("void onnxruntime::cuda::_UnaryElementWise<float>") == (
         "onnxruntime other")
