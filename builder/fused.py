@@ -56,9 +56,15 @@ def build_engine(
     the ONNX Runtime CUDA build of a graph the plan cannot hold, its reason kept as
     ``fused_refused``. Returns the config.json fields."""
     from edgeomni.builder.fused_plan import Unfused, compile_file
+    from edgeomni.runtime.engine_api import EngineError
+    from edgeomni.runtime.fused_spec import FusedSpec
 
     try:
         spec, tensors = compile_file(raw)
+        try:  # what the fused engine will check when it loads the plan
+            FusedSpec(spec, out_path.stem)
+        except EngineError as e:
+            raise Unfused(str(e)) from e
     except Unfused as e:
         from edgeomni.builder.onnxruntime import build_engine as ort_build
 

@@ -13,7 +13,10 @@ plain ops are proven rather than matched: the rotary angles (evaluated for probe
 must be ``position * inv_freq`` of one position axis a frequency, which gives inv_freq and the
 axes) and an in-engine sampler (evaluated on random top-K rows against the draw kernel's
 reference). Anything else is refused, naming the node, and edge-build builds that component with
-ONNX Runtime instead; a graph is never run approximately.
+ONNX Runtime instead; a graph is never run approximately. Qwen3.5's gated attention compiles
+(q beside its output gate, rope on a head's first dims by ``Slice``, ``Rotary``, ``Concat``,
+the output times the gate's sigmoid: ``attn_gate``), but no kernels run it yet, so the build
+refuses its plans (runtime/fused_spec.py), as it does graphs with Gated DeltaNet layers.
 """
 
 from __future__ import annotations
@@ -26,6 +29,20 @@ import numpy as np
 
 from edgeomni.builder import fused_proofs as proofs
 from edgeomni.builder.fused_proofs import Unfused
+from edgeomni.builder.fused_values import (
+    Act,
+    AttnGate,
+    Buf,
+    Const,
+    Gate,
+    HeadSlice,
+    Lin,
+    Moe,
+    Norm,
+    Part,
+    Rows,
+    Shared,
+)
 
 # the fused engine's kernels read these int4 group sizes
 INT4_GROUPS = (32, 64, 128)
@@ -42,80 +59,6 @@ NO_KERNELS_YET = {
     "CausalConvState": "its Gated DeltaNet layers are not in the fused plan yet",
     "GatedDeltaRule": "its Gated DeltaNet layers are not in the fused plan yet",
 }  # fmt: skip
-
-
-@dataclasses.dataclass
-class Buf:  # a buffer a step wrote: "h" (the residual stream), "attn", "logits", "embeds"
-    name: str
-    version: int = 0  # which write of it (a step reads the buffer as it is then)
-
-
-@dataclasses.dataclass
-class Norm:  # RMSNormalization of the residual stream, not yet applied
-    weight: str
-    version: int  # of h
-
-
-@dataclasses.dataclass
-class Rows:  # the last positions' rows of a normed residual stream
-    norm: str
-    version: int  # of h
-
-
-@dataclasses.dataclass
-class Lin:  # x @ W not yet stored
-    x: str  # "h", "attn", "act", "embeds"
-    weight: str
-    k: int
-    n: int
-    norm: str | None = None
-    rows: str = "all"  # or "last": the rows of last_indices
-    bias: str | None = None
-    heads: bool = False  # W is one of stacked heads, picked by lm_head_index
-    version: int = 0  # of x
-    axes: tuple[int, ...] = (-1, 2)  # its last axis, two ways (matmul() sets it)
-
-
-@dataclasses.dataclass
-class Part:  # one output of a Split of a product
-    lin: Lin
-    index: int
-    sizes: tuple[int, ...]
-    norm: str | None = None  # a per-head RMSNormalization (q or k)
-    rope: bool = False
-    silu: bool = False
-    sig: bool = False
-
-
-@dataclasses.dataclass
-class Act:  # SwiGLU of a product's two halves
-    lin: Lin
-
-
-@dataclasses.dataclass
-class Gate:  # sigmoid of a one-column product (a shared expert's gate)
-    lin: Lin
-
-
-@dataclasses.dataclass
-class Shared:  # a shared expert's down projection times its gate
-    down: Lin
-    gate: Lin
-
-
-@dataclasses.dataclass
-class Moe:  # an edgeomni::MoE of the normed residual stream, not yet added into it
-    router: Lin
-    fc1: str
-    fc2: str
-    top_k: int
-    normalize: int
-    shared: Shared | None = None  # Qwen3-Omni's talker: + sigmoid(gate) * shared expert
-
-
-@dataclasses.dataclass
-class Const:  # a value of shapes and constants only, or an index path the kernels take
-    what: str  # "", "position", "last", "head", "stacked:<weight>", "deep:<n>", "bias:<weight>"
 
 
 class Compiler:
@@ -353,6 +296,12 @@ class Compiler:
             self.add(args, ins, outs, where)
         elif op == "Split":
             self.split(args, ins, outs, attrs, where)
+        elif op == "Slice":
+            self.head_slice(args, ins, outs, where)
+        elif op == "Concat":
+            self.concat(args, outs, attrs, where)
+        elif op == "Sigmoid" and isinstance(args[0], AttnGate) and not args[0].sig:
+            self.env[outs[0]] = AttnGate(args[0].lin, sig=True)
         elif op == "Sigmoid" and isinstance(args[0], Part):
             self.env[outs[0]] = dataclasses.replace(args[0], sig=True)
         elif op == "Sigmoid" and isinstance(args[0], Lin) and args[0].n == 1 and \
@@ -584,6 +533,13 @@ class Compiler:
               where: str) -> None:  # fmt: skip
         lin = args[0]
         sizes = tuple(int(s) for s in self.array(ins[1])) if len(ins) > 1 else ()
+        if isinstance(lin, Part) and lin.index == 0 and len(lin.sizes) == 3 and not (
+                lin.norm or lin.rope or lin.gated) and len(sizes) == 2 and sizes[0] == sizes[1] \
+                and attrs.get("axis") in (-1, 3):  # fmt: skip
+            # Qwen3.5's gated q: each head's q then its output gate (the split of its view)
+            self.env[outs[0]] = dataclasses.replace(lin, gated=True)
+            self.env[outs[1]] = AttnGate(lin.lin)
+            return
         if not isinstance(lin, Lin) or sum(sizes) != lin.n or attrs.get("axis") not in lin.axes:
             raise Unfused(f"{where}: a split of {type(lin).__name__} into {sizes}")
         for i, out in enumerate(outs):
@@ -591,6 +547,14 @@ class Compiler:
 
     def mul(self, args: list[Any], outs: list[str], where: str) -> None:
         a, b = args
+        if isinstance(a, AttnGate):
+            a, b = b, a
+        if isinstance(a, Buf) and a.name == "attn" and isinstance(b, AttnGate) and b.sig:
+            # the attention's output times sigmoid of its gates (read from the qkv product)
+            self.current("attn", a.version, where)
+            self.steps.append({"op": "attn_gate"})
+            self.env[outs[0]] = Buf("attn", self.wrote("attn"))
+            return
         if isinstance(a, Lin) and isinstance(b, Gate):
             a, b = b, a
         if isinstance(a, Gate) and isinstance(b, Lin) and b.x == "act" and b.rows == "all":
@@ -611,6 +575,36 @@ class Compiler:
         else:
             raise Unfused(f"{where}: a product of {type(a).__name__} and {type(b).__name__} "
                           "that is not SwiGLU")  # fmt: skip
+
+    def head_slice(self, args: list[Any], ins: list[str], outs: list[str], where: str) -> None:
+        """A normed q or k part's first dims of each head, or the rest (partial rotary)."""
+        x = args[0]
+        consts = [np.asarray(self.array(i)).reshape(-1) if i in self.inits else None
+                  for i in ins[1:]]  # fmt: skip
+        if not isinstance(x, Part) or x.index > 1 or x.rope or x.norm is None or \
+                any(c is None or c.size != 1 for c in consts[:3]):  # fmt: skip
+            raise Unfused(f"{where}: a slice of {type(x).__name__}, not of a normed q or k")
+        start, end, axis = (int(c[0]) for c in consts[:3])
+        step = int(consts[3][0]) if len(consts) > 3 and consts[3] is not None else 1
+        d = self.part_head_dim(x)
+        if axis not in (-1, 3) or step != 1 or not (start == 0 < end < d or 0 < start < d <= end):
+            raise Unfused(f"{where}: a slice [{start}:{end}] of axis {axis}, not a head's first "
+                          "dims or the rest")  # fmt: skip
+        self.env[outs[0]] = HeadSlice(x, end if start == 0 else start, start == 0)
+
+    def part_head_dim(self, x: Part) -> int:
+        """The head dim of a q or k part: its normed heads' weight."""
+        return int(self.tensors[self.resolve(x.norm or "")].shape[0])
+
+    def concat(self, args: list[Any], outs: list[str], attrs: dict[str, Any], where: str) -> None:
+        """A head's rotated first dims and its untouched rest, back together."""
+        a, b = args
+        if not (isinstance(a, HeadSlice) and isinstance(b, HeadSlice) and a.part is b.part and
+                a.first and a.rope and not b.first and not b.rope and a.dims == b.dims and
+                attrs.get("axis") in (-1, 3)):  # fmt: skip
+            raise Unfused(f"{where}: a concat of {type(a).__name__} and {type(b).__name__}, not "
+                          "a head's rotated first dims and its rest")  # fmt: skip
+        self.env[outs[0]] = dataclasses.replace(a.part, rope=True, rotary=a.dims)
 
     def rename(self, old: str, new: str) -> str:
         """A weight named before its use was known, given the name its use gives it."""
@@ -634,7 +628,10 @@ class Compiler:
     def rotary(self, args: list[Any], ins: list[str], outs: list[str], attrs: dict[str, Any],
                where: str) -> None:  # fmt: skip
         x = args[0]
-        if not isinstance(x, Part) or x.index > 1 or x.rope:
+        partial = isinstance(x, HeadSlice) and x.first and not x.rope  # a head's first dims
+        if partial and int(attrs["head_dim"]) != x.dims:
+            raise Unfused(f"{where}: a rotary of {attrs['head_dim']} dims of a slice of {x.dims}")
+        if not partial and (not isinstance(x, Part) or x.index > 1 or x.rope):
             raise Unfused(f"{where}: rotary of {type(x).__name__}, not of a q or k projection")
         if any(not (isinstance(a, Const) and a.what == "position") for a in args[1:]):
             raise Unfused(f"{where}: its cos and sin are not functions of position_ids alone")
@@ -672,9 +669,15 @@ class Compiler:
         if attrs.get("window", 0) or attrs.get("causal", 1) != 1 or attrs.get("scale", 0.0):
             raise Unfused(f"{where}: a window, a scale or non-causal attention")
         lin = q.lin
-        d = q.sizes[0] // heads
-        if q.sizes != (heads * d, kv * d, kv * d):
+        d = q.sizes[0] // (2 * heads if q.gated else heads)
+        if q.sizes != ((2 if q.gated else 1) * heads * d, kv * d, kv * d) or k.gated:
             raise Unfused(f"{where}: q, k, v of {q.sizes} for {heads} and {kv} heads")
+        rotary = q.rotary or d
+        if (k.rotary or d) != rotary:
+            raise Unfused(f"{where}: q's rotary takes {rotary} dims of a head, k's {k.rotary or d}")
+        for key, value in (("attn_gate", q.gated), ("rotary_dim", rotary)):
+            if self.spec.setdefault(key, value) != value:
+                raise Unfused(f"{where}: {key} {value}, not the model's {self.spec[key]}")
         for key, value in (("num_heads", heads), ("num_kv_heads", kv), ("head_dim", d),
                            ("hidden_size", lin.k)):  # fmt: skip
             if self.spec.setdefault(key, value) != value:

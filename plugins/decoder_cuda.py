@@ -569,12 +569,19 @@ def rotary_angles(
 def qk_rope_reference(
     qkv: np.ndarray, positions: np.ndarray, *, heads: int, kv_heads: int, head_dim: int,
     inv_freq: np.ndarray, q_norm: np.ndarray | None, k_norm: np.ndarray | None,
-    eps: float = 1e-6, freq_axis: np.ndarray | None = None,
+    eps: float = 1e-6, freq_axis: np.ndarray | None = None, gated: bool = False,
+    rotary_dim: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """``qk_rope`` for qkv [T, (heads + 2 kv_heads) * D]: q [T, heads*D], k, v (float64)."""
+    """``qk_rope`` for qkv [T, (heads + 2 kv_heads) * D]: q [T, heads*D], k, v (float64).
+    ``gated`` (Qwen3.5): each q head is followed by its output gate, [T, heads * 2D + ...];
+    ``rotary_dim``: rope on each head's first dims alone (the rest pass through, normed)."""
     t, d = qkv.shape[0], head_dim
-    x = qkv.astype(np.float64).reshape(t, heads + 2 * kv_heads, d)
-    q, k, v = x[:, :heads], x[:, heads : heads + kv_heads], x[:, heads + kv_heads :]
+    x = qkv.astype(np.float64).reshape(t, -1)
+    width = (2 if gated else 1) * heads * d
+    q = x[:, :width].reshape(t, heads, -1)[..., :d]
+    kv = x[:, width:].reshape(t, 2 * kv_heads, d)
+    k, v = kv[:, :kv_heads], kv[:, kv_heads:]
+    r = rotary_dim or d
     angles = rotary_angles(positions, inv_freq, freq_axis)
     cos = np.cos(np.concatenate([angles, angles], -1))[:, None]
     sin = np.sin(np.concatenate([angles, angles], -1))[:, None]
@@ -582,10 +589,20 @@ def qk_rope_reference(
     def norm_rope(h: np.ndarray, w: np.ndarray | None) -> np.ndarray:
         if w is not None:
             h = h * rms_scale(h, eps) * w
-        rotated = np.concatenate([-h[..., d // 2 :], h[..., : d // 2]], -1)
-        return (h * cos + rotated * sin).reshape(t, -1)
+        part = h[..., :r]
+        rotated = np.concatenate([-part[..., r // 2 :], part[..., : r // 2]], -1)
+        return np.concatenate([part * cos + rotated * sin, h[..., r:]], -1).reshape(t, -1)
 
     return norm_rope(q, q_norm), norm_rope(k, k_norm), v.reshape(t, -1)
+
+
+def attn_gate_reference(attn: np.ndarray, qkv: np.ndarray, heads: int,
+                        head_dim: int) -> np.ndarray:  # fmt: skip
+    """Gated attention's output (Qwen3.5): attn [T, heads*D] times sigmoid of each head's gate,
+    the D values after its q in a gated qkv product [T, heads * 2D + ...]."""
+    t, d = attn.shape[0], head_dim
+    gate = qkv.astype(np.float64)[:, : 2 * heads * d].reshape(t, heads, 2 * d)[..., d:]
+    return attn * (1.0 / (1.0 + np.exp(-gate.reshape(t, -1))))
 
 
 def topk_reference(

@@ -90,6 +90,7 @@ class FusedReference:
                     buf["qkv"], pos, heads=s["num_heads"], kv_heads=s["num_kv_heads"],
                     head_dim=d, inv_freq=w["inv_freq"], q_norm=w.get(step["q_norm"] or ""),
                     k_norm=w.get(step["k_norm"] or ""), eps=eps, freq_axis=w.get("freq_axis"),
+                    gated=s.get("attn_gate", False), rotary_dim=s.get("rotary_dim"),
                 )  # fmt: skip
             elif op == "attention":
                 n = step["layer"]
@@ -99,6 +100,8 @@ class FusedReference:
                     query_lens, num_heads=s["num_heads"], kv_num_heads=s["num_kv_heads"],
                 )  # fmt: skip
                 buf["attn"] = o.reshape(t, -1)
+            elif op == "attn_gate":
+                buf["attn"] = dc.attn_gate_reference(buf["attn"], buf["qkv"], s["num_heads"], d)
             elif op == "moe":
                 shared = {"shared": buf["shared_out"], "gate": buf["shared_gate"]} \
                     if step["shared"] else {}  # fmt: skip

@@ -233,3 +233,51 @@ def test_a_stale_read_of_the_residual_stream_is_refused(sampler_graph: Path,
 
     with pytest.raises(Unfused, match="before a later write"):
         compile_file(mutated(sampler_graph, tmp_path / "m.onnx", change))
+
+
+def test_qwen35_gated_attention_compiles_to_what_the_module_computes(tmp_path: Path) -> None:
+    """Qwen3.5's full-attention layers (its Gated DeltaNet layers left out: their steps are
+    not in the plan yet): q beside its output gate in one product, rope on each head's first
+    quarter (a Slice, the Rotary, a Concat), MRoPE, the output times sigmoid of the gate. The
+    plan's reference equals the float32 module over a ragged prefill and a decode step; the
+    fused engine does not run the gate yet, so the build refuses the plan (FusedSpec)."""
+    from edgeomni.export.common.onnx_export import export_causal_lm
+    from edgeomni.export.families.qwen3_5 import model as qm
+    from edgeomni.runtime.engine_api import EngineError
+    from edgeomni.runtime.fused_spec import FusedSpec
+
+    cfg = qm.Qwen35Config(
+        hidden_size=64, layer_types=(qm.FULL, qm.FULL), num_heads=4, num_kv_heads=2,
+        head_dim=16, intermediate_size=96, vocab_size=80, rms_norm_eps=1e-6, rope_theta=1e4,
+        rotary_dim=8, mrope_section=(2, 1, 1), attention_bias=False, conv_kernel=4,
+        linear_k_heads=2, linear_v_heads=4, linear_k_dim=8, linear_v_dim=8,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    module = qm.Qwen35CausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.15) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    spec, tensors = compile_file(export_causal_lm(module, tmp_path / "model.onnx"))
+    assert spec["attn_gate"] and spec["rotary_dim"] == 8 and spec["mrope"]
+    assert [s["op"] for s in spec["plan"]].count("attn_gate") == 2
+    with pytest.raises(EngineError, match="gate"):
+        FusedSpec(spec, "config.json")
+    ref = FusedReference.of(spec, tensors)
+    rng = np.random.default_rng(3)
+    rows, seq, capacity = 2, 5, 16
+    cache = ref.cache(rows, capacity)
+    states = [torch.zeros(rows, *t.row_shape(capacity)) for t in module.state_tensors()]
+    past, lens = np.zeros(rows, np.int32), np.array([5, 3], np.int32)
+    for call in range(2):
+        embeds = rng.standard_normal((rows, seq, cfg.hidden_size)).astype(np.float32)
+        positions = past[:, None] + np.arange(seq)[None]
+        positions = np.stack([positions, positions * 3 % 7, positions % 4])
+        last = np.maximum(lens - 1, 0).astype(np.int64)
+        with torch.no_grad():
+            outs = module(torch.tensor(embeds), torch.tensor(positions, dtype=torch.int64),
+                          torch.tensor(past), torch.tensor(lens), torch.tensor(last), *states)
+        states = list(outs[1:])
+        want = outs[0].double().numpy()
+        got = ref.run(embeds, positions, past, lens, last, cache)["logits"]
+        assert np.abs(got - want).max() / np.abs(want).max() < 1e-5, call
+        past, lens, seq = past + lens, np.ones(rows, np.int32), 1
