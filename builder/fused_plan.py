@@ -98,6 +98,7 @@ class Compiler:
         self.int4_group = 0
         self.produced: set[str] = set()
         self.angle: str | None = None  # the rotary angles' value (Cos's input), by classify_aux
+        self.qkv: Lin | None = None  # the last layer's qkv product
         # each buffer's writes so far: the plan updates buffers in place, so a value that reads
         # one must be read before the buffer's next write (checked: ``current``)
         self.versions = {"h": 0, "attn": 0, "act": 0}
@@ -549,7 +550,8 @@ class Compiler:
         a, b = args
         if isinstance(a, AttnGate):
             a, b = b, a
-        if isinstance(a, Buf) and a.name == "attn" and isinstance(b, AttnGate) and b.sig:
+        if isinstance(a, Buf) and a.name == "attn" and isinstance(b, AttnGate) and b.sig and \
+                b.lin is self.qkv:  # fmt: skip
             # the attention's output times sigmoid of its gates (read from the qkv product)
             self.current("attn", a.version, where)
             self.steps.append({"op": "attn_gate"})
@@ -694,6 +696,7 @@ class Compiler:
             lin.bias = self.rename(lin.bias, p + "qkv_bias")
             self.spec["attention_bias"] = True
         self.store(lin, "qkv")
+        self.qkv = lin  # the product the qkv buffer holds (an output gate reads it)
         self.steps.append({"op": "qk_rope", "q_norm": q.norm, "k_norm": k.norm})
         self.steps.append({"op": "attention", "layer": n})
         self.layers += 1

@@ -235,16 +235,11 @@ def test_a_stale_read_of_the_residual_stream_is_refused(sampler_graph: Path,
         compile_file(mutated(sampler_graph, tmp_path / "m.onnx", change))
 
 
-def test_qwen35_gated_attention_compiles_to_what_the_module_computes(tmp_path: Path) -> None:
-    """Qwen3.5's full-attention layers (its Gated DeltaNet layers left out: their steps are
-    not in the plan yet): q beside its output gate in one product, rope on each head's first
-    quarter (a Slice, the Rotary, a Concat), MRoPE, the output times sigmoid of the gate. The
-    plan's reference equals the float32 module over a ragged prefill and a decode step; the
-    fused engine does not run the gate yet, so the build refuses the plan (FusedSpec)."""
+@pytest.fixture(scope="module")
+def qwen35_gated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """A Qwen3.5 decoder of full-attention layers alone, exported: (module, its graph)."""
     from edgeomni.export.common.onnx_export import export_causal_lm
     from edgeomni.export.families.qwen3_5 import model as qm
-    from edgeomni.runtime.engine_api import EngineError
-    from edgeomni.runtime.fused_spec import FusedSpec
 
     cfg = qm.Qwen35Config(
         hidden_size=64, layer_types=(qm.FULL, qm.FULL), num_heads=4, num_kv_heads=2,
@@ -257,7 +252,21 @@ def test_qwen35_gated_attention_compiles_to_what_the_module_computes(tmp_path: P
     with torch.no_grad():
         for p in module.parameters():
             p.normal_(0, 0.15) if p.dim() > 1 else p.uniform_(0.5, 1.5)
-    spec, tensors = compile_file(export_causal_lm(module, tmp_path / "model.onnx"))
+    return module, export_causal_lm(module, tmp_path_factory.mktemp("q35") / "model.onnx")
+
+
+def test_qwen35_gated_attention_compiles_to_what_the_module_computes(qwen35_gated) -> None:
+    """Qwen3.5's full-attention layers (its Gated DeltaNet layers left out: their steps are
+    not in the plan yet): q beside its output gate in one product, rope on each head's first
+    quarter (a Slice, the Rotary, a Concat), MRoPE, the output times sigmoid of the gate. The
+    plan's reference equals the float32 module over a ragged prefill and a decode step; the
+    fused engine does not run the gate yet, so the build refuses the plan (FusedSpec)."""
+    from edgeomni.runtime.engine_api import EngineError
+    from edgeomni.runtime.fused_spec import FusedSpec
+
+    module, graph = qwen35_gated
+    cfg = module.cfg
+    spec, tensors = compile_file(graph)
     assert spec["attn_gate"] and spec["rotary_dim"] == 8 and spec["mrope"]
     assert [s["op"] for s in spec["plan"]].count("attn_gate") == 2
     with pytest.raises(EngineError, match="gate"):
@@ -281,3 +290,15 @@ def test_qwen35_gated_attention_compiles_to_what_the_module_computes(tmp_path: P
         got = ref.run(embeds, positions, past, lens, last, cache)["logits"]
         assert np.abs(got - want).max() / np.abs(want).max() < 1e-5, call
         past, lens, seq = past + lens, np.ones(rows, np.int32), 1
+
+
+def test_a_rotary_of_other_dims_than_a_heads_first_is_refused(qwen35_gated, tmp_path) -> None:
+    """The rotated dims concatenated after the untouched ones (not what the kernels' partial
+    rotary computes): refused, naming the Concat."""
+    def change(graph: Any) -> None:
+        concat = next(n for n in graph.node if n.op_type == "Concat" and any(
+            m.op_type == "Slice" and m.output[0] in n.input for m in graph.node))  # fmt: skip
+        concat.input[0], concat.input[1] = concat.input[1], concat.input[0]
+
+    with pytest.raises(Unfused, match="Concat.*not a head's rotated first dims"):
+        compile_file(mutated(qwen35_gated[1], tmp_path / "m.onnx", change))
