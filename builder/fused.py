@@ -24,6 +24,7 @@ from edgeomni.builder.discover import FUSED_SUFFIX as SUFFIX
 from edgeomni.builder.errors import BuildError
 from edgeomni.builder.fused_plan import INT4_GROUPS
 from edgeomni.export.family import BuildArgs
+from edgeomni.plugins.decoder_cuda import unrun_parts
 
 log = logging.getLogger("edge-build")
 DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -48,17 +49,6 @@ def backend(args: BuildArgs) -> Callable[..., dict[str, Any]]:
     return build_engine
 
 
-def unrunnable(spec: dict[str, Any]) -> str | None:
-    """Why the fused engine cannot run a plan the compiler wrote (what runtime/fused_spec.py
-    refuses to load too), or None: Qwen3.5's attention compiles, but no kernels run it yet."""
-    if spec.get("attn_gate"):
-        return "the fused kernels do not run an attention output gate yet (Qwen3.5)"
-    if spec.get("rotary_dim", spec["head_dim"]) != spec["head_dim"]:
-        return (f"the fused kernels rotate whole heads, not {spec['rotary_dim']} of "
-                f"{spec['head_dim']} dims")  # fmt: skip
-    return None
-
-
 def build_engine(
     raw: Path, out_path: Path, args: BuildArgs, ranges: Any, seeds: Sequence[Path]
 ) -> dict[str, Any]:
@@ -70,7 +60,7 @@ def build_engine(
 
     try:
         spec, tensors = compile_file(raw)
-        why = unrunnable(spec)
+        why = unrun_parts(spec)  # the engine would refuse to load it
         if why:
             raise Unfused(why)
     except Unfused as e:

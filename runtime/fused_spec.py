@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.graph_schema.state import StateTensor, kv_tensors
+from edgeomni.plugins.decoder_cuda import unrun_parts
 from edgeomni.runtime.engine_api import EngineError
 
 # the float types a build writes its weights and cache in
@@ -106,13 +107,9 @@ class FusedSpec:
                                   "fused kernels read weight rows 16 bytes at a time")  # fmt: skip
         if self.head_dim > 512 or self.head_dim % 2:
             raise EngineError(f"{where}: head_dim {self.head_dim} must be even and at most 512")
-        # Qwen3.5's attention (builder/fused_plan.py compiles it): no kernels run it yet
-        if table.get("attn_gate"):
-            raise EngineError(f"{where}: the fused kernels do not run an attention output gate "
-                              "yet (Qwen3.5)")  # fmt: skip
-        if table.get("rotary_dim", self.head_dim) != self.head_dim:
-            raise EngineError(f"{where}: the fused kernels rotate whole heads, not "
-                              f"{table['rotary_dim']} of {self.head_dim} dims")  # fmt: skip
+        why = unrun_parts(table)  # what the build would have refused too (builder/fused.py)
+        if why:
+            raise EngineError(f"{where}: {why}")
         # int4 matrices (the build's one int4 pass, builder/quantize.py): codes [rows, K / 2]
         # under the matrix's name, one float16 scale a row and group of K under
         # ``<name>.scales``; which matrices are int4 the weight file says
