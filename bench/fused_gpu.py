@@ -48,7 +48,7 @@ DECODERS = {
 }  # fmt: skip
 
 
-def build(name: str, work: Path, int4: int = 0) -> tuple[Path, Path, dict]:
+def build(name: str, work: Path, int4: int = 0, ort_too: bool = True) -> tuple[Path, Path, dict]:
     """Random float16 weights exported once: the ONNX Runtime CUDA engine and the fused one,
     compiled from the same graph; ``int4`` (a group size): both from the one int4_rtn pass's
     graph, a single LM head too (MatMulNBits on ONNX Runtime's side, the plan's int4 codes on
@@ -89,7 +89,8 @@ def build(name: str, work: Path, int4: int = 0) -> tuple[Path, Path, dict]:
 
         graph = raw.with_name("model.int4.onnx")
         quantize_file(raw, graph, Quantization("int4_rtn", int4))
-    build_engine(graph, ort, args)
+    if ort_too:
+        build_engine(graph, ort, args)
     spec, tensors = compile_file(graph)
     path = work / name / "fused" / "model.fused.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,7 +270,8 @@ def main() -> int:
     for name in args.decoders:
         start = time.perf_counter()
         ort_path, fused_path, meta = build(name, args.work / (f"int4-{args.int4}" if args.int4
-                                                              else "float16"), args.int4)  # fmt: skip
+                                                              else "float16"), args.int4,
+                                         not args.no_onnxruntime)  # fmt: skip
         meta["name"] = name
         built_s = time.perf_counter() - start
         start = time.perf_counter()

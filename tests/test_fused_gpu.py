@@ -512,9 +512,9 @@ def test_a_frame_summed_where_it_is_drawn_is_the_hosts_frame(tmp_path) -> None:
         assert queued is not None and queued.embeds.dtype == dtype
         summed = memory.to_host(queued.embeds).reshape(n, width)
         if undecided:  # one row's draw undecided: the frame is drawn again on the host
-            drawn = memory.to_host(queued._drawn)
+            drawn = queued._drawn.wait()  # the pinned copy the host reads the codes from
             drawn[4, 1] = -1
-            queued._drawn.upload(drawn)
+            queued._drawn._host[...] = drawn
         codes, redo = queued.codes()
         want, embed, fell_back = cp.frame(cp.session(n), hidden, code0, e0, params,
                                           [np.random.default_rng(7 * r + 1) for r in range(n)])
