@@ -15,8 +15,9 @@ axes) and an in-engine sampler (evaluated on random top-K rows against the draw 
 reference). Anything else is refused, naming the node, and edge-build builds that component with
 ONNX Runtime instead; a graph is never run approximately. Qwen3.5's gated attention compiles
 (q beside its output gate, rope on a head's first dims by ``Slice``, ``Rotary``, ``Concat``,
-the output times the gate's sigmoid: ``attn_gate``), but no kernels run it yet, so the build
-refuses its plans (runtime/fused_spec.py), as it does graphs with Gated DeltaNet layers.
+the output times the gate's sigmoid: ``attn_gate``), and so do its Gated DeltaNet layers
+(builder/fused_delta.py), but no kernels run them yet, so the build refuses such plans
+(plugins/decoder_cuda.unrun_parts).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeomni.builder import fused_delta
 from edgeomni.builder import fused_proofs as proofs
 from edgeomni.builder.fused_proofs import Unfused
 from edgeomni.builder.fused_values import (
@@ -52,15 +54,6 @@ SAMPLER_OUTPUTS = ("sampled_ids", "sampled_embeds")
 ELEM = {1: "float32", 10: "float16", 6: "int32", 7: "int64", 11: "float64"}
 
 
-# plugin ops the plan does not run yet: why a graph holding one is built with ONNX Runtime (the
-# Gated DeltaNet's state ops have kernels, plugins/gated_delta_cuda.py, that no plan step
-# launches yet: the layer's plain ops around them are not matched)
-NO_KERNELS_YET = {
-    "CausalConvState": "its Gated DeltaNet layers are not in the fused plan yet",
-    "GatedDeltaRule": "its Gated DeltaNet layers are not in the fused plan yet",
-}  # fmt: skip
-
-
 class Compiler:
     def __init__(self, model: Any, base_dir: Path) -> None:
         from onnx import numpy_helper
@@ -74,13 +67,10 @@ class Compiler:
         self.outputs = [o.name for o in self.graph.output]
         self.ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in (
             *self.graph.value_info, *self.graph.output) if v.type.tensor_type.HasField("shape")}
-        ops = {n.op_type for n in self.graph.node if n.domain == "edgeomni"}
-        state = [w for op, w in NO_KERNELS_YET.items() if op in ops]
-        if state:  # what the plan will hold once these have kernels (issue 55)
-            raise Unfused(" and ".join(dict.fromkeys(state)))
-        if "past_key_0" not in self.inputs:
-            raise Unfused("it has no KV cache (past_key_0)")
-        self.dtype = self.inputs["past_key_0"]
+        keys = [i for i in self.inputs if i.startswith("past_key_")]  # Qwen3.5: not layer 0's
+        if not keys:
+            raise Unfused("it has no KV cache (past_key_*)")
+        self.dtype = self.inputs[keys[0]]
         if self.dtype not in ("float16", "float32"):
             raise Unfused(f"its cache is {self.dtype}; the fused kernels take float16 or float32")
         self.env: dict[str, Any] = {"inputs_embeds": Buf("embeds"),
@@ -99,6 +89,7 @@ class Compiler:
         self.produced: set[str] = set()
         self.angle: str | None = None  # the rotary angles' value (Cos's input), by classify_aux
         self.qkv: Lin | None = None  # the last layer's qkv product
+        self.delta: dict[str, Any] = {}  # the Gated DeltaNet layer being walked (fused_delta)
         # each buffer's writes so far: the plan updates buffers in place, so a value that reads
         # one must be read before the buffer's next write (checked: ``current``)
         self.versions = {"h": 0, "attn": 0, "act": 0}
@@ -287,7 +278,9 @@ class Compiler:
                 args[0], Const) and args[0].what.startswith(("stacked:", "deep"))):  # fmt: skip
             self.env[outs[0]] = args[0]  # a view: the kernels index rows and heads themselves
             return
-        if op == "RMSNormalization":
+        if fused_delta.claims(self, op, args):
+            fused_delta.visit(self, op, args, ins, outs, attrs, where)
+        elif op == "RMSNormalization":
             self.norm(args, ins, outs, attrs, where)
         elif op in ("MatMul", "QuantMatMul", "Gemm"):
             self.matmul(node, args, ins, outs, attrs, where)
@@ -332,10 +325,7 @@ class Compiler:
         x, w = args[0], ins[1]
         if attrs.get("axis", -1) != -1 or not isinstance(args[1], tuple):
             raise Unfused(f"{where}: a norm over the last axis by a weight is what is fused")
-        eps = float(attrs.get("epsilon", 1e-5))
-        if self.eps is not None and abs(eps - self.eps) > 1e-12:
-            raise Unfused(f"{where}: epsilon {eps} differs from the model's {self.eps}")
-        self.eps = eps
+        self.same_eps(attrs, where)
         if isinstance(x, Part) and x.index < 2 and x.norm is None and not x.rope:
             which = "q_norm" if x.index == 0 else "k_norm"
             self.spec["qk_norm"] = True
@@ -350,6 +340,13 @@ class Compiler:
             x = Buf("h", self.versions["h"])
         self.current("h", x.version, where)
         self.env[outs[0]] = Norm(self.vec(w, "?" + w), x.version)
+
+    def same_eps(self, attrs: dict[str, Any], where: str) -> None:
+        """Every norm of the model has one epsilon (the kernels take one)."""
+        eps = float(attrs.get("epsilon", 1e-5))
+        if self.eps is not None and abs(eps - self.eps) > 1e-12:
+            raise Unfused(f"{where}: epsilon {eps} differs from the model's {self.eps}")
+        self.eps = eps
 
     def matmul(self, node: Any, args: list[Any], ins: list[str], outs: list[str],
                attrs: dict[str, Any], where: str) -> None:  # fmt: skip

@@ -559,8 +559,12 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_merge(
 # ---------------------------------------------------------------------------------------------
 def unrun_parts(table: Mapping[str, Any]) -> str | None:
     """Why these kernels cannot run a plan the compiler wrote (builder/fused_plan.py), or None.
-    Qwen3.5's gated attention compiles, but no kernel runs its output gate or a rotary of part
-    of a head yet; the build falls back on it and the engine refuses to load it."""
+    Qwen3.5's layers compile, but no kernel runs its Gated DeltaNet steps, its attention's
+    output gate or a rotary of part of a head yet; the build falls back on such a plan and the
+    engine refuses to load it."""
+    if any(step.get("op") in ("delta_conv", "delta_rule", "gated_norm")
+           for step in table.get("plan", ())):  # fmt: skip
+        return "the fused kernels do not run Gated DeltaNet layers yet (Qwen3.5)"
     if table.get("attn_gate"):
         return "the fused kernels do not run an attention output gate yet (Qwen3.5)"
     if table.get("rotary_dim", table["head_dim"]) != table["head_dim"]:

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.plugins import attention, moe_cuda
+from edgeomni.builder import fused_delta
+from edgeomni.plugins import attention, gated_delta, moe_cuda
 from edgeomni.plugins import decoder_cuda as dc
 from edgeomni.plugins import decoder_linear_cuda as lc
 from edgeomni.runtime import safetensors_np
@@ -42,9 +43,19 @@ class FusedReference:
             self.w[name] = flat.reshape(*codes.shape[:-1], -1).astype(np.float64)
 
     def cache(self, rows: int, capacity: int) -> list[np.ndarray]:
+        """Each layer's two state tensors, zero: keys and values, or a Gated DeltaNet layer's
+        conv state [B, conv channels, K - 1] and recurrent state [B, Hv, dv, dk]."""
         s = self.spec
         shape = (rows, s["num_kv_heads"], capacity, s["head_dim"])
-        return [np.zeros(shape) for _ in range(2 * s["num_layers"])]
+        cache = [np.zeros(shape) for _ in range(2 * s["num_layers"])]
+        dims = s.get("delta") or {}
+        for step in s["plan"]:
+            if step["op"] == "delta_conv":
+                n, hk, hv = step["layer"], dims["k_heads"], dims["v_heads"]
+                channels = 2 * hk * dims["k_dim"] + hv * dims["v_dim"]
+                cache[2 * n] = np.zeros((rows, channels, step["kernel"] - 1))
+                cache[2 * n + 1] = np.zeros((rows, hv, dims["v_dim"], dims["k_dim"]))
+        return cache
 
     def run(self, embeds: np.ndarray, positions: np.ndarray, past_lens: np.ndarray,
             query_lens: np.ndarray, last: np.ndarray, cache: list[np.ndarray],
@@ -100,6 +111,8 @@ class FusedReference:
                     query_lens, num_heads=s["num_heads"], kv_num_heads=s["num_kv_heads"],
                 )  # fmt: skip
                 buf["attn"] = o.reshape(t, -1)
+            elif op in ("delta_conv", "delta_rule", "gated_norm"):
+                self._delta(step, buf, cache, b, seq, query_lens)
             elif op == "attn_gate":
                 buf["attn"] = dc.attn_gate_reference(buf["attn"], buf["qkv"], s["num_heads"], d)
             elif op == "moe":
@@ -133,3 +146,35 @@ class FusedReference:
                 raise AssertionError(f"a plan step of no reference: {op}")
         out["logits"] = buf["logits"]
         return out
+
+    def _delta(self, step: dict[str, Any], buf: dict[str, np.ndarray], cache: list[np.ndarray],
+               b: int, seq: int, query_lens: np.ndarray) -> None:  # fmt: skip
+        """A Gated DeltaNet layer's step (builder/fused_delta.py): its conv of mix's first
+        columns into conv, the gates and the rule into attn, attn's per-head norm times
+        silu(z)."""
+        dims, n, w = self.spec["delta"], step["layer"], self.w
+        key, value = dims["k_heads"] * dims["k_dim"], dims["v_heads"] * dims["v_dim"]
+        channels = 2 * key + value
+        mix = buf["mix"]
+        if step["op"] == "delta_conv":
+            y, cache[2 * n] = gated_delta.conv_reference(
+                mix[:, :channels].reshape(b, seq, channels), w[step["weight"]], cache[2 * n],
+                query_lens, kernel_size=step["kernel"],
+                activation="silu" if step["silu"] else "none")  # fmt: skip
+            buf["conv"] = y.reshape(b * seq, channels)
+        elif step["op"] == "delta_rule":
+            g, beta = fused_delta.gates_reference(
+                mix, channels + value, dims, w[step["dt_bias"]], w[step["a_neg"]],
+                step["softplus_threshold"])  # fmt: skip
+            conv = buf["conv"].reshape(b, seq, channels)
+            o, cache[2 * n + 1] = gated_delta.rule_reference(
+                conv[..., :key], conv[..., key : 2 * key], conv[..., 2 * key :],
+                g.reshape(b, seq, -1), beta.reshape(b, seq, -1), cache[2 * n + 1], query_lens,
+                num_k_heads=dims["k_heads"], num_v_heads=dims["v_heads"], qk_l2norm=step["l2"],
+                scale=step["scale"])  # fmt: skip
+            buf["attn"] = o.reshape(b * seq, value)
+        else:
+            heads = buf["attn"].reshape(-1, dims["v_dim"])
+            z = mix[:, channels : channels + value].reshape(-1, dims["v_dim"])
+            normed = heads * lc.rms_scale(heads, self.spec["rms_norm_eps"]) * w[step["weight"]]
+            buf["attn"] = (normed * z / (1.0 + np.exp(-z))).reshape(b * seq, value)

@@ -132,13 +132,14 @@ def test_the_fused_steps_equal_the_onnx_engine(fused_engine, qwen3_engine) -> No
 
 def test_a_decoder_the_plan_cannot_hold_is_built_with_onnx_runtime_saying_why(
         qwen35_ckpt: Path, exports, tmp_path: Path) -> None:  # fmt: skip
-    """Qwen3.5's Gated DeltaNet layers are not in the fused plan yet: the component is the ONNX
-    Runtime CUDA build, its config naming the reason (the build log says it too)."""
+    """Qwen3.5's graph compiles to a plan (its Gated DeltaNet layers and gated attention), but
+    no kernels run those steps yet: the component is the ONNX Runtime CUDA build, its config
+    naming the reason (the build log says it too)."""
     assert exports.build(qwen35_ckpt, tmp_path / "eng", BuildArgs(
         3, 64, 128, backend="fused", device="cuda", dtype="float32"), ["llm"]) is not None  # fmt: skip
     cfg = json.loads((tmp_path / "eng" / "config.json").read_text())
     assert cfg["backend"] == "onnxruntime" and "lowering" in cfg
-    assert cfg["fused_refused"] == "its Gated DeltaNet layers are not in the fused plan yet"
+    assert cfg["fused_refused"] == "the fused kernels do not run Gated DeltaNet layers yet (Qwen3.5)"
 
 
 def test_validate_config_names_what_a_fused_engine_needs(fused_engine, capsys) -> None:

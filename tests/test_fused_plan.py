@@ -266,32 +266,95 @@ def test_qwen35_gated_attention_compiles_to_what_the_module_computes(qwen35_gate
     from edgeomni.runtime.fused_spec import FusedSpec
 
     module, graph = qwen35_gated
-    cfg = module.cfg
     spec, tensors = compile_file(graph)
     assert spec["attn_gate"] and spec["rotary_dim"] == 8 and spec["mrope"]
     assert [s["op"] for s in spec["plan"]].count("attn_gate") == 2
     with pytest.raises(EngineError, match="gate"):  # the engine would refuse to load it,
         FusedSpec(spec, "config.json")
     assert "output gate" in (unrun_parts(spec) or "")  # and the build refuses to write it
-    ref = FusedReference.of(spec, tensors)
-    rng = np.random.default_rng(3)
-    rows, seq, capacity = 2, 5, 16
+    _plan_equals_qwen35(module, FusedReference.of(spec, tensors), [5, 3], calls=2, seed=3)
+
+
+def _plan_equals_qwen35(module: Any, ref: FusedReference, lens: list[int], calls: int,
+                        seed: int) -> None:  # fmt: skip
+    """The plan's reference gives the float32 Qwen3.5 module's logits (MRoPE positions): a
+    ragged prefill of ``lens``, then one-token decode calls, each side carrying its states."""
+    rng = np.random.default_rng(seed)
+    rows, seq, capacity = len(lens), max(lens), 16
     cache = ref.cache(rows, capacity)
     states = [torch.zeros(rows, *t.row_shape(capacity)) for t in module.state_tensors()]
-    past, lens = np.zeros(rows, np.int32), np.array([5, 3], np.int32)
-    for call in range(2):
-        embeds = rng.standard_normal((rows, seq, cfg.hidden_size)).astype(np.float32)
+    past, query = np.zeros(rows, np.int32), np.array(lens, np.int32)
+    for call in range(calls):
+        embeds = rng.standard_normal((rows, seq, module.cfg.hidden_size)).astype(np.float32)
         positions = past[:, None] + np.arange(seq)[None]
         positions = np.stack([positions, positions * 3 % 7, positions % 4])
-        last = np.maximum(lens - 1, 0).astype(np.int64)
+        last = np.maximum(query - 1, 0).astype(np.int64)
         with torch.no_grad():
             outs = module(torch.tensor(embeds), torch.tensor(positions, dtype=torch.int64),
-                          torch.tensor(past), torch.tensor(lens), torch.tensor(last), *states)
+                          torch.tensor(past), torch.tensor(query), torch.tensor(last), *states)
         states = list(outs[1:])
         want = outs[0].double().numpy()
-        got = ref.run(embeds, positions, past, lens, last, cache)["logits"]
+        got = ref.run(embeds, positions, past, query, last, cache)["logits"]
         assert np.abs(got - want).max() / np.abs(want).max() < 1e-5, call
-        past, lens, seq = past + lens, np.ones(rows, np.int32), 1
+        past, query, seq = past + query, np.ones(rows, np.int32), 1
+
+
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """A Qwen3.5 decoder of Gated DeltaNet and gated attention layers, exported."""
+    from edgeomni.export.common.onnx_export import export_causal_lm
+    from edgeomni.export.families.qwen3_5 import model as qm
+
+    cfg = qm.Qwen35Config(
+        hidden_size=64, layer_types=(qm.LINEAR, qm.FULL, qm.LINEAR), num_heads=4,
+        num_kv_heads=2, head_dim=16, intermediate_size=96, vocab_size=80, rms_norm_eps=1e-6,
+        rope_theta=1e4, rotary_dim=8, mrope_section=(2, 1, 1), attention_bias=False,
+        conv_kernel=4, linear_k_heads=2, linear_v_heads=4, linear_k_dim=8, linear_v_dim=8,
+    )  # fmt: skip
+    torch.manual_seed(1)
+    module = qm.Qwen35CausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.normal_(0, 0.15) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+            if name.endswith(("A_log", "dt_bias")):
+                p.uniform_(-1.0, 1.0)  # each head its own decay
+    return module, export_causal_lm(module, tmp_path_factory.mktemp("q35d") / "model.onnx")
+
+
+def test_qwen35_gated_deltanet_layers_compile_to_what_the_module_computes(qwen35) -> None:
+    """A Gated DeltaNet layer is in_proj into mix, the conv of mix's first columns (its state
+    in place), the rule with its two gates from mix's last columns (its state in place), the
+    output's per-head norm times silu(z), out_proj: the plan's numpy reference equals the
+    float32 module over a ragged prefill and two decode steps, states carried. No kernels run
+    these steps yet: the engine and the build refuse the plan, naming them."""
+    from edgeomni.plugins.decoder_cuda import unrun_parts
+    from edgeomni.runtime.engine_api import EngineError
+    from edgeomni.runtime.fused_spec import FusedSpec
+
+    module, graph = qwen35
+    spec, tensors = compile_file(graph)
+    ops = [s["op"] for s in spec["plan"]]
+    assert spec["num_layers"] == 3 and ops.count("attention") == 1
+    assert [ops.count(op) for op in ("delta_conv", "delta_rule", "gated_norm")] == [2, 2, 2]
+    assert spec["delta"] == {"k_heads": 2, "v_heads": 4, "k_dim": 8, "v_dim": 8,
+                             "conv_kernel": 4}  # fmt: skip
+    assert [s["layer"] for s in spec["plan"] if s["op"] == "delta_rule"] == [0, 2]
+    assert "Gated DeltaNet" in (unrun_parts(spec) or "")
+    with pytest.raises(EngineError, match="Gated DeltaNet"):
+        FusedSpec(spec, "config.json")
+    _plan_equals_qwen35(module, FusedReference.of(spec, tensors), [6, 2, 4], calls=3, seed=5)
+
+
+def test_a_deltanet_decay_of_another_form_is_refused(qwen35, tmp_path) -> None:
+    """The decay's softplus without its bias (a graph that is not the layer's gate): refused,
+    naming the node that breaks the match, not planned approximately."""
+    def change(graph: Any) -> None:
+        add = next(n for n in graph.node if n.op_type == "Add" and "dt_bias" in n.input[1])
+        soft = next(n for n in graph.node if n.op_type == "Softplus")
+        soft.input[0] = add.input[0]
+
+    with pytest.raises(Unfused, match="Softplus"):
+        compile_file(mutated(qwen35[1], tmp_path / "m.onnx", change))
 
 
 def test_a_rotary_of_other_dims_than_a_heads_first_is_refused(qwen35_gated, tmp_path) -> None:
