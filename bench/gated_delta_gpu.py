@@ -3,9 +3,10 @@ GPU, at Qwen3.5 0.8B's linear-attention dimensions (16 key and 16 value heads of
 kernel 4 over 6144 channels; bench/qwen35_cpu.py's config): device time of one layer's
 ``conv_state`` + ``delta_rule`` call of B rows of S tokens, against the HBM bound, the bytes a
 call must move at the measured copy bandwidth (the recurrent state read and written, the conv
-state, the call's inputs and outputs; q, k and v are buffers of their own, not the conv
-output's channel ranges). No ONNX Runtime side: its GatedDeltaNet runs inside a
-whole layer's graph. Each way is timed twice in alternation (the better of the two counts).
+state, the call's inputs and outputs), laid out as the fused plan lays them: the conv reads the
+first columns of the in_proj's mix, the rule reads q, k and v side by side in the conv's
+output and computes its gates from mix's last columns. No ONNX Runtime side: its
+GatedDeltaNet runs inside a whole layer's graph. Each way is timed twice in alternation (the better of the two counts).
 
     python bench/gated_delta_gpu.py [--calls 1x1 8x1 32x1 1x512 4x512] [--repeats 50] [--out DIR]
 """
@@ -24,6 +25,7 @@ from kernel_bench import KernelBench, parse, parser, write_result  # noqa: E402
 
 HK, HV, DK, DV, KERNEL = 16, 16, 128, 128, 4
 CHANNELS = 2 * HK * DK + HV * DV  # the conv runs over q, k and v together
+MIX = CHANNELS + HV * DV + 2 * HV  # the in_proj's columns: the conv's, z, beta's, the decay's
 
 
 def main() -> int:
@@ -43,23 +45,21 @@ def main() -> int:
     rows = []
     for call in args.calls:
         b, s = (int(x) for x in call.split("x"))
-        x = dev(rng.standard_normal((b, s, CHANNELS)).astype(np.float32))
-        y = dev(np.zeros((b, s, CHANNELS), np.float32))
+        mix = dev(rng.standard_normal((b, s, MIX)).astype(np.float32))
+        y = dev(rng.standard_normal((b, s, CHANNELS)).astype(np.float32))
         conv = dev(rng.standard_normal((b, CHANNELS, KERNEL - 1)).astype(np.float32))
         lens = dev(np.full(b, s, np.int32))
         state = dev((rng.standard_normal((b, HV, DV, DK)) * 0.1).astype(np.float32))
-        g = dev(-rng.uniform(0.01, 1, (b, s, HV)).astype(np.float32))
-        beta = dev(rng.uniform(0, 1, (b, s, HV)).astype(np.float32))
+        dt_bias = dev(rng.uniform(-1, 1, HV).astype(np.float32))
+        a_neg = dev(-rng.uniform(0.01, 0.1, HV).astype(np.float32))
         o = dev(np.zeros((b, s, HV * DV), np.float32))
         row = CHANNELS * 4
         cgrid, cblock = gdc.conv_launch(b, CHANNELS, KERNEL)
         rgrid, rblock = gdc.rule_launch(b, HK, HV, DK, DV)
-        conv_args = [ptr(x.ptr), ptr(w.ptr), ptr(conv.ptr), ptr(lens.ptr), i32(s),
-                     i32(CHANNELS), i32(KERNEL), i32(1), ptr(y.ptr)]  # fmt: skip
-        q = dev(rng.standard_normal((b, s, HK * DK)).astype(np.float32))
-        k = dev(rng.standard_normal((b, s, HK * DK)).astype(np.float32))
-        v = dev(rng.standard_normal((b, s, HV * DV)).astype(np.float32))
-        rule_args = [ptr(q.ptr), ptr(k.ptr), ptr(v.ptr), ptr(g.ptr), ptr(beta.ptr),
+        conv_args = [ptr(mix.ptr), ptr(w.ptr), ptr(conv.ptr), ptr(lens.ptr), i32(s),
+                     i32(CHANNELS), i32(MIX), i32(KERNEL), i32(1), ptr(y.ptr)]  # fmt: skip
+        rule_args = [ptr(y.ptr), i32(CHANNELS), ptr(mix.ptr), i32(MIX),
+                     i32(CHANNELS + HV * DV), ptr(dt_bias.ptr), ptr(a_neg.ptr), f32(20.0),
                      ptr(state.ptr), ptr(lens.ptr), i32(s), i32(HK), i32(HV), i32(DK), i32(DV),
                      i32(1), f32(gdc.rule_scale(0.0, DK)), ptr(o.ptr)]  # fmt: skip
         ways = {"conv_state": [("conv_state", (cgrid, cblock, 0), conv_args)],
@@ -68,8 +68,7 @@ def main() -> int:
         times = bench.alternating(ways, args.repeats)
         moved = {  # bytes a call must move at least
             "conv_state": 2 * b * s * row + 2 * conv.nbytes + w.nbytes,
-            "delta_rule": 2 * state.nbytes + q.nbytes + k.nbytes + v.nbytes + o.nbytes
-            + g.nbytes + beta.nbytes,
+            "delta_rule": 2 * state.nbytes + y.nbytes + o.nbytes + b * s * 2 * HV * 4,
         }
         out: dict = {"rows": b, "tokens": s}
         for way, ms in times.items():

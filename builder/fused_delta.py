@@ -44,7 +44,7 @@ class Conv:  # the conv's output (q, k and v side by side), or its part ``index`
 class Decay:  # the decay gate as far as built: "biased" (a + dt_bias), "above" (its
     stage: str  # Greater than the threshold), "softplus", "g" (times a_neg)
     dt_bias: str
-    threshold: float = float("inf")  # softplus returns x itself above it
+    threshold: float | None = None  # softplus returns x itself above it (None: never)
     a_neg: str | None = None
 
 
@@ -91,7 +91,7 @@ def visit(c: Compiler, op: str, args: list[Any], ins: list[str], outs: list[str]
             raise Unfused(f"{where}: a softplus threshold of {threshold.size} values")
         c.env[outs[0]] = dataclasses.replace(args[0], stage="above", threshold=float(threshold[0]))
     elif op == "Where" and _decay(args[0], "above") and _decay(args[1], "biased") and \
-            _decay(args[2], "softplus") and args[2].threshold == float("inf"):  # fmt: skip
+            _decay(args[2], "softplus") and args[2].threshold is None:  # fmt: skip
         c.env[outs[0]] = dataclasses.replace(args[2], threshold=args[0].threshold)
     elif op == "Mul" and any(_decay(a, "softplus") for a in args) and any(init):
         gate = next(a for a in args if _decay(a, "softplus"))
@@ -193,14 +193,3 @@ def _part(c: Compiler, x: Any, index: int) -> bool:
 
 def _decay(x: Any, stage: str) -> bool:
     return isinstance(x, Decay) and x.stage == stage
-
-
-def gates_reference(mix: np.ndarray, width: int, dims: dict[str, int], dt_bias: np.ndarray,
-                    a_neg: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
-    """(g, beta) [T, Hv] of mix [T, in_proj columns] in float64: beta = sigmoid(b), g = a_neg *
-    softplus(a + dt_bias) (x itself above ``threshold``, as torch's softplus)."""
-    hv = dims["v_heads"]
-    b, a = mix[:, width : width + hv], mix[:, width + hv : width + 2 * hv]
-    x = a + dt_bias
-    soft = np.where(x > threshold, x, np.logaddexp(0.0, x))
-    return a_neg * soft, 1.0 / (1.0 + np.exp(-b))

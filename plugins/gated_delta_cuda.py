@@ -1,8 +1,12 @@
-"""The fused backend's kernels for the Gated DeltaNet's two stateful ops (plugins/gated_delta.py:
-``CausalConvState`` and ``GatedDeltaRule``, Qwen3.5's linear-attention layers), compiled into
-plugins/decoder_cuda.py's module. Both take a call's rows right-padded to S tokens with their
-``query_lens``, as the ops do, and update each row's state in place (the engine binds past and
-present state to one buffer): one call serves prefill, decode and idle rows.
+"""The fused backend's kernels for Qwen3.5's layers beyond a Qwen3 layer's, compiled into
+plugins/decoder_cuda.py's module, in the layout of the plan's steps (builder/fused_delta.py):
+the Gated DeltaNet's two stateful ops (plugins/gated_delta.py: ``CausalConvState`` and
+``GatedDeltaRule``), its output's per-head norm times silu(z) (``gated_norm``), and the gated
+attention's output gate (``attn_gate``). The two state kernels take a call's rows
+right-padded to S tokens with their ``query_lens``, as the ops do, and update each row's state
+in place (the engine binds past and present state to one buffer): one call serves prefill,
+decode and idle rows. They read the in_proj's product (``mix``) where it lies: the conv its
+first columns, the rule its gates' inputs from its last ones.
 
 - ``conv_state``: a thread a (row, channel). Its K-1 past inputs and K weights sit in registers;
   it walks the row's S tokens (the depthwise causal conv, SiLU or none; pad positions computed
@@ -17,8 +21,14 @@ present state to one buffer): one call serves prefill, decode and idle rows.
   is S dependent steps. A chunked variant (a chunk's triangular system of k_j.k_t products
   shared by a block's rows, float32 FMAs) took 1.7x this kernel's time at 1 x 512 tokens and
   2.2x at 4 x 512 on an H100 (docs/gpu-runs/2026-12-06-i55-lease3/gated.txt), and was dropped;
-  what would beat it is the WY form on tensor cores.
+  what would beat it is the WY form on tensor cores. Each warp computes its head's two gates
+  for a token from mix (beta = sigmoid(b), g = a_neg * softplus(a + dt_bias)).
+- ``gated_norm``: a warp a (token, value head): the head's RMS, then times its weight and
+  silu(z), into the attention buffer's type for the o-projection.
+- ``attn_gate``: a thread a value of the attention's output, times sigmoid of its gate.
 
+No plan step launches these yet (plugins/decoder_cuda.unrun_parts); their kernel cases run
+against the numpy references here and in plugins/gated_delta.py, on the CPU and the GPU.
 Sums are float32 (the references' float64); the state is float32 as the op declares it.
 """
 
@@ -26,16 +36,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 CONV_MAX_K = 8  # the conv's kernel size, at most (Qwen3.5: 4)
 DELTA_WARPS = 4  # state rows (warps) a block of delta_rule
 DELTA_LANE = 8  # a row's entries a lane holds: dk at most 32 * DELTA_LANE (Qwen3.5: 128)
 
 SOURCE = r"""
 // ---- Gated DeltaNet's state ops (plugins/gated_delta_cuda.py) -----------------------------
-// x [B, S, C] float32, w [C, K], state [B, C, K-1] float32 (in place), y [B, S, C] float32
+// x [B, S, C] float32, a token's channels xs floats after the one before's (the in_proj's
+// mix: its conv channels first), w [C, K], state [B, C, K-1] float32 (in place), y [B, S, C]
 extern "C" __global__ void conv_state(
     const float* __restrict__ x, const wt_t* __restrict__ w, float* state,
-    const int* __restrict__ query_lens, int S, int C, int K, int silu, float* y) {
+    const int* __restrict__ query_lens, int S, int C, int xs, int K, int silu, float* y) {
     GRID_LAUNCH();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
     if (c >= C) return;
@@ -46,9 +59,9 @@ extern "C" __global__ void conv_state(
     float* st = state + ((long long)b * C + c) * (K - 1);
 #pragma unroll
     for (int j = 0; j < CONV_MAX_K; ++j) past[j] = win[j] = j < K - 1 ? st[j] : 0.f;
-    const long long row = (long long)b * S * C + c;
+    const long long row = (long long)b * S * C + c, xrow = (long long)b * S * xs + c;
     for (int t = 0; t < S; ++t) {  // win[0..K-1]: the inputs t .. t+K-1 of concat(past, x)
-        const float xt = x[row + (long long)t * C];
+        const float xt = x[xrow + (long long)t * xs];
         float acc = 0.f;
 #pragma unroll
         for (int j = 0; j < CONV_MAX_K; ++j) {
@@ -64,16 +77,14 @@ extern "C" __global__ void conv_state(
     for (int j = 0; j < CONV_MAX_K; ++j) {  // the new state: inputs q .. q+K-2
         if (j >= K - 1) break;
         const int i = q + j;
-        st[j] = i < K - 1 ? past[i] : x[row + (long long)(i - (K - 1)) * C];
+        st[j] = i < K - 1 ? past[i] : x[xrow + (long long)(i - (K - 1)) * xs];
     }
 }
 
-// key head ``head`` (a token's, [token * Hk + hk]) of k and q [.., dk]: a lane's DELTA_LANE
-// entries of each, L2-normalised where l2 (transformers' l2norm: x / sqrt(sum(x^2) + 1e-6))
-__device__ __forceinline__ void load_qk(const float* q, const float* k, long long head, int dk,
-                                        int l2, int lane, float* kv, float* qv) {
-    const float* kt = k + head * dk;
-    const float* qt = q + head * dk;
+// a token's key head of k and q (``kt``, ``qt``: its dk entries): a lane's DELTA_LANE entries
+// of each, L2-normalised where l2 (transformers' l2norm: x / sqrt(sum(x^2) + 1e-6))
+__device__ __forceinline__ void load_qk(const float* qt, const float* kt, int dk, int l2,
+                                        int lane, float* kv, float* qv) {
     float kk = 0.f, qq = 0.f;
 #pragma unroll
     for (int i = 0; i < DELTA_LANE; ++i) {
@@ -91,13 +102,17 @@ __device__ __forceinline__ void load_qk(const float* q, const float* k, long lon
     }
 }
 
-// q, k [B, S, Hk*dk], v [B, S, Hv*dv], g, beta [B, S, Hv] float32; state [B, Hv, dv, dk]
-// float32 (in place); o [B, S, Hv*dv]. A warp a state row: grid (dv / DELTA_WARPS, Hv, B)
+// qkv [B, S, qs]: a token's q [Hk*dk], k [Hk*dk] and v [Hv*dv] side by side (the conv's
+// output); mix [B, S, ms] float32: a token's beta inputs at columns beta_at .. + Hv, its
+// decay inputs a after them (the in_proj's last columns): beta = sigmoid(b), g = a_neg *
+// softplus(a + dt_bias) (a + dt_bias itself above ``threshold``, as torch's softplus);
+// state [B, Hv, dv, dk] float32 (in place); o [B, S, Hv*dv]. A warp a state row: grid
+// (dv / DELTA_WARPS, Hv, B)
 extern "C" __global__ void __launch_bounds__(32 * DELTA_WARPS) delta_rule(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ g, const float* __restrict__ beta, float* state,
-    const int* __restrict__ query_lens, int S, int Hk, int Hv, int dk, int dv, int l2,
-    float scale, float* o) {
+    const float* __restrict__ qkv, int qs, const float* __restrict__ mix, int ms, int beta_at,
+    const float* __restrict__ dt_bias, const float* __restrict__ a_neg, float threshold,
+    float* state, const int* __restrict__ query_lens, int S, int Hk, int Hv, int dk, int dv,
+    int l2, float scale, float* o) {
     GRID_LAUNCH();
     GRID_WAIT();
     const int lane = threadIdx.x & 31, r = blockIdx.x * DELTA_WARPS + (threadIdx.x >> 5);
@@ -116,13 +131,17 @@ extern "C" __global__ void __launch_bounds__(32 * DELTA_WARPS) delta_rule(
             continue;
         }
         float kv[DELTA_LANE], qv[DELTA_LANE];
-        load_qk(q, k, tok * Hk + hk, dk, l2, lane, kv, qv);
-        const long long gh = tok * Hv + h;
-        const float decay = expf(g[gh]), rate = beta[gh];
+        const float* qt = qkv + tok * qs + (long long)hk * dk;
+        load_qk(qt, qt + (long long)Hk * dk, dk, l2, lane, kv, qv);
+        const float* gates = mix + tok * ms + beta_at;
+        const float x = gates[Hv + h] + dt_bias[h];
+        const float soft = x > threshold ? x : log1pf(expf(x));
+        const float decay = expf(a_neg[h] * soft), rate = 1.f / (1.f + expf(-gates[h]));
         float dot = 0.f;
 #pragma unroll
         for (int i = 0; i < DELTA_LANE; ++i) { s[i] *= decay; dot += s[i] * kv[i]; }
-        const float delta = rate * (v[at] - warp_sum(dot));
+        const float vt = qkv[tok * qs + 2LL * Hk * dk + (long long)h * dv + r];
+        const float delta = rate * (vt - warp_sum(dot));
         float out = 0.f;
 #pragma unroll
         for (int i = 0; i < DELTA_LANE; ++i) { s[i] += delta * kv[i]; out += s[i] * qv[i]; }
@@ -132,6 +151,57 @@ extern "C" __global__ void __launch_bounds__(32 * DELTA_WARPS) delta_rule(
 #pragma unroll
     for (int i = 0; i < DELTA_LANE; ++i)
         if (lane + 32 * i < dk) st[lane + 32 * i] = s[i];
+}
+
+#if A_HALF
+__device__ __forceinline__ float from_at(at_t a) { return h2f(a); }
+#else
+__device__ __forceinline__ float from_at(at_t a) { return a; }
+#endif
+
+// attn [T, Hv*dv] (the cache's type) = each head of o [T, Hv*dv] (the rule's output, float32)
+// RMS-normed, times w [dv] and silu(z), z a token's columns z_at .. of mix [T, ms] (the
+// in_proj's): a warp a (token, head)
+extern "C" __global__ void __launch_bounds__(32 * DELTA_WARPS) gated_norm(
+    const float* __restrict__ o, const float* __restrict__ mix, int ms, int z_at,
+    const float* __restrict__ w, float eps, int T, int Hv, int dv, at_t* attn) {
+    GRID_LAUNCH();
+    GRID_WAIT();
+    const int lane = threadIdx.x & 31;
+    const long long unit = (long long)blockIdx.x * DELTA_WARPS + (threadIdx.x >> 5);
+    if (unit >= (long long)T * Hv) return;  // a whole warp
+    const long long t = unit / Hv, at = t * Hv * dv + (unit % Hv) * dv;
+    const float* zt = mix + t * ms + z_at + (unit % Hv) * dv;
+    float v[DELTA_LANE], ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < DELTA_LANE; ++i) {
+        const int e = lane + 32 * i;
+        v[i] = e < dv ? o[at + e] : 0.f;
+        ss += v[i] * v[i];
+    }
+    const float scale = 1.f / sqrtf(warp_sum(ss) / (float)dv + eps);
+#pragma unroll
+    for (int i = 0; i < DELTA_LANE; ++i) {
+        const int e = lane + 32 * i;
+        if (e < dv) {
+            const float z = zt[e];
+            attn[at + e] = to_at(v[i] * scale * w[e] * (z / (1.f + expf(-z))));
+        }
+    }
+}
+
+// Qwen3.5's gated attention: attn [T, heads*d] (the cache's type) times sigmoid of each head's
+// gate, the d values after its q in the gated qkv product [T, qs] (float32): a thread a value
+extern "C" __global__ void attn_gate(at_t* attn, const float* __restrict__ qkv, int qs, int T,
+                                     int heads, int d) {
+    GRID_LAUNCH();
+    GRID_WAIT();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long width = (long long)heads * d;
+    if (i >= T * width) return;
+    const long long t = i / width, c = i % width;
+    const float g = qkv[t * qs + (c / d) * 2 * d + d + c % d];
+    attn[i] = to_at(from_at(attn[i]) / (1.f + expf(-g)));
 }
 
 """
@@ -152,6 +222,41 @@ def rule_launch(rows: int, num_k_heads: int, num_v_heads: int, dk: int, dv: int
     if num_v_heads % num_k_heads:
         raise ValueError(f"{num_v_heads} value heads are not a multiple of {num_k_heads}")
     return (-(-dv // DELTA_WARPS), num_v_heads, rows), 32 * DELTA_WARPS
+
+
+def norm_launch(tokens: int, num_v_heads: int, dv: int) -> tuple[tuple[int], int]:
+    """``gated_norm``'s (grid, block): a warp a token's value head."""
+    if dv > 32 * DELTA_LANE:
+        raise ValueError(f"gated_norm takes value heads of at most {32 * DELTA_LANE}, not {dv}")
+    return (-(-tokens * num_v_heads // DELTA_WARPS),), 32 * DELTA_WARPS
+
+
+def gate_launch(tokens: int, heads: int, head_dim: int) -> tuple[tuple[int], int]:
+    """``attn_gate``'s (grid, block): a thread a value of the attention's output."""
+    return (-(-tokens * heads * head_dim // 256),), 256
+
+
+def gates_reference(mix: np.ndarray, beta_at: int, num_v_heads: int, dt_bias: np.ndarray,
+                    a_neg: np.ndarray, threshold: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """``delta_rule``'s two gates (g, beta) [T, Hv] in float64 from mix [T, columns], b its
+    columns from ``beta_at`` and a the Hv after them: beta = sigmoid(b), g = a_neg *
+    softplus(a + dt_bias) (a + dt_bias itself above ``threshold``, as torch's softplus)."""
+    hv, mix = num_v_heads, mix.astype(np.float64)
+    b, a = mix[:, beta_at : beta_at + hv], mix[:, beta_at + hv : beta_at + 2 * hv]
+    x = a + dt_bias
+    soft = np.logaddexp(0.0, x)
+    if threshold is not None:
+        soft = np.where(x > threshold, x, soft)
+    return a_neg * soft, 1.0 / (1.0 + np.exp(-b))
+
+
+def gated_norm_reference(o: np.ndarray, z: np.ndarray, weight: np.ndarray, dv: int,
+                         eps: float) -> np.ndarray:
+    """``gated_norm`` in float64: each head of o [T, Hv*dv] RMS-normed times weight [dv] and
+    silu(z) (z [T, Hv*dv])."""
+    heads, z = o.astype(np.float64).reshape(-1, dv), z.astype(np.float64).reshape(-1, dv)
+    normed = heads / np.sqrt((heads * heads).mean(-1, keepdims=True) + eps) * weight
+    return (normed * z / (1.0 + np.exp(-z))).reshape(o.shape)
 
 
 def rule_scale(scale: float, dk: int) -> float:

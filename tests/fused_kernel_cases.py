@@ -534,19 +534,21 @@ def first_draw_case(dtype: str, settings: tuple[float, int, float], penalty: flo
 def conv_state_case(dtype: str, rows: int, seq: int, channels: int, kernel_size: int,
                     silu: bool) -> KernelCase:  # fmt: skip
     """``conv_state``: the depthwise causal conv over each row's past inputs and its tokens,
-    the state in place (rows of no tokens, of some, of all S), against CausalConvState's numpy
-    reference."""
+    the state in place (rows of no tokens, of some, of all S), its input the first columns of
+    a wider buffer (the in_proj's mix), against CausalConvState's numpy reference."""
     from edgeomni.plugins import gated_delta as gd
     from edgeomni.plugins import gated_delta_cuda as gdc
 
     rng = np.random.default_rng(rows * 13 + seq + kernel_size)
-    x = rng.standard_normal((rows, seq, channels)).astype(np.float32)
+    width = channels + 24  # the rest of a token's mix: z, beta's and the decay's inputs
+    mix = rng.standard_normal((rows, seq, width)).astype(np.float32)
+    x = np.ascontiguousarray(mix[..., :channels])
     w = (rng.standard_normal((channels, kernel_size)) * 0.5).astype(dtype)
     state = rng.standard_normal((rows, channels, kernel_size - 1)).astype(np.float32)
     lens = np.array([[0, seq, max(1, seq // 2)][r % 3] for r in range(rows)], np.int32)
     grid, block = gdc.conv_launch(rows, channels, kernel_size)
-    args = [buf("x"), buf("w"), buf("state"), buf("lens"), ("i32", seq), ("i32", channels),
-            ("i32", kernel_size), ("i32", int(silu)), buf("y")]  # fmt: skip
+    args = [buf("mix"), buf("w"), buf("state"), buf("lens"), ("i32", seq), ("i32", channels),
+            ("i32", width), ("i32", kernel_size), ("i32", int(silu)), buf("y")]  # fmt: skip
 
     def check(got: dict[str, np.ndarray]) -> None:
         y, present = gd.conv_reference(x, w.astype(np.float32), state, lens,
@@ -557,49 +559,108 @@ def conv_state_case(dtype: str, rows: int, seq: int, channels: int, kernel_size:
         for r in np.flatnonzero(lens == 0):  # no tokens: the state it had, to the bit
             np.testing.assert_array_equal(got["state"][r], state[r])
 
-    buffers = {"x": x, "w": w, "state": state.copy(), "lens": lens,
+    buffers = {"mix": mix, "w": w, "state": state.copy(), "lens": lens,
                "y": np.zeros_like(x)}  # fmt: skip
     name = f"conv_state-{dtype}-r{rows}-s{seq}-k{kernel_size}{'-silu' * silu}"
     return KernelCase(name, buffers, [Launch("conv_state", grid, block, args)], check)
 
 
 def delta_rule_case(rows: int, seq: int, k_heads: int, v_heads: int, dk: int, dv: int,
-                    l2: bool) -> KernelCase:  # fmt: skip
+                    l2: bool, threshold: float | None = 20.0) -> KernelCase:  # fmt: skip
     """``delta_rule``: each value head's state updated token by token (decay, the delta rule's
     correction, the output read with q), q and k L2-normalised or not, rows of no tokens, of
-    some and of all S, against GatedDeltaRule's numpy reference (float64)."""
+    some and of all S; q, k and v side by side in one buffer (the conv's output), the gates
+    computed from the in_proj's columns (softplus past and short of its threshold), against
+    the gates' and GatedDeltaRule's numpy references (float64)."""
     from edgeomni.plugins import gated_delta as gd
     from edgeomni.plugins import gated_delta_cuda as gdc
 
     rng = np.random.default_rng(rows * 17 + seq + dk)
-    q = rng.standard_normal((rows, seq, k_heads * dk)).astype(np.float32)
-    k = rng.standard_normal((rows, seq, k_heads * dk)).astype(np.float32)
+    key, value = k_heads * dk, v_heads * dv
+    qkv = rng.standard_normal((rows, seq, 2 * key + value)).astype(np.float32)
     if not l2:  # unnormalised keys keep the recurrence stable only when short
-        q, k = (q / np.float32(np.sqrt(dk))), (k / np.float32(np.sqrt(dk)))
-    v = rng.standard_normal((rows, seq, v_heads * dv)).astype(np.float32)
-    g = -rng.uniform(0.01, 1.0, (rows, seq, v_heads)).astype(np.float32)
-    beta = rng.uniform(0.0, 1.0, (rows, seq, v_heads)).astype(np.float32)
+        qkv[..., : 2 * key] /= np.float32(np.sqrt(dk))
+    beta_at, width = 5, 5 + 2 * v_heads + 3  # the gates' inputs among other columns
+    mix = rng.standard_normal((rows, seq, width)).astype(np.float32)
+    mix[..., beta_at + v_heads :] *= 12  # a + dt_bias on both sides of the threshold
+    dt_bias = rng.uniform(-1, 1, v_heads).astype(np.float32)
+    a_neg = -rng.uniform(0.01, 0.1, v_heads).astype(np.float32)
     state = (rng.standard_normal((rows, v_heads, dv, dk)) * 0.3).astype(np.float32)
     lens = np.array([[seq, 0, max(1, seq // 2)][r % 3] for r in range(rows)], np.int32)
     grid, block = gdc.rule_launch(rows, k_heads, v_heads, dk, dv)
     scale = gdc.rule_scale(0.0, dk)
-    args = [buf("q"), buf("k"), buf("v"), buf("g"), buf("beta"), buf("state"), buf("lens"),
-            ("i32", seq), ("i32", k_heads), ("i32", v_heads), ("i32", dk), ("i32", dv),
-            ("i32", int(l2)), ("f32", scale), buf("o")]  # fmt: skip
+    args = [buf("qkv"), ("i32", 2 * key + value), buf("mix"), ("i32", width), ("i32", beta_at),
+            buf("dt_bias"), buf("a_neg"), ("f32", 3.4e38 if threshold is None else threshold),
+            buf("state"), buf("lens"), ("i32", seq), ("i32", k_heads), ("i32", v_heads),
+            ("i32", dk), ("i32", dv), ("i32", int(l2)), ("f32", scale), buf("o")]  # fmt: skip
 
     def check(got: dict[str, np.ndarray]) -> None:
-        o, present = gd.rule_reference(q, k, v, g, beta, state, lens, num_k_heads=k_heads,
-                                       num_v_heads=v_heads, qk_l2norm=int(l2))  # fmt: skip
+        g, beta = gdc.gates_reference(mix.reshape(rows * seq, -1), beta_at, v_heads, dt_bias,
+                                      a_neg, threshold)  # fmt: skip
+        q, k, v = qkv[..., :key], qkv[..., key : 2 * key], qkv[..., 2 * key :]
+        o, present = gd.rule_reference(q, k, v, g.reshape(rows, seq, -1),
+                                       beta.reshape(rows, seq, -1), state, lens,
+                                       num_k_heads=k_heads, num_v_heads=v_heads,
+                                       qk_l2norm=int(l2))  # fmt: skip
         np.testing.assert_allclose(got["o"], o, rtol=1e-4, atol=1e-4 * np.abs(o).max())
         np.testing.assert_allclose(got["state"], present, rtol=1e-4,
                                    atol=1e-4 * np.abs(present).max())  # fmt: skip
         for r in np.flatnonzero(lens == 0):  # no tokens: the state it had, to the bit
             np.testing.assert_array_equal(got["state"][r], state[r])
 
-    buffers = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "state": state.copy(),
-               "lens": lens, "o": np.full((rows, seq, v_heads * dv), 7.0, np.float32)}  # fmt: skip
-    name = f"delta_rule-r{rows}-s{seq}-h{k_heads}x{v_heads}-d{dk}x{dv}{'-l2' * l2}"
+    buffers = {"qkv": qkv, "mix": mix, "dt_bias": dt_bias, "a_neg": a_neg,
+               "state": state.copy(), "lens": lens,
+               "o": np.full((rows, seq, value), 7.0, np.float32)}  # fmt: skip
+    name = (f"delta_rule-r{rows}-s{seq}-h{k_heads}x{v_heads}-d{dk}x{dv}{'-l2' * l2}"
+            f"{'-plain-softplus' * (threshold is None)}")  # fmt: skip
     return KernelCase(name, buffers, [Launch("delta_rule", grid, block, args)], check)
+
+
+def gated_norm_case(dtype: str, tokens: int, v_heads: int, dv: int) -> KernelCase:
+    """``gated_norm``: each value head of the rule's output RMS-normed, times its weight and
+    silu(z), z among the in_proj's columns, into the attention buffer's type."""
+    from edgeomni.plugins import gated_delta_cuda as gdc
+
+    rng = np.random.default_rng(tokens * 7 + dv)
+    o = rng.standard_normal((tokens, v_heads * dv)).astype(np.float32)
+    z_at, width = 3, 3 + v_heads * dv + 5
+    mix = rng.standard_normal((tokens, width)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, dv).astype(np.float32)
+    grid, block = gdc.norm_launch(tokens, v_heads, dv)
+    args = [buf("o"), buf("mix"), ("i32", width), ("i32", z_at), buf("w"), ("f32", 1e-6),
+            ("i32", tokens), ("i32", v_heads), ("i32", dv), buf("attn")]  # fmt: skip
+
+    def check(got: dict[str, np.ndarray]) -> None:
+        want = gdc.gated_norm_reference(o, mix[:, z_at : z_at + v_heads * dv], w, dv, 1e-6)
+        tol = 2e-3 if dtype == "float16" else 1e-5  # float16: its rounding of the result
+        np.testing.assert_allclose(got["attn"].astype(np.float64), want, rtol=tol, atol=tol)
+
+    buffers = {"o": o, "mix": mix, "w": w, "attn": np.zeros((tokens, v_heads * dv), dtype)}
+    return KernelCase(f"gated_norm-{dtype}-t{tokens}-h{v_heads}x{dv}", buffers,
+                      [Launch("gated_norm", grid, block, args)], check)  # fmt: skip
+
+
+def attn_gate_case(dtype: str, tokens: int, heads: int, d: int) -> KernelCase:
+    """``attn_gate``: the attention's output times sigmoid of each head's gate, read beside
+    its q in the gated qkv product, in the attention buffer's type."""
+    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.plugins import gated_delta_cuda as gdc
+
+    rng = np.random.default_rng(tokens * 3 + d)
+    width = 2 * heads * d + 2 * d * 2  # gated q, then k and v of 2 kv heads
+    qkv = (rng.standard_normal((tokens, width)) * 2).astype(np.float32)
+    attn = rng.standard_normal((tokens, heads * d)).astype(dtype)
+    grid, block = gdc.gate_launch(tokens, heads, d)
+    args = [buf("attn"), buf("qkv"), ("i32", width), ("i32", tokens), ("i32", heads), ("i32", d)]
+
+    def check(got: dict[str, np.ndarray]) -> None:
+        want = dc.attn_gate_reference(attn.astype(np.float64), qkv, heads, d)
+        tol = 2e-3 if dtype == "float16" else 1e-6
+        np.testing.assert_allclose(got["attn"].astype(np.float64), want, rtol=tol, atol=tol)
+
+    return KernelCase(f"attn_gate-{dtype}-t{tokens}-h{heads}x{d}",
+                      {"attn": attn.copy(), "qkv": qkv},
+                      [Launch("attn_gate", grid, block, args)], check)  # fmt: skip
 
 
 def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
@@ -647,7 +708,10 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
     cases += [conv_state_case(dtype, 3, 1, 200, 4, True), conv_state_case(dtype, 3, 9, 130, 4, True),
               conv_state_case(dtype, 2, 5, 40, 2, False)]  # fmt: skip
     cases += [delta_rule_case(3, 1, 2, 4, 64, 40, True), delta_rule_case(3, 7, 1, 2, 100, 9, True),
-              delta_rule_case(2, 6, 2, 2, 32, 8, False)]  # fmt: skip
+              delta_rule_case(2, 6, 2, 2, 32, 8, False, None)]  # fmt: skip
+    # Qwen3.5's per-head norm times silu(z) (dv past a lane pass) and its attention's gate
+    cases += [gated_norm_case(dtype, 3, 4, 40), gated_norm_case(dtype, 5, 2, 128),
+              attn_gate_case(dtype, 3, 4, 16)]  # fmt: skip
     if dtype == "float16":  # int4 matrices (float16 modules only, last: the lists share indices
         # up to here): SIMT under 8 rows, tensor cores from 8 (each variant), groups of 32, 128
         cases += [linear_case(dtype, r, mode, k=320, group=32)

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.builder import fused_delta
 from edgeomni.plugins import attention, gated_delta, moe_cuda
 from edgeomni.plugins import decoder_cuda as dc
 from edgeomni.plugins import decoder_linear_cuda as lc
+from edgeomni.plugins import gated_delta_cuda as gdc
 from edgeomni.runtime import safetensors_np
 
 
@@ -163,8 +163,8 @@ class FusedReference:
                 activation="silu" if step["silu"] else "none")  # fmt: skip
             buf["conv"] = y.reshape(b * seq, channels)
         elif step["op"] == "delta_rule":
-            g, beta = fused_delta.gates_reference(
-                mix, channels + value, dims, w[step["dt_bias"]], w[step["a_neg"]],
+            g, beta = gdc.gates_reference(
+                mix, channels + value, dims["v_heads"], w[step["dt_bias"]], w[step["a_neg"]],
                 step["softplus_threshold"])  # fmt: skip
             conv = buf["conv"].reshape(b, seq, channels)
             o, cache[2 * n + 1] = gated_delta.rule_reference(
@@ -174,7 +174,6 @@ class FusedReference:
                 scale=step["scale"])  # fmt: skip
             buf["attn"] = o.reshape(b * seq, value)
         else:
-            heads = buf["attn"].reshape(-1, dims["v_dim"])
-            z = mix[:, channels : channels + value].reshape(-1, dims["v_dim"])
-            normed = heads * lc.rms_scale(heads, self.spec["rms_norm_eps"]) * w[step["weight"]]
-            buf["attn"] = (normed * z / (1.0 + np.exp(-z))).reshape(b * seq, value)
+            buf["attn"] = gdc.gated_norm_reference(
+                buf["attn"], mix[:, channels : channels + value], w[step["weight"]],
+                dims["v_dim"], self.spec["rms_norm_eps"])  # fmt: skip

@@ -338,7 +338,9 @@ def test_qwen35_gated_deltanet_layers_compile_to_what_the_module_computes(qwen35
     assert [ops.count(op) for op in ("delta_conv", "delta_rule", "gated_norm")] == [2, 2, 2]
     assert spec["delta"] == {"k_heads": 2, "v_heads": 4, "k_dim": 8, "v_dim": 8,
                              "conv_kernel": 4}  # fmt: skip
-    assert [s["layer"] for s in spec["plan"] if s["op"] == "delta_rule"] == [0, 2]
+    rules = [s for s in spec["plan"] if s["op"] == "delta_rule"]
+    assert [s["layer"] for s in rules] == [0, 2]
+    assert {s["softplus_threshold"] for s in rules} == {20.0}  # torch's: x itself above it
     assert "Gated DeltaNet" in (unrun_parts(spec) or "")
     with pytest.raises(EngineError, match="Gated DeltaNet"):
         FusedSpec(spec, "config.json")
