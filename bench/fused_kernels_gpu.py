@@ -146,7 +146,7 @@ def main() -> int:
         rope = dc.rope_launch(t, HEADS + 2 * KV, D)
         rope_args = [ptr(qkv.ptr), ptr(pos.ptr), i32(t), ptr(qn.ptr), ptr(qn.ptr), f32(1e-6),
                      ptr(inv.ptr), ptr(None), ptr(q.ptr), ptr(k.ptr), ptr(v.ptr), i32(HEADS),
-                     i32(KV), i32(D)]  # fmt: skip
+                     i32(KV), i32(D), i32(0), i32(D)]  # fmt: skip
         parts = {
             "qkv (norm fused)": (linear(h, weights["qkv"], qkv, H, qkv_n, normed=True),
                                  qkv_n * H * 2),

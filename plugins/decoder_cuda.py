@@ -144,22 +144,26 @@ __device__ __forceinline__ float warp_sum(float v) {
 _TAIL = r"""
 // Block (t, y) takes token t's heads y * warps, + warps * gridDim.y, ..., one warp a head
 // (several blocks a token: one token's heads at once, where one block took 4 in turn): q and k
-// heads get their RMSNorm (weights qn, kn; none when null) and rotary, v heads are copied; all
-// written in the attention's type (stage_row and rope_elem: the fused decode attention's too).
+// heads get their RMSNorm (weights qn, kn; none when null) and rotary of their first R dims
+// (R = D: all), v heads are copied; all written in the attention's type (stage_row and
+// rope_elem: the fused decode attention's too). ``gated`` (Qwen3.5): each q head of the
+// product is followed by its output gate's D values (attn_gate reads them).
 extern "C" __global__ void qk_rope(
     const float* __restrict__ qkv, const long long* __restrict__ pos, int tokens,
     const float* __restrict__ qn, const float* __restrict__ kn, float eps,
     const float* __restrict__ inv_freq, const int* __restrict__ freq_axis,
-    at_t* q, at_t* k, at_t* v, int HQ, int HKV, int D)
+    at_t* q, at_t* k, at_t* v, int HQ, int HKV, int D, int gated, int R)
 {
     DYNAMIC_SHARED(float, buf);
     GRID_LAUNCH();
     GRID_WAIT();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    const int t = blockIdx.x, heads = HQ + 2 * HKV;
+    const int t = blockIdx.x, heads = HQ + 2 * HKV, qd = gated ? 2 * D : D;
+    const long long row = (long long)t * ((long long)HQ * qd + 2LL * HKV * D);
     float* hb = buf + warp * D;
     for (int h = blockIdx.y * warps + warp; h < heads; h += warps * gridDim.y) {
-        const float* src = qkv + ((long long)t * heads + h) * D;
+        const float* src = qkv + row + (h < HQ ? (long long)h * qd
+                                               : (long long)HQ * qd + (long long)(h - HQ) * D);
         if (h >= HQ + HKV) {
             at_t* dst = v + ((long long)t * HKV + (h - HQ - HKV)) * D;
             for (int i = lane; i < D; i += 32) dst[i] = to_at(src[i]);
@@ -170,7 +174,9 @@ extern "C" __global__ void qk_rope(
         at_t* dst = h < HQ ? q + ((long long)t * HQ + h) * D
                            : k + ((long long)t * HKV + (h - HQ)) * D;
         for (int i = lane; i < D; i += 32)
-            dst[i] = to_at(rope_elem(hb, i, D, scale, nw, pos, tokens, t, inv_freq, freq_axis));
+            dst[i] = to_at(i < R ? rope_elem(hb, i, R, scale, nw, pos, tokens, t, inv_freq,
+                                             freq_axis)
+                                 : hb[i] * scale * (nw ? nw[i] : 1.0f));
     }
 }
 

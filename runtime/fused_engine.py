@@ -515,7 +515,9 @@ class _Launches:
         self.logits_done = False  # the logits' float16 copy written (by the top-K kernels)
 
     def run(self, plan: tuple[dict[str, Any], ...]) -> None:
-        decode_qk = self.engine.attention_qk if self.s == 1 else None
+        spec = self.spec  # (the decode attention's own q/k rotary: whole heads, no gate)
+        whole = not spec.attn_gate and spec.rotary_dim == spec.head_dim
+        decode_qk = self.engine.attention_qk if self.s == 1 and whole else None
         i = 0
         while i < len(plan):
             step = plan[i]
@@ -615,7 +617,8 @@ class _Launches:
                      ptr(self.w(step["q_norm"])), ptr(self.w(step["k_norm"])), f32(spec.eps),
                      ptr(self.w("inv_freq")), ptr(self.w("freq_axis")), ptr(p["q"]),
                      ptr(p["k"]), ptr(p["v"]), i32(spec.heads), i32(spec.kv_heads),
-                     i32(spec.head_dim)], shared=shared)  # fmt: skip
+                     i32(spec.head_dim), i32(int(spec.attn_gate)), i32(spec.rotary_dim)],
+                    shared=shared)  # fmt: skip
 
     def attention(self, step: dict[str, Any], qk: dict[str, Any] | None = None) -> None:
         """Cached attention of one layer; with ``qk`` (a decode call) the q/k norm and rotary

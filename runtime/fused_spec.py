@@ -81,6 +81,9 @@ class FusedSpec:
         self.input_size = int(table.get("input_size") or 0)
         self.lm_heads = int(table.get("lm_heads") or 1)
         self.mrope = bool(table.get("mrope"))
+        # Qwen3.5's attention: q beside its output gate; rotary of each head's first dims
+        self.attn_gate = bool(table.get("attn_gate"))
+        self.rotary_dim = int(table.get("rotary_dim") or self.head_dim)
         hidden_layer = table.get("hidden_output_layer")
         self.hidden_output_layer = None if hidden_layer is None else int(hidden_layer)
         self.last_hidden = bool(table.get("last_hidden_output"))
@@ -216,9 +219,9 @@ class FusedSpec:
                 put(step["bias"], (self.vocab,), f4)
                 width = self.input_size or self.hidden
                 put(step["tables"], (self.lm_heads, self.vocab, width), w)
-        put("inv_freq", (self.head_dim // 2,), f4)
+        put("inv_freq", (self.rotary_dim // 2,), f4)
         if self.mrope:
-            put("freq_axis", (self.head_dim // 2,), np.dtype(np.int32))
+            put("freq_axis", (self.rotary_dim // 2,), np.dtype(np.int32))
         return want
 
     def check_weights(self, path: Path, tensors: Mapping[str, np.ndarray]) -> None:

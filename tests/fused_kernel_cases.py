@@ -119,15 +119,18 @@ ROPE_SHAPES = [(4, 2, 16, False), (16, 8, 128, False), (4, 2, 32, True)]
 
 
 def rope_case(dtype: str, heads: int, kv_heads: int, d: int, mrope: bool, norm: bool,
-              warps: int | None = None) -> KernelCase:  # fmt: skip
-    """``warps``: heads a block (default the engine's): 3 for 8 heads leaves the last block 2."""
+              warps: int | None = None, gated: bool = False, rotary: int = 0) -> KernelCase:
+    """``warps``: heads a block (default the engine's): 3 for 8 heads leaves the last block 2.
+    ``gated``: each q head followed by its output gate in the product (Qwen3.5); ``rotary``:
+    the rotary on each head's first dims alone (0: all)."""
     at = np.dtype(dtype)
     rng = np.random.default_rng(d)
-    t = 7
-    qkv = rng.standard_normal((t, (heads + 2 * kv_heads) * d)).astype(np.float32)
+    t, r = 7, rotary or d
+    qkv = rng.standard_normal((t, ((2 if gated else 1) * heads + 2 * kv_heads) * d)
+                              ).astype(np.float32)  # fmt: skip
     pos = rng.integers(0, 3000, (3 if mrope else 1, t)).astype(np.int64)
-    inv = (1.0 / 1e6 ** (np.arange(0, d, 2) / d)).astype(np.float32)
-    axis = (np.arange(d // 2) % 3).astype(np.int32)
+    inv = (1.0 / 1e6 ** (np.arange(0, r, 2) / r)).astype(np.float32)
+    axis = (np.arange(r // 2) % 3).astype(np.int32)
     qn, kn = (rng.standard_normal(d).astype(np.float32) for _ in range(2))
     buffers = {"qkv": qkv, "pos": pos, "inv": inv, "axis": axis, "qn": qn, "kn": kn,
                **{name: np.zeros((t, h * d), at)
@@ -136,13 +139,13 @@ def rope_case(dtype: str, heads: int, kv_heads: int, d: int, mrope: bool, norm: 
     args = [buf("qkv"), buf("pos"), ("i32", t), buf("qn" if norm else None),
             buf("kn" if norm else None), ("f32", 1e-6), buf("inv"),
             buf("axis" if mrope else None), buf("q"), buf("k"), buf("v"), ("i32", heads),
-            ("i32", kv_heads), ("i32", d)]  # fmt: skip
+            ("i32", kv_heads), ("i32", d), ("i32", int(gated)), ("i32", r)]  # fmt: skip
 
     def check(got: dict[str, np.ndarray]) -> None:
         want = dc.qk_rope_reference(
             qkv, pos, heads=heads, kv_heads=kv_heads, head_dim=d, inv_freq=inv,
             q_norm=qn if norm else None, k_norm=kn if norm else None,
-            freq_axis=axis if mrope else None,
+            freq_axis=axis if mrope else None, gated=gated, rotary_dim=rotary or None,
         )  # fmt: skip
         tol = 2e-3 if at == np.float16 else 2e-5  # cosf of angles up to 3000 rad, then the type
         for name, ref in zip("qkv", want, strict=True):
@@ -150,7 +153,8 @@ def rope_case(dtype: str, heads: int, kv_heads: int, d: int, mrope: bool, norm: 
             assert err <= tol * max(1, np.abs(ref).max()), name
 
     name = f"rope-{dtype}-{heads}x{d}-{'mrope' if mrope else '1d'}-{'norm' if norm else 'plain'}"
-    name += f"-w{warps}" if warps else ""
+    name += (f"-w{warps}" if warps else "") + ("-gated" if gated else "")
+    name += f"-r{rotary}" if rotary else ""
     return KernelCase(name, buffers, [Launch("qk_rope", grid, block, args, shared)], check)
 
 
@@ -676,7 +680,10 @@ def all_cases(dtype: str, *, rows: tuple[int, ...] = (1, 2, 3, 8, 17, 40),
               for warps in (None, 2)]  # fmt: skip
     cases += [rope_case(dtype, *shape, norm) for shape in ROPE_SHAPES for norm in (True, False)]
     cases += [rope_case(dtype, 4, 2, 16, False, True, warps=3),
-              rope_case(dtype, 4, 2, 32, True, True, warps=2)]
+              rope_case(dtype, 4, 2, 32, True, True, warps=2),
+              # Qwen3.5: q beside its gate, rope on a head's first quarter, MRoPE
+              rope_case(dtype, 4, 2, 32, True, True, gated=True, rotary=8),
+              rope_case(dtype, 4, 2, 16, False, False, gated=True)]  # fmt: skip
     cases += [topk_case(dtype, *t) for t in topk]
     cases += [topk_case(dtype, 2, dc.TOPK_CHUNK + 5, 8), topk_case(dtype, 1, 5000, 64, flat=True),
               topk_case(dtype, 2, 3000, 128)]  # K over 64: the block-wide sort
