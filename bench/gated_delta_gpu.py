@@ -47,7 +47,7 @@ def main() -> int:
         b, s = (int(x) for x in call.split("x"))
         mix = dev(rng.standard_normal((b, s, MIX)).astype(np.float32))
         y = dev(rng.standard_normal((b, s, CHANNELS)).astype(np.float32))
-        conv = dev(rng.standard_normal((b, CHANNELS, KERNEL - 1)).astype(np.float32))
+        conv = dev(rng.standard_normal((b, CHANNELS, KERNEL - 1)).astype(np.float16))
         lens = dev(np.full(b, s, np.int32))
         state = dev((rng.standard_normal((b, HV, DV, DK)) * 0.1).astype(np.float32))
         dt_bias = dev(rng.uniform(-1, 1, HV).astype(np.float32))

@@ -147,7 +147,7 @@ def conv(c: Compiler, args: list[Any], ins: list[str], outs: list[str], attrs: d
     c.store(lin, "mix")
     c.delta.update(lin=lin, mix=c.versions["mix"])
     c.steps.append({"op": "delta_conv", "layer": n, "weight": c.weight(
-        weight, f"layers.{n}.conv", lambda a: a.astype(np.float32)), "kernel": kernel,
+        weight, f"layers.{n}.conv", lambda a: a), "kernel": kernel,  # the matrices' type
         "silu": activation == "silu"})  # fmt: skip
     c.env[outs[0]] = Conv(n)
     c.produced.add(outs[1])

@@ -44,10 +44,17 @@ DELTA_LANE = 8  # a row's entries a lane holds: dk at most 32 * DELTA_LANE (Qwen
 
 SOURCE = r"""
 // ---- Gated DeltaNet's state ops (plugins/gated_delta_cuda.py) -----------------------------
+#if A_HALF
+__device__ __forceinline__ float from_at(at_t a) { return h2f(a); }
+#else
+__device__ __forceinline__ float from_at(at_t a) { return a; }
+#endif
+
 // x [B, S, C] float32, a token's channels xs floats after the one before's (the in_proj's
-// mix: its conv channels first), w [C, K], state [B, C, K-1] float32 (in place), y [B, S, C]
+// mix: its conv channels first), w [C, K], state [B, C, K-1] in the cache's type (in place,
+// as the ONNX build declares it), y [B, S, C] float32
 extern "C" __global__ void conv_state(
-    const float* __restrict__ x, const wt_t* __restrict__ w, float* state,
+    const float* __restrict__ x, const wt_t* __restrict__ w, at_t* state,
     const int* __restrict__ query_lens, int S, int C, int xs, int K, int silu, float* y) {
     GRID_LAUNCH();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
@@ -56,9 +63,9 @@ extern "C" __global__ void conv_state(
 #pragma unroll
     for (int j = 0; j < CONV_MAX_K; ++j) wc[j] = j < K ? w2f(w[(long long)c * K + j]) : 0.f;
     GRID_WAIT();
-    float* st = state + ((long long)b * C + c) * (K - 1);
+    at_t* st = state + ((long long)b * C + c) * (K - 1);
 #pragma unroll
-    for (int j = 0; j < CONV_MAX_K; ++j) past[j] = win[j] = j < K - 1 ? st[j] : 0.f;
+    for (int j = 0; j < CONV_MAX_K; ++j) past[j] = win[j] = j < K - 1 ? from_at(st[j]) : 0.f;
     const long long row = (long long)b * S * C + c, xrow = (long long)b * S * xs + c;
     for (int t = 0; t < S; ++t) {  // win[0..K-1]: the inputs t .. t+K-1 of concat(past, x)
         const float xt = x[xrow + (long long)t * xs];
@@ -77,7 +84,7 @@ extern "C" __global__ void conv_state(
     for (int j = 0; j < CONV_MAX_K; ++j) {  // the new state: inputs q .. q+K-2
         if (j >= K - 1) break;
         const int i = q + j;
-        st[j] = i < K - 1 ? past[i] : x[xrow + (long long)(i - (K - 1)) * xs];
+        st[j] = to_at(i < K - 1 ? past[i] : x[xrow + (long long)(i - (K - 1)) * xs]);
     }
 }
 
@@ -152,12 +159,6 @@ extern "C" __global__ void __launch_bounds__(32 * DELTA_WARPS) delta_rule(
     for (int i = 0; i < DELTA_LANE; ++i)
         if (lane + 32 * i < dk) st[lane + 32 * i] = s[i];
 }
-
-#if A_HALF
-__device__ __forceinline__ float from_at(at_t a) { return h2f(a); }
-#else
-__device__ __forceinline__ float from_at(at_t a) { return a; }
-#endif
 
 // attn [T, Hv*dv] (the cache's type) = each head of o [T, Hv*dv] (the rule's output, float32)
 // RMS-normed, times w [dv] and silu(z), z a token's columns z_at .. of mix [T, ms] (the

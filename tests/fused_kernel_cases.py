@@ -538,8 +538,9 @@ def first_draw_case(dtype: str, settings: tuple[float, int, float], penalty: flo
 def conv_state_case(dtype: str, rows: int, seq: int, channels: int, kernel_size: int,
                     silu: bool) -> KernelCase:  # fmt: skip
     """``conv_state``: the depthwise causal conv over each row's past inputs and its tokens,
-    the state in place (rows of no tokens, of some, of all S), its input the first columns of
-    a wider buffer (the in_proj's mix), against CausalConvState's numpy reference."""
+    the state in place in the cache's type (rows of no tokens, of some, of all S), its input
+    the first columns of a wider buffer (the in_proj's mix), against CausalConvState's numpy
+    reference."""
     from edgeomni.plugins import gated_delta as gd
     from edgeomni.plugins import gated_delta_cuda as gdc
 
@@ -548,18 +549,19 @@ def conv_state_case(dtype: str, rows: int, seq: int, channels: int, kernel_size:
     mix = rng.standard_normal((rows, seq, width)).astype(np.float32)
     x = np.ascontiguousarray(mix[..., :channels])
     w = (rng.standard_normal((channels, kernel_size)) * 0.5).astype(dtype)
-    state = rng.standard_normal((rows, channels, kernel_size - 1)).astype(np.float32)
+    state = rng.standard_normal((rows, channels, kernel_size - 1)).astype(dtype)  # the cache's
     lens = np.array([[0, seq, max(1, seq // 2)][r % 3] for r in range(rows)], np.int32)
     grid, block = gdc.conv_launch(rows, channels, kernel_size)
     args = [buf("mix"), buf("w"), buf("state"), buf("lens"), ("i32", seq), ("i32", channels),
             ("i32", width), ("i32", kernel_size), ("i32", int(silu)), buf("y")]  # fmt: skip
 
     def check(got: dict[str, np.ndarray]) -> None:
-        y, present = gd.conv_reference(x, w.astype(np.float32), state, lens,
-                                       kernel_size=kernel_size,
+        y, present = gd.conv_reference(x, w.astype(np.float32), state.astype(np.float32),
+                                       lens, kernel_size=kernel_size,
                                        activation="silu" if silu else "none")  # fmt: skip
         np.testing.assert_allclose(got["y"], y, rtol=1e-5, atol=1e-5)
-        np.testing.assert_array_equal(got["state"], present)  # inputs moved, not computed
+        # inputs moved, not computed: rounded to the state's type as they are stored
+        np.testing.assert_array_equal(got["state"], present.astype(dtype))
         for r in np.flatnonzero(lens == 0):  # no tokens: the state it had, to the bit
             np.testing.assert_array_equal(got["state"][r], state[r])
 
