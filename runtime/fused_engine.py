@@ -64,6 +64,9 @@ class FusedEngine(EngineBase):
         from edgeomni.plugins import decoder_cuda as dc
         from edgeomni.runtime import safetensors_np
 
+        why = dc.unrun_parts(config.get("fused") or {})  # what the build refuses too
+        if why:
+            raise EngineError(f"{path.parent / 'config.json'}: {why}")
         self.device_id = index = parse_device(device)[1]
         self.lane = lane  # its stream's (runtime/memory.py)
         self.stream = memory.stream(index, lane)  # and the device is current, for the runtime

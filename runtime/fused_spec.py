@@ -21,6 +21,13 @@ A plan is a list of steps, each one kernel family's launch with its options:
 - ``output``: h into hidden_states; ``last_hidden``: each row's last h, normed by ``norm``
 - ``topk``: the logits' top ``k`` (plus a ``bias``), and with ``tables`` each row's draw and its
   embedding
+- Qwen3.5 (builder/fused_delta.py; no kernel launches these yet, so the engine refuses such a
+  plan): ``attn_gate`` (the attention's output times sigmoid of the gates beside q in qkv);
+  a Gated DeltaNet ``layer``'s ``delta_conv`` (the conv of the ``mix`` buffer's first columns,
+  ``weight`` [C, ``kernel``], its conv state in place), ``delta_rule`` (the gates from mix's
+  last columns with ``dt_bias``, ``a_neg``, ``softplus_threshold``; the rule, its recurrent
+  state in place) and ``gated_norm`` (the rule's output per head normed by ``weight`` times
+  silu(z))
 """
 
 from __future__ import annotations
@@ -32,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from edgeomni.graph_schema.state import StateTensor, kv_tensors
-from edgeomni.plugins.decoder_cuda import unrun_parts
 from edgeomni.runtime.engine_api import EngineError
 
 # the float types a build writes its weights and cache in
@@ -43,7 +49,7 @@ SAMPLER_OUTPUTS = ("sampled_ids", "sampled_embeds")
 # each step's fields and the values they take (str: a weight name or None)
 STEPS: dict[str, dict[str, Any]] = {
     "embed": {"weight": str, "bias": str},
-    "linear": {"x": ("h", "attn", "act"), "out": ("qkv", "h", "act", "logits", "router", "shared_out", "shared_gate"), "k": int,
+    "linear": {"x": ("h", "attn", "act"), "out": ("qkv", "h", "act", "logits", "router", "shared_out", "shared_gate", "mix"), "k": int,
                "n": int, "weight": str, "norm": str, "bias": str, "add": bool, "swiglu": bool,
                "rows": ("all", "last"), "heads": bool},  # fmt: skip
     "qk_rope": {"q_norm": str, "k_norm": str},
@@ -54,7 +60,12 @@ STEPS: dict[str, dict[str, Any]] = {
     "output": {"name": ("hidden_states",)},
     "last_hidden": {"norm": str},
     "topk": {"k": int, "bias": str, "tables": str},
+    "attn_gate": {},
+    "delta_conv": {"layer": int, "weight": str, "kernel": int, "silu": bool},
+    "delta_rule": {"layer": int, "dt_bias": str, "a_neg": str, "l2": int, "scale": float},
+    "gated_norm": {"layer": int, "weight": str},
 }
+DELTA_DIMS = ("k_heads", "v_heads", "k_dim", "v_dim", "conv_kernel")
 
 
 class FusedSpec:
@@ -84,6 +95,11 @@ class FusedSpec:
         # Qwen3.5's attention: q beside its output gate; rotary of each head's first dims
         self.attn_gate = bool(table.get("attn_gate"))
         self.rotary_dim = int(table.get("rotary_dim") or self.head_dim)
+        delta = table.get("delta")  # its Gated DeltaNet layers' dimensions
+        if delta is not None and not (isinstance(delta, Mapping) and all(
+                isinstance(delta.get(k), int) and delta[k] > 0 for k in DELTA_DIMS)):  # fmt: skip
+            raise EngineError(f"{where}: fused.delta must give {', '.join(DELTA_DIMS)}")
+        self.delta = dict(delta) if delta is not None else None
         hidden_layer = table.get("hidden_output_layer")
         self.hidden_output_layer = None if hidden_layer is None else int(hidden_layer)
         self.last_hidden = bool(table.get("last_hidden_output"))
@@ -110,9 +126,6 @@ class FusedSpec:
                                   "fused kernels read weight rows 16 bytes at a time")  # fmt: skip
         if self.head_dim > 512 or self.head_dim % 2:
             raise EngineError(f"{where}: head_dim {self.head_dim} must be even and at most 512")
-        why = unrun_parts(table)  # what the build would have refused too (builder/fused.py)
-        if why:
-            raise EngineError(f"{where}: {why}")
         # int4 matrices (the build's one int4 pass, builder/quantize.py): codes [rows, K / 2]
         # under the matrix's name, one float16 scale a row and group of K under
         # ``<name>.scales``; which matrices are int4 the weight file says
@@ -133,6 +146,12 @@ class FusedSpec:
             if not 1 <= s["top_k"] <= min(s["experts"], 32):
                 raise EngineError(f"{where}: a MoE step takes the top {s['top_k']} of "
                                   f"{s['experts']} experts (1 to 32)")  # fmt: skip
+
+    @property
+    def conv_channels(self) -> int:
+        """A Gated DeltaNet layer's conv channels: its q, k and v side by side."""
+        d = self.delta or {}
+        return 2 * d.get("k_heads", 0) * d.get("k_dim", 0) + d.get("v_heads", 0) * d.get("v_dim", 0)
 
     def _check_plan(self, plan: Any, where: str) -> tuple[dict[str, Any], ...]:
         """Each step of a known kernel family with the fields it takes; the layers' attention
@@ -156,10 +175,19 @@ class FusedSpec:
         if not paired or ops.count("qk_rope") != ops.count("attention"):
             raise EngineError(f"{where}: fused.plan must run each attention step right after "
                               "its qk_rope step")  # fmt: skip
-        layers = [s["layer"] for s in plan if s["op"] == "attention"]
+        layers = [s["layer"] for s in plan if s["op"] in ("attention", "delta_rule")]
         if layers != list(range(self.layers)):
-            raise EngineError(f"{where}: fused.plan attends layers {layers}, not 0 to "
+            raise EngineError(f"{where}: fused.plan's layers are {layers}, not 0 to "
                               f"{self.layers - 1}")  # fmt: skip
+        delta = [ops.count(op) for op in ("delta_conv", "delta_rule", "gated_norm")]
+        if len(set(delta)) != 1 or (delta[0] > 0) != (self.delta is not None):
+            raise EngineError(f"{where}: fused.plan's Gated DeltaNet layers need a delta_conv, a "
+                              "delta_rule and a gated_norm each, and fused.delta")  # fmt: skip
+        for i, s in enumerate(plan):
+            threshold = s.get("softplus_threshold")
+            if s["op"] == "delta_rule" and not (threshold is None or isinstance(
+                    threshold, int | float)):  # fmt: skip
+                raise EngineError(f"{where}: fused.plan[{i}].softplus_threshold is {threshold!r}")
         logits = [i for i, s in enumerate(plan) if s["op"] == "linear" and s["out"] == "logits"]
         tail = [s["op"] for s in plan[logits[-1] + 1:]] if logits else []
         if len(logits) != 1 or set(tail) - {"topk", "last_hidden"} or (
@@ -215,6 +243,13 @@ class FusedSpec:
                 put(step["k_norm"], (self.head_dim,), f4)
             elif op == "last_hidden":
                 put(step["norm"], (self.hidden,), f4)
+            elif op == "delta_conv" and self.delta:
+                put(step["weight"], (self.conv_channels, step["kernel"]), w)
+            elif op == "delta_rule" and self.delta:
+                put(step["dt_bias"], (self.delta["v_heads"],), f4)
+                put(step["a_neg"], (self.delta["v_heads"],), f4)
+            elif op == "gated_norm" and self.delta:
+                put(step["weight"], (self.delta["v_dim"],), f4)
             elif op == "topk":
                 put(step["bias"], (self.vocab,), f4)
                 width = self.input_size or self.hidden
@@ -267,8 +302,23 @@ def names(spec: FusedSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def state_tensors(spec: FusedSpec) -> list[StateTensor]:
-    """Its row state: the KV cache the ONNX build of the same decoder declares."""
-    return kv_tensors(spec.layers, spec.kv_heads, spec.head_dim, np.dtype(spec.dtype).name)
+    """Its row state as the ONNX build of the same decoder declares it, layer by layer: an
+    attention layer's keys and values; a Gated DeltaNet layer's conv columns (the cache's type)
+    and recurrent state (float32), as the exported Qwen3.5 model declares them."""
+    dtype = np.dtype(spec.dtype).name
+    delta = {s["layer"]: s for s in spec.plan if s["op"] == "delta_conv"}
+    out: list[StateTensor] = []
+    for i in range(spec.layers):
+        if i not in delta or spec.delta is None:
+            out += kv_tensors(1, spec.kv_heads, spec.head_dim, dtype, ids=(i,))
+            continue
+        d = spec.delta
+        out += [StateTensor(f"conv_{i}", "conv", f"past_conv_{i}", f"present_conv_{i}",
+                            (spec.conv_channels, delta[i]["kernel"] - 1), dtype, ("query_lens",)),
+                StateTensor(f"recurrent_{i}", "recurrent", f"past_recurrent_{i}",
+                            f"present_recurrent_{i}", (d["v_heads"], d["v_dim"], d["k_dim"]),
+                            "float32", ("query_lens",))]  # fmt: skip
+    return out
 
 
 def io_types(
@@ -285,8 +335,8 @@ def io_types(
             "sample_uniform": np.dtype(np.float64), "sample_temperature": np.dtype(np.float64),
             "sample_top_k": np.dtype(np.int64), "sample_top_p": np.dtype(np.float64),
             "sampled_ids": np.dtype(np.int64)}  # fmt: skip
-    cache = ("batch", spec.kv_heads, "capacity", spec.head_dim)
-    state = {n for t in state_tensors(spec) for n in (t.input, t.output)}
+    # each state tensor's input and output: its type, and its shape with the rows first
+    state = {n: t for t in state_tensors(spec) for n in (t.input, t.output)}
     shapes: dict[str, tuple[Any, ...]] = {
         "logits": ("batch", spec.vocab), "topk_values": ("batch", spec.topk),
         "topk_indices": ("batch", spec.topk), "hidden_states": ("batch", "seq", spec.hidden),
@@ -295,7 +345,7 @@ def io_types(
     }  # fmt: skip
 
     def kind(name: str, default: np.dtype) -> np.dtype:
-        return kv if name in state else ints.get(name, default)
+        return np.dtype(state[name].dtype) if name in state else ints.get(name, default)
 
     return ({n: kind(n, floats) for n in inputs}, {n: kind(n, kv) for n in outputs},
-            {n: cache if n in state else shapes[n] for n in outputs})  # fmt: skip
+            {n: ("batch", *state[n].shape) if n in state else shapes[n] for n in outputs})

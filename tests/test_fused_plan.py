@@ -5,6 +5,7 @@ anything the kernels do not compute is refused, naming it."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -260,19 +261,38 @@ def test_qwen35_gated_attention_compiles_to_what_the_module_computes(qwen35_gate
     not in the plan yet): q beside its output gate in one product, rope on each head's first
     quarter (a Slice, the Rotary, a Concat), MRoPE, the output times sigmoid of the gate. The
     plan's reference equals the float32 module over a ragged prefill and a decode step; the
-    fused engine does not run the gate yet, so the build refuses the plan (FusedSpec)."""
+    fused engine does not run the gate yet, so the build and the engine refuse the plan."""
     from edgeomni.plugins.decoder_cuda import unrun_parts
-    from edgeomni.runtime.engine_api import EngineError
-    from edgeomni.runtime.fused_spec import FusedSpec
 
     module, graph = qwen35_gated
     spec, tensors = compile_file(graph)
     assert spec["attn_gate"] and spec["rotary_dim"] == 8 and spec["mrope"]
     assert [s["op"] for s in spec["plan"]].count("attn_gate") == 2
-    with pytest.raises(EngineError, match="gate"):  # the engine would refuse to load it,
-        FusedSpec(spec, "config.json")
-    assert "output gate" in (unrun_parts(spec) or "")  # and the build refuses to write it
+    assert "output gate" in (unrun_parts(spec) or "")
+    _spec_declares_the_graphs_io(spec, tensors, graph, module)
     _plan_equals_qwen35(module, FusedReference.of(spec, tensors), [5, 3], calls=2, seed=3)
+
+
+def _spec_declares_the_graphs_io(spec: dict[str, Any], tensors: dict[str, np.ndarray],
+                                 graph: Path, module: Any) -> None:  # fmt: skip
+    """The plan read back as the engine reads it (runtime/fused_spec.py) holds every weight it
+    names, and declares the exported graph's inputs and outputs with their types, and the
+    module's row state (names, shapes, types) in its order."""
+    import onnx
+
+    from edgeomni.runtime.fused_spec import FusedSpec, io_types, names, state_tensors
+
+    read = FusedSpec(json.loads(json.dumps(spec)), "config.json")  # as config.json holds it
+    read.check_weights(graph, tensors)
+    assert state_tensors(read) == module.state_tensors()
+    model = onnx.load(str(graph), load_external_data=False)
+    elem = {1: "float32", 10: "float16", 6: "int32", 7: "int64"}
+    want = [(v.name, elem[v.type.tensor_type.elem_type]) for v in model.graph.input]
+    inputs, _ = names(read)
+    types, out_types, _ = io_types(read)
+    assert [(n, types[n].name) for n in inputs] == want
+    outs = [(v.name, elem[v.type.tensor_type.elem_type]) for v in model.graph.output]
+    assert [(n, out_types[n].name) for n in names(read)[1]] == outs
 
 
 def _plan_equals_qwen35(module: Any, ref: FusedReference, lens: list[int], calls: int,
@@ -309,7 +329,7 @@ def qwen35(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
         hidden_size=64, layer_types=(qm.LINEAR, qm.FULL, qm.LINEAR), num_heads=4,
         num_kv_heads=2, head_dim=16, intermediate_size=96, vocab_size=80, rms_norm_eps=1e-6,
         rope_theta=1e4, rotary_dim=8, mrope_section=(2, 1, 1), attention_bias=False,
-        conv_kernel=4, linear_k_heads=2, linear_v_heads=4, linear_k_dim=8, linear_v_dim=8,
+        conv_kernel=4, linear_k_heads=2, linear_v_heads=4, linear_k_dim=8, linear_v_dim=16,
     )  # fmt: skip
     torch.manual_seed(1)
     module = qm.Qwen35CausalLM(cfg).eval()
@@ -326,24 +346,22 @@ def test_qwen35_gated_deltanet_layers_compile_to_what_the_module_computes(qwen35
     in place), the rule with its two gates from mix's last columns (its state in place), the
     output's per-head norm times silu(z), out_proj: the plan's numpy reference equals the
     float32 module over a ragged prefill and two decode steps, states carried. No kernels run
-    these steps yet: the engine and the build refuse the plan, naming them."""
+    these steps yet: the engine and the build refuse the plan, naming them; its config reads
+    back with the ONNX build's inputs, outputs and row state (the DeltaNet layers' too)."""
     from edgeomni.plugins.decoder_cuda import unrun_parts
-    from edgeomni.runtime.engine_api import EngineError
-    from edgeomni.runtime.fused_spec import FusedSpec
 
     module, graph = qwen35
     spec, tensors = compile_file(graph)
     ops = [s["op"] for s in spec["plan"]]
     assert spec["num_layers"] == 3 and ops.count("attention") == 1
     assert [ops.count(op) for op in ("delta_conv", "delta_rule", "gated_norm")] == [2, 2, 2]
-    assert spec["delta"] == {"k_heads": 2, "v_heads": 4, "k_dim": 8, "v_dim": 8,
+    assert spec["delta"] == {"k_heads": 2, "v_heads": 4, "k_dim": 8, "v_dim": 16,
                              "conv_kernel": 4}  # fmt: skip
     rules = [s for s in spec["plan"] if s["op"] == "delta_rule"]
     assert [s["layer"] for s in rules] == [0, 2]
     assert {s["softplus_threshold"] for s in rules} == {20.0}  # torch's: x itself above it
     assert "Gated DeltaNet" in (unrun_parts(spec) or "")
-    with pytest.raises(EngineError, match="Gated DeltaNet"):
-        FusedSpec(spec, "config.json")
+    _spec_declares_the_graphs_io(spec, tensors, graph, module)
     _plan_equals_qwen35(module, FusedReference.of(spec, tensors), [6, 2, 4], calls=3, seed=5)
 
 
