@@ -38,6 +38,7 @@ from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
 from edgeomni.runtime.engine_api import EngineBase, EngineError, parse_device
 from edgeomni.runtime.fused_spec import FusedSpec, io_types, names
+from edgeomni.runtime.fused_state_steps import StateSteps
 
 log = logging.getLogger(__name__)
 
@@ -430,13 +431,21 @@ class FusedBinding:
         f4 = np.float32
         self.ptrs = {
             "h": self._buffer("h", (tokens, spec.hidden), f4),
-            "qkv": self._buffer("qkv", (tokens, (spec.heads + 2 * spec.kv_heads) * d), f4),
+            "qkv": self._buffer("qkv", (tokens, ((2 if spec.attn_gate else 1) * spec.heads
+                                                 + 2 * spec.kv_heads) * d), f4),
             "q": self._buffer("q", (tokens, spec.heads * d), at),
             "k": self._buffer("k", (tokens, spec.kv_heads * d), at),
             "v": self._buffer("v", (tokens, spec.kv_heads * d), at),
-            "attn": self._buffer("attn", (tokens, spec.heads * d), at),
             "act": self._buffer("act", (tokens, spec.intermediate), f4),
         }
+        attn = spec.heads * d
+        if spec.delta is not None:  # Qwen3.5's DeltaNet layers (runtime/fused_state_steps.py)
+            value = spec.delta["v_heads"] * spec.delta["v_dim"]
+            attn = max(attn, value)
+            for name, width in (("mix", spec.mix_width), ("conv", spec.conv_channels),
+                                ("delta", value)):  # fmt: skip
+                self.ptrs[name] = self._buffer(name, (tokens, width), f4)
+        self.ptrs["attn"] = self._buffer("attn", (tokens, attn), at)
         if spec.dtype == "float16":  # float32 results, cast into the float16 outputs at the end
             self.ptrs["logits32"] = self._buffer("logits32", (self.batch, spec.vocab), f4)
             self.ptrs["topk32"] = self._buffer("topk32", (self.batch, max(spec.topk, 1)), f4)
@@ -492,7 +501,7 @@ class FusedBinding:
                       "cudaMemcpyAsync (device to device)")  # fmt: skip
 
 
-class _Launches:
+class _Launches(StateSteps):
     """One call's kernels, queued step by step from the plan: each step one kernel family
     (plugins/decoder_cuda.py, plugins/decoder_linear_cuda.py, plugins/attention_cuda.py),
     decode calls' q/k rotary done inside their attention kernel."""

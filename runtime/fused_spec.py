@@ -153,6 +153,13 @@ class FusedSpec:
         d = self.delta or {}
         return 2 * d.get("k_heads", 0) * d.get("k_dim", 0) + d.get("v_heads", 0) * d.get("v_dim", 0)
 
+    @property
+    def mix_width(self) -> int:
+        """A Gated DeltaNet layer's in_proj columns: the conv's channels, z, beta's and the
+        decay's inputs."""
+        d = self.delta or {}
+        return self.conv_channels + d.get("v_heads", 0) * (d.get("v_dim", 0) + 2)
+
     def _check_plan(self, plan: Any, where: str) -> tuple[dict[str, Any], ...]:
         """Each step of a known kernel family with the fields it takes; the layers' attention
         in order, the logits written once and last but for the top-K."""

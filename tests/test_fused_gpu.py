@@ -250,6 +250,48 @@ def test_engine_equals_the_reference_of_its_calls(request, monkeypatch, build, g
     np.testing.assert_allclose(keys[:, :, :8], cache[0][:, :, :8], atol=1e-5 if exact else 1e-2)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_qwen35_engine_equals_the_reference_of_its_calls(request, monkeypatch, tmp_path,
+                                                          dtype) -> None:  # fmt: skip
+    """Qwen3.5 (Gated DeltaNet and gated attention layers, MRoPE) built fused with the build's
+    and the engine's refusal of these steps lifted (plugins/decoder_cuda.unrun_parts: they are
+    lifted for good once this passes on a GPU): a ragged prefill then decode steps, graphed,
+    against the plan's reference, the DeltaNet states carried by the engine's row state."""
+    from edgeomni.builder import fused as fused_builder
+    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.runtime.decoder import DecoderSession, text_positions
+    from edgeomni.runtime.engine import open_engine
+    from edgeomni.runtime.row_state import RowState
+
+    if PREBUILT:
+        pytest.skip("built here from its checkpoint: no prebuilt Qwen3.5 engine")
+    monkeypatch.setattr(fused_builder, "unrun_parts", lambda spec: None)
+    monkeypatch.setattr(dc, "unrun_parts", lambda spec: None)
+    folder = _build(request.getfixturevalue("qwen35_ckpt"), tmp_path / "eng", dtype, "fused",
+                    ["llm"], "qwen35-fused-unused")  # fmt: skip
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["backend"] == "fused", cfg.get("fused_refused")
+    engine = open_engine(folder, cfg, cuda_graphs=True)
+    rows, capacity = 3, 32
+    state = RowState.for_engine(cfg, rows, engine, capacity)
+    session = DecoderSession(engine, state, rows, {"logits": (cfg["vocab_size"],)})
+    ref = FusedReference(folder)
+    cache = ref.cache(rows, capacity)
+    rng = np.random.default_rng(2)
+    lens, past = np.array([6, 3, 0], np.int32), np.zeros(rows, np.int32)
+    for step in range(5):
+        x = (rng.standard_normal((rows, int(lens.max()), cfg["hidden_size"])) * 0.5
+             ).astype(np.float32)  # fmt: skip
+        pos = text_positions(past, x.shape[1], True)
+        last = np.maximum(lens - 1, 0).astype(np.int64)
+        got = np.asarray(session.run(x, pos, past, lens, last)["logits"], np.float64)
+        want = ref.run(x, pos, past, lens, last, cache)["logits"]
+        live = lens > 0
+        bound = (1e-4 if dtype == "float32" else 2e-2) * np.abs(want).max()
+        assert np.abs(got[live] - want[live]).max() <= bound, step
+        past, lens = past + lens, np.array([1, 1, 1 if step else 0], np.int32)
+
+
 @pytest.mark.parametrize("build", ["fused32", "fused16"])
 def test_decode_attention_doing_qk_rope_equals_qk_rope_then_attention(request, build) -> None:
     """Decode calls run the q/k norm and rotary inside the attention kernel (one kernel a layer
