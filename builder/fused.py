@@ -24,7 +24,7 @@ from edgeomni.builder.discover import FUSED_SUFFIX as SUFFIX
 from edgeomni.builder.errors import BuildError
 from edgeomni.builder.fused_plan import INT4_GROUPS
 from edgeomni.export.family import BuildArgs
-from edgeomni.plugins.decoder_cuda import unrun_parts
+from edgeomni.plugins.gated_delta_cuda import unrun_parts
 
 log = logging.getLogger("edge-build")
 DTYPES = {"float16": np.float16, "float32": np.float32}

@@ -14,8 +14,8 @@ A layer as export/families/qwen3_5/model.py writes it, and the plan steps it bec
 - the output's per-head RMSNorm times silu(z): ``gated_norm`` of ``attn`` in place;
 - ``out_proj`` and the residual: the ``linear`` any layer's o projection is.
 
-No kernel runs these steps yet (plugins/decoder_cuda.unrun_parts refuses the plan): the plan
-and its numpy reference (tests/fused_reference.py) pin what the kernels are to compute."""
+The plan's numpy reference (tests/fused_reference.py) pins what the kernels compute; until the
+engine has run these steps on a GPU, plugins/gated_delta_cuda.unrun_parts refuses the plan."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ ONNX Runtime instead; a graph is never run approximately. Qwen3.5's gated attent
 (q beside its output gate, rope on a head's first dims by ``Slice``, ``Rotary``, ``Concat``,
 the output times the gate's sigmoid: ``attn_gate``), and so do its Gated DeltaNet layers
 (builder/fused_delta.py), but no kernels run them yet, so the build refuses such plans
-(plugins/decoder_cuda.unrun_parts).
+(plugins/gated_delta_cuda.unrun_parts).
 """
 
 from __future__ import annotations

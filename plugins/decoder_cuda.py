@@ -33,7 +33,7 @@ import contextlib
 import ctypes
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -563,22 +563,6 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_merge(
 # ---------------------------------------------------------------------------------------------
 # numpy references: what each kernel computes
 # ---------------------------------------------------------------------------------------------
-def unrun_parts(table: Mapping[str, Any]) -> str | None:
-    """Why these kernels cannot run a plan the compiler wrote (builder/fused_plan.py), or None.
-    Qwen3.5's layers compile, but no kernel runs its Gated DeltaNet steps, its attention's
-    output gate or a rotary of part of a head yet; the build falls back on such a plan and the
-    engine refuses to load it."""
-    if any(step.get("op") in ("delta_conv", "delta_rule", "gated_norm")
-           for step in table.get("plan", ())):  # fmt: skip
-        return "the fused kernels do not run Gated DeltaNet layers yet (Qwen3.5)"
-    if table.get("attn_gate"):
-        return "the fused kernels do not run an attention output gate yet (Qwen3.5)"
-    if table.get("rotary_dim", table["head_dim"]) != table["head_dim"]:
-        return (f"the fused kernels rotate whole heads, not {table['rotary_dim']} of "
-                f"{table['head_dim']} dims")  # fmt: skip
-    return None
-
-
 def rotary_angles(
     positions: np.ndarray, inv_freq: np.ndarray, freq_axis: np.ndarray | None
 ) -> np.ndarray:

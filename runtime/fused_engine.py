@@ -63,9 +63,10 @@ class FusedEngine(EngineBase):
         """As TrtEngine's."""
         from edgeomni.plugins import attention_cuda as ac
         from edgeomni.plugins import decoder_cuda as dc
+        from edgeomni.plugins import gated_delta_cuda as gdc
         from edgeomni.runtime import safetensors_np
 
-        why = dc.unrun_parts(config.get("fused") or {})  # what the build refuses too
+        why = gdc.unrun_parts(config.get("fused") or {})  # what the build refuses too
         if why:
             raise EngineError(f"{path.parent / 'config.json'}: {why}")
         self.device_id = index = parse_device(device)[1]

@@ -5,9 +5,9 @@ the ``mix`` buffer; the conv writes ``conv`` (q, k and v side by side), the rule
 (float32), the norm the attention buffer the o-projection reads. Each layer's conv and
 recurrent states are the bound row state, updated in place.
 
-No plan with these steps is loaded yet (plugins/decoder_cuda.unrun_parts): they have run on the
-CPU only, in the kernels' host emulation, until a GPU run checks the engine against the plan's
-reference (tests/test_fused_gpu.py)."""
+No plan with these steps is loaded yet (plugins/gated_delta_cuda.unrun_parts): the kernels
+have run on the CPU only, in their host emulation, until a GPU run checks the engine against
+the plan's reference (tests/test_fused_gpu.py)."""
 
 from __future__ import annotations
 

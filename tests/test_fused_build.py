@@ -139,7 +139,7 @@ def test_a_decoder_the_plan_cannot_hold_is_built_with_onnx_runtime_saying_why(
         3, 64, 128, backend="fused", device="cuda", dtype="float32"), ["llm"]) is not None  # fmt: skip
     cfg = json.loads((tmp_path / "eng" / "config.json").read_text())
     assert cfg["backend"] == "onnxruntime" and "lowering" in cfg
-    assert cfg["fused_refused"] == "the fused kernels do not run Gated DeltaNet layers yet (Qwen3.5)"
+    assert cfg["fused_refused"] == "its Gated DeltaNet steps (Qwen3.5) have not run on a GPU yet"
 
 
 def test_validate_config_names_what_a_fused_engine_needs(fused_engine, capsys) -> None:

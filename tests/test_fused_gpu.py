@@ -254,11 +254,11 @@ def test_engine_equals_the_reference_of_its_calls(request, monkeypatch, build, g
 def test_a_qwen35_engine_equals_the_reference_of_its_calls(request, monkeypatch, tmp_path,
                                                           dtype) -> None:  # fmt: skip
     """Qwen3.5 (Gated DeltaNet and gated attention layers, MRoPE) built fused with the build's
-    and the engine's refusal of these steps lifted (plugins/decoder_cuda.unrun_parts: they are
+    and the engine's refusal of these steps lifted (plugins/gated_delta_cuda.unrun_parts: they are
     lifted for good once this passes on a GPU): a ragged prefill then decode steps, graphed,
     against the plan's reference, the DeltaNet states carried by the engine's row state."""
     from edgeomni.builder import fused as fused_builder
-    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.plugins import gated_delta_cuda as gdc
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
     from edgeomni.runtime.row_state import RowState
@@ -266,7 +266,7 @@ def test_a_qwen35_engine_equals_the_reference_of_its_calls(request, monkeypatch,
     if PREBUILT:
         pytest.skip("built here from its checkpoint: no prebuilt Qwen3.5 engine")
     monkeypatch.setattr(fused_builder, "unrun_parts", lambda spec: None)
-    monkeypatch.setattr(dc, "unrun_parts", lambda spec: None)
+    monkeypatch.setattr(gdc, "unrun_parts", lambda spec: None)
     folder = _build(request.getfixturevalue("qwen35_ckpt"), tmp_path / "eng", dtype, "fused",
                     ["llm"], "qwen35-fused-unused")  # fmt: skip
     cfg = json.loads((folder / "config.json").read_text())

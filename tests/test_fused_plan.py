@@ -262,13 +262,13 @@ def test_qwen35_gated_attention_compiles_to_what_the_module_computes(qwen35_gate
     quarter (a Slice, the Rotary, a Concat), MRoPE, the output times sigmoid of the gate. The
     plan's reference equals the float32 module over a ragged prefill and a decode step; the
     fused engine does not run the gate yet, so the build and the engine refuse the plan."""
-    from edgeomni.plugins.decoder_cuda import unrun_parts
+    from edgeomni.plugins.gated_delta_cuda import unrun_parts
 
     module, graph = qwen35_gated
     spec, tensors = compile_file(graph)
     assert spec["attn_gate"] and spec["rotary_dim"] == 8 and spec["mrope"]
     assert [s["op"] for s in spec["plan"]].count("attn_gate") == 2
-    assert "output gate" in (unrun_parts(spec) or "")
+    assert "output gate (Qwen3.5) has not run on a GPU" in (unrun_parts(spec) or "")
     _spec_declares_the_graphs_io(spec, tensors, graph, module)
     _plan_equals_qwen35(module, FusedReference.of(spec, tensors), [5, 3], calls=2, seed=3)
 
@@ -348,7 +348,7 @@ def test_qwen35_gated_deltanet_layers_compile_to_what_the_module_computes(qwen35
     float32 module over a ragged prefill and two decode steps, states carried. No kernels run
     these steps yet: the engine and the build refuse the plan, naming them; its config reads
     back with the ONNX build's inputs, outputs and row state (the DeltaNet layers' too)."""
-    from edgeomni.plugins.decoder_cuda import unrun_parts
+    from edgeomni.plugins.gated_delta_cuda import unrun_parts
 
     module, graph = qwen35
     spec, tensors = compile_file(graph)

@@ -99,8 +99,8 @@ def test_a_fused_build_says_it_builds_the_llm_for_onnx_runtime(qwen35_ckpt: Path
     args = BuildArgs(2, 32, 64, backend="fused", device="cuda", dtype="float32")
     assert build(qwen35_ckpt, engine, args) is not None
     assert json.loads((engine / "config.json").read_text())["backend"] == "onnxruntime"
-    assert ("llm: onnxruntime (cuda), since the fused kernels do not cover it (the fused "
-            "kernels do not run Gated DeltaNet layers yet (Qwen3.5))") in caplog.text  # fmt: skip
+    assert ("llm: onnxruntime (cuda), since the fused kernels do not cover it (its Gated "
+            "DeltaNet steps (Qwen3.5) have not run on a GPU yet)") in caplog.text  # fmt: skip
 
 
 def test_an_onnxruntime_without_the_deltanet_kernels_is_refused(qwen35_engine: Path,
