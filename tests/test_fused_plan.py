@@ -387,3 +387,79 @@ def test_a_rotary_of_other_dims_than_a_heads_first_is_refused(qwen35_gated, tmp_
 
     with pytest.raises(Unfused, match="Concat.*not a head's rotated first dims"):
         compile_file(mutated(qwen35_gated[1], tmp_path / "m.onnx", change))
+
+
+def _kernel_params(source: str) -> dict[str, list[list[str]]]:
+    """Each kernel's parameter kinds ("ptr", "i32", "i64", "f32", "f64") as the module's source
+    declares them; kernels a macro defines (``NAME``: the linears) under that name, every such
+    signature."""
+    import re
+
+    defines = dict(re.findall(r"#define (\w+) ((?:[^\n]*\\\n)*[^\n]*)", source))
+    out: dict[str, list[list[str]]] = {}
+    pattern = r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)\s*)?(\w+)\(([^)]*)\)'
+    for name, params in re.findall(pattern, source.replace("\\\n", " ")):
+        for key, value in defines.items():
+            params = re.sub(rf"\b{key}\b", value.replace("\\\n", " "), params)
+        kinds = []
+        for p in (p.strip() for p in params.split(",") if p.strip()):
+            p = p.replace("__restrict__", "").replace("const ", "")
+            kinds.append("ptr" if "*" in p else "i64" if p.startswith("long long") else
+                         "f64" if p.startswith("double") else "f32" if p.startswith("float")
+                         else "i32")  # fmt: skip
+        out.setdefault(name, []).append(kinds)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("graph", ["sampler", "qwen35"])
+def test_every_launch_passes_what_its_kernel_declares(request, graph: str, dtype: str) -> None:
+    """The fused engine's launches (runtime/fused_engine.py, runtime/fused_state_steps.py) for
+    a plan's prefill and decode calls, against the kernels' C signatures in the module's
+    source: as many arguments, each of the kind the parameter is. A kernel whose parameters
+    change without its launch fails here on the CPU, not first on a GPU."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.runtime import fused_engine as fe
+    from edgeomni.runtime.fused_spec import FusedSpec, names
+
+    path = request.getfixturevalue("sampler_graph") if graph == "sampler" else \
+        request.getfixturevalue("qwen35")[1]  # fmt: skip
+    table, tensors = compile_file(path)
+    spec = FusedSpec({**json.loads(json.dumps(table)), "dtype": dtype,
+                      "embeds_dtype": dtype if table["sampler"] else "float32"}, "config.json")
+    params = _kernel_params(dc.Variant(dtype, dtype).source())
+    kinds = {ctypes.c_void_p: "ptr", ctypes.c_int32: "i32", ctypes.c_int64: "i64",
+             ctypes.c_float: "f32", ctypes.c_double: "f64"}
+    launched: list[str] = []
+
+    class Kernels:
+        variant = dc.Variant(dtype, dtype)
+
+        def launch(self, name: str, grid: Any, block: int, args: list[Any], **_: Any) -> None:
+            got = [kinds[type(a)] for a in args]
+            declared = params.get(name) or params["NAME"]  # the linears: a macro's signatures
+            assert got in declared, (name, got, declared)
+            launched.append(name)
+
+    class Ptrs(dict):
+        def __missing__(self, key: str) -> int:
+            return 4096
+
+    inputs, outputs = names(spec)
+    engine = SimpleNamespace(
+        spec=spec, kernels=Kernels(), cu_stream=0, overlap=True, int4=set(),
+        attention=SimpleNamespace(launch=lambda *a, **k: None),
+        attention_qk=SimpleNamespace(launch=lambda *a, **k: None),
+        weights={n: SimpleNamespace(ptr=8192) for n in tensors})  # fmt: skip
+    for seq in (3, 1):  # a prefill, then a decode call
+        binding = SimpleNamespace(
+            _engine=engine, ptrs=Ptrs(), batch=2, seq=seq, capacity=16,
+            _arrays={n: SimpleNamespace(ptr=16384) for n in (*inputs, *outputs)},
+            _copy=lambda *a: None)  # fmt: skip
+        fe._Launches(binding).run(spec.plan)
+    assert "linear" in " ".join(launched) and len(launched) > 10
+    if graph == "qwen35":
+        assert {"conv_state", "delta_rule", "gated_norm", "attn_gate", "qk_rope"} <= set(launched)
