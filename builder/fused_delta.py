@@ -30,8 +30,6 @@ from edgeomni.builder.fused_values import Buf, Part
 if TYPE_CHECKING:
     from edgeomni.builder.fused_plan import Compiler
 
-STEPS = ("delta_conv", "delta_rule", "gated_norm")
-
 
 @dataclasses.dataclass
 class Conv:  # the conv's output (q, k and v side by side), or its part ``index``

@@ -210,14 +210,16 @@ extern "C" __global__ void attn_gate(at_t* attn, const float* __restrict__ qkv, 
 """
 
 
+DELTA_STEPS = ("delta_conv", "delta_rule", "gated_norm")  # a DeltaNet layer's plan steps
+
+
 def unrun_parts(table: Mapping[str, Any]) -> str | None:
     """Why the fused engine does not run a plan the compiler wrote (builder/fused_plan.py), or
     None. Qwen3.5's layers compile, and their kernels and launches are written, but they have
     not run on a GPU (tests/test_fused_gpu.py's Qwen3.5 engine test); until they have, the
     build falls back on such a plan and the engine refuses to load it."""
     plan = table.get("plan") if isinstance(table.get("plan"), list) else []
-    if any(isinstance(s, Mapping) and s.get("op") in ("delta_conv", "delta_rule", "gated_norm")
-           for s in plan):  # fmt: skip
+    if any(isinstance(s, Mapping) and s.get("op") in DELTA_STEPS for s in plan):
         return "its Gated DeltaNet steps (Qwen3.5) have not run on a GPU yet"
     if table.get("attn_gate"):
         return "its attention output gate (Qwen3.5) has not run on a GPU yet"
@@ -277,6 +279,12 @@ def gated_norm_reference(o: np.ndarray, z: np.ndarray, weight: np.ndarray, dv: i
     heads, z = o.astype(np.float64).reshape(-1, dv), z.astype(np.float64).reshape(-1, dv)
     normed = heads / np.sqrt((heads * heads).mean(-1, keepdims=True) + eps) * weight
     return (normed * z / (1.0 + np.exp(-z))).reshape(o.shape)
+
+
+def rule_threshold(threshold: float | None) -> float:
+    """The plan's ``softplus_threshold`` as the kernel takes it (None, a softplus with none: a
+    threshold its comparison never passes)."""
+    return 3.4e38 if threshold is None else float(threshold)
 
 
 def rule_scale(scale: float, dk: int) -> float:

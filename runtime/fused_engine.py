@@ -432,8 +432,7 @@ class FusedBinding:
         f4 = np.float32
         self.ptrs = {
             "h": self._buffer("h", (tokens, spec.hidden), f4),
-            "qkv": self._buffer("qkv", (tokens, ((2 if spec.attn_gate else 1) * spec.heads
-                                                 + 2 * spec.kv_heads) * d), f4),
+            "qkv": self._buffer("qkv", (tokens, spec.qkv_width), f4),
             "q": self._buffer("q", (tokens, spec.heads * d), at),
             "k": self._buffer("k", (tokens, spec.kv_heads * d), at),
             "v": self._buffer("v", (tokens, spec.kv_heads * d), at),

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from edgeomni.graph_schema.state import StateTensor, kv_tensors
+from edgeomni.plugins.gated_delta_cuda import DELTA_STEPS
 from edgeomni.runtime.engine_api import EngineError
 
 # the float types a build writes its weights and cache in
@@ -148,6 +149,11 @@ class FusedSpec:
                                   f"{s['experts']} experts (1 to 32)")  # fmt: skip
 
     @property
+    def qkv_width(self) -> int:
+        """The qkv product's columns: q (each head beside its output gate where gated), k, v."""
+        return ((2 if self.attn_gate else 1) * self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
     def conv_channels(self) -> int:
         """A Gated DeltaNet layer's conv channels: its q, k and v side by side."""
         d = self.delta or {}
@@ -186,7 +192,7 @@ class FusedSpec:
         if layers != list(range(self.layers)):
             raise EngineError(f"{where}: fused.plan's layers are {layers}, not 0 to "
                               f"{self.layers - 1}")  # fmt: skip
-        delta = [ops.count(op) for op in ("delta_conv", "delta_rule", "gated_norm")]
+        delta = [ops.count(op) for op in DELTA_STEPS]
         if len(set(delta)) != 1 or (delta[0] > 0) != (self.delta is not None):
             raise EngineError(f"{where}: fused.plan's Gated DeltaNet layers need a delta_conv, a "
                               "delta_rule and a gated_norm each, and fused.delta")  # fmt: skip

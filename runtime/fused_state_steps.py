@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-NO_THRESHOLD = 3.4e38  # a softplus with no threshold: the kernel's comparison never holds
-
 
 class StateSteps:
     """Mixed into fused_engine._Launches, whose attributes these read: spec, p (scratch
@@ -25,10 +23,10 @@ class StateSteps:
         from edgeomni.plugins.decoder_cuda import i32, ptr
 
         spec = self.spec
-        width = (2 * spec.heads + 2 * spec.kv_heads) * spec.head_dim
         grid, block = gdc.gate_launch(self.tokens, spec.heads, spec.head_dim)
         self.launch("attn_gate", grid, block, [ptr(self.p["attn"]), ptr(self.p["qkv"]),
-                    i32(width), i32(self.tokens), i32(spec.heads), i32(spec.head_dim)])  # fmt: skip
+                    i32(spec.qkv_width), i32(self.tokens), i32(spec.heads),
+                    i32(spec.head_dim)])  # fmt: skip
 
     def delta_conv(self, step: dict[str, Any]) -> None:
         from edgeomni.plugins import gated_delta_cuda as gdc
@@ -48,12 +46,11 @@ class StateSteps:
 
         spec, d, n = self.spec, self.spec.delta, step["layer"]
         c, value = spec.conv_channels, d["v_heads"] * d["v_dim"]
-        threshold = step.get("softplus_threshold")
         grid, block = gdc.rule_launch(self.b, d["k_heads"], d["v_heads"], d["k_dim"], d["v_dim"])
         self.launch("delta_rule", grid, block,
                     [ptr(self.p["conv"]), i32(c), ptr(self.p["mix"]), i32(spec.mix_width),
                      i32(c + value), ptr(self.w(step["dt_bias"])), ptr(self.w(step["a_neg"])),
-                     f32(NO_THRESHOLD if threshold is None else float(threshold)),
+                     f32(gdc.rule_threshold(step.get("softplus_threshold"))),
                      ptr(self.a[f"past_recurrent_{n}"]), ptr(self.a["query_lens"]), i32(self.s),
                      i32(d["k_heads"]), i32(d["v_heads"]), i32(d["k_dim"]), i32(d["v_dim"]),
                      i32(step["l2"]), f32(gdc.rule_scale(step["scale"], d["k_dim"])),

@@ -596,7 +596,7 @@ def delta_rule_case(rows: int, seq: int, k_heads: int, v_heads: int, dk: int, dv
     grid, block = gdc.rule_launch(rows, k_heads, v_heads, dk, dv)
     scale = gdc.rule_scale(0.0, dk)
     args = [buf("qkv"), ("i32", 2 * key + value), buf("mix"), ("i32", width), ("i32", beta_at),
-            buf("dt_bias"), buf("a_neg"), ("f32", 3.4e38 if threshold is None else threshold),
+            buf("dt_bias"), buf("a_neg"), ("f32", gdc.rule_threshold(threshold)),
             buf("state"), buf("lens"), ("i32", seq), ("i32", k_heads), ("i32", v_heads),
             ("i32", dk), ("i32", dv), ("i32", int(l2)), ("f32", scale), buf("o")]  # fmt: skip
 

@@ -111,7 +111,7 @@ class FusedReference:
                     query_lens, num_heads=s["num_heads"], kv_num_heads=s["num_kv_heads"],
                 )  # fmt: skip
                 buf["attn"] = o.reshape(t, -1)
-            elif op in ("delta_conv", "delta_rule", "gated_norm"):
+            elif op in gdc.DELTA_STEPS:
                 self._delta(step, buf, cache, b, seq, query_lens)
             elif op == "attn_gate":
                 buf["attn"] = dc.attn_gate_reference(buf["attn"], buf["qkv"], s["num_heads"], d)
