@@ -149,6 +149,10 @@ def reference_logits(meta: dict) -> np.ndarray:
     return out[0].numpy()[0]
 
 
+PERSISTENT_BLOCKS: tuple[int, ...] = ()  # --persistent: blocks an SM of the frame's program
+PERSISTENT: dict[int, dict] = {}  # the last frame's persistent runs, by blocks an SM
+
+
 def time_calls(engine, meta: dict, batch: int, steps: int) -> tuple:
     """ms per measured unit (a decode step, or a code-predictor frame of 15 steps), the first
     unit's logits (for the backends' agreement), the device's ms per unit (fused) and, where
@@ -219,7 +223,50 @@ def time_calls(engine, meta: dict, batch: int, steps: int) -> tuple:
 
         frame()
         graph_ms = timed(frame)
+        codes = np.array(memory.to_host(drawn))
+        for blocks in PERSISTENT_BLOCKS:  # the frame as one persistent kernel (issue 55)
+            launch = persistent_frame(engine, lambda: unit(context, download=False), blocks)
+
+            def persistent(launch=launch) -> None:  # noqa: ANN001
+                launch()
+                memory.to_host(drawn)
+
+            persistent()
+            same = bool(np.array_equal(memory.to_host(drawn), codes))
+            PERSISTENT[blocks] = {"ms": round(timed(persistent), 3), "same_codes": same,
+                                  "blocks": launch.blocks, "steps": launch.steps}
     return wall, logits, device, graph_ms
+
+
+def persistent_frame(engine, queue, min_blocks: int):  # noqa: ANN001, ANN201
+    """The calls ``queue`` makes as one persistent kernel (plugins/persistent_cuda.py), the
+    comparison the product does not run: sequence_graph's capture run records them instead
+    (its graph is empty), then the program is built and its table uploaded. Returns a launch
+    function (with the grid's ``blocks`` and the program's ``steps``)."""
+    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.plugins import persistent_cuda as pc
+
+    program = pc.Program(min_blocks=min_blocks)
+
+    def recorded() -> None:
+        if engine._sequence_mode != "capture":  # the load run: host feeds staged
+            queue()
+            return
+        with pc.recording(program):
+            queue()
+
+    engine.sequence_graph(recorded)
+    loaded = pc.Loaded(program, dc.cubin)
+    table = engine.buffers.zeros(program.table().shape, np.uint64)
+    engine.buffers.upload(table, program.table())
+    barrier = engine.buffers.zeros((2,), np.uint32)
+
+    def launch() -> None:
+        loaded.launch(table.ptr, barrier.ptr, engine.cu_stream)
+
+    launch.blocks, launch.steps = loaded.blocks, len(program.steps)  # type: ignore[attr-defined]
+    launch.held = (loaded, table, barrier)  # type: ignore[attr-defined]
+    return launch
 
 
 def replay_ms(session, per_unit: int, steps: int) -> float | None:
@@ -259,7 +306,12 @@ def main() -> int:
                    help="int4_rtn matrices on both sides, one scale a row and GROUP weights")
     p.add_argument("--no-onnxruntime", action="store_true",
                    help="the fused engine alone (where onnxruntime-gpu is not installed)")
+    p.add_argument("--persistent", type=int, nargs="*", default=[], metavar="BLOCKS",
+                   help="also time a frame as one persistent kernel (plugins/persistent_cuda.py) "
+                        "with these least blocks an SM the compiler allows (1, 2)")
     args = p.parse_args()
+    global PERSISTENT_BLOCKS
+    PERSISTENT_BLOCKS = tuple(args.persistent)
 
     from edgeomni.runtime import fused_engine as fe
     from edgeomni.runtime.engine import OrtEngine
@@ -283,8 +335,11 @@ def main() -> int:
         truth = reference_logits(meta)
         for batch in args.batch:
             fused.overlap = overlap_on
+            PERSISTENT.clear()
             calls_ms, fused_logits, fused_device, graph_ms = time_calls(fused, meta, batch,
                                                                         args.steps)  # fmt: skip
+            persistent = dict(PERSISTENT)
+            held_blocks, PERSISTENT_BLOCKS = PERSISTENT_BLOCKS, ()  # the graph's runs alone
             fused_ms = calls_ms if graph_ms is None else graph_ms  # as the runtime runs it
             alt_ms = alt_device = alt_overlap = None
             if overlap_on:  # the other choice of programmatic dependent launch, for the record:
@@ -332,7 +387,10 @@ def main() -> int:
                 "fused_other_device_ms": None if alt_device is None else round(alt_device, 3),
                 "fused_qk_rope_apart_ms": round(split_ms, 3),
                 "same_argmax": bool((fused_logits.argmax(-1) == ort_logits.argmax(-1)).all()),
+                # the frame as one persistent kernel: ms, codes equal to the graph's, grid
+                "fused_persistent": persistent or None,
             })  # fmt: skip
+            PERSISTENT_BLOCKS = held_blocks
             print(json.dumps(rows[-1]), flush=True)
         print(json.dumps({"decoder": name, "export_and_build_s": round(built_s, 1),
                           "fused_load_s": round(load_s, 1)}), flush=True)  # fmt: skip

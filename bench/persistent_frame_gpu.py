@@ -38,6 +38,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from backend_pair import copy_bandwidth_gbs  # noqa: E402
 
+from edgeomni.plugins.persistent_cuda import GRID_BARRIER  # noqa: E402
+
 H, QKV, ATTN, INTER, VOCAB, LAYERS, STEPS = 1024, 4096, 2048, 3072, 2048, 5, 15
 PHASES = 5 * LAYERS + 2  # a step's: 5 a layer, the head, the argmax and embedding
 THREADS, WARPS = 256, 8
@@ -54,14 +56,14 @@ __device__ __forceinline__ float h2f(half_t h) {
 #define GRID_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" :::)
 #define L2_PREFETCH(p, n) \
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(n) : "memory")
-#define PAUSE() __nanosleep(20)
+#define PK_PAUSE() __nanosleep(20)
 #define LDCG(p) __ldcg(p)  // past L1: other blocks rewrote it since this SM last read it
 #else
 #define LDCG(p) (*(p))
 #define GRID_WAIT()
 #define GRID_LAUNCH()
 #define L2_PREFETCH(p, n)
-#define PAUSE()
+#define PK_PAUSE()
 #endif
 
 struct Frame {
@@ -215,27 +217,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) phase_kernel(Frame f, int 
     phase(f, step, p, blockIdx.x, gridDim.x);
 }
 
-// every block arrives (each thread's writes fenced first); the last resets the count and moves
-// the generation on
-__device__ void grid_barrier(unsigned* bar) {
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        volatile unsigned* gen = bar + 1;
-        const unsigned g = *gen;
-        __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            bar[0] = 0;
-            __threadfence();
-            atomicAdd(bar + 1, 1u);
-        } else {
-            while (*gen == g) PAUSE();
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
+GRID_BARRIER
 extern "C" __global__ void __launch_bounds__(THREADS) frame_persistent(Frame f, int steps,
                                                                        int ahead) {
     const int phases = 5 * f.L + 2;
@@ -284,7 +266,8 @@ def main() -> int:
     cu_stream = ac.stream_handle(stream)
     cudart = memory._cudart()
     major, minor = dc.compute_capability()
-    module = ac.check(cu.cuModuleLoadData(dc.cubin(SOURCE, f"sm_{major}{minor}")), "load")
+    source = SOURCE.replace("GRID_BARRIER\n", GRID_BARRIER)  # the interpreter's barrier
+    module = ac.check(cu.cuModuleLoadData(dc.cubin(source, f"sm_{major}{minor}")), "load")
     fn = {n: ac.check(cu.cuModuleGetFunction(module, n.encode()), n)
           for n in ("phase_kernel", "frame_persistent", "barriers_only")}  # fmt: skip
     device = ac.check(cu.cuCtxGetDevice(), "device")
@@ -323,9 +306,8 @@ def main() -> int:
                             + VOCAB * H + H) * 2  # fmt: skip
 
     def launch(name: str, grid: int, values: list, overlap: bool = False) -> None:  # noqa: ANN001
-        ptrs = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-        ac.launch_kernel(fn[name], (grid,), THREADS, 0, cu_stream, ctypes.addressof(ptrs),
-                         overlap=overlap, what=name)  # fmt: skip
+        ac.launch_kernel(fn[name], (grid,), THREADS, 0, cu_stream, values, overlap=overlap,
+                         what=name)  # fmt: skip
 
     persistent_grid = sms  # one block an SM: all resident, whatever the occupancy
     kernel_grid = sms * min(resident, 4)

@@ -24,7 +24,6 @@ from edgeomni.builder.discover import FUSED_SUFFIX as SUFFIX
 from edgeomni.builder.errors import BuildError
 from edgeomni.builder.fused_plan import INT4_GROUPS
 from edgeomni.export.family import BuildArgs
-from edgeomni.plugins.gated_delta_cuda import unrun_parts
 
 log = logging.getLogger("edge-build")
 DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -60,9 +59,6 @@ def build_engine(
 
     try:
         spec, tensors = compile_file(raw)
-        why = unrun_parts(spec)  # the engine would refuse to load it
-        if why:
-            raise Unfused(why)
     except Unfused as e:
         from edgeomni.builder.onnxruntime import build_engine as ort_build
 

@@ -14,8 +14,8 @@ A layer as export/families/qwen3_5/model.py writes it, and the plan steps it bec
 - the output's per-head RMSNorm times silu(z): ``gated_norm`` of ``attn`` in place;
 - ``out_proj`` and the residual: the ``linear`` any layer's o projection is.
 
-The plan's numpy reference (tests/fused_reference.py) pins what the kernels compute; until the
-engine has run these steps on a GPU, plugins/gated_delta_cuda.unrun_parts refuses the plan."""
+The plan's numpy reference (tests/fused_reference.py) pins what the kernels compute; the
+engine's calls equal it on a GPU (tests/test_fused_gpu.py)."""
 
 from __future__ import annotations
 

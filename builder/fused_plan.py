@@ -16,8 +16,7 @@ reference). Anything else is refused, naming the node, and edge-build builds tha
 ONNX Runtime instead; a graph is never run approximately. Qwen3.5's gated attention compiles
 (q beside its output gate, rope on a head's first dims by ``Slice``, ``Rotary``, ``Concat``,
 the output times the gate's sigmoid: ``attn_gate``), and so do its Gated DeltaNet layers
-(builder/fused_delta.py), but no kernels run them yet, so the build refuses such plans
-(plugins/gated_delta_cuda.unrun_parts).
+(builder/fused_delta.py), and the engine runs them (runtime/fused_state_steps.py).
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ from edgeomni.plugins.cuda_driver import (  # noqa: F401 (re-exported: callers u
     compile_cubin,
     compile_ptx,
     launch_kernel,
+    name_function,
     stream_handle,
 )
 
@@ -291,6 +292,7 @@ class CudaAttention:
         self.function = check(
             cu.cuModuleGetFunction(self.module, KERNEL_NAME.encode()), "cuModuleGetFunction"
         )
+        name_function(self.function, self.source, KERNEL_NAME)
 
     def registers(self) -> int:
         """Registers per thread the compiled kernel uses (for reports)."""
@@ -337,9 +339,8 @@ class CudaAttention:
             values += [ctypes.c_void_p(int(p)) for p in (qk.qkv, qk.pos, qk.q_norm, qk.k_norm)]
             values += [ctypes.c_float(qk.eps)]
             values += [ctypes.c_void_p(int(p)) for p in (qk.inv_freq, qk.freq_axis)]
-        args = (ctypes.c_void_p * len(values))(*[ctypes.addressof(x) for x in values])
-        launch_kernel(self.function, grid, block[0], shared, stream, ctypes.addressof(args),
-                      overlap=overlap, what=KERNEL_NAME)  # fmt: skip
+        launch_kernel(self.function, grid, block[0], shared, stream, values, overlap=overlap,
+                      what=KERNEL_NAME)  # fmt: skip
 
     def close(self) -> None:
         if getattr(self, "module", None) is not None:

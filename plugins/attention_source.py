@@ -37,6 +37,11 @@ __device__ __forceinline__ float rope_elem(const float* hb, int i, int D, float 
 
 
 BODY = r"""
+#ifndef SHARED  // a function's static shared arrays (plugins/persistent_cuda.py aliases them)
+#define SHARED_BEGIN
+#define SHARED_BEGIN_INNER
+#define SHARED(T, name, dims) __shared__ __align__(16) T name dims
+#endif
 #if IS_HALF
 typedef unsigned short T;  // IEEE half, converted with cvt (no cuda_fp16.h: NVRTC needs none)
 #else
@@ -130,7 +135,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL_NAME(
     const float* __restrict__ inv_freq, const int* __restrict__ freq_axis
 #endif
     ) {
-    __shared__ __align__(16) float smem[SMEM_FLOATS];
+    SHARED_BEGIN;
+    SHARED(float, smem, [SMEM_FLOATS]);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // a dependent launch (sm_90+) waits here for what was queued before; else both no-ops
     asm volatile("griddepcontrol.launch_dependents;" :::);

@@ -83,6 +83,11 @@ class Variant:
 _HEAD = r"""
 typedef unsigned short half_t;
 #define NEG_INF __int_as_float(0xff800000)
+#ifndef SHARED  // a function's static shared arrays (plugins/persistent_cuda.py aliases them)
+#define SHARED_BEGIN
+#define SHARED_BEGIN_INNER
+#define SHARED(T, name, dims) __shared__ __align__(16) T name dims
+#endif
 #ifndef DECODER_HOST_EMULATION  // tests/test_fused_kernels_host.py defines these for g++
 __device__ __forceinline__ float h2f(half_t h) {
     float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
@@ -90,6 +95,8 @@ __device__ __forceinline__ float h2f(half_t h) {
 __device__ __forceinline__ half_t f2h(float f) {
     half_t h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
+#endif
+#ifndef DYNAMIC_SHARED
 #define DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #endif
 #if W_HALF
@@ -185,7 +192,8 @@ extern "C" __global__ void rms_rows(
     const float* __restrict__ x, const long long* __restrict__ rowmap, int seq,
     const float* __restrict__ w, float eps, float* __restrict__ out, int H)
 {
-    __shared__ float part[32];
+    SHARED_BEGIN;
+    SHARED(float, part, [32]);
     GRID_LAUNCH();
     GRID_WAIT();
     const int r = blockIdx.x;
@@ -341,11 +349,13 @@ __device__ int select_digit(const unsigned* keys, unsigned prefix, unsigned mask
 template <typename IdT>
 __device__ void block_topk(const float* v, const int* id, int kk, float* out_v, IdT* out_i,
                            half_t* out_h) {
-    __shared__ int hist[256];
-    __shared__ int scratch[34];
-    __shared__ float sv[TOPK_MAX];
-    __shared__ int si[TOPK_MAX];
-    __shared__ int taken, taken_eq;
+    SHARED_BEGIN_INNER;
+    SHARED(int, hist, [256]);
+    SHARED(int, scratch, [34]);
+    SHARED(float, sv, [TOPK_MAX]);
+    SHARED(int, si, [TOPK_MAX]);
+    SHARED(int, taken, );
+    SHARED(int, taken_eq, );
     unsigned keys[TOPK_PER], ids[TOPK_PER];
 #pragma unroll
     for (int j = 0; j < TOPK_PER; ++j) { keys[j] = order_key(v[j]); ids[j] = (unsigned)id[j]; }
@@ -444,10 +454,11 @@ __device__ __forceinline__ void load_chunk(const float* __restrict__ logits,
 #define DRAW_ARGS uniform, temperature, top_k, top_p, head, tables, H, drawn, embeds
 __device__ void draw_row(int b, const float* x, const long long* ids, int K, int V, float floor_value,
                          DRAW_PARAMS) {
-    __shared__ double e[TOPK_MAX];
-    __shared__ double total;
-    __shared__ int kept;
-    __shared__ long long pick;
+    SHARED_BEGIN_INNER;
+    SHARED(double, e, [TOPK_MAX]);
+    SHARED(double, total, );
+    SHARED(int, kept, );
+    SHARED(long long, pick, );
     long long kk = top_k[0];
     kk = kk < 1 ? 1 : (kk > K ? K : kk);
     const float kth = x[kk - 1];
@@ -730,6 +741,7 @@ class DecoderKernels:
             self._functions[name] = ac.check(
                 cu.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction {name}"
             )
+            ac.name_function(self._functions[name], self.source, name)
         return self._functions[name]
 
     def launch(
@@ -741,10 +753,8 @@ class DecoderKernels:
         GRID_WAIT() for everything queued before it. Only for kernels of this module queued
         after another kernel of this module or the attention kernel (the one before must call
         GRID_LAUNCH for any overlap to happen; one that does not simply finishes first)."""
-        values = list(args)
-        ptrs = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-        ac.launch_kernel(self.function(name), grid, block, shared, stream,
-                         ctypes.addressof(ptrs), overlap=overlap, what=name)  # fmt: skip
+        ac.launch_kernel(self.function(name), grid, block, shared, stream, list(args),
+                         overlap=overlap, what=name)  # fmt: skip
 
     def close(self) -> None:
         if getattr(self, "module", None) is not None:

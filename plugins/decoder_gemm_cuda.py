@@ -111,8 +111,9 @@ __device__ __forceinline__ void linear_gemm_body(
     constexpr int X_BYTES = XHALF ? G_TILE * G_XH * 2 : G_TILE * G_XS * 4;
     constexpr int STAGE = W_BYTES + X_BYTES + G_TILE * 4 + G_K * 4;  // + scale words, norm
     constexpr int MAIN = G_STAGES * STAGE, PART = G_TILE * G_RS * 4;
-    __shared__ __align__(16) unsigned char smem[MAIN > PART ? MAIN : PART];
-    __shared__ float part_ss[G_TILE];
+    SHARED_BEGIN_INNER;
+    SHARED(unsigned char, smem, [MAIN > PART ? MAIN : PART]);
+    SHARED(float, part_ss, [G_TILE]);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wm = warp & 1, wn = warp >> 1;
     const int n0 = blockIdx.x * C;

@@ -221,8 +221,9 @@ __device__ __forceinline__ void linear_body(
 {
     constexpr int CW = SWIGLU ? 2 * C : C;  // weight rows a lane reads a pass
     constexpr int VEC = WVEC, STEP = 32 * VEC;  // weights a lane and a warp read a pass
-    __shared__ float part[MAX_KW][CW * R];
-    __shared__ float part_ss[MAX_KW][R];
+    SHARED_BEGIN_INNER;
+    SHARED(float, part, [MAX_KW][CW * R]);
+    SHARED(float, part_ss, [MAX_KW][R]);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = blockDim.x >> 5;
     const int n0 = blockIdx.x * C, r0 = blockIdx.y * R;
     const int passes = (K + STEP - 1) / STEP;
@@ -407,8 +408,9 @@ __device__ __forceinline__ void linear_mma_body(
     // a warp's sums row by row, T * 16 columns and 4 of padding: rows 2t and 2t + 2 of a
     // fragment store 8 banks apart, so a warp's 32 stores meet no bank twice
     constexpr int RS = T * 16 + 4;
-    __shared__ float part[MAX_KW][R * RS];
-    __shared__ float part_ss[MAX_KW][R];
+    SHARED_BEGIN_INNER;
+    SHARED(float, part, [MAX_KW][R * RS]);
+    SHARED(float, part_ss, [MAX_KW][R]);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, r0 = blockIdx.y * R;

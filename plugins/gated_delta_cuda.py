@@ -27,16 +27,15 @@ first columns, the rule its gates' inputs from its last ones.
   silu(z), into the attention buffer's type for the o-projection.
 - ``attn_gate``: a thread a value of the attention's output, times sigmoid of its gate.
 
-No plan with these steps is loaded yet (``unrun_parts``); their kernel cases run
-against the numpy references here and in plugins/gated_delta.py, on the CPU and the GPU.
+Their kernel cases run against the numpy references here and in plugins/gated_delta.py, on the
+CPU and the GPU; a Qwen3.5 engine built fused equals its plan's reference on an H100
+(tests/test_fused_gpu.py, docs/gpu-runs/2026-12-06-i55-lease5/).
 Sums are float32 (the references' float64); the state is float32 as the op declares it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
@@ -211,22 +210,6 @@ extern "C" __global__ void attn_gate(at_t* attn, const float* __restrict__ qkv, 
 
 
 DELTA_STEPS = ("delta_conv", "delta_rule", "gated_norm")  # a DeltaNet layer's plan steps
-
-
-def unrun_parts(table: Mapping[str, Any]) -> str | None:
-    """Why the fused engine does not run a plan the compiler wrote (builder/fused_plan.py), or
-    None. Qwen3.5's layers compile, and their kernels and launches are written, but they have
-    not run on a GPU (tests/test_fused_gpu.py's Qwen3.5 engine test); until they have, the
-    build falls back on such a plan and the engine refuses to load it."""
-    plan = table.get("plan") if isinstance(table.get("plan"), list) else []
-    if any(isinstance(s, Mapping) and s.get("op") in DELTA_STEPS for s in plan):
-        return "its Gated DeltaNet steps (Qwen3.5) have not run on a GPU yet"
-    if table.get("attn_gate"):
-        return "its attention output gate (Qwen3.5) has not run on a GPU yet"
-    d = table.get("head_dim")
-    if table.get("rotary_dim", d) != d:
-        return f"its rotary of {table['rotary_dim']} of {d} head dims has not run on a GPU yet"
-    return None
 
 
 def conv_launch(rows: int, channels: int, kernel_size: int) -> tuple[tuple[int, int], int]:

@@ -73,7 +73,8 @@ struct MoeW {
 // 1 / rms of a token's row h [H], eps added, as moe_gate_up and moe_norm take it: the block's
 // threads' strided squares, each warp's sum, the warps' sum (the same bits in both)
 __device__ __forceinline__ float moe_rms_scale(const float* src, int H, float eps) {
-    __shared__ float part[32];
+    SHARED_BEGIN_INNER;
+    SHARED(float, part, [32]);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     float ss = 0.f;
     for (int c = threadIdx.x; c < H; c += blockDim.x) ss += src[c] * src[c];
@@ -94,7 +95,8 @@ extern "C" __global__ void moe_route(
     const float* __restrict__ logits, int E, int K, int normalize, int* __restrict__ ids,
     float* __restrict__ weights)
 {
-    __shared__ int chosen[32];
+    SHARED_BEGIN;
+    SHARED(int, chosen, [32]);
     GRID_LAUNCH();
     GRID_WAIT();
     const int t = blockIdx.x, lane = threadIdx.x & 31;
@@ -204,7 +206,8 @@ extern "C" __global__ void moe_group(const int* __restrict__ ids, int S, int E,
                                      int* __restrict__ offsets, int* __restrict__ order,
                                      int* __restrict__ tiles)
 {
-    __shared__ int start[1025];
+    SHARED_BEGIN;
+    SHARED(int, start, [1025]);
     GRID_LAUNCH();
     GRID_WAIT();
     const int e = threadIdx.x;

@@ -36,8 +36,11 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) first_draw(
 {
     GRID_LAUNCH();
     GRID_WAIT();
-    __shared__ float xs[TOPK_MAX], xr[TOPK_MAX];
-    __shared__ long long is[TOPK_MAX], ir[TOPK_MAX];
+    SHARED_BEGIN;
+    SHARED(float, xs, [TOPK_MAX]);
+    SHARED(float, xr, [TOPK_MAX]);
+    SHARED(long long, is, [TOPK_MAX]);
+    SHARED(long long, ir, [TOPK_MAX]);
     const int b = blockIdx.x;
     const long long at = (long long)b * K;
     const long long* id = ids + at;

@@ -21,8 +21,8 @@ A plan is a list of steps, each one kernel family's launch with its options:
 - ``output``: h into hidden_states; ``last_hidden``: each row's last h, normed by ``norm``
 - ``topk``: the logits' top ``k`` (plus a ``bias``), and with ``tables`` each row's draw and its
   embedding
-- Qwen3.5 (builder/fused_delta.py; not run on a GPU yet, so the engine refuses such a plan:
-  plugins/gated_delta_cuda.unrun_parts): ``attn_gate`` (the attention's output times sigmoid of the gates beside q in qkv);
+- Qwen3.5 (builder/fused_delta.py): ``attn_gate`` (the attention's output times sigmoid of
+  the gates beside q in qkv);
   a Gated DeltaNet ``layer``'s ``delta_conv`` (the conv of the ``mix`` buffer's first columns,
   ``weight`` [C, ``kernel``], its conv state in place), ``delta_rule`` (the gates from mix's
   last columns with ``dt_bias``, ``a_neg``, ``softplus_threshold``; the rule, its recurrent

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SHIM_CORE = r"""
@@ -92,3 +93,15 @@ def compile_host(cpp: Path, exe: Path) -> Path:
             pytest.skip("this g++ has no C++20 <barrier> for the host emulation")
         raise AssertionError(build.stderr[-4000:])
     return exe
+
+
+def run_case(exe: Path, index: int, buffers: dict[str, np.ndarray], work: Path
+             ) -> dict[str, np.ndarray]:  # fmt: skip
+    """A kernel case's buffers written to ``work``, ``exe`` run on case ``index`` there, and
+    the buffers read back."""
+    for name, array in buffers.items():
+        np.ascontiguousarray(array).tofile(work / f"{name}.bin")
+    run = subprocess.run([str(exe), str(index), str(work)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return {name: np.fromfile(work / f"{name}.bin", a.dtype).reshape(a.shape)
+            for name, a in buffers.items()}  # fmt: skip

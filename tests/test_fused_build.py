@@ -131,15 +131,26 @@ def test_the_fused_steps_equal_the_onnx_engine(fused_engine, qwen3_engine) -> No
 
 
 def test_a_decoder_the_plan_cannot_hold_is_built_with_onnx_runtime_saying_why(
-        qwen35_ckpt: Path, exports, tmp_path: Path) -> None:  # fmt: skip
-    """Qwen3.5's graph compiles to a plan (its Gated DeltaNet layers and gated attention), but
-    no kernels run those steps yet: the component is the ONNX Runtime CUDA build, its config
-    naming the reason (the build log says it too)."""
-    assert exports.build(qwen35_ckpt, tmp_path / "eng", BuildArgs(
-        3, 64, 128, backend="fused", device="cuda", dtype="float32"), ["llm"]) is not None  # fmt: skip
+        qwen35_ckpt: Path, exports, tmp_path: Path, monkeypatch) -> None:  # fmt: skip
+    """Qwen3.5 builds fused (its Gated DeltaNet layers and gated attention ran on a GPU); a
+    graph the plan cannot hold (here one the compiler is made to refuse) is the ONNX Runtime
+    CUDA build instead, its config naming the reason."""
+    from edgeomni.builder import fused_plan
+
+    args = BuildArgs(3, 64, 128, backend="fused", device="cuda", dtype="float32")
+    assert exports.build(qwen35_ckpt, tmp_path / "eng", args, ["llm"]) is not None
     cfg = json.loads((tmp_path / "eng" / "config.json").read_text())
+    assert cfg["backend"] == "fused" and "fused_refused" not in cfg
+    assert {"delta_rule", "attn_gate"} <= {s["op"] for s in cfg["fused"]["plan"]}
+
+    def refuse(path: object) -> None:
+        raise fused_plan.Unfused("node /x: an op the plan has no step for")
+
+    monkeypatch.setattr(fused_plan, "compile_file", refuse)
+    assert exports.build(qwen35_ckpt, tmp_path / "ort", args, ["llm"]) is not None
+    cfg = json.loads((tmp_path / "ort" / "config.json").read_text())
     assert cfg["backend"] == "onnxruntime" and "lowering" in cfg
-    assert cfg["fused_refused"] == "its Gated DeltaNet steps (Qwen3.5) have not run on a GPU yet"
+    assert cfg["fused_refused"] == "node /x: an op the plan has no step for"
 
 
 def test_validate_config_names_what_a_fused_engine_needs(fused_engine, capsys) -> None:

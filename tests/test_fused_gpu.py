@@ -115,6 +115,53 @@ def test_kernel_matches_its_reference(kernels, index) -> None:
     case.check(run_case(kernels, case))
 
 
+@pytest.mark.parametrize("min_blocks", [1, 2])
+def test_kernel_cases_as_persistent_programs_match_their_references(min_blocks) -> None:
+    """The float16 kernel cases' launches recorded into persistent programs
+    (plugins/persistent_cuda.py) of up to 6 kernels each (a module's static shared memory is
+    its kernels' sum, as a frame's few kernels' is) and each run as one cooperative kernel:
+    each case's buffers after it are its reference's, as after its own launches (every SM's
+    blocks, the grid barrier between steps; 2 blocks an SM caps the registers lower)."""
+    from edgeomni.plugins import attention_cuda as ac
+    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.plugins import persistent_cuda as pc
+    from edgeomni.plugins.decoder_cuda import f32, i32, i64, ptr
+    from edgeomni.runtime import memory
+    from edgeomni.runtime.memory import DeviceArray
+
+    memory.stream(0)
+    kernels = dc.kernels_for(dc.Variant("float16", "float16"))
+    stream = ac.stream_handle(memory.stream(0))
+    todo = cases.all_cases("float16", rows=(1, 8, 17), topk=((1, 384, 64), (2, 9000, 8)))
+    while todo:
+        program, held, names = pc.Program(min_blocks=min_blocks), [], set()
+        while todo and (not held or len(names | {x.kernel for x in todo[0].launches}) <= 6):
+            case = todo.pop(0)
+            names |= {x.kernel for x in case.launches}
+            bufs = {}
+            for name, array in case.buffers.items():
+                bufs[name] = DeviceArray.zeros(array.shape, array.dtype)
+                bufs[name].upload(array)
+            held.append((case, bufs))
+            make = {"buf": lambda n, h=bufs: ptr(h[n].ptr), "null": lambda: ptr(None),
+                    "i32": i32, "i64": i64, "f32": f32}  # fmt: skip
+            with pc.recording(program):
+                for launch in case.launches:
+                    kernels.launch(launch.kernel, launch.grid, launch.block,
+                                   [make[kind](*rest) for kind, *rest in launch.args],
+                                   shared=launch.shared)  # fmt: skip
+        loaded = pc.Loaded(program, dc.cubin)
+        table = DeviceArray.zeros(program.table().shape, np.uint64)
+        table.upload(program.table())
+        barrier = DeviceArray.zeros((2,), np.uint32)
+        loaded.launch(table.ptr, barrier.ptr, stream)
+        memory.synchronize(0)
+        assert loaded.blocks >= 100, loaded.blocks  # every SM
+        for case, bufs in held:
+            case.check({name: b.download() for name, b in bufs.items()})
+        loaded.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # the engine and whole builds
 # ---------------------------------------------------------------------------------------------
@@ -251,22 +298,17 @@ def test_engine_equals_the_reference_of_its_calls(request, monkeypatch, build, g
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_a_qwen35_engine_equals_the_reference_of_its_calls(request, monkeypatch, tmp_path,
+def test_a_qwen35_engine_equals_the_reference_of_its_calls(request, tmp_path,
                                                           dtype) -> None:  # fmt: skip
-    """Qwen3.5 (Gated DeltaNet and gated attention layers, MRoPE) built fused with the build's
-    and the engine's refusal of these steps lifted (plugins/gated_delta_cuda.unrun_parts: they are
-    lifted for good once this passes on a GPU): a ragged prefill then decode steps, graphed,
-    against the plan's reference, the DeltaNet states carried by the engine's row state."""
-    from edgeomni.builder import fused as fused_builder
-    from edgeomni.plugins import gated_delta_cuda as gdc
+    """Qwen3.5 (Gated DeltaNet and gated attention layers, MRoPE, a rotary of each head's first
+    quarter) built fused: a ragged prefill then decode steps, graphed, against the plan's
+    reference, the DeltaNet states carried by the engine's row state."""
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.engine import open_engine
     from edgeomni.runtime.row_state import RowState
 
     if PREBUILT:
         pytest.skip("built here from its checkpoint: no prebuilt Qwen3.5 engine")
-    monkeypatch.setattr(fused_builder, "unrun_parts", lambda spec: None)
-    monkeypatch.setattr(gdc, "unrun_parts", lambda spec: None)
     folder = _build(request.getfixturevalue("qwen35_ckpt"), tmp_path / "eng", dtype, "fused",
                     ["llm"], "qwen35-fused-unused")  # fmt: skip
     cfg = json.loads((folder / "config.json").read_text())

@@ -8,11 +8,9 @@ reductions and the top-K's ordering are the GPU's; float16 conversion is g++'s _
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from edgeomni.plugins import decoder_cuda as dc
@@ -156,10 +154,4 @@ def test_kernel_matches_its_reference_on_the_cpu(emulator, index, tmp_path) -> N
     if index >= len(CASES[dtype]):
         pytest.skip(f"a float16 module's case (int4 weights): {dtype} modules have none")
     case = CASES[dtype][index]
-    for name, array in case.buffers.items():
-        np.ascontiguousarray(array).tofile(tmp_path / f"{name}.bin")
-    run = subprocess.run([str(exe), str(index), str(tmp_path)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    got = {name: np.fromfile(tmp_path / f"{name}.bin", a.dtype).reshape(a.shape)
-           for name, a in case.buffers.items()}  # fmt: skip
-    case.check(got)
+    case.check(cuda_host.run_case(exe, index, case.buffers, tmp_path))

@@ -85,10 +85,11 @@ def test_the_declared_state_is_the_engines(qwen35_engine: Path) -> None:
     assert cli.main(["--config", str(qwen35_engine), "--validate-config"]) == cli.EXIT_OK
 
 
-def test_a_fused_build_says_it_builds_the_llm_for_onnx_runtime(qwen35_ckpt: Path, tmp_path,
-                                                                caplog) -> None:  # fmt: skip
-    """--backend fused has no kernels for the DeltaNet layers yet: the llm is built as
-    ``--backend onnxruntime --device cuda`` builds it, and the log and config.json say so."""
+def test_a_fused_build_builds_the_llm_with_its_own_kernels(qwen35_ckpt: Path, tmp_path,
+                                                            caplog) -> None:  # fmt: skip
+    """--backend fused runs Qwen3.5's DeltaNet and gated attention layers with its own kernels
+    (tests/test_fused_gpu.py ran them on a GPU): the llm is a fused engine, the log says so,
+    and its config declares the DeltaNet layers' row state as the ONNX build does."""
     import logging
 
     from edgeomni.builder.build import build
@@ -98,9 +99,10 @@ def test_a_fused_build_says_it_builds_the_llm_for_onnx_runtime(qwen35_ckpt: Path
     engine = tmp_path / "eng"
     args = BuildArgs(2, 32, 64, backend="fused", device="cuda", dtype="float32")
     assert build(qwen35_ckpt, engine, args) is not None
-    assert json.loads((engine / "config.json").read_text())["backend"] == "onnxruntime"
-    assert ("llm: onnxruntime (cuda), since the fused kernels do not cover it (its Gated "
-            "DeltaNet steps (Qwen3.5) have not run on a GPU yet)") in caplog.text  # fmt: skip
+    cfg = json.loads((engine / "config.json").read_text())
+    assert cfg["backend"] == "fused" and "fused_refused" not in cfg
+    assert "llm: fused, 4 layers" in caplog.text
+    assert [t["kind"] for t in cfg["state"]][:2] == ["conv", "recurrent"]
 
 
 def test_an_onnxruntime_without_the_deltanet_kernels_is_refused(qwen35_engine: Path,
