@@ -37,15 +37,16 @@ __device__ __forceinline__ float rope_elem(const float* hb, int i, int D, float 
 
 
 BODY = r"""
-#ifndef SHARED  // a function's static shared arrays (plugins/persistent_cuda.py aliases them)
-#define SHARED_BEGIN
-#define SHARED_BEGIN_INNER
-#define SHARED(T, name, dims) __shared__ __align__(16) T name dims
-#endif
 #if IS_HALF
 typedef unsigned short T;  // IEEE half, converted with cvt (no cuda_fp16.h: NVRTC needs none)
 #else
 typedef float T;
+#endif
+
+#ifndef SHARED  // a function's static shared arrays (plugins/persistent_cuda.py aliases them)
+#define SHARED_BEGIN
+#define SHARED_BEGIN_INNER
+#define SHARED(T, name, dims) __shared__ __align__(16) T name dims
 #endif
 
 #if VEC_BYTES == 16
