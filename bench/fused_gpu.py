@@ -149,15 +149,13 @@ def reference_logits(meta: dict) -> np.ndarray:
     return out[0].numpy()[0]
 
 
-PERSISTENT_BLOCKS: tuple[int, ...] = ()  # --persistent: blocks an SM of the frame's program
-PERSISTENT: dict[int, dict] = {}  # the last frame's persistent runs, by blocks an SM
-
-
-def time_calls(engine, meta: dict, batch: int, steps: int) -> tuple:
+def time_calls(engine, meta: dict, batch: int, steps: int, persistent: tuple[int, ...] = (),
+               runs: dict | None = None) -> tuple:  # fmt: skip
     """ms per measured unit (a decode step, or a code-predictor frame of 15 steps), the first
     unit's logits (for the backends' agreement), the device's ms per unit (fused) and, where
     the engine captures a frame's calls as one graph (the fused code predictor, as
-    runtime/speech/code_predictor.py runs it), ms per frame that way."""
+    runtime/speech/code_predictor.py runs it), ms per frame that way; ``persistent``: the frame
+    also as one persistent kernel at each of these blocks an SM, its timing into ``runs``."""
     from edgeomni.graph_schema.state import kv_tensors
     from edgeomni.runtime.decoder import DecoderSession, text_positions
     from edgeomni.runtime.row_state import RowState
@@ -224,17 +222,18 @@ def time_calls(engine, meta: dict, batch: int, steps: int) -> tuple:
         frame()
         graph_ms = timed(frame)
         codes = np.array(memory.to_host(drawn))
-        for blocks in PERSISTENT_BLOCKS:  # the frame as one persistent kernel (issue 55)
+        runs = {} if runs is None else runs
+        for blocks in persistent:  # the frame as one persistent kernel (issue 55), into runs
             launch = persistent_frame(engine, lambda: unit(context, download=False), blocks)
 
-            def persistent(launch=launch) -> None:  # noqa: ANN001
+            def program(launch=launch) -> None:  # noqa: ANN001
                 launch()
                 memory.to_host(drawn)
 
-            persistent()
+            program()
             same = bool(np.array_equal(memory.to_host(drawn), codes))
-            PERSISTENT[blocks] = {"ms": round(timed(persistent), 3), "same_codes": same,
-                                  "blocks": launch.blocks, "steps": launch.steps}
+            runs[blocks] = {"ms": round(timed(program), 3), "same_codes": same,
+                            "blocks": launch.blocks, "steps": launch.steps}
     return wall, logits, device, graph_ms
 
 
@@ -310,8 +309,6 @@ def main() -> int:
                    help="also time a frame as one persistent kernel (plugins/persistent_cuda.py) "
                         "with these least blocks an SM the compiler allows (1, 2)")
     args = p.parse_args()
-    global PERSISTENT_BLOCKS
-    PERSISTENT_BLOCKS = tuple(args.persistent)
 
     from edgeomni.runtime import fused_engine as fe
     from edgeomni.runtime.engine import OrtEngine
@@ -335,11 +332,9 @@ def main() -> int:
         truth = reference_logits(meta)
         for batch in args.batch:
             fused.overlap = overlap_on
-            PERSISTENT.clear()
-            calls_ms, fused_logits, fused_device, graph_ms = time_calls(fused, meta, batch,
-                                                                        args.steps)  # fmt: skip
-            persistent = dict(PERSISTENT)
-            held_blocks, PERSISTENT_BLOCKS = PERSISTENT_BLOCKS, ()  # the graph's runs alone
+            persistent: dict[int, dict] = {}
+            calls_ms, fused_logits, fused_device, graph_ms = time_calls(
+                fused, meta, batch, args.steps, tuple(args.persistent), persistent)  # fmt: skip
             fused_ms = calls_ms if graph_ms is None else graph_ms  # as the runtime runs it
             alt_ms = alt_device = alt_overlap = None
             if overlap_on:  # the other choice of programmatic dependent launch, for the record:
@@ -390,7 +385,6 @@ def main() -> int:
                 # the frame as one persistent kernel: ms, codes equal to the graph's, grid
                 "fused_persistent": persistent or None,
             })  # fmt: skip
-            PERSISTENT_BLOCKS = held_blocks
             print(json.dumps(rows[-1]), flush=True)
         print(json.dumps({"decoder": name, "export_and_build_s": round(built_s, 1),
                           "fused_load_s": round(load_s, 1)}), flush=True)  # fmt: skip

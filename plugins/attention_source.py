@@ -36,6 +36,16 @@ __device__ __forceinline__ float rope_elem(const float* hb, int i, int D, float 
 """
 
 
+# a function's static shared arrays: plain __shared__ here, one aliased zone in a persistent
+# program (plugins/persistent_cuda.py defines SHARED first)
+SHARED_SOURCE = r"""
+#ifndef SHARED  // a function's static shared arrays (plugins/persistent_cuda.py aliases them)
+#define SHARED_BEGIN
+#define SHARED_BEGIN_INNER
+#define SHARED(T, name, dims) __shared__ __align__(16) T name dims
+#endif
+"""
+
 BODY = r"""
 #if IS_HALF
 typedef unsigned short T;  // IEEE half, converted with cvt (no cuda_fp16.h: NVRTC needs none)
@@ -43,12 +53,7 @@ typedef unsigned short T;  // IEEE half, converted with cvt (no cuda_fp16.h: NVR
 typedef float T;
 #endif
 
-#ifndef SHARED  // a function's static shared arrays (plugins/persistent_cuda.py aliases them)
-#define SHARED_BEGIN
-#define SHARED_BEGIN_INNER
-#define SHARED(T, name, dims) __shared__ __align__(16) T name dims
-#endif
-
+""" + SHARED_SOURCE + r"""
 #if VEC_BYTES == 16
 typedef uint4 vec_t;
 #elif VEC_BYTES == 8

@@ -8,6 +8,8 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
+from edgeomni.plugins import persistent_cuda
+
 
 class KernelError(RuntimeError):
     """NVRTC could not compile the kernel, or a CUDA driver call failed."""
@@ -115,8 +117,6 @@ def launch_kernel(
     dependent launch (sm_90+), which may start while the kernel before it runs and so must
     first wait (griddepcontrol.wait), as this module's and decoder_cuda.py's kernels do. While
     a persistent program records on this thread, the launch goes into it instead."""
-    from edgeomni.plugins import persistent_cuda
-
     program = persistent_cuda.active()
     if program is not None:
         known = _SOURCES.get(int(function))

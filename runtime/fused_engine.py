@@ -38,7 +38,6 @@ from edgeomni.plugins import persistent_cuda
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
 from edgeomni.runtime.engine_api import EngineBase, EngineError, parse_device
-from edgeomni.runtime.fused_sequence import SequenceGraph
 from edgeomni.runtime.fused_spec import FusedSpec, io_types, names
 from edgeomni.runtime.fused_state_steps import StateSteps
 
@@ -150,7 +149,19 @@ class FusedEngine(EngineBase):
             bindings = list(self._sequence)
             generations = [b.generation for b in bindings]
             self._sequence_mode = "capture"
-            g = self._capture(queue)
+            mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+            with memory.capturing():
+                memory._check(cudart.cudaStreamBeginCapture(self.stream, mode),
+                              "cudaStreamBeginCapture")  # fmt: skip
+                done = False
+                try:
+                    queue()
+                    done = True
+                finally:
+                    g = memory._check(cudart.cudaStreamEndCapture(self.stream),
+                                      "cudaStreamEndCapture")  # fmt: skip
+                    if not done:
+                        cudart.cudaGraphDestroy(g)
         finally:
             self._sequence_mode, self._sequence = None, []
         if [b.generation for b in bindings] != generations:
@@ -162,24 +173,6 @@ class FusedEngine(EngineBase):
         finally:
             cudart.cudaGraphDestroy(g)
         return SequenceGraph(self, graph, bindings)
-
-    def _capture(self, queue: Callable[[], None]) -> Any:
-        """What ``queue`` queues on the stream, as a CUDA graph (not instantiated)."""
-        cudart = memory._cudart()
-        mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
-        with memory.capturing():
-            memory._check(cudart.cudaStreamBeginCapture(self.stream, mode),
-                          "cudaStreamBeginCapture")  # fmt: skip
-            done = False
-            try:
-                queue()
-                done = True
-            finally:
-                g = memory._check(cudart.cudaStreamEndCapture(self.stream),
-                                  "cudaStreamEndCapture")  # fmt: skip
-                if not done:
-                    cudart.cudaGraphDestroy(g)
-        return g
 
     def sum_frame(self, out: Any, base: Any, codes: Any, add: Any = None) -> None:
         """A codec frame's summed embedding on the device (plugins/decoder_cuda.py's
@@ -266,6 +259,32 @@ class FusedEngine(EngineBase):
                              *settings, ptr(table.ptr), i32(width), ptr(drawn.ptr),
                              ptr(base.ptr), ptr(first.ptr), i32(int(first.dtype == np.float16))],
                             stream=self.cu_stream)  # fmt: skip
+
+
+class SequenceGraph:
+    """FusedEngine.sequence_graph's graph: valid while none of its calls' bindings has
+    reallocated a buffer it reads (it holds them, and so every buffer they bind)."""
+
+    def __init__(self, engine: FusedEngine, graph: Any, bindings: list[FusedBinding]) -> None:
+        self._engine, self._graph = engine, graph
+        self._bindings = [(b, b.generation) for b in bindings]
+
+    def valid(self) -> bool:
+        return all(b.generation == g for b, g in self._bindings)
+
+    def launch(self) -> None:
+        """Queued on the engine's stream; the host does not wait."""
+        if not self.valid():
+            raise EngineError("a call of this sequence graph has new buffers: capture it again")
+        memory.use(self._engine.device_id)
+        memory._check(memory._cudart().cudaGraphLaunch(self._graph, self._engine.stream),
+                      "cudaGraphLaunch")  # fmt: skip
+
+    def __del__(self) -> None:
+        graph = getattr(self, "_graph", None)
+        if graph is not None:
+            with contextlib.suppress(Exception):  # at interpreter shutdown there is no runtime
+                memory._cudart().cudaGraphExecDestroy(graph)
 
 
 class FusedBinding:
