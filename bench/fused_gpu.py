@@ -238,12 +238,13 @@ def time_calls(engine, meta: dict, batch: int, steps: int, persistent: tuple[int
 
 
 def persistent_frame(engine, queue, min_blocks: int):  # noqa: ANN001, ANN201
-    """The calls ``queue`` makes as one persistent kernel (plugins/persistent_cuda.py), the
+    """The calls ``queue`` makes as one persistent kernel (bench/persistent_cuda.py), the
     comparison the product does not run: sequence_graph's capture run records them instead
     (its graph is empty), then the program is built and its table uploaded. Returns a launch
     function (with the grid's ``blocks`` and the program's ``steps``)."""
+    import persistent_cuda as pc
+
     from edgeomni.plugins import decoder_cuda as dc
-    from edgeomni.plugins import persistent_cuda as pc
 
     program = pc.Program(min_blocks=min_blocks)
 
@@ -251,7 +252,8 @@ def persistent_frame(engine, queue, min_blocks: int):  # noqa: ANN001, ANN201
         if engine._sequence_mode != "capture":  # the load run: host feeds staged
             queue()
             return
-        with pc.recording(program):
+        attention = [a for a in (engine.attention, engine.attention_qk) if a is not None]
+        with pc.recording(program, attention):
             queue()
 
     engine.sequence_graph(recorded)
@@ -306,7 +308,7 @@ def main() -> int:
     p.add_argument("--no-onnxruntime", action="store_true",
                    help="the fused engine alone (where onnxruntime-gpu is not installed)")
     p.add_argument("--persistent", type=int, nargs="*", default=[], metavar="BLOCKS",
-                   help="also time a frame as one persistent kernel (plugins/persistent_cuda.py) "
+                   help="also time a frame as one persistent kernel (bench/persistent_cuda.py) "
                         "with these least blocks an SM the compiler allows (1, 2)")
     args = p.parse_args()
 

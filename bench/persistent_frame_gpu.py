@@ -37,8 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from backend_pair import copy_bandwidth_gbs  # noqa: E402
-
-from edgeomni.plugins.persistent_cuda import GRID_BARRIER  # noqa: E402
+from persistent_cuda import GRID_BARRIER  # noqa: E402
 
 H, QKV, ATTN, INTER, VOCAB, LAYERS, STEPS = 1024, 4096, 2048, 3072, 2048, 5, 15
 PHASES = 5 * LAYERS + 2  # a step's: 5 a layer, the head, the argmax and embedding

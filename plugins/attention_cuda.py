@@ -50,7 +50,6 @@ from edgeomni.plugins.cuda_driver import (  # noqa: F401 (re-exported: callers u
     compile_cubin,
     compile_ptx,
     launch_kernel,
-    name_function,
     stream_handle,
 )
 
@@ -292,7 +291,6 @@ class CudaAttention:
         self.function = check(
             cu.cuModuleGetFunction(self.module, KERNEL_NAME.encode()), "cuModuleGetFunction"
         )
-        name_function(self.function, self.source, KERNEL_NAME)
 
     def registers(self) -> int:
         """Registers per thread the compiled kernel uses (for reports)."""

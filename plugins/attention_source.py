@@ -37,9 +37,9 @@ __device__ __forceinline__ float rope_elem(const float* hb, int i, int D, float 
 
 
 # a function's static shared arrays: plain __shared__ here, one aliased zone in a persistent
-# program (plugins/persistent_cuda.py defines SHARED first)
+# program (bench/persistent_cuda.py defines SHARED first)
 SHARED_SOURCE = r"""
-#ifndef SHARED  // a function's static shared arrays (plugins/persistent_cuda.py aliases them)
+#ifndef SHARED  // a function's static shared arrays (bench/persistent_cuda.py aliases them)
 #define SHARED_BEGIN
 #define SHARED_BEGIN_INNER
 #define SHARED(T, name, dims) __shared__ __align__(16) T name dims

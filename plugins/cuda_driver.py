@@ -8,8 +8,6 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
-from edgeomni.plugins import persistent_cuda
-
 
 class KernelError(RuntimeError):
     """NVRTC could not compile the kernel, or a CUDA driver call failed."""
@@ -100,30 +98,13 @@ def stream_handle(stream: int) -> Any:
     return _driver().CUstream(int(stream))
 
 
-_SOURCES: dict[int, tuple[str, str]] = {}  # a loaded function's (module source, entry name)
-
-
-def name_function(function: Any, source: str, name: str) -> None:
-    """Where a loaded function comes from, for a persistent program that records its launches
-    (plugins/persistent_cuda.py)."""
-    _SOURCES[int(function)] = (source, name)
-
-
 def launch_kernel(
     function: Any, grid: Sequence[int], block: int, shared: int, stream: Any,
     values: Sequence[Any], *, overlap: bool = False, what: str = "kernel",
 ) -> None:  # fmt: skip
     """Queue ``function`` with its arguments (ctypes values); ``overlap``: a programmatic
     dependent launch (sm_90+), which may start while the kernel before it runs and so must
-    first wait (griddepcontrol.wait), as this module's and decoder_cuda.py's kernels do. While
-    a persistent program records on this thread, the launch goes into it instead."""
-    program = persistent_cuda.active()
-    if program is not None:
-        known = _SOURCES.get(int(function))
-        if known is None:
-            raise KernelError(f"{what}: a function of no named module cannot join a program")
-        program.launch(known[0], known[1], grid, block, shared, values)
-        return
+    first wait (griddepcontrol.wait), as this module's and decoder_cuda.py's kernels do."""
     array = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
     params = ctypes.addressof(array)
     cu = _driver()

@@ -737,7 +737,6 @@ class DecoderKernels:
             self._functions[name] = ac.check(
                 cu.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction {name}"
             )
-            ac.name_function(self._functions[name], self.source, name)
         return self._functions[name]
 
     def launch(

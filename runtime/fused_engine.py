@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from edgeomni.plugins import persistent_cuda
 from edgeomni.runtime import memory
 from edgeomni.runtime.buffers import DeviceBuffers, FixedInputs
 from edgeomni.runtime.engine_api import EngineBase, EngineError, parse_device
@@ -492,10 +491,6 @@ class FusedBinding:
         _Launches(self).run(self._engine.spec.plan)
 
     def _copy(self, dst: int, src: int, nbytes: int) -> None:
-        program = persistent_cuda.active()
-        if program is not None:  # recorded into a persistent program (persistent_cuda.recording)
-            program.copy(dst, src, nbytes)
-            return
         cudart = memory._cudart()
         kind = memory._kind("cudaMemcpyDeviceToDevice")
         memory._check(cudart.cudaMemcpyAsync(dst, src, nbytes, kind, self._engine.stream),

@@ -22,8 +22,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from edgeomni.plugins import persistent_cuda
-
 
 class DeviceError(RuntimeError):
     """No usable GPU, or a CUDA call failed."""
@@ -171,9 +169,6 @@ class DeviceArray:
 
     def fill_zero(self) -> None:
         """Every byte zeroed, ordered on this buffer's stream."""
-        if persistent_cuda.active() is not None:
-            raise DeviceError("a memset inside a persistent program: it holds kernels and "
-                              "device copies only")  # fmt: skip
         use(self.device)
         _check(_cudart().cudaMemsetAsync(self.ptr, 0, self.nbytes, stream(self.device, self.lane)),
                "cudaMemsetAsync")  # fmt: skip
@@ -185,12 +180,6 @@ class DeviceArray:
         if src.dtype != self.dtype or src.nbytes != self.nbytes:
             raise ValueError(f"copying {src.shape} {src.dtype} into {self.shape} {self.dtype}")
         here, there = (self.device, self.lane), (src.device, src.lane)
-        program = persistent_cuda.active()
-        if program is not None:  # recorded into a persistent program (persistent_cuda.recording)
-            if here != there:
-                raise DeviceError("a persistent program copies within one device and lane")
-            program.copy(self.ptr, src.ptr, self.nbytes)
-            return
         cudart = _cudart()
         s = stream(*here)
         if here == there:
@@ -221,12 +210,6 @@ class DeviceArray:
                              f"{src.shape[axis]} / {self.shape[axis]}")  # fmt: skip
         inner = math.prod(self.shape[axis + 1 :]) * self.dtype.itemsize
         height = math.prod(self.shape[:axis])
-        program = persistent_cuda.active()
-        if program is not None:  # a copy a row
-            for r in range(height):
-                program.copy(self.ptr + (r * self.shape[axis] + dst_start) * inner,
-                             src.ptr + (r * src.shape[axis] + src_start) * inner, length * inner)
-            return
         use(self.device)
         _check(_cudart().cudaMemcpy2DAsync(
             self.ptr + dst_start * inner, self.shape[axis] * inner,
@@ -260,8 +243,6 @@ class DeviceArray:
     def _host_copy(self, dst: int, src: int, kind: str, what: str) -> None:
         """This buffer's bytes copied between it and host memory (``kind``, a cudaMemcpyKind's
         name), queued on its stream."""
-        if persistent_cuda.active() is not None:
-            raise DeviceError(f"{what} inside a persistent program: it holds device work only")
         use(self.device)
         _check(_cudart().cudaMemcpyAsync(dst, src, self.nbytes, _kind(kind),
                                          stream(self.device, self.lane)), what)  # fmt: skip
@@ -302,8 +283,6 @@ class HostRead:
             raise TypeError(f"a device read takes a device buffer, not {type(src).__name__}")
         if src.shape != self.shape or src.dtype != self.dtype:
             raise ValueError(f"reading {src.dtype} {src.shape} into {self.dtype} {self.shape}")
-        if persistent_cuda.active() is not None:
-            raise DeviceError("a read to the host inside a persistent program: queue it after")
         cudart = _cudart()
         s = stream(src.device, src.lane)
         use(src.device)

@@ -118,13 +118,15 @@ def test_kernel_matches_its_reference(kernels, index) -> None:
 @pytest.mark.parametrize("min_blocks", [1, 2])
 def test_kernel_cases_as_persistent_programs_match_their_references(min_blocks) -> None:
     """The float16 kernel cases' launches recorded into persistent programs
-    (plugins/persistent_cuda.py) of up to 6 kernels each (a module's static shared memory is
+    (bench/persistent_cuda.py) of up to 6 kernels each (a module's static shared memory is
     its kernels' sum, as a frame's few kernels' is) and each run as one cooperative kernel:
     each case's buffers after it are its reference's, as after its own launches (every SM's
     blocks, the grid barrier between steps; 2 blocks an SM caps the registers lower)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import persistent_cuda as pc
+
     from edgeomni.plugins import attention_cuda as ac
     from edgeomni.plugins import decoder_cuda as dc
-    from edgeomni.plugins import persistent_cuda as pc
     from edgeomni.plugins.decoder_cuda import f32, i32, i64, ptr
     from edgeomni.runtime import memory
     from edgeomni.runtime.memory import DeviceArray

@@ -1,4 +1,4 @@
-"""The persistent program's interpreter (plugins/persistent_cuda.py) on the CPU: every kernel
+"""The persistent program's interpreter (bench/persistent_cuda.py) on the CPU: every kernel
 case of tests/fused_kernel_cases.py recorded as a program (its launches in order, argument
 slots as the engine's ctypes values give them) and run by ``pk_program`` in one persistent
 block of g++ threads (tests/test_fused_kernels_host.py's emulation), each kernel's blocks
@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 
 from edgeomni.plugins import decoder_cuda as dc
-from edgeomni.plugins import persistent_cuda as pc
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import cuda_host  # noqa: E402
 import fused_kernel_cases as cases  # noqa: E402
+import persistent_cuda as pc  # noqa: E402
 from test_fused_kernels_host import MAIN, SHIM  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ for the emulation")

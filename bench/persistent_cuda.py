@@ -1,22 +1,24 @@
-"""One persistent kernel for a recorded sequence of launches (issue 55): a code-predictor frame's
-~450 kernels and device copies as one launch, each kernel's blocks walked by resident blocks
-with a grid-wide barrier between launches, instead of a kernel boundary at each. Measured on
-an H100 it loses to the frame's CUDA graph (5.0 against 2.2 ms at one row: a grid barrier
-costs 2.2 us, more than a boundary under programmatic dependent launch; docs/benchmarks.md),
-so the runtime does not use it; bench/fused_gpu.py --persistent keeps the comparison, and
-what would beat the graph (steps waiting on the blocks they read, not the grid) builds on it.
+"""One persistent kernel for a recorded sequence of launches (issue 55), a comparison the product
+does not run: a code-predictor frame's ~450 kernels and device copies as one launch, each
+kernel's blocks walked by resident blocks with a grid-wide barrier between launches, instead of
+a kernel boundary at each. Measured on an H100 it lost to the frame's CUDA graph (5.0 against
+2.2 ms at one row: a grid barrier costs 2.2 us, more than a boundary under programmatic
+dependent launch; docs/benchmarks.md), so it lives here: bench/fused_gpu.py --persistent keeps
+the comparison, and tests/test_persistent_*.py keep it (and the kernels' SHARED macros) honest.
 
-While ``recording(program)`` is active on a thread, ``cuda_driver.launch_kernel`` and
-runtime/memory.py's device-to-device copies append to ``program`` instead of queueing. The
-program's module is the recorded kernels' own sources, unchanged except by macros: each entry
-point becomes a device function (``extern "C" __global__`` dropped, ``__launch_bounds__``
-emptied), ``blockIdx``/``gridDim``/``blockDim`` read a virtual block the interpreter sets, and
-``__syncthreads`` syncs the virtual block's threads only (a named barrier), so one module
-serves kernels of other block sizes. Each source sits in a namespace of its own, its macros
-undefined after it. ``pk_program`` walks a table of steps (entry, grid, block, argument
-slots); the slots are each kernel's arguments as 64-bit words, converted back by the generated
-dispatcher. Loads are plain (no ``__restrict__``/``__ldg``: a later step reads what an earlier
-one wrote in the same kernel), and the barrier fences as cooperative groups' grid sync does.
+While ``recording(program)`` is active, the product's kernel launches (attention_cuda's and
+cuda_driver's ``launch_kernel``) and runtime/memory.py's device-to-device copies are patched
+to append to ``program`` instead of queueing; host copies, memsets and reads to the host are
+refused. The program's module is the recorded kernels' own sources, unchanged except by
+macros: each entry point becomes a device function (``extern "C" __global__`` dropped,
+``__launch_bounds__`` emptied), ``blockIdx``/``gridDim``/``blockDim`` read a virtual block the
+interpreter sets, and ``__syncthreads`` syncs the virtual block's threads only (a named
+barrier), so one module serves kernels of other block sizes. Each source sits in a namespace
+of its own, its macros undefined after it. ``pk_program`` walks a table of steps (entry, grid,
+block, argument slots); the slots are each kernel's arguments as 64-bit words, converted back
+by the generated dispatcher. Loads are plain (no ``__restrict__``/``__ldg``: a later step reads
+what an earlier one wrote in the same kernel), and the barrier fences as cooperative groups'
+grid sync does.
 
 Each function's static shared arrays (``SHARED``, in the kernels' sources) sit at the start of
 one zone while it runs, so the module's shared memory is the largest function's, not the sum.
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ KEPT = {"SHARED", "SHARED_BEGIN", "SHARED_BEGIN_INNER", "DYNAMIC_SHARED"}  # the
 COPY = "pk_copy"  # the interpreter's own entry: a device-to-device copy (dst, src, bytes)
 COPY_THREADS = 256
 
-_ACTIVE = threading.local()
+_RECORDING: list[Program] = []  # the program being recorded, if any
 
 
 class ProgramError(RuntimeError):
@@ -180,24 +181,76 @@ def _as_device_functions(source: str) -> str:
 
 
 @contextmanager
-def recording(program: Program) -> Iterator[Program]:
-    """Launches and device copies queued on this thread go into ``program`` instead."""
-    if getattr(_ACTIVE, "program", None) is not None:
-        raise ProgramError("a program is already being recorded on this thread")
-    _ACTIVE.program = program
+def recording(program: Program, attention: Sequence[Any] = ()) -> Iterator[Program]:
+    """Launches and device copies queued while it is active go into ``program`` instead (the
+    product's functions patched for the duration, on every thread). ``attention``: the
+    plugins/attention_cuda.CudaAttention objects whose launches it takes; the decoder modules'
+    kernels are found in decoder_cuda's cache of loaded modules."""
+    from edgeomni.plugins import attention_cuda as ac
+    from edgeomni.plugins import cuda_driver as cd
+    from edgeomni.plugins import decoder_cuda as dc
+    from edgeomni.runtime import fused_engine, memory
+
+    if _RECORDING:
+        raise ProgramError("a program is already being recorded")
+
+    def source_of(function: Any, what: str) -> tuple[str, str]:
+        key = int(function)
+        for kernel in attention:
+            if int(kernel.function) == key:
+                return kernel.source, ac.KERNEL_NAME
+        for kernels in dc._LOADED.values():
+            for name, loaded in kernels._functions.items():
+                if int(loaded) == key:
+                    return kernels.source, name
+        raise ProgramError(f"{what}: a function of no known module cannot join a program")
+
+    def launch(function: Any, grid: Sequence[int], block: int, shared: int, stream: Any,
+               values: Sequence[Any], *, overlap: bool = False, what: str = "kernel") -> None:  # fmt: skip
+        program.launch(*source_of(function, what), grid, block, shared, values)
+
+    def copy_from(self: Any, src: Any) -> None:
+        if (src.device, src.lane) != (self.device, self.lane) or src.nbytes != self.nbytes:
+            raise ProgramError(f"copying {src.shape} into {self.shape}: a program copies "
+                               "whole buffers within one device and lane")  # fmt: skip
+        program.copy(self.ptr, src.ptr, self.nbytes)
+
+    def copy_positions(self: Any, src: Any, axis: int, length: int, *, dst_start: int = 0,
+                       src_start: int = 0) -> None:  # fmt: skip
+        inner = int(np.prod(self.shape[axis + 1 :])) * self.dtype.itemsize
+        for r in range(int(np.prod(self.shape[:axis]))):  # a copy a row of the axes before
+            program.copy(self.ptr + (r * self.shape[axis] + dst_start) * inner,
+                         src.ptr + (r * src.shape[axis] + src_start) * inner, length * inner)
+
+    def refused(what: str) -> Any:
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise ProgramError(f"{what} inside a persistent program: it holds kernels and "
+                               "device copies only")  # fmt: skip
+
+        return refuse
+
+    patches = [(ac, "launch_kernel", launch), (cd, "launch_kernel", launch),
+               (memory.DeviceArray, "copy_from", copy_from),
+               (memory.DeviceArray, "copy_positions", copy_positions),
+               (fused_engine.FusedBinding, "_copy",
+                lambda self, dst, src, nbytes: program.copy(dst, src, nbytes)),
+               (memory.DeviceArray, "_host_copy", refused("a copy between host and device")),
+               (memory.DeviceArray, "fill_zero", refused("a memset")),
+               (memory.HostRead, "queue", refused("a read to the host"))]  # fmt: skip
+    saved = [(owner, name, vars(owner)[name]) for owner, name, _ in patches]
+    _RECORDING.append(program)
     try:
+        for owner, name, value in patches:
+            setattr(owner, name, value)
         yield program
     finally:
-        _ACTIVE.program = None
-
-
-def active() -> Program | None:
-    """The program recording on this thread, if any."""
-    return getattr(_ACTIVE, "program", None)
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+        _RECORDING.clear()
 
 
 PRELUDE = r"""
-// edgeomni persistent program (plugins/persistent_cuda.py)
+// edgeomni persistent program (bench/persistent_cuda.py)
 #ifdef PK_HOST
 typedef dim3 pk_dim;
 #else
