@@ -75,7 +75,7 @@ class Variant:
                    "G_TILE": gemm.GEMM_TILE, "G_K": gemm.GEMM_K,
                    "G_THREADS": gemm.GEMM_THREADS}  # fmt: skip
         head = "// edgeomni fused decoder kernels (plugins/decoder_cuda.py)\n"
-        body = (_HEAD.replace("// SHARED_SOURCE\n", SHARED_SOURCE) + lc.SOURCE + gemm.SOURCE + ROPE_SOURCE + _TAIL + moe_cuda.SOURCE
+        body = (_HEAD + lc.SOURCE + gemm.SOURCE + ROPE_SOURCE + _TAIL + moe_cuda.SOURCE
                 + gdc.SOURCE + sdc.SOURCE)
         return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
@@ -83,7 +83,7 @@ class Variant:
 _HEAD = r"""
 typedef unsigned short half_t;
 #define NEG_INF __int_as_float(0xff800000)
-// SHARED_SOURCE
+""" + SHARED_SOURCE + r"""
 #ifndef DECODER_HOST_EMULATION  // tests/test_fused_kernels_host.py defines these for g++
 __device__ __forceinline__ float h2f(half_t h) {
     float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;

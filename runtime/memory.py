@@ -179,8 +179,8 @@ class DeviceArray:
         from another GPU or lane, ordered after its stream's work and before its next)."""
         if src.dtype != self.dtype or src.nbytes != self.nbytes:
             raise ValueError(f"copying {src.shape} {src.dtype} into {self.shape} {self.dtype}")
-        here, there = (self.device, self.lane), (src.device, src.lane)
         cudart = _cudart()
+        here, there = (self.device, self.lane), (src.device, src.lane)
         s = stream(*here)
         if here == there:
             kind = _kind("cudaMemcpyDeviceToDevice")
