@@ -73,8 +73,9 @@ class BuildArgs:
     # how a speech family's vocoder streams (Qwen3-Omni's and Qwen3-TTS's code2wav): "stateful"
     # builds its stateful step engine too (component code2wav_stream), "windows" only the
     # codes -> waveform engine that windows with left context use. None: stateful for the CPU;
-    # windows for a GPU (the step has not run on one yet: it is opt-in there) and with TensorRT
-    # (whose lowering of the step graph is not written yet)
+    # windows for a GPU (ONNX Runtime replays the windows from CUDA graphs, and past one request
+    # they beat the uncaptured step: docs/benchmarks.md) and with TensorRT (whose lowering of
+    # the step graph is not written yet)
     code2wav_streaming: str | None = None
 
     def __post_init__(self) -> None:
