@@ -73,9 +73,9 @@ class BuildArgs:
     # how a speech family's vocoder streams (Qwen3-Omni's and Qwen3-TTS's code2wav): "stateful"
     # builds its stateful step engine too (component code2wav_stream), "windows" only the
     # codes -> waveform engine that windows with left context use. None: stateful for the CPU;
-    # windows for a GPU (ONNX Runtime replays the windows from CUDA graphs, and past one request
-    # they beat the uncaptured step: docs/benchmarks.md) and with TensorRT (whose lowering of
-    # the step graph is not written yet)
+    # windows for a GPU (past one request they beat the step, captured but one row a call under
+    # onnxruntime-gpu 1.31, in the H200 runs of docs/benchmarks.md; rows together it has not run
+    # on a GPU yet) and with TensorRT (whose lowering of the step graph is not written yet)
     code2wav_streaming: str | None = None
 
     def __post_init__(self) -> None:

@@ -272,8 +272,11 @@ class OrtEngine(EngineBase):
             raise EngineError(f"engine file {path} is missing")
         self.device, self.device_id = kind, index = parse_device(device)
         # rows a call may take where its attention has past context and more than one token
-        # (0: no cap; the stateful code2wav's step engine)
-        self.rows_with_past = _rows_with_past()
+        # (0: no cap; the stateful code2wav's step engine): GroupQueryAttention's limit before
+        # onnxruntime 1.32. An engine lowered with plain-op attention has no such node (a cuda
+        # float32 build's: the stateful step on the GPU, where 1.31 is the newest CUDA wheel)
+        plain = bool(((config or {}).get("lowering") or {}).get("plain_attention"))
+        self.rows_with_past = 0 if plain else _rows_with_past()
         if kind == "cuda":
             _check_cuda(path, "onnxruntime", index)
         cuda_graphs = cuda_graphs and kind == "cuda"

@@ -467,9 +467,11 @@ def test_the_state_layout_is_declared_and_delays_are_the_trims(omni_engine, tts_
             (engine / "code2wav" / "config.json").read_text())["trim"]  # fmt: skip
 
 
-def test_the_cuda_lowering_runs_the_same_stream(omni_ckpt, exports, wholes, tmp_path) -> None:
+def test_the_cuda_lowering_runs_the_same_stream(omni_ckpt, exports, wholes, tmp_path,
+                                                monkeypatch) -> None:  # fmt: skip
     """A cuda build's step engine (plain-op attention over its in-graph cache: float32), run on
-    the CPU provider, streams the whole decode too."""
+    the CPU provider, streams the whole decode too, one row a call and two rows of other lengths
+    a call."""
     import onnxruntime as ort
 
     args = BuildArgs(2, 64, 128, device="cuda", code2wav_streaming="stateful")  # opt-in there
@@ -489,6 +491,31 @@ def test_the_cuda_lowering_runs_the_same_stream(omni_ckpt, exports, wholes, tmp_
     assert at == len(codes)
     audio = np.concatenate(pieces)[cfg["delay_samples"] :]
     assert np.abs(audio - whole).max() < TOL
+    # two rows of other lengths in each call, past context and all: plain-op attention has
+    # no GroupQueryAttention's one-row limit, so an onnxruntime before 1.32 takes them together
+    from edgeomni.runtime import engine
+
+    monkeypatch.setattr(engine, "BATCHED_PAST_ATTENTION", (99, 0))
+    assert engine.OrtEngine(folder / cfg["engine"], cfg).rows_with_past == 0
+    assert engine.OrtEngine(folder / cfg["engine"], {**cfg, "lowering": {}}).rows_with_past == 1
+    (a, whole_a), (b, whole_b) = sorted(wholes["omni"].values(), key=lambda item: -len(item[0]))[:2]
+    state = {"state_" + t["name"]: np.zeros((2, *t["shape"]), t["dtype"]) for t in cfg["state"]}
+    pieces_a, pieces_b, at_a, at_b = [], [], 0, 0
+    for n_a, n_b in ((1, 2), (2, 1), (4, 3), (8, 8), (8, 5), (8, 8), (8, 8), (8, 8)):
+        n_a, n_b = min(n_a, len(a) - at_a), min(n_b, len(b) - at_b)
+        n = max(n_a, n_b, 1)
+        codes2 = np.zeros((2, a.shape[1], n), np.int64)
+        codes2[0, :, :n_a], codes2[1, :, :n_b] = a[at_a : at_a + n_a].T, b[at_b : at_b + n_b].T
+        out = session.run(None, {"codes": codes2, "chunk_lens": np.array([n_a, n_b]), **state})
+        samples = cfg["samples_per_frame"]
+        pieces_a.append(out[0][0, 0, : n_a * samples])
+        pieces_b.append(out[0][1, 0, : n_b * samples])
+        state = dict(zip(state, out[1:], strict=True))
+        at_a, at_b = at_a + n_a, at_b + n_b
+    assert (at_a, at_b) == (len(a), len(b)) and len(a) != len(b)
+    for pieces, whole in ((pieces_a, whole_a), (pieces_b, whole_b)):
+        audio = np.concatenate(pieces)[cfg["delay_samples"] :]
+        assert np.abs(audio - whole).max() < TOL
 
 
 # -- limits ------------------------------------------------------------------------------------
